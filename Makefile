@@ -1,0 +1,43 @@
+# One target per job; the README, .ci/run and developers all call these.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-unit test-integration faults faults-full lint types bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)  ## a durable run end to end: embedded Redis, a worker, the simulator, an ask answered
+	$(VENV)/bin/toolloop demo --answer "Keep shot 3; trim shot 5 by a second."
+
+test: $(STAMP)  ## unit, replay, integration and the bounded fault suite
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit tests/replay
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
+
+faults-full: $(STAMP)  ## the full crash matrix (>= 10 kill points x 20 runs); prints its table
+	TOOLLOOP_FAULTS=full $(PY) -m pytest -q -s tests/faults
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+types: $(STAMP)
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)  ## every benchmark; each prints ours beside its peer or floor
+	$(PY) bench/loop_overhead.py
+	$(PY) bench/prompt_cache.py
+	$(PY) bench/durable.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,99 @@
+"""`AbortController` / `AbortSignal`, as in the web platform: one controller aborts, many listen.
+
+`abort()` is safe from any thread; `wait()` is awaitable from any event loop (each waiter is woken on
+its own loop). A signal that is already aborted stays aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from toolloop.errors import AbortError
+
+
+class AbortSignal:
+    __slots__ = ("_aborted", "_callbacks", "_lock", "_reason", "_waiters")
+
+    def __init__(self) -> None:
+        self._aborted = False
+        self._reason: Any = None
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+    @property
+    def reason(self) -> Any:
+        return self._reason
+
+    def throw_if_aborted(self) -> None:
+        if self._aborted:
+            raise AbortError(_abort_message(self._reason), self._reason)
+
+    async def wait(self) -> None:
+        """Return once the signal is aborted."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._aborted:
+                return
+            self._waiters.append((loop, future))
+        try:
+            await future
+        finally:
+            with self._lock:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once when the signal aborts (at once when it already has)."""
+        with self._lock:
+            if not self._aborted:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def _abort(self, reason: Any) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
+            self._reason = reason
+            waiters, self._waiters = self._waiters, []
+            callbacks, self._callbacks = self._callbacks, []
+        for loop, future in waiters:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve, future)
+        for callback in callbacks:
+            callback()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _abort_message(reason: Any) -> str:
+    if reason is None:
+        return "The operation was aborted."
+    return f"The operation was aborted: {reason}."
+
+
+class AbortController:
+    __slots__ = ("signal",)
+
+    def __init__(self) -> None:
+        self.signal = AbortSignal()
+
+    def abort(self, reason: Any = None) -> None:
+        self.signal._abort(reason)
+
+
+NEVER_ABORTED = AbortSignal()
+"""A signal nobody can abort: the default of every `signal` option."""

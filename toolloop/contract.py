@@ -1,0 +1,125 @@
+"""The contract types of SPEC.md section 1: messages, parts, calls, one model request and its result.
+
+Every model here is a frozen pydantic v2 model: values that go into journals, Redis and Celery
+messages. Unions are discriminated by their `type` / `role` tag and read back through one
+`TypeAdapter` each (`CHAT_MESSAGE`, `CONTENT_PART`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextPart(_Value):
+    type: Literal["text"] = "text"
+    text: str
+    cache: bool = False
+    """A prompt-cache breakpoint after this part."""
+
+
+class ImagePart(_Value):
+    type: Literal["image"] = "image"
+    path: str
+    mime_type: str
+    hash: str
+    """Hex digest of the file bytes."""
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class ToolCall(_Value):
+    id: str
+    name: str
+    input: Any = None
+    """The parsed JSON arguments."""
+
+
+class ToolDefinition(_Value):
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class UserMessage(_Value):
+    role: Literal["user"] = "user"
+    content: str | list[ContentPart]
+
+
+class AssistantMessage(_Value):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """None unless the turn made at least one call."""
+
+
+class ToolMessage(_Value):
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    content: str | list[ContentPart]
+
+
+ChatMessage = Annotated[UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+
+CHAT_MESSAGE: TypeAdapter[ChatMessage] = TypeAdapter(ChatMessage)
+CHAT_MESSAGES: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])
+CONTENT_PART: TypeAdapter[ContentPart] = TypeAdapter(ContentPart)
+CONTENT_PARTS: TypeAdapter[list[ContentPart]] = TypeAdapter(list[ContentPart])
+
+
+class ToolChoiceName(_Value):
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | ToolChoiceName
+
+
+class PromptGenRequest(_Value):
+    """One model call. With none of `messages`, `tools`, `tool_choice`, `cache_system` set it is a
+    one-turn prompt request."""
+
+    prompt: str = ""
+    system: str | None = None
+    model: str | None = None
+    temperature: float | None = None
+    params: dict[str, Any] | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    cache_system: bool | None = None
+
+    @property
+    def is_one_turn(self) -> bool:
+        return (
+            self.messages is None
+            and self.tools is None
+            and self.tool_choice is None
+            and self.cache_system is None
+        )
+
+
+class PromptGenUsage(_Value):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    cached_read_tokens: int | None = None
+    cached_write_tokens: int | None = None
+
+
+FinishReason = Literal["stop", "tool_calls", "length", "other"]
+
+
+class PromptGenResult(_Value):
+    text: str = ""
+    cost_usd: float = 0.0
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    usage: PromptGenUsage = Field(default_factory=PromptGenUsage)
+    meta: dict[str, Any] | None = None

@@ -1,0 +1,6 @@
+"""Journals: where each step's value is stored once and replayed."""
+
+from toolloop.journal.base import Journal
+from toolloop.journal.memory import MemoryJournal
+
+__all__ = ["Journal", "MemoryJournal"]

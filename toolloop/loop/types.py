@@ -1,0 +1,173 @@
+"""Types of `run_tool_loop` (SPEC.md section 2): options, tools, journal steps, events, result."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from toolloop.abort import NEVER_ABORTED, AbortSignal
+from toolloop.contract import (
+    ChatMessage,
+    ContentPart,
+    PromptGenRequest,
+    PromptGenResult,
+    PromptGenUsage,
+    ToolCall,
+)
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+# -- tools -------------------------------------------------------------------------------------
+
+
+class ToolOutput(_Value):
+    """What one tool call produced. `value` is for the caller (JSON-safe; the model never sees it);
+    `content` is what the model reads (`[]` is sent as the text `(no output)`)."""
+
+    value: Any = None
+    content: list[ContentPart] = Field(default_factory=list)
+    cost_usd: float = 0.0
+    rows: list[str] | None = None
+
+
+class Started(_Value):
+    """The first half of a two-phase tool: a JSON-safe handle that `wait` receives."""
+
+    started: Any = None
+    rows: list[str] | None = None
+
+
+class ToolSpec(_Options):
+    """One tool. `schema` validates the input and becomes the tool's JSON schema. A tool with both
+    `start` and `wait` is two-phase and `run` is never called. Every callable may be sync or async."""
+
+    name: str
+    description: str
+    schema_: type[BaseModel] = Field(alias="schema")
+    run: Callable[..., Any] | None = None
+    start: Callable[..., Any] | None = None
+    wait: Callable[..., Any] | None = None
+    estimate_usd: Callable[..., Any] | None = None
+    queue: str | None = None
+    """The Celery queue a durable run sends this tool's steps to (None: the default tool queue)."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, populate_by_name=True
+    )
+
+    @property
+    def two_phase(self) -> bool:
+        return self.start is not None and self.wait is not None
+
+
+# -- budget --------------------------------------------------------------------------------------
+
+
+class Budget(_Options):
+    """`usd`: the limit. `finish_at`: the share of it at which finish mode starts. `spent_usd`: spend
+    carried over from earlier segments. `spent`: optional callable (sync or async) returning outside
+    spend, read again at every check."""
+
+    usd: float
+    finish_at: float = 1.0
+    spent_usd: float = 0.0
+    spent: Callable[[], Any] | None = None
+
+
+# -- the journal -------------------------------------------------------------------------------
+
+
+class StepResult(_Options):
+    """What a step's work returns: the JSON-compatible value to store and its cost."""
+
+    value: Any = None
+    cost_usd: float = 0.0
+
+
+StepWork = Callable[[AbortSignal], Awaitable[StepResult]]
+"""The work of one step: receives the journal's signal, returns what to store."""
+
+StepFn = Callable[[str, StepWork], Awaitable[Any]]
+"""The journal: `await step(key, work)` runs `work` once per key and returns the stored value."""
+
+Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
+
+
+# -- events --------------------------------------------------------------------------------------
+
+
+class ModelEvent(_Value):
+    kind: Literal["model"] = "model"
+    step: int
+    text: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    cost_usd: float
+    usage: PromptGenUsage
+
+
+class ToolEvent(_Value):
+    kind: Literal["tool"] = "tool"
+    step: int
+    name: str
+    call_id: str
+    cost_usd: float
+    summary: str
+    rows: list[str] = Field(default_factory=list)
+
+
+class BudgetEvent(_Value):
+    kind: Literal["budget"] = "budget"
+    spent_usd: float
+    limit_usd: float
+    mode: Literal["finish", "stop"]
+
+
+LoopEvent = Annotated[ModelEvent | ToolEvent | BudgetEvent, Field(discriminator="kind")]
+LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
+
+
+# -- options and result --------------------------------------------------------------------------
+
+Reasoning = Literal["off", "low", "medium", "high"]
+CacheMode = Literal["off", "system", "conversation"]
+StoppedBy = Literal["done", "budget", "steps", "cancel", "asked"]
+
+
+class RunToolLoopOptions(_Options):
+    generate: Generate
+    model: str
+    system: str
+    messages: list[ChatMessage]
+    tools: list[ToolSpec]
+    budget: Budget
+    max_steps: int
+    step: StepFn
+    signal: AbortSignal = NEVER_ABORTED
+    reasoning: Reasoning | None = None
+    on_step: Callable[[LoopEvent], Any] | None = None
+    finish_note: str | None = None
+    keep_images: int | None = 2
+    cache: CacheMode = "conversation"
+
+
+class Asked(_Value):
+    input: dict[str, Any]
+    """The validated input of the `ask` call, as a JSON-safe dict."""
+
+
+class RunToolLoopResult(_Value):
+    stopped_by: StoppedBy
+    spent_usd: float
+    steps: int
+    messages: list[ChatMessage]
+    final_text: str | None = None
+    asked: Asked | None = None
