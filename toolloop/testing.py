@@ -1,0 +1,78 @@
+"""A scripted model for tests and examples: a `generate` that answers from a list of turns.
+
+    model = ScriptedModel([
+        reply(tool_calls=[call("read_frame", {"shot": 3})], cost_usd=0.01),
+        reply("Shot 3 is fine."),
+    ])
+    await run_tool_loop(RunToolLoopOptions(generate=model, ...))
+    assert model.calls == 2 and model.requests[1].messages[-1].role == "tool"
+
+A turn is a `PromptGenResult`, a dict in its shape, or a callable `(request) -> turn` (to answer from
+what the request holds). Running past the script raises `AssertionError` unless `repeat_last=True`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from toolloop.abort import AbortSignal
+from toolloop.contract import PromptGenRequest, PromptGenResult, PromptGenUsage, ToolCall
+
+Turn = PromptGenResult | dict[str, Any] | Callable[[PromptGenRequest], "PromptGenResult | dict[str, Any]"]
+
+_ids = itertools.count(1)
+
+
+def call(name: str, input: Any = None, id: str | None = None) -> ToolCall:
+    """A tool call; the id is unique in this process when not given."""
+    return ToolCall(id=id or f"call_{next(_ids)}", name=name, input={} if input is None else input)
+
+
+def reply(
+    text: str = "",
+    *,
+    tool_calls: Sequence[ToolCall] = (),
+    cost_usd: float = 0.0,
+    usage: PromptGenUsage | None = None,
+) -> PromptGenResult:
+    """A model answer: text and/or tool calls, with its cost."""
+    return PromptGenResult(
+        text=text,
+        tool_calls=list(tool_calls),
+        cost_usd=cost_usd,
+        finish_reason="tool_calls" if tool_calls else "stop",
+        usage=usage or PromptGenUsage(),
+    )
+
+
+class ScriptedModel:
+    """A `generate` callable. `requests` holds every request it received; `calls` counts them."""
+
+    def __init__(self, turns: Sequence[Turn], *, repeat_last: bool = False) -> None:
+        self.turns = list(turns)
+        self.repeat_last = repeat_last
+        self.requests: list[PromptGenRequest] = []
+
+    @property
+    def calls(self) -> int:
+        return len(self.requests)
+
+    async def __call__(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+        signal.throw_if_aborted()
+        index = len(self.requests)
+        self.requests.append(request)
+        if index >= len(self.turns):
+            if not (self.repeat_last and self.turns):
+                raise AssertionError(
+                    f"ScriptedModel was called {index + 1} times but has {len(self.turns)} turns.\n"
+                    "  Add turns to the script, or pass repeat_last=True."
+                )
+            index = len(self.turns) - 1
+        turn = self.turns[index]
+        if callable(turn):
+            turn = turn(request)
+        if isinstance(turn, PromptGenResult):
+            return turn
+        return PromptGenResult.model_validate(turn)
