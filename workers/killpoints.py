@@ -1,0 +1,88 @@
+"""Kill points: a test-only hook that SIGKILLs this worker's process group at a named place.
+
+Used by the reliability suite (tests/faults/, docs/faults.md) to crash a worker at every step boundary
+and inside every kind of step. It is off, and costs one environment lookup, unless the variable
+`TOOLLOOP_KILL_PLAN` names a JSON file holding a list of entries:
+
+    [{"point": "commit:after", "run": "<run id>", "key": "s0/model:2"},
+     {"point": "tool:after", "tag": "r3.1.0"}]
+
+An entry matches a call `kill_point(point, **fields)` when its point is the same and every other
+field it names has the same value in `fields`. Each entry fires once across every process that
+reads the plan: the first match creates `<plan>.fired/<index>` (O_EXCL), appends one JSON line to
+`<plan>.log` saying what was killed where, and SIGKILLs the whole process group (the worker, its
+pool and its children), as an OOM kill or a machine loss would. A restarted worker reading the same
+plan skips the entries already fired, so it makes progress.
+
+Points called from `workers/` (fields `run` and `key`, the journal field of the step):
+    advance:begin   a task was received, before it loads the run (a step boundary)
+    commit:before   the step's work returned, before the commit script
+    commit:after    the commit script ran, before the successor is enqueued
+    enqueue:after   the successor was enqueued, before the task returns (and is acked)
+    answer:after    an answer was stored, before the resume is enqueued (field `run` only)
+Points called from the fault suite's own tools and model wrapper (field `tag`): see tests/faults/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+PLAN_ENV = "TOOLLOOP_KILL_PLAN"
+
+_cache: dict[str, list[dict[str, Any]]] = {}
+
+
+def _plan(path: str) -> list[dict[str, Any]]:
+    plan = _cache.get(path)
+    if plan is None:
+        with open(path, encoding="utf-8") as file:
+            plan = list(json.load(file))
+        _cache[path] = plan
+    return plan
+
+
+def _matches(entry: dict[str, Any], point: str, fields: dict[str, Any]) -> bool:
+    if entry.get("point") != point:
+        return False
+    return all(fields.get(name) == value for name, value in entry.items() if name != "point")
+
+
+def claim(point: str, **fields: Any) -> bool:
+    """True once for the first call that matches an entry not yet fired (and records it as fired).
+
+    For callers that kill another process themselves; `kill_point` is claim + SIGKILL of self.
+    """
+    path = os.environ.get(PLAN_ENV)
+    if not path:
+        return False
+    for index, entry in enumerate(_plan(path)):
+        if not _matches(entry, point, fields):
+            continue
+        fired = f"{path}.fired"
+        os.makedirs(fired, exist_ok=True)
+        try:
+            os.close(os.open(os.path.join(fired, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        record = {"index": index, "point": point, **fields, "pid": os.getpid(), "at": time.time()}
+        line = (json.dumps(record, default=str) + "\n").encode()
+        descriptor = os.open(f"{path}.log", os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+        try:
+            os.write(descriptor, line)
+        finally:
+            os.close(descriptor)
+        return True
+    return False
+
+
+def kill_point(point: str, **fields: Any) -> None:
+    """SIGKILL this process group when the plan has an unfired entry for this point and fields."""
+    if os.environ.get(PLAN_ENV) and claim(point, **fields):
+        group = os.getpgid(0)
+        if group in (os.getpid(), os.getppid()):  # the worker leads its group: kill all of it
+            os.killpg(group, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # never kill a group we do not lead (a test runner's)
