@@ -24,6 +24,7 @@ from toolloop.errors import (
     is_prompt_gen_unavailable,
 )
 from toolloop.journal import Journal, MemoryJournal
+from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Asked,
     Budget,
@@ -74,4 +75,5 @@ __all__ = [
     "ToolloopError",
     "UserMessage",
     "is_prompt_gen_unavailable",
+    "run_tool_loop",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
@@ -67,6 +67,15 @@ class ToolSpec(_Options):
     @property
     def two_phase(self) -> bool:
         return self.start is not None and self.wait is not None
+
+    @model_validator(mode="after")
+    def _runnable(self) -> ToolSpec:
+        if self.run is None and not self.two_phase:
+            raise ValueError(
+                f"tool {self.name!r} has no run and is not two-phase (start and wait).\n"
+                "  Give it run(input, signal), or both start(input, signal) and wait(started, signal)."
+            )
+        return self
 
 
 # -- budget --------------------------------------------------------------------------------------

@@ -1,0 +1,313 @@
+"""`run_tool_loop` (SPEC.md section 2): the model answers, tools run, until a turn makes no call.
+
+Replay contract: the loop keeps no state of its own. Every model call and every tool call is one step
+of the caller's journal (`model:<n>`, `tool:<id>`, `tool:<id>:start`, `tool:<id>:wait`); what a step
+stores is JSON and every decision after it is made from that stored value, so a rerun with the same
+journal replays finished steps without calling anything and rebuilds the same history, spend and
+events. Budget checks run inside the step they guard, so a replayed step is never checked again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from toolloop.abort import NEVER_ABORTED, AbortSignal
+from toolloop.contract import (
+    AssistantMessage,
+    PromptGenRequest,
+    PromptGenResult,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+from toolloop.loop.cache import request_messages
+from toolloop.loop.history import History
+from toolloop.loop.tools import (
+    as_output,
+    as_started,
+    call,
+    message_content,
+    summary,
+    text_answer,
+    tool_definitions,
+    validate_input,
+)
+from toolloop.loop.types import (
+    Asked,
+    BudgetEvent,
+    LoopEvent,
+    ModelEvent,
+    RunToolLoopOptions,
+    RunToolLoopResult,
+    StepResult,
+    StepWork,
+    StoppedBy,
+    ToolEvent,
+    ToolOutput,
+    ToolSpec,
+)
+
+ASK = "ask"
+SECOND_ASK = "Ask one question at a time."
+
+
+async def run_tool_loop(options: RunToolLoopOptions | Mapping[str, Any]) -> RunToolLoopResult:
+    """Run a tool-calling conversation to its end (SPEC.md 2). Plain dicts are validated first."""
+    if not isinstance(options, RunToolLoopOptions):
+        options = RunToolLoopOptions.model_validate(options)
+    return await _Run(options).run()
+
+
+class _BudgetStop(Exception):
+    """The breaker tripped inside a step's work: nothing is journaled, the loop stops."""
+
+    def __init__(self, spent_usd: float) -> None:
+        super().__init__(spent_usd)
+        self.spent_usd = spent_usd
+
+
+class _Cancel(Exception):
+    """The abort signal was seen between two steps."""
+
+
+class _Run:
+    def __init__(self, options: RunToolLoopOptions) -> None:
+        self.options = options
+        self.history = History(options.messages, options.keep_images)
+        self.tools = {spec.name: spec for spec in options.tools}
+        self.definitions = tool_definitions(options.tools)
+        self.max_assistants = self.history.assistants + options.max_steps - 1
+        self.params = None if options.reasoning is None else {"reasoning": options.reasoning}
+        self.cost = 0.0
+        """Cost of every step of this run so far, replayed ones included."""
+        self.steps = 0
+        self.final_text: str | None = None
+        self.finish_started = False
+
+    # -- the turn ----------------------------------------------------------------------------------
+
+    async def run(self) -> RunToolLoopResult:
+        options = self.options
+        signal = options.signal
+        while True:
+            if signal.aborted:
+                return await self.stop("cancel")
+            if self.steps >= options.max_steps:
+                return await self.stop("steps")
+            turn = self.steps + 1
+            try:
+                value = await options.step(f"model:{turn}", self.model_work())
+            except _BudgetStop as stop:
+                return await self.budget_stop(stop.spent_usd)
+            except Exception:
+                if signal.aborted:
+                    return await self.stop("cancel")
+                raise
+            result = self.record_model(turn, value)
+            if signal.aborted:
+                return await self.stop("cancel")
+            if not result.tool_calls:
+                return await self.finish("done")
+            try:
+                asked = await self.answer_calls(turn, result.tool_calls)
+            except _BudgetStop as stop:
+                return await self.budget_stop(stop.spent_usd)
+            except _Cancel:
+                return await self.stop("cancel")
+            except Exception:
+                if signal.aborted:
+                    return await self.stop("cancel")
+                raise
+            if asked is not None:
+                return await self.finish("asked", asked)
+
+    def model_work(self) -> StepWork:
+        async def work(signal: AbortSignal) -> StepResult:
+            options = self.options
+            budget = options.budget
+            spent = await self.spent()
+            if spent >= budget.usd:
+                raise _BudgetStop(spent)
+            finish = not self.finish_started and spent >= budget.finish_at * budget.usd
+            length = len(self.history.messages)
+            try:
+                if finish and self.note_applies():
+                    self.history.append(UserMessage(content=str(options.finish_note)))
+                messages, cache_system = request_messages(self.history, options.cache, self.max_assistants)
+            finally:
+                self.history.truncate(length)
+            request = PromptGenRequest(
+                prompt="",
+                system=options.system,
+                model=options.model,
+                messages=messages,
+                tools=self.definitions,
+                cache_system=cache_system,
+                params=self.params,
+            )
+            result = await call(options.generate, request, self.signal_for(signal))
+            if not isinstance(result, PromptGenResult):
+                result = PromptGenResult.model_validate(result)
+            value: dict[str, Any] = {"result": result.model_dump(mode="json")}
+            if finish:
+                value["finish"] = {"spent_usd": spent}
+            return StepResult(value=value, cost_usd=result.cost_usd)
+
+        return work
+
+    def record_model(self, turn: int, value: Any) -> PromptGenResult:
+        result = PromptGenResult.model_validate(value["result"])
+        finish = value.get("finish")
+        if finish is not None:
+            self.finish_started = True
+            if self.note_applies():
+                self.history.append(UserMessage(content=str(self.options.finish_note)))
+        self.steps += 1
+        self.cost += result.cost_usd
+        text = result.text or None
+        self.history.append(AssistantMessage(content=text, tool_calls=list(result.tool_calls) or None))
+        self.final_text = text
+        if finish is not None:
+            budget = self.options.budget
+            self.emit(BudgetEvent(spent_usd=finish["spent_usd"], limit_usd=budget.usd, mode="finish"))
+        if self.options.on_step is not None:
+            self.emit(
+                ModelEvent(
+                    step=turn,
+                    text=text,
+                    tool_calls=result.tool_calls,
+                    cost_usd=result.cost_usd,
+                    usage=result.usage,
+                )
+            )
+        return result
+
+    def note_applies(self) -> bool:
+        note = self.options.finish_note
+        if note is None:
+            return False
+        return not any(isinstance(m, UserMessage) and m.content == note for m in self.history.messages)
+
+    # -- tool calls --------------------------------------------------------------------------------
+
+    async def answer_calls(self, turn: int, calls: list[ToolCall]) -> Asked | None:
+        """Answer the calls of one turn in order; the held ask, if any."""
+        held: Asked | None = None
+        signal = self.options.signal
+        for tool_call in calls:
+            spec = self.tools.get(tool_call.name)
+            rows: list[str] = []
+            if spec is None:
+                output = await self.own_answer(tool_call, f'Unknown tool "{tool_call.name}".')
+            else:
+                checked = validate_input(spec, tool_call.input)
+                if isinstance(checked, str):
+                    output = await self.own_answer(tool_call, checked)
+                elif spec.name == ASK:
+                    if held is None:
+                        held = Asked(input=checked.model_dump(mode="json"))
+                        continue
+                    output = await self.own_answer(tool_call, SECOND_ASK)
+                elif spec.two_phase:
+                    output, rows = await self.run_two_phase(spec, tool_call, checked)
+                else:
+                    output = await self.run_one_phase(spec, tool_call, checked)
+            self.history.append(ToolMessage(tool_call_id=tool_call.id, content=message_content(output)))
+            self.cost += output.cost_usd
+            if self.options.on_step is not None:
+                self.emit(
+                    ToolEvent(
+                        step=turn,
+                        name=tool_call.name,
+                        call_id=tool_call.id,
+                        cost_usd=output.cost_usd,
+                        summary=summary(output),
+                        rows=rows or output.rows or [],
+                    )
+                )
+            if signal.aborted:
+                raise _Cancel
+        return held
+
+    async def own_answer(self, tool_call: ToolCall, text: str) -> ToolOutput:
+        async def work(signal: AbortSignal) -> StepResult:
+            return StepResult(value=text_answer(text).model_dump(mode="json"), cost_usd=0.0)
+
+        return ToolOutput.model_validate(await self.options.step(f"tool:{tool_call.id}", work))
+
+    async def run_one_phase(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> ToolOutput:
+        async def work(signal: AbortSignal) -> StepResult:
+            await self.breaker(spec, checked)
+            output = as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name)
+            return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
+
+        return ToolOutput.model_validate(await self.options.step(f"tool:{tool_call.id}", work))
+
+    async def run_two_phase(
+        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel
+    ) -> tuple[ToolOutput, list[str]]:
+        async def start(signal: AbortSignal) -> StepResult:
+            await self.breaker(spec, checked)
+            started = as_started(await call(spec.start, checked, self.signal_for(signal)), spec.name)
+            return StepResult(value={"started": started.started, "rows": started.rows or []})
+
+        handle = await self.options.step(f"tool:{tool_call.id}:start", start)
+        if self.options.signal.aborted:
+            raise _Cancel
+
+        async def wait(signal: AbortSignal) -> StepResult:
+            returned = await call(spec.wait, handle["started"], self.signal_for(signal))
+            output = as_output(returned, spec.name)
+            return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
+
+        output = ToolOutput.model_validate(await self.options.step(f"tool:{tool_call.id}:wait", wait))
+        return output, list(handle.get("rows") or [])
+
+    async def breaker(self, spec: ToolSpec, checked: BaseModel) -> None:
+        """Stop before a tool whose estimate would take the spend past the limit."""
+        if spec.estimate_usd is None:
+            return
+        estimate = float(await call(spec.estimate_usd, checked))
+        spent = await self.spent()
+        if spent + estimate > self.options.budget.usd:
+            raise _BudgetStop(spent)
+
+    # -- spend, stops, events ----------------------------------------------------------------------
+
+    async def spent(self) -> float:
+        budget = self.options.budget
+        total = budget.spent_usd + self.cost
+        if budget.spent is not None:
+            total += float(await call(budget.spent))
+        return total
+
+    def signal_for(self, journal_signal: AbortSignal) -> AbortSignal:
+        """The signal `generate` and tools receive: the journal's, else the run's own."""
+        return self.options.signal if journal_signal is NEVER_ABORTED else journal_signal
+
+    def emit(self, event: LoopEvent) -> None:
+        if self.options.on_step is not None:
+            self.options.on_step(event)
+
+    async def budget_stop(self, spent_usd: float) -> RunToolLoopResult:
+        self.emit(BudgetEvent(spent_usd=spent_usd, limit_usd=self.options.budget.usd, mode="stop"))
+        return await self.stop("budget")
+
+    async def stop(self, reason: StoppedBy) -> RunToolLoopResult:
+        """A budget, steps or cancel stop: answer every open call with `Not run: <reason>.`."""
+        for call_id in self.history.open_calls():
+            self.history.append(ToolMessage(tool_call_id=call_id, content=f"Not run: {reason}."))
+        return await self.finish(reason)
+
+    async def finish(self, stopped_by: StoppedBy, asked: Asked | None = None) -> RunToolLoopResult:
+        return RunToolLoopResult(
+            stopped_by=stopped_by,
+            spent_usd=await self.spent(),
+            steps=self.steps,
+            messages=list(self.history.messages),
+            final_text=self.final_text,
+            asked=asked,
+        )
