@@ -23,7 +23,7 @@ from toolloop.errors import (
     ToolloopError,
     is_prompt_gen_unavailable,
 )
-from toolloop.journal import Journal, MemoryJournal
+from toolloop.journal import Journal, MemoryJournal, RedisJournal
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Asked,
@@ -60,6 +60,7 @@ __all__ = [
     "PromptGenResult",
     "PromptGenUnavailableError",
     "PromptGenUsage",
+    "RedisJournal",
     "RunToolLoopOptions",
     "RunToolLoopResult",
     "Started",

@@ -2,5 +2,6 @@
 
 from toolloop.journal.base import Journal
 from toolloop.journal.memory import MemoryJournal
+from toolloop.journal.redis import RedisJournal
 
-__all__ = ["Journal", "MemoryJournal"]
+__all__ = ["Journal", "MemoryJournal", "RedisJournal"]

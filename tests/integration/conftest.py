@@ -1,0 +1,110 @@
+"""Fixtures of the integration suite: a private Redis server, real worker processes.
+
+Nothing here touches the shared Redis on 127.0.0.1:6379: every server is started by
+`toolloop.embedded.start_server` on a free port in a temporary directory and stopped by its handle;
+every worker is a `celery -A workers.app worker -P threads` subprocess in its own session, stopped by
+its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from toolloop.embedded import EmbeddedServer, start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Small delivery timers so that lost messages come back within seconds in tests.
+WORKER_ENV = {
+    "TOOLLOOP_VISIBILITY_TIMEOUT": "30",
+    "TOOLLOOP_RESTORE_INTERVAL": "1",
+    "TOOLLOOP_SWEEP_INTERVAL": "1",
+    "TOOLLOOP_OUTBOX_AGE": "2",
+    "TOOLLOOP_LEASE_MS": "20000",
+}
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+class Worker:
+    """A real worker process: `celery -A workers.app worker -P threads`, in its own session."""
+
+    def __init__(self, url: str, log: Path, env: dict[str, str], concurrency: int = 8) -> None:
+        self.log = log
+        self.name = f"test-{uuid.uuid4().hex[:8]}@%h"
+        full_env = {**os.environ, **WORKER_ENV, **env, "REDIS_URL": url, "PYTHONPATH": str(ROOT)}
+        args = [
+            sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+            "-P", "threads", "-c", str(concurrency), "-Q", "llm,tools,control",
+            "-n", self.name, "--without-mingle", "--without-gossip", "-E", "-l", "INFO",
+        ]  # fmt: skip
+        self._file = log.open("wb")
+        self.process = subprocess.Popen(
+            args, cwd=ROOT, env=full_env, stdout=self._file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 30.0) -> Worker:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"The worker exited at start:\n{self.log.read_text()[-3000:]}")
+            if " ready." in self.log.read_text(errors="replace"):
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"The worker was not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._file.close()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self._file.close()
+
+
+def start_worker(url: str, log_dir: Path, env: dict[str, str] | None = None) -> Worker:
+    return Worker(url, log_dir / f"worker-{uuid.uuid4().hex[:6]}.log", env or {}).wait_ready()
+
+
+@pytest.fixture(scope="module")
+def worker(redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    """A worker whose model is the scripted policy of tests/integration/policies.py."""
+    process = start_worker(
+        redis_server.url,
+        tmp_path_factory.mktemp("worker"),
+        {"TOOLLOOP_PROMPT_GEN": "tests.integration.policies:make_generate"},
+    )
+    yield process
+    process.stop()

@@ -1,0 +1,136 @@
+"""The journal contract of SPEC.md 2.5, run against MemoryJournal and RedisJournal alike."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from toolloop import AbortController, AbortError, MemoryJournal, StepResult
+from toolloop.abort import AbortSignal
+from toolloop.journal.redis import RedisJournal, StepBoundary
+
+MakeJournal = Callable[..., Any]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_journal(request: pytest.FixtureRequest) -> MakeJournal:
+    """`make_journal(prefix="s0/", signal=...)`: two calls with one prefix share their entries."""
+    if request.param == "memory":
+        entries: dict[str, str] = {}
+        return lambda prefix="s0/", **kw: MemoryJournal(prefix, entries=entries, **kw)
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    run_id = uuid.uuid4().hex
+    return lambda prefix="s0/", **kw: RedisJournal(client, run_id, prefix, **kw)
+
+
+class Counter:
+    def __init__(self, value: Any = None, cost: float = 0.0) -> None:
+        self.calls = 0
+        self.value = value
+        self.cost = cost
+
+    async def __call__(self, signal: AbortSignal) -> StepResult:
+        self.calls += 1
+        signal.throw_if_aborted()
+        return StepResult(value=self.value, cost_usd=self.cost)
+
+
+async def test_a_step_runs_once_and_then_replays(make_journal: MakeJournal) -> None:
+    work = Counter({"answer": 42, "items": (1, 2)}, cost=0.25)
+    first = await make_journal().step("model:1", work)
+    again = await make_journal().step("model:1", Counter("other"))
+    assert work.calls == 1
+    assert first == again == {"answer": 42, "items": [1, 2]}  # JSON round trip, both times
+
+
+async def test_a_failing_step_stores_nothing_and_its_error_passes_unchanged(
+    make_journal: MakeJournal,
+) -> None:
+    error = ValueError("tool broke")
+
+    async def broken(signal: AbortSignal) -> StepResult:
+        raise error
+
+    with pytest.raises(ValueError) as caught:
+        await make_journal().step("tool:a", broken)
+    assert caught.value is error
+    work = Counter("second try")
+    assert await make_journal().step("tool:a", work) == "second try"
+    assert work.calls == 1
+
+
+async def test_values_that_are_not_json_are_refused(make_journal: MakeJournal) -> None:
+    with pytest.raises(ValueError):
+        await make_journal().step("tool:nan", Counter(math.nan))
+    with pytest.raises(TypeError):
+        await make_journal().step("tool:set", Counter({1, 2}))
+
+
+async def test_prefixes_are_separate_segments(make_journal: MakeJournal) -> None:
+    assert await make_journal("s0/").step("model:1", Counter("first")) == "first"
+    assert await make_journal("s1/").step("model:1", Counter("second")) == "second"
+    assert await make_journal("s0/").step("model:1", Counter("x")) == "first"
+
+
+async def test_the_signal_reaches_the_work(make_journal: MakeJournal) -> None:
+    controller = AbortController()
+    controller.abort("cancel")
+    journal = make_journal(signal=controller.signal)
+    with pytest.raises(AbortError):
+        await journal.step("model:1", Counter("never"))
+    assert await make_journal().step("model:1", Counter("later")) == "later"
+
+
+async def test_redis_two_copies_of_one_step_run_it_once(redis_client: redis.Redis) -> None:
+    run_id = uuid.uuid4().hex
+    calls = 0
+
+    async def slow(signal: AbortSignal) -> StepResult:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.3)
+        return StepResult(value=f"value {calls}", cost_usd=0.1)
+
+    one, two = await asyncio.gather(
+        RedisJournal(redis_client, run_id).step("model:1", slow),
+        RedisJournal(redis_client, run_id).step("model:1", slow),
+    )
+    assert calls == 1
+    assert one == two == "value 1"
+
+
+async def test_redis_a_fenced_copy_does_not_write(redis_client: redis.Redis) -> None:
+    """A copy whose lease lapsed and was taken by another process does not store its value."""
+    run_id = uuid.uuid4().hex
+    slow_copy = RedisJournal(redis_client, run_id, lease_ms=100)
+
+    async def outlives_its_lease(signal: AbortSignal) -> StepResult:
+        await asyncio.sleep(0.3)  # the lease lapses; another copy takes it and commits
+        other = RedisJournal(redis_client, run_id)
+        assert await other.step("model:1", Counter("the newer copy")) == "the newer copy"
+        return StepResult(value="the stale copy")
+
+    assert await slow_copy.step("model:1", outlives_its_lease) == "the newer copy"
+    stored = RedisJournal(redis_client, run_id).load()
+    assert stored == {"model:1": '{"value": "the newer copy", "cost_usd": 0.0}'}
+
+
+async def test_one_step_mode_runs_one_live_step_then_stops_at_the_next(redis_client: redis.Redis) -> None:
+    stored = '{"value": "replayed", "cost_usd": 0.5}'
+    journal = RedisJournal(redis_client, "unused", entries={"model:1": stored}, live_steps=1)
+    live = Counter("live", cost=0.2)
+    assert await journal.step("model:1", Counter("never")) == "replayed"
+    assert await journal.step("tool:a", live) == "live"
+    later = Counter("later")
+    with pytest.raises(StepBoundary) as boundary:
+        await journal.step("model:2", later)
+    assert boundary.value.key == "model:2"
+    assert later.calls == 0 and live.calls == 1
+    assert journal.pending == [("tool:a", '{"value": "live", "cost_usd": 0.2}', 0.2)]
+    assert redis_client.exists("tl:{unused}:journal:s0") == 0  # the worker commits, not the journal

@@ -1,0 +1,96 @@
+"""Every Redis key of toolloop, built here and nowhere else.
+
+Every key of one run carries the hash tag `{<run_id>}`, so a run lives on one slot of a Redis
+Cluster and each Lua script touches one slot. The one key outside a run is the index of live runs
+that the sweeper scans; it is only ever written on its own (never inside a run's script), so it is
+a superset of the live runs, never the source of truth.
+
+    tl:{<run>}:spec            string  the RunSpec (JSON), written once at enqueue
+    tl:{<run>}:state           hash    status, segment, n (commits so far), spent_usd, steps,
+                                       final_text, asked, ask_call_id, error_class, error_message,
+                                       spend_base, cancel, events:<seg>, seq
+    tl:{<run>}:journal:<seg>   hash    the journal of one segment (`s0`, `s1`, ...):
+                                       field = step key (`model:1`, `tool:<id>`), value = JSON
+                                       {"value": ..., "cost_usd": ...}; written with HSETNX only
+    tl:{<run>}:input           hash    field = segment, value = the segment's input messages (JSON)
+    tl:{<run>}:history         string  the last segment's result.messages (JSON), set at park/stop
+    tl:{<run>}:answers         hash    field = segment, value = the answer to its ask (HSETNX)
+    tl:{<run>}:inbox           hash    field = answer id, value = {"segment", "content"} (client side)
+    tl:{<run>}:events          stream  one entry per run event, each once, in order
+    tl:{<run>}:lease           string  "<owner>:<token>" of the task running the live step (PX)
+    tl:{<run>}:fence           string  INCR counter: the fencing token of every lease
+    tl:{<run>}:outbox          zset    member "<n>|<queue>" = a successor task to send,
+                                       score = when it was recorded (unix seconds)
+    tl:{<run>}:attempts        hash    field = n, value = deliveries of task n
+    tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
+    tl:runs:live               zset    run ids that may still need work, score = enqueue time
+    tl:cancel                  channel pubsub: a run id whose live step must abort now
+"""
+
+from __future__ import annotations
+
+PREFIX = "tl:"
+LIVE_RUNS = f"{PREFIX}runs:live"
+CANCEL_CHANNEL = f"{PREFIX}cancel"
+
+
+def _run(run_id: str, name: str) -> str:
+    return f"{PREFIX}{{{run_id}}}:{name}"
+
+
+def spec(run_id: str) -> str:
+    return _run(run_id, "spec")
+
+
+def state(run_id: str) -> str:
+    return _run(run_id, "state")
+
+
+def journal(run_id: str, segment: str) -> str:
+    """The hash of one segment's journal; `segment` is a key prefix like "s0/" or a name like "s0"."""
+    return _run(run_id, f"journal:{segment.rstrip('/')}")
+
+
+def inputs(run_id: str) -> str:
+    return _run(run_id, "input")
+
+
+def history(run_id: str) -> str:
+    return _run(run_id, "history")
+
+
+def answers(run_id: str) -> str:
+    return _run(run_id, "answers")
+
+
+def inbox(run_id: str) -> str:
+    return _run(run_id, "inbox")
+
+
+def events(run_id: str) -> str:
+    return _run(run_id, "events")
+
+
+def lease(run_id: str) -> str:
+    return _run(run_id, "lease")
+
+
+def fence(run_id: str) -> str:
+    return _run(run_id, "fence")
+
+
+def outbox(run_id: str) -> str:
+    return _run(run_id, "outbox")
+
+
+def attempts(run_id: str) -> str:
+    return _run(run_id, "attempts")
+
+
+def spend(run_id: str) -> str:
+    return _run(run_id, "spend")
+
+
+def segment_name(index: int) -> str:
+    """The name of segment `index`: "s0", "s1", ... (its journal key prefix is this plus "/")."""
+    return f"s{index}"

@@ -1,0 +1,230 @@
+"""The Lua scripts of the journal and of durable runs: every multi-key write is one atomic call.
+
+Invariants the scripts keep (keys in `keys.py`; every key of a call shares the run's hash tag):
+- A journal field is written with HSETNX only, and every script that writes one returns the STORED
+  value, so a caller always continues with what Redis holds (redis-py 8 retries commands itself: a
+  retried write must read back, never trust "I won").
+- A lease is "<owner>:<token>", the token drawn from the run's INCR fence. A commit is refused when
+  the fence has moved past its token (a newer copy took the lease), so a paused copy never writes.
+- Run commits are idempotent: a retry of a commit that already landed (state `n` >= its `n`) writes
+  nothing again; loop events are appended only beyond the segment's committed count, so each event
+  is in the stream once and in order although a replay emits them again in memory.
+"""
+
+from __future__ import annotations
+
+# Shared Lua helpers, prepended to the run scripts. KEYS[1] is always the state hash and the events
+# stream is passed as `events_key`.
+_PRELUDE = """
+local function emit(state, events_key, segment, kind, data)
+  local seq = redis.call('HINCRBY', state, 'seq', 1)
+  redis.call('XADD', events_key, '*', 'seq', seq, 'segment', segment, 'kind', kind, 'data', data)
+end
+local function terminal(status)
+  return status == 'done' or status == 'budget' or status == 'steps' or status == 'cancel'
+    or status == 'failed'
+end
+"""
+
+LEASE_ACQUIRE = """
+-- KEYS[1]=lease KEYS[2]=fence; ARGV[1]=owner ARGV[2]=ttl ms
+-- -> {1, token} when this owner holds the lease (again), {0, pttl} when another owner holds it.
+local current = redis.call('GET', KEYS[1])
+if current then
+  local owner, token = string.match(current, '^(.*):(%d+)$')
+  if owner == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(token)}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+return {1, token}
+"""
+
+LEASE_RENEW = """
+-- KEYS[1]=lease; ARGV[1]=the lease value; ARGV[2]=ttl ms -> 1 when still held and renewed
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+LEASE_RELEASE = """
+-- KEYS[1]=lease; ARGV[1]=the lease value -> 1 when it was ours and is gone
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+STEP_COMMIT = """
+-- KEYS[1]=journal hash KEYS[2]=fence KEYS[3]=lease; ARGV[1]=field ARGV[2]=value ARGV[3]=token
+-- ARGV[4]=lease value -> {1, stored} when written (or already stored), {0, stored-or-false} when fenced
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence ~= tonumber(ARGV[3]) then return {0, redis.call('HGET', KEYS[1], ARGV[1])} end
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end
+return {1, redis.call('HGET', KEYS[1], ARGV[1])}
+"""
+
+RUN_BEGIN = (
+    _PRELUDE
+    + """
+-- Start of an `advance` task: check it is due, take the run's lease, count the delivery, load all.
+-- KEYS: 1 state 2 spec 3 lease 4 fence 5 attempts 6 spend 7 input 8 answers
+-- ARGV: 1 owner 2 lease ttl ms 3 n (the commit this task makes) 4 now 5 journal key prefix
+-- -> {'missing'} | {'idle', status} | {'stale', n} | {'early', n} | {'busy', pttl}
+--    | {'run', token, attempts, state (flat), spec, journal (flat), input or false,
+--       answer to the previous segment's ask or false, outside spend}
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'running' then return {'idle', status} end
+local done = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local n = tonumber(ARGV[3])
+if n <= done then return {'stale', tostring(done)} end
+if n > done + 1 then return {'early', tostring(done)} end
+local token
+local current = redis.call('GET', KEYS[3])
+if current then
+  local owner, held = string.match(current, '^(.*):(%d+)$')
+  if owner ~= ARGV[1] then return {'busy', tostring(redis.call('PTTL', KEYS[3]))} end
+  token = held
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+else
+  token = tostring(redis.call('INCR', KEYS[4]))
+  redis.call('SET', KEYS[3], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+end
+local attempts = redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
+redis.call('HSET', KEYS[1], 'status', 'running', 'touched', ARGV[4])
+local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
+local input = redis.call('HGET', KEYS[7], 's' .. segment)
+local answer = false
+if segment > 0 then answer = redis.call('HGET', KEYS[8], 's' .. (segment - 1)) end
+return {'run', token, attempts, redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]),
+  redis.call('HGETALL', ARGV[5] .. 's' .. segment), input or false, answer or false,
+  redis.call('GET', KEYS[6]) or '0'}
+"""
+)
+
+RUN_COMMIT = (
+    _PRELUDE
+    + """
+-- End of an `advance` task: the step's value, its events, and what comes next, in one write.
+-- KEYS: 1 state 2 fence 3 lease 4 events 5 outbox 6 history 7 input 8 answers 9 journal (segment)
+-- ARGV[1]: JSON {token, lease, n, segment, field, value, events: [[index, kind, data]...],
+--   outcome: 'next'|'park'|'stop'|'fail', queue, now, state: {field: text}, history,
+--   final: [kind, data] (the run event of a stop or a failure), parked (data), cancel_text}
+-- -> {1, stored value or false, outbox member to send or false} | {0, stored or false, false} (fenced)
+local p = cjson.decode(ARGV[1])
+local segment = tostring(p.segment)
+local function stored()
+  if p.field == '' then return false end
+  return redis.call('HGET', KEYS[9], p.field)
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(p.token) then return {0, stored(), false} end
+if tonumber(redis.call('HGET', KEYS[1], 'n') or '0') >= p.n then
+  local pending = redis.call('ZRANGE', KEYS[5], 0, 0)
+  return {1, stored(), pending[1] or false}
+end
+if p.field ~= '' then redis.call('HSETNX', KEYS[9], p.field, p.value) end
+local count_field = 'events:' .. segment
+local count = tonumber(redis.call('HGET', KEYS[1], count_field) or '0')
+for _, e in ipairs(p.events) do
+  if e[1] > count then
+    emit(KEYS[1], KEYS[4], segment, e[2], e[3])
+    count = e[1]
+  end
+end
+redis.call('HSET', KEYS[1], count_field, count, 'n', p.n, 'touched', p.now)
+for field, text in pairs(p.state) do redis.call('HSET', KEYS[1], field, text) end
+local member = false
+local function resume(next_segment)
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm')
+  member = (p.n + 1) .. '|llm'
+  redis.call('ZADD', KEYS[5], p.now, member)
+end
+if p.outcome == 'next' then
+  member = (p.n + 1) .. '|' .. p.queue
+  redis.call('HSET', KEYS[1], 'queue', p.queue)
+  redis.call('ZADD', KEYS[5], p.now, member)
+elseif p.outcome == 'park' then
+  local next_segment = p.segment + 1
+  redis.call('HSET', KEYS[7], 's' .. next_segment, p.history)
+  redis.call('SET', KEYS[6], p.history)
+  emit(KEYS[1], KEYS[4], segment, 'parked', p.parked)
+  local answer = redis.call('HGET', KEYS[8], 's' .. segment)
+  if not answer and redis.call('HGET', KEYS[1], 'cancel') == '1' then
+    answer = p.cancel_text
+    redis.call('HSET', KEYS[8], 's' .. segment, answer)
+  end
+  if answer then
+    emit(KEYS[1], KEYS[4], segment, 'answered', cjson.encode({segment = p.segment, content = answer}))
+    emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', cjson.encode({segment = next_segment}))
+    resume(next_segment)
+  else
+    redis.call('HSET', KEYS[1], 'status', 'asked')
+  end
+else
+  redis.call('SET', KEYS[6], p.history)
+  emit(KEYS[1], KEYS[4], segment, p.final[1], p.final[2])
+end
+if redis.call('GET', KEYS[3]) == p.lease then redis.call('DEL', KEYS[3]) end
+return {1, stored(), member}
+"""
+)
+
+RUN_ANSWER = (
+    _PRELUDE
+    + """
+-- Store an answer: the first answer for a segment's ask wins; a parked run resumes at once, a run
+-- not parked yet keeps the answer for when it parks.
+-- KEYS: 1 state 2 answers 3 inbox 4 events 5 outbox; ARGV: 1 answer id 2 now
+-- -> {'resumed', member} | {'kept'} | {'ignored', why} | {'gone'}
+local raw = redis.call('HGET', KEYS[3], ARGV[1])
+if not raw then return {'gone'} end
+redis.call('HDEL', KEYS[3], ARGV[1])
+local a = cjson.decode(raw)
+local status = redis.call('HGET', KEYS[1], 'status')
+local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
+if terminal(status) then return {'ignored', 'the run has ended (' .. status .. ')'} end
+if tonumber(a.segment) ~= segment then return {'ignored', 'that question was already answered'} end
+if redis.call('HSETNX', KEYS[2], 's' .. segment, a.content) == 0 then
+  return {'ignored', 'that question was already answered'}
+end
+if status ~= 'asked' then return {'kept'} end
+emit(KEYS[1], KEYS[4], tostring(segment), 'answered', cjson.encode({segment = segment, content = a.content}))
+local next_segment = segment + 1
+emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', cjson.encode({segment = next_segment}))
+local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
+redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm', 'touched', ARGV[2])
+redis.call('ZADD', KEYS[5], ARGV[2], member)
+return {'resumed', member}
+"""
+)
+
+RUN_RETRY = (
+    _PRELUDE
+    + """
+-- Queue a failed run again from its journal. KEYS: 1 state 2 attempts 3 events 4 outbox
+-- ARGV: 1 now -> {'queued', member} | {'refused', status}
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'failed' then return {'refused', status or 'missing'} end
+local segment = redis.call('HGET', KEYS[1], 'segment') or '0'
+local queue = redis.call('HGET', KEYS[1], 'queue') or 'llm'
+local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|' .. queue
+redis.call('HDEL', KEYS[1], 'error_class', 'error_message')
+redis.call('HSET', KEYS[1], 'status', 'queued', 'touched', ARGV[1])
+redis.call('DEL', KEYS[2])
+emit(KEYS[1], KEYS[3], segment, 'queued', cjson.encode({retry = true}))
+redis.call('ZADD', KEYS[4], ARGV[1], member)
+return {'queued', member}
+"""
+)
+
+RUN_CANCEL = """
+-- Mark a run cancelled (kept across restarts). KEYS: 1 state; ARGV: 1 channel 2 run id
+-- -> the status, or false when the run does not exist
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return false end
+redis.call('HSET', KEYS[1], 'cancel', '1')
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return status
+"""
