@@ -1,0 +1,105 @@
+"""`AnthropicHandler`: the native Messages API provider (SPEC 3.2: serves messages, tools, marks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import httpx
+
+from toolloop.abort import AbortSignal
+from toolloop.contract import PromptGenRequest, PromptGenResult
+from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.providers.anthropic.request import DEFAULT_MAX_TOKENS, THINKING_BUDGET, build_body
+from toolloop.providers.anthropic.response import parse_message
+from toolloop.providers.base import Secret
+from toolloop.providers.common import (
+    check_request,
+    estimate_input_tokens,
+    image_parts,
+    max_tokens_of,
+    read_images,
+    reasoning_of,
+)
+from toolloop.providers.http import Endpoint, RetryPolicy, post_json
+from toolloop.providers.prices import ANTHROPIC_PRICES, ModelPrice, find_price
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+DEFAULT_MODEL = "claude-sonnet-4-5"
+API_VERSION = "2023-06-01"
+
+
+class AnthropicHandler:
+    """Calls `POST {base_url}/v1/messages`. The key is read from `api_key` (the caller usually passes
+    `ANTHROPIC_API_KEY`); without one, `execute` raises unavailable "auth" and `estimate` works."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        *,
+        base_url: str | None = None,
+        default_model: str = DEFAULT_MODEL,
+        prices: Mapping[str, ModelPrice] | None = None,
+        timeout_s: float = 120.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        key_env: str = "ANTHROPIC_API_KEY",
+    ) -> None:
+        self._key = Secret(api_key)
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self.default_model = default_model
+        self.prices: dict[str, ModelPrice] = {**ANTHROPIC_PRICES, **(prices or {})}
+        self.endpoint = Endpoint(
+            provider=self.name,
+            url=f"{self.base_url}/v1/messages",
+            key_env=key_env,
+            timeout_s=timeout_s,
+            policy=retry or RetryPolicy(),
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        key = "set" if self._key else "missing"
+        return (
+            f"AnthropicHandler(base_url={self.base_url!r}, default_model={self.default_model!r}, key={key})"
+        )
+
+    def estimate(self, request: PromptGenRequest) -> float:
+        """USD ceiling: estimated input tokens at the input price + max_tokens at the output price."""
+        check_request(self.name, request)
+        model = request.model or self.default_model
+        price = self._price(model)
+        reasoning = reasoning_of(self.name, request, None)
+        output = max_tokens_of(request, DEFAULT_MAX_TOKENS) + THINKING_BUDGET.get(reasoning or "off", 0)
+        total = estimate_input_tokens(request) * price.input + output * price.output
+        return round(total / 1_000_000, 6)
+
+    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+        signal.throw_if_aborted()
+        check_request(self.name, request)
+        model = request.model or self.default_model
+        price = self._price(model)
+        reasoning = reasoning_of(self.name, request, None)
+        key = self._key.reveal()
+        if key is None:
+            raise PromptGenUnavailableError(
+                f"{self.name} has no API key.\n"
+                f"  Set {self.endpoint.key_env}, or use another prompt-gen provider.",
+                "auth",
+            )
+        images = await read_images(self.name, image_parts(request))
+        body = build_body(request, model=model, reasoning=reasoning, images=images)
+        headers = {"x-api-key": key, "anthropic-version": API_VERSION}
+        data = await post_json(self.endpoint, body, headers, signal, secret=self._key)
+        return parse_message(data, price=price, model=model)
+
+    def _price(self, model: str) -> ModelPrice:
+        price = find_price(self.prices, model)
+        if price is None:
+            known = ", ".join(sorted(self.prices))
+            raise PromptGenError(
+                f"{self.name} has no price for model {model!r}; it knows {known}.\n"
+                "  Pass prices={model: ModelPrice(...)} to the handler, or pick a priced model."
+            )
+        return price

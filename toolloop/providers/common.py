@@ -1,0 +1,108 @@
+"""Request-side rules shared by the tool-serving providers (anthropic, fal): checks made before any
+call, the `reasoning` level, and image bytes read from their paths at send time (SPEC 3.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Literal, cast
+
+from toolloop.contract import AssistantMessage, ImagePart, PromptGenRequest, TextPart
+from toolloop.errors import PromptGenError
+
+Reasoning = Literal["off", "low", "medium", "high"]
+_LEVELS = ("off", "low", "medium", "high")
+
+
+def check_request(provider: str, request: PromptGenRequest) -> None:
+    """Refuse, before any call, a request that has nothing to send."""
+    if request.messages is not None and not request.messages:
+        raise PromptGenError(
+            f"{provider} prompt-gen messages must not be empty.\n  Pass at least one user message."
+        )
+    if request.messages is None and not request.prompt.strip():
+        raise PromptGenError(
+            f"{provider} prompt-gen needs a non-empty prompt.\n"
+            "  Pass the text to generate from in request.prompt, or pass messages."
+        )
+
+
+def reasoning_of(provider: str, request: PromptGenRequest, default: Reasoning | None) -> Reasoning | None:
+    """`params["reasoning"]`, checked; `default` when the request does not set it."""
+    value = (request.params or {}).get("reasoning")
+    if value is None:
+        return default
+    if value not in _LEVELS:
+        raise PromptGenError(
+            f"{provider} params.reasoning must be 'off', 'low', 'medium' or 'high', not {value!r}.\n"
+            "  Pass one of the four levels."
+        )
+    return cast(Reasoning, value)
+
+
+def max_tokens_of(request: PromptGenRequest, default: int) -> int:
+    """`params["max_tokens"]` when it is a positive integer, else `default`."""
+    value = (request.params or {}).get("max_tokens")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return default
+
+
+def image_parts(request: PromptGenRequest) -> list[ImagePart]:
+    """Every image part of the request's user and tool messages, in message order."""
+    found: list[ImagePart] = []
+    for message in request.messages or []:
+        if message.role != "assistant" and isinstance(message.content, list):
+            found.extend(part for part in message.content if isinstance(part, ImagePart))
+    return found
+
+
+async def read_images(provider: str, parts: list[ImagePart]) -> dict[str, str]:
+    """Base64 text of the file of every part, by path, read now (off the event loop)."""
+    paths = sorted({part.path for part in parts})
+    if not paths:
+        return {}
+    encoded = await asyncio.gather(*(asyncio.to_thread(_read_base64, provider, p) for p in paths))
+    return dict(zip(paths, encoded, strict=True))
+
+
+def _read_base64(provider: str, path: str) -> str:
+    try:
+        return base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    except OSError as exc:
+        raise PromptGenError(
+            f"{provider} cannot read the image {path!r} ({exc.strerror or exc}).\n"
+            "  Keep every image file of a conversation at its path until the run ends."
+        ) from None
+
+
+def estimate_tokens(text: str) -> int:
+    """A token estimate without a tokenizer: ceil(ASCII chars / 4) + one per non-ASCII character."""
+    ascii_chars = sum(1 for ch in text if ord(ch) < 128)
+    return -(-ascii_chars // 4) + (len(text) - ascii_chars)
+
+
+def input_text(request: PromptGenRequest) -> str:
+    """The text a request sends: system, tool definitions, then every message's text, by newlines."""
+    if request.messages is None:
+        return (request.system or "") + request.prompt
+    chunks = [request.system or ""]
+    chunks += [json.dumps(t.model_dump(), separators=(",", ":")) for t in request.tools or []]
+    for message in request.messages:
+        if isinstance(message.content, str):
+            chunks.append(message.content)
+        elif isinstance(message.content, list):
+            chunks += [part.text for part in message.content if isinstance(part, TextPart)]
+        if isinstance(message, AssistantMessage):
+            chunks += [json.dumps(call.input, separators=(",", ":")) for call in message.tool_calls or []]
+    return "\n".join(chunks)
+
+
+IMAGE_TOKENS = 1000
+"""The estimate's allowance for one image part."""
+
+
+def estimate_input_tokens(request: PromptGenRequest) -> int:
+    return estimate_tokens(input_text(request)) + IMAGE_TOKENS * len(image_parts(request))

@@ -1,0 +1,43 @@
+"""`from_env()`: a `PromptGen` configured from environment variables.
+
+    ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL   anthropic (base URL default https://api.anthropic.com)
+    FAL_KEY, FAL_RUN_URL                    fal (run URL default https://fal.run)
+    OPENAI_API_KEY, OPENAI_BASE_URL         openai (one-turn prompts)
+    (PATH)                                  codex, claude: the local CLIs (one-turn prompts)
+    TOOLLOOP_PROVIDER                       default provider, default "anthropic"
+    TOOLLOOP_FALLBACK                       fallback providers, a comma list (default none)
+A missing key is not an error here: that provider's calls raise unavailable "auth", so a fallback
+moves on. Blank values count as unset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from toolloop.providers.anthropic import AnthropicHandler
+from toolloop.providers.base import PromptGenHandler
+from toolloop.providers.facade import PromptGen
+from toolloop.providers.fal import FalHandler
+from toolloop.providers.oneturn import ClaudeHandler, CodexHandler, OpenAIHandler
+
+
+def from_env(env: Mapping[str, str] | None = None) -> PromptGen:
+    """Every provider, registered from `env` (default `os.environ`)."""
+    env = os.environ if env is None else env
+
+    def get(name: str) -> str | None:
+        value = env.get(name, "").strip()
+        return value or None
+
+    handlers: dict[str, PromptGenHandler] = {
+        "anthropic": AnthropicHandler(get("ANTHROPIC_API_KEY"), base_url=get("ANTHROPIC_BASE_URL")),
+        "fal": FalHandler(get("FAL_KEY"), run_url=get("FAL_RUN_URL")),
+        "openai": OpenAIHandler(
+            get("OPENAI_API_KEY"), base_url=get("OPENAI_BASE_URL") or "https://api.openai.com"
+        ),
+        "codex": CodexHandler(),
+        "claude": ClaudeHandler(),
+    }
+    fallback = [name.strip() for name in (get("TOOLLOOP_FALLBACK") or "").split(",") if name.strip()]
+    return PromptGen(handlers, get("TOOLLOOP_PROVIDER") or "anthropic", fallback)

@@ -1,0 +1,108 @@
+"""`PromptGen`: named handlers behind one `generate`, with fallback (SPEC 3.1).
+
+`generate` walks `[provider or default_provider, *fallback]`, each name once. It moves on only when
+the error is unavailable (`is_prompt_gen_unavailable`: auth, limit, missing, unsupported, or HTTP
+401/402/403/429) and the caller's signal is not aborted; any other error, and the caller's abort,
+is raised at once. When every provider is unavailable the last error is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from toolloop.abort import NEVER_ABORTED, AbortSignal
+from toolloop.contract import PromptGenRequest, PromptGenResult
+from toolloop.errors import PromptGenError, is_prompt_gen_unavailable
+from toolloop.providers.base import PromptGenHandler
+
+log = logging.getLogger("toolloop.providers")
+
+Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
+
+
+class PromptGen:
+    """Model calls through named providers: `generate`, `estimate`, `providers`, `as_generate`."""
+
+    def __init__(
+        self,
+        handlers: Mapping[str, PromptGenHandler],
+        default_provider: str,
+        fallback: Sequence[str] = (),
+    ) -> None:
+        self._handlers: dict[str, PromptGenHandler] = dict(handlers)
+        self.default_provider = default_provider
+        self.fallback: list[str] = list(fallback)
+
+    def __repr__(self) -> str:
+        return (
+            f"PromptGen(providers={self.providers()!r}, default_provider={self.default_provider!r}, "
+            f"fallback={self.fallback!r})"
+        )
+
+    def providers(self) -> list[str]:
+        """The registered provider names, in registration order."""
+        return list(self._handlers)
+
+    def handler(self, name: str) -> PromptGenHandler:
+        """The handler registered as `name`; an error naming the registered ones otherwise."""
+        found = self._handlers.get(name)
+        if found is None:
+            known = ", ".join(repr(n) for n in self._handlers) or "none"
+            raise PromptGenError(
+                f"prompt-gen provider {name!r} is not registered; registered: {known}.\n"
+                f"  Pass one of them as provider=, or register a handler named {name!r}."
+            )
+        return found
+
+    def estimate(self, request: PromptGenRequest, *, provider: str | None = None) -> float:
+        """USD estimate of `request` by the head of the chain only; no network."""
+        return self.handler(provider or self.default_provider).estimate(request)
+
+    async def generate(
+        self,
+        request: PromptGenRequest,
+        *,
+        signal: AbortSignal | None = None,
+        provider: str | None = None,
+    ) -> PromptGenResult:
+        """One model call; `result.meta["provider"]` names the provider that answered."""
+        signal = signal or NEVER_ABORTED
+        head = provider or self.default_provider
+        self.handler(head)
+        chain = list(dict.fromkeys([head, *self.fallback]))
+        last: BaseException | None = None
+        for index, name in enumerate(chain):
+            handler = self._handlers.get(name)
+            if handler is None:
+                log.warning("prompt-gen fallback %r is not registered; skipped", name)
+                continue
+            try:
+                result = await handler.execute(request, signal)
+            except Exception as error:
+                if signal.aborted or not is_prompt_gen_unavailable(error):
+                    raise
+                last = error
+                following = next((n for n in chain[index + 1 :] if n in self._handlers), None)
+                if following is not None:
+                    reason = getattr(error, "reason", None) or f"HTTP {getattr(error, 'status', '?')}"
+                    log.warning(
+                        "prompt-gen falls back from %s to %s: %s",
+                        name,
+                        following,
+                        reason,
+                        extra={"from": name, "to": following, "reason": reason},
+                    )
+                continue
+            meta = {**(result.meta or {}), "provider": name}
+            return result.model_copy(update={"meta": meta})
+        assert last is not None  # the head is registered, so it ran and failed
+        raise last
+
+    def as_generate(self, provider: str | None = None) -> Generate:
+        """The `async (request, signal) -> PromptGenResult` callable that `run_tool_loop` takes."""
+
+        async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+            return await self.generate(request, signal=signal, provider=provider)
+
+        return generate

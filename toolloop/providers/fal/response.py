@@ -1,0 +1,164 @@
+"""A fal router answer (OpenAI chat-completions shape) -> our `PromptGenResult`.
+
+text          choices[0].message.content; null is "" when the turn has tool calls or the
+              finish reason is tool_calls/length, else an incomplete-result error
+tool calls    id and function.name required; arguments missing/null/"" -> {}; a non-string
+              is kept; a string is parsed, and text that is not JSON -> ToolArgumentsError
+finish        stop, tool_calls, length as sent; anything else -> other
+usage         cached = cache_read_input_tokens, else prompt_tokens_details.cached_tokens;
+              cache write = cache_creation_input_tokens, else prompt_tokens_details.cache_write_tokens
+cost          usage.cost when a finite number >= 0 (cost_source "usage"); else tokens x price
+              with cache reads/writes at their own rates ("tokens"); else the character
+              estimate of input and answer ("chars")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ToolCall
+from toolloop.errors import PromptGenError, ToolArgumentsError
+from toolloop.providers.common import estimate_tokens
+from toolloop.providers.prices import ModelPrice, token_cost
+
+_FLAGGED = re.compile(r"content_policy|sensitive|likeness|nsfw|moderation", re.IGNORECASE)
+
+
+def flag(detail: str) -> PromptGenError | None:
+    """A content-policy refusal in an error body: an error of its own, never retried."""
+    if not _FLAGGED.search(detail):
+        return None
+    return PromptGenError(
+        f"fal flagged the LLM request (content policy): {detail}\n"
+        "  Change the prompt or images; sending the same request will be refused again."
+    )
+
+
+def parse_completion(
+    data: Any, *, price: ModelPrice, model: str, input_text: str, provider: str = "fal"
+) -> PromptGenResult:
+    """Map a 2xx body; `input_text` feeds the character cost rule when no usage is reported. The
+    OpenAI provider reads the same shape (`provider` names who answered)."""
+    if not isinstance(data, dict):
+        data = {}
+    _raise_body_error(data, provider)
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    raw_message = choice.get("message")
+    message: dict[str, Any] = raw_message if isinstance(raw_message, dict) else {}
+    raw_finish = choice.get("finish_reason")
+    finish: FinishReason = raw_finish if raw_finish in ("stop", "tool_calls", "length") else "other"
+    calls = [_tool_call(item, provider) for item in message.get("tool_calls") or []]
+    content = message.get("content")
+    if isinstance(content, str):
+        text = content
+    elif calls or finish in ("tool_calls", "length"):
+        text = ""
+    else:
+        raise PromptGenError(
+            f"{provider} returned an incomplete LLM result.\n"
+            "  Expected choices[0].message.content in the response."
+        )
+    raw_usage = data.get("usage")
+    usage_data: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    details = usage_data.get("prompt_tokens_details")
+    detail_data: dict[str, Any] = details if isinstance(details, dict) else {}
+    prompt = _number(usage_data, "prompt_tokens")
+    completion = _number(usage_data, "completion_tokens")
+    read = _first(_number(usage_data, "cache_read_input_tokens"), _number(detail_data, "cached_tokens"))
+    write = _first(
+        _number(usage_data, "cache_creation_input_tokens"), _number(detail_data, "cache_write_tokens")
+    )
+    usage = PromptGenUsage(
+        prompt_tokens=prompt or 0,
+        completion_tokens=completion or 0,
+        cached_tokens=read or 0,
+        cache_write_tokens=write or 0,
+        cached_read_tokens=read,
+        cached_write_tokens=write,
+    )
+    reported = usage_data.get("cost")
+    if isinstance(reported, int | float) and not isinstance(reported, bool) and math.isfinite(reported):
+        cost, source = (round(float(reported), 10), "usage") if reported >= 0 else (0.0, "")
+    else:
+        cost, source = 0.0, ""
+    if not source and prompt is not None and completion is not None:
+        uncached = max(prompt - (read or 0) - (write or 0), 0)
+        cost = token_cost(
+            price, input=uncached, output=completion, cache_read=read or 0, cache_write=write or 0
+        )
+        source = "tokens"
+    elif not source:
+        answer = text + "".join(json.dumps(c.input) for c in calls)
+        cost = token_cost(price, input=estimate_tokens(input_text), output=estimate_tokens(answer))
+        source = "chars"
+    return PromptGenResult(
+        text=text,
+        cost_usd=cost,
+        tool_calls=calls,
+        finish_reason=finish,
+        usage=usage,
+        meta={
+            "provider": provider,
+            "model": data.get("model") if isinstance(data.get("model"), str) else model,
+            "upstream_provider": data.get("provider"),
+            "finish_reason": raw_finish,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "cost_source": source,
+            "partial": finish == "length",
+        },
+    )
+
+
+def _raise_body_error(data: dict[str, Any], provider: str) -> None:
+    error = data.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str) or not message.strip():
+        return
+    text = " ".join(message.split())
+    text = text if len(text) <= 300 else text[:300] + "..."
+    if "content_policy" in text:
+        raise PromptGenError(
+            f"{provider} flagged the LLM request (content policy): {text}\n"
+            "  Change the prompt or images; sending the same request will be refused again."
+        )
+    raise PromptGenError(
+        f"{provider} LLM returned an error: {text}\n  Check the model and the request, then try again."
+    )
+
+
+def _tool_call(item: Any, provider: str) -> ToolCall:
+    function = item.get("function") if isinstance(item, dict) else None
+    call_id = item.get("id") if isinstance(item, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(function, dict):
+        raise PromptGenError(
+            f"{provider} returned an incomplete tool call.\n"
+            "  Expected id and function.name on every choices[0].message.tool_calls entry."
+        )
+    arguments = function.get("arguments")
+    if arguments is None or arguments == "":
+        value: Any = {}
+    elif isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            raise ToolArgumentsError(name, arguments) from None
+    else:
+        value = arguments
+    return ToolCall(id=call_id, name=name, input=value)
+
+
+def _number(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return max(int(value), 0)
+
+
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)

@@ -1,0 +1,275 @@
+"""The one HTTP path of every provider: POST a JSON body, classify the answer, retry within bounds.
+
+Classification (SPEC 3.3), in this order:
+    transport timeout            -> retried (backoff), then PromptGenError(retryable=True)
+    other transport failure      -> PromptGenError(retryable=True) at once (network failures are errors)
+    provider's `flag(detail)`    -> that error (e.g. fal's content-policy refusals)
+    401, 403                     -> PromptGenUnavailableError("auth") at once
+    402, 429                     -> waits a short `retry-after` (<= policy.short_retry_after_s) and
+                                    retries; else PromptGenUnavailableError("limit")
+    408, 409, 5xx (529 included) -> retried with exponential backoff and jitter, a longer
+                                    `retry-after` honoured; then PromptGenError(retryable=True)
+    other 4xx                    -> PromptGenError(retryable=False) at once
+Attempts are bounded by `RetryPolicy.attempts` and by `RetryPolicy.total_s` of wall time. The
+caller's abort is checked before each attempt and races every request and every backoff sleep: it
+is raised unchanged (the signal's own `AbortError`) the moment it fires.
+Keys: headers are built by the caller and never logged; every message is passed through `redact`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+
+from toolloop.abort import AbortSignal
+from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.providers.base import Secret, redact
+
+log = logging.getLogger("toolloop.providers")
+
+T = TypeVar("T")
+
+_RETRIED = frozenset({408, 409})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounds of the retries of one model call."""
+
+    attempts: int = 4
+    """Most HTTP attempts, the first included."""
+    base_delay_s: float = 1.0
+    """Backoff before retry n is base * 2**(n-1), plus up to `jitter` of it, capped at max_delay_s."""
+    max_delay_s: float = 16.0
+    jitter: float = 0.25
+    total_s: float = 90.0
+    """No retry starts once this much wall time has passed since the first attempt."""
+    short_retry_after_s: float = 10.0
+    """A 402/429 asking to wait at most this long is waited for and retried; longer is `limit`."""
+
+    def backoff(self, attempt: int) -> float:
+        delay = min(self.base_delay_s * 2.0 ** (attempt - 1), self.max_delay_s)
+        return delay + random.uniform(0, delay * self.jitter)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how one provider is called. `key_env` names the key in error messages."""
+
+    provider: str
+    url: str
+    key_env: str
+    timeout_s: float
+    policy: RetryPolicy
+    transport: httpx.AsyncBaseTransport | None = None
+
+
+Flag = Callable[[str], PromptGenError | None]
+
+_ssl_context: ssl.SSLContext | None = None
+
+
+def _verify() -> ssl.SSLContext:
+    # One SSL context for every client: building one per call costs ~10 ms of CPU.
+    global _ssl_context
+    if _ssl_context is None:
+        import certifi
+
+        _ssl_context = ssl.create_default_context(cafile=certifi.where())
+    return _ssl_context
+
+
+async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
+    """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts."""
+    signal.throw_if_aborted()
+    work = asyncio.ensure_future(awaitable)
+    aborted = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait({work, aborted}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, aborted):
+            task.cancel()
+        await asyncio.gather(work, aborted, return_exceptions=True)
+    if work.done() and not work.cancelled():
+        return work.result()
+    signal.throw_if_aborted()
+    raise asyncio.CancelledError
+
+
+async def post_json(
+    endpoint: Endpoint,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    signal: AbortSignal,
+    *,
+    secret: Secret,
+    flag: Flag | None = None,
+) -> Any:
+    """POST `body`, return the parsed JSON of a 2xx answer; raise as the module docstring says."""
+    policy = endpoint.policy
+    started = time.monotonic()
+    content = json.dumps(body, ensure_ascii=False).encode()
+    all_headers = {"content-type": "application/json", **headers}
+    timeout = httpx.Timeout(endpoint.timeout_s, connect=min(endpoint.timeout_s, 10.0))
+    async with httpx.AsyncClient(
+        transport=endpoint.transport, timeout=timeout, verify=_verify(), trust_env=False
+    ) as client:
+        attempt = 0
+        while True:
+            attempt += 1
+            signal.throw_if_aborted()
+            error, wait_s = await _attempt(
+                client, endpoint, content, all_headers, signal, secret, flag, attempt
+            )
+            if error is None:
+                return wait_s  # the parsed body
+            elapsed = time.monotonic() - started
+            if wait_s is None or attempt >= policy.attempts or elapsed + wait_s > policy.total_s:
+                raise _final(error, attempt)
+            log.warning(
+                "%s: retrying after %s (attempt %d of %d, waiting %.2f s)",
+                endpoint.provider,
+                error.status or "timeout",
+                attempt,
+                policy.attempts,
+                wait_s,
+            )
+            await race(asyncio.sleep(wait_s), signal)
+
+
+async def _attempt(
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    content: bytes,
+    headers: dict[str, str],
+    signal: AbortSignal,
+    secret: Secret,
+    flag: Flag | None,
+    attempt: int,
+) -> tuple[PromptGenError | None, Any]:
+    """One POST. Returns (None, parsed body), or (error, seconds to wait before a retry or None)."""
+    name, policy = endpoint.provider, endpoint.policy
+    try:
+        response = await race(client.post(endpoint.url, content=content, headers=headers), signal)
+    except httpx.TimeoutException:
+        error = PromptGenError(
+            f"{name} did not answer within {endpoint.timeout_s:g} s.\n"
+            "  Try again later, raise the timeout, or use another prompt-gen provider.",
+            retryable=True,
+        )
+        return error, policy.backoff(attempt)
+    except httpx.TransportError as exc:
+        detail = redact(f"{type(exc).__name__}: {exc}", secret)
+        raise PromptGenError(
+            f"{name} could not be reached at {endpoint.url!r} ({detail}).\n"
+            "  Check the base URL and the network, then try again.",
+            retryable=True,
+        ) from None
+    status = response.status_code
+    if 200 <= status < 300:
+        try:
+            return None, response.json()
+        except ValueError:
+            raise PromptGenError(
+                f"{name} answered HTTP {status} with a body that is not JSON.\n"
+                "  Check the base URL points at the provider's API.",
+                status=status,
+            ) from None
+    detail = redact(error_detail(response), secret)
+    if flag is not None and (flagged := flag(detail)) is not None:
+        raise flagged
+    retry_after = parse_retry_after(response.headers)
+    if status in (401, 403):
+        raise PromptGenUnavailableError(
+            f"{name} refused the request (HTTP {status}): {detail}\n"
+            f"  Check {endpoint.key_env}, or use another prompt-gen provider.",
+            "auth",
+            status,
+        )
+    if status in (402, 429):
+        limit = PromptGenUnavailableError(
+            f"{name} limited the request (HTTP {status}): {detail}\n"
+            "  Wait, or use another prompt-gen provider.",
+            "limit",
+            status,
+        )
+        if retry_after is None or retry_after > policy.short_retry_after_s:
+            raise limit
+        return limit, retry_after
+    if status in _RETRIED or status >= 500:
+        error = PromptGenError(
+            f"{name} failed with HTTP {status}: {detail}\n"
+            "  Try again later, or use another prompt-gen provider.",
+            status=status,
+            retryable=True,
+            retry_after=retry_after,
+        )
+        return error, max(policy.backoff(attempt), retry_after or 0.0)
+    raise PromptGenError(
+        f"{name} rejected the request (HTTP {status}): {detail}\n"
+        "  Fix the request; sending it again will fail the same way.",
+        status=status,
+    )
+
+
+def _final(error: PromptGenError, attempts: int) -> PromptGenError:
+    """The error to raise after the last attempt, saying how many were made."""
+    if attempts == 1:
+        return error
+    head, _, tail = str(error).partition("\n")
+    message = f"{head} ({attempts} attempts)\n{tail}"
+    if isinstance(error, PromptGenUnavailableError):
+        return PromptGenUnavailableError(message, error.reason, error.status)
+    return PromptGenError(message, error.status, error.retryable, error.retry_after)
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The provider's own error text: `error.message` of a JSON body, else the body, cut to 300."""
+    text = response.text
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            kind = err.get("type")
+            text = f"{kind}: {err['message']}" if isinstance(kind, str) else err["message"]
+        elif isinstance(err, str):
+            text = err
+        elif isinstance(data.get("detail"), str):
+            text = data["detail"]
+    text = " ".join(text.split()) or "(empty body)"
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def parse_retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds asked by `retry-after-ms` or `retry-after` (seconds or an HTTP date); None when absent."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(float(raw_ms) / 1000, 0.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
