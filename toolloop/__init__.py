@@ -39,6 +39,7 @@ from toolloop.loop.types import (
     ToolOutput,
     ToolSpec,
 )
+from toolloop.providers import PromptGen, PromptGenHandler, from_env
 
 __all__ = [
     "AbortController",
@@ -55,7 +56,9 @@ __all__ = [
     "LoopEvent",
     "MemoryJournal",
     "ModelEvent",
+    "PromptGen",
     "PromptGenError",
+    "PromptGenHandler",
     "PromptGenRequest",
     "PromptGenResult",
     "PromptGenUnavailableError",
@@ -75,6 +78,7 @@ __all__ = [
     "ToolSpec",
     "ToolloopError",
     "UserMessage",
+    "from_env",
     "is_prompt_gen_unavailable",
     "run_tool_loop",
 ]
