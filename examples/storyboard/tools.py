@@ -94,6 +94,11 @@ def wait_preview(started: dict[str, object], signal: AbortSignal) -> ToolOutput:
     )
 
 
+def ask(input: AskInput, _signal: AbortSignal) -> ToolOutput:
+    """Never called: on a valid `ask` the loop parks the run and the person's answer is the result."""
+    raise RuntimeError(f"ask {input.question!r} reached the tool; the loop should have parked the run.")
+
+
 REVIEW_TOOLS = [
     ToolSpec(
         name="list_shots",
@@ -119,5 +124,6 @@ REVIEW_TOOLS = [
         name="ask",
         description="Ask the director one question and wait for the answer.",
         schema=AskInput,
+        run=ask,
     ),
 ]
