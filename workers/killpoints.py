@@ -51,6 +51,17 @@ def _matches(entry: dict[str, Any], point: str, fields: dict[str, Any]) -> bool:
     return all(fields.get(name) == value for name, value in entry.items() if name != "point")
 
 
+def pending(point: str, **fields: Any) -> bool:
+    """True when the plan has an entry for this point and fields that has not fired yet."""
+    path = os.environ.get(PLAN_ENV)
+    if not path:
+        return False
+    return any(
+        _matches(entry, point, fields) and not os.path.exists(os.path.join(f"{path}.fired", str(index)))
+        for index, entry in enumerate(_plan(path))
+    )
+
+
 def claim(point: str, **fields: Any) -> bool:
     """True once for the first call that matches an entry not yet fired (and records it as fired).
 
