@@ -1,0 +1,68 @@
+"""What `toolloop events` and the demo print for each event, and the cache savings they report."""
+
+from __future__ import annotations
+
+import io
+
+from toolloop import ModelEvent, PromptGenUsage, ToolCall, ToolEvent
+from toolloop.cli.render import Progress, Totals, event_line
+
+
+def model_event(step: int, read: int, write: int = 0) -> ModelEvent:
+    usage = PromptGenUsage(
+        prompt_tokens=2000,
+        completion_tokens=50,
+        cached_tokens=read,
+        cache_write_tokens=write,
+        cached_read_tokens=read,
+        cached_write_tokens=write,
+    )
+    calls = [ToolCall(id="c1", name="read_frame", input={"shot": 3})]
+    return ModelEvent(step=step, text=None, tool_calls=calls, cost_usd=0.0123, usage=usage)
+
+
+def test_model_line_shows_tokens_cache_reads_cost_and_calls() -> None:
+    line = event_line(model_event(2, read=1500))
+    assert line == "step  2  model   2,000 in (1,500 cached)    50 out  $0.0123  → read_frame(shot=3)"
+
+
+def test_step_override_numbers_steps_across_segments() -> None:
+    assert event_line(model_event(1, read=0), step=5).startswith("step  5  model")
+
+
+def test_tool_and_run_event_lines() -> None:
+    tool = ToolEvent(step=3, name="render_preview", call_id="c", cost_usd=0.0055, summary="Preview rendered.")
+    assert event_line(tool) == "step  3  tool   render_preview   $0.0055  Preview rendered."
+    parked = {"id": "1-0", "seq": 7, "segment": 0, "kind": "parked", "question": "Keep shot 3?"}
+    assert event_line(parked) == 'run      parked  {"question": "Keep shot 3?"}'
+
+
+def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> None:
+    totals = Totals()
+    totals.add_model(model_event(1, read=0, write=1000))
+    totals.add_model(model_event(2, read=1000))
+    assert (totals.steps, totals.cache_read, totals.cache_write) == (2, 1000, 1000)
+    # claude-sonnet-4-5: $3/MTok input, reads $0.30, writes $3.75
+    saved = totals.cache_savings_usd("claude-sonnet-4-5")
+    assert saved is not None
+    assert abs(saved - (1000 * 2.7 - 1000 * 0.75) / 1e6) < 1e-12
+    assert totals.cache_savings_usd("no-such-model") is None
+
+
+def test_progress_line_only_on_a_terminal() -> None:
+    pipe = io.StringIO()
+    progress = Progress(pipe)
+    progress.set("step 1")
+    progress.line("event")
+    progress.clear()
+    assert pipe.getvalue() == "event\n"
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    progress = Progress(tty)
+    progress.set("step 1")
+    progress.line("event")
+    assert tty.getvalue() == "\r\x1b[Kstep 1\r\x1b[Kevent\n\r\x1b[Kstep 1"

@@ -1,0 +1,53 @@
+"""The `toolloop` command: enqueue and watch durable runs, start a worker or the simulator, run the
+demo. `toolloop --help` lists the commands; every failure is two lines on stderr and exit 1 (2 for
+usage), never a traceback (set TOOLLOOP_DEBUG=1 to see one)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from toolloop.cli.errors import CliError, explain
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from toolloop.cli import commands, demo, processes
+
+    parser = argparse.ArgumentParser(
+        prog="toolloop",
+        description="Durable LLM tool-calling runs. Without REDIS_URL an embedded Redis is started in "
+        "./.toolloop (TOOLLOOP_HOME); without a provider key the worker talks to the simulator.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.add_commands(sub)
+    processes.add_commands(sub)
+    demo.add_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:  # the simulator parses its own flags
+        argv = ["sim", "--", *argv[1:]]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+        return code
+    except KeyboardInterrupt:
+        print("\nInterrupted.", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if os.environ.get("TOOLLOOP_DEBUG"):
+            raise
+        message = error.message if isinstance(error, CliError) else explain(error)
+        print(message, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The run commands: `run`, `status`, `events`, `answer`, `cancel`, `retry`, and `up` / `down` for the
+embedded Redis. Each is a thin adapter over `workers.client.Client`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from toolloop import defaults
+from toolloop.cli.errors import CliError, redact
+from toolloop.cli.follow import follow, print_status
+from toolloop.cli.spec import build_spec
+
+
+def connect() -> tuple[Any, defaults.RedisChoice]:
+    """A client on REDIS_URL or on the embedded server (started when needed)."""
+    try:
+        choice = defaults.redis_url()
+    except defaults.DefaultsError as error:
+        raise CliError(str(error)) from None
+    except OSError as error:  # the embedded server could not start
+        raise CliError(
+            f"Could not start the embedded Redis: {error}.\n  Set REDIS_URL to a running server."
+        ) from None
+    if not defaults.redis_reachable(choice.url):
+        raise CliError(
+            f"Cannot reach Redis at {redact(choice.url)}.\n"
+            "  Start the server or fix REDIS_URL (unset it to use the embedded server)."
+        )
+    return workers("client").Client(choice.url), choice
+
+
+def workers(module: str) -> Any:
+    """A module of the `workers` package (imported by name: the library's types stay Celery-free)."""
+    return importlib.import_module(f"workers.{module}")
+
+
+def run_id_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN_ID")
+
+
+def add_commands(sub: Any) -> None:
+    run = sub.add_parser("run", help="enqueue a run (from flags or a JSON/YAML file)")
+    run.add_argument("prompt", nargs="?", help="the user's first message")
+    run.add_argument("-f", "--file", type=Path, help="a run spec as JSON or YAML; flags override it")
+    run.add_argument("--model")
+    run.add_argument("--system", help="the system text")
+    run.add_argument("--toolset", help='import path of a list of ToolSpec, "pkg.mod:NAME"')
+    run.add_argument("--budget", dest="budget_usd", type=float, help="USD limit of the run")
+    run.add_argument("--finish-at", type=float, help="share of the budget where finish mode starts")
+    run.add_argument("--max-steps", type=int)
+    run.add_argument("--reasoning", choices=["off", "low", "medium", "high"])
+    run.add_argument("--finish-note")
+    run.add_argument("--keep-images", type=int)
+    run.add_argument("--cache", choices=["off", "system", "conversation"])
+    run.add_argument("--provider")
+    run.add_argument("--fallback", help="comma-separated provider names to fall back to")
+    run.add_argument("--follow", action="store_true", help="print its events until it stops")
+    run.set_defaults(handler=cmd_run)
+
+    status = sub.add_parser("status", help="show a run's state")
+    run_id_arg(status)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_status)
+
+    events = sub.add_parser("events", help="print a run's events (a line per step)")
+    run_id_arg(events)
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing until the run stops")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    events.set_defaults(handler=cmd_events)
+
+    answer = sub.add_parser("answer", help="answer the question a parked run asked")
+    run_id_arg(answer)
+    answer.add_argument("text")
+    answer.set_defaults(handler=cmd_answer)
+
+    for name, text in (("cancel", "cancel a run"), ("retry", "retry a failed run")):
+        command = sub.add_parser(name, help=text)
+        run_id_arg(command)
+        command.set_defaults(handler=cmd_cancel if name == "cancel" else cmd_retry)
+
+    up = sub.add_parser("up", help="start the embedded Redis of this directory and print its URL")
+    up.set_defaults(handler=cmd_up)
+    down = sub.add_parser("down", help="stop the embedded Redis of this directory")
+    down.set_defaults(handler=cmd_down)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = build_spec(args)
+    client, choice = connect()
+    run_id = client.enqueue(spec)
+    print(run_id)
+    if args.follow:
+        return follow(client, run_id)
+    if choice.started:
+        print("Started the embedded Redis; start a worker here with `toolloop worker` to run it.")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    print_status(client, args.run_id, as_json=args.json)
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    return follow(client, args.run_id, keep_following=args.follow, as_json=args.json)
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    client.answer(args.run_id, args.text)
+    print(f"Answered {args.run_id}.")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    client.cancel(args.run_id)
+    print(f"Cancel requested for {args.run_id}.")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    client.retry(args.run_id)
+    print(f"Retrying {args.run_id}.")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    _, choice = connect()
+    where = "embedded, started" if choice.started else "embedded" if choice.embedded else "REDIS_URL"
+    print(json.dumps({"url": redact(choice.url), "source": where, "pid": choice.pid}))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    pid = defaults.stop_embedded()
+    print(f"Stopped the embedded Redis (pid {pid})." if pid else "No embedded Redis was running here.")
+    return 0

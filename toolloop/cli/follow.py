@@ -1,0 +1,85 @@
+"""Watch a run: print its events as lines (or JSON), keep a progress line on a terminal, answer its
+questions when asked to, and stop when it stops."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from toolloop.cli.render import Progress, Totals, as_dict, event_line, field
+
+FINAL = frozenset({"done", "budget", "steps", "cancel", "failed"})
+Answerer = Callable[[dict[str, Any]], str | None]
+"""Given the held ask's input, the answer text; None to stop following instead."""
+
+
+def print_status(client: Any, run_id: str, *, as_json: bool = False) -> None:
+    status = as_dict(client.status(run_id))
+    if as_json:
+        print(json.dumps(status, default=str, indent=2))
+        return
+    width = max(len(str(key)) for key in status) if status else 0
+    for key, value in status.items():
+        if value not in (None, "", [], {}):
+            print(f"{key:<{width}}  {value if not isinstance(value, dict | list) else json.dumps(value)}")
+
+
+def question_of(status: Any) -> dict[str, Any]:
+    asked = field(status, "asked") or {}
+    asked = field(asked, "input", asked)
+    return dict(asked) if isinstance(asked, dict) else {"question": str(asked)}
+
+
+def follow(
+    client: Any,
+    run_id: str,
+    *,
+    keep_following: bool = True,
+    as_json: bool = False,
+    answerer: Answerer | None = None,
+    totals: Totals | None = None,
+    check: Callable[[], None] | None = None,
+) -> int:
+    """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 0
+    when the run is done (or still going without `keep_following`), 1 when it failed or stopped.
+    `check` is called before every read (the demo raises from it when its worker died)."""
+    progress = Progress()
+    totals = totals if totals is not None else Totals()
+    after: Any = None
+    answered: set[str] = set()
+    while True:
+        if check is not None:
+            check()
+        for event in client.events(run_id, after=after, block_ms=500 if keep_following else None):
+            after = field(event, "id", after)
+            if field(event, "kind") == "model":
+                totals.add_model(event)
+            if as_json:
+                print(json.dumps(as_dict(event), default=str), flush=True)
+            else:  # number model steps across the run's segments, tools by the turn that called them
+                progress.line(event_line(event, step=totals.steps))
+        status = client.status(run_id)
+        state = str(field(status, "status"))
+        spent = float(field(status, "spent_usd", 0) or 0)
+        progress.set(f"⟳ {run_id}  {state}  step {totals.steps}  ${spent:.4f}")
+        if state in FINAL or not keep_following:
+            progress.clear()
+            return 0 if state == "done" or state not in FINAL else 1
+        if state == "asked":
+            held = question_of(status)
+            key = json.dumps(held, sort_keys=True)
+            if key in answered:
+                continue
+            answered.add(key)
+            progress.clear()
+            print(f"asked    {held.get('question', held)}", flush=True)
+            text = answerer(held) if answerer else None
+            if text is None:
+                if answerer is None:
+                    print(f"The run waits for an answer: toolloop answer {run_id} 'TEXT'", file=sys.stderr)
+                    continue
+                return 0
+            print(f"answer   {text}", flush=True)
+            client.answer(run_id, text)

@@ -1,0 +1,125 @@
+"""The process commands: `worker` (a Celery worker with the right pool and queues) and `sim` (the
+provider simulator). `start_worker` and `stop` are also what `toolloop demo` uses."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from toolloop import defaults
+from toolloop.cli.errors import CliError
+
+QUEUES = "llm,tools,control"
+"""Every queue a durable run uses (model steps, tool steps, answers and cancels)."""
+
+
+def worker_argv(concurrency: int = 32, queues: str = QUEUES, loglevel: str = "INFO") -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        "-P", "threads", "-c", str(concurrency), "-Q", queues, "-E",
+        "--without-gossip", "--without-mingle", "-l", loglevel,
+        "-n", f"toolloop-{os.getpid()}@%h",
+    ]  # fmt: skip
+
+
+def worker_env(
+    redis_url: str, extra: Mapping[str, str] | None = None, pythonpath: Sequence[str] = ()
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra or {})
+    env["REDIS_URL"] = redis_url
+    paths = [*pythonpath, os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def start_worker(
+    redis_url: str,
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    pythonpath: Sequence[str] = (),
+    log: IO[bytes] | None = None,
+    concurrency: int = 32,
+    loglevel: str = "INFO",
+) -> subprocess.Popen[bytes]:
+    """A worker subprocess in its own process group (so `stop` ends its threads and children too)."""
+    return subprocess.Popen(
+        worker_argv(concurrency, loglevel=loglevel),
+        env=worker_env(redis_url, extra_env, pythonpath),
+        stdout=log,
+        stderr=subprocess.STDOUT if log else None,
+        start_new_session=True,
+    )
+
+
+def stop(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """SIGTERM (a warm shutdown: running steps finish), then SIGKILL of its process group."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=5)
+    except ProcessLookupError:
+        process.wait(timeout=5)
+
+
+def start_simulator(script: Any = None, *, latency_s: float = 0.0) -> Any:
+    """The provider simulator on a free loopback port, in this process (a server thread)."""
+    from toolloop.sim import SimServer
+
+    return SimServer(script, latency_s=latency_s).start()
+
+
+def add_commands(sub: Any) -> None:
+    worker = sub.add_parser("worker", help="start a Celery worker (threads pool, every toolloop queue)")
+    worker.add_argument("-c", "--concurrency", type=int, default=32, help="threads (default 32)")
+    worker.add_argument("-Q", "--queues", default=QUEUES, help=f"queues to consume (default {QUEUES})")
+    worker.add_argument("-l", "--loglevel", default="INFO")
+    worker.add_argument("--sim-script", type=Path, help="script for the simulator (no provider key set)")
+    worker.set_defaults(handler=cmd_worker)
+    sim = sub.add_parser("sim", help="run the provider simulator (`toolloop sim --help`)", add_help=False)
+    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
+    sim.set_defaults(handler=cmd_sim)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from toolloop.cli.commands import connect
+
+    _, choice = connect()
+    extra: dict[str, str] = {}
+    server = None
+    if not defaults.has_provider_key():
+        server = start_simulator(str(args.sim_script) if args.sim_script else None)
+        extra = defaults.simulated_provider_env(server.base_url)
+        print(f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}.")
+    print(f"Worker on {'the embedded Redis' if choice.embedded else 'REDIS_URL'}, queues {args.queues}.")
+    process = subprocess.Popen(
+        worker_argv(args.concurrency, args.queues, args.loglevel), env=worker_env(choice.url, extra)
+    )
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.send_signal(signal.SIGTERM)
+        return process.wait()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    try:
+        from toolloop.sim.__main__ import main as sim_main
+    except ImportError as error:
+        raise CliError(f"The simulator cannot be loaded: {error}.\n  Reinstall toolloop.") from None
+    argv = list(args.sim_args)
+    code = sim_main(argv[1:] if argv[:1] == ["--"] else argv)
+    return int(code or 0)

@@ -1,0 +1,144 @@
+"""How the `toolloop` command shows runs: one line per event, a status block, a progress line.
+
+Events and statuses arrive from `workers.client` as pydantic models or dicts; `field()` reads
+either, so the renderer does not care which.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any, TextIO
+
+from toolloop.providers.prices import ANTHROPIC_PRICES, ModelPrice, find_price
+
+
+def field(obj: Any, name: str, default: Any = None) -> Any:
+    """`obj.name` or `obj[name]`, else `default`."""
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def as_dict(obj: Any) -> Any:
+    dump = getattr(obj, "model_dump", None)
+    return dump(mode="json") if callable(dump) else obj
+
+
+def _short(text: Any, width: int = 72) -> str:
+    flat = " ".join(str(text or "").split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _call(call: Any) -> str:
+    args = field(call, "input") or {}
+    inner = ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else repr(args)
+    return f"{field(call, 'name')}({_short(inner, 40)})"
+
+
+@dataclass
+class Totals:
+    """What the events of a run add up to: tokens, cache reads and writes, model cost."""
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost_usd: float = 0.0
+    models: set[str] = dc_field(default_factory=set)
+
+    def add_model(self, event: Any) -> None:
+        usage = field(event, "usage") or {}
+        self.steps += 1
+        self.cost_usd += float(field(event, "cost_usd", 0) or 0)
+        self.prompt_tokens += int(field(usage, "prompt_tokens", 0) or 0)
+        self.completion_tokens += int(field(usage, "completion_tokens", 0) or 0)
+        self.cache_read += cache_read_tokens(usage)
+        self.cache_write += cache_write_tokens(usage)
+
+    def cache_savings_usd(self, model: str) -> float | None:
+        """Money the cache saved vs the same prompts uncached: reads at their discount, minus the
+        write premium. None when the model has no price row."""
+        price: ModelPrice | None = find_price(ANTHROPIC_PRICES, model)
+        if price is None:
+            return None
+        saved = self.cache_read * (price.input - price.cache_read)
+        premium = self.cache_write * (price.cache_write - price.input)
+        return (saved - premium) / 1e6
+
+
+def cache_read_tokens(usage: Any) -> int:
+    read = field(usage, "cached_read_tokens")
+    return int(read if read is not None else field(usage, "cached_tokens", 0) or 0)
+
+
+def cache_write_tokens(usage: Any) -> int:
+    write = field(usage, "cached_write_tokens")
+    return int(write if write is not None else field(usage, "cache_write_tokens", 0) or 0)
+
+
+HIDDEN = frozenset({"kind", "type", "id", "seq", "segment", "run_id"})
+
+
+def event_line(event: Any, step: int | None = None) -> str:
+    """One human line for a loop event or a run event. `step` replaces the event's own step (which
+    restarts at 1 in every segment of a run)."""
+    kind = field(event, "kind") or field(event, "type") or "event"
+    if step is not None and kind in ("model", "tool"):
+        event = {**as_dict(event), "step": step}
+    if kind == "model":
+        usage = field(event, "usage") or {}
+        tokens = (
+            f"{int(field(usage, 'prompt_tokens', 0) or 0):>6,} in"
+            f" ({cache_read_tokens(usage):,} cached) {int(field(usage, 'completion_tokens', 0) or 0):>5,} out"
+        )
+        calls = field(event, "tool_calls") or []
+        what = "→ " + ", ".join(_call(c) for c in calls) if calls else _short(field(event, "text"))
+        cost = float(field(event, "cost_usd", 0) or 0)
+        return f"step {field(event, 'step'):>2}  model  {tokens}  ${cost:.4f}  {what}"
+    if kind == "tool":
+        name = str(field(event, "name"))
+        cost = float(field(event, "cost_usd", 0) or 0)
+        summary = _short(field(event, "summary"), 60)
+        return f"step {field(event, 'step'):>2}  tool   {name:<16} ${cost:.4f}  {summary}"
+    if kind == "budget":
+        spent, limit = float(field(event, "spent_usd", 0)), float(field(event, "limit_usd", 0))
+        what = "finish mode starts" if field(event, "mode") == "finish" else "budget stop"
+        return f"budget   {what} at ${spent:.4f} of ${limit:.2f}"
+    rest = {k: v for k, v in (as_dict(event) or {}).items() if k not in HIDDEN and v not in (None, "")}
+    detail = "  " + _short(json.dumps(rest, default=str), 90) if rest else ""
+    return f"run      {kind}{detail}"
+
+
+class Progress:
+    """A status line kept at the bottom of a terminal, redrawn after each event line. On a pipe it
+    prints nothing but the event lines."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.live = self.out.isatty()
+        self.status = ""
+
+    def line(self, text: str) -> None:
+        if self.live and self.status:
+            self.out.write("\r\x1b[K")
+        self.out.write(text + "\n")
+        self.redraw()
+
+    def set(self, status: str) -> None:
+        self.status = status
+        self.redraw()
+
+    def redraw(self) -> None:
+        if self.live and self.status:
+            self.out.write("\r\x1b[K" + self.status)
+        self.out.flush()
+
+    def clear(self) -> None:
+        if self.live and self.status:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+        self.status = ""

@@ -1,0 +1,100 @@
+"""Build a run spec from `toolloop run`'s flags and file, and check its toolset before enqueuing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from toolloop.cli.errors import CliError, validation_lines
+
+FLAG_FIELDS = (
+    "model",
+    "system",
+    "toolset",
+    "budget_usd",
+    "finish_at",
+    "max_steps",
+    "reasoning",
+    "finish_note",
+    "keep_images",
+    "cache",
+    "provider",
+)
+SPEC_HINT = (
+    "  Give a mapping with model, system, messages (or a prompt) and toolset; see `toolloop run --help`."
+)
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """A run spec file: JSON, or YAML (a superset), as a mapping."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise CliError(f"Cannot read the run spec {str(path)!r}: {error.strerror}.\n{SPEC_HINT}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        first = str(error).splitlines()[0]
+        raise CliError(
+            f"The run spec {str(path)!r} is not valid JSON or YAML: {first}.\n{SPEC_HINT}"
+        ) from None
+    if not isinstance(data, dict):
+        raise CliError(f"The run spec {str(path)!r} is a {type(data).__name__}, not a mapping.\n{SPEC_HINT}")
+    return data
+
+
+def spec_data(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec as a dict: the file's, then every flag that was given, then the prompt."""
+    data = load_file(args.file) if args.file else {}
+    for name in FLAG_FIELDS:
+        value = getattr(args, name, None)
+        if value is not None:
+            data[name] = value
+    if getattr(args, "fallback", None):
+        data["fallback"] = [name.strip() for name in args.fallback.split(",") if name.strip()]
+    if args.prompt:
+        data["messages"] = [*data.get("messages", []), {"role": "user", "content": args.prompt}]
+    return data
+
+
+def check_toolset(path: Any) -> None:
+    """Import the toolset the worker will import, so a bad path fails here and nothing is enqueued."""
+    if not path:
+        raise CliError(
+            "The run has no toolset.\n"
+            '  Pass --toolset "pkg.module:NAME" (a list of ToolSpec), or set toolset in the spec file.'
+        )
+    module_name, _, attribute = str(path).partition(":")
+    if not module_name or not attribute:
+        raise CliError(
+            f"The toolset {path!r} is not an import path.\n"
+            '  Write it as "pkg.module:NAME", e.g. "examples.storyboard.tools:REVIEW_TOOLS".'
+        )
+    if os.getcwd() not in sys.path:  # the worker imports from its working directory too
+        sys.path.insert(0, os.getcwd())
+    from toolloop.cli.commands import workers
+
+    try:
+        workers("toolsets").resolve(str(path))
+    except ValueError as error:  # workers.errors.ToolsetError: two lines already
+        raise CliError(str(error)) from None
+
+
+def build_spec(args: argparse.Namespace) -> Any:
+    """A validated `workers.spec.RunSpec`; a bad field or toolset is a CliError, nothing enqueued."""
+    from toolloop.cli.commands import workers
+
+    data = spec_data(args)
+    check_toolset(data.get("toolset"))
+    try:
+        return workers("spec").RunSpec.model_validate(data)
+    except pydantic.ValidationError as error:
+        where = f"in {str(args.file)!r}" if args.file else "from the flags"
+        raise CliError(f"The run spec {where} is invalid: {validation_lines(error)}.\n{SPEC_HINT}") from None
