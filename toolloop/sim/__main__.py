@@ -1,0 +1,74 @@
+"""`python -m toolloop.sim --port N --script FILE.yaml|json [--latency 1.0]`: the simulator as a process.
+
+The first line printed is the base URL (e.g. `http://127.0.0.1:8765`); it serves until SIGINT or
+SIGTERM. `main(argv)` is also what the `toolloop sim` command calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS
+from toolloop.sim.script import Script, load_script
+from toolloop.sim.server import SimServer
+
+DEFAULT_PORT = 8765
+
+
+def parser() -> argparse.ArgumentParser:
+    found = argparse.ArgumentParser(
+        prog="python -m toolloop.sim",
+        description="Serve the Anthropic Messages API and fal's router on loopback, answered from a script.",
+    )
+    found.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    found.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"0 = a free port (default {DEFAULT_PORT})"
+    )
+    found.add_argument(
+        "--script", help="a YAML or JSON list of turns (default: every answer ends the script)"
+    )
+    found.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
+    found.add_argument("--require-key", default=None, help="refuse (401) any other API key")
+    found.add_argument(
+        "--min-cache-tokens", type=int, default=MIN_CACHE_TOKENS, help="minimum cacheable prefix"
+    )
+    found.add_argument("--lookback", type=int, default=LOOKBACK_BLOCKS, help="cache lookback in blocks")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        script = load_script(args.script) if args.script else Script([])
+    except (OSError, ValueError) as error:
+        print(
+            f"Cannot read the script {args.script!r}: {error}\n  Fix the file and start again.",
+            file=sys.stderr,
+        )
+        return 2
+    server = SimServer(
+        script,
+        host=args.host,
+        port=args.port,
+        latency_s=args.latency,
+        require_key=args.require_key,
+        min_cache_tokens=args.min_cache_tokens,
+        lookback=args.lookback,
+    )
+    try:
+        server.bind()
+    except OSError as error:
+        print(
+            f"Cannot listen on {args.host}:{args.port}: {error}\n  Pick another --port (0 = any).",
+            file=sys.stderr,
+        )
+        return 2
+    print(server.base_url, flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The simulator's ASGI app: one pipeline for both wires, plus `/_sim/stats` and `/_sim/reset`.
+
+A model request goes: key check (401) -> header check -> parse (400) -> cache plan (400 for bad
+marks; reads the cache) -> the policy's turn -> its fault, if still due for this history -> latency
+(the server's plus the turn's) -> cache commit (writes) -> the answer. Nothing but the fault counters,
+the stats and the prompt cache is kept between requests, so the same request always gets the same
+answer once its faults are used up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from toolloop.sim import anthropic_wire, fal_wire
+from toolloop.sim.cache import CacheRequestError, PromptCache
+from toolloop.sim.common import WireInputError
+from toolloop.sim.script import Policy, SimFault, SimTurn, answer
+
+log = logging.getLogger("toolloop.sim")
+
+ANTHROPIC_PATH = "/v1/messages"
+FAL_PATH = "/openrouter/router/openai/v1/chat/completions"
+_SEND_KEY = "toolloop.sim.send"
+
+
+@dataclass(frozen=True)
+class _Wire:
+    name: str
+    module: ModuleType
+
+
+class Simulator:
+    """The state of one simulated provider and its ASGI app (`simulator.app`)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        latency_s: float = 0.0,
+        require_key: str | None = None,
+        cache: PromptCache | None = None,
+    ) -> None:
+        self.policy = policy
+        self.latency_s = latency_s
+        self.require_key = require_key
+        self.cache = cache or PromptCache()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._faults: Counter[str] = Counter()
+        self._counts: dict[str, Counter[str]] = {}
+        self.reset()
+        routes = [
+            Route(ANTHROPIC_PATH, self._route(_Wire("anthropic", anthropic_wire)), methods=["POST"]),
+            Route(FAL_PATH, self._route(_Wire("fal", fal_wire)), methods=["POST"]),
+            Route("/_sim/stats", self._stats_route, methods=["GET"]),
+            Route("/_sim/reset", self._reset_route, methods=["POST"]),
+        ]
+        self._app = Starlette(routes=routes)
+
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry; it keeps the server's own `send` so a "drop" fault can reach the socket."""
+        if scope["type"] == "http":
+            scope[_SEND_KEY] = send
+        await self._app(scope, receive, send)
+
+    def stats(self) -> dict[str, Any]:
+        """Request counts: total, per endpoint, per conversation, per status, per fault served."""
+        with self._lock:
+            counts = {name: dict(counter) for name, counter in self._counts.items()}
+        requests = sum(counts["endpoints"].values())
+        return {"requests": requests, **counts, "cache_entries": len(self.cache)}
+
+    def reset(self) -> None:
+        """Forget the stats, the fault counters and the prompt cache."""
+        with self._lock:
+            self._counts = {key: Counter() for key in ("endpoints", "conversations", "statuses", "faults")}
+            self._faults = Counter()
+        self.cache.clear()
+
+    def _count(self, kind: str, key: str) -> None:
+        with self._lock:
+            self._counts[kind][key] += 1
+
+    def _route(self, wire: _Wire) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            self._count("endpoints", wire.name)
+            response = await self._serve(wire, request)
+            self._count("statuses", str(response.status_code))
+            return response
+
+        return endpoint
+
+    async def _serve(self, wire: _Wire, http: Request) -> Response:
+        module = wire.module
+        request_id = f"req_sim{next(self._ids):012d}"
+        key = module.api_key(http.headers)
+        if not key or (self.require_key is not None and key != self.require_key):
+            return self._error(
+                wire, 401, "invalid x-api-key" if wire.name == "anthropic" else "Invalid key", request_id
+            )
+        problem = module.header_problem(http.headers)
+        if problem:
+            return self._error(wire, 400, problem, request_id)
+        try:
+            parsed = module.parse(json.loads(await http.body()))
+            plan = self.cache.plan(parsed.request.model, parsed.blocks)
+        except (WireInputError, CacheRequestError, json.JSONDecodeError) as error:
+            return self._error(wire, 400, str(error), request_id)
+        sim = parsed.request
+        self._count("conversations", sim.conversation_id)
+        try:
+            turn = await answer(self.policy, sim)
+        except Exception as error:  # a user's policy: report it rather than hang the client
+            log.exception("the simulator's policy raised")
+            return self._error(wire, 500, f"The simulator's policy raised {error!r}.", request_id)
+        refusal = False
+        if turn.fault is not None and self._fault_due(sim.history_hash, turn.fault):
+            fault = turn.fault
+            self._count("faults", fault.kind if fault.kind != "error" else f"error:{fault.status}")
+            if fault.kind == "error":
+                return self._fault_error(wire, fault, request_id)
+            if fault.kind == "drop":
+                return self._drop(http)
+            if fault.kind == "timeout":
+                await asyncio.sleep(fault.seconds)
+            refusal = fault.kind == "refusal"
+        await self._sleep(turn)
+        self.cache.commit(plan)
+        body = module.render(turn, sim, plan.usage, refusal)
+        return JSONResponse(body, headers={"request-id": request_id})
+
+    def _fault_due(self, history_hash: str, fault: SimFault) -> bool:
+        with self._lock:
+            self._faults[history_hash] += 1
+            return fault.times is None or self._faults[history_hash] <= fault.times
+
+    async def _sleep(self, turn: SimTurn) -> None:
+        delay = self.latency_s + turn.latency_s
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _fault_error(self, wire: _Wire, fault: SimFault, request_id: str) -> Response:
+        status = fault.status or 500
+        message = fault.message or f"Simulated HTTP {status} (a scripted fault)."
+        headers = {}
+        if fault.retry_after is not None:
+            seconds = fault.retry_after
+            headers["retry-after"] = str(int(seconds)) if seconds == int(seconds) else str(seconds)
+        return self._error(wire, status, message, request_id, headers)
+
+    def _error(
+        self, wire: _Wire, status: int, message: str, request_id: str, headers: dict[str, str] | None = None
+    ) -> Response:
+        body = wire.module.error_body(status, message, request_id)
+        return JSONResponse(body, status_code=status, headers={"request-id": request_id, **(headers or {})})
+
+    def _drop(self, http: Request) -> Response:
+        send = http.scope.get(_SEND_KEY)
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if transport is None:  # not under uvicorn: the closest thing is an empty 500
+            return Response(status_code=500)
+        transport.abort()  # later writes to an aborted transport are discarded silently
+        return Response(status_code=500)
+
+    async def _stats_route(self, request: Request) -> Response:
+        return JSONResponse(self.stats())
+
+    async def _reset_route(self, request: Request) -> Response:
+        self.reset()
+        return JSONResponse({"ok": True})

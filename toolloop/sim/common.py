@@ -1,0 +1,83 @@
+"""What both wires share: the parse result, input errors, and the deterministic ids.
+
+Ids are pure functions of the request, so a retried request (a durable run replaying a step) gets
+the same answer: `conversation_id` hashes the system text and the first message, `history_hash`
+hashes the system text and every message (cache marks left out, as they move between turns), and a
+tool-call id hashes the history plus the call's position in the turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from toolloop.contract import ChatMessage, TextPart
+from toolloop.sim.cache import Block, Ttl
+from toolloop.sim.script import SimRequest
+
+
+class WireInputError(ValueError):
+    """The request body is not valid for the wire (answered 400 in the wire's error format)."""
+
+
+@dataclass(frozen=True)
+class Parsed:
+    request: SimRequest
+    blocks: list[Block]
+
+
+def canonical(value: Any) -> str:
+    """Stable JSON text of a value (sorted keys), for hashing."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def _unmarked(message: ChatMessage) -> dict[str, Any]:
+    data = message.model_dump(mode="json", exclude_none=True)
+    content = data.get("content")
+    if isinstance(content, list):
+        for part in content:
+            part.pop("cache", None)
+    return data
+
+
+def conversation_ids(system: str | None, messages: list[ChatMessage]) -> tuple[str, str]:
+    """(conversation_id, history_hash) of a request."""
+    first = canonical(_unmarked(messages[0])) if messages else ""
+    history = canonical([_unmarked(message) for message in messages])
+    return _digest(system or "", first)[:16], _digest(system or "", history)
+
+
+def call_id(history_hash: str, position: int, prefix: str) -> str:
+    """The id of the `position`-th tool call of the answer to a history: `<prefix><24 hex>`."""
+    return prefix + _digest(history_hash, str(position))[:24]
+
+
+def message_id(history_hash: str, prefix: str) -> str:
+    return prefix + _digest(history_hash, "message")[:24]
+
+
+def parse_mark(cache_control: Any) -> Ttl | None:
+    """The TTL of a `cache_control` value: None when absent, "5m" or "1h"."""
+    if cache_control is None:
+        return None
+    if not isinstance(cache_control, dict) or cache_control.get("type") != "ephemeral":
+        raise WireInputError(f'cache_control must be {{"type": "ephemeral"}}, got {cache_control!r}.')
+    ttl = cache_control.get("ttl", "5m")
+    if ttl not in ("5m", "1h"):
+        raise WireInputError(f"cache_control.ttl must be '5m' or '1h', got {ttl!r}.")
+    return "1h" if ttl == "1h" else "5m"
+
+
+def text_part(text: str, marked: bool) -> TextPart:
+    return TextPart(text=text, cache=marked)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise WireInputError(message)

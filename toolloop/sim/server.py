@@ -1,0 +1,152 @@
+"""`SimServer`: the simulator on a real socket, served by uvicorn in a background thread.
+
+    script = [{"tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]}, {"text": "Done."}]
+    with SimServer(script) as sim:
+        os.environ["ANTHROPIC_BASE_URL"] = sim.base_url
+        ...
+        assert sim.stats()["endpoints"]["anthropic"] == 2
+
+`start()` binds (port 0 = a free port), starts the
+thread and returns once the server accepts connections; `stop()` shuts it down and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from toolloop.sim.app import Simulator
+from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS, PromptCache
+from toolloop.sim.script import Policy, Script, as_policy
+
+
+class SimServer:
+    """The provider simulator on `host:port` (port 0 picks a free one). See docs/simulator.md."""
+
+    def __init__(
+        self,
+        policy_or_script: Policy | Script | Sequence[Any] | str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        latency_s: float = 0.0,
+        require_key: str | None = None,
+        min_cache_tokens: int = MIN_CACHE_TOKENS,
+        model_min_cache_tokens: Mapping[str, int] | None = None,
+        lookback: int = LOOKBACK_BLOCKS,
+        clock: Callable[[], float] = time.monotonic,
+        backlog: int = 4096,
+    ) -> None:
+        cache = PromptCache(
+            min_tokens=min_cache_tokens,
+            model_min_tokens=model_min_cache_tokens,
+            lookback=lookback,
+            clock=clock,
+        )
+        self.simulator = Simulator(
+            as_policy(policy_or_script), latency_s=latency_s, require_key=require_key, cache=cache
+        )
+        self.host = host
+        self.port = port
+        self.backlog = backlog
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+
+    @property
+    def base_url(self) -> str:
+        """e.g. "http://127.0.0.1:53211" (the port is known once `start()` or `bind()` ran)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def cache(self) -> PromptCache:
+        return self.simulator.cache
+
+    def stats(self) -> dict[str, Any]:
+        return self.simulator.stats()
+
+    def reset(self) -> None:
+        self.simulator.reset()
+
+    def bind(self) -> socket.socket:
+        """Bind the listening socket (done by `start()`); afterwards `port` is the real port."""
+        if self._socket is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(self.backlog)
+            self.port = sock.getsockname()[1]
+            self._socket = sock
+        return self._socket
+
+    def config(self) -> uvicorn.Config:
+        return uvicorn.Config(
+            self.simulator.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            interface="asgi3",
+            proxy_headers=False,
+            http="h11",
+            backlog=self.backlog,
+            timeout_graceful_shutdown=1,
+            timeout_keep_alive=30,
+        )
+
+    def start(self, timeout: float = 10.0) -> SimServer:
+        """Serve in a background thread; returns self once the server accepts connections."""
+        if self._thread is not None:
+            return self
+        sock = self.bind()
+        self._server = uvicorn.Server(self.config())
+        server = self._server
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(server.serve(sockets=[sock])),
+            name=f"toolloop-sim:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"The simulator on {self.base_url} did not start within {timeout:.0f} s.\n"
+                    "  Check that the port is free, or pass port=0 for a free one."
+                )
+            time.sleep(0.005)
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until SIGINT/SIGTERM (what `python -m toolloop.sim` runs)."""
+        sock = self.bind()
+        self._server = uvicorn.Server(self.config())
+        self._server.run(sockets=[sock])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and join the thread; safe to call twice."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        self._server = None
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
