@@ -34,8 +34,13 @@ def discounted_read(input: float, output: float, read_share: float) -> ModelPric
 
 
 ANTHROPIC_PRICES: Mapping[str, ModelPrice] = {
+    "claude-opus-5-5": anthropic_price(4, 20),
     "claude-opus-5.5": anthropic_price(4, 20),
     "claude-sonnet-5": anthropic_price(2, 10),
+    "claude-opus-4-8": anthropic_price(5, 25),
+    "claude-opus-4-7": anthropic_price(5, 25),
+    "claude-opus-4-6": anthropic_price(5, 25),
+    "claude-sonnet-4-6": anthropic_price(3, 15),
     "claude-opus-4-5": anthropic_price(5, 25),
     "claude-opus-4-1": anthropic_price(15, 75),
     "claude-opus-4": anthropic_price(15, 75),

@@ -7,13 +7,17 @@ Prefix order of Anthropic's cache: tools -> system -> messages. Marks (SPEC 3.3)
 Turns: consecutive tool messages become one user turn of `tool_result` blocks, and a user message
 right after them joins that turn (Anthropic wants user/assistant turns to alternate).
 
-Reasoning (`params["reasoning"]`) maps to extended thinking with a token budget:
-    None, "off" -> no `thinking` field (Anthropic's default: thinking disabled)
-    "low" -> 2,048   "medium" -> 8,192   "high" -> 24,576 budget tokens
-`max_tokens` grows by the budget so the answer keeps its own room. Thinking is left out when the
-request sets `temperature` or forces a tool (`tool_choice` required/name), which Anthropic refuses
-with thinking, and inside a tool-use turn (the last message is a tool result): our history does not
-keep the signed thinking blocks Anthropic wants back there, so thinking runs at the start of turns.
+Reasoning (`params["reasoning"]`), in the shapes of the official SDK (anthropic 2.10):
+    None     -> no `thinking`, no `output_config` (the model's default)
+    "off"    -> `thinking: {"type": "disabled"}`
+    "low" | "medium" | "high" -> `output_config: {"effort": level}` and
+                `thinking: {"type": "adaptive"}`; `max_tokens` grows by 2,048 / 8,192 / 24,576 so the
+                thinking does not eat the answer's room
+Inside a tool-use turn (the last message is a tool result) and when `tool_choice` forces a tool,
+thinking is sent as disabled (effort stays): our history does not keep the signed thinking blocks
+Anthropic wants back inside a tool-use turn, and it refuses forced tool use with thinking. So the
+model thinks at the start of each user turn.
+Temperature: the SDK's `MessageCreateParams` has no `temperature` field, so it is not sent.
 """
 
 from __future__ import annotations
@@ -61,18 +65,19 @@ def build_body(
         body["tools"] = tools
     if request.tool_choice is not None:
         body["tool_choice"] = _tool_choice(request)
-    if request.temperature is not None:
-        body["temperature"] = min(max(request.temperature, 0.0), 1.0)
-    budget = THINKING_BUDGET.get(reasoning) if reasoning else None
-    if budget and _thinking_allowed(request):
-        body["max_tokens"] = max_tokens + budget
-        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    if reasoning == "off":
+        body["thinking"] = {"type": "disabled"}
+    elif reasoning is not None:
+        body["output_config"] = {"effort": reasoning}
+        if _thinking_allowed(request):
+            body["max_tokens"] = max_tokens + THINKING_BUDGET[reasoning]
+            body["thinking"] = {"type": "adaptive"}
+        else:
+            body["thinking"] = {"type": "disabled"}
     return body
 
 
 def _thinking_allowed(request: PromptGenRequest) -> bool:
-    if request.temperature is not None:
-        return False
     if request.tool_choice == "required" or isinstance(request.tool_choice, ToolChoiceName):
         return False
     messages = request.messages or []

@@ -1,0 +1,324 @@
+"""The Anthropic provider's mapping, on httpx.MockTransport: our requests validate against the
+official SDK's request types, and answers built with the SDK's response models map back."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import anthropic.types as sdk
+import httpx
+import pytest
+from providers_kit import FAKE_KEY, FAST, Recorder, sdk_message, validate_anthropic_body
+
+from toolloop import (
+    AbortController,
+    AssistantMessage,
+    ImagePart,
+    PromptGenError,
+    PromptGenRequest,
+    PromptGenUnavailableError,
+    TextPart,
+    ToolArgumentsError,
+    ToolCall,
+    ToolDefinition,
+    ToolMessage,
+    UserMessage,
+)
+from toolloop.providers import AnthropicHandler
+
+EPHEMERAL = {"type": "ephemeral"}
+TOOL = ToolDefinition(
+    name="read_frame",
+    description="Read one frame.",
+    input_schema={"type": "object", "properties": {"shot": {"type": "number"}}, "required": ["shot"]},
+)
+
+
+def handler(recorder: Recorder, key: str | None = FAKE_KEY) -> AnthropicHandler:
+    return AnthropicHandler(key, base_url="http://sim.test", retry=FAST, transport=recorder.transport)
+
+
+def text_answer(text: str = "ok", **kw: Any) -> dict[str, Any]:
+    return sdk_message([sdk.TextBlock(type="text", text=text, citations=None)], **kw)
+
+
+async def send(request: PromptGenRequest, answer: dict[str, Any] | None = None) -> dict[str, Any]:
+    recorder = Recorder(answer or text_answer())
+    await handler(recorder).execute(request, AbortController().signal)
+    (body,) = recorder.bodies
+    validate_anthropic_body(body)
+    return body
+
+
+@pytest.fixture
+def png(tmp_path: Path) -> Path:
+    path = tmp_path / "frame-3.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n-frame-3-bytes")
+    return path
+
+
+async def test_a_tool_conversation_maps_to_a_valid_messages_body(png: Path) -> None:
+    image = ImagePart(path=str(png), mime_type="image/png", hash="h3")
+    request = PromptGenRequest(
+        system="You review storyboards.",
+        model="claude-sonnet-4-5",
+        cache_system=True,
+        tools=[TOOL],
+        tool_choice={"name": "read_frame"},
+        messages=[
+            UserMessage(content=[TextPart(text="Review shot 3.", cache=True), image]),
+            AssistantMessage(
+                content="Reading two frames.",
+                tool_calls=[
+                    ToolCall(id="c1", name="read_frame", input={"shot": 3}),
+                    ToolCall(id="c2", name="read_frame", input=None),
+                ],
+            ),
+            ToolMessage(tool_call_id="c1", content=[TextPart(text="frame 3", cache=True), image]),
+            ToolMessage(tool_call_id="c2", content="frame 4"),
+            UserMessage(content="Also check the pacing."),
+        ],
+    )
+    recorder = Recorder(text_answer())
+    await handler(recorder).execute(request, AbortController().signal)
+    (sent,) = recorder.requests
+    assert sent.url == "http://sim.test/v1/messages"
+    assert sent.headers["x-api-key"] == FAKE_KEY
+    assert sent.headers["anthropic-version"] == "2023-06-01"
+    body = recorder.bodies[0]
+    validate_anthropic_body(body)
+    data = base64.b64encode(png.read_bytes()).decode()
+    assert body["system"] == [{"type": "text", "text": "You review storyboards.", "cache_control": EPHEMERAL}]
+    assert body["tools"] == [TOOL.model_dump()]
+    assert body["tool_choice"] == {"type": "tool", "name": "read_frame"}
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Review shot 3.", "cache_control": EPHEMERAL},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Reading two frames."},
+                {"type": "tool_use", "id": "c1", "name": "read_frame", "input": {"shot": 3}},
+                {"type": "tool_use", "id": "c2", "name": "read_frame", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "c1",
+                    "content": [
+                        {"type": "text", "text": "frame 3", "cache_control": EPHEMERAL},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": data},
+                        },
+                    ],
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "c2",
+                    "content": [{"type": "text", "text": "frame 4"}],
+                },
+                {"type": "text", "text": "Also check the pacing."},
+            ],
+        },
+    ]
+    assert "thinking" not in body and "temperature" not in body
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", {"type": "auto"}),
+        ("none", {"type": "none"}),
+        ("required", {"type": "any"}),
+        ({"name": "read_frame"}, {"type": "tool", "name": "read_frame"}),
+    ],
+)
+async def test_tool_choice_maps_to_the_sdk_shapes(choice: Any, wire: dict[str, Any]) -> None:
+    body = await send(
+        PromptGenRequest(messages=[UserMessage(content="Hi")], tools=[TOOL], tool_choice=choice)
+    )
+    assert body["tool_choice"] == wire
+
+
+async def test_a_one_turn_prompt_is_one_user_message_and_a_plain_system() -> None:
+    body = await send(PromptGenRequest(prompt="Say hi.", system="Be brief.", temperature=0.7))
+    assert body["system"] == "Be brief."
+    assert body["messages"] == [{"role": "user", "content": "Say hi."}]
+    assert "temperature" not in body  # the SDK's MessageCreateParams has no such field
+    assert body["model"] == "claude-sonnet-4-5" and body["max_tokens"] == 8192
+
+
+async def test_cache_system_without_system_text_marks_the_last_tool() -> None:
+    other = TOOL.model_copy(update={"name": "trim"})
+    body = await send(
+        PromptGenRequest(messages=[UserMessage(content="Hi")], tools=[TOOL, other], cache_system=True)
+    )
+    assert "system" not in body
+    assert "cache_control" not in body["tools"][0]
+    assert body["tools"][1]["cache_control"] == EPHEMERAL
+
+
+@pytest.mark.parametrize(("level", "room"), [("low", 2048), ("medium", 8192), ("high", 24576)])
+async def test_reasoning_levels_map_to_effort_and_adaptive_thinking(level: str, room: int) -> None:
+    body = await send(PromptGenRequest(messages=[UserMessage(content="Hi")], params={"reasoning": level}))
+    assert body["output_config"] == {"effort": level}
+    assert body["thinking"] == {"type": "adaptive"}
+    assert body["max_tokens"] == 8192 + room
+
+
+async def test_reasoning_off_disables_thinking_and_none_sends_nothing() -> None:
+    off = await send(PromptGenRequest(messages=[UserMessage(content="Hi")], params={"reasoning": "off"}))
+    assert off["thinking"] == {"type": "disabled"} and "output_config" not in off
+    unset = await send(PromptGenRequest(messages=[UserMessage(content="Hi")]))
+    assert "thinking" not in unset and "output_config" not in unset
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        PromptGenRequest(
+            messages=[UserMessage(content="Hi")],
+            tools=[TOOL],
+            tool_choice="required",
+            params={"reasoning": "high"},
+        ),
+        PromptGenRequest(
+            messages=[
+                UserMessage(content="Hi"),
+                AssistantMessage(tool_calls=[ToolCall(id="c1", name="read_frame", input={"shot": 1})]),
+                ToolMessage(tool_call_id="c1", content="frame"),
+            ],
+            tools=[TOOL],
+            params={"reasoning": "high"},
+        ),
+    ],
+    ids=["forced-tool", "inside-a-tool-turn"],
+)
+async def test_thinking_is_disabled_where_anthropic_would_refuse_it(request_: PromptGenRequest) -> None:
+    body = await send(request_)
+    assert body["thinking"] == {"type": "disabled"} and body["output_config"] == {"effort": "high"}
+    assert body["max_tokens"] == 8192
+
+
+async def test_a_bad_reasoning_level_fails_before_any_call() -> None:
+    recorder = Recorder(text_answer())
+    request = PromptGenRequest(prompt="Hi", params={"reasoning": "max"})
+    with pytest.raises(PromptGenError, match="params.reasoning must be"):
+        await handler(recorder).execute(request, AbortController().signal)
+    assert recorder.requests == []
+
+
+async def test_an_sdk_message_maps_text_tool_calls_usage_and_cost_with_cache_rates() -> None:
+    answer = sdk_message(
+        [
+            sdk.ThinkingBlock(type="thinking", thinking="hmm", signature="sig"),
+            sdk.TextBlock(type="text", text="Reading shot 3.", citations=None),
+            sdk.ToolUseBlock(type="tool_use", id="toolu_1", name="read_frame", input={"shot": 3}),
+        ],
+        stop_reason="tool_use",
+        input_tokens=100,
+        output_tokens=20,
+        cache_read=1000,
+        cache_write=200,
+    )
+    recorder = Recorder(answer)
+    result = await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    assert result.text == "Reading shot 3."
+    assert result.tool_calls == [ToolCall(id="toolu_1", name="read_frame", input={"shot": 3})]
+    assert result.finish_reason == "tool_calls"
+    usage = result.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (1300, 20)
+    assert (usage.cached_tokens, usage.cache_write_tokens) == (1000, 200)
+    assert (usage.cached_read_tokens, usage.cached_write_tokens) == (1000, 200)
+    # $3/M input, $15/M output, read 0.1x = $0.30/M, 5-minute write 1.25x = $3.75/M
+    assert result.cost_usd == pytest.approx((100 * 3 + 20 * 15 + 1000 * 0.3 + 200 * 3.75) / 1e6)
+    assert result.meta is not None and result.meta["cost_source"] == "tokens"
+    assert result.meta["model"] == "claude-sonnet-4-5"
+
+
+@pytest.mark.parametrize(
+    ("stop", "finish"),
+    [
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("tool_use", "tool_calls"),
+        ("max_tokens", "length"),
+        ("refusal", "other"),
+        ("pause_turn", "other"),
+    ],
+)
+async def test_stop_reasons_map_to_finish_reasons(stop: str, finish: str) -> None:
+    recorder = Recorder(text_answer(stop_reason=stop))
+    result = await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    assert result.finish_reason == finish
+
+
+async def test_usage_without_cache_fields_reports_none_for_the_optional_counts() -> None:
+    recorder = Recorder(text_answer(input_tokens=50, output_tokens=5))
+    result = await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    assert result.usage.prompt_tokens == 50 and result.usage.cached_tokens == 0
+    assert result.usage.cached_read_tokens is None and result.usage.cached_write_tokens is None
+    assert result.cost_usd == pytest.approx((50 * 3 + 5 * 15) / 1e6)
+
+
+async def test_tool_arguments_that_are_not_json_raise_tool_arguments_error() -> None:
+    answer = text_answer(stop_reason="tool_use")
+    answer["content"] = [{"type": "tool_use", "id": "t1", "name": "read_frame", "input": '{"shot": 3'}]
+    with pytest.raises(ToolArgumentsError) as caught:
+        await handler(Recorder(answer)).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    assert caught.value.tool_name == "read_frame" and caught.value.raw == '{"shot": 3'
+    assert str(caught.value).startswith('Tool call "read_frame" has arguments that are not JSON.')
+
+
+async def test_no_key_is_unavailable_auth_without_a_call() -> None:
+    recorder = Recorder(text_answer())
+    with pytest.raises(PromptGenUnavailableError) as caught:
+        await handler(recorder, key=None).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    assert caught.value.reason == "auth" and "ANTHROPIC_API_KEY" in str(caught.value)
+    assert recorder.requests == []
+
+
+async def test_a_model_without_a_price_fails_before_the_call_and_dated_ids_find_their_row() -> None:
+    recorder = Recorder(text_answer())
+    with pytest.raises(PromptGenError, match="no price for model 'claude-unknown'"):
+        await handler(recorder).execute(
+            PromptGenRequest(prompt="Go", model="claude-unknown"), AbortController().signal
+        )
+    assert recorder.requests == []
+    result = await handler(recorder).execute(
+        PromptGenRequest(prompt="Go", model="claude-sonnet-4-5-20250929"), AbortController().signal
+    )
+    assert result.cost_usd == pytest.approx((100 * 3 + 20 * 15) / 1e6)
+
+
+async def test_images_are_read_when_the_request_is_sent(png: Path) -> None:
+    request = PromptGenRequest(
+        messages=[UserMessage(content=[ImagePart(path=str(png), mime_type="image/png", hash="h")])]
+    )
+    first = await send(request)
+    png.write_bytes(b"other bytes")
+    second = await send(request)
+    data = [b["messages"][0]["content"][0]["source"]["data"] for b in (first, second)]
+    assert base64.b64decode(data[1]) == b"other bytes" and data[0] != data[1]
+    png.unlink()
+    with pytest.raises(PromptGenError, match="cannot read the image"):
+        await send(request)
+
+
+def test_estimate_needs_no_key_and_no_network() -> None:
+    recorder = Recorder(httpx.Response(500))
+    anthropic = handler(recorder, key=None)
+    cost = anthropic.estimate(PromptGenRequest(prompt="x" * 400, params={"max_tokens": 1000}))
+    assert cost == pytest.approx((100 * 3 + 1000 * 15) / 1e6)
+    assert recorder.requests == []
