@@ -33,8 +33,12 @@ def test_step_override_numbers_steps_across_segments() -> None:
 def test_tool_and_run_event_lines() -> None:
     tool = ToolEvent(step=3, name="render_preview", call_id="c", cost_usd=0.0055, summary="Preview rendered.")
     assert event_line(tool) == "step  3  tool   render_preview   $0.0055  Preview rendered."
-    parked = {"id": "1-0", "seq": 7, "segment": 0, "kind": "parked", "question": "Keep shot 3?"}
-    assert event_line(parked) == 'run      parked  {"question": "Keep shot 3?"}'
+    parked = {"id": "1-0", "seq": 7, "segment": 0, "kind": "parked", "asked": {"question": "Keep shot 3?"}}
+    assert event_line(parked) == "run      parked: no worker holds it while it waits for the answer"
+    failed = {"kind": "failed", "error_class": "ToolArgumentsError", "error_message": "Tool call ..."}
+    assert event_line(failed) == "run      failed: ToolArgumentsError Tool call ..."
+    other = {"id": "2-0", "seq": 8, "segment": 1, "kind": "resumed", "note": "x"}
+    assert event_line(other) == 'run      resumed  {"note": "x"}'
 
 
 def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +95,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = client.enqueue(spec)
     print(run_id)
     if args.follow:
-        return follow(client, run_id)
+        return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else None)
     if choice.started:
         print("Started the embedded Redis; start a worker here with `toolloop worker` to run it.")
     return 0
+
+
+def terminal_answerer(held: dict[str, Any]) -> str | None:
+    """Ask the person at the terminal; an empty line leaves the run parked."""
+    return input("your answer (empty: leave it parked)> ").strip() or None
 
 
 def cmd_status(args: argparse.Namespace) -> int:

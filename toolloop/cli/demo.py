@@ -93,6 +93,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 toolset=TOOLSET,
                 budget_usd=1.0,
                 max_steps=12,
+                keep_images=None,  # the frames are small: keep them, so the whole history is cacheable
                 provider="anthropic",
             )
             run_id = client.enqueue(spec)
@@ -131,7 +132,7 @@ def summary(status: Any, totals: Totals, model: str) -> None:
     if field(status, "final_text"):
         print(f"answer   {field(status, 'final_text')}")
     if state == "failed":
-        print(f"failed   {field(status, 'error')}")
+        print(f"failed   {field(status, 'error_class')}: {field(status, 'error_message')}")
     spent = float(field(status, "spent_usd", 0) or 0)
     print(f"spent    ${spent:.4f} in {totals.steps} model calls ({state})")
     saved = totals.cache_savings_usd(model)

@@ -77,9 +77,9 @@ def follow(
             print(f"asked    {held.get('question', held)}", flush=True)
             text = answerer(held) if answerer else None
             if text is None:
+                print(f"The run waits for an answer: toolloop answer {run_id} 'TEXT'", file=sys.stderr)
                 if answerer is None:
-                    print(f"The run waits for an answer: toolloop answer {run_id} 'TEXT'", file=sys.stderr)
-                    continue
+                    continue  # keep following: the answer may come from another terminal
                 return 0
             print(f"answer   {text}", flush=True)
             client.answer(run_id, text)

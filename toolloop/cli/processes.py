@@ -4,6 +4,7 @@ provider simulator). `start_worker` and `stop` are also what `toolloop demo` use
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import subprocess
@@ -73,10 +74,30 @@ def stop(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
 
 
 def start_simulator(script: Any = None, *, latency_s: float = 0.0) -> Any:
-    """The provider simulator on a free loopback port, in this process (a server thread)."""
-    from toolloop.sim import SimServer
+    """The provider simulator on a free loopback port, in this process (a server thread). `script`:
+    a policy, a list of turns or a script file; None answers every request with the end of script."""
+    from toolloop.sim import Script, SimServer
 
-    return SimServer(script, latency_s=latency_s).start()
+    return SimServer(Script([]) if script is None else script, latency_s=latency_s).start()
+
+
+def load_policy(path: str) -> Any:
+    """A simulator policy by import path, "pkg.module:NAME" (imported from the working directory)."""
+    module_name, _, attribute = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        policy = getattr(importlib.import_module(module_name), attribute, None) if attribute else None
+    except ImportError as error:
+        raise CliError(
+            f"Cannot import the policy module {module_name!r}: {error}.\n  Check the path."
+        ) from None
+    if not callable(policy):
+        raise CliError(
+            f"The simulator policy {path!r} is not a callable.\n"
+            '  Name a function (SimRequest) -> SimTurn as "pkg.module:NAME".'
+        )
+    return policy
 
 
 def add_commands(sub: Any) -> None:
@@ -84,7 +105,8 @@ def add_commands(sub: Any) -> None:
     worker.add_argument("-c", "--concurrency", type=int, default=32, help="threads (default 32)")
     worker.add_argument("-Q", "--queues", default=QUEUES, help=f"queues to consume (default {QUEUES})")
     worker.add_argument("-l", "--loglevel", default="INFO")
-    worker.add_argument("--sim-script", type=Path, help="script for the simulator (no provider key set)")
+    worker.add_argument("--sim-script", type=Path, help="turns file for the simulator (when no provider key)")
+    worker.add_argument("--sim-policy", help='or a policy for it, "pkg.module:NAME"')
     worker.set_defaults(handler=cmd_worker)
     sim = sub.add_parser("sim", help="run the provider simulator (`toolloop sim --help`)", add_help=False)
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)
@@ -98,7 +120,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     extra: dict[str, str] = {}
     server = None
     if not defaults.has_provider_key():
-        server = start_simulator(str(args.sim_script) if args.sim_script else None)
+        script = load_policy(args.sim_policy) if args.sim_policy else args.sim_script
+        server = start_simulator(str(script) if isinstance(script, Path) else script)
         extra = defaults.simulated_provider_env(server.base_url)
         print(f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}.")
     print(f"Worker on {'the embedded Redis' if choice.embedded else 'REDIS_URL'}, queues {args.queues}.")

@@ -108,9 +108,24 @@ def event_line(event: Any, step: int | None = None) -> str:
         spent, limit = float(field(event, "spent_usd", 0)), float(field(event, "limit_usd", 0))
         what = "finish mode starts" if field(event, "mode") == "finish" else "budget stop"
         return f"budget   {what} at ${spent:.4f} of ${limit:.2f}"
-    rest = {k: v for k, v in (as_dict(event) or {}).items() if k not in HIDDEN and v not in (None, "")}
-    detail = "  " + _short(json.dumps(rest, default=str), 90) if rest else ""
-    return f"run      {kind}{detail}"
+    return f"run      {run_event_text(str(kind), as_dict(event) or {})}"
+
+
+def run_event_text(kind: str, data: dict[str, Any]) -> str:
+    """The run-level events (queued, parked, answered, resumed, finished, failed) in a few words."""
+    if kind == "queued":
+        return f"queued (model {data.get('model')}, toolset {data.get('toolset')})"
+    if kind == "parked":
+        return "parked: no worker holds it while it waits for the answer"
+    if kind == "answered":
+        return f"answered: {_short(data.get('content'), 60)}"
+    if kind == "finished":
+        return f"finished: {data.get('stopped_by') or data.get('status') or 'done'}"
+    if kind == "failed":
+        error = data.get("error_message") or data.get("message") or data.get("error") or ""
+        return f"failed: {data.get('error_class') or ''} {_short(error, 80)}".rstrip()
+    rest = {k: v for k, v in data.items() if k not in HIDDEN and v not in (None, "")}
+    return kind + ("  " + _short(json.dumps(rest, default=str), 90) if rest else "")
 
 
 class Progress:
