@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import platform
 import statistics
@@ -44,10 +45,12 @@ PACKAGES = {"ours": "toolloop", "pydantic-ai": "pydantic-ai-slim", "langgraph": 
 Conversation = Callable[[], Awaitable[str]]
 
 
-async def measure(
-    sides: list[str], reps: int, warmup: int
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Run `warmup` then `reps` interleaved conversations per side; return wall and CPU s per run."""
+Samples = dict[str, list[float]]
+
+
+async def measure(sides: list[str], reps: int, warmup: int) -> tuple[Samples, Samples, dict[str, Script]]:
+    """Run `warmup` then `reps` interleaved conversations per side: wall and CPU seconds per run, and
+    each side's script (its counts are those of the last conversation, checked after every one)."""
     runs: dict[str, tuple[Script, Conversation]] = {}
     for name in sides:
         script = Script()
@@ -55,9 +58,13 @@ async def measure(
     wall: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, list[float]] = {name: [] for name in sides}
     for rep in range(warmup + reps):
+        if rep == warmup:
+            gc.collect()
+            gc.freeze()  # the imported libraries' objects: collections below no longer scan them
         for name in sides:
             script, conversation = runs[name]
             script.reset()
+            gc.collect()  # each side starts clean, so no side pays for another's garbage
             c0, w0 = time.process_time(), time.perf_counter()
             text = await conversation()
             w1, c1 = time.perf_counter(), time.process_time()
@@ -65,7 +72,7 @@ async def measure(
             if rep >= warmup:
                 wall[name].append(w1 - w0)
                 cpu[name].append(c1 - c0)
-    return wall, cpu
+    return wall, cpu, {name: script for name, (script, _) in runs.items()}
 
 
 def check(name: str, script: Script, text: str) -> None:
@@ -82,7 +89,7 @@ def us_per_turn(samples: list[float]) -> float:
     return statistics.median(samples) / TURNS * 1e6
 
 
-def report(sides: list[str], wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict[str, Any]:
+def report(sides: list[str], wall: Samples, cpu: Samples, scripts: dict[str, Script]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for name in sides:
         figures[name] = {
@@ -90,8 +97,8 @@ def report(sides: list[str], wall: dict[str, list[float]], cpu: dict[str, list[f
             "wall_us_per_turn": round(us_per_turn(wall[name]), 1),
             "cpu_us_per_turn": round(us_per_turn(cpu[name]), 1),
             "wall_us_per_turn_p90": round(quantile(wall[name], 0.9) / TURNS * 1e6, 1),
-            "turns": TURNS,
-            "tool_calls": TOOL_CALLS,
+            "turns": scripts[name].model_calls,
+            "tool_calls": scripts[name].tool_runs,
         }
     ratios: dict[str, Any] = {}
     if "ours" in figures:
@@ -136,8 +143,8 @@ def print_table(results: dict[str, Any], reps: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=150, help="measured conversations per side")
-    parser.add_argument("--warmup", type=int, default=10, help="unmeasured conversations per side first")
+    parser.add_argument("--reps", type=int, default=60, help="measured conversations per side")
+    parser.add_argument("--warmup", type=int, default=5, help="unmeasured conversations per side first")
     parser.add_argument(
         "--sides", default=",".join(SIDES), help=f"comma-separated subset of {', '.join(SIDES)}"
     )
@@ -147,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(sides) - set(SIDES))
     if unknown or not sides or args.reps < 1 or args.warmup < 0:
         parser.error(f"--sides takes some of {', '.join(SIDES)} (got {args.sides!r}); --reps >= 1")
-    wall, cpu = asyncio.run(measure(sides, args.reps, args.warmup))
-    results = report(sides, wall, cpu)
+    wall, cpu, scripts = asyncio.run(measure(sides, args.reps, args.warmup))
+    results = report(sides, wall, cpu, scripts)
     results.update(reps=args.reps, warmup=args.warmup, python=platform.python_version())
     print_table(results, args.reps)
     if args.json:
