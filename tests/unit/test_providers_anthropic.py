@@ -214,7 +214,7 @@ async def test_thinking_is_disabled_where_anthropic_would_refuse_it(request_: Pr
 async def test_a_bad_reasoning_level_fails_before_any_call() -> None:
     recorder = Recorder(text_answer())
     request = PromptGenRequest(prompt="Hi", params={"reasoning": "max"})
-    with pytest.raises(PromptGenError, match="params.reasoning must be"):
+    with pytest.raises(PromptGenError, match=r"params\.reasoning must be"):
         await handler(recorder).execute(request, AbortController().signal)
     assert recorder.requests == []
 
