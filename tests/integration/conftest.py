@@ -23,6 +23,8 @@ import redis
 from toolloop.embedded import EmbeddedServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the toolsets of these tests are imported by path, as a worker does
+    sys.path.insert(0, str(ROOT))
 
 # Small delivery timers so that lost messages come back within seconds in tests.
 WORKER_ENV = {
@@ -53,6 +55,8 @@ class Worker:
 
     def __init__(self, url: str, log: Path, env: dict[str, str], concurrency: int = 8) -> None:
         self.log = log
+        self.tool_log: Path | None = None
+        self.model_log: Path | None = None
         self.name = f"test-{uuid.uuid4().hex[:8]}@%h"
         full_env = {**os.environ, **WORKER_ENV, **env, "REDIS_URL": url, "PYTHONPATH": str(ROOT)}
         args = [
@@ -100,11 +104,16 @@ def start_worker(url: str, log_dir: Path, env: dict[str, str] | None = None) -> 
 
 @pytest.fixture(scope="module")
 def worker(redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    """A worker whose model is the scripted policy of tests/integration/policies.py."""
-    process = start_worker(
-        redis_server.url,
-        tmp_path_factory.mktemp("worker"),
-        {"TOOLLOOP_PROMPT_GEN": "tests.integration.policies:make_generate"},
-    )
+    """A worker whose model is the scripted one of tests/integration/agents.py. Its tools and model
+    log what they run to `worker.tool_log` / `worker.model_log`."""
+    directory = tmp_path_factory.mktemp("worker")
+    env = {
+        "TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
+        "TOOLLOOP_TEST_TOOL_LOG": str(directory / "tools.jsonl"),
+        "TOOLLOOP_TEST_MODEL_LOG": str(directory / "model.jsonl"),
+    }
+    process = start_worker(redis_server.url, directory, env)
+    process.tool_log = directory / "tools.jsonl"
+    process.model_log = directory / "model.jsonl"
     yield process
     process.stop()

@@ -24,6 +24,7 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:attempts        hash    field = n, value = deliveries of task n
     tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
+    tl:sweep:lock              string  held (PX) by the worker sweeping now
     tl:cancel                  channel pubsub: a run id whose live step must abort now
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 PREFIX = "tl:"
 LIVE_RUNS = f"{PREFIX}runs:live"
 CANCEL_CHANNEL = f"{PREFIX}cancel"
+SWEEP_LOCK = f"{PREFIX}sweep:lock"
 
 
 def _run(run_id: str, name: str) -> str:

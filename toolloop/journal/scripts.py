@@ -138,6 +138,7 @@ for field, text in pairs(p.state) do redis.call('HSET', KEYS[1], field, text) en
 local member = false
 local function resume(next_segment)
   redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm')
+  redis.call('HDEL', KEYS[1], 'asked')
   member = (p.n + 1) .. '|llm'
   redis.call('ZADD', KEYS[5], p.now, member)
 end
@@ -156,14 +157,14 @@ elseif p.outcome == 'park' then
     redis.call('HSET', KEYS[8], 's' .. segment, answer)
   end
   if answer then
-    emit(KEYS[1], KEYS[4], segment, 'answered', cjson.encode({segment = p.segment, content = answer}))
-    emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', cjson.encode({segment = next_segment}))
+    emit(KEYS[1], KEYS[4], segment, 'answered', cjson.encode({content = answer}))
+    emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
     resume(next_segment)
   else
     redis.call('HSET', KEYS[1], 'status', 'asked')
   end
 else
-  redis.call('SET', KEYS[6], p.history)
+  if p.history then redis.call('SET', KEYS[6], p.history) end
   emit(KEYS[1], KEYS[4], segment, p.final[1], p.final[2])
 end
 if redis.call('GET', KEYS[3]) == p.lease then redis.call('DEL', KEYS[3]) end
@@ -190,11 +191,12 @@ if redis.call('HSETNX', KEYS[2], 's' .. segment, a.content) == 0 then
   return {'ignored', 'that question was already answered'}
 end
 if status ~= 'asked' then return {'kept'} end
-emit(KEYS[1], KEYS[4], tostring(segment), 'answered', cjson.encode({segment = segment, content = a.content}))
+emit(KEYS[1], KEYS[4], tostring(segment), 'answered', cjson.encode({content = a.content}))
 local next_segment = segment + 1
-emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', cjson.encode({segment = next_segment}))
+emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
 local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
 redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm', 'touched', ARGV[2])
+redis.call('HDEL', KEYS[1], 'asked')
 redis.call('ZADD', KEYS[5], ARGV[2], member)
 return {'resumed', member}
 """

@@ -1,0 +1,141 @@
+"""A toolset and a scripted model for the integration tests, imported by the worker process.
+
+The worker builds its model with TOOLLOOP_PROMPT_GEN="tests.integration.agents:make_generate"; the
+scenario is chosen by the run's system text. Tools and model calls append a line to the files named
+by TOOLLOOP_TEST_TOOL_LOG / TOOLLOOP_TEST_MODEL_LOG, so a test can count what ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from toolloop import AbortSignal, PromptGenRequest, PromptGenResult, ToolOutput, ToolSpec
+from toolloop.contract import AssistantMessage, TextPart, ToolMessage, UserMessage
+from toolloop.testing import call, reply
+
+
+def _log(variable: str, **fields: Any) -> None:
+    path = os.environ.get(variable)
+    if path:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(fields) + "\n")
+
+
+class AddInput(BaseModel):
+    a: float
+    b: float
+
+
+class AskInput(BaseModel):
+    question: str
+
+
+class SlowInput(BaseModel):
+    seconds: float
+
+
+class FlakyInput(BaseModel):
+    path: str
+
+
+def add(input: AddInput, signal: AbortSignal) -> ToolOutput:
+    _log("TOOLLOOP_TEST_TOOL_LOG", tool="add", a=input.a, b=input.b)
+    total = input.a + input.b
+    return ToolOutput(value=total, content=[TextPart(text=f"{total:g}")], cost_usd=0.0)
+
+
+async def slow(input: SlowInput, signal: AbortSignal) -> ToolOutput:
+    _log("TOOLLOOP_TEST_TOOL_LOG", tool="slow", event="start")
+    waiter = asyncio.ensure_future(signal.wait())
+    done, _ = await asyncio.wait({waiter}, timeout=input.seconds)
+    waiter.cancel()
+    aborted = bool(done)
+    _log("TOOLLOOP_TEST_TOOL_LOG", tool="slow", event="aborted" if aborted else "finished")
+    return ToolOutput(value=aborted, content=[TextPart(text="stopped early" if aborted else "slept")])
+
+
+def flaky(input: FlakyInput, signal: AbortSignal) -> ToolOutput:
+    _log("TOOLLOOP_TEST_TOOL_LOG", tool="flaky", path=input.path)
+    if not Path(input.path).exists():
+        raise RuntimeError(f"flaky: {input.path} does not exist yet")
+    return ToolOutput(value="ok", content=[TextPart(text="the file is there")])
+
+
+TOOLS = [
+    ToolSpec(name="add", description="Add two numbers.", schema=AddInput, run=add),
+    ToolSpec(
+        name="ask",
+        description="Ask the person a question.",
+        schema=AskInput,
+        run=lambda _input, _signal: None,
+    ),
+    ToolSpec(name="slow", description="Wait a while.", schema=SlowInput, run=slow, queue="tools"),
+    ToolSpec(name="flaky", description="Check a file.", schema=FlakyInput, run=flaky),
+]
+
+
+def _user_text(request: PromptGenRequest) -> str:
+    for message in request.messages:
+        if isinstance(message, UserMessage):
+            content = message.content
+            return (
+                content
+                if isinstance(content, str)
+                else "".join(p.text for p in content if isinstance(p, TextPart))
+            )
+    return ""
+
+
+def _last_tool_text(request: PromptGenRequest) -> str:
+    for message in reversed(request.messages):
+        if isinstance(message, ToolMessage):
+            content = message.content
+            return (
+                content
+                if isinstance(content, str)
+                else "".join(p.text for p in content if isinstance(p, TextPart))
+            )
+    return ""
+
+
+def _turn(request: PromptGenRequest) -> int:
+    return 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
+
+
+def answer(request: PromptGenRequest) -> PromptGenResult:
+    """The scripted model: the scenario is the system text, the turn the number of answers so far."""
+    turn, scenario = _turn(request), request.system
+    if scenario == "tools":
+        if turn == 1:
+            return reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3})], cost_usd=0.01)
+        return reply(f"The sum is {_last_tool_text(request)}.", cost_usd=0.01)
+    if scenario == "ask":
+        if turn == 1:
+            return reply(tool_calls=[call("ask", {"question": "Which shot?"})], cost_usd=0.01)
+        return reply(f"You said: {_last_tool_text(request)}", cost_usd=0.01)
+    if scenario == "slow":
+        if turn == 1:
+            return reply(tool_calls=[call("slow", {"seconds": 30}), call("add", {"a": 1, "b": 1})])
+        return reply("Slept.")
+    if scenario == "budget":
+        return reply(tool_calls=[call("add", {"a": turn, "b": 0})], cost_usd=0.4)
+    if scenario == "flaky":
+        if turn == 1:
+            return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)
+        return reply("Found it.", cost_usd=0.01)
+    raise AssertionError(f"No scripted scenario {scenario!r}.")
+
+
+def make_generate() -> Any:
+    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+        signal.throw_if_aborted()
+        _log("TOOLLOOP_TEST_MODEL_LOG", system=request.system, messages=len(request.messages))
+        return answer(request)
+
+    return generate

@@ -1,0 +1,72 @@
+"""A durable run with a tool, end to end: a real worker process, a private Redis, the client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolloop import AssistantMessage, ToolMessage, UserMessage
+from workers.client import Client
+from workers.errors import RunNotFoundError
+
+TOOLSET = "tests.integration.agents:TOOLS"
+
+
+def logged(path: Path | None) -> list[dict[str, object]]:
+    assert path is not None
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def client(redis_server) -> Client:  # type: ignore[no-untyped-def]
+    made = Client(redis_server.url)
+    yield made
+    made.close()
+
+
+def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
+    run_id = client.enqueue(
+        {"model": "scripted", "system": "tools", "toolset": TOOLSET,
+         "messages": [{"role": "user", "content": "Add 2 and 3."}]}
+    )  # fmt: skip
+    status = client.wait(run_id, timeout=30)
+    assert status.status == "done", status
+    assert status.final_text == "The sum is 5."
+    assert status.steps == 2
+    assert status.spent_usd == pytest.approx(0.02)
+
+    history = client.history(run_id)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    assert history[2].content[0].text == "5"  # type: ignore[union-attr]
+
+    events = list(client.events(run_id))
+    assert [e.kind for e in events] == ["queued", "model", "tool", "model", "finished"]
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    assert events[2].name == "add" and events[2].summary == "5"
+    assert events[-1].stopped_by == "done"
+    assert [entry["tool"] for entry in logged(worker.tool_log) if entry.get("a") == 2] == ["add"]
+
+
+def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> None:
+    import pydantic
+
+    from workers.errors import ToolsetError
+
+    before = client.redis.zcard("tl:runs:live")
+    with pytest.raises(pydantic.ValidationError):
+        client.enqueue({"model": "scripted", "messages": []})
+    with pytest.raises(ToolsetError, match=r"tests\.integration\.nowhere"):
+        client.enqueue(
+            {"model": "m", "toolset": "tests.integration.nowhere:TOOLS",
+             "messages": [{"role": "user", "content": "hi"}]}
+        )  # fmt: skip
+    assert client.redis.zcard("tl:runs:live") == before
+
+
+def test_an_unknown_run_id_is_a_clear_error(client: Client) -> None:
+    with pytest.raises(RunNotFoundError, match="No run has the id 'nope'"):
+        client.status("nope")

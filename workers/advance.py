@@ -1,0 +1,258 @@
+"""One step of a durable run: the body of the `toolloop.advance` task.
+
+Invariant: task `n` of a run makes the run's n-th commit and nothing else. It loads the run and the
+current segment's journal in one script (which also takes the run's lease and counts the delivery),
+replays `run_tool_loop` over the journal in memory, runs the FIRST step that is not stored, and stops
+at the next one (`StepBoundary`). Then one commit script writes the step's value, the events not yet
+in the stream, and what follows: the successor task in the outbox (routed by the next step's kind),
+or the run's final state, or its park. A copy whose commit is fenced (a newer copy took the lease)
+discards its work and re-drives from storage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from toolloop.abort import AbortController
+from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
+from toolloop.journal import keys, scripts
+from toolloop.journal.redis import RedisJournal, StepBoundary
+from toolloop.loop.run import run_tool_loop
+from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
+from workers import runtime, toolsets
+from workers.errors import DeliveryLimitError
+from workers.killpoints import kill_point
+from workers.runs import flush_outbox, script, send_member
+from workers.spec import RunSpec
+
+log = logging.getLogger("toolloop.workers")
+
+Progress = Callable[..., None]
+
+
+def advance(celery: Celery, run_id: str, n: int, progress: Progress | None = None) -> str:
+    """Make commit `n` of the run (see the module docstring). Returns what happened, for logs."""
+    kill_point("advance:begin", run=run_id)
+    outcome = "fenced"
+    for _ in range(3):  # a fenced commit re-drives from storage
+        outcome = _Step(celery, run_id, n, progress).run()
+        if outcome != "fenced":
+            break
+    return outcome
+
+
+class _Step:
+    def __init__(self, celery: Celery, run_id: str, n: int, progress: Progress | None) -> None:
+        self.celery = celery
+        self.run_id = run_id
+        self.n = n
+        self.progress = progress or (lambda **_: None)
+        self.redis = runtime.redis()
+        self.settings = runtime.settings
+        self.owner = f"{uuid.uuid4().hex}"
+        self.events: list[LoopEvent] = []
+        self.controller = AbortController()
+
+    def run(self) -> str:
+        r = self.run_id
+        begin = script(self.redis, scripts.RUN_BEGIN)(
+            keys=[keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
+                  keys.spend(r), keys.inputs(r), keys.answers(r)],
+            args=[self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, "")],
+        )  # fmt: skip
+        code = begin[0]
+        if code == "stale":  # committed already: make sure its successor went out
+            flush_outbox(self.redis, self.celery, r)
+            return "stale"
+        if code != "run":
+            return str(code)
+        _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside = begin
+        self.token = int(token)
+        self.lease = f"{self.owner}:{token}"
+        self.state = _pairs(state_flat)
+        self.segment = int(self.state.get("segment", 0))
+        self.prefix = f"{keys.segment_name(self.segment)}/"
+        self.outside = float(outside)
+        entries = _pairs(journal_flat)
+        if int(attempts) > self.settings.max_deliveries:
+            error = DeliveryLimitError(
+                f"Step {self.n} of run {self.run_id!r} was delivered {attempts} times without finishing.\n"
+                "  Its worker keeps dying (memory? a crash in a tool?); fix that, then retry the run."
+            )
+            return self.commit_failure(error)
+        try:
+            spec = RunSpec.model_validate_json(spec_json)
+            tools = toolsets.resolve(spec.toolset)
+            messages = _segment_messages(input_json, answer)
+        except Exception as error:
+            return self.commit_failure(error)
+        self.tools = {tool.name: tool for tool in tools}
+        journal = RedisJournal(
+            self.redis, r, self.prefix, signal=self.controller.signal, entries=entries,
+            live_steps=1, before_live=self.before_live, owner=self.owner,
+        )  # fmt: skip
+        self.journal = journal
+        self.steps_base = int(self.state.get("steps_base", 0))
+        options = RunToolLoopOptions(
+            generate=runtime.generate_for(spec.provider, spec.fallback),
+            model=spec.model,
+            system=spec.system,
+            messages=messages,
+            tools=tools,
+            budget=Budget(
+                usd=spec.budget_usd,
+                finish_at=spec.finish_at,
+                spent_usd=float(self.state.get("carried_usd", 0)),
+                spent=lambda: self.outside - float(self.state.get("spend_base", 0)),
+            ),
+            max_steps=max(0, spec.max_steps - self.steps_base),
+            step=journal.step,
+            signal=self.controller.signal,
+            reasoning=spec.reasoning,
+            on_step=self.events.append,
+            finish_note=spec.finish_note,
+            keep_images=spec.keep_images,
+            cache=spec.cache,
+        )
+        try:
+            outcome = runtime.run(_drive(options), timeout=self.settings.step_timeout, tick=self.renew)
+        except Exception as error:
+            return self.commit_failure(error)
+        finally:
+            runtime.disarm(r, self.controller)
+        if isinstance(outcome, StepBoundary):
+            return self.commit_next(outcome.key)
+        return self.commit_result(outcome)
+
+    # -- during the step ------------------------------------------------------------------------
+
+    def before_live(self, key: str) -> None:
+        runtime.arm(self.run_id, self.controller)
+        if self.state.get("cancel") == "1":
+            self.controller.abort("cancel")
+
+    def renew(self) -> None:
+        script(self.redis, scripts.LEASE_RENEW)(
+            keys=[keys.lease(self.run_id)], args=[self.lease, self.settings.lease_ms]
+        )
+
+    # -- the commit ------------------------------------------------------------------------------
+
+    def commit_next(self, next_key: str) -> str:
+        return self.commit("next", queue=self.route(next_key), state=self.totals(), next_key=next_key)
+
+    def commit_result(self, result: RunToolLoopResult) -> str:
+        history = json.dumps([m.model_dump(mode="json") for m in result.messages])
+        steps = self.steps_base + result.steps
+        state: dict[str, Any] = {
+            "spent_usd": result.spent_usd,
+            "steps": steps,
+            "final_text": result.final_text or "",
+        }
+        if result.stopped_by == "asked":
+            asked = result.asked.input if result.asked else {}
+            state |= {"asked": json.dumps(asked), "carried_usd": result.spent_usd,
+                      "spend_base": self.outside, "steps_base": steps}  # fmt: skip
+            parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
+            return self.commit("park", state=state, history=history, parked=parked)
+        state["status"] = result.stopped_by
+        final = {"stopped_by": result.stopped_by, "final_text": result.final_text,
+                 "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
+        return self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
+
+    def commit_failure(self, error: BaseException) -> str:
+        log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
+        message = str(error)
+        state = {"status": "failed", "error_class": type(error).__name__, "error_message": message}
+        data = json.dumps({"error_class": type(error).__name__, "error_message": message})
+        return self.commit("fail", state=state, final=["failed", data])
+
+    def commit(
+        self, outcome: str, *, state: dict[str, Any], next_key: str | None = None, **extra: Any
+    ) -> str:
+        pending = getattr(self, "journal", None) and self.journal.pending
+        field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
+        payload = {
+            "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
+            "field": field, "value": value, "outcome": outcome, "queue": extra.pop("queue", "llm"),
+            "now": time.time(), "state": {k: str(v) for k, v in state.items()},
+            "events": [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events)],
+            "cancel_text": "Not run: cancel.", **extra,
+        }  # fmt: skip
+        where = self.prefix + (field or "-")
+        kill_point("commit:before", run=self.run_id, key=where)
+        r = self.run_id
+        ok, _stored, member = script(self.redis, scripts.RUN_COMMIT)(
+            keys=[keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
+                  keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix)],
+            args=[json.dumps(payload)],
+        )  # fmt: skip
+        if int(ok) != 1:
+            log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
+            return "fenced"
+        kill_point("commit:after", run=r, key=where)
+        if member:
+            send_member(self.redis, self.celery, r, str(member))
+            kill_point("enqueue:after", run=r, key=where)
+        if outcome in ("stop", "fail"):
+            self.redis.zrem(keys.LIVE_RUNS, r)
+        self.progress(run_id=r, n=self.n, key=where, phase=outcome, next=next_key)
+        return outcome
+
+    def totals(self) -> dict[str, Any]:
+        """Spend and steps so far, for the status of a run between two steps."""
+        costs = [json.loads(text)["cost_usd"] for text in self.journal.entries.values()]
+        models = sum(1 for key in self.journal.entries if key.startswith("model:"))
+        spent = float(self.state.get("carried_usd", 0)) + sum(costs)
+        spent += self.outside - float(self.state.get("spend_base", 0))
+        return {"spent_usd": spent, "steps": self.steps_base + models}
+
+    def route(self, key: str) -> str:
+        """The queue of step `key`: model steps on "llm", tool steps on the tool's own queue or "tools"."""
+        if key.startswith("model:"):
+            return "llm"
+        call_id = key.removeprefix("tool:")
+        if call_id.endswith((":start", ":wait")):
+            call_id = call_id.rsplit(":", 1)[0]
+        for entry_key, text in self.journal.entries.items():
+            if entry_key.startswith("model:"):
+                for call in json.loads(text)["value"]["result"].get("tool_calls", []):
+                    if call["id"] == call_id:
+                        tool: ToolSpec | None = self.tools.get(call["name"])
+                        return (tool.queue if tool else None) or "tools"
+        return "tools"
+
+
+async def _drive(options: RunToolLoopOptions) -> RunToolLoopResult | StepBoundary:
+    try:
+        return await run_tool_loop(options)
+    except StepBoundary as boundary:
+        return boundary
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _segment_messages(input_json: str | None, answer: str | None) -> list[ChatMessage]:
+    """The input of the current segment: the last one's history, the held ask answered."""
+    if not input_json:
+        raise ValueError("The run has no input messages for its current segment.\n  Enqueue it again.")
+    messages = CHAT_MESSAGES.validate_json(input_json)
+    if answer is None:
+        return messages
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls or []:
+                if call.name == "ask" and call.id not in answered:
+                    return [*messages, ToolMessage(tool_call_id=call.id, content=answer)]
+            break
+    return messages

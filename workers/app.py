@@ -1,0 +1,75 @@
+"""The Celery app of toolloop and its configuration (CELERY-REDIS.md section 8, reasons inline).
+
+Start a worker with `celery -A workers.app worker -P threads -c 64 -Q llm,tools,control -E`.
+The threads pool runs the thin tasks; every step's coroutine runs on one long-lived asyncio loop per
+process (workers/runtime.py), so one process keeps many slow model calls in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from workers.settings import Settings
+
+ADVANCE = "toolloop.advance"
+ANSWER = "toolloop.answer"
+CANCEL = "toolloop.cancel"
+SWEEP = "toolloop.sweep"
+QUEUES = ("llm", "tools", "control")
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    settings = settings or Settings.from_env()
+    transport = {
+        "visibility_timeout": settings.visibility_timeout,  # > 2 x the longest step; same everywhere
+        "unacked_restore_interval": settings.restore_interval,  # kombu 5.7: sweep every few s ...
+        "unacked_restore_throttle": 1,  # ... not every 100 s (default 10 x 10)
+        "health_check_interval": 25,
+    }
+    app = Celery("toolloop", broker=settings.redis_url, include=["workers.tasks"])
+    app.conf.update(
+        task_acks_late=True,  # ack after the commit: a crash mid-step redelivers it
+        task_reject_on_worker_lost=True,  # a killed pool requeues (attempts are counted per step)
+        worker_prefetch_multiplier=1,  # no step waits in a buffer while its visibility clock runs
+        task_serializer="json",
+        accept_content=["json"],  # no pickle on a shared broker
+        result_serializer="json",
+        task_ignore_result=True,  # the journal is the result store
+        worker_send_task_events=True,  # Flower shows every step ...
+        task_send_sent_event=True,  # ... from the moment it is queued
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # survive Redis restarts
+        broker_transport_options=transport,
+        result_backend_transport_options=transport,
+        worker_cancel_long_running_tasks_on_connection_loss=True,  # no two live copies after a blip
+        worker_soft_shutdown_timeout=30.0,
+        worker_enable_soft_shutdown_on_idle=True,
+        task_default_queue="llm",
+        task_queues=[Queue(name) for name in QUEUES],
+        task_routes={
+            ADVANCE: {"queue": "llm"},
+            ANSWER: {"queue": "control"},
+            CANCEL: {"queue": "control"},
+            SWEEP: {"queue": "control"},
+        },
+        task_create_missing_queues=True,  # a tool may name its own queue (ToolSpec.queue)
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+app = make_app()
+
+
+def send(celery: Celery, name: str, args: list[Any], *, queue: str, task_id: str | None = None) -> None:
+    """Send a task by name (ids only in `args`), to `queue`, with a readable id when given."""
+    celery.send_task(name, args=args, queue=queue, task_id=task_id)
+
+
+# Worker-process resources (event loop thread, cancel listener, sweeper) start with the worker.
+from workers import runtime  # noqa: E402
+
+runtime.connect_signals()

@@ -1,0 +1,185 @@
+"""`Client`: what a web backend imports to start, watch, answer, cancel and retry durable runs.
+
+    client = Client()                      # REDIS_URL, the same Redis as the workers
+    run_id = client.enqueue({"model": "claude-sonnet-4-5", "system": "...", "toolset": "app.tools:TOOLS",
+                             "messages": [{"role": "user", "content": "Review the storyboard."}]})
+    for event in client.events(run_id, follow=True):
+        print(event.seq, event.kind)
+    client.wait(run_id, timeout=60)
+
+Every method takes a run id; an unknown one raises `RunNotFoundError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis as redis_lib
+
+from toolloop.contract import CHAT_MESSAGES, ChatMessage
+from toolloop.journal import keys, scripts
+from workers import runs, toolsets
+from workers.app import ANSWER, CANCEL, make_app, send
+from workers.errors import RunNotFoundError, RunStateError
+from workers.records import FINAL, RunEventRecord, RunStatus
+from workers.settings import Settings
+from workers.spec import RunSpec
+
+_TERMINAL_EVENTS = frozenset({"finished", "failed"})
+
+
+class Client:
+    def __init__(self, redis_url: str | None = None) -> None:
+        settings = Settings.from_env()
+        if redis_url:
+            settings = dataclasses.replace(settings, redis_url=redis_url)
+        self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
+        self._blocking = redis_lib.Redis.from_url(
+            settings.redis_url, decode_responses=True, socket_timeout=None
+        )
+        self.celery = make_app(settings)
+
+    def close(self) -> None:
+        self.redis.close()
+        self._blocking.close()
+
+    # -- start ------------------------------------------------------------------------------------
+
+    def enqueue(self, spec: RunSpec | dict[str, Any]) -> str:
+        """Validate `spec` (pydantic.ValidationError when bad; ToolsetError for a toolset that does not
+        import here), store the run and send its first step. Returns the run id."""
+        checked = spec if isinstance(spec, RunSpec) else RunSpec.model_validate(spec)
+        toolsets.resolve(checked.toolset)
+        return runs.create(self.redis, self.celery, checked)
+
+    # -- read -------------------------------------------------------------------------------------
+
+    def status(self, run_id: str) -> RunStatus:
+        state: dict[str, str] = self.redis.hgetall(keys.state(run_id))  # type: ignore[assignment]
+        if not state:
+            raise RunNotFoundError(run_id)
+        asked = state.get("asked")
+        return RunStatus(
+            run_id=run_id,
+            status=state["status"],  # type: ignore[arg-type]
+            segment=int(state.get("segment", 0)),
+            steps=int(state.get("steps", 0)),
+            spent_usd=float(state.get("spent_usd", 0)),
+            final_text=state.get("final_text") or None,
+            asked=json.loads(asked) if asked and state["status"] == "asked" else None,
+            error_class=state.get("error_class") or None,
+            error_message=state.get("error_message") or None,
+            cancel_requested=state.get("cancel") == "1",
+            created_at=float(state["created"]) if "created" in state else None,
+            updated_at=float(state["touched"]) if "touched" in state else None,
+        )
+
+    def history(self, run_id: str) -> list[ChatMessage]:
+        """The run's conversation: its last segment's messages (the input while nothing ran yet)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(keys.history(run_id))
+        pipe.hget(keys.inputs(run_id), "s0")
+        stored, first = pipe.execute()
+        if stored is None and first is None:
+            raise RunNotFoundError(run_id)
+        return CHAT_MESSAGES.validate_json(stored or first)
+
+    def events(
+        self, run_id: str, after: str | None = None, block_ms: int | None = None, follow: bool = False
+    ) -> Iterator[RunEventRecord]:
+        """The run's events after stream id `after` (from the start when None). `block_ms` waits that
+        long for new ones when there are none; `follow` keeps reading until the run's terminal event
+        (`finished`, or `failed`) has been yielded."""
+        if not self.redis.exists(keys.state(run_id)):
+            raise RunNotFoundError(run_id)
+        cursor = after or "0-0"
+        stream = keys.events(run_id)
+        while True:
+            wait = block_ms if block_ms is not None else (1000 if follow else None)
+            reply = self._blocking.xread({stream: cursor}, count=500, block=wait)
+            entries = reply[0][1] if reply else []  # type: ignore[index]
+            for entry_id, fields in entries:
+                cursor = entry_id
+                record = _record(entry_id, fields)
+                yield record
+                if follow and record.kind in _TERMINAL_EVENTS:
+                    return
+            if not follow and (not entries or block_ms is not None):
+                return
+
+    def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
+        """The status once the run has ended or parked on a question; TimeoutError after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status(run_id)
+            if status.status in FINAL or status.status == "asked":
+                return status
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"Run {run_id!r} is still {status.status!r} after {timeout:.0f} s.\n"
+                    "  Check that a worker consumes the llm, tools and control queues, or wait longer."
+                )
+            time.sleep(poll_s)
+
+    # -- act --------------------------------------------------------------------------------------
+
+    def answer(self, run_id: str, content: str) -> str:
+        """Answer the run's question (the one it holds, or the next one it asks when it has not parked
+        yet). The first answer to a question wins; later ones are ignored. Returns the answer id."""
+        state = self.redis.hmget(keys.state(run_id), "status", "segment")
+        status, segment = state  # type: ignore[misc]
+        if status is None:
+            raise RunNotFoundError(run_id)
+        answer_id = runs.store_answer(self.redis, run_id, int(segment or 0), content)
+        send(
+            self.celery, ANSWER, [run_id, answer_id], queue="control", task_id=f"{run_id}:answer:{answer_id}"
+        )
+        return answer_id
+
+    def cancel(self, run_id: str) -> None:
+        """Stop the run: its live step is aborted where it runs, open calls are answered
+        `Not run: cancel.`, and it ends with status "cancel". Survives worker restarts."""
+        status = runs.script(self.redis, scripts.RUN_CANCEL)(
+            keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id]
+        )
+        if status is None:
+            raise RunNotFoundError(run_id)
+        if status not in FINAL:
+            send(self.celery, CANCEL, [run_id], queue="control", task_id=f"{run_id}:cancel")
+
+    def retry(self, run_id: str) -> None:
+        """Run a failed run again from its journal: finished steps replay, the failed one runs again."""
+        result = runs.script(self.redis, scripts.RUN_RETRY)(
+            keys=[keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
+            args=[time.time()],
+        )
+        if result[0] != "queued":
+            if result[1] == "missing":
+                raise RunNotFoundError(run_id)
+            raise RunStateError(
+                f"Run {run_id!r} is {result[1]!r}; only a failed run can be retried.\n"
+                "  Wait for it to end, or enqueue a new run."
+            )
+        self.redis.zadd(keys.LIVE_RUNS, {run_id: time.time()})
+        runs.send_member(self.redis, self.celery, run_id, str(result[1]))
+
+    def add_spend(self, run_id: str, usd: float) -> float:
+        """Bill `usd` of outside spend (child work, services) to the run's budget; the new total."""
+        if not self.redis.exists(keys.state(run_id)):
+            raise RunNotFoundError(run_id)
+        return float(self.redis.incrbyfloat(keys.spend(run_id), usd))  # type: ignore[arg-type]
+
+
+def _record(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
+    data = json.loads(fields.get("data") or "{}")
+    data.pop("kind", None)
+    for reserved in ("id", "seq", "segment"):
+        if reserved in data:
+            data[f"{reserved}_"] = data.pop(reserved)
+    return RunEventRecord(
+        id=entry_id, seq=int(fields["seq"]), segment=int(fields["segment"]), kind=fields["kind"], **data
+    )

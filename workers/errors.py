@@ -1,0 +1,43 @@
+"""Errors of durable runs (everything here survives pickling and Celery's JSON error transport).
+
+    WorkersError
+    ├── RunNotFoundError       no run has this id (a typo, or its keys were deleted)
+    ├── RunStateError          the run is not in a state that allows this (retry of a run that is not failed)
+    ├── ToolsetError           a toolset import path does not resolve to a list of ToolSpec
+    └── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
+
+Every message: first line what happened, second line (indented) what to do.
+"""
+
+from __future__ import annotations
+
+
+class WorkersError(Exception):
+    """Base class of the errors of `workers`."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else self.__class__.__name__
+
+
+class RunNotFoundError(WorkersError, KeyError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"No run has the id {run_id!r}.\n"
+            "  Check the id (Client.enqueue returns it), and that the client uses the worker's REDIS_URL."
+        )
+        self.run_id = run_id
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return (type(self), (self.run_id,))
+
+
+class RunStateError(WorkersError):
+    pass
+
+
+class ToolsetError(WorkersError, ValueError):
+    pass
+
+
+class DeliveryLimitError(WorkersError):
+    pass

@@ -1,0 +1,54 @@
+"""What clients read back: `RunStatus` (the state hash) and `RunEventRecord` (one stream entry)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Status = Literal["queued", "running", "asked", "done", "budget", "steps", "cancel", "failed"]
+FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "failed"})
+RUN_EVENT_KINDS: frozenset[str] = frozenset({"queued", "parked", "answered", "resumed", "finished", "failed"})
+"""Run-level events; the others are the loop's own (`model`, `tool`, `budget`)."""
+
+
+class RunStatus(BaseModel):
+    """A run's state. `asked` is the held ask's input while `status == "asked"`; `segment` counts
+    the answered asks; `error_class` / `error_message` are set when `status == "failed"`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    status: Status
+    segment: int = 0
+    steps: int = 0
+    spent_usd: float = 0.0
+    final_text: str | None = None
+    asked: dict[str, Any] | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    cancel_requested: bool = False
+    created_at: float | None = None
+    updated_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL
+
+
+class RunEventRecord(BaseModel):
+    """One event of a run, as stored in its stream: `id` (the stream id, to resume reading after),
+    `seq` (1, 2, ... per run), `segment`, `kind`, and the event's own fields flat beside them
+    (a `model` event has `step`, `text`, `tool_calls`, `cost_usd`, `usage`; see SPEC 2.11)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    id: str
+    seq: int
+    segment: int
+    kind: str
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The event's own fields (everything but id, seq, segment)."""
+        return {"kind": self.kind, **(self.model_extra or {})}

@@ -1,0 +1,147 @@
+"""Run lifecycle in Redis: create, answer, cancel, retry, the outbox and the sweeper.
+
+A run moves queued -> running -> (asked -> queued -> running ...) -> done | budget | steps | cancel
+| failed; every transition is one Lua script (toolloop/journal/scripts.py) so two workers, a late
+answer and a duplicate task never see half a transition. A successor task is first recorded in the
+run's outbox (inside the script that decides it), then sent, then removed from the outbox; the
+sweeper re-sends what stayed recorded longer than TOOLLOOP_OUTBOX_AGE, so no crash between a commit
+and its send strands a run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import redis as redis_lib
+from celery import Celery
+
+from toolloop.journal import keys, scripts
+from workers.app import ADVANCE, send
+from workers.killpoints import kill_point
+from workers.records import FINAL
+from workers.settings import Settings
+from workers.spec import RunSpec
+
+log = logging.getLogger("toolloop.workers")
+
+CANCEL_ANSWER = "Not run: cancel."
+_scripts: dict[tuple[int, str], Any] = {}
+
+
+def script(client: redis_lib.Redis, source: str) -> Any:
+    """The registered script for `source` on `client` (EVALSHA, reloaded when Redis lost it)."""
+    found = _scripts.get((id(client), source))
+    if found is None:
+        found = _scripts[(id(client), source)] = client.register_script(source)
+    return found
+
+
+def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec) -> str:
+    """Store a new run (spec, state, first segment's input, a `queued` event) and send its first step."""
+    run_id = uuid.uuid4().hex
+    now = time.time()
+    messages = json.dumps([m.model_dump(mode="json") for m in spec.messages])
+    pipe = client.pipeline(transaction=True)
+    pipe.set(keys.spec(run_id), spec.model_dump_json())
+    pipe.hset(
+        keys.state(run_id),
+        mapping={"status": "queued", "segment": 0, "n": 0, "queue": "llm", "seq": 1,
+                 "created": now, "touched": now},
+    )  # fmt: skip
+    pipe.hset(keys.inputs(run_id), "s0", messages)
+    queued = json.dumps({"model": spec.model, "toolset": spec.toolset, "budget_usd": spec.budget_usd})
+    pipe.xadd(keys.events(run_id), {"seq": 1, "segment": 0, "kind": "queued", "data": queued})
+    pipe.zadd(keys.outbox(run_id), {"1|llm": now})
+    pipe.zadd(keys.LIVE_RUNS, {run_id: now})
+    pipe.execute()
+    flush_outbox(client, celery, run_id)
+    return run_id
+
+
+def send_member(client: redis_lib.Redis, celery: Celery, run_id: str, member: str) -> None:
+    """Send the successor recorded as `member` ("<n>|<queue>"), then clear it from the outbox."""
+    n, _, queue = member.partition("|")
+    send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}")
+    client.zrem(keys.outbox(run_id), member)
+
+
+def flush_outbox(
+    client: redis_lib.Redis, celery: Celery, run_id: str, older_than: float | None = None
+) -> int:
+    """Send every successor recorded for `run_id` (only those older than `older_than` s when given)."""
+    top = "+inf" if older_than is None else time.time() - older_than
+    members = client.zrangebyscore(keys.outbox(run_id), "-inf", top)
+    for member in members:  # type: ignore[union-attr]
+        send_member(client, celery, run_id, str(member))
+    return len(members)  # type: ignore[arg-type]
+
+
+def answer(client: redis_lib.Redis, celery: Celery, run_id: str, answer_id: str) -> str:
+    """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
+    result = script(client, scripts.RUN_ANSWER)(
+        keys=[keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.events(run_id),
+              keys.outbox(run_id)],
+        args=[answer_id, time.time()],
+    )  # fmt: skip
+    kill_point("answer:after", run=run_id)
+    if result[0] == "resumed":
+        send_member(client, celery, run_id, str(result[1]))
+    elif result[0] == "ignored":
+        log.info("answer to run %s ignored: %s", run_id, result[1])
+    return str(result[0])
+
+
+def store_answer(client: redis_lib.Redis, run_id: str, segment: int, content: str) -> str:
+    """Put an answer in the run's inbox (the `toolloop.answer` task applies it); its id."""
+    answer_id = uuid.uuid4().hex
+    client.hset(keys.inbox(run_id), answer_id, json.dumps({"segment": segment, "content": content}))
+    return answer_id
+
+
+def cancel(client: redis_lib.Redis, celery: Celery, run_id: str) -> str:
+    """A parked run is answered `Not run: cancel.` and resumes into a cancel stop; a queued or running
+    run was already marked (its live step is aborted, its next step stops)."""
+    state = client.hgetall(keys.state(run_id))
+    if state.get("status") != "asked":  # type: ignore[union-attr]
+        return str(state.get("status"))  # type: ignore[union-attr]
+    answer_id = store_answer(client, run_id, int(state["segment"]), CANCEL_ANSWER)  # type: ignore[index]
+    return answer(client, celery, run_id, answer_id)
+
+
+def sweep(
+    client: redis_lib.Redis, celery: Celery | None = None, settings: Settings | None = None
+) -> dict[str, int]:
+    """Re-send successors recorded longer than TOOLLOOP_OUTBOX_AGE; re-drive runs with no lease and no
+    recorded successor that did not move for a visibility timeout more (their message was lost);
+    drop ended runs from the live index. Returns counts of what it did."""
+    from workers.app import app as default_app
+
+    celery = celery or default_app
+    settings = settings or Settings.from_env()
+    done = {"resent": 0, "redriven": 0, "ended": 0}
+    now = time.time()
+    for run_id in client.zrange(keys.LIVE_RUNS, 0, -1):  # type: ignore[union-attr]
+        run_id = str(run_id)
+        pipe = client.pipeline(transaction=False)
+        pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
+        pipe.zcard(keys.outbox(run_id))
+        pipe.exists(keys.lease(run_id))
+        (status, touched, n, queue), pending, leased = pipe.execute()
+        if status is None or status in FINAL:
+            client.zrem(keys.LIVE_RUNS, run_id)
+            done["ended"] += 1
+            continue
+        if pending:
+            done["resent"] += flush_outbox(client, celery, run_id, older_than=settings.outbox_age)
+        elif status in ("queued", "running") and not leased:
+            idle = now - float(touched or 0)
+            if idle > settings.visibility_timeout + settings.outbox_age:
+                next_n = int(n or 0) + 1
+                send(celery, ADVANCE, [run_id, next_n], queue=queue or "llm", task_id=f"{run_id}:{next_n}")
+                client.hset(keys.state(run_id), "touched", now)
+                done["redriven"] += 1
+    return done

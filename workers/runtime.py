@@ -1,0 +1,190 @@
+"""Per-process resources of a worker: one asyncio loop, one Redis client, the model, cancellation.
+
+- One long-lived asyncio loop per process, in a daemon thread. Celery 5.7 cannot run async tasks, so
+  each thread of the threads pool submits its step's coroutine here (`run_coroutine_threadsafe`) and
+  blocks on the future: many slow model calls share one loop and one HTTP connection pool.
+- Cancellation: a listener thread subscribes to `keys.CANCEL_CHANNEL`; a run id published there
+  aborts the controller of that run's live step if this process runs it (`arm` / `disarm`).
+- A sweeper thread runs `runs.sweep` every TOOLLOOP_SWEEP_INTERVAL s, one worker at a time (a
+  Redis lock), so recorded successors are re-sent and stalled runs re-driven without a beat process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import redis as redis_lib
+
+from toolloop.abort import AbortController, AbortSignal
+from toolloop.contract import PromptGenRequest, PromptGenResult
+from toolloop.journal import keys
+from workers.settings import Settings
+
+log = logging.getLogger("toolloop.workers")
+
+Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
+
+settings = Settings.from_env()
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_redis: redis_lib.Redis | None = None
+_prompt_gen: Any = None
+_armed: dict[str, AbortController] = {}
+
+
+def redis() -> redis_lib.Redis:
+    global _redis
+    with _lock:
+        if _redis is None:
+            _redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
+        return _redis
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="toolloop-asyncio", daemon=True).start()
+        return _loop
+
+
+def run(coro: Coroutine[Any, Any, Any], *, timeout: float, tick: Callable[[], None]) -> Any:
+    """Run `coro` on the process loop; call `tick()` every few seconds while it runs (lease renewal).
+    Raises TimeoutError (after cancelling it) when it runs longer than `timeout` seconds."""
+    future = asyncio.run_coroutine_threadsafe(coro, loop())
+    deadline = time.monotonic() + timeout
+    interval = max(0.05, min(5.0, settings.lease_ms / 3000))
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            future.cancel()
+            raise TimeoutError(f"The step ran longer than {timeout:.0f} s.")
+        try:
+            return future.result(timeout=min(interval, remaining))
+        except TimeoutError:
+            if future.done():
+                raise
+            tick()
+
+
+def generate_for(provider: str | None, fallback: list[str]) -> Generate:
+    """The model of a run: the factory named by TOOLLOOP_PROMPT_GEN, else `providers.from_env()`."""
+    prompt_gen = _get_prompt_gen()
+    if not hasattr(prompt_gen, "generate"):
+        return prompt_gen  # type: ignore[no-any-return]  # a plain generate(request, signal)
+    if fallback:
+        prompt_gen = type(prompt_gen)(
+            {name: prompt_gen.handler(name) for name in prompt_gen.providers()},
+            provider or prompt_gen.default_provider,
+            fallback,
+        )
+
+    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+        result: PromptGenResult = await prompt_gen.generate(request, signal=signal, provider=provider)
+        return result
+
+    return generate
+
+
+def _get_prompt_gen() -> Any:
+    global _prompt_gen
+    with _lock:
+        if _prompt_gen is None:
+            if settings.prompt_gen:
+                module, _, name = settings.prompt_gen.partition(":")
+                _prompt_gen = getattr(importlib.import_module(module), name)()
+            else:
+                from toolloop.providers import from_env
+
+                _prompt_gen = from_env()
+        return _prompt_gen
+
+
+# -- cancellation ---------------------------------------------------------------------------------
+
+
+def arm(run_id: str, controller: AbortController) -> None:
+    """Route cancels of `run_id` to `controller` while its live step runs in this process."""
+    with _lock:
+        _armed[run_id] = controller
+
+
+def disarm(run_id: str, controller: AbortController) -> None:
+    with _lock:
+        if _armed.get(run_id) is controller:
+            del _armed[run_id]
+
+
+def _listen_for_cancels() -> None:
+    while True:
+        try:
+            pubsub = redis().pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(keys.CANCEL_CHANNEL)
+            while True:
+                message = pubsub.get_message(timeout=1.0)
+                if message and message.get("type") == "message":
+                    with _lock:
+                        controller = _armed.get(str(message["data"]))
+                    if controller is not None:
+                        controller.abort("cancel")
+        except redis_lib.RedisError as error:
+            log.warning("cancel listener lost Redis (%s); reconnecting", error)
+            time.sleep(1.0)
+
+
+# -- the worker's start ---------------------------------------------------------------------------
+
+
+def _sweep_forever() -> None:
+    from workers import runs
+
+    while True:
+        time.sleep(settings.sweep_interval)
+        try:
+            client = redis()
+            if client.set(keys.SWEEP_LOCK, "1", nx=True, px=int(settings.sweep_interval * 1000)):
+                runs.sweep(client)
+        except Exception as error:  # the sweeper must outlive any one failure
+            log.warning("sweep failed: %s: %s", type(error).__name__, error)
+
+
+def check_redis(client: redis_lib.Redis) -> None:
+    """Warn when Redis can lose the journal: AOF off, or an eviction policy other than noeviction."""
+    try:
+        config: dict[str, str] = client.config_get("appendonly")  # type: ignore[assignment]
+        config.update(client.config_get("maxmemory-policy"))  # type: ignore[arg-type]
+    except redis_lib.RedisError:
+        return  # CONFIG is often disabled on managed Redis
+    if config.get("appendonly") != "yes":
+        log.warning(
+            "Redis runs without AOF (appendonly=%s): a Redis restart can lose journal steps and queued "
+            "tasks.\n  Set appendonly yes (appendfsync everysec), see docs/operations.md.",
+            config.get("appendonly"),
+        )
+    if config.get("maxmemory-policy") not in (None, "noeviction"):
+        log.warning(
+            "Redis may evict keys (maxmemory-policy=%s): an evicted journal or queue is lost silently.\n"
+            "  Set maxmemory-policy noeviction.",
+            config.get("maxmemory-policy"),
+        )
+
+
+def start_worker_threads(**_: Any) -> None:
+    check_redis(redis())
+    loop()
+    threading.Thread(target=_listen_for_cancels, name="toolloop-cancel", daemon=True).start()
+    if settings.sweep_interval > 0:
+        threading.Thread(target=_sweep_forever, name="toolloop-sweep", daemon=True).start()
+
+
+def connect_signals() -> None:
+    from celery.signals import worker_ready
+
+    worker_ready.connect(start_worker_threads, weak=False)

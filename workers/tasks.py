@@ -1,0 +1,43 @@
+"""The Celery tasks: thin adapters, ids in, a call into `workers.advance` / `workers.runs`.
+
+Task ids are readable: `<run_id>:<n>` for the n-th step of a run. Arguments are ids only, so no
+prompt, message or key ever appears in a broker message or in Flower.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task
+
+from workers import advance as advance_step
+from workers import runs, runtime
+from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, app
+
+
+@app.task(name=ADVANCE, bind=True)
+def advance(self: Task, run_id: str, n: int) -> str:
+    """Run the n-th step of a run and send the next one (or finish, or park)."""
+
+    def progress(**fields: Any) -> None:
+        self.send_event("task-progress", **fields)
+
+    return advance_step.advance(app, run_id, int(n), progress)
+
+
+@app.task(name=ANSWER)
+def answer(run_id: str, answer_id: str) -> str:
+    """Apply an answer from the run's inbox: the first answer to a held ask wins."""
+    return runs.answer(runtime.redis(), app, run_id, answer_id)
+
+
+@app.task(name=CANCEL)
+def cancel(run_id: str) -> str:
+    """Finish the cancel of a parked run (a running one stops through its abort signal)."""
+    return runs.cancel(runtime.redis(), app, run_id)
+
+
+@app.task(name=SWEEP)
+def sweep() -> dict[str, int]:
+    """Re-send lost successors and re-drive stalled runs (each worker also sweeps on a timer)."""
+    return runs.sweep(runtime.redis(), app)
