@@ -81,6 +81,9 @@ class _Run:
         self.definitions = tool_definitions(options.tools)
         self.max_assistants = self.history.assistants + options.max_steps - 1
         self.params = None if options.reasoning is None else {"reasoning": options.reasoning}
+        fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
+        self.request_fields_off = fields
+        self.request_fields = fields | {"cache_system"}
         self.cost = 0.0
         """Cost of every step of this run so far, replayed ones included."""
         self.steps = 0
@@ -139,14 +142,18 @@ class _Run:
                 messages, cache_system = request_messages(self.history, options.cache, self.max_assistants)
             finally:
                 self.history.truncate(length)
-            request = PromptGenRequest(
+            # Every field is built from validated values: the history is not validated again.
+            request = PromptGenRequest.model_construct(
+                _fields_set=self.request_fields if cache_system is not None else self.request_fields_off,
                 prompt="",
                 system=options.system,
                 model=options.model,
+                temperature=None,
+                params=None if self.params is None else dict(self.params),
                 messages=messages,
                 tools=self.definitions,
+                tool_choice=None,
                 cache_system=cache_system,
-                params=self.params,
             )
             result = await call(options.generate, request, self.signal_for(signal))
             if not isinstance(result, PromptGenResult):
@@ -303,7 +310,7 @@ class _Run:
         return await self.finish(reason)
 
     async def finish(self, stopped_by: StoppedBy, asked: Asked | None = None) -> RunToolLoopResult:
-        return RunToolLoopResult(
+        return RunToolLoopResult.model_construct(
             stopped_by=stopped_by,
             spent_usd=await self.spent(),
             steps=self.steps,

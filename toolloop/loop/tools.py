@@ -7,6 +7,7 @@ helpers) may be sync or async: `call` awaits what needs awaiting and nothing els
 from __future__ import annotations
 
 import inspect
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -30,12 +31,15 @@ async def call(fn: Any, *args: Any) -> Any:
 
 def tool_definitions(tools: list[ToolSpec]) -> list[ToolDefinition]:
     """One definition per tool, in order: the input-side JSON schema without `title` / `$schema`."""
-    definitions = []
-    for spec in tools:
-        schema = _strip_titles(spec.schema_.model_json_schema(mode="validation"))
-        schema.pop("$schema", None)
-        definitions.append(ToolDefinition(name=spec.name, description=spec.description, input_schema=schema))
-    return definitions
+    return [_definition(spec.name, spec.description, spec.schema_) for spec in tools]
+
+
+@lru_cache(maxsize=512)
+def _definition(name: str, description: str, schema: type[BaseModel]) -> ToolDefinition:
+    """Cached: a schema class gives the same JSON schema every time, and definitions are frozen."""
+    input_schema = _strip_titles(schema.model_json_schema(mode="validation"))
+    input_schema.pop("$schema", None)
+    return ToolDefinition(name=name, description=description, input_schema=input_schema)
 
 
 def _strip_titles(node: Any, names: bool = False) -> Any:
