@@ -93,7 +93,7 @@ def parse(body: Any) -> Parsed:
             messages.append(_assistant(raw.get("content"), context, blocks))
         else:
             messages.extend(_user(raw.get("content"), context, blocks))
-    conversation, history = conversation_ids(system, messages)
+    conversation, history = conversation_ids("anthropic", system, messages)
     assistants = sum(1 for message in messages if message.role == "assistant")
     request = SimRequest(
         "anthropic", str(model), system, messages, tools, assistants, conversation, history, body

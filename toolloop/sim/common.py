@@ -1,8 +1,8 @@
 """What both wires share: the parse result, input errors, and the deterministic ids.
 
 Ids are pure functions of the request, so a retried request (a durable run replaying a step) gets
-the same answer: `conversation_id` hashes the system text and the first message, `history_hash`
-hashes the system text and every message (cache marks left out, as they move between turns), and a
+the same answer: `conversation_id` hashes the wire, the system text and the first message,
+`history_hash` the wire, the system text and every message (cache marks left out, as they move between turns), and a
 tool-call id hashes the history plus the call's position in the turn.
 """
 
@@ -46,11 +46,11 @@ def _unmarked(message: ChatMessage) -> dict[str, Any]:
     return data
 
 
-def conversation_ids(system: str | None, messages: list[ChatMessage]) -> tuple[str, str]:
-    """(conversation_id, history_hash) of a request."""
+def conversation_ids(wire: str, system: str | None, messages: list[ChatMessage]) -> tuple[str, str]:
+    """(conversation_id, history_hash) of a request on a wire."""
     first = canonical(_unmarked(messages[0])) if messages else ""
     history = canonical([_unmarked(message) for message in messages])
-    return _digest(system or "", first)[:16], _digest(system or "", history)
+    return _digest(wire, system or "", first)[:16], _digest(wire, system or "", history)
 
 
 def call_id(history_hash: str, position: int, prefix: str) -> str:

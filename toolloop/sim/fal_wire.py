@@ -105,7 +105,7 @@ def parse(body: Any) -> Parsed:
         else:
             raise WireInputError(f"messages[{index}].role {role!r} is not system, user, assistant or tool")
     system = "\n".join(system_texts) if system_texts else None
-    conversation, history = conversation_ids(system, messages)
+    conversation, history = conversation_ids("fal", system, messages)
     assistants = sum(1 for message in messages if message.role == "assistant")
     request = SimRequest("fal", str(model), system, messages, tools, assistants, conversation, history, body)
     return Parsed(request, blocks)
