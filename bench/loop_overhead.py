@@ -40,6 +40,7 @@ from _overhead_sides import FINAL, TOOL_CALLS, TURNS, Script, build_side
 
 SIDES = ("ours", "pydantic-ai", "langgraph")
 TARGET = 1 / 3
+MIN_REPS = 10
 PACKAGES = {"ours": "toolloop", "pydantic-ai": "pydantic-ai-slim", "langgraph": "langgraph"}
 
 Conversation = Callable[[], Awaitable[str]]
@@ -48,16 +49,22 @@ Conversation = Callable[[], Awaitable[str]]
 Samples = dict[str, list[float]]
 
 
-async def measure(sides: list[str], reps: int, warmup: int) -> tuple[Samples, Samples, dict[str, Script]]:
+async def measure(
+    sides: list[str], reps: int, warmup: int, max_seconds: float
+) -> tuple[Samples, Samples, dict[str, Script]]:
     """Run `warmup` then `reps` interleaved conversations per side: wall and CPU seconds per run, and
-    each side's script (its counts are those of the last conversation, checked after every one)."""
+    each side's script (its counts are those of the last conversation, checked after every one).
+    Past `max_seconds` the repetitions stop early once `MIN_REPS` of them are measured."""
     runs: dict[str, tuple[Script, Conversation]] = {}
     for name in sides:
         script = Script()
         runs[name] = (script, build_side(name, script))
     wall: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, list[float]] = {name: [] for name in sides}
+    deadline = time.monotonic() + max_seconds
     for rep in range(warmup + reps):
+        if rep - warmup >= MIN_REPS and time.monotonic() > deadline:
+            break
         if rep == warmup:
             gc.collect()
             gc.freeze()  # the imported libraries' objects: collections below no longer scan them
@@ -148,16 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sides", default=",".join(SIDES), help=f"comma-separated subset of {', '.join(SIDES)}"
     )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        help=f"stop early past this time once {MIN_REPS} reps are measured (the table says how many ran)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     sides = [name.strip() for name in args.sides.split(",") if name.strip()]
     unknown = sorted(set(sides) - set(SIDES))
     if unknown or not sides or args.reps < 1 or args.warmup < 0:
         parser.error(f"--sides takes some of {', '.join(SIDES)} (got {args.sides!r}); --reps >= 1")
-    wall, cpu, scripts = asyncio.run(measure(sides, args.reps, args.warmup))
+    wall, cpu, scripts = asyncio.run(measure(sides, args.reps, args.warmup, args.max_seconds))
     results = report(sides, wall, cpu, scripts)
-    results.update(reps=args.reps, warmup=args.warmup, python=platform.python_version())
-    print_table(results, args.reps)
+    reps = len(wall[sides[0]])
+    results.update(reps=reps, warmup=args.warmup, python=platform.python_version())
+    print_table(results, reps)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
