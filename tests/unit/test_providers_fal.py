@@ -1,0 +1,250 @@
+"""The fal provider's mapping (its OpenAI-compatible router), on httpx.MockTransport."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from providers_kit import FAKE_KEY, FAST, Recorder
+
+from toolloop import (
+    AbortController,
+    AssistantMessage,
+    ImagePart,
+    PromptGenError,
+    PromptGenRequest,
+    PromptGenUnavailableError,
+    TextPart,
+    ToolArgumentsError,
+    ToolCall,
+    ToolDefinition,
+    ToolMessage,
+    UserMessage,
+)
+from toolloop.providers import FalHandler
+
+EPHEMERAL = {"type": "ephemeral"}
+TOOL = ToolDefinition(name="read_frame", description="Read one frame.", input_schema={"type": "object"})
+
+
+def completion(
+    content: str | None = "ok",
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish: str | None = "stop",
+    usage: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls is not None:
+        message["tool_calls"] = tool_calls
+    body: dict[str, Any] = {
+        "id": "gen-1",
+        "model": "anthropic/claude-opus-5.5",
+        "provider": "Anthropic",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def handler(recorder: Recorder, key: str | None = FAKE_KEY) -> FalHandler:
+    return FalHandler(key, run_url="http://fal.test", retry=FAST, transport=recorder.transport)
+
+
+async def call(request: PromptGenRequest, answer: Any = None) -> tuple[Any, dict[str, Any]]:
+    recorder = Recorder(
+        answer if answer is not None else completion(usage={"prompt_tokens": 1, "completion_tokens": 1})
+    )
+    result = await handler(recorder).execute(request, AbortController().signal)
+    return result, recorder.bodies[0]
+
+
+async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> None:
+    png = tmp_path / "f.png"
+    png.write_bytes(b"png-bytes")
+    image = ImagePart(path=str(png), mime_type="image/png", hash="h")
+    request = PromptGenRequest(
+        system="Review.",
+        cache_system=True,
+        tools=[TOOL],
+        tool_choice={"name": "read_frame"},
+        temperature=3.0,
+        messages=[
+            UserMessage(content="Look at shot 3."),
+            AssistantMessage(
+                tool_calls=[
+                    ToolCall(id="c1", name="read_frame", input={"shot": 3}),
+                    ToolCall(id="c2", name="read_frame", input=None),
+                ]
+            ),
+            ToolMessage(tool_call_id="c1", content=[TextPart(text="frame 3", cache=True), image]),
+            ToolMessage(tool_call_id="c2", content="frame 4"),
+        ],
+    )
+    recorder = Recorder(completion(usage={"prompt_tokens": 1, "completion_tokens": 1}))
+    await handler(recorder).execute(request, AbortController().signal)
+    sent = recorder.requests[0]
+    assert str(sent.url) == "http://fal.test/openrouter/router/openai/v1/chat/completions"
+    assert sent.headers["authorization"] == f"Key {FAKE_KEY}"
+    body = recorder.bodies[0]
+    assert list(body) == [
+        "model",
+        "messages",
+        "max_tokens",
+        "temperature",
+        "reasoning",
+        "tools",
+        "tool_choice",
+    ]
+    assert body["model"] == "anthropic/claude-opus-5.5" and body["max_tokens"] == 32000
+    assert body["temperature"] == 2.0 and body["reasoning"] == {"effort": "medium"}
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "read_frame", "description": "Read one frame.",
+                                          "parameters": {"type": "object"}}}
+    ]  # fmt: skip
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "read_frame"}}
+    uri = "data:image/png;base64," + base64.b64encode(b"png-bytes").decode()
+    assert body["messages"] == [
+        {"role": "system", "content": [{"type": "text", "text": "Review.", "cache_control": EPHEMERAL}]},
+        {"role": "user", "content": "Look at shot 3."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "read_frame", "arguments": '{"shot":3}'},
+                },
+                {"id": "c2", "type": "function", "function": {"name": "read_frame", "arguments": "{}"}},
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": [
+                {"type": "text", "text": "frame 3", "cache_control": EPHEMERAL},
+                {"type": "image_url", "image_url": {"url": uri}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": "frame 4"},
+    ]
+
+
+async def test_a_prompt_request_sends_system_and_user_strings_and_reasoning_off_is_left_out() -> None:
+    _, body = await call(PromptGenRequest(prompt="Hi", system="Be brief.", params={"reasoning": "off"}))
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert "reasoning" not in body and "tools" not in body and "temperature" not in body
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (PromptGenRequest(messages=[]), "messages must not be empty"),
+        (PromptGenRequest(prompt="  "), "needs a non-empty prompt"),
+        (PromptGenRequest(prompt="Hi", params={"reasoning": "max"}), "params.reasoning must be"),
+        (PromptGenRequest(prompt="Hi", model="acme/unknown"), "no price for model 'acme/unknown'"),
+        (
+            PromptGenRequest(messages=[UserMessage(content="Hi")], params={"images": [{"path": "x"}]}),
+            "takes no params.images with messages",
+        ),
+    ],
+)
+async def test_bad_requests_fail_before_any_call(request_: PromptGenRequest, message: str) -> None:
+    recorder = Recorder(completion())
+    with pytest.raises(PromptGenError) as caught:
+        await handler(recorder).execute(request_, AbortController().signal)
+    assert message in str(caught.value) and recorder.requests == []
+
+
+async def test_text_tool_calls_usage_and_cost_with_cache_rates() -> None:
+    answer = completion(
+        None,
+        tool_calls=[
+            {"id": "c1", "type": "function", "function": {"name": "read_frame", "arguments": '{"shot": 3}'}},
+            {"id": "c2", "type": "function", "function": {"name": "read_frame", "arguments": ""}},
+            {"id": "c3", "type": "function", "function": {"name": "read_frame", "arguments": {"shot": 5}}},
+        ],
+        finish="tool_calls",
+        usage={
+            "prompt_tokens": 2000,
+            "completion_tokens": 100,
+            "prompt_tokens_details": {"cached_tokens": 1500, "cache_write_tokens": 300},
+        },
+    )
+    result, _ = await call(PromptGenRequest(prompt="Go"), answer)
+    assert result.text == "" and result.finish_reason == "tool_calls"
+    assert [c.input for c in result.tool_calls] == [{"shot": 3}, {}, {"shot": 5}]
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (2000, 100)
+    assert (result.usage.cached_tokens, result.usage.cache_write_tokens) == (1500, 300)
+    # claude-opus-5.5: $4/M in, $20/M out, read $0.40/M, write $5/M; 200 uncached input tokens
+    assert result.cost_usd == pytest.approx((200 * 4 + 100 * 20 + 1500 * 0.4 + 300 * 5) / 1e6)
+    assert result.meta is not None and result.meta["cost_source"] == "tokens"
+    assert result.meta["upstream_provider"] == "Anthropic" and result.meta["reasoning"] == "medium"
+
+
+async def test_a_reported_cost_wins_and_top_level_cache_fields_are_read() -> None:
+    usage = {"prompt_tokens": 2000, "completion_tokens": 100, "cost": 0.0123,
+             "cache_read_input_tokens": 1200, "cache_creation_input_tokens": 50}  # fmt: skip
+    result, _ = await call(PromptGenRequest(prompt="Go"), completion(usage=usage))
+    assert result.cost_usd == 0.0123 and result.meta is not None and result.meta["cost_source"] == "usage"
+    assert (result.usage.cached_read_tokens, result.usage.cached_write_tokens) == (1200, 50)
+
+
+async def test_without_usage_the_cost_comes_from_characters() -> None:
+    result, _ = await call(PromptGenRequest(prompt="x" * 400), completion("y" * 40))
+    assert result.meta is not None and result.meta["cost_source"] == "chars"
+    assert result.cost_usd == pytest.approx((100 * 4 + 10 * 20) / 1e6)
+    assert result.usage.cached_read_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "finish"), [("stop", "stop"), ("length", "length"), ("content_filter", "other"), (None, "other")]
+)
+async def test_finish_reasons(raw: str | None, finish: str) -> None:
+    result, _ = await call(PromptGenRequest(prompt="Go"), completion(finish=raw))
+    assert result.finish_reason == finish
+
+
+async def test_arguments_that_are_not_json_raise_tool_arguments_error() -> None:
+    bad = [{"id": "c1", "type": "function", "function": {"name": "trim", "arguments": "{shot: 3"}}]
+    with pytest.raises(ToolArgumentsError) as caught:
+        await call(PromptGenRequest(prompt="Go"), completion(None, tool_calls=bad, finish="tool_calls"))
+    assert caught.value.raw == "{shot: 3" and caught.value.tool_name == "trim"
+
+
+async def test_incomplete_answers_and_body_errors_are_clear_errors() -> None:
+    with pytest.raises(PromptGenError, match="incomplete LLM result"):
+        await call(PromptGenRequest(prompt="Go"), completion(None))
+    with pytest.raises(PromptGenError, match="incomplete tool call"):
+        await call(PromptGenRequest(prompt="Go"), completion(None, tool_calls=[{"function": {}}]))
+    with pytest.raises(PromptGenError, match="fal LLM returned an error: upstream broke"):
+        await call(PromptGenRequest(prompt="Go"), {"error": {"message": "upstream   broke"}})
+    with pytest.raises(PromptGenError, match="flagged"):
+        await call(PromptGenRequest(prompt="Go"), {"error": {"message": "content_policy violation"}})
+
+
+async def test_a_content_policy_refusal_in_an_error_status_is_flagged_not_retried() -> None:
+    recorder = Recorder(httpx.Response(500, json={"error": {"message": "Flagged by moderation"}}))
+    with pytest.raises(PromptGenError, match="flagged the LLM request") as caught:
+        await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    assert len(recorder.requests) == 1 and not caught.value.retryable
+
+
+async def test_no_key_is_unavailable_auth_and_names_fal_key() -> None:
+    recorder = Recorder(completion())
+    with pytest.raises(PromptGenUnavailableError, match="FAL_KEY") as caught:
+        await handler(recorder, key=None).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    assert caught.value.reason == "auth" and recorder.requests == []
+
+
+def test_estimate_prices_input_and_max_tokens_without_network() -> None:
+    recorder = Recorder(completion())
+    fal = handler(recorder, key=None)
+    cost = fal.estimate(PromptGenRequest(prompt="x" * 400, params={"max_tokens": 1000}))
+    assert cost == pytest.approx((100 * 4 + 1000 * 20) / 1e6)
+    assert "fal.test" in repr(fal) and FAKE_KEY not in repr(handler(recorder))
