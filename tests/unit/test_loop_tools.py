@@ -1,0 +1,98 @@
+"""Tool definitions (SPEC 2.3) and the loop's text answers (2.4)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from loop_kit import Shot, read_frame, run
+from pydantic import BaseModel, Field
+
+from toolloop import TextPart, ToolDefinition, ToolMessage, ToolOutput, ToolSpec
+from toolloop.testing import ScriptedModel, call, reply
+
+
+class Region(BaseModel):
+    title: str = Field(description="A property named title is kept.")
+    corner: tuple[int, int]
+
+
+class Crop(BaseModel):
+    """Crop a frame."""
+
+    region: Region
+    mode: Literal["fit", "fill"] = "fit"
+
+
+def noop(input: BaseModel, signal: object) -> ToolOutput:
+    return ToolOutput()
+
+
+async def test_definitions_follow_the_spec_example_in_tool_order() -> None:
+    model = ScriptedModel([reply("ok")])
+    crop = ToolSpec(name="crop", description="Crop.", schema=Crop, run=noop)
+    await run(model, tools=[read_frame(), crop])
+    definitions = model.requests[0].tools or []
+    assert [d.name for d in definitions] == ["read_frame", "crop"]
+    assert definitions[0] == ToolDefinition(
+        name="read_frame",
+        description="Read one frame.",
+        input_schema={
+            "type": "object",
+            "properties": {"shot": {"type": "number"}, "take": {"default": 1, "type": "number"}},
+            "required": ["shot"],
+        },
+    )
+
+
+async def test_titles_and_schema_keys_are_removed_but_a_title_property_stays() -> None:
+    model = ScriptedModel([reply("ok")])
+    crop = ToolSpec(name="crop", description="Crop.", schema=Crop, run=noop)
+    await run(model, tools=[crop])
+    schema = (model.requests[0].tools or [])[0].input_schema
+    assert "title" not in repr({k: v for k, v in schema.items() if k != "$defs"})
+    region = schema["$defs"]["Region"]
+    assert "title" not in region
+    assert region["properties"]["title"] == {
+        "description": "A property named title is kept.",
+        "type": "string",
+    }
+    assert region["required"] == ["title", "corner"]
+    assert schema["properties"]["mode"] == {"default": "fit", "enum": ["fit", "fill"], "type": "string"}
+    assert schema["description"] == "Crop a frame."
+    assert "$schema" not in schema
+
+
+async def test_definitions_are_built_once_per_run() -> None:
+    model = ScriptedModel([reply(tool_calls=[call("read_frame", {"shot": 1})]), reply("ok")])
+    await run(model, tools=[read_frame()])
+    first, second = (r.tools for r in model.requests)
+    assert first is second
+
+
+async def test_nested_input_is_validated_with_locations() -> None:
+    crop = ToolSpec(name="crop", description="Crop.", schema=Crop, run=noop)
+    bad = {"region": {"title": "t", "corner": [1, "x"]}, "mode": "zoom"}
+    model = ScriptedModel([reply(tool_calls=[call("crop", bad, id="c1")]), reply("ok")])
+    result, events = await run(model, tools=[crop])
+    text = (
+        "Invalid input for crop: "
+        "✖ Input should be a valid integer, unable to parse string as an integer\n"
+        "  → at region.corner.1\n"
+        "✖ Input should be 'fit' or 'fill'\n"
+        "  → at mode"
+    )
+    assert result.messages[2] == ToolMessage(tool_call_id="c1", content=[TextPart(text=text)])
+    assert events.events[1].summary == text[:200]  # type: ignore[union-attr]
+
+
+async def test_tool_receives_the_validated_model() -> None:
+    seen: list[object] = []
+
+    def record(input: Shot, signal: object) -> ToolOutput:
+        seen.append(input)
+        return ToolOutput(content=[TextPart(text="ok")])
+
+    tool = read_frame().model_copy(update={"run": record})
+    model = ScriptedModel([reply(tool_calls=[call("read_frame", {"shot": "3"})]), reply("ok")])
+    await run(model, tools=[tool])
+    assert seen == [Shot(shot=3.0, take=1)]
