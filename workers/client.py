@@ -112,11 +112,14 @@ class Client:
                 return
 
     def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
-        """The status once the run has ended or parked on a question; TimeoutError after `timeout` s."""
+        """The status once the run has ended, or parked on a question no sent answer is on its way to;
+        TimeoutError after `timeout` s."""
         deadline = time.monotonic() + timeout
         while True:
             status = self.status(run_id)
-            if status.status in FINAL or status.status == "asked":
+            if status.status in FINAL:
+                return status
+            if status.status == "asked" and not self.redis.hlen(keys.inbox(run_id)):
                 return status
             if time.monotonic() >= deadline:
                 raise TimeoutError(

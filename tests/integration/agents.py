@@ -124,7 +124,13 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
             return reply(tool_calls=[call("slow", {"seconds": 30}), call("add", {"a": 1, "b": 1})])
         return reply("Slept.")
     if scenario == "budget":
-        return reply(tool_calls=[call("add", {"a": turn, "b": 0})], cost_usd=0.4)
+        return reply(tool_calls=[call("slow", {"seconds": 0.3})], cost_usd=0.4)
+    if scenario == "slow_ask":
+        if turn == 1:
+            return reply(tool_calls=[call("slow", {"seconds": 1.5})])
+        if turn == 2:
+            return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
+        return reply(f"You said: {_last_tool_text(request)}")
     if scenario == "flaky":
         if turn == 1:
             return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)
@@ -135,7 +141,7 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
 def make_generate() -> Any:
     async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         signal.throw_if_aborted()
-        _log("TOOLLOOP_TEST_MODEL_LOG", system=request.system, messages=len(request.messages))
+        _log("TOOLLOOP_TEST_MODEL_LOG", system=request.system, user=_user_text(request))
         return answer(request)
 
     return generate

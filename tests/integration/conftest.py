@@ -102,7 +102,7 @@ def start_worker(url: str, log_dir: Path, env: dict[str, str] | None = None) -> 
     return Worker(url, log_dir / f"worker-{uuid.uuid4().hex[:6]}.log", env or {}).wait_ready()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def worker(redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """A worker whose model is the scripted one of tests/integration/agents.py. Its tools and model
     log what they run to `worker.tool_log` / `worker.model_log`."""

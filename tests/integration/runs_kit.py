@@ -1,0 +1,44 @@
+"""Helpers of the run tests: a client fixture, log readers, event checks."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workers.client import Client
+from workers.records import RunEventRecord
+
+TOOLSET = "tests.integration.agents:TOOLS"
+
+
+def spec(system: str, user: str = "Go.", **fields: Any) -> dict[str, Any]:
+    return {"model": "scripted", "system": system, "toolset": TOOLSET,
+            "messages": [{"role": "user", "content": user}], **fields}  # fmt: skip
+
+
+def logged(path: Path | None) -> list[dict[str, Any]]:
+    assert path is not None
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def kinds(client: Client, run_id: str) -> list[str]:
+    """The kinds of the run's events, after checking each is in the stream once and in order."""
+    events: list[RunEventRecord] = list(client.events(run_id))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    return [e.kind for e in events]
+
+
+def eventually(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout} s: {check}")
+        time.sleep(0.05)

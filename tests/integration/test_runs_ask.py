@@ -1,0 +1,66 @@
+"""Ask: a run parks on the model's question and the answer, arriving through the client, resumes it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.runs_kit import kinds, spec
+from toolloop import AssistantMessage, ToolMessage, UserMessage
+from workers.client import Client
+
+
+@pytest.fixture
+def client(redis_server, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    made = Client(redis_server.url)
+    yield made
+    made.close()
+
+
+def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
+    run_id = client.enqueue(spec("ask"))
+    parked = client.wait(run_id, timeout=20)
+    assert parked.status == "asked"
+    assert parked.asked == {"question": "Which shot?"}
+
+    client.answer(run_id, "Shot 3")
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done"
+    assert status.final_text == "You said: Shot 3"
+    assert status.segment == 1 and status.steps == 2 and status.asked is None
+    assert status.spent_usd == pytest.approx(0.02)
+
+    history = client.history(run_id)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    ask_call = history[1].tool_calls[0]  # type: ignore[union-attr]
+    assert ask_call.name == "ask"
+    assert history[2] == ToolMessage(tool_call_id=ask_call.id, content="Shot 3")
+    assert kinds(client, run_id) == [
+        "queued", "model", "parked", "answered", "resumed", "model", "finished",
+    ]  # fmt: skip
+
+
+def test_an_answer_sent_twice_counts_once(client: Client) -> None:
+    run_id = client.enqueue(spec("ask"))
+    assert client.wait(run_id, timeout=20).status == "asked"
+    client.answer(run_id, "first")
+    client.answer(run_id, "second")
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done"
+    assert status.final_text == "You said: first"
+    assert kinds(client, run_id).count("answered") == 1
+    answered = [e for e in client.events(run_id) if e.kind == "answered"]
+    assert answered[0].content == "first"
+
+
+def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client) -> None:
+    run_id = client.enqueue(spec("slow_ask"))  # a slow tool first, then the question
+    client.answer(run_id, "early")
+    assert client.status(run_id).status in ("queued", "running")
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done"
+    assert status.final_text == "You said: early"
+    assert kinds(client, run_id) == [
+        "queued", "model", "tool", "model", "parked", "answered", "resumed", "model", "finished",
+    ]  # fmt: skip
