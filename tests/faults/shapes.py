@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,6 +63,16 @@ class Shape:
 
     def answer_for(self, question: str) -> str:
         return f"Yes, go on ({self.tag}; you asked {question!r})."
+
+
+def first_text(messages: Sequence[Any] | None) -> str:
+    """The text of the first message of a conversation (string content or its text parts)."""
+    if not messages:
+        return ""
+    content = getattr(messages[0], "content", "")
+    if isinstance(content, str):
+        return content
+    return "".join(getattr(part, "text", "") for part in content or [])
 
 
 def run_tag(first_message: str) -> str | None:

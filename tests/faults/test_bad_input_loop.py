@@ -163,7 +163,7 @@ async def test_hostile_inputs_never_crash_the_loop_memory(drawn: list[tuple[str,
 
 
 @settings(
-    max_examples=40,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -1,0 +1,60 @@
+"""The fault suite's model in the worker: `providers.from_env()` (the simulator over real HTTP), wrapped.
+
+Loaded by the worker as TOOLLOOP_PROMPT_GEN="faults.model:make". The wrapper records one `model`
+effect line per call (faults.toolset.record) and holds two kill points (workers/killpoints.py):
+
+    model:request   the simulator has received the request (it writes `arrived/<tag>` and holds its
+                    answer), the worker dies while waiting for the answer: a model call in flight
+    model:answered  the answer came back, the worker dies before the loop sees it (before the commit)
+
+A model call is known by `<run tag>#<turn>`, turn = the assistant messages of its history (as the
+simulator counts turns), so the test process can tell the calls of each run apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from faults.shapes import first_text, run_tag
+from faults.toolset import record
+from toolloop.abort import AbortSignal
+from toolloop.contract import AssistantMessage, PromptGenRequest, PromptGenResult
+from workers.killpoints import kill_point, pending
+
+
+def exec_tag(request: PromptGenRequest) -> str:
+    messages = request.messages or []
+    tag = run_tag(first_text(messages)) or "?"
+    turns = sum(1 for message in messages if isinstance(message, AssistantMessage))
+    return f"{tag}#{turns}"
+
+
+def arrived_path(directory: str, tag: str) -> str:
+    return os.path.join(directory, "arrived", tag.replace("#", "_"))
+
+
+def make() -> Any:
+    from toolloop.providers import from_env
+
+    prompt_gen = from_env()
+    directory = os.environ.get("TOOLLOOP_FAULTS_DIR", "")
+
+    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+        tag = exec_tag(request)
+        record("model", tag)
+        call = asyncio.ensure_future(prompt_gen.generate(request, signal=signal))
+        if directory and pending("model:request", tag=tag):
+            deadline = time.monotonic() + 10.0
+            while not os.path.exists(arrived_path(directory, tag)) and not call.done():
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.01)
+            kill_point("model:request", tag=tag)
+        result: PromptGenResult = await call
+        kill_point("model:answered", tag=tag)
+        return result
+
+    return generate
