@@ -1,0 +1,63 @@
+"""A durable run whose model is the provider simulator over real HTTP (providers.from_env in the
+worker, ANTHROPIC_BASE_URL pointing at the simulator): the same code path as a real provider."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Worker, start_worker
+from tests.integration.runs_kit import kinds, logged, spec
+from toolloop import AssistantMessage, ToolMessage, UserMessage
+from toolloop.embedded import EmbeddedServer
+from toolloop.sim import SimServer
+from workers.client import Client
+
+SCRIPT = [
+    {"text": "Adding.", "tool_calls": [{"name": "add", "input": {"a": 20, "b": 22}}]},
+    {"text": "It is 42."},
+]
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimServer]:
+    with SimServer(SCRIPT) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sim_worker(
+    redis_server: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    directory: Path = tmp_path_factory.mktemp("sim-worker")
+    env = {
+        "ANTHROPIC_BASE_URL": sim.base_url,
+        "ANTHROPIC_API_KEY": "sim-key",
+        "TOOLLOOP_PROMPT_GEN": "",
+        "TOOLLOOP_TEST_TOOL_LOG": str(directory / "tools.jsonl"),
+    }
+    process = start_worker(redis_server.url, directory, env)
+    process.tool_log = directory / "tools.jsonl"
+    yield process
+    process.stop()
+
+
+def test_a_run_against_the_simulator_calls_each_step_once(
+    redis_server: EmbeddedServer, sim: SimServer, sim_worker: Worker
+) -> None:
+    client = Client(redis_server.url)
+    try:
+        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-4-5", provider="anthropic"))
+        status = client.wait(run_id, timeout=30)
+        assert status.status == "done", status
+        assert status.final_text == "It is 42."
+        assert status.spent_usd > 0  # priced from the simulator's usage
+        history = client.history(run_id)
+        assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+        assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
+        assert sim.stats()["requests"] == 2
+        assert [e["a"] for e in logged(sim_worker.tool_log)] == [20]
+    finally:
+        client.close()
