@@ -1,0 +1,169 @@
+"""The `toolloop` command through real subprocesses: its errors, the embedded defaults, a full run
+driven from the command line (worker, run, status, answer, events), and the demo end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from toolloop.embedded import EmbeddedServer, free_port
+from workers.client import Client
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
+POLICY = "examples.storyboard.policy:review_policy"
+ANSWER = "Keep shot 3; trim shot 5 by a second."
+
+
+def env_for(tmp_path: Path, redis_url: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ANTHROPIC_API_KEY", "FAL_KEY")}
+    env["TOOLLOOP_HOME"] = str(tmp_path / "state")
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    return env
+
+
+def toolloop(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TOOLLOOP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def assert_clean_error(done: subprocess.CompletedProcess[str], first_line: str) -> None:
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stderr.rstrip("\n").splitlines()
+    assert len(lines) == 2, done.stderr
+    assert first_line in lines[0]
+    assert lines[1].startswith("  ")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def env(tmp_path: Path, redis_server: EmbeddedServer) -> dict[str, str]:
+    return env_for(tmp_path, redis_server.url)
+
+
+@pytest.mark.parametrize("command", ["status", "events", "answer", "cancel", "retry"])
+def test_unknown_run_id(env: dict[str, str], command: str) -> None:
+    args = [command, "no-such-run"] + (["yes"] if command == "answer" else [])
+    assert_clean_error(toolloop(env, *args), "No run has the id 'no-such-run'.")
+
+
+def test_malformed_file(env: dict[str, str], tmp_path: Path) -> None:
+    bad = tmp_path / "run.json"
+    bad.write_text('{"model": "m", "messages": [')
+    assert_clean_error(toolloop(env, "run", "-f", str(bad)), "is not valid JSON or YAML")
+
+
+def test_invalid_spec_field(env: dict[str, str]) -> None:
+    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "examples.storyboard.tools:REVIEW_TOOLS",
+                    "--max-steps", "0")  # fmt: skip
+    assert_clean_error(done, "max_steps")
+
+
+def test_redis_unreachable(tmp_path: Path) -> None:
+    env = env_for(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    started = time.monotonic()
+    assert_clean_error(toolloop(env, "status", "some-run"), "Cannot reach Redis at redis://127.0.0.1:")
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize(
+    ("toolset", "first_line"),
+    [
+        (None, "The run has no toolset."),
+        ("examples.storyboard.nope:TOOLS", "Cannot import the module of toolset"),
+        ("examples.storyboard.tools:NOPE", "has no 'NOPE'"),
+    ],
+)
+def test_bad_toolset_enqueues_nothing(env: dict[str, str], redis_client: object, toolset: str | None,
+                                      first_line: str) -> None:  # fmt: skip
+    before = redis_client.dbsize()  # type: ignore[attr-defined]
+    args = ["run", "Hi", "--model", "m"] + (["--toolset", toolset] if toolset else [])
+    assert_clean_error(toolloop(env, *args), first_line)
+    assert redis_client.dbsize() == before  # type: ignore[attr-defined]
+
+
+def test_sim_bad_script_is_two_lines(env: dict[str, str], tmp_path: Path) -> None:
+    done = toolloop(env, "sim", "--port", "0", "--script", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "Cannot read the script" in done.stderr
+
+
+def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
+    env = env_for(tmp_path, None)
+    first = json.loads(toolloop(env, "up").stdout)
+    try:
+        second = json.loads(toolloop(env, "up").stdout)
+        assert first["source"] == "embedded, started" and second["source"] == "embedded"
+        assert first["url"] == second["url"] and first["pid"] == second["pid"]
+        assert first["url"] != "redis://127.0.0.1:6379/0"
+        assert (tmp_path / "state" / "redis" / "appendonlydir").exists()  # AOF is on
+    finally:
+        down = toolloop(env, "down")
+    assert down.stdout.strip() == f"Stopped the embedded Redis (pid {first['pid']})."
+    assert not (tmp_path / "state" / "redis" / "server.json").exists()
+
+
+def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> None:
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        done = toolloop(env, "run", "-f", "examples/storyboard/run.yaml")
+        assert done.returncode == 0, done.stderr
+        run_id = done.stdout.splitlines()[0]
+        client = Client(env["REDIS_URL"])
+        client.wait(run_id, timeout=60)  # until it parks on its question
+        client.close()
+        status = json.loads(toolloop(env, "status", run_id, "--json").stdout)
+        assert status["status"] == "asked", (tmp_path / "worker.log").read_text()[-2000:]
+        assert "Shot 3" in status["asked"]["question"]
+        assert toolloop(env, "answer", run_id, ANSWER).returncode == 0
+        events = toolloop(env, "events", run_id, "--follow", timeout=90)
+        assert events.returncode == 0, events.stderr
+        lines = events.stdout.splitlines()
+        assert lines[0].startswith("run      queued (model claude-sonnet-4-5")
+        assert (
+            "step  2  model" in events.stdout and "→ read_frame(shot=3), read_frame(shot=5)" in events.stdout
+        )
+        assert any(line.startswith("step  3  tool   render_preview   $0.0055") for line in lines)
+        assert lines[-1] == "run      finished: done"
+        final = json.loads(toolloop(env, "status", run_id, "--json").stdout)
+        assert final["status"] == "done" and ANSWER in final["final_text"]
+    finally:
+        os.kill(worker.pid, signal.SIGTERM)  # the command forwards it to its Celery worker
+        try:
+            worker.wait(timeout=30)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(timeout=10)
+            log.close()
+    assert "the worker talks to the simulator" in (tmp_path / "worker.log").read_text()
+
+
+def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
+    env = env_for(tmp_path, None)
+    done = toolloop(env, "demo", "--answer", ANSWER, timeout=150)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "redis    embedded server started at redis://127.0.0.1:" in out
+    assert "asked    Shot 3 is the hero's entrance" in out
+    assert f"answer   {ANSWER}" in out
+    assert f'answer   You said: "{ANSWER}"' in out
+    assert "spent    $0.0" in out and "in 5 model calls (done)" in out
+    cache = next(line for line in out.splitlines() if line.startswith("cache"))
+    assert "read from cache" in cache and "saving $0.0" in cache
+    # it stopped what it started: the embedded server and the worker
+    assert not (tmp_path / "state" / "redis" / "server.json").exists()
+    assert toolloop(env, "down").stdout.strip() == "No embedded Redis was running here."
