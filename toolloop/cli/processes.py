@@ -128,11 +128,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     process = subprocess.Popen(
         worker_argv(args.concurrency, args.queues, args.loglevel), env=worker_env(choice.url, extra)
     )
+    # SIGTERM to this command is a warm shutdown of its worker (running steps finish).
+    signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
     try:
-        return process.wait()
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGTERM)
-        return process.wait()
+        while True:
+            try:
+                return process.wait()
+            except KeyboardInterrupt:  # the worker got the terminal's SIGINT too: wait for it
+                continue
     finally:
         if server is not None:
             server.stop()
