@@ -18,6 +18,7 @@ from typing import Any
 
 import redis as redis_lib
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from toolloop.journal import keys, scripts
 from workers.app import ADVANCE, send
@@ -41,7 +42,8 @@ def script(client: redis_lib.Redis, source: str) -> Any:
 
 
 def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec) -> str:
-    """Store a new run (spec, state, first segment's input, a `queued` event) and send its first step."""
+    """Store a new run (spec, state, first segment's input, a `queued` event) and send its first step
+    (when the broker refuses, the step stays in the outbox and the sweeper sends it)."""
     run_id = uuid.uuid4().hex
     now = time.time()
     messages = json.dumps([m.model_dump(mode="json") for m in spec.messages])
@@ -62,11 +64,17 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec) -> str:
     return run_id
 
 
-def send_member(client: redis_lib.Redis, celery: Celery, run_id: str, member: str) -> None:
-    """Send the successor recorded as `member` ("<n>|<queue>"), then clear it from the outbox."""
+def send_member(client: redis_lib.Redis, celery: Celery, run_id: str, member: str) -> bool:
+    """Send the successor recorded as `member` ("<n>|<queue>"), then clear it from the outbox.
+    A send that fails leaves it recorded (the sweeper sends it later) and returns False."""
     n, _, queue = member.partition("|")
-    send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}")
+    try:
+        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}")
+    except (OSError, OperationalError, redis_lib.RedisError) as error:
+        log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
+        return False
     client.zrem(keys.outbox(run_id), member)
+    return True
 
 
 def flush_outbox(

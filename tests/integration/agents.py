@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +112,10 @@ def _turn(request: PromptGenRequest) -> int:
 def answer(request: PromptGenRequest) -> PromptGenResult:
     """The scripted model: the scenario is the system text, the turn the number of answers so far."""
     turn, scenario = _turn(request), request.system
-    if scenario == "tools":
+    if scenario == "tools":  # adds the first two numbers of the user's text
         if turn == 1:
-            return reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3})], cost_usd=0.01)
+            a, b = (float(word) for word in re.findall(r"\d+", _user_text(request))[:2])
+            return reply("Adding.", tool_calls=[call("add", {"a": a, "b": b})], cost_usd=0.01)
         return reply(f"The sum is {_last_tool_text(request)}.", cost_usd=0.01)
     if scenario == "ask":
         if turn == 1:

@@ -1,0 +1,53 @@
+"""Delivery faults a worker must absorb: duplicate step messages, and a successor message lost
+between a commit and its send (the outbox and the sweeper bring it back)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.runs_kit import kinds, logged, spec
+from workers import runs
+from workers.app import ADVANCE
+from workers.client import Client
+from workers.spec import RunSpec
+
+
+@pytest.fixture
+def client(redis_server, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    made = Client(redis_server.url)
+    yield made
+    made.close()
+
+
+def test_duplicate_step_messages_run_each_step_once(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
+    a, b = random.randint(1000, 10**6), random.randint(1000, 10**6)
+    user = f"Add {a} and {b}."
+    run_id = client.enqueue(spec("tools", user=user))
+    for n in (1, 1, 2, 2, 3, 3):  # each step delivered three times, some at once
+        client.celery.send_task(ADVANCE, args=[run_id, n], queue="llm", task_id=f"{run_id}:{n}")
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done"
+    assert status.final_text == f"The sum is {a + b}."
+    assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
+    assert len([e for e in logged(worker.model_log) if e["user"] == user]) == 2
+    assert len([e for e in logged(worker.tool_log) if e.get("a") == a]) == 1
+
+
+class BrokerDown:
+    """A Celery app whose broker refuses every message."""
+
+    def send_task(self, *args: Any, **kwargs: Any) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_a_successor_that_could_not_be_sent_is_sent_by_the_sweeper(client: Client) -> None:
+    run_spec = RunSpec.model_validate(spec("tools", user="Add 40 and 2."))
+    run_id = runs.create(client.redis, BrokerDown(), run_spec)  # type: ignore[arg-type]
+    assert client.redis.zrange(f"tl:{{{run_id}}}:outbox", 0, -1) == ["1|llm"]
+    status = client.wait(run_id, timeout=20)  # the worker sweeps every 1 s, re-sends after 2 s
+    assert status.status == "done"
+    assert status.final_text == "The sum is 42."
