@@ -1,0 +1,129 @@
+"""A small web backend: it enqueues durable runs and streams their events as server-sent events.
+
+    REDIS_URL=redis://127.0.0.1:6379/0 python examples/web.py        # PORT (default 8000), HOST
+    curl -X POST localhost:8000/runs -d '{"model": "claude-sonnet-4-5",
+        "toolset": "examples.storyboard.tools:REVIEW_TOOLS",
+        "messages": [{"role": "user", "content": "Review the rough cut."}]}'        # -> {"run_id": "..."}
+    curl -N localhost:8000/runs/RUN_ID/events       # text/event-stream, one event per step, until it ends
+    curl -X POST localhost:8000/runs/RUN_ID/answer -d '{"content": "Keep shot 3."}'
+
+Routes: POST /runs, GET /runs/{id}, GET /runs/{id}/messages, GET /runs/{id}/events (resumes after the
+`Last-Event-ID` header or `?after=`), POST /runs/{id}/answer, POST /runs/{id}/cancel. It only talks
+to Redis through `workers.client.Client`; the workers do the runs. Without REDIS_URL it uses the
+embedded server of the working directory (toolloop.defaults), as the `toolloop` command does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pydantic
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from toolloop.contract import CHAT_MESSAGES
+from workers.client import Client
+from workers.errors import RunNotFoundError, RunStateError, ToolsetError
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def sse(event: Any) -> str:
+    """One server-sent event: the stream id (for Last-Event-ID), the kind, the event as JSON."""
+    data = json.dumps({"seq": event.seq, "segment": event.segment, **event.data}, default=str)
+    return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
+
+
+def create_app(client: Client | None = None) -> Starlette:
+    client = client or Client(os.environ.get("REDIS_URL") or _default_redis())
+
+    async def enqueue(request: Request) -> Response:
+        try:
+            run_id = client.enqueue(await request.json())
+        except json.JSONDecodeError:
+            return error(400, "The body is not JSON.")
+        except pydantic.ValidationError as invalid:
+            return JSONResponse({"error": "invalid run spec", "details": invalid.errors()}, status_code=422)
+        except ToolsetError as bad:
+            return error(422, str(bad))
+        return JSONResponse({"run_id": run_id}, status_code=201)
+
+    def status(request: Request) -> Response:
+        return JSONResponse(client.status(request.path_params["run_id"]).model_dump(mode="json"))
+
+    def messages(request: Request) -> Response:
+        history = client.history(request.path_params["run_id"])
+        return Response(CHAT_MESSAGES.dump_json(history), media_type="application/json")
+
+    def events(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        finished = client.status(run_id).finished  # 404 before the stream starts
+        after = request.headers.get("last-event-id") or request.query_params.get("after")
+        if finished:  # what is left, then the end (204 stops an EventSource from reconnecting)
+            rest = [sse(event) for event in client.events(run_id, after=after)]
+            return (
+                StreamingResponse(iter(rest), media_type="text/event-stream")
+                if rest
+                else Response(status_code=204)
+            )
+
+        def stream() -> Iterator[str]:  # blocking reads: Starlette iterates it in a thread
+            for event in client.events(run_id, after=after, follow=True):
+                yield sse(event)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
+    async def answer(request: Request) -> Response:
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+            return error(400, 'Send {"content": "the answer"}.')
+        answer_id = client.answer(request.path_params["run_id"], body["content"])
+        return JSONResponse({"answer_id": answer_id}, status_code=202)
+
+    def cancel(request: Request) -> Response:
+        client.cancel(request.path_params["run_id"])
+        return JSONResponse({"cancel": "requested"}, status_code=202)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error(404, str(exc))
+
+    async def conflict(request: Request, exc: Exception) -> Response:
+        return error(409, str(exc))
+
+    return Starlette(
+        routes=[
+            Route("/runs", enqueue, methods=["POST"]),
+            Route("/runs/{run_id}", status),
+            Route("/runs/{run_id}/messages", messages),
+            Route("/runs/{run_id}/events", events),
+            Route("/runs/{run_id}/answer", answer, methods=["POST"]),
+            Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+        ],
+        exception_handlers={RunNotFoundError: not_found, RunStateError: conflict},
+    )
+
+
+def _default_redis() -> str:
+    from toolloop.defaults import redis_url
+
+    return redis_url().url
+
+
+if __name__ == "__main__":
+    import sys
+
+    import uvicorn
+
+    sys.path.insert(0, os.getcwd())  # toolsets are imported by path from the working directory
+
+    host, port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
