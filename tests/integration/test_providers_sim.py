@@ -1,0 +1,410 @@
+"""The providers over real HTTP against the simulator (`toolloop.sim.SimServer` on loopback):
+wire mapping, cache marks, usage and cost, every status of SPEC 3.3, abort, and fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from tests.unit.providers_kit import FAKE_KEY, validate_anthropic_body
+from toolloop import (
+    AbortController,
+    AbortError,
+    AssistantMessage,
+    Budget,
+    ImagePart,
+    MemoryJournal,
+    PromptGen,
+    PromptGenError,
+    PromptGenRequest,
+    PromptGenUnavailableError,
+    RunToolLoopOptions,
+    RunToolLoopResult,
+    TextPart,
+    ToolArgumentsError,
+    ToolMessage,
+    ToolOutput,
+    ToolSpec,
+    UserMessage,
+    run_tool_loop,
+)
+from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy
+from toolloop.sim import Script, SimRequest, SimServer, SimTurn
+
+FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0, short_retry_after_s=1.0)
+SYSTEM = "You review storyboards shot by shot and report what to change. " * 80  # > 1,024 tokens
+EPHEMERAL = {"type": "ephemeral"}
+
+
+class Recording:
+    """A simulator policy: answers from a script and keeps every request it saw."""
+
+    def __init__(self, turns: list[Any]) -> None:
+        self.script = Script(turns)
+        self.requests: list[SimRequest] = []
+
+    def __call__(self, request: SimRequest) -> SimTurn:
+        self.requests.append(request)
+        return self.script(request)
+
+
+@pytest.fixture
+def png(tmp_path: Path) -> Path:
+    path = tmp_path / "shot3.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\nshot-3")
+    return path
+
+
+def serve(policy: Any, **options: Any) -> SimServer:
+    return SimServer(policy, **options)
+
+
+def anthropic(sim: SimServer, key: str = FAKE_KEY, **options: Any) -> AnthropicHandler:
+    return AnthropicHandler(key, base_url=sim.base_url, retry=options.pop("retry", FAST), **options)
+
+
+def fal(sim: SimServer, key: str = FAKE_KEY, **options: Any) -> FalHandler:
+    return FalHandler(key, run_url=sim.base_url, retry=options.pop("retry", FAST), **options)
+
+
+async def execute(handler: Any, request: PromptGenRequest) -> Any:
+    return await handler.execute(request, AbortController().signal)
+
+
+# -- wire mapping ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png: Path) -> None:
+    policy = Recording([{"text": "Looking.", "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]},
+                        {"text": "Shot 3 is fine."}])  # fmt: skip
+    image = ImagePart(path=str(png), mime_type="image/png", hash="h")
+    with serve(policy) as sim:
+        handler = anthropic(sim) if wire == "anthropic" else fal(sim)
+        history: list[Any] = [UserMessage(content=[TextPart(text="Review shot 3."), image])]
+        first = await execute(handler, PromptGenRequest(system="Review.", messages=history))
+        assert first.text == "Looking." and first.finish_reason == "tool_calls"
+        (call,) = first.tool_calls
+        assert call.name == "read_frame" and call.input == {"shot": 3}
+        assert call.id.startswith("toolu_" if wire == "anthropic" else "call_")
+        history += [
+            AssistantMessage(content=first.text, tool_calls=first.tool_calls),
+            ToolMessage(tool_call_id=call.id, content=[TextPart(text="frame 3"), image]),
+        ]
+        second = await execute(handler, PromptGenRequest(system="Review.", messages=history))
+    assert second.text == "Shot 3 is fine." and second.finish_reason == "stop" and second.tool_calls == []
+    seen = policy.requests[1]
+    assert seen.system == "Review." and seen.assistant_turns == 1
+    user, assistant, tool = seen.messages
+    assert isinstance(user, UserMessage) and isinstance(user.content, list)
+    assert user.content[0] == TextPart(text="Review shot 3.")
+    sim_image = user.content[1]
+    assert isinstance(sim_image, ImagePart) and sim_image.mime_type == "image/png"
+    # the bytes arrived: Anthropic's sim hashes the decoded bytes, fal's the data URI
+    data = png.read_bytes()
+    sent = data if wire == "anthropic" else b"data:image/png;base64," + base64.b64encode(data)
+    assert sim_image.hash == hashlib.sha256(sent).hexdigest()
+    assert assistant == AssistantMessage(content="Looking.", tool_calls=first.tool_calls)
+    assert isinstance(tool, ToolMessage) and tool.tool_call_id == call.id
+    if wire == "anthropic":
+        for request in policy.requests:
+            validate_anthropic_body(request.body)
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_arguments_that_are_not_json_raise_tool_arguments_error(wire: str) -> None:
+    with serve([{"tool_calls": [{"name": "trim", "raw_arguments": '{"shot": 3,'}]}]) as sim:
+        handler = anthropic(sim) if wire == "anthropic" else fal(sim)
+        with pytest.raises(ToolArgumentsError) as caught:
+            await execute(handler, PromptGenRequest(prompt="Trim."))
+        assert sim.stats()["requests"] == 1  # never retried
+    assert caught.value.tool_name == "trim" and caught.value.raw == '{"shot": 3,'
+
+
+# -- usage and cost ----------------------------------------------------------------------------
+
+
+async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
+    with serve(Recording(["One.", "Two."])) as sim:
+        handler = anthropic(sim)
+        history: list[Any] = [UserMessage(content="Go.")]
+        first = await execute(handler, PromptGenRequest(system=SYSTEM, cache_system=True, messages=history))
+        history += [AssistantMessage(content="One."), UserMessage(content="Again.")]
+        second = await execute(handler, PromptGenRequest(system=SYSTEM, cache_system=True, messages=history))
+    assert first.usage.cache_write_tokens > 1024 and first.usage.cached_tokens == 0
+    assert second.usage.cached_tokens == first.usage.cache_write_tokens  # the system prefix was read
+    assert second.usage.cached_read_tokens == second.usage.cached_tokens
+    for result in (first, second):
+        usage = result.usage
+        uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
+        # claude-sonnet-4-5: $3/M input, $15/M output, read $0.30/M, 5-minute write $3.75/M
+        expected = (uncached * 3 + usage.completion_tokens * 15 + usage.cached_tokens * 0.3
+                    + usage.cache_write_tokens * 3.75) / 1e6  # fmt: skip
+        assert result.cost_usd == pytest.approx(expected)
+        assert result.meta is not None and result.meta["cost_source"] == "tokens"
+    assert second.cost_usd < first.cost_usd / 3  # reads cost a tenth of input, writes more than input
+
+
+async def test_fal_cost_from_the_reported_figure_and_from_tokens_with_cache_rates() -> None:
+    request = PromptGenRequest(system=SYSTEM, cache_system=True, messages=[UserMessage(content="Go.")])
+    with serve(["Done."]) as sim:
+        handler = fal(sim, prices={"acme/unpriced-at-fal": ModelPrice(4, 20, 0.4, 5)})
+        reported = await execute(handler, request)
+        again = await execute(handler, request)  # reads the cache written by the first call
+        by_tokens = await execute(handler, request.model_copy(update={"model": "acme/unpriced-at-fal"}))
+    assert reported.meta is not None and reported.meta["cost_source"] == "usage"
+    assert again.usage.cached_tokens > 1024 and again.usage.cached_read_tokens == again.usage.cached_tokens
+    assert by_tokens.meta is not None and by_tokens.meta["cost_source"] == "tokens"
+    # Our token pricing of the same usage matches the figure the simulator reports for the same rates.
+    assert by_tokens.usage.cache_write_tokens == reported.usage.cache_write_tokens > 1024
+    assert by_tokens.cost_usd == pytest.approx(reported.cost_usd, abs=1e-6)
+
+
+# -- cache marks through run_tool_loop ----------------------------------------------------------
+
+
+class Shot(BaseModel):
+    shot: int
+
+
+def read_frame_tool() -> ToolSpec:
+    def run(input: Shot, signal: Any) -> ToolOutput:
+        return ToolOutput(value=input.shot, content=[TextPart(text=f"frame {input.shot}: a wide shot")])
+
+    return ToolSpec(name="read_frame", description="Read one frame of a shot.", schema=Shot, run=run)
+
+
+def frame_turns(count: int) -> list[Any]:
+    return [
+        {"text": "", "tool_calls": [{"name": "read_frame", "input": {"shot": n}}]} for n in range(count)
+    ] + ["All frames read."]
+
+
+async def loop(handler: Any, cache: str, first_message: Any, steps: int = 10) -> RunToolLoopResult:
+    options = RunToolLoopOptions(
+        generate=PromptGen({"p": handler}, "p").as_generate(),
+        model="claude-sonnet-4-5" if isinstance(handler, AnthropicHandler) else "anthropic/claude-opus-5.5",
+        system=SYSTEM,
+        messages=[first_message],
+        tools=[read_frame_tool()],
+        budget=Budget(usd=10.0),
+        max_steps=steps,
+        step=MemoryJournal().step,
+        cache=cache,  # type: ignore[arg-type]
+    )
+    return await run_tool_loop(options)
+
+
+def marked(body: dict[str, Any]) -> list[str]:
+    """Where an Anthropic body carries cache_control: "system", "tool:<name>", or block texts."""
+    found = [f"tool:{t['name']}" for t in body.get("tools", []) if "cache_control" in t]
+    system = body.get("system")
+    found += ["system" for b in system if "cache_control" in b] if isinstance(system, list) else []
+    for turn in body["messages"]:
+        blocks = turn["content"] if isinstance(turn["content"], list) else []
+        for block in blocks:
+            inner = block.get("content", []) if block["type"] == "tool_result" else []
+            found += [b.get("text", b["type"]) for b in [block, *inner] if "cache_control" in b]
+    return found
+
+
+async def test_system_rolling_and_caller_marks_land_on_the_anthropic_wire() -> None:
+    policy = Recording(frame_turns(5))
+    caller = UserMessage(
+        content=[TextPart(text="Review every frame.", cache=True), TextPart(text="Be brief.")]
+    )
+    with serve(policy) as sim:
+        result = await loop(anthropic(sim), "conversation", caller)
+    assert result.stopped_by == "done" and len(policy.requests) == 6
+    marks = [marked(r.body) for r in policy.requests]
+    # the caller's mark stays; the rolling mark goes on the newest stable message's last text part
+    assert marks[0] == ["system", "Review every frame.", "Be brief."]
+    assert marks[1] == ["system", "Review every frame.", "Be brief.", "frame 0: a wide shot"]
+    for n in range(2, 6):  # the newest tool result and the one the request before marked
+        assert marks[n] == [
+            "system",
+            "Review every frame.",
+            f"frame {n - 2}: a wide shot",
+            f"frame {n - 1}: a wide shot",
+        ]
+    for request in policy.requests:
+        validate_anthropic_body(request.body)
+    usages = [e for e in result.messages if isinstance(e, AssistantMessage)]
+    assert len(usages) == 6
+
+
+@pytest.mark.parametrize(("mode", "first"), [("system", ["system", "Review."]), ("off", ["Review."])])
+async def test_system_and_off_modes_send_only_the_system_and_caller_marks(
+    mode: str, first: list[str]
+) -> None:
+    policy = Recording(frame_turns(2))
+    with serve(policy) as sim:
+        await loop(anthropic(sim), mode, UserMessage(content=[TextPart(text="Review.", cache=True)]))
+    assert [marked(r.body) for r in policy.requests] == [first] * 3
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_conversation_marks_make_the_prompt_mostly_cached_reads(wire: str) -> None:
+    with serve(frame_turns(8)) as sim:
+        handler = anthropic(sim) if wire == "anthropic" else fal(sim)
+        costs: list[Any] = []
+
+        async def generate(request: PromptGenRequest, signal: Any) -> Any:
+            result = await handler.execute(request, signal)
+            costs.append(result.usage)
+            return result
+
+        model = "claude-sonnet-4-5" if wire == "anthropic" else "anthropic/claude-opus-5.5"
+        options = RunToolLoopOptions(
+            generate=generate,
+            model=model,
+            system=SYSTEM,
+            messages=[UserMessage(content="Review every frame.")],
+            tools=[read_frame_tool()],
+            budget=Budget(usd=10.0),
+            max_steps=20,
+            step=MemoryJournal().step,
+        )
+        await run_tool_loop(options)
+    later = costs[2:]
+    share = sum(u.cached_tokens for u in later) / sum(u.prompt_tokens for u in later)
+    assert share >= 0.9, share
+
+
+# -- statuses, retries, abort, fallback -------------------------------------------------------
+
+
+def fault(**spec: Any) -> list[Any]:
+    return [{"text": "answered", "fault": spec}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "requests"),
+    [
+        ({"status": 500, "times": 2}, 3),
+        ({"status": 529, "times": 1}, 2),
+        ({"status": 429, "retry_after": 0.1, "times": 1}, 2),
+        ({"kind": "timeout", "seconds": 1.5, "times": 1}, 2),
+    ],
+    ids=["500", "529", "429-short-retry-after", "timeout"],
+)
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_retried_faults_then_the_answer(wire: str, spec: dict[str, Any], requests: int) -> None:
+    with serve(fault(**spec)) as sim:
+        handler = anthropic(sim, timeout_s=0.5) if wire == "anthropic" else fal(sim, timeout_s=0.5)
+        result = await execute(handler, PromptGenRequest(prompt="Go"))
+        assert result.text == "answered"
+        assert sim.stats()["requests"] == requests
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ({"status": 401}, "auth"),
+        ({"status": 403}, "auth"),
+        ({"status": 402}, "limit"),
+        ({"status": 429}, "limit"),
+        ({"status": 429, "retry_after": 30}, "limit"),
+    ],
+    ids=["401", "403", "402", "429", "429-long-retry-after"],
+)
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_auth_and_limit_statuses_are_unavailable_without_retry(
+    wire: str, spec: dict[str, Any], reason: str
+) -> None:
+    with serve(fault(**spec)) as sim:
+        handler = anthropic(sim) if wire == "anthropic" else fal(sim)
+        with pytest.raises(PromptGenUnavailableError) as caught:
+            await execute(handler, PromptGenRequest(prompt="Go"))
+        assert sim.stats()["requests"] == 1
+    assert caught.value.reason == reason and caught.value.status == spec["status"]
+
+
+async def test_persistent_5xx_is_bounded_in_attempts() -> None:
+    with serve(fault(status=529, times=None)) as sim:
+        with pytest.raises(PromptGenError) as caught:
+            await execute(anthropic(sim), PromptGenRequest(prompt="Go"))
+        assert sim.stats()["requests"] == FAST.attempts
+    assert caught.value.status == 529 and caught.value.retryable
+    assert "overloaded_error" in str(caught.value) and "(3 attempts)" in str(caught.value)
+
+
+async def test_persistent_timeouts_are_bounded_in_total_time() -> None:
+    policy = RetryPolicy(attempts=10, base_delay_s=0.05, total_s=1.5)
+    with serve(fault(kind="timeout", seconds=2.0, times=None)) as sim:
+        started = time.monotonic()
+        with pytest.raises(PromptGenError, match=r"did not answer within 0\.3 s"):
+            await execute(anthropic(sim, timeout_s=0.3, retry=policy), PromptGenRequest(prompt="Go"))
+        assert time.monotonic() - started < 3.0
+        assert 2 <= sim.stats()["requests"] < 10
+
+
+async def test_a_dropped_connection_is_a_network_error_not_retried() -> None:
+    with serve(fault(kind="drop", times=None)) as sim:
+        with pytest.raises(PromptGenError, match="could not be reached") as caught:
+            await execute(anthropic(sim), PromptGenRequest(prompt="Go"))
+        assert sim.stats()["requests"] == 1
+    assert not isinstance(caught.value, PromptGenUnavailableError)
+
+
+async def test_a_bad_request_is_400_without_retry() -> None:
+    too_many = [TextPart(text=f"part {n}", cache=True) for n in range(5)]
+    with serve(["ok"]) as sim:
+        with pytest.raises(PromptGenError) as caught:
+            await execute(anthropic(sim), PromptGenRequest(messages=[UserMessage(content=too_many)]))
+        assert sim.stats()["requests"] == 1
+    assert caught.value.status == 400 and "maximum of 4 blocks with cache_control" in str(caught.value)
+
+
+@pytest.mark.parametrize("where", ["request", "backoff"])
+async def test_the_callers_abort_is_raised_unchanged_at_once(where: str) -> None:
+    spec = {"kind": "timeout", "seconds": 3.0} if where == "request" else {"status": 503, "retry_after": 3}
+    with serve(fault(**spec, times=None)) as sim:
+        controller = AbortController()
+        asyncio.get_running_loop().call_later(0.3, controller.abort, "user pressed stop")
+        started = time.monotonic()
+        slow = RetryPolicy(attempts=5, total_s=60)
+        with pytest.raises(AbortError) as caught:
+            await anthropic(sim, retry=slow).execute(PromptGenRequest(prompt="Go"), controller.signal)
+        assert time.monotonic() - started < 1.5
+    assert caught.value.reason == "user pressed stop"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_auth_refusals_fall_back_to_the_next_provider(status: int) -> None:
+    def policy(request: SimRequest) -> SimTurn:
+        if request.wire == "anthropic":
+            return SimTurn(fault={"status": status, "times": None})  # type: ignore[arg-type]
+        return SimTurn(text="fal answered")
+
+    with serve(policy) as sim:
+        gen = PromptGen({"anthropic": anthropic(sim), "fal": fal(sim)}, "anthropic", ["fal"])
+        result = await gen.generate(PromptGenRequest(prompt="Go"))
+        assert sim.stats()["endpoints"] == {"anthropic": 1, "fal": 1}
+    assert result.text == "fal answered" and result.meta is not None and result.meta["provider"] == "fal"
+
+
+async def test_a_wrong_key_is_auth_and_never_shows_in_the_error(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        serve(["ok"], require_key="the-right-key") as sim,
+        caplog.at_level("DEBUG"),
+        pytest.raises(PromptGenUnavailableError) as caught,
+    ):
+        await execute(anthropic(sim, key=FAKE_KEY), PromptGenRequest(prompt="Go"))
+    assert caught.value.reason == "auth" and "ANTHROPIC_API_KEY" in str(caught.value)
+    assert FAKE_KEY not in str(caught.value) and FAKE_KEY not in caplog.text
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("ANTHROPIC_API_KEY", "FAL_KEY", "ANTHROPIC_BASE_URL", "FAL_RUN_URL"):
+        monkeypatch.delenv(name, raising=False)
+    yield
