@@ -1,0 +1,146 @@
+"""Twin runs: each shape runs once without faults, then again under a fault; the twins must agree.
+
+`run_twins` runs the "ref" phase (one worker, no fault) and the "fault" phase (the pool and
+environment the test asks for, and an optional `during(client, runs)` callable run in a thread while
+the runs go: it kills Redis, sends duplicate tasks, ...). `compare` lists every difference a user
+could see: a run that did not end like its twin (lost), a different transcript or event stream, and
+every step that did its work more often than in the fault-free twin (beyond what `allowed` permits).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from faults.policy import FaultPolicy
+from faults.runs import Snapshot, drive, snapshot, spec_for
+from faults.shapes import Shape
+from faults.toolset import read_effects
+from faults.workerpool import WorkerPool
+from workers.client import Client
+
+Units = Counter[tuple[str, str]]
+During = Callable[[Client, dict[str, Shape]], None]
+
+
+@dataclass
+class Twins:
+    shapes: list[Shape]
+    refs: dict[str, Snapshot] = field(default_factory=dict)
+    results: dict[str, Snapshot] = field(default_factory=dict)
+    ref_units: Units = field(default_factory=Counter)
+    units: Units = field(default_factory=Counter)
+    pool: WorkerPool | None = None
+
+    def compare(self, allowed: Units | None = None, what: str = "") -> list[str]:
+        allowed = allowed or Counter()
+        problems: list[str] = []
+        for shape in self.shapes:
+            ref, got = self.refs[shape.tag], self.results[shape.tag]
+            if got.status.status != ref.status.status:
+                error = f"{got.status.error_class}: {got.status.error_message}"
+                problems.append(
+                    f"{what}run {shape.tag} ended {got.status.status!r}, not {ref.status.status!r} ({error})"
+                )
+            if got.history != ref.history:
+                problems.append(f"{what}run {shape.tag} has a different transcript")
+            if got.events != ref.events:
+                problems.append(f"{what}run {shape.tag} has a different event stream")
+        for unit, count in self.ref_units.items():
+            if count != 1:
+                problems.append(f"{what}fault-free: {unit[0]} {unit[1]} ran {count} times")
+        for unit, count in self.units.items():
+            extra = count - self.ref_units.get(unit, 0) - allowed.get(unit, 0)
+            if extra > 0:
+                problems.append(
+                    f"{what}{unit[0]} {unit[1]} ran {count} times (fault-free: {self.ref_units[unit]})"
+                )
+        return problems
+
+    def duplicates(self) -> int:
+        return sum(max(0, count - self.ref_units.get(unit, 0)) for unit, count in self.units.items())
+
+
+def units(shapes: list[Shape], policy: FaultPolicy, phase: str, effects: list[dict[str, Any]]) -> Units:
+    """How often each step did its work: model calls as the simulator saw them (what a provider
+    bills), tool effects (run, start, wait) as the tools logged them."""
+    found: Units = Counter()
+    for shape in shapes:
+        for turn in range(shape.model_turns):
+            tag = f"{shape.tag}#{turn}"
+            found[("model", tag)] = policy.calls(phase, tag)
+    prefixes = tuple(f"{shape.tag}." for shape in shapes)
+    for effect in effects:
+        if effect["kind"] != "model" and effect["tag"].startswith(prefixes):
+            found[(effect["kind"], effect["tag"])] += 1
+    return found
+
+
+def base_env(sim_url: str, key: str = "sk-ant-FAKE-faults") -> dict[str, str]:
+    return {
+        "ANTHROPIC_BASE_URL": sim_url,
+        "ANTHROPIC_API_KEY": key,
+        "TOOLLOOP_PROVIDER": "anthropic",
+        "TOOLLOOP_PROMPT_GEN": "faults.model:make",
+        "TOOLLOOP_KILL_PLAN": "",
+    }
+
+
+def _phase(
+    client: Client, redis_client: redis.Redis, shapes: list[Shape], pool: WorkerPool, timeout: float,
+    during: During | None, spec: dict[str, Any],
+) -> dict[str, Snapshot]:  # fmt: skip
+    runs = {client.enqueue(spec_for(shape, **spec)): shape for shape in shapes}
+    with pool:
+        thread = None
+        if during is not None:
+            thread = threading.Thread(target=during, args=(client, runs), daemon=True)
+            thread.start()
+        last = drive(client, runs, timeout)
+        if thread is not None:
+            thread.join(timeout=30)
+    return {
+        runs[run_id].tag: snapshot(client, redis_client, run_id, status) for run_id, status in last.items()
+    }
+
+
+def run_twins(
+    redis_url: str, sim_url: str, policy: FaultPolicy, work: Path, shapes: list[Shape], *,
+    fault_env: dict[str, str] | None = None, pool: dict[str, Any] | None = None,
+    during: During | None = None, timeout: float = 120.0, ref_env: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+) -> Twins:  # fmt: skip
+    for shape in shapes:
+        policy.add(shape)
+    twins = Twins(shapes)
+    client = Client(redis_url)
+    redis_client = redis.Redis.from_url(redis_url, decode_responses=True)
+    env = base_env(sim_url)
+    try:
+        for phase in ("ref", "fault"):
+            directory = work / phase
+            directory.mkdir(parents=True, exist_ok=True)
+            policy.phase = phase
+            extra = (ref_env or {}) if phase == "ref" else (fault_env or {})
+            kwargs = {"size": 1, "concurrency": 4} if phase == "ref" else (pool or {})
+            workers = WorkerPool(
+                redis_url, work, {**env, **extra, "TOOLLOOP_FAULTS_DIR": str(directory)}, **kwargs
+            )
+            snaps = _phase(
+                client, redis_client, shapes, workers, timeout, None if phase == "ref" else during, spec or {}
+            )
+            counted = units(shapes, policy, phase, read_effects(directory))
+            if phase == "ref":
+                twins.refs, twins.ref_units = snaps, counted
+            else:
+                twins.results, twins.units, twins.pool = snaps, counted, workers
+        return twins
+    finally:
+        client.close()
+        redis_client.close()
