@@ -52,7 +52,7 @@ class RetryPolicy:
     """Backoff before retry n is base * 2**(n-1), plus up to `jitter` of it, capped at max_delay_s."""
     max_delay_s: float = 16.0
     jitter: float = 0.25
-    total_s: float = 90.0
+    total_s: float = 300.0
     """No retry starts once this much wall time has passed since the first attempt."""
     short_retry_after_s: float = 10.0
     """A 402/429 asking to wait at most this long is waited for and retried; longer is `limit`."""

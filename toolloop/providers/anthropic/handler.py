@@ -41,7 +41,7 @@ class AnthropicHandler:
         base_url: str | None = None,
         default_model: str = DEFAULT_MODEL,
         prices: Mapping[str, ModelPrice] | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = 180.0,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         key_env: str = "ANTHROPIC_API_KEY",
