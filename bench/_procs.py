@@ -69,7 +69,9 @@ class Worker:
             if app.control.ping(destination=[self.name], timeout=0.5):
                 return self
         self.stop()
-        raise RuntimeError(f"The bench worker did not answer a ping within {timeout:.0f} s.\n  See {self.log}.")
+        raise RuntimeError(
+            f"The bench worker did not answer a ping within {timeout:.0f} s.\n  See {self.log}."
+        )
 
     def pid_rss_mb(self) -> float:
         """Resident memory of the worker's whole process group, in MB (Linux /proc)."""

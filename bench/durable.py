@@ -29,7 +29,8 @@ from _procs import Worker, env_with, running  # noqa: E402
 
 from toolloop.embedded import start_server  # noqa: E402
 
-POOL = (os.environ.get("BENCH_POOL", "threads"), int(os.environ.get("BENCH_C", "16")))  # the production pool (docs/operations.md), for the floor and the durable runs
+# The production pool (docs/operations.md), for the floor and the durable runs alike.
+POOL = (os.environ.get("BENCH_POOL", "threads"), int(os.environ.get("BENCH_C", "16")))
 
 
 def wait_done(client: redis.Redis, key: str, count: int, timeout: float) -> list[float]:
@@ -53,8 +54,14 @@ def bare_hop_floor(url: str, tmp: Path, hops: int, trials: int) -> dict[str, Any
     app = _bare_app.app
     client = redis.Redis.from_url(url)
     env = env_with(BENCH_REDIS_URL=url)
-    worker = Worker("_bare_app", pool=POOL[0], concurrency=POOL[1], queues=[_bare_app.QUEUE], env=env,
-                    log=tmp / "bare-worker.log")  # fmt: skip
+    worker = Worker(
+        "_bare_app",
+        pool=POOL[0],
+        concurrency=POOL[1],
+        queues=[_bare_app.QUEUE],
+        env=env,
+        log=tmp / "bare-worker.log",
+    )
     per_hop: list[float] = []
     with running(worker, app):
         for trial in range(trials + 1):  # the first chain warms the worker up and is not counted
@@ -85,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             floor = bare_hop_floor(server.url, tmp, args.hops, args.trials)
         finally:
             server.stop()
-    print(f"bare Celery hop ({POOL[0]} c={POOL[1]}, settings from {floor['settings_from']}): "
-          f"{ms(floor['per_hop_s'])} per hop, trials {[round(t * 1000, 2) for t in floor['trials']]} ms")  # fmt: skip
+    print(
+        f"bare Celery hop ({POOL[0]} c={POOL[1]}, settings from {floor['settings_from']}): "
+        f"{ms(floor['per_hop_s'])} per hop, trials {[round(t * 1000, 2) for t in floor['trials']]} ms"
+    )
     return 0
 
 
