@@ -1,0 +1,86 @@
+"""Duplicate deliveries: every step message sent three times at once, and a step that outlives the
+visibility timeout (kombu re-delivers it while it still runs). Each step must run exactly once: the
+run's lease and fencing token turn the extra copies away (DESIGN.md 4), and every run ends with the
+transcript and events of its fault-free twin.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from faults.policy import FaultPolicy
+from faults.shapes import Call, Shape, make_shape
+from faults.twins import run_twins
+from toolloop.embedded import EmbeddedServer
+from toolloop.journal import keys
+from toolloop.sim import SimServer
+from workers.app import ADVANCE
+from workers.client import Client
+from workers.records import FINAL
+
+pytestmark = pytest.mark.faults
+
+SLOW_S = 6.0  # > TOOLLOOP_VISIBILITY_TIMEOUT of the fault phase (4 s, faults/workerpool.py FAST)
+
+
+def _slow_shape(tag: str) -> Shape:
+    call = Call("slow", {"tag": f"{tag}.0.0", "seconds": SLOW_S})
+    return Shape(tag=tag, turns=((call,),), final=f"Slow work of {tag} done.")
+
+
+def duplicate_every_step(client: Client, runs: dict[str, Shape]) -> None:
+    """Send two extra copies of each run's next `advance` task, back to back, as soon as it is due."""
+    sent: dict[str, int] = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        live = 0
+        for run_id in runs:
+            status, n, queue = client.redis.hmget(keys.state(run_id), "status", "n", "queue")  # type: ignore[misc]
+            if status in FINAL:
+                continue
+            live += 1
+            due = int(n or 0) + 1
+            if status in ("queued", "running") and sent.get(run_id) != due:
+                for _ in range(2):
+                    client.celery.send_task(
+                        ADVANCE, args=[run_id, due], queue=queue or "llm", task_id=f"{run_id}:{due}"
+                    )
+                sent[run_id] = due
+        if not live:
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(300)
+def test_each_step_runs_once_under_duplicate_and_late_deliveries(
+    redis_server: EmbeddedServer, work_dir: Path
+) -> None:
+    rng = random.Random(31)
+    shapes = [make_shape(f"dup{i}", rng) for i in range(6)] + [_slow_shape("slow0"), _slow_shape("slow1")]
+    policy = FaultPolicy(work_dir)
+    calm = {"TOOLLOOP_VISIBILITY_TIMEOUT": "60", "TOOLLOOP_LEASE_MS": "30000"}
+    with SimServer(policy) as sim:
+        twins = run_twins(
+            redis_server.url, sim.base_url, policy, work_dir, shapes,
+            ref_env=calm, pool={"size": 2, "concurrency": 4}, during=duplicate_every_step, timeout=180,
+        )  # fmt: skip
+    assert twins.pool is not None
+    logs = "".join(path.read_text(errors="replace") for path in twins.pool.logs)
+    turned_away = len(re.findall(r"succeeded in [0-9.e-]+s: '(?:busy|stale|early)'", logs))
+    slow_redelivered = sum(
+        len(re.findall(rf"advance\[{run}:2\] received", logs)) > 3
+        for run in [r.run_id for tag, r in twins.results.items() if tag.startswith("slow")]
+    )
+    print(
+        f"\nduplicates: {turned_away} extra copies turned away; slow steps re-delivered: {slow_redelivered}"
+    )
+    assert turned_away > len(shapes), "the duplicate copies were never delivered: the test proves nothing"
+    assert slow_redelivered >= 1, "no slow step was re-delivered by the visibility timeout"
+    problems = twins.compare(what="duplicates: ")
+    assert not problems, "\n".join(problems)
+    assert twins.duplicates() == 0
