@@ -2,8 +2,8 @@
 
 Ids are pure functions of the request, so a retried request (a durable run replaying a step) gets
 the same answer: `conversation_id` hashes the wire, the system text and the first message,
-`history_hash` the wire, the system text and every message (cache marks left out, as they move between turns), and a
-tool-call id hashes the history plus the call's position in the turn.
+`history_hash` the wire, the system text and every message (cache marks left out, as they move
+between turns), and a tool-call id hashes the history plus the call's position in the turn.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ thread and returns once the server accepts connections; `stop()` shuts it down a
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import threading
 import time
@@ -126,10 +127,17 @@ class SimServer:
         return self
 
     def serve_forever(self) -> None:
-        """Serve in this thread until SIGINT/SIGTERM (what `python -m toolloop.sim` runs)."""
+        """Serve in the main thread until SIGINT/SIGTERM, then return (what `python -m toolloop.sim`
+        runs). uvicorn re-raises the signal it caught once it has shut down; the handlers set here
+        make that a plain return, so the process exits 0."""
         sock = self.bind()
         self._server = uvicorn.Server(self.config())
-        self._server.run(sockets=[sock])
+        previous = {number: signal.signal(number, _ignore) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._server.run(sockets=[sock])
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and join the thread; safe to call twice."""
@@ -150,3 +158,7 @@ class SimServer:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _ignore(number: int, frame: object) -> None:
+    """A signal handler that does nothing: uvicorn has already shut down when it re-raises."""
