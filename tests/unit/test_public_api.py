@@ -83,6 +83,9 @@ SPEC_NAMES = {
     "UserMessage",
     "is_prompt_gen_unavailable",
     "run_tool_loop",
+    # SPEC.md section 3: the providers' facade and the handler protocol
+    "PromptGen",
+    "PromptGenHandler",
 }
 
 
