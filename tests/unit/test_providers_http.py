@@ -191,3 +191,16 @@ def test_retry_after_reads_seconds_milliseconds_and_dates() -> None:
     assert parse_retry_after(httpx.Headers({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
     assert parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
     assert parse_retry_after(httpx.Headers({})) is None
+
+
+async def test_race_on_an_aborted_signal_closes_the_work_it_never_started() -> None:
+    import inspect
+
+    from toolloop.providers.http import race
+
+    controller = AbortController()
+    controller.abort("gone")
+    work = asyncio.sleep(1)
+    with pytest.raises(AbortError):
+        await race(work, controller.signal)
+    assert inspect.getcoroutinestate(work) == inspect.CORO_CLOSED

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import inspect
 import json
 import logging
 import random
@@ -91,7 +92,10 @@ def _verify() -> ssl.SSLContext:
 
 async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
     """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts."""
-    signal.throw_if_aborted()
+    if signal.aborted:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()  # never started: close it so it is not reported as never awaited
+        signal.throw_if_aborted()
     work = asyncio.ensure_future(awaitable)
     aborted = asyncio.ensure_future(signal.wait())
     try:
