@@ -160,7 +160,7 @@ def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
     assert "redis    embedded server started at redis://127.0.0.1:" in out
     assert "asked    Shot 3 is the hero's entrance" in out
     assert f"answer   {ANSWER}" in out
-    assert f'answer   You said: "{ANSWER}"' in out
+    assert f'final    You said: "{ANSWER}"' in out
     assert "spent    $0.0" in out and "in 5 model calls (done)" in out
     cache = next(line for line in out.splitlines() if line.startswith("cache"))
     assert "read from cache" in cache and "saving $0.0" in cache

@@ -130,7 +130,7 @@ def summary(status: Any, totals: Totals, model: str) -> None:
     state = field(status, "status")
     print()
     if field(status, "final_text"):
-        print(f"answer   {field(status, 'final_text')}")
+        print(f"final    {field(status, 'final_text')}")
     if state == "failed":
         print(f"failed   {field(status, 'error_class')}: {field(status, 'error_message')}")
     spent = float(field(status, "spent_usd", 0) or 0)
