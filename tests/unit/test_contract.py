@@ -123,3 +123,11 @@ async def test_abort_from_another_thread_wakes_waiters() -> None:
         signal.throw_if_aborted()
     assert caught.value.reason == "user"
     await signal.wait()  # an aborted signal returns at once
+
+
+def test_tests_cannot_reach_a_real_provider() -> None:
+    import socket
+
+    with pytest.raises(AssertionError, match=r"real provider host 'api\.anthropic\.com'"):
+        socket.getaddrinfo("api.anthropic.com", 443)
+    assert socket.getaddrinfo("127.0.0.1", 80)
