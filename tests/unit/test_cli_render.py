@@ -69,4 +69,5 @@ def test_progress_line_only_on_a_terminal() -> None:
     progress = Progress(tty)
     progress.set("step 1")
     progress.line("event")
-    assert tty.getvalue() == "\r\x1b[Kstep 1\r\x1b[Kevent\n\r\x1b[Kstep 1"
+    progress.set("step 2")
+    assert tty.getvalue() == "\r\x1b[Kstep 1\r\x1b[Kevent\n\r\x1b[Kstep 2"

@@ -138,10 +138,11 @@ class Progress:
         self.status = ""
 
     def line(self, text: str) -> None:
+        """An event line; the status line is drawn again by the next `set` (with fresh figures)."""
         if self.live and self.status:
             self.out.write("\r\x1b[K")
         self.out.write(text + "\n")
-        self.redraw()
+        self.out.flush()
 
     def set(self, status: str) -> None:
         self.status = status
