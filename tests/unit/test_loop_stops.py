@@ -212,3 +212,14 @@ def test_a_tool_needs_run_or_both_halves() -> None:
 
     with pytest.raises(pydantic.ValidationError, match="has no run"):
         ToolSpec(name="t", description="d", schema=Shot, start=lambda i, s: None)
+
+
+async def test_steps_stop_answers_calls_left_open_in_the_given_messages() -> None:
+    given = [
+        UserMessage(content="Review."),
+        AssistantMessage(content="Two reads.", tool_calls=[call("read_frame", {"shot": 1}, id="o1")]),
+    ]
+    result, events = await run(ScriptedModel([]), max_steps=0, messages=given)
+    assert result.stopped_by == "steps"
+    assert result.messages == [*given, ToolMessage(tool_call_id="o1", content="Not run: steps.")]
+    assert events.events == []
