@@ -314,8 +314,9 @@ async def test_retried_faults_then_the_answer(wire: str, spec: dict[str, Any], r
         ({"status": 402}, "limit"),
         ({"status": 429}, "limit"),
         ({"status": 429, "retry_after": 30}, "limit"),
+        ({"status": 404}, "missing"),
     ],
-    ids=["401", "403", "402", "429", "429-long-retry-after"],
+    ids=["401", "403", "402", "429", "429-long-retry-after", "404"],
 )
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 async def test_auth_and_limit_statuses_are_unavailable_without_retry(
@@ -327,6 +328,15 @@ async def test_auth_and_limit_statuses_are_unavailable_without_retry(
             await execute(handler, PromptGenRequest(prompt="Go"))
         assert sim.stats()["requests"] == 1
     assert caught.value.reason == reason and caught.value.status == spec["status"]
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_a_refusal_is_finish_reason_other_without_tool_calls(wire: str) -> None:
+    turn = {"text": "", "tool_calls": [{"name": "trim", "input": {}}], "fault": {"kind": "refusal"}}
+    with serve([turn]) as sim:
+        handler = anthropic(sim) if wire == "anthropic" else fal(sim)
+        result = await execute(handler, PromptGenRequest(prompt="Go"))
+    assert result.finish_reason == "other" and result.tool_calls == []
 
 
 async def test_persistent_5xx_is_bounded_in_attempts() -> None:

@@ -97,7 +97,9 @@ async def test_network_failures_are_errors_without_retry() -> None:
     assert len(recorder.requests) == 1 and caught.value.status is None
 
 
-@pytest.mark.parametrize(("status", "reason"), [(401, "auth"), (403, "auth"), (402, "limit"), (429, "limit")])
+@pytest.mark.parametrize(
+    ("status", "reason"), [(401, "auth"), (403, "auth"), (402, "limit"), (429, "limit"), (404, "missing")]
+)
 async def test_auth_and_limit_statuses_are_unavailable_at_once(status: int, reason: str) -> None:
     recorder = Recorder(error(status, "no"))
     with pytest.raises(PromptGenUnavailableError) as caught:

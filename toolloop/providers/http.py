@@ -5,6 +5,8 @@ Classification (SPEC 3.3), in this order:
     other transport failure      -> PromptGenError(retryable=True) at once (network failures are errors)
     provider's `flag(detail)`    -> that error (e.g. fal's content-policy refusals)
     401, 403                     -> PromptGenUnavailableError("auth") at once
+    404                          -> PromptGenUnavailableError("missing") at once (no such endpoint
+                                    or model here: the next provider may have it)
     402, 429                     -> waits a short `retry-after` (<= policy.short_retry_after_s) and
                                     retries; else PromptGenUnavailableError("limit")
     408, 409, 5xx (529 included) -> retried with exponential backoff and jitter, a longer
@@ -198,6 +200,13 @@ async def _attempt(
             f"{name} refused the request (HTTP {status}): {detail}\n"
             f"  Check {endpoint.key_env}, or use another prompt-gen provider.",
             "auth",
+            status,
+        )
+    if status == 404:
+        raise PromptGenUnavailableError(
+            f"{name} has no such endpoint or model (HTTP 404 at {endpoint.url!r}): {detail}\n"
+            "  Check the base URL and the model id, or use another prompt-gen provider.",
+            "missing",
             status,
         )
     if status in (402, 429):
