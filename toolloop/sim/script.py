@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolloop.contract import ChatMessage, ToolDefinition
 
@@ -86,8 +86,6 @@ class SimTurn(_Value):
 
 AFTER_SCRIPT = SimTurn(text="(The simulator's script has ended.)")
 
-TURNS: TypeAdapter[list[SimTurn]] = TypeAdapter(list[SimTurn])
-
 
 @dataclass(frozen=True)
 class SimRequest:
@@ -152,7 +150,8 @@ async def answer(policy: Policy, request: SimRequest) -> SimTurn:
 
 
 def load_script(path: str | Path) -> Script:
-    """A script from a YAML or JSON file: a list of turns, or `{turns: [...]}`."""
+    """A script from a YAML or JSON file: a list of turns (mappings, or strings for final texts), or
+    `{turns: [...]}`."""
     path = Path(path)
     text = path.read_text()
     data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -163,7 +162,7 @@ def load_script(path: str | Path) -> Script:
             f"The script {str(path)!r} is not a list of turns.\n"
             "  Write a YAML/JSON list like [{text: Hi}], or {turns: [...]}."
         )
-    return Script(TURNS.validate_python(data))
+    return Script(data)
 
 
 def as_policy(policy_or_script: Policy | Script | Sequence[Any] | str | Path) -> Policy:
