@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from toolloop import ModelEvent, PromptGenUsage, ToolCall, ToolEvent
 from toolloop.cli.render import Progress, Totals, event_line
 
@@ -71,3 +73,24 @@ def test_progress_line_only_on_a_terminal() -> None:
     progress.line("event")
     progress.set("step 2")
     assert tty.getvalue() == "\r\x1b[Kstep 1\r\x1b[Kevent\n\r\x1b[Kstep 2"
+
+
+def test_status_block(capsys: pytest.CaptureFixture[str]) -> None:
+    from toolloop.cli.follow import print_status
+    from workers.records import RunStatus
+
+    class Stub:
+        def status(self, run_id: str) -> RunStatus:
+            return RunStatus(run_id=run_id, status="asked", steps=4, spent_usd=0.0262,
+                             asked={"question": "Keep shot 3?"}, created_at=0.0)  # fmt: skip
+
+    print_status(Stub(), "r1")
+    assert capsys.readouterr().out.splitlines() == [
+        "run_id      r1",
+        "status      asked",
+        "segment     0",
+        "steps       4",
+        "spent_usd   $0.0262",
+        'asked       {"question": "Keep shot 3?"}',
+        "created_at  1970-01-01 00:00:00 UTC",
+    ]

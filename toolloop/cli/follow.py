@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +21,22 @@ def print_status(client: Any, run_id: str, *, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(status, default=str, indent=2))
         return
-    width = max(len(str(key)) for key in status) if status else 0
-    for key, value in status.items():
-        if value not in (None, "", [], {}):
-            print(f"{key:<{width}}  {value if not isinstance(value, dict | list) else json.dumps(value)}")
+    shown = {key: _shown(key, value) for key, value in status.items() if not _empty(value)}
+    width = max(map(len, shown), default=0)
+    for key, value in shown.items():
+        print(f"{key:<{width}}  {value}")
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, str | list | dict) and not value)
+
+
+def _shown(key: str, value: Any) -> str:
+    if key.endswith("_at") and isinstance(value, int | float):
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+    if key.endswith("_usd") and isinstance(value, int | float):
+        return f"${value:.4f}"
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 def question_of(status: Any) -> dict[str, Any]:
