@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from loop_kit import Exploding, Recorder, ask_tool, options, read_frame, render
 
 from toolloop import (
+    AbortController,
     AssistantMessage,
     Budget,
     MemoryJournal,
@@ -66,6 +67,20 @@ settings_ = st.fixed_dictionaries(
         "cache": st.sampled_from(["off", "system", "conversation"]),
     }
 )
+abort_after = st.one_of(st.none(), st.integers(1, 5))
+"""Abort the run's signal right after this many events (None: never)."""
+
+
+class AbortingRecorder(Recorder):
+    def __init__(self, after: int | None) -> None:
+        super().__init__()
+        self.after = after
+        self.controller = AbortController()
+
+    def __call__(self, event: Any) -> None:
+        super().__call__(event)
+        if len(self.events) == self.after:
+            self.controller.abort("test")
 
 
 class RandomModel:
@@ -111,18 +126,23 @@ def check_history(messages: list[Any], stopped_by: str, asked_open: int) -> None
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(drawn=turns, opts=settings_)
-def test_random_answers_never_crash_and_always_resume(drawn: Any, opts: dict[str, Any]) -> None:
-    asyncio.run(_check(drawn, opts))
+@given(drawn=turns, opts=settings_, after=abort_after)
+def test_random_answers_never_crash_and_always_resume(
+    drawn: Any, opts: dict[str, Any], after: int | None
+) -> None:
+    asyncio.run(_check(drawn, opts, after))
 
 
-async def _check(drawn: Any, opts: dict[str, Any]) -> None:
+async def _check(drawn: Any, opts: dict[str, Any], after: int | None = None) -> None:
     journal = MemoryJournal()
     model = RandomModel(drawn)
     tools = [read_frame(cost=0.05, image=True), render(cost=0.1, estimate=0.2), ask_tool()]
-    recorder = Recorder()
-    result = await run_tool_loop(options(model, journal, tools=tools, on_step=recorder, **opts))
+    recorder = AbortingRecorder(after)
+    result = await run_tool_loop(
+        options(model, journal, tools=tools, on_step=recorder, signal=recorder.controller.signal, **opts)
+    )
     assert result.stopped_by in {"done", "budget", "steps", "cancel", "asked"}
+    event(f"stopped by {result.stopped_by}")
     assert result.steps == len(model.requests) <= opts["max_steps"]
     assert (result.asked is not None) == (result.stopped_by == "asked")
     check_history(result.messages, result.stopped_by, 1 if result.stopped_by == "asked" else 0)
@@ -135,8 +155,17 @@ async def _check(drawn: Any, opts: dict[str, Any]) -> None:
     quiet = [
         t.model_copy(update={k: exploding for k in ("run", "start", "wait") if getattr(t, k)}) for t in tools
     ]
-    replayed_events = Recorder()
-    replayed = await run_tool_loop(options(exploding, journal, tools=quiet, on_step=replayed_events, **opts))
+    replayed_events = AbortingRecorder(after)  # a cancel at the same point replays to the same stop
+    replayed = await run_tool_loop(
+        options(
+            exploding,
+            journal,
+            tools=quiet,
+            on_step=replayed_events,
+            signal=replayed_events.controller.signal,
+            **opts,
+        )
+    )
     assert exploding.calls == 0
     assert replayed == result
     assert replayed_events.events == recorder.events
