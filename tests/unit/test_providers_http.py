@@ -82,7 +82,7 @@ async def test_timeouts_are_retried_then_reported() -> None:
         raise httpx.ReadTimeout("timed out", request=request)
 
     recorder = Recorder(slow)
-    with pytest.raises(PromptGenError, match=r"did not answer within 180 s\. \(3 attempts\)") as caught:
+    with pytest.raises(PromptGenError, match=r"did not answer within 180 s \(3 attempts\)\.\n") as caught:
         await run(recorder)
     assert len(recorder.requests) == 3 and caught.value.retryable
 

@@ -240,7 +240,8 @@ def _final(error: PromptGenError, attempts: int) -> PromptGenError:
     if attempts == 1:
         return error
     head, _, tail = str(error).partition("\n")
-    message = f"{head} ({attempts} attempts)\n{tail}"
+    stop = "." if head.endswith(".") else ""
+    message = f"{head.removesuffix('.')} ({attempts} attempts){stop}\n{tail}"
     if isinstance(error, PromptGenUnavailableError):
         return PromptGenUnavailableError(message, error.reason, error.status)
     return PromptGenError(message, error.status, error.retryable, error.retry_after)
