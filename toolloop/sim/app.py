@@ -17,7 +17,6 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from starlette.applications import Starlette
@@ -28,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from toolloop.sim import anthropic_wire, fal_wire
 from toolloop.sim.cache import CacheRequestError, PromptCache
-from toolloop.sim.common import WireInputError
+from toolloop.sim.common import Wire, WireInputError
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
 
 log = logging.getLogger("toolloop.sim")
@@ -41,7 +40,7 @@ _SEND_KEY = "toolloop.sim.send"
 @dataclass(frozen=True)
 class _Wire:
     name: str
-    module: ModuleType
+    module: Wire
 
 
 class Simulator:

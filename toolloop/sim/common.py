@@ -11,11 +11,23 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from toolloop.contract import ChatMessage, TextPart
-from toolloop.sim.cache import Block, Ttl
-from toolloop.sim.script import SimRequest
+from toolloop.sim.cache import Block, CacheUsage, Ttl
+from toolloop.sim.script import SimRequest, SimTurn
+
+
+class Wire(Protocol):
+    """What a wire module (`anthropic_wire`, `fal_wire`) provides to the app."""
+
+    def api_key(self, headers: Any) -> str: ...
+    def header_problem(self, headers: Any) -> str | None: ...
+    def parse(self, body: Any) -> Parsed: ...
+    def render(
+        self, turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool
+    ) -> dict[str, Any]: ...
+    def error_body(self, status: int, message: str, request_id: str) -> dict[str, Any]: ...
 
 
 class WireInputError(ValueError):
