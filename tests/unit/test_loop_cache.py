@@ -70,6 +70,28 @@ async def test_rolling_marks_skip_tool_images_this_run_may_still_drop() -> None:
     )
 
 
+async def test_rolling_marks_in_a_long_run_with_images() -> None:
+    # max_steps 12: max_assistants 11, so tool messages with at most 9 assistant messages before them
+    # are unstable while they keep their image; the last request sees T10 and T11 stable.
+    model = ScriptedModel(turns(11))
+    await run(model, tools=[read_frame(image=True)], max_steps=12)
+    assert [marks(r) for r in model.requests] == [
+        [0],
+        [0],
+        [0],
+        [0, 2],
+        [2, 4],
+        [4, 6],
+        [6, 8],
+        [8, 10],
+        [10, 12],
+        [12, 14],
+        [14, 16],
+        [16, 22],
+    ]
+    assert all(breakpoints(r) <= 3 for r in model.requests)
+
+
 async def test_marks_are_the_same_on_a_resumed_run() -> None:
     journal = MemoryJournal()
     crashing = ScriptedModel(turns(2)[:2])
