@@ -1,13 +1,14 @@
 """Prompt cache: a 30-turn tool conversation through the Anthropic provider on the simulator, in each
 cache mode of `run_tool_loop` ("off", "system", "conversation"), in one process run.
 
-The workload (DESIGN.md section 7): a system text (~1,900 tokens, past Anthropic's 1,024-token
-minimum cacheable prefix) and three tool definitions; the model reads one storyboard frame per turn
-for 29 turns (each result ~90 tokens of text), then answers. Every request goes over real HTTP to
-`toolloop.sim.SimServer`, whose prompt cache follows Anthropic's rules (breakpoints, prefix match,
-20-block lookback, minimum length, 5-minute TTL) and reports usage as the API does; cost is what
-our provider computes from that usage (cache reads 0.1x, 5-minute writes 1.25x the input price).
-The simulator's cache is reset between modes, so each mode starts cold.
+The workload (DESIGN.md section 7): a system text (~1,600 tokens) and three tool definitions
+(~1,800 tokens together, past Anthropic's 1,024-token minimum cacheable prefix); the model reads one
+storyboard frame per turn for 29 turns (each result ~90 tokens of text), then answers. Every request
+goes over real HTTP to `toolloop.sim.SimServer`, whose prompt cache follows Anthropic's rules
+(breakpoints, prefix match, 20-block lookback, minimum length, 5-minute TTL) and reports usage as
+the API does; cost is what our provider computes from that usage (cache reads 0.1x, 5-minute
+writes 1.25x the input price). The simulator's cache is reset between modes, so each mode starts
+cold.
 
     .venv/bin/python bench/prompt_cache.py                 # 30 turns, all three modes
     .venv/bin/python bench/prompt_cache.py --turns 10 --json out.json
