@@ -94,3 +94,13 @@ async def test_answer_and_continue_under_a_new_prefix() -> None:
     assert second.spent_usd == 0.5
     assert journal.keys() == ["s0/model:1", "s1/model:1"]
     assert (model.requests[1].messages or [])[-1].role == "tool"
+
+
+async def test_an_ask_tool_needs_no_run() -> None:
+    from loop_kit import Question
+
+    from toolloop import ToolSpec
+
+    bare = ToolSpec(name="ask", description="Ask the person.", schema=Question)
+    result, _ = await run(ScriptedModel([reply(tool_calls=[ask("a1")])]), tools=[bare])
+    assert result.asked == Asked(input={"question": "Keep shot 3?"})

@@ -70,7 +70,7 @@ class ToolSpec(_Options):
 
     @model_validator(mode="after")
     def _runnable(self) -> ToolSpec:
-        if self.run is None and not self.two_phase:
+        if self.run is None and not self.two_phase and self.name != "ask":  # `ask` is never run
             raise ValueError(
                 f"tool {self.name!r} has no run and is not two-phase (start and wait).\n"
                 "  Give it run(input, signal), or both start(input, signal) and wait(started, signal)."
