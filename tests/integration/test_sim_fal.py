@@ -122,3 +122,18 @@ def test_an_empty_message_list_is_a_400(sim: SimServer) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "messages must not be empty"
+
+
+def test_a_string_content_and_its_one_part_form_share_the_cache(sim: SimServer) -> None:
+    marked = [{"type": "text", "text": "Review the board.", "cache_control": {"type": "ephemeral"}}]
+    first = post(sim, [{"role": "user", "content": marked}]).json()["usage"]
+    later = [
+        {"role": "user", "content": "Review the board."},  # the mark moved on: now a plain string
+        {"role": "assistant", "content": "Looking."},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Go on.", "cache_control": {"type": "ephemeral"}}],
+        },
+    ]
+    second = post(sim, later).json()["usage"]
+    assert second["prompt_tokens_details"]["cached_tokens"] == first["prompt_tokens"]

@@ -33,6 +33,7 @@ from toolloop.sim.common import (
     message_id,
     parse_mark,
     require,
+    text_block,
     text_part,
 )
 from toolloop.sim.script import SimRequest, SimTurn
@@ -150,7 +151,7 @@ def _tools(raw_tools: Any, blocks: list[Block]) -> list[ToolDefinition]:
         require(isinstance(tool, dict) and isinstance(tool.get("name"), str), f"tools.{index}: name required")
         plain = {key: value for key, value in tool.items() if key != "cache_control"}
         blocks.append(
-            Block("tool|" + canonical(plain), _json_size(plain), parse_mark(tool.get("cache_control")))
+            Block("tool|" + canonical(plain), json_tokens(plain), parse_mark(tool.get("cache_control")))
         )
         schema = tool.get("input_schema")
         tools.append(
@@ -167,7 +168,7 @@ def _system(raw: Any, blocks: list[Block]) -> str | None:
     if raw is None:
         return None
     if isinstance(raw, str):
-        blocks.append(Block("system|" + raw, text_tokens(raw)))
+        blocks.append(text_block("system|", raw))
         return raw
     require(isinstance(raw, list), "system: must be a string or a list of text blocks")
     texts = []
@@ -176,39 +177,38 @@ def _system(raw: Any, blocks: list[Block]) -> str | None:
             isinstance(block, dict) and block.get("type") == "text", "system: only text blocks are allowed"
         )
         texts.append(str(block.get("text", "")))
-        blocks.append(
-            Block("system|" + texts[-1], text_tokens(texts[-1]), parse_mark(block.get("cache_control")))
-        )
+        blocks.append(text_block("system|", texts[-1], parse_mark(block.get("cache_control"))))
     return "\n".join(texts)
 
 
 def _assistant(content: Any, context: str, blocks: list[Block]) -> AssistantMessage:
     if isinstance(content, str):
-        blocks.append(Block(context + content, text_tokens(content)))
+        blocks.append(text_block(context, content))
         return AssistantMessage(content=content or None)
     require(isinstance(content, list), "assistant content must be a string or a list of blocks")
     texts: list[str] = []
     calls: list[ToolCall] = []
     for block in content:
         require(isinstance(block, dict), "assistant content blocks must be objects")
-        plain = {key: value for key, value in block.items() if key != "cache_control"}
+        mark = parse_mark(block.get("cache_control"))
         if block.get("type") == "text":
             texts.append(str(block.get("text", "")))
-            tokens = text_tokens(texts[-1])
-        elif block.get("type") == "tool_use":
-            calls.append(
-                ToolCall(id=str(block.get("id")), name=str(block.get("name")), input=block.get("input"))
-            )
-            tokens = _json_size({"name": block.get("name"), "input": block.get("input")})
+            blocks.append(text_block(context, texts[-1], mark))
+            continue
+        if block.get("type") == "tool_use":
+            call = {"id": block.get("id"), "name": block.get("name"), "input": block.get("input")}
+            calls.append(ToolCall(id=str(call["id"]), name=str(call["name"]), input=call["input"]))
+            key, tokens = canonical(call), json_tokens({"name": call["name"], "input": call["input"]})
         else:
-            tokens = _json_size(plain)
-        blocks.append(Block(context + canonical(plain), tokens, parse_mark(block.get("cache_control"))))
+            plain = {key: value for key, value in block.items() if key != "cache_control"}
+            key, tokens = canonical(plain), json_tokens(plain)
+        blocks.append(Block(context + key, tokens, mark))
     return AssistantMessage(content="".join(texts) or None, tool_calls=calls or None)
 
 
 def _user(content: Any, context: str, blocks: list[Block]) -> list[ChatMessage]:
     if isinstance(content, str):
-        blocks.append(Block(context + content, text_tokens(content)))
+        blocks.append(text_block(context, content))
         return [UserMessage(content=content)]
     require(isinstance(content, list), "user content must be a string or a list of blocks")
     out: list[ChatMessage] = []
@@ -231,7 +231,7 @@ def _tool_result(block: dict[str, Any], context: str, blocks: list[Block]) -> To
     inner = block.get("content")
     if inner is None or isinstance(inner, str):
         text = inner or ""
-        blocks.append(Block(context + text, text_tokens(text), outer))
+        blocks.append(text_block(context, text, outer))
         return ToolMessage(tool_call_id=tool_use_id, content=text)
     require(isinstance(inner, list), "tool_result content must be a string or a list of blocks")
     parts = []
@@ -248,7 +248,7 @@ def _part(block: dict[str, Any], context: str, blocks: list[Block], mark: Any) -
     plain = {key: value for key, value in block.items() if key != "cache_control"}
     if block.get("type") == "text":
         text = str(block.get("text", ""))
-        blocks.append(Block(context + canonical(plain), text_tokens(text), mark))
+        blocks.append(text_block(context, text, mark))
         return text_part(text, mark is not None)
     if block.get("type") == "image":
         blocks.append(Block(context + canonical(plain), IMAGE_TOKENS, mark))
@@ -269,7 +269,3 @@ def _image(source: Any) -> ImagePart:
     digest = hashlib.sha256(data).hexdigest()
     mime = str(source.get("media_type") or "image/png")
     return ImagePart(path=f"sim://image/{digest[:16]}.{mime.rsplit('/', 1)[-1]}", mime_type=mime, hash=digest)
-
-
-def _json_size(value: Any) -> int:
-    return json_tokens(value)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from toolloop.contract import ChatMessage, TextPart
 from toolloop.sim.cache import Block, CacheUsage, Ttl
 from toolloop.sim.script import SimRequest, SimTurn
+from toolloop.sim.tokens import text_tokens
 
 
 class Wire(Protocol):
@@ -84,6 +85,12 @@ def parse_mark(cache_control: Any) -> Ttl | None:
     if ttl not in ("5m", "1h"):
         raise WireInputError(f"cache_control.ttl must be '5m' or '1h', got {ttl!r}.")
     return "1h" if ttl == "1h" else "5m"
+
+
+def text_block(context: str, text: str, mark: Ttl | None = None) -> Block:
+    """The cache block of a text: a string content and a one-text-block list give the same key, as
+    they are the same tokens to the model."""
+    return Block(context + canonical({"type": "text", "text": text}), text_tokens(text), mark)
 
 
 def text_part(text: str, marked: bool) -> TextPart:

@@ -34,6 +34,7 @@ from toolloop.sim.common import (
     message_id,
     parse_mark,
     require,
+    text_block,
     text_part,
 )
 from toolloop.sim.script import SimRequest, SimTurn
@@ -207,7 +208,7 @@ def _system(content: Any, context: str, blocks: list[Block]) -> str:
 def _content(content: Any, context: str, blocks: list[Block]) -> str | list[ContentPart]:
     if content is None or isinstance(content, str):
         text = content or ""
-        blocks.append(Block(context + text, text_tokens(text)))
+        blocks.append(text_block(context, text))
         return text
     require(isinstance(content, list), "message content must be a string or a list of parts")
     parts: list[ContentPart] = []
@@ -217,7 +218,7 @@ def _content(content: Any, context: str, blocks: list[Block]) -> str | list[Cont
         mark = parse_mark(part.get("cache_control"))
         if part.get("type") == "text":
             text = str(part.get("text", ""))
-            blocks.append(Block(context + canonical(plain), text_tokens(text), mark))
+            blocks.append(text_block(context, text, mark))
             parts.append(text_part(text, mark is not None))
         elif part.get("type") == "image_url":
             image_url = part.get("image_url")
@@ -242,7 +243,7 @@ def _assistant(raw: dict[str, Any], context: str, blocks: list[Block]) -> Assist
     if isinstance(content, list):
         text = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     if text:
-        blocks.append(Block(context + text, text_tokens(text)))
+        blocks.append(text_block(context, text))
     calls = []
     for raw_call in raw.get("tool_calls") or []:
         require(
