@@ -36,10 +36,28 @@ def arrived_path(directory: str, tag: str) -> str:
     return os.path.join(directory, "arrived", tag.replace("#", "_"))
 
 
-def make() -> Any:
-    from toolloop.providers import from_env
+def _prompt_gen() -> Any:
+    """`from_env()`; with TOOLLOOP_FAULTS_TIMEOUT set, an anthropic-only PromptGen whose HTTP timeout
+    is that many seconds and whose retries back off fast (so timeouts are testable in seconds)."""
+    from toolloop.providers import PromptGen, from_env
+    from toolloop.providers.anthropic import AnthropicHandler
+    from toolloop.providers.http import RetryPolicy
 
-    prompt_gen = from_env()
+    timeout = os.environ.get("TOOLLOOP_FAULTS_TIMEOUT")
+    if not timeout:
+        return from_env()
+    retry = RetryPolicy(base_delay_s=0.05, max_delay_s=0.5, short_retry_after_s=2.0)
+    handler = AnthropicHandler(
+        os.environ.get("ANTHROPIC_API_KEY"),
+        base_url=os.environ.get("ANTHROPIC_BASE_URL"),
+        timeout_s=float(timeout),
+        retry=retry,
+    )
+    return PromptGen({"anthropic": handler}, "anthropic")
+
+
+def make() -> Any:
+    prompt_gen = _prompt_gen()
     directory = os.environ.get("TOOLLOOP_FAULTS_DIR", "")
 
     async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
@@ -58,3 +76,23 @@ def make() -> Any:
         return result
 
     return generate
+
+
+def make_fallback() -> Any:
+    """An anthropic + fal PromptGen over the simulator, for the fallback test: fal is given a price
+    for the run's Anthropic model id, which its default table lacks (see docs/faults.md)."""
+    from faults.runs import MODEL
+    from toolloop.providers import AnthropicHandler, FalHandler, PromptGen
+    from toolloop.providers.prices import anthropic_price
+
+    handlers = {
+        "anthropic": AnthropicHandler(
+            os.environ.get("ANTHROPIC_API_KEY"), base_url=os.environ.get("ANTHROPIC_BASE_URL")
+        ),
+        "fal": FalHandler(
+            os.environ.get("FAL_KEY"),
+            run_url=os.environ.get("FAL_RUN_URL"),
+            prices={MODEL: anthropic_price(3, 15)},
+        ),
+    }
+    return PromptGen(handlers, "anthropic")

@@ -51,7 +51,8 @@ class FaultPolicy:
         call_tag = f"{tag}#{turn}"
         with self._lock:
             self.counts[(self.phase, call_tag)] += 1
-        answer = shape.sim_turn(turn)
+            attempt = self.counts[(self.phase, call_tag)]
+        answer = shape.sim_turn(turn, attempt, request.wire, faults=self.phase != "ref")
         if call_tag in self.hold:
             Path(arrived_path(str(self.directory), call_tag)).touch()
             answer["latency_s"] = answer.get("latency_s", 0.0) + self.hold_s

@@ -9,6 +9,7 @@ of "nothing lost, nothing different".
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +50,14 @@ class Snapshot:
     """Every journal field of the run, as "s<segment>/<step key>"."""
 
 
-def drive(client: Client, runs: dict[str, Shape], timeout: float) -> dict[str, RunStatus]:
+OnFailed = Callable[[Client, str, Shape, RunStatus], bool]
+
+
+def drive(
+    client: Client, runs: dict[str, Shape], timeout: float, on_failed: OnFailed | None = None
+) -> dict[str, RunStatus]:
     """Answer every ask of `runs` as it parks, until each has ended or `timeout` s have passed.
+    A failed run is passed to `on_failed`, which may retry it (returns True: keep waiting for it).
     Returns the last status seen of every run (not final for those still going at the timeout)."""
     answered: set[tuple[str, int]] = set()
     last: dict[str, RunStatus] = {}
@@ -64,6 +71,12 @@ def drive(client: Client, runs: dict[str, Shape], timeout: float) -> dict[str, R
                 time.sleep(0.2)
                 continue
             last[run_id] = status
+            if (
+                status.status == "failed"
+                and on_failed is not None
+                and on_failed(client, run_id, runs[run_id], status)
+            ):
+                continue
             if status.status in FINAL:
                 pending.discard(run_id)
             elif status.status == "asked" and (run_id, status.segment) not in answered:

@@ -54,12 +54,36 @@ class Shape:
     def calls(self, tool: str) -> list[Call]:
         return [call for turn in self.turns for call in turn if call.tool == tool]
 
-    def sim_turn(self, index: int) -> dict[str, Any]:
-        """The simulator's answer to model turn `index` (0-based)."""
+    def sim_turn(
+        self, index: int, attempt: int = 1, wire: str = "anthropic", faults: bool = True
+    ) -> dict[str, Any]:
+        """The simulator's answer to model turn `index` (0-based), the `attempt`-th time it is asked.
+
+        With `faults`, `extra` may add: `faults: {turn: SimFault dict}` (served by the simulator, which
+        counts its `times`), `raw_once: [turn, ...]` (the first attempt's first call has arguments
+        that are not JSON), `refuse: {wire: status}` (every request on that wire is refused)."""
         if index < len(self.turns):
             calls = [{"name": call.tool, "input": call.input} for call in self.turns[index]]
-            return {"text": f"Turn {index} of {self.tag}.", "tool_calls": calls, "latency_s": self.latency_s}
-        return {"text": self.final or f"Done with {self.tag}.", "latency_s": self.latency_s}
+            answer = {
+                "text": f"Turn {index} of {self.tag}.",
+                "tool_calls": calls,
+                "latency_s": self.latency_s,
+            }
+        else:
+            answer = {"text": self.final or f"Done with {self.tag}.", "latency_s": self.latency_s}
+        if not faults:
+            return answer
+        refuse = self.extra.get("refuse", {}).get(wire)
+        if refuse:
+            return {**answer, "fault": {"kind": "error", "status": refuse, "times": None}}
+        fault = self.extra.get("faults", {}).get(index)
+        if fault:
+            answer["fault"] = fault
+        if index in self.extra.get("raw_once", ()) and attempt == 1 and answer.get("tool_calls"):
+            first = dict(answer["tool_calls"][0])
+            first["raw_arguments"] = '{"tag": "' + first["input"].get("tag", "") + '", "text": oops'
+            answer["tool_calls"] = [first, *answer["tool_calls"][1:]]
+        return answer
 
     def answer_for(self, question: str) -> str:
         return f"Yes, go on ({self.tag}; you asked {question!r})."

@@ -9,6 +9,8 @@ every step that did its work more often than in the fault-free twin (beyond what
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from typing import Any
 import redis
 
 from faults.policy import FaultPolicy
-from faults.runs import Snapshot, drive, snapshot, spec_for
+from faults.runs import OnFailed, Snapshot, drive, snapshot, spec_for
 from faults.shapes import Shape
 from faults.toolset import read_effects
 from faults.workerpool import WorkerPool
@@ -38,7 +40,17 @@ class Twins:
     units: Units = field(default_factory=Counter)
     pool: WorkerPool | None = None
 
-    def compare(self, allowed: Units | None = None, what: str = "") -> list[str]:
+    def compare(
+        self,
+        allowed: Units | None = None,
+        what: str = "",
+        retried: frozenset[str] = frozenset(),
+        other_provider: bool = False,
+    ) -> list[str]:
+        """Differences from the fault-free twins. For the `retried` runs (tags), the failure and the
+        retry's own events are left out of the event streams (and their numbering). With
+        `other_provider` (the twins were served by different wires), tool-call ids are compared by
+        their order of appearance and the providers' own figures (usage, costs) are left out."""
         allowed = allowed or Counter()
         problems: list[str] = []
         for shape in self.shapes:
@@ -48,9 +60,15 @@ class Twins:
                 problems.append(
                     f"{what}run {shape.tag} ended {got.status.status!r}, not {ref.status.status!r} ({error})"
                 )
+            if other_provider:
+                got, ref = _loose(got), _loose(ref)
             if got.history != ref.history:
                 problems.append(f"{what}run {shape.tag} has a different transcript")
-            if got.events != ref.events:
+            if shape.tag in retried:
+                same = _without_retries(got.events) == _without_retries(ref.events)
+            else:
+                same = got.events == ref.events
+            if not same:
                 problems.append(f"{what}run {shape.tag} has a different event stream")
         for unit, count in self.ref_units.items():
             if count != 1:
@@ -65,6 +83,28 @@ class Twins:
 
     def duplicates(self) -> int:
         return sum(max(0, count - self.ref_units.get(unit, 0)) for unit, count in self.units.items())
+
+
+_CALL_ID = re.compile(r"\b(?:toolu|call)_[0-9a-f]{24}\b")
+_FIGURES = ("usage", "cost_usd", "spent_usd", "limit_usd")
+
+
+def _loose(snap: Snapshot) -> Snapshot:
+    """The snapshot with call ids numbered in order of appearance and providers' figures removed."""
+    text = json.dumps([snap.history, snap.events])
+    order: dict[str, str] = {}
+    text = _CALL_ID.sub(lambda m: order.setdefault(m.group(0), f"call#{len(order)}"), text)
+    history, events = json.loads(text)
+    events = [(e[0], e[1], e[2], {k: v for k, v in e[3].items() if k not in _FIGURES}) for e in events]
+    return Snapshot(snap.run_id, snap.status, history, [tuple(e) for e in events], snap.journal)
+
+
+def _without_retries(events: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [
+        (segment, kind, data)
+        for _seq, segment, kind, data in events
+        if kind != "failed" and not (kind == "queued" and data.get("retry"))
+    ]
 
 
 def units(shapes: list[Shape], policy: FaultPolicy, phase: str, effects: list[dict[str, Any]]) -> Units:
@@ -94,7 +134,7 @@ def base_env(sim_url: str, key: str = "sk-ant-FAKE-faults") -> dict[str, str]:
 
 def _phase(
     client: Client, redis_client: redis.Redis, shapes: list[Shape], pool: WorkerPool, timeout: float,
-    during: During | None, spec: dict[str, Any],
+    during: During | None, spec: dict[str, Any], on_failed: OnFailed | None = None,
 ) -> dict[str, Snapshot]:  # fmt: skip
     runs = {client.enqueue(spec_for(shape, **spec)): shape for shape in shapes}
     with pool:
@@ -102,7 +142,7 @@ def _phase(
         if during is not None:
             thread = threading.Thread(target=during, args=(client, runs), daemon=True)
             thread.start()
-        last = drive(client, runs, timeout)
+        last = drive(client, runs, timeout, on_failed)
         if thread is not None:
             thread.join(timeout=30)
     return {
@@ -114,7 +154,7 @@ def run_twins(
     redis_url: str, sim_url: str, policy: FaultPolicy, work: Path, shapes: list[Shape], *,
     fault_env: dict[str, str] | None = None, pool: dict[str, Any] | None = None,
     during: During | None = None, timeout: float = 120.0, ref_env: dict[str, str] | None = None,
-    spec: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None, on_failed: OnFailed | None = None,
 ) -> Twins:  # fmt: skip
     for shape in shapes:
         policy.add(shape)
@@ -132,9 +172,11 @@ def run_twins(
             workers = WorkerPool(
                 redis_url, work, {**env, **extra, "TOOLLOOP_FAULTS_DIR": str(directory)}, **kwargs
             )
+            faulty = phase == "fault"
             snaps = _phase(
-                client, redis_client, shapes, workers, timeout, None if phase == "ref" else during, spec or {}
-            )
+                client, redis_client, shapes, workers, timeout,
+                during if faulty else None, spec or {}, on_failed if faulty else None,
+            )  # fmt: skip
             counted = units(shapes, policy, phase, read_effects(directory))
             if phase == "ref":
                 twins.refs, twins.ref_units = snaps, counted
