@@ -17,6 +17,8 @@ from toolloop.loop.types import Started, ToolOutput, ToolSpec
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
 """Keys whose value maps names to schemas: a property named `title` there is kept."""
+_DATA = frozenset({"default", "const", "enum", "examples", "example"})
+"""Keys whose value is data, not a schema: a `title` key inside is the user's and is kept."""
 
 NO_OUTPUT = "(no output)"
 
@@ -45,7 +47,9 @@ def _definition(name: str, description: str, schema: type[BaseModel]) -> ToolDef
 def _strip_titles(node: Any, names: bool = False) -> Any:
     if isinstance(node, dict):
         return {
-            key: _strip_titles(value, not names and key in _SCHEMA_MAPS)
+            key: value
+            if not names and key in _DATA
+            else _strip_titles(value, not names and key in _SCHEMA_MAPS)
             for key, value in node.items()
             if names or key != "title"
         }
