@@ -4,6 +4,7 @@ official SDK's request types, and answers built with the SDK's response models m
 from __future__ import annotations
 
 import base64
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -322,3 +323,17 @@ def test_estimate_needs_no_key_and_no_network() -> None:
     cost = anthropic.estimate(PromptGenRequest(prompt="x" * 400, params={"max_tokens": 1000}))
     assert cost == pytest.approx((100 * 3 + 1000 * 15) / 1e6)
     assert recorder.requests == []
+
+
+async def test_each_answer_logs_one_debug_line_and_a_cut_answer_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder = Recorder(text_answer(stop_reason="max_tokens"))
+    with caplog.at_level(logging.DEBUG, "toolloop.providers"):
+        await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "toolloop.providers"]
+    assert lines == [
+        ("DEBUG", "anthropic: claude-sonnet-4-5 answered length "
+                  "(100 prompt tokens, 0 cached, 0 written; 20 out) $0.000600 from tokens"),
+        ("WARNING", "anthropic: the answer of claude-sonnet-4-5 was cut at max_tokens (partial)"),
+    ]  # fmt: skip

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from pathlib import Path
 from typing import Literal, cast
 
-from toolloop.contract import AssistantMessage, ImagePart, PromptGenRequest, TextPart
+from toolloop.contract import AssistantMessage, ImagePart, PromptGenRequest, PromptGenResult, TextPart
 from toolloop.errors import PromptGenError
+
+log = logging.getLogger("toolloop.providers")
 
 Reasoning = Literal["off", "low", "medium", "high"]
 _LEVELS = ("off", "low", "medium", "high")
@@ -106,3 +109,15 @@ IMAGE_TOKENS = 1000
 
 def estimate_input_tokens(request: PromptGenRequest) -> int:
     return estimate_tokens(input_text(request)) + IMAGE_TOKENS * len(image_parts(request))
+
+
+def log_answer(provider: str, model: str, result: PromptGenResult) -> None:
+    """One DEBUG line per answer (a WARNING when it was cut at max_tokens); never the key or text."""
+    usage, source = result.usage, (result.meta or {}).get("cost_source")
+    log.debug(
+        "%s: %s answered %s (%d prompt tokens, %d cached, %d written; %d out) $%.6f from %s",
+        provider, model, result.finish_reason, usage.prompt_tokens, usage.cached_tokens,
+        usage.cache_write_tokens, usage.completion_tokens, result.cost_usd, source,
+    )  # fmt: skip
+    if result.finish_reason == "length":
+        log.warning("%s: the answer of %s was cut at max_tokens (partial)", provider, model)

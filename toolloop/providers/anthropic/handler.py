@@ -16,6 +16,7 @@ from toolloop.providers.common import (
     check_request,
     estimate_input_tokens,
     image_parts,
+    log_answer,
     max_tokens_of,
     read_images,
     reasoning_of,
@@ -92,7 +93,9 @@ class AnthropicHandler:
         body = build_body(request, model=model, reasoning=reasoning, images=images)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key)
-        return parse_message(data, price=price, model=model)
+        result = parse_message(data, price=price, model=model)
+        log_answer(self.name, model, result)
+        return result
 
     def _price(self, model: str) -> ModelPrice:
         price = find_price(self.prices, model)

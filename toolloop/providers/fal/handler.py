@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import httpx
@@ -16,6 +15,7 @@ from toolloop.providers.common import (
     estimate_input_tokens,
     image_parts,
     input_text,
+    log_answer,
     max_tokens_of,
     read_images,
     reasoning_of,
@@ -24,8 +24,6 @@ from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, promp
 from toolloop.providers.fal.response import flag, parse_completion
 from toolloop.providers.http import Endpoint, RetryPolicy, post_json
 from toolloop.providers.prices import FAL_PRICES, ModelPrice, find_price
-
-log = logging.getLogger("toolloop.providers")
 
 DEFAULT_RUN_URL = "https://fal.run"
 DEFAULT_MODEL = "anthropic/claude-opus-5.5"
@@ -97,8 +95,7 @@ class FalHandler:
         result = parse_completion(data, price=price, model=model, input_text=input_text(request))
         if result.meta is not None:
             result.meta["reasoning"] = reasoning
-        if result.finish_reason == "length":
-            log.warning("fal: the answer of %s was cut at max_tokens (partial)", model)
+        log_answer(self.name, model, result)
         return result
 
     def _model(self, request: PromptGenRequest) -> str:
