@@ -4,7 +4,7 @@
 2. CPU time to replay a 200-step journal to the next live step (target <= 20 ms);
 3. runs in flight per worker process at 1 s model latency (target >= 500 at >= 80 % of ideal).
 
-    .venv/bin/python bench/durable.py [--hops 200] [--trials 5] [--runs 500]
+    .venv/bin/python bench/durable.py [--hops 200] [--turns 20] [--trials 5] [--runs 500]
 
 Machines here are shared and noisy: every figure is a median of trials and sits beside its floor.
 """
@@ -25,7 +25,9 @@ import redis
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
+from _durable_runs import in_flight, per_step  # noqa: E402
 from _procs import Worker, env_with, running  # noqa: E402
+from _replay import measure_replay  # noqa: E402
 
 from toolloop.embedded import start_server  # noqa: E402
 
@@ -81,22 +83,71 @@ def ms(seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hops", type=int, default=200, help="steps per chain for the per-step figures")
+    parser.add_argument("--hops", type=int, default=200, help="hops per bare chain")
+    parser.add_argument("--turns", type=int, default=20, help="model turns per durable run (2N-1 steps)")
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=500, help="runs in flight for the last figure")
+    parser.add_argument("--flight-turns", type=int, default=3, help="model turns of each run in flight")
+    parser.add_argument("--latency", type=float, default=1.0, help="simulated model latency, s")
+    parser.add_argument("--skip", default="", help="comma-separated: floor,step,replay,flight")
     args = parser.parse_args(argv)
+    skip = set(args.skip.split(","))
+    results: dict[str, Any] = {}
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="toolloop-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         server = start_server(tmp / "redis")
         os.environ["BENCH_REDIS_URL"] = server.url
         try:
-            floor = bare_hop_floor(server.url, tmp, args.hops, args.trials)
+            if "floor" not in skip:
+                results["floor"] = bare_hop_floor(server.url, tmp, args.hops, args.trials)
+                print(f"  floor: {results['floor']}", file=sys.stderr)
+            if "step" not in skip:
+                results["step"] = per_step(server.url, tmp, POOL, args.turns, args.trials)
+                print(f"  step: {results['step']}", file=sys.stderr)
+            if "replay" not in skip:
+                results["replay"] = measure_replay(200, trials=20)
+                print(f"  replay: {results['replay']['cpu_s'] * 1000:.2f} ms", file=sys.stderr)
+            if "flight" not in skip:
+                results["flight"] = in_flight(server.url, tmp, args.runs, args.flight_turns, args.latency)
+                print(f"  flight: {results['flight']}", file=sys.stderr)
         finally:
             server.stop()
-    print(
-        f"bare Celery hop ({POOL[0]} c={POOL[1]}, settings from {floor['settings_from']}): "
-        f"{ms(floor['per_hop_s'])} per hop, trials {[round(t * 1000, 2) for t in floor['trials']]} ms"
-    )
+    print_table(results, args, load)
     return 0
+
+
+def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) -> None:
+    print(f"\ndurable runs, one worker process ({POOL[0]} pool), private Redis on loopback, "
+          f"{os.cpu_count()} CPUs, load average {load:.1f} at start")  # fmt: skip
+    print(f"{'figure':<44} {'ours':>12} {'floor/target':>14} {'ratio':>8}  verdict")
+    rows: list[tuple[str, str, str, float, bool]] = []
+    floor, step = results.get("floor"), results.get("step")
+    if floor:
+        rows.append(("bare Celery hop (floor), per hop", ms(floor["per_hop_s"]), "-", float("nan"), True))
+    if floor and step:
+        ratio = step["per_step_s"] / floor["per_hop_s"]
+        rows.append((f"durable step ({step['steps']}-step runs), per step", ms(step["per_step_s"]),
+                     "<= 1.5 x floor", ratio, ratio <= 1.5))  # fmt: skip
+    replay = results.get("replay")
+    if replay:
+        rows.append(("replay 200-step journal to next live step, CPU", ms(replay["cpu_s"]), "<= 20 ms",
+                     replay["cpu_s"] / 0.020, replay["cpu_s"] <= 0.020))  # fmt: skip
+    flight = results.get("flight")
+    if flight:
+        share = flight["ideal_s"] / flight["wall_s"] if flight["done"] == flight["runs"] else 0.0
+        rows.append((f"{flight['runs']} runs in flight at {args.latency:g} s, of ideal throughput",
+                     f"{share:.0%}", ">= 80 %", share / 0.8, share >= 0.8))  # fmt: skip
+    for name, ours, target, ratio, ok in rows:
+        shown = "" if ratio != ratio else f"{ratio:.2f}"
+        verdict = "-" if target == "-" else ("met" if ok else "MISSED")
+        print(f"{name:<44} {ours:>12} {target:>14} {shown:>8}  {verdict}")
+    if flight:
+        steps_per_s = flight["tasks"] / flight["wall_s"]
+        cpu_ms = flight["cpu_s"] * 1000 / flight["tasks"]
+        print(f"  in flight: {flight['done']}/{flight['runs']} done in {flight['wall_s']:.1f} s (ideal "
+              f"{flight['ideal_s']:.1f} s), {flight['model_calls']} model calls, {steps_per_s:.0f} steps/s, "
+              f"{cpu_ms:.1f} ms worker CPU per step, {flight['rss_mb']:.0f} MB")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""The durable-run figures of bench/durable.py, on a real `workers.app` worker and a private server.
+
+- `per_step`: one run at a time with the zero-latency scripted model of `_durable_agent` (N model
+  steps, N-1 tool steps); seconds per step = (last commit - enqueue) / steps, from the run's own
+  `created` and `touched` timestamps (one host's clock).
+- `in_flight`: R runs at once whose model is the provider simulator over real HTTP at 1 s latency
+  (providers.from_env, as in production). All runs are enqueued while the worker consumes only
+  `tools,control`; the clock starts when it is told to consume `llm` too. Ideal wall time is
+  (model turns x latency); "of ideal" = ideal / measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _procs import Worker, env_with
+
+from toolloop.sim import SimServer
+from workers.client import Client
+
+AGENT = {"TOOLLOOP_PROMPT_GEN": "_durable_agent:make_generate"}
+TOOLSET = "_durable_agent:TOOLS"
+
+
+def run_spec(turns: int, **extra: Any) -> dict[str, Any]:
+    user = {"role": "user", "content": "Review the rough cut, shot by shot."}
+    system = f"You review storyboards. turns={turns}"
+    return {"model": "claude-sonnet-4-5", "system": system, "toolset": TOOLSET, "max_steps": turns + 1,
+            "budget_usd": 100.0, "messages": [user], **extra}  # fmt: skip
+
+
+def wait_all(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    pending = set(run_ids)
+    statuses: dict[str, Any] = {}
+    while pending and time.monotonic() < deadline:
+        for run_id in list(pending):
+            status = client.status(run_id)
+            if status.status not in ("queued", "running"):
+                statuses[run_id] = status
+                pending.discard(run_id)
+        time.sleep(0.2)
+    if pending:
+        raise TimeoutError(f"{len(pending)} of {len(run_ids)} runs still running after {timeout:.0f} s")
+    return [statuses[run_id] for run_id in run_ids]
+
+
+def per_step(url: str, tmp: Path, pool: tuple[str, int], turns: int, trials: int) -> dict[str, Any]:
+    env = env_with(REDIS_URL=url, **AGENT)
+    worker = Worker("workers.app", pool=pool[0], concurrency=pool[1], queues=["llm", "tools", "control"],
+                    env=env, log=tmp / "durable-worker.log")  # fmt: skip
+    client = Client(url)
+    steps = 2 * turns - 1
+    per: list[float] = []
+    try:
+        worker.start(client.celery)
+        for trial in range(trials + 1):  # the first run warms the worker up and is not counted
+            run_id = client.enqueue(run_spec(turns))
+            (status,) = wait_all(client, [run_id], timeout=120)
+            if status.status != "done":
+                raise RuntimeError(f"bench run ended {status.status}: {status.error_message}")
+            if trial:
+                per.append((status.updated_at - status.created_at) / steps)
+    finally:
+        worker.stop()
+        client.close()
+    return {"per_step_s": statistics.median(per), "trials": per, "steps": steps}
+
+
+def in_flight(url: str, tmp: Path, runs: int, turns: int, latency: float) -> dict[str, Any]:
+    def turn(n: int) -> dict[str, Any]:
+        return {"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
+
+    script = [turn(n) for n in range(1, turns)] + [{"text": "Reviewed."}]
+    with SimServer(script, latency_s=latency) as sim:
+        env = env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
+                       TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+        worker = Worker("workers.app", pool="threads", concurrency=runs, queues=["tools", "control"], env=env,
+                        log=tmp / "in-flight-worker.log")  # fmt: skip
+        client = Client(url)
+        try:
+            worker.start(client.celery)
+            run_ids = [client.enqueue(run_spec(turns, provider="anthropic")) for _ in range(runs)]
+            cpu0 = worker.cpu_seconds()
+            start = time.time()
+            client.celery.control.add_consumer("llm", destination=[worker.name], reply=True, timeout=10)
+            statuses = wait_all(client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50))
+            cpu = worker.cpu_seconds() - cpu0
+            rss = worker.pid_rss_mb()
+        finally:
+            worker.stop()
+            client.close()
+        requests = sim.stats()["requests"]
+    done = [s for s in statuses if s.status == "done"]
+    wall = max(s.updated_at for s in statuses) - start
+    return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
+            "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1)}  # fmt: skip
