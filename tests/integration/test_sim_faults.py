@@ -141,3 +141,9 @@ def test_a_policy_that_raises_is_a_500_naming_the_error() -> None:
         response = post_anthropic(sim)
     assert response.status_code == 500
     assert "no such shot" in response.json()["error"]["message"]
+
+
+def test_a_streaming_request_is_refused_with_a_400_that_says_so(faulty: SimServer) -> None:
+    response = post_anthropic(faulty, anthropic_body() | {"stream": True})
+    assert response.status_code == 400
+    assert "does not stream" in response.json()["error"]["message"]

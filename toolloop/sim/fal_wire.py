@@ -81,6 +81,7 @@ def parse(body: Any) -> Parsed:
     require(isinstance(body, dict), "The request body must be a JSON object.")
     model = body.get("model")
     require(isinstance(model, str) and bool(model), "model is required")
+    require(not body.get("stream"), "The simulator does not stream answers; send the request without stream.")
     raw_messages = body.get("messages")
     require(isinstance(raw_messages, list) and bool(raw_messages), "messages must not be empty")
     blocks: list[Block] = []
