@@ -18,7 +18,9 @@ from workers.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
-POLICY = "examples.storyboard.policy:review_policy"
+POLICY = "tests.integration.cli_policy:policy"
+TOOLSET = "examples.storyboard.tools:REVIEW_TOOLS"
+FAIL_ONCE = "Fail once, then answer."
 ANSWER = "Keep shot 3; trim shot 5 by a second."
 
 
@@ -140,6 +142,29 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
         assert lines[-1] == "run      finished: done"
         final = json.loads(toolloop(env, "status", run_id, "--json").stdout)
         assert final["status"] == "done" and ANSWER in final["final_text"]
+
+        # a run that fails (the provider refuses its first request), then is retried from its journal
+        failing = toolloop(
+            env,
+            "run",
+            FAIL_ONCE,
+            "--model",
+            "claude-sonnet-4-5",
+            "--toolset",
+            TOOLSET,
+            "--follow",
+            timeout=90,
+        )
+        assert failing.returncode == 1, failing.stdout + failing.stderr
+        assert failing.stdout.splitlines()[-1].startswith("run      failed: PromptGenUnavailableError")
+        failed_id = failing.stdout.splitlines()[0]
+        assert toolloop(env, "retry", failed_id).stdout.strip() == f"Retrying {failed_id}."
+        retried = toolloop(env, "events", failed_id, "--follow", timeout=90)
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        assert retried.stdout.splitlines()[-1] == "run      finished: done"
+        assert json.loads(toolloop(env, "status", failed_id, "--json").stdout)["final_text"] == (
+            "Answered after a retry."
+        )
     finally:
         os.kill(worker.pid, signal.SIGTERM)  # the command forwards it to its Celery worker
         try:

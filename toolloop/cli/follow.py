@@ -55,8 +55,8 @@ def follow(
     totals: Totals | None = None,
     check: Callable[[], None] | None = None,
 ) -> int:
-    """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 0
-    when the run is done (or still going without `keep_following`), 1 when it failed or stopped.
+    """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 1
+    when it followed the run to a failure, else 0 (a budget, steps or cancel stop is an outcome).
     `check` is called before every read (the demo raises from it when its worker died)."""
     progress = Progress()
     totals = totals if totals is not None else Totals()
@@ -79,7 +79,7 @@ def follow(
         progress.set(f"⟳ {run_id}  {state}  step {totals.steps}  ${spent:.4f}")
         if state in FINAL or not keep_following:
             progress.clear()
-            return 0 if state == "done" or state not in FINAL else 1
+            return 1 if state == "failed" and keep_following else 0
         if state == "asked":
             held = question_of(status)
             key = json.dumps(held, sort_keys=True)
