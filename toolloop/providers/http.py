@@ -26,6 +26,7 @@ import inspect
 import json
 import logging
 import random
+import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -184,7 +185,7 @@ async def _attempt(
     status = response.status_code
     if 200 <= status < 300:
         try:
-            return None, response.json()
+            return None, valid_text(response.json())
         except ValueError:
             raise PromptGenError(
                 f"{name} answered HTTP {status} with a body that is not JSON.\n"
@@ -245,6 +246,22 @@ def _final(error: PromptGenError, attempts: int) -> PromptGenError:
     if isinstance(error, PromptGenUnavailableError):
         return PromptGenUnavailableError(message, error.reason, error.status)
     return PromptGenError(message, error.status, error.retryable, error.retry_after)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(data: Any) -> Any:
+    """`data` (parsed JSON) with every lone surrogate replaced by U+FFFD. JSON may carry one as an
+    unpaired `\\ud800` escape; such a str cannot be encoded to UTF-8, so a model answer holding one
+    could not be journaled (Redis), dumped by pydantic, or sent back to the provider."""
+    if isinstance(data, str):
+        return _LONE_SURROGATE.sub("\ufffd", data)
+    if isinstance(data, list):
+        return [valid_text(item) for item in data]
+    if isinstance(data, dict):
+        return {valid_text(key): valid_text(value) for key, value in data.items()}
+    return data
 
 
 def error_detail(response: httpx.Response) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
+from toolloop.providers.http import valid_text
 from toolloop.providers.prices import ModelPrice, token_cost
 
 _FINISH: dict[str, FinishReason] = {
@@ -89,7 +90,7 @@ def _tool_call(block: dict[str, Any]) -> ToolCall:
             value = {}
         else:
             try:
-                value = json.loads(value)
+                value = valid_text(json.loads(value))
             except ValueError:
                 raise ToolArgumentsError(name, value) from None
     return ToolCall(id=call_id, name=name, input={} if value is None else value)

@@ -22,6 +22,7 @@ from typing import Any
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
 from toolloop.providers.common import estimate_tokens
+from toolloop.providers.http import valid_text
 from toolloop.providers.prices import ModelPrice, token_cost
 
 _FLAGGED = re.compile(r"content_policy|sensitive|likeness|nsfw|moderation", re.IGNORECASE)
@@ -51,7 +52,8 @@ def parse_completion(
     message: dict[str, Any] = raw_message if isinstance(raw_message, dict) else {}
     raw_finish = choice.get("finish_reason")
     finish: FinishReason = raw_finish if raw_finish in ("stop", "tool_calls", "length") else "other"
-    calls = [_tool_call(item, provider) for item in message.get("tool_calls") or []]
+    raw_calls = message.get("tool_calls")
+    calls = [_tool_call(item, provider) for item in (raw_calls if isinstance(raw_calls, list) else [])]
     content = message.get("content")
     if isinstance(content, str):
         text = content
@@ -145,7 +147,7 @@ def _tool_call(item: Any, provider: str) -> ToolCall:
         value: Any = {}
     elif isinstance(arguments, str):
         try:
-            value = json.loads(arguments)
+            value = valid_text(json.loads(arguments))
         except ValueError:
             raise ToolArgumentsError(name, arguments) from None
     else:
