@@ -115,6 +115,7 @@ def test_a_drop_fault_closes_the_connection_without_a_response(faulty: SimServer
     with pytest.raises(httpx.RemoteProtocolError):
         post_fal(faulty, fal)
     assert faulty.stats()["faults"] == {"drop": 2}
+    assert faulty.stats()["statuses"] == {"dropped": 2, "200": 1}
 
 
 def test_a_refusal_fault_on_each_wire(faulty: SimServer) -> None:
@@ -147,3 +148,8 @@ def test_a_streaming_request_is_refused_with_a_400_that_says_so(faulty: SimServe
     response = post_anthropic(faulty, anthropic_body() | {"stream": True})
     assert response.status_code == 400
     assert "does not stream" in response.json()["error"]["message"]
+
+
+def test_a_body_that_is_not_json_is_a_400(faulty: SimServer) -> None:
+    response = httpx.post(f"{faulty.base_url}/v1/messages", headers=ANTHROPIC, content=b"\xff{not json")
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"

@@ -26,8 +26,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from toolloop.sim import anthropic_wire, fal_wire
-from toolloop.sim.cache import CacheRequestError, PromptCache
-from toolloop.sim.common import Wire, WireInputError
+from toolloop.sim.cache import PromptCache
+from toolloop.sim.common import Wire
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
 
 log = logging.getLogger("toolloop.sim")
@@ -35,6 +35,10 @@ log = logging.getLogger("toolloop.sim")
 ANTHROPIC_PATH = "/v1/messages"
 FAL_PATH = "/openrouter/router/openai/v1/chat/completions"
 _SEND_KEY = "toolloop.sim.send"
+
+
+class _Dropped(Response):
+    """The response of a "drop" fault: its connection is already closed, nothing is sent."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,9 @@ class Simulator:
         async def endpoint(request: Request) -> Response:
             self._count("endpoints", wire.name)
             response = await self._serve(wire, request)
-            self._count("statuses", str(response.status_code))
+            self._count(
+                "statuses", "dropped" if isinstance(response, _Dropped) else str(response.status_code)
+            )
             return response
 
         return endpoint
@@ -118,7 +124,7 @@ class Simulator:
         try:
             parsed = module.parse(json.loads(await http.body()))
             plan = self.cache.plan(parsed.request.model, parsed.blocks)
-        except (WireInputError, CacheRequestError, json.JSONDecodeError) as error:
+        except ValueError as error:  # bad JSON, WireInputError, CacheRequestError, a contract type's check
             return self._error(wire, 400, str(error), request_id)
         sim = parsed.request
         self._count("conversations", sim.conversation_id)
@@ -171,10 +177,9 @@ class Simulator:
     def _drop(self, http: Request) -> Response:
         send = http.scope.get(_SEND_KEY)
         transport = getattr(getattr(send, "__self__", None), "transport", None)
-        if transport is None:  # not under uvicorn: the closest thing is an empty 500
-            return Response(status_code=500)
-        transport.abort()  # later writes to an aborted transport are discarded silently
-        return Response(status_code=500)
+        if transport is not None:  # under another server the closest thing is the empty 500 below
+            transport.abort()  # later writes to an aborted transport are discarded silently
+        return _Dropped(status_code=500)
 
     async def _stats_route(self, request: Request) -> Response:
         return JSONResponse(self.stats())
