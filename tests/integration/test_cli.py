@@ -191,4 +191,7 @@ def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
     assert "read from cache" in cache and "saving $0.0" in cache
     # it stopped what it started: the embedded server and the worker
     assert not (tmp_path / "state" / "redis" / "server.json").exists()
+    worker_pid = int(out.split("celery worker pid ")[1].split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker_pid, 0)
     assert toolloop(env, "down").stdout.strip() == "No embedded Redis was running here."
