@@ -87,9 +87,12 @@ def in_flight(url: str, tmp: Path, runs: int, turns: int, latency: float) -> dic
             cpu0 = worker.cpu_seconds()
             start = time.time()
             client.celery.control.add_consumer("llm", destination=[worker.name], reply=True, timeout=10)
+            profiler = worker.spy(turns * latency * 3)
             statuses = wait_all(client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50))
             cpu = worker.cpu_seconds() - cpu0
             rss = worker.pid_rss_mb()
+            if profiler:
+                profiler.wait(timeout=120)
         finally:
             worker.stop()
             client.close()

@@ -103,6 +103,17 @@ class Worker:
                 total += int(fields[11]) + int(fields[12])
         return total / ticks
 
+    def spy(self, seconds: float) -> subprocess.Popen[bytes] | None:
+        """With BENCH_PYSPY=<file>, sample this worker with py-spy for `seconds` (raw collapsed stacks
+        per thread, busy samples only) in the background; None without it."""
+        out = os.environ.get("BENCH_PYSPY")
+        if not out or not self.process:
+            return None
+        py_spy = Path(sys.executable).with_name("py-spy")
+        args = [str(py_spy), "record", "-p", str(self.process.pid), "-d", str(int(seconds)), "-f", "raw",
+                "-o", out, "--nonblocking", "--threads", "--subprocesses"]  # fmt: skip
+        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     def stop(self, grace: float = 10.0) -> None:
         if not self.process or self.process.poll() is not None:
             return

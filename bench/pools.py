@@ -61,30 +61,6 @@ def slow_server(latency: float) -> Iterator[str]:
         process.wait(timeout=10)
 
 
-def spy(worker: Worker, seconds: int) -> subprocess.Popen[bytes] | None:
-    """With BENCH_PYSPY=<file>, sample the worker with py-spy (collapsed stacks) while it runs."""
-    out = os.environ.get("BENCH_PYSPY")
-    if not out or not worker.process:
-        return None
-    py_spy = Path(sys.executable).with_name("py-spy")
-    args = [
-        str(py_spy),
-        "record",
-        "-p",
-        str(worker.process.pid),
-        "-d",
-        str(seconds),
-        "-f",
-        "raw",
-        "-o",
-        out,
-        "--nonblocking",
-        "--subprocesses",
-        "--threads",
-    ]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def measure(
     app: Any, task: Any, worker: Worker, client: redis.Redis, runs: int, steps: int
 ) -> dict[str, Any]:
@@ -97,7 +73,7 @@ def measure(
         while not client.blpop([f"bench:done:{group}"], timeout=1) and time.monotonic() < deadline:
             pass
         cpu0 = worker.cpu_seconds()
-        profiler = spy(worker, steps)
+        profiler = worker.spy(steps * 3)
         start = time.time()
         for i in range(runs):
             task.apply_async((f"{group}:{i}", 0, steps))
