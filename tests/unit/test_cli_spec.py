@@ -79,3 +79,12 @@ def test_invalid_fields_name_the_field() -> None:
     with pytest.raises(CliError) as caught:
         build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--budget", "-1"))
     assert "budget_usd" in caught.value.message.splitlines()[0]
+
+
+def test_system_text_from_a_file(tmp_path: Path) -> None:
+    brief = tmp_path / "brief.txt"
+    brief.write_text("You review storyboards.\n")
+    spec = build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--system", f"@{brief}"))
+    assert spec.system == "You review storyboards.\n"
+    with pytest.raises(CliError, match="Cannot read the system text file"):
+        build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--system", f"@{tmp_path / 'no'}"))

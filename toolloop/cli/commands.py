@@ -48,7 +48,7 @@ def add_commands(sub: Any) -> None:
     run.add_argument("prompt", nargs="?", help="the user's first message")
     run.add_argument("-f", "--file", type=Path, help="a run spec as JSON or YAML; flags override it")
     run.add_argument("--model")
-    run.add_argument("--system", help="the system text")
+    run.add_argument("--system", help="the system text, or @FILE to read it from a file")
     run.add_argument("--toolset", help='import path of a list of ToolSpec, "pkg.mod:NAME"')
     run.add_argument("--budget", dest="budget_usd", type=float, help="USD limit of the run")
     run.add_argument("--finish-at", type=float, help="share of the budget where finish mode starts")

@@ -50,6 +50,13 @@ def load_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text()
+    except OSError as error:
+        raise CliError(f"Cannot read the {what} file {str(path)!r}: {error.strerror}.\n{SPEC_HINT}") from None
+
+
 def spec_data(args: argparse.Namespace) -> dict[str, Any]:
     """The spec as a dict: the file's, then every flag that was given, then the prompt."""
     data = load_file(args.file) if args.file else {}
@@ -59,6 +66,9 @@ def spec_data(args: argparse.Namespace) -> dict[str, Any]:
             data[name] = value
     if getattr(args, "fallback", None):
         data["fallback"] = [name.strip() for name in args.fallback.split(",") if name.strip()]
+    system = data.get("system")
+    if isinstance(system, str) and system.startswith("@"):  # --system @brief.txt
+        data["system"] = read_text(Path(system[1:]), "system text")
     if args.prompt:
         data["messages"] = [*data.get("messages", []), {"role": "user", "content": args.prompt}]
     return data
