@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,12 @@ from workers.runs import flush_outbox, script, send_member
 from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
+
+_CACHE_SIZE = 4096
+_cache: OrderedDict[str, tuple[str, str, dict[str, str], str]] = OrderedDict()
+"""run id -> (tag, spec JSON, journal entries, input JSON) as of this process's last commit of it:
+the next step of a run that stays on this worker loads nothing but the state (RUN_BEGIN's tag)."""
+_cache_lock = threading.Lock()
 
 Progress = Callable[..., None]
 
@@ -62,10 +70,13 @@ class _Step:
 
     def run(self) -> str:
         r = self.run_id
+        with _cache_lock:
+            cached = _cache.pop(r, None)
         begin = script(self.redis, scripts.RUN_BEGIN)(
             keys=[keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
                   keys.spend(r), keys.inputs(r), keys.answers(r)],
-            args=[self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, "")],
+            args=[self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
+                  cached[0] if cached else ""],
         )  # fmt: skip
         code = begin[0]
         if code == "stale":  # committed already: make sure its successor went out
@@ -73,14 +84,18 @@ class _Step:
             return "stale"
         if code != "run":
             return str(code)
-        _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside = begin
+        _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, tag = begin
+        if spec_json is None and cached is not None and cached[0] == tag:  # nothing new since our commit
+            _, spec_json, entries, input_json = cached
+        else:
+            entries = _pairs(journal_flat)
+        self.spec_json, self.input_json = spec_json, input_json
         self.token = int(token)
         self.lease = f"{self.owner}:{token}"
         self.state = _pairs(state_flat)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
         self.outside = float(outside)
-        entries = _pairs(journal_flat)
         if int(attempts) > self.settings.max_deliveries:
             error = DeliveryLimitError(
                 f"Step {self.n} of run {self.run_id!r} was delivered {attempts} times without finishing.\n"
@@ -179,17 +194,19 @@ class _Step:
     ) -> str:
         pending = getattr(self, "journal", None) and self.journal.pending
         field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
+        committed = int(self.state.get(f"events:{self.segment}", 0))
+        events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
         payload = {
             "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
             "field": field, "value": value, "outcome": outcome, "queue": extra.pop("queue", "llm"),
             "now": time.time(), "state": {k: str(v) for k, v in state.items()},
-            "events": [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events)],
+            "events": events,
             "cancel_text": "Not run: cancel.", **extra,
         }  # fmt: skip
         where = self.prefix + (field or "-")
         kill_point("commit:before", run=self.run_id, key=where)
         r = self.run_id
-        ok, _stored, member = script(self.redis, scripts.RUN_COMMIT)(
+        ok, stored, member = script(self.redis, scripts.RUN_COMMIT)(
             keys=[keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                   keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix)],
             args=[json.dumps(payload)],
@@ -198,6 +215,16 @@ class _Step:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         kill_point("commit:after", run=r, key=where)
+        if outcome == "next" and (not field or stored == value):
+            with _cache_lock:
+                _cache[r] = (
+                    f"{self.lease}|{self.segment}",
+                    self.spec_json,
+                    self.journal.entries,
+                    self.input_json,
+                )
+                if len(_cache) > _CACHE_SIZE:
+                    _cache.popitem(last=False)
         if member:
             send_member(self.redis, self.celery, r, str(member))
             kill_point("enqueue:after", run=r, key=where)
@@ -208,9 +235,8 @@ class _Step:
 
     def totals(self) -> dict[str, Any]:
         """Spend and steps so far, for the status of a run between two steps."""
-        costs = [json.loads(text)["cost_usd"] for text in self.journal.entries.values()]
         models = sum(1 for key in self.journal.entries if key.startswith("model:"))
-        spent = float(self.state.get("carried_usd", 0)) + sum(costs)
+        spent = float(self.state.get("carried_usd", 0)) + self.journal.cost_usd
         spent += self.outside - float(self.state.get("spend_base", 0))
         return {"spent_usd": spent, "steps": self.steps_base + models}
 
@@ -221,12 +247,13 @@ class _Step:
         call_id = key.removeprefix("tool:")
         if call_id.endswith((":start", ":wait")):
             call_id = call_id.rsplit(":", 1)[0]
-        for entry_key, text in self.journal.entries.items():
-            if entry_key.startswith("model:"):
-                for call in json.loads(text)["value"]["result"].get("tool_calls", []):
-                    if call["id"] == call_id:
-                        tool: ToolSpec | None = self.tools.get(call["name"])
-                        return (tool.queue if tool else None) or "tools"
+        turns = [int(k.removeprefix("model:")) for k in self.journal.entries if k.startswith("model:")]
+        if turns:  # the next tool step answers a call of the latest model turn
+            latest = json.loads(self.journal.entries[f"model:{max(turns)}"])
+            for call in latest["value"]["result"].get("tool_calls", []):
+                if call["id"] == call_id:
+                    tool: ToolSpec | None = self.tools.get(call["name"])
+                    return (tool.queue if tool else None) or "tools"
         return "tools"
 
 

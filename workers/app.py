@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
+from kombu import Queue  # type: ignore[attr-defined]
 
 from workers.settings import Settings
 
@@ -48,7 +48,7 @@ def make_app(settings: Settings | None = None) -> Celery:
         worker_soft_shutdown_timeout=30.0,
         worker_enable_soft_shutdown_on_idle=True,
         task_default_queue="llm",
-        task_queues=[Queue(name) for name in QUEUES],
+        task_queues=[Queue(name) for name in QUEUES],  # type: ignore[no-untyped-call]
         task_routes={
             ADVANCE: {"queue": "llm"},
             ANSWER: {"queue": "control"},

@@ -65,7 +65,7 @@ class Client:
         asked = state.get("asked")
         return RunStatus(
             run_id=run_id,
-            status=state["status"],  # type: ignore[arg-type]
+            status=state["status"],
             segment=int(state.get("segment", 0)),
             steps=int(state.get("steps", 0)),
             spent_usd=float(state.get("spent_usd", 0)),
@@ -100,8 +100,8 @@ class Client:
         stream = keys.events(run_id)
         while True:
             wait = block_ms if block_ms is not None else (1000 if follow else None)
-            reply = self._blocking.xread({stream: cursor}, count=500, block=wait)
-            entries = reply[0][1] if reply else []  # type: ignore[index]
+            reply: Any = self._blocking.xread({stream: cursor}, count=500, block=wait)
+            entries: list[tuple[str, dict[str, str]]] = reply[0][1] if reply else []
             for entry_id, fields in entries:
                 cursor = entry_id
                 record = _record(entry_id, fields)
@@ -112,14 +112,15 @@ class Client:
                 return
 
     def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
-        """The status once the run has ended, or parked on a question no sent answer is on its way to;
-        TimeoutError after `timeout` s."""
+        """The status once the run has ended, or parked on a question that no sent answer or cancel is
+        on its way to; TimeoutError after `timeout` s."""
         deadline = time.monotonic() + timeout
         while True:
             status = self.status(run_id)
             if status.status in FINAL:
                 return status
-            if status.status == "asked" and not self.redis.hlen(keys.inbox(run_id)):
+            settled = not (status.cancel_requested or self.redis.hlen(keys.inbox(run_id)))
+            if status.status == "asked" and settled:
                 return status
             if time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -134,7 +135,7 @@ class Client:
         """Answer the run's question (the one it holds, or the next one it asks when it has not parked
         yet). The first answer to a question wins; later ones are ignored. Returns the answer id."""
         state = self.redis.hmget(keys.state(run_id), "status", "segment")
-        status, segment = state  # type: ignore[misc]
+        status, segment = state
         if status is None:
             raise RunNotFoundError(run_id)
         answer_id = runs.store_answer(self.redis, run_id, int(segment or 0), content)
@@ -174,7 +175,7 @@ class Client:
         """Bill `usd` of outside spend (child work, services) to the run's budget; the new total."""
         if not self.redis.exists(keys.state(run_id)):
             raise RunNotFoundError(run_id)
-        return float(self.redis.incrbyfloat(keys.spend(run_id), usd))  # type: ignore[arg-type]
+        return float(self.redis.incrbyfloat(keys.spend(run_id), usd))
 
 
 def _record(entry_id: str, fields: dict[str, str]) -> RunEventRecord:

@@ -82,10 +82,10 @@ def flush_outbox(
 ) -> int:
     """Send every successor recorded for `run_id` (only those older than `older_than` s when given)."""
     top = "+inf" if older_than is None else time.time() - older_than
-    members = client.zrangebyscore(keys.outbox(run_id), "-inf", top)
-    for member in members:  # type: ignore[union-attr]
+    members: list[str] = client.zrangebyscore(keys.outbox(run_id), "-inf", top)  # type: ignore[assignment]
+    for member in members:
         send_member(client, celery, run_id, str(member))
-    return len(members)  # type: ignore[arg-type]
+    return len(members)
 
 
 def answer(client: redis_lib.Redis, celery: Celery, run_id: str, answer_id: str) -> str:
@@ -113,10 +113,10 @@ def store_answer(client: redis_lib.Redis, run_id: str, segment: int, content: st
 def cancel(client: redis_lib.Redis, celery: Celery, run_id: str) -> str:
     """A parked run is answered `Not run: cancel.` and resumes into a cancel stop; a queued or running
     run was already marked (its live step is aborted, its next step stops)."""
-    state = client.hgetall(keys.state(run_id))
-    if state.get("status") != "asked":  # type: ignore[union-attr]
-        return str(state.get("status"))  # type: ignore[union-attr]
-    answer_id = store_answer(client, run_id, int(state["segment"]), CANCEL_ANSWER)  # type: ignore[index]
+    state: dict[str, str] = client.hgetall(keys.state(run_id))  # type: ignore[assignment]
+    if state.get("status") != "asked":
+        return str(state.get("status"))
+    answer_id = store_answer(client, run_id, int(state["segment"]), CANCEL_ANSWER)
     return answer(client, celery, run_id, answer_id)
 
 
@@ -132,8 +132,8 @@ def sweep(
     settings = settings or Settings.from_env()
     done = {"resent": 0, "redriven": 0, "ended": 0}
     now = time.time()
-    for run_id in client.zrange(keys.LIVE_RUNS, 0, -1):  # type: ignore[union-attr]
-        run_id = str(run_id)
+    live: list[str] = client.zrange(keys.LIVE_RUNS, 0, -1)  # type: ignore[assignment]
+    for run_id in live:
         pipe = client.pipeline(transaction=False)
         pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
         pipe.zcard(keys.outbox(run_id))

@@ -125,7 +125,7 @@ def disarm(run_id: str, controller: AbortController) -> None:
 def _listen_for_cancels() -> None:
     while True:
         try:
-            pubsub = redis().pubsub(ignore_subscribe_messages=True)
+            pubsub = redis().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             pubsub.subscribe(keys.CANCEL_CHANNEL)
             while True:
                 message = pubsub.get_message(timeout=1.0)

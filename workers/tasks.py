@@ -15,7 +15,7 @@ from workers import runs, runtime
 from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, app
 
 
-@app.task(name=ADVANCE, bind=True)
+@app.task(name=ADVANCE, bind=True)  # type: ignore[untyped-decorator]
 def advance(self: Task, run_id: str, n: int) -> str:
     """Run the n-th step of a run and send the next one (or finish, or park)."""
 
@@ -25,19 +25,19 @@ def advance(self: Task, run_id: str, n: int) -> str:
     return advance_step.advance(app, run_id, int(n), progress)
 
 
-@app.task(name=ANSWER)
+@app.task(name=ANSWER)  # type: ignore[untyped-decorator]
 def answer(run_id: str, answer_id: str) -> str:
     """Apply an answer from the run's inbox: the first answer to a held ask wins."""
     return runs.answer(runtime.redis(), app, run_id, answer_id)
 
 
-@app.task(name=CANCEL)
+@app.task(name=CANCEL)  # type: ignore[untyped-decorator]
 def cancel(run_id: str) -> str:
     """Finish the cancel of a parked run (a running one stops through its abort signal)."""
     return runs.cancel(runtime.redis(), app, run_id)
 
 
-@app.task(name=SWEEP)
+@app.task(name=SWEEP)  # type: ignore[untyped-decorator]
 def sweep() -> dict[str, int]:
     """Re-send lost successors and re-drive stalled runs (each worker also sweeps on a timer)."""
     return runs.sweep(runtime.redis(), app)

@@ -26,7 +26,7 @@ def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
 
     client.answer(run_id, "Shot 3")
     status = client.wait(run_id, timeout=20)
-    assert status.status == "done"
+    assert status.status == "done", status
     assert status.final_text == "You said: Shot 3"
     assert status.segment == 1 and status.steps == 2 and status.asked is None
     assert status.spent_usd == pytest.approx(0.02)
@@ -47,7 +47,7 @@ def test_an_answer_sent_twice_counts_once(client: Client) -> None:
     client.answer(run_id, "first")
     client.answer(run_id, "second")
     status = client.wait(run_id, timeout=20)
-    assert status.status == "done"
+    assert status.status == "done", status
     assert status.final_text == "You said: first"
     assert kinds(client, run_id).count("answered") == 1
     answered = [e for e in client.events(run_id) if e.kind == "answered"]
@@ -59,7 +59,7 @@ def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client) ->
     client.answer(run_id, "early")
     assert client.status(run_id).status in ("queued", "running")
     status = client.wait(run_id, timeout=20)
-    assert status.status == "done"
+    assert status.status == "done", status
     assert status.final_text == "You said: early"
     assert kinds(client, run_id) == [
         "queued", "model", "tool", "model", "parked", "answered", "resumed", "model", "finished",

@@ -88,30 +88,35 @@ class RedisJournal:
         self.owner = owner or uuid.uuid4().hex
         self.pending: list[tuple[str, str, float]] = []
         """Live steps run but not written (one-step mode): (key, stored JSON, cost)."""
+        self.cost_usd = 0.0
+        """The cost of every step `step` has returned so far, replayed ones included."""
         self.hash_key = keys.journal(run_id, prefix)
-        self._acquire_script = redis.register_script(scripts.LEASE_ACQUIRE)
-        self._release_script = redis.register_script(scripts.LEASE_RELEASE)
-        self._commit_script = redis.register_script(scripts.STEP_COMMIT)
 
     async def step(self, key: str, work: StepWork) -> Any:
         stored: Any = self.entries.get(key)
         if stored is None and self.live_steps is None:
             stored = await asyncio.to_thread(self.redis.hget, self.hash_key, key)
         if stored is not None:
-            return json.loads(stored)["value"]
+            return self._returned(stored)
         if self.live_steps is not None and len(self.pending) >= self.live_steps:
             raise StepBoundary(key)
         if self.before_live is not None:
             self.before_live(key)
         self.signal.throw_if_aborted()
         if self.live_steps is not None:
-            text = encode_entry(await work(self.signal))
-            self.pending.append((key, text, json.loads(text)["cost_usd"]))
+            result = await work(self.signal)
+            text = encode_entry(result)
+            self.pending.append((key, text, result.cost_usd))
             self.entries[key] = text
-            return json.loads(text)["value"]
+            return self._returned(text)
         text = await self._run_leased(key, work)
         self.entries[key] = text
-        return json.loads(text)["value"]
+        return self._returned(text)
+
+    def _returned(self, stored: str | bytes) -> Any:
+        entry = json.loads(stored)
+        self.cost_usd += entry["cost_usd"]
+        return entry["value"]
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -146,17 +151,17 @@ class RedisJournal:
         )
 
     def _acquire(self) -> int | None:
-        got, value = self._acquire_script(
+        got, value = self.redis.register_script(scripts.LEASE_ACQUIRE)(
             keys=[keys.lease(self.run_id), keys.fence(self.run_id)], args=[self.owner, self.lease_ms]
         )
         return int(value) if int(got) == 1 else None
 
     def _release(self, lease_value: str) -> None:
-        self._release_script(keys=[keys.lease(self.run_id)], args=[lease_value])
+        self.redis.register_script(scripts.LEASE_RELEASE)(keys=[keys.lease(self.run_id)], args=[lease_value])
 
     def _commit(self, key: str, text: str, token: int, lease_value: str) -> str | None:
         """The stored value after the commit script (None: fenced and nothing stored yet)."""
-        _ok, stored = self._commit_script(
+        _ok, stored = self.redis.register_script(scripts.STEP_COMMIT)(
             keys=[self.hash_key, keys.fence(self.run_id), keys.lease(self.run_id)],
             args=[key, text, token, lease_value],
         )

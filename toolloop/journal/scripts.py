@@ -71,9 +71,11 @@ RUN_BEGIN = (
 -- Start of an `advance` task: check it is due, take the run's lease, count the delivery, load all.
 -- KEYS: 1 state 2 spec 3 lease 4 fence 5 attempts 6 spend 7 input 8 answers
 -- ARGV: 1 owner 2 lease ttl ms 3 n (the commit this task makes) 4 now 5 journal key prefix
+--       6 the caller's cache tag ("<last commit's lease>|<segment>" it holds the journal of, or '')
 -- -> {'missing'} | {'idle', status} | {'stale', n} | {'early', n} | {'busy', pttl}
---    | {'run', token, attempts, state (flat), spec, journal (flat), input or false,
---       answer to the previous segment's ask or false, outside spend}
+--    | {'run', token, attempts, state (flat), spec, journal (flat), input, answer to the previous
+--       segment's ask or false, outside spend, tag}; spec, journal and input are false when the
+--       caller's tag is current: no commit happened since the caller's own (fields are write-once)
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then return {'idle', status} end
@@ -98,9 +100,16 @@ local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
 local input = redis.call('HGET', KEYS[7], 's' .. segment)
 local answer = false
 if segment > 0 then answer = redis.call('HGET', KEYS[8], 's' .. (segment - 1)) end
-return {'run', token, attempts, redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]),
-  redis.call('HGETALL', ARGV[5] .. 's' .. segment), input or false, answer or false,
-  redis.call('GET', KEYS[6]) or '0'}
+local tag = (redis.call('HGET', KEYS[1], 'last_lease') or '') .. '|' .. segment
+local spec, journal = false, false
+if tag ~= ARGV[6] then
+  spec = redis.call('GET', KEYS[2])
+  journal = redis.call('HGETALL', ARGV[5] .. 's' .. segment)
+else
+  input = false
+end
+return {'run', token, attempts, redis.call('HGETALL', KEYS[1]), spec, journal, input or false,
+  answer or false, redis.call('GET', KEYS[6]) or '0', tag}
 """
 )
 
@@ -133,7 +142,7 @@ for _, e in ipairs(p.events) do
     count = e[1]
   end
 end
-redis.call('HSET', KEYS[1], count_field, count, 'n', p.n, 'touched', p.now)
+redis.call('HSET', KEYS[1], count_field, count, 'n', p.n, 'touched', p.now, 'last_lease', p.lease)
 for field, text in pairs(p.state) do redis.call('HSET', KEYS[1], field, text) end
 local member = false
 local function resume(next_segment)
