@@ -53,7 +53,9 @@ class WorkerPool:
         concurrency: int = 1,
         queues: str = "llm,tools,control",
         events: bool = True,
+        loglevel: str = "INFO",
     ) -> None:
+        self.loglevel = loglevel
         self.log_dir = log_dir
         self.size = size
         self.concurrency = concurrency
@@ -75,7 +77,7 @@ class WorkerPool:
         args = [
             sys.executable, "-m", "celery", "-A", "workers.app", "worker",
             "-P", "threads", "-c", str(self.concurrency), "-Q", self.queues,
-            "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", "INFO",
+            "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", self.loglevel,
         ]  # fmt: skip
         if self.events:
             args.append("-E")
