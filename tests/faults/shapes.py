@@ -61,7 +61,8 @@ class Shape:
 
         With `faults`, `extra` may add: `faults: {turn: SimFault dict}` (served by the simulator, which
         counts its `times`), `raw_once: [turn, ...]` (the first attempt's first call has arguments
-        that are not JSON), `refuse: {wire: status}` (every request on that wire is refused)."""
+        that are not JSON), `raw: {turn: text}` (the first call's arguments are always this text),
+        `refuse: {wire: status}` (every request on that wire is refused)."""
         if index < len(self.turns):
             calls = [{"name": call.tool, "input": call.input} for call in self.turns[index]]
             answer = {
@@ -79,6 +80,12 @@ class Shape:
         fault = self.extra.get("faults", {}).get(index)
         if fault:
             answer["fault"] = fault
+        raw = self.extra.get("raw", {}).get(index)
+        if raw is not None and answer.get("tool_calls"):
+            answer["tool_calls"] = [
+                {**answer["tool_calls"][0], "raw_arguments": raw},
+                *answer["tool_calls"][1:],
+            ]
         if index in self.extra.get("raw_once", ()) and attempt == 1 and answer.get("tool_calls"):
             first = dict(answer["tool_calls"][0])
             first["raw_arguments"] = '{"tag": "' + first["input"].get("tag", "") + '", "text": oops'
