@@ -40,6 +40,14 @@ def test_quickstart_runs_and_replays() -> None:
     assert second == "replayed: True model calls: 2"
 
 
+def test_the_readme_shows_the_quickstart_as_it_is() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    code = (ROOT / "examples" / "quickstart.py").read_text().split('"""', 2)[2]
+    code = code.replace("  # fmt: skip", "")
+    assert [line for line in block.splitlines() if line] == [line for line in code.splitlines() if line]
+
+
 def test_committed_frames_are_what_the_generator_draws() -> None:
     for shot in frames_png.SHOTS:
         data = frames_png.frame_path(shot).read_bytes()
