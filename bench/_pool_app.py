@@ -3,6 +3,7 @@
 How the call is made is what bench/pools.py compares (BENCH_CALL_MODE):
 - `loop`: the threads pool; each task thread blocks on a coroutine submitted to ONE asyncio loop per
   worker process (a daemon thread owning one `httpx.AsyncClient`), the shape an async provider needs;
+- `loopfresh`: as `loop`, but a new AsyncClient (and connection) per call;
 - `threadloop`: the threads pool; each pool thread keeps its own event loop and AsyncClient;
 - `sync`: a thread-safe `httpx.Client` shared by the pool's threads (or greenlets under gevent, or
   one per child under prefork).
@@ -84,11 +85,15 @@ def call_model() -> Any:
     if MODE == "sleep":  # no HTTP at all: the floor of the pool itself
         time.sleep(float(os.environ.get("BENCH_SLEEP_S", "1")))
         return None
-    if MODE in ("loop", "threadloop"):
-        loop, client = _process_loop() if MODE == "loop" else _thread_loop()
+    if MODE in ("loop", "loopfresh", "threadloop"):
+        loop, client = _thread_loop() if MODE == "threadloop" else _process_loop()
 
         async def post() -> Any:
-            response = await client.post(MODEL_URL, json=PAYLOAD)
+            if MODE == "loopfresh":  # a client per call, as toolloop.providers.http does
+                async with httpx.AsyncClient(timeout=TIMEOUT) as fresh:
+                    response = await fresh.post(MODEL_URL, json=PAYLOAD)
+            else:
+                response = await client.post(MODEL_URL, json=PAYLOAD)
             response.raise_for_status()
             return response.json()
 

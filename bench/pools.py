@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     variants = [
         ("threads+loop", "threads", args.runs, "loop", args.runs),
+        ("threads+loopfresh", "threads", args.runs, "loopfresh", args.runs),
         ("threads+threadloop", "threads", args.runs, "threadloop", args.runs),
         ("threads+sync", "threads", args.runs, "sync", args.runs),
         ("threads+sleep", "threads", args.runs, "sleep", args.runs),
