@@ -168,3 +168,20 @@ def test_a_bad_body_is_a_400_in_the_anthropic_error_format(sim: SimServer) -> No
         "type": "invalid_request_error",
         "message": "max_tokens: Field required",
     }
+
+
+def test_ids_ignore_cache_marks_and_the_string_or_block_form_of_a_text(sim: SimServer) -> None:
+    plain = create(sim, [{"role": "user", "content": "Review the board."}])
+    marked = create(
+        sim,
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Review the board.", "cache_control": {"type": "ephemeral"}}
+                ],
+            }
+        ],
+    )
+    assert [block.model_dump() for block in plain.content] == [block.model_dump() for block in marked.content]
+    assert plain.id == marked.id

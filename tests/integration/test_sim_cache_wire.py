@@ -19,14 +19,19 @@ TOOLS = [{"name": "read_frame", "description": "Read a frame.", "input_schema": 
 MARK = {"type": "ephemeral"}
 
 
+class Sim(SimServer):
+    client: httpx.Client
+
+
 @pytest.fixture
-def sim() -> Iterator[SimServer]:
+def sim() -> Iterator[Sim]:
     turns = [{"tool_calls": [{"name": "read_frame", "input": {"shot": n}}]} for n in range(40)]
-    with SimServer(turns) as server:
+    with Sim(turns) as server, httpx.Client(base_url=server.base_url, headers=HEADERS) as client:
+        server.client = client
         yield server
 
 
-def send(sim: SimServer, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def send(sim: Sim, messages: list[dict[str, Any]]) -> dict[str, Any]:
     body = {
         "model": "claude-sim",
         "max_tokens": 100,
@@ -34,7 +39,7 @@ def send(sim: SimServer, messages: list[dict[str, Any]]) -> dict[str, Any]:
         "tools": TOOLS,
         "messages": messages,
     }
-    response = httpx.post(f"{sim.base_url}/v1/messages", json=body, headers=HEADERS)
+    response = sim.client.post("/v1/messages", json=body)
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
@@ -52,7 +57,7 @@ def marked(history: list[dict[str, Any]], positions: list[int]) -> list[dict[str
     return out
 
 
-def test_rolling_marks_read_90_percent_of_the_prompt_from_turn_3(sim: SimServer) -> None:
+def test_rolling_marks_read_90_percent_of_the_prompt_from_turn_3(sim: Sim) -> None:
     history: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "text", "text": "Review the board."}]}
     ]
@@ -99,7 +104,7 @@ def test_a_turn_of_more_than_20_blocks_after_the_only_mark_misses_the_conversati
     assert send(sim, within)["usage"]["cache_read_input_tokens"] == system_prefix + 15
 
 
-def test_a_mark_inside_a_tool_result_is_a_breakpoint(sim: SimServer) -> None:
+def test_a_mark_inside_a_tool_result_is_a_breakpoint(sim: Sim) -> None:
     result = {"type": "tool_result", "tool_use_id": "toolu_x",
               "content": [{"type": "text", "text": "frame", "cache_control": MARK},
                           {"type": "text", "text": "trailing note"}]}  # fmt: skip

@@ -86,6 +86,7 @@ def parse(body: Any) -> Parsed:
     system = _system(body.get("system"), blocks)
     messages: list[ChatMessage] = []
     choice = canonical(body.get("tool_choice"))
+    start, first = len(blocks), 0
     for index, raw in enumerate(raw_messages):
         require(
             isinstance(raw, dict) and raw.get("role") in ("user", "assistant"), f"messages.{index}: bad role"
@@ -95,7 +96,8 @@ def parse(body: Any) -> Parsed:
             messages.append(_assistant(raw.get("content"), context, blocks))
         else:
             messages.extend(_user(raw.get("content"), context, blocks))
-    conversation, history = conversation_ids("anthropic", system, messages)
+        first = first or len(blocks) - start
+    conversation, history = conversation_ids("anthropic", system, blocks[start:], first)
     assistants = sum(1 for message in messages if message.role == "assistant")
     request = SimRequest(
         "anthropic", str(model), system, messages, tools, assistants, conversation, history, body

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from toolloop.contract import ChatMessage, TextPart
+from toolloop.contract import TextPart
 from toolloop.sim.cache import Block, CacheUsage, Ttl
 from toolloop.sim.script import SimRequest, SimTurn
 from toolloop.sim.tokens import text_tokens
@@ -50,20 +51,11 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-def _unmarked(message: ChatMessage) -> dict[str, Any]:
-    data = message.model_dump(mode="json", exclude_none=True)
-    content = data.get("content")
-    if isinstance(content, list):
-        for part in content:
-            part.pop("cache", None)
-    return data
-
-
-def conversation_ids(wire: str, system: str | None, messages: list[ChatMessage]) -> tuple[str, str]:
-    """(conversation_id, history_hash) of a request on a wire."""
-    first = canonical(_unmarked(messages[0])) if messages else ""
-    history = canonical([_unmarked(message) for message in messages])
-    return _digest(wire, system or "", first)[:16], _digest(wire, system or "", history)
+def conversation_ids(wire: str, system: str | None, blocks: Sequence[Block], first: int) -> tuple[str, str]:
+    """(conversation_id, history_hash) of a request from its message blocks (their keys carry no
+    cache marks); `blocks[:first]` are the first message's."""
+    keys = [block.key for block in blocks]
+    return _digest(wire, system or "", *keys[:first])[:16], _digest(wire, system or "", *keys)
 
 
 def call_id(history_hash: str, position: int, prefix: str) -> str:
@@ -90,7 +82,7 @@ def parse_mark(cache_control: Any) -> Ttl | None:
 def text_block(context: str, text: str, mark: Ttl | None = None) -> Block:
     """The cache block of a text: a string content and a one-text-block list give the same key, as
     they are the same tokens to the model."""
-    return Block(context + canonical({"type": "text", "text": text}), text_tokens(text), mark)
+    return Block(f"{context}text\x01{text}", text_tokens(text), mark)
 
 
 def text_part(text: str, marked: bool) -> TextPart:

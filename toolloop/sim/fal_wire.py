@@ -89,10 +89,13 @@ def parse(body: Any) -> Parsed:
     system_texts: list[str] = []
     messages: list[ChatMessage] = []
     choice = canonical(body.get("tool_choice"))
+    start, first = len(blocks), 0
     for index, raw in enumerate(raw_messages):
         require(isinstance(raw, dict), f"messages[{index}] must be an object")
         role = raw.get("role")
         context = f"{role}|{choice if not messages and role != 'system' else ''}|"
+        if not messages:  # the history starts after the system messages
+            start = len(blocks)
         if role == "system":
             require(not messages, "system messages must come first")
             system_texts.append(_system(raw.get("content"), context, blocks))
@@ -106,8 +109,9 @@ def parse(body: Any) -> Parsed:
             messages.append(ToolMessage(tool_call_id=tool_call_id, content=content))
         else:
             raise WireInputError(f"messages[{index}].role {role!r} is not system, user, assistant or tool")
+        first = first or (len(blocks) - start if messages else 0)
     system = "\n".join(system_texts) if system_texts else None
-    conversation, history = conversation_ids("fal", system, messages)
+    conversation, history = conversation_ids("fal", system, blocks[start:], first)
     assistants = sum(1 for message in messages if message.role == "assistant")
     request = SimRequest("fal", str(model), system, messages, tools, assistants, conversation, history, body)
     return Parsed(request, blocks)

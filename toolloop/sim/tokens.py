@@ -19,7 +19,9 @@ IMAGE_TOKENS = 1000
 
 def text_tokens(text: str) -> int:
     """ceil(ASCII characters / 4) + the number of non-ASCII code points."""
-    ascii_chars = sum(1 for char in text if ord(char) < 128)
+    if text.isascii():
+        return math.ceil(len(text) / 4)
+    ascii_chars = len(text.encode("ascii", "ignore"))
     return math.ceil(ascii_chars / 4) + (len(text) - ascii_chars)
 
 
