@@ -108,10 +108,19 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         assert first["url"] == second["url"] and first["pid"] == second["pid"]
         assert first["url"] != "redis://127.0.0.1:6379/0"
         assert (tmp_path / "state" / "redis" / "appendonlydir").exists()  # AOF is on
+        queued = toolloop(env, "run", "Hi", "--model", "claude-sonnet-4-5", "--toolset", TOOLSET)
+        run_id = queued.stdout.splitlines()[0]  # no worker: it stays queued
     finally:
         down = toolloop(env, "down")
     assert down.stdout.strip() == f"Stopped the embedded Redis (pid {first['pid']})."
     assert not (tmp_path / "state" / "redis" / "server.json").exists()
+    # the next command starts it again from its AOF files: the run is still there
+    status = toolloop(env, "status", run_id, "--json")
+    try:
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["status"] == "queued"
+    finally:
+        toolloop(env, "down")
 
 
 def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> None:
