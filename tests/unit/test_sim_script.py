@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pydantic
@@ -78,3 +79,11 @@ def test_the_command_refuses_a_missing_script_file(
 ) -> None:
     assert main(["--port", "0", "--script", str(tmp_path / "missing.yaml")]) == 2
     assert "Cannot read the script" in capsys.readouterr().err
+
+
+def test_the_command_says_when_its_port_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["--port", str(taken.getsockname()[1])]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err

@@ -60,10 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server.bind()
     except OSError as error:
-        print(
-            f"Cannot listen on {args.host}:{args.port}: {error}\n  Pick another --port (0 = any).",
-            file=sys.stderr,
-        )
+        print(error.strerror, file=sys.stderr)
         return 2
     print(server.base_url, flush=True)
     server.serve_forever()

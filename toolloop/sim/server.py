@@ -82,8 +82,16 @@ class SimServer:
         if self._socket is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-            sock.listen(self.backlog)
+            try:
+                sock.bind((self.host, self.port))
+                sock.listen(self.backlog)
+            except OSError as error:
+                sock.close()
+                raise OSError(
+                    error.errno,
+                    f"The simulator cannot listen on {self.host}:{self.port}: {error.strerror}.\n"
+                    "  Pick another port (0 = a free one).",
+                ) from error
             self.port = sock.getsockname()[1]
             self._socket = sock
         return self._socket
