@@ -204,3 +204,16 @@ def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(worker_pid, 0)
     assert toolloop(env, "down").stdout.strip() == "No embedded Redis was running here."
+
+
+def test_demo_without_an_answer_or_a_terminal_stops_cleanly(tmp_path: Path) -> None:
+    env = env_for(tmp_path, None)
+    done = subprocess.run(
+        [TOOLLOOP, "demo"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=150,
+    )  # fmt: skip
+    assert_clean_error(done, "The agent asked a question and stdin is not a terminal.")
+    assert not (tmp_path / "state" / "redis" / "server.json").exists()
+    worker_pid = int(done.stdout.split("celery worker pid ")[1].split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker_pid, 0)
