@@ -11,14 +11,20 @@ import asyncio
 import json
 import os
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from toolloop import AbortSignal, PromptGenRequest, PromptGenResult, ToolOutput, ToolSpec
-from toolloop.contract import AssistantMessage, TextPart, ToolMessage, UserMessage
-from toolloop.testing import call, reply
+from toolloop.contract import AssistantMessage, TextPart, ToolCall, ToolMessage, UserMessage
+from toolloop.testing import reply
+
+
+def call(name: str, input: dict[str, Any]) -> ToolCall:
+    """A tool call with an id unique across processes (as a provider's): replayed steps keep theirs."""
+    return ToolCall(id=f"toolu_{uuid.uuid4().hex[:20]}", name=name, input=input)
 
 
 def _log(variable: str, **fields: Any) -> None:
@@ -133,6 +139,10 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 2:
             return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
         return reply(f"You said: {_last_tool_text(request)}")
+    if scenario == "count":  # eleven tool turns, then an answer
+        if turn <= 11:
+            return reply(tool_calls=[call("add", {"a": turn, "b": 1000})], cost_usd=0.001)
+        return reply("Counted.", cost_usd=0.001)
     if scenario == "flaky":
         if turn == 1:
             return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)

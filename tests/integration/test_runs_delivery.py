@@ -24,7 +24,7 @@ def client(redis_server, worker) -> Iterator[Client]:  # type: ignore[no-untyped
 
 
 def test_duplicate_step_messages_run_each_step_once(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
-    a, b = random.randint(1000, 10**6), random.randint(1000, 10**6)
+    a, b = random.randint(1000, 49999), random.randint(1000, 49999)  # sums print exactly
     user = f"Add {a} and {b}."
     run_id = client.enqueue(spec("tools", user=user))
     for n in (1, 1, 2, 2, 3, 3):  # each step delivered three times, some at once
@@ -51,3 +51,36 @@ def test_a_successor_that_could_not_be_sent_is_sent_by_the_sweeper(client: Clien
     status = client.wait(run_id, timeout=20)  # the worker sweeps every 1 s, re-sends after 2 s
     assert status.status == "done"
     assert status.final_text == "The sum is 42."
+
+
+def test_steps_alternating_between_two_workers_replay_what_the_other_committed(
+    client: Client,
+    worker,
+    redis_server,
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    from tests.integration.conftest import start_worker
+
+    second = start_worker(
+        redis_server.url,
+        tmp_path,
+        {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
+         "TOOLLOOP_TEST_TOOL_LOG": str(worker.tool_log), "TOOLLOOP_TEST_MODEL_LOG": str(worker.model_log)},
+    )  # fmt: skip
+    try:
+        user = f"count {random.randint(0, 10**9)}"
+        run_ids = [client.enqueue(spec("count", user=f"{user} {i}")) for i in range(3)]
+        for run_id in run_ids:
+            status = client.wait(run_id, timeout=60)
+            assert status.status == "done" and status.steps == 12, status
+            history = client.history(run_id)
+            assert [m.content[0].text for m in history if m.role == "tool"] == [  # type: ignore[union-attr]
+                f"{turn + 1000}" for turn in range(1, 12)
+            ]
+            assert kinds(client, run_id) == ["queued"] + ["model", "tool"] * 11 + ["model", "finished"]
+        models = [e for e in logged(worker.model_log) if e["user"].startswith(user)]
+        assert len(models) == 3 * 12  # every model step ran once, on whichever worker
+        tools = [e for e in logged(worker.tool_log) if e.get("b") == 1000]
+        assert len(tools) == 3 * 11  # each tool step ran once, on whichever worker
+    finally:
+        second.stop()

@@ -48,7 +48,7 @@ def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
     assert events[2].name == "add" and events[2].summary == "5"
     assert events[-1].stopped_by == "done"
-    assert [entry["tool"] for entry in logged(worker.tool_log) if entry.get("a") == 2] == ["add"]
+    assert [e["tool"] for e in logged(worker.tool_log) if (e.get("a"), e.get("b")) == (2, 3)] == ["add"]
 
 
 def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> None:
