@@ -53,6 +53,8 @@ def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> 
     assert saved is not None
     assert abs(saved - (1000 * 2.7 - 1000 * 0.75) / 1e6) < 1e-12
     assert totals.cache_savings_usd("no-such-model") is None
+    gemini = totals.cache_savings_usd("google/gemini-3.8-flash")  # via fal: reads at 0.25x, writes at 1x
+    assert gemini is not None and abs(gemini - 1000 * 0.75 * 0.75 / 1e6) < 1e-12
 
 
 def test_progress_line_only_on_a_terminal() -> None:
