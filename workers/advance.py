@@ -36,6 +36,8 @@ from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
 
+_WAIT_FOR_LEASE_MS = 5000
+
 _CACHE_SIZE = 4096
 _cache: OrderedDict[str, tuple[str, str, dict[str, str], str]] = OrderedDict()
 """run id -> (tag, spec JSON, journal entries, input JSON) as of this process's last commit of it:
@@ -46,11 +48,19 @@ Progress = Callable[..., None]
 
 
 def advance(celery: Celery, run_id: str, n: int, progress: Progress | None = None) -> str:
-    """Make commit `n` of the run (see the module docstring). Returns what happened, for logs."""
+    """Make commit `n` of the run (see the module docstring). Returns what happened, for logs.
+
+    A copy fenced at its commit re-drives from storage. A copy that finds the lease about to lapse
+    (a dead holder: a redelivery after a crash) waits for it rather than leave the run to the sweeper.
+    """
     kill_point("advance:begin", run=run_id)
     outcome = "fenced"
-    for _ in range(3):  # a fenced commit re-drives from storage
-        outcome = _Step(celery, run_id, n, progress).run()
+    for _ in range(3):
+        step = _Step(celery, run_id, n, progress)
+        outcome = step.run()
+        if outcome == "busy" and 0 <= step.lease_left_ms <= _WAIT_FOR_LEASE_MS:
+            time.sleep(step.lease_left_ms / 1000 + 0.05)
+            continue
         if outcome != "fenced":
             break
     return outcome
@@ -67,6 +77,7 @@ class _Step:
         self.owner = f"{uuid.uuid4().hex}"
         self.events: list[LoopEvent] = []
         self.controller = AbortController()
+        self.lease_left_ms = -1
 
     def run(self) -> str:
         r = self.run_id
@@ -82,6 +93,8 @@ class _Step:
         if code == "stale":  # committed already: make sure its successor went out
             flush_outbox(self.redis, self.celery, r)
             return "stale"
+        if code == "busy":
+            self.lease_left_ms = int(begin[1])
         if code != "run":
             return str(code)
         _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, tag = begin

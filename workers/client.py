@@ -106,10 +106,13 @@ class Client:
                 cursor = entry_id
                 record = _record(entry_id, fields)
                 yield record
-                if follow and record.kind in _TERMINAL_EVENTS:
-                    return
+                if follow and record.kind in _TERMINAL_EVENTS and self._ended(run_id):
+                    return  # (a `failed` that a retry has since moved past does not end it)
             if not follow and (not entries or block_ms is not None):
                 return
+
+    def _ended(self, run_id: str) -> bool:
+        return self.redis.hget(keys.state(run_id), "status") in FINAL
 
     def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
         """The status once the run has ended, or parked on a question that no sent answer or cancel is

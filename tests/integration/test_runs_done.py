@@ -70,3 +70,15 @@ def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> No
 def test_an_unknown_run_id_is_a_clear_error(client: Client) -> None:
     with pytest.raises(RunNotFoundError, match="No run has the id 'nope'"):
         client.status("nope")
+
+
+def test_events_follow_a_run_to_its_end_and_resume_after_an_id(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
+    run_id = client.enqueue(
+        {"model": "scripted", "system": "tools", "toolset": TOOLSET,
+         "messages": [{"role": "user", "content": "Add 7 and 8."}]}
+    )  # fmt: skip
+    followed = list(client.events(run_id, follow=True))  # blocks until the terminal event
+    assert [e.kind for e in followed] == ["queued", "model", "tool", "model", "finished"]
+    rest = list(client.events(run_id, after=followed[1].id))
+    assert [e.seq for e in rest] == [3, 4, 5]
+    assert list(client.events(run_id, after=followed[-1].id, block_ms=200)) == []
