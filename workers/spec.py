@@ -27,7 +27,7 @@ class RunSpec(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     toolset: str | None = None
     """Import path "pkg.module:NAME" of a list of ToolSpec (or of a callable returning one)."""
-    budget_usd: float = Field(default=1.0, gt=0)
+    budget_usd: float = Field(default=1.0, gt=0, allow_inf_nan=False)  # inf would be stored as null
     finish_at: float = Field(default=1.0, gt=0, le=1)
     max_steps: int = Field(default=20, ge=1)
     reasoning: Reasoning | None = None

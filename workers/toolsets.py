@@ -42,7 +42,13 @@ def _load(path: str) -> list[ToolSpec]:
             f"  Define {attribute} in {module_name} as a list of toolloop.ToolSpec."
         )
     if callable(value) and not isinstance(value, list | tuple):
-        value = value()
+        try:
+            value = value()
+        except Exception as error:
+            raise ToolsetError(
+                f"Toolset {path!r} is a function that raised {type(error).__name__}: {error}.\n"
+                f"  Make {attribute} a list of toolloop.ToolSpec, or a function (no arguments) returning one."
+            ) from error
     if not isinstance(value, list | tuple) or not all(isinstance(tool, ToolSpec) for tool in value):
         raise ToolsetError(
             f"Toolset {path!r} is a {type(value).__name__}, not a list of ToolSpec.\n"
