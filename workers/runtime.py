@@ -65,7 +65,11 @@ def run(coro: Coroutine[Any, Any, Any], *, timeout: float, tick: Callable[[], No
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             future.cancel()
-            raise TimeoutError(f"The step ran longer than {timeout:.0f} s.")
+            raise TimeoutError(
+                f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
+                "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
+                "then retry the run."
+            )
         try:
             return future.result(timeout=min(interval, remaining))
         except TimeoutError:

@@ -1,0 +1,62 @@
+"""Limits that fail a run with a clear error and an intact journal: a step that outlives
+TOOLLOOP_STEP_TIMEOUT, and a step delivered more than TOOLLOOP_MAX_DELIVERIES times."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Worker, start_worker
+from tests.integration.runs_kit import kinds, spec
+from toolloop.embedded import EmbeddedServer
+from workers import runs
+from workers.client import Client
+from workers.spec import RunSpec
+
+
+@pytest.fixture(scope="module")
+def impatient_worker(
+    redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    directory: Path = tmp_path_factory.mktemp("impatient")
+    env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate", "TOOLLOOP_STEP_TIMEOUT": "1.5"}
+    process = start_worker(redis_server.url, directory, env)
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(redis_server: EmbeddedServer) -> Iterator[Client]:
+    made = Client(redis_server.url)
+    yield made
+    made.close()
+
+
+def test_a_step_past_the_step_timeout_fails_the_run(client: Client, impatient_worker: Worker) -> None:
+    run_id = client.enqueue(spec("slow"))  # its tool sleeps 30 s
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "failed"
+    assert status.error_class == "TimeoutError"
+    assert status.error_message is not None
+    first, second = status.error_message.split("\n")
+    assert "longer than 1.5 s (TOOLLOOP_STEP_TIMEOUT)" in first and second.startswith("  ")
+    assert kinds(client, run_id) == ["queued", "model", "failed"]  # the model step stayed journaled
+
+
+class BrokerDown:
+    def send_task(self, *args: Any, **kwargs: Any) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_a_step_delivered_too_often_fails_the_run(client: Client, impatient_worker: Worker) -> None:
+    run_id = runs.create(
+        client.redis, BrokerDown(), RunSpec.model_validate(spec("tools", user="Add 1 and 2."))
+    )  # type: ignore[arg-type]
+    client.redis.hset(f"tl:{{{run_id}}}:attempts", "1", 5)  # five deliveries died before this one
+    status = client.wait(run_id, timeout=20)  # the sweeper sends it: the sixth delivery
+    assert status.status == "failed"
+    assert status.error_class == "DeliveryLimitError"
+    assert "was delivered 6 times without finishing" in (status.error_message or "")
