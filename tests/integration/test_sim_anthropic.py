@@ -148,7 +148,7 @@ def test_a_required_key_refuses_others_with_401_authentication_error() -> None:
             wrong.messages.create(model="m", max_tokens=10, messages=hello)
         assert raised.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
         with client(sim, "right") as right:
-            ok = right.messages.create(model="m", max_tokens=10, messages=hello)
+            ok = right.messages.create(model="m", max_tokens=1000, messages=hello)
         assert ok.stop_reason == "tool_use"
         bare = httpx.post(
             f"{sim.base_url}/v1/messages", json={"model": "m"}, headers={"anthropic-version": "x"}

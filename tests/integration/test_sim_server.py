@@ -55,3 +55,25 @@ def test_an_async_policy_is_awaited() -> None:
     with SimServer(policy) as sim:
         response = httpx.post(f"{sim.base_url}/v1/messages", json=BODY, headers=HEADERS)
     assert response.json()["content"][0]["text"] == "From a coroutine."
+
+
+def test_an_answer_over_max_tokens_is_cut_with_stop_reason_max_tokens() -> None:
+    script = [{"text": "word " * 100, "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]}]
+    with SimServer(script) as sim:
+        cut = httpx.post(
+            f"{sim.base_url}/v1/messages", json=BODY | {"max_tokens": 10}, headers=HEADERS
+        ).json()
+        fal = httpx.post(
+            f"{sim.base_url}/openrouter/router/openai/v1/chat/completions",
+            json={"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "Hi"}]},
+            headers={"Authorization": "Key k"},
+        ).json()
+        whole = httpx.post(
+            f"{sim.base_url}/v1/messages", json=BODY | {"max_tokens": 1000}, headers=HEADERS
+        ).json()
+    assert cut["stop_reason"] == "max_tokens" and cut["usage"]["output_tokens"] == 10
+    assert [block["type"] for block in cut["content"]] == ["text"] and cut["content"][0][
+        "text"
+    ] == "word " * 8
+    assert fal["choices"][0]["finish_reason"] == "length" and "tool_calls" not in fal["choices"][0]["message"]
+    assert whole["stop_reason"] == "tool_use"

@@ -2,9 +2,9 @@
 
 A model request goes: key check (401) -> header check -> parse (400) -> cache plan (400 for bad
 marks; reads the cache) -> the policy's turn -> its fault, if still due for this history -> latency
-(the server's plus the turn's) -> cache commit (writes) -> the answer. Nothing but the fault counters,
-the stats and the prompt cache is kept between requests, so the same request always gets the same
-answer once its faults are used up.
+(the server's plus the turn's) -> cache commit (writes) -> the answer, cut to `max_tokens`.
+Nothing but the fault counters, the stats and the prompt cache is kept between requests, so the
+same request always gets the same answer once its faults are used up.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from toolloop.sim import anthropic_wire, fal_wire
 from toolloop.sim.cache import PromptCache
-from toolloop.sim.common import Wire
+from toolloop.sim.common import Wire, fit_max_tokens
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
 
 log = logging.getLogger("toolloop.sim")
@@ -146,7 +146,7 @@ class Simulator:
             refusal = fault.kind == "refusal"
         await self._sleep(turn)
         self.cache.commit(plan)
-        body = module.render(turn, sim, plan.usage, refusal)
+        body = module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
         return JSONResponse(body, headers={"request-id": request_id})
 
     def _fault_due(self, history_hash: str, fault: SimFault) -> bool:

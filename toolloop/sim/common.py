@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from toolloop.contract import TextPart
 from toolloop.sim.cache import Block, CacheUsage, Ttl
 from toolloop.sim.script import SimRequest, SimTurn
-from toolloop.sim.tokens import text_tokens
+from toolloop.sim.tokens import json_tokens, text_tokens
 
 
 class Wire(Protocol):
@@ -83,6 +83,21 @@ def text_block(context: str, text: str, mark: Ttl | None = None) -> Block:
     """The cache block of a text: a string content and a one-text-block list give the same key, as
     they are the same tokens to the model."""
     return Block(f"{context}text\x01{text}", text_tokens(text), mark)
+
+
+def fit_max_tokens(turn: SimTurn, max_tokens: Any) -> SimTurn:
+    """The turn as the API would end it under `max_tokens`: when its output estimate (text plus each
+    call's name and input JSON) is over the limit, the text is cut to fit, the tool calls are
+    dropped and the stop reason is `max_tokens` (fal: `length`)."""
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
+        return turn
+    calls = sum(json_tokens({"name": call.name, "input": call.input}) for call in turn.tool_calls)
+    if text_tokens(turn.text) + calls <= max_tokens:
+        return turn
+    text = turn.text[: max_tokens * 4]
+    while text_tokens(text) > max_tokens:
+        text = text[: len(text) - (text_tokens(text) - max_tokens)]
+    return turn.model_copy(update={"text": text, "tool_calls": [], "stop_reason": "max_tokens"})
 
 
 def text_part(text: str, marked: bool) -> TextPart:
