@@ -83,7 +83,10 @@ def create_app(client: Client | None = None) -> Starlette:
         )
 
     async def answer(request: Request) -> Response:
-        body = await request.json()
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            body = None
         if not isinstance(body, dict) or not isinstance(body.get("content"), str):
             return error(400, 'Send {"content": "the answer"}.')
         answer_id = client.answer(request.path_params["run_id"], body["content"])

@@ -90,6 +90,8 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
         assert bad.status_code == 422 and "has no 'NOPE'" in bad.json()["error"]
         assert http.post("/runs", json={**SPEC, "max_steps": 0}).status_code == 422
 
+        assert http.post("/runs", content=b"{not json").status_code == 400
+
         created = http.post("/runs", json=SPEC)
         assert created.status_code == 201
         run_id = created.json()["run_id"]
@@ -101,6 +103,7 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
                 kinds.append(kind)
                 last_id = event_id
                 if kind == "parked":
+                    assert http.post(f"/runs/{run_id}/answer", content=b"Keep it").status_code == 400
                     assert "Shot 3" in str(data["asked"])
                     answered = http.post(f"/runs/{run_id}/answer", json={"content": "Keep shot 3."})
                     assert answered.status_code == 202
