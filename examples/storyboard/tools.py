@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import TypedDict
 
 from pydantic import BaseModel, Field
 
 from examples.storyboard.frames_png import frame_path
 from toolloop import AbortSignal, ImagePart, Started, TextPart, ToolOutput, ToolSpec
 
-SHOTS: dict[int, dict[str, object]] = {
+
+class Shot(TypedDict):
+    title: str
+    duration_s: float
+    target_s: float
+
+
+SHOTS: dict[int, Shot] = {
     1: {"title": "Night city, wide", "duration_s": 3.0, "target_s": 3.0},
     2: {"title": "Night city, push in", "duration_s": 2.5, "target_s": 2.5},
     3: {"title": "Sunset, hero walks in", "duration_s": 6.0, "target_s": 4.0},
@@ -63,7 +71,7 @@ def read_frame(input: FrameInput, _signal: AbortSignal) -> ToolOutput:
 
 
 def _preview_seconds(shots: list[int]) -> float:
-    return sum(float(SHOTS[n]["duration_s"]) for n in shots if n in SHOTS)  # type: ignore[arg-type]
+    return sum(SHOTS[n]["duration_s"] for n in shots if n in SHOTS)
 
 
 def estimate_preview(input: PreviewInput) -> float:
