@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="toolloop",
         description="Durable LLM tool-calling runs. Without REDIS_URL an embedded Redis is started in "
         "./.toolloop (TOOLLOOP_HOME); without a provider key the worker talks to the simulator.",
+        epilog="Exit status: 0 done; 1 an error (two lines on stderr) or a followed run that failed; "
+        "2 a usage error. TOOLLOOP_DEBUG=1 shows the traceback behind an error.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_commands(sub)
