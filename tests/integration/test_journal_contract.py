@@ -134,3 +134,38 @@ async def test_one_step_mode_runs_one_live_step_then_stops_at_the_next(redis_cli
     assert later.calls == 0 and live.calls == 1
     assert journal.pending == [("tool:a", '{"value": "live", "cost_usd": 0.2}', 0.2)]
     assert redis_client.exists("tl:{unused}:journal:s0") == 0  # the worker commits, not the journal
+
+
+async def test_a_loop_run_again_over_its_journal_calls_nothing(make_journal: MakeJournal) -> None:
+    from pydantic import BaseModel
+
+    from toolloop import Budget, RunToolLoopOptions, TextPart, ToolOutput, ToolSpec, run_tool_loop
+    from toolloop.testing import ScriptedModel, call, reply
+
+    class Shot(BaseModel):
+        shot: int
+
+    runs = 0
+
+    def read_frame(input: Shot, signal: AbortSignal) -> ToolOutput:
+        nonlocal runs
+        runs += 1
+        return ToolOutput(value=input.shot, content=[TextPart(text=f"frame {input.shot}")], cost_usd=0.5)
+
+    model = ScriptedModel(
+        [reply(tool_calls=[call("read_frame", {"shot": 3})], cost_usd=0.25), reply("Fine.")]
+    )
+    tool = ToolSpec(name="read_frame", description="Read a frame.", schema=Shot, run=read_frame)
+
+    async def run() -> Any:
+        options = RunToolLoopOptions(
+            generate=model, model="m", system="s", messages=[{"role": "user", "content": "Go."}],
+            tools=[tool], budget=Budget(usd=10), max_steps=5, step=make_journal().step,
+        )  # fmt: skip
+        return await run_tool_loop(options)
+
+    first = await run()
+    second = await run()
+    assert (model.calls, runs) == (2, 1)  # the second run replayed every step
+    assert second == first
+    assert (second.stopped_by, second.spent_usd, second.final_text) == ("done", 0.75, "Fine.")

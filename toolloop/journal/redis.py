@@ -121,6 +121,12 @@ class RedisJournal:
     def keys(self) -> list[str]:
         return list(self.entries)
 
+    def segment(self, prefix: str) -> RedisJournal:
+        """A journal of the same run under another key prefix (a continued conversation)."""
+        return RedisJournal(
+            self.redis, self.run_id, prefix, signal=self.signal, lease_ms=self.lease_ms, owner=self.owner
+        )
+
     def load(self) -> dict[str, str]:
         """Read the whole segment hash into `entries` (one HGETALL) and return it."""
         raw: dict[Any, Any] = self.redis.hgetall(self.hash_key)
