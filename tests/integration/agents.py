@@ -84,6 +84,7 @@ TOOLS = [
     ),
     ToolSpec(name="slow", description="Wait a while.", schema=SlowInput, run=slow, queue="tools"),
     ToolSpec(name="flaky", description="Check a file.", schema=FlakyInput, run=flaky),
+    ToolSpec(name="render", description="Render on a GPU.", schema=AddInput, run=add, queue="gpu"),
 ]
 
 
@@ -143,6 +144,10 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn <= 11:
             return reply(tool_calls=[call("add", {"a": turn, "b": 1000})], cost_usd=0.001)
         return reply("Counted.", cost_usd=0.001)
+    if scenario == "gpu":
+        if turn == 1:
+            return reply(tool_calls=[call("render", {"a": 4, "b": 5})])
+        return reply(f"Rendered {_last_tool_text(request)}.")
     if scenario == "flaky":
         if turn == 1:
             return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)

@@ -53,7 +53,14 @@ def redis_client(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
 class Worker:
     """A real worker process: `celery -A workers.app worker -P threads`, in its own session."""
 
-    def __init__(self, url: str, log: Path, env: dict[str, str], concurrency: int = 8) -> None:
+    def __init__(
+        self,
+        url: str,
+        log: Path,
+        env: dict[str, str],
+        concurrency: int = 8,
+        queues: str = "llm,tools,control",
+    ) -> None:
         self.log = log
         self.tool_log: Path | None = None
         self.model_log: Path | None = None
@@ -61,7 +68,7 @@ class Worker:
         full_env = {**os.environ, **WORKER_ENV, **env, "REDIS_URL": url, "PYTHONPATH": str(ROOT)}
         args = [
             sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-            "-P", "threads", "-c", str(concurrency), "-Q", "llm,tools,control",
+            "-P", "threads", "-c", str(concurrency), "-Q", queues,
             "-n", self.name, "--without-mingle", "--without-gossip", "-E", "-l", "INFO",
         ]  # fmt: skip
         self._file = log.open("wb")
@@ -98,8 +105,11 @@ class Worker:
         self._file.close()
 
 
-def start_worker(url: str, log_dir: Path, env: dict[str, str] | None = None) -> Worker:
-    return Worker(url, log_dir / f"worker-{uuid.uuid4().hex[:6]}.log", env or {}).wait_ready()
+def start_worker(
+    url: str, log_dir: Path, env: dict[str, str] | None = None, queues: str = "llm,tools,control"
+) -> Worker:
+    log = log_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
+    return Worker(url, log, env or {}, queues=queues).wait_ready()
 
 
 @pytest.fixture(scope="session")

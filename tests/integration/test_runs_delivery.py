@@ -84,3 +84,22 @@ def test_steps_alternating_between_two_workers_replay_what_the_other_committed(
         assert len(tools) == 3 * 11  # each tool step ran once, on whichever worker
     finally:
         second.stop()
+
+
+def test_a_tool_step_goes_to_the_tools_own_queue(client: Client, worker, redis_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.integration.conftest import start_worker
+    from tests.integration.runs_kit import eventually
+
+    run_id = client.enqueue(spec("gpu"))
+    eventually(lambda: client.redis.llen("gpu") == 1)  # the render step waits for a worker of "gpu"
+    assert client.status(run_id).status == "running"
+    assert kinds(client, run_id) == ["queued", "model"]
+    gpu = start_worker(
+        redis_server.url, tmp_path, {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}, "gpu"
+    )
+    try:
+        status = client.wait(run_id, timeout=20)
+        assert status.status == "done", status
+        assert status.final_text == "Rendered 9."
+    finally:
+        gpu.stop()
