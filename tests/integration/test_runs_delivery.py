@@ -103,3 +103,15 @@ def test_a_tool_step_goes_to_the_tools_own_queue(client: Client, worker, redis_s
         assert status.final_text == "Rendered 9."
     finally:
         gpu.stop()
+
+
+def test_a_run_whose_message_was_lost_without_a_trace_is_driven_again(client: Client) -> None:
+    """No outbox entry, no lease, nothing moving for longer than the visibility timeout: the sweeper
+    sends the step again (an early-acked or dropped message, a broker list lost in a Redis restart)."""
+    run_spec = RunSpec.model_validate(spec("tools", user="Add 30 and 3."))
+    run_id = runs.create(client.redis, BrokerDown(), run_spec)  # type: ignore[arg-type]
+    client.redis.delete(f"tl:{{{run_id}}}:outbox")
+    client.redis.hset(f"tl:{{{run_id}}}:state", "touched", 0)
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done", status
+    assert status.final_text == "The sum is 33."
