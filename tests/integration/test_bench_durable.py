@@ -1,0 +1,30 @@
+"""bench/durable.py keeps working against the real worker: every figure at a tiny size, run as a
+user runs it (its own private server and worker processes), and its table names each verdict."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "durable.py"
+
+
+def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
+    args = ["--hops", "10", "--turns", "3", "--trials", "1", "--runs", "4", "--flight-turns", "2",
+            "--latency", "0.2"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("bare Celery hop (floor)") for line in lines)
+    step = next(line for line in lines if line.startswith("durable step (5-step runs)"))
+    assert "x floor" in step and ("met" in step or "MISSED" in step)
+    replay = next(line for line in lines if line.startswith("replay 200-step journal"))
+    assert "<= 20 ms" in replay
+    assert any(line.startswith("  in flight: 4/4 done") for line in lines), done.stdout
