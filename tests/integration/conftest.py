@@ -43,6 +43,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def runs_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """The Redis of the scripted `worker`: its own, so no other suite's workers take these runs."""
+    server = start_server(tmp_path_factory.mktemp("runs-redis"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def redis_client(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
@@ -113,7 +121,7 @@ def start_worker(
 
 
 @pytest.fixture(scope="session")
-def worker(redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+def worker(runs_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """A worker whose model is the scripted one of tests/integration/agents.py. Its tools and model
     log what they run to `worker.tool_log` / `worker.model_log`."""
     directory = tmp_path_factory.mktemp("worker")
@@ -122,7 +130,7 @@ def worker(redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactor
         "TOOLLOOP_TEST_TOOL_LOG": str(directory / "tools.jsonl"),
         "TOOLLOOP_TEST_MODEL_LOG": str(directory / "model.jsonl"),
     }
-    process = start_worker(redis_server.url, directory, env)
+    process = start_worker(runs_redis.url, directory, env)
     process.tool_log = directory / "tools.jsonl"
     process.model_log = directory / "model.jsonl"
     yield process

@@ -12,8 +12,8 @@ from workers.client import Client
 
 
 @pytest.fixture
-def client(redis_server, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
-    made = Client(redis_server.url)
+def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    made = Client(runs_redis.url)
     yield made
     made.close()
 

@@ -17,8 +17,8 @@ from workers.spec import RunSpec
 
 
 @pytest.fixture
-def client(redis_server, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
-    made = Client(redis_server.url)
+def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    made = Client(runs_redis.url)
     yield made
     made.close()
 
@@ -56,13 +56,13 @@ def test_a_successor_that_could_not_be_sent_is_sent_by_the_sweeper(client: Clien
 def test_steps_alternating_between_two_workers_replay_what_the_other_committed(
     client: Client,
     worker,
-    redis_server,
+    runs_redis,
     tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
     from tests.integration.conftest import start_worker
 
     second = start_worker(
-        redis_server.url,
+        runs_redis.url,
         tmp_path,
         {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
          "TOOLLOOP_TEST_TOOL_LOG": str(worker.tool_log), "TOOLLOOP_TEST_MODEL_LOG": str(worker.model_log)},
@@ -86,7 +86,7 @@ def test_steps_alternating_between_two_workers_replay_what_the_other_committed(
         second.stop()
 
 
-def test_a_tool_step_goes_to_the_tools_own_queue(client: Client, worker, redis_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_tool_step_goes_to_the_tools_own_queue(client: Client, worker, runs_redis, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from tests.integration.conftest import start_worker
     from tests.integration.runs_kit import eventually
 
@@ -95,7 +95,7 @@ def test_a_tool_step_goes_to_the_tools_own_queue(client: Client, worker, redis_s
     assert client.status(run_id).status == "running"
     assert kinds(client, run_id) == ["queued", "model"]
     gpu = start_worker(
-        redis_server.url, tmp_path, {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}, "gpu"
+        runs_redis.url, tmp_path, {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}, "gpu"
     )
     try:
         status = client.wait(run_id, timeout=20)

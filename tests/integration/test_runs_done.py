@@ -22,8 +22,8 @@ def logged(path: Path | None) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def client(redis_server) -> Client:  # type: ignore[no-untyped-def]
-    made = Client(redis_server.url)
+def client(runs_redis) -> Client:  # type: ignore[no-untyped-def]
+    made = Client(runs_redis.url)
     yield made
     made.close()
 

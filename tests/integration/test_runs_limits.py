@@ -11,26 +11,34 @@ import pytest
 
 from tests.integration.conftest import Worker, start_worker
 from tests.integration.runs_kit import kinds, spec
-from toolloop.embedded import EmbeddedServer
+from toolloop.embedded import EmbeddedServer, start_server
 from workers import runs
 from workers.client import Client
 from workers.spec import RunSpec
 
 
 @pytest.fixture(scope="module")
+def limits_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """A Redis of its own, so that only the impatient worker takes these runs."""
+    server = start_server(tmp_path_factory.mktemp("limits-redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def impatient_worker(
-    redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
+    limits_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("impatient")
     env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate", "TOOLLOOP_STEP_TIMEOUT": "1.5"}
-    process = start_worker(redis_server.url, directory, env)
+    process = start_worker(limits_redis.url, directory, env)
     yield process
     process.stop()
 
 
 @pytest.fixture
-def client(redis_server: EmbeddedServer) -> Iterator[Client]:
-    made = Client(redis_server.url)
+def client(limits_redis: EmbeddedServer) -> Iterator[Client]:
+    made = Client(limits_redis.url)
     yield made
     made.close()
 

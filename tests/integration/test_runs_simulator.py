@@ -11,7 +11,7 @@ import pytest
 from tests.integration.conftest import Worker, start_worker
 from tests.integration.runs_kit import kinds, logged, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
-from toolloop.embedded import EmbeddedServer
+from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.sim import SimServer
 from workers.client import Client
 
@@ -28,8 +28,16 @@ def sim() -> Iterator[SimServer]:
 
 
 @pytest.fixture(scope="module")
+def sim_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """A Redis of its own: the scripted workers of the other tests must not take these runs."""
+    server = start_server(tmp_path_factory.mktemp("sim-redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def sim_worker(
-    redis_server: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
+    sim_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("sim-worker")
     env = {
@@ -38,16 +46,16 @@ def sim_worker(
         "TOOLLOOP_PROMPT_GEN": "",
         "TOOLLOOP_TEST_TOOL_LOG": str(directory / "tools.jsonl"),
     }
-    process = start_worker(redis_server.url, directory, env)
+    process = start_worker(sim_redis.url, directory, env)
     process.tool_log = directory / "tools.jsonl"
     yield process
     process.stop()
 
 
 def test_a_run_against_the_simulator_calls_each_step_once(
-    redis_server: EmbeddedServer, sim: SimServer, sim_worker: Worker
+    sim_redis: EmbeddedServer, sim: SimServer, sim_worker: Worker
 ) -> None:
-    client = Client(redis_server.url)
+    client = Client(sim_redis.url)
     try:
         run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-4-5", provider="anthropic"))
         status = client.wait(run_id, timeout=30)

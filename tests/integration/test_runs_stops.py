@@ -14,8 +14,8 @@ from workers.errors import RunStateError
 
 
 @pytest.fixture
-def client(redis_server, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
-    made = Client(redis_server.url)
+def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    made = Client(runs_redis.url)
     yield made
     made.close()
 
