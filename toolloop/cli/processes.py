@@ -20,7 +20,7 @@ QUEUES = "llm,tools,control"
 """Every queue a durable run uses (model steps, tool steps, answers and cancels)."""
 
 
-def worker_argv(concurrency: int = 32, queues: str = QUEUES, loglevel: str = "INFO") -> list[str]:
+def worker_argv(concurrency: int = 64, queues: str = QUEUES, loglevel: str = "INFO") -> list[str]:
     return [
         sys.executable, "-m", "celery", "-A", "workers.app", "worker",
         "-P", "threads", "-c", str(concurrency), "-Q", queues, "-E",
@@ -46,7 +46,7 @@ def start_worker(
     extra_env: Mapping[str, str] | None = None,
     pythonpath: Sequence[str] = (),
     log: IO[bytes] | None = None,
-    concurrency: int = 32,
+    concurrency: int = 64,
     loglevel: str = "INFO",
 ) -> subprocess.Popen[bytes]:
     """A worker subprocess in its own process group (so `stop` ends its threads and children too)."""
@@ -102,7 +102,9 @@ def load_policy(path: str) -> Any:
 
 def add_commands(sub: Any) -> None:
     worker = sub.add_parser("worker", help="start a Celery worker (threads pool, every toolloop queue)")
-    worker.add_argument("-c", "--concurrency", type=int, default=32, help="threads (default 32)")
+    worker.add_argument(
+        "-c", "--concurrency", type=int, default=64, help="threads (default 64, see docs/operations.md)"
+    )
     worker.add_argument("-Q", "--queues", default=QUEUES, help=f"queues to consume (default {QUEUES})")
     worker.add_argument("-l", "--loglevel", default="INFO")
     worker.add_argument("--sim-script", type=Path, help="turns file for the simulator (when no provider key)")
