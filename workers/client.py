@@ -60,23 +60,15 @@ class Client:
 
     def status(self, run_id: str) -> RunStatus:
         state: dict[str, str] = self.redis.hgetall(keys.state(run_id))  # type: ignore[assignment]
-        if not state:
-            raise RunNotFoundError(run_id)
-        asked = state.get("asked")
-        return RunStatus(
-            run_id=run_id,
-            status=state["status"],
-            segment=int(state.get("segment", 0)),
-            steps=int(state.get("steps", 0)),
-            spent_usd=float(state.get("spent_usd", 0)),
-            final_text=state.get("final_text") or None,
-            asked=json.loads(asked) if asked and state["status"] == "asked" else None,
-            error_class=state.get("error_class") or None,
-            error_message=state.get("error_message") or None,
-            cancel_requested=state.get("cancel") == "1",
-            created_at=float(state["created"]) if "created" in state else None,
-            updated_at=float(state["touched"]) if "touched" in state else None,
-        )
+        return _status(run_id, state)
+
+    def _snapshot(self, run_id: str) -> tuple[RunStatus, int]:
+        """The status and the count of answers not applied yet, read at one instant (MULTI)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(keys.state(run_id))
+        pipe.hlen(keys.inbox(run_id))
+        state, unapplied = pipe.execute()
+        return _status(run_id, state), int(unapplied)
 
     def history(self, run_id: str) -> list[ChatMessage]:
         """The run's conversation: its last segment's messages (the input while nothing ran yet)."""
@@ -119,11 +111,10 @@ class Client:
         on its way to; TimeoutError after `timeout` s."""
         deadline = time.monotonic() + timeout
         while True:
-            status = self.status(run_id)
+            status, unapplied = self._snapshot(run_id)
             if status.status in FINAL:
                 return status
-            settled = not (status.cancel_requested or self.redis.hlen(keys.inbox(run_id)))
-            if status.status == "asked" and settled:
+            if status.status == "asked" and not (status.cancel_requested or unapplied):
                 return status
             if time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -179,6 +170,26 @@ class Client:
         if not self.redis.exists(keys.state(run_id)):
             raise RunNotFoundError(run_id)
         return float(self.redis.incrbyfloat(keys.spend(run_id), usd))
+
+
+def _status(run_id: str, state: dict[str, str]) -> RunStatus:
+    if not state:
+        raise RunNotFoundError(run_id)
+    asked = state.get("asked")
+    return RunStatus(
+        run_id=run_id,
+        status=state["status"],
+        segment=int(state.get("segment", 0)),
+        steps=int(state.get("steps", 0)),
+        spent_usd=float(state.get("spent_usd", 0)),
+        final_text=state.get("final_text") or None,
+        asked=json.loads(asked) if asked and state["status"] == "asked" else None,
+        error_class=state.get("error_class") or None,
+        error_message=state.get("error_message") or None,
+        cancel_requested=state.get("cancel") == "1",
+        created_at=float(state["created"]) if "created" in state else None,
+        updated_at=float(state["touched"]) if "touched" in state else None,
+    )
 
 
 def _record(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
