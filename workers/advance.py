@@ -53,7 +53,7 @@ def advance(celery: Celery, run_id: str, n: int, progress: Progress | None = Non
     A copy fenced at its commit re-drives from storage. A copy that finds the lease about to lapse
     (a dead holder: a redelivery after a crash) waits for it rather than leave the run to the sweeper.
     """
-    kill_point("advance:begin", run=run_id)
+    kill_point("advance:begin", run=run_id, n=n)
     outcome = "fenced"
     for _ in range(3):
         step = _Step(celery, run_id, n, progress)

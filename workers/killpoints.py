@@ -14,8 +14,8 @@ reads the plan: the first match creates `<plan>.fired/<index>` (O_EXCL), appends
 pool and its children), as an OOM kill or a machine loss would. A restarted worker reading the same
 plan skips the entries already fired, so it makes progress.
 
-Points called from `workers/` (fields `run` and `key`, the journal field of the step):
-    advance:begin   a task was received, before it loads the run (a step boundary)
+Points called from `workers/` (fields `run`, and `key`, the segment/journal field of the step):
+    advance:begin   task `n` of a run was received, before it loads the run (a step boundary)
     commit:before   the step's work returned, before the commit script
     commit:after    the commit script ran, before the successor is enqueued
     enqueue:after   the successor was enqueued, before the task returns (and is acked)

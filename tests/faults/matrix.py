@@ -93,7 +93,9 @@ def choose_target(case: Case, rng: random.Random) -> dict[str, Any]:
         return {"tag": rng.choice(shape.calls("note")).tag}
     if point in ("start:after", "wait:inside"):
         return {"tag": rng.choice(shape.calls("render")).tag}
-    if point in ("advance:begin", "answer:after"):
+    if point == "advance:begin":  # task n makes commit n; every journal field is one commit
+        return {"run": case.run_id, "n": rng.randint(1, len(case.ref.journal))}
+    if point == "answer:after":
         return {"run": case.run_id}
     keys = case.ref.journal
     if point == "enqueue:after":  # only a commit with a successor to send reaches this point
