@@ -25,6 +25,9 @@ test-unit: $(STAMP)
 test-integration: $(STAMP)
 	$(PY) -m pytest -q tests/integration
 
+faults: $(STAMP)  ## the bounded reliability suite (every kill point, 2 runs each; ~4 min); prints its tables
+	$(PY) -m pytest -q -s tests/faults
+
 faults-full: $(STAMP)  ## the full crash matrix (>= 10 kill points x 20 runs); prints its table
 	TOOLLOOP_FAULTS=full $(PY) -m pytest -q -s tests/faults
 
