@@ -125,14 +125,16 @@ class Client:
 
     # -- act --------------------------------------------------------------------------------------
 
-    def answer(self, run_id: str, content: str) -> str:
+    def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
         """Answer the run's question (the one it holds, or the next one it asks when it has not parked
-        yet). The first answer to a question wins; later ones are ignored. Returns the answer id."""
-        state = self.redis.hmget(keys.state(run_id), "status", "segment")
-        status, segment = state
+        yet). The first answer to a question wins; later ones are ignored. Pass the `segment` of the
+        status that showed the question to make a late duplicate (sent after the run resumed) count
+        as a duplicate rather than as an early answer to the next question. Returns the answer id."""
+        status, current = self.redis.hmget(keys.state(run_id), "status", "segment")
         if status is None:
             raise RunNotFoundError(run_id)
-        answer_id = runs.store_answer(self.redis, run_id, int(segment or 0), content)
+        target = int(current or 0) if segment is None else segment
+        answer_id = runs.store_answer(self.redis, run_id, target, content)
         send(
             self.celery, ANSWER, [run_id, answer_id], queue="control", task_id=f"{run_id}:answer:{answer_id}"
         )

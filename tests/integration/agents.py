@@ -88,6 +88,12 @@ TOOLS = [
 ]
 
 
+def _text(content: str | list[Any]) -> str:
+    return (
+        content if isinstance(content, str) else "".join(p.text for p in content if isinstance(p, TextPart))
+    )
+
+
 def _user_text(request: PromptGenRequest) -> str:
     for message in request.messages:
         if isinstance(message, UserMessage):
@@ -128,6 +134,11 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 1:
             return reply(tool_calls=[call("ask", {"question": "Which shot?"})], cost_usd=0.01)
         return reply(f"You said: {_last_tool_text(request)}", cost_usd=0.01)
+    if scenario == "ask2":  # two questions, one after the other
+        if turn <= 2:
+            return reply(tool_calls=[call("ask", {"question": f"Question {turn}?"})])
+        answers = [_text(m.content) for m in request.messages if isinstance(m, ToolMessage)]
+        return reply(f"You said: {', then '.join(answers)}")
     if scenario == "slow":
         if turn == 1:
             return reply(tool_calls=[call("slow", {"seconds": 30}), call("add", {"a": 1, "b": 1})])

@@ -64,3 +64,17 @@ def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client) ->
     assert kinds(client, run_id) == [
         "queued", "model", "tool", "model", "parked", "answered", "resumed", "model", "finished",
     ]  # fmt: skip
+
+
+def test_a_late_duplicate_pinned_to_its_question_does_not_answer_the_next_one(client: Client) -> None:
+    run_id = client.enqueue(spec("ask2"))
+    first = client.wait(run_id, timeout=20)
+    client.answer(run_id, "Shot 3", segment=first.segment)
+    second = client.wait(run_id, timeout=20)
+    assert second.asked == {"question": "Question 2?"} and second.segment == 1
+    client.answer(run_id, "Shot 3", segment=first.segment)  # a double click, after the run moved on
+    assert client.wait(run_id, timeout=20).status == "asked"  # still waiting for its own answer
+    client.answer(run_id, "Shot 5")
+    status = client.wait(run_id, timeout=20)
+    assert status.final_text == "You said: Shot 3, then Shot 5", status
+    assert kinds(client, run_id).count("answered") == 2
