@@ -1,7 +1,9 @@
 """Every Redis key of toolloop, built here and nowhere else.
 
 Every key of one run carries the hash tag `{<run_id>}`, so a run lives on one slot of a Redis
-Cluster and each Lua script touches one slot. The one key outside a run is the index of live runs
+Cluster and each Lua script touches one slot. (One script reads a key it does not declare:
+RUN_BEGIN builds the current segment's journal name from the run's state; it has the run's tag, so
+the same slot.) The one key outside a run is the index of live runs
 that the sweeper scans; it is only ever written on its own (never inside a run's script), so it is
 a superset of the live runs, never the source of truth.
 
