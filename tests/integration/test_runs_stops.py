@@ -55,6 +55,8 @@ def test_the_budget_stops_the_run_before_the_model_call_that_would_pass_it(clien
     assert status.steps == 3
     assert status.spent_usd == pytest.approx(1.2)
     assert kinds(client, run_id) == ["queued"] + ["model", "tool"] * 3 + ["budget", "finished"]
+    history = client.history(run_id)  # every call answered: a history to resume from
+    assert [type(m) for m in history] == [UserMessage] + [AssistantMessage, ToolMessage] * 3
     budget = next(e for e in client.events(run_id) if e.kind == "budget")
     assert (budget.mode, budget.spent_usd, budget.limit_usd) == ("stop", pytest.approx(1.2), 1.0)
 
@@ -86,6 +88,9 @@ def test_a_failed_run_keeps_its_journal_and_a_retry_finishes_it(
     status = client.wait(run_id, timeout=20)
     assert status.status == "done" and status.final_text == "Found it."
     assert status.error_class is None
+    history = client.history(run_id)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    assert history[2].content == [TextPart(text="the file is there")]
     assert kinds(client, run_id) == ["queued", "model", "failed", "queued", "tool", "model", "finished"]
     model_calls = [e for e in logged(worker.model_log) if e["user"] == str(flag)]
     assert len(model_calls) == 2  # the first model call replayed from the journal on retry
