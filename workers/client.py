@@ -44,8 +44,16 @@ class Client:
         self.celery = make_app(settings)
 
     def close(self) -> None:
+        """Release the Redis connections and the broker connection pool."""
         self.redis.close()
         self._blocking.close()
+        self.celery.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- start ------------------------------------------------------------------------------------
 
