@@ -124,8 +124,9 @@ def sweep(
     client: redis_lib.Redis, celery: Celery | None = None, settings: Settings | None = None
 ) -> dict[str, int]:
     """Re-send successors recorded longer than TOOLLOOP_OUTBOX_AGE; re-drive runs with no lease and no
-    recorded successor that did not move for a visibility timeout more (their message was lost);
-    drop ended runs from the live index. Returns counts of what it did."""
+    recorded successor that did not move for TOOLLOOP_REDRIVE_AGE (their message was lost, or waits in
+    a long queue: then the copy finds its step done and leaves); drop ended runs from the live index.
+    Returns counts of what it did."""
     from workers.app import app as default_app
 
     celery = celery or default_app
@@ -147,7 +148,7 @@ def sweep(
             done["resent"] += flush_outbox(client, celery, run_id, older_than=settings.outbox_age)
         elif status in ("queued", "running") and not leased:
             idle = now - float(touched or 0)
-            if idle > settings.visibility_timeout + settings.outbox_age:
+            if idle > settings.redrive_age:
                 next_n = int(n or 0) + 1
                 send(celery, ADVANCE, [run_id, next_n], queue=queue or "llm", task_id=f"{run_id}:{next_n}")
                 client.hset(keys.state(run_id), "touched", now)

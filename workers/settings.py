@@ -8,6 +8,8 @@ TOOLLOOP_STEP_TIMEOUT        900     s a step may run before the run fails (thre
 TOOLLOOP_MAX_DELIVERIES      5       deliveries of one task before the run fails
 TOOLLOOP_SWEEP_INTERVAL      15      s between sweeps in each worker (0: off; beat toolloop.sweep)
 TOOLLOOP_OUTBOX_AGE          30      s before the sweeper re-sends a recorded successor
+TOOLLOOP_REDRIVE_AGE         300     s a queued/running run with no lease and no recorded successor
+                                     may sit still before the sweeper sends its step again
 TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or a generate;
                                      unset: toolloop.providers.from_env()
 """
@@ -33,6 +35,7 @@ class Settings:
     max_deliveries: int
     sweep_interval: float
     outbox_age: float
+    redrive_age: float
     prompt_gen: str | None
 
     @classmethod
@@ -46,5 +49,6 @@ class Settings:
             max_deliveries=int(_float("TOOLLOOP_MAX_DELIVERIES", 5)),
             sweep_interval=_float("TOOLLOOP_SWEEP_INTERVAL", 15),
             outbox_age=_float("TOOLLOOP_OUTBOX_AGE", 30),
+            redrive_age=_float("TOOLLOOP_REDRIVE_AGE", 300),
             prompt_gen=os.environ.get("TOOLLOOP_PROMPT_GEN", "").strip() or None,
         )
