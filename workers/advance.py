@@ -11,6 +11,7 @@ discards its work and re-drives from storage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -23,7 +24,6 @@ from typing import Any
 from celery import Celery
 
 from toolloop.abort import AbortController
-from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
@@ -31,7 +31,7 @@ from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLo
 from workers import runtime, toolsets
 from workers.errors import DeliveryLimitError
 from workers.killpoints import kill_point
-from workers.runs import flush_outbox, script, send_member
+from workers.runs import flush_outbox, script, segment_messages, send_member
 from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
@@ -57,7 +57,11 @@ def advance(celery: Celery, run_id: str, n: int, progress: Progress | None = Non
     outcome = "fenced"
     for _ in range(3):
         step = _Step(celery, run_id, n, progress)
-        outcome = step.run()
+        try:
+            outcome = step.run()
+        except Exception:  # Redis unreachable mid-step: free the run for the sweeper's re-drive
+            step.release()
+            raise
         if outcome == "busy" and 0 <= step.lease_left_ms <= _WAIT_FOR_LEASE_MS:
             time.sleep(step.lease_left_ms / 1000 + 0.05)
             continue
@@ -118,7 +122,7 @@ class _Step:
         try:
             spec = RunSpec.model_validate_json(spec_json)
             tools = toolsets.resolve(spec.toolset)
-            messages = _segment_messages(input_json, answer)
+            messages = segment_messages(input_json, answer)
         except Exception as error:
             return self.commit_failure(error)
         self.tools = {tool.name: tool for tool in tools}
@@ -165,6 +169,11 @@ class _Step:
         runtime.arm(self.run_id, self.controller)
         if self.state.get("cancel") == "1":
             self.controller.abort("cancel")
+
+    def release(self) -> None:
+        if getattr(self, "lease", None):
+            with contextlib.suppress(Exception):
+                script(self.redis, scripts.LEASE_RELEASE)(keys=[keys.lease(self.run_id)], args=[self.lease])
 
     def renew(self) -> None:
         script(self.redis, scripts.LEASE_RENEW)(
@@ -279,20 +288,3 @@ async def _drive(options: RunToolLoopOptions) -> RunToolLoopResult | StepBoundar
 
 def _pairs(flat: list[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-def _segment_messages(input_json: str | None, answer: str | None) -> list[ChatMessage]:
-    """The input of the current segment: the last one's history, the held ask answered."""
-    if not input_json:
-        raise ValueError("The run has no input messages for its current segment.\n  Enqueue it again.")
-    messages = CHAT_MESSAGES.validate_json(input_json)
-    if answer is None:
-        return messages
-    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
-    for message in reversed(messages):
-        if isinstance(message, AssistantMessage):
-            for call in message.tool_calls or []:
-                if call.name == "ask" and call.id not in answered:
-                    return [*messages, ToolMessage(tool_call_id=call.id, content=answer)]
-            break
-    return messages

@@ -20,6 +20,7 @@ import redis as redis_lib
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
 from toolloop.journal import keys, scripts
 from workers.app import ADVANCE, send
 from workers.killpoints import kill_point
@@ -154,3 +155,20 @@ def sweep(
                 client.hset(keys.state(run_id), "touched", now)
                 done["redriven"] += 1
     return done
+
+
+def segment_messages(input_json: str | None, answer: str | None) -> list[ChatMessage]:
+    """The input of the current segment: the last one's history, the held ask answered."""
+    if not input_json:
+        raise ValueError("The run has no input messages for its current segment.\n  Enqueue it again.")
+    messages = CHAT_MESSAGES.validate_json(input_json)
+    if answer is None:
+        return messages
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls or []:
+                if call.name == "ask" and call.id not in answered:
+                    return [*messages, ToolMessage(tool_call_id=call.id, content=answer)]
+            break
+    return messages
