@@ -58,8 +58,10 @@ _redis = redis.Redis.from_url(URL)
 
 
 @app.task(name="bench.hop")
-def hop(chain_id: str, n: int, total: int) -> None:
+def hop(chain_id: str, n: int, total: int, extra_round_trips: int = 0) -> None:
+    for _ in range(extra_round_trips):  # what-if: a hop that also makes k Redis round trips
+        _redis.ping()
     if n >= total:
         _redis.rpush(f"bench:done:{chain_id}", repr(time.time()))
         return
-    hop.apply_async((chain_id, n + 1, total))
+    hop.apply_async((chain_id, n + 1, total, extra_round_trips))
