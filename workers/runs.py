@@ -91,6 +91,7 @@ def flush_outbox(
 
 def answer(client: redis_lib.Redis, celery: Celery, run_id: str, answer_id: str) -> str:
     """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
+    client.zadd(keys.LIVE_RUNS, {run_id: time.time()})  # first: the index stays a superset of live runs
     result = script(client, scripts.RUN_ANSWER)(
         keys=[keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.events(run_id),
               keys.outbox(run_id)],
@@ -126,24 +127,27 @@ def sweep(
 ) -> dict[str, int]:
     """Re-send successors recorded longer than TOOLLOOP_OUTBOX_AGE; re-drive runs with no lease and no
     recorded successor that did not move for TOOLLOOP_REDRIVE_AGE (their message was lost, or waits in
-    a long queue: then the copy finds its step done and leaves); drop ended runs from the live index.
+    a long queue: then the copy finds its step done and leaves); drop ended and parked runs from the
+    live index (an answer puts a parked run back before it resumes it, and a drop only happens while
+    the run's index score is the one read before its status, so no resume is lost).
     Returns counts of what it did."""
     from workers.app import app as default_app
 
     celery = celery or default_app
     settings = settings or Settings.from_env()
-    done = {"resent": 0, "redriven": 0, "ended": 0}
+    done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0}
     now = time.time()
-    live: list[str] = client.zrange(keys.LIVE_RUNS, 0, -1)  # type: ignore[assignment]
-    for run_id in live:
+    live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
+    drop = script(client, scripts.INDEX_DROP)
+    for run_id, score in live:
         pipe = client.pipeline(transaction=False)
         pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
         pipe.zcard(keys.outbox(run_id))
         pipe.exists(keys.lease(run_id))
         (status, touched, n, queue), pending, leased = pipe.execute()
-        if status is None or status in FINAL:
-            client.zrem(keys.LIVE_RUNS, run_id)
-            done["ended"] += 1
+        if status is None or status in FINAL or (status == "asked" and not pending):
+            drop(keys=[keys.LIVE_RUNS], args=[run_id, repr(score)])
+            done["ended" if status != "asked" else "parked"] += 1
             continue
         if pending:
             done["resent"] += flush_outbox(client, celery, run_id, older_than=settings.outbox_age)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.runs_kit import kinds, spec
+from tests.integration.runs_kit import eventually, kinds, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from workers.client import Client
 
@@ -23,6 +23,8 @@ def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
     parked = client.wait(run_id, timeout=20)
     assert parked.status == "asked"
     assert parked.asked == {"question": "Which shot?"}
+    # a parked run needs no sweeping: the sweeper drops it from the live index, the answer puts it back
+    eventually(lambda: client.redis.zscore("tl:runs:live", run_id) is None)
 
     client.answer(run_id, "Shot 3")
     status = client.wait(run_id, timeout=20)

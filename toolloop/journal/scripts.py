@@ -230,6 +230,15 @@ return {'queued', member}
 """
 )
 
+INDEX_DROP = """
+-- Drop a run from the live-runs index only if its score is still the one the sweeper read.
+-- KEYS[1]=the index; ARGV[1]=run id ARGV[2]=score read -> 1 when dropped
+if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
 RUN_CANCEL = """
 -- Mark a run cancelled (kept across restarts). KEYS: 1 state; ARGV: 1 channel 2 run id
 -- -> the status, or false when the run does not exist
