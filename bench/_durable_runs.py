@@ -70,7 +70,9 @@ def per_step(url: str, tmp: Path, pool: tuple[str, int], turns: int, trials: int
     return {"per_step_s": statistics.median(per), "trials": per, "steps": steps}
 
 
-def in_flight(url: str, tmp: Path, runs: int, turns: int, latency: float) -> dict[str, Any]:
+def in_flight(
+    url: str, tmp: Path, runs: int, turns: int, latency: float, processes: int = 1
+) -> dict[str, Any]:
     def turn(n: int) -> dict[str, Any]:
         return {"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
 
@@ -78,26 +80,32 @@ def in_flight(url: str, tmp: Path, runs: int, turns: int, latency: float) -> dic
     with SimServer(script, latency_s=latency) as sim:
         env = env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
                        TOOLLOOP_PROMPT_GEN="")  # fmt: skip
-        worker = Worker("workers.app", pool="threads", concurrency=runs, queues=["tools", "control"], env=env,
-                        log=tmp / "in-flight-worker.log")  # fmt: skip
+        threads = -(-runs // processes)
+        queues = ["tools", "control"]
+        workers = [Worker("workers.app", pool="threads", concurrency=threads, queues=queues, env=env,
+                          log=tmp / f"in-flight-worker-{i}.log") for i in range(processes)]  # fmt: skip
         client = Client(url)
         try:
-            worker.start(client.celery)
+            for worker in workers:
+                worker.start(client.celery)
             run_ids = [client.enqueue(run_spec(turns, provider="anthropic")) for _ in range(runs)]
-            cpu0 = worker.cpu_seconds()
+            cpu0 = sum(worker.cpu_seconds() for worker in workers)
             start = time.time()
-            client.celery.control.add_consumer("llm", destination=[worker.name], reply=True, timeout=10)
-            profiler = worker.spy(turns * latency * 3)
+            names = [worker.name for worker in workers]
+            client.celery.control.add_consumer("llm", destination=names, reply=True, timeout=10)
+            profiler = workers[0].spy(turns * latency * 3)
             statuses = wait_all(client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50))
-            cpu = worker.cpu_seconds() - cpu0
-            rss = worker.pid_rss_mb()
+            cpu = sum(worker.cpu_seconds() for worker in workers) - cpu0
+            rss = sum(worker.pid_rss_mb() for worker in workers)
             if profiler:
                 profiler.wait(timeout=120)
         finally:
-            worker.stop()
+            for worker in workers:
+                worker.stop()
             client.close()
         requests = sim.stats()["requests"]
     done = [s for s in statuses if s.status == "done"]
     wall = max(s.updated_at for s in statuses) - start
     return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
-            "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1)}  # fmt: skip
+            "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1),
+            "processes": processes}  # fmt: skip
