@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,7 +94,11 @@ def worker_env(sim: SimServer, tool_log: Path) -> dict[str, str]:
 
 
 def run_and_kill(
-    redis_server: EmbeddedServer, sim: SimServer, tmp_path: Path, scenario: str, killed_when: object
+    redis_server: EmbeddedServer,
+    sim: SimServer,
+    tmp_path: Path,
+    scenario: str,
+    killed_when: Callable[[], object],
 ) -> tuple[Client, str, Path]:
     """Enqueue a run, SIGKILL the worker's process group once `killed_when()` is true, start another
     worker, wait for the run to end. Returns the client, the run id and the tool log."""
@@ -105,7 +109,7 @@ def run_and_kill(
     second: Worker | None = None
     try:
         run_id = client.enqueue(spec(scenario, model="claude-sonnet-4-5", provider="anthropic"))
-        eventually(killed_when, timeout=20)  # type: ignore[arg-type]
+        eventually(killed_when, timeout=20)
         time.sleep(0.5)  # well inside the 3 s step
         first.kill()
         assert client.status(run_id).status == "running"
