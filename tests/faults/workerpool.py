@@ -23,13 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Small delivery timers, so that a killed worker's step comes back within seconds. The lease is
-# shorter than the visibility timeout: a redelivered step finds the dead holder's lease lapsed.
+# shorter than the visibility timeout: a redelivered step finds the dead holder's lease lapsed. The
+# sweeper re-drives a run whose step message is gone (acked by a copy that failed while Redis was
+# down) after TOOLLOOP_REDRIVE_AGE instead of the default 300 s.
 FAST = {
     "TOOLLOOP_VISIBILITY_TIMEOUT": "4",
     "TOOLLOOP_RESTORE_INTERVAL": "1",
     "TOOLLOOP_SWEEP_INTERVAL": "1",
     "TOOLLOOP_OUTBOX_AGE": "1",
     "TOOLLOOP_LEASE_MS": "3000",
+    "TOOLLOOP_REDRIVE_AGE": "6",
 }
 
 
