@@ -39,6 +39,9 @@ def test_crash_matrix(redis_server: EmbeddedServer, work_dir: Path) -> None:
             workers=3 if FULL else 2,
             timeout=3000 if FULL else 300,
         )
+        served = sim.stats()["requests"]
+    # The policy is asked once per request the simulator served: its counts are the simulator's.
+    assert served == sum(policy.counts.values()) + policy.unknown > 0
     print("\n" + report.table)
     print(f"worker deaths: {report.deaths}, planned kills fired: {report.kills}")
     assert len(POINTS) >= 10
