@@ -18,6 +18,7 @@ from typing import Any
 
 from _procs import Worker, env_with
 
+from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
 
@@ -33,19 +34,19 @@ def run_spec(turns: int, **extra: Any) -> dict[str, Any]:
 
 
 def wait_all(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
+    """The statuses of `run_ids` once none is queued or running. Polls every status in one pipelined
+    round trip twice a second, so the benchmark itself takes little CPU from the worker it measures."""
     deadline = time.monotonic() + timeout
-    pending = set(run_ids)
-    statuses: dict[str, Any] = {}
-    while pending and time.monotonic() < deadline:
-        for run_id in list(pending):
-            status = client.status(run_id)
-            if status.status not in ("queued", "running"):
-                statuses[run_id] = status
-                pending.discard(run_id)
-        time.sleep(0.2)
-    if pending:
-        raise TimeoutError(f"{len(pending)} of {len(run_ids)} runs still running after {timeout:.0f} s")
-    return [statuses[run_id] for run_id in run_ids]
+    while True:
+        pipe = client.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hget(keys.state(run_id), "status")
+        pending = sum(status in ("queued", "running") for status in pipe.execute())
+        if not pending:
+            return [client.status(run_id) for run_id in run_ids]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pending} of {len(run_ids)} runs still running after {timeout:.0f} s")
+        time.sleep(0.5 if len(run_ids) > 1 else 0.05)
 
 
 def per_step(url: str, tmp: Path, pool: tuple[str, int], turns: int, trials: int) -> dict[str, Any]:
