@@ -103,7 +103,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def terminal_answerer(held: dict[str, Any]) -> str | None:
     """Ask the person at the terminal; an empty line leaves the run parked."""
-    return input("your answer (empty: leave it parked)> ").strip() or None
+    try:
+        return input("your answer (empty: leave it parked)> ").strip() or None
+    except EOFError:
+        return None
 
 
 def cmd_status(args: argparse.Namespace) -> int:

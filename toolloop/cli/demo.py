@@ -43,7 +43,12 @@ def _answerer(preset: str | None) -> Any:
                 "The agent asked a question and stdin is not a terminal.\n"
                 '  Pass the answer with --answer "TEXT".'
             )
-        return input("your answer> ").strip() or "Go with your recommendation."
+        try:
+            return input("your answer> ").strip() or "Go with your recommendation."
+        except EOFError:
+            raise CliError(
+                "No answer was given (end of input).\n  Run the demo again and answer, or pass --answer TEXT."
+            ) from None
 
     return answer
 
