@@ -162,12 +162,6 @@ def test_auth_refusals_fall_back_to_the_next_provider(redis_server: EmbeddedServ
     _fallback_twins(redis_server, work_dir / "fallback", "faults.model:make_fallback", 43)
 
 
-@pytest.mark.xfail(
-    reason="providers: fal has no price for an Anthropic model id (claude-sonnet-4-5), so a fallback "
-    "anthropic -> fal with from_env() fails with 'fal has no price for model'; see docs/faults.md",
-    raises=AssertionError,
-    strict=False,
-)
 @pytest.mark.timeout(300)
 def test_auth_refusals_fall_back_with_the_default_providers(
     redis_server: EmbeddedServer, work_dir: Path

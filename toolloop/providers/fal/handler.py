@@ -23,7 +23,7 @@ from toolloop.providers.common import (
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
 from toolloop.providers.fal.response import flag, parse_completion
 from toolloop.providers.http import Endpoint, RetryPolicy, post_json
-from toolloop.providers.prices import FAL_PRICES, ModelPrice, find_price
+from toolloop.providers.prices import ANTHROPIC_PRICES, FAL_PRICES, ModelPrice, find_price
 
 DEFAULT_RUN_URL = "https://fal.run"
 DEFAULT_MODEL = "anthropic/claude-opus-5.5"
@@ -32,7 +32,9 @@ ROUTE = "/openrouter/router/openai/v1/chat/completions"
 
 class FalHandler:
     """Calls `POST {run_url}/openrouter/router/openai/v1/chat/completions` with `Authorization: Key`.
-    Model None or "default" means `default_model`; every model needs a price row."""
+    Model None or "default" means `default_model`; every model needs a price row. A bare Anthropic
+    model id (`claude-sonnet-4-5`) is sent as fal's router names it (`anthropic/claude-sonnet-4-5`) at
+    Anthropic's prices, so a run that falls back from `anthropic` to `fal` keeps its model."""
 
     name = "fal"
 
@@ -99,10 +101,15 @@ class FalHandler:
         return result
 
     def _model(self, request: PromptGenRequest) -> str:
-        return self.default_model if request.model in (None, "default") else str(request.model)
+        if request.model in (None, "default"):
+            return self.default_model
+        model = str(request.model)
+        return f"anthropic/{model}" if model.startswith("claude-") else model
 
     def _price(self, model: str) -> ModelPrice:
         price = find_price(self.prices, model)
+        if price is None and model.startswith("anthropic/"):
+            price = find_price(ANTHROPIC_PRICES, model.removeprefix("anthropic/"))
         if price is None:
             known = ", ".join(sorted(self.prices))
             raise PromptGenError(
