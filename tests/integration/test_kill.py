@@ -46,10 +46,12 @@ class CountingModel:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.turns: Counter[tuple[str, int]] = Counter()
+        self.conversations: dict[str, str] = {}  # scenario -> the simulator's conversation id
 
     def __call__(self, request: SimRequest) -> SimTurn:
         with self.lock:
             self.turns[(request.system or "", request.assistant_turns)] += 1
+            self.conversations[request.system or ""] = request.conversation_id
         if request.assistant_turns == 0:
             seconds = 3.0 if request.system == TOOL_SLOW else 0.1
             return SimTurn(
@@ -133,6 +135,7 @@ def test_kill_during_a_model_call_reruns_only_that_call(
     try:
         assert model.count(MODEL_SLOW, 0) == 2  # the killed call, then its rerun
         assert model.count(MODEL_SLOW, 1) == 1
+        assert sim.stats()["conversations"][model.conversations[MODEL_SLOW]] == 3
         assert [e["event"] for e in logged(tool_log)] == ["start", "finished"]  # the tool ran once
         assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
     finally:
@@ -150,6 +153,7 @@ def test_kill_during_a_tool_reruns_only_that_tool(
         # The finished model call is not made again; the killed tool starts again and finishes once.
         assert model.count(TOOL_SLOW, 0) == 1
         assert model.count(TOOL_SLOW, 1) == 1
+        assert sim.stats()["conversations"][model.conversations[TOOL_SLOW]] == 2
         assert [e["event"] for e in logged(tool_log)] == ["start", "start", "finished"]
         assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
     finally:
