@@ -3,7 +3,7 @@
 REDIS_URL                    redis://127.0.0.1:6379/0  journal, run state and broker (one fate)
 TOOLLOOP_VISIBILITY_TIMEOUT  3600    s before kombu re-delivers an unacked task (> 2 x longest step)
 TOOLLOOP_RESTORE_INTERVAL    5       s between kombu's unacked sweeps (throttle 1)
-TOOLLOOP_LEASE_MS            600000  a step's lease, renewed while it runs (< visibility timeout)
+TOOLLOOP_LEASE_MS            120000  a step's lease, renewed while it runs (< visibility timeout)
 TOOLLOOP_STEP_TIMEOUT        900     s a step may run before the run fails (threads: no time limit)
 TOOLLOOP_MAX_DELIVERIES      5       deliveries of one task before the run fails
 TOOLLOOP_SWEEP_INTERVAL      15      s between sweeps in each worker (0: off; beat toolloop.sweep)
@@ -44,7 +44,7 @@ class Settings:
             redis_url=os.environ.get("REDIS_URL", "").strip() or "redis://127.0.0.1:6379/0",
             visibility_timeout=_float("TOOLLOOP_VISIBILITY_TIMEOUT", 3600),
             restore_interval=_float("TOOLLOOP_RESTORE_INTERVAL", 5),
-            lease_ms=int(_float("TOOLLOOP_LEASE_MS", 600_000)),
+            lease_ms=int(_float("TOOLLOOP_LEASE_MS", 120_000)),
             step_timeout=_float("TOOLLOOP_STEP_TIMEOUT", 900),
             max_deliveries=int(_float("TOOLLOOP_MAX_DELIVERIES", 5)),
             sweep_interval=_float("TOOLLOOP_SWEEP_INTERVAL", 15),
