@@ -33,7 +33,7 @@ def _slow_shape(tag: str) -> Shape:
     return Shape(tag=tag, turns=((call,),), final=f"Slow work of {tag} done.")
 
 
-def duplicate_every_step(client: Client, runs: dict[str, Shape]) -> None:
+def duplicate_every_step(client: Client, runs: dict[str, Shape], _pool: object) -> None:
     """Send two extra copies of each run's next `advance` task, back to back, as soon as it is due."""
     sent: dict[str, int] = {}
     deadline = time.monotonic() + 120

@@ -39,7 +39,7 @@ def test_every_run_finishes_across_a_redis_restart(redis_server: EmbeddedServer,
     back_at: list[float] = []
     going: list[str] = []
 
-    def during(client: Client, runs: dict[str, Shape]) -> None:
+    def during(client: Client, runs: dict[str, Shape], _pool: object) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait until the runs are under way
             if sum(client.status(run_id).steps > 0 for run_id in runs) >= 3:

@@ -1,7 +1,7 @@
 """Twin runs: each shape runs once without faults, then again under a fault; the twins must agree.
 
 `run_twins` runs the "ref" phase (one worker, no fault) and the "fault" phase (the pool and
-environment the test asks for, and an optional `during(client, runs)` callable run in a thread while
+environment the test asks for, and an optional `during(client, runs, pool)` callable run in a thread while
 the runs go: it kills Redis, sends duplicate tasks, ...). `compare` lists every difference a user
 could see: a run that did not end like its twin (lost), a different transcript or event stream, and
 every step that did its work more often than in the fault-free twin (beyond what `allowed` permits).
@@ -28,7 +28,7 @@ from faults.workerpool import WorkerPool
 from workers.client import Client
 
 Units = Counter[tuple[str, str]]
-During = Callable[[Client, dict[str, Shape]], None]
+During = Callable[[Client, dict[str, Shape], WorkerPool], None]
 
 
 @dataclass
@@ -140,7 +140,7 @@ def _phase(
     with pool:
         thread = None
         if during is not None:
-            thread = threading.Thread(target=during, args=(client, runs), daemon=True)
+            thread = threading.Thread(target=during, args=(client, runs, pool), daemon=True)
             thread.start()
         last = drive(client, runs, timeout, on_failed)
         if thread is not None:
