@@ -17,7 +17,8 @@ from workers import runs, runtime
 from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, app
 
 log = logging.getLogger("toolloop.workers")
-_local = threading.local()
+_lock = threading.Lock()
+_shared: Any = None
 _RETRY = app.conf.task_publish_retry_policy
 
 
@@ -27,9 +28,10 @@ def advance(self: Task, run_id: str, n: int) -> str:
 
     def progress(**fields: Any) -> None:
         try:
-            _dispatcher(self.request.hostname).send(
-                "task-progress", uuid=self.request.id, retry=True, retry_policy=_RETRY, **fields
-            )
+            with _lock:
+                _dispatcher(self.request.hostname).send(
+                    "task-progress", uuid=self.request.id, retry=True, retry_policy=_RETRY, **fields
+                )
         except Exception as error:  # progress is for people watching; it never fails a step
             log.warning("task-progress event of %s not sent: %s", self.request.id, error)
 
@@ -37,13 +39,13 @@ def advance(self: Task, run_id: str, n: int) -> str:
 
 
 def _dispatcher(hostname: str) -> Any:
-    """This pool thread's event dispatcher: `Task.send_event` opens one per call (about twice the
-    CPU per event), a step sends one per task. EventDispatcher is not thread-safe: one per thread."""
-    dispatcher = getattr(_local, "dispatcher", None)
-    if dispatcher is None:
-        dispatcher = app.events.Dispatcher(app.connection_for_write(), hostname=hostname, enabled=True)
-        _local.dispatcher = dispatcher
-    return dispatcher
+    """The process's event dispatcher for progress events (call it under `_lock`: it is not
+    thread-safe). `Task.send_event` opens one per event, about twice the CPU; one shared dispatcher
+    costs one connection per process, where one per pool thread would cost hundreds."""
+    global _shared
+    if _shared is None:
+        _shared = app.events.Dispatcher(app.connection_for_write(), hostname=hostname, enabled=True)
+    return _shared
 
 
 @app.task(name=ANSWER)  # type: ignore[untyped-decorator]
