@@ -170,6 +170,9 @@ def make_generate() -> Any:
     async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         signal.throw_if_aborted()
         _log("TOOLLOOP_TEST_MODEL_LOG", system=request.system, user=_user_text(request))
+        if request.system == "slow_model_ask":  # a model call that takes a while, deaf to aborts
+            await asyncio.sleep(1.5)
+            return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
         return answer(request)
 
     return generate

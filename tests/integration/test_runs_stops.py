@@ -48,6 +48,19 @@ def test_a_cancel_of_a_parked_run_ends_it(client: Client) -> None:
     assert kinds(client, run_id)[-4:] == ["parked", "answered", "resumed", "finished"]
 
 
+def test_a_cancel_that_lands_while_the_run_is_parking_ends_it(client: Client) -> None:
+    """The cancel mark is there, but its live step never heard it (a missed pubsub message): the park
+    commit itself answers the question `Not run: cancel.` and the run ends as cancelled."""
+    run_id = client.enqueue(spec("slow_model_ask"))
+    eventually(lambda: client.status(run_id).status == "running")
+    client.redis.hset(f"tl:{{{run_id}}}:state", "cancel", "1")  # marked, not published
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "cancel", status
+    history = client.history(run_id)
+    assert history[-1] == ToolMessage(tool_call_id=history[1].tool_calls[0].id, content="Not run: cancel.")  # type: ignore[union-attr]
+    assert kinds(client, run_id) == ["queued", "model", "parked", "answered", "resumed", "finished"]
+
+
 def test_the_budget_stops_the_run_before_the_model_call_that_would_pass_it(client: Client) -> None:
     run_id = client.enqueue(spec("budget", budget_usd=1.0))  # each model call costs 0.4
     status = client.wait(run_id, timeout=20)
