@@ -89,13 +89,13 @@ class _Step:
             cached = _cache.pop(r, None)
         begin = script(self.redis, scripts.RUN_BEGIN)(
             keys=[keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
-                  keys.spend(r), keys.inputs(r), keys.answers(r)],
+                  keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
             args=[self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
                   cached[0] if cached else ""],
         )  # fmt: skip
         code = begin[0]
-        if code == "stale":  # committed already: make sure its successor went out
-            flush_outbox(self.redis, self.celery, r)
+        if code == "stale":  # committed already: send its successor again if it seems lost
+            flush_outbox(self.redis, self.celery, r, older_than=self.settings.outbox_age)
             return "stale"
         if code == "busy":
             self.lease_left_ms = int(begin[1])

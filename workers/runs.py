@@ -3,9 +3,9 @@
 A run moves queued -> running -> (asked -> queued -> running ...) -> done | budget | steps | cancel
 | failed; every transition is one Lua script (toolloop/journal/scripts.py) so two workers, a late
 answer and a duplicate task never see half a transition. A successor task is first recorded in the
-run's outbox (inside the script that decides it), then sent, then removed from the outbox; the
-sweeper re-sends what stayed recorded longer than TOOLLOOP_OUTBOX_AGE, so no crash between a commit
-and its send strands a run.
+run's outbox (inside the script that decides it), then sent; it leaves the outbox when that task
+begins (RUN_BEGIN). The sweeper re-sends what stayed recorded longer than TOOLLOOP_OUTBOX_AGE, so
+neither a crash between a commit and its send nor a lost message strands a run.
 """
 
 from __future__ import annotations
@@ -66,26 +66,31 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec) -> str:
 
 
 def send_member(client: redis_lib.Redis, celery: Celery, run_id: str, member: str) -> bool:
-    """Send the successor recorded as `member` ("<n>|<queue>"), then clear it from the outbox.
-    A send that fails leaves it recorded (the sweeper sends it later) and returns False."""
+    """Send the successor recorded as `member` ("<n>|<queue>"). It stays recorded until task n begins
+    (RUN_BEGIN clears it: no extra round trip here), so the sweeper sends again a message that was
+    lost, or that failed to send (then this returns False)."""
     n, _, queue = member.partition("|")
     try:
         send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}")
     except (OSError, OperationalError, redis_lib.RedisError) as error:
         log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
         return False
-    client.zrem(keys.outbox(run_id), member)
     return True
 
 
 def flush_outbox(
     client: redis_lib.Redis, celery: Celery, run_id: str, older_than: float | None = None
 ) -> int:
-    """Send every successor recorded for `run_id` (only those older than `older_than` s when given)."""
-    top = "+inf" if older_than is None else time.time() - older_than
+    """Send every successor recorded for `run_id` (only those older than `older_than` s when given).
+    A member sent again is dated TOOLLOOP_REDRIVE_AGE ahead, so a step that merely waits in a long
+    queue gets one extra copy per that age, not one per sweep."""
+    now = time.time()
+    top = "+inf" if older_than is None else now - older_than
     members: list[str] = client.zrangebyscore(keys.outbox(run_id), "-inf", top)  # type: ignore[assignment]
+    later = now + Settings.from_env().redrive_age
     for member in members:
-        send_member(client, celery, run_id, str(member))
+        if send_member(client, celery, run_id, str(member)):
+            client.zadd(keys.outbox(run_id), {member: later}, xx=True)
     return len(members)
 
 

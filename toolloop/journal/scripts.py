@@ -69,7 +69,7 @@ RUN_BEGIN = (
     _PRELUDE
     + """
 -- Start of an `advance` task: check it is due, take the run's lease, count the delivery, load all.
--- KEYS: 1 state 2 spec 3 lease 4 fence 5 attempts 6 spend 7 input 8 answers
+-- KEYS: 1 state 2 spec 3 lease 4 fence 5 attempts 6 spend 7 input 8 answers 9 outbox
 -- ARGV: 1 owner 2 lease ttl ms 3 n (the commit this task makes) 4 now 5 journal key prefix
 --       6 the caller's cache tag ("<last commit's lease>|<segment>" it holds the journal of, or '')
 -- -> {'missing'} | {'idle', status} | {'stale', n} | {'early', n} | {'busy', pttl}
@@ -77,10 +77,15 @@ RUN_BEGIN = (
 --       segment's ask or false, outside spend, tag}; spec, journal and input are false when the
 --       caller's tag is current: no commit happened since the caller's own (fields are write-once)
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local n = tonumber(ARGV[3])
+-- task n was delivered: every successor recorded up to n has reached a worker
+for _, member in ipairs(redis.call('ZRANGE', KEYS[9], 0, -1)) do
+  local m = tonumber(string.match(member, '^(%d+)|'))
+  if m and m <= n then redis.call('ZREM', KEYS[9], member) end
+end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then return {'idle', status} end
 local done = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-local n = tonumber(ARGV[3])
 if n <= done then return {'stale', tostring(done)} end
 if n > done + 1 then return {'early', tostring(done)} end
 local token
