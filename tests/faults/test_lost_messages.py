@@ -1,0 +1,96 @@
+"""A task message lost between Redis and a worker: kombu's BRPOP takes a message off the queue
+before the worker records it as unacked, so a connection cut in that instant loses the message for
+good (seen in test_connection_blip.py: an `answer` task popped, its reply lost, the run parked
+forever). The state each loss leaves behind is built here directly, then the run must still finish:
+
+- an `advance` message lost: the run is queued/running with no lease and nothing in its outbox; the
+  sweeper re-drives it after TOOLLOOP_REDRIVE_AGE (6 s in the suite);
+- an `answer` message lost: the answer is in the run's inbox, the run is parked; something must
+  still apply it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faults.policy import FaultPolicy
+from faults.runs import spec_for
+from faults.shapes import Call, Shape
+from faults.twins import base_env
+from faults.workerpool import WorkerPool
+from toolloop.embedded import EmbeddedServer
+from toolloop.journal import keys
+from toolloop.sim import SimServer
+from workers import runs
+from workers.client import Client
+from workers.spec import RunSpec
+
+pytestmark = pytest.mark.faults
+
+
+class LostOnTheWay:
+    """A Celery app whose messages a worker popped and never saw (the broker took them, then lost them)."""
+
+    def send_task(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _shape(tag: str, ask: bool) -> Shape:
+    first = (Call("note", {"tag": f"{tag}.0.0", "text": "fine"}),)
+    if ask:
+        first += (Call("ask", {"question": f"Go on with {tag}?"}),)
+    return Shape(
+        tag=tag, turns=(first, (Call("note", {"tag": f"{tag}.1.0", "text": "ok"}),)), final=f"{tag} done."
+    )
+
+
+@pytest.fixture
+def setup(redis_server: EmbeddedServer, work_dir: Path) -> Any:
+    policy = FaultPolicy(work_dir / "lost")
+    policy.phase = "fault"
+    with SimServer(policy) as sim:
+        env = {**base_env(sim.base_url), "TOOLLOOP_FAULTS_DIR": str(work_dir / "lost")}
+        with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=2) as pool:
+            client = Client(redis_server.url)
+            yield client, policy, pool
+            client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_advance_message_is_redriven(setup: Any) -> None:
+    client, policy, _ = setup
+    shape = _shape("lostadv", ask=False)
+    policy.add(shape)
+    run_id = runs.create(client.redis, LostOnTheWay(), RunSpec.model_validate(spec_for(shape)))  # type: ignore[arg-type]
+    client.redis.delete(keys.outbox(run_id))  # sent, popped, gone: nothing left to re-send
+    status = client.wait(run_id, timeout=60)
+    assert status.status == "done", status
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="workers: Client.answer stores the answer in the inbox and sends toolloop.answer; when that "
+    "message is lost (popped by a worker whose connection dies), nothing applies the answer: the sweeper "
+    "drops parked runs from tl:runs:live and never reads inboxes "
+    "(workers/runs.py sweep, workers/client.py answer)",
+)
+@pytest.mark.timeout(120)
+def test_a_lost_answer_message_is_still_applied(setup: Any) -> None:
+    client, policy, _ = setup
+    shape = _shape("lostans", ask=True)
+    policy.add(shape)
+    run_id = client.enqueue(spec_for(shape))
+    status = client.wait(run_id, timeout=30)
+    assert status.status == "asked", status
+    runs.store_answer(
+        client.redis, run_id, status.segment, "Yes, go on."
+    )  # Client.answer minus its lost task
+    deadline = time.monotonic() + 20  # sweeps every 1 s; outbox age 1 s, re-drive age 6 s
+    while (status := client.status(run_id)).status == "asked" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    status = client.wait(run_id, timeout=max(1.0, deadline - time.monotonic()))
+    assert status.status == "done", f"the answer in the inbox was never applied: {status}"
