@@ -121,7 +121,7 @@ class _Step:
             return self.commit_failure(error)
         try:
             spec = RunSpec.model_validate_json(spec_json)
-            tools = toolsets.resolve(spec.toolset)
+            tools = toolsets.for_worker(spec.toolset)
             messages = segment_messages(input_json, answer)
         except Exception as error:
             return self.commit_failure(error)

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis as redis_lib
@@ -51,6 +52,8 @@ def loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if _loop is None:
             _loop = asyncio.new_event_loop()
+            # sync tools run in threads (workers.toolsets.for_worker): room for many at once
+            _loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="toolloop-tool"))
             threading.Thread(target=_loop.run_forever, name="toolloop-asyncio", daemon=True).start()
         return _loop
 

@@ -1,17 +1,25 @@
 """Resolve a toolset by import path: "pkg.module:NAME" names a list of ToolSpec, or a callable
 returning one. A run names its toolset; it never ships code. Resolved toolsets are cached per process.
+
+In a worker (`for_worker`), a tool's sync `run` / `start` / `wait` runs in a thread: every run of the
+process shares one asyncio loop, and a sync tool that blocks would stall all of them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
+import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from toolloop.loop.types import ToolSpec
 from workers.errors import ToolsetError
 
 _cache: dict[str, list[ToolSpec]] = {}
+_worker_cache: dict[str, list[ToolSpec]] = {}
 _lock = threading.Lock()
 
 
@@ -24,6 +32,36 @@ def resolve(path: str | None) -> list[ToolSpec]:
         if found is None:
             found = _cache[path] = _load(path)
         return found
+
+
+def for_worker(path: str | None) -> list[ToolSpec]:
+    """`resolve(path)` with every sync `run`, `start` and `wait` moved off the event loop."""
+    if path is None:
+        return []
+    tools = resolve(path)
+    with _lock:
+        found = _worker_cache.get(path)
+        if found is None:
+            found = _worker_cache[path] = [_offloaded(tool) for tool in tools]
+        return found
+
+
+def _offloaded(tool: ToolSpec) -> ToolSpec:
+    update = {
+        name: _in_thread(fn)
+        for name in ("run", "start", "wait")
+        if (fn := getattr(tool, name)) is not None and not inspect.iscoroutinefunction(fn)
+    }
+    return tool.model_copy(update=update) if update else tool
+
+
+def _in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def run_in_thread(*args: Any) -> Any:
+        result = await asyncio.to_thread(fn, *args)
+        return await result if inspect.isawaitable(result) else result
+
+    return run_in_thread
 
 
 def _load(path: str) -> list[ToolSpec]:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,22 @@ def flaky(input: FlakyInput, signal: AbortSignal) -> ToolOutput:
     return ToolOutput(value="ok", content=[TextPart(text="the file is there")])
 
 
+class MeetInput(BaseModel):
+    me: str
+    partner: str
+
+
+def meet(input: MeetInput, signal: AbortSignal) -> ToolOutput:
+    """A blocking sync tool: leaves a mark, then waits (sleeping) up to 10 s for its partner's mark."""
+    directory = Path(os.environ.get("TOOLLOOP_TEST_TOOL_LOG", "/tmp/x")).parent
+    (directory / f"meet-{input.me}").touch()
+    deadline = time.monotonic() + 10
+    while not (directory / f"meet-{input.partner}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    met = (directory / f"meet-{input.partner}").exists()
+    return ToolOutput(value=met, content=[TextPart(text="met" if met else "alone")])
+
+
 TOOLS = [
     ToolSpec(name="add", description="Add two numbers.", schema=AddInput, run=add),
     ToolSpec(
@@ -85,6 +102,7 @@ TOOLS = [
     ToolSpec(name="slow", description="Wait a while.", schema=SlowInput, run=slow, queue="tools"),
     ToolSpec(name="flaky", description="Check a file.", schema=FlakyInput, run=flaky),
     ToolSpec(name="render", description="Render on a GPU.", schema=AddInput, run=add, queue="gpu"),
+    ToolSpec(name="meet", description="Wait for a partner.", schema=MeetInput, run=meet),
 ]
 
 
@@ -155,6 +173,11 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn <= 11:
             return reply(tool_calls=[call("add", {"a": turn, "b": 1000})], cost_usd=0.001)
         return reply("Counted.", cost_usd=0.001)
+    if scenario == "meet":  # the user text is "<me> <partner>"
+        if turn == 1:
+            me, partner = _user_text(request).split()
+            return reply(tool_calls=[call("meet", {"me": me, "partner": partner})])
+        return reply(_last_tool_text(request))
     if scenario == "gpu":
         if turn == 1:
             return reply(tool_calls=[call("render", {"a": 4, "b": 5})])

@@ -115,3 +115,14 @@ def test_a_run_whose_message_was_lost_without_a_trace_is_driven_again(client: Cl
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert status.final_text == "The sum is 33."
+
+
+def test_blocking_sync_tools_of_two_runs_run_at_once(client: Client) -> None:
+    """Sync tools run off the worker's shared event loop: two runs whose sync tools each wait for the
+    other both get through (on the loop itself, the first would block the second for its 10 s)."""
+    me, partner = f"a{random.randint(0, 10**9)}", f"b{random.randint(0, 10**9)}"
+    first = client.enqueue(spec("meet", user=f"{me} {partner}"))
+    second = client.enqueue(spec("meet", user=f"{partner} {me}"))
+    for run_id in (first, second):
+        status = client.wait(run_id, timeout=30)
+        assert (status.status, status.final_text) == ("done", "met"), status
