@@ -49,6 +49,8 @@ def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type
     assert events[2].name == "add" and events[2].summary == "5"
     assert events[-1].stopped_by == "done"
     assert [e["tool"] for e in logged(worker.tool_log) if (e.get("a"), e.get("b")) == (2, 3)] == ["add"]
+    client.cancel(run_id)  # too late: an ended run stays as it ended
+    assert (client.status(run_id).status, client.status(run_id).cancel_requested) == ("done", False)
 
 
 def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> None:

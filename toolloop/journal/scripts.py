@@ -244,12 +244,16 @@ end
 return 0
 """
 
-RUN_CANCEL = """
+RUN_CANCEL = (
+    _PRELUDE
+    + """
 -- Mark a run cancelled (kept across restarts). KEYS: 1 state; ARGV: 1 channel 2 run id
--- -> the status, or false when the run does not exist
+-- -> the status, or false when the run does not exist (an ended run is left as it is)
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return false end
+if terminal(status) then return status end
 redis.call('HSET', KEYS[1], 'cancel', '1')
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return status
 """
+)
