@@ -1,12 +1,13 @@
-"""Connection blips with Redis alive: every client connection (the workers' consumers, journal and
-cancel listener, the client's) is cut with `CLIENT KILL TYPE normal`, again and again, while runs go.
+"""Connection cuts with Redis alive: every client connection (the workers' consumers, journal and
+cancel listener, the client's) is cut with `CLIENT KILL TYPE normal`, ten times, 0.3-0.8 s apart,
+while runs go.
 
-Measured here: redis-py 8 reconnects and retries on its own, so Celery does not even log a lost
-broker connection; a cut that outlasts those retries is an outage, which test_redis_restart.py
-covers (there Celery restores the unacked messages, and the lease keeps a restored copy from running
-a step that still runs). A cut mid-step may still fail the step's commit, so each cut allows the
-last two effects of each worker process (two threads) to run once more; nothing else may run twice,
-and every run must end with the transcript and events of its fault-free twin.
+redis-py 8 reconnects and retries on its own, so most cuts pass unnoticed; some reach Celery ("lost
+connection to broker": it restores its unacked messages, and the run's lease keeps a restored copy
+from running a step that still runs) or fail a step's commit (the task fails, its message is acked,
+the sweeper re-drives the run). So each cut allows the steps that began in the 2 s before it to run
+once more; nothing else may run twice, and every run must end with the transcript and events of its
+fault-free twin. A cut can also lose a message kombu had just popped: test_lost_messages.py.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from workers.records import FINAL
 pytestmark = pytest.mark.faults
 
 BLIPS = 10
+IN_FLIGHT_S = 2.0  # longer than any step here (0.5 s model latency plus overhead)
 
 
 @pytest.mark.timeout(400)
@@ -65,10 +67,9 @@ def test_connection_blips_never_run_a_step_twice_at_once(
         )  # fmt: skip
     effects = read_effects(work_dir / "blip" / "fault")
     allowed: Counter[tuple[str, str]] = Counter()
-    for at in blips:  # per worker process and thread slot: its last two effects before the cut
-        for pid in {e["pid"] for e in effects}:
-            before = [e for e in effects if e["pid"] == pid and e["at"] <= at]
-            for effect in before[-2:]:
+    for at in blips:  # a step that began shortly before a cut may have been in flight at it
+        for effect in effects:
+            if at - IN_FLIGHT_S <= effect["at"] <= at:
                 allowed[(effect["kind"], effect["tag"])] += 1
     print(
         f"\nconnection blips: {len(blips)} cuts of {sum(cut_clients)} connections, "
