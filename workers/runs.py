@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError
 
 from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
 from toolloop.journal import keys, scripts
-from workers.app import ADVANCE, send
+from workers.app import ADVANCE, ANSWER, send
 from workers.killpoints import kill_point
 from workers.records import FINAL
 from workers.settings import Settings
@@ -111,9 +111,15 @@ def answer(client: redis_lib.Redis, celery: Celery, run_id: str, answer_id: str)
 
 
 def store_answer(client: redis_lib.Redis, run_id: str, segment: int, content: str) -> str:
-    """Put an answer in the run's inbox (the `toolloop.answer` task applies it); its id."""
+    """Put an answer in the run's inbox (the `toolloop.answer` task applies it); its id. The run goes
+    back in the live index too, so the sweeper re-sends the task if its message is lost (a worker
+    popped it and its connection died before kombu recorded it: tests/faults/test_lost_messages.py)."""
     answer_id = uuid.uuid4().hex
-    client.hset(keys.inbox(run_id), answer_id, json.dumps({"segment": segment, "content": content}))
+    now = time.time()
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(keys.inbox(run_id), answer_id, json.dumps({"segment": segment, "content": content, "at": now}))
+    pipe.zadd(keys.LIVE_RUNS, {run_id: now})
+    pipe.execute()
     return answer_id
 
 
@@ -135,12 +141,13 @@ def sweep(
     a long queue: then the copy finds its step done and leaves); drop ended and parked runs from the
     live index (an answer puts a parked run back before it resumes it, and a drop only happens while
     the run's index score is the one read before its status, so no resume is lost).
-    Returns counts of what it did."""
+    Re-sends the `toolloop.answer` task of an inbox answer older than TOOLLOOP_OUTBOX_AGE (its message
+    was lost). Returns counts of what it did."""
     from workers.app import app as default_app
 
     celery = celery or default_app
     settings = settings or Settings.from_env()
-    done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0}
+    done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0}
     now = time.time()
     live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
     drop = script(client, scripts.INDEX_DROP)
@@ -149,8 +156,11 @@ def sweep(
         pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
         pipe.zcard(keys.outbox(run_id))
         pipe.exists(keys.lease(run_id))
-        (status, touched, n, queue), pending, leased = pipe.execute()
-        if status is None or status in FINAL or (status == "asked" and not pending):
+        pipe.hgetall(keys.inbox(run_id))
+        (status, touched, n, queue), pending, leased, inbox = pipe.execute()
+        if inbox and status is not None and status not in FINAL:
+            done["answers"] += resend_answers(celery, run_id, inbox, now - settings.outbox_age)
+        if status is None or status in FINAL or (status == "asked" and not pending and not inbox):
             drop(keys=[keys.LIVE_RUNS], args=[run_id, repr(score)])
             done["ended" if status != "asked" else "parked"] += 1
             continue
@@ -164,6 +174,17 @@ def sweep(
                 client.hset(keys.state(run_id), "touched", now)
                 done["redriven"] += 1
     return done
+
+
+def resend_answers(celery: Celery, run_id: str, inbox: dict[str, str], before: float) -> int:
+    """Send `toolloop.answer` again for inbox answers stored before `before` and still not applied
+    (the task deletes its inbox entry; a copy that finds it gone does nothing)."""
+    sent = 0
+    for answer_id, raw in inbox.items():
+        if float(json.loads(raw).get("at", 0)) < before:
+            send(celery, ANSWER, [run_id, answer_id], queue="control", task_id=f"{run_id}:answer:{answer_id}")
+            sent += 1
+    return sent
 
 
 def segment_messages(input_json: str | None, answer: str | None) -> list[ChatMessage]:

@@ -5,8 +5,9 @@ forever). The state each loss leaves behind is built here directly, then the run
 
 - an `advance` message lost: the run is queued/running with no lease and nothing in its outbox; the
   sweeper re-drives it after TOOLLOOP_REDRIVE_AGE (6 s in the suite);
-- an `answer` message lost: the answer is in the run's inbox, the run is parked; something must
-  still apply it.
+- an `answer` message lost: the answer is in the run's inbox, the run is parked; the sweeper sends
+  the `answer` task again once the inbox entry is older than TOOLLOOP_OUTBOX_AGE (found by
+  test_connection_blip.py: the run used to stay parked forever).
 """
 
 from __future__ import annotations
@@ -71,13 +72,6 @@ def test_a_lost_advance_message_is_redriven(setup: Any) -> None:
     assert status.status == "done", status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers: Client.answer stores the answer in the inbox and sends toolloop.answer; when that "
-    "message is lost (popped by a worker whose connection dies), nothing applies the answer: the sweeper "
-    "drops parked runs from tl:runs:live and never reads inboxes "
-    "(workers/runs.py sweep, workers/client.py answer)",
-)
 @pytest.mark.timeout(120)
 def test_a_lost_answer_message_is_still_applied(setup: Any) -> None:
     client, policy, _ = setup
