@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -63,6 +63,21 @@ class ToolSpec(_Options):
     model_config = ConfigDict(
         frozen=True, extra="forbid", arbitrary_types_allowed=True, populate_by_name=True
     )
+
+    if TYPE_CHECKING:
+        # What users write: `schema=` (the field is `schema_` only because BaseModel owns `schema`).
+        def __init__(
+            self,
+            *,
+            name: str,
+            description: str,
+            schema: type[BaseModel],
+            run: Callable[..., Any] | None = None,
+            start: Callable[..., Any] | None = None,
+            wait: Callable[..., Any] | None = None,
+            estimate_usd: Callable[..., Any] | None = None,
+            queue: str | None = None,
+        ) -> None: ...
 
     @property
     def two_phase(self) -> bool:
