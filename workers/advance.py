@@ -21,7 +21,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import redis as redis_lib
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from toolloop.abort import AbortController
 from toolloop.journal import keys, scripts
@@ -247,13 +249,25 @@ class _Step:
                 )
                 if len(_cache) > _CACHE_SIZE:
                     _cache.popitem(last=False)
+        self.publish(str(member) if member else None, key=where, phase=outcome, next=next_key)
         if member:
-            send_member(self.redis, self.celery, r, str(member))
             kill_point("enqueue:after", run=r, key=where)
         if outcome in ("stop", "fail"):
             self.redis.zrem(keys.LIVE_RUNS, r)
-        self.progress(run_id=r, n=self.n, key=where, phase=outcome, next=next_key)
         return outcome
+
+    def publish(self, member: str | None, **progress: Any) -> None:
+        """Send the successor (`member`, recorded in the outbox) and the task-progress event in one
+        pipelined batch: one round trip and one pooled producer for the task, its task-sent event and
+        the progress event. A failed flush leaves the successor in the outbox (the sweeper sends it)."""
+        try:
+            with self.celery.producer_or_acquire() as producer, producer.batch():
+                if member:
+                    send_member(self.redis, self.celery, self.run_id, member, producer=producer)
+                self.progress(producer=producer, run_id=self.run_id, n=self.n, **progress)
+        except (OSError, OperationalError, redis_lib.RedisError) as error:
+            log.warning("run %s: sending step %s failed (%s); the sweeper will send it", self.run_id,
+                        member, error)  # fmt: skip
 
     def totals(self) -> dict[str, Any]:
         """Spend and steps so far, for the status of a run between two steps."""

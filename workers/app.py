@@ -64,9 +64,18 @@ def make_app(settings: Settings | None = None) -> Celery:
 app = make_app()
 
 
-def send(celery: Celery, name: str, args: list[Any], *, queue: str, task_id: str | None = None) -> None:
-    """Send a task by name (ids only in `args`), to `queue`, with a readable id when given."""
-    celery.send_task(name, args=args, queue=queue, task_id=task_id)
+def send(
+    celery: Celery,
+    name: str,
+    args: list[Any],
+    *,
+    queue: str,
+    task_id: str | None = None,
+    producer: Any = None,
+) -> None:
+    """Send a task by name (ids only in `args`), to `queue`, with a readable id when given; through
+    `producer` when given (a step sends its successor and its progress event in one batch)."""
+    celery.send_task(name, args=args, queue=queue, task_id=task_id, producer=producer)
 
 
 # Worker-process resources (event loop thread, cancel listener, sweeper) start with the worker.

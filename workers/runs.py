@@ -65,13 +65,16 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec) -> str:
     return run_id
 
 
-def send_member(client: redis_lib.Redis, celery: Celery, run_id: str, member: str) -> bool:
+def send_member(
+    client: redis_lib.Redis, celery: Celery, run_id: str, member: str, producer: Any = None
+) -> bool:
     """Send the successor recorded as `member` ("<n>|<queue>"). It stays recorded until task n begins
     (RUN_BEGIN clears it: no extra round trip here), so the sweeper sends again a message that was
-    lost, or that failed to send (then this returns False)."""
+    lost, or that failed to send (then this returns False). Inside a `producer.batch()` the send
+    happens when the batch flushes (its failure is the caller's to log)."""
     n, _, queue = member.partition("|")
     try:
-        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}")
+        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}", producer=producer)
     except (OSError, OperationalError, redis_lib.RedisError) as error:
         log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
         return False

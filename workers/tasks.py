@@ -26,12 +26,17 @@ _RETRY = app.conf.task_publish_retry_policy
 def advance(self: Task, run_id: str, n: int) -> str:
     """Run the n-th step of a run and send the next one (or finish, or park)."""
 
-    def progress(**fields: Any) -> None:
+    def progress(producer: Any = None, **fields: Any) -> None:
         try:
             with _lock:
-                _dispatcher(self.request.hostname).send(
-                    "task-progress", uuid=self.request.id, retry=True, retry_policy=_RETRY, **fields
-                )
+                dispatcher = _dispatcher(self.request.hostname)
+                if producer is None:
+                    dispatcher.send(
+                        "task-progress", uuid=self.request.id, retry=True, retry_policy=_RETRY, **fields
+                    )
+                    return
+            fields["uuid"] = self.request.id  # in the step's send batch: one round trip with its successor
+            dispatcher.publish("task-progress", fields, producer, retry=True, retry_policy=_RETRY)
         except Exception as error:  # progress is for people watching; it never fails a step
             log.warning("task-progress event of %s not sent: %s", self.request.id, error)
 
