@@ -100,7 +100,7 @@ def choose_target(case: Case, rng: random.Random) -> dict[str, Any]:
     keys = case.ref.journal
     if point == "enqueue:after":  # only a commit with a successor to send reaches this point
         turns = model_keys(shape)
-        keys = [k for k in keys if k.endswith((":start", ":wait"))] + [
+        keys = [k for k in keys if k.endswith(":start")] + [  # a wait may be followed by a park
             k
             for k, t in turns.items()
             if t < len(shape.turns) and any(c.tool != "ask" for c in shape.turns[t])
