@@ -41,9 +41,10 @@ log = logging.getLogger("toolloop.workers")
 _WAIT_FOR_LEASE_MS = 5000
 
 _CACHE_SIZE = 4096
-_cache: OrderedDict[str, tuple[str, str, dict[str, str], str]] = OrderedDict()
-"""run id -> (tag, spec JSON, journal entries, input JSON) as of this process's last commit of it:
-the next step of a run that stays on this worker loads nothing but the state (RUN_BEGIN's tag)."""
+_cache: OrderedDict[str, tuple[str, str, dict[str, str], str, dict[str, tuple[float, Any]]]] = OrderedDict()
+"""run id -> (tag, spec JSON, journal entries, input JSON, decoded entries) as of this process's last
+commit of it: the next step of a run that stays on this worker loads nothing but the state (RUN_BEGIN's
+tag) and decodes no replayed entry again."""
 _cache_lock = threading.Lock()
 
 Progress = Callable[..., None]
@@ -104,8 +105,9 @@ class _Step:
         if code != "run":
             return str(code)
         _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, tag = begin
+        parsed: dict[str, tuple[float, Any]] = {}
         if spec_json is None and cached is not None and cached[0] == tag:  # nothing new since our commit
-            _, spec_json, entries, input_json = cached
+            _, spec_json, entries, input_json, parsed = cached
         else:
             entries = _pairs(journal_flat)
         self.spec_json, self.input_json = spec_json, input_json
@@ -130,7 +132,7 @@ class _Step:
         self.tools = {tool.name: tool for tool in tools}
         journal = RedisJournal(
             self.redis, r, self.prefix, signal=self.controller.signal, entries=entries,
-            live_steps=1, before_live=self.before_live, owner=self.owner,
+            live_steps=1, before_live=self.before_live, owner=self.owner, parsed=parsed,
         )  # fmt: skip
         self.journal = journal
         self.steps_base = int(self.state.get("steps_base", 0))
@@ -246,6 +248,7 @@ class _Step:
                     self.spec_json,
                     self.journal.entries,
                     self.input_json,
+                    self.journal.parsed,
                 )
                 if len(_cache) > _CACHE_SIZE:
                     _cache.popitem(last=False)

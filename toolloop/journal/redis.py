@@ -76,6 +76,7 @@ class RedisJournal:
         live_steps: int | None = None,
         before_live: Callable[[str], None] | None = None,
         owner: str | None = None,
+        parsed: dict[str, tuple[float, Any]] | None = None,
     ) -> None:
         self.redis = redis
         self.run_id = run_id
@@ -83,6 +84,9 @@ class RedisJournal:
         self.signal = signal
         self.lease_ms = lease_ms
         self.entries: dict[str, str] = dict(entries or {})
+        self.parsed: dict[str, tuple[float, Any]] = dict(parsed or {})
+        """Replayed entries already decoded: key -> (cost, value). Fields are write-once, so a value
+        decoded once (by this process's previous step of the run) is decoded again by nobody."""
         self.live_steps = live_steps
         self.before_live = before_live
         self.owner = owner or uuid.uuid4().hex
@@ -97,7 +101,7 @@ class RedisJournal:
         if stored is None and self.live_steps is None:
             stored = await asyncio.to_thread(self.redis.hget, self.hash_key, key)
         if stored is not None:
-            return self._returned(stored)
+            return self._returned(stored, key)
         if self.live_steps is not None and len(self.pending) >= self.live_steps:
             raise StepBoundary(key)
         if self.before_live is not None:
@@ -113,10 +117,17 @@ class RedisJournal:
         self.entries[key] = text
         return self._returned(text)
 
-    def _returned(self, stored: str | bytes) -> Any:
-        entry = json.loads(stored)
-        self.cost_usd += entry["cost_usd"]
-        return entry["value"]
+    def _returned(self, stored: str | bytes, key: str | None = None) -> Any:
+        """The value of a stored entry (its cost counted). Replayed values are memoized in `parsed`,
+        except a two-phase tool's `:start` handle, which goes to user code that may change it."""
+        memo = self.parsed.get(key) if key is not None else None
+        if memo is None:
+            entry = json.loads(stored)
+            memo = (entry["cost_usd"], entry["value"])
+            if key is not None and not key.endswith(":start"):
+                self.parsed[key] = memo
+        self.cost_usd += memo[0]
+        return memo[1]
 
     def keys(self) -> list[str]:
         return list(self.entries)
