@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +28,8 @@ from faults.runs import drive, spec_for
 from faults.shapes import make_shape
 from faults.twins import base_env
 from faults.workerpool import FAST, ROOT, WorkerPool
-from toolloop.embedded import EmbeddedServer, free_port
+from tests.support.flower import running_flower
+from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
 from workers.client import Client
 
@@ -71,37 +70,10 @@ def _found(text: str) -> list[str]:
 
 @pytest.fixture
 def flower(redis_server: EmbeddedServer, work_dir: Path) -> Iterator[str]:
-    port = free_port()
-    log = work_dir / "flower.log"
     env = {**os.environ, **FAST, "REDIS_URL": redis_server.url, "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
            "FAL_KEY": FAL_KEY, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}  # fmt: skip
-    env.pop("FLOWER_UNAUTHENTICATED_API", None)
-    args = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", "--address=127.0.0.1",
-            f"--port={port}", f"--basic_auth={AUTH[0]}:{AUTH[1]}"]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthcheck", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Flower did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    with running_flower(env, work_dir / "flower.log", AUTH) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait(timeout=10)
 
 
 @pytest.mark.timeout(300)

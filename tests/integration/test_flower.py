@@ -7,10 +7,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +15,8 @@ import pytest
 
 from tests.integration.conftest import ROOT, WORKER_ENV, Worker, start_worker
 from tests.integration.runs_kit import eventually, spec
-from toolloop.embedded import EmbeddedServer, free_port, start_server
+from tests.support.flower import running_flower
+from toolloop.embedded import EmbeddedServer, start_server
 from workers.client import Client
 
 pytestmark = pytest.mark.integration
@@ -40,39 +37,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS
 @pytest.fixture(scope="module")
 def flower(redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`celery -A workers.app flower` on a free loopback port with basic auth; yields its URL."""
-    port = free_port()
     log = tmp_path_factory.mktemp("flower") / "flower.log"
     env = {**os.environ, **WORKER_ENV, "REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
-    env.pop("FLOWER_UNAUTHENTICATED_API", None)
-    args = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", "--address=127.0.0.1",
-            f"--port={port}", f"--basic_auth={AUTH[0]}:{AUTH[1]}"]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while not _healthy(url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Flower did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    with running_flower(env, log, AUTH, timeout_s=30) as url:
         yield url
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthcheck", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture(scope="module")
