@@ -73,35 +73,32 @@ class Worker:
             f"The bench worker did not answer a ping within {timeout:.0f} s.\n  See {self.log}."
         )
 
-    def pid_rss_mb(self) -> float:
-        """Resident memory of the worker's whole process group, in MB (Linux /proc)."""
+    def _group_files(self, name: str) -> Iterator[str]:
+        """The /proc/<pid>/<name> text of every live process in the worker's process group."""
         assert self.process
-        total = 0
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             with contextlib.suppress(OSError, ValueError):
-                if os.getpgid(int(entry.name)) != self.process.pid:
-                    continue
-                for line in (entry / "status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
+                if os.getpgid(int(entry.name)) == self.process.pid:
+                    yield (entry / name).read_text()
+
+    def pid_rss_mb(self) -> float:
+        """Resident memory of the worker's whole process group, in MB (Linux /proc)."""
+        total = 0
+        for status in self._group_files("status"):
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
         return total / 1024
 
     def cpu_seconds(self) -> float:
         """User+system CPU of the worker's main process and its children (prefork), from /proc."""
-        assert self.process
-        ticks = os.sysconf("SC_CLK_TCK")
         total = 0
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                if os.getpgid(int(entry.name)) != self.process.pid:
-                    continue
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-        return total / ticks
+        for stat in self._group_files("stat"):
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def spy(self, seconds: float) -> subprocess.Popen[bytes] | None:
         """With BENCH_PYSPY=<file>, sample this worker with py-spy for `seconds` (raw collapsed stacks

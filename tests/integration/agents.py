@@ -115,24 +115,14 @@ def _text(content: str | list[Any]) -> str:
 def _user_text(request: PromptGenRequest) -> str:
     for message in request.messages:
         if isinstance(message, UserMessage):
-            content = message.content
-            return (
-                content
-                if isinstance(content, str)
-                else "".join(p.text for p in content if isinstance(p, TextPart))
-            )
+            return _text(message.content)
     return ""
 
 
 def _last_tool_text(request: PromptGenRequest) -> str:
     for message in reversed(request.messages):
         if isinstance(message, ToolMessage):
-            content = message.content
-            return (
-                content
-                if isinstance(content, str)
-                else "".join(p.text for p in content if isinstance(p, TextPart))
-            )
+            return _text(message.content)
     return ""
 
 
