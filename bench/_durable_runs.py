@@ -49,10 +49,37 @@ def wait_all(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
         time.sleep(0.5 if len(run_ids) > 1 else 0.05)
 
 
-def per_step(url: str, tmp: Path, pool: tuple[str, int], turns: int, trials: int) -> dict[str, Any]:
+def step_worker(
+    mode: str, pool: tuple[str, int], env: dict[str, str], log: Path, held: tuple[str, ...] = ()
+) -> Worker:
+    """A `workers.app` worker whose steps run on the step consumer (`mode` "consumer", the production
+    default) or as Celery tasks in its pool ("celery"); `held` step queues are left out until the
+    bench adds them (`start_queue`)."""
+    steps = [q for q in ("llm", "tools") if q not in held]
+    if mode == "consumer":
+        extra = ["--step-queues", ",".join(steps), "--steps-in-flight", str(pool[1])]
+        return Worker(
+            "workers.app", pool=pool[0], concurrency=8, queues=["control"], env=env, log=log, extra=extra
+        )
+    return Worker(
+        "workers.app", pool=pool[0], concurrency=pool[1], queues=[*steps, "control"], env=env, log=log
+    )
+
+
+def start_queue(client: Client, mode: str, workers: list[Worker], queue: str) -> None:
+    names = [worker.name for worker in workers]
+    if mode == "consumer":
+        client.celery.control.broadcast("add_step_queue", arguments={"queue": queue}, destination=names,
+                                        reply=True, timeout=10)  # fmt: skip
+    else:
+        client.celery.control.add_consumer(queue, destination=names, reply=True, timeout=10)
+
+
+def per_step(
+    url: str, tmp: Path, pool: tuple[str, int], turns: int, trials: int, mode: str
+) -> dict[str, Any]:
     env = env_with(REDIS_URL=url, **AGENT)
-    worker = Worker("workers.app", pool=pool[0], concurrency=pool[1], queues=["llm", "tools", "control"],
-                    env=env, log=tmp / "durable-worker.log")  # fmt: skip
+    worker = step_worker(mode, pool, env, tmp / f"durable-worker-{mode}.log")
     client = Client(url)
     steps = 2 * turns - 1
     per: list[float] = []
@@ -72,7 +99,7 @@ def per_step(url: str, tmp: Path, pool: tuple[str, int], turns: int, trials: int
 
 
 def in_flight(
-    url: str, tmp: Path, runs: int, turns: int, latency: float, processes: int = 1
+    url: str, tmp: Path, runs: int, turns: int, latency: float, processes: int = 1, mode: str = "consumer"
 ) -> dict[str, Any]:
     def turn(n: int) -> dict[str, Any]:
         return {"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
@@ -81,10 +108,9 @@ def in_flight(
     with SimServer(script, latency_s=latency) as sim:
         env = env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
                        TOOLLOOP_PROMPT_GEN="")  # fmt: skip
-        threads = -(-runs // processes)
-        queues = ["tools", "control"]
-        workers = [Worker("workers.app", pool="threads", concurrency=threads, queues=queues, env=env,
-                          log=tmp / f"in-flight-worker-{i}.log") for i in range(processes)]  # fmt: skip
+        slots = -(-runs // processes)
+        workers = [step_worker(mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log",
+                               held=("llm",)) for i in range(processes)]  # fmt: skip
         client = Client(url)
         try:
             for worker in workers:
@@ -92,8 +118,7 @@ def in_flight(
             run_ids = [client.enqueue(run_spec(turns, provider="anthropic")) for _ in range(runs)]
             cpu0 = sum(worker.cpu_seconds() for worker in workers)
             start = time.time()
-            names = [worker.name for worker in workers]
-            client.celery.control.add_consumer("llm", destination=names, reply=True, timeout=10)
+            start_queue(client, mode, workers, "llm")
             profiler = workers[0].spy(turns * latency * 3)
             statuses = wait_all(client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50))
             cpu = sum(worker.cpu_seconds() for worker in workers) - cpu0
@@ -109,4 +134,4 @@ def in_flight(
     wall = max(s.updated_at for s in statuses) - start
     return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
             "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1),
-            "processes": processes}  # fmt: skip
+            "processes": processes, "mode": mode}  # fmt: skip

@@ -11,6 +11,7 @@ discards its work and re-drives from storage.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -18,22 +19,21 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis as redis_lib
-from celery import Celery
-from kombu.exceptions import OperationalError
 
 from toolloop.abort import AbortController
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import runtime, toolsets
+from workers import runtime, toolsets, wire
+from workers.app import ADVANCE
 from workers.errors import DeliveryLimitError
 from workers.killpoints import kill_point
-from workers.runs import flush_outbox, script, segment_messages, send_member
+from workers.runs import flush_outbox, segment_messages
 from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
@@ -47,11 +47,18 @@ commit of it: the next step of a run that stays on this worker loads nothing but
 tag) and decodes no replayed entry again."""
 _cache_lock = threading.Lock()
 
-Progress = Callable[..., None]
+
+@dataclass(frozen=True)
+class Task:
+    """The Celery task a step runs as: its id and the worker's hostname (for its events)."""
+
+    task_id: str
+    hostname: str
 
 
-def advance(celery: Celery, run_id: str, n: int, progress: Progress | None = None) -> str:
+async def advance(run_id: str, n: int, task: Task) -> str:
     """Make commit `n` of the run (see the module docstring). Returns what happened, for logs.
+    Runs on the process's asyncio loop (workers/runtime.py), from a Celery task or the step consumer.
 
     A copy fenced at its commit re-drives from storage. A copy that finds the lease about to lapse
     (a dead holder: a redelivery after a crash) waits for it rather than leave the run to the sweeper.
@@ -59,14 +66,16 @@ def advance(celery: Celery, run_id: str, n: int, progress: Progress | None = Non
     kill_point("advance:begin", run=run_id, n=n)
     outcome = "fenced"
     for _ in range(3):
-        step = _Step(celery, run_id, n, progress)
+        step = _Step(run_id, n, task)
         try:
-            outcome = step.run()
+            outcome = await step.run()
         except Exception:  # Redis unreachable mid-step: free the run for the sweeper's re-drive
-            step.release()
+            await step.release()
             raise
+        finally:
+            step.drop_lease()
         if outcome == "busy" and 0 <= step.lease_left_ms <= _WAIT_FOR_LEASE_MS:
-            time.sleep(step.lease_left_ms / 1000 + 0.05)
+            await asyncio.sleep(step.lease_left_ms / 1000 + 0.05)
             continue
         if outcome != "fenced":
             break
@@ -74,31 +83,31 @@ def advance(celery: Celery, run_id: str, n: int, progress: Progress | None = Non
 
 
 class _Step:
-    def __init__(self, celery: Celery, run_id: str, n: int, progress: Progress | None) -> None:
-        self.celery = celery
+    def __init__(self, run_id: str, n: int, task: Task) -> None:
         self.run_id = run_id
         self.n = n
-        self.progress = progress or (lambda **_: None)
-        self.redis = runtime.redis()
+        self.task = task
+        self.batch = runtime.batch()
         self.settings = runtime.settings
         self.owner = f"{uuid.uuid4().hex}"
         self.events: list[LoopEvent] = []
         self.controller = AbortController()
         self.lease_left_ms = -1
 
-    def run(self) -> str:
+    async def run(self) -> str:
         r = self.run_id
         with _cache_lock:
             cached = _cache.pop(r, None)
-        begin = script(self.redis, scripts.RUN_BEGIN)(
-            keys=[keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
-                  keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
-            args=[self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
-                  cached[0] if cached else ""],
+        begin = await self.batch.script(
+            scripts.RUN_BEGIN,
+            [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
+             keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
+            [self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
+             cached[0] if cached else ""],
         )  # fmt: skip
         code = begin[0]
         if code == "stale":  # committed already: send its successor again if it seems lost
-            flush_outbox(self.redis, self.celery, r, older_than=self.settings.outbox_age)
+            await asyncio.to_thread(_flush_outbox, r, self.settings.outbox_age)
             return "stale"
         if code == "busy":
             self.lease_left_ms = int(begin[1])
@@ -113,6 +122,7 @@ class _Step:
         self.spec_json, self.input_json = spec_json, input_json
         self.token = int(token)
         self.lease = f"{self.owner}:{token}"
+        runtime.leases().hold(keys.lease(r), self.lease)
         self.state = _pairs(state_flat)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
@@ -122,16 +132,16 @@ class _Step:
                 f"Step {self.n} of run {self.run_id!r} was delivered {attempts} times without finishing.\n"
                 "  Its worker keeps dying (memory? a crash in a tool?); fix that, then retry the run."
             )
-            return self.commit_failure(error)
+            return await self.commit_failure(error)
         try:
             spec = RunSpec.model_validate_json(spec_json)
             tools = toolsets.for_worker(spec.toolset)
             messages = segment_messages(input_json, answer)
         except Exception as error:
-            return self.commit_failure(error)
+            return await self.commit_failure(error)
         self.tools = {tool.name: tool for tool in tools}
         journal = RedisJournal(
-            self.redis, r, self.prefix, signal=self.controller.signal, entries=entries,
+            runtime.redis(), r, self.prefix, signal=self.controller.signal, entries=entries,
             live_steps=1, before_live=self.before_live, owner=self.owner, parsed=parsed,
         )  # fmt: skip
         self.journal = journal
@@ -157,15 +167,22 @@ class _Step:
             keep_images=spec.keep_images,
             cache=spec.cache,
         )
+        timeout = self.settings.step_timeout
         try:
-            outcome = runtime.run(_drive(options), timeout=self.settings.step_timeout, tick=self.renew)
+            outcome = await asyncio.wait_for(_drive(options), timeout)
+        except TimeoutError:
+            return await self.commit_failure(TimeoutError(
+                f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
+                "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
+                "then retry the run."
+            ))  # fmt: skip
         except Exception as error:
-            return self.commit_failure(error)
+            return await self.commit_failure(error)
         finally:
             runtime.disarm(r, self.controller)
         if isinstance(outcome, StepBoundary):
-            return self.commit_next(outcome.key)
-        return self.commit_result(outcome)
+            return await self.commit_next(outcome.key)
+        return await self.commit_result(outcome)
 
     # -- during the step ------------------------------------------------------------------------
 
@@ -174,22 +191,21 @@ class _Step:
         if self.state.get("cancel") == "1":
             self.controller.abort("cancel")
 
-    def release(self) -> None:
+    async def release(self) -> None:
         if getattr(self, "lease", None):
             with contextlib.suppress(Exception):
-                script(self.redis, scripts.LEASE_RELEASE)(keys=[keys.lease(self.run_id)], args=[self.lease])
+                await self.batch.script(scripts.LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease])
 
-    def renew(self) -> None:
-        script(self.redis, scripts.LEASE_RENEW)(
-            keys=[keys.lease(self.run_id)], args=[self.lease, self.settings.lease_ms]
-        )
+    def drop_lease(self) -> None:
+        if getattr(self, "lease", None):
+            runtime.leases().drop(keys.lease(self.run_id), self.lease)
 
     # -- the commit ------------------------------------------------------------------------------
 
-    def commit_next(self, next_key: str) -> str:
-        return self.commit("next", queue=self.route(next_key), state=self.totals(), next_key=next_key)
+    async def commit_next(self, next_key: str) -> str:
+        return await self.commit("next", queue=self.route(next_key), state=self.totals(), next_key=next_key)
 
-    def commit_result(self, result: RunToolLoopResult) -> str:
+    async def commit_result(self, result: RunToolLoopResult) -> str:
         history = json.dumps([m.model_dump(mode="json") for m in result.messages])
         steps = self.steps_base + result.steps
         state: dict[str, Any] = {
@@ -202,20 +218,20 @@ class _Step:
             state |= {"asked": json.dumps(asked), "carried_usd": result.spent_usd,
                       "spend_base": self.outside, "steps_base": steps}  # fmt: skip
             parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
-            return self.commit("park", state=state, history=history, parked=parked)
+            return await self.commit("park", state=state, history=history, parked=parked)
         state["status"] = result.stopped_by
         final = {"stopped_by": result.stopped_by, "final_text": result.final_text,
                  "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
-        return self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
+        return await self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
 
-    def commit_failure(self, error: BaseException) -> str:
+    async def commit_failure(self, error: BaseException) -> str:
         log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
         message = str(error)
         state = {"status": "failed", "error_class": type(error).__name__, "error_message": message}
         data = json.dumps({"error_class": type(error).__name__, "error_message": message})
-        return self.commit("fail", state=state, final=["failed", data])
+        return await self.commit("fail", state=state, final=["failed", data])
 
-    def commit(
+    async def commit(
         self, outcome: str, *, state: dict[str, Any], next_key: str | None = None, **extra: Any
     ) -> str:
         pending = getattr(self, "journal", None) and self.journal.pending
@@ -232,10 +248,11 @@ class _Step:
         where = self.prefix + (field or "-")
         kill_point("commit:before", run=self.run_id, key=where)
         r = self.run_id
-        ok, stored, member = script(self.redis, scripts.RUN_COMMIT)(
-            keys=[keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
-                  keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix)],
-            args=[json.dumps(payload)],
+        ok, stored, member = await self.batch.script(
+            scripts.RUN_COMMIT,
+            [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
+             keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix)],
+            [json.dumps(payload)],
         )  # fmt: skip
         if int(ok) != 1:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
@@ -252,25 +269,37 @@ class _Step:
                 )
                 if len(_cache) > _CACHE_SIZE:
                     _cache.popitem(last=False)
-        self.publish(str(member) if member else None, key=where, phase=outcome, next=next_key)
+        await self.publish(str(member) if member else None, key=where, phase=outcome, next=next_key)
         if member:
             kill_point("enqueue:after", run=r, key=where)
         if outcome in ("stop", "fail"):
-            self.redis.zrem(keys.LIVE_RUNS, r)
+            self.batch.send("ZREM", keys.LIVE_RUNS, r)
         return outcome
 
-    def publish(self, member: str | None, **progress: Any) -> None:
-        """Send the successor (`member`, recorded in the outbox) and the task-progress event in one
-        pipelined batch: one round trip and one pooled producer for the task, its task-sent event and
-        the progress event. A failed flush leaves the successor in the outbox (the sweeper sends it)."""
-        try:
-            with self.celery.producer_or_acquire() as producer, producer.batch():
-                if member:
-                    send_member(self.redis, self.celery, self.run_id, member, producer=producer)
-                self.progress(producer=producer, run_id=self.run_id, n=self.n, **progress)
-        except (OSError, OperationalError, redis_lib.RedisError) as error:
-            log.warning("run %s: sending step %s failed (%s); the sweeper will send it", self.run_id,
-                        member, error)  # fmt: skip
+    async def publish(self, member: str | None, **progress: Any) -> None:
+        """Send the successor (`member` "<n>|<queue>", recorded in the outbox), its `task-sent` event and
+        this step's `task-progress` event in the process's next Redis batch. A failed send leaves the
+        successor in the outbox (the sweeper sends it); RUN_BEGIN of that task clears it."""
+        events = runtime.events(self.task.hostname)
+        sent = None
+        if member:
+            n, _, queue = member.partition("|")
+            args: list[Any] = [self.run_id, int(n)]
+            task_id = f"{self.run_id}:{n}"
+            sent = self.batch.call("LPUSH", queue, wire.task_message(ADVANCE, args, task_id, queue))
+            self.batch.send("PUBLISH", *events.envelope("task-sent", {
+                "uuid": task_id, "root_id": task_id, "parent_id": None, "name": ADVANCE,
+                "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
+                "queue": queue, "exchange": "", "routing_key": queue,
+            }))  # fmt: skip
+        fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, **progress}
+        self.batch.send("PUBLISH", *events.envelope("task-progress", fields))
+        if sent is not None:
+            try:
+                await sent
+            except (OSError, redis_lib.RedisError) as error:
+                log.warning("run %s: sending step %s failed (%s); the sweeper will send it", self.run_id,
+                            member, error)  # fmt: skip
 
     def totals(self) -> dict[str, Any]:
         """Spend and steps so far, for the status of a run between two steps."""
@@ -301,6 +330,12 @@ async def _drive(options: RunToolLoopOptions) -> RunToolLoopResult | StepBoundar
         return await run_tool_loop(options)
     except StepBoundary as boundary:
         return boundary
+
+
+def _flush_outbox(run_id: str, older_than: float) -> None:
+    from workers.app import app
+
+    flush_outbox(runtime.redis(), app, run_id, older_than=older_than)
 
 
 def _pairs(flat: list[Any]) -> dict[str, str]:

@@ -21,10 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis as redis_lib
+import redis.asyncio as aredis
 
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.journal import keys
+from workers import wire
+from workers.redisio import Batch, Leases
 from workers.settings import Settings
 
 log = logging.getLogger("toolloop.workers")
@@ -37,6 +40,9 @@ _loop: asyncio.AbstractEventLoop | None = None
 _redis: redis_lib.Redis | None = None
 _prompt_gen: Any = None
 _armed: dict[str, AbortController] = {}
+_batch: Batch | None = None
+_leases: Leases | None = None
+_events: dict[str, wire.Events] = {}
 
 
 def redis() -> redis_lib.Redis:
@@ -58,27 +64,35 @@ def loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def run(coro: Coroutine[Any, Any, Any], *, timeout: float, tick: Callable[[], None]) -> Any:
-    """Run `coro` on the process loop; call `tick()` every few seconds while it runs (lease renewal).
-    Raises TimeoutError (after cancelling it) when it runs longer than `timeout` seconds."""
-    future = asyncio.run_coroutine_threadsafe(coro, loop())
-    deadline = time.monotonic() + timeout
-    interval = max(0.05, min(5.0, settings.lease_ms / 3000))
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            future.cancel()
-            raise TimeoutError(
-                f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
-                "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
-                "then retry the run."
-            )
-        try:
-            return future.result(timeout=min(interval, remaining))
-        except TimeoutError:
-            if future.done():
-                raise
-            tick()
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run `coro` on the process loop from another thread (a Celery pool thread) and wait for it."""
+    return asyncio.run_coroutine_threadsafe(coro, loop()).result()
+
+
+def batch() -> Batch:
+    """The process's Redis batch for steps (call it on the process loop)."""
+    global _batch
+    if _batch is None:
+        client = aredis.Redis.from_url(settings.redis_url, decode_responses=True)
+        _batch = Batch(client)
+    return _batch
+
+
+def leases() -> Leases:
+    """The leases of the steps this process runs, renewed together (call it on the process loop)."""
+    global _leases
+    if _leases is None:
+        _leases = Leases(batch(), settings.lease_ms)
+    return _leases
+
+
+def events(hostname: str) -> wire.Events:
+    """Celery task events sent as worker `hostname` (the numbering of the clock is per process)."""
+    found = _events.get(hostname)
+    if found is None:
+        db = int(redis().connection_pool.connection_kwargs.get("db", 0))
+        found = _events.setdefault(hostname, wire.Events(hostname, db))
+    return found
 
 
 def generate_for(provider: str | None, fallback: list[str]) -> Generate:

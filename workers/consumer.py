@@ -1,0 +1,313 @@
+"""The step consumer: a worker takes its step queues' tasks itself and runs each as a coroutine on the
+process's asyncio loop, hundreds at once, with no thread per step and no Celery machinery per step.
+
+Start it with the worker's `--step-queues` (or TOOLLOOP_STEP_QUEUES), and keep those queues out of
+`-Q`, which Celery's own consumer keeps for the control queue:
+
+    celery -A workers.app worker -P threads -c 8 -Q control --step-queues llm,tools -E
+
+Why: a Celery task costs ~2-6 ms of CPU in the worker (its consumer, request, pool hand-off, four
+events, the ack), the same whether the task waits 1 s on a model or not; 500 runs in flight at 1 s
+per call need ~1,000 steps/s from one process (docs/operations.md has the figures). Here a step
+costs its own work plus its share of one Redis pipeline per loop turn (workers/redisio.py).
+
+What does not change: the steps are Celery task messages on the same queues (workers/wire.py), so a
+stock Celery worker can run them too, Flower lists them (task-received/started/succeeded/failed
+events from this worker's hostname) and every delivery guarantee holds as with Celery's late ack:
+- a message is popped and recorded in kombu's `unacked` hash in one script (CLAIM), and acked only
+  after its step committed; a crash leaves it there, and any Celery worker restores it once it is
+  older than the visibility timeout (the run's outbox and the sweeper bring it back sooner);
+- a step that fails on Redis or the network (not a failure of the run: those commit as `failed`) is
+  put back on its queue at once, retried until Redis answers;
+- at warm shutdown the consumer stops taking steps, lets running ones finish for
+  `worker_soft_shutdown_timeout` s, then puts the rest back on their queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import click
+import redis as redis_lib
+import redis.asyncio as aredis
+from celery import bootsteps
+from celery.worker.control import control_command
+
+from workers import runtime, wire
+
+log = logging.getLogger("toolloop.workers")
+
+_CLAIM_MAX = 256
+_BLOCK_S = 1.0
+REJECTED = "toolloop:rejected"
+"""A list holding messages found on a step queue that are not task messages (nothing is dropped)."""
+
+
+class StepConsumer:
+    """Runs the tasks of `queues` on the process loop, at most `capacity` at once."""
+
+    def __init__(self, queues: list[str], capacity: int, hostname: str) -> None:
+        self.queues = list(dict.fromkeys(queues))
+        self.capacity = capacity
+        self.hostname = hostname
+        self.free = capacity
+        self.stopping = False
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self.room: asyncio.Event | None = None
+        self.main: asyncio.Future[None] | None = None
+
+    # -- from the worker's threads ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.main = asyncio.run_coroutine_threadsafe(self._consume(), runtime.loop())  # type: ignore[assignment]
+        log.info("step consumer: queues %s, up to %d steps at once", ",".join(self.queues), self.capacity)
+
+    def stop(self, timeout: float) -> None:
+        """Stop taking steps; wait up to `timeout` s for running ones, then put the rest back."""
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(timeout), runtime.loop())
+        future.result(timeout=timeout + 30)
+
+    def add_queue(self, queue: str) -> None:
+        if queue not in self.queues:
+            self.queues.append(queue)
+
+    def cancel_queue(self, queue: str) -> None:
+        if queue in self.queues:
+            self.queues.remove(queue)
+
+    # -- on the loop ------------------------------------------------------------------------------
+
+    async def _consume(self) -> None:
+        self.room = asyncio.Event()
+        blocking = aredis.Redis.from_url(runtime.settings.redis_url, decode_responses=True)
+        batch = runtime.batch()
+        while not self.stopping:
+            if self.free <= 0:
+                self.room.clear()
+                await self.room.wait()
+                continue
+            keys = wire.queue_keys(self.queues)
+            if not keys:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                got = await batch.script(
+                    wire.CLAIM,
+                    [wire.UNACKED, wire.UNACKED_INDEX, *keys],
+                    [min(self.free, _CLAIM_MAX), time.time()],
+                )
+                if not got:
+                    got = await self._wait_for_one(blocking, keys)
+            except (OSError, redis_lib.RedisError) as error:
+                log.warning("step consumer: Redis unreachable (%s); retrying in 1 s", error)
+                await asyncio.sleep(1.0)
+                continue
+            for i in range(0, len(got), 2):
+                self._dispatch(got[i].split("\x06\x16")[0], got[i + 1])
+        await blocking.aclose()
+
+    async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[str]:
+        """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
+        after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
+        item = await blocking.brpop(keys, timeout=_BLOCK_S)  # type: ignore[arg-type]
+        if not item:
+            return []
+        key, raw = item
+        try:
+            tag = wire.parse(raw).tag
+        except wire.BadMessage:
+            return [key, raw]
+        queue = key.split("\x06\x16")[0]
+        batch = runtime.batch()
+        recorded = [
+            batch.call("HSET", wire.UNACKED, tag, wire.unacked_value(raw, queue)),
+            batch.call("ZADD", wire.UNACKED_INDEX, time.time(), tag),
+        ]
+        await asyncio.gather(*recorded)
+        return [key, raw]
+
+    def _dispatch(self, queue: str, raw: str) -> None:
+        try:
+            delivery = wire.parse(raw)
+        except wire.BadMessage as error:
+            log.error(
+                "step consumer: a message on queue %r is not a task (%s); kept on the list %r.\n"
+                "  Only toolloop tasks belong on step queues.", queue, error, REJECTED,
+            )  # fmt: skip
+            runtime.batch().send("LPUSH", REJECTED, raw)
+            return
+        self.free -= 1
+        task = asyncio.get_running_loop().create_task(self._handle(queue, delivery))
+        self.running[delivery.tag] = task
+
+    async def _handle(self, queue: str, delivery: wire.Delivery) -> None:
+        batch = runtime.batch()
+        events = runtime.events(self.hostname)
+        task_id = delivery.task_id
+        batch.send("PUBLISH", *events.envelope("task-received", {
+            "uuid": task_id, "name": delivery.name, "args": delivery.argsrepr, "kwargs": "{}",
+            "root_id": task_id, "parent_id": None, "retries": 0, "eta": None, "expires": None,
+        }))  # fmt: skip
+        batch.send("PUBLISH", *events.envelope("task-started", {"uuid": task_id, "pid": os.getpid()}))
+        started = time.monotonic()
+        try:
+            result = await self._run(delivery)
+        except asyncio.CancelledError:  # shutdown: somebody else runs it
+            await self._restore(queue, delivery, "the worker is shutting down")
+            raise
+        except (OSError, redis_lib.RedisError) as error:  # Redis or the network: run it again
+            await self._restore(queue, delivery, f"{type(error).__name__}: {error}")
+            batch.send("PUBLISH", *events.envelope("task-rejected", {"uuid": task_id, "requeue": True}))
+        except Exception as error:  # a bug: acked, as Celery acks a failed task
+            log.exception("step %s failed", task_id)
+            batch.send("PUBLISH", *events.envelope("task-failed", {
+                "uuid": task_id, "exception": repr(error), "traceback": "",
+            }))  # fmt: skip
+            self._ack(delivery)
+        else:
+            batch.send("PUBLISH", *events.envelope("task-succeeded", {
+                "uuid": task_id, "result": repr(result), "runtime": time.monotonic() - started,
+            }))  # fmt: skip
+            self._ack(delivery)
+        finally:
+            self.running.pop(delivery.tag, None)
+            self.free += 1
+            if self.room is not None:
+                self.room.set()
+
+    async def _run(self, delivery: wire.Delivery) -> Any:
+        from workers import advance  # not at import: workers.app installs this module
+
+        if delivery.name == advance.ADVANCE:
+            run_id, n = delivery.args
+            return await advance.advance(str(run_id), int(n), advance.Task(delivery.task_id, self.hostname))
+        from workers.app import app
+
+        task = app.tasks.get(delivery.name)
+        if task is None:
+            raise LookupError(f"no task named {delivery.name!r} is registered in workers.app")
+        return await asyncio.to_thread(task, *delivery.args, **delivery.kwargs)
+
+    def _ack(self, delivery: wire.Delivery) -> None:
+        batch = runtime.batch()
+        batch.send("ZREM", wire.UNACKED_INDEX, delivery.tag)
+        batch.send("HDEL", wire.UNACKED, delivery.tag)
+
+    async def _restore(self, queue: str, delivery: wire.Delivery, why: str) -> None:
+        """Put the message back on its queue now (retried while Redis is away); if that never
+        works, it stays in `unacked` and a Celery worker restores it after the visibility timeout."""
+        log.warning("step %s goes back on queue %r: %s", delivery.task_id, queue, why)
+        for attempt in range(30):
+            try:
+                await runtime.batch().script(
+                    wire.RESTORE, [wire.UNACKED, wire.UNACKED_INDEX, queue], [delivery.tag, delivery.raw]
+                )
+                return
+            except (OSError, redis_lib.RedisError) as error:
+                if attempt == 29 or self.stopping:
+                    log.warning("step %s stays in unacked (%s): restored after the visibility timeout",
+                                delivery.task_id, error)  # fmt: skip
+                    return
+                await asyncio.sleep(1.0)
+
+    async def _shutdown(self, timeout: float) -> None:
+        self.stopping = True
+        if self.room is not None:
+            self.room.set()
+        running = list(self.running.values())
+        if running:
+            log.info("step consumer: waiting up to %g s for %d running steps", timeout, len(running))
+            _, pending = await asyncio.wait(running, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=10)
+        if self.main is not None:
+            await asyncio.wait_for(asyncio.wrap_future(self.main), _BLOCK_S + 5)  # type: ignore[arg-type]
+
+
+# -- in the Celery worker -------------------------------------------------------------------------
+
+_current: StepConsumer | None = None
+
+
+class StepConsumerStep(bootsteps.StartStopStep):
+    """The worker bootstep that runs a `StepConsumer` when the worker has step queues."""
+
+    label = "toolloop step consumer"
+
+    def __init__(
+        self, worker: Any, step_queues: str | None = None, steps_in_flight: int | None = None, **kw: Any
+    ) -> None:
+        super().__init__(worker, **kw)
+        named = step_queues if step_queues is not None else os.environ.get("TOOLLOOP_STEP_QUEUES", "")
+        self.queues = [q.strip() for q in named.split(",") if q.strip()]
+        self.capacity = steps_in_flight or int(os.environ.get("TOOLLOOP_STEPS_IN_FLIGHT", "") or 500)
+        if self.capacity < 1:
+            raise ValueError(f"--steps-in-flight must be at least 1, not {self.capacity}.")
+        if self.queues:  # Celery's own consumer leaves these queues to the step consumer
+            selected = worker.app.amqp.queues
+            kept = [name for name in selected.consume_from if name not in self.queues]
+            if kept:
+                for name in self.queues:
+                    if name in selected.consume_from:
+                        selected.deselect(name)
+
+    def include_if(self, worker: Any) -> bool:
+        return bool(self.queues)
+
+    def create(self, worker: Any) -> StepConsumer:
+        global _current
+        timeout = float(worker.app.conf.worker_soft_shutdown_timeout or 30)
+        _current = _Service(self.queues, self.capacity, worker.hostname, timeout)
+        return _current
+
+
+class _Service(StepConsumer):
+    """A `StepConsumer` with the start/stop/terminate of a bootstep's object."""
+
+    def __init__(self, queues: list[str], capacity: int, hostname: str, timeout: float) -> None:
+        super().__init__(queues, capacity, hostname)
+        self.timeout = timeout
+
+    def stop(self, timeout: float | None = None) -> None:
+        super().stop(self.timeout if timeout is None else timeout)
+
+    def terminate(self) -> None:
+        super().stop(0.0)
+
+
+@control_command(args=[("queue", str)], signature="<queue>")  # type: ignore[untyped-decorator]
+def add_step_queue(state: Any, queue: str) -> dict[str, str]:
+    """Remote control: the step consumer takes tasks from `queue` too (`celery control add_step_queue`)."""
+    if _current is None:
+        return {"error": "this worker has no step consumer (start it with --step-queues)"}
+    _current.add_queue(queue)
+    return {"ok": f"step queue {queue!r} added"}
+
+
+@control_command(args=[("queue", str)], signature="<queue>")  # type: ignore[untyped-decorator]
+def cancel_step_queue(state: Any, queue: str) -> dict[str, str]:
+    """Remote control: the step consumer stops taking tasks from `queue`."""
+    if _current is None:
+        return {"error": "this worker has no step consumer (start it with --step-queues)"}
+    _current.cancel_queue(queue)
+    return {"ok": f"step queue {queue!r} cancelled"}
+
+
+def install(app: Any) -> None:
+    """Give `app`'s worker the --step-queues and --steps-in-flight options and the bootstep."""
+    app.user_options["worker"].add(click.Option(
+        ["--step-queues"], default=None,
+        help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop "
+             "(env TOOLLOOP_STEP_QUEUES; keep them out of -Q).",
+    ))  # fmt: skip
+    app.user_options["worker"].add(click.Option(
+        ["--steps-in-flight"], type=int, default=None,
+        help="Most steps the step consumer runs at once (env TOOLLOOP_STEPS_IN_FLIGHT, default 500).",
+    ))  # fmt: skip
+    app.steps["worker"].add(StepConsumerStep)

@@ -1,0 +1,124 @@
+"""The steps' Redis I/O: every command a process's live steps make goes out in one pipeline per turn
+of its asyncio loop, and the leases of the steps it runs are renewed together.
+
+At hundreds of steps in flight, most of the CPU a Redis command costs in Python is the client's work
+around it (a connection checkout, packing, parsing), not the round trip. `Batch` queues commands and
+sends everything queued during one loop turn as one pipeline (no MULTI: each script is atomic on its
+own), so a turn that starts 200 steps makes one round trip, not 200. Order is kept: commands queued
+one after another run one after another. `call` returns the reply; `send` is fire-and-forget for
+writes whose loss something else repairs (events, acks: see workers/consumer.py), and only logs.
+
+`Leases` renews every lease this process holds, every third of the lease time, in one batch: no
+thread or task per step waits to renew its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Any
+
+import redis as redis_lib
+import redis.asyncio as aredis
+
+from toolloop.journal import scripts
+
+log = logging.getLogger("toolloop.workers")
+
+_Command = tuple[tuple[Any, ...], "asyncio.Future[Any] | None"]
+
+
+class Batch:
+    def __init__(self, client: aredis.Redis) -> None:
+        self.client = client
+        self.queued: list[_Command] = []
+        self.sources: dict[str, str] = {}
+
+    def call(self, *args: Any) -> asyncio.Future[Any]:
+        """Queue a command; the future gets its reply (or its error)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue(args, future)
+        return future
+
+    def send(self, *args: Any) -> None:
+        """Queue a command whose reply nobody waits for (a failure is logged)."""
+        self._queue(args, None)
+
+    def script(self, source: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+        """Run a Lua script by its SHA (loaded again on NOSCRIPT, as after a Redis restart)."""
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        self.sources[sha] = source
+        return self.call("EVALSHA", sha, len(keys), *keys, *args)
+
+    def _queue(self, args: tuple[Any, ...], future: asyncio.Future[Any] | None) -> None:
+        if not self.queued:
+            asyncio.get_running_loop().call_soon(self._flush_soon)
+        self.queued.append((args, future))
+
+    def _flush_soon(self) -> None:
+        commands, self.queued = self.queued, []
+        if commands:
+            asyncio.get_running_loop().create_task(self._flush(commands))
+
+    async def _flush(self, commands: list[_Command]) -> None:
+        try:
+            replies = await self._execute([args for args, _ in commands])
+        except Exception as error:  # the connection: every command of the batch failed
+            replies = [error] * len(commands)
+        for (args, future), reply in zip(commands, replies, strict=True):
+            if isinstance(reply, redis_lib.exceptions.NoScriptError):
+                reply = await self._eval_again(args)
+            if future is None:
+                if isinstance(reply, Exception):
+                    log.warning("redis %s failed: %s: %s", args[0], type(reply).__name__, reply)
+            elif not future.done():
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+
+    async def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for args in commands:
+            pipe.execute_command(*args)
+        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+    async def _eval_again(self, args: tuple[Any, ...]) -> Any:
+        try:
+            return await self.client.execute_command("EVAL", self.sources[args[1]], *args[2:])
+        except Exception as error:
+            return error
+
+
+class Leases:
+    """The leases this process holds (lease key -> value), renewed together."""
+
+    def __init__(self, batch: Batch, lease_ms: int) -> None:
+        self.batch = batch
+        self.lease_ms = lease_ms
+        self.held: dict[str, str] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def hold(self, key: str, value: str) -> None:
+        self.held[key] = value
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._renew_forever())
+
+    def drop(self, key: str, value: str) -> None:
+        if self.held.get(key) == value:
+            del self.held[key]
+
+    async def _renew_forever(self) -> None:
+        interval = max(0.05, self.lease_ms / 3000)
+        while True:
+            await asyncio.sleep(interval)
+            for key, value in list(self.held.items()):
+                self.batch.script(scripts.LEASE_RENEW, [key], [value, self.lease_ms]).add_done_callback(
+                    _log_failure
+                )
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("lease renewal failed: %s", future.exception())
