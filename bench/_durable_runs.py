@@ -117,11 +117,13 @@ def in_flight(
                 worker.start(client.celery)
             run_ids = [client.enqueue(run_spec(turns, provider="anthropic")) for _ in range(runs)]
             cpu0 = sum(worker.cpu_seconds() for worker in workers)
+            own0 = time.process_time()
             start = time.time()
             start_queue(client, mode, workers, "llm")
             profiler = workers[0].spy(turns * latency * 3)
             statuses = wait_all(client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50))
             cpu = sum(worker.cpu_seconds() for worker in workers) - cpu0
+            own = time.process_time() - own0
             rss = sum(worker.pid_rss_mb() for worker in workers)
             if profiler:
                 profiler.wait(timeout=120)
@@ -134,4 +136,4 @@ def in_flight(
     wall = max(s.updated_at for s in statuses) - start
     return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
             "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1),
-            "processes": processes, "mode": mode}  # fmt: skip
+            "processes": processes, "mode": mode, "sim_cpu_s": own}  # fmt: skip

@@ -108,7 +108,7 @@ class Worker:
             return None
         py_spy = Path(sys.executable).with_name("py-spy")
         args = [str(py_spy), "record", "-p", str(self.process.pid), "-d", str(int(seconds)), "-f", "raw",
-                "-o", out, "--nonblocking", "--threads", "--subprocesses"]  # fmt: skip
+                "-o", out, "--nonblocking", "--threads", "--subprocesses", "--rate", "250"]  # fmt: skip
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self, grace: float = 10.0) -> None:

@@ -59,6 +59,8 @@ class StepConsumer:
         self.running: dict[str, asyncio.Task[None]] = {}
         self.room: asyncio.Event | None = None
         self.main: asyncio.Future[None] | None = None
+        self.wake_key = f"toolloop:wake:{hostname}"
+        """A list only this consumer waits on, beside its queues: a push ends its BRPOP at once."""
 
     # -- from the worker's threads ----------------------------------------------------------------
 
@@ -74,10 +76,16 @@ class StepConsumer:
     def add_queue(self, queue: str) -> None:
         if queue not in self.queues:
             self.queues.append(queue)
+            self._wake()
 
     def cancel_queue(self, queue: str) -> None:
         if queue in self.queues:
             self.queues.remove(queue)
+            self._wake()
+
+    def _wake(self) -> None:
+        """End a BRPOP that waits on the old queue list (thread-safe)."""
+        runtime.loop().call_soon_threadsafe(lambda: runtime.batch().send("LPUSH", self.wake_key, "1"))
 
     # -- on the loop ------------------------------------------------------------------------------
 
@@ -109,12 +117,13 @@ class StepConsumer:
             for i in range(0, len(got), 2):
                 self._dispatch(got[i].split("\x06\x16")[0], got[i + 1])
         await blocking.aclose()
+        await runtime.batch().call("DEL", self.wake_key)
 
     async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[str]:
         """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
         after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
-        item = await blocking.brpop(keys, timeout=_BLOCK_S)  # type: ignore[arg-type]
-        if not item:
+        item = await blocking.brpop([*keys, self.wake_key], timeout=_BLOCK_S)  # type: ignore[arg-type]
+        if not item or item[0] == self.wake_key:
             return []
         key, raw = item
         try:
@@ -216,6 +225,7 @@ class StepConsumer:
 
     async def _shutdown(self, timeout: float) -> None:
         self.stopping = True
+        runtime.batch().send("LPUSH", self.wake_key, "1")
         if self.room is not None:
             self.room.set()
         running = list(self.running.values())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -26,6 +27,7 @@ import redis.asyncio as aredis
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.journal import keys
+from toolloop.providers.http import keep_alive
 from workers import wire
 from workers.redisio import Batch, Leases
 from workers.settings import Settings
@@ -57,11 +59,25 @@ def loop() -> asyncio.AbstractEventLoop:
     global _loop
     with _lock:
         if _loop is None:
-            _loop = asyncio.new_event_loop()
+            _loop = _new_loop()
+            keep_alive(_loop)
             # sync tools run in threads (workers.toolsets.for_worker): room for many at once
             _loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="toolloop-tool"))
             threading.Thread(target=_loop.run_forever, name="toolloop-asyncio", daemon=True).start()
         return _loop
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (about half the loop's CPU per step at hundreds in flight; see
+    docs/operations.md), else the standard loop; TOOLLOOP_LOOP=asyncio forces the standard one."""
+    if os.environ.get("TOOLLOOP_LOOP", "").strip() != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
