@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis as redis_lib
 
 from toolloop.abort import AbortController
@@ -252,7 +253,7 @@ class _Step:
             scripts.RUN_COMMIT,
             [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
              keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix)],
-            [json.dumps(payload)],
+            [orjson.dumps(payload)],
         )  # fmt: skip
         if int(ok) != 1:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)

@@ -214,6 +214,11 @@ def check_redis(client: redis_lib.Redis) -> None:
 
 
 def start_worker_threads(**_: Any) -> None:
+    if os.environ.get("TOOLLOOP_GC", "1") == "1":
+        import gc
+
+        gc.freeze()
+        gc.set_threshold(100_000, 50, 1000)
     check_redis(redis())
     loop()
     threading.Thread(target=_listen_for_cancels, name="toolloop-cancel", daemon=True).start()

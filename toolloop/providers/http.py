@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import httpx
+import orjson
 
 from toolloop.abort import AbortSignal
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
@@ -169,7 +170,7 @@ async def post_json(
     """POST `body`, return the parsed JSON of a 2xx answer; raise as the module docstring says."""
     policy = endpoint.policy
     started = time.monotonic()
-    content = json.dumps(body, ensure_ascii=False).encode()
+    content = orjson.dumps(body)
     all_headers = {"content-type": "application/json", **headers}
     timeout = httpx.Timeout(endpoint.timeout_s, connect=min(endpoint.timeout_s, 10.0))
     shared = _keep_alive
