@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -30,7 +31,7 @@ from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import runtime, toolsets, wire
+from workers import killpoints, runtime, toolsets, wire
 from workers.app import ADVANCE
 from workers.errors import DeliveryLimitError
 from workers.killpoints import kill_point
@@ -279,8 +280,9 @@ class _Step:
 
     async def publish(self, member: str | None, **progress: Any) -> None:
         """Send the successor (`member` "<n>|<queue>", recorded in the outbox), its `task-sent` event and
-        this step's `task-progress` event in the process's next Redis batch. A failed send leaves the
-        successor in the outbox (the sweeper sends it); RUN_BEGIN of that task clears it."""
+        this step's `task-progress` event in the process's next Redis batch, without waiting for it: a
+        failed send leaves the successor in the outbox (the sweeper sends it); RUN_BEGIN of that task
+        clears it. The commit came first, so the step is safe whatever happens to the send."""
         events = runtime.events(self.task.hostname)
         sent = None
         if member:
@@ -295,12 +297,13 @@ class _Step:
             }))  # fmt: skip
         fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, **progress}
         self.batch.send("PUBLISH", *events.envelope("task-progress", fields))
-        if sent is not None:
-            try:
-                await sent
-            except (OSError, redis_lib.RedisError) as error:
-                log.warning("run %s: sending step %s failed (%s); the sweeper will send it", self.run_id,
-                            member, error)  # fmt: skip
+        if sent is None:
+            return
+        if not killpoints.active():  # nobody waits for the send: a failure is repaired from the outbox
+            sent.add_done_callback(functools.partial(_log_unsent, self.run_id, member))
+            return
+        with contextlib.suppress(OSError, redis_lib.RedisError):
+            await sent  # a kill at "enqueue:after" must follow the send
 
     def totals(self) -> dict[str, Any]:
         """Spend and steps so far, for the status of a run between two steps."""
@@ -331,6 +334,12 @@ async def _drive(options: RunToolLoopOptions) -> RunToolLoopResult | StepBoundar
         return await run_tool_loop(options)
     except StepBoundary as boundary:
         return boundary
+
+
+def _log_unsent(run_id: str, member: str, sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, member,
+                    sent.exception())  # fmt: skip
 
 
 def _flush_outbox(run_id: str, older_than: float) -> None:

@@ -51,6 +51,11 @@ def _matches(entry: dict[str, Any], point: str, fields: dict[str, Any]) -> bool:
     return all(fields.get(name) == value for name, value in entry.items() if name != "point")
 
 
+def active() -> bool:
+    """True when a kill plan is set (tests only)."""
+    return bool(os.environ.get(PLAN_ENV))
+
+
 def pending(point: str, **fields: Any) -> bool:
     """True when the plan has an entry for this point and fields that has not fired yet."""
     path = os.environ.get(PLAN_ENV)
