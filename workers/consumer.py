@@ -1,10 +1,12 @@
 """The step consumer: a worker takes its step queues' tasks itself and runs each as a coroutine on the
 process's asyncio loop, hundreds at once, with no thread per step and no Celery machinery per step.
 
-Start it with the worker's `--step-queues` (or TOOLLOOP_STEP_QUEUES), and keep those queues out of
-`-Q`, which Celery's own consumer keeps for the control queue:
+A worker has one unless told otherwise: of the queues it consumes (`-Q`), the step queues `llm` and
+`tools` go to the step consumer and the rest (the control queue) stay with Celery's own consumer and
+its pool. `--step-queues a,b` (or TOOLLOOP_STEP_QUEUES) names them; `--step-queues none` runs every
+step as a Celery task in the pool instead (the slower path, same results):
 
-    celery -A workers.app worker -P threads -c 8 -Q control --step-queues llm,tools -E
+    celery -A workers.app worker -P threads -c 8 -Q llm,tools,control --steps-in-flight 500 -E
 
 Why: a Celery task costs ~2-6 ms of CPU in the worker (its consumer, request, pool hand-off, four
 events, the ack), the same whether the task waits 1 s on a model or not; 500 runs in flight at 1 s
@@ -41,6 +43,8 @@ from workers import runtime, wire
 
 log = logging.getLogger("toolloop.workers")
 
+STEP_QUEUES = ("llm", "tools")
+"""The step queues a worker gives its step consumer unless told otherwise (--step-queues)."""
 _CLAIM_MAX = 256
 _BLOCK_S = 1.0
 REJECTED = "toolloop:rejected"
@@ -254,18 +258,20 @@ class StepConsumerStep(bootsteps.StartStopStep):
         self, worker: Any, step_queues: str | None = None, steps_in_flight: int | None = None, **kw: Any
     ) -> None:
         super().__init__(worker, **kw)
-        named = step_queues if step_queues is not None else os.environ.get("TOOLLOOP_STEP_QUEUES", "")
-        self.queues = [q.strip() for q in named.split(",") if q.strip()]
+        named = step_queues if step_queues is not None else os.environ.get("TOOLLOOP_STEP_QUEUES")
+        selected = worker.app.amqp.queues
+        consumed = list(selected.consume_from or selected)
+        if named is None:  # the default: toolloop's step queues among those the worker consumes
+            self.queues = [name for name in STEP_QUEUES if name in consumed]
+        else:
+            self.queues = [q.strip() for q in named.split(",") if q.strip() and q.strip().lower() != "none"]
         self.capacity = steps_in_flight or int(os.environ.get("TOOLLOOP_STEPS_IN_FLIGHT", "") or 500)
         if self.capacity < 1:
             raise ValueError(f"--steps-in-flight must be at least 1, not {self.capacity}.")
-        if self.queues:  # Celery's own consumer leaves these queues to the step consumer
-            selected = worker.app.amqp.queues
-            kept = [name for name in selected.consume_from if name not in self.queues]
-            if kept:
-                for name in self.queues:
-                    if name in selected.consume_from:
-                        selected.deselect(name)
+        if self.queues and any(name not in self.queues for name in consumed):
+            for name in self.queues:  # Celery's own consumer keeps the rest (the control queue)
+                if name in consumed:
+                    selected.deselect(name)
 
     def include_if(self, worker: Any) -> bool:
         return bool(self.queues)
@@ -313,8 +319,9 @@ def install(app: Any) -> None:
     """Give `app`'s worker the --step-queues and --steps-in-flight options and the bootstep."""
     app.user_options["worker"].add(click.Option(
         ["--step-queues"], default=None,
-        help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop "
-             "(env TOOLLOOP_STEP_QUEUES; keep them out of -Q).",
+        help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop (env "
+             "TOOLLOOP_STEP_QUEUES; default: llm,tools when -Q has them; none: every queue through "
+             "Celery's pool).",
     ))  # fmt: skip
     app.user_options["worker"].add(click.Option(
         ["--steps-in-flight"], type=int, default=None,
