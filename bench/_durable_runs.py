@@ -137,3 +137,51 @@ def in_flight(
     return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
             "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1),
             "processes": processes, "mode": mode, "sim_cpu_s": own}  # fmt: skip
+
+
+def steady(
+    url: str, tmp: Path, runs: int, turns: int, latency: float, mode: str = "consumer"
+) -> dict[str, Any]:
+    """`runs` runs kept in flight: enqueued evenly over one model latency while the worker runs (an
+    open system, as a web backend feeds it, not a burst that starts every run in the same
+    millisecond), `turns` model turns each (a tool step between two). Throughput = model calls
+    committed per second while every run is in flight (from the moment the last run's first model
+    step committed to the moment the first run finished), against the ideal `runs / latency`."""
+
+    def turn(n: int) -> dict[str, Any]:
+        return {"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
+
+    script = [turn(n) for n in range(1, turns)] + [{"text": "Reviewed."}]
+    with SimServer(script, latency_s=latency) as sim:
+        env = env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
+                       TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+        worker = step_worker(mode, ("threads", runs), env, tmp / f"steady-worker-{mode}.log")
+        client = Client(url)
+        try:
+            worker.start(client.celery)
+            cpu0 = worker.cpu_seconds()
+            start = time.time()
+            run_ids = []
+            for i in range(runs):
+                time.sleep(max(0.0, start + i * latency / runs - time.time()))
+                run_ids.append(client.enqueue(run_spec(turns, provider="anthropic")))
+            statuses = wait_all(client, run_ids, timeout=120 + 30 * turns * latency * max(1, runs / 50))
+            cpu = worker.cpu_seconds() - cpu0
+            models: list[list[float]] = []
+            for run_id in run_ids:
+                events = client.redis.xrange(keys.events(run_id))
+                models.append(
+                    [int(str(eid).split("-")[0]) / 1000 for eid, f in events if f["kind"] == "model"]
+                )
+        finally:
+            worker.stop()
+            client.close()
+    done = [s for s in statuses if s.status == "done"]
+    begin = max(times[0] for times in models)
+    end = min(s.updated_at for s in statuses)
+    committed = sum(begin < t <= end for times in models for t in times)
+    window = max(end - begin, 1e-9)
+    return {"runs": runs, "done": len(done), "turns": turns, "window_s": window,
+            "model_calls_s": committed / window, "ideal_calls_s": runs / latency, "cpu_s": cpu,
+            "tasks": runs * (2 * turns - 1), "mode": mode,
+            "wall_s": max(s.updated_at for s in statuses) - start}  # fmt: skip

@@ -25,7 +25,7 @@ import redis
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _durable_runs import in_flight, per_step  # noqa: E402
+from _durable_runs import in_flight, per_step, steady  # noqa: E402
 from _procs import Worker, env_with, running  # noqa: E402
 from _replay import measure_replay  # noqa: E402
 
@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=20, help="model turns per durable run (2N-1 steps)")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--runs", type=int, default=500, help="runs in flight for the last figure")
-    parser.add_argument("--flight-turns", type=int, default=3, help="model turns of each run in flight")
+    parser.add_argument("--flight-turns", type=int, default=3, help="model turns of each run in a burst")
+    parser.add_argument("--steady-turns", type=int, default=10, help="model turns of each run kept in flight")
     parser.add_argument("--latency", type=float, default=1.0, help="simulated model latency, s")
     parser.add_argument(
         "--processes", type=int, default=1, help="worker processes sharing the runs in flight"
     )
-    parser.add_argument("--skip", default="", help="comma-separated: floor,step,replay,flight")
+    parser.add_argument("--skip", default="", help="comma-separated: floor,step,replay,steady,flight")
     parser.add_argument(
         "--modes", default="consumer,celery",
         help="how steps run, comma-separated: consumer (the step consumer, production default), celery "
@@ -117,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             if "replay" not in skip:
                 results["replay"] = measure_replay(200, trials=20)
                 print(f"  replay: {results['replay']['cpu_s'] * 1000:.2f} ms", file=sys.stderr)
+            for mode in modes if "steady" not in skip else []:
+                results[f"steady:{mode}"] = steady(
+                    server.url, tmp, args.runs, args.steady_turns, args.latency, mode
+                )
+                print(f"  steady ({mode}): {results[f'steady:{mode}']}", file=sys.stderr)
             for mode in modes if "flight" not in skip else []:
                 results[f"flight:{mode}"] = in_flight(
                     server.url, tmp, args.runs, args.flight_turns, args.latency, args.processes, mode
@@ -149,16 +155,26 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
     if replay:
         rows.append(("replay 200-step journal to next live step, CPU", ms(replay["cpu_s"]), "<= 20 ms",
                      replay["cpu_s"] / 0.020, replay["cpu_s"] <= 0.020))  # fmt: skip
+    steadies = [(MODES[mode], results[f"steady:{mode}"]) for mode in MODES if f"steady:{mode}" in results]
+    for how, kept in steadies:
+        share = kept["model_calls_s"] / kept["ideal_calls_s"] if kept["done"] == kept["runs"] else 0.0
+        rows.append((f"{kept['runs']} kept in flight at {args.latency:g} s, {how}", f"{share:.0%}",
+                     ">= 80 % ideal", share / 0.8, share >= 0.8))  # fmt: skip
     flights = [(MODES[mode], results[f"flight:{mode}"]) for mode in MODES if f"flight:{mode}" in results]
     for how, flight in flights:
         share = flight["ideal_s"] / flight["wall_s"] if flight["done"] == flight["runs"] else 0.0
         where = "" if flight["processes"] == 1 else f" ({flight['processes']} processes)"
-        rows.append((f"{flight['runs']} in flight at {args.latency:g} s, {how}{where}", f"{share:.0%}",
-                     ">= 80 % ideal", share / 0.8, share >= 0.8))  # fmt: skip
+        rows.append((f"{flight['runs']} started at once, {how}{where}", f"{share:.0%}",
+                     "(makespan)", float("nan"), True))  # fmt: skip
     for name, ours, target, ratio, ok in rows:
         shown = "" if ratio != ratio else f"{ratio:.2f}"
-        verdict = "-" if target == "-" else ("met" if ok else "MISSED")
+        verdict = "-" if target in ("-", "(makespan)") else ("met" if ok else "MISSED")
         print(f"{name:<52} {ours:>10} {target:>14} {shown:>7}  {verdict}")
+    for how, kept in steadies:
+        print(f"  kept in flight, {how}: {kept['done']}/{kept['runs']} done, {kept['turns']} turns each; "
+              f"{kept['model_calls_s']:.0f} model calls/s over {kept['window_s']:.1f} s with all "
+              f"{kept['runs']} in flight (ideal {kept['ideal_calls_s']:.0f}/s); "
+              f"{kept['cpu_s'] * 1000 / kept['tasks']:.1f} ms worker CPU per step")  # fmt: skip
     for how, flight in flights:
         steps_per_s = flight["tasks"] / flight["wall_s"]
         cpu_ms = flight["cpu_s"] * 1000 / flight["tasks"]

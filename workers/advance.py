@@ -23,10 +23,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import redis as redis_lib
 
 from toolloop.abort import AbortController
+from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
@@ -71,7 +71,7 @@ async def advance(run_id: str, n: int, task: Task) -> str:
         step = _Step(run_id, n, task)
         try:
             outcome = await step.run()
-        except Exception:  # Redis unreachable mid-step: free the run for the sweeper's re-drive
+        except (Exception, asyncio.CancelledError):  # Redis unreachable, or a shutdown: free the run
             await step.release()
             raise
         finally:
@@ -254,7 +254,7 @@ class _Step:
             scripts.RUN_COMMIT,
             [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
              keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix)],
-            [orjson.dumps(payload)],
+            [dumps(payload)],
         )  # fmt: skip
         if int(ok) != 1:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)

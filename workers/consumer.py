@@ -93,7 +93,28 @@ class StepConsumer:
 
     # -- on the loop ------------------------------------------------------------------------------
 
+    async def _restore_visible(self) -> None:
+        """Every TOOLLOOP_RESTORE_INTERVAL s, put back on their queues the messages delivered longer
+        than TOOLLOOP_VISIBILITY_TIMEOUT ago and never acked (a dead consumer's), as kombu does in a
+        Celery consumer: a worker whose every queue is a step queue has no Celery consumer doing it."""
+        settings = runtime.settings
+        while not self.stopping:
+            await asyncio.sleep(settings.restore_interval)
+            try:
+                ceiling = time.time() - settings.visibility_timeout
+                restored = await runtime.batch().script(
+                    wire.RESTORE_VISIBLE, [wire.UNACKED, wire.UNACKED_INDEX], [ceiling, 100]
+                )
+                if restored:
+                    log.warning(
+                        "step consumer: %d unacked steps were older than the visibility timeout (%g s) "
+                        "and went back on their queues", restored, settings.visibility_timeout,
+                    )  # fmt: skip
+            except (OSError, redis_lib.RedisError) as error:
+                log.warning("step consumer: restoring unacked steps failed (%s)", error)
+
     async def _consume(self) -> None:
+        asyncio.get_running_loop().create_task(self._restore_visible())
         self.room = asyncio.Event()
         blocking = aredis.Redis.from_url(runtime.settings.redis_url, decode_responses=True)
         batch = runtime.batch()
@@ -167,6 +188,9 @@ class StepConsumer:
         }))  # fmt: skip
         batch.send("PUBLISH", *events.envelope("task-started", {"uuid": task_id, "pid": os.getpid()}))
         started = time.monotonic()
+        chatty = log.isEnabledFor(logging.INFO)
+        if chatty:  # the lines Celery logs for a task, so that one grep finds a step either way
+            log.info("Task %s[%s] received", delivery.name, task_id)
         try:
             result = await self._run(delivery)
         except asyncio.CancelledError:  # shutdown: somebody else runs it
@@ -182,10 +206,13 @@ class StepConsumer:
             }))  # fmt: skip
             self._ack(delivery)
         else:
+            took = time.monotonic() - started
             batch.send("PUBLISH", *events.envelope("task-succeeded", {
-                "uuid": task_id, "result": repr(result), "runtime": time.monotonic() - started,
+                "uuid": task_id, "result": repr(result), "runtime": took,
             }))  # fmt: skip
             self._ack(delivery)
+            if chatty:
+                log.info("Task %s[%s] succeeded in %ss: %r", delivery.name, task_id, round(took, 6), result)
         finally:
             self.running.pop(delivery.tag, None)
             self.free += 1
@@ -268,10 +295,9 @@ class StepConsumerStep(bootsteps.StartStopStep):
         self.capacity = steps_in_flight or int(os.environ.get("TOOLLOOP_STEPS_IN_FLIGHT", "") or 500)
         if self.capacity < 1:
             raise ValueError(f"--steps-in-flight must be at least 1, not {self.capacity}.")
-        if self.queues and any(name not in self.queues for name in consumed):
-            for name in self.queues:  # Celery's own consumer keeps the rest (the control queue)
-                if name in consumed:
-                    selected.deselect(name)
+        for name in self.queues:  # Celery's own consumer keeps the rest (the control queue), if any
+            if name in consumed:
+                selected.deselect(name)
 
     def include_if(self, worker: Any) -> bool:
         return bool(self.queues)

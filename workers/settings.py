@@ -10,6 +10,7 @@ TOOLLOOP_SWEEP_INTERVAL      15      s between sweeps in each worker (0: off; be
 TOOLLOOP_OUTBOX_AGE          30      s before the sweeper re-sends a recorded successor
 TOOLLOOP_REDRIVE_AGE         300     s a queued/running run with no lease and no recorded successor
                                      may sit still before the sweeper sends its step again
+TOOLLOOP_SHUTDOWN_GRACE      30      s a warm shutdown lets running steps finish before it puts them back
 TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or a generate;
                                      unset: toolloop.providers.from_env()
 """
@@ -36,6 +37,7 @@ class Settings:
     sweep_interval: float
     outbox_age: float
     redrive_age: float
+    shutdown_grace: float
     prompt_gen: str | None
 
     @classmethod
@@ -50,5 +52,6 @@ class Settings:
             sweep_interval=_float("TOOLLOOP_SWEEP_INTERVAL", 15),
             outbox_age=_float("TOOLLOOP_OUTBOX_AGE", 30),
             redrive_age=_float("TOOLLOOP_REDRIVE_AGE", 300),
+            shutdown_grace=_float("TOOLLOOP_SHUTDOWN_GRACE", 30),
             prompt_gen=os.environ.get("TOOLLOOP_PROMPT_GEN", "").strip() or None,
         )

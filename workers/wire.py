@@ -182,3 +182,24 @@ if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[3], ARGV[2])
 return 1
 """
+
+RESTORE_VISIBLE = """
+-- KEYS[1]=unacked KEYS[2]=unacked_index; ARGV[1]=delivered before this time ARGV[2]=most to restore
+-- kombu's visibility timeout: messages delivered before ARGV[1] and never acked go back to the
+-- consuming end of their queue (the routing key: toolloop's queues are direct) -> how many.
+local tags = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local restored = 0
+for _, tag in ipairs(tags) do
+  local value = redis.call('HGET', KEYS[1], tag)
+  redis.call('ZREM', KEYS[2], tag)
+  redis.call('HDEL', KEYS[1], tag)
+  if value then
+    local message, _, queue = string.match(value, '^%[(.*),%s*"([^"]*)",%s*"([^"]*)"%]$')
+    if message then
+      redis.call('RPUSH', queue, message)
+      restored = restored + 1
+    end
+  end
+end
+return restored
+"""

@@ -44,7 +44,11 @@ class Incarnation:
 
 
 class WorkerPool:
-    """`size` workers of `concurrency` threads each, restarted when they die (until `stop`)."""
+    """`size` workers running `concurrency` tasks at once each, restarted when they die (until `stop`).
+
+    Every queue goes to the worker's step consumer (control tasks included), so `concurrency` bounds
+    all the work in flight in a worker, as the kill accounting of the suite assumes: a kill re-runs
+    at most the steps that were in flight in the process it killed."""
 
     def __init__(
         self,
@@ -80,7 +84,8 @@ class WorkerPool:
         args = [
             sys.executable, "-m", "celery", "-A", "workers.app", "worker",
             "-P", "threads", "-c", str(self.concurrency), "-Q", self.queues,
-            "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", self.loglevel,
+            "--step-queues", self.queues, "--steps-in-flight", str(self.concurrency), "-n", f"{name}@%h",
+            "--without-mingle", "--without-gossip", "-l", self.loglevel,
         ]  # fmt: skip
         if self.events:
             args.append("-E")

@@ -37,12 +37,26 @@ from toolloop import (
     UserMessage,
     run_tool_loop,
 )
-from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy
+from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy, http
 from toolloop.sim import Script, SimRequest, SimServer, SimTurn
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0, short_retry_after_s=1.0)
 SYSTEM = "You review storyboards shot by shot and report what to change. " * 80  # > 1,024 tokens
 EPHEMERAL = {"type": "ephemeral"}
+
+
+@pytest.fixture(params=["per-call client", "keep-alive transport"], autouse=True)
+async def http_path(request: pytest.FixtureRequest) -> Any:
+    """Every test runs on both HTTP paths: a client per call (the library's default) and the
+    keep-alive aiohttp transport a worker registers for its loop (toolloop.providers.http)."""
+    if request.param == "per-call client":
+        yield
+        return
+    assert http.keep_alive(asyncio.get_running_loop())
+    try:
+        yield
+    finally:
+        await http.close_keep_alive()
 
 
 class Recording:

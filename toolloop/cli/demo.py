@@ -90,7 +90,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 loglevel="WARNING",
             )
             started.append(worker)
-            print(f"worker   celery worker pid {worker.pid} (threads pool; log {log_path})")
+            print(f"worker   celery worker pid {worker.pid} (steps on its asyncio loop; log {log_path})")
             spec = workers("spec").RunSpec(
                 model=MODEL,
                 system=SYSTEM,

@@ -20,10 +20,13 @@ QUEUES = "llm,tools,control"
 """Every queue a durable run uses (model steps, tool steps, answers and cancels)."""
 
 
-def worker_argv(concurrency: int = 64, queues: str = QUEUES, loglevel: str = "INFO") -> list[str]:
+def worker_argv(
+    concurrency: int = 8, queues: str = QUEUES, loglevel: str = "INFO", steps_in_flight: int = 500
+) -> list[str]:
     return [
         sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-        "-P", "threads", "-c", str(concurrency), "-Q", queues, "-E",
+        "-P", "threads", "-c", str(concurrency), "-Q", queues,
+        "--steps-in-flight", str(steps_in_flight), "-E",
         "--without-gossip", "--without-mingle", "-l", loglevel,
         "-n", f"toolloop-{os.getpid()}@%h",
     ]  # fmt: skip
@@ -46,7 +49,7 @@ def start_worker(
     extra_env: Mapping[str, str] | None = None,
     pythonpath: Sequence[str] = (),
     log: IO[bytes] | None = None,
-    concurrency: int = 64,
+    concurrency: int = 8,
     loglevel: str = "INFO",
 ) -> subprocess.Popen[bytes]:
     """A worker subprocess in its own process group (so `stop` ends its threads and children too)."""
@@ -101,9 +104,13 @@ def load_policy(path: str) -> Any:
 
 
 def add_commands(sub: Any) -> None:
-    worker = sub.add_parser("worker", help="start a Celery worker (threads pool, every toolloop queue)")
+    worker = sub.add_parser("worker", help="start a worker (every toolloop queue; see docs/workers.md)")
     worker.add_argument(
-        "-c", "--concurrency", type=int, default=64, help="threads (default 64, see docs/operations.md)"
+        "-n", "--steps-in-flight", type=int, default=500,
+        help="most llm/tools steps run at once on the worker's asyncio loop (default 500)",
+    )  # fmt: skip
+    worker.add_argument(
+        "-c", "--concurrency", type=int, default=8, help="threads of the pool for control tasks (default 8)"
     )
     worker.add_argument("-Q", "--queues", default=QUEUES, help=f"queues to consume (default {QUEUES})")
     worker.add_argument("-l", "--loglevel", default="INFO")
@@ -128,7 +135,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}.")
     print(f"Worker on {'the embedded Redis' if choice.embedded else 'REDIS_URL'}, queues {args.queues}.")
     process = subprocess.Popen(
-        worker_argv(args.concurrency, args.queues, args.loglevel), env=worker_env(choice.url, extra)
+        worker_argv(args.concurrency, args.queues, args.loglevel, args.steps_in_flight),
+        env=worker_env(choice.url, extra),
     )
     # SIGTERM to this command is a warm shutdown of its worker (running steps finish).
     signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))

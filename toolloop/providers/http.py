@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import httpx
-import orjson
 
 from toolloop.abort import AbortSignal
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.fastjson import dumps
 from toolloop.providers.base import Secret, redact
 
 log = logging.getLogger("toolloop.providers")
@@ -130,6 +130,7 @@ class KeepAlive:
             await response.aread()
         finally:
             await response.aclose()
+        log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, response.status_code)  # as httpx logs it
         return response
 
 
@@ -146,6 +147,14 @@ def keep_alive(loop: asyncio.AbstractEventLoop) -> bool:
         return False
     _keep_alive = KeepAlive(loop)
     return True
+
+
+async def close_keep_alive() -> None:
+    """Close the keep-alive connections and go back to a client per call (call it on their loop)."""
+    global _keep_alive
+    shared, _keep_alive = _keep_alive, None
+    if shared is not None and shared._transport is not None:
+        await shared._transport.aclose()
 
 
 async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
@@ -180,7 +189,7 @@ async def post_json(
     """POST `body`, return the parsed JSON of a 2xx answer; raise as the module docstring says."""
     policy = endpoint.policy
     started = time.monotonic()
-    content = orjson.dumps(body)
+    content = dumps(body)
     all_headers = {"content-type": "application/json", **headers}
     timeout = httpx.Timeout(endpoint.timeout_s, connect=min(endpoint.timeout_s, 10.0))
     shared = _keep_alive
@@ -234,8 +243,9 @@ async def _attempt(
             sent = client.post(endpoint.url, content=content, headers=headers, timeout=timeout)
         response = await race(sent, signal)
     except httpx.TimeoutException as exc:
-        if exc.__cause__ is not None and not isinstance(exc.__cause__, TimeoutError):
-            return _unreachable(name, endpoint, exc, secret)  # a transport that calls a reset a timeout
+        cause = exc.__cause__
+        if type(cause).__module__.startswith("aiohttp") and not isinstance(cause, TimeoutError):
+            return _unreachable(name, endpoint, exc, secret)  # httpx_aiohttp calls a reset a timeout
         error = PromptGenError(
             f"{name} did not answer within {endpoint.timeout_s:g} s.\n"
             "  Try again later, raise the timeout, or use another prompt-gen provider.",
