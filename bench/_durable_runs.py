@@ -62,7 +62,8 @@ def step_worker(
             "workers.app", pool=pool[0], concurrency=8, queues=["control"], env=env, log=log, extra=extra
         )
     return Worker(
-        "workers.app", pool=pool[0], concurrency=pool[1], queues=[*steps, "control"], env=env, log=log
+        "workers.app", pool=pool[0], concurrency=pool[1], queues=[*steps, "control"], env=env, log=log,
+        extra=["--step-queues", "none"],
     )
 
 
@@ -159,6 +160,7 @@ def steady(
         client = Client(url)
         try:
             worker.start(client.celery)
+            profiler = worker.spy(turns * latency)
             cpu0 = worker.cpu_seconds()
             start = time.time()
             run_ids = []
@@ -167,6 +169,8 @@ def steady(
                 run_ids.append(client.enqueue(run_spec(turns, provider="anthropic")))
             statuses = wait_all(client, run_ids, timeout=120 + 30 * turns * latency * max(1, runs / 50))
             cpu = worker.cpu_seconds() - cpu0
+            if profiler:
+                profiler.wait(timeout=120)
             models: list[list[float]] = []
             for run_id in run_ids:
                 events = client.redis.xrange(keys.events(run_id))

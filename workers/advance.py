@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import threading
@@ -284,12 +283,16 @@ class _Step:
         failed send leaves the successor in the outbox (the sweeper sends it); RUN_BEGIN of that task
         clears it. The commit came first, so the step is safe whatever happens to the send."""
         events = runtime.events(self.task.hostname)
-        sent = None
+        sent: asyncio.Future[Any] | None = None
         if member:
             n, _, queue = member.partition("|")
             args: list[Any] = [self.run_id, int(n)]
             task_id = f"{self.run_id}:{n}"
-            sent = self.batch.call("LPUSH", queue, wire.task_message(ADVANCE, args, task_id, queue))
+            message = wire.task_message(ADVANCE, args, task_id, queue)
+            if killpoints.active():  # a kill at "enqueue:after" must follow the send: wait for it
+                sent = self.batch.call("LPUSH", queue, message)
+            else:  # nobody waits: a failed send is logged by the batch and repaired from the outbox
+                self.batch.send("LPUSH", queue, message)
             self.batch.send("PUBLISH", *events.envelope("task-sent", {
                 "uuid": task_id, "root_id": task_id, "parent_id": None, "name": ADVANCE,
                 "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
@@ -297,13 +300,9 @@ class _Step:
             }))  # fmt: skip
         fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, **progress}
         self.batch.send("PUBLISH", *events.envelope("task-progress", fields))
-        if sent is None:
-            return
-        if not killpoints.active():  # nobody waits for the send: a failure is repaired from the outbox
-            sent.add_done_callback(functools.partial(_log_unsent, self.run_id, member))
-            return
-        with contextlib.suppress(OSError, redis_lib.RedisError):
-            await sent  # a kill at "enqueue:after" must follow the send
+        if sent is not None:
+            with contextlib.suppress(OSError, redis_lib.RedisError):
+                await sent
 
     def totals(self) -> dict[str, Any]:
         """Spend and steps so far, for the status of a run between two steps."""
@@ -334,12 +333,6 @@ async def _drive(options: RunToolLoopOptions) -> RunToolLoopResult | StepBoundar
         return await run_tool_loop(options)
     except StepBoundary as boundary:
         return boundary
-
-
-def _log_unsent(run_id: str, member: str, sent: asyncio.Future[Any]) -> None:
-    if not sent.cancelled() and sent.exception() is not None:
-        log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, member,
-                    sent.exception())  # fmt: skip
 
 
 def _flush_outbox(run_id: str, older_than: float) -> None:

@@ -28,6 +28,22 @@ log = logging.getLogger("toolloop.workers")
 
 _Command = tuple[tuple[Any, ...], "asyncio.Future[Any] | None"]
 
+SEND_MANY = """
+-- ARGV = n1, command, args..., n2, command, args...: the fire-and-forget writes of one loop turn
+-- (events, acks, successors). Each runs on its own (pcall): one that fails does not stop the rest.
+-- -> the error texts of those that failed.
+local failed = {}
+local i = 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local reply = redis.pcall(unpack(ARGV, i + 1, i + n))
+  if type(reply) == 'table' and reply.err then failed[#failed + 1] = reply.err end
+  i = i + n + 1
+end
+return failed
+"""
+_SEND_MANY_SHA = hashlib.sha1(SEND_MANY.encode()).hexdigest()
+
 
 class Batch:
     def __init__(self, client: aredis.Redis) -> None:
@@ -58,8 +74,17 @@ class Batch:
 
     def _flush_soon(self) -> None:
         commands, self.queued = self.queued, []
-        if commands:
-            asyncio.get_running_loop().create_task(self._flush(commands))
+        if not commands:
+            return
+        sends = [args for args, future in commands if future is None]
+        if len(sends) > 1:  # every fire-and-forget write of the turn in one script: one command to pack
+            flat: list[Any] = []
+            for args in sends:
+                flat += [len(args), *args]
+            commands = [c for c in commands if c[1] is not None]
+            commands.append((("EVALSHA", _SEND_MANY_SHA, 0, *flat), None))
+            self.sources[_SEND_MANY_SHA] = SEND_MANY
+        asyncio.get_running_loop().create_task(self._flush(commands))
 
     async def _flush(self, commands: list[_Command]) -> None:
         try:
@@ -72,6 +97,8 @@ class Batch:
             if future is None:
                 if isinstance(reply, Exception):
                     log.warning("redis %s failed: %s: %s", args[0], type(reply).__name__, reply)
+                elif args[1] == _SEND_MANY_SHA and reply:
+                    log.warning("redis: %d of the batch's writes failed: %s", len(reply), reply[0])
             elif not future.done():
                 if isinstance(reply, Exception):
                     future.set_exception(reply)
