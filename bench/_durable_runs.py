@@ -62,7 +62,12 @@ def step_worker(
             "workers.app", pool=pool[0], concurrency=8, queues=["control"], env=env, log=log, extra=extra
         )
     return Worker(
-        "workers.app", pool=pool[0], concurrency=pool[1], queues=[*steps, "control"], env=env, log=log,
+        "workers.app",
+        pool=pool[0],
+        concurrency=pool[1],
+        queues=[*steps, "control"],
+        env=env,
+        log=log,
         extra=["--step-queues", "none"],
     )
 

@@ -319,9 +319,11 @@ class _Step:
         if call_id.endswith((":start", ":wait")):
             call_id = call_id.rsplit(":", 1)[0]
         turns = [int(k.removeprefix("model:")) for k in self.journal.entries if k.startswith("model:")]
-        if turns:  # the next tool step answers a call of the latest model turn
-            latest = json.loads(self.journal.entries[f"model:{max(turns)}"])
-            for call in latest["value"]["result"].get("tool_calls", []):
+        if turns:  # the next tool step answers a call of the latest model turn (decoded by replay)
+            key = f"model:{max(turns)}"
+            memo = self.journal.parsed.get(key)
+            value = memo[1] if memo is not None else json.loads(self.journal.entries[key])["value"]
+            for call in value["result"].get("tool_calls", []):
                 if call["id"] == call_id:
                     tool: ToolSpec | None = self.tools.get(call["name"])
                     return (tool.queue if tool else None) or "tools"

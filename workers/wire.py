@@ -89,14 +89,14 @@ class BadMessage(ValueError):
 
 def parse(raw: str) -> Delivery:
     try:
-        message = json.loads(raw)
+        message = orjson.loads(raw)
         properties, headers = message["properties"], message["headers"]
         if message.get("content-type") != "application/json":
             raise BadMessage(f"content type {message.get('content-type')!r}, not application/json")
         body = message["body"]
         if properties.get("body_encoding") == "base64":
             body = base64.b64decode(body)
-        args, kwargs, _embed = json.loads(body)
+        args, kwargs, _embed = orjson.loads(body)
         return Delivery(
             tag=properties["delivery_tag"],
             name=headers["task"],
@@ -108,7 +108,7 @@ def parse(raw: str) -> Delivery:
         )
     except BadMessage:
         raise
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as error:
         raise BadMessage(f"not a Celery protocol-2 task message: {error}") from error
 
 

@@ -4,6 +4,7 @@ is the check that `docker compose up` and `honcho start` would not die on a typo
 
 from __future__ import annotations
 
+import copy
 import importlib
 import re
 import shlex
@@ -47,7 +48,10 @@ def check_celery_command(argv: list[str]) -> str:
     sub, rest = argv[3], argv[4:]
     if sub == "worker":
         obj = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
-        params = worker.make_context("worker", list(rest), obj=obj).params
+        command = copy.copy(worker)  # the celery CLI adds the app's own worker options the same way
+        command.params = [*worker.params, *app.user_options.get("worker", [])]
+        params = command.make_context("worker", list(rest), obj=obj).params
+        assert params["steps_in_flight"], "the worker needs --steps-in-flight"
         queues = set(params["queues"] or [])
         routed = {route["queue"] for route in (app.conf.task_routes or {}).values()}
         assert routed <= queues, f"tasks are routed to {routed - queues} but the worker does not consume them"

@@ -10,7 +10,7 @@ events. Budget checks run inside the step they guard, so a replayed step is neve
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -166,7 +166,7 @@ class _Run:
         return work
 
     def record_model(self, turn: int, value: Any) -> PromptGenResult:
-        result = PromptGenResult.model_validate(value["result"])
+        result = validated(PromptGenResult, value["result"])
         finish = value.get("finish")
         if finish is not None:
             self.finish_started = True
@@ -243,7 +243,7 @@ class _Run:
         async def work(signal: AbortSignal) -> StepResult:
             return StepResult(value=text_answer(text).model_dump(mode="json"), cost_usd=0.0)
 
-        return ToolOutput.model_validate(await self.options.step(f"tool:{tool_call.id}", work))
+        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
 
     async def run_one_phase(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> ToolOutput:
         async def work(signal: AbortSignal) -> StepResult:
@@ -251,7 +251,7 @@ class _Run:
             output = as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
-        return ToolOutput.model_validate(await self.options.step(f"tool:{tool_call.id}", work))
+        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
 
     async def run_two_phase(
         self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel
@@ -270,7 +270,7 @@ class _Run:
             output = as_output(returned, spec.name)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
-        output = ToolOutput.model_validate(await self.options.step(f"tool:{tool_call.id}:wait", wait))
+        output = validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))
         return output, list(handle.get("rows") or [])
 
     async def breaker(self, spec: ToolSpec, checked: BaseModel) -> None:
@@ -318,3 +318,28 @@ class _Run:
             final_text=self.final_text,
             asked=asked,
         )
+
+
+_Model = TypeVar("_Model", PromptGenResult, ToolOutput)
+_VALIDATED: dict[int, tuple[Any, BaseModel]] = {}
+_VALIDATED_MAX = 20_000
+
+
+def validated(model: type[_Model], value: Any) -> _Model:
+    """`model.model_validate(value)`, memoized by the identity of `value`.
+
+    A journal that hands back the same decoded object for a stored step every time it replays it
+    (MemoryJournal; RedisJournal in a worker, whose decoded entries live across a run's steps) gets
+    the same frozen model back without validating it again: replay re-reads every stored step of the
+    segment at every step, so this is most of what a long segment costs. The memo holds `value`
+    itself, so its identity cannot be reused while the entry lives; it is emptied when full.
+    """
+    key = id(value)
+    hit = _VALIDATED.get(key)
+    if hit is not None and hit[0] is value and type(hit[1]) is model:
+        return hit[1]
+    result = model.model_validate(value)
+    if len(_VALIDATED) >= _VALIDATED_MAX:
+        _VALIDATED.clear()
+    _VALIDATED[key] = (value, result)
+    return result

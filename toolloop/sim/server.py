@@ -13,6 +13,7 @@ thread and returns once the server accepts connections; `stop()` shuts it down a
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 import socket
 import threading
@@ -104,7 +105,7 @@ class SimServer:
             lifespan="off",
             interface="asgi3",
             proxy_headers=False,
-            http="h11",
+            http="httptools" if importlib.util.find_spec("httptools") else "h11",  # C parser: ~1/3 the CPU
             backlog=self.backlog,
             timeout_graceful_shutdown=1,
             timeout_keep_alive=30,
@@ -118,7 +119,8 @@ class SimServer:
         self._server = uvicorn.Server(self.config())
         server = self._server
         self._thread = threading.Thread(
-            target=lambda: asyncio.run(server.serve(sockets=[sock])),
+            target=_serve_on_own_loop,
+            args=(server, sock),
             name=f"toolloop-sim:{self.port}",
             daemon=True,
         )
@@ -170,3 +172,18 @@ class SimServer:
 
 def _ignore(number: int, frame: object) -> None:
     """A signal handler that does nothing: uvicorn has already shut down when it re-raises."""
+
+
+def _serve_on_own_loop(server: uvicorn.Server, sock: socket.socket) -> None:
+    """The server thread: uvloop when installed, else a standard loop; closed when serving ends."""
+    loop: asyncio.AbstractEventLoop
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(server.serve(sockets=[sock]))
+    finally:
+        loop.close()
