@@ -172,7 +172,12 @@ class StepConsumer:
                 "step consumer: a message on queue %r is not a task (%s); kept on the list %r.\n"
                 "  Only toolloop tasks belong on step queues.", queue, error, REJECTED,
             )  # fmt: skip
-            runtime.batch().send("LPUSH", REJECTED, raw)
+            batch = runtime.batch()
+            batch.send("LPUSH", REJECTED, raw)
+            tag = wire.tag_of(raw)
+            if tag is not None:  # CLAIM recorded it as delivered: forget it, or it would come back
+                batch.send("ZREM", wire.UNACKED_INDEX, tag)
+                batch.send("HDEL", wire.UNACKED, tag)
             return
         self.free -= 1
         task = asyncio.get_running_loop().create_task(self._handle(queue, delivery))

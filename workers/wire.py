@@ -112,6 +112,15 @@ def parse(raw: str) -> Delivery:
         raise BadMessage(f"not a Celery protocol-2 task message: {error}") from error
 
 
+def tag_of(raw: str) -> str | None:
+    """The delivery tag of a message that may not parse as a task (None when it has none)."""
+    try:
+        tag = orjson.loads(raw)["properties"]["delivery_tag"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return tag if isinstance(tag, str) else None
+
+
 def unacked_value(raw: str, queue: str) -> str:
     """The `unacked` hash value kombu restores from: [message, exchange, routing_key]."""
     return f'[{raw}, "", {json.dumps(queue)}]'
