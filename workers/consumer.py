@@ -116,7 +116,7 @@ class StepConsumer:
     async def _consume(self) -> None:
         asyncio.get_running_loop().create_task(self._restore_visible())
         self.room = asyncio.Event()
-        blocking = aredis.Redis.from_url(runtime.settings.redis_url, decode_responses=True)
+        blocking = runtime.async_client()
         batch = runtime.batch()
         while not self.stopping:
             if self.free <= 0:

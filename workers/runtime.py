@@ -23,6 +23,8 @@ from typing import Any
 
 import redis as redis_lib
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
@@ -89,9 +91,19 @@ def batch() -> Batch:
     """The process's Redis batch for steps (call it on the process loop)."""
     global _batch
     if _batch is None:
-        client = aredis.Redis.from_url(settings.redis_url, decode_responses=True)
-        _batch = Batch(client)
+        _batch = Batch(async_client())
     return _batch
+
+
+def async_client() -> aredis.Redis:
+    """An asyncio Redis client for the process loop. A cut connection is retried within ~2 s in all
+    (redis-py's default backoff waits up to 1, 2 and 4 s), well inside a step's lease: a step stuck
+    in its client's backoff would let its lease lapse under it while it still runs."""
+    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=6)
+    return aredis.Redis.from_url(
+        settings.redis_url, decode_responses=True, retry=retry,
+        retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
+    )  # fmt: skip
 
 
 def leases() -> Leases:
