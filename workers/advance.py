@@ -30,7 +30,7 @@ from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import killpoints, runtime, toolsets, wire
+from workers import consumer, killpoints, runtime, toolsets, wire
 from workers.app import ADVANCE
 from workers.errors import DeliveryLimitError
 from workers.killpoints import kill_point
@@ -289,10 +289,13 @@ class _Step:
             args: list[Any] = [self.run_id, int(n)]
             task_id = f"{self.run_id}:{n}"
             message = wire.task_message(ADVANCE, args, task_id, queue)
-            if killpoints.active():  # a kill at "enqueue:after" must follow the send: wait for it
+            sent = consumer.hand_off(queue, message.decode())  # this process runs it next, if it can
+            if sent is None and killpoints.active():  # a kill at "enqueue:after" must follow the send
                 sent = self.batch.call("LPUSH", queue, message)
-            else:  # nobody waits: a failed send is logged by the batch and repaired from the outbox
+            elif sent is None:  # nobody waits: a failed send is logged by the batch, repaired from the outbox
                 self.batch.send("LPUSH", queue, message)
+            elif not killpoints.active():
+                sent = None
             self.batch.send("PUBLISH", *events.envelope("task-sent", {
                 "uuid": task_id, "root_id": task_id, "parent_id": None, "name": ADVANCE,
                 "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,

@@ -164,6 +164,25 @@ class StepConsumer:
         await asyncio.gather(*recorded)
         return [key, raw]
 
+    def hand_off(self, queue: str, raw: str) -> asyncio.Future[Any] | None:
+        """Run a successor this process just produced here, without the round trip through its
+        queue: it is recorded as delivered to this consumer (kombu's `unacked`, as CLAIM does) and
+        dispatched at once. Only for a queue this consumer takes, while it has room and is not
+        stopping; None otherwise (the caller pushes it on its queue). A crash before the record
+        lands leaves the successor in the run's outbox, which the sweeper sends again. The future
+        is the record's write (the kill-point suite waits for it)."""
+        if self.stopping or self.free <= 1 or queue not in self.queues:
+            return None
+        try:
+            tag = wire.parse(raw).tag
+        except wire.BadMessage:
+            return None
+        batch = runtime.batch()
+        batch.send("ZADD", wire.UNACKED_INDEX, time.time(), tag)
+        recorded = batch.call("HSET", wire.UNACKED, tag, wire.unacked_value(raw, queue))
+        self._dispatch(queue, raw)
+        return recorded
+
     def _dispatch(self, queue: str, raw: str) -> None:
         try:
             delivery = wire.parse(raw)
@@ -279,6 +298,11 @@ class StepConsumer:
 # -- in the Celery worker -------------------------------------------------------------------------
 
 _current: StepConsumer | None = None
+
+
+def hand_off(queue: str, raw: str) -> asyncio.Future[Any] | None:
+    """`StepConsumer.hand_off` of this process's step consumer (None when it has none)."""
+    return None if _current is None else _current.hand_off(queue, raw)
 
 
 class StepConsumerStep(bootsteps.StartStopStep):
