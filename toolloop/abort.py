@@ -59,6 +59,12 @@ class AbortSignal:
                 return
         callback()
 
+    def remove_callback(self, callback: Callable[[], None]) -> None:
+        """Forget a callback given to `add_callback` (nothing when it ran or was never added)."""
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
     def _abort(self, reason: Any) -> None:
         with self._lock:
             if self._aborted:

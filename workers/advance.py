@@ -170,7 +170,8 @@ class _Step:
         )
         timeout = self.settings.step_timeout
         try:
-            outcome = await asyncio.wait_for(_drive(options), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for in 3.11
+                outcome = await _drive(options)
         except TimeoutError:
             return await self.commit_failure(TimeoutError(
                 f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"

@@ -158,23 +158,35 @@ async def close_keep_alive() -> None:
 
 
 async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
-    """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts."""
+    """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts (the work is
+    cancelled then). One task for the work and a callback on the signal: no second task waiting."""
     if signal.aborted:
         if inspect.iscoroutine(awaitable):
             awaitable.close()  # never started: close it so it is not reported as never awaited
         signal.throw_if_aborted()
     work = asyncio.ensure_future(awaitable)
-    aborted = asyncio.ensure_future(signal.wait())
+    loop = asyncio.get_running_loop()
+
+    def cancel() -> None:  # the signal may abort from another thread
+        loop.call_soon_threadsafe(work.cancel)
+
+    signal.add_callback(cancel)
     try:
-        await asyncio.wait({work, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if signal.aborted and not _cancelling():
+            signal.throw_if_aborted()
+        raise
     finally:
-        for task in (work, aborted):
-            task.cancel()
-        await asyncio.gather(work, aborted, return_exceptions=True)
-    if work.done() and not work.cancelled():
-        return work.result()
-    signal.throw_if_aborted()
-    raise asyncio.CancelledError
+        signal.remove_callback(cancel)
+        if not work.done():
+            work.cancel()
+
+
+def _cancelling() -> bool:
+    """True when the task running this is being cancelled itself (not only the work it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def post_json(
