@@ -104,16 +104,24 @@ def per_step(
     return {"per_step_s": statistics.median(per), "trials": per, "steps": steps}
 
 
+def sim_script(turns: int) -> list[dict[str, Any]]:
+    """The simulator's answers: a `note` call on each of the first turns - 1 turns, then the end."""
+    calls = [{"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
+             for n in range(1, turns)]  # fmt: skip
+    return [*calls, {"text": "Reviewed."}]
+
+
+def sim_env(url: str, sim: SimServer) -> dict[str, str]:
+    """A worker's environment whose model is the anthropic provider pointed at `sim`."""
+    return env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
+                    TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+
+
 def in_flight(
     url: str, tmp: Path, runs: int, turns: int, latency: float, processes: int = 1, mode: str = "consumer"
 ) -> dict[str, Any]:
-    def turn(n: int) -> dict[str, Any]:
-        return {"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
-
-    script = [turn(n) for n in range(1, turns)] + [{"text": "Reviewed."}]
-    with SimServer(script, latency_s=latency) as sim:
-        env = env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
-                       TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+    with SimServer(sim_script(turns), latency_s=latency) as sim:
+        env = sim_env(url, sim)
         slots = -(-runs // processes)
         workers = [step_worker(mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log",
                                held=("llm",)) for i in range(processes)]  # fmt: skip
@@ -154,13 +162,8 @@ def steady(
     committed per second while every run is in flight (from the moment the last run's first model
     step committed to the moment the first run finished), against the ideal `runs / latency`."""
 
-    def turn(n: int) -> dict[str, Any]:
-        return {"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
-
-    script = [turn(n) for n in range(1, turns)] + [{"text": "Reviewed."}]
-    with SimServer(script, latency_s=latency) as sim:
-        env = env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
-                       TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+    with SimServer(sim_script(turns), latency_s=latency) as sim:
+        env = sim_env(url, sim)
         worker = step_worker(mode, ("threads", runs), env, tmp / f"steady-worker-{mode}.log")
         client = Client(url)
         try:

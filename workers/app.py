@@ -1,8 +1,10 @@
 """The Celery app of toolloop and its configuration (CELERY-REDIS.md section 8, reasons inline).
 
-Start a worker with `celery -A workers.app worker -P threads -c 64 -Q llm,tools,control -E`.
-The threads pool runs the thin tasks; every step's coroutine runs on one long-lived asyncio loop per
-process (workers/runtime.py), so one process keeps many slow model calls in flight.
+Start a worker with `celery -A workers.app worker -P threads -c 8 -Q llm,tools,control -E`.
+Its step consumer (workers/consumer.py, installed at the bottom of this module) runs the llm and
+tools steps as coroutines on one long-lived asyncio loop per process (workers/runtime.py), so one
+process keeps many slow model calls in flight; the threads pool runs the control tasks (and every
+step with `--step-queues none`).
 """
 
 from __future__ import annotations

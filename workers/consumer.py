@@ -355,19 +355,20 @@ class _Service(StepConsumer):
 @control_command(args=[("queue", str)], signature="<queue>")  # type: ignore[untyped-decorator]
 def add_step_queue(state: Any, queue: str) -> dict[str, str]:
     """Remote control: the step consumer takes tasks from `queue` too (`celery control add_step_queue`)."""
-    if _current is None:
-        return {"error": "this worker has no step consumer (start it with --step-queues)"}
-    _current.add_queue(queue)
-    return {"ok": f"step queue {queue!r} added"}
+    return _change_queue(queue, "added")
 
 
 @control_command(args=[("queue", str)], signature="<queue>")  # type: ignore[untyped-decorator]
 def cancel_step_queue(state: Any, queue: str) -> dict[str, str]:
     """Remote control: the step consumer stops taking tasks from `queue`."""
+    return _change_queue(queue, "cancelled")
+
+
+def _change_queue(queue: str, change: str) -> dict[str, str]:
     if _current is None:
         return {"error": "this worker has no step consumer (start it with --step-queues)"}
-    _current.cancel_queue(queue)
-    return {"ok": f"step queue {queue!r} cancelled"}
+    (_current.add_queue if change == "added" else _current.cancel_queue)(queue)
+    return {"ok": f"step queue {queue!r} {change}"}
 
 
 def install(app: Any) -> None:

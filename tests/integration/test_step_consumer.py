@@ -50,11 +50,6 @@ def raw(server: EmbeddedServer) -> Iterator[redis.Redis]:
     made.close()
 
 
-def raw_len(server: EmbeddedServer, key: str) -> int:
-    with redis.Redis.from_url(server.url) as made:
-        return int(made.llen(key))
-
-
 def run_with_a_tool(client: Client) -> str:
     return client.enqueue(spec("tools", "Add 2 and 3.", toolset=TOOLSET))
 
@@ -121,7 +116,7 @@ def test_a_warm_shutdown_puts_a_running_step_back_on_its_queue(
 
 
 def test_remote_control_adds_and_cancels_step_queues(
-    server: EmbeddedServer, client: Client, tmp_path: Path
+    server: EmbeddedServer, client: Client, raw: redis.Redis, tmp_path: Path
 ) -> None:
     worker = Worker(server.url, tmp_path / "w.log", AGENT, queues="tools,control").wait_ready()
     try:
@@ -139,6 +134,6 @@ def test_remote_control_adds_and_cancels_step_queues(
         assert replies == [{name: {"ok": "step queue 'llm' cancelled"}}]
         later = run_with_a_tool(client)
         time.sleep(1.5)
-        assert (client.status(later).status, raw_len(server, "llm")) == ("queued", 1)
+        assert (client.status(later).status, raw.llen("llm")) == ("queued", 1)
     finally:
         worker.stop()
