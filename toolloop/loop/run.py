@@ -9,7 +9,7 @@ events. Budget checks run inside the step they guard, so a replayed step is neve
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -175,21 +175,14 @@ class _Run:
         self.steps += 1
         self.cost += result.cost_usd
         text = result.text or None
-        self.history.append(AssistantMessage(content=text, tool_calls=list(result.tool_calls) or None))
+        message, event = derived(result, turn, _model_records, turn, result)
+        self.history.append(message)
         self.final_text = text
         if finish is not None:
             budget = self.options.budget
             self.emit(BudgetEvent(spent_usd=finish["spent_usd"], limit_usd=budget.usd, mode="finish"))
         if self.options.on_step is not None:
-            self.emit(
-                ModelEvent(
-                    step=turn,
-                    text=text,
-                    tool_calls=result.tool_calls,
-                    cost_usd=result.cost_usd,
-                    usage=result.usage,
-                )
-            )
+            self.emit(event)
         return result
 
     def note_applies(self) -> bool:
@@ -222,19 +215,12 @@ class _Run:
                     output, rows = await self.run_two_phase(spec, tool_call, checked)
                 else:
                     output = await self.run_one_phase(spec, tool_call, checked)
-            self.history.append(ToolMessage(tool_call_id=tool_call.id, content=message_content(output)))
+            key = (turn, tool_call.name, tool_call.id, tuple(rows))
+            message, event = derived(output, key, _tool_records, turn, tool_call, output, rows)
+            self.history.append(message)
             self.cost += output.cost_usd
             if self.options.on_step is not None:
-                self.emit(
-                    ToolEvent(
-                        step=turn,
-                        name=tool_call.name,
-                        call_id=tool_call.id,
-                        cost_usd=output.cost_usd,
-                        summary=summary(output),
-                        rows=rows or output.rows or [],
-                    )
-                )
+                self.emit(event)
             if signal.aborted:
                 raise _Cancel
         return held
@@ -343,3 +329,38 @@ def validated(model: type[_Model], value: Any) -> _Model:
         _VALIDATED.clear()
     _VALIDATED[key] = (value, result)
     return result
+
+
+_DERIVED: dict[tuple[int, Any], tuple[BaseModel, Any]] = {}
+
+
+def derived(source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *args: Any) -> tuple[Any, Any]:
+    """`make(*args)`: the history message and event the loop makes from a step's validated value,
+    memoized like `validated`: a value replayed again (the same frozen object) under the same `key`
+    gives the same frozen message and event without building them again."""
+    memo_key = (id(source), key)
+    hit = _DERIVED.get(memo_key)
+    if hit is not None and hit[0] is source:
+        return hit[1]  # type: ignore[no-any-return]
+    made = make(*args)
+    if len(_DERIVED) >= _VALIDATED_MAX:
+        _DERIVED.clear()
+    _DERIVED[memo_key] = (source, made)
+    return made
+
+
+def _model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage, ModelEvent]:
+    text = result.text or None
+    message = AssistantMessage(content=text, tool_calls=list(result.tool_calls) or None)
+    event = ModelEvent(step=turn, text=text, tool_calls=result.tool_calls, cost_usd=result.cost_usd,
+                       usage=result.usage)  # fmt: skip
+    return message, event
+
+
+def _tool_records(
+    turn: int, tool_call: ToolCall, output: ToolOutput, rows: list[str]
+) -> tuple[ToolMessage, ToolEvent]:
+    message = ToolMessage(tool_call_id=tool_call.id, content=message_content(output))
+    event = ToolEvent(step=turn, name=tool_call.name, call_id=tool_call.id, cost_usd=output.cost_usd,
+                      summary=summary(output), rows=rows or output.rows or [])  # fmt: skip
+    return message, event
