@@ -1,8 +1,11 @@
-"""Per-process resources of a worker: one asyncio loop, one Redis client, the model, cancellation.
+"""Per-process resources of a worker: one asyncio loop, its Redis batch and leases, the model,
+cancellation.
 
-- One long-lived asyncio loop per process, in a daemon thread. Celery 5.7 cannot run async tasks, so
-  each thread of the threads pool submits its step's coroutine here (`run_coroutine_threadsafe`) and
-  blocks on the future: many slow model calls share one loop and one HTTP connection pool.
+- One long-lived asyncio loop per process (uvloop when installed), in a daemon thread. The step
+  consumer (workers/consumer.py) runs steps on it directly; with `--step-queues none` each thread of
+  the threads pool submits its step's coroutine here (`run`) and blocks on the future. Either way
+  many slow model calls share one loop, one keep-alive HTTP transport (`http.keep_alive`) and one
+  Redis pipeline per loop turn (`batch`, workers/redisio.py).
 - Cancellation: a listener thread subscribes to `keys.CANCEL_CHANNEL`; a run id published there
   aborts the controller of that run's live step if this process runs it (`arm` / `disarm`).
 - A sweeper thread runs `runs.sweep` every TOOLLOOP_SWEEP_INTERVAL s, one worker at a time (a
