@@ -284,19 +284,18 @@ class _Step:
         failed send leaves the successor in the outbox (the sweeper sends it); RUN_BEGIN of that task
         clears it. The commit came first, so the step is safe whatever happens to the send."""
         events = runtime.events(self.task.hostname)
+        waiting = killpoints.active()  # a kill at "enqueue:after" must follow the send: wait for it
         sent: asyncio.Future[Any] | None = None
         if member:
             n, _, queue = member.partition("|")
             args: list[Any] = [self.run_id, int(n)]
             task_id = f"{self.run_id}:{n}"
             message = wire.task_message(ADVANCE, args, task_id, queue)
-            sent = consumer.hand_off(queue, message.decode())  # this process runs it next, if it can
-            if sent is None and killpoints.active():  # a kill at "enqueue:after" must follow the send
-                sent = self.batch.call("LPUSH", queue, message)
-            elif sent is None:  # nobody waits: a failed send is logged by the batch, repaired from the outbox
-                self.batch.send("LPUSH", queue, message)
-            elif not killpoints.active():
-                sent = None
+            sent = consumer.hand_off(queue, message)  # this process runs it next, if it can
+            if sent is None and waiting:
+                sent = self.batch.call("LPUSH", queue, message.raw)
+            elif sent is None:  # a failed send is logged by the batch and repaired from the outbox
+                self.batch.send("LPUSH", queue, message.raw)
             self.batch.send("PUBLISH", *events.envelope("task-sent", {
                 "uuid": task_id, "root_id": task_id, "parent_id": None, "name": ADVANCE,
                 "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
@@ -304,7 +303,7 @@ class _Step:
             }))  # fmt: skip
         fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, **progress}
         self.batch.send("PUBLISH", *events.envelope("task-progress", fields))
-        if sent is not None:
+        if sent is not None and waiting:
             with contextlib.suppress(OSError, redis_lib.RedisError):
                 await sent
 

@@ -155,32 +155,20 @@ class StepConsumer:
             tag = wire.parse(raw).tag
         except wire.BadMessage:
             return [key, raw]
-        queue = key.split("\x06\x16")[0]
-        batch = runtime.batch()
-        recorded = [
-            batch.call("HSET", wire.UNACKED, tag, wire.unacked_value(raw, queue)),
-            batch.call("ZADD", wire.UNACKED_INDEX, time.time(), tag),
-        ]
-        await asyncio.gather(*recorded)
+        await _record_delivered(tag, raw, key.split("\x06\x16")[0])
         return [key, raw]
 
-    def hand_off(self, queue: str, raw: str) -> asyncio.Future[Any] | None:
+    def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
         """Run a successor this process just produced here, without the round trip through its
         queue: it is recorded as delivered to this consumer (kombu's `unacked`, as CLAIM does) and
-        dispatched at once. Only for a queue this consumer takes, while it has room and is not
+        started at once. Only for a queue this consumer takes, while it has room and is not
         stopping; None otherwise (the caller pushes it on its queue). A crash before the record
         lands leaves the successor in the run's outbox, which the sweeper sends again. The future
         is the record's write (the kill-point suite waits for it)."""
         if self.stopping or self.free <= 1 or queue not in self.queues:
             return None
-        try:
-            tag = wire.parse(raw).tag
-        except wire.BadMessage:
-            return None
-        batch = runtime.batch()
-        batch.send("ZADD", wire.UNACKED_INDEX, time.time(), tag)
-        recorded = batch.call("HSET", wire.UNACKED, tag, wire.unacked_value(raw, queue))
-        self._dispatch(queue, raw)
+        recorded = _record_delivered(delivery.tag, delivery.raw, queue)
+        self._start(queue, delivery)
         return recorded
 
     def _dispatch(self, queue: str, raw: str) -> None:
@@ -198,6 +186,9 @@ class StepConsumer:
                 batch.send("ZREM", wire.UNACKED_INDEX, tag)
                 batch.send("HDEL", wire.UNACKED, tag)
             return
+        self._start(queue, delivery)
+
+    def _start(self, queue: str, delivery: wire.Delivery) -> None:
         self.free -= 1
         task = asyncio.get_running_loop().create_task(self._handle(queue, delivery))
         self.running[delivery.tag] = task
@@ -300,9 +291,18 @@ class StepConsumer:
 _current: StepConsumer | None = None
 
 
-def hand_off(queue: str, raw: str) -> asyncio.Future[Any] | None:
+def hand_off(queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
     """`StepConsumer.hand_off` of this process's step consumer (None when it has none)."""
-    return None if _current is None else _current.hand_off(queue, raw)
+    return None if _current is None else _current.hand_off(queue, delivery)
+
+
+def _record_delivered(tag: str, raw: str, queue: str) -> asyncio.Future[Any]:
+    """Record a message taken off its queue as delivered (kombu's `unacked` and its index), in the
+    process's next batch; the future resolves once both writes landed."""
+    batch = runtime.batch()
+    index = batch.call("ZADD", wire.UNACKED_INDEX, time.time(), tag)
+    value = batch.call("HSET", wire.UNACKED, tag, wire.unacked_value(raw, queue))
+    return asyncio.gather(index, value)
 
 
 class StepConsumerStep(bootsteps.StartStopStep):

@@ -50,6 +50,7 @@ class Batch:
         self.client = client
         self.queued: list[_Command] = []
         self.sources: dict[str, str] = {}
+        self.shas: dict[str, str] = {}
 
     def call(self, *args: Any) -> asyncio.Future[Any]:
         """Queue a command; the future gets its reply (or its error)."""
@@ -63,8 +64,10 @@ class Batch:
 
     def script(self, source: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
         """Run a Lua script by its SHA (loaded again on NOSCRIPT, as after a Redis restart)."""
-        sha = hashlib.sha1(source.encode()).hexdigest()
-        self.sources[sha] = source
+        sha = self.shas.get(source)
+        if sha is None:  # once per script: hashing a 2 KB source on every call is hot-path work
+            sha = self.shas[source] = hashlib.sha1(source.encode()).hexdigest()
+            self.sources[sha] = source
         return self.call("EVALSHA", sha, len(keys), *keys, *args)
 
     def _queue(self, args: tuple[Any, ...], future: asyncio.Future[Any] | None) -> None:

@@ -38,17 +38,20 @@ def queue_keys(queues: list[str]) -> list[str]:
     return [q if pri == 0 else f"{q}{_SEP}{pri}" for pri in _PRIORITY_STEPS for q in queues]
 
 
-def task_message(name: str, args: list[Any], task_id: str, queue: str) -> bytes:
-    """A Celery protocol-2 task message for `queue` (anonymous exchange, routing key = queue)."""
+def task_message(name: str, args: list[Any], task_id: str, queue: str) -> Delivery:
+    """A Celery protocol-2 task message for `queue` (anonymous exchange, routing key = queue), as the
+    `Delivery` it will be: `raw` is what goes on the queue."""
     body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    argsrepr = repr(args)
     headers = {
         "lang": "py", "task": name, "id": task_id, "shadow": None, "eta": None, "expires": None,
         "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
-        "root_id": task_id, "parent_id": None, "argsrepr": repr(args), "kwargsrepr": "{}",
+        "root_id": task_id, "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": "{}",
         "origin": _ORIGIN, "ignore_result": True, "replaced_task_nesting": 0,
         "stamped_headers": None, "stamps": {},
     }  # fmt: skip
-    return orjson.dumps({
+    tag = _tag()
+    raw = orjson.dumps({
         "body": base64.b64encode(body).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
@@ -56,9 +59,12 @@ def task_message(name: str, args: list[Any], task_id: str, queue: str) -> bytes:
         "properties": {
             "correlation_id": task_id, "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0, "body_encoding": "base64", "delivery_tag": _tag(),
+            "priority": 0, "body_encoding": "base64", "delivery_tag": tag,
         },
-    })  # fmt: skip
+    }).decode()  # fmt: skip
+    return Delivery(
+        tag=tag, name=name, task_id=task_id, args=list(args), kwargs={}, argsrepr=argsrepr, raw=raw
+    )
 
 
 def _tag() -> str:

@@ -55,6 +55,7 @@ async def http_path(request: pytest.FixtureRequest) -> Any:
     assert http.keep_alive(asyncio.get_running_loop())
     try:
         yield
+        assert http.keep_alive_used(), "the test's calls never went through the keep-alive transport"
     finally:
         await http.close_keep_alive()
 

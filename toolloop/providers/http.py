@@ -149,6 +149,11 @@ def keep_alive(loop: asyncio.AbstractEventLoop) -> bool:
     return True
 
 
+def keep_alive_used() -> bool:
+    """True when a model call went through the registered keep-alive transport."""
+    return _keep_alive is not None and _keep_alive._transport is not None
+
+
 async def close_keep_alive() -> None:
     """Close the keep-alive connections and go back to a client per call (call it on their loop)."""
     global _keep_alive
