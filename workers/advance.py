@@ -296,13 +296,13 @@ class _Step:
                 sent = self.batch.call("LPUSH", queue, message.raw)
             elif sent is None:  # a failed send is logged by the batch and repaired from the outbox
                 self.batch.send("LPUSH", queue, message.raw)
-            self.batch.send("PUBLISH", *events.envelope("task-sent", {
+            events.send("task-sent", {
                 "uuid": task_id, "root_id": task_id, "parent_id": None, "name": ADVANCE,
                 "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
                 "queue": queue, "exchange": "", "routing_key": queue,
-            }))  # fmt: skip
+            })  # fmt: skip
         fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, **progress}
-        self.batch.send("PUBLISH", *events.envelope("task-progress", fields))
+        events.send("task-progress", fields)
         if sent is not None and waiting:
             with contextlib.suppress(OSError, redis_lib.RedisError):
                 await sent

@@ -194,14 +194,13 @@ class StepConsumer:
         self.running[delivery.tag] = task
 
     async def _handle(self, queue: str, delivery: wire.Delivery) -> None:
-        batch = runtime.batch()
         events = runtime.events(self.hostname)
         task_id = delivery.task_id
-        batch.send("PUBLISH", *events.envelope("task-received", {
+        events.send("task-received", {
             "uuid": task_id, "name": delivery.name, "args": delivery.argsrepr, "kwargs": "{}",
             "root_id": task_id, "parent_id": None, "retries": 0, "eta": None, "expires": None,
-        }))  # fmt: skip
-        batch.send("PUBLISH", *events.envelope("task-started", {"uuid": task_id, "pid": os.getpid()}))
+        })  # fmt: skip
+        events.send("task-started", {"uuid": task_id, "pid": os.getpid()})
         started = time.monotonic()
         chatty = log.isEnabledFor(logging.INFO)
         if chatty:  # the lines Celery logs for a task, so that one grep finds a step either way
@@ -213,18 +212,18 @@ class StepConsumer:
             raise
         except (OSError, redis_lib.RedisError) as error:  # Redis or the network: run it again
             await self._restore(queue, delivery, f"{type(error).__name__}: {error}")
-            batch.send("PUBLISH", *events.envelope("task-rejected", {"uuid": task_id, "requeue": True}))
+            events.send("task-rejected", {"uuid": task_id, "requeue": True})
         except Exception as error:  # a bug: acked, as Celery acks a failed task
             log.exception("step %s failed", task_id)
-            batch.send("PUBLISH", *events.envelope("task-failed", {
+            events.send("task-failed", {
                 "uuid": task_id, "exception": repr(error), "traceback": "",
-            }))  # fmt: skip
+            })  # fmt: skip
             self._ack(delivery)
         else:
             took = time.monotonic() - started
-            batch.send("PUBLISH", *events.envelope("task-succeeded", {
+            events.send("task-succeeded", {
                 "uuid": task_id, "result": repr(result), "runtime": took,
-            }))  # fmt: skip
+            })  # fmt: skip
             self._ack(delivery)
             if chatty:
                 log.info("Task %s[%s] succeeded in %ss: %r", delivery.name, task_id, round(took, 6), result)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import redis as redis_lib
@@ -49,6 +50,8 @@ class Batch:
     def __init__(self, client: aredis.Redis) -> None:
         self.client = client
         self.queued: list[_Command] = []
+        self.hooks: list[Callable[[], None]] = []
+        self.scheduled = False
         self.sources: dict[str, str] = {}
         self.shas: dict[str, str] = {}
 
@@ -62,6 +65,11 @@ class Batch:
         """Queue a command whose reply nobody waits for (a failure is logged)."""
         self._queue(args, None)
 
+    def at_flush(self, hook: Callable[[], None]) -> None:
+        """Call `hook` once when this turn's commands are taken (it may queue more of its own)."""
+        self.hooks.append(hook)
+        self._schedule()
+
     def script(self, source: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
         """Run a Lua script by its SHA (loaded again on NOSCRIPT, as after a Redis restart)."""
         sha = self.shas.get(source)
@@ -71,11 +79,19 @@ class Batch:
         return self.call("EVALSHA", sha, len(keys), *keys, *args)
 
     def _queue(self, args: tuple[Any, ...], future: asyncio.Future[Any] | None) -> None:
-        if not self.queued:
-            asyncio.get_running_loop().call_soon(self._flush_soon)
         self.queued.append((args, future))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_soon)
 
     def _flush_soon(self) -> None:
+        hooks, self.hooks = self.hooks, []
+        for hook in hooks:
+            hook()
+        self.scheduled = False
         commands, self.queued = self.queued, []
         if not commands:
             return

@@ -49,7 +49,7 @@ _prompt_gen: Any = None
 _armed: dict[str, AbortController] = {}
 _batch: Batch | None = None
 _leases: Leases | None = None
-_events: dict[str, wire.Events] = {}
+_events: dict[str, TaskEvents] = {}
 
 
 def redis() -> redis_lib.Redis:
@@ -117,12 +117,30 @@ def leases() -> Leases:
     return _leases
 
 
-def events(hostname: str) -> wire.Events:
-    """Celery task events sent as worker `hostname` (the numbering of the clock is per process)."""
+class TaskEvents:
+    """Celery task events of worker `hostname`, sent with the process's batch: every event of one
+    loop turn goes out in that turn's batch, as few `task.multi` messages (wire.Events)."""
+
+    def __init__(self, events: wire.Events, batch: Batch) -> None:
+        self.events = events
+        self.batch = batch
+
+    def send(self, type_: str, fields: dict[str, Any]) -> None:
+        if self.events.add(type_, fields):
+            self.batch.at_flush(self._drain)
+
+    def _drain(self) -> None:
+        for channel, payload in self.events.drain():
+            self.batch.send("PUBLISH", channel, payload)
+
+
+def events(hostname: str) -> TaskEvents:
+    """Celery task events sent as worker `hostname` (the numbering of the clock is per process;
+    call it on the process loop)."""
     found = _events.get(hostname)
     if found is None:
         db = int(redis().connection_pool.connection_kwargs.get("db", 0))
-        found = _events.setdefault(hostname, wire.Events(hostname, db))
+        found = _events.setdefault(hostname, TaskEvents(wire.Events(hostname, db), batch()))
     return found
 
 

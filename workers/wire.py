@@ -5,7 +5,7 @@ What a stock Celery worker, Flower or `celery inspect` sees is unchanged: a step
 message (protocol 2, JSON) on the queue's list; a delivered message waits in kombu's `unacked` hash
 and `unacked_index` zset until it is acked, and any Celery worker on the same Redis restores it to
 its queue once it is older than the visibility timeout; events go to the `celeryev` topic exchange as
-PUBLISHes on `/<db>.celeryev/<type with dots>`.
+PUBLISHes on `/<db>.celeryev/<type with dots>` (a batch of them on `/<db>.celeryev/task.multi`).
 
     queue "llm"       LPUSH by producers, RPOP/BRPOP by consumers (priority 3/6/9: "llm\\x06\\x163" ...)
     unacked           delivery_tag -> JSON [message, exchange, routing_key]
@@ -133,22 +133,49 @@ def unacked_value(raw: str, queue: str) -> str:
 
 
 class Events:
-    """Celery task events as a worker with hostname `hostname` sends them (Flower reads these)."""
+    """Celery task events as a worker with hostname `hostname` sends them (Flower reads these).
+
+    Events are buffered (`add`) and sent by whoever drains the buffer (`drain`, once per loop turn:
+    workers/runtime.py): the events of one turn go out as one `task.multi` message whose body is the
+    list of events, as Celery's own worker batches them (its dispatcher's `buffer_group`); Celery's
+    `EventReceiver`, and so Flower, takes a list body as that many events. A lone event goes out as
+    itself, on its own routing key.
+    """
+
+    MAX_PER_MESSAGE = 100
 
     def __init__(self, hostname: str, db: int) -> None:
         self.hostname = hostname
         self.prefix = f"/{db}.celeryev/"
         self.pid = os.getpid()
+        self.utcoffset = -time.timezone // 3600
         self.clock = 0
+        self.buffer: list[dict[str, Any]] = []
 
-    def envelope(self, type_: str, fields: dict[str, Any]) -> tuple[str, bytes]:
-        """(channel, payload) of the PUBLISH that sends event `type_` with `fields`."""
+    def add(self, type_: str, fields: dict[str, Any]) -> bool:
+        """Buffer event `type_` with `fields`; True when the buffer was empty before (drain it)."""
         self.clock += 1
-        event = {"hostname": self.hostname, "utcoffset": -time.timezone // 3600, "pid": self.pid,
-                 "clock": self.clock, **fields, "timestamp": time.time(), "type": type_}  # fmt: skip
-        routing_key = type_.replace("-", ".")
+        self.buffer.append({
+            "hostname": self.hostname, "utcoffset": self.utcoffset, "pid": self.pid, "clock": self.clock,
+            **fields, "timestamp": time.time(), "type": type_,
+        })  # fmt: skip
+        return len(self.buffer) == 1
+
+    def drain(self) -> list[tuple[str, bytes]]:
+        """(channel, payload) of each PUBLISH that sends the buffered events; empties the buffer."""
+        events, self.buffer = self.buffer, []
+        step = self.MAX_PER_MESSAGE
+        return [self._envelope(events[i : i + step]) for i in range(0, len(events), step)]
+
+    def _envelope(self, events: list[dict[str, Any]]) -> tuple[str, bytes]:
+        body: Any = events
+        if len(events) == 1:
+            body = events[0]
+            routing_key = body["type"].replace("-", ".")
+        else:
+            routing_key = "task.multi"
         payload = orjson.dumps({
-            "body": base64.b64encode(orjson.dumps(event)).decode(),
+            "body": base64.b64encode(orjson.dumps(body)).decode(),
             "content-encoding": "utf-8",
             "content-type": "application/json",
             "headers": {"hostname": self.hostname},

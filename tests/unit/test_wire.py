@@ -21,3 +21,42 @@ def test_the_unacked_value_is_kombus_triple() -> None:
     message, exchange, routing_key = json.loads(wire.unacked_value(made.raw, "llm"))
     assert (message, exchange, routing_key) == (json.loads(made.raw), "", "llm")
     assert message["properties"]["delivery_info"] == {"exchange": "", "routing_key": "llm"}
+
+
+def _received(channel: str, payload: bytes) -> list[dict[str, object]]:
+    """What Celery's own EventReceiver (Flower's) hands its handlers for one PUBLISH of ours."""
+    import base64
+
+    from celery import Celery
+    from celery.events import EventReceiver
+
+    seen: list[dict[str, object]] = []
+    app = Celery(broker="memory://")
+    receiver = EventReceiver(app.connection_for_read(), handlers={"*": seen.append}, app=app)
+    message = json.loads(payload)
+    receiver._receive(json.loads(base64.b64decode(message["body"])), None)
+    assert channel.startswith("/0.celeryev/")
+    assert channel.removeprefix("/0.celeryev/") == message["properties"]["delivery_info"]["routing_key"]
+    return seen
+
+
+def test_a_lone_event_goes_out_as_itself_on_its_routing_key() -> None:
+    events = wire.Events("worker@host", 0)
+    assert events.add("task-started", {"uuid": "run1:1"}) is True
+    ((channel, payload),) = events.drain()
+    assert channel == "/0.celeryev/task.started"
+    (event,) = _received(channel, payload)
+    assert (event["type"], event["uuid"], event["hostname"]) == ("task-started", "run1:1", "worker@host")
+    assert events.drain() == []
+
+
+def test_a_turns_events_go_out_as_task_multi_messages_that_celery_reads_as_each_event() -> None:
+    events = wire.Events("worker@host", 0)
+    count = wire.Events.MAX_PER_MESSAGE + 5
+    firsts = [events.add("task-received", {"uuid": f"run{i}:1"}) for i in range(count)]
+    assert firsts[0] is True and not any(firsts[1:])
+    sent = events.drain()
+    assert [channel for channel, _ in sent] == ["/0.celeryev/task.multi", "/0.celeryev/task.multi"]
+    seen = [event for channel, payload in sent for event in _received(channel, payload)]
+    assert [event["uuid"] for event in seen] == [f"run{i}:1" for i in range(count)]
+    assert [event["clock"] for event in seen] == sorted({event["clock"] for event in seen})
