@@ -7,6 +7,11 @@ at the next one (`StepBoundary`). Then one commit script writes the step's value
 in the stream, and what follows: the successor task in the outbox (routed by the next step's kind),
 or the run's final state, or its park. A copy whose commit is fenced (a newer copy took the lease)
 discards its work and re-drives from storage.
+
+The loop stopped at the boundary is not thrown away: it waits there (`_Live`), and when this process
+runs the run's next task and the run's state shows that no commit came after its own, the loop goes
+on from there; RUN_BEGIN then loads nothing but the state. Replay is what a step costs elsewhere:
+after a crash, a redelivery to another worker, or a restart.
 """
 
 from __future__ import annotations
@@ -41,12 +46,12 @@ log = logging.getLogger("toolloop.workers")
 
 _WAIT_FOR_LEASE_MS = 5000
 
-_CACHE_SIZE = 4096
-_cache: OrderedDict[str, tuple[str, str, dict[str, str], str, dict[str, tuple[float, Any]]]] = OrderedDict()
-"""run id -> (tag, spec JSON, journal entries, input JSON, decoded entries) as of this process's last
-commit of it: the next step of a run that stays on this worker loads nothing but the state (RUN_BEGIN's
-tag) and decodes no replayed entry again."""
-_cache_lock = threading.Lock()
+_KEPT_MAX = 4096
+_kept: OrderedDict[str, _Live] = OrderedDict()
+"""run id -> its loop as this process left it at its last commit of the run: the next step of a run
+that stays on this worker (the step consumer's hand-off makes that the common case) loads nothing but
+the run's state and goes on from there."""
+_kept_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -75,12 +80,94 @@ async def advance(run_id: str, n: int, task: Task) -> str:
             raise
         finally:
             step.drop_lease()
+            if step.live is not None and not step.kept:
+                step.live.close()
         if outcome == "busy" and 0 <= step.lease_left_ms <= _WAIT_FOR_LEASE_MS:
             await asyncio.sleep(step.lease_left_ms / 1000 + 0.05)
             continue
         if outcome != "fenced":
             break
     return outcome
+
+
+_Outcome = asyncio.Future[RunToolLoopResult | StepBoundary]
+"""What a step's loop came to: its end, or the boundary of the run's next step."""
+
+
+class _Live:
+    """A run's `run_tool_loop`, running in its own task across the run's steps in this process.
+
+    Its journal pauses the loop at the boundary of the next step (`pause`) instead of ending it; the
+    step that ran commits, and when this process runs the run's next step (the run's stored tag shows
+    that no commit came between), it resumes the loop there: no load of the journal, no replay. What
+    the loop reads of the step it is in (the state, the outside spend, cancellation) goes through
+    `step`, the step that runs it now. Elsewhere, or after any other commit, the next step replays.
+    """
+
+    def __init__(self, tools: dict[str, ToolSpec]) -> None:
+        self.tools = tools
+        self.tag = ""
+        self.controller = AbortController()
+        self.events: list[LoopEvent] = []
+        """Every event of the segment so far, as a replay would emit them again."""
+        self.journal: RedisJournal
+        self.step: _Step
+        self.task: asyncio.Task[RunToolLoopResult] | None = None
+        self.outcome: _Outcome | None = None
+        self.resume: asyncio.Future[None] | None = None
+
+    def start(
+        self, step: _Step, options: RunToolLoopOptions
+    ) -> asyncio.Future[RunToolLoopResult | StepBoundary]:
+        """Run the loop up to the boundary after the first step not stored, or to its end."""
+        self.step = step
+        self.outcome = asyncio.get_running_loop().create_future()
+        self.task = asyncio.get_running_loop().create_task(run_tool_loop(options))
+        self.task.add_done_callback(self._ended)
+        return self.outcome
+
+    def go_on(self, step: _Step) -> _Outcome:
+        """Resume the paused loop for `step`: it runs that step and pauses at the next boundary."""
+        assert self.resume is not None and not self.resume.done()
+        self.step = step
+        self.outcome = asyncio.get_running_loop().create_future()
+        self.resume.set_result(None)
+        return self.outcome
+
+    async def pause(self, key: str) -> None:
+        assert self.outcome is not None
+        if self.outcome.done():  # the step stopped waiting (its timeout, a shutdown): end here
+            raise asyncio.CancelledError
+        self.resume = asyncio.get_running_loop().create_future()
+        self.outcome.set_result(StepBoundary(key))
+        await self.resume
+
+    def keepable(self) -> bool:
+        """True when the loop paused at a boundary and nothing cancelled it: a next step can resume it."""
+        return self.resume is not None and not self.resume.done() and not self.controller.signal.aborted
+
+    def before_live(self, key: str) -> None:
+        self.step.before_live(key)
+
+    def spent_outside(self) -> float:
+        return self.step.outside - float(self.step.state.get("spend_base", 0))
+
+    def close(self) -> None:
+        """End the loop (a paused one is cancelled where it waits)."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def _ended(self, task: asyncio.Task[RunToolLoopResult]) -> None:
+        outcome = self.outcome
+        error = None if task.cancelled() else task.exception()  # retrieved, so never logged as lost
+        if outcome is None or outcome.done():
+            return
+        if task.cancelled():
+            outcome.cancel()
+        elif error is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(task.result())
 
 
 class _Step:
@@ -91,22 +178,28 @@ class _Step:
         self.batch = runtime.batch()
         self.settings = runtime.settings
         self.owner = f"{uuid.uuid4().hex}"
-        self.events: list[LoopEvent] = []
-        self.controller = AbortController()
+        self.live: _Live | None = None
+        self.kept = False
+        """True once `live` was kept for the run's next step (it then outlives this step)."""
         self.lease_left_ms = -1
+        self.replayed_before = 0
 
     async def run(self) -> str:
         r = self.run_id
-        with _cache_lock:
-            cached = _cache.pop(r, None)
+        with _kept_lock:
+            kept = _kept.pop(r, None)
         begin = await self.batch.script(
             scripts.RUN_BEGIN,
             [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
              keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
             [self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
-             cached[0] if cached else ""],
+             kept.tag if kept else ""],
         )  # fmt: skip
         code = begin[0]
+        if code != "run" or begin[4] is not None:  # the kept loop is not where the run is
+            if kept is not None:
+                kept.close()
+            kept = None
         if code == "stale":  # committed already: send its successor again if it seems lost
             await asyncio.to_thread(_flush_outbox, r, self.settings.outbox_age)
             return "stale"
@@ -114,13 +207,7 @@ class _Step:
             self.lease_left_ms = int(begin[1])
         if code != "run":
             return str(code)
-        _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, tag = begin
-        parsed: dict[str, tuple[float, Any]] = {}
-        if spec_json is None and cached is not None and cached[0] == tag:  # nothing new since our commit
-            _, spec_json, entries, input_json, parsed = cached
-        else:
-            entries = _pairs(journal_flat)
-        self.spec_json, self.input_json = spec_json, input_json
+        _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, _tag = begin
         self.token = int(token)
         self.lease = f"{self.owner}:{token}"
         runtime.leases().hold(keys.lease(r), self.lease)
@@ -134,44 +221,50 @@ class _Step:
                 "  Its worker keeps dying (memory? a crash in a tool?); fix that, then retry the run."
             )
             return await self.commit_failure(error)
-        try:
-            spec = RunSpec.model_validate_json(spec_json)
-            tools = toolsets.for_worker(spec.toolset)
-            messages = segment_messages(input_json, answer)
-        except Exception as error:
-            return await self.commit_failure(error)
-        self.tools = {tool.name: tool for tool in tools}
-        journal = RedisJournal(
-            runtime.redis(), r, self.prefix, signal=self.controller.signal, entries=entries,
-            live_steps=1, before_live=self.before_live, owner=self.owner, parsed=parsed,
-        )  # fmt: skip
-        self.journal = journal
-        self.steps_base = int(self.state.get("steps_base", 0))
-        options = RunToolLoopOptions(
-            generate=runtime.generate_for(spec.provider, spec.fallback),
-            model=spec.model,
-            system=spec.system,
-            messages=messages,
-            tools=tools,
-            budget=Budget(
-                usd=spec.budget_usd,
-                finish_at=spec.finish_at,
-                spent_usd=float(self.state.get("carried_usd", 0)),
-                spent=lambda: self.outside - float(self.state.get("spend_base", 0)),
-            ),
-            max_steps=max(0, spec.max_steps - self.steps_base),
-            step=journal.step,
-            signal=self.controller.signal,
-            reasoning=spec.reasoning,
-            on_step=self.events.append,
-            finish_note=spec.finish_note,
-            keep_images=spec.keep_images,
-            cache=spec.cache,
-        )
+        if kept is not None:
+            self.live = kept
+            self.replayed_before = kept.journal.replayed
+            outcome_future = kept.go_on(self)
+        else:
+            try:
+                spec = RunSpec.model_validate_json(spec_json)
+                tools = toolsets.for_worker(spec.toolset)
+                messages = segment_messages(input_json, answer)
+            except Exception as error:
+                return await self.commit_failure(error)
+            self.live = live = _Live({tool.name: tool for tool in tools})
+            live.journal = RedisJournal(
+                runtime.redis(), r, self.prefix, signal=live.controller.signal,
+                entries=_pairs(journal_flat), live_steps=1, before_live=live.before_live,
+                owner=self.owner, pause=live.pause,
+            )  # fmt: skip
+            steps_base = int(self.state.get("steps_base", 0))
+            options = RunToolLoopOptions(
+                generate=runtime.generate_for(spec.provider, spec.fallback),
+                model=spec.model,
+                system=spec.system,
+                messages=messages,
+                tools=tools,
+                budget=Budget(
+                    usd=spec.budget_usd,
+                    finish_at=spec.finish_at,
+                    spent_usd=float(self.state.get("carried_usd", 0)),
+                    spent=live.spent_outside,
+                ),
+                max_steps=max(0, spec.max_steps - steps_base),
+                step=live.journal.step,
+                signal=live.controller.signal,
+                reasoning=spec.reasoning,
+                on_step=live.events.append,
+                finish_note=spec.finish_note,
+                keep_images=spec.keep_images,
+                cache=spec.cache,
+            )
+            outcome_future = live.start(self, options)
         timeout = self.settings.step_timeout
         try:
             async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for in 3.11
-                outcome = await _drive(options)
+                outcome = await outcome_future
         except TimeoutError:
             return await self.commit_failure(TimeoutError(
                 f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
@@ -181,17 +274,33 @@ class _Step:
         except Exception as error:
             return await self.commit_failure(error)
         finally:
-            runtime.disarm(r, self.controller)
+            runtime.disarm(r, self.live.controller)
+            if not outcome_future.done() or outcome_future.cancelled():
+                self.live.close()  # stopped waiting (timeout, shutdown): the loop's work stops too
         if isinstance(outcome, StepBoundary):
             return await self.commit_next(outcome.key)
         return await self.commit_result(outcome)
 
+    @property
+    def journal(self) -> RedisJournal:
+        assert self.live is not None
+        return self.live.journal
+
+    @property
+    def events(self) -> list[LoopEvent]:
+        return self.live.events if self.live is not None else []
+
+    @property
+    def steps_base(self) -> int:
+        return int(self.state.get("steps_base", 0))
+
     # -- during the step ------------------------------------------------------------------------
 
     def before_live(self, key: str) -> None:
-        runtime.arm(self.run_id, self.controller)
+        assert self.live is not None
+        runtime.arm(self.run_id, self.live.controller)
         if self.state.get("cancel") == "1":
-            self.controller.abort("cancel")
+            self.live.controller.abort("cancel")
 
     async def release(self) -> None:
         if getattr(self, "lease", None):
@@ -236,7 +345,7 @@ class _Step:
     async def commit(
         self, outcome: str, *, state: dict[str, Any], next_key: str | None = None, **extra: Any
     ) -> str:
-        pending = getattr(self, "journal", None) and self.journal.pending
+        pending = self.live is not None and self.live.journal.pending
         field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
         committed = int(self.state.get(f"events:{self.segment}", 0))
         events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
@@ -260,17 +369,14 @@ class _Step:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         kill_point("commit:after", run=r, key=where)
-        if outcome == "next" and (not field or stored == value):
-            with _cache_lock:
-                _cache[r] = (
-                    f"{self.lease}|{self.segment}",
-                    self.spec_json,
-                    self.journal.entries,
-                    self.input_json,
-                    self.journal.parsed,
-                )
-                if len(_cache) > _CACHE_SIZE:
-                    _cache.popitem(last=False)
+        live = self.live
+        if outcome == "next" and (not field or stored == value) and live is not None and live.keepable():
+            live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
+            with _kept_lock:
+                _kept[r] = live
+                self.kept = True
+                if len(_kept) > _KEPT_MAX:
+                    _kept.popitem(last=False)[1].close()
         await self.publish(str(member) if member else None, key=where, phase=outcome, next=next_key)
         if member:
             kill_point("enqueue:after", run=r, key=where)
@@ -301,7 +407,9 @@ class _Step:
                 "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
                 "queue": queue, "exchange": "", "routing_key": queue,
             })  # fmt: skip
-        fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, **progress}
+        replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
+        fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, "replayed": replayed,
+                  **progress}  # fmt: skip
         events.send("task-progress", fields)
         if sent is not None and waiting:
             with contextlib.suppress(OSError, redis_lib.RedisError):
@@ -328,16 +436,9 @@ class _Step:
             value = memo[1] if memo is not None else json.loads(self.journal.entries[key])["value"]
             for call in value["result"].get("tool_calls", []):
                 if call["id"] == call_id:
-                    tool: ToolSpec | None = self.tools.get(call["name"])
+                    tool: ToolSpec | None = self.live.tools.get(call["name"]) if self.live else None
                     return (tool.queue if tool else None) or "tools"
         return "tools"
-
-
-async def _drive(options: RunToolLoopOptions) -> RunToolLoopResult | StepBoundary:
-    try:
-        return await run_tool_loop(options)
-    except StepBoundary as boundary:
-        return boundary
 
 
 def _flush_outbox(run_id: str, older_than: float) -> None:

@@ -1,4 +1,7 @@
-"""Each step task sends a `task-progress` event (what Flower shows as the task's PROGRESS state)."""
+"""Each step task sends a `task-progress` event (what Flower shows as the task's PROGRESS state).
+
+Its `replayed` counts the stored steps the task replayed to reach its own: 0 for every step of a run
+that stays on one worker, which goes on from where the run's loop paused at its last commit."""
 
 from __future__ import annotations
 
@@ -33,4 +36,5 @@ def test_each_step_task_reports_its_progress(runs_redis, worker) -> None:  # typ
         (f"{run_id}:2", f"s0/tool:{mine[0]['next'].removeprefix('tool:')}", "next"),
         (f"{run_id}:3", "s0/model:2", "stop"),
     ]
+    assert [e["replayed"] for e in mine] == [0, 0, 0]
     client.close()

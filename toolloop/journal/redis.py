@@ -12,7 +12,9 @@ Two ways to use it:
   replay from `entries` with no Redis call; the first missing step runs and its value is kept in
   `pending` (not written: the worker commits it with the run's events in one script); the next
   missing step raises `StepBoundary(key)` from `step` itself, before any work, so it leaves
-  `run_tool_loop` unchanged and tells the worker what runs next.
+  `run_tool_loop` unchanged and tells the worker what runs next. With `pause`, the next missing
+  step awaits `pause(key)` instead and, once that returns (the worker committed the pending step and
+  runs the next one in the same process), runs: the loop goes on where it stopped, with no replay.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis as redis_lib
@@ -77,6 +79,7 @@ class RedisJournal:
         before_live: Callable[[str], None] | None = None,
         owner: str | None = None,
         parsed: dict[str, tuple[float, Any]] | None = None,
+        pause: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
         self.run_id = run_id
@@ -88,12 +91,15 @@ class RedisJournal:
         """Replayed entries already decoded: key -> (cost, value). Fields are write-once, so a value
         decoded once (by this process's previous step of the run) is decoded again by nobody."""
         self.live_steps = live_steps
+        self.pause = pause
         self.before_live = before_live
         self.owner = owner or uuid.uuid4().hex
         self.pending: list[tuple[str, str, float]] = []
         """Live steps run but not written (one-step mode): (key, stored JSON, cost)."""
         self.cost_usd = 0.0
         """The cost of every step `step` has returned so far, replayed ones included."""
+        self.replayed = 0
+        """How many times `step` returned a stored value without running anything."""
         self.hash_key = keys.journal(run_id, prefix)
 
     async def step(self, key: str, work: StepWork) -> Any:
@@ -101,9 +107,13 @@ class RedisJournal:
         if stored is None and self.live_steps is None:
             stored = await asyncio.to_thread(self.redis.hget, self.hash_key, key)
         if stored is not None:
+            self.replayed += 1
             return self._returned(stored, key)
         if self.live_steps is not None and len(self.pending) >= self.live_steps:
-            raise StepBoundary(key)
+            if self.pause is None:
+                raise StepBoundary(key)
+            await self.pause(key)  # the pending steps were committed meanwhile
+            self.pending.clear()
         if self.before_live is not None:
             self.before_live(key)
         self.signal.throw_if_aborted()
@@ -112,14 +122,14 @@ class RedisJournal:
             text = encode_entry(result)
             self.pending.append((key, text, result.cost_usd))
             self.entries[key] = text
-            return self._returned(text)
+            return self._returned(text, key)
         text = await self._run_leased(key, work)
         self.entries[key] = text
         return self._returned(text)
 
     def _returned(self, stored: str | bytes, key: str | None = None) -> Any:
-        """The value of a stored entry (its cost counted). Replayed values are memoized in `parsed`,
-        except a two-phase tool's `:start` handle, which goes to user code that may change it."""
+        """The value of a stored entry (its cost counted). Values are memoized in `parsed`, except a
+        two-phase tool's `:start` handle, which goes to user code that may change it."""
         memo = self.parsed.get(key) if key is not None else None
         if memo is None:
             entry = json.loads(stored)
