@@ -220,6 +220,8 @@ class _Step:
                 f"Step {self.n} of run {self.run_id!r} was delivered {attempts} times without finishing.\n"
                 "  Its worker keeps dying (memory? a crash in a tool?); fix that, then retry the run."
             )
+            if kept is not None:
+                kept.close()
             return await self.commit_failure(error)
         if kept is not None:
             self.live = kept
