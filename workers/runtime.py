@@ -34,7 +34,7 @@ from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.journal import keys
 from toolloop.providers.http import keep_alive
 from workers import wire
-from workers.redisio import Batch, Leases
+from workers.redisio import Batch, Leases, packed_pool
 from workers.settings import Settings
 
 log = logging.getLogger("toolloop.workers")
@@ -103,10 +103,12 @@ def async_client() -> aredis.Redis:
     (redis-py's default backoff waits up to 1, 2 and 4 s), well inside a step's lease: a step stuck
     in its client's backoff would let its lease lapse under it while it still runs."""
     retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=6)
-    return aredis.Redis.from_url(
+    client = aredis.Redis.from_url(
         settings.redis_url, decode_responses=True, retry=retry,
         retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
     )  # fmt: skip
+    packed_pool(client.connection_pool)
+    return client
 
 
 def leases() -> Leases:
