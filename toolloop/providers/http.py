@@ -101,37 +101,64 @@ class KeepAlive:
     """One keep-alive HTTP client for a long-lived asyncio loop (a worker's), used by every model call
     made on that loop once `keep_alive(loop)` registered it; elsewhere each call opens its own client.
 
-    Its transport is aiohttp's (`httpx_aiohttp`, the transport the Anthropic and OpenAI SDKs offer for
-    high concurrency) behind the same httpx API. Measured at 500 calls in flight on one loop
-    (docs/operations.md): ~0.45 ms of CPU per call, against ~1.1 ms for a fresh httpx client per call
-    and more for one shared httpx pool, whose httpcore scans every connection on each request. It
-    also keeps connections open across calls: no TCP connect, and no TLS handshake with a real
-    provider, per call.
+    It is an aiohttp session (the client the Anthropic and OpenAI SDKs offer for high concurrency),
+    called directly: the answer comes back as an `httpx.Response` and aiohttp's errors as httpx's,
+    so the classification below is the same on both paths. Measured at 500 calls in flight on one
+    loop (docs/operations.md): about a fifth of the CPU of a fresh httpx client per call, and less
+    than one shared httpx pool, whose httpcore scans every connection on each request. It also keeps
+    connections open across calls: no TCP connect, and no TLS handshake with a real provider, per call.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._transport: httpx.AsyncBaseTransport | None = None
+        self._session: Any = None
 
     async def post(
         self, url: str, content: bytes, headers: dict[str, str], timeout: httpx.Timeout
     ) -> httpx.Response:
-        """POST through the transport itself: what an AsyncClient adds (cookies, auth, redirects,
-        default headers) is not used here and costs a third of the call's CPU."""
-        if self._transport is None:
-            from httpx_aiohttp import AiohttpTransport
+        import aiohttp
 
-            limits = httpx.Limits(max_connections=100_000, max_keepalive_connections=1_000)
-            self._transport = AiohttpTransport(verify=_verify(), limits=limits, trust_env=False)
-        request = httpx.Request("POST", url, content=content, headers=headers)
-        request.extensions["timeout"] = timeout.as_dict()
-        response = await self._transport.handle_async_request(request)
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, ssl=_verify(), keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        limits = aiohttp.ClientTimeout(
+            total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
+        )
         try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, response.status_code)  # as httpx logs it
-        return response
+            async with self._session.post(
+                url, data=content, headers=headers, timeout=limits, allow_redirects=False
+            ) as answer:
+                body = await answer.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _as_httpx(error) from error
+        log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, answer.status)  # as httpx logs it
+        # aiohttp decoded the body: drop the headers that describe the encoded one
+        kept = [(k, v) for k, v in answer.raw_headers if k.lower() not in _ENCODED_BODY_HEADERS]
+        return httpx.Response(answer.status, headers=kept, content=body)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+_ENCODED_BODY_HEADERS = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})
+
+
+def _as_httpx(error: BaseException) -> httpx.TransportError:
+    """aiohttp's error as the httpx error the per-call path would raise for the same failure."""
+    import aiohttp
+
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(text)
+    if isinstance(error, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
+        return httpx.ReadTimeout(text)
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(text)
+    if isinstance(error, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return httpx.RemoteProtocolError(text)
+    return httpx.ReadError(text)
 
 
 _keep_alive: KeepAlive | None = None
@@ -139,11 +166,11 @@ _keep_alive: KeepAlive | None = None
 
 def keep_alive(loop: asyncio.AbstractEventLoop) -> bool:
     """Let model calls on `loop` share keep-alive connections (for a loop that lives as long as its
-    process). False, and nothing changes, when httpx_aiohttp is not installed or TOOLLOOP_HTTP=httpx."""
+    process). False, and nothing changes, when aiohttp is not installed or TOOLLOOP_HTTP=httpx."""
     global _keep_alive
     if os.environ.get("TOOLLOOP_HTTP", "").strip() == "httpx":
         return False
-    if importlib.util.find_spec("httpx_aiohttp") is None:
+    if importlib.util.find_spec("aiohttp") is None:
         return False
     _keep_alive = KeepAlive(loop)
     return True
@@ -151,15 +178,15 @@ def keep_alive(loop: asyncio.AbstractEventLoop) -> bool:
 
 def keep_alive_used() -> bool:
     """True when a model call went through the registered keep-alive transport."""
-    return _keep_alive is not None and _keep_alive._transport is not None
+    return _keep_alive is not None and _keep_alive._session is not None
 
 
 async def close_keep_alive() -> None:
     """Close the keep-alive connections and go back to a client per call (call it on their loop)."""
     global _keep_alive
     shared, _keep_alive = _keep_alive, None
-    if shared is not None and shared._transport is not None:
-        await shared._transport.aclose()
+    if shared is not None:
+        await shared.aclose()
 
 
 async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
@@ -259,10 +286,7 @@ async def _attempt(
         else:
             sent = client.post(endpoint.url, content=content, headers=headers, timeout=timeout)
         response = await race(sent, signal)
-    except httpx.TimeoutException as exc:
-        cause = exc.__cause__
-        if type(cause).__module__.startswith("aiohttp") and not isinstance(cause, TimeoutError):
-            return _unreachable(name, endpoint, exc, secret)  # httpx_aiohttp calls a reset a timeout
+    except httpx.TimeoutException:
         error = PromptGenError(
             f"{name} did not answer within {endpoint.timeout_s:g} s.\n"
             "  Try again later, raise the timeout, or use another prompt-gen provider.",
