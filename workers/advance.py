@@ -62,17 +62,19 @@ class Task:
     hostname: str
 
 
-async def advance(run_id: str, n: int, task: Task) -> str:
+async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -> str:
     """Make commit `n` of the run (see the module docstring). Returns what happened, for logs.
     Runs on the process's asyncio loop (workers/runtime.py), from a Celery task or the step consumer.
 
     A copy fenced at its commit re-drives from storage. A copy that finds the lease about to lapse
     (a dead holder: a redelivery after a crash) waits for it rather than leave the run to the sweeper.
+    `begun`: the predecessor's commit began this task already (RUN_COMMIT's go_on).
     """
     kill_point("advance:begin", run=run_id, n=n)
     outcome = "fenced"
     for _ in range(3):
-        step = _Step(run_id, n, task)
+        step = _Step(run_id, n, task, begun)
+        begun = None
         try:
             outcome = await step.run()
         except (Exception, asyncio.CancelledError):  # Redis unreachable, or a shutdown: free the run
@@ -88,6 +90,16 @@ async def advance(run_id: str, n: int, task: Task) -> str:
         if outcome != "fenced":
             break
     return outcome
+
+
+@dataclass(frozen=True)
+class Begun:
+    """A task its predecessor's commit began (RUN_COMMIT's go_on): the lease it holds as `owner`,
+    RUN_BEGIN's 'run' reply for it, and the run's loop, paused where this task goes on."""
+
+    owner: str
+    reply: list[Any]
+    live: _Live
 
 
 _Outcome = asyncio.Future[RunToolLoopResult | StepBoundary]
@@ -171,13 +183,14 @@ class _Live:
 
 
 class _Step:
-    def __init__(self, run_id: str, n: int, task: Task) -> None:
+    def __init__(self, run_id: str, n: int, task: Task, begun: Begun | None = None) -> None:
         self.run_id = run_id
         self.n = n
         self.task = task
+        self.begun = begun
         self.batch = runtime.batch()
         self.settings = runtime.settings
-        self.owner = f"{uuid.uuid4().hex}"
+        self.owner = begun.owner if begun is not None else uuid.uuid4().hex
         self.live: _Live | None = None
         self.kept = False
         """True once `live` was kept for the run's next step (it then outlives this step)."""
@@ -186,15 +199,18 @@ class _Step:
 
     async def run(self) -> str:
         r = self.run_id
-        with _kept_lock:
-            kept = _kept.pop(r, None)
-        begin = await self.batch.script(
-            scripts.RUN_BEGIN,
-            [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
-             keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
-            [self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
-             kept.tag if kept else ""],
-        )  # fmt: skip
+        if self.begun is not None and self.begun.reply:
+            kept, begin = self.begun.live, self.begun.reply
+        else:
+            with _kept_lock:
+                kept = _kept.pop(r, None)
+            begin = await self.batch.script(
+                scripts.RUN_BEGIN,
+                [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
+                 keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
+                [self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
+                 kept.tag if kept else ""],
+            )  # fmt: skip
         code = begin[0]
         if code != "run" or begin[4] is not None:  # the kept loop is not where the run is
             if kept is not None:
@@ -351,27 +367,50 @@ class _Step:
         field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
         committed = int(self.state.get(f"events:{self.segment}", 0))
         events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
+        queue = extra.pop("queue", "llm")
         payload = {
             "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
-            "field": field, "value": value, "outcome": outcome, "queue": extra.pop("queue", "llm"),
+            "field": field, "value": value, "outcome": outcome, "queue": queue,
             "now": time.time(), "state": {k: str(v) for k, v in state.items()},
             "events": events,
             "cancel_text": "Not run: cancel.", **extra,
         }  # fmt: skip
+        r = self.run_id
+        live = self.live
+        here = consumer.current()
+        successor: wire.Delivery | None = None
+        if outcome == "next" and live is not None and live.keepable() and here and here.can_take(queue):
+            # the successor runs here: this commit records its delivery and begins it (no RUN_BEGIN)
+            successor = wire.task_message(ADVANCE, [r, self.n + 1], f"{r}:{self.n + 1}", queue)
+            payload["go_on"] = {
+                "owner": uuid.uuid4().hex, "lease_ms": self.settings.lease_ms, "tag": successor.tag,
+                "unacked": wire.unacked_value(successor.raw, queue),
+            }  # fmt: skip
         where = self.prefix + (field or "-")
         kill_point("commit:before", run=self.run_id, key=where)
-        r = self.run_id
-        ok, stored, member = await self.batch.script(
+        ok, stored, member, begun = await self.batch.script(
             scripts.RUN_COMMIT,
             [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
-             keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix)],
+             keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
+             keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX],
             [dumps(payload)],
         )  # fmt: skip
         if int(ok) != 1:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         kill_point("commit:after", run=r, key=where)
-        live = self.live
+        if begun and here is not None and successor is not None and live is not None:
+            live.tag = f"{self.lease}|{self.segment}"  # the run's tag now
+            token, attempts, state_flat, outside = begun
+            reply = ["run", token, attempts, state_flat, None, None, None, None, outside, live.tag]
+            if field and stored != value:  # not so by the fence check; if it were, replay from storage
+                live.close()
+                reply = []
+            self.kept = True
+            here.run_begun(queue, successor, Begun(payload["go_on"]["owner"], reply, live))
+            await self.publish(None, successor=(queue, successor), key=where, phase=outcome, next=next_key)
+            kill_point("enqueue:after", run=r, key=where)
+            return outcome
         if outcome == "next" and (not field or stored == value) and live is not None and live.keepable():
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
             with _kept_lock:
@@ -386,28 +425,33 @@ class _Step:
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
         return outcome
 
-    async def publish(self, member: str | None, **progress: Any) -> None:
+    async def publish(
+        self, member: str | None, successor: tuple[str, wire.Delivery] | None = None, **progress: Any
+    ) -> None:
         """Send the successor (`member` "<n>|<queue>", recorded in the outbox), its `task-sent` event and
         this step's `task-progress` event in the process's next Redis batch, without waiting for it: a
         failed send leaves the successor in the outbox (the sweeper sends it); RUN_BEGIN of that task
-        clears it. The commit came first, so the step is safe whatever happens to the send."""
+        clears it. The commit came first, so the step is safe whatever happens to the send.
+        `successor`: (queue, delivery) of a successor the commit began here already (nothing to send
+        but its event)."""
         events = runtime.events(self.task.hostname)
         waiting = killpoints.active()  # a kill at "enqueue:after" must follow the send: wait for it
         sent: asyncio.Future[Any] | None = None
         if member:
             n, _, queue = member.partition("|")
-            args: list[Any] = [self.run_id, int(n)]
-            task_id = f"{self.run_id}:{n}"
-            message = wire.task_message(ADVANCE, args, task_id, queue)
+            message = wire.task_message(ADVANCE, [self.run_id, int(n)], f"{self.run_id}:{n}", queue)
             sent = consumer.hand_off(queue, message)  # this process runs it next, if it can
             if sent is None and waiting:
                 sent = self.batch.call("LPUSH", queue, message.raw)
             elif sent is None:  # a failed send is logged by the batch and repaired from the outbox
                 self.batch.send("LPUSH", queue, message.raw)
+            successor = (queue, message)
+        if successor is not None:
+            queue, message = successor
             events.send("task-sent", {
-                "uuid": task_id, "root_id": task_id, "parent_id": None, "name": ADVANCE,
-                "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
-                "queue": queue, "exchange": "", "routing_key": queue,
+                "uuid": message.task_id, "root_id": message.task_id, "parent_id": None,
+                "name": ADVANCE, "args": message.argsrepr, "kwargs": "{}", "retries": 0, "eta": None,
+                "expires": None, "queue": queue, "exchange": "", "routing_key": queue,
             })  # fmt: skip
         replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
         fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, "replayed": replayed,

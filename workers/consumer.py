@@ -165,11 +165,21 @@ class StepConsumer:
         stopping; None otherwise (the caller pushes it on its queue). A crash before the record
         lands leaves the successor in the run's outbox, which the sweeper sends again. The future
         is the record's write (the kill-point suite waits for it)."""
-        if self.stopping or self.free <= 1 or queue not in self.queues:
+        if not self.can_take(queue):
             return None
         recorded = _record_delivered(delivery.tag, delivery.raw, queue)
         self._start(queue, delivery)
         return recorded
+
+    def can_take(self, queue: str) -> bool:
+        """True when a successor for `queue` produced here can run here (`hand_off`, `run_begun`)."""
+        return not self.stopping and self.free > 1 and queue in self.queues
+
+    def run_begun(self, queue: str, delivery: wire.Delivery, begun: Any) -> None:
+        """Run a successor whose delivery record and RUN_BEGIN its predecessor's commit made already
+        (`begun`: workers.advance.Begun). It runs even if the consumer began to stop meanwhile: its
+        lease is held, and a shutdown puts it back on its queue like any running step."""
+        self._start(queue, delivery, begun)
 
     def _dispatch(self, queue: str, raw: str) -> None:
         try:
@@ -188,12 +198,12 @@ class StepConsumer:
             return
         self._start(queue, delivery)
 
-    def _start(self, queue: str, delivery: wire.Delivery) -> None:
+    def _start(self, queue: str, delivery: wire.Delivery, begun: Any = None) -> None:
         self.free -= 1
-        task = asyncio.get_running_loop().create_task(self._handle(queue, delivery))
+        task = asyncio.get_running_loop().create_task(self._handle(queue, delivery, begun))
         self.running[delivery.tag] = task
 
-    async def _handle(self, queue: str, delivery: wire.Delivery) -> None:
+    async def _handle(self, queue: str, delivery: wire.Delivery, begun: Any = None) -> None:
         events = runtime.events(self.hostname)
         task_id = delivery.task_id
         events.send("task-received", {
@@ -206,7 +216,7 @@ class StepConsumer:
         if chatty:  # the lines Celery logs for a task, so that one grep finds a step either way
             log.info("Task %s[%s] received", delivery.name, task_id)
         try:
-            result = await self._run(delivery)
+            result = await self._run(delivery, begun)
         except asyncio.CancelledError:  # shutdown: somebody else runs it
             await self._restore(queue, delivery, "the worker is shutting down")
             raise
@@ -233,12 +243,13 @@ class StepConsumer:
             if self.room is not None:
                 self.room.set()
 
-    async def _run(self, delivery: wire.Delivery) -> Any:
+    async def _run(self, delivery: wire.Delivery, begun: Any = None) -> Any:
         from workers import advance  # not at import: workers.app installs this module
 
         if delivery.name == advance.ADVANCE:
             run_id, n = delivery.args
-            return await advance.advance(str(run_id), int(n), advance.Task(delivery.task_id, self.hostname))
+            task = advance.Task(delivery.task_id, self.hostname)
+            return await advance.advance(str(run_id), int(n), task, begun)
         from workers.app import app
 
         task = app.tasks.get(delivery.name)
@@ -293,6 +304,11 @@ _current: StepConsumer | None = None
 def hand_off(queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
     """`StepConsumer.hand_off` of this process's step consumer (None when it has none)."""
     return None if _current is None else _current.hand_off(queue, delivery)
+
+
+def current() -> StepConsumer | None:
+    """This process's step consumer, when it runs one."""
+    return _current
 
 
 def _record_delivered(tag: str, raw: str, queue: str) -> asyncio.Future[Any]:

@@ -123,20 +123,30 @@ RUN_COMMIT = (
     + """
 -- End of an `advance` task: the step's value, its events, and what comes next, in one write.
 -- KEYS: 1 state 2 fence 3 lease 4 events 5 outbox 6 history 7 input 8 answers 9 journal (segment)
+--       10 attempts 11 spend 12 unacked 13 unacked_index (kombu's: only with go_on)
 -- ARGV[1]: JSON {token, lease, n, segment, field, value, events: [[index, kind, data]...],
 --   outcome: 'next'|'park'|'stop'|'fail', queue, now, state: {field: text}, history,
---   final: [kind, data] (the run event of a stop or a failure), parked (data), cancel_text}
--- -> {1, stored value or false, outbox member to send or false} | {0, stored or false, false} (fenced)
+--   final: [kind, data] (the run event of a stop or a failure), parked (data), cancel_text,
+--   go_on (optional): {owner, lease_ms, tag, unacked}: the caller runs the successor itself, now}
+-- -> {1, stored value or false, outbox member to send or false, begun or false}
+--    | {0, stored or false, false, false} (fenced)
+-- With go_on, a 'next' commit also does what RUN_BEGIN of the successor would do, as if that task
+-- began the moment this one committed: the successor's message is recorded as delivered to the
+-- caller (kombu's unacked, restored from there if the caller dies), its outbox entry is dropped,
+-- the run's lease goes to go_on.owner with a new token, and the delivery is counted.
+-- begun = {token, attempts, state (flat), outside spend}, as RUN_BEGIN's 'run' reply has them.
 local p = cjson.decode(ARGV[1])
 local segment = tostring(p.segment)
 local function stored()
   if p.field == '' then return false end
   return redis.call('HGET', KEYS[9], p.field)
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(p.token) then return {0, stored(), false} end
+if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(p.token) then
+  return {0, stored(), false, false}
+end
 if tonumber(redis.call('HGET', KEYS[1], 'n') or '0') >= p.n then
   local pending = redis.call('ZRANGE', KEYS[5], 0, 0)
-  return {1, stored(), pending[1] or false}
+  return {1, stored(), pending[1] or false, false}
 end
 if p.field ~= '' then redis.call('HSETNX', KEYS[9], p.field, p.value) end
 local count_field = 'events:' .. segment
@@ -159,6 +169,22 @@ end
 if p.outcome == 'next' then
   member = (p.n + 1) .. '|' .. p.queue
   redis.call('HSET', KEYS[1], 'queue', p.queue)
+  if p.go_on then
+    local g = p.go_on
+    for _, old in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
+      local m = tonumber(string.match(old, '^(%d+)|'))
+      if m and m <= p.n + 1 then redis.call('ZREM', KEYS[5], old) end
+    end
+    redis.call('HSET', KEYS[12], g.tag, g.unacked)
+    redis.call('ZADD', KEYS[13], p.now, g.tag)
+    redis.call('DEL', KEYS[3])  -- ours: the fence check above shows nobody took it since
+    local token = redis.call('INCR', KEYS[2])
+    redis.call('SET', KEYS[3], g.owner .. ':' .. token, 'PX', g.lease_ms)
+    local attempts = redis.call('HINCRBY', KEYS[10], tostring(p.n + 1), 1)
+    redis.call('HSET', KEYS[1], 'status', 'running', 'touched', p.now)
+    return {1, stored(), false,
+      {token, attempts, redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[11]) or '0'}}
+  end
   redis.call('ZADD', KEYS[5], p.now, member)
 elseif p.outcome == 'park' then
   local next_segment = p.segment + 1
@@ -182,7 +208,7 @@ else
   emit(KEYS[1], KEYS[4], segment, p.final[1], p.final[2])
 end
 if redis.call('GET', KEYS[3]) == p.lease then redis.call('DEL', KEYS[3]) end
-return {1, stored(), member}
+return {1, stored(), member, false}
 """
 )
 
