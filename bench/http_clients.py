@@ -1,5 +1,5 @@
 """CPU per model call at many calls in flight, on the two HTTP paths of toolloop.providers.http:
-a fresh httpx client per call (the library default) and the keep-alive aiohttp transport a worker
+a fresh httpx client per call (the library default) and the keep-alive aiohttp session a worker
 registers for its loop (`http.keep_alive`). The simulator answers every call after --latency s.
 
     .venv/bin/python bench/http_clients.py [--calls 500] [--rounds 3] [--latency 1]
@@ -37,7 +37,7 @@ HEADERS = {"x-api-key": "sim-key", "anthropic-version": "2023-06-01"}
 async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
     """CPU µs per call of `count` rounds of `calls` concurrent POSTs (after one warm-up round)."""
     if path == "keep-alive":
-        assert http.keep_alive(asyncio.get_running_loop()), "httpx_aiohttp is not installed"
+        assert http.keep_alive(asyncio.get_running_loop()), "aiohttp is not installed"
     endpoint = http.Endpoint(provider="anthropic", url=url, key_env="ANTHROPIC_API_KEY", timeout_s=60,
                              policy=http.RetryPolicy())  # fmt: skip
     per_call: list[float] = []
