@@ -40,6 +40,7 @@ from celery import bootsteps
 from celery.worker.control import control_command
 
 from workers import runtime, wire
+from workers.errors import REDIS_LOST
 
 log = logging.getLogger("toolloop.workers")
 
@@ -220,7 +221,7 @@ class StepConsumer:
         except asyncio.CancelledError:  # shutdown: somebody else runs it
             await self._restore(queue, delivery, "the worker is shutting down")
             raise
-        except (OSError, redis_lib.RedisError) as error:  # Redis or the network: run it again
+        except REDIS_LOST as error:  # Redis or the network: run it again
             await self._restore(queue, delivery, f"{type(error).__name__}: {error}")
             events.send("task-rejected", {"uuid": task_id, "requeue": True})
         except Exception as error:  # a bug: acked, as Celery acks a failed task

@@ -11,6 +11,17 @@ Every message: first line what happened, second line (indented) what to do.
 
 from __future__ import annotations
 
+import redis
+
+REDIS_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    redis.ConnectionError,  # BusyLoadingError (a restarted Redis loading its AOF) included
+    redis.TimeoutError,
+    redis.ReadOnlyError,  # a replica promoted under us
+)
+"""What a step fails with when Redis or the network went away (not when a command was refused): the
+step goes back on its queue and runs again; any other error fails the step."""
+
 
 class WorkersError(Exception):
     """Base class of the errors of `workers`."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 
 from celery import Task
+from celery.exceptions import Reject
 
 from workers import advance as advance_step
 from workers import runs, runtime
 from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, app
+from workers.errors import REDIS_LOST
 
 log = logging.getLogger("toolloop.workers")
 
@@ -22,7 +24,11 @@ def advance(self: Task, run_id: str, n: int) -> str:
     """Run the n-th step of a run and send the next one (or finish, or park); the step runs on the
     process's asyncio loop while this pool thread waits (workers/runtime.py)."""
     task = advance_step.Task(task_id=self.request.id, hostname=self.request.hostname)
-    return str(runtime.run(advance_step.advance(run_id, int(n), task)))
+    try:
+        return str(runtime.run(advance_step.advance(run_id, int(n), task)))
+    except REDIS_LOST as error:  # Redis or the network went away: back on the queue, not acked
+        log.warning("step %s goes back on its queue: %s: %s", self.request.id, type(error).__name__, error)
+        raise Reject(f"{type(error).__name__}: {error}", requeue=True) from error
 
 
 @app.task(name=ANSWER)  # type: ignore[untyped-decorator]

@@ -28,12 +28,21 @@ from workers.client import Client
 pytestmark = pytest.mark.faults
 
 THREADS = 4
+STEP_QUEUES = {"consumer": "llm,tools,control", "pool": "none"}
 
 
 @pytest.mark.timeout(300)
-def test_every_run_finishes_across_a_redis_restart(redis_server: EmbeddedServer, work_dir: Path) -> None:
+@pytest.mark.parametrize("steps", ["consumer", "pool"])
+def test_every_run_finishes_across_a_redis_restart(
+    redis_server: EmbeddedServer, work_dir: Path, steps: str
+) -> None:
+    """`steps`: on the step consumer (the default), or every step a Celery task in the threads pool
+    (`--step-queues none`), where a step that fails on the lost connection is rejected back onto its
+    queue rather than acked."""
     rng = random.Random(23)
-    shapes = [dataclasses.replace(make_shape(f"rr{i}", rng), latency_s=0.4) for i in range(8)]
+    work_dir = work_dir / steps  # the module's server and directory are shared: own tags, own files
+    work_dir.mkdir()
+    shapes = [dataclasses.replace(make_shape(f"rr{steps[0]}{i}", rng), latency_s=0.4) for i in range(8)]
     policy = FaultPolicy(work_dir)
     restarted = threading.Event()
     back_at: list[float] = []
@@ -55,12 +64,13 @@ def test_every_run_finishes_across_a_redis_restart(redis_server: EmbeddedServer,
     with SimServer(policy) as sim:
         twins = run_twins(
             redis_server.url, sim.base_url, policy, work_dir, shapes,
-            pool={"size": 1, "concurrency": THREADS}, during=during, timeout=180,
+            pool={"size": 1, "concurrency": THREADS, "step_queues": STEP_QUEUES[steps]},
+            during=during, timeout=180,
         )  # fmt: skip
     assert restarted.is_set()
     assert len(going) >= 4, f"only {len(going)} runs were still going when Redis died"
     print(
-        f"\nredis restart: {len(going)} of {len(shapes)} runs in flight at the kill; "
+        f"\nredis restart ({steps}): {len(going)} of {len(shapes)} runs in flight at the kill; "
         f"{twins.duplicates()} steps ran again"
     )
     unfinished = [s.tag for s in shapes if not twins.results[s.tag].status.finished]

@@ -59,6 +59,7 @@ class WorkerPool:
         size: int = 2,
         concurrency: int = 1,
         queues: str = "llm,tools,control",
+        step_queues: str | None = None,
         events: bool = True,
         loglevel: str = "INFO",
     ) -> None:
@@ -67,6 +68,8 @@ class WorkerPool:
         self.size = size
         self.concurrency = concurrency
         self.queues = queues
+        self.step_queues = queues if step_queues is None else step_queues
+        """The queues of the step consumer; "none" runs every task in Celery's threads pool."""
         self.events = events
         pythonpath = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
         self.env = {**os.environ, **FAST, **env, "REDIS_URL": redis_url, "PYTHONPATH": pythonpath}
@@ -84,7 +87,7 @@ class WorkerPool:
         args = [
             sys.executable, "-m", "celery", "-A", "workers.app", "worker",
             "-P", "threads", "-c", str(self.concurrency), "-Q", self.queues,
-            "--step-queues", self.queues, "--steps-in-flight", str(self.concurrency), "-n", f"{name}@%h",
+            "--step-queues", self.step_queues, "--steps-in-flight", str(self.concurrency), "-n", f"{name}@%h",
             "--without-mingle", "--without-gossip", "-l", self.loglevel,
         ]  # fmt: skip
         if self.events:
