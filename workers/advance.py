@@ -8,7 +8,7 @@ in the stream, and what follows: the successor task in the outbox (routed by the
 or the run's final state, or its park. A copy whose commit is fenced (a newer copy took the lease)
 discards its work and re-drives from storage.
 
-The loop stopped at the boundary is not thrown away: it waits there (`_Live`), and when this process
+The loop stopped at the boundary is not thrown away: it waits there (workers/live.py), and when this process
 runs the run's next task and the run's state shows that no commit came after its own, the loop goes
 on from there; RUN_BEGIN then loads nothing but the state. Replay is what a step costs elsewhere:
 after a crash, a redelivery to another worker, or a restart.
@@ -20,38 +20,28 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import redis as redis_lib
 
-from toolloop.abort import AbortController
 from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
-from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers import consumer, killpoints, runtime, toolsets, wire
 from workers.app import ADVANCE
 from workers.errors import DeliveryLimitError
 from workers.killpoints import kill_point
+from workers.live import Begun, LiveLoop, keep, take
 from workers.runs import flush_outbox, segment_messages
 from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
 
 _WAIT_FOR_LEASE_MS = 5000
-
-_KEPT_MAX = 4096
-_kept: OrderedDict[str, _Live] = OrderedDict()
-"""run id -> its loop as this process left it at its last commit of the run: the next step of a run
-that stays on this worker (the step consumer's hand-off makes that the common case) loads nothing but
-the run's state and goes on from there."""
-_kept_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -92,96 +82,6 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
     return outcome
 
 
-@dataclass(frozen=True)
-class Begun:
-    """A task its predecessor's commit began (RUN_COMMIT's go_on): the lease it holds as `owner`,
-    RUN_BEGIN's 'run' reply for it, and the run's loop, paused where this task goes on."""
-
-    owner: str
-    reply: list[Any]
-    live: _Live
-
-
-_Outcome = asyncio.Future[RunToolLoopResult | StepBoundary]
-"""What a step's loop came to: its end, or the boundary of the run's next step."""
-
-
-class _Live:
-    """A run's `run_tool_loop`, running in its own task across the run's steps in this process.
-
-    Its journal pauses the loop at the boundary of the next step (`pause`) instead of ending it; the
-    step that ran commits, and when this process runs the run's next step (the run's stored tag shows
-    that no commit came between), it resumes the loop there: no load of the journal, no replay. What
-    the loop reads of the step it is in (the state, the outside spend, cancellation) goes through
-    `step`, the step that runs it now. Elsewhere, or after any other commit, the next step replays.
-    """
-
-    def __init__(self, tools: dict[str, ToolSpec]) -> None:
-        self.tools = tools
-        self.tag = ""
-        self.controller = AbortController()
-        self.events: list[LoopEvent] = []
-        """Every event of the segment so far, as a replay would emit them again."""
-        self.journal: RedisJournal
-        self.step: _Step
-        self.task: asyncio.Task[RunToolLoopResult] | None = None
-        self.outcome: _Outcome | None = None
-        self.resume: asyncio.Future[None] | None = None
-
-    def start(
-        self, step: _Step, options: RunToolLoopOptions
-    ) -> asyncio.Future[RunToolLoopResult | StepBoundary]:
-        """Run the loop up to the boundary after the first step not stored, or to its end."""
-        self.step = step
-        self.outcome = asyncio.get_running_loop().create_future()
-        self.task = asyncio.get_running_loop().create_task(run_tool_loop(options))
-        self.task.add_done_callback(self._ended)
-        return self.outcome
-
-    def go_on(self, step: _Step) -> _Outcome:
-        """Resume the paused loop for `step`: it runs that step and pauses at the next boundary."""
-        assert self.resume is not None and not self.resume.done()
-        self.step = step
-        self.outcome = asyncio.get_running_loop().create_future()
-        self.resume.set_result(None)
-        return self.outcome
-
-    async def pause(self, key: str) -> None:
-        assert self.outcome is not None
-        if self.outcome.done():  # the step stopped waiting (its timeout, a shutdown): end here
-            raise asyncio.CancelledError
-        self.resume = asyncio.get_running_loop().create_future()
-        self.outcome.set_result(StepBoundary(key))
-        await self.resume
-
-    def keepable(self) -> bool:
-        """True when the loop paused at a boundary and nothing cancelled it: a next step can resume it."""
-        return self.resume is not None and not self.resume.done() and not self.controller.signal.aborted
-
-    def before_live(self, key: str) -> None:
-        self.step.before_live(key)
-
-    def spent_outside(self) -> float:
-        return self.step.outside - float(self.step.state.get("spend_base", 0))
-
-    def close(self) -> None:
-        """End the loop (a paused one is cancelled where it waits)."""
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-
-    def _ended(self, task: asyncio.Task[RunToolLoopResult]) -> None:
-        outcome = self.outcome
-        error = None if task.cancelled() else task.exception()  # retrieved, so never logged as lost
-        if outcome is None or outcome.done():
-            return
-        if task.cancelled():
-            outcome.cancel()
-        elif error is not None:
-            outcome.set_exception(error)
-        else:
-            outcome.set_result(task.result())
-
-
 class _Step:
     def __init__(self, run_id: str, n: int, task: Task, begun: Begun | None = None) -> None:
         self.run_id = run_id
@@ -191,7 +91,7 @@ class _Step:
         self.batch = runtime.batch()
         self.settings = runtime.settings
         self.owner = begun.owner if begun is not None else uuid.uuid4().hex
-        self.live: _Live | None = None
+        self.live: LiveLoop | None = None
         self.kept = False
         """True once `live` was kept for the run's next step (it then outlives this step)."""
         self.lease_left_ms = -1
@@ -200,10 +100,9 @@ class _Step:
     async def run(self) -> str:
         r = self.run_id
         if self.begun is not None and self.begun.reply:
-            kept, begin = self.begun.live, self.begun.reply
+            kept, begin = self.begun.loop, self.begun.reply
         else:
-            with _kept_lock:
-                kept = _kept.pop(r, None)
+            kept = take(r)
             begin = await self.batch.script(
                 scripts.RUN_BEGIN,
                 [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
@@ -250,7 +149,7 @@ class _Step:
                 messages = segment_messages(input_json, answer)
             except Exception as error:
                 return await self.commit_failure(error)
-            self.live = live = _Live({tool.name: tool for tool in tools})
+            self.live = live = LiveLoop({tool.name: tool for tool in tools})
             live.journal = RedisJournal(
                 runtime.redis(), r, self.prefix, signal=live.controller.signal,
                 entries=_pairs(journal_flat), live_steps=1, before_live=live.before_live,
@@ -413,11 +312,8 @@ class _Step:
             return outcome
         if outcome == "next" and (not field or stored == value) and live is not None and live.keepable():
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
-            with _kept_lock:
-                _kept[r] = live
-                self.kept = True
-                if len(_kept) > _KEPT_MAX:
-                    _kept.popitem(last=False)[1].close()
+            keep(r, live)
+            self.kept = True
         await self.publish(str(member) if member else None, key=where, phase=outcome, next=next_key)
         if member:
             kill_point("enqueue:after", run=r, key=where)

@@ -41,6 +41,7 @@ from celery.worker.control import control_command
 
 from workers import runtime, wire
 from workers.errors import REDIS_LOST
+from workers.live import Begun
 
 log = logging.getLogger("toolloop.workers")
 
@@ -176,9 +177,9 @@ class StepConsumer:
         """True when a successor for `queue` produced here can run here (`hand_off`, `run_begun`)."""
         return not self.stopping and self.free > 1 and queue in self.queues
 
-    def run_begun(self, queue: str, delivery: wire.Delivery, begun: Any) -> None:
+    def run_begun(self, queue: str, delivery: wire.Delivery, begun: Begun) -> None:
         """Run a successor whose delivery record and RUN_BEGIN its predecessor's commit made already
-        (`begun`: workers.advance.Begun). It runs even if the consumer began to stop meanwhile: its
+        (`begun`). It runs even if the consumer began to stop meanwhile: its
         lease is held, and a shutdown puts it back on its queue like any running step."""
         self._start(queue, delivery, begun)
 
@@ -199,12 +200,12 @@ class StepConsumer:
             return
         self._start(queue, delivery)
 
-    def _start(self, queue: str, delivery: wire.Delivery, begun: Any = None) -> None:
+    def _start(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         self.free -= 1
         task = asyncio.get_running_loop().create_task(self._handle(queue, delivery, begun))
         self.running[delivery.tag] = task
 
-    async def _handle(self, queue: str, delivery: wire.Delivery, begun: Any = None) -> None:
+    async def _handle(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         events = runtime.events(self.hostname)
         task_id = delivery.task_id
         events.send("task-received", {
@@ -244,7 +245,7 @@ class StepConsumer:
             if self.room is not None:
                 self.room.set()
 
-    async def _run(self, delivery: wire.Delivery, begun: Any = None) -> Any:
+    async def _run(self, delivery: wire.Delivery, begun: Begun | None = None) -> Any:
         from workers import advance  # not at import: workers.app installs this module
 
         if delivery.name == advance.ADVANCE:
