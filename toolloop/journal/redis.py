@@ -78,7 +78,6 @@ class RedisJournal:
         live_steps: int | None = None,
         before_live: Callable[[str], None] | None = None,
         owner: str | None = None,
-        parsed: dict[str, tuple[float, Any]] | None = None,
         pause: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
@@ -87,9 +86,9 @@ class RedisJournal:
         self.signal = signal
         self.lease_ms = lease_ms
         self.entries: dict[str, str] = dict(entries or {})
-        self.parsed: dict[str, tuple[float, Any]] = dict(parsed or {})
-        """Replayed entries already decoded: key -> (cost, value). Fields are write-once, so a value
-        decoded once (by this process's previous step of the run) is decoded again by nobody."""
+        self.parsed: dict[str, tuple[float, Any]] = {}
+        """Entries already decoded: key -> (cost, value). Fields are write-once, so a value decoded
+        once is not decoded again (a replayed run's loop, and `route` after it, read each once)."""
         self.live_steps = live_steps
         self.pause = pause
         self.before_live = before_live
