@@ -61,8 +61,10 @@ def add(input: AddInput, signal: AbortSignal) -> ToolOutput:
 async def slow(input: SlowInput, signal: AbortSignal) -> ToolOutput:
     _log("TOOLLOOP_TEST_TOOL_LOG", tool="slow", event="start")
     waiter = asyncio.ensure_future(signal.wait())
-    done, _ = await asyncio.wait({waiter}, timeout=input.seconds)
-    waiter.cancel()
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=input.seconds)
+    finally:  # also when the step itself is cancelled (a shutdown): no task left pending
+        waiter.cancel()
     aborted = bool(done)
     _log("TOOLLOOP_TEST_TOOL_LOG", tool="slow", event="aborted" if aborted else "finished")
     return ToolOutput(value=aborted, content=[TextPart(text="stopped early" if aborted else "slept")])
