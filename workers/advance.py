@@ -278,7 +278,7 @@ class _Step:
         live = self.live
         here = consumer.current()
         successor: wire.Delivery | None = None
-        if outcome == "next" and live is not None and live.keepable() and here and here.can_take(queue):
+        if outcome == "next" and live is not None and live.keepable() and here and here.can_go_on(queue):
             # the successor runs here: this commit records its delivery and begins it (no RUN_BEGIN)
             successor = wire.task_message(ADVANCE, [r, self.n + 1], f"{r}:{self.n + 1}", queue)
             payload["go_on"] = {

@@ -167,20 +167,22 @@ class StepConsumer:
         stopping; None otherwise (the caller pushes it on its queue). A crash before the record
         lands leaves the successor in the run's outbox, which the sweeper sends again. The future
         is the record's write (the kill-point suite waits for it)."""
-        if not self.can_take(queue):
+        if self.stopping or self.free <= 1 or queue not in self.queues:
             return None
         recorded = _record_delivered(delivery.tag, delivery.raw, queue)
         self._start(queue, delivery)
         return recorded
 
-    def can_take(self, queue: str) -> bool:
-        """True when a successor for `queue` produced here can run here (`hand_off`, `run_begun`)."""
-        return not self.stopping and self.free > 1 and queue in self.queues
+    def can_go_on(self, queue: str) -> bool:
+        """True when a run's next step for `queue` can go on here as its predecessor commits
+        (`run_begun`). It takes its predecessor's place, which has nothing left but its events and
+        its ack: so it needs no room, and a run under way is never held back by new work."""
+        return not self.stopping and queue in self.queues
 
     def run_begun(self, queue: str, delivery: wire.Delivery, begun: Begun) -> None:
         """Run a successor whose delivery record and RUN_BEGIN its predecessor's commit made already
-        (`begun`). It runs even if the consumer began to stop meanwhile: its
-        lease is held, and a shutdown puts it back on its queue like any running step."""
+        (`begun`). It runs even if the consumer began to stop meanwhile: its lease is held, and a
+        shutdown puts it back on its queue like any running step."""
         self._start(queue, delivery, begun)
 
     def _dispatch(self, queue: str, raw: str) -> None:

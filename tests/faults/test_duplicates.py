@@ -6,6 +6,7 @@ transcript and events of its fault-free twin.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import time
@@ -61,7 +62,10 @@ def test_each_step_runs_once_under_duplicate_and_late_deliveries(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:
     rng = random.Random(31)
-    shapes = [make_shape(f"dup{i}", rng) for i in range(6)] + [_slow_shape("slow0"), _slow_shape("slow1")]
+    # model calls of 0.2 s: each step stays due long enough for its copies to reach a worker while it
+    # runs (a step that runs on the worker that committed its predecessor begins within a millisecond)
+    dups = [dataclasses.replace(make_shape(f"dup{i}", rng), latency_s=0.2) for i in range(6)]
+    shapes = [*dups, _slow_shape("slow0"), _slow_shape("slow1")]
     policy = FaultPolicy(work_dir)
     calm = {"TOOLLOOP_VISIBILITY_TIMEOUT": "60", "TOOLLOOP_LEASE_MS": "30000"}
     with SimServer(policy) as sim:
@@ -71,7 +75,9 @@ def test_each_step_runs_once_under_duplicate_and_late_deliveries(
         )  # fmt: skip
     assert twins.pool is not None
     logs = "".join(path.read_text(errors="replace") for path in twins.pool.logs)
-    turned_away = len(re.findall(r"succeeded in [0-9.e-]+s: '(?:busy|stale|early)'", logs))
+    # a copy is turned away by the lease (busy), by the commit it would make being made (stale, early),
+    # or by the run no longer running (idle: it parked on its question, or ended)
+    turned_away = len(re.findall(r"succeeded in [0-9.e-]+s: '(?:busy|stale|early|idle)'", logs))
     slow_redelivered = sum(
         len(re.findall(rf"advance\[{run}:2\] received", logs)) > 3
         for run in [r.run_id for tag, r in twins.results.items() if tag.startswith("slow")]
