@@ -99,6 +99,7 @@ class _Step:
 
     async def run(self) -> str:
         r = self.run_id
+        kept: LiveLoop | None
         if self.begun is not None and self.begun.reply:
             kept, begin = self.begun.loop, self.begun.reply
         else:

@@ -149,10 +149,10 @@ class StepConsumer:
     async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[str]:
         """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
         after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
-        item = await blocking.brpop([*keys, self.wake_key], timeout=_BLOCK_S)  # type: ignore[arg-type]
+        item = await blocking.brpop([*keys, self.wake_key], timeout=_BLOCK_S)
         if not item or item[0] == self.wake_key:
             return []
-        key, raw = item
+        key, raw = str(item[0]), str(item[1])  # the client decodes replies: both are str
         try:
             tag = wire.parse(raw).tag
         except wire.BadMessage:
@@ -249,12 +249,12 @@ class StepConsumer:
 
     async def _run(self, delivery: wire.Delivery, begun: Begun | None = None) -> Any:
         from workers import advance  # not at import: workers.app installs this module
+        from workers.app import ADVANCE, app
 
-        if delivery.name == advance.ADVANCE:
+        if delivery.name == ADVANCE:
             run_id, n = delivery.args
-            task = advance.Task(delivery.task_id, self.hostname)
-            return await advance.advance(str(run_id), int(n), task, begun)
-        from workers.app import app
+            step = advance.Task(delivery.task_id, self.hostname)
+            return await advance.advance(str(run_id), int(n), step, begun)
 
         task = app.tasks.get(delivery.name)
         if task is None:
@@ -297,7 +297,7 @@ class StepConsumer:
             if pending:
                 await asyncio.wait(pending, timeout=10)
         if self.main is not None:
-            await asyncio.wait_for(asyncio.wrap_future(self.main), _BLOCK_S + 5)  # type: ignore[arg-type]
+            await asyncio.wait_for(asyncio.wrap_future(self.main), _BLOCK_S + 5)
 
 
 # -- in the Celery worker -------------------------------------------------------------------------
@@ -324,7 +324,7 @@ def _record_delivered(tag: str, raw: str, queue: str) -> asyncio.Future[Any]:
     return asyncio.gather(index, value)
 
 
-class StepConsumerStep(bootsteps.StartStopStep):
+class StepConsumerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
     """The worker bootstep that runs a `StepConsumer` when the worker has step queues."""
 
     label = "toolloop step consumer"

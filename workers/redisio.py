@@ -153,11 +153,13 @@ class Batch:
         pipe = self.client.pipeline(transaction=False)
         for args in commands:
             pipe.execute_command(*args)
-        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+        return await pipe.execute(raise_on_error=False)
 
     async def _eval_again(self, args: tuple[Any, ...]) -> Any:
         try:
-            return await self.client.execute_command("EVAL", self.sources[args[1]], *args[2:])
+            return await self.client.execute_command(  # type: ignore[no-untyped-call]
+                "EVAL", self.sources[args[1]], *args[2:]
+            )
         except Exception as error:
             return error
 

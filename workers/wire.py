@@ -43,7 +43,7 @@ def task_message(name: str, args: list[Any], task_id: str, queue: str) -> Delive
     `Delivery` it will be: `raw` is what goes on the queue."""
     body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     argsrepr = repr(args)
-    headers = {
+    headers: dict[str, Any] = {
         "lang": "py", "task": name, "id": task_id, "shadow": None, "eta": None, "expires": None,
         "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
         "root_id": task_id, "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": "{}",
