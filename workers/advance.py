@@ -100,7 +100,7 @@ class _Step:
     async def run(self) -> str:
         r = self.run_id
         kept: LiveLoop | None
-        if self.begun is not None and self.begun.reply:
+        if self.begun is not None:
             kept, begin = self.begun.loop, self.begun.reply
         else:
             kept = take(r)
@@ -303,9 +303,6 @@ class _Step:
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now
             token, attempts, state_flat, outside = begun
             reply = ["run", token, attempts, state_flat, None, None, None, None, outside, live.tag]
-            if field and stored != value:  # not so by the fence check; if it were, replay from storage
-                live.close()
-                reply = []
             self.kept = True
             here.run_begun(queue, successor, Begun(payload["go_on"]["owner"], reply, live))
             await self.publish(None, successor=(queue, successor), key=where, phase=outcome, next=next_key)

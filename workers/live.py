@@ -113,8 +113,8 @@ class LiveLoop:
 @dataclass(frozen=True)
 class Begun:
     """A task its predecessor's commit began (RUN_COMMIT's go_on): the lease it holds as `owner`,
-    RUN_BEGIN's 'run' reply for it (empty: call RUN_BEGIN as `owner`), and the run's loop, paused
-    where this task goes on."""
+    RUN_BEGIN's 'run' reply for it, and the run's loop, paused where this task goes on. (go_on runs
+    only in a fresh commit, whose step value is the one stored: the loop is where the run is.)"""
 
     owner: str
     reply: list[Any]
