@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.integration.runs_kit import redis_on
 from toolloop.embedded import EmbeddedServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,9 +54,7 @@ def runs_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSer
 
 @pytest.fixture
 def redis_client(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
-    client.close()
+    yield from redis_on(redis_server)
 
 
 class Worker:

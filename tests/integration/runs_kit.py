@@ -1,17 +1,34 @@
-"""Helpers of the run tests: a client fixture, log readers, event checks."""
+"""Helpers of the run tests: clients for fixtures, log readers, event checks."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import redis
+
+from toolloop.embedded import EmbeddedServer
 from workers.client import Client
 from workers.records import RunEventRecord
 
 TOOLSET = "tests.integration.agents:TOOLS"
+
+
+def client_on(server: EmbeddedServer) -> Iterator[Client]:
+    """A `workers.client.Client` on `server`, closed after the test: `yield from` it in a fixture."""
+    made = Client(server.url)
+    yield made
+    made.close()
+
+
+def redis_on(server: EmbeddedServer) -> Iterator[redis.Redis]:
+    """A plain (decoding) Redis client on `server`, closed after the test: `yield from` it."""
+    made = redis.Redis.from_url(server.url, decode_responses=True)
+    yield made
+    made.close()
 
 
 def spec(system: str, user: str = "Go.", **fields: Any) -> dict[str, Any]:

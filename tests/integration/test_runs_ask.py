@@ -6,16 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.runs_kit import eventually, kinds, spec
+from tests.integration.runs_kit import client_on, eventually, kinds, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from workers.client import Client
 
 
 @pytest.fixture
 def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
-    made = Client(runs_redis.url)
-    yield made
-    made.close()
+    yield from client_on(runs_redis)
 
 
 def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:

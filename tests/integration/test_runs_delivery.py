@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.runs_kit import kinds, logged, spec
+from tests.integration.runs_kit import client_on, kinds, logged, spec
 from workers import runs
 from workers.app import ADVANCE
 from workers.client import Client
@@ -18,9 +18,7 @@ from workers.spec import RunSpec
 
 @pytest.fixture
 def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
-    made = Client(runs_redis.url)
-    yield made
-    made.close()
+    yield from client_on(runs_redis)
 
 
 def test_duplicate_step_messages_run_each_step_once(client: Client, worker) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.runs_kit import client_on
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from workers.client import Client
 from workers.errors import RunNotFoundError
@@ -23,9 +24,7 @@ def logged(path: Path | None) -> list[dict[str, object]]:
 
 @pytest.fixture
 def client(runs_redis) -> Client:  # type: ignore[no-untyped-def]
-    made = Client(runs_redis.url)
-    yield made
-    made.close()
+    yield from client_on(runs_redis)
 
 
 def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Worker, start_worker
-from tests.integration.runs_kit import kinds, spec
+from tests.integration.runs_kit import client_on, kinds, spec
 from toolloop.embedded import EmbeddedServer, start_server
 from workers import runs
 from workers.client import Client
@@ -38,9 +38,7 @@ def impatient_worker(
 
 @pytest.fixture
 def client(limits_redis: EmbeddedServer) -> Iterator[Client]:
-    made = Client(limits_redis.url)
-    yield made
-    made.close()
+    yield from client_on(limits_redis)
 
 
 def test_a_step_past_the_step_timeout_fails_the_run(client: Client, impatient_worker: Worker) -> None:

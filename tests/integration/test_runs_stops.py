@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runs_kit import eventually, kinds, logged, spec
+from tests.integration.runs_kit import client_on, eventually, kinds, logged, spec
 from toolloop import AssistantMessage, TextPart, ToolMessage, UserMessage
 from workers.client import Client
 from workers.errors import RunStateError
@@ -15,9 +15,7 @@ from workers.errors import RunStateError
 
 @pytest.fixture
 def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
-    made = Client(runs_redis.url)
-    yield made
-    made.close()
+    yield from client_on(runs_redis)
 
 
 def test_a_cancel_stops_the_slow_step_in_flight(client: Client, worker) -> None:  # type: ignore[no-untyped-def]

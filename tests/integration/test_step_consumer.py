@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import Worker, start_worker
-from tests.integration.runs_kit import eventually, spec
+from tests.integration.runs_kit import client_on, eventually, redis_on, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from toolloop.embedded import EmbeddedServer, start_server
 from workers import wire
@@ -38,16 +38,12 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
 
 @pytest.fixture
 def client(server: EmbeddedServer) -> Iterator[Client]:
-    made = Client(server.url)
-    yield made
-    made.close()
+    yield from client_on(server)
 
 
 @pytest.fixture
 def raw(server: EmbeddedServer) -> Iterator[redis.Redis]:
-    made = redis.Redis.from_url(server.url, decode_responses=True)
-    yield made
-    made.close()
+    yield from redis_on(server)
 
 
 def run_with_a_tool(client: Client) -> str:
