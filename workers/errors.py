@@ -4,7 +4,9 @@
     ├── RunNotFoundError       no run has this id (a typo, or its keys were deleted)
     ├── RunStateError          the run is not in a state that allows this (retry of a run that is not failed)
     ├── ToolsetError           a toolset import path does not resolve to a list of ToolSpec
-    └── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
+    ├── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
+    └── LeaseLostError         a step's lease is no longer certainly its own (the reason its abort
+                               signal fired: its work stops, and nothing of it is committed)
 
 Every message: first line what happened, second line (indented) what to do.
 """
@@ -18,9 +20,18 @@ REDIS_LOST: tuple[type[BaseException], ...] = (
     redis.ConnectionError,  # BusyLoadingError (a restarted Redis loading its AOF) included
     redis.TimeoutError,
     redis.ReadOnlyError,  # a replica promoted under us
+    redis.exceptions.OutOfMemoryError,  # maxmemory reached (noeviction): nothing of the write was made
 )
-"""What a step fails with when Redis or the network went away (not when a command was refused): the
-step goes back on its queue and runs again; any other error fails the step."""
+"""What a step fails with when Redis or the network went away, or Redis is full (maxmemory): the step
+goes back on its queue and runs again; any other error fails the step. (Scripts are atomic under
+OOM too: Redis refuses a script at its first write that needs memory, before it wrote anything.)"""
+
+OOM_HINT = (
+    "Redis is out of memory (maxmemory reached, policy noeviction): it refuses writes that need memory.\n"
+    "  Raise maxmemory (CONFIG SET maxmemory <bytes>, and in redis.conf) or free memory (delete the "
+    "keys of finished runs you no longer need); runs go on by themselves once Redis accepts writes."
+)
+"""What a worker logs when Redis refuses a write for OOM."""
 
 
 class WorkersError(Exception):
@@ -51,4 +62,8 @@ class ToolsetError(WorkersError, ValueError):
 
 
 class DeliveryLimitError(WorkersError):
+    pass
+
+
+class LeaseLostError(WorkersError):
     pass

@@ -10,6 +10,11 @@ the next instant. The kill points inside steps are here too (workers/killpoints.
     tool:after    a one-phase tool made its effect, before it returns
     start:after   a two-phase tool's start made its effect, before it returns
     wait:inside   a two-phase tool's wait began (its start is journaled), before it returns
+
+and the stop points of the lease suite (a SIGSTOP, then the tool checks its abort signal before its
+effect, as a tool with an effect it cannot take back should): `tool:inside`, `start:inside`. Every
+`start` also writes one line to `attempts.log` as it begins, with its idempotency key
+(`toolloop.idempotency_key()`), and its effect line carries the key too.
 """
 
 from __future__ import annotations
@@ -21,27 +26,28 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolloop import Started, TextPart, ToolOutput, ToolSpec
-from workers.killpoints import kill_point
+from toolloop import AbortSignal, Started, TextPart, ToolOutput, ToolSpec, idempotency_key
+from workers.killpoints import kill_point, stop_point
 
 EFFECTS = "effects.log"
+ATTEMPTS = "attempts.log"
 
 
-def record(kind: str, tag: str, **extra: Any) -> None:
+def record(kind: str, tag: str, file: str = EFFECTS, **extra: Any) -> None:
     """Append one effect line (no-op when TOOLLOOP_FAULTS_DIR is unset)."""
     directory = os.environ.get("TOOLLOOP_FAULTS_DIR")
     if not directory:
         return
     line = json.dumps({"kind": kind, "tag": tag, "pid": os.getpid(), "at": time.time(), **extra}) + "\n"
-    descriptor = os.open(os.path.join(directory, EFFECTS), os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+    descriptor = os.open(os.path.join(directory, file), os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
     try:
         os.write(descriptor, line.encode())
     finally:
         os.close(descriptor)
 
 
-def read_effects(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    path = os.path.join(directory, EFFECTS)
+def read_effects(directory: str | os.PathLike[str], file: str = EFFECTS) -> list[dict[str, Any]]:
+    path = os.path.join(directory, file)
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as file:
@@ -67,8 +73,10 @@ class Ask(BaseModel):
     question: str
 
 
-def note(item: Note, _signal: Any) -> ToolOutput:
+def note(item: Note, signal: AbortSignal) -> ToolOutput:
     kill_point("tool:before", tag=item.tag)
+    stop_point("tool:inside", tag=item.tag)
+    signal.throw_if_aborted()
     record("run", item.tag)
     kill_point("tool:after", tag=item.tag)
     return ToolOutput(
@@ -76,8 +84,12 @@ def note(item: Note, _signal: Any) -> ToolOutput:
     )
 
 
-def render_start(item: Render, _signal: Any) -> Started:
-    record("start", item.tag)
+def render_start(item: Render, signal: AbortSignal) -> Started:
+    key = idempotency_key()
+    record("start", item.tag, ATTEMPTS, key=key)
+    stop_point("start:inside", tag=item.tag)
+    signal.throw_if_aborted()
+    record("start", item.tag, key=key)
     kill_point("start:after", tag=item.tag)
     return Started(started={"job": item.tag, "frames": item.frames}, rows=[f"job-{item.tag}"])
 
