@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -115,4 +116,7 @@ def stop_point(point: str, **fields: Any) -> None:
     """SIGSTOP this process when the plan has an unfired entry for this point and fields; it goes on
     where it stopped once someone sends it SIGCONT."""
     if os.environ.get(PLAN_ENV) and claim(point, **fields):
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # to this thread: it stops on its way out of the call (a SIGSTOP sent to the process may be
+        # taken by another thread, and this one would run on for a moment); the whole process stops
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        time.sleep(0.01)
