@@ -38,7 +38,7 @@ from faults.table import format_table
 from faults.toolset import ATTEMPTS, read_effects
 from faults.twins import base_env
 from faults.workerpool import WorkerPool
-from toolloop.embedded import EmbeddedServer
+from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.sim import SimServer
 from toolloop.sim.script import SimRequest
 from workers.client import Client
@@ -207,3 +207,49 @@ def _trial(
     if found["late_calls"] or found["late_effects"]:
         found["problems"].append(f"late work: calls {found['late_calls']}, effects {found['late_effects']}")
     return found
+
+
+@pytest.mark.timeout(180)
+def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_holder(tmp_path: Path) -> None:
+    """Redis stalls (its process SIGSTOPped for 3 s) under a 6 s tool, with a 1.5 s lease: the lease
+    expires in Redis meanwhile, and the step's message comes back (visibility timeout 3 s) to the same
+    worker, which runs the step again. The old holder's renewals could not be confirmed before the
+    lease's local deadline, so its signal aborted during the stall and the tool stopped: the two
+    attempts never overlap, the tool's effect happens once, and the run ends done."""
+    server = start_server(tmp_path / "redis")
+    work = tmp_path / "stall"
+    work.mkdir()
+    policy = FaultPolicy(work)
+    tag = "stall0"
+    shape = Shape(tag=tag, turns=((Call("vigil", {"tag": f"{tag}.0.0", "seconds": 6.0}),),), final="Done.")
+    policy.add(shape)
+    try:
+        with SimServer(policy) as sim:
+            env = {**base_env(sim.base_url), **ENV, "TOOLLOOP_FAULTS_DIR": str(work)}
+            with WorkerPool(server.url, work, env, size=1, concurrency=4) as pool:
+                client = Client(server.url)
+                run_id = client.enqueue(spec_for(shape))
+                _wait("the tool's first attempt", lambda: read_effects(work, ATTEMPTS), 30)
+                time.sleep(0.5)
+                stalled_at = time.time()
+                os.kill(server.process.pid, signal.SIGSTOP)
+                try:
+                    time.sleep(3.0)
+                finally:
+                    os.kill(server.process.pid, signal.SIGCONT)
+                status = client.wait(run_id, timeout=60).status
+                logs = "".join(path.read_text(errors="replace") for path in pool.logs)
+    finally:
+        server.stop()
+    attempts = read_effects(work, ATTEMPTS)
+    begins = [a for a in attempts if a["kind"] == "vigil-begin"]
+    aborts = [a for a in attempts if a["kind"] == "vigil-abort"]
+    runs = [e for e in read_effects(work) if e["tag"] == f"{tag}.0.0"]
+    assert status == "done"
+    assert len(begins) == 2 and len(aborts) == 1, attempts
+    assert begins[0]["at"] < stalled_at < aborts[0]["at"] < begins[1]["at"], attempts  # never both at once
+    assert aborts[0]["at"] < stalled_at + 3.0, "the old holder ran on through the stall"
+    assert "lease" in aborts[0]["reason"], aborts[0]
+    assert len(runs) == 1 and runs[0]["at"] > begins[1]["at"], runs
+    assert begins[0]["key"] == begins[1]["key"]
+    assert "Not committed: no finished work; the step runs again under a live lease" in logs

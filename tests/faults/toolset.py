@@ -69,6 +69,11 @@ class Slow(BaseModel):
     seconds: float
 
 
+class Vigil(BaseModel):
+    tag: str
+    seconds: float
+
+
 class Ask(BaseModel):
     question: str
 
@@ -111,6 +116,20 @@ def slow(item: Slow, _signal: Any) -> ToolOutput:
     )
 
 
+def vigil(item: Vigil, signal: AbortSignal) -> ToolOutput:
+    """Works `seconds` in slices, stopping when its signal aborts (as a long tool that honours its
+    signal does); logs its begin and its abort to attempts.log, and its effect when it finishes."""
+    record("vigil-begin", item.tag, ATTEMPTS, key=idempotency_key())
+    ends = time.monotonic() + item.seconds
+    while time.monotonic() < ends:
+        if signal.aborted:
+            record("vigil-abort", item.tag, ATTEMPTS, reason=str(signal.reason))
+            signal.throw_if_aborted()
+        time.sleep(0.02)
+    record("run", item.tag)
+    return ToolOutput(value={"watched": item.seconds}, content=[TextPart(text=f"Watched {item.tag}.")])
+
+
 def _ask(*_: Any) -> ToolOutput:
     raise AssertionError("the loop never runs the ask tool")
 
@@ -125,5 +144,6 @@ TOOLS = [
         wait=render_wait,
     ),
     ToolSpec(name="slow", description="Work for a while.", schema=Slow, run=slow),
+    ToolSpec(name="vigil", description="Watch for a while (stops when aborted).", schema=Vigil, run=vigil),
     ToolSpec(name="ask", description="Ask the person a question.", schema=Ask, run=_ask),
 ]
