@@ -36,6 +36,7 @@ from toolloop.providers.http import keep_alive
 from workers import wire
 from workers.redisio import Batch, Leases, packed_pool
 from workers.settings import Settings
+from workers.toolsets import Registry
 
 log = logging.getLogger("toolloop.workers")
 
@@ -50,6 +51,16 @@ _armed: dict[str, AbortController] = {}
 _batch: Batch | None = None
 _leases: Leases | None = None
 _events: dict[str, TaskEvents] = {}
+_toolsets: Registry | None = None
+
+
+def toolsets() -> Registry:
+    """The toolsets this worker serves (TOOLLOOP_TOOLSETS), each imported when a run first names it."""
+    global _toolsets
+    with _lock:
+        if _toolsets is None:
+            _toolsets = Registry(settings.toolsets)
+        return _toolsets
 
 
 def redis() -> redis_lib.Redis:

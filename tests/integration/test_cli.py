@@ -20,7 +20,7 @@ from workers.client import Client
 ROOT = Path(__file__).resolve().parents[2]
 TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
 POLICY = "tests.integration.cli_policy:policy"
-TOOLSET = "examples.storyboard.tools:REVIEW_TOOLS"
+TOOLSET = "review"
 FAIL_ONCE = "Fail once, then answer."
 ANSWER = "Keep shot 3; trim shot 5 by a second."
 
@@ -66,7 +66,7 @@ def test_malformed_file(env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_invalid_spec_field(env: dict[str, str]) -> None:
-    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "examples.storyboard.tools:REVIEW_TOOLS",
+    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "review",
                     "--max-steps", "0")  # fmt: skip
     assert_clean_error(done, "max_steps")
 
@@ -82,8 +82,8 @@ def test_redis_unreachable(tmp_path: Path) -> None:
     ("toolset", "first_line"),
     [
         (None, "The run has no toolset."),
-        ("examples.storyboard.nope:TOOLS", "Cannot import the module of toolset"),
-        ("examples.storyboard.tools:NOPE", "has no 'NOPE'"),
+        ("examples.storyboard.tools:REVIEW_TOOLS", "is not registered; the registered toolsets are"),
+        ("nope", "The toolset 'nope' is not registered"),
     ],
 )
 def test_bad_toolset_enqueues_nothing(env: dict[str, str], redis_client: redis.Redis, toolset: str | None,

@@ -26,7 +26,7 @@ from workers.consumer import REJECTED
 pytestmark = pytest.mark.integration
 
 AGENT = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}
-TOOLSET = "tests.integration.agents:TOOLS"
+TOOLSET = "agents"
 
 
 @pytest.fixture
