@@ -1,10 +1,11 @@
 """The step consumer: a worker takes its step queues' tasks itself and runs each as a coroutine on the
 process's asyncio loop, hundreds at once, with no thread per step and no Celery machinery per step.
 
-A worker has one unless told otherwise: of the queues it consumes (`-Q`), the step queues `llm` and
-`tools` go to the step consumer and the rest (the control queue) stay with Celery's own consumer and
-its pool. `--step-queues a,b` (or TOOLLOOP_STEP_QUEUES) names them; `--step-queues none` runs every
-step as a Celery task in the pool instead (the slower path, same results):
+A worker has one unless told otherwise: of the queues it consumes (`-Q`), toolloop's queues `llm`,
+`tools` and `control` go to the step consumer (control tasks run in a thread of the loop's executor)
+and any other stays with Celery's own consumer and its pool. `--step-queues a,b` (or
+TOOLLOOP_STEP_QUEUES) names them; `--step-queues none` runs every step as a Celery task in the pool
+instead (the slower path, same results):
 
     celery -A workers.app worker -P threads -c 8 -Q llm,tools,control --steps-in-flight 500 -E
 
@@ -12,6 +13,12 @@ Why: a Celery task costs ~2-6 ms of CPU in the worker (its consumer, request, po
 events, the ack), the same whether the task waits 1 s on a model or not; 500 runs in flight at 1 s
 per call need ~1,000 steps/s from one process (docs/operations.md has the figures). Here a step
 costs its own work plus its share of one Redis pipeline per loop turn (workers/redisio.py).
+
+Poison messages: no message content stops the consumer. A message that is not a valid toolloop
+task (not JSON, a body that is not base64 or not JSON, missing or mistyped headers or arguments, an
+unknown task, a delivery tag that is not a string, larger than TOOLLOOP_MAX_TASK_BYTES) is moved to
+the rejected list `toolloop:rejected` (keys.REJECTED: one JSON entry per message, newest first, with
+the reason and the raw message) with an error log line, and the steps claimed beside it run.
 
 What does not change: the steps are Celery task messages on the same queues (workers/wire.py), so a
 stock Celery worker can run them too, Flower lists them (task-received/started/succeeded/failed
@@ -34,23 +41,35 @@ import time
 from typing import Any
 
 import click
+import orjson
 import redis as redis_lib
 import redis.asyncio as aredis
 from celery import bootsteps
 from celery.worker.control import control_command
 
+from toolloop.journal import keys as tl_keys
 from workers import runtime, wire
 from workers.errors import REDIS_LOST
 from workers.live import Begun
 
 log = logging.getLogger("toolloop.workers")
 
-STEP_QUEUES = ("llm", "tools")
-"""The step queues a worker gives its step consumer unless told otherwise (--step-queues)."""
+STEP_QUEUES = ("llm", "tools", "control")
+"""The queues a worker gives its step consumer unless told otherwise (--step-queues)."""
 _CLAIM_MAX = 256
 _BLOCK_S = 1.0
-REJECTED = "toolloop:rejected"
-"""A list holding messages found on a step queue that are not task messages (nothing is dropped)."""
+REJECTED = tl_keys.REJECTED
+"""The rejected list (see the module docstring and docs/workers.md, "The rejected list")."""
+REJECTED_KEEP = 10_000
+"""Entries the rejected list keeps (the oldest go first); each keeps up to REJECTED_RAW of the raw."""
+REJECTED_RAW = 65_536
+TASK_ARGS: dict[str, tuple[type, ...]] = {
+    "toolloop.advance": (str, int),
+    "toolloop.answer": (str, str),
+    "toolloop.cancel": (str,),
+    "toolloop.sweep": (),
+}
+"""The argument types of each toolloop task (workers/tasks.py): any other message is rejected."""
 
 
 class StepConsumer:
@@ -133,7 +152,7 @@ class StepConsumer:
                 got = await batch.script(
                     wire.CLAIM,
                     [wire.UNACKED, wire.UNACKED_INDEX, *keys],
-                    [min(self.free, _CLAIM_MAX), time.time()],
+                    [min(self.free, _CLAIM_MAX), time.time(), runtime.settings.max_task_bytes],
                 )
                 if not got:
                     got = await self._wait_for_one(blocking, keys)
@@ -141,8 +160,17 @@ class StepConsumer:
                 log.warning("step consumer: Redis unreachable (%s); retrying in 1 s", error)
                 await asyncio.sleep(1.0)
                 continue
+            except Exception:  # never ends the consumer: log and go on
+                log.exception("step consumer: taking messages failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
+                continue
             for i in range(0, len(got), 2):
-                self._dispatch(got[i].split("\x06\x16")[0], got[i + 1])
+                queue = str(got[i]).split("\x06\x16")[0]
+                try:
+                    self._dispatch(queue, str(got[i + 1]))
+                except Exception as error:  # a bug in dispatch must not strand the rest of the batch
+                    log.exception("step consumer: a message on %r could not be dispatched", queue)
+                    self.reject(queue, str(got[i + 1]), f"dispatch failed: {type(error).__name__}")
         await blocking.aclose()
         await runtime.batch().call("DEL", self.wake_key)
 
@@ -153,6 +181,8 @@ class StepConsumer:
         if not item or item[0] == self.wake_key:
             return []
         key, raw = str(item[0]), str(item[1])  # the client decodes replies: both are str
+        if len(raw) > runtime.settings.max_task_bytes:
+            return [key, raw]
         try:
             tag = wire.parse(raw).tag
         except wire.BadMessage:
@@ -186,21 +216,39 @@ class StepConsumer:
         self._start(queue, delivery, begun)
 
     def _dispatch(self, queue: str, raw: str) -> None:
+        limit = runtime.settings.max_task_bytes
+        if len(raw) > limit:
+            self.reject(queue, raw, f"{len(raw):,} bytes, over TOOLLOOP_MAX_TASK_BYTES ({limit:,})")
+            return
         try:
             delivery = wire.parse(raw)
         except wire.BadMessage as error:
-            log.error(
-                "step consumer: a message on queue %r is not a task (%s); kept on the list %r.\n"
-                "  Only toolloop tasks belong on step queues.", queue, error, REJECTED,
-            )  # fmt: skip
-            batch = runtime.batch()
-            batch.send("LPUSH", REJECTED, raw)
-            tag = wire.tag_of(raw)
-            if tag is not None:  # CLAIM recorded it as delivered: forget it, or it would come back
-                batch.send("ZREM", wire.UNACKED_INDEX, tag)
-                batch.send("HDEL", wire.UNACKED, tag)
+            self.reject(queue, raw, str(error))
+            return
+        problem = task_problem(delivery)
+        if problem is not None:
+            self.reject(queue, raw, problem)
             return
         self._start(queue, delivery)
+
+    def reject(self, queue: str, raw: str, reason: str) -> None:
+        """Move a message that is not a valid toolloop task to the rejected list, with a log line."""
+        log.error(
+            "step consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
+            "  Only toolloop tasks belong on toolloop queues; inspect it with "
+            "`redis-cli LRANGE %s 0 9`.", queue, reason, REJECTED, REJECTED,
+        )  # fmt: skip
+        entry = orjson.dumps({
+            "at": time.time(), "queue": queue, "reason": reason, "worker": self.hostname,
+            "size": len(raw), "truncated": len(raw) > REJECTED_RAW, "raw": raw[:REJECTED_RAW],
+        }).decode()  # fmt: skip
+        batch = runtime.batch()
+        batch.send("LPUSH", REJECTED, entry)
+        batch.send("LTRIM", REJECTED, 0, REJECTED_KEEP - 1)
+        tag = wire.tag_of(raw) if len(raw) <= runtime.settings.max_task_bytes else None
+        if tag is not None:  # CLAIM recorded it as delivered: forget it, or it would come back
+            batch.send("ZREM", wire.UNACKED_INDEX, tag)
+            batch.send("HDEL", wire.UNACKED, tag)
 
     def _start(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         self.free -= 1
@@ -298,6 +346,20 @@ class StepConsumer:
                 await asyncio.wait(pending, timeout=10)
         if self.main is not None:
             await asyncio.wait_for(asyncio.wrap_future(self.main), _BLOCK_S + 5)
+
+
+def task_problem(delivery: wire.Delivery) -> str | None:
+    """Why a parsed message is not a toolloop task this consumer can run (None: it is one)."""
+    types = TASK_ARGS.get(delivery.name)
+    if types is None:
+        return f"unknown task {delivery.name[:80]!r}"
+    args = delivery.args
+    if delivery.kwargs or len(args) != len(types):
+        return f"{delivery.name} takes {len(types)} positional arguments"
+    for value, kind in zip(args, types, strict=True):
+        if not isinstance(value, kind) or isinstance(value, bool) or len(str(value)) > 200:
+            return f"{delivery.name} arguments are not {', '.join(t.__name__ for t in types)}"
+    return None
 
 
 # -- in the Celery worker -------------------------------------------------------------------------

@@ -117,6 +117,7 @@ def async_client() -> aredis.Redis:
     client = aredis.Redis.from_url(
         settings.redis_url, decode_responses=True, retry=retry,
         retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
+        encoding_errors="replace",  # a message that is not UTF-8 is rejected, not a decode error
     )  # fmt: skip
     packed_pool(client.connection_pool)
     return client

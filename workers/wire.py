@@ -93,38 +93,81 @@ class BadMessage(ValueError):
     """A message on a step queue that is not a Celery protocol-2 JSON task message."""
 
 
+_MAX_TAG = 200
+
+
 def parse(raw: str) -> Delivery:
+    """The task a Celery protocol-2 JSON message asks for; `BadMessage` (with the reason) for anything
+    else: not JSON, not an object, a body that is not base64 or not JSON, missing or mistyped
+    headers, properties or arguments. Never raises anything but `BadMessage`."""
     try:
         message = orjson.loads(raw)
-        properties, headers = message["properties"], message["headers"]
-        if message.get("content-type") != "application/json":
-            raise BadMessage(f"content type {message.get('content-type')!r}, not application/json")
-        body = message["body"]
-        if properties.get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        args, kwargs, _embed = orjson.loads(body)
-        return Delivery(
-            tag=properties["delivery_tag"],
-            name=headers["task"],
-            task_id=headers["id"],
-            args=list(args),
-            kwargs=dict(kwargs),
-            argsrepr=headers.get("argsrepr") or repr(args),
-            raw=raw,
-        )
+    except orjson.JSONDecodeError as error:
+        raise BadMessage(f"not JSON ({error})") from None
+    try:
+        return _delivery(message, raw)
     except BadMessage:
         raise
-    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as error:
-        raise BadMessage(f"not a Celery protocol-2 task message: {error}") from error
+    except Exception as error:  # binascii.Error, RecursionError, ...: the content is the problem
+        raise BadMessage(f"not a Celery protocol-2 task message ({type(error).__name__}: {error})") from None
+
+
+def _delivery(message: Any, raw: str) -> Delivery:
+    if not isinstance(message, dict):
+        raise BadMessage(f"a JSON {type(message).__name__}, not an object")
+    properties, headers = message.get("properties"), message.get("headers")
+    if not isinstance(properties, dict) or not isinstance(headers, dict):
+        raise BadMessage("no properties or headers object")
+    tag = properties.get("delivery_tag")
+    if not isinstance(tag, str) or not 0 < len(tag) <= _MAX_TAG:
+        raise BadMessage(f"delivery_tag {_short(tag)} is not a string of 1-{_MAX_TAG} characters")
+    if message.get("content-type") != "application/json":
+        raise BadMessage(f"content type {_short(message.get('content-type'))}, not application/json")
+    body = message.get("body")
+    if not isinstance(body, str):
+        raise BadMessage(f"body is a {type(body).__name__}, not a string")
+    if properties.get("body_encoding") == "base64":
+        try:
+            body = base64.b64decode(body, validate=True)
+        except ValueError:
+            raise BadMessage("body is not base64") from None
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise BadMessage("body is not JSON") from None
+    if not isinstance(decoded, list) or len(decoded) != 3:
+        raise BadMessage("body is not [args, kwargs, embed]")
+    args, kwargs, _embed = decoded
+    name, task_id = headers.get("task"), headers.get("id")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise BadMessage("args is not a list or kwargs not an object")
+    if not isinstance(name, str) or not isinstance(task_id, str):
+        raise BadMessage("headers task and id are not strings")
+    argsrepr = headers.get("argsrepr")
+    return Delivery(
+        tag=tag,
+        name=name,
+        task_id=task_id,
+        args=args,
+        kwargs=kwargs,
+        argsrepr=argsrepr if isinstance(argsrepr, str) else repr(args),
+        raw=raw,
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def tag_of(raw: str) -> str | None:
-    """The delivery tag of a message that may not parse as a task (None when it has none)."""
+    """The delivery tag of a message that may not parse as a task, as CLAIM recorded it (None when
+    CLAIM recorded none: see its rule for a tag)."""
     try:
         tag = orjson.loads(raw)["properties"]["delivery_tag"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, RecursionError):
         return None
-    return tag if isinstance(tag, str) else None
+    return tag if isinstance(tag, str) and 0 < len(tag) <= _MAX_TAG else None
 
 
 def unacked_value(raw: str, queue: str) -> str:
@@ -189,20 +232,28 @@ class Events:
 
 CLAIM = """
 -- KEYS[1]=unacked KEYS[2]=unacked_index KEYS[3..]=queue list keys in consume order
--- ARGV[1]=most messages to take ARGV[2]=now -> {queue key, message, ...}
+-- ARGV[1]=most messages to take ARGV[2]=now ARGV[3]=largest message to decode (bytes)
+-- -> {queue key, message, ...}
 -- Pops and records each message as delivered in one atomic call, so a consumer that dies at any
 -- point leaves every message either on its queue or in `unacked` (restored after the visibility
--- timeout), never in neither.
+-- timeout), never in neither. No message content can make it fail: only a JSON object whose
+-- properties.delivery_tag is a string of 1-200 characters is recorded (what the consumer cannot
+-- parse it moves to the rejected list, and forgets the record), anything else is just returned.
 local out = {}
 local left = tonumber(ARGV[1])
+local largest = tonumber(ARGV[3])
 for i = 3, #KEYS do
   while left > 0 do
     local raw = redis.call('RPOP', KEYS[i])
     if not raw then break end
-    local ok, message = pcall(cjson.decode, raw)
-    local tag = ok and type(message) == 'table' and message.properties
-      and message.properties.delivery_tag
-    if tag then
+    local tag = nil
+    if #raw <= largest then
+      local ok, message = pcall(cjson.decode, raw)
+      if ok and type(message) == 'table' and type(message.properties) == 'table' then
+        tag = message.properties.delivery_tag
+      end
+    end
+    if type(tag) == 'string' and #tag > 0 and #tag <= 200 then
       local queue = string.match(KEYS[i], '^(.-)\\6\\22') or KEYS[i]
       redis.call('HSET', KEYS[1], tag, '[' .. raw .. ', "", ' .. cjson.encode(queue) .. ']')
       redis.call('ZADD', KEYS[2], ARGV[2], tag)

@@ -31,7 +31,7 @@ def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoic
     problem = defaults.redis_problem(choice.url)
     if problem is not None:
         raise CliError(
-            f"Cannot use Redis at {redact(choice.url)}: {redact_text(problem, choice.url)}.\n"
+            f"Cannot reach Redis at {redact(choice.url)}: {redact_text(problem, choice.url).rstrip('.')}.\n"
             "  Start the server or fix REDIS_URL: user, password, rediss:// and ?ssl_ca_certs= for TLS "
             "(unset it to use the embedded server)."
         )
