@@ -81,7 +81,8 @@ def send(
 
 
 # Worker-process resources (event loop thread, cancel listener, sweeper) start with the worker.
-from workers import consumer, runtime  # noqa: E402
+from workers import consumer, guard, runtime  # noqa: E402
 
 runtime.connect_signals()
 consumer.install(app)
+guard.install(app)

@@ -41,7 +41,6 @@ import time
 from typing import Any
 
 import click
-import orjson
 import redis as redis_lib
 import redis.asyncio as aredis
 from celery import bootsteps
@@ -60,16 +59,6 @@ _CLAIM_MAX = 256
 _BLOCK_S = 1.0
 REJECTED = tl_keys.REJECTED
 """The rejected list (see the module docstring and docs/workers.md, "The rejected list")."""
-REJECTED_KEEP = 10_000
-"""Entries the rejected list keeps (the oldest go first); each keeps up to REJECTED_RAW of the raw."""
-REJECTED_RAW = 65_536
-TASK_ARGS: dict[str, tuple[type, ...]] = {
-    "toolloop.advance": (str, int),
-    "toolloop.answer": (str, str),
-    "toolloop.cancel": (str,),
-    "toolloop.sweep": (),
-}
-"""The argument types of each toolloop task (workers/tasks.py): any other message is rejected."""
 
 
 class StepConsumer:
@@ -225,7 +214,7 @@ class StepConsumer:
         except wire.BadMessage as error:
             self.reject(queue, raw, str(error))
             return
-        problem = task_problem(delivery)
+        problem = wire.task_problem(delivery)
         if problem is not None:
             self.reject(queue, raw, problem)
             return
@@ -238,13 +227,9 @@ class StepConsumer:
             "  Only toolloop tasks belong on toolloop queues; inspect it with "
             "`redis-cli LRANGE %s 0 9`.", queue, reason, REJECTED, REJECTED,
         )  # fmt: skip
-        entry = orjson.dumps({
-            "at": time.time(), "queue": queue, "reason": reason, "worker": self.hostname,
-            "size": len(raw), "truncated": len(raw) > REJECTED_RAW, "raw": raw[:REJECTED_RAW],
-        }).decode()  # fmt: skip
         batch = runtime.batch()
-        batch.send("LPUSH", REJECTED, entry)
-        batch.send("LTRIM", REJECTED, 0, REJECTED_KEEP - 1)
+        batch.send("LPUSH", REJECTED, wire.rejected_entry(queue, raw, reason, self.hostname))
+        batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
         tag = wire.tag_of(raw) if len(raw) <= runtime.settings.max_task_bytes else None
         if tag is not None:  # CLAIM recorded it as delivered: forget it, or it would come back
             batch.send("ZREM", wire.UNACKED_INDEX, tag)
@@ -346,20 +331,6 @@ class StepConsumer:
                 await asyncio.wait(pending, timeout=10)
         if self.main is not None:
             await asyncio.wait_for(asyncio.wrap_future(self.main), _BLOCK_S + 5)
-
-
-def task_problem(delivery: wire.Delivery) -> str | None:
-    """Why a parsed message is not a toolloop task this consumer can run (None: it is one)."""
-    types = TASK_ARGS.get(delivery.name)
-    if types is None:
-        return f"unknown task {delivery.name[:80]!r}"
-    args = delivery.args
-    if delivery.kwargs or len(args) != len(types):
-        return f"{delivery.name} takes {len(types)} positional arguments"
-    for value, kind in zip(args, types, strict=True):
-        if not isinstance(value, kind) or isinstance(value, bool) or len(str(value)) > 200:
-            return f"{delivery.name} arguments are not {', '.join(t.__name__ for t in types)}"
-    return None
 
 
 # -- in the Celery worker -------------------------------------------------------------------------

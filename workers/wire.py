@@ -160,6 +160,50 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+TASK_ARGS: dict[str, tuple[type, ...]] = {
+    "toolloop.advance": (str, int),
+    "toolloop.answer": (str, str),
+    "toolloop.cancel": (str,),
+    "toolloop.sweep": (),
+}
+"""The argument types of each toolloop task (workers/tasks.py): any other message is rejected."""
+REJECTED_KEEP = 10_000
+"""Entries the rejected list keeps (the oldest go first); each keeps up to REJECTED_RAW of the raw."""
+REJECTED_RAW = 65_536
+
+
+def task_problem(delivery: Delivery) -> str | None:
+    """Why a parsed message is not a toolloop task this consumer can run (None: it is one)."""
+    types = TASK_ARGS.get(delivery.name)
+    if types is None:
+        return f"unknown task {delivery.name[:80]!r}"
+    args = delivery.args
+    if delivery.kwargs or len(args) != len(types):
+        return f"{delivery.name} takes {len(types)} positional arguments"
+    for value, kind in zip(args, types, strict=True):
+        if not isinstance(value, kind) or isinstance(value, bool) or len(str(value)) > 200:
+            return f"{delivery.name} arguments are not {', '.join(t.__name__ for t in types)}"
+    return None
+
+
+def problem(raw: str, max_bytes: int) -> str | None:
+    """Why `raw` is not a toolloop task message a worker may run (None: it is one)."""
+    if len(raw) > max_bytes:
+        return f"{len(raw):,} bytes, over TOOLLOOP_MAX_TASK_BYTES ({max_bytes:,})"
+    try:
+        return task_problem(parse(raw))
+    except BadMessage as error:
+        return str(error)
+
+
+def rejected_entry(queue: str, raw: str, reason: str, worker: str) -> str:
+    """One entry of the rejected list (keys.REJECTED): JSON with the reason and the raw message."""
+    return orjson.dumps({
+        "at": time.time(), "queue": queue, "reason": reason, "worker": worker,
+        "size": len(raw), "truncated": len(raw) > REJECTED_RAW, "raw": raw[:REJECTED_RAW],
+    }).decode()  # fmt: skip
+
+
 def tag_of(raw: str) -> str | None:
     """The delivery tag of a message that may not parse as a task, as CLAIM recorded it (None when
     CLAIM recorded none: see its rule for a tag)."""
