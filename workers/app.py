@@ -60,7 +60,28 @@ def make_app(settings: Settings | None = None) -> Celery:
         task_create_missing_queues=True,  # a tool may name its own queue (ToolSpec.queue)
         worker_hijack_root_logger=False,
     )
+    ssl = ssl_options(settings.redis_url)
+    if ssl:  # for Flower and anything else that rebuilds the broker URL without its query
+        app.conf.broker_use_ssl = ssl
     return app
+
+
+def ssl_options(url: str) -> dict[str, Any]:
+    """The TLS options of a `rediss://` URL's query (`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`,
+    `ssl_cert_reqs`), as Celery's `broker_use_ssl` takes them; {} for a plain URL."""
+    import ssl as ssl_lib
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return {}
+    options: dict[str, Any] = {k: v for k, v in parse_qsl(parts.query) if k.startswith("ssl_")}
+    reqs = {"none": ssl_lib.CERT_NONE, "optional": ssl_lib.CERT_OPTIONAL, "required": ssl_lib.CERT_REQUIRED}
+    options["ssl_cert_reqs"] = reqs.get(
+        str(options.get("ssl_cert_reqs", "required")).lower(), ssl_lib.CERT_REQUIRED
+    )
+    options.pop("ssl_check_hostname", None)
+    return options
 
 
 app = make_app()
