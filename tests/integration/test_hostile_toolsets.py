@@ -142,6 +142,17 @@ def test_the_web_example_refuses_unregistered_toolsets_and_stays_up(
                 refused = http.post("/runs", json=spec("tools", toolset=name))
                 assert refused.status_code == 422, refused.text
                 assert f"{name!r} is not registered" in refused.json()["error"]
+            many = {**spec("tools", toolset="agents"), "messages": [{"role": "user", "content": "hi"}] * 1001}
+            too_many = http.post("/runs", json=many)
+            assert too_many.status_code == 413 and "TOOLLOOP_MAX_MESSAGES" in too_many.json()["error"]
+            huge = http.post("/runs", content=b"{" + b" " * 1_000_001 + b"}")
+            assert huge.status_code == 413 and "TOOLLOOP_MAX_SPEC_BYTES" in huge.json()["error"]
+            keyed = [
+                http.post("/runs", json=spec("tools", toolset="agents"), headers={"Idempotency-Key": "web-1"})
+                for _ in range(2)
+            ]
+            assert [r.status_code for r in keyed] == [201, 201]
+            assert keyed[0].json()["run_id"] == keyed[1].json()["run_id"]
             assert web.poll() is None, "the web process died"
             created = http.post("/runs", json=spec("tools", "Add 2 and 3.", toolset="agents"))
             assert created.status_code == 201
