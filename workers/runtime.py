@@ -240,10 +240,12 @@ def _sweep_forever() -> None:
 
 
 def check_redis(client: redis_lib.Redis) -> None:
-    """Warn when Redis can lose the journal: AOF off, or an eviction policy other than noeviction."""
+    """Warn when Redis can lose the journal: AOF off, an eviction policy other than noeviction, or
+    no maxmemory."""
     try:
         config: dict[str, str] = client.config_get("appendonly")  # type: ignore[assignment]
         config.update(client.config_get("maxmemory-policy"))  # type: ignore[arg-type]
+        config.update(client.config_get("maxmemory"))  # type: ignore[arg-type]
     except redis_lib.RedisError:
         return  # CONFIG is often disabled on managed Redis
     if config.get("appendonly") != "yes":
@@ -251,6 +253,12 @@ def check_redis(client: redis_lib.Redis) -> None:
             "Redis runs without AOF (appendonly=%s): a Redis restart can lose journal steps and queued "
             "tasks.\n  Set appendonly yes (appendfsync everysec), see docs/operations.md.",
             config.get("appendonly"),
+        )
+    if config.get("maxmemory") == "0":
+        log.warning(
+            "Redis has no maxmemory: it grows until the OS kills it.\n"
+            "  Set maxmemory (with maxmemory-policy noeviction a full Redis refuses writes instead); "
+            "`toolloop doctor` checks this."
         )
     if config.get("maxmemory-policy") not in (None, "noeviction"):
         log.warning(

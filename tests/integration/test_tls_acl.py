@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 import redis
 
@@ -167,3 +168,33 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
     assert wrong.returncode == 1 and "refused the credentials" in wrong.stderr and "wrong" not in wrong.stderr
     no_ca = _toolloop({**env, "REDIS_URL": tls_url.split("?")[0]}, "status", "x")
     assert no_ca.returncode == 1 and len(no_ca.stderr.splitlines()) == 2 and "Traceback" not in no_ca.stderr
+
+
+def test_flower_reads_tasks_and_queues_over_tls(tls_url: str, tmp_path: Path) -> None:
+    from tests.support.flower import running_flower
+
+    auth = ("admin", "flower-pass")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "REDIS_URL": tls_url, "PYTHONPATH": str(root)}
+    with running_flower(env, tmp_path / "flower.log", auth, timeout_s=60) as flower:
+        worker = start_worker(tls_url, tmp_path, AGENT)  # after Flower: it lists the events it heard
+        client = Client(tls_url)
+        try:
+            run_id = client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"))
+            assert client.wait(run_id, timeout=60).status == "done"
+
+            def listed() -> bool:
+                tasks = httpx.get(f"{flower}/api/tasks", auth=auth, timeout=10).json()
+                return f"{run_id}:1" in tasks
+
+            deadline = time.monotonic() + 30
+            while not listed():
+                assert time.monotonic() < deadline, "Flower never listed the run's first step"
+                time.sleep(0.5)
+            queues = httpx.get(f"{flower}/api/queues/length", auth=auth, timeout=10)
+            assert queues.status_code == 200, queues.text  # Flower's own Redis client, over TLS
+            names = {queue["name"] for queue in queues.json()["active_queues"]}
+            assert {"llm", "tools", "control"} <= names, queues.json()
+        finally:
+            client.close()
+            worker.stop()
