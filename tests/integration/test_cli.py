@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
 POLICY = "tests.integration.cli_policy:policy"
 TOOLSET = "review"
+REGISTERED = "review=examples.storyboard.tools:REVIEW_TOOLS"
 FAIL_ONCE = "Fail once, then answer."
 ANSWER = "Keep shot 3; trim shot 5 by a second."
 
@@ -126,12 +127,15 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
 
 def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> None:
     log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen(
-        [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    unregistered = {k: v for k, v in env.items() if k != "TOOLLOOP_TOOLSETS"}
+    worker = subprocess.Popen(  # the worker's toolsets from its flag, the run's names from the env
+        [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY, "--toolsets", REGISTERED],
+        cwd=ROOT, env=unregistered, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        done = toolloop(env, "run", "-f", "examples/storyboard/run.yaml")
+        done = toolloop(
+            {**unregistered, "TOOLLOOP_TOOLSETS": REGISTERED}, "run", "-f", "examples/storyboard/run.yaml"
+        )
         assert done.returncode == 0, done.stderr
         run_id = done.stdout.splitlines()[0]
         client = Client(env["REDIS_URL"])
@@ -187,8 +191,16 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
     assert "the worker talks to the simulator" in (tmp_path / "worker.log").read_text()
 
 
+def test_a_bad_toolsets_flag_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    env = env_for(tmp_path, None)
+    done = toolloop(env, "worker", "--toolsets", "review=os")
+    assert_clean_error(done, "--toolsets has the entry 'review=os', which is not name=pkg.module:NAME")
+    assert not (tmp_path / "state" / "redis" / "server.json").exists()  # no Redis was started
+
+
 def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
     env = env_for(tmp_path, None)
+    env.pop("TOOLLOOP_TOOLSETS")  # the demo registers its own toolset
     done = toolloop(env, "demo", "--answer", ANSWER, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout

@@ -127,23 +127,21 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from toolloop.cli.commands import connect
+    from toolloop.cli.commands import connect, workers
 
-    _, choice = connect()
     extra: dict[str, str] = {}
-    if args.toolsets is not None:
-        from toolloop.cli.commands import workers
-
+    if args.toolsets is not None:  # checked before anything starts
         try:
             workers("toolsets").parse(args.toolsets)
         except ValueError as error:
             raise CliError(str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")) from None
         extra["TOOLLOOP_TOOLSETS"] = args.toolsets
+    _, choice = connect()
     server = None
     if not defaults.has_provider_key():
         script = load_policy(args.sim_policy) if args.sim_policy else args.sim_script
         server = start_simulator(str(script) if isinstance(script, Path) else script)
-        extra = defaults.simulated_provider_env(server.base_url)
+        extra.update(defaults.simulated_provider_env(server.base_url))
         print(f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}.")
     served = extra.get("TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")).strip()
     names = ", ".join(entry.split("=")[0].strip() for entry in served.split(",") if entry.strip())
