@@ -72,6 +72,21 @@ def test_invalid_spec_field(env: dict[str, str]) -> None:
     assert_clean_error(done, "max_steps")
 
 
+def test_doctor_warns_about_redis_and_fails_on_a_broken_toolset(env: dict[str, str], tmp_path: Path) -> None:
+    served = {**env, "TOOLLOOP_TOOLSETS": REGISTERED}
+    done = toolloop(served, "doctor")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warn  Redis has no maxmemory" in done.stdout  # the test server runs without one
+    assert "ok    AOF on" in done.stdout
+    assert "ok    toolset 'review' = examples.storyboard.tools:REVIEW_TOOLS (list_shots" in done.stdout
+    broken = toolloop(
+        {**env, "TOOLLOOP_TOOLSETS": f"{REGISTERED},broken=tests.integration.nowhere:TOOLS"}, "doctor"
+    )
+    assert broken.returncode == 1 and "error toolset 'broken': Cannot import" in broken.stdout, broken.stdout
+    gone = toolloop({**served, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, "doctor")
+    assert gone.returncode == 1 and gone.stdout.startswith("error Redis at redis://127.0.0.1:"), gone.stdout
+
+
 def test_redis_unreachable(tmp_path: Path) -> None:
     env = env_for(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
     started = time.monotonic()

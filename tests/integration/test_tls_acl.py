@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -131,7 +132,11 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
         "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")]),
     }  # doctor imports the toolsets
     env.pop("ANTHROPIC_API_KEY", None)
-    worker = start_worker(tls_url, tmp_path, AGENT)
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(  # `toolloop worker` itself: its start check speaks TLS too
+        [TOOLLOOP, "worker", "-c", "2", "--toolsets", "agents=tests.integration.agents:TOOLS"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
     try:
         queued = _toolloop(env, "run", "Add 2 and 3.", "--model", "scripted", "--system", "tools",
                            "--toolset", "agents", "--idempotency-key", "cli-1")  # fmt: skip
@@ -162,8 +167,12 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
         assert "answers (with the URL's credentials and TLS)" in doctor.stdout
         assert "AOF on" in doctor.stdout and "maxmemory-policy noeviction" in doctor.stdout
         assert "toolset 'agents'" in doctor.stdout
+        assert worker.poll() is None
     finally:
-        worker.stop()
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+        log.close()
+    assert "toolsets: agents." in (tmp_path / "worker.log").read_text()
     wrong = _toolloop({**env, "REDIS_URL": tls_url.replace(quote(PASSWORD), "wrong")}, "status", "x")
     assert wrong.returncode == 1 and "refused the credentials" in wrong.stderr and "wrong" not in wrong.stderr
     no_ca = _toolloop({**env, "REDIS_URL": tls_url.split("?")[0]}, "status", "x")
