@@ -3,8 +3,8 @@
 Start a worker with `celery -A workers.app worker -P threads -c 8 -Q llm,tools,control -E`.
 Its step consumer (workers/consumer.py, installed at the bottom of this module) runs the llm and
 tools steps as coroutines on one long-lived asyncio loop per process (workers/runtime.py), so one
-process keeps many slow model calls in flight; the threads pool runs the control tasks (and every
-step with `--step-queues none`).
+process keeps many slow model calls in flight, and the control queue's tasks in threads; the
+threads pool runs what the step consumer does not take (every step with `--step-queues none`).
 """
 
 from __future__ import annotations

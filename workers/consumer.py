@@ -428,7 +428,7 @@ def install(app: Any) -> None:
     app.user_options["worker"].add(click.Option(
         ["--step-queues"], default=None,
         help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop (env "
-             "TOOLLOOP_STEP_QUEUES; default: llm,tools when -Q has them; none: every queue through "
+             "TOOLLOOP_STEP_QUEUES; default: llm,tools,control when -Q has them; none: every queue through "
              "Celery's pool).",
     ))  # fmt: skip
     app.user_options["worker"].add(click.Option(
