@@ -60,3 +60,52 @@ def test_a_turns_events_go_out_as_task_multi_messages_that_celery_reads_as_each_
     seen = [event for channel, payload in sent for event in _received(channel, payload)]
     assert [event["uuid"] for event in seen] == [f"run{i}:1" for i in range(count)]
     assert [event["clock"] for event in seen] == sorted({event["clock"] for event in seen})
+
+
+def test_celerys_own_task_message_passes_the_poison_check() -> None:
+    """What `Client` sends through Celery (kombu's producer) is a valid task, on every toolloop task."""
+    import base64
+
+    from kombu import Connection
+
+    from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, make_app
+
+    app = make_app()
+    sent: list[str] = []
+    with Connection("memory://") as connection:
+        for name, args in ((ADVANCE, ["r1", 1]), (ANSWER, ["r1", "a1"]), (CANCEL, ["r1"]), (SWEEP, [])):
+            app.send_task(name, args=args, queue="control", connection=connection)
+        queue = connection.SimpleQueue("control")
+        for _ in range(4):
+            message = queue.get(timeout=1)
+            sent.append(json.dumps({
+                "body": base64.b64encode(message.body).decode(), "content-type": message.content_type,
+                "content-encoding": message.content_encoding, "headers": message.headers,
+                "properties": {**message.properties, "body_encoding": "base64", "delivery_tag": "t-1"},
+            }))  # fmt: skip
+            message.ack()
+        queue.close()
+    assert [wire.problem(raw, 262_144) for raw in sent] == [None] * 4
+
+
+def test_the_poison_check_names_what_is_wrong() -> None:
+    good = json.loads(wire.task_message("toolloop.cancel", ["r1"], "r1:cancel", "control").raw)
+
+    def shaped(**change: object) -> str:
+        return json.dumps({**good, **change})
+
+    cases = {
+        "not JSON": "x",
+        "a JSON list, not an object": "[1]",
+        "no properties or headers object": shaped(headers=None),
+        "delivery_tag 5 is not a string": shaped(properties={**good["properties"], "delivery_tag": 5}),
+        "body is not base64": shaped(body="!!"),
+        "body is not JSON": shaped(body="bm90IGpzb24="),
+        "unknown task 'os.system'": shaped(headers={**good["headers"], "task": "os.system"}),
+        "toolloop.cancel arguments are not str": shaped(body="W1sxXSwge30sIHt9XQ=="),  # [[1], {}, {}]
+        "over TOOLLOOP_MAX_TASK_BYTES": shaped(pad="x" * 300_000),
+    }
+    for says, raw in cases.items():
+        problem = wire.problem(raw, 262_144)
+        assert problem is not None and says in problem, (says, problem)
+    assert wire.problem(shaped(), 262_144) is None
