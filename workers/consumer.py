@@ -138,11 +138,11 @@ class StepConsumer:
                 await asyncio.sleep(0.5)
                 continue
             try:
-                got = await batch.script(
+                got = wire.claimed(await batch.script(
                     wire.CLAIM,
                     [wire.UNACKED, wire.UNACKED_INDEX, *keys],
                     [min(self.free, _CLAIM_MAX), time.time(), runtime.settings.max_task_bytes],
-                )
+                ))  # fmt: skip
                 if not got:
                     got = await self._wait_for_one(blocking, keys)
             except (OSError, redis_lib.RedisError) as error:
@@ -153,31 +153,30 @@ class StepConsumer:
                 log.exception("step consumer: taking messages failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
                 continue
-            for i in range(0, len(got), 2):
-                queue = str(got[i]).split("\x06\x16")[0]
+            for one in got:
                 try:
-                    self._dispatch(queue, str(got[i + 1]))
+                    self._dispatch(one)
                 except Exception as error:  # a bug in dispatch must not strand the rest of the batch
-                    log.exception("step consumer: a message on %r could not be dispatched", queue)
-                    self.reject(queue, str(got[i + 1]), f"dispatch failed: {type(error).__name__}")
+                    log.exception("step consumer: a message on %r could not be dispatched", one.queue)
+                    self.reject(one, f"dispatch failed: {type(error).__name__}")
         await blocking.aclose()
         await runtime.batch().call("DEL", self.wake_key)
 
-    async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[str]:
+    async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[wire.Claimed]:
         """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
         after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
         item = await blocking.brpop([*keys, self.wake_key], timeout=_BLOCK_S)
         if not item or item[0] == self.wake_key:
             return []
-        key, raw = str(item[0]), str(item[1])  # the client decodes replies: both are str
+        queue, raw = str(item[0]).split("\x06\x16")[0], str(item[1])  # the client decodes: both str
         if len(raw) > runtime.settings.max_task_bytes:
-            return [key, raw]
+            return [wire.Claimed(queue, raw, "")]
         try:
             tag = wire.parse(raw).tag
         except wire.BadMessage:
-            return [key, raw]
-        await _record_delivered(tag, raw, key.split("\x06\x16")[0])
-        return [key, raw]
+            return [wire.Claimed(queue, raw, "")]
+        await _record_delivered(tag, raw, queue)
+        return [wire.Claimed(queue, raw, tag)]
 
     def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
         """Run a successor this process just produced here, without the round trip through its
@@ -204,34 +203,34 @@ class StepConsumer:
         shutdown puts it back on its queue like any running step."""
         self._start(queue, delivery, begun)
 
-    def _dispatch(self, queue: str, raw: str) -> None:
-        limit = runtime.settings.max_task_bytes
-        if len(raw) > limit:
-            self.reject(queue, raw, f"{len(raw):,} bytes, over TOOLLOOP_MAX_TASK_BYTES ({limit:,})")
+    def _dispatch(self, one: wire.Claimed) -> None:
+        reason = wire.problem(one.raw, runtime.settings.max_task_bytes)
+        if reason is not None:
+            self.reject(one, reason)
             return
-        try:
-            delivery = wire.parse(raw)
-        except wire.BadMessage as error:
-            self.reject(queue, raw, str(error))
+        delivery = wire.parse(one.raw)
+        if delivery.tag != one.tag:  # Lua's JSON read another tag than ours (a duplicate key, NaN...)
+            self.reject(
+                one, f"delivery_tag reads as {one.tag[:40]!r} in Redis and {delivery.tag[:40]!r} here"
+            )
             return
-        problem = wire.task_problem(delivery)
-        if problem is not None:
-            self.reject(queue, raw, problem)
-            return
-        self._start(queue, delivery)
+        self._start(one.queue, delivery)
 
-    def reject(self, queue: str, raw: str, reason: str) -> None:
+    def reject(self, one: wire.Claimed, reason: str) -> None:
         """Move a message that is not a valid toolloop task to the rejected list, with a log line."""
         log.error(
             "step consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
             "  Only toolloop tasks belong on toolloop queues; inspect it with "
-            "`redis-cli LRANGE %s 0 9`.", queue, reason, REJECTED, REJECTED,
+            "`redis-cli LRANGE %s 0 9`.", one.queue, reason, REJECTED, REJECTED,
         )  # fmt: skip
         batch = runtime.batch()
-        batch.send("LPUSH", REJECTED, wire.rejected_entry(queue, raw, reason, self.hostname))
+        batch.send("LPUSH", REJECTED, wire.rejected_entry(one.queue, one.raw, reason, self.hostname))
         batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
-        tag = wire.tag_of(raw) if len(raw) <= runtime.settings.max_task_bytes else None
-        if tag is not None:  # CLAIM recorded it as delivered: forget it, or it would come back
+        self._forget(one.tag)  # CLAIM recorded it as delivered: forget it, or it would come back
+
+    def _forget(self, tag: str) -> None:
+        if tag:
+            batch = runtime.batch()
             batch.send("ZREM", wire.UNACKED_INDEX, tag)
             batch.send("HDEL", wire.UNACKED, tag)
 

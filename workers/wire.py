@@ -204,14 +204,22 @@ def rejected_entry(queue: str, raw: str, reason: str, worker: str) -> str:
     }).decode()  # fmt: skip
 
 
-def tag_of(raw: str) -> str | None:
-    """The delivery tag of a message that may not parse as a task, as CLAIM recorded it (None when
-    CLAIM recorded none: see its rule for a tag)."""
-    try:
-        tag = orjson.loads(raw)["properties"]["delivery_tag"]
-    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, RecursionError):
-        return None
-    return tag if isinstance(tag, str) and 0 < len(tag) <= _MAX_TAG else None
+@dataclass(frozen=True)
+class Claimed:
+    """One message CLAIM took: its queue (without the priority suffix), the message, and the tag CLAIM
+    recorded it under in `unacked` ("" when it recorded none: forget only a recorded one)."""
+
+    queue: str
+    raw: str
+    tag: str
+
+
+def claimed(reply: list[Any]) -> list[Claimed]:
+    """CLAIM's reply, parsed once."""
+    return [
+        Claimed(str(reply[i]).split(_SEP)[0], str(reply[i + 1]), str(reply[i + 2]))
+        for i in range(0, len(reply) - 2, 3)
+    ]
 
 
 def unacked_value(raw: str, queue: str) -> str:
@@ -277,7 +285,7 @@ class Events:
 CLAIM = """
 -- KEYS[1]=unacked KEYS[2]=unacked_index KEYS[3..]=queue list keys in consume order
 -- ARGV[1]=most messages to take ARGV[2]=now ARGV[3]=largest message to decode (bytes)
--- -> {queue key, message, ...}
+-- -> {queue key, message, recorded tag or "", ...} (see `claimed`)
 -- Pops and records each message as delivered in one atomic call, so a consumer that dies at any
 -- point leaves every message either on its queue or in `unacked` (restored after the visibility
 -- timeout), never in neither. No message content can make it fail: only a JSON object whose
@@ -301,9 +309,12 @@ for i = 3, #KEYS do
       local queue = string.match(KEYS[i], '^(.-)\\6\\22') or KEYS[i]
       redis.call('HSET', KEYS[1], tag, '[' .. raw .. ', "", ' .. cjson.encode(queue) .. ']')
       redis.call('ZADD', KEYS[2], ARGV[2], tag)
+    else
+      tag = ''
     end
     out[#out + 1] = KEYS[i]
     out[#out + 1] = raw
+    out[#out + 1] = tag
     left = left - 1
   end
 end

@@ -12,7 +12,6 @@ def test_a_task_message_parses_back_to_the_delivery_it_was_made_as() -> None:
     made = wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "tools")
     assert wire.parse(made.raw) == made
     assert (made.name, made.task_id, made.args) == ("toolloop.advance", "run1:3", ["run1", 3])
-    assert wire.tag_of(made.raw) == made.tag
     assert wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "tools").tag != made.tag
 
 
