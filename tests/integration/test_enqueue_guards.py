@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.runs_kit import spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer, free_port, start_server
 from toolloop.journal import keys
 from workers.client import Client
 from workers.errors import EnqueueError, LimitError
@@ -84,3 +84,17 @@ def test_out_of_memory_is_a_clear_error_with_no_prompt_and_nothing_half_written(
     run_id = client.enqueue(spec("tools", SECRET_PROMPT, toolset="agents"), idempotency_key="order-9")
     assert client.enqueue(spec("tools", SECRET_PROMPT, toolset="agents"), idempotency_key="order-9") == run_id
     assert client.redis.zcard(keys.LIVE_RUNS) == 1 and client.status(run_id).status == "queued"
+
+
+def test_a_lost_connection_is_a_clear_error_that_says_a_keyed_retry_is_safe() -> None:
+    nobody = Client(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        for key, advice in ((None, "pass idempotency_key="), ("order-10", "with the same idempotency key")):
+            with pytest.raises(EnqueueError) as caught:
+                nobody.enqueue(spec("tools", SECRET_PROMPT, toolset="agents"), idempotency_key=key)
+            first, second = str(caught.value).splitlines()
+            assert first.startswith("Lost the connection to Redis while enqueueing (ConnectionError)")
+            assert advice in second and caught.value.stored is None
+            assert "Confidential" not in str(caught.value)
+    finally:
+        nobody.close()
