@@ -22,6 +22,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -123,6 +124,9 @@ def _delivery(message: Any, raw: str) -> Delivery:
         raise BadMessage(f"delivery_tag {_short(tag)} is not a string of 1-{_MAX_TAG} characters")
     if message.get("content-type") != "application/json":
         raise BadMessage(f"content type {_short(message.get('content-type'))}, not application/json")
+    if message.get("content-encoding", "utf-8") != "utf-8":
+        raise BadMessage(f"content encoding {_short(message.get('content-encoding'))}, not utf-8")
+    _check_fields(headers, properties)
     body = message.get("body")
     if not isinstance(body, str):
         raise BadMessage(f"body is a {type(body).__name__}, not a string")
@@ -153,6 +157,48 @@ def _delivery(message: Any, raw: str) -> Delivery:
         argsrepr=argsrepr if isinstance(argsrepr, str) else repr(args),
         raw=raw,
     )
+
+
+_HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "lang": (str,), "shadow": (str,), "root_id": (str,), "parent_id": (str,), "group": (str,),
+    "group_index": (int,), "retries": (int,), "argsrepr": (str,), "kwargsrepr": (str,),
+    "origin": (str,), "ignore_result": (bool,), "replaced_task_nesting": (int,),
+    "stamped_headers": (list,), "stamps": (dict,), "eta": (str,), "expires": (str,),
+    "timelimit": (list,),
+}  # fmt: skip
+_PROPERTY_TYPES: dict[str, tuple[type, ...]] = {
+    "delivery_info": (dict,), "priority": (int,), "correlation_id": (str,), "reply_to": (str,),
+    "delivery_mode": (int,), "body_encoding": (str,),
+}  # fmt: skip
+
+
+def _check_fields(headers: dict[str, Any], properties: dict[str, Any]) -> None:
+    """The headers and properties Celery's own consumer reads have the types Celery writes (None
+    allowed): a message Celery would choke on is refused by every consumer alike."""
+    for where, fields, types in (
+        ("header", headers, _HEADER_TYPES),
+        ("property", properties, _PROPERTY_TYPES),
+    ):
+        for name, allowed in types.items():
+            value = fields.get(name)
+            if value is not None and (
+                not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
+            ):
+                raise BadMessage(
+                    f"{where} {name} is {_short(value)}, not {' or '.join(t.__name__ for t in allowed)}"
+                )
+    for name in ("eta", "expires"):
+        if headers.get(name) is not None:
+            try:
+                datetime.fromisoformat(headers[name])
+            except ValueError:
+                raise BadMessage(f"header {name} {_short(headers[name])} is not an ISO 8601 time") from None
+    limits = headers.get("timelimit")
+    if limits is not None and (
+        len(limits) != 2
+        or not all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in limits)
+    ):
+        raise BadMessage(f"header timelimit {_short(limits)} is not [soft, hard] seconds")
 
 
 def _short(value: Any) -> str:

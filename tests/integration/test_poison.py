@@ -72,6 +72,14 @@ SHAPES: dict[str, bytes | str] = {
     "delivery_tag an object": _task(properties__delivery_tag={"a": 1}),
     "delivery_tag missing": _task(properties__delivery_tag=None),
     "huge (10 MB)": _task(headers__argsrepr="x" * 10_000_000),
+    "delivery_info a list": _task(properties__delivery_info=[1]),
+    "content-encoding unknown": _task(**{"content-encoding": "rot13"}),
+    "timelimit a string": _task(headers__timelimit="abc"),
+    "eta not a date": _task(headers__eta="not a date"),
+    "expires a list": _task(headers__expires=[1]),
+    "retries a string": _task(headers__retries="many"),
+    "priority a string": _task(properties__priority="high"),
+    "stamps a list": _task(headers__stamps=[1]),
     # Lua's JSON reads NaN (so CLAIM records the tag), Python's does not: the record must go too.
     "NaN (JSON to Lua only)": _task()[:-1] + ', "x": NaN}',
 }
