@@ -141,10 +141,10 @@ def _delivery(message: Any, raw: str) -> Delivery:
         raise BadMessage("body is not JSON") from None
     if not isinstance(decoded, list) or len(decoded) != 3:
         raise BadMessage("body is not [args, kwargs, embed]")
-    args, kwargs, _embed = decoded
+    args, kwargs, embed = decoded
     name, task_id = headers.get("task"), headers.get("id")
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise BadMessage("args is not a list or kwargs not an object")
+    if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(embed, dict | None):
+        raise BadMessage("args is not a list, or kwargs or embed not an object")
     if not isinstance(name, str) or not isinstance(task_id, str):
         raise BadMessage("headers task and id are not strings")
     argsrepr = headers.get("argsrepr")

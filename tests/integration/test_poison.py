@@ -66,6 +66,7 @@ SHAPES: dict[str, bytes | str] = {
     "missing headers": _task(headers=None),
     "headers a list": _task(headers=[1, 2]),
     "task not a string": _task(headers__task=5),
+    "embed not an object": _task(body=_b64(json.dumps([["r"], {}, [1]]).encode())),
     "wrong argument types": _task(body=_b64(json.dumps([[1, 2], {}, {}]).encode())),
     "unknown task": _task(headers__task="os.system"),
     "delivery_tag a number": _task(properties__delivery_tag=12345),

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from workers import wire
 
 
@@ -108,3 +111,32 @@ def test_the_poison_check_names_what_is_wrong() -> None:
         problem = wire.problem(raw, 262_144)
         assert problem is not None and says in problem, (says, problem)
     assert wire.problem(shaped(), 262_144) is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+GOOD = json.loads(wire.task_message("toolloop.advance", ["r1", 1], "r1:1", "llm").raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(max_size=200),
+    where=st.sampled_from(["headers", "properties", "body", "content-type", "content-encoding", None]),
+    value=JSON,
+)
+def test_the_poison_check_never_raises(text: str, where: str | None, value: object) -> None:
+    """Whatever a message holds, the check answers (a reason or None) and never raises."""
+    assert isinstance(wire.problem(text, 262_144), str | None)
+    message = dict(GOOD)
+    if where in ("headers", "properties") and isinstance(value, dict):
+        message[where] = {**GOOD[where], **value}
+    elif where is not None:
+        message[where] = value
+    raw = json.dumps(message)
+    problem = wire.problem(raw, 262_144)
+    if problem is None:  # accepted: then it parses into a task of the right shape
+        delivery = wire.parse(raw)
+        assert wire.task_problem(delivery) is None
