@@ -129,3 +129,41 @@ def _wait_all(client: Client, run_ids: list[str], timeout: float) -> dict[str, s
             break
         time.sleep(0.5)
     return statuses
+
+
+@pytest.mark.timeout(240)
+def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(tmp_path: Path) -> None:
+    """Redis is killed while model calls are in flight and comes back (AOF) 3 s later: longer than the
+    workers' Redis clients retry a lost connection (~2 s), shorter than the lease (10 s here). Each step
+    whose call came back meanwhile keeps its result and retries its commit until Redis answers: every
+    run ends done, and the simulator served each model call of each run once."""
+    server = start_server(tmp_path / "redis")
+    policy = FaultPolicy(tmp_path / "sim")
+    shapes = [
+        Shape(tag=f"away{i}", turns=((Call("note", {"tag": f"away{i}.0.0", "text": "ok"}),),), latency_s=1.0)
+        for i in range(12)
+    ]
+    for shape in shapes:
+        policy.add(shape)
+    timers = {"TOOLLOOP_LEASE_MS": "10000", "TOOLLOOP_VISIBILITY_TIMEOUT": "15"}
+    try:
+        with SimServer(policy) as sim:
+            env = {**base_env(sim.base_url), **timers, "TOOLLOOP_FAULTS_DIR": str(tmp_path)}
+            with WorkerPool(server.url, tmp_path, env, size=2, concurrency=16) as pool:
+                client = Client(server.url)
+                run_ids = [client.enqueue(spec_for(shape)) for shape in shapes]
+                deadline = time.monotonic() + 30
+                while sum(policy.counts.values()) < len(shapes) and time.monotonic() < deadline:
+                    time.sleep(0.02)  # every run's first call is in flight (answered after 1 s)
+                server.kill()
+                time.sleep(3.0)
+                server.start()
+                statuses = _wait_all(client, run_ids, timeout=120)
+                logs = "".join(path.read_text(errors="replace") for path in pool.logs)
+    finally:
+        server.stop()
+    assert Counter(statuses.values()) == {"done": len(shapes)}, statuses
+    twice = {tag: count for tag, count in policy.counts.items() if count > 1}
+    assert not twice, f"model calls paid more than once: {twice}"
+    assert len(policy.counts) == 2 * len(shapes)
+    assert "the commit retried while the lease holds" in logs
