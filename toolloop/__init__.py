@@ -24,11 +24,14 @@ from toolloop.errors import (
     is_prompt_gen_unavailable,
 )
 from toolloop.journal import Journal, MemoryJournal, RedisJournal, idempotency_key
+from toolloop.loop.approvals import ApprovalError, input_digest
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
+    Approval,
     Asked,
     Budget,
     BudgetEvent,
+    Decision,
     LoopEvent,
     ModelEvent,
     RunToolLoopOptions,
@@ -45,12 +48,15 @@ __all__ = [
     "AbortController",
     "AbortError",
     "AbortSignal",
+    "Approval",
+    "ApprovalError",
     "Asked",
     "AssistantMessage",
     "Budget",
     "BudgetEvent",
     "ChatMessage",
     "ContentPart",
+    "Decision",
     "ImagePart",
     "Journal",
     "LoopEvent",
@@ -80,6 +86,7 @@ __all__ = [
     "UserMessage",
     "from_env",
     "idempotency_key",
+    "input_digest",
     "is_prompt_gen_unavailable",
     "run_tool_loop",
 ]

@@ -23,6 +23,14 @@ from toolloop.contract import (
     ToolMessage,
     UserMessage,
 )
+from toolloop.loop.approvals import (
+    NOT_RUN_ASKED,
+    ApprovalError,
+    check_digest,
+    edited_output,
+    input_digest,
+    rejected_text,
+)
 from toolloop.loop.cache import request_messages
 from toolloop.loop.history import History
 from toolloop.loop.tools import (
@@ -37,8 +45,10 @@ from toolloop.loop.tools import (
     validate_input,
 )
 from toolloop.loop.types import (
+    Approval,
     Asked,
     BudgetEvent,
+    Decision,
     LoopEvent,
     ModelEvent,
     RunToolLoopOptions,
@@ -96,6 +106,10 @@ class _Run:
     async def run(self) -> RunToolLoopResult:
         options = self.options
         signal = options.signal
+        if options.decisions:  # a resume after an approval stop: the held calls are answered first
+            stopped = await self.answer_turn(0, self.decided_calls())
+            if stopped is not None:
+                return stopped
         while True:
             if signal.aborted:
                 return await self.stop("cancel")
@@ -115,18 +129,48 @@ class _Run:
                 return await self.stop("cancel")
             if not result.tool_calls:
                 return await self.finish("done")
-            try:
-                asked = await self.answer_calls(turn, result.tool_calls)
-            except _BudgetStop as stop:
-                return await self.budget_stop(stop.spent_usd)
-            except _Cancel:
+            stopped = await self.answer_turn(turn, result.tool_calls)
+            if stopped is not None:
+                return stopped
+
+    async def answer_turn(self, turn: int, calls: list[ToolCall]) -> RunToolLoopResult | None:
+        """Answer a turn's calls; the result when the loop stops there (a held ask or approval, the
+        breaker, a cancel), else None."""
+        signal = self.options.signal
+        approvals: list[Approval] = []
+        try:
+            asked = await self.answer_calls(turn, calls, approvals)
+        except _BudgetStop as stop:
+            return await self.budget_stop(stop.spent_usd)
+        except _Cancel:
+            return await self.stop("cancel")
+        except Exception:
+            if signal.aborted:
                 return await self.stop("cancel")
-            except Exception:
-                if signal.aborted:
-                    return await self.stop("cancel")
-                raise
-            if asked is not None:
-                return await self.finish("asked", asked)
+            raise
+        if asked is not None:
+            for approval in approvals:  # the ask wins; the model may call the tool again
+                self.history.append(ToolMessage(tool_call_id=approval.call_id, content=NOT_RUN_ASKED))
+            return await self.finish("asked", asked)
+        if approvals:
+            return await self.finish("approval", approvals=approvals)
+        return None
+
+    def decided_calls(self) -> list[ToolCall]:
+        """The open calls of the last assistant turn, each of which must have a decision."""
+        decisions = self.options.decisions or {}
+        open_ids = self.history.open_calls()
+        missing = [call_id for call_id in open_ids if call_id not in decisions]
+        unknown = [call_id for call_id in decisions if call_id not in open_ids]
+        if missing or unknown:
+            raise ApprovalError(
+                f"The decisions do not match the held calls (open: {open_ids}; no decision for "
+                f"{missing}; decided but not held: {unknown}).\n"
+                "  Pass one decision per call of the previous result's approvals, with its messages."
+            )
+        message = self.history.messages[self.history.assistant_at[-1]]
+        assert isinstance(message, AssistantMessage)
+        return [c for c in message.tool_calls or [] if c.id in decisions]
 
     def model_work(self) -> StepWork:
         async def work(signal: AbortSignal) -> StepResult:
@@ -194,8 +238,10 @@ class _Run:
 
     # -- tool calls --------------------------------------------------------------------------------
 
-    async def answer_calls(self, turn: int, calls: list[ToolCall]) -> Asked | None:
-        """Answer the calls of one turn in order; the held ask, if any."""
+    async def answer_calls(self, turn: int, calls: list[ToolCall], approvals: list[Approval]) -> Asked | None:
+        """Answer the calls of one turn in order; the held ask, if any. Held approvals join
+        `approvals`; a call with a decision (a resume) is answered as the decision says."""
+        decisions = self.options.decisions or {}
         held: Asked | None = None
         signal = self.options.signal
         for tool_call in calls:
@@ -212,6 +258,12 @@ class _Run:
                         held = Asked(input=checked.model_dump(mode="json"))
                         continue
                     output = await self.own_answer(tool_call, SECOND_ASK)
+                elif turn == 0 or await self.needs_approval(spec, checked):
+                    decision = decisions.get(tool_call.id)
+                    if decision is None:
+                        approvals.append(await self.approval(spec, tool_call, checked))
+                        continue
+                    output, rows = await self.decided(spec, tool_call, checked, decision)
                 elif spec.two_phase:
                     output, rows = await self.run_two_phase(spec, tool_call, checked)
                 else:
@@ -226,24 +278,58 @@ class _Run:
                 raise _Cancel
         return held
 
+    async def needs_approval(self, spec: ToolSpec, checked: BaseModel) -> bool:
+        needs = spec.needs_approval
+        if isinstance(needs, bool):
+            return needs
+        return bool(await call(needs, checked))
+
+    async def approval(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> Approval:
+        estimate = None if spec.estimate_usd is None else float(await call(spec.estimate_usd, checked))
+        return Approval(call_id=tool_call.id, name=spec.name, input=checked.model_dump(mode="json"),
+                        input_digest=input_digest(checked), estimate_usd=estimate)  # fmt: skip
+
+    async def decided(
+        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, decision: Decision
+    ) -> tuple[ToolOutput, list[str]]:
+        """A held call's answer by its decision: one journal step, `tool:<id>` (as any call's). A
+        decision that does not fit is refused before any work (ApprovalError)."""
+        check_digest(decision, tool_call.id, checked)
+        if decision.action == "reject":
+            return await self.own_answer(tool_call, rejected_text(decision.reason)), []
+        run_with = checked
+        if decision.action == "edit":
+            checked_edit = validate_input(spec, decision.input)
+            if isinstance(checked_edit, str):
+                raise ApprovalError(f"The edited input of call {tool_call.id!r} is refused. {checked_edit}")
+            run_with = checked_edit
+        edited = run_with if decision.action == "edit" else None
+        if spec.two_phase:
+            return await self.run_two_phase(spec, tool_call, run_with, edited)
+        return await self.run_one_phase(spec, tool_call, run_with, edited), []
+
     async def own_answer(self, tool_call: ToolCall, text: str) -> ToolOutput:
         async def work(signal: AbortSignal) -> StepResult:
             return StepResult(value=text_answer(text).model_dump(mode="json"), cost_usd=0.0)
 
         return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
 
-    async def run_one_phase(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> ToolOutput:
+    async def run_one_phase(
+        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
+    ) -> ToolOutput:
         async def work(signal: AbortSignal) -> StepResult:
             await self.breaker(spec, checked)
             output = self.bounded(
                 as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name), spec.name
             )
+            if edited is not None:
+                output = edited_output(output, edited)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
         return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
 
     async def run_two_phase(
-        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel
+        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
     ) -> tuple[ToolOutput, list[str]]:
         async def start(signal: AbortSignal) -> StepResult:
             await self.breaker(spec, checked)
@@ -257,6 +343,8 @@ class _Run:
         async def wait(signal: AbortSignal) -> StepResult:
             returned = await call(spec.wait, handle["started"], self.signal_for(signal))
             output = self.bounded(as_output(returned, spec.name), spec.name)
+            if edited is not None:
+                output = edited_output(output, edited)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
         output = validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))
@@ -301,7 +389,9 @@ class _Run:
             self.history.append(ToolMessage(tool_call_id=call_id, content=f"Not run: {reason}."))
         return await self.finish(reason)
 
-    async def finish(self, stopped_by: StoppedBy, asked: Asked | None = None) -> RunToolLoopResult:
+    async def finish(
+        self, stopped_by: StoppedBy, asked: Asked | None = None, approvals: list[Approval] | None = None
+    ) -> RunToolLoopResult:
         return RunToolLoopResult.model_construct(
             stopped_by=stopped_by,
             spent_usd=await self.spent(),
@@ -309,6 +399,7 @@ class _Run:
             messages=list(self.history.messages),
             final_text=self.final_text,
             asked=asked,
+            approvals=approvals,
         )
 
 

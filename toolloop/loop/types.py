@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+    model_validator,
+)
 
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
@@ -59,6 +67,12 @@ class ToolSpec(_Options):
     estimate_usd: Callable[..., Any] | None = None
     queue: str | None = None
     """The Celery queue a durable run sends this tool's steps to (None: the default tool queue)."""
+    needs_approval: bool | Callable[..., Any] = False
+    """True, or `(input) -> bool`: a call of this tool waits for a person's decision (SPEC 4.4)."""
+    approval_timeout_s: float | None = None
+    """A durable run's deadline for this tool's decisions (None: the run's `approval_timeout_s`)."""
+    approval_default: Literal["reject", "approve"] = "reject"
+    """The outcome when the deadline passes with no decision (SPEC 4.5)."""
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", arbitrary_types_allowed=True, populate_by_name=True
@@ -77,6 +91,9 @@ class ToolSpec(_Options):
             wait: Callable[..., Any] | None = None,
             estimate_usd: Callable[..., Any] | None = None,
             queue: str | None = None,
+            needs_approval: bool | Callable[..., Any] = False,
+            approval_timeout_s: float | None = None,
+            approval_default: Literal["reject", "approve"] = "reject",
         ) -> None: ...
 
     @property
@@ -163,7 +180,30 @@ LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
-StoppedBy = Literal["done", "budget", "steps", "cancel", "asked"]
+StoppedBy = Literal["done", "budget", "steps", "cancel", "asked", "approval", "expired"]
+
+
+class Decision(_Value):
+    """A person's decision on one held call (SPEC 4.4): `approve`, `reject` (with `reason`) or `edit`
+    (with the new `input`). `input_digest`: the digest of the held input the person saw; a decision
+    whose digest does not match the held call's is refused before any work (None: not checked)."""
+
+    action: Literal["approve", "reject", "edit"]
+    input_digest: str | None = None
+    reason: str = ""
+    input: dict[str, Any] | None = None
+    actor: str | None = None
+
+
+class Approval(_Value):
+    """A held call waiting for a decision: `input` is the validated input as a JSON-safe dict,
+    `input_digest` the sha256 of its canonical JSON (`toolloop.input_digest`)."""
+
+    call_id: str
+    name: str
+    input: dict[str, Any]
+    input_digest: str
+    estimate_usd: float | None = None
 
 
 class RunToolLoopOptions(_Options):
@@ -186,6 +226,9 @@ class RunToolLoopOptions(_Options):
     error instead (the tool's cost still counts); None: no limit."""
     max_image_bytes: int | None = None
     """A tool result with an image file larger than this is answered as an error; None: no limit."""
+    decisions: dict[str, Decision] | None = None
+    """Decisions on the calls the previous loop held (`result.approvals`), by call id: the loop answers
+    those open calls first, then goes on (SPEC 4.4)."""
 
 
 class Asked(_Value):
@@ -200,3 +243,13 @@ class RunToolLoopResult(_Value):
     messages: list[ChatMessage]
     final_text: str | None = None
     asked: Asked | None = None
+    approvals: list[Approval] | None = None
+    """The held calls, set only for `"approval"`."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without approvals, the dump is what it was before them (recorded results stay equal)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("approvals") is None:
+            data.pop("approvals", None)
+        return data
