@@ -41,7 +41,7 @@ from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import consumer, killpoints, runtime, wire
+from workers import approvals, consumer, killpoints, runtime, wire
 from workers.app import ADVANCE
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
@@ -161,7 +161,8 @@ class _Step:
             try:
                 spec = RunSpec.model_validate_json(spec_json)
                 tools = runtime.toolsets().for_worker(spec.toolset)
-                messages = segment_messages(input_json, answer)
+                decisions = approvals.decisions_of(answer)
+                messages = segment_messages(input_json, None if decisions else answer)
             except Exception as error:
                 return await self.commit_failure(error)
             self.live = live = LiveLoop({tool.name: tool for tool in tools})
@@ -193,7 +194,9 @@ class _Step:
                 cache=spec.cache,
                 max_tool_result_bytes=self.settings.max_tool_result_bytes,
                 max_image_bytes=self.settings.max_image_bytes,
+                decisions=decisions,
             )
+            self.spec: RunSpec | None = spec
             outcome_future = live.start(self, options)
         timeout = self.settings.step_timeout
         try:
@@ -299,11 +302,49 @@ class _Step:
             state |= {"asked": json.dumps(asked), "carried_usd": result.spent_usd,
                       "spend_base": self.outside, "steps_base": steps}  # fmt: skip
             parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
-            return await self.commit("park", state=state, history=history, parked=parked)
+            spec = self.run_spec()
+            due: dict[str, Any] = {}
+            if spec is not None and spec.ask_timeout_s is not None:
+                deadline = time.time() + spec.ask_timeout_s
+                state |= {"ask_deadline": repr(deadline), "ask_default": spec.ask_default or ""}
+                due = {"due": deadline, "run": self.run_id}
+            return await self.commit("park", state=state, history=history, parked=parked, **due)
+        if result.stopped_by == "approval":
+            return await self.park_for_approval(result, state, history, steps)
         state["status"] = result.stopped_by
         final = {"stopped_by": result.stopped_by, "final_text": result.final_text,
                  "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
         return await self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
+
+    def run_spec(self) -> RunSpec | None:
+        """The run's spec (None on a kept loop's path, which did not load it: read it then)."""
+        spec: RunSpec | None = getattr(self, "spec", None)
+        if spec is None and self.live is not None:
+            raw = runtime.redis().get(keys.spec(self.run_id))
+            spec = RunSpec.model_validate_json(str(raw)) if raw else None
+            self.spec = spec
+        return spec
+
+    async def park_for_approval(
+        self, result: RunToolLoopResult, state: dict[str, Any], history: str, steps: int
+    ) -> str:
+        """Park with the held calls (status "asked", state `approvals`), an `approval_requested`
+        event each; then apply decisions sent before the park (settle)."""
+        spec = self.run_spec()
+        assert spec is not None and self.live is not None
+        held = approvals.pending_approvals(result.approvals or [], self.live.tools, spec, time.time())
+        state |= {"approvals": json.dumps(held), "carried_usd": result.spent_usd,
+                  "spend_base": self.outside, "steps_base": steps}  # fmt: skip
+        parked = json.dumps({"approvals": held, "spent_usd": result.spent_usd, "steps": steps})
+        requested = [json.dumps({k: h[k] for k in ("call_id", "name", "input", "input_digest", "estimate_usd",
+                                                    "deadline")}) for h in held]  # fmt: skip
+        deadlines = [h["deadline"] for h in held if h["deadline"] is not None]
+        due = min([time.time(), *deadlines])  # the sweeper looks at once: decisions sent early apply
+        outcome = await self.commit("park", state=state, history=history, parked=parked,
+                                    requested=requested, due=due, run=self.run_id)  # fmt: skip
+        if outcome == "park":
+            await asyncio.to_thread(_settle, self.run_id)
+        return outcome
 
     async def commit_failure(self, error: BaseException) -> str:
         log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
@@ -348,7 +389,7 @@ class _Step:
                     scripts.RUN_COMMIT,
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-                     keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX],
+                     keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX, keys.WAITS_DUE],
                     [dumps(payload)],
                 )  # fmt: skip
                 break
@@ -468,6 +509,12 @@ def _flush_outbox(run_id: str, older_than: float) -> None:
     from workers.app import app
 
     flush_outbox(runtime.redis(), app, run_id, older_than=older_than)
+
+
+def _settle(run_id: str) -> None:
+    from workers.app import app
+
+    approvals.settle(runtime.redis(), app, run_id)
 
 
 def _hint(error: BaseException) -> str:

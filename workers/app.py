@@ -20,6 +20,7 @@ ADVANCE = "toolloop.advance"
 ANSWER = "toolloop.answer"
 CANCEL = "toolloop.cancel"
 SWEEP = "toolloop.sweep"
+DECIDE = "toolloop.decide"
 QUEUES = ("llm", "tools", "control")
 
 
@@ -56,6 +57,7 @@ def make_app(settings: Settings | None = None) -> Celery:
             ANSWER: {"queue": "control"},
             CANCEL: {"queue": "control"},
             SWEEP: {"queue": "control"},
+            DECIDE: {"queue": "control"},
         },
         task_create_missing_queues=True,  # a tool may name its own queue (ToolSpec.queue)
         worker_hijack_root_logger=False,

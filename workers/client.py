@@ -24,7 +24,9 @@ import redis as redis_lib
 
 from toolloop.contract import CHAT_MESSAGES, ChatMessage
 from toolloop.journal import keys, scripts
-from workers import limits, runs, toolsets
+from toolloop.loop.approvals import DeadlineError
+from toolloop.loop.types import Decision
+from workers import approvals, limits, runs, toolsets
 from workers.app import ANSWER, CANCEL, make_app, send
 from workers.errors import EnqueueError, RunNotFoundError, RunStateError
 from workers.records import FINAL, RunEventRecord, RunStatus
@@ -179,15 +181,85 @@ class Client:
         yet). The first answer to a question wins; later ones are ignored. Pass the `segment` of the
         status that showed the question to make a late duplicate (sent after the run resumed) count
         as a duplicate rather than as an early answer to the next question. Returns the answer id."""
-        status, current = self.redis.hmget(keys.state(run_id), "status", "segment")
+        status, current, deadline, expired = self.redis.hmget(
+            keys.state(run_id), "status", "segment", "ask_deadline", "expired_segment"
+        )
         if status is None:
             raise RunNotFoundError(run_id)
+        if content.startswith(approvals.DECISIONS_MARK):
+            raise ValueError("An answer may not start with the record separator \\x1e.\n  Strip it.")
         target = int(current or 0) if segment is None else segment
+        late = status == "expired" or (
+            segment is not None and expired is not None and int(expired) == segment
+        )
+        if late or (status == "asked" and deadline and time.time() >= float(deadline)):
+            raise DeadlineError(
+                f"The question of run {run_id!r} passed its deadline before this answer; the run went on "
+                f"with its default ({'stopped, expired' if status == 'expired' else 'ask_default'}).\n"
+                "  Nothing was sent. Give runs a longer ask_timeout_s if answers come later."
+            )
         answer_id = runs.store_answer(self.redis, run_id, target, content)
         send(
             self.celery, ANSWER, [run_id, answer_id], queue="control", task_id=f"{run_id}:answer:{answer_id}"
         )
         return answer_id
+
+    def approve(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        digest: str | None = None,
+        actor: str | None = None,
+        wait_s: float = 10.0,
+    ) -> str:
+        """Approve the held call `call_id`: the tool runs with its input. See `decide`."""
+        return self.decide(
+            run_id, call_id, Decision(action="approve", input_digest=digest, actor=actor), wait_s
+        )
+
+    def reject(
+        self,
+        run_id: str,
+        call_id: str,
+        reason: str,
+        *,
+        digest: str | None = None,
+        actor: str | None = None,
+        wait_s: float = 10.0,
+    ) -> str:
+        """Reject the held call: the model reads `Rejected by the person: <reason>.`. See `decide`."""
+        decision = Decision(action="reject", reason=reason, input_digest=digest, actor=actor)
+        return self.decide(run_id, call_id, decision, wait_s)
+
+    def edit(
+        self,
+        run_id: str,
+        call_id: str,
+        input: dict[str, Any],
+        *,
+        digest: str | None = None,
+        actor: str | None = None,
+        wait_s: float = 10.0,
+    ) -> str:
+        """Run the held call with `input` instead (checked against the tool's schema by a worker; a
+        bad edit raises ApprovalError with the validation message and the call still waits)."""
+        decision = Decision(action="edit", input=input, input_digest=digest, actor=actor)
+        return self.decide(run_id, call_id, decision, wait_s)
+
+    def decide(self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0) -> str:
+        """Send a decision on a held call over the control queue and wait up to `wait_s` for a
+        worker to apply it. Returns "resumed" (every held call decided: the run goes on), "recorded"
+        (other calls still wait), "kept" (the run has not parked yet: the decision waits for it) or
+        "ignored" (the call was decided already: the first decision wins). `digest` binds the decision
+        to the input you saw (`status().approvals[i]["input_digest"]`). Raises ApprovalError when
+        refused (another input, a bad edit, a call the run does not hold, past its deadline, an ended
+        run), RunNotFoundError, or TimeoutError when no worker answered in time."""
+        if not self.redis.exists(keys.state(run_id)):
+            raise RunNotFoundError(run_id)
+        return approvals.send_decision(
+            self.redis, self._blocking, self.celery, run_id, call_id, decision, wait_s
+        )
 
     def cancel(self, run_id: str) -> None:
         """Stop the run: its live step is aborted where it runs, open calls are answered
@@ -235,6 +307,10 @@ def _status(run_id: str, state: dict[str, str]) -> RunStatus:
         spent_usd=float(state.get("spent_usd", 0)),
         final_text=state.get("final_text") or None,
         asked=json.loads(asked) if asked and state["status"] == "asked" else None,
+        approvals=json.loads(state["approvals"])
+        if state.get("approvals") and state["status"] == "asked"
+        else None,
+        ask_deadline=float(state["ask_deadline"]) if state.get("ask_deadline") else None,
         error_class=state.get("error_class") or None,
         error_message=state.get("error_message") or None,
         cancel_requested=state.get("cancel") == "1",

@@ -6,9 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Status = Literal["queued", "running", "asked", "done", "budget", "steps", "cancel", "failed"]
-FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "failed"})
-RUN_EVENT_KINDS: frozenset[str] = frozenset({"queued", "parked", "answered", "resumed", "finished", "failed"})
+Status = Literal["queued", "running", "asked", "done", "budget", "steps", "cancel", "failed", "expired"]
+FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "failed", "expired"})
+RUN_EVENT_KINDS: frozenset[str] = frozenset({
+    "queued", "parked", "answered", "resumed", "finished", "failed",
+    "approval_requested", "approval_decided", "approval_refused", "approval_expired", "expired",
+})  # fmt: skip
 """Run-level events; the others are the loop's own (`model`, `tool`, `budget`)."""
 
 
@@ -25,6 +28,10 @@ class RunStatus(BaseModel):
     spent_usd: float = 0.0
     final_text: str | None = None
     asked: dict[str, Any] | None = None
+    approvals: list[dict[str, Any]] | None = None
+    """While the run waits for decisions: the held calls (`call_id`, `name`, `input`, `input_digest`,
+    `estimate_usd`, `deadline` (unix s or None), `default`)."""
+    ask_deadline: float | None = None
     error_class: str | None = None
     error_message: str | None = None
     cancel_requested: bool = False

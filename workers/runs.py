@@ -176,7 +176,10 @@ def sweep(
 
     celery = celery or default_app
     settings = settings or Settings.from_env()
+    from workers import approvals
+
     done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0}
+    done["settled"] = approvals.sweep_due(client, celery)
     now = time.time()
     live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
     drop = script(client, scripts.INDEX_DROP)

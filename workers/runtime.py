@@ -9,7 +9,8 @@ cancellation.
 - Cancellation: a listener thread subscribes to `keys.CANCEL_CHANNEL`; a run id published there
   aborts the controller of that run's live step if this process runs it (`arm` / `disarm`).
 - A sweeper thread runs `runs.sweep` every TOOLLOOP_SWEEP_INTERVAL s, one worker at a time (a
-  Redis lock), so recorded successors are re-sent and stalled runs re-driven without a beat process.
+  Redis lock), so recorded successors are re-sent and stalled runs re-driven without a beat process;
+  once a second it also settles the parked runs whose deadline is due (workers/approvals.py).
 """
 
 from __future__ import annotations
@@ -227,12 +228,21 @@ def _listen_for_cancels() -> None:
 
 
 def _sweep_forever() -> None:
-    from workers import runs
+    """The full sweep every TOOLLOOP_SWEEP_INTERVAL s (one worker at a time); in between, once a
+    second, the waits whose deadline is due (workers/approvals.py: a cheap range read when none is)."""
+    from workers import approvals, runs
+    from workers.app import app
 
+    tick = min(1.0, settings.sweep_interval)
+    last = time.monotonic()
     while True:
-        time.sleep(settings.sweep_interval)
+        time.sleep(tick)
         try:
             client = redis()
+            approvals.sweep_due(client, app)
+            if time.monotonic() - last < settings.sweep_interval:
+                continue
+            last = time.monotonic()
             if client.set(keys.SWEEP_LOCK, "1", nx=True, px=int(settings.sweep_interval * 1000)):
                 runs.sweep(client)
         except Exception as error:  # the sweeper must outlive any one failure

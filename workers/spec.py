@@ -38,3 +38,10 @@ class RunSpec(BaseModel):
     provider: str | None = None
     """The provider to ask first (None: the worker's default); `fallback` lists the next ones."""
     fallback: list[str] = Field(default_factory=list)
+    ask_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """How long a held ask waits; then the run goes on with `ask_default`, or stops "expired"."""
+    ask_default: str | None = None
+    """The answer an ask gets when its deadline passes (None: the run stops, `stopped_by="expired"`)."""
+    approval_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """How long a held approval waits (a tool's own `approval_timeout_s` wins); then the tool's
+    `approval_default` applies (`reject` with the reason `no decision before the deadline`)."""

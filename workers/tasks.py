@@ -14,8 +14,8 @@ from celery import Task
 from celery.exceptions import Reject
 
 from workers import advance as advance_step
-from workers import runs, runtime
-from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, app
+from workers import approvals, runs, runtime
+from workers.app import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP, app
 from workers.errors import OOM_HINT, REDIS_LOST
 
 log = logging.getLogger("toolloop.workers")
@@ -40,6 +40,12 @@ def advance(self: Task, run_id: str, n: int) -> str:
 def answer(run_id: str, answer_id: str) -> str:
     """Apply an answer from the run's inbox: the first answer to a held ask wins."""
     return runs.answer(runtime.redis(), app, run_id, answer_id)
+
+
+@app.task(name=DECIDE)  # type: ignore[untyped-decorator]
+def decide(run_id: str, decision_id: str) -> str:
+    """Apply a decision on a held call (approve, reject, edit): the first per call wins."""
+    return approvals.apply(runtime.redis(), app, run_id, decision_id, runtime.toolsets().for_worker)
 
 
 @app.task(name=CANCEL)  # type: ignore[untyped-decorator]

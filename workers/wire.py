@@ -210,6 +210,7 @@ TASK_ARGS: dict[str, tuple[type, ...]] = {
     "toolloop.advance": (str, int),
     "toolloop.answer": (str, str),
     "toolloop.cancel": (str,),
+    "toolloop.decide": (str, str),
     "toolloop.sweep": (),
 }
 """The argument types of each toolloop task (workers/tasks.py): any other message is rejected."""

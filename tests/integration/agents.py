@@ -52,6 +52,12 @@ class FlakyInput(BaseModel):
     path: str
 
 
+def publish(input: AddInput, signal: AbortSignal) -> ToolOutput:
+    """A tool that needs a person's approval: it logs the input it ran with."""
+    _log("TOOLLOOP_TEST_TOOL_LOG", tool="publish", a=input.a, b=input.b)
+    return ToolOutput(value=input.a, content=[TextPart(text=f"published {input.a:g}+{input.b:g}")])
+
+
 def add(input: AddInput, signal: AbortSignal) -> ToolOutput:
     _log("TOOLLOOP_TEST_TOOL_LOG", tool="add", a=input.a, b=input.b)
     total = input.a + input.b
@@ -105,6 +111,23 @@ TOOLS = [
     ToolSpec(name="flaky", description="Check a file.", schema=FlakyInput, run=flaky),
     ToolSpec(name="render", description="Render on a GPU.", schema=AddInput, run=add, queue="gpu"),
     ToolSpec(name="meet", description="Wait for a partner.", schema=MeetInput, run=meet),
+    ToolSpec(
+        name="publish",
+        description="Publish a sum.",
+        schema=AddInput,
+        run=publish,
+        needs_approval=True,
+        estimate_usd=lambda _input: 0.5,
+    ),
+    ToolSpec(
+        name="publish_yes",
+        description="Publish a sum.",
+        schema=AddInput,
+        run=publish,
+        needs_approval=True,
+        approval_timeout_s=2,
+        approval_default="approve",
+    ),
 ]
 
 
@@ -174,6 +197,16 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 1:
             return reply(tool_calls=[call("render", {"a": 4, "b": 5})])
         return reply(f"Rendered {_last_tool_text(request)}.")
+    if scenario in ("approve", "approve_slow", "approve_yes"):  # a held call, then what the model read
+        if turn == 1:
+            first = (
+                [call("slow", {"seconds": 1.5})]
+                if scenario == "approve_slow"
+                else [call("add", {"a": 1, "b": 1})]
+            )
+            name = "publish_yes" if scenario == "approve_yes" else "publish"
+            return reply(tool_calls=[*first, call(name, {"a": 2, "b": 3})], cost_usd=0.01)
+        return reply(f"Model read: {_last_tool_text(request)}", cost_usd=0.01)
     if scenario == "flaky":
         if turn == 1:
             return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)

@@ -102,3 +102,22 @@ def spend(run_id: str) -> str:
 def segment_name(index: int) -> str:
     """The name of segment `index`: "s0", "s1", ... (its journal key prefix is this plus "/")."""
     return f"s{index}"
+
+
+def decisions(run_id: str) -> str:
+    """Decisions on held calls: field "s<segment>:<call id>", value the decision (JSON, HSETNX)."""
+    return _run(run_id, "decisions")
+
+
+def decide_inbox(run_id: str) -> str:
+    """Decisions sent by clients, not applied yet: field = decision id, value = JSON."""
+    return _run(run_id, "decide")
+
+
+def decided(run_id: str, decision_id: str) -> str:
+    """The list a worker pushes a decision's outcome to, for the client that sent it."""
+    return _run(run_id, f"decided:{decision_id}")
+
+
+WAITS_DUE = f"{PREFIX}waits:due"
+"""zset: run ids parked with a deadline (or an early decision to apply), score = when to look."""

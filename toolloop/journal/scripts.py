@@ -22,7 +22,7 @@ local function emit(state, events_key, segment, kind, data)
 end
 local function terminal(status)
   return status == 'done' or status == 'budget' or status == 'steps' or status == 'cancel'
-    or status == 'failed'
+    or status == 'failed' or status == 'expired'
 end
 """
 
@@ -124,9 +124,11 @@ RUN_COMMIT = (
 -- End of an `advance` task: the step's value, its events, and what comes next, in one write.
 -- KEYS: 1 state 2 fence 3 lease 4 events 5 outbox 6 history 7 input 8 answers 9 journal (segment)
 --       10 attempts 11 spend 12 unacked 13 unacked_index (kombu's: only with go_on)
+--       14 the waits-due zset (a park with a deadline or held approvals: p.due, p.run)
 -- ARGV[1]: JSON {token, lease, n, segment, field, value, events: [[index, kind, data]...],
 --   outcome: 'next'|'park'|'stop'|'fail', queue, now, state: {field: text}, history,
 --   final: [kind, data] (the run event of a stop or a failure), parked (data), cancel_text,
+--   requested (optional): [data...] an `approval_requested` event each, due/run (optional),
 --   go_on (optional): {owner, lease_ms, tag, unacked}: the caller runs the successor itself, now}
 -- -> {1, stored value or false, outbox member to send or false, begun or false}
 --    | {0, stored or false, false, false} (fenced)
@@ -191,6 +193,10 @@ elseif p.outcome == 'park' then
   redis.call('HSET', KEYS[7], 's' .. next_segment, p.history)
   redis.call('SET', KEYS[6], p.history)
   emit(KEYS[1], KEYS[4], segment, 'parked', p.parked)
+  for _, requested in ipairs(p.requested or {}) do
+    emit(KEYS[1], KEYS[4], segment, 'approval_requested', requested)
+  end
+  if p.due then redis.call('ZADD', KEYS[14], p.due, p.run) end
   local answer = redis.call('HGET', KEYS[8], 's' .. segment)
   if not answer and redis.call('HGET', KEYS[1], 'cancel') == '1' then
     answer = p.cancel_text

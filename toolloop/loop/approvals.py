@@ -23,6 +23,10 @@ class ApprovalError(ValueError):
     the held input, or its edited input fails the tool's schema. Nothing ran."""
 
 
+class DeadlineError(ValueError):
+    """An answer or decision that came after its deadline: the run went on with the default."""
+
+
 def canonical_json(value: Any) -> str:
     """The canonical JSON of a JSON-safe value: sorted keys, no spaces, UTF-8 kept."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -1,0 +1,148 @@
+"""Approvals of durable runs (SPEC 4.4, 4.5) with a real worker: a held call parks the run, the
+person's decision (approve, reject, edit) over the control queue resumes it, deadlines expire it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.runs_kit import client_on, eventually, kinds, logged, spec
+from toolloop import ApprovalError
+from workers.client import Client
+
+
+@pytest.fixture
+def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    yield from client_on(runs_redis)
+
+
+def published(worker: Any) -> list[dict[str, Any]]:
+    return [line for line in logged(worker.tool_log) if line["tool"] == "publish"]
+
+
+def parked(client: Client, run_id: str) -> dict[str, Any]:
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "asked" and status.approvals, status
+    [held] = status.approvals
+    return held
+
+
+def test_approve_runs_the_tool_and_the_model_reads_its_result(client: Client, worker: Any) -> None:
+    before = len(published(worker))
+    run_id = client.enqueue(spec("approve"))
+    held = parked(client, run_id)
+    assert (held["name"], held["input"], held["estimate_usd"]) == ("publish", {"a": 2.0, "b": 3.0}, 0.5)
+    assert held["input_digest"].startswith("sha256:") and held["deadline"] is None
+    assert len(published(worker)) == before  # nothing ran while it waits
+    assert client.approve(run_id, held["call_id"], digest=held["input_digest"], actor="ana") == "resumed"
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done", status
+    assert status.final_text == "Model read: published 2+3"
+    assert len(published(worker)) == before + 1
+    assert kinds(client, run_id) == [
+        "queued", "model", "tool", "parked", "approval_requested", "approval_decided", "resumed", "tool",
+        "model", "finished",
+    ]  # fmt: skip
+    [decided] = [e for e in client.events(run_id) if e.kind == "approval_decided"]
+    assert (decided.data["call_id"], decided.data["action"], decided.data["actor"]) == (
+        held["call_id"],
+        "approve",
+        "ana",
+    )
+
+
+def test_reject_answers_the_model_with_the_reason(client: Client, worker: Any) -> None:
+    before = len(published(worker))
+    run_id = client.enqueue(spec("approve"))
+    held = parked(client, run_id)
+    client.reject(run_id, held["call_id"], "wrong numbers")
+    status = client.wait(run_id, timeout=20)
+    assert status.final_text == "Model read: Rejected by the person: wrong numbers.", status
+    assert len(published(worker)) == before
+
+
+def test_edit_runs_with_the_new_input_and_the_model_is_told(client: Client, worker: Any) -> None:
+    run_id = client.enqueue(spec("approve"))
+    held = parked(client, run_id)
+    client.edit(run_id, held["call_id"], {"a": 7, "b": 1})
+    status = client.wait(run_id, timeout=20)
+    assert status.final_text == (
+        'Model read: The person edited the input before the tool ran; it ran with: {"a":7.0,"b":1.0}'
+        "published 7+1"
+    ), status
+    assert published(worker)[-1] == {"tool": "publish", "a": 7.0, "b": 1.0}
+
+
+def test_a_bad_edit_is_refused_with_the_message_and_the_run_still_waits(client: Client, worker: Any) -> None:
+    run_id = client.enqueue(spec("approve"))
+    held = parked(client, run_id)
+    with pytest.raises(ApprovalError, match="Input should be a valid number"):
+        client.edit(run_id, held["call_id"], {"a": "seven", "b": 1})
+    assert client.wait(run_id, timeout=5).approvals == [held]
+    client.approve(run_id, held["call_id"])
+    assert client.wait(run_id, timeout=20).final_text == "Model read: published 2+3"
+
+
+def test_a_stale_digest_is_refused_and_a_duplicate_is_ignored(client: Client) -> None:
+    run_id = client.enqueue(spec("approve"))
+    held = parked(client, run_id)
+    with pytest.raises(ApprovalError, match="another input"):
+        client.approve(run_id, held["call_id"], digest="sha256:" + "0" * 64)
+    assert client.status(run_id).status == "asked"
+    with pytest.raises(ApprovalError, match="does not hold call"):
+        client.approve(run_id, "toolu_nope")
+    assert client.reject(run_id, held["call_id"], "no") == "resumed"
+    assert client.approve(run_id, held["call_id"]) == "ignored"  # the first decision wins
+    status = client.wait(run_id, timeout=20)
+    assert status.final_text == "Model read: Rejected by the person: no.", status
+    assert kinds(client, run_id).count("approval_decided") == 1
+
+
+def test_a_decision_sent_before_the_run_parks_is_kept_and_used(client: Client, worker: Any) -> None:
+    run_id = client.enqueue(spec("approve_slow"))  # a 1.5 s tool runs before the call is held
+    model = eventually(lambda: [e for e in client.events(run_id) if e.kind == "model"])
+    call_id = next(c["id"] for c in model[0].tool_calls if c["name"] == "publish")
+    assert client.status(run_id).status in ("queued", "running")
+    assert client.edit(run_id, call_id, {"a": 4, "b": 4}, actor="early bird") == "kept"
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done", status
+    assert (status.final_text or "").endswith("published 4+4"), status
+    assert published(worker)[-1] == {"tool": "publish", "a": 4.0, "b": 4.0}
+
+
+def test_an_approval_deadline_rejects_by_default_and_a_late_decision_is_refused(client: Client) -> None:
+    run_id = client.enqueue(spec("approve", approval_timeout_s=2))
+    held = parked(client, run_id)
+    assert held["deadline"] is not None and held["default"] == "reject"
+    status = eventually(lambda: (s := client.status(run_id)).finished and s, timeout=15)
+    assert status.final_text == "Model read: Rejected by the person: no decision before the deadline."
+    with pytest.raises(ApprovalError, match="deadline"):
+        client.approve(run_id, held["call_id"])
+    assert "approval_expired" in kinds(client, run_id)
+
+
+def test_a_tool_names_its_own_default_and_deadline(client: Client, worker: Any) -> None:
+    before = len(published(worker))
+    run_id = client.enqueue(spec("approve_yes"))
+    held = parked(client, run_id)
+    assert held["default"] == "approve"
+    status = eventually(lambda: (s := client.status(run_id)).finished and s, timeout=15)
+    assert status.final_text == "Model read: published 2+3", status
+    assert len(published(worker)) == before + 1
+
+
+def test_an_ask_deadline_answers_with_ask_default_or_stops_expired(client: Client) -> None:
+    answered = client.enqueue(spec("ask", ask_timeout_s=2, ask_default="(no answer)"))
+    stopped = client.enqueue(spec("ask", ask_timeout_s=2))
+    status = eventually(lambda: (s := client.status(answered)).finished and s, timeout=15)
+    assert status.final_text == "You said: (no answer)", status
+    status = eventually(lambda: (s := client.status(stopped)).finished and s, timeout=15)
+    assert status.status == "expired", status
+    events = kinds(client, stopped)
+    assert events[-2:] == ["expired", "finished"]
+    from toolloop.loop.approvals import DeadlineError
+
+    with pytest.raises(DeadlineError, match="deadline"):
+        client.answer(stopped, "too late")
