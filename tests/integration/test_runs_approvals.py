@@ -146,3 +146,31 @@ def test_an_ask_deadline_answers_with_ask_default_or_stops_expired(client: Clien
 
     with pytest.raises(DeadlineError, match="deadline"):
         client.answer(stopped, "too late")
+
+
+def test_the_cli_shows_pending_approvals_and_decides(client: Client, runs_redis: Any, tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env |= {"REDIS_URL": runs_redis.url, "TOOLLOOP_HOME": str(tmp_path)}
+    tool = str(Path(sys.executable).parent / "toolloop")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([tool, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    run_id = client.enqueue(spec("approve"))
+    held = parked(client, run_id)
+    shown = cli("status", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"approval  {held['call_id']}  publish" in shown.stdout
+    assert '  input   {"a": 2.0, "b": 3.0}' in shown.stdout and held["input_digest"] in shown.stdout
+    bad = cli("edit", run_id, held["call_id"], '{"a": "x", "b": 1}')
+    assert bad.returncode == 1 and "Refused:" in bad.stderr and "valid number" in bad.stderr, bad
+    done = cli("approve", run_id, held["call_id"], "--actor", "cli user")
+    assert done.returncode == 0 and "decided; the run goes on" in done.stdout, done
+    assert client.wait(run_id, timeout=20).final_text == "Model read: published 2+3"
+    events = cli("events", run_id)
+    assert "approval_decided" in events.stdout and "cli user" in events.stdout, events.stdout

@@ -93,6 +93,19 @@ def add_commands(sub: Any) -> None:
     answer.add_argument("text")
     answer.set_defaults(handler=cmd_answer)
 
+    approve = sub.add_parser("approve", help="approve a held tool call (it runs with its input)")
+    reject = sub.add_parser("reject", help="reject a held tool call (the model reads the reason)")
+    edit = sub.add_parser("edit", help="run a held tool call with another input (JSON)")
+    for command in (approve, reject, edit):
+        run_id_arg(command)
+        command.add_argument("call_id", metavar="CALL_ID", help="the call id `toolloop status RUN_ID` shows")
+    reject.add_argument("reason", nargs="?", default="", help="what the model reads after the rejection")
+    edit.add_argument("input", metavar="JSON", help="the new input, e.g. '{\"shot\": 4}'")
+    for command in (approve, reject, edit):
+        command.add_argument("--actor", help="who decides (shown in the run's events)")
+        command.add_argument("--digest", help="the input digest you saw (default: the one the run holds now)")
+        command.set_defaults(handler=cmd_decide, action=command.prog.rsplit(" ", 1)[-1])
+
     for name, text in (("cancel", "cancel a run"), ("retry", "retry a failed run")):
         command = sub.add_parser(name, help=text)
         run_id_arg(command)
@@ -139,6 +152,35 @@ def cmd_answer(args: argparse.Namespace) -> int:
     client, _ = connect()
     client.answer(args.run_id, args.text)
     print(f"Answered {args.run_id}.")
+    return 0
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    """approve | reject | edit: the outcome, or the reason it was refused (exit code 1)."""
+    from toolloop.loop.approvals import ApprovalError
+
+    client, _ = connect()
+    options: dict[str, Any] = {"digest": args.digest, "actor": args.actor}
+    try:
+        if args.action == "approve":
+            outcome = client.approve(args.run_id, args.call_id, **options)
+        elif args.action == "reject":
+            outcome = client.reject(args.run_id, args.call_id, args.reason, **options)
+        else:
+            try:
+                value = json.loads(args.input)
+            except json.JSONDecodeError as error:
+                raise CliError(f"The input is not JSON ({error}).\n  Quote it: '{{\"shot\": 4}}'.") from None
+            if not isinstance(value, dict):
+                raise CliError("The input must be a JSON object, e.g. '{\"shot\": 4}'.")
+            outcome = client.edit(args.run_id, args.call_id, value, **options)
+    except ApprovalError as error:
+        print(f"Refused: {error}", file=sys.stderr)
+        return 1
+    said = {"resumed": "decided; the run goes on", "recorded": "decided; other calls still wait",
+            "kept": "kept; it applies when the run reaches that call",
+            "ignored": "ignored: the call was decided already (the first decision wins)"}  # fmt: skip
+    print(f"{args.action} {args.call_id}: {said.get(outcome, outcome)}.")
     return 0
 
 

@@ -21,10 +21,30 @@ def print_status(client: Any, run_id: str, *, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(status, default=str, indent=2))
         return
+    held = status.pop("approvals", None) or []
     shown = {key: _shown(key, value) for key, value in status.items() if not _empty(value)}
     width = max(map(len, shown), default=0)
     for key, value in shown.items():
         print(f"{key:<{width}}  {value}")
+    for approval in held:
+        print(approval_text(approval))
+    if held:
+        call = held[0]["call_id"]
+        print(f"decide with: toolloop approve {run_id} {call} | toolloop reject {run_id} {call} 'REASON' | "
+              f"toolloop edit {run_id} {call} '{{JSON}}'")  # fmt: skip
+
+
+def approval_text(approval: dict[str, Any]) -> str:
+    """One pending approval: call id, tool, input, digest, estimate and deadline."""
+    lines = [f"approval  {approval['call_id']}  {approval['name']}",
+             f"  input   {json.dumps(approval['input'], sort_keys=True)}",
+             f"  digest  {approval['input_digest']}"]  # fmt: skip
+    if approval.get("estimate_usd") is not None:
+        lines.append(f"  estimate ${approval['estimate_usd']:.4f}")
+    if approval.get("deadline"):
+        when = _shown("deadline_at", approval["deadline"])
+        lines.append(f"  deadline {when} (then: {approval.get('default', 'reject')})")
+    return "\n".join(lines)
 
 
 def _empty(value: Any) -> bool:
@@ -80,6 +100,18 @@ def follow(
         if state in FINAL or not keep_following:
             progress.clear()
             return 1 if state == "failed" and keep_following else 0
+        if state == "asked" and field(status, "approvals"):
+            key = json.dumps(field(status, "approvals"), sort_keys=True)
+            if key not in answered:
+                answered.add(key)
+                progress.clear()
+                for approval in field(status, "approvals"):
+                    print(approval_text(approval), flush=True)
+                print(f"The run waits for a decision: toolloop approve|reject|edit {run_id} CALL",
+                      file=sys.stderr)  # fmt: skip
+                if answerer is not None:
+                    return 0
+            continue
         if state == "asked":
             held = question_of(status)
             key = json.dumps(held, sort_keys=True)
