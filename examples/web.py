@@ -7,9 +7,15 @@
                                                     # -> {"run_id": "..."}; the same key: the same run
     curl -N localhost:8000/runs/RUN_ID/events       # text/event-stream, one event per step, until it ends
     curl -X POST localhost:8000/runs/RUN_ID/answer -d '{"content": "Keep shot 3."}'
+    curl localhost:8000/runs/RUN_ID/approvals       # the held tool calls: call_id, name, input, digest
+    curl -X POST localhost:8000/runs/RUN_ID/approvals/CALL_ID/approve -d '{"digest": "sha256:..."}'
+    curl -X POST localhost:8000/runs/RUN_ID/approvals/CALL_ID/reject -d '{"reason": "not this shot"}'
+    curl -X POST localhost:8000/runs/RUN_ID/approvals/CALL_ID/edit -d '{"input": {"shot": 4}}'
 
 Routes: POST /runs, GET /runs/{id}, GET /runs/{id}/messages, GET /runs/{id}/events (resumes after the
-`Last-Event-ID` header or `?after=`), POST /runs/{id}/answer, POST /runs/{id}/cancel. It only talks
+`Last-Event-ID` header or `?after=`), POST /runs/{id}/answer, POST /runs/{id}/cancel, GET
+/runs/{id}/approvals, POST /runs/{id}/approvals/{call}/approve|reject|edit (200 with the outcome; 409
+with the reason when refused: another input, a bad edit, past the deadline). It only talks
 to Redis through `workers.client.Client`; the workers do the runs. It imports no toolset: a run
 naming a toolset that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the
 registered names; a spec over a limit is a 413 (docs/workers.md, "What is refused"). Without
@@ -19,6 +25,7 @@ REDIS_URL it uses the embedded server of the working directory (toolloop.default
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -31,6 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from toolloop.contract import CHAT_MESSAGES
+from toolloop.loop.approvals import ApprovalError
 from workers.client import Client
 from workers.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
 
@@ -115,6 +123,38 @@ def create_app(client: Client | None = None) -> Starlette:
         answer_id = client.answer(request.path_params["run_id"], body["content"])
         return JSONResponse({"answer_id": answer_id}, status_code=202)
 
+    def approvals(request: Request) -> Response:
+        return JSONResponse({"approvals": client.status(request.path_params["run_id"]).approvals or []})
+
+    async def decide(request: Request) -> Response:
+        run_id, call_id, action = (request.path_params[k] for k in ("run_id", "call_id", "action"))
+        if action not in ("approve", "reject", "edit"):
+            return error(404, f"No decision {action!r}: use approve, reject or edit.")
+        try:
+            body = await request.json() if await request.body() else {}
+        except json.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict):
+            return error(
+                400, 'Send a JSON object: {"digest": ..., "actor": ..., "reason": ..., "input": {...}}.'
+            )
+        options = {"digest": body.get("digest"), "actor": body.get("actor")}
+        try:
+            if action == "approve":
+                outcome = await asyncio.to_thread(client.approve, run_id, call_id, **options)
+            elif action == "reject":
+                reason = str(body.get("reason") or "")
+                outcome = await asyncio.to_thread(client.reject, run_id, call_id, reason, **options)
+            else:
+                if not isinstance(body.get("input"), dict):
+                    return error(400, 'Send the new input as {"input": {...}}.')
+                outcome = await asyncio.to_thread(client.edit, run_id, call_id, body["input"], **options)
+        except ApprovalError as refused:
+            return error(409, str(refused))
+        except TimeoutError as late:
+            return error(504, str(late))
+        return JSONResponse({"outcome": outcome})
+
     def cancel(request: Request) -> Response:
         client.cancel(request.path_params["run_id"])
         return JSONResponse({"cancel": "requested"}, status_code=202)
@@ -133,6 +173,8 @@ def create_app(client: Client | None = None) -> Starlette:
             Route("/runs/{run_id}/events", events),
             Route("/runs/{run_id}/answer", answer, methods=["POST"]),
             Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+            Route("/runs/{run_id}/approvals", approvals),
+            Route("/runs/{run_id}/approvals/{call_id}/{action:str}", decide, methods=["POST"]),
         ],
         exception_handlers={RunNotFoundError: not_found, RunStateError: conflict},
     )

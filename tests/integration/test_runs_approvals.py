@@ -174,3 +174,25 @@ def test_the_cli_shows_pending_approvals_and_decides(client: Client, runs_redis:
     assert client.wait(run_id, timeout=20).final_text == "Model read: published 2+3"
     events = cli("events", run_id)
     assert "approval_decided" in events.stdout and "cli user" in events.stdout, events.stdout
+
+
+def test_the_web_example_lists_and_decides_approvals(client: Client) -> None:
+    from starlette.testclient import TestClient
+
+    from examples.web import create_app
+
+    with TestClient(create_app(client)) as http:
+        run_id = client.enqueue(spec("approve"))
+        held = parked(client, run_id)
+        assert http.get(f"/runs/{run_id}/approvals").json() == {"approvals": [held]}
+        base = f"/runs/{run_id}/approvals/{held['call_id']}"
+        stale = http.post(f"{base}/approve", json={"digest": "sha256:" + "1" * 64})
+        assert stale.status_code == 409 and "another input" in stale.json()["error"]
+        bad = http.post(f"{base}/edit", json={"input": {"a": []}})
+        assert bad.status_code == 409 and "valid number" in bad.json()["error"]
+        assert http.post(f"{base}/maybe").status_code == 404
+        done = http.post(
+            f"{base}/reject", json={"reason": "too big", "actor": "web", "digest": held["input_digest"]}
+        )
+        assert done.status_code == 200 and done.json() == {"outcome": "resumed"}
+    assert client.wait(run_id, timeout=20).final_text == "Model read: Rejected by the person: too big."
