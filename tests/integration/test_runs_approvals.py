@@ -196,3 +196,30 @@ def test_the_web_example_lists_and_decides_approvals(client: Client) -> None:
         )
         assert done.status_code == 200 and done.json() == {"outcome": "resumed"}
     assert client.wait(run_id, timeout=20).final_text == "Model read: Rejected by the person: too big."
+
+
+def test_a_cancel_while_waiting_for_a_decision_ends_the_run_without_running_the_tool(
+    client: Client, worker: Any
+) -> None:
+    before = len(published(worker))
+    run_id = client.enqueue(spec("approve"))
+    held = parked(client, run_id)
+    client.cancel(run_id)
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "cancel", status
+    assert client.history(run_id)[-1].model_dump()["content"] == "Not run: cancel."
+    assert len(published(worker)) == before
+    with pytest.raises(ApprovalError, match="ended"):
+        client.approve(run_id, held["call_id"])
+
+
+def test_an_ask_answered_in_time_does_not_expire_later(client: Client) -> None:
+    run_id = client.enqueue(spec("ask2", ask_timeout_s=2))
+    assert client.wait(run_id, timeout=20).ask_deadline is not None
+    client.answer(run_id, "in time")
+    second = client.wait(run_id, timeout=20)
+    assert second.asked == {"question": "Question 2?"}, second
+    client.answer(run_id, "also in time")
+    status = client.wait(run_id, timeout=20)
+    assert status.final_text == "You said: in time, then also in time", status
+    assert "expired" not in kinds(client, run_id)

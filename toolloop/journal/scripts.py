@@ -164,7 +164,7 @@ for field, text in pairs(p.state) do redis.call('HSET', KEYS[1], field, text) en
 local member = false
 local function resume(next_segment)
   redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm')
-  redis.call('HDEL', KEYS[1], 'asked')
+  redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
   member = (p.n + 1) .. '|llm'
   redis.call('ZADD', KEYS[5], p.now, member)
 end
@@ -242,7 +242,7 @@ local next_segment = segment + 1
 emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
 local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
 redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm', 'touched', ARGV[2])
-redis.call('HDEL', KEYS[1], 'asked')
+redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
 redis.call('ZADD', KEYS[5], ARGV[2], member)
 return {'resumed', member}
 """
