@@ -24,6 +24,12 @@ def test_flags_build_a_spec() -> None:
     assert [m.content for m in spec.messages] == ["Review shot 3."]
 
 
+def test_deadline_flags() -> None:
+    spec = build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--ask-timeout", "30",
+                            "--ask-default", "Go on.", "--approval-timeout", "600"))  # fmt: skip
+    assert (spec.ask_timeout_s, spec.ask_default, spec.approval_timeout_s) == (30, "Go on.", 600)
+
+
 def test_yaml_file_with_flags_overriding(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(

@@ -71,6 +71,12 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--cache", choices=["off", "system", "conversation"])
     run.add_argument("--provider")
     run.add_argument("--fallback", help="comma-separated provider names to fall back to")
+    run.add_argument("--ask-timeout", dest="ask_timeout_s", type=float, help="seconds a question waits")
+    run.add_argument("--ask-default", help="the answer a question gets at its deadline (else: stop, expired)")
+    run.add_argument(
+        "--approval-timeout", dest="approval_timeout_s", type=float,
+        help="seconds a held tool call waits for a decision (then its default: reject)",
+    )  # fmt: skip
     run.add_argument(
         "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
     )

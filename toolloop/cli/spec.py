@@ -25,6 +25,9 @@ FLAG_FIELDS = (
     "keep_images",
     "cache",
     "provider",
+    "ask_timeout_s",
+    "ask_default",
+    "approval_timeout_s",
 )
 SPEC_HINT = (
     "  Give a mapping with model, system, messages (or a prompt) and toolset; see `toolloop run --help`."
