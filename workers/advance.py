@@ -166,6 +166,7 @@ class _Step:
             except Exception as error:
                 return await self.commit_failure(error)
             self.live = live = LiveLoop({tool.name: tool for tool in tools})
+            live.held_names = approvals.held_names(messages, decisions)
             live.journal = RedisJournal(
                 runtime.redis(), r, self.prefix, signal=live.controller.signal,
                 entries=_pairs(journal_flat), live_steps=1, before_live=live.before_live,
@@ -502,6 +503,10 @@ class _Step:
                 if call["id"] == call_id:
                     tool: ToolSpec | None = self.live.tools.get(call["name"]) if self.live else None
                     return (tool.queue if tool else None) or "tools"
+        held = self.live.held_names.get(call_id) if self.live else None
+        if held is not None:  # a decided call of the previous segment's turn (an approval resume)
+            tool = self.live.tools.get(held) if self.live else None
+            return (tool.queue if tool else None) or "tools"
         return "tools"
 
 

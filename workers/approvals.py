@@ -28,6 +28,7 @@ from typing import Any
 import redis as redis_lib
 from celery import Celery
 
+from toolloop.contract import AssistantMessage, ChatMessage
 from toolloop.journal import keys, scripts
 from toolloop.loop.approvals import ApprovalError
 from toolloop.loop.tools import validate_input
@@ -42,11 +43,12 @@ DEADLINE_REASON = "no decision before the deadline"
 _SETTLE = """
 -- KEYS: 1 state 2 decisions 3 answers 4 events 5 outbox 6 waits-due; ARGV[1]=run id
 local RUN = ARGV[1]
-local function resume(segment, now)
+local function resume(segment, now, queue)
+  queue = queue or 'llm'
   local next_segment = tonumber(segment) + 1
   emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
-  local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
-  redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm', 'touched', now)
+  local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|' .. queue
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', queue, 'touched', now)
   redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
   redis.call('ZADD', KEYS[5], now, member)
   redis.call('ZREM', KEYS[6], RUN)
@@ -60,6 +62,7 @@ local function settle(now)
   if raw then
     local pending = cjson.decode(raw)
     local decided = {}
+    local queue = false  -- the first step of the resume: the first held call the tool runs for
     local all = true
     local next_due = false
     for _, p in ipairs(pending) do
@@ -83,6 +86,7 @@ local function settle(now)
       end
       if d then
         decided[p.call_id] = cjson.decode(d)
+        if not queue and decided[p.call_id].action ~= 'reject' then queue = p.queue end
       else
         all = false
         if deadline and (not next_due or deadline < next_due) then next_due = deadline end
@@ -96,7 +100,7 @@ local function settle(now)
       redis.call('ZREM', KEYS[6], RUN)
       return {'idle'}  -- answered already (a cancel): that answer resumes the run
     end
-    return {'resumed', resume(segment, now)}
+    return {'resumed', resume(segment, now, queue or 'llm')}
   end
   local deadline = tonumber(redis.call('HGET', KEYS[1], 'ask_deadline') or '')
   if not deadline then redis.call('ZREM', KEYS[6], RUN) return {'waiting'} end
@@ -371,6 +375,16 @@ def decisions_of(answer: str | None) -> dict[str, Decision] | None:
     return {call_id: Decision.model_validate(value) for call_id, value in data.items()}
 
 
+def held_names(messages: list[ChatMessage], decisions: dict[str, Decision] | None) -> dict[str, str]:
+    """The tool names of the decided calls (the last assistant turn's), by call id."""
+    if not decisions:
+        return {}
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage):
+            return {call.id: call.name for call in message.tool_calls or [] if call.id in decisions}
+    return {}
+
+
 def pending_approvals(
     approvals: list[Any], tools: dict[str, ToolSpec], spec: RunSpec, now: float
 ) -> list[dict[str, Any]]:
@@ -383,5 +397,7 @@ def pending_approvals(
             timeout = spec.approval_timeout_s
         deadline = None if timeout is None else now + timeout
         default = tool.approval_default if tool else "reject"
-        held.append({**approval.model_dump(mode="json"), "deadline": deadline, "default": default})
+        queue = (tool.queue if tool else None) or "tools"
+        held.append({**approval.model_dump(mode="json"), "deadline": deadline, "default": default,
+                     "queue": queue})  # fmt: skip
     return held

@@ -59,6 +59,8 @@ class LiveLoop:
         self.task: asyncio.Task[RunToolLoopResult] | None = None
         self.outcome: Outcome | None = None
         self.resume: asyncio.Future[None] | None = None
+        self.held_names: dict[str, str] = {}
+        """Tool names of the calls decided at the start of this segment (an approval resume), by id."""
 
     def start(self, step: StepContext, options: RunToolLoopOptions) -> Outcome:
         """Run the loop up to the boundary after the first step not stored, or to its end."""

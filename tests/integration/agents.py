@@ -120,6 +120,14 @@ TOOLS = [
         estimate_usd=lambda _input: 0.5,
     ),
     ToolSpec(
+        name="publish_gpu",
+        description="Publish on a GPU.",
+        schema=AddInput,
+        run=publish,
+        needs_approval=True,
+        queue="gpu",
+    ),
+    ToolSpec(
         name="publish_yes",
         description="Publish a sum.",
         schema=AddInput,
@@ -197,14 +205,19 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 1:
             return reply(tool_calls=[call("render", {"a": 4, "b": 5})])
         return reply(f"Rendered {_last_tool_text(request)}.")
-    if scenario in ("approve", "approve_slow", "approve_yes"):  # a held call, then what the model read
+    if scenario in (
+        "approve",
+        "approve_slow",
+        "approve_yes",
+        "approve_gpu",
+    ):  # a held call, then what the model read
         if turn == 1:
             first = (
                 [call("slow", {"seconds": 1.5})]
                 if scenario == "approve_slow"
                 else [call("add", {"a": 1, "b": 1})]
             )
-            name = "publish_yes" if scenario == "approve_yes" else "publish"
+            name = {"approve_yes": "publish_yes", "approve_gpu": "publish_gpu"}.get(scenario, "publish")
             return reply(tool_calls=[*first, call(name, {"a": 2, "b": 3})], cost_usd=0.01)
         return reply(f"Model read: {_last_tool_text(request)}", cost_usd=0.01)
     if scenario == "flaky":

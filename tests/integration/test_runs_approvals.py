@@ -223,3 +223,20 @@ def test_an_ask_answered_in_time_does_not_expire_later(client: Client) -> None:
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "You said: in time, then also in time", status
     assert "expired" not in kinds(client, run_id)
+
+
+def test_an_approved_call_runs_on_its_tools_own_queue(client: Client, runs_redis: Any, tmp_path: Any) -> None:
+    from tests.integration.conftest import start_worker
+
+    run_id = client.enqueue(spec("approve_gpu"))
+    held = parked(client, run_id)
+    assert client.approve(run_id, held["call_id"]) == "resumed"
+    eventually(lambda: client.redis.llen("gpu") == 1)  # the decided step waits for a worker of "gpu"
+    gpu = start_worker(
+        runs_redis.url, tmp_path, {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}, "gpu"
+    )
+    try:
+        status = client.wait(run_id, timeout=20)
+        assert status.final_text == "Model read: published 2+3", status
+    finally:
+        gpu.stop()
