@@ -205,6 +205,10 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 1:
             return reply(tool_calls=[call("render", {"a": 4, "b": 5})])
         return reply(f"Rendered {_last_tool_text(request)}.")
+    if scenario == "approve2":  # two held calls in one turn
+        if turn == 1:
+            return reply(tool_calls=[call("publish", {"a": 1, "b": 2}), call("publish", {"a": 3, "b": 4})])
+        return reply(f"Model read: {_last_tool_text(request)}")
     if scenario in (
         "approve",
         "approve_slow",

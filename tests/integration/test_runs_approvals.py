@@ -240,3 +240,19 @@ def test_an_approved_call_runs_on_its_tools_own_queue(client: Client, runs_redis
         assert status.final_text == "Model read: published 2+3", status
     finally:
         gpu.stop()
+
+
+def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(client: Client, worker: Any) -> None:
+    before = len(published(worker))
+    run_id = client.enqueue(spec("approve2"))
+    status = client.wait(run_id, timeout=20)
+    assert status.approvals is not None and [a["input"] for a in status.approvals] == [
+        {"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0},
+    ]  # fmt: skip
+    first, second = (a["call_id"] for a in status.approvals)
+    assert client.approve(run_id, first) == "recorded"
+    assert client.wait(run_id, timeout=5).status == "asked"  # the other call still waits
+    assert client.reject(run_id, second, "one is enough") == "resumed"
+    status = client.wait(run_id, timeout=20)
+    assert status.final_text == "Model read: Rejected by the person: one is enough.", status
+    assert published(worker)[before:] == [{"tool": "publish", "a": 1.0, "b": 2.0}]
