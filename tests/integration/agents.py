@@ -54,7 +54,7 @@ class FlakyInput(BaseModel):
 
 def publish(input: AddInput, signal: AbortSignal) -> ToolOutput:
     """A tool that needs a person's approval: it logs the input it ran with."""
-    _log("TOOLLOOP_TEST_TOOL_LOG", tool="publish", a=input.a, b=input.b)
+    _log("TOOLLOOP_TEST_TOOL_LOG", tool="publish", ran_with={"a": input.a, "b": input.b})
     return ToolOutput(value=input.a, content=[TextPart(text=f"published {input.a:g}+{input.b:g}")])
 
 

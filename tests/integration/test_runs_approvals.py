@@ -72,7 +72,7 @@ def test_edit_runs_with_the_new_input_and_the_model_is_told(client: Client, work
         'Model read: The person edited the input before the tool ran; it ran with: {"a":7.0,"b":1.0}'
         "published 7+1"
     ), status
-    assert published(worker)[-1] == {"tool": "publish", "a": 7.0, "b": 1.0}
+    assert published(worker)[-1] == {"tool": "publish", "ran_with": {"a": 7.0, "b": 1.0}}
 
 
 def test_a_bad_edit_is_refused_with_the_message_and_the_run_still_waits(client: Client, worker: Any) -> None:
@@ -109,7 +109,7 @@ def test_a_decision_sent_before_the_run_parks_is_kept_and_used(client: Client, w
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert (status.final_text or "").endswith("published 4+4"), status
-    assert published(worker)[-1] == {"tool": "publish", "a": 4.0, "b": 4.0}
+    assert published(worker)[-1] == {"tool": "publish", "ran_with": {"a": 4.0, "b": 4.0}}
 
 
 def test_an_approval_deadline_rejects_by_default_and_a_late_decision_is_refused(client: Client) -> None:
@@ -255,4 +255,4 @@ def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(client: 
     assert client.reject(run_id, second, "one is enough") == "resumed"
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "Model read: Rejected by the person: one is enough.", status
-    assert published(worker)[before:] == [{"tool": "publish", "a": 1.0, "b": 2.0}]
+    assert published(worker)[before:] == [{"tool": "publish", "ran_with": {"a": 1.0, "b": 2.0}}]
