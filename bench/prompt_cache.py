@@ -46,7 +46,7 @@ from toolloop.providers import AnthropicHandler
 from toolloop.sim import SimRequest, SimServer, SimTurn
 
 MODES = ("off", "system", "conversation")
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 TARGET = 0.90
 FROM_TURN = 3
 

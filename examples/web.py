@@ -1,7 +1,7 @@
 """A small web backend: it enqueues durable runs and streams their events as server-sent events.
 
     REDIS_URL=redis://127.0.0.1:6379/0 python examples/web.py        # PORT (default 8000), HOST
-    curl -X POST localhost:8000/runs -d '{"model": "claude-sonnet-4-5",
+    curl -X POST localhost:8000/runs -d '{"model": "claude-sonnet-5-5",
         "toolset": "examples.storyboard.tools:REVIEW_TOOLS",
         "messages": [{"role": "user", "content": "Review the rough cut."}]}'        # -> {"run_id": "..."}
     curl -N localhost:8000/runs/RUN_ID/events       # text/event-stream, one event per step, until it ends

@@ -1,7 +1,7 @@
 """`Client`: what a web backend imports to start, watch, answer, cancel and retry durable runs.
 
     client = Client()                      # REDIS_URL, the same Redis as the workers
-    run_id = client.enqueue({"model": "claude-sonnet-4-5", "system": "...", "toolset": "app.tools:TOOLS",
+    run_id = client.enqueue({"model": "claude-sonnet-5-5", "system": "...", "toolset": "app.tools:TOOLS",
                              "messages": [{"role": "user", "content": "Review the storyboard."}]})
     for event in client.events(run_id, follow=True):
         print(event.seq, event.kind)

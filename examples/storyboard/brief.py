@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TOOLSET = "examples.storyboard.tools:REVIEW_TOOLS"
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 
 PROMPT = (
     "The rough cut of the rooftop sequence runs long. Review the six shots against the board, look at "

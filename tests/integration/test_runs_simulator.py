@@ -57,7 +57,7 @@ def test_a_run_against_the_simulator_calls_each_step_once(
 ) -> None:
     client = Client(sim_redis.url)
     try:
-        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-4-5", provider="anthropic"))
+        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic"))
         status = client.wait(run_id, timeout=30)
         assert status.status == "done", status
         assert status.final_text == "It is 42."

@@ -44,7 +44,7 @@ def create(sim: SimServer, messages: list[dict[str, Any]], **extra: Any) -> anth
     )
     with client(sim) as sdk:
         return sdk.messages.create(
-            model="claude-sim", max_tokens=1000, system=system, tools=TOOLS, messages=messages, **extra
+            model="claude-sonnet-5-5", max_tokens=1000, system=system, tools=TOOLS, messages=messages, **extra
         )
 
 
@@ -114,7 +114,7 @@ def test_a_policy_sees_the_request_parsed_back_to_contract_types() -> None:
         answer = create(sim, history, system="Be brief.")
     assert answer.content[0].type == "text" and answer.content[0].text == "1 turns, tools ['read_frame']"
     request = seen[0]
-    assert (request.wire, request.model, request.system) == ("anthropic", "claude-sim", "Be brief.")
+    assert (request.wire, request.model, request.system) == ("anthropic", "claude-sonnet-5-5", "Be brief.")
     assert [type(message) for message in request.messages] == [
         UserMessage, AssistantMessage, ToolMessage, UserMessage
     ]  # fmt: skip

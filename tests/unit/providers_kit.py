@@ -110,7 +110,7 @@ def sdk_message(
     output_tokens: int = 20,
     cache_read: int | None = None,
     cache_write: int | None = None,
-    model: str = "claude-sonnet-4-5",
+    model: str = "claude-sonnet-4-6",
 ) -> dict[str, Any]:
     """An answer built with the SDK's own response model, as JSON."""
     message = sdk.Message(

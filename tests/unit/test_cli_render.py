@@ -48,8 +48,8 @@ def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> 
     totals.add_model(model_event(1, read=0, write=1000))
     totals.add_model(model_event(2, read=1000))
     assert (totals.steps, totals.cache_read, totals.cache_write) == (2, 1000, 1000)
-    # claude-sonnet-4-5: $3/MTok input, reads $0.30, writes $3.75
-    saved = totals.cache_savings_usd("claude-sonnet-4-5")
+    # claude-sonnet-4-6: $3/MTok input, reads $0.30, writes $3.75 (the catalogue)
+    saved = totals.cache_savings_usd("claude-sonnet-4-6")
     assert saved is not None
     assert abs(saved - (1000 * 2.7 - 1000 * 0.75) / 1e6) < 1e-12
     assert totals.cache_savings_usd("no-such-model") is None

@@ -352,8 +352,11 @@ def derived(source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *
 def _model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage, ModelEvent]:
     text = result.text or None
     message = AssistantMessage(content=text, tool_calls=list(result.tool_calls) or None)
+    meta = result.meta or {}
+    provider = meta.get("provider") if isinstance(meta.get("provider"), str) else None
+    fallback = meta.get("fallback_from") if isinstance(meta.get("fallback_from"), list) else None
     event = ModelEvent(step=turn, text=text, tool_calls=result.tool_calls, cost_usd=result.cost_usd,
-                       usage=result.usage)  # fmt: skip
+                       usage=result.usage, provider=provider, fallback_from=fallback or None)  # fmt: skip
     return message, event
 
 

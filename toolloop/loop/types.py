@@ -129,6 +129,10 @@ Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 # -- events --------------------------------------------------------------------------------------
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class ModelEvent(_Value):
     kind: Literal["model"] = "model"
     step: int
@@ -136,6 +140,11 @@ class ModelEvent(_Value):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     cost_usd: float
     usage: PromptGenUsage
+    provider: str | None = Field(default=None, exclude_if=_unset)
+    """`result.meta["provider"]`: who answered (None when the model's result does not say)."""
+    fallback_from: list[dict[str, str]] | None = Field(default=None, exclude_if=_unset)
+    """`result.meta["fallback_from"]`: the providers that failed before this one answered, each
+    `{"provider", "reason"}` (None when the first provider answered)."""
 
 
 class ToolEvent(_Value):
