@@ -177,6 +177,7 @@ class _Step:
                 finish_note=spec.finish_note,
                 keep_images=spec.keep_images,
                 cache=spec.cache,
+                cache_ttl=spec.cache_ttl,
             )
             outcome_future = live.start(self, options)
         timeout = self.settings.step_timeout

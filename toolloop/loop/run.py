@@ -80,7 +80,10 @@ class _Run:
         self.tools = {spec.name: spec for spec in options.tools}
         self.definitions = tool_definitions(options.tools)
         self.max_assistants = self.history.assistants + options.max_steps - 1
-        self.params = None if options.reasoning is None else {"reasoning": options.reasoning}
+        params: dict[str, Any] = {} if options.reasoning is None else {"reasoning": options.reasoning}
+        if options.cache_ttl != "5m":
+            params["cache_ttl"] = options.cache_ttl
+        self.params = params or None
         fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
         self.request_fields_off = fields
         self.request_fields = fields | {"cache_system"}

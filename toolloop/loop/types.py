@@ -172,6 +172,7 @@ LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
+CacheTtl = Literal["5m", "1h"]
 StoppedBy = Literal["done", "budget", "steps", "cancel", "asked"]
 
 
@@ -190,6 +191,10 @@ class RunToolLoopOptions(_Options):
     finish_note: str | None = None
     keep_images: int | None = 2
     cache: CacheMode = "conversation"
+    cache_ttl: CacheTtl = "5m"
+    """TTL of every mark the request carries (the loop's and the caller's): "1h" is sent as
+    `params["cache_ttl"]`, and the provider puts `"ttl": "1h"` on each mark (SPEC 2.9 holds: no
+    1-hour mark after a 5-minute one, as all marks share the TTL)."""
 
 
 class Asked(_Value):

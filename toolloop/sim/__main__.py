@@ -35,6 +35,11 @@ def parser() -> argparse.ArgumentParser:
         "--min-cache-tokens", type=int, default=MIN_CACHE_TOKENS, help="minimum cacheable prefix"
     )
     found.add_argument("--lookback", type=int, default=LOOKBACK_BLOCKS, help="cache lookback in blocks")
+    found.add_argument(
+        "--strict",
+        action="store_true",
+        help="validate Anthropic bodies against the anthropic SDK's request types (needs the SDK)",
+    )
     return found
 
 
@@ -56,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         require_key=args.require_key,
         min_cache_tokens=args.min_cache_tokens,
         lookback=args.lookback,
+        strict=True if args.strict else None,
     )
     try:
         server.bind()
@@ -63,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(error.strerror, file=sys.stderr)
         return 2
     print(server.base_url, flush=True)
+    if args.strict and not server.simulator.strict:
+        print("strict mode is off: the anthropic SDK is not installed", file=sys.stderr, flush=True)
     server.serve_forever()
     return 0
 
