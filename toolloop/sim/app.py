@@ -187,11 +187,16 @@ class Simulator:
     def _fault_error(self, wire: _Wire, fault: SimFault, request_id: str) -> Response:
         status = fault.status or 500
         message = fault.message or f"Simulated HTTP {status} (a scripted fault)."
-        headers = {}
+        headers = dict(fault.headers or {})
         if fault.retry_after is not None:
             seconds = fault.retry_after
             headers["retry-after"] = str(int(seconds)) if seconds == int(seconds) else str(seconds)
-        return self._error(wire, status, message, request_id, headers)
+        response = self._error(wire, status, message, request_id, headers)
+        if fault.error_code is not None:
+            body = wire.module.error_body(status, message, request_id)
+            body["error"]["details"] = {"error_code": fault.error_code}
+            response = JSONResponse(body, status_code=status, headers={"request-id": request_id, **headers})
+        return response
 
     def _error(
         self, wire: _Wire, status: int, message: str, request_id: str, headers: dict[str, str] | None = None

@@ -59,7 +59,10 @@ def sdk_validator() -> Validator | None:
         adapter = adapters.get(typed_dict)
         if adapter is None:  # kept alive: a lazily validated Iterable must not outlive its adapter
             adapter = adapters[typed_dict] = TypeAdapter(typed_dict)
-        _consume(adapter.validate_python(value))
+        try:
+            _consume(adapter.validate_python(value))
+        except ValidationError as error:
+            raise SdkValidationError(_message(error, where)) from None
         known = typed_dict.__required_keys__ | typed_dict.__optional_keys__
         extra = sorted(set(value) - known)
         if extra:
@@ -67,7 +70,6 @@ def sdk_validator() -> Validator | None:
 
     def validate(body: dict[str, Any]) -> None:
         try:
-            _consume(params.validate_python(body))
             for index, block in enumerate(body["system"] if isinstance(body.get("system"), list) else []):
                 strict(sdk.TextBlockParam, block, f"system.{index}")
             for index, tool in enumerate(body.get("tools") or []):
@@ -89,15 +91,21 @@ def sdk_validator() -> Validator | None:
                     inner = block.get("content") if block.get("type") == "tool_result" else None
                     for number, part in enumerate(inner if isinstance(inner, list) else []):
                         strict(blocks.get(part.get("type")), part, f"{where}.content.{number}")
+            _consume(params.validate_python(body))  # after the blocks: their errors name the field
         except ValidationError as error:
-            first = error.errors()[0]
-            loc = [str(part) for part in first["loc"] if not str(part).startswith("MessageCreateParams")]
-            where = ".".join(loc)
-            raise SdkValidationError(f"{where}: {first['msg']} (anthropic SDK request types)") from None
+            raise SdkValidationError(_message(error, "")) from None
         except (AttributeError, KeyError, TypeError) as error:
             raise SdkValidationError(f"The body does not have the SDK's shape: {error!r}") from None
 
     return validate
+
+
+def _message(error: Any, where: str) -> str:
+    """The first error of a pydantic `ValidationError`, at its place in the body."""
+    first = error.errors()[0]
+    loc = [str(part) for part in first["loc"] if not str(part)[:1].isupper()]  # union arm names
+    place = ".".join([where, *loc] if where else loc)
+    return f"{place}: {first['msg']} (anthropic SDK request types)"
 
 
 def _consume(value: Any) -> Any:

@@ -100,7 +100,10 @@ def _assistant_blocks(message: AssistantMessage) -> list[Block]:
 
 
 def _input(value: Any) -> Any:
-    return {} if value is None else value
+    """The API takes an object only: a missing input is `{}`, any other non-object is wrapped."""
+    if value is None:
+        return {}
+    return value if isinstance(value, dict) else {"value": value}
 
 
 def _tool_result(message: ToolMessage, images: Mapping[str, str]) -> Block:
