@@ -222,3 +222,13 @@ def test_max_tokens_never_exceeds_the_models_maximum_output() -> None:
     assert fields["max_tokens"] == 4096 and notes == [
         "max_tokens 100000 cut to claude-small's maximum output of 4096"
     ]
+
+
+def test_docs_show_the_catalogue_as_it_is() -> None:
+    from pathlib import Path
+
+    from toolloop.providers.models import markdown
+
+    page = (Path(__file__).parents[2] / "docs" / "providers.md").read_text()
+    shown = page.split("<!-- catalogue:start -->\n", 1)[1].split("\n<!-- catalogue:end -->", 1)[0]
+    assert shown == markdown(default_catalog()), "regenerate the table: models.markdown(default_catalog())"

@@ -267,3 +267,45 @@ _DEFAULT = Catalog(MODELS)
 def default_catalog() -> Catalog:
     """The catalogue of `MODELS` (immutable: extend it with `with_models` / `with_prices`)."""
     return _DEFAULT
+
+
+def _cell(info: ModelInfo, name: str, value: str) -> str:
+    kind = info.source(name).kind
+    if kind == "unknown":
+        return "?" if value in ("", "-") else f"{value} (?)"
+    return value + {"read": "", "derived": " (d)", "unconfirmed": " (u)"}[kind]
+
+
+def markdown(catalog: Catalog) -> str:
+    """The catalogue as the Markdown table of docs/providers.md (tests/unit/test_catalog.py keeps
+    the page equal to it). (d) derived, (u) unconfirmed, ? unknown, else read."""
+    head = ("| Model | Status | $/MTok in / out | read | 5m write | 1h write | thinking | forced tool_choice "
+            "| temperature | min cache | fal slug |\n" + "| --- " * 11 + "|")  # fmt: skip
+    rows = [head]
+    for info in catalog.models():
+        status = info.status + (f" {info.status_date}" if info.status_date else "")
+        if info.replacement:
+            status += f" -> `{info.replacement}`"
+        if info.price is None:
+            rows.append(f"| `{info.id}` | {status} |" + " |" * 9)
+            continue
+        p = info.price
+        money = [
+            _cell(info, "price.input", f"{p.input:g}") + " / " + _cell(info, "price.output", f"{p.output:g}"),
+            _cell(info, "price.cache_read", f"{p.cache_read:g}"),
+            _cell(info, "price.cache_write", f"{p.cache_write:g}"),
+            _cell(info, "price.cache_write_1h", f"{p.write_1h:g}"),
+        ]
+        if info.vendor != "anthropic":
+            thinking = "reasoning.effort (fal)"
+        else:
+            thinking = ", ".join(sorted(info.thinking)) or "none sent"
+        rules = [
+            _cell(info, "thinking", thinking),
+            _cell(info, "forced_tool_choice", "yes" if info.forced_tool_choice else "no"),
+            _cell(info, "temperature", "yes" if info.temperature else "no"),
+            _cell(info, "min_cache_tokens", str(info.min_cache_tokens or "-")),
+            _cell(info, "fal_slug", f"`{info.fal_slug}`") if info.fal_slug else "",
+        ]
+        rows.append(f"| `{info.id}` | {status} | " + " | ".join(money + rules) + " |")
+    return "\n".join(rows)
