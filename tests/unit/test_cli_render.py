@@ -28,6 +28,15 @@ def test_model_line_shows_tokens_cache_reads_cost_and_calls() -> None:
     assert line == "step  2  model   2,000 in (1,500 cached)    50 out  $0.0123  → read_frame(shot=3)"
 
 
+def test_model_line_shows_a_provider_switch() -> None:
+    event = model_event(2, read=0).model_copy(
+        update={"provider": "fal", "fallback_from": [{"provider": "anthropic", "reason": "HTTP 529"}]}
+    )
+    assert event_line(event).endswith("→ read_frame(shot=3)  [via fal: anthropic HTTP 529]")
+    assert event_line(event.model_dump(mode="json")) == event_line(event)  # as a run's stream holds it
+    assert "via" not in event_line(model_event(2, read=0).model_copy(update={"provider": "anthropic"}))
+
+
 def test_step_override_numbers_steps_across_segments() -> None:
     assert event_line(model_event(1, read=0), step=5).startswith("step  5  model")
 

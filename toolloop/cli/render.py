@@ -99,7 +99,12 @@ def event_line(event: Any, step: int | None = None) -> str:
         calls = field(event, "tool_calls") or []
         what = "→ " + ", ".join(_call(c) for c in calls) if calls else _short(field(event, "text"))
         cost = float(field(event, "cost_usd", 0) or 0)
-        return f"step {field(event, 'step'):>2}  model  {tokens}  ${cost:.4f}  {what}"
+        failed = field(event, "fallback_from") or []
+        via = ""
+        if failed:  # the provider that answered after others failed (facade fallback)
+            before = ", ".join(f"{field(f, 'provider')} {field(f, 'reason')}" for f in failed)
+            via = f"  [via {field(event, 'provider')}: {before}]"
+        return f"step {field(event, 'step'):>2}  model  {tokens}  ${cost:.4f}  {what}{via}"
     if kind == "tool":
         name = str(field(event, "name"))
         cost = float(field(event, "cost_usd", 0) or 0)
