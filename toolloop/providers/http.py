@@ -315,8 +315,9 @@ async def _attempt(
     detail = redact(error_detail(response), secret)
     if flag is not None and (flagged := flag(detail)) is not None:
         raise flagged
+    fields = error_fields(response)
     error, wait_s = classify(
-        name, endpoint, status, response.headers, detail, error_fields(response), attempt
+        name, endpoint, status, response.headers, detail, fields, policy.backoff(attempt)
     )
     if wait_s is None:
         raise error
@@ -344,14 +345,15 @@ def classify(
     headers: Mapping[str, str],
     detail: str,
     fields: Mapping[str, str],
-    attempt: int,
+    backoff_s: float,
 ) -> tuple[PromptGenError, float | None]:
     """The error of a non-2xx answer and the seconds to wait before retrying it (None: raise it
-    now), a pure function of the answer (module docstring; `fields` is `error_fields`)."""
+    now): a pure function of the answer (module docstring; `fields` is `error_fields`) and of the
+    backoff the caller drew for this attempt."""
     policy = endpoint.policy
     retry_after = parse_retry_after(headers)
     retry = should_retry(status, headers)
-    backoff = max(policy.backoff(attempt), retry_after or 0.0)
+    backoff = max(backoff_s, retry_after or 0.0)
     code = fields.get("error_code")
     if status == 429 and code in SPEND_LIMIT_CODES:
         return SpendLimitError(
