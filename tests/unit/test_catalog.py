@@ -201,7 +201,7 @@ REQUEST = PromptGenRequest(messages=[UserMessage(content="Hi")])
         ("claude-haiku-4-5", "off", {"type": "disabled"}, None),
         ("claude-haiku-4-5", "low", {"type": "enabled", "budget_tokens": 2048}, None),  # never adaptive
         ("claude-opus-4-5", "high", {"type": "enabled", "budget_tokens": 24576}, None),
-        ("claude-haiku-5-5", "high", None, None),  # nothing known: nothing sent
+        ("claude-haiku-5-5", "high", {"type": "adaptive"}, "high"),
     ],
 )
 def test_reasoning_maps_to_what_each_model_accepts(
@@ -214,6 +214,13 @@ def test_reasoning_maps_to_what_each_model_accepts(
     assert fields.get("output_config", {}).get("effort") == effort
     if thinking is not None and thinking["type"] == "enabled":
         assert fields["max_tokens"] > thinking["budget_tokens"]  # the API's rule
+
+
+def test_a_model_with_no_known_thinking_parameter_gets_none() -> None:
+    bare = ModelInfo(id="claude-bare", price=ModelPrice(1, 1, 0.1, 1.25), thinking=frozenset())
+    fields, notes = top_level(REQUEST, bare, "high")
+    assert "thinking" not in fields and "output_config" not in fields
+    assert notes == ["claude-bare has no known thinking parameter: reasoning 'high' not sent"]
 
 
 def test_max_tokens_never_exceeds_the_models_maximum_output() -> None:

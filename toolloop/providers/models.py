@@ -181,23 +181,32 @@ _T_OPUS_5 = Source(READ, MODEL_PAGES + ": adaptive; 'disabled' only at effort <=
 _T_ALL = Source(READ, BEDROCK + ": adaptive; 'enabled' deprecated but accepted")
 _T_BUDGET = Source(READ, MODEL_PAGES + ": 'enabled' + budget_tokens only; adaptive and effort are a 400")
 _SONNET_4_5 = SDK_DEPRECATED + "; PROVIDERS.md (404 since)"
+_SIZE = Source(READ, MODEL_PAGES + " (models overview): 1M context, 128K max output")
+_T_HAIKU_5_5 = Source(
+    DERIVED, MODEL_PAGES + ": adaptive (not always on); 'disabled' as no refusal is documented"
+)
+_1M, _128K = 1_000_000, 128_000
 
 MODELS: tuple[ModelInfo, ...] = (
     _claude("claude-opus-5-5", _price((4, 20, 0.20, 5.00, 8.00)),
             thinking=_ADAPTIVE, thinking_src=_T_ALWAYS,
             forced_tool_choice=False, tool_choice_src=_R, temperature=False, temperature_src=_R,
+            max_output_tokens=_128K, context_window=_1M, size_src=_SIZE,
             fal_slug="anthropic/claude-opus-5.5", fal_src=Source(READ, FAL_README)),
     _claude("claude-sonnet-5-5", _price((2, 10, 0.20, 2.50, 4.00)),
             thinking=_ADAPTIVE_OFF,
             thinking_src=_T_ADAPTIVE,
             forced_tool_choice=False, tool_choice_src=_R, temperature=False, temperature_src=_R,
+            max_output_tokens=_128K, context_window=_1M, size_src=_SIZE,
             fal_slug="anthropic/claude-sonnet-5.5"),
     _claude("claude-haiku-5-5", _price((0.10, 0.50, 0.01, None, None), "uuudd"),
-            thinking=_NONE, thinking_src=_U, forced_tool_choice=False, tool_choice_src=_U,
-            temperature=False, temperature_src=_R, fal_slug="anthropic/claude-haiku-5.5"),
+            thinking=_ADAPTIVE_OFF, thinking_src=_T_HAIKU_5_5, forced_tool_choice=False, tool_choice_src=_U,
+            temperature=False, temperature_src=_R, max_output_tokens=_128K, context_window=_1M,
+            size_src=_SIZE, fal_slug="anthropic/claude-haiku-5.5"),
     _claude("claude-fable-5-1", _price((10, 50, 0.25, None, None)),
             thinking=_ADAPTIVE, thinking_src=_T_ADAPTIVE_ONLY,
             forced_tool_choice=False, tool_choice_src=_R, temperature=False, temperature_src=_R,
+            max_output_tokens=_128K, context_window=_1M, size_src=_SIZE,
             fal_slug="anthropic/claude-fable-5.1"),
     _claude("claude-fable-5", _price((10, 50, 1.00, None, None)),
             thinking=_ADAPTIVE, thinking_src=_T_ADAPTIVE_ONLY,
@@ -207,12 +216,13 @@ MODELS: tuple[ModelInfo, ...] = (
     _claude("claude-opus-5", _price((5, 25, 0.50, 6.25, 10.00)),
             thinking=_ADAPTIVE_OFF, thinking_src=_T_OPUS_5,
             forced_tool_choice=True, tool_choice_src=_D, temperature=False, temperature_src=_U,
-            min_cache_tokens=512, min_cache_src=_3RD, fal_slug="anthropic/claude-opus-5"),
+            min_cache_tokens=512, min_cache_src=_3RD, max_output_tokens=_128K, context_window=_1M,
+            size_src=_SIZE, fal_slug="anthropic/claude-opus-5"),
     _claude("claude-sonnet-5", _price((2, 10, 0.20, 2.50, 4.00)),
             thinking=_ADAPTIVE_OFF, thinking_src=_T_ADAPTIVE,
             forced_tool_choice=True, tool_choice_src=_D, temperature=False, temperature_src=_U,
-            min_cache_tokens=1024, min_cache_src=_3RD,
-            fal_slug="anthropic/claude-sonnet-5", fal_src=Source(READ, FAL_README)),
+            min_cache_tokens=1024, min_cache_src=_3RD, max_output_tokens=_128K, context_window=_1M,
+            size_src=_SIZE, fal_slug="anthropic/claude-sonnet-5", fal_src=Source(READ, FAL_README)),
     _claude("claude-opus-4-8", _price((5, 25, 0.50, 6.25, 10.00)),
             thinking=_ADAPTIVE_OFF, thinking_src=_T_ADAPTIVE,
             forced_tool_choice=True, tool_choice_src=_D, temperature=True, temperature_src=_OLD_API,
@@ -276,18 +286,24 @@ def _cell(info: ModelInfo, name: str, value: str) -> str:
     return value + {"read": "", "derived": " (d)", "unconfirmed": " (u)"}[kind]
 
 
+def _size(tokens: int | None) -> str:
+    if tokens is None:
+        return "?"
+    return f"{tokens // 1_000_000}M" if tokens % 1_000_000 == 0 else f"{tokens // 1000}K"
+
+
 def markdown(catalog: Catalog) -> str:
     """The catalogue as the Markdown table of docs/providers.md (tests/unit/test_catalog.py keeps
     the page equal to it). (d) derived, (u) unconfirmed, ? unknown, else read."""
     head = ("| Model | Status | $/MTok in / out | read | 5m write | 1h write | thinking | forced tool_choice "
-            "| temperature | min cache | fal slug |\n" + "| --- " * 11 + "|")  # fmt: skip
+            "| temperature | min cache | max out / context | fal slug |\n" + "| --- " * 12 + "|")  # fmt: skip
     rows = [head]
     for info in catalog.models():
         status = info.status + (f" {info.status_date}" if info.status_date else "")
         if info.replacement:
             status += f" -> `{info.replacement}`"
         if info.price is None:
-            rows.append(f"| `{info.id}` | {status} |" + " |" * 9)
+            rows.append(f"| `{info.id}` | {status} |" + " |" * 10)
             continue
         p = info.price
         money = [
@@ -305,6 +321,11 @@ def markdown(catalog: Catalog) -> str:
             _cell(info, "forced_tool_choice", "yes" if info.forced_tool_choice else "no"),
             _cell(info, "temperature", "yes" if info.temperature else "no"),
             _cell(info, "min_cache_tokens", str(info.min_cache_tokens or "-")),
+            _cell(
+                info, "max_output_tokens", _size(info.max_output_tokens) + " / " + _size(info.context_window)
+            )
+            if info.max_output_tokens
+            else "-",
             _cell(info, "fal_slug", f"`{info.fal_slug}`") if info.fal_slug else "",
         ]
         rows.append(f"| `{info.id}` | {status} | " + " | ".join(money + rules) + " |")
