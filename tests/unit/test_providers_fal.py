@@ -136,6 +136,20 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
     ]
 
 
+@pytest.mark.parametrize(
+    ("model", "sent"),
+    [
+        ("claude-sonnet-5-5", "anthropic/claude-sonnet-5.5"),  # the row's fal slug
+        ("anthropic/claude-opus-5-5", "anthropic/claude-opus-5-5"),  # a slug is sent as given
+        ("google/gemini-3.8-flash", "google/gemini-3.8-flash"),
+        ("gpt-5-mini", "gpt-5-mini"),  # not an Anthropic model: never prefixed
+    ],
+)
+async def test_model_ids_are_sent_as_the_router_names_them(model: str, sent: str) -> None:
+    _, body = await call(PromptGenRequest(prompt="Hi", model=model))
+    assert body["model"] == sent
+
+
 async def test_what_opus_5_5_refuses_is_left_out_and_noted() -> None:
     request = PromptGenRequest(
         messages=[UserMessage(content="Hi")], tools=[TOOL], tool_choice="required", temperature=0.5

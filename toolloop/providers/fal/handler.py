@@ -115,7 +115,7 @@ class FalHandler:
         name = self.default_model if request.model in (None, "default") else str(request.model)
         info = self.catalog.require(self.name, name)
         assert info.price is not None  # require() refuses a row without a price
-        if "/" in name:
+        if "/" in name or info.vendor != "anthropic":
             return name, info, info.price
         return info.fal_slug or f"anthropic/{name}", info, info.price
 
