@@ -3,6 +3,7 @@ catalogue's rules (toolloop/sim/sdk_check.py, toolloop/sim/rules.py)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -56,3 +57,15 @@ def test_a_tool_result_needs_its_tool_use_in_the_previous_assistant_turn() -> No
     late = [*paired, {"role": "assistant", "content": "ok"}, {"role": "user", "content": [result]}]
     with pytest.raises(SimRefusal, match=r"messages\.4\.content\.0: unexpected `tool_use_id`"):
         check_anthropic({**GOOD, "messages": late}, default_catalog())
+
+
+def test_without_the_sdk_strict_mode_is_off_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import toolloop.sim.app as app
+
+    monkeypatch.setattr(app, "sdk_validator", lambda: None)  # as if `anthropic` were not installed
+    with caplog.at_level(logging.WARNING, "toolloop.sim"):
+        simulator = app.Simulator(lambda request: "Hi.", strict=True)
+    assert simulator.strict is False and simulator.stats()["strict"] is False
+    assert "strict mode is off: the anthropic SDK is not installed" in caplog.text
