@@ -195,6 +195,11 @@ class RunToolLoopOptions(_Options):
     """TTL of every mark the request carries (the loop's and the caller's): "1h" is sent as
     `params["cache_ttl"]`, and the provider puts `"ttl": "1h"` on each mark (SPEC 2.9 holds: no
     1-hour mark after a 5-minute one, as all marks share the TTL)."""
+    max_tool_result_bytes: int | None = None
+    """A tool result (value and content, as JSON) larger than this is answered to the model as an
+    error instead (the tool's cost still counts); None: no limit."""
+    max_image_bytes: int | None = None
+    """A tool result with an image file larger than this is answered as an error; None: no limit."""
 
 
 class Asked(_Value):
