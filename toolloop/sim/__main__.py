@@ -40,6 +40,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate Anthropic bodies against the anthropic SDK's request types (needs the SDK)",
     )
+    found.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="a request on a keep-alive connection idle longer than this many seconds finds it closed",
+    )
     return found
 
 
@@ -62,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         min_cache_tokens=args.min_cache_tokens,
         lookback=args.lookback,
         strict=True if args.strict else None,
+        idle_timeout_s=args.idle_timeout,
     )
     try:
         server.bind()

@@ -53,9 +53,13 @@ class SimServer:
         lookback: int = LOOKBACK_BLOCKS,
         clock: Callable[[], float] = time.monotonic,
         backlog: int = 4096,
+        idle_timeout_s: float | None = None,
         catalog: Catalog | None = None,
         strict: bool | None = None,
     ) -> None:
+        """`idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
+        when the next request arrives on it, before any response (as when a client's request crosses
+        a load balancer's close of an idle connection); None: connections stay open 30 s."""
         catalog = catalog or default_catalog()
         cache = PromptCache(
             min_tokens=min_cache_tokens,
@@ -73,6 +77,7 @@ class SimServer:
             cache=cache,
             catalog=catalog,
             strict=strict,
+            idle_timeout_s=idle_timeout_s,
         )
         self.host = host
         self.port = port
