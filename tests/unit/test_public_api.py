@@ -35,6 +35,7 @@ PUBLIC = [
     "RedisJournal",
     "RunToolLoopOptions",
     "RunToolLoopResult",
+    "SpendLimitError",
     "Started",
     "StepResult",
     "TextPart",
