@@ -173,7 +173,7 @@ def test_the_cli_shows_pending_approvals_and_decides(client: Client, runs_redis:
     assert done.returncode == 0 and "decided; the run goes on" in done.stdout, done
     assert client.wait(run_id, timeout=20).final_text == "Model read: published 2+3"
     events = cli("events", run_id)
-    assert "approval_decided" in events.stdout and "cli user" in events.stdout, events.stdout
+    assert "approval decided: approve by cli user" in events.stdout, events.stdout
 
 
 def test_the_web_example_lists_and_decides_approvals(client: Client) -> None:

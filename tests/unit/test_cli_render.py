@@ -52,6 +52,21 @@ def test_tool_and_run_event_lines() -> None:
     assert event_line(other) == 'run      resumed  {"note": "x"}'
 
 
+def test_approval_event_lines() -> None:
+    requested = {"kind": "approval_requested", "call_id": "c7", "name": "publish", "input": {"shot": 3}}
+    assert event_line(requested) == 'run      approval requested: publish {"shot": 3} (call c7)'
+    decided = {
+        "kind": "approval_decided",
+        "call_id": "c7",
+        "action": "reject",
+        "reason": "no",
+        "actor": "ana",
+    }
+    assert event_line(decided) == "run      approval decided: reject: no by ana (call c7)"
+    expired = {"kind": "approval_expired", "call_id": "c7", "outcome": "reject"}
+    assert event_line(expired) == "run      approval expired: reject by default (call c7)"
+
+
 def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> None:
     totals = Totals()
     totals.add_model(model_event(1, read=0, write=1000))

@@ -125,6 +125,16 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
         return "parked: no worker holds it while it waits for the answer"
     if kind == "answered":
         return f"answered: {_short(data.get('content'), 60)}"
+    if kind == "approval_requested":
+        held = json.dumps(data.get("input"), sort_keys=True)
+        return f"approval requested: {data.get('name')} {_short(held, 60)} (call {data.get('call_id')})"
+    if kind == "approval_decided":
+        by = f" by {data['actor']}" if data.get("actor") else ""
+        why = f": {_short(data.get('reason'), 40)}" if data.get("reason") else ""
+        early = " (before the run parked)" if data.get("early") else ""
+        return f"approval decided: {data.get('action')}{why}{by} (call {data.get('call_id')}){early}"
+    if kind == "approval_expired":
+        return f"approval expired: {data.get('outcome')} by default (call {data.get('call_id')})"
     if kind == "finished":
         return f"finished: {data.get('stopped_by') or data.get('status') or 'done'}"
     if kind == "failed":
