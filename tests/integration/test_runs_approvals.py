@@ -256,3 +256,28 @@ def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(client: 
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "Model read: Rejected by the person: one is enough.", status
     assert published(worker)[before:] == [{"tool": "publish", "ran_with": {"a": 1.0, "b": 2.0}}]
+
+
+def test_an_early_decision_for_another_input_is_dropped_and_the_call_waits(client: Client) -> None:
+    run_id = client.enqueue(spec("approve_slow"))
+    model = eventually(lambda: [e for e in client.events(run_id) if e.kind == "model"])
+    call_id = next(c["id"] for c in model[0].tool_calls if c["name"] == "publish")
+    assert client.approve(run_id, call_id, digest="sha256:" + "2" * 64) == "kept"
+    held = parked(client, run_id)
+    eventually(lambda: "approval_refused" in kinds(client, run_id))
+    assert client.wait(run_id, timeout=5).approvals == [held]  # still waiting
+    assert client.approve(run_id, call_id, digest=held["input_digest"]) == "resumed"
+    assert client.wait(run_id, timeout=20).final_text == "Model read: published 2+3"
+
+
+def test_a_late_answer_pinned_to_an_expired_question_is_refused(client: Client) -> None:
+    from toolloop.loop.approvals import DeadlineError
+
+    run_id = client.enqueue(spec("ask2", ask_timeout_s=2, ask_default="(nobody)"))
+    first = client.wait(run_id, timeout=20)
+    second = eventually(lambda: (s := client.status(run_id)).segment == 1 and s.status == "asked" and s, 15)
+    assert second.asked == {"question": "Question 2?"}
+    with pytest.raises(DeadlineError, match="deadline"):
+        client.answer(run_id, "late", segment=first.segment)
+    client.answer(run_id, "second")
+    assert client.wait(run_id, timeout=20).final_text == "You said: (nobody), then second"
