@@ -338,7 +338,7 @@ class _Step:
         events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
         queue = extra.pop("queue", "llm")
         trace = self.trace
-        if trace is not None and trace.new_trace and trace.recording:  # the run's trace begins here
+        if trace is not None and trace.new_trace and trace.valid:  # the run's trace begins here
             state = {**state, "traceparent": trace.traceparent()}
         payload = {
             "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
@@ -471,7 +471,7 @@ class _Step:
     def run_traceparent(self) -> str | None:
         """The run's trace context for its successors' message headers (None when not traced)."""
         trace = self.trace
-        if trace is None or not trace.recording:
+        if trace is None or not trace.valid:
             return None
         return self.state.get("traceparent") or trace.traceparent()
 

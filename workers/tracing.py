@@ -27,7 +27,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from toolloop import telemetry
@@ -56,7 +56,10 @@ def configure() -> bool:
             "SDK is not installed.\n  pip install 'toolloop[otel]', or unset those variables."
         ) from None
     service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "toolloop-worker"
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else ParentBased(ALWAYS_ON)
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if path:
         from workers.spanfile import JsonLinesExporter
 
@@ -77,10 +80,30 @@ def configure() -> bool:
 
 
 def traceparent(span: Span) -> str:
-    """The W3C `traceparent` of `span` ("" for a span that is not sampled/valid)."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier.get("traceparent", "")
+    """The W3C `traceparent` of `span` ("" for a span that is not valid)."""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return ""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def parent_context(value: str | None) -> Context:
+    """The context of a W3C `traceparent` (an empty one, a new trace, for none or a malformed one).
+    Parsed here for the common "00-<32 hex>-<16 hex>-<2 hex>" form (the propagator's regex costs
+    more than the rest of a step's tracing); anything else goes through the propagator."""
+    if not value:
+        return Context()
+    parts = value.split("-")
+    if len(parts) == 4 and parts[0] == "00" and len(parts[1]) == 32 and len(parts[2]) == 16:
+        try:
+            trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+        except ValueError:
+            return Context()
+        if trace_id and span_id:
+            remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
+            return trace.set_span_in_context(NonRecordingSpan(remote))
+        return Context()
+    return _PROPAGATOR.extract({"traceparent": value})
 
 
 def current_traceparent() -> str:
@@ -93,14 +116,17 @@ class StepTrace:
     """The span of one task of a run, and the context its live work runs in."""
 
     def __init__(self, run_id: str, n: int, parent: str | None, task_id: str) -> None:
-        parent_context = _PROPAGATOR.extract({"traceparent": parent}) if parent else Context()
         self.span = telemetry.tracer().start_span(
-            "toolloop.step", context=parent_context,
-            attributes={"toolloop.run_id": run_id, "toolloop.step.n": n, "toolloop.task_id": task_id},
+            "toolloop.step", context=parent_context(parent),
+            attributes={"toolloop.run_id": run_id, "toolloop.step.n": n},
         )  # fmt: skip
         self.context = trace.set_span_in_context(self.span)
         self.recording = self.span.is_recording()
+        self.valid = self.span.get_span_context().is_valid
+        """False without a provider; True for a sampled-out span too (its trace id is the run's all
+        the same, so that a sampler decides once per run, not once per step)."""
         self.new_trace = not parent
+        self._traceparent: str | None = None
         """True when this span starts the run's trace: its traceparent goes into the run's record."""
 
     def enter(self) -> None:
@@ -110,7 +136,9 @@ class StepTrace:
             otel_context.attach(self.context)
 
     def traceparent(self) -> str:
-        return traceparent(self.span)
+        if self._traceparent is None:
+            self._traceparent = traceparent(self.span)
+        return self._traceparent
 
     def end(self, outcome: str, **attributes: Any) -> None:
         if self.recording:
