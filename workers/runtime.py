@@ -300,13 +300,13 @@ def check_redis(client: redis_lib.Redis) -> None:
 
 
 def start_worker_threads(**_: Any) -> None:
+    tracing.configure()  # before gc.freeze: the SDK's objects are frozen with the rest
     if os.environ.get("TOOLLOOP_GC", "1") == "1":
         import gc
 
         gc.freeze()
         gc.set_threshold(100_000, 50, 1000)
     check_redis(redis())
-    tracing.configure()
     if settings.metrics_port:
         start_metrics(settings.metrics_port)
     loop()
