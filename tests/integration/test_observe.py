@@ -109,7 +109,7 @@ def test_one_trace_across_two_workers_and_a_kill(
     second: Worker | None = None
     client = Client(redis_server.url)
     try:
-        run_id = client.enqueue(spec(KILLED, model="claude-sonnet-4-5", provider="anthropic"))
+        run_id = client.enqueue(spec(KILLED, model="claude-sonnet-5-5", provider="anthropic"))
         eventually(lambda: tool_log.exists() and tool_log.read_text(), timeout=20)
         time.sleep(0.5)  # inside the 3 s tool
         first.kill()
@@ -140,7 +140,7 @@ def test_one_trace_across_two_workers_and_a_kill(
     for chat, used in zip(sorted(chats, key=lambda s: s["start"]), usage, strict=True):
         attributes = chat["attributes"]
         assert attributes["gen_ai.provider.name"] == "anthropic"
-        assert attributes["gen_ai.request.model"] == "claude-sonnet-4-5"
+        assert attributes["gen_ai.request.model"] == "claude-sonnet-5-5"
         assert attributes["gen_ai.response.model"]
         assert attributes["gen_ai.usage.input_tokens"] == used["prompt_tokens"]
         assert attributes["gen_ai.usage.output_tokens"] == used["completion_tokens"]
@@ -182,7 +182,7 @@ def test_metrics_equal_the_runs_journal(redis_server: EmbeddedServer, sim: SimSe
     try:
         before = scrape(port)
         assert total(before, "toolloop_steps_committed_total") == 0
-        run_id = client.enqueue(spec(PLAIN, model="claude-sonnet-4-5", provider="anthropic"))
+        run_id = client.enqueue(spec(PLAIN, model="claude-sonnet-5-5", provider="anthropic"))
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", (status, worker.log.read_text()[-3000:])
         after = eventually(lambda: (s := scrape(port)) and total(s, "toolloop_runs_total") and s)
