@@ -14,7 +14,8 @@ headers, keys and tool inputs otherwise are never recorded.
 Attributes of a chat span: gen_ai.operation.name "chat", gen_ai.provider.name, gen_ai.request.model,
 gen_ai.response.model, gen_ai.usage.input_tokens (cached included) / output_tokens,
 gen_ai.usage.cache_read.input_tokens, gen_ai.usage.cache_creation.input_tokens,
-gen_ai.response.finish_reasons, toolloop.cost_usd, toolloop.step (the journal key).
+gen_ai.response.finish_reasons, toolloop.cost_usd, toolloop.step (the journal key), and after a
+fallback between providers toolloop.fallback_from (the providers that failed first, in order).
 Of a tool span: gen_ai.operation.name "execute_tool", gen_ai.tool.name, gen_ai.tool.call.id,
 toolloop.cost_usd, toolloop.step.
 """
@@ -50,6 +51,7 @@ OUTPUT_MESSAGES = "gen_ai.output.messages"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 COST = "toolloop.cost_usd"
+FALLBACK_FROM = "toolloop.fallback_from"
 STEP = "toolloop.step"
 
 
@@ -118,6 +120,8 @@ def chat_result(span: Span, request: PromptGenRequest, result: PromptGenResult) 
     }
     if meta.get("provider"):
         attributes[PROVIDER] = str(meta["provider"])
+    if meta.get("fallback_from"):  # a capacity/unavailable switch between providers (providers/facade.py)
+        attributes[FALLBACK_FROM] = [str(f.get("provider")) for f in meta["fallback_from"]]
     if capture_content():
         output = {"text": result.text, "tool_calls": [c.model_dump(mode="json") for c in result.tool_calls]}
         attributes[OUTPUT_MESSAGES] = json.dumps(output, ensure_ascii=False)

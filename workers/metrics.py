@@ -11,7 +11,10 @@ the endpoint is scraped (one pipeline of LLEN, nothing in between scrapes).
     toolloop_steps_replayed_total{queue}         stored steps a task replayed instead of running
     toolloop_steps_rerun_total{kind,queue}       live work begun by a task delivered more than once
     toolloop_step_seconds{kind,queue}            task begin to commit (histogram)
-    toolloop_model_calls_total{provider,status}  model calls: status "ok" or the error's class
+    toolloop_model_calls_total{provider,status}  model calls: status "ok", "fell_back" (a capacity or
+                                                 unavailable error: the next provider was tried) or
+                                                 the error's class
+    toolloop_model_fallbacks_total{from_provider,to_provider}  calls a fallback provider answered
     toolloop_spend_usd_total                     cost of committed steps
     toolloop_prompt_tokens_total{cache}          committed model calls' prompt tokens: read, write, uncached
     toolloop_completion_tokens_total             their completion tokens
@@ -72,6 +75,10 @@ class Metrics:
         self.model_calls = Counter(
             "toolloop_model_calls", "Model calls by provider and status", ["provider", "status"],
             registry=registry,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            "toolloop_model_fallbacks", "Model calls answered by another provider than the one tried first",
+            ["from_provider", "to_provider"], registry=registry,
         )  # fmt: skip
         self.spend = Counter("toolloop_spend_usd", "Cost of committed steps, USD", registry=registry)
         self.prompt_tokens = Counter(
@@ -174,7 +181,11 @@ def counted(generate: Any, provider: str | None, metrics: Metrics) -> Any:
             metrics.model_call(provider or "default", type(error).__name__)
             raise
         meta = getattr(result, "meta", None) or {}
-        metrics.model_call(str(meta.get("provider") or provider or "default"), "ok")
+        answered = str(meta.get("provider") or provider or "default")
+        for failed in meta.get("fallback_from") or []:  # providers/facade.py moved on from these
+            metrics.model_call(str(failed.get("provider")), "fell_back")
+            metrics.fallbacks.labels(str(failed.get("provider")), answered).inc()
+        metrics.model_call(answered, "ok")
         return result
 
     return counting

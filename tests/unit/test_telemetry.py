@@ -131,3 +131,24 @@ print((time.perf_counter() - began) / n * 1e6)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     per_span_us = float(out.stdout.strip())
     assert per_span_us < 50, per_span_us  # a few µs on a loaded 2-core box; a model call takes ms
+
+
+async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
+    spans: InMemorySpanExporter,
+) -> None:
+    from toolloop.contract import PromptGenResult
+    from workers.metrics import Metrics, counted
+
+    switched = PromptGenResult(
+        text="Fine.", meta={"provider": "fal", "fallback_from": [{"provider": "anthropic", "reason": "529"}]}
+    )
+    metrics = Metrics()
+    result, _ = await run(counted(ScriptedModel([switched]), "anthropic", metrics))
+    assert result.stopped_by == "done"
+    (chat,) = spans.get_finished_spans()
+    assert attributes(chat)["gen_ai.provider.name"] == "fal"
+    assert attributes(chat)["toolloop.fallback_from"] == ("anthropic",)
+    value = metrics.registry.get_sample_value
+    assert value("toolloop_model_calls_total", {"provider": "anthropic", "status": "fell_back"}) == 1
+    assert value("toolloop_model_calls_total", {"provider": "fal", "status": "ok"}) == 1
+    assert value("toolloop_model_fallbacks_total", {"from_provider": "anthropic", "to_provider": "fal"}) == 1
