@@ -41,7 +41,7 @@ from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import consumer, killpoints, runtime, wire
+from workers import consumer, flow, killpoints, runtime, wire
 from workers.app import ADVANCE
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
@@ -160,7 +160,7 @@ class _Step:
         else:
             try:
                 spec = RunSpec.model_validate_json(spec_json)
-                tools = runtime.toolsets().for_worker(spec.toolset)
+                tools = flow.wrap_tools(runtime.toolsets().for_worker(spec.toolset), spec)
                 messages = segment_messages(input_json, answer)
             except Exception as error:
                 return await self.commit_failure(error)
@@ -172,7 +172,7 @@ class _Step:
             )  # fmt: skip
             steps_base = int(self.state.get("steps_base", 0))
             options = RunToolLoopOptions(
-                generate=runtime.generate_for(spec.provider, spec.fallback),
+                generate=flow.wrap_generate(runtime.generate_for(spec.provider, spec.fallback), spec),
                 model=spec.model,
                 system=spec.system,
                 messages=messages,

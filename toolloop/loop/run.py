@@ -70,6 +70,11 @@ class _BudgetStop(Exception):
         self.spent_usd = spent_usd
 
 
+BudgetStop = _BudgetStop
+"""Raised by a model call or a tool's work (a durable worker's shared budget account, workers/flow.py)
+to stop the run `budget` as the breaker would: nothing is journaled."""
+
+
 class _Cancel(Exception):
     """The abort signal was seen between two steps."""
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS
+from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.script import Script, load_script
 from toolloop.sim.server import SimServer
 
@@ -41,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="a request on a keep-alive connection idle longer than this many seconds finds it closed",
     )
+    found.add_argument("--rpm", type=int, default=0, help="requests per minute per API key (0: no limit)")
+    found.add_argument("--input-tpm", type=int, default=0, help="input tokens per minute per API key")
+    found.add_argument("--output-tpm", type=int, default=0, help="output tokens per minute per API key")
     return found
 
 
@@ -63,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         min_cache_tokens=args.min_cache_tokens,
         lookback=args.lookback,
         idle_timeout_s=args.idle_timeout,
+        rate_limits=SimRateLimits(args.rpm, args.input_tpm, args.output_tpm),
     )
     try:
         server.bind()

@@ -27,6 +27,7 @@ import uvicorn
 
 from toolloop.sim.app import Simulator
 from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS, PromptCache
+from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.script import Policy, Script, as_policy
 
 
@@ -47,6 +48,7 @@ class SimServer:
         clock: Callable[[], float] = time.monotonic,
         backlog: int = 4096,
         idle_timeout_s: float | None = None,
+        rate_limits: SimRateLimits | None = None,
     ) -> None:
         """`idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
         when the next request arrives on it, before any response (as when a client's request crosses
@@ -59,6 +61,7 @@ class SimServer:
         )
         self.simulator = Simulator(
             as_policy(policy_or_script), latency_s=latency_s, require_key=require_key, cache=cache,
+            rate_limits=rate_limits,
             idle_timeout_s=idle_timeout_s,
         )  # fmt: skip
         self.host = host

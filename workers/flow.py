@@ -1,0 +1,185 @@
+"""Flow control around a durable run's model calls and tools (docs/flow-control.md):
+
+- provider rate limits per key and model (workers/ratelimit.py): a model call books its request
+  and input-token estimate first and, when the limiter says so, waits on the process's loop (its
+  step-consumer slot lent to other steps meanwhile) before it sends; the answer's usage settles
+  the booking, and its `anthropic-ratelimit-*` / `retry-after` headers teach the limiter;
+- a shared budget account (workers/accounts.py, `RunSpec.account`): a model call or a tool reserves
+  its estimate first; near the account's limit the request carries the run's `finish_note`, past it
+  the step raises the loop's budget stop (the run stops `budget`); the real cost settles the
+  reservation when the work returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from toolloop.abort import AbortSignal
+from toolloop.contract import PromptGenRequest, PromptGenResult, UserMessage
+from toolloop.loop.run import BudgetStop
+from toolloop.loop.tools import as_output, call
+from toolloop.loop.types import ToolSpec
+from toolloop.providers.common import estimate_input_tokens
+from toolloop.providers.http import observe_responses, race
+from workers import accounts, consumer, ratelimit, runtime
+from workers.spec import RunSpec
+
+Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
+
+
+def wrap_generate(generate: Generate, spec: RunSpec) -> Generate:
+    """`generate` under the worker's rate limits and the run's account (as is when neither applies)."""
+    provider = str(spec.provider or getattr(runtime.prompt_gen(), "default_provider", "anthropic"))
+    config = runtime.settings.rate_limits
+    if spec.account is None and not config.get(provider):
+        return generate
+
+    async def flowing(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+        model = request.model or spec.model
+        limits = ratelimit.limits_for(config, provider, model)
+        reservation = None
+        if spec.account is not None:
+            estimate = _estimate(request, provider)
+            reservation, verdict = await reserve(spec.account, estimate)
+            if verdict.verdict == "finish" and spec.finish_note:
+                request = _with_note(request, spec.finish_note)
+        cost = 0.0
+        try:
+            if limits is None:
+                result = await generate(request, signal)
+            else:
+                result = await _limited(generate, request, signal, provider, model, limits)
+            cost = result.cost_usd
+            return result
+        finally:
+            if reservation is not None:
+                settle(spec.account or "", reservation, cost)
+
+    return flowing
+
+
+def wrap_tools(tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
+    """The run's tools, each one-phase tool reserving its estimate (`estimate_usd`, else 0) from the
+    run's account before it runs and settling its output's cost after."""
+    account = spec.account
+    if account is None:
+        return tools
+
+    def wrapped(tool: ToolSpec) -> ToolSpec:
+        run, estimate_usd = tool.run, tool.estimate_usd
+        if run is None or tool.start is not None:
+            return tool
+
+        async def reserved_run(checked: Any, signal: AbortSignal) -> Any:
+            estimate = float(await call(estimate_usd, checked)) if estimate_usd is not None else 0.0
+            reservation, _ = await reserve(account, estimate)
+            cost = 0.0
+            try:
+                returned = await call(run, checked, signal)
+                cost = as_output(returned, tool.name).cost_usd
+                return returned
+            finally:
+                settle(account, reservation, cost)
+
+        return tool.model_copy(update={"run": reserved_run})
+
+    return [wrapped(tool) for tool in tools]
+
+
+async def reserve(account: str, usd: float) -> tuple[str, accounts.Verdict]:
+    """Reserve `usd` from `account` for a lease; raise the loop's budget stop past its limit."""
+    reservation = uuid.uuid4().hex
+    now = time.time()
+    reply = await runtime.batch().script(
+        accounts.RESERVE, accounts.keys_of(account),
+        [reservation, repr(float(usd)), runtime.settings.lease_ms, *accounts.periods(now)],
+    )  # fmt: skip
+    verdict = accounts.Verdict.of(reply)
+    if verdict.verdict == "stop":
+        raise BudgetStop(verdict.spent_usd + verdict.reserved_usd)
+    return reservation, verdict
+
+
+def settle(account: str, reservation: str, usd: float) -> None:
+    runtime.batch().send(
+        "EVAL", accounts.SETTLE, 3, *accounts.keys_of(account), reservation, repr(float(usd)),
+        *accounts.periods(time.time()),
+    )  # fmt: skip
+
+
+def _estimate(request: PromptGenRequest, provider: str) -> float:
+    prompt_gen = runtime.prompt_gen()
+    estimate = getattr(prompt_gen, "estimate", None)
+    if estimate is None:
+        return 0.0
+    try:
+        return float(estimate(request, provider=provider))
+    except Exception:  # an unknown model: the call itself says so
+        return 0.0
+
+
+def _with_note(request: PromptGenRequest, note: str) -> PromptGenRequest:
+    messages = list(request.messages or [])
+    if any(isinstance(m, UserMessage) and m.content == note for m in messages):
+        return request
+    return request.model_copy(update={"messages": [*messages, UserMessage(content=note)]})
+
+
+async def _limited(
+    generate: Generate,
+    request: PromptGenRequest,
+    signal: AbortSignal,
+    provider: str,
+    model: str,
+    limits: ratelimit.Limits,
+) -> PromptGenResult:
+    hashed = ratelimit.key_hash(provider, limits)
+    bucket = ratelimit.bucket_key(hashed, model)
+    keys = [bucket, f"{bucket}:inflight"]
+    holder = uuid.uuid4().hex
+    estimate = estimate_input_tokens(request)
+    batch = runtime.batch()
+    while True:
+        wait_ms, why = await batch.script(
+            ratelimit.BOOK, keys,
+            [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
+             runtime.settings.lease_ms],
+        )  # fmt: skip
+        if int(wait_ms) > 0:
+            await _wait(int(wait_ms) / 1000, signal)
+        if why != "busy":
+            break
+
+    def learn(status: int, headers: httpx.Headers) -> None:
+        blocked, remaining = ratelimit.lessons(status, headers, time.time())
+        if blocked or remaining:
+            flat = [x for pair in remaining for x in pair]
+            batch.send("EVAL", ratelimit.LEARN, 1, bucket, int(blocked * 1000), *flat)
+
+    token = observe_responses.set(learn)
+    used_in, used_out = estimate, 0
+    try:
+        result = await generate(request, signal)
+        usage = result.usage
+        used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
+        used_out = usage.completion_tokens
+        return result
+    finally:
+        observe_responses.reset(token)
+        batch.send("EVAL", ratelimit.SETTLE, 2, *keys, holder, used_in - estimate, used_out)
+
+
+async def _wait(seconds: float, signal: AbortSignal) -> None:
+    """Sleep on the loop, the step's consumer slot lent to other steps meanwhile."""
+    steps = consumer.current()
+    if steps is None:
+        await race(asyncio.sleep(seconds), signal)
+        return
+    async with steps.lend():
+        await race(asyncio.sleep(seconds), signal)
