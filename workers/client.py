@@ -24,7 +24,7 @@ import redis as redis_lib
 
 from toolloop.contract import CHAT_MESSAGES, ChatMessage
 from toolloop.journal import keys, scripts
-from workers import limits, runs, toolsets
+from workers import accounts, limits, runs, toolsets
 from workers.app import ANSWER, CANCEL, make_app, send
 from workers.errors import EnqueueError, RunNotFoundError, RunStateError
 from workers.records import FINAL, RunEventRecord, RunStatus
@@ -221,6 +221,18 @@ class Client:
         if not self.redis.exists(keys.state(run_id)):
             raise RunNotFoundError(run_id)
         return float(self.redis.incrbyfloat(keys.spend(run_id), usd))
+
+    def set_account_limit(
+        self, account: str, usd: float, *, period: str = "day", finish_at: float = 0.9
+    ) -> None:
+        """Limit what the runs naming `account` (RunSpec.account) spend together: `usd` per `period`
+        ("day", "month" or "total", UTC). At `finish_at` of it their model calls carry the run's
+        finish_note; past it their steps stop the run `budget` (docs/flow-control.md)."""
+        accounts.set_limit(self.redis, account, usd, period, finish_at)
+
+    def accounts(self) -> list[accounts.AccountSpend]:
+        """Every account with a limit: spend in its current period, and what is reserved now."""
+        return accounts.spend(self.redis, time.time())
 
 
 def _status(run_id: str, state: dict[str, str]) -> RunStatus:
