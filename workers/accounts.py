@@ -8,11 +8,13 @@ Redis keys (per account name):
     tl:acct:{name}:held             zset: reservation id -> expiry (ms, Redis clock)
     tl:acct:{name}:held:usd         hash: reservation id -> USD reserved
 
-`RESERVE` (one script) drops expired reservations, then compares spent + reserved + the estimate
-with the limit: over it the step does not run (the run stops `budget`); at or over `finish_at` of
-the limit the run goes into finish mode; else the estimate is held until `SETTLE`, which frees it
-and adds the real cost. Concurrent runs of one account therefore never spend more than the limit
-while the estimates are ceilings (a model call's: its input estimate plus max_tokens at list price).
+`RESERVE` (one script) drops expired reservations, then compares the estimate with the limit: when
+spent + the estimate is over it the step does not run (the run stops `budget`); when spent +
+reserved + the estimate is over it the step waits for reservations in flight to settle and asks
+again; else the estimate is held until `SETTLE`, which frees it and adds the real cost, and at or
+over `finish_at` of the limit the run goes into finish mode. Concurrent runs of one account
+therefore never spend more than the limit while the estimates are ceilings (a model call's: its
+input estimate plus max_tokens at list price).
 A reservation expires a lease after it was made: a worker killed mid-call, or a Redis restart that
 kept the reservation (AOF) but lost its settle, frees it within a lease. A settle after the expiry
 still counts the cost: the money was spent.
@@ -45,7 +47,8 @@ def period_id(period: str, now: float) -> str:
 RESERVE = """
 -- KEYS[1] the account, KEYS[2] its held zset, KEYS[3] held amounts. ARGV: reservation id, USD,
 -- lease ms, the period id of day, of month (the script picks the account's)
--- -> {verdict, spent, reserved, limit}; verdict: "ok" | "finish" | "stop" | "none" (no limit set)
+-- -> {verdict, spent, reserved, limit}; verdict: "ok" | "finish" | "stop" (it cannot fit even
+--    alone) | "wait" (it fits once reservations in flight settle) | "none" (no limit set)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local conf = redis.call('HMGET', KEYS[1], 'limit_usd', 'period', 'finish_at')
@@ -65,8 +68,11 @@ for _, v in ipairs(redis.call('HVALS', KEYS[3])) do reserved = reserved + tonumb
 local amount = tonumber(ARGV[2])
 local used = spent + reserved + amount
 local verdict = 'ok'
-if used > limit then
+if spent + amount > limit then
   return {'stop', tostring(spent), tostring(reserved), tostring(limit)}
+end
+if used > limit then
+  return {'wait', tostring(spent), tostring(reserved), tostring(limit)}
 end
 if used >= (tonumber(conf[3]) or 0.9) * limit then verdict = 'finish' end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])

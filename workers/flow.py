@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,6 +32,8 @@ from toolloop.providers.http import observe_responses, race
 from workers import accounts, consumer, ratelimit, runtime
 from workers.spec import RunSpec
 
+log = logging.getLogger("toolloop.workers")
+
 Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 
 
@@ -46,7 +50,7 @@ def wrap_generate(generate: Generate, spec: RunSpec) -> Generate:
         reservation = None
         if spec.account is not None:
             estimate = _estimate(request, provider)
-            reservation, verdict = await reserve(spec.account, estimate)
+            reservation, verdict = await reserve(spec.account, estimate, signal)
             if verdict.verdict == "finish" and spec.finish_note:
                 request = _with_note(request, spec.finish_note)
         cost = 0.0
@@ -78,7 +82,7 @@ def wrap_tools(tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
 
         async def reserved_run(checked: Any, signal: AbortSignal) -> Any:
             estimate = float(await call(estimate_usd, checked)) if estimate_usd is not None else 0.0
-            reservation, _ = await reserve(account, estimate)
+            reservation, _ = await reserve(account, estimate, signal)
             cost = 0.0
             try:
                 returned = await call(run, checked, signal)
@@ -92,25 +96,39 @@ def wrap_tools(tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
     return [wrapped(tool) for tool in tools]
 
 
-async def reserve(account: str, usd: float) -> tuple[str, accounts.Verdict]:
-    """Reserve `usd` from `account` for a lease; raise the loop's budget stop past its limit."""
+async def reserve(account: str, usd: float, signal: AbortSignal) -> tuple[str, accounts.Verdict]:
+    """Reserve `usd` from `account` for a lease; raise the loop's budget stop past its limit. While
+    it fits only once reservations in flight settle, wait (the step's slot lent meanwhile)."""
     reservation = uuid.uuid4().hex
-    now = time.time()
-    reply = await runtime.batch().script(
-        accounts.RESERVE, accounts.keys_of(account),
-        [reservation, repr(float(usd)), runtime.settings.lease_ms, *accounts.periods(now)],
-    )  # fmt: skip
-    verdict = accounts.Verdict.of(reply)
+    while True:
+        reply = await runtime.batch().script(
+            accounts.RESERVE, accounts.keys_of(account),
+            [reservation, repr(float(usd)), runtime.settings.lease_ms, *accounts.periods(time.time())],
+        )  # fmt: skip
+        verdict = accounts.Verdict.of(reply)
+        if verdict.verdict != "wait":
+            break
+        await _wait(random.uniform(0.05, 0.25), signal)
     if verdict.verdict == "stop":
         raise BudgetStop(verdict.spent_usd + verdict.reserved_usd)
     return reservation, verdict
 
 
 def settle(account: str, reservation: str, usd: float) -> None:
-    runtime.batch().send(
-        "EVAL", accounts.SETTLE, 3, *accounts.keys_of(account), reservation, repr(float(usd)),
-        *accounts.periods(time.time()),
-    )  # fmt: skip
+    _fire(accounts.SETTLE, accounts.keys_of(account),
+          [reservation, repr(float(usd)), *accounts.periods(time.time())])  # fmt: skip
+
+
+def _fire(source: str, keys: list[str], args: list[Any]) -> None:
+    """Run a script in this turn's batch without waiting for it (a failure is logged). Not
+    `Batch.send`: its writes run inside one script, where a script cannot be called."""
+    done = runtime.batch().script(source, keys, args)
+    done.add_done_callback(_logged)
+
+
+def _logged(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("flow control: a settle failed (%s); what it held frees after a lease", done.exception())
 
 
 def _estimate(request: PromptGenRequest, provider: str) -> float:
@@ -160,7 +178,7 @@ async def _limited(
         blocked, remaining = ratelimit.lessons(status, headers, time.time())
         if blocked or remaining:
             flat = [x for pair in remaining for x in pair]
-            batch.send("EVAL", ratelimit.LEARN, 1, bucket, int(blocked * 1000), *flat)
+            _fire(ratelimit.LEARN, [bucket], [int(blocked * 1000), *flat])
 
     token = observe_responses.set(learn)
     used_in, used_out = estimate, 0
@@ -172,7 +190,7 @@ async def _limited(
         return result
     finally:
         observe_responses.reset(token)
-        batch.send("EVAL", ratelimit.SETTLE, 2, *keys, holder, used_in - estimate, used_out)
+        _fire(ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
 
 
 async def _wait(seconds: float, signal: AbortSignal) -> None:

@@ -108,7 +108,8 @@ def test_reservations_hold_the_limit_and_settle_the_real_cost(redis_client: redi
     accounts.set_limit(redis_client, name, 1.0, "day", finish_at=0.8)
     assert reserve(redis_client, name, "r1", 0.5).verdict == "ok"
     assert reserve(redis_client, name, "r2", 0.4).verdict == "finish"  # 0.9 of 1.0 held
-    assert reserve(redis_client, name, "r3", 0.2).verdict == "stop"  # 1.1 > 1.0: refused, nothing held
+    assert reserve(redis_client, name, "r3", 0.2).verdict == "wait"  # fits once those settle
+    assert reserve(redis_client, name, "r3", 1.2).verdict == "stop"  # never fits: refused, nothing held
     settle(redis_client, name, "r1", 0.05)
     settle(redis_client, name, "r2", 0.05)
     (row,) = [a for a in accounts.spend(redis_client, time.time()) if a.name == name]
@@ -124,7 +125,7 @@ def test_an_unsettled_reservation_frees_after_its_lease(redis_client: redis.Redi
     name = "team-lease"
     accounts.set_limit(redis_client, name, 1.0, "total")
     assert reserve(redis_client, name, "dead", 0.95, lease_ms=300).verdict == "finish"
-    assert reserve(redis_client, name, "next", 0.1).verdict == "stop"
+    assert reserve(redis_client, name, "next", 0.1).verdict == "wait"
     assert held(redis_client, name) == pytest.approx(0.95)
     time.sleep(0.35)
     assert held(redis_client, name) == 0.0
