@@ -14,6 +14,7 @@ import redis
 
 from tests.integration.conftest import Worker
 from tests.integration.runs_kit import eventually, spec
+from toolloop import UserMessage
 from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.journal import keys
 from toolloop.providers.anthropic.request import DEFAULT_MAX_TOKENS
@@ -51,7 +52,9 @@ def sim_worker(url: str, sim: SimServer, log_dir: Path, **env: str) -> Worker:
 
 
 def run_spec(**fields: Any) -> dict[str, Any]:
-    return spec("You add.", model="claude-haiku-4-5", provider="anthropic", max_steps=TURNS + 1, **fields)
+    return spec(
+        "You add.", **{"model": "claude-haiku-4-5", "provider": "anthropic", "max_steps": TURNS + 1, **fields}
+    )
 
 
 def wait_all(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
@@ -159,3 +162,32 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
     assert [s.status for s in statuses] == ["done"] * 5
     assert row.reserved_usd == 0.0
     assert row.spent_usd == pytest.approx(total, abs=1e-6)  # the killed calls were never answered, nor billed
+
+
+def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_budget(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    from toolloop.sim.script import SimRequest, SimToolCall, SimTurn
+
+    seen: list[SimRequest] = []
+
+    def policy(request: SimRequest) -> SimTurn:
+        seen.append(request)
+        call = SimToolCall(name="add", input={"a": 1, "b": 2})
+        return SimTurn(text="More.", tool_calls=[call], usage={"output_tokens": 4000})  # ~$0.02 a call
+
+    with SimServer(policy) as sim:
+        worker = sim_worker(own_redis.url, sim, tmp_path)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("tenant-3", 0.1, period="month", finish_at=0.5)
+            run_id = client.enqueue(run_spec(account="tenant-3", finish_note=NOTE, max_steps=50))
+            (status,) = wait_all(client, [run_id], timeout=60)
+            (row,) = client.accounts()
+        finally:
+            worker.stop()
+            client.close()
+    assert status.status == "budget"
+    notes = [NOTE in repr(r.messages[-1]) and isinstance(r.messages[-1], UserMessage) for r in seen]
+    assert notes[0] is False and notes[-1] is True  # finish mode once the account neared its limit
+    assert row.spent_usd <= 0.1 and row.period == "month"
