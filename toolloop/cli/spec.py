@@ -25,6 +25,7 @@ FLAG_FIELDS = (
     "keep_images",
     "cache",
     "provider",
+    "account",
 )
 SPEC_HINT = (
     "  Give a mapping with model, system, messages (or a prompt) and toolset; see `toolloop run --help`."
