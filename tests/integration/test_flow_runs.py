@@ -191,3 +191,28 @@ def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_bud
     notes = [NOTE in repr(r.messages[-1]) and isinstance(r.messages[-1], UserMessage) for r in seen]
     assert notes[0] is False and notes[-1] is True  # finish mode once the account neared its limit
     assert row.spent_usd <= 0.1 and row.period == "month"
+
+
+def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # claude-haiku-4-5 is limited to one call every 2 s; claude-sonnet-4-5 is not limited at all.
+    limits = json.dumps({"anthropic": {"claude-haiku-4-5": {"requests_per_minute": 30}}})
+    with SimServer(script()) as sim:
+        worker = sim_worker(
+            own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits, TOOLLOOP_STEPS_IN_FLIGHT="2"
+        )
+        client = Client(own_redis.url)
+        try:
+            waiting = [client.enqueue(run_spec()) for _ in range(4)]  # 20 calls: 40 s at the limit
+            time.sleep(1.0)  # they hold both slots of the worker, waiting their turn
+            started = time.monotonic()
+            free = client.enqueue(run_spec(model="claude-sonnet-4-5"))
+            (status,) = wait_all(client, [free], timeout=30)
+            took = time.monotonic() - started
+            assert sum(client.status(r).finished for r in waiting) == 0
+        finally:
+            worker.kill()
+            client.close()
+    assert status.status == "done"
+    assert took < 10, took  # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)
