@@ -131,8 +131,8 @@ def held(client: redis.Redis, name: str) -> float:
 def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
     own_redis: EmbeddedServer, tmp_path: Path
 ) -> None:
-    lease_ms = 3000
-    timers = {"TOOLLOOP_LEASE_MS": str(lease_ms), "TOOLLOOP_VISIBILITY_TIMEOUT": "6"}
+    lease_ms = 4000
+    timers = {"TOOLLOOP_LEASE_MS": str(lease_ms), "TOOLLOOP_VISIBILITY_TIMEOUT": "8"}
     plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
     with SimServer(script(), latency_s=30) as slow, SimServer(script()) as fast:
         worker = sim_worker(own_redis.url, slow, tmp_path, **timers)
@@ -141,7 +141,7 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
             client.set_account_limit("tenant-2", 5.0, period="total")
             run_ids = [client.enqueue(run_spec(account="tenant-2")) for _ in range(5)]
             eventually(lambda: held(plain, "tenant-2") > 0, timeout=20)  # the calls hang at the simulator
-            time.sleep(0.5)  # the AOF (fsync every second) has the reservations
+            time.sleep(1.2)  # the AOF (fsync every second) has the reservations
             worker.kill()
             killed = time.monotonic()
             own_redis.restart()
