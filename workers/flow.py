@@ -47,18 +47,25 @@ def wrap_generate(generate: Generate, spec: RunSpec) -> Generate:
     async def flowing(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         model = request.model or spec.model
         limits = ratelimit.limits_for(config, provider, model)
-        reservation = None
-        if spec.account is not None:
-            estimate = _estimate(request, provider)
-            reservation, verdict = await reserve(spec.account, estimate, signal)
+        reservation: str | None = None
+
+        async def reserved() -> PromptGenRequest:
+            """Reserve from the account once the rate limiter gave room (a long wait for room does
+            not eat into the reservation's lease)."""
+            nonlocal reservation
+            if spec.account is None:
+                return request
+            reservation, verdict = await reserve(spec.account, _estimate(request, provider), signal)
             if verdict.verdict == "finish" and spec.finish_note:
-                request = _with_note(request, spec.finish_note)
+                return _with_note(request, spec.finish_note)
+            return request
+
         cost = 0.0
         try:
             if limits is None:
-                result = await generate(request, signal)
+                result = await generate(await reserved(), signal)
             else:
-                result = await _limited(generate, request, signal, provider, model, limits)
+                result = await _limited(generate, request, reserved, signal, provider, model, limits)
             cost = result.cost_usd
             return result
         finally:
@@ -152,6 +159,7 @@ def _with_note(request: PromptGenRequest, note: str) -> PromptGenRequest:
 async def _limited(
     generate: Generate,
     request: PromptGenRequest,
+    reserved: Callable[[], Awaitable[PromptGenRequest]],
     signal: AbortSignal,
     provider: str,
     model: str,
@@ -183,7 +191,7 @@ async def _limited(
     token = observe_responses.set(learn)
     used_in, used_out = estimate, 0
     try:
-        result = await generate(request, signal)
+        result = await generate(await reserved(), signal)
         usage = result.usage
         used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
         used_out = usage.completion_tokens
