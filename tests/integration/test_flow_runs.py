@@ -15,9 +15,10 @@ import redis
 from tests.integration.conftest import Worker
 from tests.integration.runs_kit import eventually, spec
 from toolloop import UserMessage
+from toolloop.contract import PromptGenRequest
 from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.journal import keys
-from toolloop.providers.anthropic.request import DEFAULT_MAX_TOKENS
+from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.sim import SimServer
 from toolloop.sim.ratelimit import SimRateLimits
 from workers import accounts
@@ -114,8 +115,11 @@ def test_200_runs_on_one_account_never_spend_past_its_limit(
         finally:
             worker.stop()
             client.close()
-    # The largest single estimate: input (under 5,000 tokens here) at $1/M + max_tokens at $5/M.
-    largest_estimate = (5000 * 1 + DEFAULT_MAX_TOKENS * 5) / 1e6
+    # Above the largest single estimate: the provider's own estimate of a 5,000-token prompt (every
+    # request here is smaller) with the default max_tokens.
+    padded = PromptGenRequest(model="claude-haiku-4-5", messages=[UserMessage(content="word " * 4000)])
+    largest_estimate = AnthropicHandler("k").estimate(padded)
+    assert 0.01 < largest_estimate < 0.2
     assert total <= limit + largest_estimate, total
     assert total > 0.8 * limit  # the account was spent, not refused from the start
     stops = [s.status for s in statuses]
@@ -196,7 +200,7 @@ def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_bud
 def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
     own_redis: EmbeddedServer, tmp_path: Path
 ) -> None:
-    # claude-haiku-4-5 is limited to one call every 2 s; claude-sonnet-4-5 is not limited at all.
+    # claude-haiku-4-5 is limited to one call every 2 s; claude-sonnet-5-5 is not limited at all.
     limits = json.dumps({"anthropic": {"claude-haiku-4-5": {"requests_per_minute": 30}}})
     with SimServer(script()) as sim:
         worker = sim_worker(
@@ -207,7 +211,7 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
             waiting = [client.enqueue(run_spec()) for _ in range(4)]  # 20 calls: 40 s at the limit
             time.sleep(1.0)  # they hold both slots of the worker, waiting their turn
             started = time.monotonic()
-            free = client.enqueue(run_spec(model="claude-sonnet-4-5"))
+            free = client.enqueue(run_spec(model="claude-sonnet-5-5"))
             (status,) = wait_all(client, [free], timeout=30)
             took = time.monotonic() - started
             assert sum(client.status(r).finished for r in waiting) == 0

@@ -19,7 +19,7 @@ def post(sim: SimServer, key: str) -> httpx.Response:
     return httpx.post(
         f"{sim.base_url}/v1/messages",
         headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
-        json={"model": "m", "max_tokens": 10, "messages": HELLO},
+        json={"model": "claude-haiku-4-5", "max_tokens": 10, "messages": HELLO},
     )
 
 
@@ -38,7 +38,7 @@ def test_a_key_past_its_requests_per_minute_gets_429_with_the_headers() -> None:
         assert post(sim, "key-b").status_code == 200  # limits are per key
         with anthropic.Anthropic(api_key="key-a", base_url=sim.base_url, max_retries=0) as sdk:
             try:
-                sdk.messages.create(model="m", max_tokens=10, messages=HELLO)
+                sdk.messages.create(model="claude-haiku-4-5", max_tokens=10, messages=HELLO)
                 raise AssertionError("not limited")
             except anthropic.RateLimitError as error:
                 assert error.response.headers["retry-after"] == "20"

@@ -32,6 +32,7 @@ PUBLIC = [
     "RedisJournal",
     "RunToolLoopOptions",
     "RunToolLoopResult",
+    "SpendLimitError",
     "Started",
     "StepResult",
     "TextPart",
