@@ -13,6 +13,7 @@ TOOLLOOP_REDRIVE_AGE         300     s a queued/running run with no lease and no
 TOOLLOOP_SHUTDOWN_GRACE      30      s a warm shutdown lets running steps finish before it puts them back
 TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or a generate;
                                      unset: toolloop.providers.from_env()
+TOOLLOOP_METRICS_PORT        0       serve Prometheus metrics on this port (0: off; docs/operations.md)
 TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,..." (workers/toolsets.py);
                                      clients read the names only, and refuse any other
 Limits (docs/workers.md, "What is refused"):
@@ -65,6 +66,7 @@ class Settings:
     max_task_bytes: int = 262_144
     rate_limits: dict[str, dict[str, Limits]] = field(default_factory=dict)
     """Provider rate limits per key and model (TOOLLOOP_RATE_LIMITS, workers/ratelimit.py)."""
+    metrics_port: int = 0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -87,4 +89,5 @@ class Settings:
             max_tool_result_bytes=int(_float("TOOLLOOP_MAX_TOOL_RESULT_BYTES", 1_000_000)),
             max_task_bytes=int(_float("TOOLLOOP_MAX_TASK_BYTES", 262_144)),
             rate_limits=parse_rate_limits(os.environ.get(RATE_LIMITS_ENV, "")),
+            metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0)),
         )
