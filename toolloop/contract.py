@@ -52,11 +52,26 @@ class UserMessage(_Value):
     content: str | list[ContentPart]
 
 
+class ReasoningBlock(_Value):
+    """One piece of a model's reasoning, opaque to the loop (SPEC 4.1). `provider` is the handler
+    that produced it (`"anthropic"`, `"fal"`); `type` is what it is (`thinking`,
+    `redacted_thinking`, `reasoning_details`, `reasoning`); `data` is the provider's own block,
+    kept verbatim (Anthropic: `{"type": "thinking", "thinking": ..., "signature": ...}` or
+    `{"type": "redacted_thinking", "data": ...}`; fal: one `reasoning_details` entry as OpenRouter
+    sent it). The provider that produced it sends `data` back unchanged; others leave it out."""
+
+    provider: str
+    type: str
+    data: dict[str, Any]
+
+
 class AssistantMessage(_Value):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     """None unless the turn made at least one call."""
+    reasoning: list[ReasoningBlock] | None = None
+    """The reasoning blocks of the answer, in the order the provider gave them; None when none."""
 
 
 class ToolMessage(_Value):
@@ -113,7 +128,10 @@ class PromptGenUsage(_Value):
     cached_write_tokens: int | None = None
 
 
-FinishReason = Literal["stop", "tool_calls", "length", "other"]
+FinishReason = Literal["stop", "tool_calls", "length", "refusal", "paused", "other"]
+"""`refusal`: the model declined (meta: `category`, `explanation`); `paused`: the provider paused a
+long turn and wants it sent back to continue (Anthropic `pause_turn`); `length`: cut at the output
+limit (meta `cut_off`: ids of tool calls whose input was cut short)."""
 
 
 class PromptGenResult(_Value):
@@ -123,3 +141,5 @@ class PromptGenResult(_Value):
     finish_reason: FinishReason = "stop"
     usage: PromptGenUsage = Field(default_factory=PromptGenUsage)
     meta: dict[str, Any] | None = None
+    reasoning: list[ReasoningBlock] | None = None
+    """The answer's reasoning blocks (SPEC 4.1); the loop keeps them on the `AssistantMessage`."""

@@ -11,6 +11,7 @@ from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
     ChatMessage,
     ContentPart,
+    FinishReason,
     PromptGenRequest,
     PromptGenResult,
     PromptGenUsage,
@@ -129,6 +130,15 @@ Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 # -- events --------------------------------------------------------------------------------------
 
 
+class Refusal(_Value):
+    """Why the model declined (SPEC 4.2), as the provider said it: `category` (Anthropic: `cyber`,
+    `bio`, `frontier_llm`, `reasoning_extraction`, `general_harms`; None when it names none) and
+    `explanation` (human-readable, not stable; None when there is none)."""
+
+    category: str | None = None
+    explanation: str | None = None
+
+
 class ModelEvent(_Value):
     kind: Literal["model"] = "model"
     step: int
@@ -136,6 +146,9 @@ class ModelEvent(_Value):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     cost_usd: float
     usage: PromptGenUsage
+    finish_reason: FinishReason = "stop"
+    refusal: Refusal | None = None
+    """Set when `finish_reason == "refusal"`."""
 
 
 class ToolEvent(_Value):
@@ -163,7 +176,7 @@ LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
-StoppedBy = Literal["done", "budget", "steps", "cancel", "asked"]
+StoppedBy = Literal["done", "budget", "steps", "cancel", "asked", "refused"]
 
 
 class RunToolLoopOptions(_Options):
@@ -195,3 +208,5 @@ class RunToolLoopResult(_Value):
     messages: list[ChatMessage]
     final_text: str | None = None
     asked: Asked | None = None
+    refusal: Refusal | None = None
+    """Set only for `"refused"`: the category and explanation the provider gave."""
