@@ -48,6 +48,8 @@ _BLOCK_TYPES: dict[str, Any] = {
     "image": sdk.ImageBlockParam,
     "tool_use": sdk.ToolUseBlockParam,
     "tool_result": sdk.ToolResultBlockParam,
+    "thinking": sdk.ThinkingBlockParam,
+    "redacted_thinking": sdk.RedactedThinkingBlockParam,
 }
 _CHOICE: TypeAdapter[Any] = TypeAdapter(sdk.ToolChoiceParam)
 _THINKING: TypeAdapter[Any] = TypeAdapter(sdk.ThinkingConfigParam)

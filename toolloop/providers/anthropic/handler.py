@@ -93,7 +93,8 @@ class AnthropicHandler:
         body = build_body(request, model=model, reasoning=reasoning, images=images)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key)
-        result = parse_message(data, price=price, model=model)
+        room = max_tokens_of(request, DEFAULT_MAX_TOKENS)
+        result = parse_message(data, price=price, model=model, max_tokens=room)
         log_answer(self.name, model, result)
         return result
 

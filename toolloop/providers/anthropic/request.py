@@ -6,6 +6,9 @@ Prefix order of Anthropic's cache: tools -> system -> messages. Marks (SPEC 3.3)
 - a `TextPart` with `cache=True`: `cache_control` on its text block, also inside a `tool_result`.
 Turns: consecutive tool messages become one user turn of `tool_result` blocks, and a user message
 right after them joins that turn (Anthropic wants user/assistant turns to alternate).
+Reasoning (SPEC 4.1): an assistant turn starts with its own `thinking` / `redacted_thinking` blocks,
+sent back exactly as the API gave them (signature included), before its text and tool use; blocks
+another provider produced are left out of this request (the history keeps them).
 
 Reasoning (`params["reasoning"]`), in the shapes of the official SDK (anthropic 2.10):
     None     -> no `thinking`, no `output_config` (the model's default)
@@ -41,6 +44,7 @@ DEFAULT_MAX_TOKENS = 8192
 EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
 
 Block = dict[str, Any]
+PROVIDER = "anthropic"
 
 
 def build_body(
@@ -112,7 +116,11 @@ def _turns(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[st
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[Block]:
-    blocks: list[Block] = []
+    """Reasoning blocks first (this provider's own, exactly as they came; another provider's are
+    left out of this request), then the text, then the tool calls."""
+    blocks: list[Block] = [
+        dict(block.data) for block in message.reasoning or [] if block.provider == PROVIDER
+    ]
     if message.content:
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls or []:

@@ -94,7 +94,13 @@ class FalHandler:
         body = build_body(request, model=model, reasoning=reasoning, images=images)
         headers = {"authorization": f"Key {key}"}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key, flag=flag)
-        result = parse_completion(data, price=price, model=model, input_text=input_text(request))
+        result = parse_completion(
+            data,
+            price=price,
+            model=model,
+            input_text=input_text(request),
+            max_tokens=max_tokens_of(request, DEFAULT_MAX_TOKENS),
+        )
         if result.meta is not None:
             result.meta["reasoning"] = reasoning
         log_answer(self.name, model, result)
