@@ -11,7 +11,7 @@ from typing import Any
 
 from toolloop.cli.render import Progress, Totals, as_dict, event_line, field
 
-FINAL = frozenset({"done", "budget", "steps", "cancel", "failed"})
+FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
 Answerer = Callable[[dict[str, Any]], str | None]
 """Given the held ask's input, the answer text; None to stop following instead."""
 
