@@ -249,3 +249,22 @@ async def test_scripted_refusals_and_cut_off_calls_reach_the_loop_on_both_wires(
         assert result.refusal.explanation == "Lab methods."
     else:  # fal's router says content_filter and nothing more
         assert result.refusal is not None and result.refusal.category is None
+
+
+async def test_a_paused_turn_goes_back_with_its_thinking_and_the_run_goes_on(
+    redis_client: redis.Redis,
+) -> None:
+    paused = {"text": "Searching the archive…", "stop_reason": "pause_turn", "redacted_thinking": False}
+    turns: list[Any] = [paused, *SCRIPT]
+    recording = Recording()
+    recording.script = Script(turns)
+    with SimServer(recording) as sim:
+        journal = RedisJournal(redis_client, f"paused-{uuid.uuid4().hex}")
+        result = await run_tool_loop(options(generate_for(sim, "anthropic"), "claude-opus-5-5", journal))
+    assert (result.stopped_by, result.steps, result.final_text) == ("done", 4, "Both sums are in.")
+    (first, first_turn), (second, _) = recording.seen[:2]
+    continued = second.body["messages"]
+    assert [m["role"] for m in continued] == ["user", "assistant"]  # sent back, no tool result between
+    blocks = thinking.anthropic_blocks(first_turn, first)
+    assert continued[-1]["content"] == [*blocks, {"type": "text", "text": "Searching the archive…"}]
+    assert len(recording.seen) == 4  # paused, its continuation (a tool call), the next call, the answer
