@@ -56,7 +56,7 @@ def follow(
     check: Callable[[], None] | None = None,
 ) -> int:
     """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 1
-    when it followed the run to a failure, else 0 (a budget, steps or cancel stop is an outcome).
+    when it followed the run to a failure, else 0 (a budget, steps, cancel or refused stop is an outcome).
     `check` is called before every read (the demo raises from it when its worker died)."""
     progress = Progress()
     totals = totals if totals is not None else Totals()
