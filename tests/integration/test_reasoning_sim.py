@@ -16,6 +16,7 @@ import pytest
 import redis
 from pydantic import BaseModel
 
+from tests.integration.reasoning_kit import Recording, emitted, sent_back
 from tests.unit.providers_kit import FAKE_KEY, validate_anthropic_body
 from toolloop import (
     AbortSignal,
@@ -29,7 +30,7 @@ from toolloop import (
     run_tool_loop,
 )
 from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy
-from toolloop.sim import Script, SimRequest, SimServer, SimTurn, thinking
+from toolloop.sim import SimServer, thinking
 
 pytestmark = pytest.mark.integration
 
@@ -54,19 +55,6 @@ SCRIPT = [
 ]
 
 
-class Recording:
-    """The simulator's policy: the script, keeping each request and the turn it answered."""
-
-    def __init__(self) -> None:
-        self.script = Script(SCRIPT)
-        self.seen: list[tuple[SimRequest, SimTurn]] = []
-
-    def __call__(self, request: SimRequest) -> SimTurn:
-        turn = self.script(request)
-        self.seen.append((request, turn))
-        return turn
-
-
 class Crash(Exception):
     """The process died before this model call."""
 
@@ -85,7 +73,7 @@ TOOLS = [ToolSpec(name="add", description="Add two numbers.", schema=AddInput, r
 
 @pytest.fixture
 def recording() -> Recording:
-    return Recording()
+    return Recording(SCRIPT)
 
 
 @pytest.fixture
@@ -114,31 +102,6 @@ def options(generate: Any, model: str, journal: RedisJournal) -> RunToolLoopOpti
         step=journal.step,
         reasoning="medium",
     )
-
-
-def emitted(wire: str, request: SimRequest, turn: SimTurn) -> list[dict[str, Any]]:
-    """The reasoning the simulator put in its answer to `request`, as it was on the wire."""
-    if wire == "anthropic":
-        return thinking.anthropic_blocks(turn, request)
-    return list(thinking.fal_fields(turn, request).get("reasoning_details", []))
-
-
-def sent_back(wire: str, body: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """The reasoning of each assistant message of a request body, in order."""
-    out = []
-    for message in body["messages"]:
-        if message["role"] != "assistant":
-            continue
-        if wire == "anthropic":
-            lead = []
-            for block in message["content"]:
-                if block["type"] not in ("thinking", "redacted_thinking"):
-                    break  # reasoning must come first: anything after other blocks is not counted
-                lead.append(block)
-            out.append(lead)
-        else:
-            out.append(list(message.get("reasoning_details", [])))
-    return out
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
@@ -256,8 +219,7 @@ async def test_a_paused_turn_goes_back_with_its_thinking_and_the_run_goes_on(
 ) -> None:
     paused = {"text": "Searching the archive…", "stop_reason": "pause_turn", "redacted_thinking": False}
     turns: list[Any] = [paused, *SCRIPT]
-    recording = Recording()
-    recording.script = Script(turns)
+    recording = Recording(turns)
     with SimServer(recording) as sim:
         journal = RedisJournal(redis_client, f"paused-{uuid.uuid4().hex}")
         result = await run_tool_loop(options(generate_for(sim, "anthropic"), "claude-opus-5-5", journal))
