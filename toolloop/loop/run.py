@@ -93,7 +93,7 @@ class _Run:
         self.max_assistants = self.history.assistants + options.max_steps - 1
         self.params = None if options.reasoning is None else {"reasoning": options.reasoning}
         fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
-        self.request_fields_off = fields
+        self.request_fields = fields
         self.cost = 0.0
         """Cost of every step of this run so far, replayed ones included."""
         self.steps = 0
@@ -152,7 +152,7 @@ class _Run:
                 raise _BudgetStop(spent)
             finish = not self.finish_started and spent >= budget.finish_at * budget.usd
             params: dict[str, Any] | None = None if self.params is None else dict(self.params)
-            fields = self.request_fields_off
+            fields = self.request_fields
             if self.retry_max_tokens is not None:
                 params = {**(params or {}), "max_tokens": self.retry_max_tokens}
                 fields = fields | {"params"}
