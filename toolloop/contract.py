@@ -16,6 +16,10 @@ class _Value(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class TextPart(_Value):
     type: Literal["text"] = "text"
     text: str
@@ -70,8 +74,9 @@ class AssistantMessage(_Value):
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     """None unless the turn made at least one call."""
-    reasoning: list[ReasoningBlock] | None = None
-    """The reasoning blocks of the answer, in the order the provider gave them; None when none."""
+    reasoning: list[ReasoningBlock] | None = Field(default=None, exclude_if=_unset)
+    """The reasoning blocks of the answer, in the order the provider gave them; None when none (then
+    left out of dumps: a message without reasoning is stored as it was before the field existed)."""
 
 
 class ToolMessage(_Value):
@@ -141,5 +146,6 @@ class PromptGenResult(_Value):
     finish_reason: FinishReason = "stop"
     usage: PromptGenUsage = Field(default_factory=PromptGenUsage)
     meta: dict[str, Any] | None = None
-    reasoning: list[ReasoningBlock] | None = None
-    """The answer's reasoning blocks (SPEC 4.1); the loop keeps them on the `AssistantMessage`."""
+    reasoning: list[ReasoningBlock] | None = Field(default=None, exclude_if=_unset)
+    """The answer's reasoning blocks (SPEC 4.1); the loop keeps them on the `AssistantMessage`.
+    None is left out of dumps, so a journal step without reasoning reads as it did before."""

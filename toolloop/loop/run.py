@@ -179,10 +179,7 @@ class _Run:
             result = await call(options.generate, request, self.signal_for(signal))
             if not isinstance(result, PromptGenResult):
                 result = PromptGenResult.model_validate(result)
-            stored = result.model_dump(mode="json")
-            if stored["reasoning"] is None:  # stored as before reasoning existed (golden journals)
-                del stored["reasoning"]
-            value: dict[str, Any] = {"result": stored}
+            value: dict[str, Any] = {"result": result.model_dump(mode="json")}
             if finish:
                 value["finish"] = {"spent_usd": spent}
             return StepResult(value=value, cost_usd=result.cost_usd)

@@ -130,6 +130,10 @@ Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 # -- events --------------------------------------------------------------------------------------
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class Refusal(_Value):
     """Why the model declined (SPEC 4.2), as the provider said it: `category` (Anthropic: `cyber`,
     `bio`, `frontier_llm`, `reasoning_extraction`, `general_harms`; None when it names none) and
@@ -147,8 +151,8 @@ class ModelEvent(_Value):
     cost_usd: float
     usage: PromptGenUsage
     finish_reason: FinishReason = "stop"
-    refusal: Refusal | None = None
-    """Set when `finish_reason == "refusal"`."""
+    refusal: Refusal | None = Field(default=None, exclude_if=_unset)
+    """Set when `finish_reason == "refusal"` (left out of dumps otherwise)."""
 
 
 class ToolEvent(_Value):
@@ -208,5 +212,5 @@ class RunToolLoopResult(_Value):
     messages: list[ChatMessage]
     final_text: str | None = None
     asked: Asked | None = None
-    refusal: Refusal | None = None
+    refusal: Refusal | None = Field(default=None, exclude_if=_unset)
     """Set only for `"refused"`: the category and explanation the provider gave."""
