@@ -22,8 +22,10 @@ from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
 
-AGENT = {"TOOLLOOP_PROMPT_GEN": "_durable_agent:make_generate"}
-TOOLSET = "_durable_agent:TOOLS"
+TOOLSET = "durable"
+"""The benchmark's toolset, registered for its workers and clients as `durable=_durable_agent:TOOLS`."""
+REGISTRY = {"TOOLLOOP_TOOLSETS": f"{TOOLSET}=_durable_agent:TOOLS"}
+AGENT = {"TOOLLOOP_PROMPT_GEN": "_durable_agent:make_generate", **REGISTRY}
 
 
 def run_spec(turns: int, **extra: Any) -> dict[str, Any]:
@@ -86,7 +88,7 @@ def per_step(
 ) -> dict[str, Any]:
     env = env_with(REDIS_URL=url, **AGENT)
     worker = step_worker(mode, pool, env, tmp / f"durable-worker-{mode}.log")
-    client = Client(url)
+    client = Client(url, toolsets=[TOOLSET])
     steps = 2 * turns - 1
     per: list[float] = []
     try:
@@ -113,7 +115,7 @@ def sim_script(turns: int) -> list[dict[str, Any]]:
 
 def sim_env(url: str, sim: SimServer) -> dict[str, str]:
     """A worker's environment whose model is the anthropic provider pointed at `sim`."""
-    return env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
+    return env_with(REDIS_URL=url, **REGISTRY, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
                     TOOLLOOP_PROMPT_GEN="")  # fmt: skip
 
 
@@ -125,7 +127,7 @@ def in_flight(
         slots = -(-runs // processes)
         workers = [step_worker(mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log",
                                held=("llm",)) for i in range(processes)]  # fmt: skip
-        client = Client(url)
+        client = Client(url, toolsets=[TOOLSET])
         try:
             for worker in workers:
                 worker.start(client.celery)
@@ -165,7 +167,7 @@ def steady(
     with SimServer(sim_script(turns), latency_s=latency) as sim:
         env = sim_env(url, sim)
         worker = step_worker(mode, ("threads", runs), env, tmp / f"steady-worker-{mode}.log")
-        client = Client(url)
+        client = Client(url, toolsets=[TOOLSET])
         try:
             worker.start(client.celery)
             profiler = worker.spy(turns * latency)

@@ -1,16 +1,20 @@
 """A small web backend: it enqueues durable runs and streams their events as server-sent events.
 
+    export TOOLLOOP_TOOLSETS=review=examples.storyboard.tools:REVIEW_TOOLS   # as the workers have it
     REDIS_URL=redis://127.0.0.1:6379/0 python examples/web.py        # PORT (default 8000), HOST
-    curl -X POST localhost:8000/runs -d '{"model": "claude-sonnet-4-5",
-        "toolset": "examples.storyboard.tools:REVIEW_TOOLS",
-        "messages": [{"role": "user", "content": "Review the rough cut."}]}'        # -> {"run_id": "..."}
+    curl -X POST localhost:8000/runs -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-4-5",
+        "toolset": "review", "messages": [{"role": "user", "content": "Review the rough cut."}]}'
+                                                    # -> {"run_id": "..."}; the same key: the same run
     curl -N localhost:8000/runs/RUN_ID/events       # text/event-stream, one event per step, until it ends
     curl -X POST localhost:8000/runs/RUN_ID/answer -d '{"content": "Keep shot 3."}'
 
 Routes: POST /runs, GET /runs/{id}, GET /runs/{id}/messages, GET /runs/{id}/events (resumes after the
 `Last-Event-ID` header or `?after=`), POST /runs/{id}/answer, POST /runs/{id}/cancel. It only talks
-to Redis through `workers.client.Client`; the workers do the runs. Without REDIS_URL it uses the
-embedded server of the working directory (toolloop.defaults), as the `toolloop` command does.
+to Redis through `workers.client.Client`; the workers do the runs. It imports no toolset: a run
+naming a toolset that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the
+registered names; a spec over a limit is a 413 (docs/workers.md, "What is refused"). Without
+REDIS_URL it uses the embedded server of the working directory (toolloop.defaults), as the
+`toolloop` command does.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from starlette.routing import Route
 
 from toolloop.contract import CHAT_MESSAGES
 from workers.client import Client
-from workers.errors import RunNotFoundError, RunStateError, ToolsetError
+from workers.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -45,14 +49,33 @@ def create_app(client: Client | None = None) -> Starlette:
     client = client or Client(os.environ.get("REDIS_URL") or _default_redis())
 
     async def enqueue(request: Request) -> Response:
+        limit = client.settings.max_spec_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:  # refused before the body is read
+            return error(
+                413, f"The body is {int(declared):,} bytes; the limit is {limit:,} (TOOLLOOP_MAX_SPEC_BYTES)."
+            )
+        body = await request.body()
+        if len(body) > limit:
+            return error(
+                413, f"The body is {len(body):,} bytes; the limit is {limit:,} (TOOLLOOP_MAX_SPEC_BYTES)."
+            )
+        key = request.headers.get("idempotency-key") or None
         try:
-            run_id = client.enqueue(await request.json())
+            run_id = client.enqueue(json.loads(body), idempotency_key=key)
         except json.JSONDecodeError:
             return error(400, "The body is not JSON.")
         except pydantic.ValidationError as invalid:
-            return JSONResponse({"error": "invalid run spec", "details": invalid.errors()}, status_code=422)
+            details = invalid.errors(include_url=False, include_input=False, include_context=False)
+            return JSONResponse({"error": "invalid run spec", "details": details}, status_code=422)
         except ToolsetError as bad:
             return error(422, str(bad))
+        except LimitError as big:
+            return error(413, str(big))
+        except EnqueueError as failed:
+            return error(503, str(failed))
+        except ValueError as bad:  # an idempotency key of the wrong length
+            return error(400, str(bad))
         return JSONResponse({"run_id": run_id}, status_code=201)
 
     def status(request: Request) -> Response:
@@ -122,11 +145,7 @@ def _default_redis() -> str:
 
 
 if __name__ == "__main__":
-    import sys
-
     import uvicorn
-
-    sys.path.insert(0, os.getcwd())  # toolsets are imported by path from the working directory
 
     host, port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
     uvicorn.run(create_app(), host=host, port=port, log_level="warning")

@@ -2,16 +2,26 @@
 
 No test may reach a real model provider: resolving one of their hosts fails the test at once, so a
 provider pointed at the wrong URL shows up as a clear error instead of a paid (or hanging) call.
-Tests use `toolloop.sim` or a `ScriptedModel` instead (docs/testing.md).
+Tests use `toolloop.sim` or a `ScriptedModel` instead (docs/testing.md). Every test process
+registers the same toolsets (TEST_TOOLSETS); worker subprocesses inherit them.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+TEST_TOOLSETS = (
+    "agents=tests.integration.agents:TOOLS,review=examples.storyboard.tools:REVIEW_TOOLS,"
+    "faults=faults.toolset:TOOLS"
+)
+"""The toolsets every test process, worker and client registers (TOOLLOOP_TOOLSETS, as an operator
+configures workers and web backends alike); runs name them `agents`, `review` and `faults`."""
+os.environ["TOOLLOOP_TOOLSETS"] = TEST_TOOLSETS  # before any module reads the settings
 
 PROVIDER_HOSTS = ("anthropic.com", "openai.com", "fal.run", "fal.ai", "fal.media", "openrouter.ai")
 

@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from toolloop.embedded import EmbeddedServer, free_port, ping
 
@@ -156,12 +155,29 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def redis_reachable(url: str, timeout: float = 1.0) -> bool:
-    """True when a server answers PING at the host and port of a redis:// URL."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        return True  # unix sockets and TLS: let the client find out
-    return ping(parts.hostname or "127.0.0.1", parts.port or 6379, timeout=timeout)
+def redis_problem(url: str, timeout: float = 2.0) -> str | None:
+    """Why Redis at `url` cannot be used (None: it answered PING). It connects exactly as the
+    workers and `Client` do: redis-py on the same URL, so a password, an ACL user and TLS
+    (`rediss://...?ssl_ca_certs=/path/ca.pem`) are checked here as they will be used."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        client.ping()
+    except redis.AuthenticationError as error:
+        return f"it refused the credentials ({error})"
+    except redis.ResponseError as error:  # NOAUTH, NOPERM: an ACL user without the right
+        return f"it refused the connection ({error})"
+    except (redis.RedisError, OSError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        client.close()
+    return None
+
+
+def redis_reachable(url: str, timeout: float = 2.0) -> bool:
+    """True when Redis at `url` answers PING with the URL's credentials and TLS (`redis_problem`)."""
+    return redis_problem(url, timeout) is None
 
 
 def has_provider_key(env: Mapping[str, str] | None = None) -> bool:

@@ -31,7 +31,7 @@ from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import consumer, killpoints, runtime, toolsets, wire
+from workers import consumer, killpoints, runtime, wire
 from workers.app import ADVANCE
 from workers.errors import DeliveryLimitError
 from workers.killpoints import kill_point
@@ -150,7 +150,7 @@ class _Step:
         else:
             try:
                 spec = RunSpec.model_validate_json(spec_json)
-                tools = toolsets.for_worker(spec.toolset)
+                tools = runtime.toolsets().for_worker(spec.toolset)
                 messages = segment_messages(input_json, answer)
             except Exception as error:
                 return await self.commit_failure(error)
@@ -181,6 +181,8 @@ class _Step:
                 finish_note=spec.finish_note,
                 keep_images=spec.keep_images,
                 cache=spec.cache,
+                max_tool_result_bytes=self.settings.max_tool_result_bytes,
+                max_image_bytes=self.settings.max_image_bytes,
             )
             outcome_future = live.start(self, options)
         timeout = self.settings.step_timeout

@@ -3,8 +3,8 @@
 Start a worker with `celery -A workers.app worker -P threads -c 8 -Q llm,tools,control -E`.
 Its step consumer (workers/consumer.py, installed at the bottom of this module) runs the llm and
 tools steps as coroutines on one long-lived asyncio loop per process (workers/runtime.py), so one
-process keeps many slow model calls in flight; the threads pool runs the control tasks (and every
-step with `--step-queues none`).
+process keeps many slow model calls in flight, and the control queue's tasks in threads; the
+threads pool runs what the step consumer does not take (every step with `--step-queues none`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,28 @@ def make_app(settings: Settings | None = None) -> Celery:
         task_create_missing_queues=True,  # a tool may name its own queue (ToolSpec.queue)
         worker_hijack_root_logger=False,
     )
+    ssl = ssl_options(settings.redis_url)
+    if ssl:  # for Flower and anything else that rebuilds the broker URL without its query
+        app.conf.broker_use_ssl = ssl
     return app
+
+
+def ssl_options(url: str) -> dict[str, Any]:
+    """The TLS options of a `rediss://` URL's query (`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`,
+    `ssl_cert_reqs`), as Celery's `broker_use_ssl` takes them; {} for a plain URL."""
+    import ssl as ssl_lib
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return {}
+    options: dict[str, Any] = {k: v for k, v in parse_qsl(parts.query) if k.startswith("ssl_")}
+    reqs = {"none": ssl_lib.CERT_NONE, "optional": ssl_lib.CERT_OPTIONAL, "required": ssl_lib.CERT_REQUIRED}
+    options["ssl_cert_reqs"] = reqs.get(
+        str(options.get("ssl_cert_reqs", "required")).lower(), ssl_lib.CERT_REQUIRED
+    )
+    options.pop("ssl_check_hostname", None)
+    return options
 
 
 app = make_app()
@@ -81,7 +102,8 @@ def send(
 
 
 # Worker-process resources (event loop thread, cancel listener, sweeper) start with the worker.
-from workers import consumer, runtime  # noqa: E402
+from workers import consumer, guard, runtime  # noqa: E402
 
 runtime.connect_signals()
 consumer.install(app)
+guard.install(app)

@@ -1,13 +1,15 @@
 """`Client`: what a web backend imports to start, watch, answer, cancel and retry durable runs.
 
-    client = Client()                      # REDIS_URL, the same Redis as the workers
-    run_id = client.enqueue({"model": "claude-sonnet-4-5", "system": "...", "toolset": "app.tools:TOOLS",
-                             "messages": [{"role": "user", "content": "Review the storyboard."}]})
+    client = Client()                      # REDIS_URL and TOOLLOOP_TOOLSETS, as the workers have them
+    run_id = client.enqueue({"model": "claude-sonnet-4-5", "system": "...", "toolset": "review",
+                             "messages": [{"role": "user", "content": "Review the storyboard."}]},
+                            idempotency_key="order-1234")  # a retry with this key makes no second run
     for event in client.events(run_id, follow=True):
         print(event.seq, event.kind)
     client.wait(run_id, timeout=60)
 
-Every method takes a run id; an unknown one raises `RunNotFoundError`.
+Every method takes a run id; an unknown one raises `RunNotFoundError`. The client knows the
+registered toolsets by name only (TOOLLOOP_TOOLSETS, or `toolsets=`): it never imports one.
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import redis as redis_lib
 
 from toolloop.contract import CHAT_MESSAGES, ChatMessage
 from toolloop.journal import keys, scripts
-from workers import runs, toolsets
+from workers import limits, runs, toolsets
 from workers.app import ANSWER, CANCEL, make_app, send
-from workers.errors import RunNotFoundError, RunStateError
+from workers.errors import EnqueueError, RunNotFoundError, RunStateError
 from workers.records import FINAL, RunEventRecord, RunStatus
 from workers.settings import Settings
 from workers.spec import RunSpec
@@ -33,10 +35,14 @@ _TERMINAL_EVENTS = frozenset({"finished", "failed"})
 
 
 class Client:
-    def __init__(self, redis_url: str | None = None) -> None:
+    def __init__(self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None) -> None:
+        """`redis_url`: REDIS_URL when None. `toolsets`: the names of the registered toolsets, read
+        from TOOLLOOP_TOOLSETS (names only) when None."""
         settings = Settings.from_env()
         if redis_url:
             settings = dataclasses.replace(settings, redis_url=redis_url)
+        self.settings = settings
+        self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
         self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
         self._blocking = redis_lib.Redis.from_url(
             settings.redis_url, decode_responses=True, socket_timeout=None
@@ -57,12 +63,47 @@ class Client:
 
     # -- start ------------------------------------------------------------------------------------
 
-    def enqueue(self, spec: RunSpec | dict[str, Any]) -> str:
-        """Validate `spec` (pydantic.ValidationError when bad; ToolsetError for a toolset that does not
-        import here), store the run and send its first step. Returns the run id."""
+    def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
+        """Validate `spec` (pydantic.ValidationError when bad; ToolsetError for a toolset that is not
+        registered, nothing imported; LimitError over a limit), store the run and send its first
+        step. Returns the run id. With `idempotency_key`, enqueueing again with the same key returns
+        the same run id and makes no second run (the first spec wins). Redis refusing or losing the
+        write is an `EnqueueError` that says what to do; nothing half-written stays behind."""
         checked = spec if isinstance(spec, RunSpec) else RunSpec.model_validate(spec)
-        toolsets.resolve(checked.toolset)
-        return runs.create(self.redis, self.celery, checked)
+        toolsets.check_name(checked.toolset, self.toolsets)
+        limits.check_spec(checked, self.settings)
+        if idempotency_key is not None and not (0 < len(idempotency_key) <= 256):
+            raise ValueError(
+                f"The idempotency key is {len(idempotency_key)} characters long.\n"
+                "  Use 1 to 256 characters (an order id, a request id)."
+            )
+        try:
+            return runs.create(self.redis, self.celery, checked, idempotency_key)
+        except redis_lib.OutOfMemoryError:
+            raise EnqueueError(
+                "Redis is out of memory (maxmemory reached) and refused the run; nothing was stored.\n"
+                "  Free memory in Redis (delete finished runs, raise maxmemory), then enqueue again"
+                + (" with the same idempotency key." if idempotency_key else "."),
+                stored=False,
+            ) from None
+        except (OSError, redis_lib.ConnectionError, redis_lib.TimeoutError) as error:
+            raise EnqueueError(
+                f"Lost the connection to Redis while enqueueing ({type(error).__name__}); the run may or "
+                "may not be stored.\n"
+                + (
+                    "  Enqueue again with the same idempotency key once Redis answers: it makes one run."
+                    if idempotency_key
+                    else "  Check Redis, then enqueue again; pass idempotency_key= so a retry cannot make a "
+                    "second run."
+                ),
+                stored=None,
+            ) from None
+        except redis_lib.RedisError as error:
+            raise EnqueueError(
+                f"Redis refused the run ({type(error).__name__}); nothing was stored.\n"
+                "  Check the server (`toolloop doctor`), then enqueue again.",
+                stored=False,
+            ) from None
 
     # -- read -------------------------------------------------------------------------------------
 

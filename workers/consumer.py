@@ -1,10 +1,11 @@
 """The step consumer: a worker takes its step queues' tasks itself and runs each as a coroutine on the
 process's asyncio loop, hundreds at once, with no thread per step and no Celery machinery per step.
 
-A worker has one unless told otherwise: of the queues it consumes (`-Q`), the step queues `llm` and
-`tools` go to the step consumer and the rest (the control queue) stay with Celery's own consumer and
-its pool. `--step-queues a,b` (or TOOLLOOP_STEP_QUEUES) names them; `--step-queues none` runs every
-step as a Celery task in the pool instead (the slower path, same results):
+A worker has one unless told otherwise: of the queues it consumes (`-Q`), toolloop's queues `llm`,
+`tools` and `control` go to the step consumer (control tasks run in a thread of the loop's executor)
+and any other stays with Celery's own consumer and its pool. `--step-queues a,b` (or
+TOOLLOOP_STEP_QUEUES) names them; `--step-queues none` runs every step as a Celery task in the pool
+instead (the slower path, same results):
 
     celery -A workers.app worker -P threads -c 8 -Q llm,tools,control --steps-in-flight 500 -E
 
@@ -12,6 +13,12 @@ Why: a Celery task costs ~2-6 ms of CPU in the worker (its consumer, request, po
 events, the ack), the same whether the task waits 1 s on a model or not; 500 runs in flight at 1 s
 per call need ~1,000 steps/s from one process (docs/operations.md has the figures). Here a step
 costs its own work plus its share of one Redis pipeline per loop turn (workers/redisio.py).
+
+Poison messages: no message content stops the consumer. A message that is not a valid toolloop
+task (not JSON, a body that is not base64 or not JSON, missing or mistyped headers or arguments, an
+unknown task, a delivery tag that is not a string, larger than TOOLLOOP_MAX_TASK_BYTES) is moved to
+the rejected list `toolloop:rejected` (keys.REJECTED: one JSON entry per message, newest first, with
+the reason and the raw message) with an error log line, and the steps claimed beside it run.
 
 What does not change: the steps are Celery task messages on the same queues (workers/wire.py), so a
 stock Celery worker can run them too, Flower lists them (task-received/started/succeeded/failed
@@ -39,18 +46,19 @@ import redis.asyncio as aredis
 from celery import bootsteps
 from celery.worker.control import control_command
 
+from toolloop.journal import keys as tl_keys
 from workers import runtime, wire
 from workers.errors import REDIS_LOST
 from workers.live import Begun
 
 log = logging.getLogger("toolloop.workers")
 
-STEP_QUEUES = ("llm", "tools")
-"""The step queues a worker gives its step consumer unless told otherwise (--step-queues)."""
+STEP_QUEUES = ("llm", "tools", "control")
+"""The queues a worker gives its step consumer unless told otherwise (--step-queues)."""
 _CLAIM_MAX = 256
 _BLOCK_S = 1.0
-REJECTED = "toolloop:rejected"
-"""A list holding messages found on a step queue that are not task messages (nothing is dropped)."""
+REJECTED = tl_keys.REJECTED
+"""The rejected list (see the module docstring and docs/workers.md, "The rejected list")."""
 
 
 class StepConsumer:
@@ -130,35 +138,45 @@ class StepConsumer:
                 await asyncio.sleep(0.5)
                 continue
             try:
-                got = await batch.script(
+                got = wire.claimed(await batch.script(
                     wire.CLAIM,
                     [wire.UNACKED, wire.UNACKED_INDEX, *keys],
-                    [min(self.free, _CLAIM_MAX), time.time()],
-                )
+                    [min(self.free, _CLAIM_MAX), time.time(), runtime.settings.max_task_bytes],
+                ))  # fmt: skip
                 if not got:
                     got = await self._wait_for_one(blocking, keys)
             except (OSError, redis_lib.RedisError) as error:
                 log.warning("step consumer: Redis unreachable (%s); retrying in 1 s", error)
                 await asyncio.sleep(1.0)
                 continue
-            for i in range(0, len(got), 2):
-                self._dispatch(got[i].split("\x06\x16")[0], got[i + 1])
+            except Exception:  # never ends the consumer: log and go on
+                log.exception("step consumer: taking messages failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
+                continue
+            for one in got:
+                try:
+                    self._dispatch(one)
+                except Exception as error:  # a bug in dispatch must not strand the rest of the batch
+                    log.exception("step consumer: a message on %r could not be dispatched", one.queue)
+                    self.reject(one, f"dispatch failed: {type(error).__name__}")
         await blocking.aclose()
         await runtime.batch().call("DEL", self.wake_key)
 
-    async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[str]:
+    async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[wire.Claimed]:
         """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
         after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
         item = await blocking.brpop([*keys, self.wake_key], timeout=_BLOCK_S)
         if not item or item[0] == self.wake_key:
             return []
-        key, raw = str(item[0]), str(item[1])  # the client decodes replies: both are str
+        queue, raw = str(item[0]).split("\x06\x16")[0], str(item[1])  # the client decodes: both str
+        if len(raw) > runtime.settings.max_task_bytes:
+            return [wire.Claimed(queue, raw, "")]
         try:
             tag = wire.parse(raw).tag
         except wire.BadMessage:
-            return [key, raw]
-        await _record_delivered(tag, raw, key.split("\x06\x16")[0])
-        return [key, raw]
+            return [wire.Claimed(queue, raw, "")]
+        await _record_delivered(tag, raw, queue)
+        return [wire.Claimed(queue, raw, tag)]
 
     def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
         """Run a successor this process just produced here, without the round trip through its
@@ -185,22 +203,36 @@ class StepConsumer:
         shutdown puts it back on its queue like any running step."""
         self._start(queue, delivery, begun)
 
-    def _dispatch(self, queue: str, raw: str) -> None:
-        try:
-            delivery = wire.parse(raw)
-        except wire.BadMessage as error:
-            log.error(
-                "step consumer: a message on queue %r is not a task (%s); kept on the list %r.\n"
-                "  Only toolloop tasks belong on step queues.", queue, error, REJECTED,
-            )  # fmt: skip
-            batch = runtime.batch()
-            batch.send("LPUSH", REJECTED, raw)
-            tag = wire.tag_of(raw)
-            if tag is not None:  # CLAIM recorded it as delivered: forget it, or it would come back
-                batch.send("ZREM", wire.UNACKED_INDEX, tag)
-                batch.send("HDEL", wire.UNACKED, tag)
+    def _dispatch(self, one: wire.Claimed) -> None:
+        reason = wire.problem(one.raw, runtime.settings.max_task_bytes)
+        if reason is not None:
+            self.reject(one, reason)
             return
-        self._start(queue, delivery)
+        delivery = wire.parse(one.raw)
+        if delivery.tag != one.tag:  # Lua's JSON read another tag than ours (a duplicate key, NaN...)
+            self.reject(
+                one, f"delivery_tag reads as {one.tag[:40]!r} in Redis and {delivery.tag[:40]!r} here"
+            )
+            return
+        self._start(one.queue, delivery)
+
+    def reject(self, one: wire.Claimed, reason: str) -> None:
+        """Move a message that is not a valid toolloop task to the rejected list, with a log line."""
+        log.error(
+            "step consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
+            "  Only toolloop tasks belong on toolloop queues; inspect it with "
+            "`redis-cli LRANGE %s 0 9`.", one.queue, reason, REJECTED, REJECTED,
+        )  # fmt: skip
+        batch = runtime.batch()
+        batch.send("LPUSH", REJECTED, wire.rejected_entry(one.queue, one.raw, reason, self.hostname))
+        batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
+        self._forget(one.tag)  # CLAIM recorded it as delivered: forget it, or it would come back
+
+    def _forget(self, tag: str) -> None:
+        if tag:
+            batch = runtime.batch()
+            batch.send("ZREM", wire.UNACKED_INDEX, tag)
+            batch.send("HDEL", wire.UNACKED, tag)
 
     def _start(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         self.free -= 1
@@ -395,7 +427,7 @@ def install(app: Any) -> None:
     app.user_options["worker"].add(click.Option(
         ["--step-queues"], default=None,
         help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop (env "
-             "TOOLLOOP_STEP_QUEUES; default: llm,tools when -Q has them; none: every queue through "
+             "TOOLLOOP_STEP_QUEUES; default: llm,tools,control when -Q has them; none: every queue through "
              "Celery's pool).",
     ))  # fmt: skip
     app.user_options["worker"].add(click.Option(

@@ -3,7 +3,10 @@
     WorkersError
     ├── RunNotFoundError       no run has this id (a typo, or its keys were deleted)
     ├── RunStateError          the run is not in a state that allows this (retry of a run that is not failed)
-    ├── ToolsetError           a toolset import path does not resolve to a list of ToolSpec
+    ├── ToolsetError           the toolset is not registered, or its registered path does not
+    │                          import to a list of ToolSpec
+    ├── LimitError             a run spec is over a limit (size, messages, an image): refused at enqueue
+    ├── EnqueueError           Redis refused or lost an enqueue (out of memory, unreachable)
     └── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
 
 Every message: first line what happened, second line (indented) what to do.
@@ -52,3 +55,20 @@ class ToolsetError(WorkersError, ValueError):
 
 class DeliveryLimitError(WorkersError):
     pass
+
+
+class LimitError(WorkersError, ValueError):
+    """A run spec over one of the limits (workers/limits.py); `setting` names the one to raise."""
+
+    def __init__(self, message: str, setting: str = "") -> None:
+        super().__init__(message, setting)
+        self.setting = setting
+
+
+class EnqueueError(WorkersError):
+    """`Client.enqueue` could not store the run. The message names no prompt text; `stored` says
+    whether the run may exist anyway (None: unknown, the connection was lost mid-call)."""
+
+    def __init__(self, message: str, stored: bool | None = False) -> None:
+        super().__init__(message, stored)
+        self.stored = stored

@@ -10,6 +10,7 @@ neither a crash between a commit and its send nor a lost message strands a run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -42,26 +43,51 @@ def script(client: redis_lib.Redis, source: str) -> Any:
     return found
 
 
-def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec) -> str:
-    """Store a new run (spec, state, first segment's input, a `queued` event) and send its first step
-    (when the broker refuses, the step stays in the outbox and the sweeper sends it)."""
-    run_id = uuid.uuid4().hex
+RUN_CREATE = """
+-- KEYS[1]=spec KEYS[2]=state KEYS[3]=input KEYS[4]=events KEYS[5]=outbox KEYS[6]=live runs index
+-- ARGV[1]=run id ARGV[2]=spec JSON ARGV[3]=now ARGV[4]=first segment's messages ARGV[5]=queued data
+-- Stores a new run in one atomic call -> 1, or 0 when a run with this id exists already (an
+-- idempotent enqueue retried: nothing is written). Redis refuses a script for OOM at its first write
+-- only, so an enqueue under maxmemory stores the whole run or nothing of it.
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], 'status', 'queued', 'segment', 0, 'n', 0, 'queue', 'llm', 'seq', 1,
+  'created', ARGV[3], 'touched', ARGV[3])
+redis.call('HSET', KEYS[3], 's0', ARGV[4])
+redis.call('XADD', KEYS[4], '*', 'seq', 1, 'segment', 0, 'kind', 'queued', 'data', ARGV[5])
+redis.call('ZADD', KEYS[5], ARGV[3], '1|llm')
+redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
+return 1
+"""
+
+
+def run_id_for(idempotency_key: str | None) -> str:
+    """A fresh run id, or the one id an idempotency key always maps to (so a retried enqueue finds
+    the run its first attempt stored)."""
+    if idempotency_key is None:
+        return uuid.uuid4().hex
+    return hashlib.sha256(f"toolloop-idempotency\x00{idempotency_key}".encode()).hexdigest()[:32]
+
+
+def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_key: str | None = None) -> str:
+    """Store a new run (spec, state, first segment's input, a `queued` event; one script) and send its
+    first step (when the broker refuses, the step stays in the outbox and the sweeper sends it).
+    With `idempotency_key`, a second call finds the first call's run and returns its id (it sends the
+    first step again only while that step has not begun: a duplicate the fence makes harmless)."""
+    run_id = run_id_for(idempotency_key)
     now = time.time()
     messages = json.dumps([m.model_dump(mode="json") for m in spec.messages])
-    pipe = client.pipeline(transaction=True)
-    pipe.set(keys.spec(run_id), spec.model_dump_json())
-    pipe.hset(
-        keys.state(run_id),
-        mapping={"status": "queued", "segment": 0, "n": 0, "queue": "llm", "seq": 1,
-                 "created": now, "touched": now},
-    )  # fmt: skip
-    pipe.hset(keys.inputs(run_id), "s0", messages)
     queued = json.dumps({"model": spec.model, "toolset": spec.toolset, "budget_usd": spec.budget_usd})
-    pipe.xadd(keys.events(run_id), {"seq": 1, "segment": 0, "kind": "queued", "data": queued})
-    pipe.zadd(keys.outbox(run_id), {"1|llm": now})
-    pipe.zadd(keys.LIVE_RUNS, {run_id: now})
-    pipe.execute()
-    flush_outbox(client, celery, run_id)
+    script(client, RUN_CREATE)(
+        keys=[keys.spec(run_id), keys.state(run_id), keys.inputs(run_id), keys.events(run_id),
+              keys.outbox(run_id), keys.LIVE_RUNS],
+        args=[run_id, spec.model_dump_json(), now, messages, queued],
+    )  # fmt: skip
+    try:  # the run is stored: from here a failure is the sweeper's to repair, not the caller's
+        flush_outbox(client, celery, run_id)
+    except (OSError, redis_lib.RedisError) as error:
+        log.warning("run %s: stored, but sending its first step failed (%s); the sweeper will send it",
+                    run_id, type(error).__name__)  # fmt: skip
     return run_id
 
 

@@ -36,6 +36,7 @@ from toolloop.providers.http import keep_alive
 from workers import wire
 from workers.redisio import Batch, Leases, packed_pool
 from workers.settings import Settings
+from workers.toolsets import Registry
 
 log = logging.getLogger("toolloop.workers")
 
@@ -50,6 +51,16 @@ _armed: dict[str, AbortController] = {}
 _batch: Batch | None = None
 _leases: Leases | None = None
 _events: dict[str, TaskEvents] = {}
+_toolsets: Registry | None = None
+
+
+def toolsets() -> Registry:
+    """The toolsets this worker serves (TOOLLOOP_TOOLSETS), each imported when a run first names it."""
+    global _toolsets
+    with _lock:
+        if _toolsets is None:
+            _toolsets = Registry(settings.toolsets)
+        return _toolsets
 
 
 def redis() -> redis_lib.Redis:
@@ -106,6 +117,7 @@ def async_client() -> aredis.Redis:
     client = aredis.Redis.from_url(
         settings.redis_url, decode_responses=True, retry=retry,
         retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
+        encoding_errors="replace",  # a message that is not UTF-8 is rejected, not a decode error
     )  # fmt: skip
     packed_pool(client.connection_pool)
     return client
@@ -228,10 +240,12 @@ def _sweep_forever() -> None:
 
 
 def check_redis(client: redis_lib.Redis) -> None:
-    """Warn when Redis can lose the journal: AOF off, or an eviction policy other than noeviction."""
+    """Warn when Redis can lose the journal: AOF off, an eviction policy other than noeviction, or
+    no maxmemory."""
     try:
         config: dict[str, str] = client.config_get("appendonly")  # type: ignore[assignment]
         config.update(client.config_get("maxmemory-policy"))  # type: ignore[arg-type]
+        config.update(client.config_get("maxmemory"))  # type: ignore[arg-type]
     except redis_lib.RedisError:
         return  # CONFIG is often disabled on managed Redis
     if config.get("appendonly") != "yes":
@@ -239,6 +253,12 @@ def check_redis(client: redis_lib.Redis) -> None:
             "Redis runs without AOF (appendonly=%s): a Redis restart can lose journal steps and queued "
             "tasks.\n  Set appendonly yes (appendfsync everysec), see docs/operations.md.",
             config.get("appendonly"),
+        )
+    if config.get("maxmemory") == "0":
+        log.warning(
+            "Redis has no maxmemory: it grows until the OS kills it.\n"
+            "  Set maxmemory (with maxmemory-policy noeviction a full Redis refuses writes instead); "
+            "`toolloop doctor` checks this."
         )
     if config.get("maxmemory-policy") not in (None, "noeviction"):
         log.warning(

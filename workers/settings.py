@@ -13,12 +13,24 @@ TOOLLOOP_REDRIVE_AGE         300     s a queued/running run with no lease and no
 TOOLLOOP_SHUTDOWN_GRACE      30      s a warm shutdown lets running steps finish before it puts them back
 TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or a generate;
                                      unset: toolloop.providers.from_env()
+TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,..." (workers/toolsets.py);
+                                     clients read the names only, and refuse any other
+Limits (docs/workers.md, "What is refused"):
+TOOLLOOP_MAX_SPEC_BYTES      1000000 a run spec's JSON (enqueue refuses a larger one)
+TOOLLOOP_MAX_MESSAGES        1000    messages of a run spec (enqueue refuses more)
+TOOLLOOP_MAX_IMAGE_BYTES     5000000 an image file of a spec's messages (enqueue) or of a tool result
+                                     (the model is answered an error instead)
+TOOLLOOP_MAX_TOOL_RESULT_BYTES 1000000 a tool result's content as JSON (the model is answered an error)
+TOOLLOOP_MAX_TASK_BYTES      262144  a task message on a queue (a larger one goes to toolloop:rejected)
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from workers.toolsets import ENV as TOOLSETS_ENV
+from workers.toolsets import parse as parse_toolsets
 
 
 def _float(name: str, default: float) -> float:
@@ -39,6 +51,13 @@ class Settings:
     redrive_age: float
     shutdown_grace: float
     prompt_gen: str | None
+    toolsets: dict[str, str] = field(default_factory=dict)
+    """Registered toolsets, name -> import path (TOOLLOOP_TOOLSETS)."""
+    max_spec_bytes: int = 1_000_000
+    max_messages: int = 1000
+    max_image_bytes: int = 5_000_000
+    max_tool_result_bytes: int = 1_000_000
+    max_task_bytes: int = 262_144
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -54,4 +73,10 @@ class Settings:
             redrive_age=_float("TOOLLOOP_REDRIVE_AGE", 300),
             shutdown_grace=_float("TOOLLOOP_SHUTDOWN_GRACE", 30),
             prompt_gen=os.environ.get("TOOLLOOP_PROMPT_GEN", "").strip() or None,
+            toolsets=parse_toolsets(os.environ.get(TOOLSETS_ENV, "")),
+            max_spec_bytes=int(_float("TOOLLOOP_MAX_SPEC_BYTES", 1_000_000)),
+            max_messages=int(_float("TOOLLOOP_MAX_MESSAGES", 1000)),
+            max_image_bytes=int(_float("TOOLLOOP_MAX_IMAGE_BYTES", 5_000_000)),
+            max_tool_result_bytes=int(_float("TOOLLOOP_MAX_TOOL_RESULT_BYTES", 1_000_000)),
+            max_task_bytes=int(_float("TOOLLOOP_MAX_TASK_BYTES", 262_144)),
         )

@@ -1,15 +1,16 @@
 """`RunSpec`: what a web backend asks a durable run to do. Stored as JSON in `tl:{run}:spec`.
 
 Every field is validated at enqueue (a bad spec raises `pydantic.ValidationError` and nothing is
-enqueued); the toolset path is resolved at enqueue too. The spec holds no secrets: provider keys come
-from the worker's environment.
+enqueued); the toolset is a NAME the operator registered (workers/toolsets.py), checked at enqueue
+against the registered names without importing anything. The spec holds no secrets: provider keys
+come from the worker's environment.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolloop.contract import ChatMessage
 
@@ -18,15 +19,15 @@ CacheMode = Literal["off", "system", "conversation"]
 
 
 class RunSpec(BaseModel):
-    """A durable run: the arguments of `run_tool_loop` minus the code (the toolset is a path)."""
+    """A durable run: the arguments of `run_tool_loop` minus the code (the toolset is a name)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(min_length=1)
     system: str = ""
     messages: list[ChatMessage] = Field(min_length=1)
-    toolset: str | None = None
-    """Import path "pkg.module:NAME" of a list of ToolSpec (or of a callable returning one)."""
+    toolset: str | None = Field(default=None, min_length=1, max_length=200)
+    """The name of a registered toolset (TOOLLOOP_TOOLSETS on the workers), e.g. "review"."""
     budget_usd: float = Field(default=1.0, gt=0, allow_inf_nan=False)  # inf would be stored as null
     finish_at: float = Field(default=1.0, gt=0, le=1)
     max_steps: int = Field(default=20, ge=1)
@@ -37,16 +38,3 @@ class RunSpec(BaseModel):
     provider: str | None = None
     """The provider to ask first (None: the worker's default); `fallback` lists the next ones."""
     fallback: list[str] = Field(default_factory=list)
-
-    @field_validator("toolset")
-    @classmethod
-    def _import_path(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        module, _, name = value.partition(":")
-        if not module or not name or not all(part.isidentifier() for part in module.split(".")):
-            raise ValueError(
-                f'toolset {value!r} is not an import path; write it as "pkg.module:NAME", '
-                'e.g. "examples.storyboard.tools:REVIEW_TOOLS"'
-            )
-        return value

@@ -22,6 +22,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -93,38 +94,178 @@ class BadMessage(ValueError):
     """A message on a step queue that is not a Celery protocol-2 JSON task message."""
 
 
+_MAX_TAG = 200
+
+
 def parse(raw: str) -> Delivery:
+    """The task a Celery protocol-2 JSON message asks for; `BadMessage` (with the reason) for anything
+    else: not JSON, not an object, a body that is not base64 or not JSON, missing or mistyped
+    headers, properties or arguments. Never raises anything but `BadMessage`."""
     try:
         message = orjson.loads(raw)
-        properties, headers = message["properties"], message["headers"]
-        if message.get("content-type") != "application/json":
-            raise BadMessage(f"content type {message.get('content-type')!r}, not application/json")
-        body = message["body"]
-        if properties.get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        args, kwargs, _embed = orjson.loads(body)
-        return Delivery(
-            tag=properties["delivery_tag"],
-            name=headers["task"],
-            task_id=headers["id"],
-            args=list(args),
-            kwargs=dict(kwargs),
-            argsrepr=headers.get("argsrepr") or repr(args),
-            raw=raw,
-        )
+    except orjson.JSONDecodeError as error:
+        raise BadMessage(f"not JSON ({error})") from None
+    try:
+        return _delivery(message, raw)
     except BadMessage:
         raise
-    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as error:
-        raise BadMessage(f"not a Celery protocol-2 task message: {error}") from error
+    except Exception as error:  # binascii.Error, RecursionError, ...: the content is the problem
+        raise BadMessage(f"not a Celery protocol-2 task message ({type(error).__name__}: {error})") from None
 
 
-def tag_of(raw: str) -> str | None:
-    """The delivery tag of a message that may not parse as a task (None when it has none)."""
+def _delivery(message: Any, raw: str) -> Delivery:
+    if not isinstance(message, dict):
+        raise BadMessage(f"a JSON {type(message).__name__}, not an object")
+    properties, headers = message.get("properties"), message.get("headers")
+    if not isinstance(properties, dict) or not isinstance(headers, dict):
+        raise BadMessage("no properties or headers object")
+    tag = properties.get("delivery_tag")
+    if not isinstance(tag, str) or not 0 < len(tag) <= _MAX_TAG:
+        raise BadMessage(f"delivery_tag {_short(tag)} is not a string of 1-{_MAX_TAG} characters")
+    if message.get("content-type") != "application/json":
+        raise BadMessage(f"content type {_short(message.get('content-type'))}, not application/json")
+    if message.get("content-encoding", "utf-8") != "utf-8":
+        raise BadMessage(f"content encoding {_short(message.get('content-encoding'))}, not utf-8")
+    _check_fields(headers, properties)
+    body = message.get("body")
+    if not isinstance(body, str):
+        raise BadMessage(f"body is a {type(body).__name__}, not a string")
+    if properties.get("body_encoding") == "base64":
+        try:
+            body = base64.b64decode(body, validate=True)
+        except ValueError:
+            raise BadMessage("body is not base64") from None
     try:
-        tag = orjson.loads(raw)["properties"]["delivery_tag"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return None
-    return tag if isinstance(tag, str) else None
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise BadMessage("body is not JSON") from None
+    if not isinstance(decoded, list) or len(decoded) != 3:
+        raise BadMessage("body is not [args, kwargs, embed]")
+    args, kwargs, embed = decoded
+    name, task_id = headers.get("task"), headers.get("id")
+    if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(embed, dict | None):
+        raise BadMessage("args is not a list, or kwargs or embed not an object")
+    if not isinstance(name, str) or not isinstance(task_id, str):
+        raise BadMessage("headers task and id are not strings")
+    argsrepr = headers.get("argsrepr")
+    return Delivery(
+        tag=tag,
+        name=name,
+        task_id=task_id,
+        args=args,
+        kwargs=kwargs,
+        argsrepr=argsrepr if isinstance(argsrepr, str) else repr(args),
+        raw=raw,
+    )
+
+
+_HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "lang": (str,), "shadow": (str,), "root_id": (str,), "parent_id": (str,), "group": (str,),
+    "group_index": (int,), "retries": (int,), "argsrepr": (str,), "kwargsrepr": (str,),
+    "origin": (str,), "ignore_result": (bool,), "replaced_task_nesting": (int,),
+    "stamped_headers": (list,), "stamps": (dict,), "eta": (str,), "expires": (str,),
+    "timelimit": (list,),
+}  # fmt: skip
+_PROPERTY_TYPES: dict[str, tuple[type, ...]] = {
+    "delivery_info": (dict,), "priority": (int,), "correlation_id": (str,), "reply_to": (str,),
+    "delivery_mode": (int,), "body_encoding": (str,),
+}  # fmt: skip
+
+
+def _check_fields(headers: dict[str, Any], properties: dict[str, Any]) -> None:
+    """The headers and properties Celery's own consumer reads have the types Celery writes (None
+    allowed): a message Celery would choke on is refused by every consumer alike."""
+    for where, fields, types in (
+        ("header", headers, _HEADER_TYPES),
+        ("property", properties, _PROPERTY_TYPES),
+    ):
+        for name, allowed in types.items():
+            value = fields.get(name)
+            if value is not None and (
+                not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
+            ):
+                raise BadMessage(
+                    f"{where} {name} is {_short(value)}, not {' or '.join(t.__name__ for t in allowed)}"
+                )
+    for name in ("eta", "expires"):
+        if headers.get(name) is not None:
+            try:
+                datetime.fromisoformat(headers[name])
+            except ValueError:
+                raise BadMessage(f"header {name} {_short(headers[name])} is not an ISO 8601 time") from None
+    limits = headers.get("timelimit")
+    if limits is not None and (
+        len(limits) != 2
+        or not all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in limits)
+    ):
+        raise BadMessage(f"header timelimit {_short(limits)} is not [soft, hard] seconds")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+TASK_ARGS: dict[str, tuple[type, ...]] = {
+    "toolloop.advance": (str, int),
+    "toolloop.answer": (str, str),
+    "toolloop.cancel": (str,),
+    "toolloop.sweep": (),
+}
+"""The argument types of each toolloop task (workers/tasks.py): any other message is rejected."""
+REJECTED_KEEP = 10_000
+"""Entries the rejected list keeps (the oldest go first); each keeps up to REJECTED_RAW of the raw."""
+REJECTED_RAW = 65_536
+
+
+def task_problem(delivery: Delivery) -> str | None:
+    """Why a parsed message is not a toolloop task this consumer can run (None: it is one)."""
+    types = TASK_ARGS.get(delivery.name)
+    if types is None:
+        return f"unknown task {delivery.name[:80]!r}"
+    args = delivery.args
+    if delivery.kwargs or len(args) != len(types):
+        return f"{delivery.name} takes {len(types)} positional arguments"
+    for value, kind in zip(args, types, strict=True):
+        if not isinstance(value, kind) or isinstance(value, bool) or len(str(value)) > 200:
+            return f"{delivery.name} arguments are not {', '.join(t.__name__ for t in types)}"
+    return None
+
+
+def problem(raw: str, max_bytes: int) -> str | None:
+    """Why `raw` is not a toolloop task message a worker may run (None: it is one)."""
+    if len(raw) > max_bytes:
+        return f"{len(raw):,} bytes, over TOOLLOOP_MAX_TASK_BYTES ({max_bytes:,})"
+    try:
+        return task_problem(parse(raw))
+    except BadMessage as error:
+        return str(error)
+
+
+def rejected_entry(queue: str, raw: str, reason: str, worker: str) -> str:
+    """One entry of the rejected list (keys.REJECTED): JSON with the reason and the raw message."""
+    return orjson.dumps({
+        "at": time.time(), "queue": queue, "reason": reason, "worker": worker,
+        "size": len(raw), "truncated": len(raw) > REJECTED_RAW, "raw": raw[:REJECTED_RAW],
+    }).decode()  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One message CLAIM took: its queue (without the priority suffix), the message, and the tag CLAIM
+    recorded it under in `unacked` ("" when it recorded none: forget only a recorded one)."""
+
+    queue: str
+    raw: str
+    tag: str
+
+
+def claimed(reply: list[Any]) -> list[Claimed]:
+    """CLAIM's reply, parsed once."""
+    return [
+        Claimed(str(reply[i]).split(_SEP)[0], str(reply[i + 1]), str(reply[i + 2]))
+        for i in range(0, len(reply) - 2, 3)
+    ]
 
 
 def unacked_value(raw: str, queue: str) -> str:
@@ -189,26 +330,37 @@ class Events:
 
 CLAIM = """
 -- KEYS[1]=unacked KEYS[2]=unacked_index KEYS[3..]=queue list keys in consume order
--- ARGV[1]=most messages to take ARGV[2]=now -> {queue key, message, ...}
+-- ARGV[1]=most messages to take ARGV[2]=now ARGV[3]=largest message to decode (bytes)
+-- -> {queue key, message, recorded tag or "", ...} (see `claimed`)
 -- Pops and records each message as delivered in one atomic call, so a consumer that dies at any
 -- point leaves every message either on its queue or in `unacked` (restored after the visibility
--- timeout), never in neither.
+-- timeout), never in neither. No message content can make it fail: only a JSON object whose
+-- properties.delivery_tag is a string of 1-200 characters is recorded (what the consumer cannot
+-- parse it moves to the rejected list, and forgets the record), anything else is just returned.
 local out = {}
 local left = tonumber(ARGV[1])
+local largest = tonumber(ARGV[3])
 for i = 3, #KEYS do
   while left > 0 do
     local raw = redis.call('RPOP', KEYS[i])
     if not raw then break end
-    local ok, message = pcall(cjson.decode, raw)
-    local tag = ok and type(message) == 'table' and message.properties
-      and message.properties.delivery_tag
-    if tag then
+    local tag = nil
+    if #raw <= largest then
+      local ok, message = pcall(cjson.decode, raw)
+      if ok and type(message) == 'table' and type(message.properties) == 'table' then
+        tag = message.properties.delivery_tag
+      end
+    end
+    if type(tag) == 'string' and #tag > 0 and #tag <= 200 then
       local queue = string.match(KEYS[i], '^(.-)\\6\\22') or KEYS[i]
       redis.call('HSET', KEYS[1], tag, '[' .. raw .. ', "", ' .. cjson.encode(queue) .. ']')
       redis.call('ZADD', KEYS[2], ARGV[2], tag)
+    else
+      tag = ''
     end
     out[#out + 1] = KEYS[i]
     out[#out + 1] = raw
+    out[#out + 1] = tag
     left = left - 1
   end
 end

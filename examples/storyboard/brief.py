@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-TOOLSET = "examples.storyboard.tools:REVIEW_TOOLS"
+TOOLSET = "review"
+"""The name the demo registers the toolset under (TOOLLOOP_TOOLSETS="review=...")."""
+TOOLSET_PATH = "examples.storyboard.tools:REVIEW_TOOLS"
 MODEL = "claude-sonnet-4-5"
 
 PROMPT = (

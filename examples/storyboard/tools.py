@@ -2,7 +2,8 @@
 
     REVIEW_TOOLS = [list_shots, read_frame, render_preview (two-phase), ask]
 
-A durable run names it by import path: `toolset="examples.storyboard.tools:REVIEW_TOOLS"`.
+A worker serves it once registered (`TOOLLOOP_TOOLSETS=review=examples.storyboard.tools:REVIEW_TOOLS`);
+a durable run names it by that name: `toolset="review"`.
 `read_frame` returns an image part of a committed PNG (examples/storyboard/frames/);
 `render_preview` is two-phase: `start` queues the render and returns its job handle, `wait` collects
 it, so a crash between the two only waits and never renders twice. `ask` is never run: the loop

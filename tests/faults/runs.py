@@ -22,7 +22,7 @@ from workers.records import FINAL, RunStatus
 
 MODEL = "claude-sonnet-4-5"
 SYSTEM = "You review storyboards for a film crew. Use the tools; ask when unsure."
-TOOLSET = "faults.toolset:TOOLS"
+TOOLSET = "faults"
 
 # Fields of run events that differ between two runs of the same shape by design.
 VOLATILE = frozenset({"answer_id", "at", "created", "touched", "run_id", "id_"})

@@ -28,7 +28,7 @@ VALID: dict[str, Any] = {
     "model": "claude-sonnet-4-5",
     "system": "You review storyboards.",
     "messages": [{"role": "user", "content": "Review the storyboard."}],
-    "toolset": "faults.toolset:TOOLS",
+    "toolset": "faults",
     "budget_usd": 1.0,
     "max_steps": 10,
 }

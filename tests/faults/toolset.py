@@ -1,4 +1,4 @@
-"""The fault suite's toolset, loaded by the worker as "faults.toolset:TOOLS" (PYTHONPATH=tests).
+"""The fault suite's toolset, loaded by the worker as "faults" (PYTHONPATH=tests).
 
 Every tool writes one line to `$TOOLLOOP_FAULTS_DIR/effects.log` per outside effect (`run`, `start`,
 `wait`), with the call's tag and the worker's pid: the suite counts these lines to prove that no

@@ -72,7 +72,8 @@ class Worker:
         self.tool_log: Path | None = None
         self.model_log: Path | None = None
         self.name = f"test-{uuid.uuid4().hex[:8]}@%h"
-        full_env = {**os.environ, **WORKER_ENV, **env, "REDIS_URL": url, "PYTHONPATH": str(ROOT)}
+        paths = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+        full_env = {**os.environ, **WORKER_ENV, **env, "REDIS_URL": url, "PYTHONPATH": os.pathsep.join(paths)}
         args = [
             sys.executable, "-m", "celery", "-A", "workers.app", "worker",
             "-P", "threads", "-c", str(concurrency), "-Q", queues,

@@ -14,7 +14,7 @@ from toolloop.embedded import EmbeddedServer
 from workers.client import Client
 from workers.records import RunEventRecord
 
-TOOLSET = "tests.integration.agents:TOOLS"
+TOOLSET = "agents"
 
 
 def client_on(server: EmbeddedServer) -> Iterator[Client]:

@@ -20,7 +20,8 @@ from workers.client import Client
 ROOT = Path(__file__).resolve().parents[2]
 TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
 POLICY = "tests.integration.cli_policy:policy"
-TOOLSET = "examples.storyboard.tools:REVIEW_TOOLS"
+TOOLSET = "review"
+REGISTERED = "review=examples.storyboard.tools:REVIEW_TOOLS"
 FAIL_ONCE = "Fail once, then answer."
 ANSWER = "Keep shot 3; trim shot 5 by a second."
 
@@ -66,9 +67,24 @@ def test_malformed_file(env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_invalid_spec_field(env: dict[str, str]) -> None:
-    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "examples.storyboard.tools:REVIEW_TOOLS",
+    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "review",
                     "--max-steps", "0")  # fmt: skip
     assert_clean_error(done, "max_steps")
+
+
+def test_doctor_warns_about_redis_and_fails_on_a_broken_toolset(env: dict[str, str], tmp_path: Path) -> None:
+    served = {**env, "TOOLLOOP_TOOLSETS": REGISTERED}
+    done = toolloop(served, "doctor")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warn  Redis has no maxmemory" in done.stdout  # the test server runs without one
+    assert "ok    AOF on" in done.stdout
+    assert "ok    toolset 'review' = examples.storyboard.tools:REVIEW_TOOLS (list_shots" in done.stdout
+    broken = toolloop(
+        {**env, "TOOLLOOP_TOOLSETS": f"{REGISTERED},broken=tests.integration.nowhere:TOOLS"}, "doctor"
+    )
+    assert broken.returncode == 1 and "error toolset 'broken': Cannot import" in broken.stdout, broken.stdout
+    gone = toolloop({**served, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, "doctor")
+    assert gone.returncode == 1 and gone.stdout.startswith("error Redis at redis://127.0.0.1:"), gone.stdout
 
 
 def test_redis_unreachable(tmp_path: Path) -> None:
@@ -82,8 +98,8 @@ def test_redis_unreachable(tmp_path: Path) -> None:
     ("toolset", "first_line"),
     [
         (None, "The run has no toolset."),
-        ("examples.storyboard.nope:TOOLS", "Cannot import the module of toolset"),
-        ("examples.storyboard.tools:NOPE", "has no 'NOPE'"),
+        ("examples.storyboard.tools:REVIEW_TOOLS", "is not registered; the registered toolsets are"),
+        ("nope", "The toolset 'nope' is not registered"),
     ],
 )
 def test_bad_toolset_enqueues_nothing(env: dict[str, str], redis_client: redis.Redis, toolset: str | None,
@@ -126,12 +142,15 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
 
 def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> None:
     log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen(
-        [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    unregistered = {k: v for k, v in env.items() if k != "TOOLLOOP_TOOLSETS"}
+    worker = subprocess.Popen(  # the worker's toolsets from its flag, the run's names from the env
+        [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY, "--toolsets", REGISTERED],
+        cwd=ROOT, env=unregistered, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        done = toolloop(env, "run", "-f", "examples/storyboard/run.yaml")
+        done = toolloop(
+            {**unregistered, "TOOLLOOP_TOOLSETS": REGISTERED}, "run", "-f", "examples/storyboard/run.yaml"
+        )
         assert done.returncode == 0, done.stderr
         run_id = done.stdout.splitlines()[0]
         client = Client(env["REDIS_URL"])
@@ -187,8 +206,16 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
     assert "the worker talks to the simulator" in (tmp_path / "worker.log").read_text()
 
 
+def test_a_bad_toolsets_flag_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    env = env_for(tmp_path, None)
+    done = toolloop(env, "worker", "--toolsets", "review=os")
+    assert_clean_error(done, "--toolsets has the entry 'review=os', which is not name=pkg.module:NAME")
+    assert not (tmp_path / "state" / "redis" / "server.json").exists()  # no Redis was started
+
+
 def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
     env = env_for(tmp_path, None)
+    env.pop("TOOLLOOP_TOOLSETS")  # the demo registers its own toolset
     done = toolloop(env, "demo", "--answer", ANSWER, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout

@@ -12,7 +12,7 @@ from toolloop import AssistantMessage, ToolMessage, UserMessage
 from workers.client import Client
 from workers.errors import RunNotFoundError
 
-TOOLSET = "tests.integration.agents:TOOLS"
+TOOLSET = "agents"
 
 
 def logged(path: Path | None) -> list[dict[str, object]]:
@@ -60,7 +60,7 @@ def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> No
     before = client.redis.zcard("tl:runs:live")
     with pytest.raises(pydantic.ValidationError):
         client.enqueue({"model": "scripted", "messages": []})
-    with pytest.raises(ToolsetError, match=r"tests\.integration\.nowhere"):
+    with pytest.raises(ToolsetError, match=r"'tests\.integration\.nowhere:TOOLS' is not registered"):
         client.enqueue(
             {"model": "m", "toolset": "tests.integration.nowhere:TOOLS",
              "messages": [{"role": "user", "content": "hi"}]}

@@ -11,7 +11,7 @@ from toolloop.cli import build_parser
 from toolloop.cli.errors import CliError
 from toolloop.cli.spec import build_spec
 
-TOOLSET = "examples.storyboard.tools:REVIEW_TOOLS"
+TOOLSET = "review"
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -61,10 +61,9 @@ def test_missing_file(tmp_path: Path) -> None:
     ("toolset", "expected"),
     [
         (None, "The run has no toolset."),
-        ("no_colon_here", "is not an import path"),
-        ("examples.storyboard.nope:TOOLS", "Cannot import the module of toolset"),
-        ("examples.storyboard.tools:NOPE", "has no 'NOPE'"),
-        ("examples.storyboard.tools:SHOTS", "not a list of ToolSpec"),
+        ("no_colon_here", "The toolset 'no_colon_here' is not registered"),
+        ("examples.storyboard.tools:REVIEW_TOOLS", "'agents', 'faults', 'review'"),
+        ("os:getpid", "is not registered"),
     ],
 )
 def test_bad_toolsets_are_refused(toolset: str | None, expected: str) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from loop_kit import Shot, read_frame, run
 from pydantic import BaseModel, Field
 
-from toolloop import TextPart, ToolDefinition, ToolMessage, ToolOutput, ToolSpec
+from toolloop import ImagePart, MemoryJournal, TextPart, ToolDefinition, ToolMessage, ToolOutput, ToolSpec
 from toolloop.testing import ScriptedModel, call, reply
 
 
@@ -99,3 +100,30 @@ async def test_tool_receives_the_validated_model() -> None:
     model = ScriptedModel([reply(tool_calls=[call("read_frame", {"shot": "3"})]), reply("ok")])
     await run(model, tools=[tool])
     assert seen == [Shot(shot=3.0, take=1)]
+
+
+async def test_a_tool_result_over_the_limit_is_answered_as_an_error_and_not_journaled(tmp_path: Path) -> None:
+    def huge(input: Shot, signal: object) -> ToolOutput:
+        return ToolOutput(value="v" * 5000, content=[TextPart(text="x" * 5000)], cost_usd=0.02)
+
+    big_image = tmp_path / "big.png"
+    big_image.write_bytes(b"\x89PNG" + b"0" * 3000)
+
+    def image(input: Shot, signal: object) -> ToolOutput:
+        return ToolOutput(content=[ImagePart(path=str(big_image), mime_type="image/png", hash="ab")])
+
+    tools = [
+        ToolSpec(name="huge", description="Huge.", schema=Shot, run=huge),
+        ToolSpec(name="image", description="Image.", schema=Shot, run=image),
+    ]
+    model = ScriptedModel(
+        [reply(tool_calls=[call("huge", {"shot": 1}), call("image", {"shot": 2})]), reply("ok")]
+    )
+    journal = MemoryJournal()
+    result, _ = await run(model, journal, tools=tools, max_tool_result_bytes=1000, max_image_bytes=2000)
+    answers = [m for m in result.messages if isinstance(m, ToolMessage)]
+    first, second = (answer.content[0].text for answer in answers)  # type: ignore[union-attr,index]
+    assert first.startswith("Tool 'huge' returned ") and "the limit is 1,000" in first
+    assert "the image 'big.png' of 3,004 bytes; the limit is 2,000" in second
+    assert result.spent_usd == 0.02  # the tool's cost still counts
+    assert all("v" * 100 not in stored for stored in journal.entries.values())  # not journaled

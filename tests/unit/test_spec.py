@@ -27,7 +27,7 @@ def _tool(name: str) -> ToolSpec:
 
 
 def test_a_spec_is_validated_and_gets_defaults() -> None:
-    spec = RunSpec.model_validate({"model": "m", "messages": MESSAGES, "toolset": "pkg.mod:TOOLS"})
+    spec = RunSpec.model_validate({"model": "m", "messages": MESSAGES, "toolset": "review"})
     assert spec.messages == [UserMessage(content="Hi")]
     assert (spec.budget_usd, spec.finish_at, spec.max_steps, spec.keep_images, spec.cache) == (
         1.0, 1.0, 20, 2, "conversation",
@@ -44,7 +44,8 @@ def test_a_spec_is_validated_and_gets_defaults() -> None:
         ({"finish_at": 1.5}, "finish_at"),
         ({"max_steps": 0}, "max_steps"),
         ({"cache": "all"}, "cache"),
-        ({"toolset": "not a path"}, "toolset"),
+        ({"toolset": ""}, "toolset"),
+        ({"toolset": "x" * 201}, "toolset"),
         ({"api_key": "sk-secret"}, "api_key"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
     ],
@@ -68,15 +69,19 @@ def toolset_module() -> types.ModuleType:
 
 
 def test_a_toolset_resolves_from_a_list_or_a_callable(toolset_module: types.ModuleType) -> None:
-    assert [t.name for t in toolsets.resolve("toolset_for_tests:TOOLS")] == ["a", "b"]
-    assert [t.name for t in toolsets.resolve("toolset_for_tests:make")] == ["c"]
-    assert toolsets.resolve(None) == []
+    registry = toolsets.Registry({"listed": "toolset_for_tests:TOOLS", "made": "toolset_for_tests:make"})
+    assert [t.name for t in registry.resolve("listed")] == ["a", "b"]
+    assert [t.name for t in registry.resolve("made")] == ["c"]
+    assert registry.resolve(None) == []
 
 
 @pytest.mark.parametrize(
     ("path", "says"),
     [
-        ("no_such_module_here:TOOLS", "Cannot import the module of toolset 'no_such_module_here:TOOLS'"),
+        (
+            "no_such_module_here:TOOLS",
+            "Cannot import the module of toolset 'x' ('no_such_module_here:TOOLS')",
+        ),
         ("toolset_for_tests:MISSING", "has no 'MISSING'"),
         ("toolset_for_tests:NOT_TOOLS", "is a list, not a list of ToolSpec"),
         ("toolset_for_tests:TWICE", "more than one tool named 'a'"),
@@ -86,7 +91,7 @@ def test_a_bad_toolset_says_what_and_what_to_do(
     toolset_module: types.ModuleType, path: str, says: str
 ) -> None:
     with pytest.raises(ToolsetError) as caught:
-        toolsets.resolve(path)
+        toolsets.Registry({"x": path}).resolve("x")
     first, second = str(caught.value).split("\n")
     assert says in first
     assert second.startswith("  ")

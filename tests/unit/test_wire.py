@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from workers import wire
 
 
@@ -12,7 +15,6 @@ def test_a_task_message_parses_back_to_the_delivery_it_was_made_as() -> None:
     made = wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "tools")
     assert wire.parse(made.raw) == made
     assert (made.name, made.task_id, made.args) == ("toolloop.advance", "run1:3", ["run1", 3])
-    assert wire.tag_of(made.raw) == made.tag
     assert wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "tools").tag != made.tag
 
 
@@ -60,3 +62,81 @@ def test_a_turns_events_go_out_as_task_multi_messages_that_celery_reads_as_each_
     seen = [event for channel, payload in sent for event in _received(channel, payload)]
     assert [event["uuid"] for event in seen] == [f"run{i}:1" for i in range(count)]
     assert [event["clock"] for event in seen] == sorted({event["clock"] for event in seen})
+
+
+def test_celerys_own_task_message_passes_the_poison_check() -> None:
+    """What `Client` sends through Celery (kombu's producer) is a valid task, on every toolloop task."""
+    import base64
+
+    from kombu import Connection
+
+    from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, make_app
+
+    app = make_app()
+    sent: list[str] = []
+    with Connection("memory://") as connection:
+        for name, args in ((ADVANCE, ["r1", 1]), (ANSWER, ["r1", "a1"]), (CANCEL, ["r1"]), (SWEEP, [])):
+            app.send_task(name, args=args, queue="control", connection=connection)
+        queue = connection.SimpleQueue("control")
+        for _ in range(4):
+            message = queue.get(timeout=1)
+            sent.append(json.dumps({
+                "body": base64.b64encode(message.body).decode(), "content-type": message.content_type,
+                "content-encoding": message.content_encoding, "headers": message.headers,
+                "properties": {**message.properties, "body_encoding": "base64", "delivery_tag": "t-1"},
+            }))  # fmt: skip
+            message.ack()
+        queue.close()
+    assert [wire.problem(raw, 262_144) for raw in sent] == [None] * 4
+
+
+def test_the_poison_check_names_what_is_wrong() -> None:
+    good = json.loads(wire.task_message("toolloop.cancel", ["r1"], "r1:cancel", "control").raw)
+
+    def shaped(**change: object) -> str:
+        return json.dumps({**good, **change})
+
+    cases = {
+        "not JSON": "x",
+        "a JSON list, not an object": "[1]",
+        "no properties or headers object": shaped(headers=None),
+        "delivery_tag 5 is not a string": shaped(properties={**good["properties"], "delivery_tag": 5}),
+        "body is not base64": shaped(body="!!"),
+        "body is not JSON": shaped(body="bm90IGpzb24="),
+        "unknown task 'os.system'": shaped(headers={**good["headers"], "task": "os.system"}),
+        "toolloop.cancel arguments are not str": shaped(body="W1sxXSwge30sIHt9XQ=="),  # [[1], {}, {}]
+        "over TOOLLOOP_MAX_TASK_BYTES": shaped(pad="x" * 300_000),
+    }
+    for says, raw in cases.items():
+        problem = wire.problem(raw, 262_144)
+        assert problem is not None and says in problem, (says, problem)
+    assert wire.problem(shaped(), 262_144) is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+GOOD = json.loads(wire.task_message("toolloop.advance", ["r1", 1], "r1:1", "llm").raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(max_size=200),
+    where=st.sampled_from(["headers", "properties", "body", "content-type", "content-encoding", None]),
+    value=JSON,
+)
+def test_the_poison_check_never_raises(text: str, where: str | None, value: object) -> None:
+    """Whatever a message holds, the check answers (a reason or None) and never raises."""
+    assert isinstance(wire.problem(text, 262_144), str | None)
+    message = dict(GOOD)
+    if where in ("headers", "properties") and isinstance(value, dict):
+        message[where] = {**GOOD[where], **value}
+    elif where is not None:
+        message[where] = value
+    raw = json.dumps(message)
+    problem = wire.problem(raw, 262_144)
+    if problem is None:  # accepted: then it parses into a task of the right shape
+        delivery = wire.parse(raw)
+        assert wire.task_problem(delivery) is None

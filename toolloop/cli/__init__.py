@@ -15,7 +15,7 @@ __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from toolloop.cli import commands, demo, processes
+    from toolloop.cli import commands, demo, doctor, processes
 
     parser = argparse.ArgumentParser(
         prog="toolloop",
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_commands(sub)
     processes.add_commands(sub)
     demo.add_command(sub)
+    doctor.add_command(sub)
     return parser
 
 

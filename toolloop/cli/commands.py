@@ -16,8 +16,10 @@ from toolloop.cli.follow import follow, print_status
 from toolloop.cli.spec import build_spec
 
 
-def connect() -> tuple[Any, defaults.RedisChoice]:
-    """A client on REDIS_URL or on the embedded server (started when needed)."""
+def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoice]:
+    """A client on REDIS_URL or on the embedded server (started when needed), after checking that
+    Redis answers with the URL's credentials and TLS, exactly as the workers connect. `toolsets`:
+    the registered toolset names (None: TOOLLOOP_TOOLSETS)."""
     try:
         choice = defaults.redis_url()
     except defaults.DefaultsError as error:
@@ -26,12 +28,22 @@ def connect() -> tuple[Any, defaults.RedisChoice]:
         raise CliError(
             f"Could not start the embedded Redis: {error}.\n  Set REDIS_URL to a running server."
         ) from None
-    if not defaults.redis_reachable(choice.url):
+    problem = defaults.redis_problem(choice.url)
+    if problem is not None:
         raise CliError(
-            f"Cannot reach Redis at {redact(choice.url)}.\n"
-            "  Start the server or fix REDIS_URL (unset it to use the embedded server)."
+            f"Cannot reach Redis at {redact(choice.url)}: {redact_text(problem, choice.url).rstrip('.')}.\n"
+            "  Start the server or fix REDIS_URL: user, password, rediss:// and ?ssl_ca_certs= for TLS "
+            "(unset it to use the embedded server)."
         )
-    return workers("client").Client(choice.url), choice
+    return workers("client").Client(choice.url, toolsets=toolsets), choice
+
+
+def redact_text(text: str, url: str) -> str:
+    """`text` with the URL's password replaced (an error may quote the URL)."""
+    from urllib.parse import unquote, urlsplit
+
+    password = urlsplit(url).password
+    return text.replace(password, "***").replace(unquote(password), "***") if password else text
 
 
 def workers(module: str) -> Any:
@@ -49,7 +61,7 @@ def add_commands(sub: Any) -> None:
     run.add_argument("-f", "--file", type=Path, help="a run spec as JSON or YAML; flags override it")
     run.add_argument("--model")
     run.add_argument("--system", help="the system text, or @FILE to read it from a file")
-    run.add_argument("--toolset", help='import path of a list of ToolSpec, "pkg.mod:NAME"')
+    run.add_argument("--toolset", help="name of a registered toolset (TOOLLOOP_TOOLSETS), e.g. review")
     run.add_argument("--budget", dest="budget_usd", type=float, help="USD limit of the run")
     run.add_argument("--finish-at", type=float, help="share of the budget where finish mode starts")
     run.add_argument("--max-steps", type=int)
@@ -59,6 +71,9 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--cache", choices=["off", "system", "conversation"])
     run.add_argument("--provider")
     run.add_argument("--fallback", help="comma-separated provider names to fall back to")
+    run.add_argument(
+        "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
+    )
     run.add_argument("--follow", action="store_true", help="print its events until it stops")
     run.set_defaults(handler=cmd_run)
 
@@ -92,7 +107,7 @@ def add_commands(sub: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = build_spec(args)
     client, choice = connect()
-    run_id = client.enqueue(spec)
+    run_id = client.enqueue(spec, idempotency_key=args.idempotency_key)
     print(run_id)
     if args.follow:
         return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else None)

@@ -61,11 +61,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     if str(SOURCE_ROOT) not in sys.path:
         sys.path.insert(0, str(SOURCE_ROOT))
-    from examples.storyboard.brief import MODEL, PROMPT, SYSTEM, TOOLSET
+    from examples.storyboard.brief import MODEL, PROMPT, SYSTEM, TOOLSET, TOOLSET_PATH
     from examples.storyboard.policy import review_policy
     from toolloop.cli.commands import connect, workers
 
-    client, choice = connect()
+    client, choice = connect(toolsets=[TOOLSET])
     state = defaults.state_dir()
     started: list[Any] = []
     try:
@@ -83,7 +83,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with log_path.open("wb") as log:
             worker = start_worker(
                 choice.url,
-                extra_env=defaults.simulated_provider_env(sim.base_url),
+                extra_env={
+                    **defaults.simulated_provider_env(sim.base_url),
+                    "TOOLLOOP_TOOLSETS": f"{TOOLSET}={TOOLSET_PATH}",
+                },
                 pythonpath=[str(SOURCE_ROOT)],
                 log=log,
                 concurrency=4,

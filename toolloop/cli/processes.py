@@ -114,6 +114,10 @@ def add_commands(sub: Any) -> None:
     )
     worker.add_argument("-Q", "--queues", default=QUEUES, help=f"queues to consume (default {QUEUES})")
     worker.add_argument("-l", "--loglevel", default="INFO")
+    worker.add_argument(
+        "--toolsets",
+        help='the toolsets the worker serves, "name=pkg.module:NAME,..." (default: TOOLLOOP_TOOLSETS)',
+    )
     worker.add_argument("--sim-script", type=Path, help="turns file for the simulator (when no provider key)")
     worker.add_argument("--sim-policy", help='or a policy for it, "pkg.module:NAME"')
     worker.set_defaults(handler=cmd_worker)
@@ -123,17 +127,28 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from toolloop.cli.commands import connect
+    from toolloop.cli.commands import connect, workers
 
-    _, choice = connect()
     extra: dict[str, str] = {}
+    if args.toolsets is not None:  # checked before anything starts
+        try:
+            workers("toolsets").parse(args.toolsets)
+        except ValueError as error:
+            raise CliError(str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")) from None
+        extra["TOOLLOOP_TOOLSETS"] = args.toolsets
+    _, choice = connect()
     server = None
     if not defaults.has_provider_key():
         script = load_policy(args.sim_policy) if args.sim_policy else args.sim_script
         server = start_simulator(str(script) if isinstance(script, Path) else script)
-        extra = defaults.simulated_provider_env(server.base_url)
+        extra.update(defaults.simulated_provider_env(server.base_url))
         print(f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}.")
-    print(f"Worker on {'the embedded Redis' if choice.embedded else 'REDIS_URL'}, queues {args.queues}.")
+    served = extra.get("TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")).strip()
+    names = ", ".join(entry.split("=")[0].strip() for entry in served.split(",") if entry.strip())
+    print(
+        f"Worker on {'the embedded Redis' if choice.embedded else 'REDIS_URL'}, queues {args.queues}, "
+        f"toolsets: {names or 'none (set TOOLLOOP_TOOLSETS or --toolsets)'}."
+    )
     process = subprocess.Popen(
         worker_argv(args.concurrency, args.queues, args.loglevel, args.steps_in_flight),
         env=worker_env(choice.url, extra),

@@ -1,11 +1,10 @@
-"""Build a run spec from `toolloop run`'s flags and file, and check its toolset before enqueuing."""
+"""Build a run spec from `toolloop run`'s flags and file, and check its toolset (a registered name)
+before enqueuing."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,25 +73,19 @@ def spec_data(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
-def check_toolset(path: Any) -> None:
-    """Import the toolset the worker will import, so a bad path fails here and nothing is enqueued."""
-    if not path:
-        raise CliError(
-            "The run has no toolset.\n"
-            '  Pass --toolset "pkg.module:NAME" (a list of ToolSpec), or set toolset in the spec file.'
-        )
-    module_name, _, attribute = str(path).partition(":")
-    if not module_name or not attribute:
-        raise CliError(
-            f"The toolset {path!r} is not an import path.\n"
-            '  Write it as "pkg.module:NAME", e.g. "examples.storyboard.tools:REVIEW_TOOLS".'
-        )
-    if os.getcwd() not in sys.path:  # the worker imports from its working directory too
-        sys.path.insert(0, os.getcwd())
+def check_toolset(name: Any) -> None:
+    """Refuse a toolset the workers do not register (TOOLLOOP_TOOLSETS), importing nothing, so a bad
+    name fails here and nothing is enqueued."""
     from toolloop.cli.commands import workers
 
+    if not name:
+        raise CliError(
+            "The run has no toolset.\n"
+            "  Pass --toolset NAME (one registered in TOOLLOOP_TOOLSETS), or set toolset in the spec file."
+        )
     try:
-        workers("toolsets").resolve(str(path))
+        registered = workers("settings").Settings.from_env().toolsets
+        workers("toolsets").check_name(str(name), registered)
     except ValueError as error:  # workers.errors.ToolsetError: two lines already
         raise CliError(str(error)) from None
 

@@ -28,6 +28,9 @@ a superset of the live runs, never the source of truth.
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
     tl:sweep:lock              string  held (PX) by the worker sweeping now
     tl:cancel                  channel pubsub: a run id whose live step must abort now
+    toolloop:rejected          list    messages found on a toolloop queue that are not valid tasks,
+                                       newest first: JSON {at, queue, reason, worker, size, truncated,
+                                       raw} (workers/consumer.py; the newest 10,000 are kept)
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ PREFIX = "tl:"
 LIVE_RUNS = f"{PREFIX}runs:live"
 CANCEL_CHANNEL = f"{PREFIX}cancel"
 SWEEP_LOCK = f"{PREFIX}sweep:lock"
+REJECTED = "toolloop:rejected"
 
 
 def _run(run_id: str, name: str) -> str:

@@ -37,6 +37,7 @@ from toolloop.loop.history import History
 from toolloop.loop.tools import (
     as_output,
     as_started,
+    bounded,
     call,
     message_content,
     summary,
@@ -265,7 +266,9 @@ class _Run:
     async def run_one_phase(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> ToolOutput:
         async def work(signal: AbortSignal) -> StepResult:
             await self.breaker(spec, checked)
-            output = as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name)
+            output = self.bounded(
+                as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name), spec.name
+            )
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
         return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
@@ -284,11 +287,14 @@ class _Run:
 
         async def wait(signal: AbortSignal) -> StepResult:
             returned = await call(spec.wait, handle["started"], self.signal_for(signal))
-            output = as_output(returned, spec.name)
+            output = self.bounded(as_output(returned, spec.name), spec.name)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
         output = validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))
         return output, list(handle.get("rows") or [])
+
+    def bounded(self, output: ToolOutput, tool: str) -> ToolOutput:
+        return bounded(output, tool, self.options.max_tool_result_bytes, self.options.max_image_bytes)
 
     async def breaker(self, spec: ToolSpec, checked: BaseModel) -> None:
         """Stop before a tool whose estimate would take the spend past the limit."""

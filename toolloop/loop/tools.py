@@ -7,12 +7,13 @@ helpers) may be sync or async: `call` awaits what needs awaiting and nothing els
 from __future__ import annotations
 
 import inspect
+import os
 from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from toolloop.contract import ContentPart, TextPart, ToolDefinition
+from toolloop.contract import ContentPart, ImagePart, TextPart, ToolDefinition
 from toolloop.loop.types import Started, ToolOutput, ToolSpec
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
@@ -116,3 +117,31 @@ def summary(output: ToolOutput) -> str:
         if isinstance(part, TextPart):
             return part.text[:200]
     return ""
+
+
+def bounded(output: ToolOutput, tool: str, max_bytes: int | None, max_image_bytes: int | None) -> ToolOutput:
+    """`output`, or, when it is larger than `max_bytes` as JSON or carries an image file larger than
+    `max_image_bytes`, an error answer for the model in its place (same cost and rows; the oversized
+    value is not journaled)."""
+    problem = None
+    if max_bytes is not None:
+        size = len(output.model_dump_json())
+        if size > max_bytes:
+            problem = f"returned {size:,} bytes; the limit is {max_bytes:,}"
+    if problem is None and max_image_bytes is not None:
+        for part in output.content:
+            if isinstance(part, ImagePart):
+                try:
+                    size = os.stat(part.path).st_size
+                except OSError:
+                    continue
+                if size > max_image_bytes:
+                    name = os.path.basename(part.path)
+                    problem = (
+                        f"returned the image {name!r} of {size:,} bytes; the limit is {max_image_bytes:,}"
+                    )
+                    break
+    if problem is None:
+        return output
+    text = f"Tool {tool!r} {problem}. The result was not kept; ask for less (a narrower input)."
+    return ToolOutput(value=None, content=[TextPart(text=text)], cost_usd=output.cost_usd, rows=output.rows)

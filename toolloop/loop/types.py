@@ -198,6 +198,11 @@ class RunToolLoopOptions(_Options):
     finish_note: str | None = None
     keep_images: int | None = 2
     cache: CacheMode = "conversation"
+    max_tool_result_bytes: int | None = None
+    """A tool result (value and content, as JSON) larger than this is answered to the model as an
+    error instead (the tool's cost still counts); None: no limit."""
+    max_image_bytes: int | None = None
+    """A tool result with an image file larger than this is answered as an error; None: no limit."""
 
 
 class Asked(_Value):

@@ -1,0 +1,112 @@
+"""`toolloop doctor`: check what a deployment depends on, with the workers' own settings.
+
+- Redis answers, connecting exactly as the workers do (the URL's user, password and TLS);
+- Redis keeps what it is given: `maxmemory` set (without it Redis grows until the OS kills it),
+  AOF on (`appendonly yes`), and `maxmemory-policy noeviction` (an evicted journal or queue key is
+  silent data loss);
+- the registered toolsets (TOOLLOOP_TOOLSETS): each is listed and imported, as a worker would;
+- the rejected list (toolloop:rejected): how many messages it holds.
+
+Each line starts with `ok`, `warn` or `error`; the exit status is 1 when any check is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from toolloop import defaults
+from toolloop.cli.errors import redact
+
+
+def add_command(sub: Any) -> None:
+    doctor = sub.add_parser(
+        "doctor", help="check Redis (auth, TLS, maxmemory, AOF, eviction) and the toolsets"
+    )
+    doctor.set_defaults(handler=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from toolloop.cli.commands import workers
+
+    errors = 0
+
+    def say(level: str, text: str) -> None:
+        nonlocal errors
+        errors += level == "error"
+        print(f"{level:<5} {text}")
+
+    try:
+        url = defaults.redis_url(start=False).url
+    except defaults.DefaultsError as error:
+        say("error", str(error).splitlines()[0])
+        url = None
+    if url is not None:
+        problem = defaults.redis_problem(url)
+        if problem is not None:
+            say("error", f"Redis at {redact(url)}: {problem}")
+        else:
+            say("ok", f"Redis at {redact(url)} answers (with the URL's credentials and TLS)")
+            errors += check_config(url, say)
+    try:
+        registered = workers("settings").Settings.from_env().toolsets
+    except ValueError as error:
+        say("error", str(error).splitlines()[0])
+        registered = {}
+    if not registered:
+        say("warn", "no toolsets are registered (TOOLLOOP_TOOLSETS): every run naming one is refused")
+    toolsets = workers("toolsets")
+    if os.getcwd() not in sys.path:  # as a worker started here imports (its PYTHONPATH has the cwd)
+        sys.path.insert(0, os.getcwd())
+    for name, path in sorted(registered.items()):
+        try:
+            tools = toolsets.load(path, name)
+        except ValueError as error:
+            say("error", f"toolset {name!r}: {str(error).splitlines()[0]}")
+        else:
+            say("ok", f"toolset {name!r} = {path} ({', '.join(tool.name for tool in tools) or 'no tools'})")
+    return 1 if errors else 0
+
+
+def check_config(url: str, say: Any) -> int:
+    """Warn about Redis settings that can lose or refuse work; 0 (the errors it found: none)."""
+    import redis
+
+    from toolloop.journal import keys
+
+    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    try:
+        try:
+            config: dict[str, str] = {}
+            for name in ("maxmemory", "maxmemory-policy", "appendonly"):
+                config.update(client.config_get(name))  # type: ignore[arg-type]
+        except redis.RedisError as error:
+            say("warn", f"cannot read Redis CONFIG ({error}); check maxmemory, AOF and eviction by hand")
+        else:
+            if config.get("maxmemory", "0") == "0":
+                say("warn", "Redis has no maxmemory: it grows until the OS kills it; set maxmemory "
+                    "(and watch used_memory)")  # fmt: skip
+            else:
+                say("ok", f"maxmemory {int(config['maxmemory']):,} bytes")
+            if config.get("appendonly") != "yes":
+                say("warn", "Redis runs without AOF (appendonly no): a restart can lose journal steps "
+                    "and queued tasks; set appendonly yes, appendfsync everysec")  # fmt: skip
+            else:
+                say("ok", "AOF on (appendonly yes)")
+            policy = config.get("maxmemory-policy")
+            if policy != "noeviction":
+                say("warn", f"maxmemory-policy is {policy}: Redis may evict a journal or a queue "
+                    "silently; set maxmemory-policy noeviction")  # fmt: skip
+            else:
+                say("ok", "maxmemory-policy noeviction")
+        rejected = int(client.llen(keys.REJECTED))
+        if rejected:
+            say("warn", f"{rejected} messages in the rejected list {keys.REJECTED} "
+                f"(inspect: redis-cli LRANGE {keys.REJECTED} 0 9; clear: DEL {keys.REJECTED})")  # fmt: skip
+        else:
+            say("ok", f"no rejected messages ({keys.REJECTED})")
+    finally:
+        client.close()
+    return 0
