@@ -145,9 +145,9 @@ async def test_a_context_window_overflow_is_a_clear_error() -> None:
         [sdk.TextBlock(type="text", text="Half", citations=None)], stop_reason="model_context_window_exceeded"
     )
     with pytest.raises(
-        PromptGenError, match=r"no longer fits the context window of 'claude-sonnet-4-5'"
+        PromptGenError, match=r"no longer fits the context window of 'claude-sonnet-4-6'"
     ) as caught:
-        await execute(anthropic(Recorder(answer)), PromptGenRequest(prompt="Go", model="claude-sonnet-4-5"))
+        await execute(anthropic(Recorder(answer)), PromptGenRequest(prompt="Go", model="claude-sonnet-4-6"))
     assert "\n  Shorten the history" in str(caught.value)
 
 
