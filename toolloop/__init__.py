@@ -24,7 +24,7 @@ from toolloop.errors import (
     ToolloopError,
     is_prompt_gen_unavailable,
 )
-from toolloop.journal import Journal, MemoryJournal, RedisJournal
+from toolloop.journal import Journal, MemoryJournal, RedisJournal, idempotency_key
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Asked,
@@ -83,6 +83,7 @@ __all__ = [
     "ToolloopError",
     "UserMessage",
     "from_env",
+    "idempotency_key",
     "is_prompt_gen_unavailable",
     "run_tool_loop",
 ]

@@ -7,6 +7,9 @@ effect line per call (faults.toolset.record) and holds two kill points (workers/
                     answer), the worker dies while waiting for the answer: a model call in flight
     model:answered  the answer came back, the worker dies before the loop sees it (before the commit)
 
+and one stop point (a SIGSTOP: tests/faults/test_lease_freeze.py), `model:send`, just before the
+call is handed to the provider, whose HTTP path checks the signal right before it sends.
+
 A model call is known by `<run tag>#<turn>`, turn = the assistant messages of its history (as the
 simulator counts turns), so the test process can tell the calls of each run apart.
 """
@@ -22,7 +25,7 @@ from faults.shapes import first_text, run_tag
 from faults.toolset import record
 from toolloop.abort import AbortSignal
 from toolloop.contract import AssistantMessage, PromptGenRequest, PromptGenResult
-from workers.killpoints import kill_point, pending
+from workers.killpoints import kill_point, pending, stop_point
 
 
 def exec_tag(request: PromptGenRequest) -> str:
@@ -63,6 +66,7 @@ def make() -> Any:
     async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         tag = exec_tag(request)
         record("model", tag)
+        stop_point("model:send", tag=tag)
         call = asyncio.ensure_future(prompt_gen.generate(request, signal=signal))
         if directory and pending("model:request", tag=tag):
             deadline = time.monotonic() + 10.0

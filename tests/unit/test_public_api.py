@@ -47,6 +47,7 @@ PUBLIC = [
     "ToolloopError",
     "UserMessage",
     "from_env",
+    "idempotency_key",
     "is_prompt_gen_unavailable",
     "run_tool_loop",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import errno
 import importlib.util
 import inspect
 import json
@@ -107,11 +108,20 @@ class KeepAlive:
     loop (docs/operations.md): about a fifth of the CPU of a fresh httpx client per call, and less
     than one shared httpx pool, whose httpcore scans every connection on each request. It also keeps
     connections open across calls: no TCP connect, and no TLS handshake with a real provider, per call.
+
+    Stale connections: a server (a provider's load balancer) closes keep-alive connections that sat
+    idle, and a request sent on one as it closes finds it reset or closed before any response. Such
+    a failure, on a REUSED connection and before the response began, is the connection's, not the
+    provider's (the request never reached it): the request is sent once more on a fresh connection.
+    Any other failure (a fresh connection, or once the response began) is the documented transport
+    error of the module docstring, since the provider may have started the work.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._session: Any = None
+        self._fresh: Any = None
+        """A session whose every request opens a new connection: the one retry of a stale one."""
 
     async def post(
         self, url: str, content: bytes, headers: dict[str, str], timeout: httpx.Timeout
@@ -119,27 +129,81 @@ class KeepAlive:
         import aiohttp
 
         if self._session is None:
+            traces = aiohttp.TraceConfig()
+            traces.on_connection_reuseconn.append(_reused)
             connector = aiohttp.TCPConnector(limit=0, ssl=_verify(), keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector, trust_env=False, trace_configs=[traces]
+            )
         limits = aiohttp.ClientTimeout(
             total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
         )
+        attempt = _Attempt()
         try:
-            async with self._session.post(
-                url, data=content, headers=headers, timeout=limits, allow_redirects=False
-            ) as answer:
-                body = await answer.read()
+            return await self._send(self._session, url, content, headers, limits, attempt)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            if not (attempt.reused and not attempt.answered and _stale(error)):
+                raise _as_httpx(error) from error
+            log.info("POST %s: a kept-alive connection was closed under the request (%s: %s); "
+                     "sending it again on a fresh connection", url, type(error).__name__, error)  # fmt: skip
+        if self._fresh is None:
+            connector = aiohttp.TCPConnector(limit=0, ssl=_verify(), force_close=True)
+            self._fresh = aiohttp.ClientSession(connector=connector, trust_env=False)
+        try:
+            return await self._send(self._fresh, url, content, headers, limits, _Attempt())
         except (aiohttp.ClientError, TimeoutError) as error:
             raise _as_httpx(error) from error
+
+    async def _send(
+        self, session: Any, url: str, content: bytes, headers: dict[str, str], limits: Any, attempt: _Attempt
+    ) -> httpx.Response:
+        async with session.post(
+            url,
+            data=content,
+            headers=headers,
+            timeout=limits,
+            allow_redirects=False,
+            trace_request_ctx=attempt,
+        ) as answer:
+            attempt.answered = True
+            body = await answer.read()
         log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, answer.status)  # as httpx logs it
         # aiohttp decoded the body: drop the headers that describe the encoded one
         kept = [(k, v) for k, v in answer.raw_headers if k.lower() not in _ENCODED_BODY_HEADERS]
         return httpx.Response(answer.status, headers=kept, content=body)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
+
+
+class _Attempt:
+    """One request on the keep-alive session: did it get a pooled connection, did its answer begin."""
+
+    __slots__ = ("answered", "reused")
+
+    def __init__(self) -> None:
+        self.reused = False
+        self.answered = False
+
+
+async def _reused(session: Any, context: Any, params: Any) -> None:
+    """aiohttp's trace hook: the request got a pooled (kept-alive) connection."""
+    context.trace_request_ctx.reused = True
+
+
+def _stale(error: BaseException) -> bool:
+    """A failure that a connection the server had closed gives: reset, broken pipe, or closed before
+    any response."""
+    import aiohttp
+
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(error, ConnectionResetError | BrokenPipeError) or (
+        isinstance(error, aiohttp.ClientOSError) and error.errno in (errno.ECONNRESET, errno.EPIPE)
+    )
 
 
 _ENCODED_BODY_HEADERS = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})

@@ -35,6 +35,12 @@ def parser() -> argparse.ArgumentParser:
         "--min-cache-tokens", type=int, default=MIN_CACHE_TOKENS, help="minimum cacheable prefix"
     )
     found.add_argument("--lookback", type=int, default=LOOKBACK_BLOCKS, help="cache lookback in blocks")
+    found.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="a request on a keep-alive connection idle longer than this many seconds finds it closed",
+    )
     return found
 
 
@@ -56,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         require_key=args.require_key,
         min_cache_tokens=args.min_cache_tokens,
         lookback=args.lookback,
+        idle_timeout_s=args.idle_timeout,
     )
     try:
         server.bind()

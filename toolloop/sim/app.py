@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,8 +58,13 @@ class Simulator:
         latency_s: float = 0.0,
         require_key: str | None = None,
         cache: PromptCache | None = None,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self.policy = policy
+        self.idle_timeout_s = idle_timeout_s
+        self._idle_since: dict[int, tuple[Any, float]] = {}
+        """Per keep-alive connection (its transport's id): the transport and when it last finished a
+        response (holding the transport keeps its id from being reused by a new connection)."""
         self.latency_s = latency_s
         self.require_key = require_key
         self.cache = cache or PromptCache()
@@ -79,7 +85,36 @@ class Simulator:
         """The ASGI entry; it keeps the server's own `send` so a "drop" fault can reach the socket."""
         if scope["type"] == "http":
             scope[_SEND_KEY] = send
+            if self.idle_timeout_s is not None:
+                await self._idle_checked(scope, receive, send)
+                return
         await self._app(scope, receive, send)
+
+    async def _idle_checked(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`idle_timeout_s`: a request on a keep-alive connection idle longer than that finds the
+        connection closed before any response (what a client sees when its request crosses the
+        server's close of an idle connection); counted as status "closed-idle"."""
+        transport = _transport(send)
+        if transport is None:
+            await self._app(scope, receive, send)
+            return
+        key = id(transport)
+        seen = self._idle_since.pop(key, None)
+        assert self.idle_timeout_s is not None
+        if seen is not None and seen[0] is transport and time.monotonic() - seen[1] > self.idle_timeout_s:
+            self._count("statuses", "closed-idle")
+            transport.close()
+            return
+
+        async def sending(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                if len(self._idle_since) > 4096:  # forget the connections closed since
+                    for old in [k for k, (t, _) in self._idle_since.items() if t.is_closing()]:
+                        del self._idle_since[old]
+                self._idle_since[key] = (transport, time.monotonic())
+
+        await self._app(scope, receive, sending)
 
     def stats(self) -> dict[str, Any]:
         """Request counts: total, per endpoint, per conversation, per status, per fault served."""
@@ -175,8 +210,7 @@ class Simulator:
         return JSONResponse(body, status_code=status, headers={"request-id": request_id, **(headers or {})})
 
     def _drop(self, http: Request) -> Response:
-        send = http.scope.get(_SEND_KEY)
-        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        transport = _transport(http.scope.get(_SEND_KEY))
         if transport is not None:  # under another server the closest thing is the empty 500 below
             transport.abort()  # later writes to an aborted transport are discarded silently
         return _Dropped(status_code=500)
@@ -187,3 +221,8 @@ class Simulator:
     async def _reset_route(self, request: Request) -> Response:
         self.reset()
         return JSONResponse({"ok": True})
+
+
+def _transport(send: Any) -> Any:
+    """The connection's transport behind uvicorn's `send` (None under another server)."""
+    return getattr(getattr(send, "__self__", None), "transport", None)

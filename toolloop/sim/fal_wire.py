@@ -7,8 +7,8 @@ token, cached ones included), `completion_tokens`, `prompt_tokens_details.cached
 `cache_read_input_tokens`, and `cost` in USD for the models in `PRICES` (cache reads at 0.1x input,
 writes at 1.25x for 5 minutes and 2x for 1 hour). A refusal is `finish_reason: "content_filter"`.
 With reasoning on, the message carries OpenRouter's `reasoning` text and signed `reasoning_details`;
-details sent back changed are a 400 (toolloop/sim/thinking.py). A turn cut under `max_tokens_needed` ends `length` with its last
-call's arguments cut short.
+details sent back changed are a 400 (toolloop/sim/thinking.py). A turn cut under
+`max_tokens_needed` ends `length` with its last call's arguments cut short.
 """
 
 from __future__ import annotations

@@ -46,7 +46,11 @@ class SimServer:
         lookback: int = LOOKBACK_BLOCKS,
         clock: Callable[[], float] = time.monotonic,
         backlog: int = 4096,
+        idle_timeout_s: float | None = None,
     ) -> None:
+        """`idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
+        when the next request arrives on it, before any response (as when a client's request crosses
+        a load balancer's close of an idle connection); None: connections stay open 30 s."""
         cache = PromptCache(
             min_tokens=min_cache_tokens,
             model_min_tokens=model_min_cache_tokens,
@@ -54,8 +58,9 @@ class SimServer:
             clock=clock,
         )
         self.simulator = Simulator(
-            as_policy(policy_or_script), latency_s=latency_s, require_key=require_key, cache=cache
-        )
+            as_policy(policy_or_script), latency_s=latency_s, require_key=require_key, cache=cache,
+            idle_timeout_s=idle_timeout_s,
+        )  # fmt: skip
         self.host = host
         self.port = port
         self.backlog = backlog
