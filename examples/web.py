@@ -2,7 +2,7 @@
 
     export TOOLLOOP_TOOLSETS=review=examples.storyboard.tools:REVIEW_TOOLS   # as the workers have it
     REDIS_URL=redis://127.0.0.1:6379/0 python examples/web.py        # PORT (default 8000), HOST
-    curl -X POST localhost:8000/runs -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-4-5",
+    curl -X POST localhost:8000/runs -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-5-5",
         "toolset": "review", "messages": [{"role": "user", "content": "Review the rough cut."}]}'
                                                     # -> {"run_id": "..."}; the same key: the same run
     curl -N localhost:8000/runs/RUN_ID/events       # text/event-stream, one event per step, until it ends

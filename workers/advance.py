@@ -195,6 +195,7 @@ class _Step:
                 finish_note=spec.finish_note,
                 keep_images=spec.keep_images,
                 cache=spec.cache,
+                cache_ttl=spec.cache_ttl,
                 max_tool_result_bytes=self.settings.max_tool_result_bytes,
                 max_image_bytes=self.settings.max_image_bytes,
             )

@@ -16,6 +16,7 @@ from toolloop.contract import ChatMessage
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
+CacheTtl = Literal["5m", "1h"]
 
 
 class RunSpec(BaseModel):
@@ -35,6 +36,8 @@ class RunSpec(BaseModel):
     finish_note: str | None = None
     keep_images: int | None = 2
     cache: CacheMode = "conversation"
+    cache_ttl: CacheTtl = "5m"
+    """TTL of every cache mark: "1h" writes cost 2x input instead of 1.25x and live an hour."""
     provider: str | None = None
     """The provider to ask first (None: the worker's default); `fallback` lists the next ones."""
     fallback: list[str] = Field(default_factory=list)

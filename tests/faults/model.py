@@ -83,11 +83,9 @@ def make() -> Any:
 
 
 def make_fallback() -> Any:
-    """An anthropic + fal PromptGen over the simulator, for the fallback test: fal is given a price
-    for the run's Anthropic model id, which its default table lacks (see docs/faults.md)."""
-    from faults.runs import MODEL
+    """An anthropic + fal PromptGen over the simulator, for the fallback test: fal serves the run's
+    Anthropic model id under its router slug, from the same catalogue (see docs/faults.md)."""
     from toolloop.providers import AnthropicHandler, FalHandler, PromptGen
-    from toolloop.providers.prices import anthropic_price
 
     handlers = {
         "anthropic": AnthropicHandler(
@@ -96,7 +94,6 @@ def make_fallback() -> Any:
         "fal": FalHandler(
             os.environ.get("FAL_KEY"),
             run_url=os.environ.get("FAL_RUN_URL"),
-            prices={MODEL: anthropic_price(3, 15)},
         ),
     }
     return PromptGen(handlers, "anthropic")

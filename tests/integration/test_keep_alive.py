@@ -38,7 +38,7 @@ async def test_calls_after_idle_gaps_never_fail_on_a_connection_the_server_close
 
         async def call(index: int, turn: int) -> None:
             text = f"conversation {index}, call {turn}"
-            request = PromptGenRequest(model="claude-sonnet-4-5", messages=[UserMessage(content=text)])
+            request = PromptGenRequest(model="claude-sonnet-5-5", messages=[UserMessage(content=text)])
             try:
                 await handler.execute(request, NEVER_ABORTED)
             except Exception as error:  # every failure is counted, none may happen

@@ -34,6 +34,7 @@ PUBLIC = [
     "Refusal",
     "RunToolLoopOptions",
     "RunToolLoopResult",
+    "SpendLimitError",
     "Started",
     "StepResult",
     "TextPart",

@@ -92,7 +92,10 @@ class _Run:
         self.tools = {spec.name: spec for spec in options.tools}
         self.definitions = tool_definitions(options.tools)
         self.max_assistants = self.history.assistants + options.max_steps - 1
-        self.params = None if options.reasoning is None else {"reasoning": options.reasoning}
+        params: dict[str, Any] = {} if options.reasoning is None else {"reasoning": options.reasoning}
+        if options.cache_ttl != "5m":
+            params["cache_ttl"] = options.cache_ttl
+        self.params = params or None
         fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
         self.request_fields = fields
         self.cost = 0.0
@@ -424,10 +427,14 @@ def _model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage
     message = AssistantMessage(
         content=text, tool_calls=list(result.tool_calls) or None, reasoning=result.reasoning or None
     )
+    meta = result.meta or {}
+    provider = meta.get("provider") if isinstance(meta.get("provider"), str) else None
+    fallback = meta.get("fallback_from") if isinstance(meta.get("fallback_from"), list) else None
     finish: FinishReason = result.finish_reason
     event = ModelEvent(step=turn, text=text, tool_calls=result.tool_calls, cost_usd=result.cost_usd,
                        usage=result.usage, finish_reason=finish,
-                       refusal=refusal_of(result) if finish == "refusal" else None)  # fmt: skip
+                       refusal=refusal_of(result) if finish == "refusal" else None,
+                       provider=provider, fallback_from=fallback or None)  # fmt: skip
     return message, event
 
 

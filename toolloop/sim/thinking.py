@@ -23,17 +23,11 @@ import hashlib
 import hmac
 from typing import Any
 
+from toolloop.providers.models import default_catalog
 from toolloop.sim.script import SimRequest, SimTurn
 
 KEY = b"toolloop-simulator-thinking-key"
 """The simulator's signing key: a constant, so every simulator process verifies every other's."""
-
-ALWAYS_ON = frozenset(
-    {"claude-opus-5-5", "claude-fable-5-1", "claude-fable-5", "anthropic/claude-opus-5.5",
-     "anthropic/claude-fable-5.1", "anthropic/claude-fable-5"}
-)  # fmt: skip
-"""Models that think whatever the request says (PROVIDERS.md's model table). The model catalogue
-(toolloop/providers/catalog.py) is the home of this fact; `always_on` is the one place that reads it."""
 
 FORMAT = "anthropic-claude-v1"
 
@@ -47,7 +41,9 @@ FOUND_INSTEAD = (
 
 
 def always_on(model: str) -> bool:
-    return model in ALWAYS_ON
+    """The model thinks whatever the request says (its catalogue row refuses `disabled`)."""
+    info = default_catalog().find(model)
+    return info is not None and info.always_thinks
 
 
 def thinking_on(body: dict[str, Any]) -> bool:

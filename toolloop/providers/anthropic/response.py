@@ -9,9 +9,11 @@ stop_reason      end_turn, stop_sequence -> stop; tool_use -> tool_calls; max_to
 cut off          a max_tokens answer whose last block is a tool_use: that call's input was cut
                  short; meta["cut_off"] names it (else []), meta["max_tokens"] is the room it had
 usage            prompt_tokens = input + cache read + cache write; cached_tokens = cache read;
-                 cache_write_tokens = cache write; cached_read/write_tokens only when reported
-cost             Anthropic reports no cost: tokens x the model's price row, cache reads and
-                 writes at their own rates; meta["cost_source"] = "tokens"
+                 cache_write_tokens = cache write; cached_read/write_tokens only when reported;
+                 cache_write_5m/1h_tokens from `usage.cache_creation.ephemeral_5m/1h_input_tokens`
+                 (the SDK's `CacheCreation`), else every write at the request's TTL
+cost             Anthropic reports no cost: tokens x the model's catalogue price, cache reads,
+                 5-minute and 1-hour writes each at their own rate; meta["cost_source"] = "tokens"
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
+from toolloop.providers.catalog import ModelPrice, token_cost
+from toolloop.providers.common import CacheTtl
 from toolloop.providers.http import valid_text
-from toolloop.providers.prices import ModelPrice, token_cost
 
 _FINISH: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -37,7 +40,7 @@ _REASONING = ("thinking", "redacted_thinking")
 
 
 def parse_message(
-    data: Any, *, price: ModelPrice, model: str, max_tokens: int | None = None
+    data: Any, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m", max_tokens: int | None = None
 ) -> PromptGenResult:
     """Map a 2xx body. A body that is not a message is a `PromptGenError` naming what is missing.
     `max_tokens`: the answer room the request gave (reported as meta["max_tokens"])."""
@@ -77,6 +80,12 @@ def parse_message(
     output = _count(usage_data, "output_tokens") or 0
     read = _count(usage_data, "cache_read_input_tokens")
     write = _count(usage_data, "cache_creation_input_tokens")
+    split = usage_data.get("cache_creation")
+    if isinstance(split, dict):
+        write_5m = _count(split, "ephemeral_5m_input_tokens") or 0
+        write_1h = _count(split, "ephemeral_1h_input_tokens") or 0
+    else:
+        write_5m, write_1h = (0, write or 0) if ttl == "1h" else (write or 0, 0)
     usage = PromptGenUsage(
         prompt_tokens=uncached + (read or 0) + (write or 0),
         completion_tokens=output,
@@ -84,8 +93,17 @@ def parse_message(
         cache_write_tokens=write or 0,
         cached_read_tokens=read,
         cached_write_tokens=write,
+        cache_write_5m_tokens=write_5m if write is not None else None,
+        cache_write_1h_tokens=write_1h if write is not None else None,
     )
-    cost = token_cost(price, input=uncached, output=output, cache_read=read or 0, cache_write=write or 0)
+    cost = token_cost(
+        price,
+        input=uncached,
+        output=output,
+        cache_read=read or 0,
+        cache_write=write_5m,
+        cache_write_1h=write_1h,
+    )
     finish = _FINISH.get(stop_reason, "other") if isinstance(stop_reason, str) else "other"
     meta: dict[str, Any] = {
         "provider": "anthropic",
