@@ -249,6 +249,9 @@ def _status(run_id: str, state: dict[str, str]) -> RunStatus:
         asked=json.loads(asked) if asked and state["status"] == "asked" else None,
         error_class=state.get("error_class") or None,
         error_message=state.get("error_message") or None,
+        refusal=json.loads(state["refusal"])
+        if state.get("refusal") and state["status"] == "refused"
+        else None,
         cancel_requested=state.get("cancel") == "1",
         created_at=float(state["created"]) if "created" in state else None,
         updated_at=float(state["touched"]) if "touched" in state else None,
