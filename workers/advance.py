@@ -41,7 +41,7 @@ from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import approvals, consumer, killpoints, runtime, wire
+from workers import approvals, consumer, flow, killpoints, runtime, wire
 from workers.app import ADVANCE
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
@@ -69,8 +69,10 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
     """Make commit `n` of the run (see the module docstring). Returns what happened, for logs.
     Runs on the process's asyncio loop (workers/runtime.py), from a Celery task or the step consumer.
 
-    A copy fenced at its commit re-drives from storage. A copy that finds the lease about to lapse
-    (a dead holder: a redelivery after a crash) waits for it rather than leave the run to the sweeper.
+    A run's last step returns `stop: <stopped_by>` (`stop: refused (cyber)`): Flower shows it as the
+    task's result. A copy fenced at its commit re-drives from storage. A copy that finds the lease
+    about to lapse (a dead holder: a redelivery after a crash) waits for it rather than leave the run
+    to the sweeper.
     `begun`: the predecessor's commit began this task already (RUN_COMMIT's go_on).
     """
     kill_point("advance:begin", run=run_id, n=n)
@@ -94,7 +96,7 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
             continue
         if outcome != "fenced":
             break
-    return outcome
+    return f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
 
 
 class _Step:
@@ -111,6 +113,8 @@ class _Step:
         """True once `live` was kept for the run's next step (it then outlives this step)."""
         self.lease_left_ms = -1
         self.replayed_before = 0
+        self.stopped: str | None = None
+        """How the run stopped when this step ended it (`refused (cyber)`), for the task's result."""
         self.held: Held | None = None
         self.started = time.monotonic()
         self.trace: StepTrace | None = None
@@ -170,7 +174,7 @@ class _Step:
         else:
             try:
                 spec = RunSpec.model_validate_json(spec_json)
-                tools = runtime.toolsets().for_worker(spec.toolset)
+                tools = flow.wrap_tools(runtime.toolsets().for_worker(spec.toolset), spec)
                 decisions = approvals.decisions_of(answer)
                 messages = segment_messages(input_json, None if decisions else answer)
             except Exception as error:
@@ -185,7 +189,9 @@ class _Step:
             steps_base = int(self.state.get("steps_base", 0))
             generate = runtime.generate_for(spec.provider, spec.fallback)
             options = RunToolLoopOptions(
-                generate=generate if self.metrics is None else counted(generate, spec.provider, self.metrics),
+                generate=flow.wrap_generate(
+                    generate if self.metrics is None else counted(generate, spec.provider, self.metrics), spec
+                ),
                 model=spec.model,
                 system=spec.system,
                 messages=messages,
@@ -331,8 +337,13 @@ class _Step:
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
         state["status"] = result.stopped_by
-        final = {"stopped_by": result.stopped_by, "final_text": result.final_text,
-                 "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
+        final: dict[str, Any] = {"stopped_by": result.stopped_by, "final_text": result.final_text,
+                                 "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
+        self.stopped = result.stopped_by
+        if result.refusal is not None:
+            state["refusal"] = result.refusal.model_dump_json()
+            final["refusal"] = result.refusal.model_dump(mode="json")
+            self.stopped += f" ({result.refusal.category or 'no category'})"
         return await self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
 
     def run_spec(self) -> RunSpec | None:

@@ -6,8 +6,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Status = Literal["queued", "running", "asked", "done", "budget", "steps", "cancel", "failed", "expired"]
-FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "failed", "expired"})
+Status = Literal[
+    "queued", "running", "asked", "done", "budget", "steps", "cancel", "refused", "failed", "expired"
+]
+FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "refused", "failed", "expired"})
 RUN_EVENT_KINDS: frozenset[str] = frozenset({
     "queued", "parked", "answered", "resumed", "finished", "failed",
     "approval_requested", "approval_decided", "approval_refused", "approval_expired", "expired",
@@ -17,7 +19,8 @@ RUN_EVENT_KINDS: frozenset[str] = frozenset({
 
 class RunStatus(BaseModel):
     """A run's state. `asked` is the held ask's input while `status == "asked"`; `segment` counts
-    the answered asks; `error_class` / `error_message` are set when `status == "failed"`."""
+    the answered asks; `error_class` / `error_message` are set when `status == "failed"`;
+    `refusal` (`category`, `explanation`) when the model refused (`status == "refused"`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -34,6 +37,7 @@ class RunStatus(BaseModel):
     ask_deadline: float | None = None
     error_class: str | None = None
     error_message: str | None = None
+    refusal: dict[str, Any] | None = None
     cancel_requested: bool = False
     created_at: float | None = None
     updated_at: float | None = None

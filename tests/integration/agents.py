@@ -224,6 +224,11 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
             name = {"approve_yes": "publish_yes", "approve_gpu": "publish_gpu"}.get(scenario, "publish")
             return reply(tool_calls=[*first, call(name, {"a": 2, "b": 3})], cost_usd=0.01)
         return reply(f"Model read: {_last_tool_text(request)}", cost_usd=0.01)
+    if scenario == "refuse":  # one addition, then a refusal with its details
+        if turn == 1:
+            return reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3})], cost_usd=0.01)
+        details = {"category": "cyber", "explanation": "Exploit development."}
+        return reply("", finish_reason="refusal", meta=details, cost_usd=0.01)
     if scenario == "flaky":
         if turn == 1:
             return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)

@@ -78,6 +78,7 @@ def add_commands(sub: Any) -> None:
         "--approval-timeout", dest="approval_timeout_s", type=float,
         help="seconds a held tool call waits for a decision (then its default: reject)",
     )  # fmt: skip
+    run.add_argument("--account", help="a shared budget account (toolloop accounts; docs/flow-control.md)")
     run.add_argument(
         "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
     )

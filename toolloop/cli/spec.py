@@ -29,6 +29,7 @@ FLAG_FIELDS = (
     "ask_timeout_s",
     "ask_default",
     "approval_timeout_s",
+    "account",
 )
 SPEC_HINT = (
     "  Give a mapping with model, system, messages (or a prompt) and toolset; see `toolloop run --help`."
