@@ -99,8 +99,12 @@ def send_member(
     lost, or that failed to send (then this returns False). Inside a `producer.batch()` the send
     happens when the batch flushes (its failure is the caller's to log)."""
     n, _, queue = member.partition("|")
+    label = "model" if queue == "llm" else "tool"  # the outbox keeps no more than the queue
+    if n == "1":
+        label = "model 1"
     try:
-        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}", producer=producer)
+        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}", producer=producer,
+             label=label)  # fmt: skip
     except (OSError, OperationalError, redis_lib.RedisError) as error:
         log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
         return False
