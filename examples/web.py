@@ -46,7 +46,7 @@ def sse(event: Any) -> str:
 
 
 def create_app(client: Client | None = None) -> Starlette:
-    client = client or Client(os.environ.get("REDIS_URL") or _default_redis())
+    client = client or Client(_default_redis())
 
     async def enqueue(request: Request) -> Response:
         limit = client.settings.max_spec_bytes
@@ -139,6 +139,8 @@ def create_app(client: Client | None = None) -> Starlette:
 
 
 def _default_redis() -> str:
+    """REDIS_URL, else the embedded server of $TOOLLOOP_HOME or ./.toolloop, started when needed
+    (the rule of every entry point: toolloop/defaults.py, workers.settings.find_redis_url)."""
     from toolloop.defaults import redis_url
 
     return redis_url().url

@@ -89,7 +89,7 @@ def running_embedded(state: Path | None = None) -> RedisChoice | None:
 
 def redis_url(state: Path | None = None, *, start: bool = True) -> RedisChoice:
     """`REDIS_URL` when set; else the state directory's embedded server, started when needed."""
-    from_env = os.environ.get("REDIS_URL")
+    from_env = os.environ.get("REDIS_URL", "").strip()  # as workers.settings.find_redis_url reads it
     if from_env:
         return RedisChoice(from_env, embedded=False)
     directory = (state or state_dir()) / "redis"

@@ -31,7 +31,7 @@ from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import consumer, killpoints, runtime, wire
+from workers import consumer, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
 from workers.errors import DeliveryLimitError
 from workers.killpoints import kill_point
@@ -335,6 +335,8 @@ class _Step:
             kill_point("enqueue:after", run=r, key=where)
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
+            for command in runlist.expire_commands(r, self.segment, self.settings.retention):
+                self.batch.send(*command)  # retention starts (a lost EXPIRE: `toolloop prune`)
         return outcome
 
     async def publish(

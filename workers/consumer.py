@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -378,6 +379,14 @@ class StepConsumerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery
         self, worker: Any, step_queues: str | None = None, steps_in_flight: int | None = None, **kw: Any
     ) -> None:
         super().__init__(worker, **kw)
+        from workers.settings import Settings, no_redis_message
+
+        if not Settings.from_env().redis_source:  # the rule of every entry point (find_redis_url)
+            raise RuntimeError(no_redis_message())
+        # Toolsets import from the worker's working directory, as the `toolloop` commands do, so
+        # `celery -A workers.app worker` run in a checkout serves examples.storyboard.tools as is.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
         named = step_queues if step_queues is not None else os.environ.get("TOOLLOOP_STEP_QUEUES")
         selected = worker.app.amqp.queues
         consumed = list(selected.consume_from or selected)

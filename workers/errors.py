@@ -7,6 +7,7 @@
     │                          import to a list of ToolSpec
     ├── LimitError             a run spec is over a limit (size, messages, an image): refused at enqueue
     ├── EnqueueError           Redis refused or lost an enqueue (out of memory, unreachable)
+    ├── NoRedisError           no REDIS_URL and no embedded server running (nothing to connect to)
     ├── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
     └── StepFailedError        a step ended its run `failed` (how Celery's pool reports it as FAILURE)
 
@@ -51,6 +52,10 @@ class RunStateError(WorkersError):
 
 
 class ToolsetError(WorkersError, ValueError):
+    pass
+
+
+class NoRedisError(WorkersError):
     pass
 
 
