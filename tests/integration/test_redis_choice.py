@@ -50,7 +50,7 @@ def test_every_entry_point_finds_the_same_redis(tmp_path: Path, monkeypatch: pyt
         sys.path.insert(0, str(ROOT))
         from examples.web import create_app
 
-        app = create_app()  # the web example with no REDIS_URL
+        app = create_app(token="t")  # the web example with no REDIS_URL
         assert app.state.client.settings.redis_url == cli_url
         app.state.client.close()
         monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # REDIS_URL wins everywhere
