@@ -39,6 +39,7 @@ when the page loads, and kinds it does not name are ignored. Requests carry the 
 from __future__ import annotations
 
 import html
+import itertools
 import json
 from typing import Any
 
@@ -55,13 +56,14 @@ def money(usd: float) -> str:
     return f"${usd:.4f}"
 
 
-def step_row(data: dict[str, Any]) -> str:
-    """One row of the steps table (the script builds the same markup: `stepRow`)."""
+def step_row(data: dict[str, Any], number: int = 0) -> str:
+    """One row of the steps table (the script builds the same markup: `stepRow`). Model steps are
+    numbered across the run's segments (`number`), as `toolloop events` numbers them."""
     if data.get("kind") == "model":
         usage = data.get("usage") or {}
         calls = ", ".join(call.get("name", "?") for call in data.get("tool_calls") or [])
         return (
-            f'<tr class="model"><td>model {esc(data.get("step", ""))}</td>'
+            f'<tr class="model"><td>model {number or esc(data.get("step", ""))}</td>'
             f'<td class="n">{int(usage.get("prompt_tokens", 0)):,}</td>'
             f'<td class="n">{int(usage.get("cached_tokens", 0)):,}</td>'
             f'<td class="n">{int(usage.get("completion_tokens", 0)):,}</td>'
@@ -97,7 +99,7 @@ def messages_html(run_id: str, messages: list[ChatMessage]) -> str:
             out.append(f'<div class="msg user"><b>user</b>{_parts(run_id, message.content)}</div>')
         elif isinstance(message, AssistantMessage):
             calls = "".join(
-                f'<div class="call"><code>{esc(call.name)}</code> <code>{esc(json.dumps(call.input))}</code></div>'
+                f'<div class="call"><code>{esc(call.name)}</code> <code>{esc(json.dumps(call.input, separators=(",", ":")))}</code></div>'
                 for call in message.tool_calls or []
             )
             text = f'<p class="text">{esc(message.content)}</p>' if message.content else ""
@@ -115,7 +117,9 @@ def page(
     limit = float(queued.get("budget_usd") or 0)
     spent = float(status.get("spent_usd") or 0)
     state = str(status.get("status", ""))
-    rows = "".join(step_row(e) for e in events if e.get("kind") in ("model", "tool"))
+    shown = [e for e in events if e.get("kind") in ("model", "tool")]
+    numbers = itertools.accumulate(1 if e.get("kind") == "model" else 0 for e in shown)
+    rows = "".join(step_row(e, n) for e, n in zip(shown, numbers, strict=True))
     asked = status.get("asked") or {}
     question = asked.get("question", json.dumps(asked)) if isinstance(asked, dict) else str(asked)
     outcome = ""
@@ -192,10 +196,12 @@ function gauge(total) {
   $("spent").textContent = money(spent); $("limit").textContent = money(limit);
   const meter = $("budget"); meter.max = limit || 1; meter.value = Math.min(spent, limit || 1);
 }
+let models = document.querySelectorAll("#steps tr.model").length;
 function stepRow(d) {
   if (d.kind === "model") {
     const u = d.usage || {}, calls = (d.tool_calls || []).map((c) => c.name).join(", ");
-    return `<tr class="model"><td>model ${esc(d.step)}</td><td class="n">${num(u.prompt_tokens)}</td>` +
+    models += 1;
+    return `<tr class="model"><td>model ${models}</td><td class="n">${num(u.prompt_tokens)}</td>` +
       `<td class="n">${num(u.cached_tokens)}</td><td class="n">${num(u.completion_tokens)}</td>` +
       `<td class="n">${money(d.cost_usd)}</td><td>${esc(calls ? "→ " + calls : (d.text || "").slice(0, 80))}</td></tr>`;
   }
