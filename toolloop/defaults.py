@@ -50,13 +50,19 @@ class RedisChoice:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (exited, not reaped yet: the server a still-running
+    `toolloop worker` started) counts as gone, so `toolloop down` does not wait for it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): kill(0) is all there is
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 @contextlib.contextmanager

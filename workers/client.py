@@ -217,9 +217,11 @@ class Client:
 
     def retry(self, run_id: str) -> None:
         """Run a failed run again from its journal: finished steps replay, the failed one runs again."""
+        stored = json.loads(self.redis.get(keys.spec(run_id)) or "{}")
+        queued = {name: stored.get(name) for name in ("model", "toolset", "budget_usd")} | {"retry": True}
         result = runs.script(self.redis, scripts.RUN_RETRY)(
             keys=[keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
-            args=[time.time()],
+            args=[time.time(), json.dumps(queued)],
         )
         if result[0] != "queued":
             if result[1] == "missing":

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolloop.contract import ChatMessage
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
+
+
+def provider_names() -> list[str]:
+    """The provider names a run may ask for: those `toolloop.providers.from_env()` registers on the
+    workers. Anything else is refused at enqueue, not at the run's first model call."""
+    from toolloop.providers import from_env
+
+    return from_env({}).providers()
 
 
 class RunSpec(BaseModel):
@@ -33,8 +41,23 @@ class RunSpec(BaseModel):
     max_steps: int = Field(default=20, ge=1)
     reasoning: Reasoning | None = None
     finish_note: str | None = None
-    keep_images: int | None = 2
+    keep_images: int | None = Field(default=2, ge=0)
+    """How many of the latest tool-result images the model still sees (None: all)."""
     cache: CacheMode = "conversation"
     provider: str | None = None
     """The provider to ask first (None: the worker's default); `fallback` lists the next ones."""
     fallback: list[str] = Field(default_factory=list)
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, name: str | None) -> str | None:
+        if name is not None and name not in (known := provider_names()):
+            raise ValueError(f"{name!r} is not a provider; use one of {', '.join(known)}")
+        return name
+
+    @field_validator("fallback")
+    @classmethod
+    def _known_fallbacks(cls, names: list[str]) -> list[str]:
+        for name in names:
+            cls._known_provider(name)
+        return names
