@@ -8,6 +8,7 @@ import ast
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -155,3 +156,18 @@ def test_celery_inspect_shows_the_steps_in_flight_and_the_step_queues(
         assert client.wait(run_id, timeout=20).status == "cancel"
     finally:
         client.close()
+
+
+def test_flower_started_as_compose_and_the_procfile_do_is_read_only(
+    redis_server: EmbeddedServer, worker: Worker, tmp_path: Path
+) -> None:
+    env = {**os.environ, **WORKER_ENV, "REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
+    with running_flower(env, tmp_path / "flower.log", AUTH, timeout_s=30, read_only=True) as url:
+        for path in (
+            "/api/task/revoke/x:1",
+            f"/api/worker/shutdown/{worker.name}",
+            "/api/task/async-apply/toolloop.sweep",
+        ):
+            refused = httpx.post(f"{url}{path}", auth=AUTH, timeout=10)
+            assert refused.status_code == 403, (path, refused.status_code)
+        assert httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).status_code == 200  # it still shows
