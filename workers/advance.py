@@ -64,6 +64,9 @@ class Outcome:
     def __str__(self) -> str:
         return self.what
 
+    def __repr__(self) -> str:  # what Celery's log line and Flower's result column show
+        return repr(self.what)
+
 
 async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -> Outcome:
     """Make commit `n` of the run (see the module docstring). Returns what happened, for logs.
