@@ -16,7 +16,8 @@ shows a run in a browser (the run viewer, examples/viewer.py).
 Routes: POST /runs, GET /runs (newest first: ?status=, ?limit=, ?cursor=), GET /runs/{id} (the
 status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}/messages, GET
 /runs/{id}/events (resumes after the `Last-Event-ID` header or `?after=`), GET
-/runs/{id}/images/{hash} (an image of the run's conversation), POST /runs/{id}/answer, POST
+/runs/{id}/images/{hash} (an image of the run's conversation: its file must be readable here, as on
+one machine or a volume the workers share), POST /runs/{id}/answer, POST
 /runs/{id}/cancel (409 for a run that has ended). It only talks to Redis through
 `workers.client.Client`; the workers do the runs. It imports no toolset: a run naming a toolset
 that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the registered names; a

@@ -155,6 +155,13 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         assert json.loads(status.stdout)["status"] == "queued"
     finally:
         toolloop(env, "down")
+    # a `run` that starts the server prints the run id alone on stdout (RUN_ID=$(toolloop run ...))
+    started = toolloop(env, "run", "Hi", "--model", "claude-sonnet-4-5", "--toolset", TOOLSET)
+    try:
+        assert started.returncode == 0 and len(started.stdout.split()) == 1, started.stdout
+        assert "Started the embedded Redis" in started.stderr
+    finally:
+        toolloop(env, "down")
 
 
 def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> None:

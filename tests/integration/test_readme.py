@@ -8,9 +8,11 @@ the README's `. .venv/bin/activate` ran. (`make test` is the suite this test is 
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -82,11 +84,19 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
         "set -euo pipefail\n" + cli + "python - <<'README_PYTHON'\n" + client + "README_PYTHON\n" + teardown
     )
     (tmp_path / "readme.sh").write_text(script)
+    shell = subprocess.Popen(["bash", "-x", str(tmp_path / "readme.sh")], cwd=copy, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run(["bash", "-x", str(tmp_path / "readme.sh")], cwd=copy, env=env, text=True,
-                              capture_output=True, timeout=240, stdin=subprocess.DEVNULL)  # fmt: skip
-    except subprocess.TimeoutExpired as late:
-        pytest.fail(f"The README's commands did not end:\n{late.stdout}\n{late.stderr}"[-6000:])
+        stdout, stderr = shell.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(shell.pid, signal.SIGKILL)  # the worker too, if the script left it behind
+        stdout, stderr = shell.communicate()
+        pytest.fail(f"The README's commands did not end:\n{stdout}\n{stderr}"[-6000:])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)  # nothing of a failed script outlives the test
+    done = subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
     assert "run      finished: done" in out  # toolloop events --follow, to the end

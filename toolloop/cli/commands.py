@@ -126,7 +126,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.follow:
         return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else None)
     if choice.started:
-        print("Started the embedded Redis; start a worker here with `toolloop worker` to run it.")
+        # a note for the person, on stderr: stdout is the run id alone (RUN_ID=$(toolloop run ...))
+        print(
+            "Started the embedded Redis; start a worker here with `toolloop worker` to run it.",
+            file=sys.stderr,
+        )
     return 0
 
 
