@@ -31,7 +31,7 @@ AGENT = {"TOOLLOOP_PROMPT_GEN": "_durable_agent:make_generate", **REGISTRY}
 def run_spec(turns: int, **extra: Any) -> dict[str, Any]:
     user = {"role": "user", "content": "Review the rough cut, shot by shot."}
     system = f"You review storyboards. turns={turns}"
-    return {"model": "claude-sonnet-4-5", "system": system, "toolset": TOOLSET, "max_steps": turns + 1,
+    return {"model": "claude-sonnet-5-5", "system": system, "toolset": TOOLSET, "max_steps": turns + 1,
             "budget_usd": 100.0, "messages": [user], **extra}  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from toolloop.providers.base import Secret
 from toolloop.sim import SimServer
 
 BODY = {
-    "model": "claude-sonnet-4-5",
+    "model": "claude-sonnet-5-5",
     "max_tokens": 100,
     "messages": [{"role": "user", "content": "hi " * 300}],
 }

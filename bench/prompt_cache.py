@@ -6,9 +6,9 @@ The workload (DESIGN.md section 7): a system text (~1,600 tokens) and three tool
 storyboard frame per turn for 29 turns (each result ~90 tokens of text), then answers. Every request
 goes over real HTTP to `toolloop.sim.SimServer`, whose prompt cache follows Anthropic's rules
 (breakpoints, prefix match, 20-block lookback, minimum length, 5-minute TTL) and reports usage as
-the API does; cost is what our provider computes from that usage (cache reads 0.1x, 5-minute
-writes 1.25x the input price). The simulator's cache is reset between modes, so each mode starts
-cold.
+the API does; cost is what our provider computes from that usage at the model's catalogue prices
+(Sonnet 5.5: cache reads $0.20/M, 5-minute writes $2.50/M). The simulator's cache is reset
+between modes, so each mode starts cold.
 
     .venv/bin/python bench/prompt_cache.py                 # 30 turns, all three modes
     .venv/bin/python bench/prompt_cache.py --turns 10 --json out.json
@@ -42,11 +42,11 @@ from toolloop import (
     ToolSpec,
     run_tool_loop,
 )
-from toolloop.providers import AnthropicHandler
+from toolloop.providers import AnthropicHandler, default_catalog
 from toolloop.sim import SimRequest, SimServer, SimTurn
 
 MODES = ("off", "system", "conversation")
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 TARGET = 0.90
 FROM_TURN = 3
 
@@ -194,7 +194,10 @@ async def main(argv: list[str] | None = None) -> int:
     with SimServer(policy(args.turns)) as sim:
         rows = [await run_mode(sim, mode, args.turns) for mode in modes]
     print(f"Prompt cache, {args.turns}-turn tool conversation, anthropic provider on the simulator")
-    print(f"model {MODEL} ($3/M input, cache read $0.30/M, 5-minute cache write $3.75/M, output $15/M)")
+    price = default_catalog().price(MODEL)
+    assert price is not None
+    print(f"model {MODEL} (${price.input:g}/M input, cache read ${price.cache_read:g}/M, "
+          f"5-minute cache write ${price.cache_write:g}/M, output ${price.output:g}/M)")  # fmt: skip
     print(table(rows))
     conversation = next((r for r in rows if r["mode"] == "conversation"), None)
     if conversation is not None:

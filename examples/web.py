@@ -5,7 +5,7 @@ shows a run in a browser (the run viewer, examples/viewer.py).
     export TOOLLOOP_WEB_TOKEN=change-me                                     # every request needs it
     python examples/web.py                          # PORT (default 8000), HOST (default 127.0.0.1)
     curl -X POST localhost:8000/runs -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" \
-        -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-4-5",
+        -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-5-5",
         "toolset": "review", "messages": [{"role": "user", "content": "Review the rough cut."}]}'
                                                     # -> {"run_id": "..."}; the same key: the same run
     curl -N -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/events

@@ -3,7 +3,10 @@
 No test may reach a real model provider: resolving one of their hosts fails the test at once, so a
 provider pointed at the wrong URL shows up as a clear error instead of a paid (or hanging) call.
 Tests use `toolloop.sim` or a `ScriptedModel` instead (docs/testing.md). Every test process
-registers the same toolsets (TEST_TOOLSETS); worker subprocesses inherit them.
+registers the same toolsets (TEST_TOOLSETS); worker subprocesses inherit them. Every
+simulator a test starts is strict (TOOLLOOP_SIM_STRICT=1): each Anthropic body a provider
+sends is validated against the anthropic SDK's request types, and a body that does not
+validate is a 400.
 """
 
 from __future__ import annotations
@@ -52,3 +55,16 @@ def _no_real_providers() -> Iterator[None]:
         yield
     finally:
         socket.getaddrinfo = real
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _strict_simulator() -> Iterator[None]:
+    before = os.environ.get("TOOLLOOP_SIM_STRICT")
+    os.environ["TOOLLOOP_SIM_STRICT"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TOOLLOOP_SIM_STRICT", None)
+        else:
+            os.environ["TOOLLOOP_SIM_STRICT"] = before

@@ -19,11 +19,12 @@ from toolloop.errors import (
     AbortError,
     PromptGenError,
     PromptGenUnavailableError,
+    SpendLimitError,
     ToolArgumentsError,
     ToolloopError,
     is_prompt_gen_unavailable,
 )
-from toolloop.journal import Journal, MemoryJournal, RedisJournal
+from toolloop.journal import Journal, MemoryJournal, RedisJournal, idempotency_key
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Asked,
@@ -66,6 +67,7 @@ __all__ = [
     "RedisJournal",
     "RunToolLoopOptions",
     "RunToolLoopResult",
+    "SpendLimitError",
     "Started",
     "StepResult",
     "TextPart",
@@ -79,6 +81,7 @@ __all__ = [
     "ToolloopError",
     "UserMessage",
     "from_env",
+    "idempotency_key",
     "is_prompt_gen_unavailable",
     "run_tool_loop",
 ]

@@ -2,12 +2,19 @@
 
 `abort()` is safe from any thread; `wait()` is awaitable from any event loop (each waiter is woken on
 its own loop). A signal that is already aborted stays aborted.
+
+A controller may also give its signal a deadline on the monotonic clock (`abort_at`): from that
+instant the signal reads as aborted, with the reason given, the first time anyone looks (`aborted`,
+`throw_if_aborted`), with no timer and no thread. A durable worker bounds the work of a step by its
+lease this way: a process frozen past its lease (SIGSTOP, a VM pause, a stalled Redis) finds its
+signal aborted the moment it runs again, before it can start anything (docs/workers.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,25 +22,33 @@ from toolloop.errors import AbortError
 
 
 class AbortSignal:
-    __slots__ = ("_aborted", "_callbacks", "_lock", "_reason", "_waiters")
+    __slots__ = ("_aborted", "_callbacks", "_deadline", "_deadline_reason", "_lock", "_reason", "_waiters")
 
     def __init__(self) -> None:
         self._aborted = False
         self._reason: Any = None
+        self._deadline: float | None = None
+        self._deadline_reason: Any = None
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._callbacks: list[Callable[[], None]] = []
 
     @property
     def aborted(self) -> bool:
-        return self._aborted
+        if self._aborted:
+            return True
+        deadline = self._deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            self._abort(self._deadline_reason)
+            return True
+        return False
 
     @property
     def reason(self) -> Any:
         return self._reason
 
     def throw_if_aborted(self) -> None:
-        if self._aborted:
+        if self.aborted:
             raise AbortError(_abort_message(self._reason), self._reason)
 
     async def wait(self) -> None:
@@ -99,6 +114,13 @@ class AbortController:
 
     def abort(self, reason: Any = None) -> None:
         self.signal._abort(reason)
+
+    def abort_at(self, deadline: float | None, reason: Any = None) -> None:
+        """Abort the signal with `reason` once `time.monotonic()` reaches `deadline` (read lazily,
+        when the signal is looked at); None takes the deadline away. An aborted signal stays so."""
+        signal = self.signal
+        signal._deadline_reason = reason
+        signal._deadline = deadline
 
 
 NEVER_ABORTED = AbortSignal()

@@ -111,6 +111,10 @@ class PromptGenUsage(_Value):
     cache_write_tokens: int = 0
     cached_read_tokens: int | None = None
     cached_write_tokens: int | None = None
+    cache_write_5m_tokens: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    """Of the cache writes, those with the 5-minute TTL (None unless the provider's TTL is known)."""
+    cache_write_1h_tokens: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    """Of the cache writes, those with the 1-hour TTL, priced at the model's 1-hour write rate."""
 
 
 FinishReason = Literal["stop", "tool_calls", "length", "other"]

@@ -4,7 +4,9 @@
     ├── AbortError                      the caller's signal was aborted (raised unchanged everywhere)
     ├── ToolArgumentsError              the model sent tool arguments that are not JSON; never retried
     └── PromptGenError                  a model call failed (carries `status`, `retryable`, `retry_after`)
-        └── PromptGenUnavailableError   the provider cannot serve at all (`reason`); the fallback moves on
+        ├── PromptGenUnavailableError   the provider cannot serve at all (`reason`); the fallback moves on
+        └── SpendLimitError             a 429 for a spend limit (`error_code`): never retried, and no
+                                        fallback either (`unavailable = False`): raise the limit first
 
 Every message has the same shape: the first line says what happened, the second (indented two
 spaces) says what to do. Each error keeps its constructor arguments in `args`, so it survives
@@ -81,9 +83,26 @@ class PromptGenUnavailableError(PromptGenError):
         self.reason: UnavailableReason = reason
 
 
+class SpendLimitError(PromptGenError):
+    """HTTP 429 whose `error.details.error_code` is a spend limit (`contract_spend_limit_reached`,
+    `enforced_spend_limit_reached`): waiting does not help, and another provider bills the same
+    organisation's budget in spirit, so the run stops with this error."""
+
+    unavailable = False
+
+    def __init__(self, message: str, error_code: str, status: int | None = 429) -> None:
+        Exception.__init__(self, message, error_code, status)
+        self.error_code = error_code
+        self.status = status
+        self.retryable = False
+        self.retry_after = None
+
+
 def is_prompt_gen_unavailable(error: BaseException) -> bool:
-    """True when the error says the provider cannot serve (so a fallback may try the next one)."""
-    if getattr(error, "unavailable", None) is True:
-        return True
+    """True when the error says the provider cannot serve (so a fallback may try the next one). An
+    error whose `unavailable` is False (a spend limit) is not, whatever its status."""
+    flag = getattr(error, "unavailable", None)
+    if isinstance(flag, bool):
+        return flag
     status = getattr(error, "status", None)
     return isinstance(status, int) and status in _UNAVAILABLE_STATUSES

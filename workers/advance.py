@@ -8,6 +8,15 @@ in the stream, and what follows: the successor task in the outbox (routed by the
 or the run's final state, or its park. A copy whose commit is fenced (a newer copy took the lease)
 discards its work and re-drives from storage.
 
+Leases (workers/redisio.py `Leases`): no work begins without a live lease. Just before a model call
+or a tool's `run` / `start`, the step's abort signal takes the lease's local deadline (the last
+confirmed renewal, on the monotonic clock; a renewal first when it is near), so a process frozen
+past its lease finds the signal aborted the moment it runs again. A lease lost while work runs stops
+the step: nothing of it is committed, and the step runs again under a live lease (ours, or the
+copy's that took it over). A commit that Redis refuses (out of memory) or cannot take (a lost
+connection) keeps the step's value and is retried with backoff while the lease holds; only a step
+that cannot commit before its lease ends loses its work, and says so in the log.
+
 The loop stopped at the boundary is not thrown away: it waits there (workers/live.py), and when this process
 runs the run's next task and the run's state shows that no commit came after its own, the loop goes
 on from there; RUN_BEGIN then loads nothing but the state. Replay is what a step costs elsewhere:
@@ -22,6 +31,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +43,10 @@ from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers import consumer, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
-from workers.errors import DeliveryLimitError
+from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
 from workers.live import Begun, LiveLoop, keep, take
+from workers.redisio import Held
 from workers.runs import flush_outbox, segment_messages
 from workers.spec import RunSpec
 
@@ -113,14 +124,17 @@ class _Step:
         self.lease_left_ms = -1
         self.replayed_before = 0
         self.failure: tuple[str, str] | None = None
+        self.held: Held | None = None
+        self.started = time.monotonic()
 
     async def run(self) -> str:
         r = self.run_id
         kept: LiveLoop | None
         if self.begun is not None:
-            kept, begin = self.begun.loop, self.begun.reply
+            kept, begin, sent_at = self.begun.loop, self.begun.reply, self.begun.sent_at
         else:
             kept = take(r)
+            sent_at = time.monotonic()
             begin = await self.batch.script(
                 scripts.RUN_BEGIN,
                 [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
@@ -143,7 +157,7 @@ class _Step:
         _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, _tag = begin
         self.token = int(token)
         self.lease = f"{self.owner}:{token}"
-        runtime.leases().hold(keys.lease(r), self.lease)
+        self.held = runtime.leases().hold(keys.lease(r), self.lease, sent_at, self.on_lost)
         self.state = _pairs(state_flat)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
@@ -171,7 +185,7 @@ class _Step:
             live.journal = RedisJournal(
                 runtime.redis(), r, self.prefix, signal=live.controller.signal,
                 entries=_pairs(journal_flat), live_steps=1, before_live=live.before_live,
-                owner=self.owner, pause=live.pause,
+                after_live=live.after_live, owner=self.owner, pause=live.pause,
             )  # fmt: skip
             steps_base = int(self.state.get("steps_base", 0))
             options = RunToolLoopOptions(
@@ -194,6 +208,7 @@ class _Step:
                 finish_note=spec.finish_note,
                 keep_images=spec.keep_images,
                 cache=spec.cache,
+                cache_ttl=spec.cache_ttl,
                 max_tool_result_bytes=self.settings.max_tool_result_bytes,
                 max_image_bytes=self.settings.max_image_bytes,
             )
@@ -208,12 +223,18 @@ class _Step:
                 "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
                 "then retry the run."
             ))  # fmt: skip
+        except LeaseLostError as error:
+            return await self.lost_lease(error)
         except Exception as error:
+            if isinstance(self.live.controller.signal.reason, LeaseLostError):
+                return await self.lost_lease(self.live.controller.signal.reason)
             return await self.commit_failure(error)
         finally:
             runtime.disarm(r, self.live.controller)
             if not outcome_future.done() or outcome_future.cancelled():
                 self.live.close()  # stopped waiting (timeout, shutdown): the loop's work stops too
+        if isinstance(self.live.controller.signal.reason, LeaseLostError):
+            return await self.lost_lease(self.live.controller.signal.reason)
         if isinstance(outcome, StepBoundary):
             return await self.commit_next(outcome.key)
         return await self.commit_result(outcome)
@@ -233,11 +254,41 @@ class _Step:
 
     # -- during the step ------------------------------------------------------------------------
 
-    def before_live(self, key: str) -> None:
+    def before_live(self, key: str) -> Awaitable[None] | None:
+        """Just before the step's work: cancellation armed, and the lease checked (no round trip
+        unless its deadline is near; an awaitable then, which the journal awaits)."""
         assert self.live is not None
         runtime.arm(self.run_id, self.live.controller)
         if self.state.get("cancel") == "1":
             self.live.controller.abort("cancel")
+        if self.held is None:
+            return None
+        return runtime.leases().begin_work(self.held, self.live.controller)
+
+    def after_live(self, key: str) -> None:
+        if self.held is not None:
+            runtime.leases().end_work(self.held)
+
+    def on_lost(self, error: LeaseLostError) -> None:
+        """The lease was lost while the step's work ran: abort the work and stop waiting for it."""
+        live = self.live
+        if live is None:
+            return
+        live.controller.abort(error)
+        if live.outcome is not None and not live.outcome.done():
+            live.outcome.set_exception(error)
+
+    async def lost_lease(self, error: LeaseLostError) -> str:
+        """The step's work was stopped for a lost lease: commit nothing, free the lease if it is
+        still ours, and re-drive (the copy holding the lease goes on, or this one takes it anew)."""
+        pending = self.live.journal.pending if self.live is not None else []
+        what = ", ".join(f"{self.prefix}{key} (${cost:.6f})" for key, _, cost in pending)
+        log.warning(
+            "run %s: step %s stopped: %s.\n  Not committed: %s; the step runs again under a live lease.",
+            self.run_id, self.n, error, what or "no finished work",
+        )  # fmt: skip
+        await self.release()
+        return "fenced"
 
     async def release(self) -> None:
         if getattr(self, "lease", None):
@@ -245,8 +296,8 @@ class _Step:
                 await self.batch.script(scripts.LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease])
 
     def drop_lease(self) -> None:
-        if getattr(self, "lease", None):
-            runtime.leases().drop(keys.lease(self.run_id), self.lease)
+        if self.held is not None:
+            runtime.leases().drop(self.held)
 
     # -- the commit ------------------------------------------------------------------------------
 
@@ -309,13 +360,37 @@ class _Step:
             }  # fmt: skip
         where = self.prefix + (field or "-")
         kill_point("commit:before", run=self.run_id, key=where)
-        ok, stored, member, begun = await self.batch.script(
-            scripts.RUN_COMMIT,
-            [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
-             keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-             keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX],
-            [dumps(payload)],
-        )  # fmt: skip
+        sent_at = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                ok, stored, member, begun = await self.batch.script(
+                    scripts.RUN_COMMIT,
+                    [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
+                     keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
+                     keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX],
+                    [dumps(payload)],
+                )  # fmt: skip
+                break
+            except REDIS_LOST as error:  # refused (OOM) or not taken (connection): nothing was written
+                cost = pending[0][2] if pending else 0.0
+                if not self.may_retry_commit():
+                    log.error(
+                        "run %s: step %s (%s, cost $%.6f) could not be committed before its lease ended "
+                        "(%s: %s); its result is lost and the step runs again.%s", r, self.n, where, cost,
+                        type(error).__name__, error, _hint(error),
+                    )  # fmt: skip
+                    raise
+                attempt += 1
+                if attempt == 1:
+                    log.warning(
+                        "run %s: Redis did not take the commit of step %s (%s, cost $%.6f): %s: %s; "
+                        "the result is kept and the commit retried while the lease holds.%s", r, self.n,
+                        where, cost, type(error).__name__, error, _hint(error),
+                    )  # fmt: skip
+                if payload.pop("go_on", None) is not None:  # a retried commit sends its successor
+                    successor = None
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
         if int(ok) != 1:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
@@ -325,7 +400,7 @@ class _Step:
             token, attempts, state_flat, outside = begun
             reply = ["run", token, attempts, state_flat, None, None, None, None, outside, live.tag]
             self.kept = True
-            here.run_begun(queue, successor, Begun(payload["go_on"]["owner"], reply, live))
+            here.run_begun(queue, successor, Begun(payload["go_on"]["owner"], reply, live, sent_at))
             await self.publish(None, successor=(queue, successor), key=where, phase=outcome, next=next_key)
             kill_point("enqueue:after", run=r, key=where)
             return outcome
@@ -379,6 +454,13 @@ class _Step:
             with contextlib.suppress(OSError, redis_lib.RedisError):
                 await sent
 
+    def may_retry_commit(self) -> bool:
+        """A refused commit is tried again while the lease is certainly ours, within the step timeout."""
+        held = self.held
+        if held is None or not held.holds:
+            return False
+        return time.monotonic() - self.started < self.settings.step_timeout
+
     def totals(self) -> dict[str, Any]:
         """Spend and steps so far, for the status of a run between two steps."""
         models = sum(1 for key in self.journal.entries if key.startswith("model:"))
@@ -423,6 +505,10 @@ def _flush_outbox(run_id: str, older_than: float) -> None:
     from workers.app import app
 
     flush_outbox(runtime.redis(), app, run_id, older_than=older_than)
+
+
+def _hint(error: BaseException) -> str:
+    return "\n  " + OOM_HINT if isinstance(error, redis_lib.exceptions.OutOfMemoryError) else ""
 
 
 def _pairs(flat: list[Any]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """`Client`: what a web backend imports to start, watch, answer, cancel and retry durable runs.
 
     client = Client()                      # REDIS_URL and TOOLLOOP_TOOLSETS, as the workers have them
-    run_id = client.enqueue({"model": "claude-sonnet-4-5", "system": "...", "toolset": "review",
+    run_id = client.enqueue({"model": "claude-sonnet-5-5", "system": "...", "toolset": "review",
                              "messages": [{"role": "user", "content": "Review the storyboard."}]},
                             idempotency_key="order-1234")  # a retry with this key makes no second run
     for event in client.events(run_id, follow=True):

@@ -50,7 +50,7 @@ from kombu import Queue  # type: ignore[attr-defined]
 
 from toolloop.journal import keys as tl_keys
 from workers import runtime, wire
-from workers.errors import REDIS_LOST, failure_repr
+from workers.errors import OOM_HINT, REDIS_LOST, failure_repr
 from workers.live import Begun
 
 log = logging.getLogger("toolloop.workers")
@@ -59,6 +59,8 @@ STEP_QUEUES = ("llm", "tools", "control")
 """The queues a worker gives its step consumer unless told otherwise (--step-queues)."""
 _CLAIM_MAX = 256
 _BLOCK_S = 1.0
+_OOM_PAUSE_S = 1.0
+"""How long a step Redis refused for OOM waits before it goes back on its queue."""
 REJECTED = tl_keys.REJECTED
 """The rejected list (see the module docstring and docs/workers.md, "The rejected list")."""
 
@@ -263,6 +265,9 @@ class StepConsumer:
             await self._restore(queue, delivery, "the worker is shutting down")
             raise
         except REDIS_LOST as error:  # Redis or the network: run it again
+            if isinstance(error, redis_lib.exceptions.OutOfMemoryError):
+                log.error("step %s could not run: %s", task_id, OOM_HINT)
+                await asyncio.sleep(_OOM_PAUSE_S)  # not at once: Redis refuses it again until freed
             await self._restore(queue, delivery, f"{type(error).__name__}: {error}")
             events.send("task-rejected", {"uuid": task_id, "requeue": True})
         except Exception as error:  # a bug: acked, as Celery acks a failed task

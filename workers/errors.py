@@ -9,6 +9,8 @@
     ├── EnqueueError           Redis refused or lost an enqueue (out of memory, unreachable)
     ├── NoRedisError           no REDIS_URL and no embedded server running (nothing to connect to)
     ├── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
+    ├── LeaseLostError         a step's lease is no longer certainly its own (the reason its abort
+    │                          signal fired: its work stops, and nothing of it is committed)
     └── StepFailedError        a step ended its run `failed` (how Celery's pool reports it as FAILURE)
 
 Every message: first line what happened, second line (indented) what to do.
@@ -23,9 +25,18 @@ REDIS_LOST: tuple[type[BaseException], ...] = (
     redis.ConnectionError,  # BusyLoadingError (a restarted Redis loading its AOF) included
     redis.TimeoutError,
     redis.ReadOnlyError,  # a replica promoted under us
+    redis.exceptions.OutOfMemoryError,  # maxmemory reached (noeviction): nothing of the write was made
 )
-"""What a step fails with when Redis or the network went away (not when a command was refused): the
-step goes back on its queue and runs again; any other error fails the step."""
+"""What a step fails with when Redis or the network went away, or Redis is full (maxmemory): the step
+goes back on its queue and runs again; any other error fails the step. (Scripts are atomic under
+OOM too: Redis refuses a script at its first write that needs memory, before it wrote anything.)"""
+
+OOM_HINT = (
+    "Redis is out of memory (maxmemory reached, policy noeviction): it refuses writes that need memory.\n"
+    "  Raise maxmemory (CONFIG SET maxmemory <bytes>, and in redis.conf) or free memory (delete the "
+    "keys of finished runs you no longer need); runs go on by themselves once Redis accepts writes."
+)
+"""What a worker logs when Redis refuses a write for OOM."""
 
 
 class WorkersError(Exception):
@@ -60,6 +71,10 @@ class NoRedisError(WorkersError):
 
 
 class DeliveryLimitError(WorkersError):
+    pass
+
+
+class LeaseLostError(WorkersError):
     pass
 
 

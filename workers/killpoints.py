@@ -21,6 +21,13 @@ Points called from `workers/` (fields `run`, and `key`, the segment/journal fiel
     enqueue:after   the successor was enqueued, before the task returns (and is acked)
     answer:after    an answer was stored, before the resume is enqueued (field `run` only)
 Points called from the fault suite's own tools and model wrapper (field `tag`): see tests/faults/.
+
+Stop points (`stop_point`) freeze instead of kill: the first match SIGSTOPs this process (every
+thread of it) after logging, as a long GC or VM pause, or a Redis stall, would; the test sends
+SIGCONT. The lease suite (tests/faults/test_lease_freeze.py) freezes a worker past its lease there:
+    model:send      in the model wrapper, just before the model call is sent
+    tool:inside     inside a one-phase tool, before its effect
+    start:inside    inside a two-phase tool's start, before its effect
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -48,7 +56,7 @@ def _plan(path: str) -> list[dict[str, Any]]:
 def _matches(entry: dict[str, Any], point: str, fields: dict[str, Any]) -> bool:
     if entry.get("point") != point:
         return False
-    return all(fields.get(name) == value for name, value in entry.items() if name != "point")
+    return all(fields.get(name) == value for name, value in entry.items() if name not in ("point", "action"))
 
 
 def active() -> bool:
@@ -102,3 +110,13 @@ def kill_point(point: str, **fields: Any) -> None:
         if group in (os.getpid(), os.getppid()):  # the worker leads its group: kill all of it
             os.killpg(group, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # never kill a group we do not lead (a test runner's)
+
+
+def stop_point(point: str, **fields: Any) -> None:
+    """SIGSTOP this process when the plan has an unfired entry for this point and fields; it goes on
+    where it stopped once someone sends it SIGCONT."""
+    if os.environ.get(PLAN_ENV) and claim(point, **fields):
+        # to this thread: it stops on its way out of the call (a SIGSTOP sent to the process may be
+        # taken by another thread, and this one would run on for a moment); the whole process stops
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        time.sleep(0.01)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,7 +37,9 @@ class StepContext(Protocol):
     outside: float
     state: dict[str, str]
 
-    def before_live(self, key: str) -> None: ...
+    def before_live(self, key: str) -> Awaitable[None] | None: ...
+
+    def after_live(self, key: str) -> None: ...
 
 
 class LiveLoop:
@@ -86,8 +89,11 @@ class LiveLoop:
         """True when the loop paused at a boundary and nothing cancelled it: a next step can resume it."""
         return self.resume is not None and not self.resume.done() and not self.controller.signal.aborted
 
-    def before_live(self, key: str) -> None:
-        self.step.before_live(key)
+    def before_live(self, key: str) -> Awaitable[None] | None:
+        return self.step.before_live(key)
+
+    def after_live(self, key: str) -> None:
+        self.step.after_live(key)
 
     def spent_outside(self) -> float:
         return self.step.outside - float(self.step.state.get("spend_base", 0))
@@ -113,12 +119,14 @@ class LiveLoop:
 @dataclass(frozen=True)
 class Begun:
     """A task its predecessor's commit began (RUN_COMMIT's go_on): the lease it holds as `owner`,
-    RUN_BEGIN's 'run' reply for it, and the run's loop, paused where this task goes on. (go_on runs
+    RUN_BEGIN's 'run' reply for it, the run's loop, paused where this task goes on. (go_on runs
     only in a fresh commit, whose step value is the one stored: the loop is where the run is.)"""
 
     owner: str
     reply: list[Any]
     loop: LiveLoop
+    sent_at: float
+    """When the commit that took the lease for it was sent (time.monotonic())."""
 
 
 _kept: OrderedDict[str, LiveLoop] = OrderedDict()

@@ -16,6 +16,7 @@ from toolloop.contract import ChatMessage
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
+CacheTtl = Literal["5m", "1h"]
 
 
 def provider_names() -> list[str]:
@@ -44,6 +45,8 @@ class RunSpec(BaseModel):
     keep_images: int | None = Field(default=2, ge=0)
     """How many of the latest tool-result images the model still sees (None: all)."""
     cache: CacheMode = "conversation"
+    cache_ttl: CacheTtl = "5m"
+    """TTL of every cache mark: "1h" writes cost 2x input instead of 1.25x and live an hour."""
     provider: str | None = None
     """The provider to ask first (None: the worker's default); `fallback` lists the next ones."""
     fallback: list[str] = Field(default_factory=list)

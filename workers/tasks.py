@@ -7,14 +7,16 @@ prompt, message or key ever appears in a broker message or in Flower.
 from __future__ import annotations
 
 import logging
+import time
 
+import redis
 from celery import Task
 from celery.exceptions import Reject
 
 from workers import advance as advance_step
 from workers import runs, runtime
 from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, app
-from workers.errors import REDIS_LOST, StepFailedError
+from workers.errors import OOM_HINT, REDIS_LOST, StepFailedError
 
 log = logging.getLogger("toolloop.workers")
 
@@ -28,6 +30,9 @@ def advance(self: Task, run_id: str, n: int) -> str:
         outcome = runtime.run(advance_step.advance(run_id, int(n), task))
     except REDIS_LOST as error:  # Redis or the network went away: back on the queue, not acked
         log.warning("step %s goes back on its queue: %s: %s", self.request.id, type(error).__name__, error)
+        if isinstance(error, redis.exceptions.OutOfMemoryError):
+            log.error("%s", OOM_HINT)
+            time.sleep(1.0)  # not at once: Redis refuses it again until memory is freed
         raise Reject(f"{type(error).__name__}: {error}", requeue=True) from error
     if outcome.failure is not None:  # committed as `failed`: Celery acks it and reports FAILURE
         raise StepFailedError(*outcome.failure)

@@ -12,7 +12,7 @@ from pathlib import Path
 TOOLSET = "review"
 """The name the demo registers the toolset under (TOOLLOOP_TOOLSETS="review=...")."""
 TOOLSET_PATH = "examples.storyboard.tools:REVIEW_TOOLS"
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 
 PROMPT = (
     "The rough cut of the rooftop sequence runs long. Review the six shots against the board, look at "

@@ -7,6 +7,9 @@ effect line per call (faults.toolset.record) and holds two kill points (workers/
                     answer), the worker dies while waiting for the answer: a model call in flight
     model:answered  the answer came back, the worker dies before the loop sees it (before the commit)
 
+and one stop point (a SIGSTOP: tests/faults/test_lease_freeze.py), `model:send`, just before the
+call is handed to the provider, whose HTTP path checks the signal right before it sends.
+
 A model call is known by `<run tag>#<turn>`, turn = the assistant messages of its history (as the
 simulator counts turns), so the test process can tell the calls of each run apart.
 """
@@ -22,7 +25,7 @@ from faults.shapes import first_text, run_tag
 from faults.toolset import record
 from toolloop.abort import AbortSignal
 from toolloop.contract import AssistantMessage, PromptGenRequest, PromptGenResult
-from workers.killpoints import kill_point, pending
+from workers.killpoints import kill_point, pending, stop_point
 
 
 def exec_tag(request: PromptGenRequest) -> str:
@@ -63,6 +66,7 @@ def make() -> Any:
     async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         tag = exec_tag(request)
         record("model", tag)
+        stop_point("model:send", tag=tag)
         call = asyncio.ensure_future(prompt_gen.generate(request, signal=signal))
         if directory and pending("model:request", tag=tag):
             deadline = time.monotonic() + 10.0
@@ -79,11 +83,9 @@ def make() -> Any:
 
 
 def make_fallback() -> Any:
-    """An anthropic + fal PromptGen over the simulator, for the fallback test: fal is given a price
-    for the run's Anthropic model id, which its default table lacks (see docs/faults.md)."""
-    from faults.runs import MODEL
+    """An anthropic + fal PromptGen over the simulator, for the fallback test: fal serves the run's
+    Anthropic model id under its router slug, from the same catalogue (see docs/faults.md)."""
     from toolloop.providers import AnthropicHandler, FalHandler, PromptGen
-    from toolloop.providers.prices import anthropic_price
 
     handlers = {
         "anthropic": AnthropicHandler(
@@ -92,7 +94,6 @@ def make_fallback() -> Any:
         "fal": FalHandler(
             os.environ.get("FAL_KEY"),
             run_url=os.environ.get("FAL_RUN_URL"),
-            prices={MODEL: anthropic_price(3, 15)},
         ),
     }
     return PromptGen(handlers, "anthropic")

@@ -20,7 +20,7 @@ from toolloop.journal import keys
 from workers.client import Client
 from workers.records import FINAL, RunStatus
 
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 SYSTEM = "You review storyboards for a film crew. Use the tools; ask when unsure."
 TOOLSET = "faults"
 

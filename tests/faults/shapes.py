@@ -23,7 +23,7 @@ _TAG = re.compile(r"^fault run (\S+): ")
 
 @dataclass(frozen=True)
 class Call:
-    tool: Literal["note", "render", "ask", "slow"]
+    tool: Literal["note", "render", "ask", "slow", "vigil"]
     input: dict[str, Any]
 
     @property

@@ -29,7 +29,7 @@ ANTHROPIC_BODY: dict[str, Any] = {
     "id": "msg_01",
     "type": "message",
     "role": "assistant",
-    "model": "claude-sonnet-4-5",
+    "model": "claude-sonnet-5-5",
     "content": [
         {"type": "text", "text": "Looking at shot 3."},
         {"type": "tool_use", "id": "toolu_01", "name": "note", "input": {"tag": "a", "text": "ok"}},
@@ -108,7 +108,7 @@ def broken_bodies(draw: st.DrawFn, skeleton: dict[str, Any]) -> bytes:
 
 
 REQUEST = PromptGenRequest(
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-5-5",
     system="You review storyboards.",
     messages=[UserMessage(content="Review shot 3.")],
     tools=[ToolDefinition(name="note", description="Write a note.", input_schema={"type": "object"})],

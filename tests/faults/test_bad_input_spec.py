@@ -25,7 +25,7 @@ from workers.spec import RunSpec
 pytestmark = pytest.mark.faults
 
 VALID: dict[str, Any] = {
-    "model": "claude-sonnet-4-5",
+    "model": "claude-sonnet-5-5",
     "system": "You review storyboards.",
     "messages": [{"role": "user", "content": "Review the storyboard."}],
     "toolset": "faults",

@@ -153,6 +153,11 @@ def _fallback_twins(
     allowed = Counter({("model", f"{s.tag}#{t}"): 1 for s in shapes for t in range(s.model_turns)})
     problems = twins.compare(allowed=allowed, what="fallback: ", other_provider=True)
     assert not problems, "\n".join(problems)
+    for shape, status in ((shapes[0], 401), (shapes[1], 403)):  # the switch shows on every model event
+        model = [data for _seq, _segment, kind, data in twins.results[shape.tag].events if kind == "model"]
+        assert model and all(data["provider"] == "fal" for data in model), model
+        switch = [{"provider": "anthropic", "reason": f"auth (HTTP {status})"}]
+        assert all(data["fallback_from"] == switch for data in model), model
     return twins, stats
 
 

@@ -10,6 +10,11 @@ the next instant. The kill points inside steps are here too (workers/killpoints.
     tool:after    a one-phase tool made its effect, before it returns
     start:after   a two-phase tool's start made its effect, before it returns
     wait:inside   a two-phase tool's wait began (its start is journaled), before it returns
+
+and the stop points of the lease suite (a SIGSTOP, then the tool checks its abort signal before its
+effect, as a tool with an effect it cannot take back should): `tool:inside`, `start:inside`. Every
+`start` also writes one line to `attempts.log` as it begins, with its idempotency key
+(`toolloop.idempotency_key()`), and its effect line carries the key too.
 """
 
 from __future__ import annotations
@@ -21,27 +26,28 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolloop import Started, TextPart, ToolOutput, ToolSpec
-from workers.killpoints import kill_point
+from toolloop import AbortSignal, Started, TextPart, ToolOutput, ToolSpec, idempotency_key
+from workers.killpoints import kill_point, stop_point
 
 EFFECTS = "effects.log"
+ATTEMPTS = "attempts.log"
 
 
-def record(kind: str, tag: str, **extra: Any) -> None:
+def record(kind: str, tag: str, file: str = EFFECTS, **extra: Any) -> None:
     """Append one effect line (no-op when TOOLLOOP_FAULTS_DIR is unset)."""
     directory = os.environ.get("TOOLLOOP_FAULTS_DIR")
     if not directory:
         return
     line = json.dumps({"kind": kind, "tag": tag, "pid": os.getpid(), "at": time.time(), **extra}) + "\n"
-    descriptor = os.open(os.path.join(directory, EFFECTS), os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+    descriptor = os.open(os.path.join(directory, file), os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
     try:
         os.write(descriptor, line.encode())
     finally:
         os.close(descriptor)
 
 
-def read_effects(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    path = os.path.join(directory, EFFECTS)
+def read_effects(directory: str | os.PathLike[str], file: str = EFFECTS) -> list[dict[str, Any]]:
+    path = os.path.join(directory, file)
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as file:
@@ -63,12 +69,19 @@ class Slow(BaseModel):
     seconds: float
 
 
+class Vigil(BaseModel):
+    tag: str
+    seconds: float
+
+
 class Ask(BaseModel):
     question: str
 
 
-def note(item: Note, _signal: Any) -> ToolOutput:
+def note(item: Note, signal: AbortSignal) -> ToolOutput:
     kill_point("tool:before", tag=item.tag)
+    stop_point("tool:inside", tag=item.tag)
+    signal.throw_if_aborted()
     record("run", item.tag)
     kill_point("tool:after", tag=item.tag)
     return ToolOutput(
@@ -76,8 +89,12 @@ def note(item: Note, _signal: Any) -> ToolOutput:
     )
 
 
-def render_start(item: Render, _signal: Any) -> Started:
-    record("start", item.tag)
+def render_start(item: Render, signal: AbortSignal) -> Started:
+    key = idempotency_key()
+    record("start", item.tag, ATTEMPTS, key=key)
+    stop_point("start:inside", tag=item.tag)
+    signal.throw_if_aborted()
+    record("start", item.tag, key=key)
     kill_point("start:after", tag=item.tag)
     return Started(started={"job": item.tag, "frames": item.frames}, rows=[f"job-{item.tag}"])
 
@@ -99,6 +116,20 @@ def slow(item: Slow, _signal: Any) -> ToolOutput:
     )
 
 
+def vigil(item: Vigil, signal: AbortSignal) -> ToolOutput:
+    """Works `seconds` in slices, stopping when its signal aborts (as a long tool that honours its
+    signal does); logs its begin and its abort to attempts.log, and its effect when it finishes."""
+    record("vigil-begin", item.tag, ATTEMPTS, key=idempotency_key())
+    ends = time.monotonic() + item.seconds
+    while time.monotonic() < ends:
+        if signal.aborted:
+            record("vigil-abort", item.tag, ATTEMPTS, reason=str(signal.reason))
+            signal.throw_if_aborted()
+        time.sleep(0.02)
+    record("run", item.tag)
+    return ToolOutput(value={"watched": item.seconds}, content=[TextPart(text=f"Watched {item.tag}.")])
+
+
 def _ask(*_: Any) -> ToolOutput:
     raise AssertionError("the loop never runs the ask tool")
 
@@ -113,5 +144,6 @@ TOOLS = [
         wait=render_wait,
     ),
     ToolSpec(name="slow", description="Work for a while.", schema=Slow, run=slow),
+    ToolSpec(name="vigil", description="Watch for a while (stops when aborted).", schema=Vigil, run=vigil),
     ToolSpec(name="ask", description="Ask the person a question.", schema=Ask, run=_ask),
 ]

@@ -50,7 +50,8 @@ class Twins:
         """Differences from the fault-free twins. For the `retried` runs (tags), the failure and the
         retry's own events are left out of the event streams (and their numbering). With
         `other_provider` (the twins were served by different wires), tool-call ids are compared by
-        their order of appearance and the providers' own figures (usage, costs) are left out."""
+        their order of appearance and the providers' own figures (usage, costs, who answered) are
+        left out."""
         allowed = allowed or Counter()
         problems: list[str] = []
         for shape in self.shapes:
@@ -86,7 +87,7 @@ class Twins:
 
 
 _CALL_ID = re.compile(r"\b(?:toolu|call)_[0-9a-f]{24}\b")
-_FIGURES = ("usage", "cost_usd", "spent_usd", "limit_usd")
+_FIGURES = ("usage", "cost_usd", "spent_usd", "limit_usd", "provider", "fallback_from")
 
 
 def _loose(snap: Snapshot) -> Snapshot:

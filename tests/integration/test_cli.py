@@ -142,7 +142,7 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         assert first["url"] == second["url"] and first["pid"] == second["pid"]
         assert first["url"] != "redis://127.0.0.1:6379/0"
         assert (tmp_path / "state" / "redis" / "appendonlydir").exists()  # AOF is on
-        queued = toolloop(env, "run", "Hi", "--model", "claude-sonnet-4-5", "--toolset", TOOLSET)
+        queued = toolloop(env, "run", "Hi", "--model", "claude-sonnet-5-5", "--toolset", TOOLSET)
         run_id = queued.stdout.splitlines()[0]  # no worker: it stays queued
     finally:
         down = toolloop(env, "down")
@@ -187,7 +187,7 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
         events = toolloop(env, "events", run_id, "--follow", timeout=90)
         assert events.returncode == 0, events.stderr
         lines = events.stdout.splitlines()
-        assert lines[0].startswith("run      queued (model claude-sonnet-4-5")
+        assert lines[0].startswith("run      queued (model claude-sonnet-5-5")
         assert (
             "step  2  model" in events.stdout and "→ read_frame(shot=3), read_frame(shot=5)" in events.stdout
         )
@@ -202,7 +202,7 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
             "run",
             FAIL_ONCE,
             "--model",
-            "claude-sonnet-4-5",
+            "claude-sonnet-5-5",
             "--toolset",
             TOOLSET,
             "--follow",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from toolloop import AbortController, AbortError, MemoryJournal, StepResult
+from toolloop import AbortController, AbortError, MemoryJournal, StepResult, idempotency_key
 from toolloop.abort import AbortSignal
 from toolloop.journal.redis import RedisJournal, StepBoundary
 
@@ -169,3 +169,31 @@ async def test_a_loop_run_again_over_its_journal_calls_nothing(make_journal: Mak
     assert (model.calls, runs) == (2, 1)  # the second run replayed every step
     assert second == first
     assert (second.stopped_by, second.spent_usd, second.final_text) == ("done", 0.75, "Fine.")
+
+
+async def test_the_work_of_a_redis_step_sees_an_idempotency_key_stable_across_reruns(
+    redis_client: redis.Redis,
+) -> None:
+    run_id = uuid.uuid4().hex
+    seen: list[str | None] = []
+
+    async def work(signal: AbortSignal) -> StepResult:
+        seen.append(await asyncio.to_thread(idempotency_key))  # a sync tool's thread sees it too
+        raise RuntimeError("the effect happened, the step did not finish")
+
+    for _ in range(2):  # a step whose work fails runs again: the same key both times
+        with pytest.raises(RuntimeError):
+            await RedisJournal(redis_client, run_id, "s1/").step("tool:call_7:start", work)
+    assert seen == [f"{run_id}/s1/tool:call_7:start"] * 2
+    assert idempotency_key() is None  # outside a step's work
+
+
+async def test_memory_journal_steps_have_no_idempotency_key() -> None:
+    seen: list[str | None] = []
+
+    async def work(signal: AbortSignal) -> StepResult:
+        seen.append(idempotency_key())
+        return StepResult(value=1)
+
+    await MemoryJournal().step("tool:a:start", work)
+    assert seen == [None]

@@ -110,7 +110,7 @@ def run_and_kill(
     client = Client(redis_server.url)
     second: Worker | None = None
     try:
-        run_id = client.enqueue(spec(scenario, model="claude-sonnet-4-5", provider="anthropic"))
+        run_id = client.enqueue(spec(scenario, model="claude-sonnet-5-5", provider="anthropic"))
         eventually(killed_when, timeout=20)
         time.sleep(0.5)  # well inside the 3 s step
         first.kill()

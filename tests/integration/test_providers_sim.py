@@ -161,9 +161,9 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
     for result in (first, second):
         usage = result.usage
         uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
-        # claude-sonnet-4-5: $3/M input, $15/M output, read $0.30/M, 5-minute write $3.75/M
-        expected = (uncached * 3 + usage.completion_tokens * 15 + usage.cached_tokens * 0.3
-                    + usage.cache_write_tokens * 3.75) / 1e6  # fmt: skip
+        # claude-sonnet-5-5 (the default): $2/M input, $10/M output, read $0.20/M, 5m write $2.50/M
+        expected = (uncached * 2 + usage.completion_tokens * 10 + usage.cached_tokens * 0.2
+                    + usage.cache_write_tokens * 2.5) / 1e6  # fmt: skip
         assert result.cost_usd == pytest.approx(expected)
         assert result.meta is not None and result.meta["cost_source"] == "tokens"
     assert second.cost_usd < first.cost_usd / 3  # reads cost a tenth of input, writes more than input
@@ -172,7 +172,7 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
 async def test_fal_cost_from_the_reported_figure_and_from_tokens_with_cache_rates() -> None:
     request = PromptGenRequest(system=SYSTEM, cache_system=True, messages=[UserMessage(content="Go.")])
     with serve(["Done."]) as sim:
-        handler = fal(sim, prices={"acme/unpriced-at-fal": ModelPrice(4, 20, 0.4, 5)})
+        handler = fal(sim, prices={"acme/unpriced-at-fal": ModelPrice(4, 20, 0.2, 5, 8)})  # opus 5.5's
         reported = await execute(handler, request)
         again = await execute(handler, request)  # reads the cache written by the first call
         by_tokens = await execute(handler, request.model_copy(update={"model": "acme/unpriced-at-fal"}))
@@ -207,7 +207,7 @@ def frame_turns(count: int) -> list[Any]:
 async def loop(handler: Any, cache: str, first_message: Any, steps: int = 10) -> RunToolLoopResult:
     options = RunToolLoopOptions(
         generate=PromptGen({"p": handler}, "p").as_generate(),
-        model="claude-sonnet-4-5" if isinstance(handler, AnthropicHandler) else "anthropic/claude-opus-5.5",
+        model="claude-sonnet-5-5" if isinstance(handler, AnthropicHandler) else "anthropic/claude-opus-5.5",
         system=SYSTEM,
         messages=[first_message],
         tools=[read_frame_tool()],
@@ -289,7 +289,7 @@ async def test_conversation_marks_make_the_prompt_mostly_cached_reads(wire: str)
             costs.append(result.usage)
             return result
 
-        model = "claude-sonnet-4-5" if wire == "anthropic" else "anthropic/claude-opus-5.5"
+        model = "claude-sonnet-5-5" if wire == "anthropic" else "anthropic/claude-opus-5.5"
         options = RunToolLoopOptions(
             generate=generate,
             model=model,

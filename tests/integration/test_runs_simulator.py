@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from tests.integration.conftest import Worker, start_worker
 from tests.integration.runs_kit import kinds, logged, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from toolloop.embedded import EmbeddedServer, start_server
-from toolloop.sim import SimServer
+from toolloop.sim import Script, SimRequest, SimServer, SimTurn
 from workers.client import Client
 
 SCRIPT = [
@@ -21,9 +22,26 @@ SCRIPT = [
 ]
 
 
+class Recorded:
+    """The script, keeping every request body it answered."""
+
+    def __init__(self) -> None:
+        self.script = Script(SCRIPT)
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: SimRequest) -> SimTurn:
+        self.bodies.append(request.body)
+        return self.script(request)
+
+
 @pytest.fixture(scope="module")
-def sim() -> Iterator[SimServer]:
-    with SimServer(SCRIPT) as server:
+def policy() -> Recorded:
+    return Recorded()
+
+
+@pytest.fixture(scope="module")
+def sim(policy: Recorded) -> Iterator[SimServer]:
+    with SimServer(policy) as server:
         yield server
 
 
@@ -57,7 +75,7 @@ def test_a_run_against_the_simulator_calls_each_step_once(
 ) -> None:
     client = Client(sim_redis.url)
     try:
-        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-4-5", provider="anthropic"))
+        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic"))
         status = client.wait(run_id, timeout=30)
         assert status.status == "done", status
         assert status.final_text == "It is 42."
@@ -67,5 +85,30 @@ def test_a_run_against_the_simulator_calls_each_step_once(
         assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
         assert sim.stats()["requests"] == 2
         assert [e["a"] for e in logged(sim_worker.tool_log)] == [20]
+    finally:
+        client.close()
+
+
+def test_the_run_spec_carries_cache_ttl_and_reasoning_to_every_request(
+    sim_redis: EmbeddedServer, sim: SimServer, sim_worker: Worker, policy: Recorded
+) -> None:
+    client = Client(sim_redis.url)
+    try:
+        system = "You add numbers, carefully. " * 200  # past the minimum cacheable prefix
+        before = len(policy.bodies)
+        fields = {"model": "claude-opus-5-5", "provider": "anthropic", "cache_ttl": "1h", "reasoning": "off"}
+        run_id = client.enqueue(spec(system, **fields))
+        status = client.wait(run_id, timeout=30)
+        assert status.status == "done", status
+        bodies = policy.bodies[before:]
+        assert len(bodies) == 2
+        marks = [b["system"][0]["cache_control"] for b in bodies]
+        assert marks == [{"type": "ephemeral", "ttl": "1h"}] * 2
+        # Opus 5.5 always thinks: "off" is the least effort, the same on both steps
+        assert [(b["thinking"], b["output_config"]) for b in bodies] == [
+            ({"type": "adaptive"}, {"effort": "low"})
+        ] * 2
+        model = [e for e in client.events(run_id) if e.kind == "model"]
+        assert model[0].data["usage"]["cache_write_1h_tokens"] > 1024
     finally:
         client.close()

@@ -33,7 +33,7 @@ def sim() -> Iterator[Sim]:
 
 def send(sim: Sim, messages: list[dict[str, Any]]) -> dict[str, Any]:
     body = {
-        "model": "claude-sim",
+        "model": "claude-sonnet-5-5",
         "max_tokens": 100,
         "system": [{"type": "text", "text": SYSTEM, "cache_control": MARK}],
         "tools": TOOLS,

@@ -43,7 +43,7 @@ def sim_process() -> Iterator[tuple[str, int]]:
 async def post(host: str, port: int, index: int) -> tuple[int, dict[str, object]]:
     body = json.dumps(
         {
-            "model": "claude-sim",
+            "model": "claude-sonnet-5-5",
             "max_tokens": 10,
             "messages": [{"role": "user", "content": f"conversation {index}"}],
         }

@@ -72,7 +72,8 @@ def test_usage_reports_cache_write_then_read_with_the_cost_at_cache_rates(sim: S
     assert second["prompt_tokens_details"] == {"cached_tokens": prefix, "cache_write_tokens": 0}
     completion = first["completion_tokens"]
     assert first["cost"] == round((user * 4 + prefix * 1.25 * 4 + completion * 20) / 1e6, 6)
-    assert second["cost"] == round((user * 4 + prefix * 0.1 * 4 + completion * 20) / 1e6, 6)
+    # Opus 5.5 reads at $0.20/MTok (0.05x input; the catalogue), not 0.1x
+    assert second["cost"] == round((user * 4 + prefix * 0.2 + completion * 20) / 1e6, 6)
 
 
 def test_a_policy_sees_fal_messages_as_contract_types() -> None:

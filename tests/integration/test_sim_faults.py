@@ -17,7 +17,7 @@ FAL = {"Authorization": "Key test-key"}
 
 
 def anthropic_body(text: str = "Review the board.") -> dict[str, Any]:
-    return {"model": "claude-sim", "max_tokens": 100, "messages": [{"role": "user", "content": text}]}
+    return {"model": "claude-sonnet-5-5", "max_tokens": 100, "messages": [{"role": "user", "content": text}]}
 
 
 def fal_body(text: str = "Review the board.") -> dict[str, Any]:

@@ -54,7 +54,7 @@ async def run(sim: SimServer, wire: str) -> tuple[RunToolLoopResult, list[LoopEv
         handler: AnthropicHandler | FalHandler = AnthropicHandler("k", base_url=sim.base_url)
     else:
         handler = FalHandler("k", run_url=sim.base_url)
-    model = "claude-sonnet-4-5" if wire == "anthropic" else "anthropic/claude-opus-5.5"
+    model = "claude-sonnet-5-5" if wire == "anthropic" else "anthropic/claude-opus-5.5"
     events: list[LoopEvent] = []
 
     async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:

@@ -10,7 +10,7 @@ import pytest
 from toolloop.sim import SimServer
 
 HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
-BODY = {"model": "claude-sim", "max_tokens": 10, "messages": [{"role": "user", "content": "Hi"}]}
+BODY = {"model": "claude-sonnet-5-5", "max_tokens": 10, "messages": [{"role": "user", "content": "Hi"}]}
 
 
 def test_start_returns_once_it_accepts_connections_and_stop_closes_the_port() -> None:

@@ -22,7 +22,7 @@ from toolloop.embedded import EmbeddedServer, free_port
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SPEC = {
-    "model": "claude-sonnet-4-5",
+    "model": "claude-sonnet-5-5",
     "toolset": "review",
     "messages": [{"role": "user", "content": "Review the rough cut."}],
     "keep_images": None,

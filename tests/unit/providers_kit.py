@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import anthropic.types as sdk
 import httpx
-from pydantic import ConfigDict, TypeAdapter
 
 from toolloop.providers import RetryPolicy
+from toolloop.sim.sdk_check import sdk_validator
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05, total_s=5.0, short_retry_after_s=0.5)
 FAKE_KEY = "sk-test-FAKE-KEY-0123456789abcdef"
@@ -41,65 +40,12 @@ class Recorder:
         return [json.loads(r.content) for r in self.requests]
 
 
-_FORBID = ConfigDict(extra="forbid")
-_PARAMS: TypeAdapter[Any] = TypeAdapter(sdk.MessageCreateParams, config=_FORBID)
-_BLOCK_TYPES: dict[str, Any] = {
-    "text": sdk.TextBlockParam,
-    "image": sdk.ImageBlockParam,
-    "tool_use": sdk.ToolUseBlockParam,
-    "tool_result": sdk.ToolResultBlockParam,
-}
-_CHOICE: TypeAdapter[Any] = TypeAdapter(sdk.ToolChoiceParam)
-_THINKING: TypeAdapter[Any] = TypeAdapter(sdk.ThinkingConfigParam)
-
-
-@functools.cache
-def _adapter(typed_dict: Any) -> TypeAdapter[Any]:
-    # Kept alive: a lazily validated Iterable must not outlive its adapter (pydantic-core panics).
-    return TypeAdapter(typed_dict)
-
-
-def _strict(typed_dict: Any, value: dict[str, Any]) -> None:
-    """Validate `value` as the SDK TypedDict and refuse keys it does not declare."""
-    _consume(_adapter(typed_dict).validate_python(value))
-    known = typed_dict.__required_keys__ | typed_dict.__optional_keys__
-    assert set(value) <= known, f"{typed_dict.__name__} has no key {set(value) - known}"
-
-
-def _consume(value: Any) -> Any:
-    """Walk what pydantic validated lazily (the SDK types use Iterable) so every item is checked."""
-    if isinstance(value, dict):
-        return {k: _consume(v) for k, v in value.items()}
-    if isinstance(value, str | bytes):
-        return value
-    if isinstance(value, Iterable):
-        return [_consume(v) for v in value]
-    return value
-
-
 def validate_anthropic_body(body: dict[str, Any]) -> None:
     """Raise unless `body` is a valid `MessageCreateParams` of the official SDK, every nested block
-    included and no unknown key anywhere."""
-    _consume(_PARAMS.validate_python(body))
-    system = body.get("system")
-    if isinstance(system, list):
-        for block in system:
-            _strict(sdk.TextBlockParam, block)
-    for tool in body.get("tools", []):
-        _strict(sdk.ToolParam, tool)
-    if "tool_choice" in body:
-        _CHOICE.validate_python(body["tool_choice"])
-    if "thinking" in body:
-        _THINKING.validate_python(body["thinking"])
-    for turn in body["messages"]:
-        assert set(turn) == {"role", "content"}, turn
-        content = turn["content"]
-        if isinstance(content, str):
-            continue
-        for block in content:
-            _strict(_BLOCK_TYPES[block["type"]], block)
-            for inner in block.get("content", []) if block["type"] == "tool_result" else []:
-                _strict(_BLOCK_TYPES[inner["type"]], inner)
+    included and no unknown key anywhere (the simulator's strict-mode check)."""
+    validate = sdk_validator()
+    assert validate is not None, "the anthropic SDK (a dev dependency) is not installed"
+    validate(body)
 
 
 def sdk_message(
@@ -110,7 +56,7 @@ def sdk_message(
     output_tokens: int = 20,
     cache_read: int | None = None,
     cache_write: int | None = None,
-    model: str = "claude-sonnet-4-5",
+    model: str = "claude-sonnet-4-6",
 ) -> dict[str, Any]:
     """An answer built with the SDK's own response model, as JSON."""
     message = sdk.Message(

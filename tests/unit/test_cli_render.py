@@ -28,6 +28,15 @@ def test_model_line_shows_tokens_cache_reads_cost_and_calls() -> None:
     assert line == "step  2  model   2,000 in (1,500 cached)    50 out  $0.0123  → read_frame(shot=3)"
 
 
+def test_model_line_shows_a_provider_switch() -> None:
+    event = model_event(2, read=0).model_copy(
+        update={"provider": "fal", "fallback_from": [{"provider": "anthropic", "reason": "HTTP 529"}]}
+    )
+    assert event_line(event).endswith("→ read_frame(shot=3)  [via fal: anthropic HTTP 529]")
+    assert event_line(event.model_dump(mode="json")) == event_line(event)  # as a run's stream holds it
+    assert "via" not in event_line(model_event(2, read=0).model_copy(update={"provider": "anthropic"}))
+
+
 def test_step_override_numbers_steps_across_segments() -> None:
     assert event_line(model_event(1, read=0), step=5).startswith("step  5  model")
 
@@ -48,8 +57,8 @@ def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> 
     totals.add_model(model_event(1, read=0, write=1000))
     totals.add_model(model_event(2, read=1000))
     assert (totals.steps, totals.cache_read, totals.cache_write) == (2, 1000, 1000)
-    # claude-sonnet-4-5: $3/MTok input, reads $0.30, writes $3.75
-    saved = totals.cache_savings_usd("claude-sonnet-4-5")
+    # claude-sonnet-4-6: $3/MTok input, reads $0.30, writes $3.75 (the catalogue)
+    saved = totals.cache_savings_usd("claude-sonnet-4-6")
     assert saved is not None
     assert abs(saved - (1000 * 2.7 - 1000 * 0.75) / 1e6) < 1e-12
     assert totals.cache_savings_usd("no-such-model") is None

@@ -24,6 +24,17 @@ def test_flags_build_a_spec() -> None:
     assert [m.content for m in spec.messages] == ["Review shot 3."]
 
 
+def test_cache_ttl_comes_from_the_flag_or_the_file(tmp_path: Path) -> None:
+    spec = build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--cache-ttl", "1h"))
+    assert spec.cache_ttl == "1h"
+    path = tmp_path / "run.yaml"
+    path.write_text(f"model: a\ntoolset: {TOOLSET}\ncache_ttl: 1h\nmessages: [{{role: user, content: Hi}}]\n")
+    assert build_spec(parse("-f", str(path))).cache_ttl == "1h"
+    assert build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET)).cache_ttl == "5m"
+    with pytest.raises(SystemExit):
+        parse("Hi", "--cache-ttl", "2h")
+
+
 def test_yaml_file_with_flags_overriding(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(

@@ -81,7 +81,7 @@ async def test_storyboard_review_asks_then_quotes_the_answer() -> None:
     journal = MemoryJournal("s0/")
     options = RunToolLoopOptions(
         generate=policy_model,
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-5-5",
         system=SYSTEM,
         messages=[{"role": "user", "content": PROMPT}],
         tools=REVIEW_TOOLS,

@@ -37,8 +37,13 @@ TOOL = ToolDefinition(
 )
 
 
+MODEL = "claude-sonnet-4-6"  # $3 / $15 per MTok, read $0.30, 5-minute write $3.75; accepts every shape
+
+
 def handler(recorder: Recorder, key: str | None = FAKE_KEY) -> AnthropicHandler:
-    return AnthropicHandler(key, base_url="http://sim.test", retry=FAST, transport=recorder.transport)
+    return AnthropicHandler(
+        key, base_url="http://sim.test", retry=FAST, transport=recorder.transport, default_model=MODEL
+    )
 
 
 def text_answer(text: str = "ok", **kw: Any) -> dict[str, Any]:
@@ -64,7 +69,7 @@ async def test_a_tool_conversation_maps_to_a_valid_messages_body(png: Path) -> N
     image = ImagePart(path=str(png), mime_type="image/png", hash="h3")
     request = PromptGenRequest(
         system="You review storyboards.",
-        model="claude-sonnet-4-5",
+        model=MODEL,
         cache_system=True,
         tools=[TOOL],
         tool_choice={"name": "read_frame"},
@@ -157,7 +162,7 @@ async def test_a_one_turn_prompt_is_one_user_message_and_a_plain_system() -> Non
     assert body["system"] == "Be brief."
     assert body["messages"] == [{"role": "user", "content": "Say hi."}]
     assert "temperature" not in body  # the SDK's MessageCreateParams has no such field
-    assert body["model"] == "claude-sonnet-4-5" and body["max_tokens"] == 8192
+    assert body["model"] == MODEL and body["max_tokens"] == 8192
 
 
 async def test_cache_system_without_system_text_marks_the_last_tool() -> None:
@@ -206,10 +211,15 @@ async def test_reasoning_off_disables_thinking_and_none_sends_nothing() -> None:
     ],
     ids=["forced-tool", "inside-a-tool-turn"],
 )
-async def test_thinking_is_disabled_where_anthropic_would_refuse_it(request_: PromptGenRequest) -> None:
+async def test_thinking_stays_the_same_in_a_tool_turn_and_a_forced_choice_becomes_auto(
+    request_: PromptGenRequest,
+) -> None:
+    # Was: thinking disabled inside a tool turn and with a forced choice. That flipped thinking
+    # between the steps of one run (a 400 on always-thinking models, a lost messages cache).
     body = await send(request_)
-    assert body["thinking"] == {"type": "disabled"} and body["output_config"] == {"effort": "high"}
-    assert body["max_tokens"] == 8192
+    assert body["thinking"] == {"type": "adaptive"} and body["output_config"] == {"effort": "high"}
+    assert body["max_tokens"] == 8192 + 24576
+    assert body.get("tool_choice", {"type": "auto"}) == {"type": "auto"}
 
 
 async def test_a_bad_reasoning_level_fails_before_any_call() -> None:
@@ -245,7 +255,7 @@ async def test_an_sdk_message_maps_text_tool_calls_usage_and_cost_with_cache_rat
     # $3/M input, $15/M output, read 0.1x = $0.30/M, 5-minute write 1.25x = $3.75/M
     assert result.cost_usd == pytest.approx((100 * 3 + 20 * 15 + 1000 * 0.3 + 200 * 3.75) / 1e6)
     assert result.meta is not None and result.meta["cost_source"] == "tokens"
-    assert result.meta["model"] == "claude-sonnet-4-5"
+    assert result.meta["model"] == MODEL
 
 
 @pytest.mark.parametrize(
@@ -290,17 +300,18 @@ async def test_no_key_is_unavailable_auth_without_a_call() -> None:
     assert recorder.requests == []
 
 
-async def test_a_model_without_a_price_fails_before_the_call_and_dated_ids_find_their_row() -> None:
+async def test_an_unknown_model_fails_before_the_call_and_dated_ids_find_their_row() -> None:
     recorder = Recorder(text_answer())
-    with pytest.raises(PromptGenError, match="no price for model 'claude-unknown'"):
+    with pytest.raises(PromptGenError, match="'claude-unknown' is not in the model catalogue") as caught:
         await handler(recorder).execute(
             PromptGenRequest(prompt="Go", model="claude-unknown"), AbortController().signal
         )
+    assert "with_models(ModelInfo(id='claude-unknown'" in str(caught.value)  # says how to add it
     assert recorder.requests == []
     result = await handler(recorder).execute(
-        PromptGenRequest(prompt="Go", model="claude-sonnet-4-5-20250929"), AbortController().signal
+        PromptGenRequest(prompt="Go", model="claude-haiku-4-5-20251001"), AbortController().signal
     )
-    assert result.cost_usd == pytest.approx((100 * 3 + 20 * 15) / 1e6)
+    assert result.cost_usd == pytest.approx((100 * 1 + 20 * 5) / 1e6)
 
 
 async def test_images_are_read_when_the_request_is_sent(png: Path) -> None:
@@ -333,7 +344,7 @@ async def test_each_answer_logs_one_debug_line_and_a_cut_answer_a_warning(
         await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "toolloop.providers"]
     assert lines == [
-        ("DEBUG", "anthropic: claude-sonnet-4-5 answered length "
+        ("DEBUG", "anthropic: claude-sonnet-4-6 answered length "
                   "(100 prompt tokens, 0 cached, 0 written; 20 out) $0.000600 from tokens"),
-        ("WARNING", "anthropic: the answer of claude-sonnet-4-5 was cut at max_tokens (partial)"),
+        ("WARNING", "anthropic: the answer of claude-sonnet-4-6 was cut at max_tokens (partial)"),
     ]  # fmt: skip

@@ -17,6 +17,7 @@ from toolloop import (
     PromptGenRequest,
     PromptGenResult,
     PromptGenUnavailableError,
+    SpendLimitError,
     ToolArgumentsError,
     from_env,
 )
@@ -60,9 +61,12 @@ async def test_the_head_answers_and_meta_names_it() -> None:
         PromptGenUnavailableError("no\n  x", "missing"),
         PromptGenError("limited\n  x", status=429),
         PromptGenError("billing\n  x", status=402),
+        PromptGenError("overloaded (4 attempts)\n  x", status=529, retryable=True),
+        PromptGenError("boom (4 attempts)\n  x", status=500, retryable=True),
+        PromptGenError("x-should-retry: false\n  x", status=503),
     ],
 )
-async def test_unavailable_errors_move_to_the_next_provider(
+async def test_unavailable_and_capacity_errors_move_to_the_next_provider(
     error: PromptGenError, caplog: pytest.LogCaptureFixture
 ) -> None:
     a, b = Fake(error=error), Fake("from b")
@@ -72,20 +76,28 @@ async def test_unavailable_errors_move_to_the_next_provider(
     assert result.text == "from b" and result.meta is not None and result.meta["provider"] == "b"
     (record,) = caplog.records
     assert (record.__dict__["from"], record.__dict__["to"]) == ("a", "b")
-    expected = getattr(error, "reason", None) or f"HTTP {error.status}"
+    reason = getattr(error, "reason", None)
+    expected = f"HTTP {error.status}" if reason is None else reason
+    if reason is not None and error.status is not None:
+        expected = f"{reason} (HTTP {error.status})"
     assert record.__dict__["reason"] == expected
     assert record.getMessage() == f"prompt-gen falls back from a to b: {expected}"
+    assert result.meta["fallback_from"] == [{"provider": "a", "reason": expected}]
 
 
 @pytest.mark.parametrize(
     "error",
     [
-        PromptGenError("boom\n  x", status=500, retryable=True),
+        SpendLimitError("spend limit\n  x", "contract_spend_limit_reached"),
+        PromptGenError("model: claude-sonnet-4-5\n  x", status=404),
+        PromptGenError("bad request\n  x", status=400),
+        PromptGenError("no answer\n  x", retryable=True),
         ToolArgumentsError("trim", "{"),
         ValueError("bug"),
     ],
 )
 async def test_other_errors_are_raised_at_once(error: Exception) -> None:
+    """A spend limit, a model the API does not serve, a bad request, a timeout: no fallback."""
     b = Fake("from b")
     gen = PromptGen({"a": Fake(error=error), "b": b}, "a", ["b"])
     with pytest.raises(type(error)):

@@ -69,6 +69,7 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
     image = ImagePart(path=str(png), mime_type="image/png", hash="h")
     request = PromptGenRequest(
         system="Review.",
+        model="claude-haiku-4-5",  # accepts temperature and a forced tool_choice (the catalogue)
         cache_system=True,
         tools=[TOOL],
         tool_choice={"name": "read_frame"},
@@ -100,7 +101,7 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
         "tools",
         "tool_choice",
     ]
-    assert body["model"] == "anthropic/claude-opus-5.5" and body["max_tokens"] == 32000
+    assert body["model"] == "anthropic/claude-haiku-4.5" and body["max_tokens"] == 32000
     assert body["temperature"] == 2.0 and body["reasoning"] == {"effort": "medium"}
     assert body["tools"] == [
         {"type": "function", "function": {"name": "read_frame", "description": "Read one frame.",
@@ -135,6 +136,33 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
     ]
 
 
+@pytest.mark.parametrize(
+    ("model", "sent"),
+    [
+        ("claude-sonnet-5-5", "anthropic/claude-sonnet-5.5"),  # the row's fal slug
+        ("anthropic/claude-opus-5-5", "anthropic/claude-opus-5-5"),  # a slug is sent as given
+        ("google/gemini-3.8-flash", "google/gemini-3.8-flash"),
+        ("gpt-5-mini", "gpt-5-mini"),  # not an Anthropic model: never prefixed
+    ],
+)
+async def test_model_ids_are_sent_as_the_router_names_them(model: str, sent: str) -> None:
+    _, body = await call(PromptGenRequest(prompt="Hi", model=model))
+    assert body["model"] == sent
+
+
+async def test_what_opus_5_5_refuses_is_left_out_and_noted() -> None:
+    request = PromptGenRequest(
+        messages=[UserMessage(content="Hi")], tools=[TOOL], tool_choice="required", temperature=0.5
+    )
+    result, body = await call(request)
+    assert body["model"] == "anthropic/claude-opus-5.5"
+    assert "temperature" not in body and body["tool_choice"] == "auto"
+    assert result.meta["request_notes"] == [
+        "claude-opus-5-5 refuses temperature: not sent",
+        "claude-opus-5-5 refuses a forced tool_choice: sent 'auto'",
+    ]
+
+
 async def test_a_prompt_request_sends_system_and_user_strings_and_reasoning_off_is_left_out() -> None:
     _, body = await call(PromptGenRequest(prompt="Hi", system="Be brief.", params={"reasoning": "off"}))
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -147,7 +175,8 @@ async def test_a_prompt_request_sends_system_and_user_strings_and_reasoning_off_
         (PromptGenRequest(messages=[]), "messages must not be empty"),
         (PromptGenRequest(prompt="  "), "needs a non-empty prompt"),
         (PromptGenRequest(prompt="Hi", params={"reasoning": "max"}), "params.reasoning must be"),
-        (PromptGenRequest(prompt="Hi", model="acme/unknown"), "no price for model 'acme/unknown'"),
+        (PromptGenRequest(prompt="Hi", model="acme/unknown"), "'acme/unknown' is not in the model catalogue"),
+        (PromptGenRequest(prompt="Hi", model="claude-sonnet-4-5"), "was retired on 2026-11-30"),
         (
             PromptGenRequest(messages=[UserMessage(content="Hi")], params={"images": [{"path": "x"}]}),
             "takes no params.images with messages",
@@ -181,8 +210,8 @@ async def test_text_tool_calls_usage_and_cost_with_cache_rates() -> None:
     assert [c.input for c in result.tool_calls] == [{"shot": 3}, {}, {"shot": 5}]
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (2000, 100)
     assert (result.usage.cached_tokens, result.usage.cache_write_tokens) == (1500, 300)
-    # claude-opus-5.5: $4/M in, $20/M out, read $0.40/M, write $5/M; 200 uncached input tokens
-    assert result.cost_usd == pytest.approx((200 * 4 + 100 * 20 + 1500 * 0.4 + 300 * 5) / 1e6)
+    # claude-opus-5.5: $4/M in, $20/M out, read $0.20/M (0.05x), write $5/M; 200 uncached input
+    assert result.cost_usd == pytest.approx((200 * 4 + 100 * 20 + 1500 * 0.2 + 300 * 5) / 1e6)
     assert result.meta is not None and result.meta["cost_source"] == "tokens"
     assert result.meta["upstream_provider"] == "Anthropic" and result.meta["reasoning"] == "medium"
 

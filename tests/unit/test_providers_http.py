@@ -15,7 +15,7 @@ from providers_kit import FAKE_KEY, FAST, Recorder, sdk_message
 
 from toolloop import AbortController, AbortError, PromptGenError, PromptGenRequest, PromptGenUnavailableError
 from toolloop.providers import AnthropicHandler, PromptGen, RetryPolicy, Secret
-from toolloop.providers.http import parse_retry_after
+from toolloop.providers.http import classify, parse_retry_after
 
 REQUEST = PromptGenRequest(prompt="Go")
 OK = sdk_message([sdk.TextBlock(type="text", text="ok", citations=None)])
@@ -206,3 +206,35 @@ async def test_race_on_an_aborted_signal_closes_the_work_it_never_started() -> N
     with pytest.raises(AbortError):
         await race(work, controller.signal)
     assert inspect.getcoroutinestate(work) == inspect.CORO_CLOSED
+
+
+ENDPOINT = handler(Recorder(OK)).endpoint
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "fields", "kind", "wait"),
+    [
+        (429, {}, {"error_code": "contract_spend_limit_reached"}, "SpendLimitError", None),
+        (
+            429,
+            {"retry-after": "0.5"},
+            {"error_code": "enforced_spend_limit_reached"},
+            "SpendLimitError",
+            None,
+        ),
+        (429, {"retry-after": "0.5"}, {}, "PromptGenUnavailableError", 0.5),
+        (404, {}, {"type": "not_found_error", "message": "model: claude-x"}, "PromptGenError", None),
+        (404, {}, {"type": "not_found_error", "message": "Not Found"}, "PromptGenUnavailableError", None),
+        (503, {"x-should-retry": "false"}, {}, "PromptGenError", None),
+        (503, {}, {}, "PromptGenError", 0.25),
+        (400, {"x-should-retry": "true"}, {}, "PromptGenError", 0.25),
+        (401, {}, {}, "PromptGenUnavailableError", None),
+    ],
+)
+def test_classify_is_a_pure_function_of_the_answer(
+    status: int, headers: dict[str, str], fields: dict[str, str], kind: str, wait: float | None
+) -> None:
+    error, wait_s = classify("anthropic", ENDPOINT, status, headers, "detail", fields, 0.25)
+    assert (type(error).__name__, wait_s) == (kind, wait)
+    assert error.status == status
+    assert classify("anthropic", ENDPOINT, status, headers, "detail", fields, 0.25)[1] == wait_s

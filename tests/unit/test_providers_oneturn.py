@@ -83,7 +83,11 @@ async def test_a_refusing_provider_falls_back_to_the_next() -> None:
 
     gen = PromptGen({"openai": OpenAIHandler(FAKE_KEY), "anthropic": Answers()}, "openai", ["anthropic"])  # type: ignore[dict-item]
     result = await gen.generate(PromptGenRequest(messages=[UserMessage(content="Hi")]))
-    assert result.text == "served" and result.meta == {"provider": "anthropic"}
+    assert result.text == "served"
+    assert result.meta == {
+        "provider": "anthropic",
+        "fallback_from": [{"provider": "openai", "reason": "unsupported"}],
+    }
 
 
 async def test_a_missing_binary_is_unavailable_missing() -> None:

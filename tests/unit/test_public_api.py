@@ -32,6 +32,7 @@ PUBLIC = [
     "RedisJournal",
     "RunToolLoopOptions",
     "RunToolLoopResult",
+    "SpendLimitError",
     "Started",
     "StepResult",
     "TextPart",
@@ -45,6 +46,7 @@ PUBLIC = [
     "ToolloopError",
     "UserMessage",
     "from_env",
+    "idempotency_key",
     "is_prompt_gen_unavailable",
     "run_tool_loop",
 ]

@@ -70,6 +70,7 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--finish-note")
     run.add_argument("--keep-images", type=int)
     run.add_argument("--cache", choices=["off", "system", "conversation"])
+    run.add_argument("--cache-ttl", choices=["5m", "1h"], help="TTL of the cache marks (default 5m)")
     run.add_argument("--provider")
     run.add_argument("--fallback", help="comma-separated provider names to fall back to")
     run.add_argument(

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, TextIO
 
-from toolloop.providers.prices import ANTHROPIC_PRICES, FAL_PRICES, ModelPrice, find_price
+from toolloop.providers.catalog import ModelPrice
+from toolloop.providers.models import default_catalog
 
 
 def field(obj: Any, name: str, default: Any = None) -> Any:
@@ -62,7 +63,7 @@ class Totals:
     def cache_savings_usd(self, model: str) -> float | None:
         """Money the cache saved vs the same prompts uncached: reads at their discount, minus the
         write premium. None when the model has no price row."""
-        price: ModelPrice | None = find_price(ANTHROPIC_PRICES, model) or find_price(FAL_PRICES, model)
+        price: ModelPrice | None = default_catalog().price(model)
         if price is None:
             return None
         saved = self.cache_read * (price.input - price.cache_read)
@@ -98,7 +99,12 @@ def event_line(event: Any, step: int | None = None) -> str:
         calls = field(event, "tool_calls") or []
         what = "→ " + ", ".join(_call(c) for c in calls) if calls else _short(field(event, "text"))
         cost = float(field(event, "cost_usd", 0) or 0)
-        return f"step {field(event, 'step'):>2}  model  {tokens}  ${cost:.4f}  {what}"
+        failed = field(event, "fallback_from") or []
+        via = ""
+        if failed:  # the provider that answered after others failed (facade fallback)
+            before = ", ".join(f"{field(f, 'provider')} {field(f, 'reason')}" for f in failed)
+            via = f"  [via {field(event, 'provider')}: {before}]"
+        return f"step {field(event, 'step'):>2}  model  {tokens}  ${cost:.4f}  {what}{via}"
     if kind == "tool":
         name = str(field(event, "name"))
         cost = float(field(event, "cost_usd", 0) or 0)

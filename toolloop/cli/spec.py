@@ -24,6 +24,7 @@ FLAG_FIELDS = (
     "finish_note",
     "keep_images",
     "cache",
+    "cache_ttl",
     "provider",
 )
 SPEC_HINT = (

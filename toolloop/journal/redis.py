@@ -15,6 +15,11 @@ Two ways to use it:
   `run_tool_loop` unchanged and tells the worker what runs next. With `pause`, the next missing
   step awaits `pause(key)` instead and, once that returns (the worker committed the pending step and
   runs the next one in the same process), runs: the loop goes on where it stopped, with no replay.
+
+Hooks around a live step's work (the durable worker's lease check): `before_live(key)` runs just
+before it and may return an awaitable, which is awaited before the signal is checked and the work
+begins (a fence read when the lease's local deadline is near); `after_live(key)` runs when the work
+has returned or raised. While the work runs, `idempotency_key()` is "<run id>/<prefix><key>".
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import redis as redis_lib
 
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.journal import keys, scripts
+from toolloop.journal.base import step_scope
 from toolloop.loop.types import StepResult, StepWork
 
 DEFAULT_LEASE_MS = 600_000
@@ -76,7 +82,8 @@ class RedisJournal:
         lease_ms: int = DEFAULT_LEASE_MS,
         entries: dict[str, str] | None = None,
         live_steps: int | None = None,
-        before_live: Callable[[str], None] | None = None,
+        before_live: Callable[[str], Awaitable[None] | None] | None = None,
+        after_live: Callable[[str], None] | None = None,
         owner: str | None = None,
         pause: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
@@ -92,6 +99,7 @@ class RedisJournal:
         self.live_steps = live_steps
         self.pause = pause
         self.before_live = before_live
+        self.after_live = after_live
         self.owner = owner or uuid.uuid4().hex
         self.pending: list[tuple[str, str, float]] = []
         """Live steps run but not written (one-step mode): (key, stored JSON, cost)."""
@@ -114,10 +122,17 @@ class RedisJournal:
             await self.pause(key)  # the pending steps were committed meanwhile
             self.pending.clear()
         if self.before_live is not None:
-            self.before_live(key)
+            checking = self.before_live(key)
+            if checking is not None:
+                await checking
         self.signal.throw_if_aborted()
         if self.live_steps is not None:
-            result = await work(self.signal)
+            try:
+                with step_scope(f"{self.run_id}/{self.prefix}{key}"):
+                    result = await work(self.signal)
+            finally:
+                if self.after_live is not None:
+                    self.after_live(key)
             text = encode_entry(result)
             self.pending.append((key, text, result.cost_usd))
             self.entries[key] = text
@@ -163,7 +178,8 @@ class RedisJournal:
                 return stored
         lease_value = f"{self.owner}:{token}"
         try:
-            text = encode_entry(await work(self.signal))
+            with step_scope(f"{self.run_id}/{self.prefix}{key}"):
+                text = encode_entry(await work(self.signal))
         except BaseException:
             await asyncio.to_thread(self._release, lease_value)
             raise

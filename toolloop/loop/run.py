@@ -81,7 +81,10 @@ class _Run:
         self.tools = {spec.name: spec for spec in options.tools}
         self.definitions = tool_definitions(options.tools)
         self.max_assistants = self.history.assistants + options.max_steps - 1
-        self.params = None if options.reasoning is None else {"reasoning": options.reasoning}
+        params: dict[str, Any] = {} if options.reasoning is None else {"reasoning": options.reasoning}
+        if options.cache_ttl != "5m":
+            params["cache_ttl"] = options.cache_ttl
+        self.params = params or None
         fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
         self.request_fields_off = fields
         self.request_fields = fields | {"cache_system"}
@@ -358,8 +361,11 @@ def derived(source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *
 def _model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage, ModelEvent]:
     text = result.text or None
     message = AssistantMessage(content=text, tool_calls=list(result.tool_calls) or None)
+    meta = result.meta or {}
+    provider = meta.get("provider") if isinstance(meta.get("provider"), str) else None
+    fallback = meta.get("fallback_from") if isinstance(meta.get("fallback_from"), list) else None
     event = ModelEvent(step=turn, text=text, tool_calls=result.tool_calls, cost_usd=result.cost_usd,
-                       usage=result.usage)  # fmt: skip
+                       usage=result.usage, provider=provider, fallback_from=fallback or None)  # fmt: skip
     return message, event
 
 

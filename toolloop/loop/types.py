@@ -129,6 +129,10 @@ Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 # -- events --------------------------------------------------------------------------------------
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class ModelEvent(_Value):
     kind: Literal["model"] = "model"
     step: int
@@ -136,6 +140,11 @@ class ModelEvent(_Value):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     cost_usd: float
     usage: PromptGenUsage
+    provider: str | None = Field(default=None, exclude_if=_unset)
+    """`result.meta["provider"]`: who answered (None when the model's result does not say)."""
+    fallback_from: list[dict[str, str]] | None = Field(default=None, exclude_if=_unset)
+    """`result.meta["fallback_from"]`: the providers that failed before this one answered, each
+    `{"provider", "reason"}` (None when the first provider answered)."""
 
 
 class ToolEvent(_Value):
@@ -163,6 +172,7 @@ LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
+CacheTtl = Literal["5m", "1h"]
 StoppedBy = Literal["done", "budget", "steps", "cancel", "asked"]
 
 
@@ -181,6 +191,10 @@ class RunToolLoopOptions(_Options):
     finish_note: str | None = None
     keep_images: int | None = 2
     cache: CacheMode = "conversation"
+    cache_ttl: CacheTtl = "5m"
+    """TTL of every mark the request carries (the loop's and the caller's): "1h" is sent as
+    `params["cache_ttl"]`, and the provider puts `"ttl": "1h"` on each mark (SPEC 2.9 holds: no
+    1-hour mark after a 5-minute one, as all marks share the TTL)."""
     max_tool_result_bytes: int | None = None
     """A tool result (value and content, as JSON) larger than this is answered to the model as an
     error instead (the tool's cost still counts); None: no limit."""

@@ -2,23 +2,28 @@
 
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.base import PromptGenHandler, Secret
+from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice, Source
 from toolloop.providers.env import from_env
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
 from toolloop.providers.http import RetryPolicy
+from toolloop.providers.models import default_catalog
 from toolloop.providers.oneturn import ClaudeHandler, CodexHandler, OpenAIHandler
-from toolloop.providers.prices import ModelPrice
 
 __all__ = [
     "AnthropicHandler",
+    "Catalog",
     "ClaudeHandler",
     "CodexHandler",
     "FalHandler",
+    "ModelInfo",
     "ModelPrice",
     "OpenAIHandler",
     "PromptGen",
     "PromptGenHandler",
     "RetryPolicy",
     "Secret",
+    "Source",
+    "default_catalog",
     "from_env",
 ]

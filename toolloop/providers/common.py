@@ -1,5 +1,6 @@
 """Request-side rules shared by the tool-serving providers (anthropic, fal): checks made before any
-call, the `reasoning` level, and image bytes read from their paths at send time (SPEC 3.3)."""
+call, the `reasoning` level and `cache_ttl`, and image bytes read from their paths at send time
+(SPEC 3.3)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import base64
 import json
 import logging
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from toolloop.contract import AssistantMessage, ImagePart, PromptGenRequest, PromptGenResult, TextPart
 from toolloop.errors import PromptGenError
@@ -16,6 +17,7 @@ from toolloop.errors import PromptGenError
 log = logging.getLogger("toolloop.providers")
 
 Reasoning = Literal["off", "low", "medium", "high"]
+CacheTtl = Literal["5m", "1h"]
 _LEVELS = ("off", "low", "medium", "high")
 
 
@@ -121,3 +123,42 @@ def log_answer(provider: str, model: str, result: PromptGenResult) -> None:
     )  # fmt: skip
     if result.finish_reason == "length":
         log.warning("%s: the answer of %s was cut at max_tokens (partial)", provider, model)
+
+
+def cache_ttl_of(request: PromptGenRequest) -> CacheTtl:
+    """`params["cache_ttl"]`: "5m" (default) or "1h"; anything else is an error before any call."""
+    value = (request.params or {}).get("cache_ttl", "5m")
+    if value not in ("5m", "1h"):
+        raise PromptGenError(
+            f"params.cache_ttl must be '5m' or '1h', not {value!r}.\n  Pass one of the two TTLs."
+        )
+    return "1h" if value == "1h" else "5m"
+
+
+def with_ttl(body: dict[str, Any], ttl: CacheTtl) -> dict[str, Any]:
+    """`body` with `"ttl": ttl` on every `cache_control` mark (system, tools, message blocks and
+    the blocks inside a tool_result). Every mark of a request gets the same TTL, so a 1-hour mark
+    never follows a 5-minute one (SPEC 2.9)."""
+    if ttl == "5m":
+        return body
+
+    def marked(block: Any) -> Any:
+        if not isinstance(block, dict):
+            return block
+        out = dict(block)
+        if isinstance(block.get("cache_control"), dict):
+            out["cache_control"] = {**block["cache_control"], "ttl": ttl}
+        if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+            out["content"] = [marked(inner) for inner in block["content"]]
+        return out
+
+    out = dict(body)
+    for key in ("system", "tools"):
+        if isinstance(body.get(key), list):
+            out[key] = [marked(block) for block in body[key]]
+    out["messages"] = [
+        {**turn, "content": [marked(b) for b in turn["content"]]} if isinstance(turn.get("content"), list)
+        else turn
+        for turn in body.get("messages", [])
+    ]  # fmt: skip
+    return out

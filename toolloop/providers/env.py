@@ -7,7 +7,9 @@
     TOOLLOOP_PROVIDER                       default provider, default "anthropic"
     TOOLLOOP_FALLBACK                       fallback providers, a comma list (default none)
 A missing key is not an error here: that provider's calls raise unavailable "auth", so a fallback
-moves on. Blank values count as unset.
+moves on. Blank values count as unset. `catalog` (default `default_catalog()`) and `prices` are
+given to every handler: `from_env(catalog=default_catalog().with_models(ModelInfo(...)))` adds or
+overrides models for the whole chain.
 """
 
 from __future__ import annotations
@@ -17,24 +19,37 @@ from collections.abc import Mapping
 
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.base import PromptGenHandler
+from toolloop.providers.catalog import Catalog, ModelPrice
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
+from toolloop.providers.models import default_catalog
 from toolloop.providers.oneturn import ClaudeHandler, CodexHandler, OpenAIHandler
 
 
-def from_env(env: Mapping[str, str] | None = None) -> PromptGen:
-    """Every provider, registered from `env` (default `os.environ`)."""
+def from_env(
+    env: Mapping[str, str] | None = None,
+    *,
+    catalog: Catalog | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
+) -> PromptGen:
+    """Every provider, registered from `env` (default `os.environ`), shaping and pricing requests
+    from `catalog` with `prices` laid over it."""
     env = os.environ if env is None else env
+    catalog = (catalog or default_catalog()).with_prices(prices or {})
 
     def get(name: str) -> str | None:
         value = env.get(name, "").strip()
         return value or None
 
     handlers: dict[str, PromptGenHandler] = {
-        "anthropic": AnthropicHandler(get("ANTHROPIC_API_KEY"), base_url=get("ANTHROPIC_BASE_URL")),
-        "fal": FalHandler(get("FAL_KEY"), run_url=get("FAL_RUN_URL")),
+        "anthropic": AnthropicHandler(
+            get("ANTHROPIC_API_KEY"), base_url=get("ANTHROPIC_BASE_URL"), catalog=catalog
+        ),
+        "fal": FalHandler(get("FAL_KEY"), run_url=get("FAL_RUN_URL"), catalog=catalog),
         "openai": OpenAIHandler(
-            get("OPENAI_API_KEY"), base_url=get("OPENAI_BASE_URL") or "https://api.openai.com"
+            get("OPENAI_API_KEY"),
+            base_url=get("OPENAI_BASE_URL") or "https://api.openai.com",
+            catalog=catalog,
         ),
         "codex": CodexHandler(),
         "claude": ClaudeHandler(),

@@ -1,9 +1,13 @@
 """`PromptGen`: named handlers behind one `generate`, with fallback (SPEC 3.1).
 
-`generate` walks `[provider or default_provider, *fallback]`, each name once. It moves on only when
-the error is unavailable (`is_prompt_gen_unavailable`: auth, limit, missing, unsupported, or HTTP
-401/402/403/429) and the caller's signal is not aborted; any other error, and the caller's abort,
-is raised at once. When every provider is unavailable the last error is raised.
+`generate` walks `[provider or default_provider, *fallback]`, each name once. It moves on when the
+error is unavailable (`is_prompt_gen_unavailable`: auth, limit, missing, unsupported, or HTTP
+401/402/403/429) or a capacity error (`is_capacity`: HTTP 5xx or 529 after the handler's own retries
+ran out), and the caller's signal is not aborted; any other error (a spend limit, a retired model,
+a bad request), and the caller's abort, is raised at once. When every provider fails so, the last
+error is raised. Each switch logs a warning (`from`, `to`, `reason`); the answer of a provider after
+a switch carries `meta["fallback_from"]`: the providers that failed before it, in order, each with
+its reason, so the run's `ModelEvent` shows the switch.
 """
 
 from __future__ import annotations
@@ -19,6 +23,20 @@ from toolloop.providers.base import PromptGenHandler
 log = logging.getLogger("toolloop.providers")
 
 Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
+
+
+def is_capacity(error: BaseException) -> bool:
+    """A provider out of capacity: HTTP 5xx (529 overloaded included) raised after its retries."""
+    status = getattr(error, "status", None)
+    return isinstance(error, PromptGenError) and isinstance(status, int) and status >= 500
+
+
+def _reason(error: BaseException) -> str:
+    reason = getattr(error, "reason", None)
+    status = getattr(error, "status", None)
+    if isinstance(reason, str):
+        return f"{reason} (HTTP {status})" if status else reason
+    return f"HTTP {status}" if status else type(error).__name__
 
 
 class PromptGen:
@@ -72,6 +90,7 @@ class PromptGen:
         self.handler(head)
         chain = list(dict.fromkeys([head, *self.fallback]))
         last: BaseException | None = None
+        failed: list[dict[str, str]] = []
         for index, name in enumerate(chain):
             handler = self._handlers.get(name)
             if handler is None:
@@ -80,12 +99,13 @@ class PromptGen:
             try:
                 result = await handler.execute(request, signal)
             except Exception as error:
-                if signal.aborted or not is_prompt_gen_unavailable(error):
+                if signal.aborted or not (is_prompt_gen_unavailable(error) or is_capacity(error)):
                     raise
                 last = error
+                reason = _reason(error)
+                failed.append({"provider": name, "reason": reason})
                 following = next((n for n in chain[index + 1 :] if n in self._handlers), None)
                 if following is not None:
-                    reason = getattr(error, "reason", None) or f"HTTP {getattr(error, 'status', '?')}"
                     log.warning(
                         "prompt-gen falls back from %s to %s: %s",
                         name,
@@ -95,6 +115,8 @@ class PromptGen:
                     )
                 continue
             meta = {**(result.meta or {}), "provider": name}
+            if failed:
+                meta["fallback_from"] = failed
             return result.model_copy(update={"meta": meta})
         assert last is not None  # the head is registered, so it ran and failed
         raise last

@@ -1,17 +1,23 @@
 """The one HTTP path of every provider: POST a JSON body, classify the answer, retry within bounds.
 
-Classification (SPEC 3.3), in this order:
+Classification (SPEC 3.3; `classify`, a pure function of the answer), in this order:
     transport timeout            -> retried (backoff), then PromptGenError(retryable=True)
     other transport failure      -> PromptGenError(retryable=True) at once (network failures are errors)
     provider's `flag(detail)`    -> that error (e.g. fal's content-policy refusals)
+    429 spend limit              -> SpendLimitError at once (`error.details.error_code` is
+                                    contract_/enforced_spend_limit_reached): no retry, no fallback
     401, 403                     -> PromptGenUnavailableError("auth") at once
-    404                          -> PromptGenUnavailableError("missing") at once (no such endpoint
-                                    or model here: the next provider may have it)
+    404 not_found_error "model:" -> PromptGenError at once (the model is unknown or retired: no
+                                    fallback, the same id would fail everywhere)
+    other 404                    -> PromptGenUnavailableError("missing") at once (no such endpoint)
     402, 429                     -> waits a short `retry-after` (<= policy.short_retry_after_s) and
                                     retries; else PromptGenUnavailableError("limit")
     408, 409, 5xx (529 included) -> retried with exponential backoff and jitter, a longer
-                                    `retry-after` honoured; then PromptGenError(retryable=True)
+                                    `retry-after` honoured; then PromptGenError(retryable=True),
+                                    on which the facade moves to its next provider
     other 4xx                    -> PromptGenError(retryable=False) at once
+`x-should-retry` (`should_retry`, as the SDK's `_should_retry`) overrides the status: "false" raises
+at once (a 5xx then with retryable=False), "true" retries what would be raised (a 4xx too).
 Attempts are bounded by `RetryPolicy.attempts` and by `RetryPolicy.total_s` of wall time. The
 caller's abort is checked before each attempt and races every request and every backoff sleep: it
 is raised unchanged (the signal's own `AbortError`) the moment it fires.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import errno
 import importlib.util
 import inspect
 import json
@@ -39,7 +46,7 @@ from typing import Any, NoReturn, TypeVar
 import httpx
 
 from toolloop.abort import AbortSignal
-from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.errors import PromptGenError, PromptGenUnavailableError, SpendLimitError
 from toolloop.fastjson import dumps
 from toolloop.providers.base import Secret, redact
 
@@ -107,11 +114,20 @@ class KeepAlive:
     loop (docs/operations.md): about a fifth of the CPU of a fresh httpx client per call, and less
     than one shared httpx pool, whose httpcore scans every connection on each request. It also keeps
     connections open across calls: no TCP connect, and no TLS handshake with a real provider, per call.
+
+    Stale connections: a server (a provider's load balancer) closes keep-alive connections that sat
+    idle, and a request sent on one as it closes finds it reset or closed before any response. Such
+    a failure, on a REUSED connection and before the response began, is the connection's, not the
+    provider's (the request never reached it): the request is sent once more on a fresh connection.
+    Any other failure (a fresh connection, or once the response began) is the documented transport
+    error of the module docstring, since the provider may have started the work.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._session: Any = None
+        self._fresh: Any = None
+        """A session whose every request opens a new connection: the one retry of a stale one."""
 
     async def post(
         self, url: str, content: bytes, headers: dict[str, str], timeout: httpx.Timeout
@@ -119,27 +135,81 @@ class KeepAlive:
         import aiohttp
 
         if self._session is None:
+            traces = aiohttp.TraceConfig()
+            traces.on_connection_reuseconn.append(_reused)
             connector = aiohttp.TCPConnector(limit=0, ssl=_verify(), keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector, trust_env=False, trace_configs=[traces]
+            )
         limits = aiohttp.ClientTimeout(
             total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
         )
+        attempt = _Attempt()
         try:
-            async with self._session.post(
-                url, data=content, headers=headers, timeout=limits, allow_redirects=False
-            ) as answer:
-                body = await answer.read()
+            return await self._send(self._session, url, content, headers, limits, attempt)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            if not (attempt.reused and not attempt.answered and _stale(error)):
+                raise _as_httpx(error) from error
+            log.info("POST %s: a kept-alive connection was closed under the request (%s: %s); "
+                     "sending it again on a fresh connection", url, type(error).__name__, error)  # fmt: skip
+        if self._fresh is None:
+            connector = aiohttp.TCPConnector(limit=0, ssl=_verify(), force_close=True)
+            self._fresh = aiohttp.ClientSession(connector=connector, trust_env=False)
+        try:
+            return await self._send(self._fresh, url, content, headers, limits, _Attempt())
         except (aiohttp.ClientError, TimeoutError) as error:
             raise _as_httpx(error) from error
+
+    async def _send(
+        self, session: Any, url: str, content: bytes, headers: dict[str, str], limits: Any, attempt: _Attempt
+    ) -> httpx.Response:
+        async with session.post(
+            url,
+            data=content,
+            headers=headers,
+            timeout=limits,
+            allow_redirects=False,
+            trace_request_ctx=attempt,
+        ) as answer:
+            attempt.answered = True
+            body = await answer.read()
         log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, answer.status)  # as httpx logs it
         # aiohttp decoded the body: drop the headers that describe the encoded one
         kept = [(k, v) for k, v in answer.raw_headers if k.lower() not in _ENCODED_BODY_HEADERS]
         return httpx.Response(answer.status, headers=kept, content=body)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
+
+
+class _Attempt:
+    """One request on the keep-alive session: did it get a pooled connection, did its answer begin."""
+
+    __slots__ = ("answered", "reused")
+
+    def __init__(self) -> None:
+        self.reused = False
+        self.answered = False
+
+
+async def _reused(session: Any, context: Any, params: Any) -> None:
+    """aiohttp's trace hook: the request got a pooled (kept-alive) connection."""
+    context.trace_request_ctx.reused = True
+
+
+def _stale(error: BaseException) -> bool:
+    """A failure that a connection the server had closed gives: reset, broken pipe, or closed before
+    any response."""
+    import aiohttp
+
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(error, ConnectionResetError | BrokenPipeError) or (
+        isinstance(error, aiohttp.ClientOSError) and error.errno in (errno.ECONNRESET, errno.EPIPE)
+    )
 
 
 _ENCODED_BODY_HEADERS = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})
@@ -278,7 +348,8 @@ async def _attempt(
     flag: Flag | None,
     attempt: int,
 ) -> tuple[PromptGenError | None, Any]:
-    """One POST. Returns (None, parsed body), or (error, seconds to wait before a retry or None)."""
+    """One POST. Returns (None, parsed body), or (error, seconds to wait before a retry); raises
+    what is not retried."""
     name, policy = endpoint.provider, endpoint.policy
     try:
         if isinstance(client, KeepAlive):
@@ -308,21 +379,79 @@ async def _attempt(
     detail = redact(error_detail(response), secret)
     if flag is not None and (flagged := flag(detail)) is not None:
         raise flagged
-    retry_after = parse_retry_after(response.headers)
+    fields = error_fields(response)
+    error, wait_s = classify(
+        name, endpoint, status, response.headers, detail, fields, policy.backoff(attempt)
+    )
+    if wait_s is None:
+        raise error
+    return error, wait_s
+
+
+SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
+
+
+def should_retry(status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an answer with `status` may be retried, as the anthropic SDK's `_should_retry`:
+    an `x-should-retry: true|false` header decides; else 408, 409, 429 and every 5xx (529 too)."""
+    header = headers.get("x-should-retry")
+    if header == "true":
+        return True
+    if header == "false":
+        return False
+    return status in _RETRIED or status == 429 or status >= 500
+
+
+def classify(
+    name: str,
+    endpoint: Endpoint,
+    status: int,
+    headers: Mapping[str, str],
+    detail: str,
+    fields: Mapping[str, str],
+    backoff_s: float,
+) -> tuple[PromptGenError, float | None]:
+    """The error of a non-2xx answer and the seconds to wait before retrying it (None: raise it
+    now): a pure function of the answer (module docstring; `fields` is `error_fields`) and of the
+    backoff the caller drew for this attempt."""
+    policy = endpoint.policy
+    retry_after = parse_retry_after(headers)
+    retry = should_retry(status, headers)
+    backoff = max(backoff_s, retry_after or 0.0)
+    code = fields.get("error_code")
+    if status == 429 and code in SPEND_LIMIT_CODES:
+        return SpendLimitError(
+            f"{name} refused the request: the organisation's spend limit is reached "
+            f"(HTTP 429 {code}): {detail}\n"
+            "  Raise the spend limit in the provider's console, or wait for the next billing period.",
+            code,
+        ), None
     if status in (401, 403):
-        raise PromptGenUnavailableError(
+        error: PromptGenError = PromptGenUnavailableError(
             f"{name} refused the request (HTTP {status}): {detail}\n"
             f"  Check {endpoint.key_env}, or use another prompt-gen provider.",
             "auth",
             status,
         )
+        return error, (backoff if headers.get("x-should-retry") == "true" else None)
+    if (
+        status == 404
+        and fields.get("type") == "not_found_error"
+        and fields.get("message", "").startswith("model:")
+    ):
+        return PromptGenError(
+            f"{name} does not serve this model (HTTP 404): {detail}\n"
+            "  Use a current model id (docs/providers.md lists them); a retired model is not coming back.",
+            status=status,
+        ), None
     if status == 404:
-        raise PromptGenUnavailableError(
-            f"{name} has no such endpoint or model (HTTP 404 at {endpoint.url!r}): {detail}\n"
-            "  Check the base URL and the model id, or use another prompt-gen provider.",
+        error = PromptGenUnavailableError(
+            f"{name} has no such endpoint (HTTP 404 at {endpoint.url!r}): {detail}\n"
+            "  Check the base URL, or use another prompt-gen provider.",
             "missing",
             status,
         )
+        return error, (backoff if headers.get("x-should-retry") == "true" else None)
     if status in (402, 429):
         limit = PromptGenUnavailableError(
             f"{name} limited the request (HTTP {status}): {detail}\n"
@@ -330,23 +459,24 @@ async def _attempt(
             "limit",
             status,
         )
-        if retry_after is None or retry_after > policy.short_retry_after_s:
-            raise limit
+        if not retry or retry_after is None or retry_after > policy.short_retry_after_s:
+            return limit, (backoff if headers.get("x-should-retry") == "true" else None)
         return limit, retry_after
     if status in _RETRIED or status >= 500:
         error = PromptGenError(
             f"{name} failed with HTTP {status}: {detail}\n"
             "  Try again later, or use another prompt-gen provider.",
             status=status,
-            retryable=True,
+            retryable=retry,
             retry_after=retry_after,
         )
-        return error, max(policy.backoff(attempt), retry_after or 0.0)
-    raise PromptGenError(
+        return error, (backoff if retry else None)
+    error = PromptGenError(
         f"{name} rejected the request (HTTP {status}): {detail}\n"
         "  Fix the request; sending it again will fail the same way.",
         status=status,
     )
+    return error, (backoff if retry else None)
 
 
 def _unreachable(name: str, endpoint: Endpoint, exc: Exception, secret: Secret) -> NoReturn:
@@ -386,6 +516,22 @@ def valid_text(data: Any) -> Any:
     return data
 
 
+def error_fields(response: httpx.Response) -> dict[str, str]:
+    """`type`, `message` and `error_code` (`error.details.error_code`) of a JSON error body, each
+    present only when it is a string."""
+    try:
+        data = json.loads(response.text)
+    except ValueError:
+        return {}
+    err = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(err, dict):
+        return {}
+    details = err.get("details")
+    found = {"type": err.get("type"), "message": err.get("message"),
+             "error_code": details.get("error_code") if isinstance(details, dict) else None}  # fmt: skip
+    return {key: value for key, value in found.items() if isinstance(value, str)}
+
+
 def error_detail(response: httpx.Response) -> str:
     """The provider's own error text: `error.message` of a JSON body, else the body, cut to 300."""
     text = response.text
@@ -406,7 +552,7 @@ def error_detail(response: httpx.Response) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def parse_retry_after(headers: httpx.Headers) -> float | None:
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds asked by `retry-after-ms` or `retry-after` (seconds or an HTTP date); None when absent."""
     raw_ms = headers.get("retry-after-ms")
     if raw_ms is not None:

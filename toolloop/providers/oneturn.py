@@ -19,12 +19,13 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult, PromptGenUsage
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.providers.base import Secret
+from toolloop.providers.catalog import Catalog, ModelPrice, token_cost
 from toolloop.providers.common import estimate_tokens, input_text, max_tokens_of, reasoning_of
 from toolloop.providers.fal.response import parse_completion
 from toolloop.providers.http import Endpoint, RetryPolicy, post_json, race
-from toolloop.providers.prices import ANTHROPIC_PRICES, OPENAI_PRICES, ModelPrice, find_price, token_cost
+from toolloop.providers.models import default_catalog
 
-_CLAUDE_ALIASES = {"sonnet": "claude-sonnet-4-5", "opus": "claude-opus-4-1", "haiku": "claude-haiku-4-5"}
+_CLAUDE_ALIASES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-4-5"}
 
 
 def refuse_unless_one_turn(name: str, request: PromptGenRequest) -> None:
@@ -55,13 +56,14 @@ class OpenAIHandler:
         base_url: str = "https://api.openai.com",
         default_model: str = "gpt-5-mini",
         prices: Mapping[str, ModelPrice] | None = None,
+        catalog: Catalog | None = None,
         timeout_s: float = 120.0,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._key = Secret(api_key)
         self.default_model = default_model
-        self.prices = {**OPENAI_PRICES, **(prices or {})}
+        self.catalog = (catalog or default_catalog()).with_prices(prices or {})
         url = base_url.rstrip("/") + "/v1/chat/completions"
         self.endpoint = Endpoint(
             self.name, url, "OPENAI_API_KEY", timeout_s, retry or RetryPolicy(), transport
@@ -72,14 +74,14 @@ class OpenAIHandler:
 
     def estimate(self, request: PromptGenRequest) -> float:
         refuse_unless_one_turn(self.name, request)
-        price = find_price(self.prices, request.model or self.default_model)
+        price = self.catalog.price(request.model or self.default_model)
         return _estimate(price, request, max_tokens_of(request, 4096))
 
     async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         signal.throw_if_aborted()
         refuse_unless_one_turn(self.name, request)
         model = request.model or self.default_model
-        price = find_price(self.prices, model) or ModelPrice(0, 0, 0, 0)
+        price = self.catalog.price(model) or ModelPrice(0, 0, 0, 0)
         key = self._key.reveal()
         if key is None:
             raise PromptGenUnavailableError(
@@ -170,7 +172,7 @@ class ClaudeHandler(_CliHandler):
 
     def _price(self, model: str | None) -> ModelPrice | None:
         model = _CLAUDE_ALIASES.get(model or "sonnet", model or "")
-        return find_price(ANTHROPIC_PRICES, model)
+        return default_catalog().price(model)
 
     async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         refuse_unless_one_turn(self.name, request)
@@ -215,7 +217,7 @@ class CodexHandler(_CliHandler):
     binary = "codex"
 
     def _price(self, model: str | None) -> ModelPrice | None:
-        return find_price(OPENAI_PRICES, model) if model else None
+        return default_catalog().price(model) if model else None
 
     async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         refuse_unless_one_turn(self.name, request)

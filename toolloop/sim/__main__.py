@@ -35,6 +35,17 @@ def parser() -> argparse.ArgumentParser:
         "--min-cache-tokens", type=int, default=MIN_CACHE_TOKENS, help="minimum cacheable prefix"
     )
     found.add_argument("--lookback", type=int, default=LOOKBACK_BLOCKS, help="cache lookback in blocks")
+    found.add_argument(
+        "--strict",
+        action="store_true",
+        help="validate Anthropic bodies against the anthropic SDK's request types (needs the SDK)",
+    )
+    found.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="a request on a keep-alive connection idle longer than this many seconds finds it closed",
+    )
     return found
 
 
@@ -56,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         require_key=args.require_key,
         min_cache_tokens=args.min_cache_tokens,
         lookback=args.lookback,
+        strict=True if args.strict else None,
+        idle_timeout_s=args.idle_timeout,
     )
     try:
         server.bind()
@@ -63,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(error.strerror, file=sys.stderr)
         return 2
     print(server.base_url, flush=True)
+    if args.strict and not server.simulator.strict:
+        print("strict mode is off: the anthropic SDK is not installed", file=sys.stderr, flush=True)
     server.serve_forever()
     return 0
 

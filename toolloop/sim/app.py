@@ -1,7 +1,9 @@
 """The simulator's ASGI app: one pipeline for both wires, plus `/_sim/stats` and `/_sim/reset`.
 
-A model request goes: key check (401) -> header check -> parse (400) -> cache plan (400 for bad
-marks; reads the cache) -> the policy's turn -> its fault, if still due for this history -> latency
+A model request goes: key check (401) -> header check -> strict mode's SDK validation (400, the
+Anthropic wire) -> the catalogue's rules (`rules.py`: 404 for a retired or unknown model, 400 for
+what the model refuses) -> parse (400) -> cache plan (400 for bad marks; reads the cache) -> the
+policy's turn -> its fault, if still due for this history -> latency
 (the server's plus the turn's) -> cache commit (writes) -> the answer, cut to `max_tokens`.
 Nothing but the fault counters, the stats and the prompt cache is kept between requests, so the
 same request always gets the same answer once its faults are used up.
@@ -14,6 +16,7 @@ import itertools
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,10 +28,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from toolloop.providers.catalog import Catalog
+from toolloop.providers.models import default_catalog
 from toolloop.sim import anthropic_wire, fal_wire
 from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Wire, fit_max_tokens
+from toolloop.sim.rules import SimRefusal, check_anthropic, check_fal
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
+from toolloop.sim.sdk_check import sdk_validator
 
 log = logging.getLogger("toolloop.sim")
 
@@ -57,11 +64,26 @@ class Simulator:
         latency_s: float = 0.0,
         require_key: str | None = None,
         cache: PromptCache | None = None,
+        catalog: Catalog | None = None,
+        strict: bool = False,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self.policy = policy
+        self.idle_timeout_s = idle_timeout_s
+        self._idle_since: dict[int, tuple[Any, float]] = {}
+        """Per keep-alive connection (its transport's id): the transport and when it last finished a
+        response (holding the transport keeps its id from being reused by a new connection)."""
         self.latency_s = latency_s
         self.require_key = require_key
-        self.cache = cache or PromptCache()
+        self.catalog = catalog or default_catalog()
+        self.cache = cache or PromptCache(catalog=self.catalog)
+        self.validate = sdk_validator() if strict else None
+        if strict and self.validate is None:
+            log.warning(
+                "the simulator's strict mode is off: the anthropic SDK is not installed, so request "
+                "bodies are not validated against its types (pip install anthropic to turn it on)"
+            )
+        self.strict = self.validate is not None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._faults: Counter[str] = Counter()
@@ -79,14 +101,43 @@ class Simulator:
         """The ASGI entry; it keeps the server's own `send` so a "drop" fault can reach the socket."""
         if scope["type"] == "http":
             scope[_SEND_KEY] = send
+            if self.idle_timeout_s is not None:
+                await self._idle_checked(scope, receive, send)
+                return
         await self._app(scope, receive, send)
+
+    async def _idle_checked(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`idle_timeout_s`: a request on a keep-alive connection idle longer than that finds the
+        connection closed before any response (what a client sees when its request crosses the
+        server's close of an idle connection); counted as status "closed-idle"."""
+        transport = _transport(send)
+        if transport is None:
+            await self._app(scope, receive, send)
+            return
+        key = id(transport)
+        seen = self._idle_since.pop(key, None)
+        assert self.idle_timeout_s is not None
+        if seen is not None and seen[0] is transport and time.monotonic() - seen[1] > self.idle_timeout_s:
+            self._count("statuses", "closed-idle")
+            transport.close()
+            return
+
+        async def sending(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                if len(self._idle_since) > 4096:  # forget the connections closed since
+                    for old in [k for k, (t, _) in self._idle_since.items() if t.is_closing()]:
+                        del self._idle_since[old]
+                self._idle_since[key] = (transport, time.monotonic())
+
+        await self._app(scope, receive, sending)
 
     def stats(self) -> dict[str, Any]:
         """Request counts: total, per endpoint, per conversation, per status, per fault served."""
         with self._lock:
             counts = {name: dict(counter) for name, counter in self._counts.items()}
         requests = sum(counts["endpoints"].values())
-        return {"requests": requests, **counts, "cache_entries": len(self.cache)}
+        return {"requests": requests, **counts, "cache_entries": len(self.cache), "strict": self.strict}
 
     def reset(self) -> None:
         """Forget the stats, the fault counters and the prompt cache."""
@@ -122,9 +173,18 @@ class Simulator:
         if problem:
             return self._error(wire, 400, problem, request_id)
         try:
-            parsed = module.parse(json.loads(await http.body()))
+            raw = json.loads(await http.body())
+            if wire.name == "anthropic":
+                if self.validate is not None and isinstance(raw, dict):
+                    self.validate(raw)
+                check_anthropic(raw, self.catalog)
+            else:
+                check_fal(raw, self.catalog)
+            parsed = module.parse(raw)
             plan = self.cache.plan(parsed.request.model, parsed.blocks)
-        except ValueError as error:  # bad JSON, WireInputError, CacheRequestError, a contract type's check
+        except SimRefusal as refused:
+            return self._error(wire, refused.status, refused.message, request_id)
+        except ValueError as error:  # bad JSON, the SDK check, WireInputError, CacheRequestError, ...
             return self._error(wire, 400, str(error), request_id)
         sim = parsed.request
         self._count("conversations", sim.conversation_id)
@@ -162,11 +222,16 @@ class Simulator:
     def _fault_error(self, wire: _Wire, fault: SimFault, request_id: str) -> Response:
         status = fault.status or 500
         message = fault.message or f"Simulated HTTP {status} (a scripted fault)."
-        headers = {}
+        headers = dict(fault.headers or {})
         if fault.retry_after is not None:
             seconds = fault.retry_after
             headers["retry-after"] = str(int(seconds)) if seconds == int(seconds) else str(seconds)
-        return self._error(wire, status, message, request_id, headers)
+        response = self._error(wire, status, message, request_id, headers)
+        if fault.error_code is not None:
+            body = wire.module.error_body(status, message, request_id)
+            body["error"]["details"] = {"error_code": fault.error_code}
+            response = JSONResponse(body, status_code=status, headers={"request-id": request_id, **headers})
+        return response
 
     def _error(
         self, wire: _Wire, status: int, message: str, request_id: str, headers: dict[str, str] | None = None
@@ -175,8 +240,7 @@ class Simulator:
         return JSONResponse(body, status_code=status, headers={"request-id": request_id, **(headers or {})})
 
     def _drop(self, http: Request) -> Response:
-        send = http.scope.get(_SEND_KEY)
-        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        transport = _transport(http.scope.get(_SEND_KEY))
         if transport is not None:  # under another server the closest thing is the empty 500 below
             transport.abort()  # later writes to an aborted transport are discarded silently
         return _Dropped(status_code=500)
@@ -187,3 +251,8 @@ class Simulator:
     async def _reset_route(self, request: Request) -> Response:
         self.reset()
         return JSONResponse({"ok": True})
+
+
+def _transport(send: Any) -> Any:
+    """The connection's transport behind uvicorn's `send` (None under another server)."""
+    return getattr(getattr(send, "__self__", None), "transport", None)

@@ -7,8 +7,9 @@ change to an earlier block (or another model) misses everything after it.
 
 For each breakpoint the lookup checks that position and the `lookback` (20) positions before it for
 a live entry; the furthest hit is the cache read, and refreshes that entry's TTL. Every breakpoint
-after the read point whose prefix reaches the model's minimum cacheable length (1,024 tokens by
-default) is written. Usage is reported as the API does: `cache_read_input_tokens` = the read prefix,
+after the read point whose prefix reaches the model's minimum cacheable length (the catalogue's
+`min_cache_tokens`, else 1,024 tokens) is written. Usage is reported as the API does:
+`cache_read_input_tokens` = the read prefix,
 `cache_creation_input_tokens` = from the read point to the last written breakpoint,
 `input_tokens` = the rest. The cache is per server (the real one is per organisation), and reads
 happen when a request arrives while writes land when its answer is sent (`plan` then `commit`), so
@@ -23,6 +24,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from toolloop.providers.catalog import Catalog
 
 Ttl = Literal["5m", "1h"]
 TTL_SECONDS: dict[str, float] = {"5m": 300.0, "1h": 3600.0}
@@ -81,9 +84,11 @@ class PromptCache:
         model_min_tokens: Mapping[str, int] | None = None,
         lookback: int = LOOKBACK_BLOCKS,
         clock: Callable[[], float] = time.monotonic,
+        catalog: Catalog | None = None,
     ) -> None:
         self.min_tokens = min_tokens
         self.model_min_tokens = dict(model_min_tokens or {})
+        self.catalog = catalog
         self.lookback = lookback
         self.clock = clock
         self._entries: dict[bytes, _Entry] = {}
@@ -92,10 +97,13 @@ class PromptCache:
 
     def min_tokens_for(self, model: str) -> int:
         """The minimum cacheable prefix of a model: the first `model_min_tokens` key contained in the
-        model id, else `min_tokens`."""
+        model id, else the catalogue's `min_cache_tokens` for it, else `min_tokens`."""
         for key, value in self.model_min_tokens.items():
             if key in model:
                 return value
+        info = self.catalog.find(model) if self.catalog is not None else None
+        if info is not None and info.min_cache_tokens is not None:
+            return info.min_cache_tokens
         return self.min_tokens
 
     def account(self, model: str, blocks: Sequence[Block]) -> CacheUsage:

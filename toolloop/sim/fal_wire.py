@@ -4,8 +4,9 @@ Requests are OpenAI chat completions with `cache_control` on text parts (PROVIDE
 answers are OpenRouter-style chat completions whose `usage` carries `prompt_tokens` (every prompt
 token, cached ones included), `completion_tokens`, `prompt_tokens_details.cached_tokens` (read),
 `prompt_tokens_details.cache_write_tokens` and `cache_creation_input_tokens` (written),
-`cache_read_input_tokens`, and `cost` in USD for the models in `PRICES` (cache reads at 0.1x input,
-writes at 1.25x for 5 minutes and 2x for 1 hour). A refusal is `finish_reason: "content_filter"`.
+`cache_read_input_tokens`, and `cost` in USD for the models of the model catalogue
+(`toolloop.providers.models`: input, output, cache read, 5-minute and 1-hour write at each model's
+own rates). A refusal is `finish_reason: "content_filter"`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from toolloop.contract import (
     ToolMessage,
     UserMessage,
 )
+from toolloop.providers.catalog import Catalog, token_cost
+from toolloop.providers.models import default_catalog
 from toolloop.sim.cache import Block, CacheUsage
 from toolloop.sim.common import (
     Parsed,
@@ -40,18 +43,6 @@ from toolloop.sim.common import (
 from toolloop.sim.script import SimRequest, SimTurn
 from toolloop.sim.tokens import IMAGE_TOKENS, compact_json, json_tokens, text_tokens
 
-PRICES: dict[str, tuple[float, float]] = {
-    "anthropic/claude-opus-5.5": (4.0, 20.0),
-    "anthropic/claude-sonnet-5": (2.0, 10.0),
-    "anthropic/claude-haiku-4.5": (1.0, 5.0),
-    "openai/gpt-6-sol": (2.0, 10.0),
-    "openai/gpt-6-astra": (10.0, 50.0),
-    "google/gemini-3.8-flash": (0.75, 3.75),
-    "google/gemini-2.5-flash": (0.3, 2.5),
-    "x-ai/grok-4.7": (2.0, 6.0),
-}
-"""USD per million tokens (input, output)."""
-
 FINISH_REASONS = {
     "end_turn": "stop",
     "tool_use": "tool_calls",
@@ -60,7 +51,8 @@ FINISH_REASONS = {
 }
 
 ERROR_TYPES = {400: "bad_request", 401: "unauthorized", 402: "payment_required", 403: "forbidden",
-               429: "rate_limited", 500: "server_error", 529: "overloaded"}  # fmt: skip
+               404: "not_found_error", 429: "rate_limited", 500: "server_error",
+               529: "overloaded"}  # fmt: skip
 
 
 def error_body(status: int, message: str, request_id: str) -> dict[str, Any]:
@@ -165,18 +157,21 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
     }
 
 
-def price(model: str, usage: CacheUsage, completion: int) -> float | None:
-    """The answer's cost in USD, cache reads and writes at their own rates; None for unpriced models."""
-    if model not in PRICES:
+def price(model: str, usage: CacheUsage, completion: int, catalog: Catalog | None = None) -> float | None:
+    """The answer's cost in USD at the catalogue's rates, cache reads and 5-minute / 1-hour writes
+    each at its own; None for a model the catalogue does not price."""
+    found = (catalog or default_catalog()).price(model)
+    if found is None:
         return None
-    per_in, per_out = PRICES[model]
-    prompt = (
-        usage.input_tokens
-        + 0.1 * usage.cache_read_input_tokens
-        + 1.25 * usage.ephemeral_5m_input_tokens
-        + 2.0 * usage.ephemeral_1h_input_tokens
+    cost = token_cost(
+        found,
+        input=usage.input_tokens,
+        output=completion,
+        cache_read=usage.cache_read_input_tokens,
+        cache_write=usage.ephemeral_5m_input_tokens,
+        cache_write_1h=usage.ephemeral_1h_input_tokens,
     )
-    return round((prompt * per_in + completion * per_out) / 1e6, 6)
+    return round(cost, 6)
 
 
 def _tools(raw_tools: Any, blocks: list[Block]) -> list[ToolDefinition]:

@@ -42,7 +42,9 @@ class SimFault(_Value):
     conversation at this turn (`times: null` = every time).
 
     kind "error"   HTTP `status` (429, 500, 529, 401, ...) in the wire's error format; `retry_after`
-                   seconds go into a `retry-after` header
+                   seconds go into a `retry-after` header, `headers` are added as given (e.g.
+                   `x-should-retry`), `error_code` becomes `error.details.error_code` (e.g.
+                   `contract_spend_limit_reached`)
     kind "timeout" sleep `seconds`, then answer normally (a client with a shorter timeout gives up)
     kind "drop"    close the connection without any response
     kind "refusal" a refusal answer (Anthropic `stop_reason: refusal`; fal `finish_reason:
@@ -55,6 +57,8 @@ class SimFault(_Value):
     seconds: float = 0.0
     times: int | None = 1
     message: str | None = None
+    headers: dict[str, str] | None = None
+    error_code: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> SimFault:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import signal
 import socket
 import threading
@@ -25,13 +26,19 @@ from typing import Any
 
 import uvicorn
 
+from toolloop.providers.catalog import Catalog
+from toolloop.providers.models import default_catalog
 from toolloop.sim.app import Simulator
 from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS, PromptCache
 from toolloop.sim.script import Policy, Script, as_policy
 
 
 class SimServer:
-    """The provider simulator on `host:port` (port 0 picks a free one). See docs/simulator.md."""
+    """The provider simulator on `host:port` (port 0 picks a free one). See docs/simulator.md.
+
+    `catalog` (default `default_catalog()`) is the models it serves: any other id is a 404, as on
+    the real API. `strict` validates every Anthropic body against the anthropic SDK's request
+    types (None: on when the environment has TOOLLOOP_SIM_STRICT=1, as the test suite sets)."""
 
     def __init__(
         self,
@@ -46,15 +53,31 @@ class SimServer:
         lookback: int = LOOKBACK_BLOCKS,
         clock: Callable[[], float] = time.monotonic,
         backlog: int = 4096,
+        idle_timeout_s: float | None = None,
+        catalog: Catalog | None = None,
+        strict: bool | None = None,
     ) -> None:
+        """`idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
+        when the next request arrives on it, before any response (as when a client's request crosses
+        a load balancer's close of an idle connection); None: connections stay open 30 s."""
+        catalog = catalog or default_catalog()
         cache = PromptCache(
             min_tokens=min_cache_tokens,
             model_min_tokens=model_min_cache_tokens,
             lookback=lookback,
             clock=clock,
+            catalog=catalog,
         )
+        if strict is None:
+            strict = os.environ.get("TOOLLOOP_SIM_STRICT", "").strip() == "1"
         self.simulator = Simulator(
-            as_policy(policy_or_script), latency_s=latency_s, require_key=require_key, cache=cache
+            as_policy(policy_or_script),
+            latency_s=latency_s,
+            require_key=require_key,
+            cache=cache,
+            catalog=catalog,
+            strict=strict,
+            idle_timeout_s=idle_timeout_s,
         )
         self.host = host
         self.port = port

@@ -8,30 +8,34 @@ import httpx
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
-from toolloop.errors import PromptGenError, PromptGenUnavailableError
-from toolloop.providers.anthropic.request import DEFAULT_MAX_TOKENS, THINKING_BUDGET, build_body
+from toolloop.errors import PromptGenUnavailableError
+from toolloop.providers.anthropic.params import top_level
+from toolloop.providers.anthropic.request import build_body
 from toolloop.providers.anthropic.response import parse_message
 from toolloop.providers.base import Secret
+from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
 from toolloop.providers.common import (
+    cache_ttl_of,
     check_request,
     estimate_input_tokens,
     image_parts,
     log_answer,
-    max_tokens_of,
     read_images,
     reasoning_of,
 )
 from toolloop.providers.http import Endpoint, RetryPolicy, post_json
-from toolloop.providers.prices import ANTHROPIC_PRICES, ModelPrice, find_price
+from toolloop.providers.models import default_catalog
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-5-5"
 API_VERSION = "2023-06-01"
 
 
 class AnthropicHandler:
     """Calls `POST {base_url}/v1/messages`. The key is read from `api_key` (the caller usually passes
-    `ANTHROPIC_API_KEY`); without one, `execute` raises unavailable "auth" and `estimate` works."""
+    `ANTHROPIC_API_KEY`); without one, `execute` raises unavailable "auth" and `estimate` works.
+    Every request is shaped and priced from `catalog` (default `default_catalog()`), with `prices`
+    laid over it; a retired or unknown model is an error before any call (`Catalog.require`)."""
 
     name = "anthropic"
 
@@ -42,6 +46,7 @@ class AnthropicHandler:
         base_url: str | None = None,
         default_model: str = DEFAULT_MODEL,
         prices: Mapping[str, ModelPrice] | None = None,
+        catalog: Catalog | None = None,
         timeout_s: float = 180.0,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -50,7 +55,7 @@ class AnthropicHandler:
         self._key = Secret(api_key)
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.default_model = default_model
-        self.prices: dict[str, ModelPrice] = {**ANTHROPIC_PRICES, **(prices or {})}
+        self.catalog = (catalog or default_catalog()).with_prices(prices or {})
         self.endpoint = Endpoint(
             provider=self.name,
             url=f"{self.base_url}/v1/messages",
@@ -70,9 +75,9 @@ class AnthropicHandler:
         """USD ceiling: estimated input tokens at the input price + max_tokens at the output price."""
         check_request(self.name, request)
         model = request.model or self.default_model
-        price = self._price(model)
+        info, price = self._model(model)
         reasoning = reasoning_of(self.name, request, None)
-        output = max_tokens_of(request, DEFAULT_MAX_TOKENS) + THINKING_BUDGET.get(reasoning or "off", 0)
+        output = int(top_level(request, info, reasoning)[0]["max_tokens"])
         total = estimate_input_tokens(request) * price.input + output * price.output
         return round(total / 1_000_000, 6)
 
@@ -80,8 +85,9 @@ class AnthropicHandler:
         signal.throw_if_aborted()
         check_request(self.name, request)
         model = request.model or self.default_model
-        price = self._price(model)
+        info, price = self._model(model)
         reasoning = reasoning_of(self.name, request, None)
+        ttl = cache_ttl_of(request)
         key = self._key.reveal()
         if key is None:
             raise PromptGenUnavailableError(
@@ -90,19 +96,18 @@ class AnthropicHandler:
                 "auth",
             )
         images = await read_images(self.name, image_parts(request))
-        body = build_body(request, model=model, reasoning=reasoning, images=images)
+        notes: list[str] = []
+        body = build_body(request, model=model, reasoning=reasoning, images=images, info=info, notes=notes)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key)
-        result = parse_message(data, price=price, model=model)
+        result = parse_message(data, price=price, model=model, ttl=ttl)
+        if notes and result.meta is not None:
+            result.meta["request_notes"] = notes
         log_answer(self.name, model, result)
         return result
 
-    def _price(self, model: str) -> ModelPrice:
-        price = find_price(self.prices, model)
-        if price is None:
-            known = ", ".join(sorted(self.prices))
-            raise PromptGenError(
-                f"{self.name} has no price for model {model!r}; it knows {known}.\n"
-                "  Pass prices={model: ModelPrice(...)} to the handler, or pick a priced model."
-            )
-        return price
+    def _model(self, model: str) -> tuple[ModelInfo, ModelPrice]:
+        """The catalogue row and price of `model`; retired, unknown or unpriced raise here."""
+        info = self.catalog.require(self.name, model)
+        assert info.price is not None  # require() refuses a row without a price
+        return info, info.price

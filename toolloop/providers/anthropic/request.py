@@ -7,17 +7,9 @@ Prefix order of Anthropic's cache: tools -> system -> messages. Marks (SPEC 3.3)
 Turns: consecutive tool messages become one user turn of `tool_result` blocks, and a user message
 right after them joins that turn (Anthropic wants user/assistant turns to alternate).
 
-Reasoning (`params["reasoning"]`), in the shapes of the official SDK (anthropic 2.10):
-    None     -> no `thinking`, no `output_config` (the model's default)
-    "off"    -> `thinking: {"type": "disabled"}`
-    "low" | "medium" | "high" -> `output_config: {"effort": level}` and
-                `thinking: {"type": "adaptive"}`; `max_tokens` grows by 2,048 / 8,192 / 24,576 so the
-                thinking does not eat the answer's room
-Inside a tool-use turn (the last message is a tool result) and when `tool_choice` forces a tool,
-thinking is sent as disabled (effort stays): our history does not keep the signed thinking blocks
-Anthropic wants back inside a tool-use turn, and it refuses forced tool use with thinking. So the
-model thinks at the start of each user turn.
-Temperature: the SDK's `MessageCreateParams` has no `temperature` field, so it is not sent.
+Top-level parameters (`max_tokens`, `thinking`, `output_config`, `tool_choice`) come from the
+model's catalogue row (`params.py`: the same thinking setting on every step); `params["cache_ttl"]`
+"1h" puts `"ttl": "1h"` on every mark. Temperature is never sent (see params.py).
 """
 
 from __future__ import annotations
@@ -31,24 +23,35 @@ from toolloop.contract import (
     ImagePart,
     PromptGenRequest,
     TextPart,
-    ToolChoiceName,
     ToolMessage,
 )
-from toolloop.providers.common import Reasoning, max_tokens_of
+from toolloop.providers.anthropic.params import top_level
+from toolloop.providers.catalog import ModelInfo
+from toolloop.providers.common import Reasoning, cache_ttl_of, with_ttl
+from toolloop.providers.models import default_catalog
 
-THINKING_BUDGET: Mapping[Reasoning, int] = {"low": 2048, "medium": 8192, "high": 24576}
-DEFAULT_MAX_TOKENS = 8192
 EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
 
 Block = dict[str, Any]
 
 
 def build_body(
-    request: PromptGenRequest, *, model: str, reasoning: Reasoning | None, images: Mapping[str, str]
+    request: PromptGenRequest,
+    *,
+    model: str,
+    reasoning: Reasoning | None,
+    images: Mapping[str, str],
+    info: ModelInfo | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The JSON body. `images` maps each image path to its base64 bytes (read at send time)."""
-    max_tokens = max_tokens_of(request, DEFAULT_MAX_TOKENS)
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
+    """The JSON body. `images` maps each image path to its base64 bytes (read at send time); `info`
+    is the model's catalogue row (default: looked up, else a row that accepts what current models
+    accept); `notes` collects what the shaping changed."""
+    info = info or default_catalog().find(model) or ModelInfo(id=model)
+    top, shaped = top_level(request, info, reasoning)
+    if notes is not None:
+        notes.extend(shaped)
+    body: dict[str, Any] = {"model": model, "max_tokens": top.pop("max_tokens")}
     tools = [
         {"name": t.name, "description": t.description, "input_schema": t.input_schema}
         for t in request.tools or []
@@ -63,32 +66,8 @@ def build_body(
     body["messages"] = _turns(request, images)
     if tools:
         body["tools"] = tools
-    if request.tool_choice is not None:
-        body["tool_choice"] = _tool_choice(request)
-    if reasoning == "off":
-        body["thinking"] = {"type": "disabled"}
-    elif reasoning is not None:
-        body["output_config"] = {"effort": reasoning}
-        if _thinking_allowed(request):
-            body["max_tokens"] = max_tokens + THINKING_BUDGET[reasoning]
-            body["thinking"] = {"type": "adaptive"}
-        else:
-            body["thinking"] = {"type": "disabled"}
-    return body
-
-
-def _thinking_allowed(request: PromptGenRequest) -> bool:
-    if request.tool_choice == "required" or isinstance(request.tool_choice, ToolChoiceName):
-        return False
-    messages = request.messages or []
-    return not (messages and isinstance(messages[-1], ToolMessage))
-
-
-def _tool_choice(request: PromptGenRequest) -> dict[str, Any]:
-    choice = request.tool_choice
-    if isinstance(choice, ToolChoiceName):
-        return {"type": "tool", "name": choice.name}
-    return {"type": {"auto": "auto", "none": "none", "required": "any"}[str(choice)]}
+    body.update(top)
+    return with_ttl(body, cache_ttl_of(request))
 
 
 def _turns(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -121,7 +100,10 @@ def _assistant_blocks(message: AssistantMessage) -> list[Block]:
 
 
 def _input(value: Any) -> Any:
-    return {} if value is None else value
+    """The API takes an object only: a missing input is `{}`, any other non-object is wrapped."""
+    if value is None:
+        return {}
+    return value if isinstance(value, dict) else {"value": value}
 
 
 def _tool_result(message: ToolMessage, images: Mapping[str, str]) -> Block:

@@ -4,9 +4,11 @@ content blocks   text -> `text` (joined in order); tool_use -> `tool_calls`; thi
 stop_reason      end_turn, stop_sequence -> stop; tool_use -> tool_calls; max_tokens -> length;
                  anything else (refusal, pause_turn, missing) -> other
 usage            prompt_tokens = input + cache read + cache write; cached_tokens = cache read;
-                 cache_write_tokens = cache write; cached_read/write_tokens only when reported
-cost             Anthropic reports no cost: tokens x the model's price row, cache reads and
-                 writes at their own rates; meta["cost_source"] = "tokens"
+                 cache_write_tokens = cache write; cached_read/write_tokens only when reported;
+                 cache_write_5m/1h_tokens from `usage.cache_creation.ephemeral_5m/1h_input_tokens`
+                 (the SDK's `CacheCreation`), else every write at the request's TTL
+cost             Anthropic reports no cost: tokens x the model's catalogue price, cache reads,
+                 5-minute and 1-hour writes each at their own rate; meta["cost_source"] = "tokens"
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Any
 
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
+from toolloop.providers.catalog import ModelPrice, token_cost
+from toolloop.providers.common import CacheTtl
 from toolloop.providers.http import valid_text
-from toolloop.providers.prices import ModelPrice, token_cost
 
 _FINISH: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -28,7 +31,7 @@ _FINISH: dict[str, FinishReason] = {
 }
 
 
-def parse_message(data: Any, *, price: ModelPrice, model: str) -> PromptGenResult:
+def parse_message(data: Any, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m") -> PromptGenResult:
     """Map a 2xx body. A body that is not a message is a `PromptGenError` naming what is missing."""
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise PromptGenError(
@@ -49,6 +52,12 @@ def parse_message(data: Any, *, price: ModelPrice, model: str) -> PromptGenResul
     output = _count(usage_data, "output_tokens") or 0
     read = _count(usage_data, "cache_read_input_tokens")
     write = _count(usage_data, "cache_creation_input_tokens")
+    split = usage_data.get("cache_creation")
+    if isinstance(split, dict):
+        write_5m = _count(split, "ephemeral_5m_input_tokens") or 0
+        write_1h = _count(split, "ephemeral_1h_input_tokens") or 0
+    else:
+        write_5m, write_1h = (0, write or 0) if ttl == "1h" else (write or 0, 0)
     usage = PromptGenUsage(
         prompt_tokens=uncached + (read or 0) + (write or 0),
         completion_tokens=output,
@@ -56,8 +65,17 @@ def parse_message(data: Any, *, price: ModelPrice, model: str) -> PromptGenResul
         cache_write_tokens=write or 0,
         cached_read_tokens=read,
         cached_write_tokens=write,
+        cache_write_5m_tokens=write_5m if write is not None else None,
+        cache_write_1h_tokens=write_1h if write is not None else None,
     )
-    cost = token_cost(price, input=uncached, output=output, cache_read=read or 0, cache_write=write or 0)
+    cost = token_cost(
+        price,
+        input=uncached,
+        output=output,
+        cache_read=read or 0,
+        cache_write=write_5m,
+        cache_write_1h=write_1h,
+    )
     stop_reason = data.get("stop_reason")
     finish = _FINISH.get(stop_reason, "other") if isinstance(stop_reason, str) else "other"
     return PromptGenResult(

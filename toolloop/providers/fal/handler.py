@@ -7,10 +7,12 @@ from collections.abc import Mapping
 import httpx
 
 from toolloop.abort import AbortSignal
-from toolloop.contract import PromptGenRequest, PromptGenResult
-from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.contract import PromptGenRequest, PromptGenResult, ToolChoiceName
+from toolloop.errors import PromptGenUnavailableError
 from toolloop.providers.base import Secret
+from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
 from toolloop.providers.common import (
+    cache_ttl_of,
     check_request,
     estimate_input_tokens,
     image_parts,
@@ -19,11 +21,12 @@ from toolloop.providers.common import (
     max_tokens_of,
     read_images,
     reasoning_of,
+    with_ttl,
 )
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
 from toolloop.providers.fal.response import flag, parse_completion
 from toolloop.providers.http import Endpoint, RetryPolicy, post_json
-from toolloop.providers.prices import ANTHROPIC_PRICES, FAL_PRICES, ModelPrice, find_price
+from toolloop.providers.models import default_catalog
 
 DEFAULT_RUN_URL = "https://fal.run"
 DEFAULT_MODEL = "anthropic/claude-opus-5.5"
@@ -32,9 +35,12 @@ ROUTE = "/openrouter/router/openai/v1/chat/completions"
 
 class FalHandler:
     """Calls `POST {run_url}/openrouter/router/openai/v1/chat/completions` with `Authorization: Key`.
-    Model None or "default" means `default_model`; every model needs a price row. A bare Anthropic
-    model id (`claude-sonnet-4-5`) is sent as fal's router names it (`anthropic/claude-sonnet-4-5`) at
-    Anthropic's prices, so a run that falls back from `anthropic` to `fal` keeps its model."""
+    Model None or "default" means `default_model`. Every model comes from `catalog` (default
+    `default_catalog()`, `prices` laid over it): a retired or unknown one is an error before any
+    call. A bare Anthropic id (`claude-sonnet-5-5`) is sent as fal's router names it (the row's
+    `fal_slug`, e.g. `anthropic/claude-sonnet-5.5`) at the same catalogue price, so a run that
+    falls back from `anthropic` to `fal` keeps its model. `temperature` and a forced `tool_choice`
+    are left out (`auto`) for an Anthropic model that refuses them; `meta["request_notes"]` says so."""
 
     name = "fal"
 
@@ -45,6 +51,7 @@ class FalHandler:
         run_url: str | None = None,
         default_model: str = DEFAULT_MODEL,
         prices: Mapping[str, ModelPrice] | None = None,
+        catalog: Catalog | None = None,
         timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -53,7 +60,7 @@ class FalHandler:
         self._key = Secret(api_key)
         self.run_url = (run_url or DEFAULT_RUN_URL).rstrip("/")
         self.default_model = default_model
-        self.prices: dict[str, ModelPrice] = {**FAL_PRICES, **(prices or {})}
+        self.catalog = (catalog or default_catalog()).with_prices(prices or {})
         self.endpoint = Endpoint(
             provider=self.name,
             url=self.run_url + ROUTE,
@@ -70,7 +77,7 @@ class FalHandler:
     def estimate(self, request: PromptGenRequest) -> float:
         """USD ceiling: estimated input tokens (1000 per image) + max_tokens at the output price."""
         check_request(self.name, request)
-        price = self._price(self._model(request))
+        price = self._model(request)[2]
         reasoning_of(self.name, request, "medium")
         tokens = estimate_input_tokens(request) + 1000 * len(prompt_images(request))
         total = tokens * price.input + max_tokens_of(request, DEFAULT_MAX_TOKENS) * price.output
@@ -79,8 +86,9 @@ class FalHandler:
     async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         signal.throw_if_aborted()
         check_request(self.name, request)
-        model = self._model(request)
-        price = self._price(model)
+        model, info, price = self._model(request)
+        request, notes = _accepted(request, info)
+        ttl = cache_ttl_of(request)
         reasoning = reasoning_of(self.name, request, "medium") or "medium"
         extra = prompt_images(request)
         key = self._key.reveal()
@@ -91,29 +99,38 @@ class FalHandler:
                 "auth",
             )
         images = await read_images(self.name, image_parts(request) + extra)
-        body = build_body(request, model=model, reasoning=reasoning, images=images)
+        body = with_ttl(build_body(request, model=model, reasoning=reasoning, images=images), ttl)
         headers = {"authorization": f"Key {key}"}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key, flag=flag)
-        result = parse_completion(data, price=price, model=model, input_text=input_text(request))
+        result = parse_completion(data, price=price, model=model, input_text=input_text(request), ttl=ttl)
         if result.meta is not None:
             result.meta["reasoning"] = reasoning
+            if notes:
+                result.meta["request_notes"] = notes
         log_answer(self.name, model, result)
         return result
 
-    def _model(self, request: PromptGenRequest) -> str:
-        if request.model in (None, "default"):
-            return self.default_model
-        model = str(request.model)
-        return f"anthropic/{model}" if model.startswith("claude-") else model
+    def _model(self, request: PromptGenRequest) -> tuple[str, ModelInfo, ModelPrice]:
+        """The id to send, the catalogue row and its price; retired, unknown or unpriced raise."""
+        name = self.default_model if request.model in (None, "default") else str(request.model)
+        info = self.catalog.require(self.name, name)
+        assert info.price is not None  # require() refuses a row without a price
+        if "/" in name or info.vendor != "anthropic":
+            return name, info, info.price
+        return info.fal_slug or f"anthropic/{name}", info, info.price
 
-    def _price(self, model: str) -> ModelPrice:
-        price = find_price(self.prices, model)
-        if price is None and model.startswith("anthropic/"):
-            price = find_price(ANTHROPIC_PRICES, model.removeprefix("anthropic/"))
-        if price is None:
-            known = ", ".join(sorted(self.prices))
-            raise PromptGenError(
-                f"{self.name} has no price for model {model!r}; it knows {known}.\n"
-                "  Pass prices={model: ModelPrice(...)} to the handler, or pick a priced model."
-            )
-        return price
+
+def _accepted(request: PromptGenRequest, info: ModelInfo) -> tuple[PromptGenRequest, list[str]]:
+    """The request without what an Anthropic model refuses (temperature, a forced tool_choice)."""
+    if info.vendor != "anthropic":
+        return request, []
+    update: dict[str, object] = {}
+    notes = []
+    if request.temperature is not None and not info.temperature:
+        update["temperature"] = None
+        notes.append(f"{info.id} refuses temperature: not sent")
+    forced = request.tool_choice == "required" or isinstance(request.tool_choice, ToolChoiceName)
+    if forced and not info.forced_tool_choice:
+        update["tool_choice"] = "auto"
+        notes.append(f"{info.id} refuses a forced tool_choice: sent 'auto'")
+    return (request.model_copy(update=update) if update else request), notes

@@ -8,7 +8,8 @@ finish        stop, tool_calls, length as sent; anything else -> other
 usage         cached = cache_read_input_tokens, else prompt_tokens_details.cached_tokens;
               cache write = cache_creation_input_tokens, else prompt_tokens_details.cache_write_tokens
 cost          usage.cost when a finite number >= 0 (cost_source "usage"); else tokens x price
-              with cache reads/writes at their own rates ("tokens"); else the character
+              with cache reads and writes (at the request's TTL) at their own rates
+              ("tokens"); else the character
               estimate of input and answer ("chars")
 """
 
@@ -21,9 +22,9 @@ from typing import Any
 
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
-from toolloop.providers.common import estimate_tokens
+from toolloop.providers.catalog import ModelPrice, token_cost
+from toolloop.providers.common import CacheTtl, estimate_tokens
 from toolloop.providers.http import valid_text
-from toolloop.providers.prices import ModelPrice, token_cost
 
 _FLAGGED = re.compile(r"content_policy|sensitive|likeness|nsfw|moderation", re.IGNORECASE)
 
@@ -39,10 +40,17 @@ def flag(detail: str) -> PromptGenError | None:
 
 
 def parse_completion(
-    data: Any, *, price: ModelPrice, model: str, input_text: str, provider: str = "fal"
+    data: Any,
+    *,
+    price: ModelPrice,
+    model: str,
+    input_text: str,
+    provider: str = "fal",
+    ttl: CacheTtl = "5m",
 ) -> PromptGenResult:
     """Map a 2xx body; `input_text` feeds the character cost rule when no usage is reported. The
-    OpenAI provider reads the same shape (`provider` names who answered)."""
+    OpenAI provider reads the same shape (`provider` names who answered). The router does not split
+    cache writes by TTL: every write is counted at the request's `ttl`."""
     if not isinstance(data, dict):
         data = {}
     _raise_body_error(data, provider)
@@ -81,6 +89,8 @@ def parse_completion(
         cache_write_tokens=write or 0,
         cached_read_tokens=read,
         cached_write_tokens=write,
+        cache_write_5m_tokens=None if write is None or ttl == "1h" else write,
+        cache_write_1h_tokens=None if write is None or ttl == "5m" else write,
     )
     reported = usage_data.get("cost")
     if isinstance(reported, int | float) and not isinstance(reported, bool) and math.isfinite(reported):
@@ -89,9 +99,8 @@ def parse_completion(
         cost, source = 0.0, ""
     if not source and prompt is not None and completion is not None:
         uncached = max(prompt - (read or 0) - (write or 0), 0)
-        cost = token_cost(
-            price, input=uncached, output=completion, cache_read=read or 0, cache_write=write or 0
-        )
+        writes = {"cache_write_1h" if ttl == "1h" else "cache_write": write or 0}
+        cost = token_cost(price, input=uncached, output=completion, cache_read=read or 0, **writes)
         source = "tokens"
     elif not source:
         answer = text + "".join(json.dumps(c.input) for c in calls)
