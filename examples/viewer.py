@@ -44,8 +44,7 @@ import json
 from typing import Any
 
 from toolloop.contract import AssistantMessage, ChatMessage, ImagePart, TextPart, ToolMessage, UserMessage
-
-FINAL = frozenset({"done", "budget", "steps", "cancel", "failed"})
+from workers.records import FINAL
 
 
 def esc(value: Any) -> str:
@@ -132,6 +131,7 @@ def page(
         "after": events[-1]["id"] if events else "",
         "limit": limit,
         "status": state,
+        "final": sorted(FINAL),
     }
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>run {esc(run_id[:12])} · toolloop</title>
@@ -269,7 +269,7 @@ $("answer-form").addEventListener("submit", async (ev) => {
 });
 
 gauge(Number($("spent").textContent.slice(1)));
-if (!["done", "budget", "steps", "cancel", "failed"].includes(BOOT.status)) {
+if (!BOOT.final.includes(BOOT.status)) {
   const source = new EventSource(`/runs/${BOOT.runId}/events` + (BOOT.after ? `?after=${BOOT.after}` : ""));
   for (const kind of Object.keys(handlers)) {
     source.addEventListener(kind, (e) => {

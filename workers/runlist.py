@@ -76,10 +76,12 @@ def list_runs(
     found: list[RunSummary] = []
     last: tuple[float, str] | None = None
     offset = 0
+    size = limit + 1  # a page and one more (is there a next page?); more per read while filtering
     while True:
         chunk: list[tuple[str, float]] = client.zrevrangebyscore(  # type: ignore[assignment]
-            keys.ALL_RUNS, top, "-inf", start=offset, num=_CHUNK, withscores=True
+            keys.ALL_RUNS, top, "-inf", start=offset, num=size, withscores=True
         )
+        size = min(size * 2, _CHUNK)
         if not chunk:
             return RunPage(found, None)
         offset += len(chunk)
