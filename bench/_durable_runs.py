@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+import socket
 import statistics
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +123,17 @@ def sim_env(url: str, sim: SimServer) -> dict[str, str]:
 
 
 def in_flight(
-    url: str, tmp: Path, runs: int, turns: int, latency: float, processes: int = 1, mode: str = "consumer"
+    url: str,
+    tmp: Path,
+    runs: int,
+    turns: int,
+    latency: float,
+    processes: int = 1,
+    mode: str = "consumer",
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     with SimServer(sim_script(turns), latency_s=latency) as sim:
-        env = sim_env(url, sim)
+        env = {**sim_env(url, sim), **(extra_env or {})}
         slots = -(-runs // processes)
         workers = [step_worker(mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log",
                                held=("llm",)) for i in range(processes)]  # fmt: skip
@@ -153,6 +163,70 @@ def in_flight(
     return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
             "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1),
             "processes": processes, "mode": mode, "sim_cpu_s": own}  # fmt: skip
+
+
+def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int) -> dict[str, Any]:
+    """Worker CPU per step with tracing and metrics off, then on (TOOLLOOP_TRACES_FILE: every span
+    written at once as a JSON line by the OpenTelemetry SDK; TOOLLOOP_METRICS_PORT: the Prometheus
+    endpoint, scraped once a second as Prometheus would), alternating, `trials` pairs; the medians."""
+    off: list[float] = []
+    on: list[float] = []
+    sampled: list[float] = []
+    spans = 0
+    ratio_sampler = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    for trial in range(trials):
+        got = in_flight(url, tmp, runs, turns, latency)
+        off.append(got["cpu_s"] / got["tasks"])
+        for where, sampler in ((on, {}), (sampled, ratio_sampler)):
+            traces = tmp / f"observe-spans-{trial}-{len(sampler)}.jsonl"
+            port = _free_port()
+            scraper = _Scraper(port)
+            extra = {"TOOLLOOP_TRACES_FILE": str(traces), "TOOLLOOP_METRICS_PORT": str(port), **sampler}
+            try:
+                got = in_flight(url, tmp, runs, turns, latency, extra_env=extra)
+            finally:
+                scraper.stop()
+            if got["done"] != runs or not scraper.scrapes:
+                raise RuntimeError(
+                    f"observed bench: {got['done']}/{runs} runs done, {scraper.scrapes} scrapes"
+                )
+            where.append(got["cpu_s"] / got["tasks"])
+            if not sampler:
+                spans = len(traces.read_text().splitlines())
+    per_off, per_on, per_sampled = statistics.median(off), statistics.median(on), statistics.median(sampled)
+    return {"runs": runs, "turns": turns, "off_cpu_per_step_s": per_off, "on_cpu_per_step_s": per_on,
+            "ratio": per_on / per_off, "trials_off": off, "trials_on": on,
+            "sampled_cpu_per_step_s": per_sampled, "sampled_ratio": per_sampled / per_off,
+            "trials_sampled": sampled, "spans_last_trial": spans}  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Scraper:
+    """GET /metrics once a second in a thread (the scrape's CPU is the worker's: it is counted)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.scrapes = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while not self.done.wait(1.0):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read()
+                self.scrapes += 1
+            except OSError:
+                pass  # the worker is not up yet
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
 
 
 def steady(

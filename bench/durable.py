@@ -2,7 +2,8 @@
 
 1. per-step overhead of a durable run vs a bare self-chaining Celery task hop (target <= 1.5x);
 2. CPU time to replay a 200-step journal to the next live step (target <= 20 ms);
-3. runs in flight per worker process at 1 s model latency (target >= 500 at >= 80 % of ideal).
+3. runs in flight per worker process at 1 s model latency (target >= 500 at >= 80 % of ideal);
+4. worker CPU per step with tracing and metrics on vs off (target <= 1.15x, docs/operations.md).
 
     .venv/bin/python bench/durable.py [--hops 200] [--turns 20] [--trials 5] [--runs 500]
 
@@ -25,7 +26,7 @@ import redis
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _durable_runs import in_flight, per_step, steady  # noqa: E402
+from _durable_runs import in_flight, observed, per_step, steady  # noqa: E402
 from _procs import Worker, env_with, running  # noqa: E402
 from _replay import measure_replay  # noqa: E402
 
@@ -96,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--processes", type=int, default=1, help="worker processes sharing the runs in flight"
     )
-    parser.add_argument("--skip", default="", help="comma-separated: floor,step,replay,steady,flight")
+    parser.add_argument("--observe-runs", type=int, default=100, help="runs in flight for the on/off figure")
+    parser.add_argument("--observe-turns", type=int, default=5, help="model turns of each of those runs")
+    parser.add_argument("--observe-trials", type=int, default=3, help="off/on pairs (median)")
+    parser.add_argument("--skip", default="", help="comma-separated: floor,step,replay,steady,flight,observe")
     parser.add_argument(
         "--modes", default="consumer,celery",
         help="how steps run, comma-separated: consumer (the step consumer, production default), celery "
@@ -133,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                     server.url, tmp, args.runs, args.flight_turns, args.latency, args.processes, mode
                 )
                 print(f"  flight ({mode}): {results[f'flight:{mode}']}", file=sys.stderr)
+            if "observe" not in skip:
+                results["observe"] = observed(
+                    server.url, tmp, args.observe_runs, args.observe_turns, args.latency, args.observe_trials
+                )
+                print(f"  observe: {results['observe']}", file=sys.stderr)
         finally:
             server.stop()
     print_table(results, args, load)
@@ -171,6 +180,12 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
         where = "" if flight["processes"] == 1 else f" ({flight['processes']} processes)"
         rows.append((f"{flight['runs']} started at once, {how}{where}", f"{share:.0%}",
                      "(makespan)", float("nan"), True))  # fmt: skip
+    seen = results.get("observe")
+    if seen:
+        rows.append(("tracing + metrics on vs off, worker CPU per step", ms(seen["on_cpu_per_step_s"]),
+                     "<= 1.15 x off", seen["ratio"], seen["ratio"] <= 1.15))  # fmt: skip
+        rows.append(("  the same, 10 % of runs' traces sampled", ms(seen["sampled_cpu_per_step_s"]),
+                     "<= 1.15 x off", seen["sampled_ratio"], seen["sampled_ratio"] <= 1.15))  # fmt: skip
     for name, ours, target, ratio, ok in rows:
         shown = "" if ratio != ratio else f"{ratio:.2f}"
         verdict = "-" if target in ("-", "(makespan)") else ("met" if ok else "MISSED")
@@ -187,6 +202,15 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
         print(f"  in flight, {how}: {flight['done']}/{flight['runs']} done in {flight['wall_s']:.1f} s "
               f"(ideal {flight['ideal_s']:.1f} s), {flight['model_calls']} model calls, {steps_per_s:.0f} "
               f"steps/s, {cpu_ms:.1f} ms worker CPU per step, {flight['rss_mb']:.0f} MB")  # fmt: skip
+
+    if seen:
+        print(
+            f"  tracing + metrics: {seen['runs']} runs x {seen['turns']} turns in flight, "
+            f"{ms(seen['off_cpu_per_step_s'])} off, {ms(seen['on_cpu_per_step_s'])} on per step "
+            f"(medians of off {', '.join(ms(t) for t in seen['trials_off'])}; on "
+            f"{', '.join(ms(t) for t in seen['trials_on'])}; 10 % sampled "
+            f"{', '.join(ms(t) for t in seen['trials_sampled'])}); {seen['spans_last_trial']} spans exported"
+        )
 
 
 if __name__ == "__main__":

@@ -46,9 +46,11 @@ from workers.app import ADVANCE
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
 from workers.live import Begun, LiveLoop, keep, take
+from workers.metrics import counted
 from workers.redisio import Held
 from workers.runs import flush_outbox, segment_messages
 from workers.spec import RunSpec
+from workers.tracing import StepTrace
 
 log = logging.getLogger("toolloop.workers")
 
@@ -99,6 +101,8 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
             raise
         finally:
             step.drop_lease()
+            if step.trace is not None:
+                step.trace.end(outcome if step.outcome is None else step.outcome)
             if step.live is not None and not step.kept:
                 step.live.close()
         if outcome == "busy" and 0 <= step.lease_left_ms <= _WAIT_FOR_LEASE_MS:
@@ -126,6 +130,10 @@ class _Step:
         self.failure: tuple[str, str] | None = None
         self.held: Held | None = None
         self.started = time.monotonic()
+        self.trace: StepTrace | None = None
+        self.outcome: str | None = None
+        self.delivered = 1
+        self.metrics = runtime.metrics()
 
     async def run(self) -> str:
         r = self.run_id
@@ -156,9 +164,11 @@ class _Step:
             return str(code)
         _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, _tag = begin
         self.token = int(token)
+        self.delivered = int(attempts)
         self.lease = f"{self.owner}:{token}"
         self.held = runtime.leases().hold(keys.lease(r), self.lease, sent_at, self.on_lost)
         self.state = _pairs(state_flat)
+        self.trace = StepTrace(r, self.n, self.state.get("traceparent"), self.task.task_id)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
         self.outside = float(outside)
@@ -188,8 +198,9 @@ class _Step:
                 after_live=live.after_live, owner=self.owner, pause=live.pause,
             )  # fmt: skip
             steps_base = int(self.state.get("steps_base", 0))
+            generate = runtime.generate_for(spec.provider, spec.fallback)
             options = RunToolLoopOptions(
-                generate=runtime.generate_for(spec.provider, spec.fallback),
+                generate=generate if self.metrics is None else counted(generate, spec.provider, self.metrics),
                 model=spec.model,
                 system=spec.system,
                 messages=messages,
@@ -259,6 +270,10 @@ class _Step:
         unless its deadline is near; an awaitable then, which the journal awaits)."""
         assert self.live is not None
         runtime.arm(self.run_id, self.live.controller)
+        if self.trace is not None:
+            self.trace.enter()
+        if self.metrics is not None:
+            self.metrics.work_began(key, self.queue, self.delivered)
         if self.state.get("cancel") == "1":
             self.live.controller.abort("cancel")
         if self.held is None:
@@ -288,6 +303,8 @@ class _Step:
             self.run_id, self.n, error, what or "no finished work",
         )  # fmt: skip
         await self.release()
+        if self.metrics is not None:
+            self.metrics.leases_lost.inc()
         return "fenced"
 
     async def release(self) -> None:
@@ -339,6 +356,9 @@ class _Step:
         committed = int(self.state.get(f"events:{self.segment}", 0))
         events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
         queue = extra.pop("queue", "llm")
+        trace = self.trace
+        if trace is not None and trace.new_trace and trace.valid:  # the run's trace begins here
+            state = {**state, "traceparent": trace.traceparent()}
         payload = {
             "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
             "field": field, "value": value, "outcome": outcome, "queue": queue,
@@ -353,7 +373,14 @@ class _Step:
         if outcome == "next" and live is not None and live.keepable() and here and here.can_go_on(queue):
             # the successor runs here: this commit records its delivery and begins it (no RUN_BEGIN)
             label = self.describe(next_key or "")
-            successor = wire.task_message(ADVANCE, [r, self.n + 1], f"{r}:{self.n + 1}", queue, label)
+            successor = wire.task_message(
+                ADVANCE,
+                [r, self.n + 1],
+                f"{r}:{self.n + 1}",
+                queue,
+                label,
+                traceparent=self.run_traceparent(),
+            )
             payload["go_on"] = {
                 "owner": uuid.uuid4().hex, "lease_ms": self.settings.lease_ms, "tag": successor.tag,
                 "unacked": wire.unacked_value(successor.raw, queue),
@@ -395,6 +422,10 @@ class _Step:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         kill_point("commit:after", run=r, key=where)
+        if self.metrics is not None:
+            self.count_commit(
+                outcome, field, pending[0][2] if pending else 0.0, committed, state.get("status")
+            )
         if begun and here is not None and successor is not None and live is not None:
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now
             token, attempts, state_flat, outside = begun
@@ -432,7 +463,14 @@ class _Step:
         if member:
             n, _, queue = member.partition("|")
             label = self.describe(str(progress.get("next") or ""))
-            message = wire.task_message(ADVANCE, [self.run_id, int(n)], f"{self.run_id}:{n}", queue, label)
+            message = wire.task_message(
+                ADVANCE,
+                [self.run_id, int(n)],
+                f"{self.run_id}:{n}",
+                queue,
+                label,
+                traceparent=self.run_traceparent(),
+            )
             sent = consumer.hand_off(queue, message)  # this process runs it next, if it can
             if sent is None and waiting:
                 sent = self.batch.call("LPUSH", queue, message.raw)
@@ -453,6 +491,31 @@ class _Step:
         if sent is not None and waiting:
             with contextlib.suppress(OSError, redis_lib.RedisError):
                 await sent
+
+    @property
+    def queue(self) -> str:
+        """The queue this step's task came from (as the run's state records it)."""
+        return self.state.get("queue") or "llm"
+
+    def run_traceparent(self) -> str | None:
+        """The run's trace context for its successors' message headers (None when not traced)."""
+        trace = self.trace
+        if trace is None or not trace.valid:
+            return None
+        return self.state.get("traceparent") or trace.traceparent()
+
+    def count_commit(self, outcome: str, field: str, cost: float, committed: int, status: Any) -> None:
+        """The metrics of a commit that landed (workers/metrics.py)."""
+        metrics = self.metrics
+        assert metrics is not None
+        replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
+        fresh = self.events[committed:]
+        metrics.committed_step(field, self.queue, cost, self.started, replayed, fresh)
+        self.outcome = outcome
+        if outcome == "park":
+            metrics.parked.inc()
+        elif outcome in ("stop", "fail"):
+            metrics.run_ended(str(status))
 
     def may_retry_commit(self) -> bool:
         """A refused commit is tried again while the lease is certainly ours, within the step timeout."""

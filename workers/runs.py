@@ -23,6 +23,7 @@ from kombu.exceptions import OperationalError
 
 from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
 from toolloop.journal import keys, scripts
+from workers import tracing
 from workers.app import ADVANCE, ANSWER, send
 from workers.killpoints import kill_point
 from workers.records import FINAL
@@ -85,6 +86,9 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_k
               keys.outbox(run_id), keys.LIVE_RUNS, keys.ALL_RUNS],
         args=[run_id, spec.model_dump_json(), now, messages, queued],
     )  # fmt: skip
+    parent = tracing.current_traceparent()
+    if parent:  # the caller's span: the run's trace is part of the caller's (workers/tracing.py)
+        client.hset(keys.state(run_id), "traceparent", parent)
     try:  # the run is stored: from here a failure is the sweeper's to repair, not the caller's
         flush_outbox(client, celery, run_id)
     except (OSError, redis_lib.RedisError) as error:

@@ -33,7 +33,8 @@ from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.journal import keys
 from toolloop.providers.http import keep_alive
-from workers import wire
+from workers import tracing, wire
+from workers.metrics import STEP_QUEUES, Metrics
 from workers.redisio import Batch, Leases, packed_pool
 from workers.settings import Settings
 from workers.toolsets import Registry
@@ -52,6 +53,34 @@ _batch: Batch | None = None
 _leases: Leases | None = None
 _events: dict[str, TaskEvents] = {}
 _toolsets: Registry | None = None
+_metrics: Metrics | None = None
+
+
+def metrics() -> Metrics | None:
+    """This process's metrics (workers/metrics.py); None unless TOOLLOOP_METRICS_PORT serves them."""
+    return _metrics
+
+
+def start_metrics(port: int) -> Metrics:
+    """Count this process's metrics and serve them on `port` (once per process)."""
+    global _metrics
+    with _lock:
+        if _metrics is None:
+            _metrics = Metrics(_queue_depths)
+            _metrics.serve(port)
+        return _metrics
+
+
+def _queue_depths() -> dict[str, int]:
+    """Messages waiting on each step queue, every priority list summed (one pipeline)."""
+    pipe = redis().pipeline(transaction=False)
+    for key in wire.queue_keys(list(STEP_QUEUES)):
+        pipe.llen(key)
+    lengths = pipe.execute()
+    depths = dict.fromkeys(STEP_QUEUES, 0)
+    for key, length in zip(wire.queue_keys(list(STEP_QUEUES)), lengths, strict=True):
+        depths[key.split("\x06\x16")[0]] += int(length)
+    return depths
 
 
 def toolsets() -> Registry:
@@ -234,7 +263,9 @@ def _sweep_forever() -> None:
         try:
             client = redis()
             if client.set(keys.SWEEP_LOCK, "1", nx=True, px=int(settings.sweep_interval * 1000)):
-                runs.sweep(client)
+                done = runs.sweep(client)
+                if _metrics is not None:
+                    _metrics.swept(done)
         except Exception as error:  # the sweeper must outlive any one failure
             log.warning("sweep failed: %s: %s", type(error).__name__, error)
 
@@ -269,12 +300,15 @@ def check_redis(client: redis_lib.Redis) -> None:
 
 
 def start_worker_threads(**_: Any) -> None:
+    tracing.configure()  # before gc.freeze: the SDK's objects are frozen with the rest
     if os.environ.get("TOOLLOOP_GC", "1") == "1":
         import gc
 
         gc.freeze()
         gc.set_threshold(100_000, 50, 1000)
     check_redis(redis())
+    if settings.metrics_port:
+        start_metrics(settings.metrics_port)
     loop()
     threading.Thread(target=_listen_for_cancels, name="toolloop-cancel", daemon=True).start()
     if settings.sweep_interval > 0:

@@ -16,6 +16,7 @@ TOOLLOOP_REDRIVE_AGE         300     s a queued/running run with no lease and no
 TOOLLOOP_SHUTDOWN_GRACE      30      s a warm shutdown lets running steps finish before it puts them back
 TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or a generate;
                                      unset: toolloop.providers.from_env()
+TOOLLOOP_METRICS_PORT        0       serve Prometheus metrics on this port (0: off; docs/operations.md)
 TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,..." (workers/toolsets.py);
                                      clients read the names only, and refuse any other
 TOOLLOOP_RETENTION           7d      how long a finished run's keys stay (s, or 30m, 12h, 7d; 0: for
@@ -109,6 +110,7 @@ class Settings:
     max_image_bytes: int = 5_000_000
     max_tool_result_bytes: int = 1_000_000
     max_task_bytes: int = 262_144
+    metrics_port: int = 0
     retention: float = 7 * 86400
     """Seconds a finished run's keys stay (TOOLLOOP_RETENTION; 0: for ever)."""
     redis_source: str = "REDIS_URL"
@@ -137,4 +139,5 @@ class Settings:
             max_image_bytes=int(_float("TOOLLOOP_MAX_IMAGE_BYTES", 5_000_000)),
             max_tool_result_bytes=int(_float("TOOLLOOP_MAX_TOOL_RESULT_BYTES", 1_000_000)),
             max_task_bytes=int(_float("TOOLLOOP_MAX_TASK_BYTES", 262_144)),
+            metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0)),
         )

@@ -39,11 +39,14 @@ def queue_keys(queues: list[str]) -> list[str]:
     return [q if pri == 0 else f"{q}{_SEP}{pri}" for pri in _PRIORITY_STEPS for q in queues]
 
 
-def task_message(name: str, args: list[Any], task_id: str, queue: str, label: str = "") -> Delivery:
+def task_message(
+    name: str, args: list[Any], task_id: str, queue: str, label: str = "", traceparent: str | None = None
+) -> Delivery:
     """A Celery protocol-2 task message for `queue` (anonymous exchange, routing key = queue), as the
     `Delivery` it will be: `raw` is what goes on the queue. `label` says what the step is (`model 3`,
     `tool read_frame`): it shows in Flower and `celery inspect` as the task's kwargsrepr
-    (`{'step': 'model 3'}`) while the arguments stay ids only."""
+    (`{'step': 'model 3'}`) while the arguments stay ids only. `traceparent`: the run's W3C trace
+    context, carried as a message header (workers/tracing.py)."""
     body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     argsrepr = repr(args)
     kwargsrepr = step_kwargsrepr(label)
@@ -54,6 +57,8 @@ def task_message(name: str, args: list[Any], task_id: str, queue: str, label: st
         "origin": _ORIGIN, "ignore_result": True, "replaced_task_nesting": 0,
         "stamped_headers": None, "stamps": {},
     }  # fmt: skip
+    if traceparent:
+        headers["traceparent"] = traceparent
     tag = _tag()
     raw = orjson.dumps({
         "body": base64.b64encode(body).decode(),

@@ -16,7 +16,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "durable.py"
 
 def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
     args = ["--hops", "10", "--turns", "3", "--trials", "1", "--runs", "4", "--flight-turns", "2",
-            "--steady-turns", "3", "--steady-trials", "1", "--latency", "0.2"]  # fmt: skip
+            "--steady-turns", "3", "--steady-trials", "1", "--latency", "0.2",
+            "--observe-runs", "4", "--observe-turns", "2", "--observe-trials", "1"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=110, check=False
     )
@@ -30,5 +31,8 @@ def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
         kept = next(line for line in lines if line.startswith(f"4 kept in flight at 0.2 s, {how}"))
         assert ">= 80 % ideal" in kept and ("met" in kept or "MISSED" in kept)
         assert any(line.startswith(f"  kept in flight, {how}: 4/4 done") for line in lines), done.stdout
+    observed = next(line for line in lines if line.startswith("tracing + metrics on vs off"))
+    assert "<= 1.15 x off" in observed and ("met" in observed or "MISSED" in observed)
+    assert any(line.startswith("  tracing + metrics: 4 runs x 2 turns") for line in lines), done.stdout
     replay = next(line for line in lines if line.startswith("replay 200-step journal"))
     assert "<= 20 ms" in replay

@@ -140,3 +140,23 @@ def test_the_poison_check_never_raises(text: str, where: str | None, value: obje
     if problem is None:  # accepted: then it parses into a task of the right shape
         delivery = wire.parse(raw)
         assert wire.task_problem(delivery) is None
+
+
+def test_a_runs_traceparent_rides_in_the_message_headers_and_parses_back() -> None:
+    """workers/tracing.py: successors carry the run's W3C trace context; the fast parse of a
+    `traceparent` gives the same span context as the propagator's, and a malformed one a new trace."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from workers.tracing import parent_context
+
+    value = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    message = wire.task_message("toolloop.advance", ["r", 2], "r:2", "llm", traceparent=value)
+    assert json.loads(message.raw)["headers"]["traceparent"] == value
+    assert wire.parse(message.raw).args == ["r", 2]
+    assert "traceparent" not in json.loads(wire.task_message("t", [], "i", "llm").raw)["headers"]
+    ours = trace.get_current_span(parent_context(value)).get_span_context()
+    theirs = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": value}))
+    assert ours == theirs.get_span_context()
+    for bad in ("", "00-zz-b7ad6b7169203331-01", "00-" + "0" * 32 + "-b7ad6b7169203331-01"):
+        assert not trace.get_current_span(parent_context(bad)).get_span_context().is_valid

@@ -118,6 +118,10 @@ def add_commands(sub: Any) -> None:
         "--toolsets",
         help='the toolsets the worker serves, "name=pkg.module:NAME,..." (default: TOOLLOOP_TOOLSETS)',
     )
+    worker.add_argument(
+        "--metrics-port", type=int, default=None,
+        help="serve Prometheus metrics on this port, /metrics (default: TOOLLOOP_METRICS_PORT; off)",
+    )  # fmt: skip
     worker.add_argument("--sim-script", type=Path, help="turns file for the simulator (when no provider key)")
     worker.add_argument("--sim-policy", help='or a policy for it, "pkg.module:NAME"')
     worker.set_defaults(handler=cmd_worker)
@@ -136,6 +140,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise CliError(str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")) from None
         extra["TOOLLOOP_TOOLSETS"] = args.toolsets
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            raise CliError(f"--metrics-port must be a port number 1-65535 (0: off), not {args.metrics_port}.")
+        extra["TOOLLOOP_METRICS_PORT"] = str(args.metrics_port)
     _, choice = connect()
     server = None
     if not defaults.has_provider_key():

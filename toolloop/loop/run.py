@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from toolloop import telemetry
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
     AssistantMessage,
@@ -159,9 +160,11 @@ class _Run:
                 tool_choice=None,
                 cache_system=cache_system,
             )
-            result = await call(options.generate, request, self.signal_for(signal))
-            if not isinstance(result, PromptGenResult):
-                result = PromptGenResult.model_validate(result)
+            with telemetry.chat_span(request, f"model:{self.steps + 1}") as span:
+                result = await call(options.generate, request, self.signal_for(signal))
+                if not isinstance(result, PromptGenResult):
+                    result = PromptGenResult.model_validate(result)
+                telemetry.chat_result(span, request, result)
             value: dict[str, Any] = {"result": result.model_dump(mode="json")}
             if finish:
                 value["finish"] = {"spent_usd": spent}
@@ -238,9 +241,11 @@ class _Run:
     async def run_one_phase(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> ToolOutput:
         async def work(signal: AbortSignal) -> StepResult:
             await self.breaker(spec, checked)
-            output = self.bounded(
-                as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name), spec.name
-            )
+            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}") as span:
+                output = self.bounded(
+                    as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name), spec.name
+                )
+                telemetry.tool_result(span, output.cost_usd)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
         return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
@@ -250,7 +255,8 @@ class _Run:
     ) -> tuple[ToolOutput, list[str]]:
         async def start(signal: AbortSignal) -> StepResult:
             await self.breaker(spec, checked)
-            started = as_started(await call(spec.start, checked, self.signal_for(signal)), spec.name)
+            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:start"):
+                started = as_started(await call(spec.start, checked, self.signal_for(signal)), spec.name)
             return StepResult(value={"started": started.started, "rows": started.rows or []})
 
         handle = await self.options.step(f"tool:{tool_call.id}:start", start)
@@ -258,8 +264,10 @@ class _Run:
             raise _Cancel
 
         async def wait(signal: AbortSignal) -> StepResult:
-            returned = await call(spec.wait, handle["started"], self.signal_for(signal))
-            output = self.bounded(as_output(returned, spec.name), spec.name)
+            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:wait") as span:
+                returned = await call(spec.wait, handle["started"], self.signal_for(signal))
+                output = self.bounded(as_output(returned, spec.name), spec.name)
+                telemetry.tool_result(span, output.cost_usd)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
         output = validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))

@@ -1,0 +1,214 @@
+"""Observability of durable runs on real workers (docs/operations.md, "Traces and metrics").
+
+- One trace per run across two worker processes and a SIGKILL between them: the workers export
+  their spans to one JSON-lines file (TOOLLOOP_TRACES_FILE, an SDK exporter in each worker); the
+  test reads it and finds one trace, one `chat` span per model call made and one `execute_tool`
+  span per tool execution that finished, with the GenAI attributes and the cache token counts.
+- /metrics of a worker after a run equals the run's journal: steps committed, spend, cache reads.
+
+The model is the provider simulator over real HTTP (Anthropic wire, prompt cache on with a small
+long system text so that the second turn reads the first turn's cache).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import Worker, start_worker
+from tests.integration.runs_kit import eventually, logged, spec
+from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.journal import keys
+from toolloop.sim import SimRequest, SimServer, SimTurn
+from workers.client import Client
+
+pytestmark = pytest.mark.integration
+
+CONTEXT = "You review storyboards, one frame at a time. " * 200  # past the 1,024-token cache minimum
+KILLED = "observe-killed " + CONTEXT
+PLAIN = "observe-plain " + CONTEXT
+FAST_RECOVERY = {
+    "TOOLLOOP_VISIBILITY_TIMEOUT": "6",
+    "TOOLLOOP_RESTORE_INTERVAL": "1",
+    "TOOLLOOP_LEASE_MS": "3000",
+    "TOOLLOOP_SWEEP_INTERVAL": "1",
+    "TOOLLOOP_OUTBOX_AGE": "2",
+}
+
+
+class Model:
+    """Turn 0 calls `slow` (3 s for the killed scenario), turn 1 answers."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls = 0
+
+    def __call__(self, request: SimRequest) -> SimTurn:
+        with self.lock:
+            self.calls += 1
+        if request.assistant_turns == 0:
+            seconds = 3.0 if (request.system or "").startswith("observe-killed") else 0.05
+            return SimTurn(text="Waiting.", tool_calls=[{"name": "slow", "input": {"seconds": seconds}}])  # type: ignore[list-item]
+        return SimTurn(text="Done waiting.")
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path_factory.mktemp("observe-redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimServer]:
+    with SimServer(Model()) as server:
+        yield server
+
+
+def env_for(sim: SimServer, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        **FAST_RECOVERY,
+        "ANTHROPIC_BASE_URL": sim.base_url,
+        "ANTHROPIC_API_KEY": "sim-key",
+        "TOOLLOOP_PROMPT_GEN": "",
+        "TOOLLOOP_TEST_TOOL_LOG": str(tmp_path / "tools.jsonl"),
+        **extra,
+    }
+
+
+def journal_of(redis_url: str, run_id: str) -> dict[str, dict[str, Any]]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        raw: dict[str, str] = client.hgetall(keys.journal(run_id, "s0"))  # type: ignore[assignment]
+    finally:
+        client.close()
+    return {field: json.loads(text) for field, text in raw.items()}
+
+
+def model_usage(journal: dict[str, dict[str, Any]]) -> list[dict[str, int]]:
+    return [entry["value"]["result"]["usage"] for key, entry in sorted(journal.items()) if "model:" in key]
+
+
+def test_one_trace_across_two_workers_and_a_kill(
+    redis_server: EmbeddedServer, sim: SimServer, tmp_path: Path
+) -> None:
+    traces = tmp_path / "spans.jsonl"
+    env = env_for(sim, tmp_path, TOOLLOOP_TRACES_FILE=str(traces))
+    tool_log = tmp_path / "tools.jsonl"
+    first: Worker = start_worker(redis_server.url, tmp_path, env)
+    second: Worker | None = None
+    client = Client(redis_server.url)
+    try:
+        run_id = client.enqueue(spec(KILLED, model="claude-sonnet-5-5", provider="anthropic"))
+        eventually(lambda: tool_log.exists() and tool_log.read_text(), timeout=20)
+        time.sleep(0.5)  # inside the 3 s tool
+        first.kill()
+        second = start_worker(redis_server.url, tmp_path, env)
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", (status, second.log.read_text()[-3000:])
+        assert [e["event"] for e in logged(tool_log)] == ["start", "start", "finished"]
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()
+        client.close()
+    spans = [json.loads(line) for line in traces.read_text().splitlines()]
+    mine = [s for s in spans if s["attributes"].get("toolloop.run_id") == run_id]
+    trace_ids = {s["trace_id"] for s in mine}
+    assert len(trace_ids) == 1, trace_ids  # one run, one trace: every step span of it
+    (trace_id,) = trace_ids
+    in_trace = [s for s in spans if s["trace_id"] == trace_id]
+    assert len({s["pid"] for s in in_trace}) == 2  # both workers' spans
+    chats = [s for s in in_trace if s["attributes"].get("gen_ai.operation.name") == "chat"]
+    tools = [s for s in in_trace if s["attributes"].get("gen_ai.operation.name") == "execute_tool"]
+    assert len(chats) == 2  # one per model call: the killed worker's call was committed, not made again
+    assert len(tools) == 1  # the tool finished once (its killed execution never ended a span)
+    step_ids = {s["span_id"] for s in mine}
+    assert {s["parent_id"] for s in chats + tools} <= step_ids  # children of the steps' spans
+    assert tools[0]["attributes"]["gen_ai.tool.name"] == "slow"
+    usage = model_usage(journal_of(redis_server.url, run_id))
+    for chat, used in zip(sorted(chats, key=lambda s: s["start"]), usage, strict=True):
+        attributes = chat["attributes"]
+        assert attributes["gen_ai.provider.name"] == "anthropic"
+        assert attributes["gen_ai.request.model"] == "claude-sonnet-5-5"
+        assert attributes["gen_ai.response.model"]
+        assert attributes["gen_ai.usage.input_tokens"] == used["prompt_tokens"]
+        assert attributes["gen_ai.usage.output_tokens"] == used["completion_tokens"]
+        assert attributes["gen_ai.usage.cache_read.input_tokens"] == used["cached_tokens"]
+        assert attributes["gen_ai.usage.cache_creation.input_tokens"] == used["cache_write_tokens"]
+        assert attributes["gen_ai.response.finish_reasons"]
+        assert "toolloop.cost_usd" in attributes
+    assert usage[1]["cached_tokens"] > 0, usage  # the second turn read the first turn's cache
+    assert (
+        "sim-key" not in traces.read_text() and "storyboards, one frame" not in traces.read_text()
+    )  # no keys, no content
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """/metrics as {sample name: {labels: value}}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def total(samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(v for k, v in samples.get(name, {}).items() if wanted <= set(k))
+
+
+def test_metrics_equal_the_runs_journal(redis_server: EmbeddedServer, sim: SimServer, tmp_path: Path) -> None:
+    port = free_port()
+    worker = start_worker(redis_server.url, tmp_path, env_for(sim, tmp_path, TOOLLOOP_METRICS_PORT=str(port)))
+    client = Client(redis_server.url)
+    try:
+        before = scrape(port)
+        assert total(before, "toolloop_steps_committed_total") == 0
+        run_id = client.enqueue(spec(PLAIN, model="claude-sonnet-5-5", provider="anthropic"))
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", (status, worker.log.read_text()[-3000:])
+        after = eventually(lambda: (s := scrape(port)) and total(s, "toolloop_runs_total") and s)
+    finally:
+        worker.stop()
+        client.close()
+    journal = journal_of(redis_server.url, run_id)
+    usage = model_usage(journal)
+    assert total(after, "toolloop_steps_committed_total") == len(journal) == 3
+    assert total(after, "toolloop_steps_committed_total", kind="model", queue="llm") == 2
+    assert total(after, "toolloop_steps_committed_total", kind="tool", queue="tools") == 1
+    assert total(after, "toolloop_steps_started_total") == 3
+    assert total(after, "toolloop_steps_rerun_total") == 0
+    assert total(after, "toolloop_step_seconds_count") == 3
+    spent = sum(entry["cost_usd"] for entry in journal.values())
+    assert spent > 0
+    assert total(after, "toolloop_spend_usd_total") == pytest.approx(spent, rel=1e-9)
+    assert total(after, "toolloop_spend_usd_total") == pytest.approx(status.spent_usd, rel=1e-9)
+    reads = sum(u["cached_tokens"] for u in usage)
+    assert reads > 0
+    assert total(after, "toolloop_prompt_tokens_total", cache="read") == reads
+    assert total(after, "toolloop_prompt_tokens_total", cache="write") == sum(
+        u["cache_write_tokens"] for u in usage
+    )
+    assert total(after, "toolloop_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
+    assert total(after, "toolloop_model_calls_total", provider="anthropic", status="ok") == 2
+    assert total(after, "toolloop_runs_total", status="done") == 1
+    assert total(after, "toolloop_leases_lost_total") == 0
+    assert ("queue", "llm") in {label for labels in after["toolloop_queue_depth"] for label in labels}

@@ -1,0 +1,51 @@
+"""The dashboard and alert rules of docs/operations.md name only metrics a worker exports, and the
+copies in the page are the files' (docs/grafana-dashboard.json, docs/prometheus-alerts.yml)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from workers.metrics import Metrics
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+NAME = re.compile(r"\btoolloop_[a-z_]+")
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def exported() -> set[str]:
+    """Every sample name a worker's /metrics can show (labelled series appear once used)."""
+    metrics = Metrics(lambda: {"llm": 0})
+    return {family.name + suffix for family in metrics.registry.collect() for suffix in SUFFIXES[family.type]}
+
+
+def block(language: str) -> str:
+    text = (DOCS / "operations.md").read_text()
+    found = re.search(rf"```{language}\n(.*?)```", text, re.S)
+    assert found is not None, f"no ```{language} block in docs/operations.md"
+    return found.group(1)
+
+
+def test_the_dashboard_is_valid_json_over_exported_metrics() -> None:
+    known = exported()
+    dashboard = json.loads((DOCS / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(dashboard["panels"]) >= 10
+    names = {name for expr in exprs for name in NAME.findall(expr)}
+    assert names, exprs
+    assert names <= known, names - known
+    assert json.loads(block("json")) == dashboard
+
+
+def test_the_three_alerts_name_exported_metrics() -> None:
+    rules = yaml.safe_load((DOCS / "prometheus-alerts.yml").read_text())
+    alerts = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
+    assert set(alerts) == {"ToolloopCacheReadRatioDrop", "ToolloopRerunRate", "ToolloopQueueDepth"}
+    names = {name for rule in alerts.values() for name in NAME.findall(rule["expr"])}
+    assert names <= exported(), names - exported()
+    assert yaml.safe_load(block("yaml")) == rules
