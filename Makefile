@@ -41,6 +41,7 @@ bench: $(STAMP)  ## every benchmark; each prints ours beside its peer or floor
 	$(PY) bench/loop_overhead.py
 	$(PY) bench/prompt_cache.py
 	$(PY) bench/durable.py
+	$(PY) bench/flow.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -16,6 +16,10 @@ class _Value(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class TextPart(_Value):
     type: Literal["text"] = "text"
     text: str
@@ -52,11 +56,27 @@ class UserMessage(_Value):
     content: str | list[ContentPart]
 
 
+class ReasoningBlock(_Value):
+    """One piece of a model's reasoning, opaque to the loop (SPEC 4.1). `provider` is the handler
+    that produced it (`"anthropic"`, `"fal"`); `type` is what it is (`thinking`,
+    `redacted_thinking`, `reasoning_details`, `reasoning`); `data` is the provider's own block,
+    kept verbatim (Anthropic: `{"type": "thinking", "thinking": ..., "signature": ...}` or
+    `{"type": "redacted_thinking", "data": ...}`; fal: one `reasoning_details` entry as OpenRouter
+    sent it). The provider that produced it sends `data` back unchanged; others leave it out."""
+
+    provider: str
+    type: str
+    data: dict[str, Any]
+
+
 class AssistantMessage(_Value):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     """None unless the turn made at least one call."""
+    reasoning: list[ReasoningBlock] | None = Field(default=None, exclude_if=_unset)
+    """The reasoning blocks of the answer, in the order the provider gave them; None when none (then
+    left out of dumps: a message without reasoning is stored as it was before the field existed)."""
 
 
 class ToolMessage(_Value):
@@ -117,7 +137,10 @@ class PromptGenUsage(_Value):
     """Of the cache writes, those with the 1-hour TTL, priced at the model's 1-hour write rate."""
 
 
-FinishReason = Literal["stop", "tool_calls", "length", "other"]
+FinishReason = Literal["stop", "tool_calls", "length", "refusal", "paused", "other"]
+"""`refusal`: the model declined (meta: `category`, `explanation`); `paused`: the provider paused a
+long turn and wants it sent back to continue (Anthropic `pause_turn`); `length`: cut at the output
+limit (meta `cut_off`: ids of tool calls whose input was cut short)."""
 
 
 class PromptGenResult(_Value):
@@ -127,3 +150,6 @@ class PromptGenResult(_Value):
     finish_reason: FinishReason = "stop"
     usage: PromptGenUsage = Field(default_factory=PromptGenUsage)
     meta: dict[str, Any] | None = None
+    reasoning: list[ReasoningBlock] | None = Field(default=None, exclude_if=_unset)
+    """The answer's reasoning blocks (SPEC 4.1); the loop keeps them on the `AssistantMessage`.
+    None is left out of dumps, so a journal step without reasoning reads as it did before."""

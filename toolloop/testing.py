@@ -7,6 +7,10 @@
     await run_tool_loop(RunToolLoopOptions(generate=model, ...))
     assert model.calls == 2 and model.requests[1].messages[-1].role == "tool"
 
+`reply` also takes `finish_reason`, `meta` and `reasoning`, to script the stops of SPEC 4.2:
+`reply(finish_reason="refusal", meta={"category": "cyber"})`, a `paused` turn, or a `length` answer
+whose last tool call was cut off.
+
 A turn is a `PromptGenResult`, a dict in its shape, or a callable `(request) -> turn` (to answer from
 what the request holds). Running past the script raises `AssertionError` unless `repeat_last=True`.
 """
@@ -18,7 +22,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolloop.abort import AbortSignal
-from toolloop.contract import PromptGenRequest, PromptGenResult, PromptGenUsage, ToolCall
+from toolloop.contract import (
+    FinishReason,
+    PromptGenRequest,
+    PromptGenResult,
+    PromptGenUsage,
+    ReasoningBlock,
+    ToolCall,
+)
 
 Turn = PromptGenResult | dict[str, Any] | Callable[[PromptGenRequest], "PromptGenResult | dict[str, Any]"]
 
@@ -36,14 +47,20 @@ def reply(
     tool_calls: Sequence[ToolCall] = (),
     cost_usd: float = 0.0,
     usage: PromptGenUsage | None = None,
+    finish_reason: FinishReason | None = None,
+    meta: dict[str, Any] | None = None,
+    reasoning: Sequence[ReasoningBlock] | None = None,
 ) -> PromptGenResult:
-    """A model answer: text and/or tool calls, with its cost."""
+    """A model answer: text and/or tool calls, with its cost. `finish_reason` defaults to
+    `tool_calls` when there are calls, else `stop`."""
     return PromptGenResult(
         text=text,
         tool_calls=list(tool_calls),
         cost_usd=cost_usd,
-        finish_reason="tool_calls" if tool_calls else "stop",
+        finish_reason=finish_reason or ("tool_calls" if tool_calls else "stop"),
         usage=usage or PromptGenUsage(),
+        meta=meta,
+        reasoning=list(reasoning) if reasoning is not None else None,
     )
 
 

@@ -41,7 +41,7 @@ from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import consumer, killpoints, runlist, runtime, wire
+from workers import consumer, flow, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
@@ -85,8 +85,10 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
     """Make commit `n` of the run (see the module docstring). Returns what happened, for logs.
     Runs on the process's asyncio loop (workers/runtime.py), from a Celery task or the step consumer.
 
-    A copy fenced at its commit re-drives from storage. A copy that finds the lease about to lapse
-    (a dead holder: a redelivery after a crash) waits for it rather than leave the run to the sweeper.
+    A run's last step returns `stop: <stopped_by>` (`stop: refused (cyber)`): Flower shows it as the
+    task's result. A copy fenced at its commit re-drives from storage. A copy that finds the lease
+    about to lapse (a dead holder: a redelivery after a crash) waits for it rather than leave the run
+    to the sweeper.
     `begun`: the predecessor's commit began this task already (RUN_COMMIT's go_on).
     """
     kill_point("advance:begin", run=run_id, n=n)
@@ -110,7 +112,8 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
             continue
         if outcome != "fenced":
             break
-    return Outcome(outcome, step.failure if outcome == "fail" else None)
+    what = f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
+    return Outcome(what, step.failure if outcome == "fail" else None)
 
 
 class _Step:
@@ -128,6 +131,8 @@ class _Step:
         self.lease_left_ms = -1
         self.replayed_before = 0
         self.failure: tuple[str, str] | None = None
+        self.stopped: str | None = None
+        """How the run stopped when this step ended it (`refused (cyber)`), for the task's result."""
         self.held: Held | None = None
         self.started = time.monotonic()
         self.trace: StepTrace | None = None
@@ -187,7 +192,7 @@ class _Step:
         else:
             try:
                 spec = RunSpec.model_validate_json(spec_json)
-                tools = runtime.toolsets().for_worker(spec.toolset)
+                tools = flow.wrap_tools(runtime.toolsets().for_worker(spec.toolset), spec)
                 messages = segment_messages(input_json, answer)
             except Exception as error:
                 return await self.commit_failure(error)
@@ -200,7 +205,9 @@ class _Step:
             steps_base = int(self.state.get("steps_base", 0))
             generate = runtime.generate_for(spec.provider, spec.fallback)
             options = RunToolLoopOptions(
-                generate=generate if self.metrics is None else counted(generate, spec.provider, self.metrics),
+                generate=flow.wrap_generate(
+                    generate if self.metrics is None else counted(generate, spec.provider, self.metrics), spec
+                ),
                 model=spec.model,
                 system=spec.system,
                 messages=messages,
@@ -336,8 +343,13 @@ class _Step:
             parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
             return await self.commit("park", state=state, history=history, parked=parked)
         state["status"] = result.stopped_by
-        final = {"stopped_by": result.stopped_by, "final_text": result.final_text,
-                 "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
+        final: dict[str, Any] = {"stopped_by": result.stopped_by, "final_text": result.final_text,
+                                 "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
+        self.stopped = result.stopped_by
+        if result.refusal is not None:
+            state["refusal"] = result.refusal.model_dump_json()
+            final["refusal"] = result.refusal.model_dump(mode="json")
+            self.stopped += f" ({result.refusal.category or 'no category'})"
         return await self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
 
     async def commit_failure(self, error: BaseException) -> str:

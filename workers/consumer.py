@@ -35,10 +35,12 @@ events from this worker's hostname) and every delivery guarantee holds as with C
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import click
@@ -82,6 +84,19 @@ class StepConsumer:
         self.main: asyncio.Future[None] | None = None
         self.wake_key = f"toolloop:wake:{hostname}"
         """A list only this consumer waits on, beside its queues: a push ends its BRPOP at once."""
+
+    @contextlib.asynccontextmanager
+    async def lend(self) -> AsyncIterator[None]:
+        """While a running step only waits (for room under a rate limit: workers/flow.py), its slot
+        is lent to the next message; it is taken back when the wait ends, so `free` may dip below 0
+        for as long as the borrowers run (at most `capacity` more steps, all of them waiting)."""
+        self.free += 1
+        if self.room is not None:
+            self.room.set()
+        try:
+            yield
+        finally:
+            self.free -= 1
 
     # -- from the worker's threads ----------------------------------------------------------------
 

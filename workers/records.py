@@ -6,15 +6,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Status = Literal["queued", "running", "asked", "done", "budget", "steps", "cancel", "failed"]
-FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "failed"})
+Status = Literal["queued", "running", "asked", "done", "budget", "steps", "cancel", "refused", "failed"]
+FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
 RUN_EVENT_KINDS: frozenset[str] = frozenset({"queued", "parked", "answered", "resumed", "finished", "failed"})
 """Run-level events; the others are the loop's own (`model`, `tool`, `budget`)."""
 
 
 class RunStatus(BaseModel):
     """A run's state. `asked` is the held ask's input while `status == "asked"`; `segment` counts
-    the answered asks; `error_class` / `error_message` are set when `status == "failed"`."""
+    the answered asks; `error_class` / `error_message` are set when `status == "failed"`;
+    `refusal` (`category`, `explanation`) when the model refused (`status == "refused"`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -27,6 +28,7 @@ class RunStatus(BaseModel):
     asked: dict[str, Any] | None = None
     error_class: str | None = None
     error_message: str | None = None
+    refusal: dict[str, Any] | None = None
     cancel_requested: bool = False
     created_at: float | None = None
     updated_at: float | None = None

@@ -206,6 +206,11 @@ def generate_for(provider: str | None, fallback: list[str]) -> Generate:
     return generate
 
 
+def prompt_gen() -> Any:
+    """This process's PromptGen (or plain generate), made once (TOOLLOOP_PROMPT_GEN)."""
+    return _get_prompt_gen()
+
+
 def _get_prompt_gen() -> Any:
     global _prompt_gen
     with _lock:

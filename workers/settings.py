@@ -28,6 +28,8 @@ TOOLLOOP_MAX_IMAGE_BYTES     5000000 an image file of a spec's messages (enqueue
                                      (the model is answered an error instead)
 TOOLLOOP_MAX_TOOL_RESULT_BYTES 1000000 a tool result's content as JSON (the model is answered an error)
 TOOLLOOP_MAX_TASK_BYTES      262144  a task message on a queue (a larger one goes to toolloop:rejected)
+Flow control (docs/flow-control.md):
+TOOLLOOP_RATE_LIMITS         unset   provider -> model -> limits, inline JSON or a JSON/YAML file
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from workers.ratelimit import ENV as RATE_LIMITS_ENV
+from workers.ratelimit import Limits
+from workers.ratelimit import parse as parse_rate_limits
 from workers.toolsets import ENV as TOOLSETS_ENV
 from workers.toolsets import parse as parse_toolsets
 
@@ -110,6 +115,8 @@ class Settings:
     max_image_bytes: int = 5_000_000
     max_tool_result_bytes: int = 1_000_000
     max_task_bytes: int = 262_144
+    rate_limits: dict[str, dict[str, Limits]] = field(default_factory=dict)
+    """Provider rate limits per key and model (TOOLLOOP_RATE_LIMITS, workers/ratelimit.py)."""
     metrics_port: int = 0
     retention: float = 7 * 86400
     """Seconds a finished run's keys stay (TOOLLOOP_RETENTION; 0: for ever)."""
@@ -139,5 +146,6 @@ class Settings:
             max_image_bytes=int(_float("TOOLLOOP_MAX_IMAGE_BYTES", 5_000_000)),
             max_tool_result_bytes=int(_float("TOOLLOOP_MAX_TOOL_RESULT_BYTES", 1_000_000)),
             max_task_bytes=int(_float("TOOLLOOP_MAX_TASK_BYTES", 262_144)),
+            rate_limits=parse_rate_limits(os.environ.get(RATE_LIMITS_ENV, "")),
             metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0)),
         )

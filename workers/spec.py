@@ -50,6 +50,9 @@ class RunSpec(BaseModel):
     provider: str | None = None
     """The provider to ask first (None: the worker's default); `fallback` lists the next ones."""
     fallback: list[str] = Field(default_factory=list)
+    account: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[^{}:*\s]+$")
+    """A shared budget account (docs/flow-control.md): every model call and tool of the run reserves
+    its estimate from it first; near its limit the run finishes, past it the run stops `budget`."""
 
     @field_validator("provider")
     @classmethod

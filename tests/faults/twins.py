@@ -50,8 +50,8 @@ class Twins:
         """Differences from the fault-free twins. For the `retried` runs (tags), the failure and the
         retry's own events are left out of the event streams (and their numbering). With
         `other_provider` (the twins were served by different wires), tool-call ids are compared by
-        their order of appearance and the providers' own figures (usage, costs, who answered) are
-        left out."""
+        their order of appearance and the providers' own figures (usage, costs, who answered,
+        reasoning blocks) are left out."""
         allowed = allowed or Counter()
         problems: list[str] = []
         for shape in self.shapes:
@@ -91,11 +91,13 @@ _FIGURES = ("usage", "cost_usd", "spent_usd", "limit_usd", "provider", "fallback
 
 
 def _loose(snap: Snapshot) -> Snapshot:
-    """The snapshot with call ids numbered in order of appearance and providers' figures removed."""
+    """The snapshot with call ids numbered in order of appearance and providers' figures removed
+    (usage, costs, who answered, and the reasoning blocks each wire returns in its own shape)."""
     text = json.dumps([snap.history, snap.events])
     order: dict[str, str] = {}
     text = _CALL_ID.sub(lambda m: order.setdefault(m.group(0), f"call#{len(order)}"), text)
     history, events = json.loads(text)
+    history = [{k: v for k, v in m.items() if k != "reasoning"} for m in history]  # each wire's own
     events = [(e[0], e[1], e[2], {k: v for k, v in e[3].items() if k not in _FIGURES}) for e in events]
     return Snapshot(snap.run_id, snap.status, history, [tuple(e) for e in events], snap.journal)
 

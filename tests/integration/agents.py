@@ -174,6 +174,11 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 1:
             return reply(tool_calls=[call("render", {"a": 4, "b": 5})])
         return reply(f"Rendered {_last_tool_text(request)}.")
+    if scenario == "refuse":  # one addition, then a refusal with its details
+        if turn == 1:
+            return reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3})], cost_usd=0.01)
+        details = {"category": "cyber", "explanation": "Exploit development."}
+        return reply("", finish_reason="refusal", meta=details, cost_usd=0.01)
     if scenario == "flaky":
         if turn == 1:
             return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)

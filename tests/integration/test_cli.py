@@ -279,3 +279,16 @@ def test_demo_without_an_answer_or_a_terminal_stops_cleanly(tmp_path: Path) -> N
     worker_pid = int(done.stdout.split("celery worker pid ")[1].split()[0])
     with pytest.raises(ProcessLookupError):
         os.kill(worker_pid, 0)
+
+
+def test_accounts_sets_a_limit_and_shows_spend(env: dict[str, str]) -> None:
+    done = toolloop(env, "accounts", "--set", "cli-tenant", "5", "--period", "month")
+    assert done.returncode == 0, done.stderr
+    assert "cli-tenant" in done.stdout and "month" in done.stdout and "5.0000" in done.stdout
+    listed = toolloop(env, "accounts", "--json")
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    mine = [row for row in rows if row["name"] == "cli-tenant"]
+    assert mine == [{"name": "cli-tenant", "limit_usd": 5.0, "period": "month", "finish_at": 0.9,
+                     "spent_usd": 0.0, "reserved_usd": 0.0}]  # fmt: skip
+    bad = toolloop(env, "accounts", "--set", "cli-tenant", "-1")
+    assert bad.returncode == 1 and "positive finite" in bad.stderr

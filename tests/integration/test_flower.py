@@ -171,3 +171,28 @@ def test_flower_started_as_compose_and_the_procfile_do_is_read_only(
             refused = httpx.post(f"{url}{path}", auth=AUTH, timeout=10)
             assert refused.status_code == 403, (path, refused.status_code)
         assert httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).status_code == 200  # it still shows
+
+
+def test_flower_shows_a_refused_run_in_its_last_step_result(
+    redis_server: EmbeddedServer, flower: str, worker: Worker
+) -> None:
+    client = Client(redis_server.url)
+    try:
+        run_id = client.enqueue(spec("refuse", "Add, then refuse."))
+        status = client.wait(run_id, timeout=30)
+        assert status.status == "refused" and status.refusal == {
+            "category": "cyber",
+            "explanation": "Exploit development.",
+        }
+    finally:
+        client.close()
+
+    def last_step() -> dict[str, Any] | None:
+        try:
+            task: dict[str, Any] = api(flower, f"/api/task/info/{run_id}:3")
+        except httpx.HTTPStatusError:  # Flower has not heard of it yet
+            return None
+        return task if task.get("state") == "SUCCESS" else None
+
+    task = eventually(last_step, timeout=20)  # model, tool, then the refused model step
+    assert ast.literal_eval(task["result"]) == "stop: refused (cyber)"

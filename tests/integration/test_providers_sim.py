@@ -357,12 +357,12 @@ async def test_auth_and_limit_statuses_are_unavailable_without_retry(
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_a_refusal_is_finish_reason_other_without_tool_calls(wire: str) -> None:
+async def test_a_refusal_is_finish_reason_refusal_without_tool_calls(wire: str) -> None:
     turn = {"text": "", "tool_calls": [{"name": "trim", "input": {}}], "fault": {"kind": "refusal"}}
     with serve([turn]) as sim:
         handler = anthropic(sim) if wire == "anthropic" else fal(sim)
         result = await execute(handler, PromptGenRequest(prompt="Go"))
-    assert result.finish_reason == "other" and result.tool_calls == []
+    assert result.finish_reason == "refusal" and result.tool_calls == []
 
 
 async def test_persistent_5xx_is_bounded_in_attempts() -> None:

@@ -105,3 +105,17 @@ def test_status_block(capsys: pytest.CaptureFixture[str]) -> None:
         'asked       {"question": "Keep shot 3?"}',
         "created_at  1970-01-01 00:00:00 UTC",
     ]
+
+
+def test_refused_paused_and_cut_lines() -> None:
+    refusal = {"category": "cyber", "explanation": "Exploit development."}
+    refused = model_event(4, read=0).model_copy(
+        update={"tool_calls": [], "finish_reason": "refusal", "refusal": refusal}
+    )
+    assert event_line(refused).endswith("$0.0123  refused (category cyber: Exploit development.)")
+    paused = model_event(1, read=0).model_copy(update={"finish_reason": "paused"})
+    assert event_line(paused).endswith("[paused: sent back] → read_frame(shot=3)")
+    cut = model_event(1, read=0).model_copy(update={"finish_reason": "length"})
+    assert event_line(cut).endswith("[cut at max_tokens] → read_frame(shot=3)")
+    finished = {"kind": "finished", "stopped_by": "refused", "refusal": {"category": None}}
+    assert event_line(finished) == "run      finished: refused (no category)"

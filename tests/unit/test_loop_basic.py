@@ -58,6 +58,7 @@ async def test_tool_call_result_joins_history_and_next_request() -> None:
             tool_calls=[call("read_frame", {"shot": 3}, id="c1")],
             cost_usd=0.01,
             usage=PromptGenUsage(),
+            finish_reason="tool_calls",
         ),
         ToolEvent(step=1, name="read_frame", call_id="c1", cost_usd=0.5, summary="frame 3", rows=[]),
         ModelEvent(step=2, text="Shot 3 is fine.", tool_calls=[], cost_usd=0.01, usage=PromptGenUsage()),

@@ -265,8 +265,8 @@ async def test_an_sdk_message_maps_text_tool_calls_usage_and_cost_with_cache_rat
         ("stop_sequence", "stop"),
         ("tool_use", "tool_calls"),
         ("max_tokens", "length"),
-        ("refusal", "other"),
-        ("pause_turn", "other"),
+        ("refusal", "refusal"),
+        ("pause_turn", "paused"),
     ],
 )
 async def test_stop_reasons_map_to_finish_reasons(stop: str, finish: str) -> None:

@@ -232,7 +232,8 @@ async def test_without_usage_the_cost_comes_from_characters() -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "finish"), [("stop", "stop"), ("length", "length"), ("content_filter", "other"), (None, "other")]
+    ("raw", "finish"),
+    [("stop", "stop"), ("length", "length"), ("content_filter", "refusal"), (None, "other")],
 )
 async def test_finish_reasons(raw: str | None, finish: str) -> None:
     result, _ = await call(PromptGenRequest(prompt="Go"), completion(finish=raw))

@@ -15,7 +15,7 @@ __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from toolloop.cli import commands, demo, doctor, processes
+    from toolloop.cli import accounts, commands, demo, doctor, processes
 
     parser = argparse.ArgumentParser(
         prog="toolloop",
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     processes.add_commands(sub)
     demo.add_command(sub)
     doctor.add_command(sub)
+    accounts.add_command(sub)
     return parser
 
 

@@ -73,6 +73,7 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--cache-ttl", choices=["5m", "1h"], help="TTL of the cache marks (default 5m)")
     run.add_argument("--provider")
     run.add_argument("--fallback", help="comma-separated provider names to fall back to")
+    run.add_argument("--account", help="a shared budget account (toolloop accounts; docs/flow-control.md)")
     run.add_argument(
         "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 from toolloop.cli.render import Progress, Totals, as_dict, event_line, field
 
-FINAL = frozenset({"done", "budget", "steps", "cancel", "failed"})
+FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
 Answerer = Callable[[dict[str, Any]], str | None]
 """Given the held ask's input, the answer text; None to stop following instead."""
 
@@ -56,7 +56,7 @@ def follow(
     check: Callable[[], None] | None = None,
 ) -> int:
     """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 1
-    when it followed the run to a failure, else 0 (a budget, steps or cancel stop is an outcome).
+    when it followed the run to a failure, else 0 (a budget, steps, cancel or refused stop is an outcome).
     `check` is called before every read (the demo raises from it when its worker died)."""
     progress = Progress()
     totals = totals if totals is not None else Totals()

@@ -98,6 +98,11 @@ def event_line(event: Any, step: int | None = None) -> str:
         )
         calls = field(event, "tool_calls") or []
         what = "→ " + ", ".join(_call(c) for c in calls) if calls else _short(field(event, "text"))
+        finish = field(event, "finish_reason")
+        if finish == "refusal":
+            what = f"refused ({refusal_text(field(event, 'refusal'))})"
+        elif finish in ("paused", "length"):
+            what = f"[{'paused: sent back' if finish == 'paused' else 'cut at max_tokens'}] {what}"
         cost = float(field(event, "cost_usd", 0) or 0)
         failed = field(event, "fallback_from") or []
         via = ""
@@ -126,12 +131,23 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
     if kind == "answered":
         return f"answered: {_short(data.get('content'), 60)}"
     if kind == "finished":
-        return f"finished: {data.get('stopped_by') or data.get('status') or 'done'}"
+        stopped = data.get("stopped_by") or data.get("status") or "done"
+        if stopped == "refused":
+            return f"finished: refused ({refusal_text(data.get('refusal'))})"
+        return f"finished: {stopped}"
     if kind == "failed":
         error = data.get("error_message") or data.get("message") or data.get("error") or ""
         return f"failed: {data.get('error_class') or ''} {_short(error, 80)}".rstrip()
     rest = {k: v for k, v in data.items() if k not in HIDDEN and v not in (None, "")}
     return kind + ("  " + _short(json.dumps(rest, default=str), 90) if rest else "")
+
+
+def refusal_text(refusal: Any) -> str:
+    """`category cyber: <explanation>` of a refusal's details (either may be missing)."""
+    category = field(refusal, "category") if refusal else None
+    explanation = field(refusal, "explanation") if refusal else None
+    text = f"category {category}" if category else "no category"
+    return f"{text}: {_short(explanation, 80)}" if explanation else text
 
 
 class Progress:

@@ -26,6 +26,7 @@ FLAG_FIELDS = (
     "cache",
     "cache_ttl",
     "provider",
+    "account",
 )
 SPEC_HINT = (
     "  Give a mapping with model, system, messages (or a prompt) and toolset; see `toolloop run --help`."

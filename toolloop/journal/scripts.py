@@ -22,7 +22,7 @@ local function emit(state, events_key, segment, kind, data)
 end
 local function terminal(status)
   return status == 'done' or status == 'budget' or status == 'steps' or status == 'cancel'
-    or status == 'failed'
+    or status == 'refused' or status == 'failed'
 end
 """
 

@@ -1,5 +1,12 @@
 """`run_tool_loop` (SPEC.md section 2): the model answers, tools run, until a turn makes no call.
 
+Stops the model asks for (SPEC 4.2), each decided from the stored answer, so a replay decides the same:
+- `refusal`: the loop stops `"refused"`; open calls of the turn are answered `Not run: refused.`.
+- `paused`: the answer joins the history and the next model call sends it back; no tool runs.
+- `length` with a cut-off tool call (`meta["cut_off"]`, else the last call): nothing of that answer
+  runs and it stays out of the history; the turn is asked again once with `params["max_tokens"]`
+  doubled (`retry_max_tokens`); cut off again, the loop raises `PromptGenError`.
+
 Replay contract: the loop keeps no state of its own. Every model call and every tool call is one step
 of the caller's journal (`model:<n>`, `tool:<id>`, `tool:<id>:start`, `tool:<id>:wait`); what a step
 stores is JSON and every decision after it is made from that stored value, so a rerun with the same
@@ -18,12 +25,14 @@ from toolloop import telemetry
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
     AssistantMessage,
+    FinishReason,
     PromptGenRequest,
     PromptGenResult,
     ToolCall,
     ToolMessage,
     UserMessage,
 )
+from toolloop.errors import PromptGenError
 from toolloop.loop.cache import request_messages
 from toolloop.loop.history import History
 from toolloop.loop.tools import (
@@ -42,6 +51,7 @@ from toolloop.loop.types import (
     BudgetEvent,
     LoopEvent,
     ModelEvent,
+    Refusal,
     RunToolLoopOptions,
     RunToolLoopResult,
     StepResult,
@@ -54,6 +64,7 @@ from toolloop.loop.types import (
 
 ASK = "ask"
 SECOND_ASK = "Ask one question at a time."
+MIN_RETRY_MAX_TOKENS = 1024
 
 
 async def run_tool_loop(options: RunToolLoopOptions | Mapping[str, Any]) -> RunToolLoopResult:
@@ -69,6 +80,11 @@ class _BudgetStop(Exception):
     def __init__(self, spent_usd: float) -> None:
         super().__init__(spent_usd)
         self.spent_usd = spent_usd
+
+
+BudgetStop = _BudgetStop
+"""Raised by a model call or a tool's work (a durable worker's shared budget account, workers/flow.py)
+to stop the run `budget` as the breaker would: nothing is journaled."""
 
 
 class _Cancel(Exception):
@@ -87,13 +103,14 @@ class _Run:
             params["cache_ttl"] = options.cache_ttl
         self.params = params or None
         fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
-        self.request_fields_off = fields
-        self.request_fields = fields | {"cache_system"}
+        self.request_fields = fields
         self.cost = 0.0
         """Cost of every step of this run so far, replayed ones included."""
         self.steps = 0
         self.final_text: str | None = None
         self.finish_started = False
+        self.retry_max_tokens: int | None = None
+        """Set after an answer whose tool call was cut off: the output room of the repeated turn."""
 
     # -- the turn ----------------------------------------------------------------------------------
 
@@ -117,6 +134,10 @@ class _Run:
             result = self.record_model(turn, value)
             if signal.aborted:
                 return await self.stop("cancel")
+            if result.finish_reason == "refusal":
+                return await self.stop("refused", refusal_of(result))
+            if result.finish_reason == "paused" or self.retry_max_tokens is not None:
+                continue  # sent back as the next model call / the cut-off turn asked again
             if not result.tool_calls:
                 return await self.finish("done")
             try:
@@ -140,6 +161,11 @@ class _Run:
             if spent >= budget.usd:
                 raise _BudgetStop(spent)
             finish = not self.finish_started and spent >= budget.finish_at * budget.usd
+            params: dict[str, Any] | None = None if self.params is None else dict(self.params)
+            fields = self.request_fields
+            if self.retry_max_tokens is not None:
+                params = {**(params or {}), "max_tokens": self.retry_max_tokens}
+                fields = fields | {"params"}
             length = len(self.history.messages)
             try:
                 if finish and self.note_applies():
@@ -149,12 +175,12 @@ class _Run:
                 self.history.truncate(length)
             # Every field is built from validated values: the history is not validated again.
             request = PromptGenRequest.model_construct(
-                _fields_set=self.request_fields if cache_system is not None else self.request_fields_off,
+                _fields_set=fields | {"cache_system"} if cache_system is not None else fields,
                 prompt="",
                 system=options.system,
                 model=options.model,
                 temperature=None,
-                params=None if self.params is None else dict(self.params),
+                params=params,
                 messages=messages,
                 tools=self.definitions,
                 tool_choice=None,
@@ -183,13 +209,23 @@ class _Run:
         self.cost += result.cost_usd
         text = result.text or None
         message, event = derived(result, turn, _model_records, turn, result)
-        self.history.append(message)
-        self.final_text = text
+        retried, self.retry_max_tokens = self.retry_max_tokens, None
+        if not cut_off(result):
+            self.history.append(message)
+            self.final_text = text
+        elif retried is None:
+            self.retry_max_tokens = retry_room(result)
         if finish is not None:
             budget = self.options.budget
             self.emit(BudgetEvent(spent_usd=finish["spent_usd"], limit_usd=budget.usd, mode="finish"))
         if self.options.on_step is not None:
             self.emit(event)
+        if retried is not None and cut_off(result):
+            raise PromptGenError(
+                f"The model's answer did not fit in {retried} output tokens: a tool call was cut off "
+                f"at step {turn - 1} and again when the turn was asked again with twice the room.\n"
+                "  Ask for smaller tool inputs (split the work), or pick a model with more output room."
+            )
         return result
 
     def note_applies(self) -> bool:
@@ -306,13 +342,15 @@ class _Run:
         self.emit(BudgetEvent(spent_usd=spent_usd, limit_usd=self.options.budget.usd, mode="stop"))
         return await self.stop("budget")
 
-    async def stop(self, reason: StoppedBy) -> RunToolLoopResult:
-        """A budget, steps or cancel stop: answer every open call with `Not run: <reason>.`."""
+    async def stop(self, reason: StoppedBy, refusal: Refusal | None = None) -> RunToolLoopResult:
+        """A budget, steps, cancel or refused stop: answer every open call with `Not run: <reason>.`."""
         for call_id in self.history.open_calls():
             self.history.append(ToolMessage(tool_call_id=call_id, content=f"Not run: {reason}."))
-        return await self.finish(reason)
+        return await self.finish(reason, refusal=refusal)
 
-    async def finish(self, stopped_by: StoppedBy, asked: Asked | None = None) -> RunToolLoopResult:
+    async def finish(
+        self, stopped_by: StoppedBy, asked: Asked | None = None, refusal: Refusal | None = None
+    ) -> RunToolLoopResult:
         return RunToolLoopResult.model_construct(
             stopped_by=stopped_by,
             spent_usd=await self.spent(),
@@ -320,7 +358,38 @@ class _Run:
             messages=list(self.history.messages),
             final_text=self.final_text,
             asked=asked,
+            refusal=refusal,
         )
+
+
+def refusal_of(result: PromptGenResult) -> Refusal:
+    meta = result.meta or {}
+    category, explanation = meta.get("category"), meta.get("explanation")
+    return Refusal(
+        category=category if isinstance(category, str) else None,
+        explanation=explanation if isinstance(explanation, str) else None,
+    )
+
+
+def cut_off(result: PromptGenResult) -> list[str]:
+    """Ids of the answer's tool calls whose input was cut at the output limit: what the provider
+    names in `meta["cut_off"]`, else the last call of a `length` answer (where a cut falls)."""
+    if result.finish_reason != "length" or not result.tool_calls:
+        return []
+    named = (result.meta or {}).get("cut_off")
+    if isinstance(named, list):
+        ids = {call.id for call in result.tool_calls}
+        return [call_id for call_id in named if call_id in ids]
+    return [result.tool_calls[-1].id]
+
+
+def retry_room(result: PromptGenResult) -> int:
+    """The output room of a cut-off turn asked again: twice what the cut answer had (the provider's
+    `meta["max_tokens"]`, else its output tokens), at least MIN_RETRY_MAX_TOKENS. The provider keeps
+    it within what the model allows."""
+    sent = (result.meta or {}).get("max_tokens")
+    room = sent if isinstance(sent, int) and not isinstance(sent, bool) and sent > 0 else 0
+    return max(2 * (room or result.usage.completion_tokens), MIN_RETRY_MAX_TOKENS)
 
 
 _Model = TypeVar("_Model", PromptGenResult, ToolOutput)
@@ -368,12 +437,17 @@ def derived(source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *
 
 def _model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage, ModelEvent]:
     text = result.text or None
-    message = AssistantMessage(content=text, tool_calls=list(result.tool_calls) or None)
+    message = AssistantMessage(
+        content=text, tool_calls=list(result.tool_calls) or None, reasoning=result.reasoning or None
+    )
     meta = result.meta or {}
     provider = meta.get("provider") if isinstance(meta.get("provider"), str) else None
     fallback = meta.get("fallback_from") if isinstance(meta.get("fallback_from"), list) else None
+    finish: FinishReason = result.finish_reason
     event = ModelEvent(step=turn, text=text, tool_calls=result.tool_calls, cost_usd=result.cost_usd,
-                       usage=result.usage, provider=provider, fallback_from=fallback or None)  # fmt: skip
+                       usage=result.usage, finish_reason=finish,
+                       refusal=refusal_of(result) if finish == "refusal" else None,
+                       provider=provider, fallback_from=fallback or None)  # fmt: skip
     return message, event
 
 

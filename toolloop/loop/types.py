@@ -11,6 +11,7 @@ from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
     ChatMessage,
     ContentPart,
+    FinishReason,
     PromptGenRequest,
     PromptGenResult,
     PromptGenUsage,
@@ -133,6 +134,15 @@ def _unset(value: Any) -> bool:
     return value is None
 
 
+class Refusal(_Value):
+    """Why the model declined (SPEC 4.2), as the provider said it: `category` (Anthropic: `cyber`,
+    `bio`, `frontier_llm`, `reasoning_extraction`, `general_harms`; None when it names none) and
+    `explanation` (human-readable, not stable; None when there is none)."""
+
+    category: str | None = None
+    explanation: str | None = None
+
+
 class ModelEvent(_Value):
     kind: Literal["model"] = "model"
     step: int
@@ -140,6 +150,9 @@ class ModelEvent(_Value):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     cost_usd: float
     usage: PromptGenUsage
+    finish_reason: FinishReason = "stop"
+    refusal: Refusal | None = Field(default=None, exclude_if=_unset)
+    """Set when `finish_reason == "refusal"` (left out of dumps otherwise)."""
     provider: str | None = Field(default=None, exclude_if=_unset)
     """`result.meta["provider"]`: who answered (None when the model's result does not say)."""
     fallback_from: list[dict[str, str]] | None = Field(default=None, exclude_if=_unset)
@@ -173,7 +186,7 @@ LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
 CacheTtl = Literal["5m", "1h"]
-StoppedBy = Literal["done", "budget", "steps", "cancel", "asked"]
+StoppedBy = Literal["done", "budget", "steps", "cancel", "asked", "refused"]
 
 
 class RunToolLoopOptions(_Options):
@@ -214,3 +227,5 @@ class RunToolLoopResult(_Value):
     messages: list[ChatMessage]
     final_text: str | None = None
     asked: Asked | None = None
+    refusal: Refusal | None = Field(default=None, exclude_if=_unset)
+    """Set only for `"refused"`: the category and explanation the provider gave."""

@@ -114,7 +114,8 @@ def estimate_input_tokens(request: PromptGenRequest) -> int:
 
 
 def log_answer(provider: str, model: str, result: PromptGenResult) -> None:
-    """One DEBUG line per answer (a WARNING when it was cut at max_tokens); never the key or text."""
+    """One DEBUG line per answer (a WARNING when it was cut at max_tokens or refused); never the key
+    or text."""
     usage, source = result.usage, (result.meta or {}).get("cost_source")
     log.debug(
         "%s: %s answered %s (%d prompt tokens, %d cached, %d written; %d out) $%.6f from %s",
@@ -123,6 +124,9 @@ def log_answer(provider: str, model: str, result: PromptGenResult) -> None:
     )  # fmt: skip
     if result.finish_reason == "length":
         log.warning("%s: the answer of %s was cut at max_tokens (partial)", provider, model)
+    elif result.finish_reason == "refusal":
+        category = (result.meta or {}).get("category")
+        log.warning("%s: %s refused to answer (category %s)", provider, model, category or "not given")
 
 
 def cache_ttl_of(request: PromptGenRequest) -> CacheTtl:

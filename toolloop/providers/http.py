@@ -40,6 +40,7 @@ import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -55,6 +56,11 @@ log = logging.getLogger("toolloop.providers")
 T = TypeVar("T")
 
 _RETRIED = frozenset({408, 409})
+
+ResponseObserver = Callable[[int, httpx.Headers], None]
+observe_responses: ContextVar[ResponseObserver | None] = ContextVar("observe_responses", default=None)
+"""Called with the status and headers of every HTTP answer of the model calls made in this context
+(a worker's rate limiter learns `anthropic-ratelimit-*` and `retry-after` from them; workers/ratelimit.py)."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +373,9 @@ async def _attempt(
     except httpx.TransportError as exc:
         return _unreachable(name, endpoint, exc, secret)
     status = response.status_code
+    observer = observe_responses.get()
+    if observer is not None:
+        observer(status, response.headers)
     if 200 <= status < 300:
         try:
             return None, valid_text(response.json())

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS
+from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.script import Script, load_script
 from toolloop.sim.server import SimServer
 
@@ -46,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="a request on a keep-alive connection idle longer than this many seconds finds it closed",
     )
+    found.add_argument("--rpm", type=int, default=0, help="requests per minute per API key (0: no limit)")
+    found.add_argument("--input-tpm", type=int, default=0, help="input tokens per minute per API key")
+    found.add_argument("--output-tpm", type=int, default=0, help="output tokens per minute per API key")
     return found
 
 
@@ -69,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lookback=args.lookback,
         strict=True if args.strict else None,
         idle_timeout_s=args.idle_timeout,
+        rate_limits=SimRateLimits(args.rpm, args.input_tpm, args.output_tpm),
     )
     try:
         server.bind()

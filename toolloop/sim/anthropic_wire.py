@@ -1,7 +1,11 @@
 """The Anthropic Messages API wire (`POST /v1/messages`): request parsing, answers, errors.
 
 Parsing yields the neutral `SimRequest` and the prompt's cache blocks in prefix order (tools, system,
-messages; a `tool_result`'s inner blocks count as blocks). Answers follow the SDK's `Message` type;
+messages; a `tool_result`'s inner blocks count as blocks), after the thinking rules of
+toolloop/sim/thinking.py (signed blocks back unchanged and first inside a tool loop). With thinking
+on, an answer begins with its signed thinking blocks. A scripted refusal answers `stop_reason:
+refusal` with `stop_details`; a turn cut under `max_tokens_needed` ends in a `tool_use` whose
+input is `{}`, stop reason `max_tokens`. Answers follow the SDK's `Message` type;
 tool arguments that are not JSON (`raw_arguments`) are sent as a string `input`, which no real
 answer has: a client must refuse it as arguments that are not JSON.
 """
@@ -23,6 +27,7 @@ from toolloop.contract import (
     ToolMessage,
     UserMessage,
 )
+from toolloop.sim import thinking
 from toolloop.sim.cache import Block, CacheUsage
 from toolloop.sim.common import (
     Parsed,
@@ -97,6 +102,9 @@ def parse(body: Any) -> Parsed:
         else:
             messages.extend(_user(raw.get("content"), context, blocks))
         first = first or len(blocks) - start
+    problem = thinking.check_anthropic(body)
+    if problem is not None:
+        raise WireInputError(problem)
     conversation, history = conversation_ids("anthropic", system, blocks[start:], first)
     assistants = sum(1 for message in messages if message.role == "assistant")
     request = SimRequest(
@@ -106,23 +114,37 @@ def parse(body: Any) -> Parsed:
 
 
 def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
+    content = thinking.anthropic_blocks(turn, request)
+    output = sum(text_tokens(str(block.get("thinking") or block.get("data"))) for block in content)
     if turn.text:
         content.append({"type": "text", "text": turn.text})
-    output = text_tokens(turn.text)
-    for position, call in enumerate([] if refusal else turn.tool_calls):
+    output += text_tokens(turn.text)
+    refused = refusal or turn.refusal is not None
+    calls = [] if refused else turn.tool_calls
+    cut = not refused and turn.cut_by(request.body.get("max_tokens"))
+    for position, call in enumerate(calls):
         tool_input: Any = call.raw_arguments if call.raw_arguments is not None else call.input
+        if cut and position == len(calls) - 1:
+            tool_input = {}  # the answer stopped while this input was being written
         content.append(
             {"type": "tool_use", "id": call_id(request.history_hash, position, "toolu_"), "name": call.name,
              "input": tool_input}
         )  # fmt: skip
         output += json_tokens({"name": call.name, "input": tool_input})
-    if refusal:
+    if refused:
         stop = "refusal"
+    elif cut:
+        stop = "max_tokens"
     elif turn.stop_reason:
         stop = STOP_REASONS.get(turn.stop_reason, turn.stop_reason)
     else:
         stop = "tool_use" if turn.tool_calls else "end_turn"
+    details = turn.refusal
+    stop_details = (
+        {"type": "refusal", "category": details.category if details else None,
+         "explanation": details.explanation if details else None}
+        if refused else None
+    )  # fmt: skip
     body_usage: dict[str, Any] = {
         "input_tokens": usage.input_tokens,
         "cache_creation_input_tokens": usage.cache_creation_input_tokens,
@@ -143,6 +165,7 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
         "content": content,
         "stop_reason": stop,
         "stop_sequence": None,
+        "stop_details": stop_details,
         "usage": body_usage,
     }
 

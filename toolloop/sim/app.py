@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ from toolloop.providers.models import default_catalog
 from toolloop.sim import anthropic_wire, fal_wire
 from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Wire, fit_max_tokens
+from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.rules import SimRefusal, check_anthropic, check_fal
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
 from toolloop.sim.sdk_check import sdk_validator
@@ -67,8 +69,10 @@ class Simulator:
         catalog: Catalog | None = None,
         strict: bool = False,
         idle_timeout_s: float | None = None,
+        rate_limits: SimRateLimits | None = None,
     ) -> None:
         self.policy = policy
+        self.rate_limits = rate_limits or SimRateLimits()
         self.idle_timeout_s = idle_timeout_s
         self._idle_since: dict[int, tuple[Any, float]] = {}
         """Per keep-alive connection (its transport's id): the transport and when it last finished a
@@ -145,6 +149,7 @@ class Simulator:
             self._counts = {key: Counter() for key in ("endpoints", "conversations", "statuses", "faults")}
             self._faults = Counter()
         self.cache.clear()
+        self.rate_limits.reset()
 
     def _count(self, kind: str, key: str) -> None:
         with self._lock:
@@ -187,6 +192,16 @@ class Simulator:
         except ValueError as error:  # bad JSON, the SDK check, WireInputError, CacheRequestError, ...
             return self._error(wire, 400, str(error), request_id)
         sim = parsed.request
+        limit_headers: dict[str, str] = {}
+        if self.rate_limits.on and wire.name == "anthropic":
+            wait, limit_headers = self.rate_limits.admit(
+                key, plan.usage.input_tokens + plan.usage.cache_creation_input_tokens
+            )
+            if wait is not None:
+                self._count("faults", "rate_limit")
+                limit_headers["retry-after"] = str(max(1, math.ceil(wait)))
+                message = "This request would exceed your organization's rate limit. Please try again later."
+                return self._error(wire, 429, message, request_id, limit_headers)
         self._count("conversations", sim.conversation_id)
         try:
             turn = await answer(self.policy, sim)
@@ -207,7 +222,9 @@ class Simulator:
         await self._sleep(turn)
         self.cache.commit(plan)
         body = module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
-        return JSONResponse(body, headers={"request-id": request_id})
+        if limit_headers:
+            self.rate_limits.used_output(key, int(body.get("usage", {}).get("output_tokens", 0)))
+        return JSONResponse(body, headers={"request-id": request_id, **limit_headers})
 
     def _fault_due(self, history_hash: str, fault: SimFault) -> bool:
         with self._lock:

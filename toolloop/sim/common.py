@@ -91,6 +91,8 @@ def fit_max_tokens(turn: SimTurn, max_tokens: Any) -> SimTurn:
     dropped and the stop reason is `max_tokens` (fal: `length`)."""
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
         return turn
+    if turn.cut_by(max_tokens):  # scripted: the wire cuts its last tool call (render)
+        return turn
     calls = sum(json_tokens({"name": call.name, "input": call.input}) for call in turn.tool_calls)
     if text_tokens(turn.text) + calls <= max_tokens:
         return turn

@@ -7,6 +7,9 @@ token, cached ones included), `completion_tokens`, `prompt_tokens_details.cached
 `cache_read_input_tokens`, and `cost` in USD for the models of the model catalogue
 (`toolloop.providers.models`: input, output, cache read, 5-minute and 1-hour write at each model's
 own rates). A refusal is `finish_reason: "content_filter"`.
+With reasoning on, the message carries OpenRouter's `reasoning` text and signed `reasoning_details`;
+details sent back changed are a 400 (toolloop/sim/thinking.py). A turn cut under
+`max_tokens_needed` ends `length` with its last call's arguments cut short.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from toolloop.contract import (
 )
 from toolloop.providers.catalog import Catalog, token_cost
 from toolloop.providers.models import default_catalog
+from toolloop.sim import thinking
 from toolloop.sim.cache import Block, CacheUsage
 from toolloop.sim.common import (
     Parsed,
@@ -102,6 +106,9 @@ def parse(body: Any) -> Parsed:
         else:
             raise WireInputError(f"messages[{index}].role {role!r} is not system, user, assistant or tool")
         first = first or (len(blocks) - start if messages else 0)
+    problem = thinking.check_fal(body)
+    if problem is not None:
+        raise WireInputError(problem)
     system = "\n".join(system_texts) if system_texts else None
     conversation, history = conversation_ids("fal", system, blocks[start:], first)
     assistants = sum(1 for message in messages if message.role == "assistant")
@@ -111,22 +118,31 @@ def parse(body: Any) -> Parsed:
 
 def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool) -> dict[str, Any]:
     calls = []
-    completion = text_tokens(turn.text)
-    for position, call in enumerate([] if refusal else turn.tool_calls):
+    reasoning = thinking.fal_fields(turn, request)
+    completion = text_tokens(turn.text) + text_tokens(str(reasoning.get("reasoning") or ""))
+    refused = refusal or turn.refusal is not None
+    scripted = [] if refused else turn.tool_calls
+    cut = not refused and turn.cut_by(request.body.get("max_tokens"))
+    for position, call in enumerate(scripted):
         arguments = call.raw_arguments if call.raw_arguments is not None else compact_json(call.input)
+        if cut and position == len(scripted) - 1:
+            arguments = arguments[: max(1, len(arguments) // 2)]  # stopped while writing them
         calls.append(
             {"id": call_id(request.history_hash, position, "call_"), "type": "function",
              "function": {"name": call.name, "arguments": arguments}}
         )  # fmt: skip
         completion += text_tokens(call.name) + text_tokens(arguments)
-    if refusal:
+    if refused:
         finish, native = "content_filter", "refusal"
+    elif cut:
+        finish, native = "length", "max_tokens"
     elif turn.stop_reason:
         finish = FINISH_REASONS.get(turn.stop_reason, turn.stop_reason)
         native = turn.stop_reason
     else:
         finish, native = ("tool_calls", "tool_use") if calls else ("stop", "end_turn")
     message: dict[str, Any] = {"role": "assistant", "content": turn.text or (None if calls else "")}
+    message.update(reasoning)
     if calls:
         message["tool_calls"] = calls
     body_usage: dict[str, Any] = {

@@ -72,12 +72,27 @@ class SimFault(_Value):
         return self
 
 
+class SimRefusal(_Value):
+    """A scripted refusal: Anthropic answers `stop_reason: refusal` with `stop_details` (`category`
+    one of cyber, bio, frontier_llm, reasoning_extraction, general_harms, or None; `explanation`);
+    fal answers `finish_reason: content_filter`. The turn's text is kept, its tool calls dropped."""
+
+    category: str | None = None
+    explanation: str | None = None
+
+
 class SimTurn(_Value):
     """One answer of the simulated model.
 
     `usage` is merged over the computed usage object, in the wire's own key names. `stop_reason`
-    overrides the computed one (Anthropic names `end_turn`, `tool_use`, `max_tokens`, `refusal`, or
-    the neutral `stop`, `tool_calls`, `length`). `latency_s` is added to the server's latency.
+    overrides the computed one (Anthropic names `end_turn`, `tool_use`, `max_tokens`, `refusal`,
+    `pause_turn`, or the neutral `stop`, `tool_calls`, `length`). `latency_s` is added to the
+    server's latency. `refusal` makes the answer a refusal with its details. `max_tokens_needed`:
+    a request whose `max_tokens` is below it gets the answer cut at max_tokens in the middle of its
+    last tool call (Anthropic: that tool_use last, its input `{}`; fal: `length`, its arguments cut
+    short). `thinking` is the text of the answer's thinking block when thinking is on (default: one
+    made from the history); `redacted_thinking` adds (True) or leaves out (False) a redacted block
+    (default: one history in four). See toolloop/sim/thinking.py.
     """
 
     text: str = ""
@@ -86,6 +101,20 @@ class SimTurn(_Value):
     stop_reason: str | None = None
     fault: SimFault | None = None
     latency_s: float = 0.0
+    refusal: SimRefusal | None = None
+    max_tokens_needed: int | None = None
+    thinking: str | None = None
+    redacted_thinking: bool | None = None
+
+    def cut_by(self, max_tokens: Any) -> bool:
+        """This answer's last tool call is cut off under `max_tokens`."""
+        needed = self.max_tokens_needed
+        return (
+            bool(self.tool_calls)
+            and needed is not None
+            and isinstance(max_tokens, int)
+            and max_tokens < needed
+        )
 
 
 AFTER_SCRIPT = SimTurn(text="(The simulator's script has ended.)")

@@ -30,6 +30,7 @@ from toolloop.providers.catalog import Catalog
 from toolloop.providers.models import default_catalog
 from toolloop.sim.app import Simulator
 from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS, PromptCache
+from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.script import Policy, Script, as_policy
 
 
@@ -56,6 +57,7 @@ class SimServer:
         idle_timeout_s: float | None = None,
         catalog: Catalog | None = None,
         strict: bool | None = None,
+        rate_limits: SimRateLimits | None = None,
     ) -> None:
         """`idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
         when the next request arrives on it, before any response (as when a client's request crosses
@@ -77,6 +79,7 @@ class SimServer:
             cache=cache,
             catalog=catalog,
             strict=strict,
+            rate_limits=rate_limits,
             idle_timeout_s=idle_timeout_s,
         )
         self.host = host

@@ -9,7 +9,7 @@ import httpx
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenUnavailableError
-from toolloop.providers.anthropic.params import top_level
+from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import build_body
 from toolloop.providers.anthropic.response import parse_message
 from toolloop.providers.base import Secret
@@ -20,6 +20,7 @@ from toolloop.providers.common import (
     estimate_input_tokens,
     image_parts,
     log_answer,
+    max_tokens_of,
     read_images,
     reasoning_of,
 )
@@ -100,7 +101,8 @@ class AnthropicHandler:
         body = build_body(request, model=model, reasoning=reasoning, images=images, info=info, notes=notes)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key)
-        result = parse_message(data, price=price, model=model, ttl=ttl)
+        room = max_tokens_of(request, DEFAULT_MAX_TOKENS)
+        result = parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room)
         if notes and result.meta is not None:
             result.meta["request_notes"] = notes
         log_answer(self.name, model, result)

@@ -5,7 +5,11 @@ Prefix order of Anthropic's cache: tools -> system -> messages. Marks (SPEC 3.3)
   definition (the same prefix: everything before the messages).
 - a `TextPart` with `cache=True`: `cache_control` on its text block, also inside a `tool_result`.
 Turns: consecutive tool messages become one user turn of `tool_result` blocks, and a user message
-right after them joins that turn (Anthropic wants user/assistant turns to alternate).
+right after them joins that turn. Each assistant message is a message of its own: a paused answer
+and its continuation go back as two (the API reads consecutive assistant messages as one turn).
+Reasoning (SPEC 4.1): an assistant turn starts with its own `thinking` / `redacted_thinking` blocks,
+sent back exactly as the API gave them (signature included), before its text and tool use; blocks
+another provider produced are left out of this request (the history keeps them).
 
 Top-level parameters (`max_tokens`, `thinking`, `output_config`, `tool_choice`) come from the
 model's catalogue row (`params.py`: the same thinking setting on every step); `params["cache_ttl"]`
@@ -33,6 +37,7 @@ from toolloop.providers.models import default_catalog
 EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
 
 Block = dict[str, Any]
+PROVIDER = "anthropic"
 
 
 def build_body(
@@ -83,7 +88,7 @@ def _turns(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[st
             role, blocks = "user", _parts(message.content, images)
         if not blocks:
             continue
-        if turns and turns[-1]["role"] == role:
+        if turns and turns[-1]["role"] == role == "user":
             turns[-1]["content"].extend(blocks)
         else:
             turns.append({"role": role, "content": blocks})
@@ -91,7 +96,11 @@ def _turns(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[st
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[Block]:
-    blocks: list[Block] = []
+    """Reasoning blocks first (this provider's own, exactly as they came; another provider's are
+    left out of this request), then the text, then the tool calls."""
+    blocks: list[Block] = [
+        dict(block.data) for block in message.reasoning or [] if block.provider == PROVIDER
+    ]
     if message.content:
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls or []:

@@ -1,8 +1,13 @@
 """An Anthropic Messages API answer -> our `PromptGenResult`.
 
-content blocks   text -> `text` (joined in order); tool_use -> `tool_calls`; thinking ignored
+content blocks   text -> `text` (joined in order); tool_use -> `tool_calls`; thinking and
+                 redacted_thinking -> `reasoning` (each block kept verbatim, in order)
 stop_reason      end_turn, stop_sequence -> stop; tool_use -> tool_calls; max_tokens -> length;
-                 anything else (refusal, pause_turn, missing) -> other
+                 refusal -> refusal (meta category, explanation from `stop_details`);
+                 pause_turn -> paused; model_context_window_exceeded -> PromptGenError;
+                 anything else (missing included) -> other
+cut off          a max_tokens answer whose last block is a tool_use: that call's input was cut
+                 short; meta["cut_off"] names it (else []), meta["max_tokens"] is the room it had
 usage            prompt_tokens = input + cache read + cache write; cached_tokens = cache read;
                  cache_write_tokens = cache write; cached_read/write_tokens only when reported;
                  cache_write_5m/1h_tokens from `usage.cache_creation.ephemeral_5m/1h_input_tokens`
@@ -17,7 +22,7 @@ import json
 import math
 from typing import Any
 
-from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ToolCall
+from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
 from toolloop.providers.catalog import ModelPrice, token_cost
 from toolloop.providers.common import CacheTtl
@@ -28,24 +33,47 @@ _FINISH: dict[str, FinishReason] = {
     "stop_sequence": "stop",
     "tool_use": "tool_calls",
     "max_tokens": "length",
+    "refusal": "refusal",
+    "pause_turn": "paused",
 }
+_REASONING = ("thinking", "redacted_thinking")
 
 
-def parse_message(data: Any, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m") -> PromptGenResult:
-    """Map a 2xx body. A body that is not a message is a `PromptGenError` naming what is missing."""
+def parse_message(
+    data: Any, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m", max_tokens: int | None = None
+) -> PromptGenResult:
+    """Map a 2xx body. A body that is not a message is a `PromptGenError` naming what is missing.
+    `max_tokens`: the answer room the request gave (reported as meta["max_tokens"])."""
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise PromptGenError(
             "anthropic returned an incomplete message.\n"
             "  Expected a JSON object with a 'content' list (the Messages API answer)."
         )
+    stop_reason = data.get("stop_reason")
+    if stop_reason == "model_context_window_exceeded":
+        raise PromptGenError(
+            f"anthropic stopped: the conversation no longer fits the context window of {model!r}.\n"
+            "  Shorten the history (fewer or smaller tool results, keep_images lower), or use a model "
+            "with a larger context window."
+        )
+    content: list[Any] = data["content"]
+    last = content[-1] if content else None
+    cut_block = (
+        last
+        if stop_reason == "max_tokens" and isinstance(last, dict) and last.get("type") == "tool_use"
+        else None
+    )
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for block in data["content"]:
+    reasoning: list[ReasoningBlock] = []
+    for block in content:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use":
-            calls.append(_tool_call(block))
+            calls.append(_tool_call(block, cut=block is cut_block))
+        elif kind in _REASONING:
+            reasoning.append(ReasoningBlock(provider="anthropic", type=kind, data=block))
     raw_usage = data.get("usage")
     usage_data: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     uncached = _count(usage_data, "input_tokens") or 0
@@ -76,26 +104,41 @@ def parse_message(data: Any, *, price: ModelPrice, model: str, ttl: CacheTtl = "
         cache_write=write_5m,
         cache_write_1h=write_1h,
     )
-    stop_reason = data.get("stop_reason")
     finish = _FINISH.get(stop_reason, "other") if isinstance(stop_reason, str) else "other"
+    meta: dict[str, Any] = {
+        "provider": "anthropic",
+        "model": data.get("model") if isinstance(data.get("model"), str) else model,
+        "id": data.get("id"),
+        "stop_reason": stop_reason,
+        "cost_source": "tokens",
+        "partial": finish == "length",
+    }
+    if finish == "refusal":
+        details = data.get("stop_details")
+        details = details if isinstance(details, dict) else {}
+        meta["category"] = _text_or_none(details.get("category"))
+        meta["explanation"] = _text_or_none(details.get("explanation"))
+    if finish == "length":
+        meta["max_tokens"] = max_tokens
+        meta["cut_off"] = [calls[-1].id] if cut_block is not None and calls else []
     return PromptGenResult(
         text="".join(texts),
         cost_usd=cost,
         tool_calls=calls,
         finish_reason=finish,
         usage=usage,
-        meta={
-            "provider": "anthropic",
-            "model": data.get("model") if isinstance(data.get("model"), str) else model,
-            "id": data.get("id"),
-            "stop_reason": stop_reason,
-            "cost_source": "tokens",
-            "partial": finish == "length",
-        },
+        meta=meta,
+        reasoning=reasoning or None,
     )
 
 
-def _tool_call(block: dict[str, Any]) -> ToolCall:
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _tool_call(block: dict[str, Any], cut: bool = False) -> ToolCall:
+    """A tool_use block as a call; `cut`: its input was cut at max_tokens (never run: kept as sent,
+    or {} when it is not JSON)."""
     call_id, name = block.get("id"), block.get("name")
     if not isinstance(call_id, str) or not isinstance(name, str):
         raise PromptGenError(
@@ -110,7 +153,10 @@ def _tool_call(block: dict[str, Any]) -> ToolCall:
             try:
                 value = valid_text(json.loads(value))
             except ValueError:
-                raise ToolArgumentsError(name, value) from None
+                if cut:
+                    value = {}
+                else:
+                    raise ToolArgumentsError(name, value) from None
     return ToolCall(id=call_id, name=name, input={} if value is None else value)
 
 

@@ -102,7 +102,14 @@ class FalHandler:
         body = with_ttl(build_body(request, model=model, reasoning=reasoning, images=images), ttl)
         headers = {"authorization": f"Key {key}"}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key, flag=flag)
-        result = parse_completion(data, price=price, model=model, input_text=input_text(request), ttl=ttl)
+        result = parse_completion(
+            data,
+            price=price,
+            model=model,
+            input_text=input_text(request),
+            ttl=ttl,
+            max_tokens=max_tokens_of(request, DEFAULT_MAX_TOKENS),
+        )
         if result.meta is not None:
             result.meta["reasoning"] = reasoning
             if notes:

@@ -11,6 +11,9 @@ tools?, tool_choice?.
 - Reasoning: `params["reasoning"]` off|low|medium|high, default "medium"; sent as
   `{"effort": level}`, left out for "off". Temperature is clamped to 0..2.
 - Assistant tool calls go back as `function.arguments` compact JSON (`{}` when the input is missing).
+- Reasoning (SPEC 4.1): an assistant turn's own blocks go back as OpenRouter asks for tool flows:
+  `reasoning_details` with every entry exactly as it came (a `reasoning` text block as the
+  `reasoning` field); blocks another provider produced are left out of this request.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ DEFAULT_MAX_TOKENS = 32000
 EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
 
 Part = dict[str, Any]
+PROVIDER = "fal"
 
 
 def build_body(
@@ -127,6 +131,13 @@ def _messages(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict
 
 def _assistant(message: AssistantMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant", "content": message.content}
+    own = [block for block in message.reasoning or [] if block.provider == PROVIDER]
+    details = [dict(block.data) for block in own if block.type == "reasoning_details"]
+    texts = [block.data.get("reasoning") for block in own if block.type == "reasoning"]
+    if details:
+        out["reasoning_details"] = details
+    elif texts and isinstance(texts[0], str):
+        out["reasoning"] = texts[0]
     if message.tool_calls:
         out["tool_calls"] = [
             {

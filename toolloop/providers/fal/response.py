@@ -4,7 +4,14 @@ text          choices[0].message.content; null is "" when the turn has tool call
               finish reason is tool_calls/length, else an incomplete-result error
 tool calls    id and function.name required; arguments missing/null/"" -> {}; a non-string
               is kept; a string is parsed, and text that is not JSON -> ToolArgumentsError
-finish        stop, tool_calls, length as sent; anything else -> other
+finish        stop, tool_calls, length as sent; content_filter -> refusal (meta category None,
+              explanation says the content filter stopped it); anything else -> other
+reasoning     choices[0].message.reasoning_details: one ReasoningBlock per entry (type
+              "reasoning_details", the entry verbatim); without details, a non-empty
+              `reasoning` text is one block of type "reasoning"
+cut off       a length answer with tool calls: its last call is taken as cut off (meta
+              "cut_off"; arguments that are not JSON there are no error); meta "max_tokens" is
+              the room the request gave
 usage         cached = cache_read_input_tokens, else prompt_tokens_details.cached_tokens;
               cache write = cache_creation_input_tokens, else prompt_tokens_details.cache_write_tokens
 cost          usage.cost when a finite number >= 0 (cost_source "usage"); else tokens x price
@@ -20,7 +27,7 @@ import math
 import re
 from typing import Any
 
-from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ToolCall
+from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
 from toolloop.providers.catalog import ModelPrice, token_cost
 from toolloop.providers.common import CacheTtl, estimate_tokens
@@ -47,10 +54,12 @@ def parse_completion(
     input_text: str,
     provider: str = "fal",
     ttl: CacheTtl = "5m",
+    max_tokens: int | None = None,
 ) -> PromptGenResult:
     """Map a 2xx body; `input_text` feeds the character cost rule when no usage is reported. The
     OpenAI provider reads the same shape (`provider` names who answered). The router does not split
-    cache writes by TTL: every write is counted at the request's `ttl`."""
+    cache writes by TTL: every write is counted at the request's `ttl`. `max_tokens`: the answer
+    room the request gave."""
     if not isinstance(data, dict):
         data = {}
     _raise_body_error(data, provider)
@@ -60,8 +69,12 @@ def parse_completion(
     message: dict[str, Any] = raw_message if isinstance(raw_message, dict) else {}
     raw_finish = choice.get("finish_reason")
     finish: FinishReason = raw_finish if raw_finish in ("stop", "tool_calls", "length") else "other"
+    if raw_finish == "content_filter":
+        finish = "refusal"
     raw_calls = message.get("tool_calls")
-    calls = [_tool_call(item, provider) for item in (raw_calls if isinstance(raw_calls, list) else [])]
+    items = raw_calls if isinstance(raw_calls, list) else []
+    cut = finish == "length" and bool(items)
+    calls = [_tool_call(item, provider, cut and i == len(items) - 1) for i, item in enumerate(items)]
     content = message.get("content")
     if isinstance(content, str):
         text = content
@@ -106,23 +119,45 @@ def parse_completion(
         answer = text + "".join(json.dumps(c.input) for c in calls)
         cost = token_cost(price, input=estimate_tokens(input_text), output=estimate_tokens(answer))
         source = "chars"
+    meta: dict[str, Any] = {
+        "provider": provider,
+        "model": data.get("model") if isinstance(data.get("model"), str) else model,
+        "upstream_provider": data.get("provider"),
+        "finish_reason": raw_finish,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "cost_source": source,
+        "partial": finish == "length",
+    }
+    if finish == "refusal":
+        meta["category"] = None
+        meta["explanation"] = (
+            f"{provider}'s router stopped the answer with finish_reason content_filter "
+            f"(upstream: {choice.get('native_finish_reason') or 'not given'})."
+        )
+    if finish == "length":
+        meta["max_tokens"] = max_tokens
+        meta["cut_off"] = [calls[-1].id] if cut else []
     return PromptGenResult(
         text=text,
         cost_usd=cost,
         tool_calls=calls,
         finish_reason=finish,
         usage=usage,
-        meta={
-            "provider": provider,
-            "model": data.get("model") if isinstance(data.get("model"), str) else model,
-            "upstream_provider": data.get("provider"),
-            "finish_reason": raw_finish,
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "cost_source": source,
-            "partial": finish == "length",
-        },
+        meta=meta,
+        reasoning=_reasoning(message, provider),
     )
+
+
+def _reasoning(message: dict[str, Any], provider: str) -> list[ReasoningBlock] | None:
+    details = message.get("reasoning_details")
+    if isinstance(details, list) and details:
+        entries = [entry for entry in details if isinstance(entry, dict)]
+        return [ReasoningBlock(provider=provider, type="reasoning_details", data=e) for e in entries] or None
+    text = message.get("reasoning")
+    if isinstance(text, str) and text:
+        return [ReasoningBlock(provider=provider, type="reasoning", data={"reasoning": text})]
+    return None
 
 
 def _raise_body_error(data: dict[str, Any], provider: str) -> None:
@@ -142,7 +177,7 @@ def _raise_body_error(data: dict[str, Any], provider: str) -> None:
     )
 
 
-def _tool_call(item: Any, provider: str) -> ToolCall:
+def _tool_call(item: Any, provider: str, cut: bool = False) -> ToolCall:
     function = item.get("function") if isinstance(item, dict) else None
     call_id = item.get("id") if isinstance(item, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
@@ -158,7 +193,9 @@ def _tool_call(item: Any, provider: str) -> ToolCall:
         try:
             value = valid_text(json.loads(arguments))
         except ValueError:
-            raise ToolArgumentsError(name, arguments) from None
+            if not cut:  # a cut-off call is never run: its half-written arguments are no error
+                raise ToolArgumentsError(name, arguments) from None
+            value = {}
     else:
         value = arguments
     return ToolCall(id=call_id, name=name, input=value)

@@ -1,0 +1,222 @@
+"""Flow control end to end (docs/flow-control.md): real worker processes, a real Redis, the provider
+simulator over real HTTP enforcing rate limits per key with Anthropic's headers and 429s."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.integration.conftest import Worker
+from tests.integration.runs_kit import eventually, spec
+from toolloop import UserMessage
+from toolloop.contract import PromptGenRequest
+from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.journal import keys
+from toolloop.providers.anthropic import AnthropicHandler
+from toolloop.sim import SimServer
+from toolloop.sim.ratelimit import SimRateLimits
+from workers import accounts
+from workers.client import Client
+
+TURNS = 5
+NOTE = "Budget nearly spent: answer now."
+
+
+def script(output_tokens: int = 0) -> list[dict[str, Any]]:
+    usage = {"usage": {"output_tokens": output_tokens}} if output_tokens else {}
+    calls = [{"text": f"Step {n}.", "tool_calls": [{"name": "add", "input": {"a": n, "b": 1}}], **usage}
+             for n in range(1, TURNS)]  # fmt: skip
+    return [*calls, {"text": "Done.", **usage}]
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+def sim_worker(url: str, sim: SimServer, log_dir: Path, **env: str) -> Worker:
+    full = {
+        "ANTHROPIC_BASE_URL": sim.base_url,
+        "ANTHROPIC_API_KEY": "sim-key",
+        "TOOLLOOP_PROMPT_GEN": "",
+        **env,
+    }
+    return Worker(url, log_dir / f"worker-{time.monotonic_ns()}.log", full, concurrency=4).wait_ready()
+
+
+def run_spec(**fields: Any) -> dict[str, Any]:
+    return spec(
+        "You add.", **{"model": "claude-haiku-4-5", "provider": "anthropic", "max_steps": TURNS + 1, **fields}
+    )
+
+
+def wait_all(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
+    def ended() -> list[Any] | None:
+        statuses = [client.status(r) for r in run_ids]
+        return statuses if all(s.finished for s in statuses) else None
+
+    return list(eventually(ended, timeout=timeout))
+
+
+def journal_total(client: Client, run_ids: list[str]) -> float:
+    """The cost of every step stored in the runs' journals."""
+    total = 0.0
+    for run_id in run_ids:
+        for raw in client.redis.hgetall(keys.journal(run_id, "s0")).values():
+            total += float(json.loads(raw)["cost_usd"])
+    return total
+
+
+def test_runs_under_a_rate_limit_meet_no_429_and_go_at_the_limit(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    rpm, runs = 600, 12  # 10 calls a second, at most 10 at once; 60 model calls
+    limits = json.dumps({"anthropic": {"*": {"requests_per_minute": rpm}}})
+    with SimServer(script(), rate_limits=SimRateLimits(rpm=rpm)) as sim:
+        worker = sim_worker(own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits)
+        client = Client(own_redis.url)
+        try:
+            started = time.monotonic()
+            run_ids = [client.enqueue(run_spec()) for _ in range(runs)]
+            statuses = wait_all(client, run_ids, timeout=60)
+            took = time.monotonic() - started
+        finally:
+            worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert [s.status for s in statuses] == ["done"] * runs
+    assert stats["requests"] == runs * TURNS
+    assert stats["statuses"].get("429", 0) == 0  # no call was refused, so none was retried
+    assert took >= (runs * TURNS - 10) / 10 * 0.9  # paced: beyond the burst, 10 a second
+
+
+def test_200_runs_on_one_account_never_spend_past_its_limit(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    runs, limit = 200, 1.0
+    # Each call bills ~2,000 output tokens of claude-haiku-4-5 (~$0.01): 1,000 calls would cost ~$10.
+    with SimServer(script(output_tokens=2000)) as sim:
+        worker = sim_worker(own_redis.url, sim, tmp_path)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("tenant-1", limit, period="day", finish_at=0.8)
+            run_ids = [client.enqueue(run_spec(account="tenant-1", finish_note=NOTE)) for _ in range(runs)]
+            statuses = wait_all(client, run_ids, timeout=180)
+            total = journal_total(client, run_ids)
+            (row,) = client.accounts()
+        finally:
+            worker.stop()
+            client.close()
+    # Above the largest single estimate: the provider's own estimate of a 5,000-token prompt (every
+    # request here is smaller) with the default max_tokens.
+    padded = PromptGenRequest(model="claude-haiku-4-5", messages=[UserMessage(content="word " * 4000)])
+    largest_estimate = AnthropicHandler("k").estimate(padded)
+    assert 0.01 < largest_estimate < 0.2
+    assert total <= limit + largest_estimate, total
+    assert total > 0.8 * limit  # the account was spent, not refused from the start
+    stops = [s.status for s in statuses]
+    assert stops.count("budget") > 0 and set(stops) <= {"done", "budget"}, set(stops)
+    assert row.spent_usd == pytest.approx(total, abs=1e-6)  # `toolloop accounts` says what the journals say
+    assert row.reserved_usd == 0.0
+
+
+def held(client: redis.Redis, name: str) -> float:
+    return next((a.reserved_usd for a in accounts.spend(client, time.time()) if a.name == name), 0.0)
+
+
+def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    lease_ms = 4000
+    timers = {"TOOLLOOP_LEASE_MS": str(lease_ms), "TOOLLOOP_VISIBILITY_TIMEOUT": "8"}
+    plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    with SimServer(script(), latency_s=30) as slow, SimServer(script()) as fast:
+        worker = sim_worker(own_redis.url, slow, tmp_path, **timers)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("tenant-2", 5.0, period="total")
+            run_ids = [client.enqueue(run_spec(account="tenant-2")) for _ in range(5)]
+            eventually(lambda: held(plain, "tenant-2") > 0, timeout=20)  # the calls hang at the simulator
+            time.sleep(1.2)  # the AOF (fsync every second) has the reservations
+            worker.kill()
+            killed = time.monotonic()
+            own_redis.restart()
+            assert held(plain, "tenant-2") > 0  # kept across the restart: nobody settled them
+            eventually(lambda: held(plain, "tenant-2") == 0, timeout=lease_ms / 1000 + 2)
+            assert time.monotonic() - killed <= lease_ms / 1000 + 2
+            again = sim_worker(own_redis.url, fast, tmp_path, **timers)
+            try:
+                statuses = wait_all(client, run_ids, timeout=90)
+            finally:
+                again.stop()
+            total = journal_total(client, run_ids)
+            (row,) = client.accounts()
+        finally:
+            worker.kill()
+            client.close()
+            plain.close()
+    assert [s.status for s in statuses] == ["done"] * 5
+    assert row.reserved_usd == 0.0
+    assert row.spent_usd == pytest.approx(total, abs=1e-6)  # the killed calls were never answered, nor billed
+
+
+def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_budget(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    from toolloop.sim.script import SimRequest, SimToolCall, SimTurn
+
+    seen: list[SimRequest] = []
+
+    def policy(request: SimRequest) -> SimTurn:
+        seen.append(request)
+        call = SimToolCall(name="add", input={"a": 1, "b": 2})
+        return SimTurn(text="More.", tool_calls=[call], usage={"output_tokens": 4000})  # ~$0.02 a call
+
+    with SimServer(policy) as sim:
+        worker = sim_worker(own_redis.url, sim, tmp_path)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("tenant-3", 0.1, period="month", finish_at=0.5)
+            run_id = client.enqueue(run_spec(account="tenant-3", finish_note=NOTE, max_steps=50))
+            (status,) = wait_all(client, [run_id], timeout=60)
+            (row,) = client.accounts()
+        finally:
+            worker.stop()
+            client.close()
+    assert status.status == "budget"
+    notes = [NOTE in repr(r.messages[-1]) and isinstance(r.messages[-1], UserMessage) for r in seen]
+    assert notes[0] is False and notes[-1] is True  # finish mode once the account neared its limit
+    assert row.spent_usd <= 0.1 and row.period == "month"
+
+
+def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # claude-haiku-4-5 is limited to one call every 2 s; claude-sonnet-5-5 is not limited at all.
+    limits = json.dumps({"anthropic": {"claude-haiku-4-5": {"requests_per_minute": 30}}})
+    with SimServer(script()) as sim:
+        worker = sim_worker(
+            own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits, TOOLLOOP_STEPS_IN_FLIGHT="2"
+        )
+        client = Client(own_redis.url)
+        try:
+            waiting = [client.enqueue(run_spec()) for _ in range(4)]  # 20 calls: 40 s at the limit
+            time.sleep(1.0)  # they hold both slots of the worker, waiting their turn
+            started = time.monotonic()
+            free = client.enqueue(run_spec(model="claude-sonnet-5-5"))
+            (status,) = wait_all(client, [free], timeout=30)
+            took = time.monotonic() - started
+            assert sum(client.status(r).finished for r in waiting) == 0
+        finally:
+            worker.kill()
+            client.close()
+    assert status.status == "done"
+    assert took < 10, took  # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)

@@ -1,0 +1,141 @@
+"""The flow-control scripts on a real Redis: the rate limiter's bookings (workers/ratelimit.py) and
+the accounts' reservations (workers/accounts.py)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import redis
+
+from workers import accounts, ratelimit
+from workers.ratelimit import Limits
+
+
+def book(
+    client: redis.Redis, bucket: str, limits: Limits, tokens: int = 0, holder: str = "h", lease_ms: int = 5000
+) -> tuple[int, str]:
+    wait, why = client.eval(
+        ratelimit.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
+        limits.concurrent, limits.burst_s, tokens, holder, lease_ms,
+    )  # fmt: skip
+    return int(wait), str(why)
+
+
+def test_bookings_beyond_the_burst_wait_their_turn_at_the_limits_rate(redis_client: redis.Redis) -> None:
+    bucket = ratelimit.bucket_key(ratelimit.key_hash("anthropic", Limits(), {"ANTHROPIC_API_KEY": "k1"}), "m")
+    limits = Limits(rpm=600, burst_s=1)  # 10 a second, at most 10 at once
+    waits = [book(redis_client, bucket, limits)[0] for _ in range(13)]
+    assert waits[:10] == [0] * 10
+    assert 80 <= waits[10] <= 100 and 180 <= waits[11] <= 200 and 280 <= waits[12] <= 300, waits
+
+
+def test_input_tokens_are_booked_and_settled_to_the_real_count(redis_client: redis.Redis) -> None:
+    bucket = "tl:rl:test-tokens:m"
+    limits = Limits(itpm=60_000, burst_s=1)  # 1,000 tokens a second
+    assert book(redis_client, bucket, limits, tokens=900)[0] == 0
+    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "h", 600, 0)  # it used 1,500
+    wait, why = book(redis_client, bucket, limits, tokens=500)
+    assert why == "rate" and 900 <= wait <= 1000, wait  # -1,000 left after this booking: ~1 s
+
+
+def test_a_concurrency_limit_answers_busy_until_a_call_settles(redis_client: redis.Redis) -> None:
+    bucket = "tl:rl:test-busy:m"
+    limits = Limits(rpm=60_000, concurrent=2)
+    assert book(redis_client, bucket, limits, holder="a")[1] == ""
+    assert book(redis_client, bucket, limits, holder="b")[1] == ""
+    assert book(redis_client, bucket, limits, holder="c")[1] == "busy"
+    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "a", 0, 0)
+    assert book(redis_client, bucket, limits, holder="c")[1] == ""
+
+
+def test_a_killed_callers_place_frees_after_its_lease(redis_client: redis.Redis) -> None:
+    bucket = "tl:rl:test-lease:m"
+    limits = Limits(rpm=60_000, concurrent=1)
+    assert book(redis_client, bucket, limits, holder="dead", lease_ms=300)[1] == ""
+    assert book(redis_client, bucket, limits, holder="next")[1] == "busy"
+    time.sleep(0.35)
+    assert book(redis_client, bucket, limits, holder="next")[1] == ""
+
+
+def test_a_429s_retry_after_and_an_empty_bucket_block_the_next_bookings(redis_client: redis.Redis) -> None:
+    bucket = "tl:rl:test-learn:m"
+    limits = Limits(rpm=60_000)
+    headers = httpx.Headers({"retry-after": "2", "anthropic-ratelimit-requests-remaining": "0",
+                             "anthropic-ratelimit-requests-reset": "2000-01-01T00:00:00Z"})  # fmt: skip
+    blocked, remaining = ratelimit.lessons(429, headers, time.time())
+    assert remaining == [("r", 0.0)] and blocked == pytest.approx(time.time() + 2, abs=0.5)
+    redis_client.eval(ratelimit.LEARN, 1, bucket, int(blocked * 1000), *[x for p in remaining for x in p])
+    wait, why = book(redis_client, bucket, limits)
+    assert why == "rate" and 1500 <= wait <= 2000, wait
+    ok = httpx.Headers({"anthropic-ratelimit-requests-remaining": "7"})
+    assert ratelimit.lessons(200, ok, time.time()) == (0.0, [("r", 7.0)])
+
+
+def test_key_names_hold_the_keys_hash_never_the_key() -> None:
+    hashed = ratelimit.key_hash("anthropic", Limits(), {"ANTHROPIC_API_KEY": "sk-ant-secret"})
+    name = ratelimit.bucket_key(hashed, "claude-sonnet-4-5")
+    assert "secret" not in name and len(hashed) == 32
+    assert ratelimit.key_hash("anthropic", Limits(key_env="OTHER"), {"OTHER": "sk-ant-secret"}) == hashed
+
+
+def test_the_config_is_read_from_json_and_a_bad_one_says_how_to_fix_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = ratelimit.parse('{"anthropic": {"*": {"requests_per_minute": 600, "concurrent": 5}}}')
+    assert ratelimit.limits_for(config, "anthropic", "any") == Limits(rpm=600, concurrent=5)
+    assert ratelimit.limits_for(config, "fal", "any") is None
+    path = tmp_path / "limits.yaml"
+    path.write_text("anthropic:\n  claude-haiku-4-5:\n    input_tokens_per_minute: 1000\n")
+    assert ratelimit.parse(str(path))["anthropic"]["claude-haiku-4-5"].itpm == 1000
+    with pytest.raises(ratelimit.RateLimitConfigError, match="unknown limits \\['rpm'\\]"):
+        ratelimit.parse('{"anthropic": {"*": {"rpm": 600}}}')
+
+
+def reserve(client: redis.Redis, name: str, rid: str, usd: float, lease_ms: int = 5000) -> accounts.Verdict:
+    reply = client.eval(
+        accounts.RESERVE, 3, *accounts.keys_of(name), rid, usd, lease_ms, *accounts.periods(time.time())
+    )
+    return accounts.Verdict.of(reply)
+
+
+def settle(client: redis.Redis, name: str, rid: str, usd: float) -> None:
+    client.eval(accounts.SETTLE, 3, *accounts.keys_of(name), rid, usd, *accounts.periods(time.time()))
+
+
+def test_reservations_hold_the_limit_and_settle_the_real_cost(redis_client: redis.Redis) -> None:
+    name = "team-a"
+    assert reserve(redis_client, name, "x", 0.5).verdict == "none"  # no limit set: not limited
+    accounts.set_limit(redis_client, name, 1.0, "day", finish_at=0.8)
+    assert reserve(redis_client, name, "r1", 0.5).verdict == "ok"
+    assert reserve(redis_client, name, "r2", 0.4).verdict == "finish"  # 0.9 of 1.0 held
+    assert reserve(redis_client, name, "r3", 0.2).verdict == "wait"  # fits once those settle
+    assert reserve(redis_client, name, "r3", 1.2).verdict == "stop"  # never fits: refused, nothing held
+    settle(redis_client, name, "r1", 0.05)
+    settle(redis_client, name, "r2", 0.05)
+    (row,) = [a for a in accounts.spend(redis_client, time.time()) if a.name == name]
+    assert (row.name, row.period, row.spent_usd, row.reserved_usd) == (name, "day", pytest.approx(0.1), 0.0)
+    assert reserve(redis_client, name, "r4", 0.2).verdict == "ok"
+
+
+def held(client: redis.Redis, name: str) -> float:
+    return next(a.reserved_usd for a in accounts.spend(client, time.time()) if a.name == name)
+
+
+def test_an_unsettled_reservation_frees_after_its_lease(redis_client: redis.Redis) -> None:
+    name = "team-lease"
+    accounts.set_limit(redis_client, name, 1.0, "total")
+    assert reserve(redis_client, name, "dead", 0.95, lease_ms=300).verdict == "finish"
+    assert reserve(redis_client, name, "next", 0.1).verdict == "wait"
+    assert held(redis_client, name) == pytest.approx(0.95)
+    time.sleep(0.35)
+    assert held(redis_client, name) == 0.0
+    assert reserve(redis_client, name, "next", 0.1).verdict == "ok"
+
+
+def test_bad_account_settings_say_what_is_allowed(redis_client: redis.Redis) -> None:
+    with pytest.raises(accounts.AccountError, match="period must be one of day, month, total"):
+        accounts.set_limit(redis_client, "a", 1.0, "week")
+    with pytest.raises(accounts.AccountError, match="positive finite"):
+        accounts.set_limit(redis_client, "a", 0)
+    with pytest.raises(accounts.AccountError, match="without spaces"):
+        accounts.set_limit(redis_client, "a b", 1)

@@ -1,0 +1,41 @@
+"""`toolloop accounts`: spend per budget account; `--set NAME USD` sets an account's limit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from toolloop.cli.commands import connect
+
+
+def add_command(sub: Any) -> None:
+    accounts = sub.add_parser("accounts", help="show spend per budget account (RunSpec.account)")
+    accounts.add_argument("--set", nargs=2, metavar=("NAME", "USD"), help="set an account's limit in USD")
+    accounts.add_argument("--period", choices=["day", "month", "total"], default="day",
+                          help="the limit's period with --set (default day)")  # fmt: skip
+    accounts.add_argument("--finish-at", type=float, default=0.9,
+                          help="share of the limit where runs go into finish mode (default 0.9)")  # fmt: skip
+    accounts.add_argument("--json", action="store_true", help="one JSON object per account")
+    accounts.set_defaults(handler=cmd_accounts)
+
+
+def cmd_accounts(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    if args.set:
+        name, usd = args.set
+        client.set_account_limit(name, float(usd), period=args.period, finish_at=args.finish_at)
+    rows = client.accounts()
+    if args.json:
+        for row in rows:
+            print(json.dumps(row.__dict__))
+        return 0
+    if not rows:
+        print("No accounts have a limit (set one: toolloop accounts --set NAME USD).")
+        return 0
+    print(f"{'ACCOUNT':24} {'PERIOD':6} {'SPENT':>12} {'RESERVED':>12} {'LIMIT':>12}  USED")
+    for row in rows:
+        used = (row.spent_usd + row.reserved_usd) / row.limit_usd
+        print(f"{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
+              f"{row.limit_usd:12.4f}  {used:.0%}")  # fmt: skip
+    return 0

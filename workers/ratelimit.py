@@ -1,0 +1,251 @@
+"""Provider rate limits per API key and model, shared by every worker process through Redis.
+
+Configured in the worker with TOOLLOOP_RATE_LIMITS: inline JSON, or the path of a JSON or YAML
+file, mapping a provider to models ("*": any model) to limits (docs/flow-control.md):
+
+    {"anthropic": {"*": {"requests_per_minute": 600, "input_tokens_per_minute": 400000,
+                         "output_tokens_per_minute": 80000, "concurrent": 50, "burst_s": 1}}}
+
+One Redis hash per (key, model), `tl:rl:{sha256(key)[:32]}:{model}` (the key's hash, never the key),
+and a sorted set of the calls in flight beside it, updated by one Lua script per call:
+
+- Requests and input tokens are booked as a generic cell rate (GCRA): each bucket holds at most
+  `burst_s` seconds of its limit and refills continuously; a booking always takes its share, and a
+  bucket below zero answers how long until the booking is covered. The caller sleeps that long on
+  its loop (lending its step-consumer slot meanwhile) and then sends: one script call per model
+  call however many wait, and no thundering herd. Output tokens are unknown before the answer: the
+  answer's usage is taken afterwards (`settle`), with the input estimate corrected to the real count.
+- `concurrent`: at most that many calls in flight per (key, model); a holder's entry expires after a
+  lease, so a killed worker frees its places.
+- The provider's answers teach the limiter (`learn`): `anthropic-ratelimit-*-remaining` lowers a
+  bucket to what the provider says is left, a remaining of 0 blocks until its `-reset`, and a
+  `retry-after` (a 429) blocks bookings until then.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ENV = "TOOLLOOP_RATE_LIMITS"
+
+KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "fal": "FAL_KEY", "openai": "OPENAI_API_KEY"}
+"""The environment variable each provider's key is read from (only its hash is ever used)."""
+
+_FIELDS = {
+    "requests_per_minute": "rpm",
+    "input_tokens_per_minute": "itpm",
+    "output_tokens_per_minute": "otpm",
+    "concurrent": "concurrent",
+    "burst_s": "burst_s",
+    "key_env": "key_env",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits of one (provider key, model); 0 turns a limit off."""
+
+    rpm: float = 0
+    itpm: float = 0
+    otpm: float = 0
+    concurrent: int = 0
+    burst_s: float = 1.0
+    """Most seconds of each limit a bucket holds: the largest burst above the steady rate."""
+    key_env: str | None = None
+
+
+class RateLimitConfigError(ValueError):
+    pass
+
+
+def parse(raw: str) -> dict[str, dict[str, Limits]]:
+    """TOOLLOOP_RATE_LIMITS (inline JSON or a JSON/YAML file's path) -> provider -> model -> Limits."""
+    raw = raw.strip()
+    if not raw:
+        return {}
+    try:
+        if raw.startswith("{"):
+            data: Any = json.loads(raw)
+        else:
+            text = Path(raw).read_text()
+            if raw.endswith((".yaml", ".yml")):
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+    except (OSError, ValueError) as error:
+        raise RateLimitConfigError(
+            f"{ENV} could not be read ({error}).\n"
+            '  Give inline JSON like {"anthropic": {"*": {"requests_per_minute": 600}}} or a JSON/YAML file.'
+        ) from None
+    if not isinstance(data, dict):
+        raise RateLimitConfigError(
+            f"{ENV} must map providers to models to limits; got {type(data).__name__}."
+        )
+    found: dict[str, dict[str, Limits]] = {}
+    for provider, models in data.items():
+        if not isinstance(models, dict):
+            raise RateLimitConfigError(f"{ENV}: {provider!r} must map model names (or '*') to limits.")
+        for model, limits in models.items():
+            if not isinstance(limits, dict) or set(limits) - set(_FIELDS):
+                bad = sorted(set(limits) - set(_FIELDS)) if isinstance(limits, dict) else limits
+                raise RateLimitConfigError(
+                    f"{ENV}: {provider}/{model}: unknown limits {bad!r}; use {', '.join(_FIELDS)}."
+                )
+            values = {_FIELDS[name]: value for name, value in limits.items()}
+            try:
+                one = Limits(**values)
+                numbers = [one.rpm, one.itpm, one.otpm, one.concurrent, one.burst_s]
+                if any(float(n) < 0 for n in numbers) or float(one.burst_s) <= 0:
+                    raise ValueError("limits must be >= 0 and burst_s > 0")
+            except (TypeError, ValueError) as error:
+                raise RateLimitConfigError(f"{ENV}: {provider}/{model}: {error}.") from None
+            found.setdefault(str(provider), {})[str(model)] = one
+    return found
+
+
+def limits_for(config: dict[str, dict[str, Limits]], provider: str, model: str) -> Limits | None:
+    models = config.get(provider)
+    if not models:
+        return None
+    return models.get(model) or models.get("*")
+
+
+def key_hash(provider: str, limits: Limits, env: dict[str, str] | None = None) -> str:
+    """The SHA-256 (first 32 hex digits) of the provider's key; "nokey" when it has none."""
+    source = os.environ if env is None else env
+    key = source.get(limits.key_env or KEY_ENVS.get(provider, ""), "").strip()
+    return hashlib.sha256(key.encode()).hexdigest()[:32] if key else "nokey"
+
+
+def bucket_key(hashed: str, model: str) -> str:
+    return f"tl:rl:{hashed}:{model}"
+
+
+BOOK = """
+-- KEYS[1] the (key, model) hash, KEYS[2] its calls in flight (zset holder -> expiry ms)
+-- ARGV: rpm, itpm, otpm, concurrent, burst_s, input tokens, holder, lease ms
+-- -> {0, ""}: booked, send now; {ms, "rate"}: booked, send after ms; {ms, "busy"}: nothing booked,
+--    every concurrent place is taken (ask again after ms)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rpm, itpm, otpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local concurrent, burst = tonumber(ARGV[4]), tonumber(ARGV[5])
+local input, holder, lease = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+if concurrent > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if redis.call('ZCARD', KEYS[2]) >= concurrent then
+    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    return {math.min(250, math.max(10, tonumber(first[2]) - now)), 'busy'}
+  end
+end
+local state = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'at', 'blocked')
+local at = tonumber(state[4]) or now
+local elapsed = math.max(0, now - at)
+local wait = math.max(0, (tonumber(state[5]) or 0) - now)
+local function refill(level, limit)
+  local cap = limit * burst / 60
+  if level == nil then return cap end
+  return math.min(cap, level + elapsed * limit / 60000)
+end
+local levels = {}
+local limits = {rpm, itpm, otpm}
+local wants = {1, input, 0}
+local names = {'r', 'i', 'o'}
+for n = 1, 3 do
+  if limits[n] > 0 then
+    local level = refill(tonumber(state[n]), limits[n]) - wants[n]
+    levels[#levels + 1] = names[n]
+    levels[#levels + 1] = level
+    if level < 0 then wait = math.max(wait, math.ceil(-level * 60000 / limits[n])) end
+  end
+end
+levels[#levels + 1] = 'at'
+levels[#levels + 1] = now
+redis.call('HSET', KEYS[1], unpack(levels))
+redis.call('PEXPIRE', KEYS[1], 3600000)
+if concurrent > 0 then
+  redis.call('ZADD', KEYS[2], now + wait + lease, holder)
+  redis.call('PEXPIRE', KEYS[2], wait + lease + 60000)
+end
+if wait > 0 then return {wait, 'rate'} end
+return {0, ''}
+"""
+
+SETTLE = """
+-- KEYS[1] the (key, model) hash, KEYS[2] its calls in flight
+-- ARGV: holder, input tokens beyond the estimate (may be < 0), output tokens
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'i', -tonumber(ARGV[2]))
+  redis.call('HINCRBYFLOAT', KEYS[1], 'o', -tonumber(ARGV[3]))
+end
+return 1
+"""
+
+LEARN = """
+-- KEYS[1] the (key, model) hash. ARGV: blocked until (ms, epoch; 0: none), then field, remaining
+-- pairs: each bucket is lowered to what the provider says remains (never raised)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ms = tonumber(ARGV[1])
+if until_ms > now then
+  local blocked = tonumber(redis.call('HGET', KEYS[1], 'blocked')) or 0
+  if until_ms > blocked then redis.call('HSET', KEYS[1], 'blocked', until_ms) end
+end
+local i = 2
+while i < #ARGV do
+  local level = tonumber(redis.call('HGET', KEYS[1], ARGV[i]))
+  local remaining = tonumber(ARGV[i + 1])
+  if level ~= nil and remaining < level then redis.call('HSET', KEYS[1], ARGV[i], remaining) end
+  i = i + 2
+end
+redis.call('PEXPIRE', KEYS[1], 3600000)
+return 1
+"""
+
+_HEADER_FIELDS = {"requests": "r", "input-tokens": "i", "output-tokens": "o"}
+
+
+def lessons(status: int, headers: httpx.Headers, now: float) -> tuple[float, list[tuple[str, float]]]:
+    """What an answer's headers teach: (blocked until, epoch seconds or 0; [(field, remaining)]).
+    A remaining of 0 blocks until its reset; a 429's `retry-after` blocks for that long."""
+    from toolloop.providers.http import parse_retry_after
+
+    blocked = 0.0
+    remaining: list[tuple[str, float]] = []
+    for kind, field in _HEADER_FIELDS.items():
+        left = headers.get(f"anthropic-ratelimit-{kind}-remaining")
+        if left is None:
+            continue
+        try:
+            value = float(left)
+        except ValueError:
+            continue
+        remaining.append((field, value))
+        if value <= 0:
+            reset = _when(headers.get(f"anthropic-ratelimit-{kind}-reset"))
+            if reset is not None:
+                blocked = max(blocked, reset)
+    if status == 429:
+        after = parse_retry_after(headers)
+        blocked = max(blocked, now + (after if after is not None else 1.0))
+    return blocked, remaining
+
+
+def _when(raw: str | None) -> float | None:
+    if not raw:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
