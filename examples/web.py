@@ -1,43 +1,62 @@
-"""A small web backend: it enqueues durable runs and streams their events as server-sent events.
+"""A small web backend: it enqueues durable runs, streams their events as server-sent events, and
+shows a run in a browser (the run viewer, examples/viewer.py).
 
     export TOOLLOOP_TOOLSETS=review=examples.storyboard.tools:REVIEW_TOOLS   # as the workers have it
-    REDIS_URL=redis://127.0.0.1:6379/0 python examples/web.py        # PORT (default 8000), HOST
-    curl -X POST localhost:8000/runs -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-5-5",
+    export TOOLLOOP_WEB_TOKEN=change-me                                     # every request needs it
+    python examples/web.py                          # PORT (default 8000), HOST (default 127.0.0.1)
+    curl -X POST localhost:8000/runs -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" \
+        -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-5-5",
         "toolset": "review", "messages": [{"role": "user", "content": "Review the rough cut."}]}'
                                                     # -> {"run_id": "..."}; the same key: the same run
-    curl -N localhost:8000/runs/RUN_ID/events       # text/event-stream, one event per step, until it ends
-    curl -X POST localhost:8000/runs/RUN_ID/answer -d '{"content": "Keep shot 3."}'
-    curl localhost:8000/runs/RUN_ID/approvals       # the held tool calls: call_id, name, input, digest
-    curl -X POST localhost:8000/runs/RUN_ID/approvals/CALL_ID/approve -d '{"digest": "sha256:..."}'
-    curl -X POST localhost:8000/runs/RUN_ID/approvals/CALL_ID/reject -d '{"reason": "not this shot"}'
-    curl -X POST localhost:8000/runs/RUN_ID/approvals/CALL_ID/edit -d '{"input": {"shot": 4}}'
+    curl localhost:8000/runs/RUN_ID/approvals       # held calls; POST .../approvals/CALL/approve|reject|edit
+    curl -N -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/events
+    curl -X POST -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/answer \
+        -d '{"content": "Keep shot 3."}'
+    open "http://localhost:8000/runs/RUN_ID?token=$TOOLLOOP_WEB_TOKEN"   # the run viewer
 
-Routes: POST /runs, GET /runs/{id}, GET /runs/{id}/messages, GET /runs/{id}/events (resumes after the
-`Last-Event-ID` header or `?after=`), POST /runs/{id}/answer, POST /runs/{id}/cancel, GET
-/runs/{id}/approvals, POST /runs/{id}/approvals/{call}/approve|reject|edit (200 with the outcome; 409
-with the reason when refused: another input, a bad edit, past the deadline). It only talks
-to Redis through `workers.client.Client`; the workers do the runs. It imports no toolset: a run
-naming a toolset that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the
-registered names; a spec over a limit is a 413 (docs/workers.md, "What is refused"). Without
-REDIS_URL it uses the embedded server of the working directory (toolloop.defaults), as the
-`toolloop` command does.
+Routes: POST /runs, GET /runs (newest first: ?status=, ?limit=, ?cursor=), GET /runs/{id} (the
+status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}/messages, GET
+/runs/{id}/events (resumes after the `Last-Event-ID` header or `?after=`), GET
+/runs/{id}/images/{hash} (an image of the run's conversation: its file must be readable here, as on
+one machine or a volume the workers share), POST /runs/{id}/answer, POST
+/runs/{id}/cancel (409 for a run that has ended). It only talks to Redis through
+`workers.client.Client`; the workers do the runs. It imports no toolset: a run naming a toolset
+that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the registered names; a
+spec over a limit is a 413 (docs/workers.md, "What is refused"). Without REDIS_URL it uses the
+embedded server of $TOOLLOOP_HOME or the working directory, started when needed, as the `toolloop`
+command does.
+
+Authentication: every request carries `Authorization: Bearer <TOOLLOOP_WEB_TOKEN>`, or the
+`toolloop_token` cookie that a page opened with `?token=<TOOLLOOP_WEB_TOKEN>` sets (a browser's
+EventSource cannot send headers); anything else is a 401. The app refuses to start without the
+token. `authorized()` is the one place to plug a real authentication (sessions, OAuth, per-user
+access to runs) in a real backend.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+if not __package__ and str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python examples/web.py`: the checkout
 
 import pydantic
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from toolloop.contract import CHAT_MESSAGES
+from examples import viewer
+from toolloop.contract import CHAT_MESSAGES, ImagePart, ToolMessage, UserMessage
 from toolloop.loop.approvals import ApprovalError
 from workers.client import Client
 from workers.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
@@ -53,8 +72,41 @@ def sse(event: Any) -> str:
     return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
 
 
-def create_app(client: Client | None = None) -> Starlette:
-    client = client or Client(os.environ.get("REDIS_URL") or _default_redis())
+TOKEN_ENV = "TOOLLOOP_WEB_TOKEN"
+COOKIE = "toolloop_token"
+
+
+def authorized(request: Request, token: str) -> bool:
+    """Whether the request may use the API: the bearer token, or the viewer's cookie. The place to
+    plug a real authentication (and per-user access to runs) in a real backend."""
+    header = request.headers.get("authorization", "")
+    given = header[7:].strip() if header.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
+    given = given or request.query_params.get("token", "")
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+class TokenGate:
+    """ASGI middleware: a request that is not `authorized` is a 401 (streams pass through as they are)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not authorized(Request(scope), self.token):
+            await error(401, f"Send Authorization: Bearer <{TOKEN_ENV}>.")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(client: Client | None = None, token: str | None = None) -> Starlette:
+    """The app; `token`: the bearer token every request needs (TOOLLOOP_WEB_TOKEN when None)."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise SystemExit(
+            f"{TOKEN_ENV} is not set: examples/web.py needs a bearer token for every request.\n"
+            f"  export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe())')"
+        )
+    client = client or Client(_default_redis())
 
     async def enqueue(request: Request) -> Response:
         limit = client.settings.max_spec_bytes
@@ -87,7 +139,36 @@ def create_app(client: Client | None = None) -> Starlette:
         return JSONResponse({"run_id": run_id}, status_code=201)
 
     def status(request: Request) -> Response:
-        return JSONResponse(client.status(request.path_params["run_id"]).model_dump(mode="json"))
+        run_id = request.path_params["run_id"]
+        current = client.status(run_id)
+        if "text/html" not in request.headers.get("accept", ""):
+            return JSONResponse(current.model_dump(mode="json"))
+        events = [{"id": e.id, **e.data} for e in client.events(run_id)]
+        page = viewer.page(run_id, current.model_dump(mode="json"), events, client.history(run_id))
+        response = HTMLResponse(page)
+        if request.query_params.get("token"):  # the viewer's own requests carry the cookie
+            response.set_cookie(COOKIE, request.query_params["token"], httponly=True, samesite="strict")
+        return response
+
+    def list_runs(request: Request) -> Response:
+        query = request.query_params
+        try:
+            limit = int(query.get("limit", "50"))
+            found = client.list_runs(status=query.get("status"), limit=limit, cursor=query.get("cursor"))
+        except ValueError as bad:
+            return error(400, str(bad))
+        runs = [vars(run) for run in found.runs]
+        return JSONResponse({"runs": runs, "next": found.next})
+
+    def image(request: Request) -> Response:
+        """An image of the run's conversation, by its hash: only files the run's messages name."""
+        run_id, digest = request.path_params["run_id"], request.path_params["digest"]
+        for message in client.history(run_id):
+            if isinstance(message, ToolMessage | UserMessage) and isinstance(message.content, list):
+                for part in message.content:
+                    if isinstance(part, ImagePart) and part.hash == digest and Path(part.path).is_file():
+                        return FileResponse(part.path, media_type=part.mime_type)
+        return error(404, f"Run {run_id!r} has no image {digest!r} (or its file is gone).")
 
     def messages(request: Request) -> Response:
         history = client.history(request.path_params["run_id"])
@@ -165,10 +246,12 @@ def create_app(client: Client | None = None) -> Starlette:
     async def conflict(request: Request, exc: Exception) -> Response:
         return error(409, str(exc))
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/runs", enqueue, methods=["POST"]),
+            Route("/runs", list_runs),
             Route("/runs/{run_id}", status),
+            Route("/runs/{run_id}/images/{digest}", image),
             Route("/runs/{run_id}/messages", messages),
             Route("/runs/{run_id}/events", events),
             Route("/runs/{run_id}/answer", answer, methods=["POST"]),
@@ -177,10 +260,15 @@ def create_app(client: Client | None = None) -> Starlette:
             Route("/runs/{run_id}/approvals/{call_id}/{action:str}", decide, methods=["POST"]),
         ],
         exception_handlers={RunNotFoundError: not_found, RunStateError: conflict},
+        middleware=[Middleware(TokenGate, token=token)],
     )
+    app.state.client = client
+    return app
 
 
 def _default_redis() -> str:
+    """REDIS_URL, else the embedded server of $TOOLLOOP_HOME or ./.toolloop, started when needed
+    (the rule of every entry point: toolloop/defaults.py, workers.settings.find_redis_url)."""
     from toolloop.defaults import redis_url
 
     return redis_url().url

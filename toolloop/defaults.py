@@ -50,13 +50,19 @@ class RedisChoice:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (exited, not reaped yet: the server a still-running
+    `toolloop worker` started) counts as gone, so `toolloop down` does not wait for it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): kill(0) is all there is
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 @contextlib.contextmanager
@@ -89,7 +95,7 @@ def running_embedded(state: Path | None = None) -> RedisChoice | None:
 
 def redis_url(state: Path | None = None, *, start: bool = True) -> RedisChoice:
     """`REDIS_URL` when set; else the state directory's embedded server, started when needed."""
-    from_env = os.environ.get("REDIS_URL")
+    from_env = os.environ.get("REDIS_URL", "").strip()  # as workers.settings.find_redis_url reads it
     if from_env:
         return RedisChoice(from_env, embedded=False)
     directory = (state or state_dir()) / "redis"

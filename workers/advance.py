@@ -41,7 +41,7 @@ from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
-from workers import approvals, consumer, flow, killpoints, runtime, wire
+from workers import approvals, consumer, flow, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
@@ -65,7 +65,23 @@ class Task:
     hostname: str
 
 
-async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -> str:
+@dataclass(frozen=True)
+class Outcome:
+    """What a step did: `what` ("next", "park", "stop", "fail", "stale", "busy", "fenced"); when the
+    step ended its run `failed`, `failure` is (error class, message): the task is then reported
+    failed (`task-failed` in Flower), though it is acked like any step (the failure is committed)."""
+
+    what: str
+    failure: tuple[str, str] | None = None
+
+    def __str__(self) -> str:
+        return self.what
+
+    def __repr__(self) -> str:  # what Celery's log line and Flower's result column show
+        return repr(self.what)
+
+
+async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -> Outcome:
     """Make commit `n` of the run (see the module docstring). Returns what happened, for logs.
     Runs on the process's asyncio loop (workers/runtime.py), from a Celery task or the step consumer.
 
@@ -96,7 +112,8 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
             continue
         if outcome != "fenced":
             break
-    return f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
+    what = f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
+    return Outcome(what, step.failure if outcome == "fail" else None)
 
 
 class _Step:
@@ -113,6 +130,7 @@ class _Step:
         """True once `live` was kept for the run's next step (it then outlives this step)."""
         self.lease_left_ms = -1
         self.replayed_before = 0
+        self.failure: tuple[str, str] | None = None
         self.stopped: str | None = None
         """How the run stopped when this step ended it (`refused (cyber)`), for the task's result."""
         self.held: Held | None = None
@@ -379,6 +397,7 @@ class _Step:
     async def commit_failure(self, error: BaseException) -> str:
         log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
         message = str(error)
+        self.failure = (type(error).__name__, message)
         state = {"status": "failed", "error_class": type(error).__name__, "error_message": message}
         data = json.dumps({"error_class": type(error).__name__, "error_message": message})
         return await self.commit("fail", state=state, final=["failed", data])
@@ -407,8 +426,14 @@ class _Step:
         successor: wire.Delivery | None = None
         if outcome == "next" and live is not None and live.keepable() and here and here.can_go_on(queue):
             # the successor runs here: this commit records its delivery and begins it (no RUN_BEGIN)
+            label = self.describe(next_key or "")
             successor = wire.task_message(
-                ADVANCE, [r, self.n + 1], f"{r}:{self.n + 1}", queue, traceparent=self.run_traceparent()
+                ADVANCE,
+                [r, self.n + 1],
+                f"{r}:{self.n + 1}",
+                queue,
+                label,
+                traceparent=self.run_traceparent(),
             )
             payload["go_on"] = {
                 "owner": uuid.uuid4().hex, "lease_ms": self.settings.lease_ms, "tag": successor.tag,
@@ -473,6 +498,8 @@ class _Step:
             kill_point("enqueue:after", run=r, key=where)
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
+            for command in runlist.expire_commands(r, self.segment, self.settings.retention):
+                self.batch.send(*command)  # retention starts (a lost EXPIRE: `toolloop prune`)
         return outcome
 
     async def publish(
@@ -489,11 +516,13 @@ class _Step:
         sent: asyncio.Future[Any] | None = None
         if member:
             n, _, queue = member.partition("|")
+            label = self.describe(str(progress.get("next") or ""))
             message = wire.task_message(
                 ADVANCE,
                 [self.run_id, int(n)],
                 f"{self.run_id}:{n}",
                 queue,
+                label,
                 traceparent=self.run_traceparent(),
             )
             sent = consumer.hand_off(queue, message)  # this process runs it next, if it can
@@ -506,8 +535,8 @@ class _Step:
             queue, message = successor
             events.send("task-sent", {
                 "uuid": message.task_id, "root_id": message.task_id, "parent_id": None,
-                "name": ADVANCE, "args": message.argsrepr, "kwargs": "{}", "retries": 0, "eta": None,
-                "expires": None, "queue": queue, "exchange": "", "routing_key": queue,
+                "name": ADVANCE, "args": message.argsrepr, "kwargs": message.kwargsrepr, "retries": 0,
+                "eta": None, "expires": None, "queue": queue, "exchange": "", "routing_key": queue,
             })  # fmt: skip
         replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
         fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, "replayed": replayed,
@@ -560,6 +589,21 @@ class _Step:
         """The queue of step `key`: model steps on "llm", tool steps on the tool's own queue or "tools"."""
         if key.startswith("model:"):
             return "llm"
+        tool = self.tool_of(key)
+        return (tool.queue if tool else None) or "tools"
+
+    def describe(self, key: str) -> str:
+        """What step `key` is, for Flower and `celery inspect`: "model 3" (the model turn of its
+        segment) or "tool read_frame" (a registered tool's name; "tool" alone for any other)."""
+        if key.startswith("model:"):
+            return f"model {key.removeprefix('model:')}"
+        if not key.startswith("tool:"):
+            return ""
+        tool = self.tool_of(key)
+        return f"tool {tool.name}" if tool else "tool"
+
+    def tool_of(self, key: str) -> ToolSpec | None:
+        """The registered tool that step `key` ("tool:<call id>[:start|:wait]") calls, if any."""
         call_id = key.removeprefix("tool:")
         if call_id.endswith((":start", ":wait")):
             call_id = call_id.rsplit(":", 1)[0]
@@ -570,13 +614,11 @@ class _Step:
             value = memo[1] if memo is not None else json.loads(self.journal.entries[key])["value"]
             for call in value["result"].get("tool_calls", []):
                 if call["id"] == call_id:
-                    tool: ToolSpec | None = self.live.tools.get(call["name"]) if self.live else None
-                    return (tool.queue if tool else None) or "tools"
+                    return self.live.tools.get(call["name"]) if self.live else None
         held = self.live.held_names.get(call_id) if self.live else None
-        if held is not None:  # a decided call of the previous segment's turn (an approval resume)
-            tool = self.live.tools.get(held) if self.live else None
-            return (tool.queue if tool else None) or "tools"
-        return "tools"
+        if held is not None and self.live is not None:  # a decided call of an approval resume
+            return self.live.tools.get(held)
+        return None
 
 
 def _flush_outbox(run_id: str, older_than: float) -> None:

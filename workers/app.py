@@ -97,10 +97,13 @@ def send(
     queue: str,
     task_id: str | None = None,
     producer: Any = None,
+    label: str = "",
 ) -> None:
     """Send a task by name (ids only in `args`), to `queue`, with a readable id when given; through
-    `producer` when given (a step sends its successor and its progress event in one batch)."""
-    celery.send_task(name, args=args, queue=queue, task_id=task_id, producer=producer)
+    `producer` when given (a step sends its successor and its progress event in one batch). `label`
+    says what the step is (`model 1`): its kwargsrepr, shown by Flower and `celery inspect`."""
+    kwargsrepr = repr({"step": label[:200]}) if label else None
+    celery.send_task(name, args=args, queue=queue, task_id=task_id, producer=producer, kwargsrepr=kwargsrepr)
 
 
 # Worker-process resources (event loop thread, cancel listener, sweeper) start with the worker.

@@ -26,11 +26,11 @@ from toolloop.contract import CHAT_MESSAGES, ChatMessage
 from toolloop.journal import keys, scripts
 from toolloop.loop.approvals import DeadlineError
 from toolloop.loop.types import Decision
-from workers import accounts, approvals, limits, runs, toolsets
+from workers import accounts, approvals, limits, runlist, runs, toolsets
 from workers.app import ANSWER, CANCEL, make_app, send
-from workers.errors import EnqueueError, RunNotFoundError, RunStateError
+from workers.errors import EnqueueError, NoRedisError, RunNotFoundError, RunStateError
 from workers.records import FINAL, RunEventRecord, RunStatus
-from workers.settings import Settings
+from workers.settings import Settings, no_redis_message
 from workers.spec import RunSpec
 
 _TERMINAL_EVENTS = frozenset({"finished", "failed"})
@@ -38,11 +38,15 @@ _TERMINAL_EVENTS = frozenset({"finished", "failed"})
 
 class Client:
     def __init__(self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None) -> None:
-        """`redis_url`: REDIS_URL when None. `toolsets`: the names of the registered toolsets, read
+        """`redis_url`: when None, REDIS_URL, else the embedded server of $TOOLLOOP_HOME or ./.toolloop
+        when it runs (the rule of the CLI and the workers, `workers.settings.find_redis_url`), else
+        `NoRedisError`. `toolsets`: the names of the registered toolsets, read
         from TOOLLOOP_TOOLSETS (names only) when None."""
         settings = Settings.from_env()
         if redis_url:
-            settings = dataclasses.replace(settings, redis_url=redis_url)
+            settings = dataclasses.replace(settings, redis_url=redis_url, redis_source="redis_url=")
+        elif not settings.redis_source:
+            raise NoRedisError(no_redis_message())
         self.settings = settings
         self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
         self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
@@ -186,6 +190,11 @@ class Client:
         )
         if status is None:
             raise RunNotFoundError(run_id)
+        if status in FINAL and status != "expired":  # an expired question: DeadlineError below
+            raise RunStateError(
+                f"Run {run_id!r} has ended ({status}); it takes no answer.\n"
+                "  Enqueue a new run, or retry it if it failed."
+            )
         if content.startswith(approvals.DECISIONS_MARK):
             raise ValueError("An answer may not start with the record separator \\x1e.\n  Strip it.")
         target = int(current or 0) if segment is None else segment
@@ -263,20 +272,28 @@ class Client:
 
     def cancel(self, run_id: str) -> None:
         """Stop the run: its live step is aborted where it runs, open calls are answered
-        `Not run: cancel.`, and it ends with status "cancel". Survives worker restarts."""
+        `Not run: cancel.`, and it ends with status "cancel". Survives worker restarts. A run that has
+        ended already raises `RunStateError`."""
         status = runs.script(self.redis, scripts.RUN_CANCEL)(
             keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id]
         )
         if status is None:
             raise RunNotFoundError(run_id)
+        if status in FINAL:
+            raise RunStateError(
+                f"Run {run_id!r} has ended ({status}); there is nothing to cancel.\n"
+                "  `toolloop status` shows how it ended."
+            )
         if status not in FINAL:
             send(self.celery, CANCEL, [run_id], queue="control", task_id=f"{run_id}:cancel")
 
     def retry(self, run_id: str) -> None:
         """Run a failed run again from its journal: finished steps replay, the failed one runs again."""
+        stored = json.loads(self.redis.get(keys.spec(run_id)) or "{}")
+        queued = {name: stored.get(name) for name in ("model", "toolset", "budget_usd")} | {"retry": True}
         result = runs.script(self.redis, scripts.RUN_RETRY)(
             keys=[keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
-            args=[time.time()],
+            args=[time.time(), json.dumps(queued)],
         )
         if result[0] != "queued":
             if result[1] == "missing":
@@ -286,7 +303,22 @@ class Client:
                 "  Wait for it to end, or enqueue a new run."
             )
         self.redis.zadd(keys.LIVE_RUNS, {run_id: time.time()})
+        runlist.persist(self.redis, run_id)  # runs again: its retention starts when it ends again
         runs.send_member(self.redis, self.celery, run_id, str(result[1]))
+
+    def list_runs(
+        self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> runlist.RunPage:
+        """Runs newest first, `limit` per page; `status` keeps one status ("asked", "failed", ...);
+        pass the page's `next` as `cursor` for the following page (None on the last). Finished runs
+        leave the listing when their retention ends (TOOLLOOP_RETENTION)."""
+        return runlist.list_runs(self.redis, status=status, limit=limit, cursor=cursor)
+
+    def prune(self, older_than: float | None = None) -> runlist.Pruned:
+        """Delete the finished runs that ended more than `older_than` s ago (default: the retention)
+        and drop expired runs from the index. Parked and running runs are never touched."""
+        age = self.settings.retention if older_than is None else older_than
+        return runlist.prune(self.redis, age)
 
     def add_spend(self, run_id: str, usd: float) -> float:
         """Bill `usd` of outside spend (child work, services) to the run's budget; the new total."""

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -46,11 +47,12 @@ import click
 import redis as redis_lib
 import redis.asyncio as aredis
 from celery import bootsteps
-from celery.worker.control import control_command
+from celery.worker.control import Panel, control_command, inspect_command
+from kombu import Queue  # type: ignore[attr-defined]
 
 from toolloop.journal import keys as tl_keys
 from workers import runtime, wire
-from workers.errors import OOM_HINT, REDIS_LOST
+from workers.errors import OOM_HINT, REDIS_LOST, failure_repr
 from workers.live import Begun
 
 log = logging.getLogger("toolloop.workers")
@@ -75,6 +77,9 @@ class StepConsumer:
         self.free = capacity
         self.stopping = False
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.in_flight: dict[str, tuple[str, wire.Delivery, float]] = {}
+        """tag -> (queue, delivery, start time) of each running step, for `celery inspect active`
+        (read from Celery's consumer thread: it copies the dict, never iterates it live)."""
         self.room: asyncio.Event | None = None
         self.main: asyncio.Future[None] | None = None
         self.wake_key = f"toolloop:wake:{hostname}"
@@ -255,12 +260,13 @@ class StepConsumer:
         self.free -= 1
         task = asyncio.get_running_loop().create_task(self._handle(queue, delivery, begun))
         self.running[delivery.tag] = task
+        self.in_flight[delivery.tag] = (queue, delivery, time.time())
 
     async def _handle(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         events = runtime.events(self.hostname)
         task_id = delivery.task_id
         events.send("task-received", {
-            "uuid": task_id, "name": delivery.name, "args": delivery.argsrepr, "kwargs": "{}",
+            "uuid": task_id, "name": delivery.name, "args": delivery.argsrepr, "kwargs": delivery.kwargsrepr,
             "root_id": task_id, "parent_id": None, "retries": 0, "eta": None, "expires": None,
         })  # fmt: skip
         events.send("task-started", {"uuid": task_id, "pid": os.getpid()})
@@ -287,6 +293,13 @@ class StepConsumer:
             self._ack(delivery)
         else:
             took = time.monotonic() - started
+            failure = getattr(result, "failure", None)
+            if failure is not None:  # the step ended its run `failed`: committed, acked, reported failed
+                events.send("task-failed", {
+                    "uuid": task_id, "exception": failure_repr(*failure), "traceback": "", "runtime": took,
+                })  # fmt: skip
+                self._ack(delivery)
+                return
             events.send("task-succeeded", {
                 "uuid": task_id, "result": repr(result), "runtime": took,
             })  # fmt: skip
@@ -295,6 +308,7 @@ class StepConsumer:
                 log.info("Task %s[%s] succeeded in %ss: %r", delivery.name, task_id, round(took, 6), result)
         finally:
             self.running.pop(delivery.tag, None)
+            self.in_flight.pop(delivery.tag, None)
             self.free += 1
             if self.room is not None:
                 self.room.set()
@@ -385,6 +399,14 @@ class StepConsumerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery
         self, worker: Any, step_queues: str | None = None, steps_in_flight: int | None = None, **kw: Any
     ) -> None:
         super().__init__(worker, **kw)
+        from workers.settings import Settings, no_redis_message
+
+        if not Settings.from_env().redis_source:  # the rule of every entry point (find_redis_url)
+            raise RuntimeError(no_redis_message())
+        # Toolsets import from the worker's working directory, as the `toolloop` commands do, so
+        # `celery -A workers.app worker` run in a checkout serves examples.storyboard.tools as is.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
         named = step_queues if step_queues is not None else os.environ.get("TOOLLOOP_STEP_QUEUES")
         selected = worker.app.amqp.queues
         consumed = list(selected.consume_from or selected)
@@ -433,6 +455,95 @@ def add_step_queue(state: Any, queue: str) -> dict[str, str]:
 def cancel_step_queue(state: Any, queue: str) -> dict[str, str]:
     """Remote control: the step consumer stops taking tasks from `queue`."""
     return _change_queue(queue, "cancelled")
+
+
+# Celery's own `active`, `active_queues` and `revoke` know only Celery's consumer and pool: these
+# replace them (same names, same replies) and add what the step consumer holds.
+_celery_active = Panel.data["active"]
+_celery_active_queues = Panel.data["active_queues"]
+_celery_revoke = Panel.data["revoke"]
+
+
+@inspect_command(alias="dump_active")  # type: ignore[untyped-decorator]
+def active(state: Any, safe: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
+    """List of tasks currently being executed: Celery's pool's and the step consumer's steps."""
+    found: list[dict[str, Any]] = list(_celery_active(state, safe=safe, **kwargs))
+    if _current is None:
+        return found
+    for queue, delivery, started in dict(_current.in_flight).values():
+        found.append({
+            "id": delivery.task_id, "name": delivery.name,
+            "args": delivery.argsrepr if safe else delivery.args,
+            "kwargs": delivery.kwargsrepr if safe else _literal(delivery.kwargsrepr),
+            "type": delivery.name, "hostname": _current.hostname, "time_start": started,
+            "acknowledged": False, "delivery_info": {"exchange": "", "routing_key": queue,
+                                                     "priority": 0, "redelivered": None},
+            "worker_pid": os.getpid(),
+        })  # fmt: skip
+    return found
+
+
+@inspect_command()  # type: ignore[untyped-decorator]
+def active_queues(state: Any) -> list[dict[str, Any]]:
+    """List the task queues a worker is currently consuming from: Celery's consumer's and the step
+    consumer's (`llm`, `tools`, `control` by default), so Flower's broker page lists their lengths."""
+    found: list[dict[str, Any]] = list(_celery_active_queues(state))
+    if _current is None:
+        return found
+    known = {q.get("name") for q in found}
+    declared = state.app.amqp.queues
+    for name in list(_current.queues):
+        if name not in known:
+            queue = declared[name] if name in declared else Queue(name)  # type: ignore[no-untyped-call]
+            found.append(dict(queue.as_dict(recurse=True)))
+    return found
+
+
+@control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")  # type: ignore[untyped-decorator]
+def revoke(state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
+    """Revoke task by task id (or list of ids). A toolloop step's id (`<run_id>:<n>`) cancels its run
+    (as `toolloop cancel`: the step consumer never consults Celery's revoked set, so that is what a
+    revoke of a step can honour); any other id goes to Celery's own revoke."""
+    ids = [task_id] if isinstance(task_id, str) else list(task_id or [])
+    others = [one for one in ids if not _step_run(one)]
+    cancelled = [run for one in ids if (run := _step_run(one)) and _cancel_run(run)]
+    reply: Any = {"ok": f"cancelled runs {', '.join(cancelled) or 'none'} (a revoked step cancels its run)"}
+    if others:
+        reply = _celery_revoke(state, others, terminate=terminate, signal=signal, **kwargs)
+    return reply
+
+
+def _literal(text: str) -> Any:
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _step_run(task_id: str) -> str | None:
+    """The run id of a `toolloop.advance` task id (`<32 hex>:<n>`), else None."""
+    run, _, n = task_id.partition(":")
+    return run if n.isdigit() and len(run) == 32 and all(c in "0123456789abcdef" for c in run) else None
+
+
+def _cancel_run(run_id: str) -> bool:
+    """Cancel a run as `Client.cancel` does (idempotent: every worker gets a broadcast revoke)."""
+    from toolloop.journal import scripts
+    from workers import runs
+    from workers.app import CANCEL, app, send
+    from workers.records import FINAL
+
+    client = runtime.redis()
+    status = runs.script(client, scripts.RUN_CANCEL)(
+        keys=[tl_keys.state(run_id)], args=[tl_keys.CANCEL_CHANNEL, run_id]
+    )
+    if status is None or status in FINAL:
+        return False
+    send(app, CANCEL, [run_id], queue="control", task_id=f"{run_id}:cancel")
+    log.warning("run %s cancelled: a step of it was revoked (celery control revoke)", run_id)
+    return True
 
 
 def _change_queue(queue: str, change: str) -> dict[str, str]:

@@ -7,9 +7,11 @@
     │                          import to a list of ToolSpec
     ├── LimitError             a run spec is over a limit (size, messages, an image): refused at enqueue
     ├── EnqueueError           Redis refused or lost an enqueue (out of memory, unreachable)
+    ├── NoRedisError           no REDIS_URL and no embedded server running (nothing to connect to)
     ├── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
-    └── LeaseLostError         a step's lease is no longer certainly its own (the reason its abort
-                               signal fired: its work stops, and nothing of it is committed)
+    ├── LeaseLostError         a step's lease is no longer certainly its own (the reason its abort
+    │                          signal fired: its work stops, and nothing of it is committed)
+    └── StepFailedError        a step ended its run `failed` (how Celery's pool reports it as FAILURE)
 
 Every message: first line what happened, second line (indented) what to do.
 """
@@ -64,6 +66,10 @@ class ToolsetError(WorkersError, ValueError):
     pass
 
 
+class NoRedisError(WorkersError):
+    pass
+
+
 class DeliveryLimitError(WorkersError):
     pass
 
@@ -87,3 +93,28 @@ class EnqueueError(WorkersError):
     def __init__(self, message: str, stored: bool | None = False) -> None:
         super().__init__(message, stored)
         self.stored = stored
+
+
+class StepFailedError(WorkersError):
+    """Raised by the `toolloop.advance` task (Celery's pool) once a step has committed its run as
+    `failed`, so Celery and Flower report the task FAILURE; its repr is the run's error class and the
+    first line of its message (`ValueError('...')`), as the step consumer reports it."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message, error_class)
+        self.error_class = error_class
+        self.message = message
+
+    def __repr__(self) -> str:
+        return failure_repr(self.error_class, self.message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.error_class, self.message))
+
+
+def failure_repr(error_class: str, message: str) -> str:
+    """How a step that failed its run shows in Flower: `ErrorClass('first line of the message')`.
+    Error messages of toolloop name no prompt text; only the first line (what happened), at most 300
+    characters, goes out."""
+    first = message.splitlines()[0] if message else ""
+    return f"{error_class}({first[:300]!r})"

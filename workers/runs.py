@@ -46,6 +46,7 @@ def script(client: redis_lib.Redis, source: str) -> Any:
 
 RUN_CREATE = """
 -- KEYS[1]=spec KEYS[2]=state KEYS[3]=input KEYS[4]=events KEYS[5]=outbox KEYS[6]=live runs index
+-- KEYS[7]=the index of all runs (toolloop list)
 -- ARGV[1]=run id ARGV[2]=spec JSON ARGV[3]=now ARGV[4]=first segment's messages ARGV[5]=queued data
 -- Stores a new run in one atomic call -> 1, or 0 when a run with this id exists already (an
 -- idempotent enqueue retried: nothing is written). Redis refuses a script for OOM at its first write
@@ -58,6 +59,7 @@ redis.call('HSET', KEYS[3], 's0', ARGV[4])
 redis.call('XADD', KEYS[4], '*', 'seq', 1, 'segment', 0, 'kind', 'queued', 'data', ARGV[5])
 redis.call('ZADD', KEYS[5], ARGV[3], '1|llm')
 redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
 return 1
 """
 
@@ -81,7 +83,7 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_k
     queued = json.dumps({"model": spec.model, "toolset": spec.toolset, "budget_usd": spec.budget_usd})
     script(client, RUN_CREATE)(
         keys=[keys.spec(run_id), keys.state(run_id), keys.inputs(run_id), keys.events(run_id),
-              keys.outbox(run_id), keys.LIVE_RUNS],
+              keys.outbox(run_id), keys.LIVE_RUNS, keys.ALL_RUNS],
         args=[run_id, spec.model_dump_json(), now, messages, queued],
     )  # fmt: skip
     parent = tracing.current_traceparent()
@@ -103,8 +105,12 @@ def send_member(
     lost, or that failed to send (then this returns False). Inside a `producer.batch()` the send
     happens when the batch flushes (its failure is the caller's to log)."""
     n, _, queue = member.partition("|")
+    label = "model" if queue == "llm" else "tool"  # the outbox keeps no more than the queue
+    if n == "1":
+        label = "model 1"
     try:
-        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}", producer=producer)
+        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}", producer=producer,
+             label=label)  # fmt: skip
     except (OSError, OperationalError, redis_lib.RedisError) as error:
         log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
         return False

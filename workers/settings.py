@@ -1,6 +1,9 @@
 """Worker settings, read from the environment once per process (small values in tests).
 
-REDIS_URL                    redis://127.0.0.1:6379/0  journal, run state and broker (one fate)
+REDIS_URL                    unset   journal, run state and broker (one fate); unset: the embedded
+                                     server of $TOOLLOOP_HOME (default ./.toolloop) when it runs
+                                     (`toolloop up` starts it): the same rule for the CLI, `Client`,
+                                     the web example, the worker and Flower (`find_redis_url`)
 TOOLLOOP_VISIBILITY_TIMEOUT  3600    s before kombu re-delivers an unacked task (> 2 x longest step)
 TOOLLOOP_RESTORE_INTERVAL    5       s between kombu's unacked sweeps (throttle 1)
 TOOLLOOP_LEASE_MS            120000  a step's lease, renewed while it runs (< visibility timeout)
@@ -16,6 +19,8 @@ TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or 
 TOOLLOOP_METRICS_PORT        0       serve Prometheus metrics on this port (0: off; docs/operations.md)
 TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,..." (workers/toolsets.py);
                                      clients read the names only, and refuse any other
+TOOLLOOP_RETENTION           7d      how long a finished run's keys stay (s, or 30m, 12h, 7d; 0: for
+                                     ever); parked and running runs never expire (`toolloop prune`)
 Limits (docs/workers.md, "What is refused"):
 TOOLLOOP_MAX_SPEC_BYTES      1000000 a run spec's JSON (enqueue refuses a larger one)
 TOOLLOOP_MAX_MESSAGES        1000    messages of a run spec (enqueue refuses more)
@@ -37,6 +42,52 @@ from workers.ratelimit import Limits
 from workers.ratelimit import parse as parse_rate_limits
 from workers.toolsets import ENV as TOOLSETS_ENV
 from workers.toolsets import parse as parse_toolsets
+
+NO_REDIS = "redis://127.0.0.1:6379/0"
+"""The URL a Settings holds when neither REDIS_URL is set nor an embedded server runs (`redis_source`
+is then ""): `Client()` and the worker refuse it with `no_redis_message()` rather than use it."""
+
+
+def find_redis_url() -> tuple[str, str]:
+    """Where Redis is, the one rule of every entry point: (url, where it came from). REDIS_URL when
+    set; else the embedded server of the state directory ($TOOLLOOP_HOME, default ./.toolloop) when it
+    runs; else (NO_REDIS, ""). Nothing is started here (the `toolloop` commands start the embedded
+    server with the same rule: toolloop/defaults.py)."""
+    from_env = os.environ.get("REDIS_URL", "").strip()
+    if from_env:
+        return from_env, "REDIS_URL"
+    from toolloop.defaults import running_embedded, state_dir
+
+    found = running_embedded()
+    if found is not None:
+        return found.url, f"the embedded server of {state_dir()}"
+    return NO_REDIS, ""
+
+
+def no_redis_message() -> str:
+    from toolloop.defaults import state_dir
+
+    return (
+        f"REDIS_URL is not set and no embedded Redis runs in {state_dir()}.\n"
+        "  Set REDIS_URL, or run `toolloop up` in this directory (TOOLLOOP_HOME moves it) first."
+    )
+
+
+def duration(text: str) -> float:
+    """Seconds of "90", "90s", "30m", "12h" or "7d"; ValueError (saying what is accepted) otherwise."""
+    raw = text.strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    scale = units.get(raw[-1:], 1) if raw else 1
+    number = raw[:-1] if raw[-1:] in units else raw
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = -1
+    if not value >= 0:
+        raise ValueError(
+            f"{text!r} is not a duration.\n  Write seconds, or a number with s, m, h or d (7d, 12h, 30m)."
+        )
+    return value
 
 
 def _float(name: str, default: float) -> float:
@@ -67,11 +118,18 @@ class Settings:
     rate_limits: dict[str, dict[str, Limits]] = field(default_factory=dict)
     """Provider rate limits per key and model (TOOLLOOP_RATE_LIMITS, workers/ratelimit.py)."""
     metrics_port: int = 0
+    retention: float = 7 * 86400
+    """Seconds a finished run's keys stay (TOOLLOOP_RETENTION; 0: for ever)."""
+    redis_source: str = "REDIS_URL"
+    """Where `redis_url` came from (`find_redis_url`); "" when nothing was found."""
 
     @classmethod
     def from_env(cls) -> Settings:
+        redis_url, redis_source = find_redis_url()
         return cls(
-            redis_url=os.environ.get("REDIS_URL", "").strip() or "redis://127.0.0.1:6379/0",
+            redis_url=redis_url,
+            redis_source=redis_source,
+            retention=duration(os.environ.get("TOOLLOOP_RETENTION", "") or "7d"),
             visibility_timeout=_float("TOOLLOOP_VISIBILITY_TIMEOUT", 3600),
             restore_interval=_float("TOOLLOOP_RESTORE_INTERVAL", 5),
             lease_ms=int(_float("TOOLLOOP_LEASE_MS", 120_000)),

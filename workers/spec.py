@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolloop.contract import ChatMessage
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
 CacheTtl = Literal["5m", "1h"]
+
+
+def provider_names() -> list[str]:
+    """The provider names a run may ask for: those `toolloop.providers.from_env()` registers on the
+    workers. Anything else is refused at enqueue, not at the run's first model call."""
+    from toolloop.providers import from_env
+
+    return from_env({}).providers()
 
 
 class RunSpec(BaseModel):
@@ -34,7 +42,8 @@ class RunSpec(BaseModel):
     max_steps: int = Field(default=20, ge=1)
     reasoning: Reasoning | None = None
     finish_note: str | None = None
-    keep_images: int | None = 2
+    keep_images: int | None = Field(default=2, ge=0)
+    """How many of the latest tool-result images the model still sees (None: all)."""
     cache: CacheMode = "conversation"
     cache_ttl: CacheTtl = "5m"
     """TTL of every cache mark: "1h" writes cost 2x input instead of 1.25x and live an hour."""
@@ -51,3 +60,17 @@ class RunSpec(BaseModel):
     approval_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """How long a held approval waits (a tool's own `approval_timeout_s` wins); then the tool's
     `approval_default` applies (`reject` with the reason `no decision before the deadline`)."""
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, name: str | None) -> str | None:
+        if name is not None and name not in (known := provider_names()):
+            raise ValueError(f"{name!r} is not a provider; use one of {', '.join(known)}")
+        return name
+
+    @field_validator("fallback")
+    @classmethod
+    def _known_fallbacks(cls, names: list[str]) -> list[str]:
+        for name in names:
+            cls._known_provider(name)
+        return names

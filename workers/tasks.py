@@ -16,7 +16,7 @@ from celery.exceptions import Reject
 from workers import advance as advance_step
 from workers import approvals, runs, runtime
 from workers.app import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP, app
-from workers.errors import OOM_HINT, REDIS_LOST
+from workers.errors import OOM_HINT, REDIS_LOST, StepFailedError
 
 log = logging.getLogger("toolloop.workers")
 
@@ -27,13 +27,16 @@ def advance(self: Task, run_id: str, n: int) -> str:
     process's asyncio loop while this pool thread waits (workers/runtime.py)."""
     task = advance_step.Task(task_id=self.request.id, hostname=self.request.hostname)
     try:
-        return str(runtime.run(advance_step.advance(run_id, int(n), task)))
+        outcome = runtime.run(advance_step.advance(run_id, int(n), task))
     except REDIS_LOST as error:  # Redis or the network went away: back on the queue, not acked
         log.warning("step %s goes back on its queue: %s: %s", self.request.id, type(error).__name__, error)
         if isinstance(error, redis.exceptions.OutOfMemoryError):
             log.error("%s", OOM_HINT)
             time.sleep(1.0)  # not at once: Redis refuses it again until memory is freed
         raise Reject(f"{type(error).__name__}: {error}", requeue=True) from error
+    if outcome.failure is not None:  # committed as `failed`: Celery acks it and reports FAILURE
+        raise StepFailedError(*outcome.failure)
+    return str(outcome)
 
 
 @app.task(name=ANSWER)  # type: ignore[untyped-decorator]

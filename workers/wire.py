@@ -40,17 +40,20 @@ def queue_keys(queues: list[str]) -> list[str]:
 
 
 def task_message(
-    name: str, args: list[Any], task_id: str, queue: str, traceparent: str | None = None
+    name: str, args: list[Any], task_id: str, queue: str, label: str = "", traceparent: str | None = None
 ) -> Delivery:
     """A Celery protocol-2 task message for `queue` (anonymous exchange, routing key = queue), as the
-    `Delivery` it will be: `raw` is what goes on the queue. `traceparent`: the run's W3C trace
+    `Delivery` it will be: `raw` is what goes on the queue. `label` says what the step is (`model 3`,
+    `tool read_frame`): it shows in Flower and `celery inspect` as the task's kwargsrepr
+    (`{'step': 'model 3'}`) while the arguments stay ids only. `traceparent`: the run's W3C trace
     context, carried as a message header (workers/tracing.py)."""
     body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     argsrepr = repr(args)
+    kwargsrepr = step_kwargsrepr(label)
     headers: dict[str, Any] = {
         "lang": "py", "task": name, "id": task_id, "shadow": None, "eta": None, "expires": None,
         "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
-        "root_id": task_id, "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": "{}",
+        "root_id": task_id, "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": kwargsrepr,
         "origin": _ORIGIN, "ignore_result": True, "replaced_task_nesting": 0,
         "stamped_headers": None, "stamps": {},
     }  # fmt: skip
@@ -69,8 +72,20 @@ def task_message(
         },
     }).decode()  # fmt: skip
     return Delivery(
-        tag=tag, name=name, task_id=task_id, args=list(args), kwargs={}, argsrepr=argsrepr, raw=raw
+        tag=tag,
+        name=name,
+        task_id=task_id,
+        args=list(args),
+        kwargs={},
+        argsrepr=argsrepr,
+        raw=raw,
+        kwargsrepr=kwargsrepr,
     )
+
+
+def step_kwargsrepr(label: str) -> str:
+    """The kwargsrepr that names a step (`{'step': 'tool read_frame'}`); `{}` without a label."""
+    return repr({"step": label[:200]}) if label else "{}"
 
 
 def _tag() -> str:
@@ -93,6 +108,7 @@ class Delivery:
     kwargs: dict[str, Any]
     argsrepr: str
     raw: str
+    kwargsrepr: str = "{}"
 
 
 class BadMessage(ValueError):
@@ -152,7 +168,7 @@ def _delivery(message: Any, raw: str) -> Delivery:
         raise BadMessage("args is not a list, or kwargs or embed not an object")
     if not isinstance(name, str) or not isinstance(task_id, str):
         raise BadMessage("headers task and id are not strings")
-    argsrepr = headers.get("argsrepr")
+    argsrepr, kwargsrepr = headers.get("argsrepr"), headers.get("kwargsrepr")
     return Delivery(
         tag=tag,
         name=name,
@@ -161,6 +177,7 @@ def _delivery(message: Any, raw: str) -> Delivery:
         kwargs=kwargs,
         argsrepr=argsrepr if isinstance(argsrepr, str) else repr(args),
         raw=raw,
+        kwargsrepr=kwargsrepr if isinstance(kwargsrepr, str) else repr(kwargs),
     )
 
 

@@ -68,19 +68,23 @@ def review_policy(request: SimRequest) -> SimTurn:
             tool_calls=[call("render_preview", shots=[shot["n"] for shot in long])],
         )
     if "ask" in request.tool_names and "ask" not in done:
+        hero = next((shot for shot in board if shot["n"] == 3), None)
+        kept, target = (hero["board"] + KEEP_EXTRA_S, hero["board"]) if hero else (5.0, 4.0)
         return SimTurn(
             text="Shot 5's trim is clear. Shot 3 is a matter of taste.",
             tool_calls=[
                 call(
                     "ask",
                     question="Shot 3 is the hero's entrance: keep one extra second to let it breathe "
-                    "(5.0 s), or trim it to the board's 4.0 s?",
+                    f"({kept:.1f} s), or trim it to the board's {target:.1f} s?",
                 )
             ],
         )
     return SimTurn(text=final_notes(board, long, (done.get("ask") or ["(no answer)"])[0]))
 
 
+KEEP_EXTRA_S = 1.0
+"""What "keep shot N" means in the question the review asks: one second over the board."""
 TRIM_BY = re.compile(r"trim shot (\d+) by (a|one|[\d.]+) seconds?", re.IGNORECASE)
 KEEP = re.compile(r"keep shot (\d+)", re.IGNORECASE)
 
@@ -93,8 +97,11 @@ def final_notes(board: list[dict[str, Any]], long: list[dict[str, Any]], answer:
     after = sum(shot["cut"] for shot in board)
     for shot in long:
         n, cut = shot["n"], shot["cut"]
-        if n in kept:
-            notes.append(f"shot {n} keeps its {cut:.1f} s, as you asked")
+        if n in kept:  # the question's "keep": one second over the board, not the whole rough cut
+            new = min(cut, shot["board"] + KEEP_EXTRA_S)
+            after -= cut - new
+            notes.append(f"trim shot {n} ({shot['title']}) from {cut:.1f} s to {new:.1f} s, keeping "
+                         f"one second over the board's {shot['board']:.1f} s as you asked")  # fmt: skip
             continue
         new = cut - trims[n] if n in trims else shot["board"]
         after -= cut - new

@@ -63,8 +63,9 @@ BAD_VALUES: dict[str, list[Any]] = {
     "max_steps": [0, -3, 2.5, "many", None],
     "reasoning": ["ultra", "", 1, "OFF"],
     "cache": ["all", "", None, True],
-    "keep_images": ["two", 1.5, [1]],
-    "fallback": ["anthropic", [1], None],
+    "keep_images": ["two", 1.5, [1], -2],
+    "provider": ["nosuch", "", 3],
+    "fallback": ["anthropic", [1], None, ["nosuch"]],
     "api_key": ["sk-ant-FAKE-should-not-be-a-field"],
     "system": [None, 7, ["a"]],
 }

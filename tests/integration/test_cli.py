@@ -72,6 +72,23 @@ def test_invalid_spec_field(env: dict[str, str]) -> None:
     assert_clean_error(done, "max_steps")
 
 
+@pytest.mark.parametrize(
+    ("flags", "first_line"),
+    [
+        (["--provider", "nosuch"], "'nosuch' is not a provider"),
+        (["--fallback", "anthropic,nosuch"], "'nosuch' is not a provider"),
+        (["--keep-images", "-2"], "keep_images"),
+    ],
+)
+def test_bad_provider_or_keep_images_are_refused_at_enqueue(
+    env: dict[str, str], redis_client: redis.Redis, flags: list[str], first_line: str
+) -> None:
+    before = redis_client.zcard("tl:runs:all")
+    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "review", *flags)
+    assert_clean_error(done, first_line)
+    assert redis_client.zcard("tl:runs:all") == before  # nothing enqueued
+
+
 def test_doctor_warns_about_redis_and_fails_on_a_broken_toolset(env: dict[str, str], tmp_path: Path) -> None:
     served = {**env, "TOOLLOOP_TOOLSETS": REGISTERED}
     done = toolloop(served, "doctor")
@@ -138,6 +155,13 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         assert json.loads(status.stdout)["status"] == "queued"
     finally:
         toolloop(env, "down")
+    # a `run` that starts the server prints the run id alone on stdout (RUN_ID=$(toolloop run ...))
+    started = toolloop(env, "run", "Hi", "--model", "claude-sonnet-4-5", "--toolset", TOOLSET)
+    try:
+        assert started.returncode == 0 and len(started.stdout.split()) == 1, started.stdout
+        assert "Started the embedded Redis" in started.stderr
+    finally:
+        toolloop(env, "down")
 
 
 def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> None:
@@ -191,6 +215,16 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
         retried = toolloop(env, "events", failed_id, "--follow", timeout=90)
         assert retried.returncode == 0, retried.stdout + retried.stderr
         assert retried.stdout.splitlines()[-1] == "run      finished: done"
+        requeued = [line for line in retried.stdout.splitlines() if line.startswith("run      queued")]
+        assert len(requeued) == 2 and requeued[0] == requeued[1]  # the retry's names model and toolset
+        assert "None" not in requeued[1] and "toolset review" in requeued[1], requeued
+        # a reader that stops early: no BrokenPipeError, no traceback
+        piped = subprocess.run(f"'{TOOLLOOP}' events {run_id} | head -1", shell=True, cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert piped.stdout.startswith("run      queued") and piped.stderr == "", piped.stderr
+        ended = toolloop(env, "answer", run_id, "Again.")
+        assert_clean_error(ended, f"Run {run_id!r} has ended (done); it takes no answer.")
+        assert_clean_error(toolloop(env, "cancel", run_id), "has ended (done); there is nothing to cancel")
         assert json.loads(toolloop(env, "status", failed_id, "--json").stdout)["final_text"] == (
             "Answered after a retry."
         )

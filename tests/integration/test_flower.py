@@ -8,6 +8,7 @@ import ast
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -86,15 +87,90 @@ def test_flower_lists_each_step_as_a_task_with_ids_only(
 
     tasks = eventually(steps, timeout=20)  # model, tool, model: one task per step
     assert sorted(tasks) == [f"{run_id}:{n}" for n in (1, 2, 3)]
+    labels = {task_id: ast.literal_eval(t["kwargs"]) for task_id, t in tasks.items()}
+    assert labels == {  # each row says what the step is; the arguments stay ids
+        f"{run_id}:1": {"step": "model 1"}, f"{run_id}:2": {"step": "tool add"},
+        f"{run_id}:3": {"step": "model 2"},
+    }  # fmt: skip
     for task_id, task in tasks.items():
         assert task["name"] == "toolloop.advance"
         assert ast.literal_eval(task["args"]) == [run_id, int(task_id.rsplit(":", 1)[1])]
-        assert ast.literal_eval(task["kwargs"]) == {}
         assert task["worker"].startswith(worker.name.split("@")[0])
         assert "19" not in f"{task['args']}{task['kwargs']}{task['result']}".replace(run_id, "")
     assert "privately" not in json.dumps(tasks)  # no prompt reaches Flower
     info = api(flower, f"/api/task/info/{run_id}:1")
     assert info["name"] == "toolloop.advance" and info["state"] == "SUCCESS"
+
+
+def test_flower_reports_the_step_that_failed_its_run_as_failure(
+    redis_server: EmbeddedServer, flower: str, worker: Worker
+) -> None:
+    client = Client(redis_server.url)
+    try:  # the scripted model has no scenario "nosuch": its call raises, the run fails at step 1
+        run_id = client.enqueue(spec("nosuch", "A secret prompt, privately."))
+        status = client.wait(run_id, timeout=30)
+        assert status.status == "failed" and status.error_class == "AssertionError"
+    finally:
+        client.close()
+
+    def failed() -> Any:
+        task = api(flower, "/api/tasks", taskname="toolloop.advance").get(f"{run_id}:1")
+        return task if task and task["state"] == "FAILURE" else None
+
+    task = eventually(failed, timeout=20)
+    assert task["exception"] == "AssertionError(\"No scripted scenario 'nosuch'.\")"
+    assert ast.literal_eval(task["kwargs"]) == {"step": "model 1"}
+    assert "privately" not in json.dumps(task)
+    dashboard = api(flower, "/api/workers")  # the worker's counters (Flower's dashboard) count it
+    assert any(name.startswith(worker.name.split("@")[0]) for name in dashboard)
+
+
+def test_flower_lists_the_step_queues_with_their_lengths(
+    redis_server: EmbeddedServer, flower: str, worker: Worker
+) -> None:
+    eventually(lambda: any("llm" in str(w) for w in api(flower, "/api/workers", refresh=1).values()))
+    queues = {q["name"]: q for q in api(flower, "/api/queues/length")["active_queues"]}
+    assert {"llm", "tools", "control"} <= set(queues)
+    assert all(isinstance(q["messages"], int) for q in queues.values())
+
+
+def test_celery_inspect_shows_the_steps_in_flight_and_the_step_queues(
+    redis_server: EmbeddedServer, worker: Worker
+) -> None:
+    client = Client(redis_server.url)
+    inspect = client.celery.control.inspect(timeout=3)
+    try:
+        declared = eventually(lambda: inspect.active_queues(), timeout=10)
+        names = {q["name"] for queues in declared.values() for q in queues}
+        assert {"llm", "tools", "control"} <= names
+        run_id = client.enqueue(spec("slow"))  # a tool that sleeps 30 s unless the run is cancelled
+
+        def in_flight() -> Any:
+            found = [t for tasks in (inspect.active() or {}).values() for t in tasks]
+            return [t for t in found if t["id"].startswith(run_id) and t["kwargs"] == {"step": "tool slow"}]
+
+        [task] = eventually(in_flight, timeout=20)
+        assert task["name"] == "toolloop.advance" and task["args"] == [run_id, 2]
+        # a revoke of a step cancels its run (the step consumer honours that, not Celery's revoked set)
+        client.celery.control.revoke(task["id"])
+        assert client.wait(run_id, timeout=20).status == "cancel"
+    finally:
+        client.close()
+
+
+def test_flower_started_as_compose_and_the_procfile_do_is_read_only(
+    redis_server: EmbeddedServer, worker: Worker, tmp_path: Path
+) -> None:
+    env = {**os.environ, **WORKER_ENV, "REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
+    with running_flower(env, tmp_path / "flower.log", AUTH, timeout_s=30, read_only=True) as url:
+        for path in (
+            "/api/task/revoke/x:1",
+            f"/api/worker/shutdown/{worker.name}",
+            "/api/task/async-apply/toolloop.sweep",
+        ):
+            refused = httpx.post(f"{url}{path}", auth=AUTH, timeout=10)
+            assert refused.status_code == 403, (path, refused.status_code)
+        assert httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).status_code == 200  # it still shows
 
 
 def test_flower_shows_a_refused_run_in_its_last_step_result(

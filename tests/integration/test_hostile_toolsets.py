@@ -21,6 +21,7 @@ import pytest
 from tests.integration.conftest import Worker, start_worker
 from tests.integration.runs_kit import spec
 from tests.integration.test_web_example import end, spawn
+from tests.support.web import AUTH, WEB_TOKEN
 from toolloop.embedded import EmbeddedServer, free_port, start_server
 from workers import runs
 from workers.client import Client
@@ -124,7 +125,7 @@ def test_the_cli_refuses_unregistered_toolsets_and_imports_nothing(
 def test_the_web_example_refuses_unregistered_toolsets_and_stays_up(
     server: EmbeddedServer, worker: Worker, modules: Path, tmp_path: Path
 ) -> None:
-    env = {**_env(server, modules), "PORT": str(free_port())}
+    env = {**_env(server, modules), "PORT": str(free_port()), "TOOLLOOP_WEB_TOKEN": WEB_TOKEN}
     web = spawn([sys.executable, "examples/web.py"], env, tmp_path / "web.log")
     base = f"http://127.0.0.1:{env['PORT']}"
     try:
@@ -137,7 +138,7 @@ def test_the_web_example_refuses_unregistered_toolsets_and_stays_up(
             except httpx.TransportError:
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
-        with httpx.Client(base_url=base, timeout=30) as http:
+        with httpx.Client(base_url=base, timeout=30, headers=AUTH) as http:
             for name in HOSTILE:
                 refused = http.post("/runs", json=spec("tools", toolset=name))
                 assert refused.status_code == 422, refused.text

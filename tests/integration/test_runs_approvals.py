@@ -181,7 +181,7 @@ def test_the_web_example_lists_and_decides_approvals(client: Client) -> None:
 
     from examples.web import create_app
 
-    with TestClient(create_app(client)) as http:
+    with TestClient(create_app(client, token="t0ken"), headers={"Authorization": "Bearer t0ken"}) as http:
         run_id = client.enqueue(spec("approve"))
         held = parked(client, run_id)
         assert http.get(f"/runs/{run_id}/approvals").json() == {"approvals": [held]}

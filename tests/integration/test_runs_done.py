@@ -10,7 +10,7 @@ import pytest
 from tests.integration.runs_kit import client_on
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from workers.client import Client
-from workers.errors import RunNotFoundError
+from workers.errors import RunNotFoundError, RunStateError
 
 TOOLSET = "agents"
 
@@ -48,7 +48,8 @@ def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type
     assert events[2].name == "add" and events[2].summary == "5"
     assert events[-1].stopped_by == "done"
     assert [e["tool"] for e in logged(worker.tool_log) if (e.get("a"), e.get("b")) == (2, 3)] == ["add"]
-    client.cancel(run_id)  # too late: an ended run stays as it ended
+    with pytest.raises(RunStateError, match="has ended \\(done\\); there is nothing to cancel"):
+        client.cancel(run_id)  # too late: refused, and the run stays as it ended
     assert (client.status(run_id).status, client.status(run_id).cancel_requested) == ("done", False)
 
 

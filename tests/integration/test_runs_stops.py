@@ -103,6 +103,9 @@ def test_a_failed_run_keeps_its_journal_and_a_retry_finishes_it(
     assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
     assert history[2].content == [TextPart(text="the file is there")]
     assert kinds(client, run_id) == ["queued", "model", "failed", "queued", "tool", "model", "finished"]
+    queued = [e.data for e in client.events(run_id) if e.kind == "queued"]
+    assert queued[1] == {**queued[0], "retry": True}  # the retry's event says model and toolset too
+    assert queued[1]["model"] == "scripted" and queued[1]["toolset"] == "agents"
     model_calls = [e for e in logged(worker.model_log) if e["user"] == str(flag)]
     assert len(model_calls) == 2  # the first model call replayed from the journal on retry
     with pytest.raises(RunStateError, match="only a failed run can be retried"):

@@ -161,7 +161,10 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
         parked = asked.stdout.split()[0]
         answered = _toolloop(env, "answer", parked, "Shot 3.")
         assert answered.returncode == 0 and "Answered" in answered.stdout, answered.stderr
-        cancelled = _toolloop(env, "cancel", parked)
+        waiting = _toolloop(  # a second question, left unanswered: cancel finds it not ended
+            env, "run", "Which shot?", "--model", "scripted", "--system", "ask", "--toolset", "agents"
+        ).stdout.split()[0]
+        cancelled = _toolloop(env, "cancel", waiting)
         assert cancelled.returncode == 0 and "Cancel requested" in cancelled.stdout, cancelled.stderr
         retried = _toolloop(env, "retry", run_id)  # a done run: refused, after reaching Redis
         assert retried.returncode == 1 and "only a failed run can be retried" in retried.stderr

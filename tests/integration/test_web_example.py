@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.web import AUTH, WEB_TOKEN
 from toolloop.embedded import EmbeddedServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def end(process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")}
-    env.update(REDIS_URL=redis_server.url, PORT=str(free_port()))
+    env.update(REDIS_URL=redis_server.url, PORT=str(free_port()), TOOLLOOP_WEB_TOKEN=WEB_TOKEN)
     worker = spawn(
         [str(BIN / "toolloop"), "worker", "-c", "4", "-l", "WARNING",
          "--sim-policy", "examples.storyboard.policy:review_policy"],
@@ -84,7 +85,10 @@ def read_events(response: httpx.Response) -> Iterator[tuple[str, str, dict[str, 
 
 
 def test_enqueue_stream_answer_finish(web: str) -> None:
-    with httpx.Client(base_url=web, timeout=60) as http:
+    assert httpx.get(f"{web}/runs/nope", timeout=10).status_code == 401  # no token: nothing
+    wrong = {"Authorization": "Bearer wrong"}
+    assert httpx.post(f"{web}/runs", json=SPEC, headers=wrong, timeout=10).status_code == 401
+    with httpx.Client(base_url=web, timeout=60, headers=AUTH) as http:
         assert http.get("/runs/nope").status_code == 404
         bad = http.post("/runs", json={**SPEC, "toolset": "examples.storyboard.tools:REVIEW_TOOLS"})
         assert bad.status_code == 422 and "the registered toolsets are" in bad.json()["error"]
@@ -115,3 +119,18 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
         # a reconnect after the end gets 204, so an EventSource stops
         again = http.get(f"/runs/{run_id}/events", headers={"last-event-id": last_id})
         assert again.status_code == 204
+        # an ended run takes no answer and no cancel: 409 with a message that says so
+        late = http.post(f"/runs/{run_id}/answer", json={"content": "Too late."})
+        assert late.status_code == 409 and "has ended (done)" in late.json()["error"]
+        cancel = http.post(f"/runs/{run_id}/cancel")
+        assert cancel.status_code == 409 and "has ended (done)" in cancel.json()["error"]
+        listed = http.get("/runs", params={"status": "done", "limit": 5}).json()
+        assert run_id in [run["run_id"] for run in listed["runs"]]
+        # the conversation's images (the frames read_frame returned) are served to the viewer
+        parts = [p for m in http.get(f"/runs/{run_id}/messages").json() if m["role"] == "tool"
+                 for p in (m["content"] if isinstance(m["content"], list) else [])]  # fmt: skip
+        image = next(p for p in parts if p["type"] == "image")
+        served = http.get(f"/runs/{run_id}/images/{image['hash']}")
+        assert served.status_code == 200 and served.headers["content-type"] == "image/png"
+        assert served.content == Path(image["path"]).read_bytes()
+        assert http.get(f"/runs/{run_id}/images/{'0' * 64}").status_code == 404

@@ -21,15 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def running_flower(
-    env: dict[str, str], log: Path, auth: tuple[str, str], timeout_s: float = 60
+    env: dict[str, str], log: Path, auth: tuple[str, str], timeout_s: float = 60, read_only: bool = False
 ) -> Iterator[str]:
     """Start Flower with `env` (its REDIS_URL names the broker), wait until it is healthy, yield its
-    URL; stop its process group at the end. The API stays closed without the basic-auth pair."""
+    URL; stop its process group at the end. The API stays closed without the basic-auth pair.
+    `read_only`: as compose and the Procfile start it (`--read_only=true`)."""
     port = free_port()
     env = {**env}
     env.pop("FLOWER_UNAUTHENTICATED_API", None)
     args = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", "--address=127.0.0.1",
-            f"--port={port}", f"--basic_auth={auth[0]}:{auth[1]}"]  # fmt: skip
+            f"--port={port}", f"--basic_auth={auth[0]}:{auth[1]}",
+            f"--read_only={str(read_only).lower()}"]  # fmt: skip
     with log.open("wb") as out:
         process = subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

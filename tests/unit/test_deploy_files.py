@@ -64,6 +64,7 @@ def check_celery_command(argv: list[str]) -> str:
             assert name in options._options, f"flower has no option --{name}"
         assert any(arg.startswith("--basic_auth=") for arg in rest), "Flower must require auth"
         assert any(arg.startswith("--address=") for arg in rest), "Flower must not bind by default"
+        assert "--read_only=true" in rest, "Flower must be read-only unless FLOWER_READ_ONLY=false"
     else:
         pytest.fail(f"unexpected celery subcommand {sub!r}")
     return sub

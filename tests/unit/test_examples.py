@@ -114,6 +114,9 @@ async def test_storyboard_review_asks_then_quotes_the_answer() -> None:
     assert second.stopped_by == "done"
     assert second.final_text is not None
     assert "Keep shot 3; trim shot 5 by a second." in second.final_text
-    assert "shot 3 keeps its 6.0 s" in second.final_text
-    assert "from 5.0 s to 4.0 s" in second.final_text
-    assert "22.0 s before, 21.0 s after, against the board's 18.0 s" in second.final_text
+    # the story agrees with its own question: "keep" was offered as 5.0 s, and 5.0 s is what it keeps
+    question = first.asked.input["question"] if first.asked else ""
+    assert "(5.0 s), or trim it to the board's 4.0 s?" in question
+    assert "trim shot 3 (Sunset, hero walks in) from 6.0 s to 5.0 s" in second.final_text
+    assert "trim shot 5 (Rooftop, the phone lights up) from 5.0 s to 4.0 s" in second.final_text
+    assert "22.0 s before, 20.0 s after, against the board's 18.0 s" in second.final_text

@@ -48,12 +48,24 @@ def test_a_spec_is_validated_and_gets_defaults() -> None:
         ({"toolset": "x" * 201}, "toolset"),
         ({"api_key": "sk-secret"}, "api_key"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
+        ({"provider": "nosuch"}, "'nosuch' is not a provider; use one of anthropic"),
+        ({"fallback": ["anthropic", "nosuch"]}, "fallback"),
+        ({"keep_images": -2}, "keep_images"),
     ],
 )
 def test_a_bad_spec_names_the_bad_field(change: dict[str, object], where: str) -> None:
     with pytest.raises(pydantic.ValidationError) as caught:
         RunSpec.model_validate({"model": "m", "messages": MESSAGES, **change})
     assert where in str(caught.value)
+
+
+def test_the_providers_a_spec_may_name_are_those_the_workers_have() -> None:
+    from toolloop.providers import from_env
+    from workers.spec import provider_names
+
+    assert provider_names() == from_env({}).providers() and "anthropic" in provider_names()
+    for name in provider_names():
+        assert RunSpec.model_validate({"model": "m", "messages": MESSAGES, "provider": name}).provider == name
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,19 @@ def add_commands(sub: Any) -> None:
         run_id_arg(command)
         command.set_defaults(handler=cmd_cancel if name == "cancel" else cmd_retry)
 
+    listing = sub.add_parser("list", help="list runs, newest first (a page at a time)")
+    listing.add_argument(
+        "--status", help="only runs in this status: queued, running, asked, done, failed, ..."
+    )
+    listing.add_argument("-n", "--limit", type=int, default=20, help="runs per page (default 20)")
+    listing.add_argument("--cursor", help="the page after this cursor (printed under a full page)")
+    listing.add_argument("--json", action="store_true", help="one JSON object per run, then the cursor")
+    listing.set_defaults(handler=cmd_list)
+
+    prune = sub.add_parser("prune", help="delete finished runs older than the retention (TOOLLOOP_RETENTION)")
+    prune.add_argument("--older-than", help="instead of the retention: 90s, 30m, 12h, 7d")
+    prune.set_defaults(handler=cmd_prune)
+
     up = sub.add_parser("up", help="start the embedded Redis of this directory and print its URL")
     up.set_defaults(handler=cmd_up)
     down = sub.add_parser("down", help="stop the embedded Redis of this directory")
@@ -133,7 +147,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.follow:
         return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else None)
     if choice.started:
-        print("Started the embedded Redis; start a worker here with `toolloop worker` to run it.")
+        # a note for the person, on stderr: stdout is the run id alone (RUN_ID=$(toolloop run ...))
+        print(
+            "Started the embedded Redis; start a worker here with `toolloop worker` to run it.",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -203,6 +221,47 @@ def cmd_retry(args: argparse.Namespace) -> int:
     client, _ = connect()
     client.retry(args.run_id)
     print(f"Retrying {args.run_id}.")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise CliError(f"--limit is {args.limit}.\n  Ask for at least 1 run per page.")
+    client, _ = connect()
+    try:
+        page = client.list_runs(status=args.status, limit=args.limit, cursor=args.cursor)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    for run in page.runs:
+        if args.json:
+            print(json.dumps(vars(run)))
+            continue
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.created_at))
+        print(f"{run.run_id}  {run.status:<8} {created}  {run.steps:>3} steps  ${run.spent_usd:.4f}")
+    if args.json:
+        print(json.dumps({"next": page.next}))
+    elif page.next:
+        print(
+            f"more: toolloop list --cursor '{page.next}'"
+            + (f" --status {args.status}" if args.status else "")
+        )
+    elif not page.runs:
+        print("No runs." if not args.status else f"No runs are {args.status}.")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    older_than = None
+    if args.older_than is not None:
+        try:
+            older_than = workers("settings").duration(args.older_than)
+        except ValueError as error:
+            raise CliError(
+                str(error).replace("is not a duration", "is not a duration for --older-than")
+            ) from None
+    client, _ = connect()
+    pruned = client.prune(older_than)
+    print(f"Deleted {pruned.deleted} finished runs; dropped {pruned.forgotten} expired runs from the index.")
     return 0
 
 

@@ -26,6 +26,9 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:attempts        hash    field = n, value = deliveries of task n
     tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
+    tl:runs:all                zset    every run id, score = enqueue time (`toolloop list`, newest
+                                       first); an id whose run expired is dropped when read or pruned
+    tl:runs:ended              zset    finished run ids, score = when they ended (retention, prune)
     tl:sweep:lock              string  held (PX) by the worker sweeping now
     tl:cancel                  channel pubsub: a run id whose live step must abort now
     toolloop:rejected          list    messages found on a toolloop queue that are not valid tasks,
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 PREFIX = "tl:"
 LIVE_RUNS = f"{PREFIX}runs:live"
+ALL_RUNS = f"{PREFIX}runs:all"
+ENDED_RUNS = f"{PREFIX}runs:ended"
 CANCEL_CHANNEL = f"{PREFIX}cancel"
 SWEEP_LOCK = f"{PREFIX}sweep:lock"
 REJECTED = "toolloop:rejected"
@@ -121,3 +126,14 @@ def decided(run_id: str, decision_id: str) -> str:
 
 WAITS_DUE = f"{PREFIX}waits:due"
 """zset: run ids parked with a deadline (or an early decision to apply), score = when to look."""
+
+
+RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
+                 "outbox", "attempts", "spend")  # fmt: skip
+
+
+def run_keys(run_id: str, segments: int) -> list[str]:
+    """Every key of a run whose segments are 0..`segments` (what retention expires and prune deletes)."""
+    return [_run(run_id, name) for name in RUN_KEY_NAMES] + [
+        journal(run_id, segment_name(i)) for i in range(segments + 1)
+    ]

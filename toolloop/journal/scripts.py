@@ -252,7 +252,8 @@ RUN_RETRY = (
     _PRELUDE
     + """
 -- Queue a failed run again from its journal. KEYS: 1 state 2 attempts 3 events 4 outbox
--- ARGV: 1 now -> {'queued', member} | {'refused', status}
+-- ARGV: 1 now 2 the queued event's data (JSON: model, toolset, budget_usd, retry)
+-- -> {'queued', member} | {'refused', status}
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'failed' then return {'refused', status or 'missing'} end
 local segment = redis.call('HGET', KEYS[1], 'segment') or '0'
@@ -261,7 +262,7 @@ local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|' ..
 redis.call('HDEL', KEYS[1], 'error_class', 'error_message')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'touched', ARGV[1])
 redis.call('DEL', KEYS[2])
-emit(KEYS[1], KEYS[3], segment, 'queued', cjson.encode({retry = true}))
+emit(KEYS[1], KEYS[3], segment, 'queued', ARGV[2] or cjson.encode({retry = true}))
 redis.call('ZADD', KEYS[4], ARGV[1], member)
 return {'queued', member}
 """

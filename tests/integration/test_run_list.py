@@ -1,0 +1,141 @@
+"""Listing runs, retention and prune on a real Redis with a real worker: finished runs expire after
+TOOLLOOP_RETENTION (a worker with 2 s here) while a parked run stays; `Client.list_runs` and
+`toolloop list` page through 10,000 runs newest first in under a second; `toolloop prune` deletes
+finished runs that have no expiry and drops expired ones from the index."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Worker, start_worker
+from tests.integration.runs_kit import eventually, spec
+from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.journal import keys
+from workers.client import Client
+from workers.errors import RunNotFoundError, RunStateError
+
+pytestmark = pytest.mark.integration
+
+TOOLLOOP = str(Path(sys.executable).with_name("toolloop"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    found = start_server(tmp_path_factory.mktemp("list-redis"))
+    yield found
+    found.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate", "TOOLLOOP_RETENTION": "2s"}
+    process = start_worker(server.url, tmp_path_factory.mktemp("list-worker"), env)
+    yield process
+    process.stop()
+
+
+def _cli(server: EmbeddedServer, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REDIS_URL": server.url}
+    return subprocess.run([TOOLLOOP, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_finished_runs_expire_after_the_retention_and_parked_ones_stay(
+    server: EmbeddedServer, worker: Worker
+) -> None:
+    with Client(server.url) as client:
+        done = client.enqueue(spec("tools", "Add 2 and 3."))
+        parked = client.enqueue(spec("ask"))
+        assert client.wait(done, timeout=30).status == "done"
+        assert client.wait(parked, timeout=30).status == "asked"
+        listed = [run.run_id for run in client.list_runs().runs]
+        assert listed[:2] == [parked, done]  # newest first
+        assert 0 < client.redis.ttl(keys.state(done)) <= 2
+        assert client.redis.ttl(keys.state(parked)) == -1  # parked: never expires
+        ended = _cli(server, "answer", done, "Too late.")  # an ended run takes no answer
+        assert ended.returncode == 1 and "has ended (done)" in ended.stderr, ended.stderr
+        assert _cli(server, "cancel", done).returncode == 1
+        with pytest.raises(RunStateError, match="has ended"):
+            client.cancel(done)
+
+        def gone() -> bool:
+            try:
+                client.status(done)
+            except RunNotFoundError:
+                return True
+            return False
+
+        eventually(gone, timeout=10)
+        assert not [k for k in client.redis.scan_iter(f"tl:{{{done}}}:*")]  # every key of it
+        assert [run.run_id for run in client.list_runs().runs] == [parked]  # the index follows
+        assert client.redis.zscore(keys.ALL_RUNS, done) is None
+        assert client.status(parked).status == "asked"
+        assert [run.run_id for run in client.list_runs(status="asked").runs] == [parked]
+        client.cancel(parked)
+        assert client.wait(parked, timeout=30).status == "cancel"
+
+
+def _fill(client: Client, count: int) -> list[str]:
+    """`count` runs written straight into the index and their states (ids newest first)."""
+    now = time.time()
+    ids = [f"{n:032x}" for n in range(count)]
+    pipe = client.redis.pipeline(transaction=False)
+    for n, run_id in enumerate(ids):
+        created = now - 100_000 + n  # distinct, increasing
+        status = "done" if n % 10 else "failed"
+        pipe.hset(keys.state(run_id), mapping={"status": status, "created": created, "steps": 2})
+        pipe.zadd(keys.ALL_RUNS, {run_id: created})
+        pipe.zadd(keys.ENDED_RUNS, {run_id: created})
+    pipe.execute()
+    return ids[::-1]
+
+
+def test_list_pages_through_ten_thousand_runs_in_under_a_second(server: EmbeddedServer) -> None:
+    with Client(server.url) as client:
+        client.redis.flushdb()
+        newest_first = _fill(client, 10_000)
+        started = time.perf_counter()
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = client.list_runs(limit=100, cursor=cursor)
+            seen += [run.run_id for run in page.runs]
+            if page.next is None:
+                break
+            cursor = page.next
+        took = time.perf_counter() - started
+        assert seen == newest_first  # every run once, newest first
+        assert took < 1.0, f"paging 10,000 runs took {took:.2f} s"
+        failed = client.list_runs(status="failed", limit=2000).runs
+        assert [run.run_id for run in failed] == [r for r in newest_first if int(r, 16) % 10 == 0]
+
+        first = _cli(server, "list", "--limit", "3")
+        assert first.returncode == 0, first.stderr
+        lines = first.stdout.splitlines()
+        assert [line.split()[0] for line in lines[:3]] == newest_first[:3]
+        assert lines[3].startswith("more: toolloop list --cursor ")
+        cursor_arg = lines[3].split("--cursor ")[1].strip("'")
+        second = _cli(server, "list", "--limit", "3", "--cursor", cursor_arg, "--json")
+        rows = [json.loads(line) for line in second.stdout.splitlines()]
+        assert [row["run_id"] for row in rows[:3]] == newest_first[3:6] and "next" in rows[3]
+
+
+def test_prune_deletes_old_finished_runs_and_forgets_expired_ones(server: EmbeddedServer) -> None:
+    with Client(server.url) as client:
+        client.redis.flushdb()
+        ids = _fill(client, 50)
+        live = ids[0]
+        client.redis.hset(keys.state(live), "status", "asked")  # parked: prune leaves it
+        client.redis.delete(keys.state(ids[1]))  # expired already: only its index entry is left
+        pruned = _cli(server, "prune", "--older-than", "1h")
+        assert pruned.returncode == 0, pruned.stderr
+        assert "Deleted 48 finished runs; dropped 1 expired runs" in pruned.stdout
+        assert [run.run_id for run in client.list_runs().runs] == [live]
+        assert _cli(server, "prune", "--older-than", "soon").returncode == 1

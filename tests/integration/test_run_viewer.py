@@ -1,0 +1,109 @@
+"""The run viewer (GET /runs/{id} of examples/web.py, examples/viewer.py) in a real headless
+Chromium: a durable run of the storyboard review on the simulator, opened before any worker runs,
+shows its steps appear live over the event stream, an image from a tool result, the question with
+the answer form; the answer typed into the form resumes the run, and the page shows it finish.
+The screenshot is saved as `viewer.png` in the test's tmp directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.test_web_example import BIN, SPEC, end, spawn
+from tests.support.chromium import running_chromium
+from tests.support.web import AUTH, WEB_TOKEN
+from toolloop.embedded import EmbeddedServer, free_port
+
+pytestmark = pytest.mark.integration
+
+ROWS = "document.querySelectorAll('#steps tbody tr').length"
+
+
+@pytest.fixture
+def env(redis_server: EmbeddedServer) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")}
+    env.update(REDIS_URL=redis_server.url, PORT=str(free_port()), TOOLLOOP_WEB_TOKEN=WEB_TOKEN)
+    return env
+
+
+@pytest.fixture
+def web(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    server = spawn([sys.executable, "examples/web.py"], env, tmp_path / "web.log")
+    base = f"http://127.0.0.1:{env['PORT']}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, (tmp_path / "web.log").read_text()
+            try:
+                httpx.get(f"{base}/runs/none", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        yield base
+    finally:
+        end(server)
+
+
+def test_the_viewer_shows_a_run_live_and_takes_its_answer(
+    web: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    run_id = httpx.post(f"{web}/runs", json=SPEC, headers=AUTH, timeout=30).json()["run_id"]
+    page_html = httpx.get(f"{web}/runs/{run_id}", headers={**AUTH, "accept": "text/html"}, timeout=30)
+    assert page_html.status_code == 200 and '<section id="steps">' in page_html.text
+    assert httpx.get(f"{web}/runs/{run_id}", headers={"accept": "text/html"}, timeout=30).status_code == 401
+    worker = None
+    with running_chromium(tmp_path) as page:
+        page.navigate(f"{web}/runs/{run_id}?token={WEB_TOKEN}")
+        assert page.evaluate("document.getElementById('status').textContent") == "queued"
+        assert page.evaluate(ROWS) == 0  # nothing ran yet: no worker
+        worker = spawn(
+            [str(BIN / "toolloop"), "worker", "-c", "4", "-l", "WARNING",
+             "--sim-policy", "examples.storyboard.policy:review_policy"],
+            env, tmp_path / "worker.log",
+        )  # fmt: skip
+        try:
+            page.wait_for(f"{ROWS} >= 1", timeout=60)  # steps appear live, over the event stream
+            page.wait_for("!document.getElementById('ask').hidden", timeout=60)
+            question = page.evaluate("document.getElementById('question').textContent")
+            assert "Shot 3 is the hero's entrance" in question
+            assert page.evaluate(ROWS) >= 6  # model, list_shots, model, 2 x read_frame, model, ...
+            first_model = page.evaluate("document.querySelector('#steps tr.model').innerText")
+            assert "model 1" in first_model and "$" in first_model
+            # the frames read_frame returned, loaded from the web app (not broken images)
+            images = "[...document.querySelectorAll('img.result')]"
+            loaded = f"{images}.filter(i => i.complete && i.naturalWidth > 0).length"
+            assert page.wait_for(loaded, timeout=20) >= 2
+            assert page.evaluate("document.getElementById('budget').value") > 0
+            page.evaluate(
+                "document.getElementById('answer').value = 'Keep shot 3; trim shot 5 by a second.';"
+                "document.getElementById('answer-form').requestSubmit(); true"
+            )
+            page.wait_for("document.getElementById('status').textContent === 'done'", timeout=60)
+            final = page.wait_for("!document.getElementById('outcome').hidden && "
+                                  "document.getElementById('final').textContent", timeout=20)  # fmt: skip
+            assert "Keep shot 3; trim shot 5 by a second." in final
+            assert "from 6.0 s to 5.0 s" in final
+            conversation = page.evaluate("document.getElementById('messages').innerText")
+            assert "read_frame" in conversation and '{"shot":3}' in conversation  # calls with inputs
+            live_rows = page.evaluate(ROWS)
+            models = (
+                "[...document.querySelectorAll('#steps tr.model td:first-child')].map(t => t.textContent)"
+            )
+            assert page.evaluate(models) == [f"model {n}" for n in range(1, 6)]  # across both segments
+            page.evaluate("window.scrollTo(0, 0); true")
+            shot = page.screenshot(tmp_path / "viewer.png")
+            assert shot.stat().st_size > 10_000
+            page.navigate(f"{web}/runs/{run_id}")  # the server renders the same page (the cookie is set)
+            assert page.evaluate(ROWS) == live_rows and page.evaluate(models)[-1] == "model 5"
+            assert page.evaluate("document.getElementById('status').textContent") == "done"
+        finally:
+            end(worker)
+    status = httpx.get(f"{web}/runs/{run_id}", headers=AUTH, timeout=30).json()
+    assert status["status"] == "done" and "Keep shot 3" in status["final_text"]
