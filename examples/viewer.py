@@ -13,6 +13,10 @@ it live; no framework, no build step):
                               images (served by GET /runs/{id}/images/{hash})
     <section id="ask">        the answer form (#answer-form), shown while the run asks (status
                               "asked"); it POSTs {"content": ...} to /runs/{id}/answer
+    <section id="approvals">  the held tool calls while the run waits for decisions: per call its
+                              tool, input and digest, and Approve / Reject (with a reason) / Edit
+                              (the input as JSON) buttons; each POSTs {digest, reason | input} to
+                              /runs/{id}/approvals/{call}/approve|reject|edit and shows the outcome
     <section id="outcome">    the final text or the error, once the run has ended
 
 Data: the server renders the status, the events so far and the conversation (GET /runs/{id}/messages
@@ -26,6 +30,8 @@ and segment, `id:` the stream id, so a reconnect resumes after it). The kinds it
     budget     {spent_usd, limit_usd, mode}            the gauge
     parked     {asked: {question, ...}, spent_usd}     status "asked", the form, the conversation
                                                       reloaded (tool results with their images)
+               {approvals: [{call_id, name, input, input_digest, ...}]}  the approvals section
+    approval_decided / approval_expired {call_id, ...}  that call's row says what was decided
     answered / resumed                                 the form hides, status "running"
     finished   {stopped_by, final_text, spent_usd}     the outcome, the conversation reloaded
     failed     {error_class, error_message}            the outcome
@@ -108,6 +114,18 @@ def messages_html(run_id: str, messages: list[ChatMessage]) -> str:
     return "".join(out)
 
 
+def approval_html(call: dict[str, Any]) -> str:
+    """One held call: its tool and input, and the three decisions (the script sends them)."""
+    text = json.dumps(call.get("input"), separators=(",", ":"))
+    return f"""<div class="held" data-call="{esc(call.get("call_id"))}" data-digest="{esc(call.get("input_digest"))}">
+<p><code>{esc(call.get("name"))}</code> <code class="input">{esc(text)}</code>
+<small>call {esc(call.get("call_id"))} · {money(float(call.get("estimate_usd") or 0))} estimated</small></p>
+<button type="button" data-action="approve">Approve</button>
+<input class="reason" placeholder="reason to reject" size="30"> <button type="button" data-action="reject">Reject</button>
+<textarea class="edit" rows="2" cols="50">{esc(text)}</textarea> <button type="button" data-action="edit">Edit and run</button>
+<p class="decided"></p></div>"""
+
+
 def page(
     run_id: str, status: dict[str, Any], events: list[dict[str, Any]], messages: list[ChatMessage]
 ) -> str:
@@ -121,6 +139,7 @@ def page(
     rows = "".join(step_row(e, n) for e, n in zip(shown, numbers, strict=True))
     asked = status.get("asked") or {}
     question = asked.get("question", json.dumps(asked)) if isinstance(asked, dict) else str(asked)
+    held = status.get("approvals") or [] if state == "asked" else []
     outcome = ""
     if state == "failed":
         outcome = f"{esc(status.get('error_class'))}: {esc(status.get('error_message'))}"
@@ -147,10 +166,12 @@ def page(
 <section id="steps"><h2>Steps</h2>
 <table><thead><tr><th>step</th><th>in</th><th>cache reads</th><th>out</th><th>cost</th><th></th></tr></thead>
 <tbody>{rows}</tbody></table></section>
-<section id="ask" {"" if state == "asked" else "hidden"}><h2>The run asks</h2>
+<section id="ask" {"" if state == "asked" and not held else "hidden"}><h2>The run asks</h2>
 <p id="question">{esc(question)}</p>
 <form id="answer-form"><input id="answer" name="content" autocomplete="off" size="60" required>
 <button type="submit">Answer</button></form></section>
+<section id="approvals" {"" if held else "hidden"}><h2>Waiting for your decision</h2>
+<div id="held">{"".join(approval_html(call) for call in held)}</div></section>
 <section id="outcome" {"" if outcome else "hidden"}><h2>Outcome</h2><p id="final">{outcome}</p></section>
 <section id="conversation"><h2>Conversation</h2><div id="messages">{messages_html(run_id, messages)}</div></section>
 <script>const BOOT = {json.dumps(boot)};
@@ -176,6 +197,7 @@ tr.tool td:first-child { color: #6a4c00; }
 .msg p { margin: 0.2rem 0; white-space: pre-wrap; }
 .call code { background: #f1f3f7; padding: 0 0.25rem; }
 img.result { max-width: 18rem; border: 1px solid #ccd; margin: 0.3rem 0.3rem 0 0; }
+#approvals .held { background: #eef4ff; padding: 0.4rem 1rem; border-radius: 0.4rem; margin: 0.5rem 0; }
 #ask { background: #fff8e1; padding: 0.5rem 1rem; border-radius: 0.4rem; }
 """
 
@@ -187,9 +209,25 @@ const money = (x) => "$" + Number(x || 0).toFixed(4);
 const num = (x) => Number(x || 0).toLocaleString("en-US");
 let spent = 0, limit = BOOT.limit;
 
+let holding = document.querySelectorAll("#held .held").length > 0;
 function setStatus(state) {
   const badge = $("status"); badge.textContent = state; badge.className = "badge " + state;
-  $("ask").hidden = state !== "asked";
+  $("ask").hidden = state !== "asked" || holding;
+  if (state !== "asked") { holding = false; $("approvals").hidden = true; }
+}
+function heldRow(a) {
+  const text = esc(JSON.stringify(a.input));
+  return `<div class="held" data-call="${esc(a.call_id)}" data-digest="${esc(a.input_digest)}">` +
+    `<p><code>${esc(a.name)}</code> <code class="input">${text}</code> <small>call ${esc(a.call_id)} · ` +
+    `${money(a.estimate_usd)} estimated</small></p>` +
+    `<button type="button" data-action="approve">Approve</button> ` +
+    `<input class="reason" placeholder="reason to reject" size="30"> <button type="button" data-action="reject">Reject</button> ` +
+    `<textarea class="edit" rows="2" cols="50">${text}</textarea> <button type="button" data-action="edit">Edit and run</button>` +
+    `<p class="decided"></p></div>`;
+}
+function decided(callId, text) {
+  const row = document.querySelector(`#held .held[data-call="${CSS.escape(callId)}"]`);
+  if (row) { row.querySelector(".decided").textContent = text; row.querySelectorAll("button").forEach((b) => { b.disabled = true; }); }
 }
 function gauge(total) {
   spent = Math.max(spent, total);
@@ -241,9 +279,15 @@ const handlers = {
   },
   budget: (d) => { limit = d.limit_usd || limit; gauge(d.spent_usd); },
   parked: (d) => {
-    const a = d.asked || {}; $("question").textContent = a.question || JSON.stringify(a);
+    if (d.approvals) {
+      holding = true; $("held").innerHTML = d.approvals.map(heldRow).join(""); $("approvals").hidden = false;
+    } else {
+      holding = false; const a = d.asked || {}; $("question").textContent = a.question || JSON.stringify(a);
+    }
     gauge(d.spent_usd || spent); setStatus("asked"); reloadConversation();
   },
+  approval_decided: (d) => decided(d.call_id, `decided: ${d.decision || d.action || "done"}`),
+  approval_expired: (d) => decided(d.call_id, "no decision before the deadline"),
   answered: () => { $("ask").hidden = true; },
   resumed: () => setStatus("running"),
   finished: (d) => {
@@ -266,6 +310,24 @@ $("answer-form").addEventListener("submit", async (ev) => {
   });
   if (r.ok) { $("answer").value = ""; $("ask").hidden = true; }
   else { $("question").textContent = (await r.json()).error || "The answer was refused."; }
+});
+
+$("held").addEventListener("click", async (ev) => {
+  const button = ev.target.closest("button[data-action]"); if (!button) return;
+  const row = button.closest(".held"), action = button.dataset.action;
+  const body = { digest: row.dataset.digest };
+  if (action === "reject") body.reason = row.querySelector(".reason").value.trim();
+  if (action === "edit") {
+    try { body.input = JSON.parse(row.querySelector(".edit").value); }
+    catch (e) { row.querySelector(".decided").textContent = "The edited input is not JSON: " + e.message; return; }
+  }
+  const r = await fetch(`/runs/${BOOT.runId}/approvals/${encodeURIComponent(row.dataset.call)}/${action}`, {
+    method: "POST", credentials: "same-origin", headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const reply = await r.json();
+  if (r.ok) decided(row.dataset.call, `${action}: ${reply.outcome}`);
+  else row.querySelector(".decided").textContent = reply.error || "The decision was refused.";
 });
 
 gauge(Number($("spent").textContent.slice(1)));
