@@ -82,10 +82,10 @@ def follow(
     totals = totals if totals is not None else Totals()
     after: Any = None
     answered: set[str] = set()
-    while True:
-        if check is not None:
-            check()
-        for event in client.events(run_id, after=after, block_ms=500 if keep_following else None):
+
+    def show(block_ms: int | None) -> None:
+        nonlocal after
+        for event in client.events(run_id, after=after, block_ms=block_ms):
             after = field(event, "id", after)
             if field(event, "kind") == "model":
                 totals.add_model(event)
@@ -93,10 +93,17 @@ def follow(
                 print(json.dumps(as_dict(event), default=str), flush=True)
             else:  # number model steps across the run's segments, tools by the turn that called them
                 progress.line(event_line(event, step=totals.steps))
+
+    while True:
+        if check is not None:
+            check()
+        show(500 if keep_following else None)
         status = client.status(run_id)
         state = str(field(status, "status"))
         spent = float(field(status, "spent_usd", 0) or 0)
         progress.set(f"⟳ {run_id}  {state}  step {totals.steps}  ${spent:.4f}")
+        if state in FINAL and keep_following:
+            show(None)  # the run ended between the read and the status: its last events, `finished` too
         if state in FINAL or not keep_following:
             progress.clear()
             return 1 if state == "failed" and keep_following else 0
