@@ -119,7 +119,7 @@ async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png
     assert second.text == "Shot 3 is fine." and second.finish_reason == "stop" and second.tool_calls == []
     seen = policy.requests[1]
     assert seen.system == "Review." and seen.assistant_turns == 1
-    user, assistant, tool = seen.messages
+    user, assistant, tool, *shown = seen.messages
     assert isinstance(user, UserMessage) and isinstance(user.content, list)
     assert user.content[0] == TextPart(text="Review shot 3.")
     sim_image = user.content[1]
@@ -130,6 +130,13 @@ async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png
     assert sim_image.hash == hashlib.sha256(sent).hexdigest()
     assert assistant == AssistantMessage(content="Looking.", tool_calls=first.tool_calls)
     assert isinstance(tool, ToolMessage) and tool.tool_call_id == call.id
+    if wire == "fal":  # the tool message carries text only; its image follows in a user turn
+        assert tool.content == [TextPart(text="frame 3"), TextPart(text="[image 1 of this result follows]")]
+        (after,) = shown
+        assert isinstance(after, UserMessage) and isinstance(after.content, list)
+        assert after.content[1] == sim_image
+    else:
+        assert shown == []
     if wire == "anthropic":
         for request in policy.requests:
             validate_anthropic_body(request.body)
