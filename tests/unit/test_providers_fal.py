@@ -53,7 +53,9 @@ def completion(
 
 
 def handler(recorder: Recorder, key: str | None = FAKE_KEY) -> FalHandler:
-    return FalHandler(key, run_url="http://fal.test", retry=FAST, transport=recorder.transport)
+    return FalHandler(
+        key, run_url="http://fal.test", retry=FAST, transport=recorder.transport, upload_images=False
+    )
 
 
 async def call(request: PromptGenRequest, answer: Any = None) -> tuple[Any, dict[str, Any]]:
@@ -334,3 +336,17 @@ async def test_tool_result_images_go_in_one_user_turn_and_the_body_is_byte_stabl
     assert json.dumps(again["messages"]) == dump  # the same history, the same bytes
     assert json.dumps(second["messages"][: len(first["messages"])]) == dump  # the prefix still matches
     assert [m["role"] for m in second["messages"][5:]] == ["assistant", "user"]
+
+
+def test_the_url_cache_is_per_handler_and_bounded() -> None:
+    from toolloop.providers.fal.storage import UrlCache
+
+    one, two = FalHandler("k"), FalHandler("k")
+    one.urls.put("storage:image/png:aa", "https://x/aa")
+    assert two.urls.get("storage:image/png:aa") is None  # no module-level state
+    cache = UrlCache(size=2)
+    cache.put("a", "A")
+    cache.put("b", "B")
+    assert cache.get("a") == "A"  # a is now the most recent
+    cache.put("c", "C")
+    assert (cache.get("a"), cache.get("b"), cache.get("c"), len(cache)) == ("A", None, "C", 2)

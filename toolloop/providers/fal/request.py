@@ -6,8 +6,9 @@ tools?, tool_choice?.
 - System first (`cache_system` makes it one text part with `cache_control`), then the history.
 - Text parts with `cache=True` carry `cache_control: {"type": "ephemeral"}`: the loop's rolling
   marks and the caller's marks land here.
-- Images become `image_url` parts with `data:<mime>;base64,...` URIs read at send time (no upload;
-  the same file gives the same URI every step, so a cached prefix still matches).
+- Images become `image_url` parts with the URL the handler got for each file: its fal storage URL
+  (uploaded once, cached by content hash) or, when its upload failed or uploads are off, a
+  `data:<mime>;base64,...` URI; the same file gives the same URL every step (stable prefix).
 - Tool results carry text only (the OpenAI tool-message schema has no image parts; a router may drop
   them): each image of a tool result is replaced there by a text part `[image N of this result
   follows]`, and the images of a run of consecutive tool results go, in order, in one `user` message
@@ -49,7 +50,7 @@ PROVIDER = "fal"
 def build_body(
     request: PromptGenRequest, *, model: str, reasoning: Reasoning, images: Mapping[str, str]
 ) -> dict[str, Any]:
-    """The JSON body. `images` maps each image path to its base64 bytes."""
+    """The JSON body. `images` maps each image path to the URL to send for it."""
     params = request.params or {}
     body: dict[str, Any] = {
         "model": model,
@@ -201,4 +202,4 @@ def _text(part: TextPart) -> Part:
 
 
 def _image(part: ImagePart, images: Mapping[str, str]) -> Part:
-    return {"type": "image_url", "image_url": {"url": f"data:{part.mime_type};base64,{images[part.path]}"}}
+    return {"type": "image_url", "image_url": {"url": images[part.path]}}
