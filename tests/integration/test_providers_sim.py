@@ -4,7 +4,6 @@ wire mapping, cache marks, usage and cost, every status of SPEC 3.3, abort, and 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import time
@@ -116,20 +115,35 @@ async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png
             ToolMessage(tool_call_id=call.id, content=[TextPart(text="frame 3"), image]),
         ]
         second = await execute(handler, PromptGenRequest(system="Review.", messages=history))
+        uploads = sim.stats().get("uploads", {})
+        files = dict(sim.simulator.files)
     assert second.text == "Shot 3 is fine." and second.finish_reason == "stop" and second.tool_calls == []
     seen = policy.requests[1]
     assert seen.system == "Review." and seen.assistant_turns == 1
-    user, assistant, tool = seen.messages
+    user, assistant, tool, *shown = seen.messages
     assert isinstance(user, UserMessage) and isinstance(user.content, list)
     assert user.content[0] == TextPart(text="Review shot 3.")
     sim_image = user.content[1]
-    assert isinstance(sim_image, ImagePart) and sim_image.mime_type == "image/png"
-    # the bytes arrived: Anthropic's sim hashes the decoded bytes, fal's the data URI
+    assert isinstance(sim_image, ImagePart)
     data = png.read_bytes()
-    sent = data if wire == "anthropic" else b"data:image/png;base64," + base64.b64encode(data)
-    assert sim_image.hash == hashlib.sha256(sent).hexdigest()
+    if wire == "anthropic":  # the bytes arrived: Anthropic's sim hashes the decoded bytes
+        assert sim_image.mime_type == "image/png"
+        assert sim_image.hash == hashlib.sha256(data).hexdigest()
+    else:  # fal: uploaded once to storage (both steps, user and tool turn), sent as its file URL
+        assert uploads == {"initiate": 1, "put": 1}
+        ((token, (mime, stored)),) = files.items()
+        assert (mime, stored) == ("image/png", data)
+        assert sim_image.path.endswith("/storage/files/" + token)
+        assert policy.requests[0].body["messages"][1]["content"][1]["image_url"]["url"] == sim_image.path
     assert assistant == AssistantMessage(content="Looking.", tool_calls=first.tool_calls)
     assert isinstance(tool, ToolMessage) and tool.tool_call_id == call.id
+    if wire == "fal":  # the tool message carries text only; its image follows in a user turn
+        assert tool.content == [TextPart(text="frame 3"), TextPart(text="[image 1 of this result follows]")]
+        (after,) = shown
+        assert isinstance(after, UserMessage) and isinstance(after.content, list)
+        assert after.content[1] == sim_image
+    else:
+        assert shown == []
     if wire == "anthropic":
         for request in policy.requests:
             validate_anthropic_body(request.body)

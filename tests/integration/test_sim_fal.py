@@ -138,3 +138,21 @@ def test_a_string_content_and_its_one_part_form_share_the_cache(sim: SimServer) 
     ]
     second = post(sim, later).json()["usage"]
     assert second["prompt_tokens_details"]["cached_tokens"] == first["prompt_tokens"]
+
+
+def test_an_image_in_a_tool_message_is_a_400_and_in_a_user_turn_it_counts(sim: SimServer) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,cG5n"}}
+    call = {"id": "call_1", "type": "function", "function": {"name": "read_frame", "arguments": "{}"}}
+    head = [
+        {"role": "user", "content": "Look."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    refused = post(sim, [*head, {"role": "tool", "tool_call_id": "call_1", "content": [image]}])
+    assert refused.status_code == 400
+    assert "tool message's content parts must be of type 'text'" in refused.json()["error"]["message"]
+    placeholder = [{"type": "text", "text": "[image 1 of this result follows]"}]
+    tool = {"role": "tool", "tool_call_id": "call_1", "content": placeholder}
+    plain = post(sim, [*head, tool])
+    shown = post(sim, [*head, tool, {"role": "user", "content": [image]}])
+    assert shown.status_code == plain.status_code == 200
+    assert shown.json()["usage"]["prompt_tokens"] - plain.json()["usage"]["prompt_tokens"] >= IMAGE_TOKENS

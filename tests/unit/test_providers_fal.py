@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,9 @@ def completion(
 
 
 def handler(recorder: Recorder, key: str | None = FAKE_KEY) -> FalHandler:
-    return FalHandler(key, run_url="http://fal.test", retry=FAST, transport=recorder.transport)
+    return FalHandler(
+        key, run_url="http://fal.test", retry=FAST, transport=recorder.transport, upload_images=False
+    )
 
 
 async def call(request: PromptGenRequest, answer: Any = None) -> tuple[Any, dict[str, Any]]:
@@ -129,10 +132,17 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
             "tool_call_id": "c1",
             "content": [
                 {"type": "text", "text": "frame 3", "cache_control": EPHEMERAL},
-                {"type": "image_url", "image_url": {"url": uri}},
+                {"type": "text", "text": "[image 1 of this result follows]"},
             ],
         },
         {"role": "tool", "tool_call_id": "c2", "content": "frame 4"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "[images of the result of c1]"},
+                {"type": "image_url", "image_url": {"url": uri}},
+            ],
+        },
     ]
 
 
@@ -278,3 +288,65 @@ def test_estimate_prices_input_and_max_tokens_without_network() -> None:
     cost = fal.estimate(PromptGenRequest(prompt="x" * 400, params={"max_tokens": 1000}))
     assert cost == pytest.approx((100 * 4 + 1000 * 20) / 1e6)
     assert "fal.test" in repr(fal) and FAKE_KEY not in repr(handler(recorder))
+
+
+async def test_tool_result_images_go_in_one_user_turn_and_the_body_is_byte_stable(tmp_path: Path) -> None:
+    frames = []
+    for n in (1, 2, 3):
+        (tmp_path / f"{n}.png").write_bytes(f"png-{n}".encode())
+        frames.append(ImagePart(path=str(tmp_path / f"{n}.png"), mime_type="image/png", hash=str(n)))
+    calls = [ToolCall(id=f"c{n}", name="read_frame", input={"shot": n}) for n in (1, 2)]
+    step1 = [
+        UserMessage(content="Look."),
+        AssistantMessage(tool_calls=calls),
+        ToolMessage(tool_call_id="c1", content=[frames[0], TextPart(text="shot 1", cache=True), frames[1]]),
+        ToolMessage(tool_call_id="c2", content=[frames[2]]),
+    ]
+    step2 = [*step1, AssistantMessage(content="Seen."), UserMessage(content="And now?")]
+    _, first = await call(PromptGenRequest(messages=step1))
+    _, again = await call(PromptGenRequest(messages=step1))
+    _, second = await call(PromptGenRequest(messages=step2))
+
+    def uri(n: int) -> dict[str, Any]:
+        data = base64.b64encode(f"png-{n}".encode()).decode()
+        return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+
+    tool1, tool2, images = first["messages"][2:]
+    assert tool1 == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": [
+            {"type": "text", "text": "[image 1 of this result follows]"},
+            {"type": "text", "text": "shot 1", "cache_control": EPHEMERAL},
+            {"type": "text", "text": "[image 2 of this result follows]"},
+        ],
+    }
+    assert tool2["content"] == [{"type": "text", "text": "[image 1 of this result follows]"}]
+    assert images == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "[images of the result of c1]"},
+            uri(1),
+            uri(2),
+            {"type": "text", "text": "[images of the result of c2]"},
+            uri(3),
+        ],
+    }
+    dump = json.dumps(first["messages"])
+    assert json.dumps(again["messages"]) == dump  # the same history, the same bytes
+    assert json.dumps(second["messages"][: len(first["messages"])]) == dump  # the prefix still matches
+    assert [m["role"] for m in second["messages"][5:]] == ["assistant", "user"]
+
+
+def test_the_url_cache_is_per_handler_and_bounded() -> None:
+    from toolloop.providers.fal.storage import UrlCache
+
+    one, two = FalHandler("k"), FalHandler("k")
+    one.urls.put("storage:image/png:aa", "https://x/aa")
+    assert two.urls.get("storage:image/png:aa") is None  # no module-level state
+    cache = UrlCache(size=2)
+    cache.put("a", "A")
+    cache.put("b", "B")
+    assert cache.get("a") == "A"  # a is now the most recent
+    cache.put("c", "C")
+    assert (cache.get("a"), cache.get("b"), cache.get("c"), len(cache)) == ("A", None, "C", 2)

@@ -43,6 +43,7 @@ log = logging.getLogger("toolloop.sim")
 
 ANTHROPIC_PATH = "/v1/messages"
 FAL_PATH = "/openrouter/router/openai/v1/chat/completions"
+UPLOAD_PATH = "/storage/upload/initiate"
 _SEND_KEY = "toolloop.sim.send"
 
 
@@ -92,10 +93,18 @@ class Simulator:
         self._ids = itertools.count(1)
         self._faults: Counter[str] = Counter()
         self._counts: dict[str, Counter[str]] = {}
+        self.files: dict[str, tuple[str, bytes]] = {}
+        """fal storage: token -> (content type, bytes) of every finished upload."""
+        self._pending: dict[str, str] = {}
+        self.upload_failures = 0
+        """fal storage: how many of the next upload initiations answer 500 (a scripted failure)."""
         self.reset()
         routes = [
             Route(ANTHROPIC_PATH, self._route(_Wire("anthropic", anthropic_wire)), methods=["POST"]),
             Route(FAL_PATH, self._route(_Wire("fal", fal_wire)), methods=["POST"]),
+            Route(UPLOAD_PATH, self._upload_initiate, methods=["POST"]),
+            Route("/storage/upload/put/{token}", self._upload_put, methods=["PUT"]),
+            Route("/storage/files/{token}", self._upload_file, methods=["GET"]),
             Route("/_sim/stats", self._stats_route, methods=["GET"]),
             Route("/_sim/reset", self._reset_route, methods=["POST"]),
         ]
@@ -141,15 +150,63 @@ class Simulator:
         with self._lock:
             counts = {name: dict(counter) for name, counter in self._counts.items()}
         requests = sum(counts["endpoints"].values())
-        return {"requests": requests, **counts, "cache_entries": len(self.cache), "strict": self.strict}
+        return {"requests": requests, **counts, "cache_entries": len(self.cache), "strict": self.strict,
+                "files": len(self.files)}  # fmt: skip
 
     def reset(self) -> None:
         """Forget the stats, the fault counters and the prompt cache."""
         with self._lock:
-            self._counts = {key: Counter() for key in ("endpoints", "conversations", "statuses", "faults")}
+            kinds = ("endpoints", "conversations", "statuses", "faults", "uploads")
+            self._counts = {key: Counter() for key in kinds}
             self._faults = Counter()
+            self.files, self._pending, self.upload_failures = {}, {}, 0
         self.cache.clear()
         self.rate_limits.reset()
+
+    async def _upload_initiate(self, request: Request) -> Response:
+        """fal storage, step 1: `{file_name, content_type}` -> `{upload_url, file_url}` (counted in
+        `stats()["uploads"]["initiate"]`; a scripted failure answers 500)."""
+        self._count("uploads", "initiate")
+        if fal_wire.api_key(request.headers) == "":
+            return JSONResponse({"detail": "Missing authorization header"}, status_code=401)
+        with self._lock:
+            failing = self.upload_failures > 0
+            self.upload_failures -= 1 if failing else 0
+        if failing:
+            self._count("uploads", "failed")
+            return JSONResponse({"detail": "storage is unavailable (scripted)"}, status_code=500)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not (isinstance(body, dict) and isinstance(body.get("content_type"), str)):
+            return JSONResponse({"detail": "Pass {file_name, content_type}."}, status_code=422)
+        token = f"f{next(self._ids):06d}"
+        with self._lock:
+            self._pending[token] = body["content_type"]
+        base = str(request.base_url).rstrip("/")
+        return JSONResponse(
+            {"upload_url": f"{base}/storage/upload/put/{token}", "file_url": f"{base}/storage/files/{token}"}
+        )
+
+    async def _upload_put(self, request: Request) -> Response:
+        """fal storage, step 2: the bytes of an initiated upload (counted as `uploads["put"]`)."""
+        token = request.path_params["token"]
+        data = await request.body()
+        with self._lock:
+            kind = self._pending.pop(token, None)
+            if kind is not None:
+                self.files[token] = (request.headers.get("content-type") or kind, data)
+        if kind is None:
+            return JSONResponse({"detail": "no such upload"}, status_code=404)
+        self._count("uploads", "put")
+        return Response(status_code=200)
+
+    async def _upload_file(self, request: Request) -> Response:
+        found = self.files.get(request.path_params["token"])
+        if found is None:
+            return JSONResponse({"detail": "no such file"}, status_code=404)
+        return Response(found[1], media_type=found[0])
 
     def _count(self, kind: str, key: str) -> None:
         with self._lock:

@@ -101,6 +101,7 @@ def parse(body: Any) -> Parsed:
             messages.append(_assistant(raw, context, blocks))
         elif role == "tool":
             tool_call_id = str(raw.get("tool_call_id") or "")
+            _text_only(raw.get("content"), index)
             content = _content(raw.get("content"), f"{context}{tool_call_id}|", blocks)
             messages.append(ToolMessage(tool_call_id=tool_call_id, content=content))
         else:
@@ -244,6 +245,19 @@ def _content(content: Any, context: str, blocks: list[Block]) -> str | list[Cont
         else:
             raise WireInputError(f"Unsupported content part type {part.get('type')!r}.")
     return parts
+
+
+def _text_only(content: Any, index: int) -> None:
+    """A tool message carries text only (the OpenAI tool-message schema): an image there is refused."""
+    if not isinstance(content, list):
+        return
+    for position, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        require(
+            kind == "text",
+            f"Invalid 'messages[{index}].content[{position}]': a tool message's content parts must be "
+            f"of type 'text', got {kind!r}. Send images in a user message after the tool messages.",
+        )
 
 
 def _image(url: str) -> ImagePart:

@@ -19,18 +19,19 @@ from toolloop.providers.common import (
     input_text,
     log_answer,
     max_tokens_of,
-    read_images,
     reasoning_of,
     with_ttl,
 )
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
 from toolloop.providers.fal.response import flag, parse_completion
+from toolloop.providers.fal.storage import DEFAULT_UPLOAD_URL, UrlCache, image_urls
 from toolloop.providers.http import Endpoint, RetryPolicy, post_json
 from toolloop.providers.models import default_catalog
 
 DEFAULT_RUN_URL = "https://fal.run"
 DEFAULT_MODEL = "anthropic/claude-opus-5.5"
 ROUTE = "/openrouter/router/openai/v1/chat/completions"
+UPLOAD_ROUTE = "/storage/upload/initiate?storage_type=fal-cdn-v3"
 
 
 class FalHandler:
@@ -40,7 +41,10 @@ class FalHandler:
     call. A bare Anthropic id (`claude-sonnet-5-5`) is sent as fal's router names it (the row's
     `fal_slug`, e.g. `anthropic/claude-sonnet-5.5`) at the same catalogue price, so a run that
     falls back from `anthropic` to `fal` keeps its model. `temperature` and a forced `tool_choice`
-    are left out (`auto`) for an Anthropic model that refuses them; `meta["request_notes"]` says so."""
+    are left out (`auto`) for an Anthropic model that refuses them; `meta["request_notes"]` says so.
+    Images are uploaded to fal storage (`upload_url`; default fal's own with the default `run_url`,
+    else `{run_url}/storage/upload/initiate`), each file once: its URL is kept in `self.urls`, an
+    LRU of `url_cache_size` entries by content hash; `upload_images=False` sends data URIs."""
 
     name = "fal"
 
@@ -56,10 +60,17 @@ class FalHandler:
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         key_env: str = "FAL_KEY",
+        upload_url: str | None = None,
+        upload_images: bool = True,
+        url_cache_size: int = 4096,
     ) -> None:
         self._key = Secret(api_key)
         self.run_url = (run_url or DEFAULT_RUN_URL).rstrip("/")
         self.default_model = default_model
+        own = self.run_url == DEFAULT_RUN_URL
+        default_upload = DEFAULT_UPLOAD_URL if own else self.run_url + UPLOAD_ROUTE
+        self.upload_url = (upload_url or default_upload) if upload_images else None
+        self.urls = UrlCache(url_cache_size)
         self.catalog = (catalog or default_catalog()).with_prices(prices or {})
         self.endpoint = Endpoint(
             provider=self.name,
@@ -98,7 +109,15 @@ class FalHandler:
                 f"  Set {self.endpoint.key_env}, or use another prompt-gen provider.",
                 "auth",
             )
-        images = await read_images(self.name, image_parts(request) + extra)
+        images = await image_urls(
+            image_parts(request) + extra,
+            cache=self.urls,
+            upload_url=self.upload_url,
+            key=key,
+            timeout_s=self.endpoint.timeout_s,
+            transport=self.endpoint.transport,
+            provider=self.name,
+        )
         body = with_ttl(build_body(request, model=model, reasoning=reasoning, images=images), ttl)
         headers = {"authorization": f"Key {key}"}
         data = await post_json(self.endpoint, body, headers, signal, secret=self._key, flag=flag)

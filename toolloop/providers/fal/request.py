@@ -6,8 +6,14 @@ tools?, tool_choice?.
 - System first (`cache_system` makes it one text part with `cache_control`), then the history.
 - Text parts with `cache=True` carry `cache_control: {"type": "ephemeral"}`: the loop's rolling
   marks and the caller's marks land here.
-- Images become `image_url` parts with `data:<mime>;base64,...` URIs read at send time (no upload;
-  the same file gives the same URI every step, so a cached prefix still matches).
+- Images become `image_url` parts with the URL the handler got for each file: its fal storage URL
+  (uploaded once, cached by content hash) or, when its upload failed or uploads are off, a
+  `data:<mime>;base64,...` URI; the same file gives the same URL every step (stable prefix).
+- Tool results carry text only (the OpenAI tool-message schema has no image parts; a router may drop
+  them): each image of a tool result is replaced there by a text part `[image N of this result
+  follows]`, and the images of a run of consecutive tool results go, in order, in one `user` message
+  right after them: per result a text part `[images of the result of <tool_call_id>]` then its
+  `image_url` parts. The same history always gives the same body.
 - Reasoning: `params["reasoning"]` off|low|medium|high, default "medium"; sent as
   `{"effort": level}`, left out for "off". Temperature is clamped to 0..2.
 - Assistant tool calls go back as `function.arguments` compact JSON (`{}` when the input is missing).
@@ -44,7 +50,7 @@ PROVIDER = "fal"
 def build_body(
     request: PromptGenRequest, *, model: str, reasoning: Reasoning, images: Mapping[str, str]
 ) -> dict[str, Any]:
-    """The JSON body. `images` maps each image path to its base64 bytes."""
+    """The JSON body. `images` maps each image path to the URL to send for it."""
     params = request.params or {}
     body: dict[str, Any] = {
         "model": model,
@@ -118,15 +124,39 @@ def _messages(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict
         else:
             out.append({"role": "user", "content": request.prompt})
         return out
+    pending: list[Part] = []  # the images of the tool results just sent, for one user message
     for message in request.messages:
+        if not isinstance(message, ToolMessage) and pending:
+            out.append({"role": "user", "content": pending})
+            pending = []
         if isinstance(message, AssistantMessage):
             out.append(_assistant(message))
         elif isinstance(message, ToolMessage):
-            content = _content(message.content, images)
+            content, shown = _tool_content(message, images)
             out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": content})
+            pending.extend(shown)
         else:
             out.append({"role": "user", "content": _content(message.content, images)})
+    if pending:
+        out.append({"role": "user", "content": pending})
     return out
+
+
+def _tool_content(message: ToolMessage, images: Mapping[str, str]) -> tuple[str | list[Part], list[Part]]:
+    """The tool message's text-only content and the parts of the user message that shows its images."""
+    if isinstance(message.content, str):
+        return message.content, []
+    parts: list[Part] = []
+    shown: list[Part] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            parts.append(_text(part))
+        else:
+            if not shown:
+                shown.append({"type": "text", "text": f"[images of the result of {message.tool_call_id}]"})
+            shown.append(_image(part, images))
+            parts.append({"type": "text", "text": f"[image {len(shown) - 1} of this result follows]"})
+    return parts, shown
 
 
 def _assistant(message: AssistantMessage) -> dict[str, Any]:
@@ -160,15 +190,16 @@ def _content(content: str | list[ContentPart], images: Mapping[str, str]) -> str
         return content
     parts: list[Part] = []
     for part in content:
-        if isinstance(part, TextPart):
-            item: Part = {"type": "text", "text": part.text}
-            if part.cache:
-                item["cache_control"] = dict(EPHEMERAL)
-            parts.append(item)
-        else:
-            parts.append(_image(part, images))
+        parts.append(_text(part) if isinstance(part, TextPart) else _image(part, images))
     return parts
 
 
+def _text(part: TextPart) -> Part:
+    item: Part = {"type": "text", "text": part.text}
+    if part.cache:
+        item["cache_control"] = dict(EPHEMERAL)
+    return item
+
+
 def _image(part: ImagePart, images: Mapping[str, str]) -> Part:
-    return {"type": "image_url", "image_url": {"url": f"data:{part.mime_type};base64,{images[part.path]}"}}
+    return {"type": "image_url", "image_url": {"url": images[part.path]}}
