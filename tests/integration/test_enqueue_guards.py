@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runs_kit import spec
+from tests.integration.runs_kit import client_on, spec
 from toolloop.embedded import EmbeddedServer, free_port, start_server
 from toolloop.journal import keys
 from workers.client import Client
@@ -30,9 +30,7 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
 
 @pytest.fixture
 def client(server: EmbeddedServer) -> Iterator[Client]:
-    made = Client(server.url)
-    yield made
-    made.close()
+    yield from client_on(server)
 
 
 def test_specs_over_a_limit_are_refused_and_store_nothing(client: Client, tmp_path: Path) -> None:
