@@ -300,7 +300,7 @@ class Events:
     """Celery task events as a worker with hostname `hostname` sends them (Flower reads these).
 
     Events are buffered (`add`) and sent by whoever drains the buffer (`drain`, once per loop turn:
-    workers/runtime.py): the events of one turn go out as one `task.multi` message whose body is the
+    workers/process.py): the events of one turn go out as one `task.multi` message whose body is the
     list of events, as Celery's own worker batches them (its dispatcher's `buffer_group`); Celery's
     `EventReceiver`, and so Flower, takes a list body as that many events. A lone event goes out as
     itself, on its own routing key.
