@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -37,7 +38,6 @@ from typing import Any
 
 import redis as redis_lib
 
-from toolloop.fastjson import dumps
 from toolloop.journal import keys, scripts
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
@@ -49,6 +49,8 @@ from workers.live import Begun, LiveLoop, keep, take
 from workers.metrics import counted
 from workers.redisio import Held
 from workers.runs import flush_outbox, segment_messages
+from workers.scripts.begin import RUN_BEGIN, Begin, Refused, parse_begin
+from workers.scripts.commit import RUN_COMMIT, Commit, CommitOutcome, GoOn, StepOutcome, parse_commit
 from workers.spec import RunSpec
 from workers.tracing import StepTrace
 
@@ -92,7 +94,7 @@ async def advance(run_id: str, n: int, task: Task, begun: Begun | None = None) -
     `begun`: the predecessor's commit began this task already (RUN_COMMIT's go_on).
     """
     kill_point("advance:begin", run=run_id, n=n)
-    outcome = "fenced"
+    outcome: StepOutcome = "fenced"
     for _ in range(3):
         step = _Step(run_id, n, task, begun)
         begun = None
@@ -136,50 +138,44 @@ class _Step:
         self.held: Held | None = None
         self.started = time.monotonic()
         self.trace: StepTrace | None = None
-        self.outcome: str | None = None
+        self.outcome: StepOutcome | None = None
         self.delivered = 1
         self.metrics = runtime.metrics()
 
-    async def run(self) -> str:
+    async def run(self) -> StepOutcome:
         r = self.run_id
         kept: LiveLoop | None
+        begin: Begin
         if self.begun is not None:
-            kept, begin, sent_at = self.begun.loop, self.begun.reply, self.begun.sent_at
+            kept, begin, sent_at = self.begun.loop, self.begun.started, self.begun.sent_at
         else:
             kept = take(r)
             sent_at = time.monotonic()
-            begin = await self.batch.script(
-                scripts.RUN_BEGIN,
+            begin = parse_begin(await self.batch.script(
+                RUN_BEGIN,
                 [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
                  keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
                 [self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
                  kept.tag if kept else ""],
-            )  # fmt: skip
-        code = begin[0]
-        if code != "run" or begin[4] is not None:  # the kept loop is not where the run is
-            if kept is not None:
-                kept.close()
+            ))  # fmt: skip
+        if (isinstance(begin, Refused) or begin.loaded is not None) and kept is not None:
+            kept.close()  # the kept loop is not where the run is
             kept = None
-        if code == "stale":  # committed already: send its successor again if it seems lost
-            await asyncio.to_thread(_flush_outbox, r, self.settings.outbox_age)
-            return "stale"
-        if code == "busy":
-            self.lease_left_ms = int(begin[1])
-        if code != "run":
-            return str(code)
-        _, token, attempts, state_flat, spec_json, journal_flat, input_json, answer, outside, _tag = begin
-        self.token = int(token)
-        self.delivered = int(attempts)
-        self.lease = f"{self.owner}:{token}"
+        if isinstance(begin, Refused):
+            return await self.not_begun(begin)
+        self.token = begin.token
+        self.delivered = begin.attempts
+        self.lease = f"{self.owner}:{begin.token}"
         self.held = runtime.leases().hold(keys.lease(r), self.lease, sent_at, self.on_lost)
-        self.state = _pairs(state_flat)
+        self.state = begin.state
         self.trace = StepTrace(r, self.n, self.state.get("traceparent"), self.task.task_id)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
-        self.outside = float(outside)
-        if int(attempts) > self.settings.max_deliveries:
+        self.outside = begin.outside
+        if begin.attempts > self.settings.max_deliveries:
             error = DeliveryLimitError(
-                f"Step {self.n} of run {self.run_id!r} was delivered {attempts} times without finishing.\n"
+                f"Step {self.n} of run {self.run_id!r} was delivered {begin.attempts} times without "
+                "finishing.\n"
                 "  Its worker keeps dying (memory? a crash in a tool?); fix that, then retry the run."
             )
             if kept is not None:
@@ -190,18 +186,21 @@ class _Step:
             self.replayed_before = kept.journal.replayed
             outcome_future = kept.go_on(self)
         else:
+            loaded = begin.loaded
             try:
-                spec = RunSpec.model_validate_json(spec_json)
+                if loaded is None or loaded.spec is None:
+                    raise LookupError(f"run {r!r} has no spec in Redis")
+                spec = RunSpec.model_validate_json(loaded.spec)
                 tools = flow.wrap_tools(runtime.toolsets().for_worker(spec.toolset), spec)
-                decisions = approvals.decisions_of(answer)
-                messages = segment_messages(input_json, None if decisions else answer)
+                decisions = approvals.decisions_of(loaded.answer)
+                messages = segment_messages(loaded.input, None if decisions else loaded.answer)
             except Exception as error:
                 return await self.commit_failure(error)
             self.live = live = LiveLoop({tool.name: tool for tool in tools})
             live.held_names = approvals.held_names(messages, decisions)
             live.journal = RedisJournal(
                 runtime.redis(), r, self.prefix, signal=live.controller.signal,
-                entries=_pairs(journal_flat), live_steps=1, before_live=live.before_live,
+                entries=loaded.journal, live_steps=1, before_live=live.before_live,
                 after_live=live.after_live, owner=self.owner, pause=live.pause,
             )  # fmt: skip
             steps_base = int(self.state.get("steps_base", 0))
@@ -304,7 +303,7 @@ class _Step:
         if live.outcome is not None and not live.outcome.done():
             live.outcome.set_exception(error)
 
-    async def lost_lease(self, error: LeaseLostError) -> str:
+    async def lost_lease(self, error: LeaseLostError) -> StepOutcome:
         """The step's work was stopped for a lost lease: commit nothing, free the lease if it is
         still ours, and re-drive (the copy holding the lease goes on, or this one takes it anew)."""
         pending = self.live.journal.pending if self.live is not None else []
@@ -323,16 +322,24 @@ class _Step:
             with contextlib.suppress(Exception):
                 await self.batch.script(scripts.LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease])
 
+    async def not_begun(self, refused: Refused) -> StepOutcome:
+        """The task did not begin (RUN_BEGIN's reply): a stale one sends its successor again if it
+        seems lost; a busy one notes how long the other holder's lease still runs."""
+        if refused.what == "stale":  # committed already
+            await asyncio.to_thread(_flush_outbox, self.run_id, self.settings.outbox_age)
+        self.lease_left_ms = refused.lease_left_ms
+        return refused.what
+
     def drop_lease(self) -> None:
         if self.held is not None:
             runtime.leases().drop(self.held)
 
     # -- the commit ------------------------------------------------------------------------------
 
-    async def commit_next(self, next_key: str) -> str:
+    async def commit_next(self, next_key: str) -> StepOutcome:
         return await self.commit("next", queue=self.route(next_key), state=self.totals(), next_key=next_key)
 
-    async def commit_result(self, result: RunToolLoopResult) -> str:
+    async def commit_result(self, result: RunToolLoopResult) -> StepOutcome:
         history = json.dumps([m.model_dump(mode="json") for m in result.messages])
         steps = self.steps_base + result.steps
         state: dict[str, Any] = {
@@ -346,12 +353,11 @@ class _Step:
                       "spend_base": self.outside, "steps_base": steps}  # fmt: skip
             parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
             spec = self.run_spec()
-            due: dict[str, Any] = {}
+            due: float | None = None
             if spec is not None and spec.ask_timeout_s is not None:
-                deadline = time.time() + spec.ask_timeout_s
-                state |= {"ask_deadline": repr(deadline), "ask_default": spec.ask_default or ""}
-                due = {"due": deadline, "run": self.run_id}
-            return await self.commit("park", state=state, history=history, parked=parked, **due)
+                due = time.time() + spec.ask_timeout_s
+                state |= {"ask_deadline": repr(due), "ask_default": spec.ask_default or ""}
+            return await self.commit("park", state=state, history=history, parked=parked, due=due)
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
         state["status"] = result.stopped_by
@@ -362,7 +368,7 @@ class _Step:
             state["refusal"] = result.refusal.model_dump_json()
             final["refusal"] = result.refusal.model_dump(mode="json")
             self.stopped += f" ({result.refusal.category or 'no category'})"
-        return await self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
+        return await self.commit("stop", state=state, history=history, final=("finished", json.dumps(final)))
 
     def run_spec(self) -> RunSpec | None:
         """The run's spec (None on a kept loop's path, which did not load it: read it then)."""
@@ -375,7 +381,7 @@ class _Step:
 
     async def park_for_approval(
         self, result: RunToolLoopResult, state: dict[str, Any], history: str, steps: int
-    ) -> str:
+    ) -> StepOutcome:
         """Park with the held calls (status "asked", state `approvals`), an `approval_requested`
         event each; then apply decisions sent before the park (settle)."""
         spec = self.run_spec()
@@ -389,41 +395,46 @@ class _Step:
         deadlines = [h["deadline"] for h in held if h["deadline"] is not None]
         due = min([time.time(), *deadlines])  # the sweeper looks at once: decisions sent early apply
         outcome = await self.commit("park", state=state, history=history, parked=parked,
-                                    requested=requested, due=due, run=self.run_id)  # fmt: skip
+                                    requested=requested, due=due)  # fmt: skip
         if outcome == "park":
             await asyncio.to_thread(_settle, self.run_id)
         return outcome
 
-    async def commit_failure(self, error: BaseException) -> str:
+    async def commit_failure(self, error: BaseException) -> StepOutcome:
         log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
         message = str(error)
         self.failure = (type(error).__name__, message)
         state = {"status": "failed", "error_class": type(error).__name__, "error_message": message}
         data = json.dumps({"error_class": type(error).__name__, "error_message": message})
-        return await self.commit("fail", state=state, final=["failed", data])
+        return await self.commit("fail", state=state, final=("failed", data))
 
     async def commit(
-        self, outcome: str, *, state: dict[str, Any], next_key: str | None = None, **extra: Any
-    ) -> str:
+        self,
+        outcome: CommitOutcome,
+        *,
+        state: dict[str, Any],
+        next_key: str | None = None,
+        queue: str = "llm",
+        history: str | None = None,
+        final: tuple[str, str] | None = None,
+        parked: str | None = None,
+        requested: list[str] | None = None,
+        due: float | None = None,
+    ) -> StepOutcome:
         pending = self.live is not None and self.live.journal.pending
         field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
         committed = int(self.state.get(f"events:{self.segment}", 0))
-        events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
-        queue = extra.pop("queue", "llm")
+        events: list[tuple[int, str, str]] = [
+            (i + 1, e.kind, e.model_dump_json()) for i, e in enumerate(self.events) if i >= committed
+        ]
         trace = self.trace
         if trace is not None and trace.new_trace and trace.valid:  # the run's trace begins here
             state = {**state, "traceparent": trace.traceparent()}
-        payload = {
-            "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
-            "field": field, "value": value, "outcome": outcome, "queue": queue,
-            "now": time.time(), "state": {k: str(v) for k, v in state.items()},
-            "events": events,
-            "cancel_text": "Not run: cancel.", **extra,
-        }  # fmt: skip
         r = self.run_id
         live = self.live
         here = consumer.current()
         successor: wire.Delivery | None = None
+        go_on: GoOn | None = None
         if outcome == "next" and live is not None and live.keepable() and here and here.can_go_on(queue):
             # the successor runs here: this commit records its delivery and begins it (no RUN_BEGIN)
             label = self.describe(next_key or "")
@@ -435,23 +446,27 @@ class _Step:
                 label,
                 traceparent=self.run_traceparent(),
             )
-            payload["go_on"] = {
-                "owner": uuid.uuid4().hex, "lease_ms": self.settings.lease_ms, "tag": successor.tag,
-                "unacked": wire.unacked_value(successor.raw, queue),
-            }  # fmt: skip
+            go_on = GoOn(uuid.uuid4().hex, self.settings.lease_ms, successor.tag,
+                         wire.unacked_value(successor.raw, queue))  # fmt: skip
+        payload = Commit(
+            token=self.token, lease=self.lease, n=self.n, segment=self.segment, run=r, outcome=outcome,
+            now=time.time(), field=field, value=value, queue=queue,
+            state={k: str(v) for k, v in state.items()}, events=events, history=history, final=final,
+            parked=parked, requested=requested or [], due=due, go_on=go_on,
+        )  # fmt: skip
         where = self.prefix + (field or "-")
         kill_point("commit:before", run=self.run_id, key=where)
         sent_at = time.monotonic()
         attempt = 0
         while True:
             try:
-                ok, stored, member, begun = await self.batch.script(
-                    scripts.RUN_COMMIT,
+                reply = parse_commit(await self.batch.script(
+                    RUN_COMMIT,
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
                      keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX, keys.WAITS_DUE],
-                    [dumps(payload)],
-                )  # fmt: skip
+                    [payload.encode()],
+                ))  # fmt: skip
                 break
             except REDIS_LOST as error:  # refused (OOM) or not taken (connection): nothing was written
                 cost = pending[0][2] if pending else 0.0
@@ -469,10 +484,10 @@ class _Step:
                         "the result is kept and the commit retried while the lease holds.%s", r, self.n,
                         where, cost, type(error).__name__, error, _hint(error),
                     )  # fmt: skip
-                if payload.pop("go_on", None) is not None:  # a retried commit sends its successor
-                    successor = None
+                if payload.go_on is not None:  # a retried commit sends its successor
+                    payload, successor = dataclasses.replace(payload, go_on=None), None
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
-        if int(ok) != 1:
+        if not reply.landed:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         kill_point("commit:after", run=r, key=where)
@@ -480,21 +495,21 @@ class _Step:
             self.count_commit(
                 outcome, field, pending[0][2] if pending else 0.0, committed, state.get("status")
             )
-        if begun and here is not None and successor is not None and live is not None:
-            live.tag = f"{self.lease}|{self.segment}"  # the run's tag now
-            token, attempts, state_flat, outside = begun
-            reply = ["run", token, attempts, state_flat, None, None, None, None, outside, live.tag]
+        if reply.begun and here is not None and successor is not None and live is not None:
+            assert payload.go_on is not None
+            live.tag = reply.begun.tag  # the run's tag now
             self.kept = True
-            here.run_begun(queue, successor, Begun(payload["go_on"]["owner"], reply, live, sent_at))
+            here.run_begun(queue, successor, Begun(payload.go_on.owner, reply.begun, live, sent_at))
             await self.publish(None, successor=(queue, successor), key=where, phase=outcome, next=next_key)
             kill_point("enqueue:after", run=r, key=where)
             return outcome
-        if outcome == "next" and (not field or stored == value) and live is not None and live.keepable():
+        fresh = not field or reply.stored == value  # our value is the one stored: the loop is current
+        if outcome == "next" and fresh and live is not None and live.keepable():
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
             keep(r, live)
             self.kept = True
-        await self.publish(str(member) if member else None, key=where, phase=outcome, next=next_key)
-        if member:
+        await self.publish(reply.member, key=where, phase=outcome, next=next_key)
+        if reply.member:
             kill_point("enqueue:after", run=r, key=where)
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
@@ -558,7 +573,9 @@ class _Step:
             return None
         return self.state.get("traceparent") or trace.traceparent()
 
-    def count_commit(self, outcome: str, field: str, cost: float, committed: int, status: Any) -> None:
+    def count_commit(
+        self, outcome: CommitOutcome, field: str, cost: float, committed: int, status: Any
+    ) -> None:
         """The metrics of a commit that landed (workers/metrics.py)."""
         metrics = self.metrics
         assert metrics is not None
@@ -635,7 +652,3 @@ def _settle(run_id: str) -> None:
 
 def _hint(error: BaseException) -> str:
     return "\n  " + OOM_HINT if isinstance(error, redis_lib.exceptions.OutOfMemoryError) else ""
-
-
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}

@@ -29,11 +29,12 @@ import redis as redis_lib
 from celery import Celery
 
 from toolloop.contract import AssistantMessage, ChatMessage
-from toolloop.journal import keys, scripts
+from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 from toolloop.loop.tools import validate_input
 from toolloop.loop.types import Decision, ToolSpec
 from workers import app as celery_app
+from workers.scripts.prelude import PRELUDE
 from workers.spec import RunSpec
 
 DECISIONS_MARK = "\x1eapprovals\x1e"
@@ -131,7 +132,7 @@ end
 """
 
 SETTLE = (
-    scripts._PRELUDE
+    PRELUDE
     + _SETTLE
     + """
 -- Apply what is due of a parked run: early decisions, expired deadlines. ARGV[2]=mark ARGV[3]=now
@@ -141,7 +142,7 @@ return settle(tonumber(ARGV[3]))
 )
 
 DECIDE_SCRIPT = (
-    scripts._PRELUDE
+    PRELUDE
     + _SETTLE
     + """
 -- Record one decision. ARGV[2]=mark ARGV[3]=now ARGV[4]=call id ARGV[5]=decision JSON

@@ -530,14 +530,14 @@ def _step_run(task_id: str) -> str | None:
 
 def _cancel_run(run_id: str) -> bool:
     """Cancel a run as `Client.cancel` does (idempotent: every worker gets a broadcast revoke)."""
-    from toolloop.journal import scripts
     from workers import runs
     from workers.app import CANCEL, app, send
     from workers.records import FINAL
+    from workers.scripts.control import RUN_CANCEL, parse_cancel
 
     client = runtime.redis()
-    status = runs.script(client, scripts.RUN_CANCEL)(
-        keys=[tl_keys.state(run_id)], args=[tl_keys.CANCEL_CHANNEL, run_id]
+    status = parse_cancel(
+        runs.script(client, RUN_CANCEL)(keys=[tl_keys.state(run_id)], args=[tl_keys.CANCEL_CHANNEL, run_id])
     )
     if status is None or status in FINAL:
         return False

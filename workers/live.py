@@ -18,12 +18,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from toolloop.abort import AbortController
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
+from workers.scripts.begin import Started
 
 KEPT_MAX = 4096
 
@@ -121,11 +122,12 @@ class LiveLoop:
 @dataclass(frozen=True)
 class Begun:
     """A task its predecessor's commit began (RUN_COMMIT's go_on): the lease it holds as `owner`,
-    RUN_BEGIN's 'run' reply for it, the run's loop, paused where this task goes on. (go_on runs
-    only in a fresh commit, whose step value is the one stored: the loop is where the run is.)"""
+    what RUN_BEGIN would have replied for it (`started`, nothing loaded), the run's loop, paused
+    where this task goes on. (go_on runs only in a fresh commit, whose step value is the one stored:
+    the loop is where the run is.)"""
 
     owner: str
-    reply: list[Any]
+    started: Started
     loop: LiveLoop
     sent_at: float
     """When the commit that took the lease for it was sent (time.monotonic())."""
