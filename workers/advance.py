@@ -39,7 +39,6 @@ from typing import Any
 import redis as redis_lib
 
 from toolloop.journal import keys, scripts
-from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers import approvals, consumer, flow, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
@@ -51,6 +50,7 @@ from workers.redisio import Held
 from workers.runs import flush_outbox, segment_messages
 from workers.scripts.begin import RUN_BEGIN, Begin, Refused, parse_begin
 from workers.scripts.commit import RUN_COMMIT, Commit, CommitOutcome, GoOn, StepOutcome, parse_commit
+from workers.segment import SegmentJournal, StepBoundary
 from workers.spec import RunSpec
 from workers.tracing import StepTrace
 
@@ -198,10 +198,9 @@ class _Step:
                 return await self.commit_failure(error)
             self.live = live = LiveLoop({tool.name: tool for tool in tools})
             live.held_names = approvals.held_names(messages, decisions)
-            live.journal = RedisJournal(
-                runtime.redis(), r, self.prefix, signal=live.controller.signal,
-                entries=loaded.journal, live_steps=1, before_live=live.before_live,
-                after_live=live.after_live, owner=self.owner, pause=live.pause,
+            live.journal = SegmentJournal(
+                r, self.prefix, loaded.journal, signal=live.controller.signal, live_steps=1,
+                before_live=live.before_live, after_live=live.after_live, pause=live.pause,
             )  # fmt: skip
             steps_base = int(self.state.get("steps_base", 0))
             generate = runtime.generate_for(spec.provider, spec.fallback)
@@ -261,7 +260,7 @@ class _Step:
         return await self.commit_result(outcome)
 
     @property
-    def journal(self) -> RedisJournal:
+    def journal(self) -> SegmentJournal:
         assert self.live is not None
         return self.live.journal
 
