@@ -15,6 +15,7 @@ registered toolsets by name only (TOOLLOOP_TOOLSETS, or `toolsets=`): it never i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Iterable, Iterator
@@ -27,8 +28,10 @@ from toolloop.journal import keys
 from toolloop.loop.approvals import DeadlineError
 from toolloop.loop.types import Decision
 from workers import accounts, approvals, limits, runlist, runs, toolsets
-from workers.app import ANSWER, CANCEL, make_app, send
+from workers.approvalscripts import DECISIONS_MARK
+from workers.config import make_app, send
 from workers.errors import EnqueueError, NoRedisError, RunNotFoundError, RunStateError
+from workers.names import ANSWER, CANCEL
 from workers.records import FINAL, RunEventRecord, RunStatus
 from workers.scripts.control import RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry
 from workers.settings import Settings, no_redis_message
@@ -54,13 +57,18 @@ class Client:
         self._blocking = redis_lib.Redis.from_url(
             settings.redis_url, decode_responses=True, socket_timeout=None
         )
-        self.celery = make_app(settings)
+
+    @functools.cached_property
+    def celery(self) -> Any:
+        """The Celery app this client sends tasks with, built the first time a method sends one."""
+        return make_app(self.settings)
 
     def close(self) -> None:
         """Release the Redis connections and the broker connection pool."""
         self.redis.close()
         self._blocking.close()
-        self.celery.close()
+        if "celery" in self.__dict__:
+            self.celery.close()
 
     def __enter__(self) -> Client:
         return self
@@ -196,7 +204,7 @@ class Client:
                 f"Run {run_id!r} has ended ({status}); it takes no answer.\n"
                 "  Enqueue a new run, or retry it if it failed."
             )
-        if content.startswith(approvals.DECISIONS_MARK):
+        if content.startswith(DECISIONS_MARK):
             raise ValueError("An answer may not start with the record separator \\x1e.\n  Strip it.")
         target = int(current or 0) if segment is None else segment
         late = status == "expired" or (

@@ -8,7 +8,8 @@ where it paused: no load of the journal, no replay. Elsewhere (after a crash, a 
 worker's step) the next step replays the journal instead, with the same result (the replay contract
 of SPEC 2.5).
 
-    keep(run_id, loop) / take(run_id)   the loops paused between two tasks, oldest dropped past 4,096
+    KeptLoops                           the loops paused between two tasks (the process's, sized by
+                                        TOOLLOOP_KEPT_LOOPS; the oldest dropped past it)
     Begun                               a task its predecessor's commit began (RUN_COMMIT's go_on)
 """
 
@@ -26,8 +27,6 @@ from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers.scripts.begin import Started
 from workers.segment import SegmentJournal, StepBoundary
-
-KEPT_MAX = 4096
 
 Outcome = asyncio.Future[RunToolLoopResult | StepBoundary]
 """What a step's loop came to: its end, or the boundary of the run's next step."""
@@ -134,20 +133,48 @@ class Begun:
     """When the commit that took the lease for it was sent (time.monotonic())."""
 
 
-_kept: OrderedDict[str, LiveLoop] = OrderedDict()
-_lock = threading.Lock()
+class KeptLoops:
+    """The run loops this process keeps paused between two of their tasks, by run id, at most `size`
+    (TOOLLOOP_KEPT_LOOPS): past it the oldest is dropped (closed; its run's next step replays).
+    Owned by the process's `WorkerProcess`; a run that parks, ends or is cancelled keeps none."""
 
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"TOOLLOOP_KEPT_LOOPS must be 0 or more, not {size}.")
+        self.size = size
+        self._kept: OrderedDict[str, LiveLoop] = OrderedDict()
+        self._lock = threading.Lock()
 
-def keep(run_id: str, loop: LiveLoop) -> None:
-    """Keep `loop` for the run's next task in this process (the oldest kept loop ends past KEPT_MAX)."""
-    with _lock:
-        _kept[run_id] = loop
-        dropped = _kept.popitem(last=False)[1] if len(_kept) > KEPT_MAX else None
-    if dropped is not None:
-        dropped.close()
+    def __len__(self) -> int:
+        return len(self._kept)
 
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._kept
 
-def take(run_id: str) -> LiveLoop | None:
-    """The run's kept loop, now the caller's: it resumes it or closes it."""
-    with _lock:
-        return _kept.pop(run_id, None)
+    def keep(self, run_id: str, loop: LiveLoop) -> None:
+        """Keep `loop` for the run's next task here (the oldest kept loop ends past `size`)."""
+        dropped: list[LiveLoop] = []
+        with self._lock:
+            self._kept[run_id] = loop
+            while len(self._kept) > self.size:
+                dropped.append(self._kept.popitem(last=False)[1])
+        for one in dropped:
+            one.close()
+
+    def take(self, run_id: str) -> LiveLoop | None:
+        """The run's kept loop, now the caller's: it resumes it or closes it."""
+        with self._lock:
+            return self._kept.pop(run_id, None)
+
+    def clear(self) -> None:
+        """Close every kept loop."""
+        with self._lock:
+            loops, self._kept = list(self._kept.values()), OrderedDict()
+        for one in loops:
+            one.close()
+
+    def release(self, run_id: str) -> None:
+        """Close the run's kept loop, if any (the run parked, ended or was cancelled)."""
+        loop = self.take(run_id)
+        if loop is not None:
+            loop.close()

@@ -74,20 +74,20 @@ async def test_a_loop_resumed_step_by_step_ends_as_one_run_straight_through() ->
     assert not loop.keepable()
 
 
-async def test_past_the_limit_the_oldest_kept_loop_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(live, "KEPT_MAX", 2)
+async def test_past_the_limit_the_oldest_kept_loop_ends() -> None:
+    kept = live.KeptLoops(2)  # TOOLLOOP_KEPT_LOOPS=2
     loops = []
     for i in range(3):
         loop, journal = paused_loop()
         opts = options(ScriptedModel(turns()), tools=[read_frame()], step=journal.step,
                        signal=loop.controller.signal)  # fmt: skip
         assert isinstance(await loop.start(Step(), opts), StepBoundary)
-        live.keep(f"run{i}", loop)
+        kept.keep(f"run{i}", loop)
         loops.append(loop)
     await asyncio.sleep(0)  # the cancelled task runs to its end
-    assert live.take("run0") is None
+    assert kept.take("run0") is None
     assert loops[0].task is not None and loops[0].task.cancelled()
-    assert [live.take(f"run{i}") for i in (1, 2)] == loops[1:]
+    assert [kept.take(f"run{i}") for i in (1, 2)] == loops[1:]
     assert all(loop.keepable() for loop in loops[1:])
     for loop in loops[1:]:
         loop.close()

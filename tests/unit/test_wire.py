@@ -70,7 +70,8 @@ def test_celerys_own_task_message_passes_the_poison_check() -> None:
 
     from kombu import Connection
 
-    from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, make_app
+    from workers.config import make_app
+    from workers.names import ADVANCE, ANSWER, CANCEL, SWEEP
 
     app = make_app()
     sent: list[str] = []
