@@ -274,7 +274,7 @@ class Commits:
                     RUN_COMMIT,
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-                     keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX, keys.WAITS_DUE],
+                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE],
                     [payload.encode()],
                 )  # fmt: skip
                 return parse_commit(reply)
