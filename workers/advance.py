@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolloop.journal import keys, scripts
-from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers import approvals, flow
 from workers.commit import Commits, log
@@ -48,6 +47,9 @@ from workers.metrics import counted
 from workers.process import WorkerProcess
 from workers.redisio import Held
 from workers.runs import segment_messages
+from workers.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begin
+from workers.scripts.commit import StepOutcome
+from workers.segment import SegmentJournal, StepBoundary
 from workers.spec import RunSpec
 from workers.tracing import StepTrace
 
@@ -91,7 +93,7 @@ async def advance(
     `begun`: the predecessor's commit began this task already (RUN_COMMIT's go_on).
     """
     process.hooks.point("advance:begin", run=run_id, n=n)
-    outcome = "fenced"
+    outcome: StepOutcome = "fenced"
     for _ in range(3):
         step = _Step(process, run_id, n, task, begun)
         begun = None
@@ -113,12 +115,6 @@ async def advance(
             break
     what = f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
     return Outcome(what, step.failure if outcome == "fail" else None)
-
-
-def _loaded(begin: list[Any]) -> bool:
-    """True when RUN_BEGIN's reply carries the spec (the run moved on elsewhere since the kept
-    loop's commit: that loop is not where the run is)."""
-    return begin[4] is not None
 
 
 class _Step(Commits):
@@ -144,24 +140,19 @@ class _Step(Commits):
         self.held: Held | None = None
         self.started = time.monotonic()
         self.trace: StepTrace | None = None
-        self.outcome: str | None = None
+        self.outcome: StepOutcome | None = None
         self.delivered = 1
         self.metrics = process.metrics
         self.spec: RunSpec | None = None
 
-    async def run(self) -> str:
+    async def run(self) -> StepOutcome:
         kept, begin, sent_at = await self._begin()
-        code = begin[0]
-        if (code != "run" or _loaded(begin)) and kept is not None:  # not where the run is
+        # a kept loop is not where the run is when RUN_BEGIN loaded the run (it moved on elsewhere)
+        if (isinstance(begin, Refused) or begin.loaded is not None) and kept is not None:
             kept.close()
             kept = None
-        if code == "stale":  # committed already: send its successor again if it seems lost
-            await asyncio.to_thread(self.flush_outbox)
-            return "stale"
-        if code == "busy":
-            self.lease_left_ms = int(begin[1])
-        if code != "run":
-            return str(code)
+        if isinstance(begin, Refused):
+            return await self._not_begun(begin)
         self._took_lease(begin, sent_at)
         if self.delivered > self.settings.max_deliveries:
             if kept is not None:
@@ -175,55 +166,64 @@ class _Step(Commits):
             self.live = kept
             self.replayed_before = kept.journal.replayed
             return await self._until_boundary(kept.go_on(self))
+        loaded = begin.loaded
         try:
-            spec, answer = RunSpec.model_validate_json(begin[4]), begin[7]
+            if loaded is None or loaded.spec is None:
+                raise LookupError(f"Run {self.run_id!r} has no spec in Redis.\n  Enqueue it again.")
+            spec, answer = RunSpec.model_validate_json(loaded.spec), loaded.answer
             tools = flow.wrap_tools(self.process, self.process.toolsets.for_worker(spec.toolset), spec)
             decisions = approvals.decisions_of(answer)
-            messages = segment_messages(begin[6], None if decisions else answer)
+            messages = segment_messages(loaded.input, None if decisions else answer)
         except Exception as error:
             return await self.commit_failure(error)
         live = self.live = LiveLoop({tool.name: tool for tool in tools})
         live.held_names = approvals.held_names(messages, decisions)
-        live.journal = RedisJournal(
-            self.process.redis, self.run_id, self.prefix, signal=live.controller.signal,
-            entries=_pairs(begin[5]), live_steps=1, before_live=live.before_live,
-            after_live=live.after_live, owner=self.owner, pause=live.pause,
+        live.journal = SegmentJournal(
+            self.run_id, self.prefix, loaded.journal, signal=live.controller.signal, live_steps=1,
+            before_live=live.before_live, after_live=live.after_live, pause=live.pause,
         )  # fmt: skip
         self.spec = spec
         return await self._until_boundary(
             live.start(self, self._options(spec, live, tools, messages, decisions))
         )
 
-    async def _begin(self) -> tuple[LiveLoop | None, list[Any], float]:
-        """RUN_BEGIN (lease, delivery count, and what of the run a kept loop lacks), or the reply the
-        predecessor's commit made for this task (go_on)."""
+    async def _begin(self) -> tuple[LiveLoop | None, Begin, float]:
+        """RUN_BEGIN (lease, delivery count, and what of the run a kept loop lacks), or what the
+        predecessor's commit began for this task (go_on)."""
         if self.begun is not None:
-            return self.begun.loop, self.begun.reply, self.begun.sent_at
+            return self.begun.loop, self.begun.started, self.begun.sent_at
         r = self.run_id
         kept = self.process.kept.take(r)
         sent_at = time.monotonic()
-        begin = await self.batch.script(
-            scripts.RUN_BEGIN,
+        begin = parse_begin(await self.batch.script(
+            RUN_BEGIN,
             [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
              keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
             [self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
              kept.tag if kept else ""],
-        )  # fmt: skip
+        ))  # fmt: skip
         return kept, begin, sent_at
 
-    def _took_lease(self, begin: list[Any], sent_at: float) -> None:
+    async def _not_begun(self, refused: Refused) -> StepOutcome:
+        """The task did not begin (RUN_BEGIN's reply): a stale one sends its successor again if it
+        seems lost; a busy one notes how long the other holder's lease still runs."""
+        if refused.what == "stale":  # committed already
+            await asyncio.to_thread(self.flush_outbox)
+        self.lease_left_ms = refused.lease_left_ms
+        return refused.what
+
+    def _took_lease(self, begin: Started, sent_at: float) -> None:
         """The step holds the run's lease now (RUN_BEGIN's 'run' reply): note what it says."""
-        _, token, attempts, state_flat, _spec, _journal, _input, _answer, outside, _tag = begin
         r = self.run_id
-        self.token = int(token)
-        self.delivered = int(attempts)
-        self.lease = f"{self.owner}:{token}"
+        self.token = begin.token
+        self.delivered = begin.attempts
+        self.lease = f"{self.owner}:{begin.token}"
         self.held = self.process.leases.hold(keys.lease(r), self.lease, sent_at, self.on_lost)
-        self.state = _pairs(state_flat)
+        self.state = begin.state
         self.trace = StepTrace(r, self.n, self.state.get("traceparent"), self.task.task_id)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
-        self.outside = float(outside)
+        self.outside = begin.outside
 
     def _options(
         self, spec: RunSpec, live: LiveLoop, tools: list[ToolSpec], messages: Any, decisions: Any
@@ -257,7 +257,7 @@ class _Step(Commits):
             decisions=decisions,
         )
 
-    async def _until_boundary(self, outcome_future: LoopOutcome) -> str:
+    async def _until_boundary(self, outcome_future: LoopOutcome) -> StepOutcome:
         """Wait for the loop to reach the next step's boundary (or its end), then commit."""
         assert self.live is not None
         live = self.live
@@ -321,7 +321,7 @@ class _Step(Commits):
         if live.outcome is not None and not live.outcome.done():
             live.outcome.set_exception(error)
 
-    async def lost_lease(self, error: LeaseLostError) -> str:
+    async def lost_lease(self, error: LeaseLostError) -> StepOutcome:
         """The step's work was stopped for a lost lease: commit nothing, free the lease if it is
         still ours, and re-drive (the copy holding the lease goes on, or this one takes it anew)."""
         pending = self.live.journal.pending if self.live is not None else []
@@ -343,7 +343,3 @@ class _Step(Commits):
     def drop_lease(self) -> None:
         if self.held is not None:
             self.process.leases.drop(self.held)
-
-
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}

@@ -34,7 +34,7 @@ from toolloop.loop.approvals import ApprovalError
 from toolloop.loop.tools import validate_input
 from toolloop.loop.types import Decision, ToolSpec
 from workers import names
-from workers.approvalscripts import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE
+from workers.approvalscripts import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE, Settled, parse_settled
 from workers.config import send
 from workers.runs import script, send_member
 from workers.spec import RunSpec
@@ -94,15 +94,16 @@ def apply(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str
     decision = Decision.model_validate(entry["decision"])
     try:
         decision = checked_edit(client, run_id, call_id, decision, tools)
-        result = _run_script(client, DECIDE_SCRIPT, run_id, [call_id, decision.model_dump_json()])
+        result = parse_settled(
+            _run_script(client, DECIDE_SCRIPT, run_id, [call_id, decision.model_dump_json()])
+        )
     except ApprovalError as error:
-        result = ["refused", str(error)]
-    outcome = str(result[0])
-    if outcome == "resumed":
-        _send_member(client, celery, run_id, str(result[1]))
-    why = str(result[1]) if len(result) > 1 and outcome != "resumed" else ""
+        result = Settled("refused", why=str(error))
+    outcome = result.what
+    if result.member is not None:
+        _send_member(client, celery, run_id, result.member)
     pipe = client.pipeline(transaction=True)
-    pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{why}")
+    pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{result.why}")
     pipe.expire(keys.decided(run_id, decision_id), 300)
     pipe.hdel(keys.decide_inbox(run_id), decision_id)
     pipe.execute()
@@ -153,10 +154,10 @@ def held_name(client: redis_lib.Redis, run_id: str, call_id: str) -> str | None:
 
 def settle(client: redis_lib.Redis, celery: Celery, run_id: str) -> str:
     """Apply early decisions and passed deadlines of a parked run; resume it when that decides it."""
-    result = _run_script(client, SETTLE, run_id, [])
-    if result[0] == "resumed":
-        _send_member(client, celery, run_id, str(result[1]))
-    return str(result[0])
+    result = parse_settled(_run_script(client, SETTLE, run_id, []))
+    if result.member is not None:
+        _send_member(client, celery, run_id, result.member)
+    return result.what
 
 
 def sweep_due(client: redis_lib.Redis, celery: Celery) -> int:

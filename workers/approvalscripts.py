@@ -4,11 +4,15 @@ parked run (early decisions, expired deadlines), DECIDE_SCRIPT records one decis
 
 KEYS (both): 1 state 2 decisions 3 answers 4 events 5 outbox 6 waits-due.
 ARGV (both): 1 run id, 2 DECISIONS_MARK, 3 now; DECIDE_SCRIPT also 4 call id, 5 decision JSON.
+Both replies are parsed once by `parse_settled`.
 """
 
 from __future__ import annotations
 
-from toolloop.journal import scripts
+from dataclasses import dataclass
+from typing import Any
+
+from workers.scripts.prelude import PRELUDE
 
 DECISIONS_MARK = "\x1eapprovals\x1e"
 """How a segment's answer that holds decisions starts (an ask answer cannot: Client.answer refuses it)."""
@@ -105,7 +109,7 @@ end
 """
 
 SETTLE = (
-    scripts._PRELUDE
+    PRELUDE
     + _SETTLE
     + """
 -- Apply what is due of a parked run: early decisions, expired deadlines. ARGV[2]=mark ARGV[3]=now
@@ -115,7 +119,7 @@ return settle(tonumber(ARGV[3]))
 )
 
 DECIDE_SCRIPT = (
-    scripts._PRELUDE
+    PRELUDE
     + _SETTLE
     + """
 -- Record one decision. ARGV[2]=mark ARGV[3]=now ARGV[4]=call id ARGV[5]=decision JSON
@@ -188,3 +192,23 @@ emit(KEYS[1], KEYS[4], tostring(segment), 'approval_decided', cjson.encode({call
 return {'kept'}
 """
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """SETTLE's or DECIDE_SCRIPT's reply: what happened (`resumed`, `waiting`, `expired`, `idle`;
+    `recorded`, `kept`, `ignored`, `refused`), the outbox member to send when `resumed`, and why a
+    decision was `ignored` or `refused`."""
+
+    what: str
+    member: str | None = None
+    why: str = ""
+
+
+def parse_settled(reply: list[Any]) -> Settled:
+    """SETTLE's or DECIDE_SCRIPT's reply, parsed once."""
+    what = str(reply[0])
+    detail = str(reply[1]) if len(reply) > 1 and reply[1] is not None else None
+    if what == "resumed":
+        return Settled(what, member=detail)
+    return Settled(what, why=detail or "")

@@ -24,7 +24,7 @@ from typing import Any
 import redis as redis_lib
 
 from toolloop.contract import CHAT_MESSAGES, ChatMessage
-from toolloop.journal import keys, scripts
+from toolloop.journal import keys
 from toolloop.loop.approvals import DeadlineError
 from toolloop.loop.types import Decision
 from workers import accounts, approvals, limits, runlist, runs, toolsets
@@ -33,6 +33,7 @@ from workers.config import make_app, send
 from workers.errors import EnqueueError, NoRedisError, RunNotFoundError, RunStateError
 from workers.names import ANSWER, CANCEL
 from workers.records import FINAL, RunEventRecord, RunStatus
+from workers.scripts.control import RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry
 from workers.settings import Settings, no_redis_message
 from workers.spec import RunSpec
 
@@ -282,8 +283,8 @@ class Client:
         """Stop the run: its live step is aborted where it runs, open calls are answered
         `Not run: cancel.`, and it ends with status "cancel". Survives worker restarts. A run that has
         ended already raises `RunStateError`."""
-        status = runs.script(self.redis, scripts.RUN_CANCEL)(
-            keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id]
+        status = parse_cancel(
+            runs.script(self.redis, RUN_CANCEL)(keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id])
         )
         if status is None:
             raise RunNotFoundError(run_id)
@@ -299,20 +300,20 @@ class Client:
         """Run a failed run again from its journal: finished steps replay, the failed one runs again."""
         stored = json.loads(self.redis.get(keys.spec(run_id)) or "{}")
         queued = {name: stored.get(name) for name in ("model", "toolset", "budget_usd")} | {"retry": True}
-        result = runs.script(self.redis, scripts.RUN_RETRY)(
+        result = parse_retry(runs.script(self.redis, RUN_RETRY)(
             keys=[keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
             args=[time.time(), json.dumps(queued)],
-        )
-        if result[0] != "queued":
-            if result[1] == "missing":
+        ))  # fmt: skip
+        if result.member is None:
+            if result.refused == "missing":
                 raise RunNotFoundError(run_id)
             raise RunStateError(
-                f"Run {run_id!r} is {result[1]!r}; only a failed run can be retried.\n"
+                f"Run {run_id!r} is {result.refused!r}; only a failed run can be retried.\n"
                 "  Wait for it to end, or enqueue a new run."
             )
         self.redis.zadd(keys.LIVE_RUNS, {run_id: time.time()})
         runlist.persist(self.redis, run_id)  # runs again: its retention starts when it ends again
-        runs.send_member(self.redis, self.celery, run_id, str(result[1]))
+        runs.send_member(self.redis, self.celery, run_id, result.member)
 
     def list_runs(
         self, *, status: str | None = None, limit: int = 50, cursor: str | None = None

@@ -12,6 +12,7 @@ or without hooks installed; the hooks only watch (workers/hooks.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -20,9 +21,7 @@ from typing import Any
 
 import redis as redis_lib
 
-from toolloop.fastjson import dumps
-from toolloop.journal import keys, scripts
-from toolloop.journal.redis import RedisJournal
+from toolloop.journal import keys
 from toolloop.loop.types import LoopEvent, RunToolLoopResult
 from workers import approvals, names, routing, runlist, wire
 from workers.errors import OOM_HINT, REDIS_LOST
@@ -31,6 +30,16 @@ from workers.metrics import Metrics
 from workers.process import WorkerProcess
 from workers.redisio import Batch, Held
 from workers.runs import flush_outbox
+from workers.scripts.commit import (
+    RUN_COMMIT,
+    Commit,
+    CommitOutcome,
+    Committed,
+    GoOn,
+    StepOutcome,
+    parse_commit,
+)
+from workers.segment import SegmentJournal
 from workers.settings import Settings
 from workers.spec import RunSpec
 from workers.tracing import StepTrace
@@ -60,7 +69,7 @@ class Commits:
     spec: RunSpec | None
     failure: tuple[str, str] | None
     stopped: str | None
-    outcome: str | None
+    outcome: StepOutcome | None
     held: Held | None
     started: float
     replayed_before: int
@@ -70,7 +79,7 @@ class Commits:
         raise NotImplementedError
 
     @property
-    def journal(self) -> RedisJournal:
+    def journal(self) -> SegmentJournal:
         assert self.live is not None
         return self.live.journal
 
@@ -85,11 +94,11 @@ class Commits:
 
     # -- what to commit -------------------------------------------------------------------------
 
-    async def commit_next(self, next_key: str) -> str:
+    async def commit_next(self, next_key: str) -> StepOutcome:
         queue = routing.route(self.live, next_key)
         return await self.commit("next", queue=queue, state=self.totals(), next_key=next_key)
 
-    async def commit_result(self, result: RunToolLoopResult) -> str:
+    async def commit_result(self, result: RunToolLoopResult) -> StepOutcome:
         history = json.dumps([m.model_dump(mode="json") for m in result.messages])
         steps = self.steps_base + result.steps
         state: dict[str, Any] = {
@@ -103,12 +112,11 @@ class Commits:
                       "spend_base": self.outside, "steps_base": steps}  # fmt: skip
             parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
             spec = self.run_spec()
-            due: dict[str, Any] = {}
+            due: float | None = None
             if spec is not None and spec.ask_timeout_s is not None:
-                deadline = time.time() + spec.ask_timeout_s
-                state |= {"ask_deadline": repr(deadline), "ask_default": spec.ask_default or ""}
-                due = {"due": deadline, "run": self.run_id}
-            return await self.commit("park", state=state, history=history, parked=parked, **due)
+                due = time.time() + spec.ask_timeout_s
+                state |= {"ask_deadline": repr(due), "ask_default": spec.ask_default or ""}
+            return await self.commit("park", state=state, history=history, parked=parked, due=due)
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
         state["status"] = result.stopped_by
@@ -119,7 +127,7 @@ class Commits:
             state["refusal"] = result.refusal.model_dump_json()
             final["refusal"] = result.refusal.model_dump(mode="json")
             self.stopped += f" ({result.refusal.category or 'no category'})"
-        return await self.commit("stop", state=state, history=history, final=["finished", json.dumps(final)])
+        return await self.commit("stop", state=state, history=history, final=("finished", json.dumps(final)))
 
     def run_spec(self) -> RunSpec | None:
         """The run's spec (None on a kept loop's path, which did not load it: read it then)."""
@@ -132,7 +140,7 @@ class Commits:
 
     async def park_for_approval(
         self, result: RunToolLoopResult, state: dict[str, Any], history: str, steps: int
-    ) -> str:
+    ) -> StepOutcome:
         """Park with the held calls (status "asked", state `approvals`), an `approval_requested`
         event each; then apply decisions sent before the park (settle)."""
         spec = self.run_spec()
@@ -146,88 +154,94 @@ class Commits:
         deadlines = [h["deadline"] for h in held if h["deadline"] is not None]
         due = min([time.time(), *deadlines])  # the sweeper looks at once: decisions sent early apply
         outcome = await self.commit("park", state=state, history=history, parked=parked,
-                                    requested=requested, due=due, run=self.run_id)  # fmt: skip
+                                    requested=requested, due=due)  # fmt: skip
         if outcome == "park":
             await asyncio.to_thread(approvals.settle, self.process.redis, self.process.celery, self.run_id)
         return outcome
 
-    async def commit_failure(self, error: BaseException) -> str:
+    async def commit_failure(self, error: BaseException) -> StepOutcome:
         log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
         message = str(error)
         self.failure = (type(error).__name__, message)
         state = {"status": "failed", "error_class": type(error).__name__, "error_message": message}
         data = json.dumps({"error_class": type(error).__name__, "error_message": message})
-        return await self.commit("fail", state=state, final=["failed", data])
+        return await self.commit("fail", state=state, final=("failed", data))
 
     # -- the commit script ----------------------------------------------------------------------
 
     async def commit(
-        self, outcome: str, *, state: dict[str, Any], next_key: str | None = None, **extra: Any
-    ) -> str:
+        self,
+        outcome: CommitOutcome,
+        *,
+        state: dict[str, Any],
+        next_key: str | None = None,
+        queue: str = names.LLM,
+        history: str | None = None,
+        final: tuple[str, str] | None = None,
+        parked: str | None = None,
+        requested: list[str] | None = None,
+        due: float | None = None,
+    ) -> StepOutcome:
         pending = self.live.journal.pending if self.live is not None else []
         field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
         cost = pending[0][2] if pending else 0.0
         committed = int(self.state.get(f"events:{self.segment}", 0))
-        queue = extra.pop("queue", names.LLM)
-        payload = self._payload(outcome, state, field, value, committed, queue, extra)
-        successor = self._go_on(payload, outcome, queue, next_key)
+        successor, go_on = self._go_on(outcome, queue, next_key)
+        payload = Commit(
+            token=self.token, lease=self.lease, n=self.n, segment=self.segment, run=self.run_id,
+            outcome=outcome, now=time.time(), field=field, value=value, queue=queue,
+            state=self._state(state), events=self._fresh_events(committed), history=history,
+            final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
+        )  # fmt: skip
         where = self.prefix + (field or "-")
         r = self.run_id
         self.process.hooks.point("commit:before", run=r, key=where)
         sent_at = time.monotonic()
-        ok, stored, member, begun = await self._run_commit(payload, where, cost)
-        if "go_on" not in payload:  # a retried commit sends its successor
+        reply = await self._run_commit(payload, where, cost)
+        if reply.begun is None:  # a retried commit (go_on dropped) sends its successor
             successor = None
-        if int(ok) != 1:
+        if not reply.landed:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         self.process.hooks.point("commit:after", run=r, key=where)
         if self.metrics is not None:
             self.count_commit(outcome, field, cost, committed, state.get("status"))
         live = self.live
-        if begun and successor is not None and live is not None and self.process.consumer is not None:
-            live.tag = f"{self.lease}|{self.segment}"  # the run's tag now
-            token, attempts, state_flat, outside = begun
-            reply = ["run", token, attempts, state_flat, None, None, None, None, outside, live.tag]
+        here = self.process.consumer
+        if reply.begun and go_on and successor is not None and live is not None and here is not None:
+            live.tag = reply.begun.tag  # the run's tag now
             self.kept = True
-            self.process.consumer.run_begun(
-                queue, successor, Begun(payload["go_on"]["owner"], reply, live, sent_at)
-            )
+            here.run_begun(queue, successor, Begun(go_on.owner, reply.begun, live, sent_at))
             await self.publish(None, successor=(queue, successor), key=where, phase=outcome, next=next_key)
             return outcome
-        if outcome == "next" and (not field or stored == value) and live is not None and live.keepable():
+        fresh = not field or reply.stored == value  # our value is the one stored: the loop is current
+        if outcome == "next" and fresh and live is not None and live.keepable():
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
             self.process.kept.keep(r, live)
             self.kept = True
-        await self.publish(str(member) if member else None, key=where, phase=outcome, next=next_key)
+        await self.publish(reply.member, key=where, phase=outcome, next=next_key)
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
             for command in runlist.expire_commands(r, self.segment, self.settings.retention):
                 self.batch.send(*command)  # retention starts (a lost EXPIRE: `toolloop prune`)
         return outcome
 
-    def _payload(
-        self, outcome: str, state: dict[str, Any], field: str, value: str, committed: int, queue: str,
-        extra: dict[str, Any],
-    ) -> dict[str, Any]:  # fmt: skip
-        """RUN_COMMIT's argument (toolloop/journal/scripts.py)."""
-        events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
+    def _state(self, state: dict[str, Any]) -> dict[str, str]:
+        """The state fields a commit sets, as text (the run's trace context when it begins here)."""
         trace = self.trace
         if trace is not None and trace.new_trace and trace.valid:  # the run's trace begins here
             state = {**state, "traceparent": trace.traceparent()}
-        return {
-            "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
-            "field": field, "value": value, "outcome": outcome, "queue": queue,
-            "now": time.time(), "state": {k: str(v) for k, v in state.items()},
-            "events": events,
-            "cancel_text": "Not run: cancel.", **extra,
-        }  # fmt: skip
+        return {k: str(v) for k, v in state.items()}
+
+    def _fresh_events(self, committed: int) -> list[tuple[int, str, str]]:
+        """(index, kind, data) of the segment's loop events past the `committed` first."""
+        return [(i + 1, e.kind, e.model_dump_json()) for i, e in enumerate(self.events) if i >= committed]
 
     def _go_on(
-        self, payload: dict[str, Any], outcome: str, queue: str, next_key: str | None
-    ) -> wire.Delivery | None:
-        """When the successor can run here on the paused loop, the commit begins it (`go_on` in the
-        payload: its delivery record and its lease); its message, else None."""
+        self, outcome: CommitOutcome, queue: str, next_key: str | None
+    ) -> tuple[wire.Delivery | None, GoOn | None]:
+        """When the successor can run here on the paused loop, the commit begins it (`go_on`: its
+        delivery record and its lease): its message and that `GoOn`, else (None, None)."""
         live, here = self.live, self.process.consumer
         if (
             outcome != "next"
@@ -236,7 +250,7 @@ class Commits:
             or here is None
             or not here.can_go_on(queue)
         ):
-            return None
+            return None, None
         successor = wire.task_message(
             names.ADVANCE,
             [self.run_id, self.n + 1],
@@ -245,27 +259,25 @@ class Commits:
             routing.describe(live, next_key or ""),
             traceparent=self.run_traceparent(),
         )
-        payload["go_on"] = {
-            "owner": uuid.uuid4().hex, "lease_ms": self.settings.lease_ms, "tag": successor.tag,
-            "unacked": wire.unacked_value(successor.raw, queue),
-        }  # fmt: skip
-        return successor
+        go_on = GoOn(uuid.uuid4().hex, self.settings.lease_ms, successor.tag,
+                     wire.unacked_value(successor.raw, queue))  # fmt: skip
+        return successor, go_on
 
-    async def _run_commit(self, payload: dict[str, Any], where: str, cost: float) -> list[Any]:
+    async def _run_commit(self, payload: Commit, where: str, cost: float) -> Committed:
         """RUN_COMMIT, retried with backoff while the lease holds when Redis refuses it (OOM) or the
         connection drops (nothing was written then); a retry drops `go_on` (it sends the successor)."""
         r = self.run_id
         attempt = 0
         while True:
             try:
-                reply: list[Any] = await self.batch.script(
-                    scripts.RUN_COMMIT,
+                reply = await self.batch.script(
+                    RUN_COMMIT,
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-                     keys.attempts(r), keys.spend(r), wire.UNACKED, wire.UNACKED_INDEX, keys.WAITS_DUE],
-                    [dumps(payload)],
+                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE],
+                    [payload.encode()],
                 )  # fmt: skip
-                return reply
+                return parse_commit(reply)
             except REDIS_LOST as error:  # refused (OOM) or not taken (connection): nothing was written
                 if not self.may_retry_commit():
                     log.error(
@@ -281,7 +293,7 @@ class Commits:
                         "the result is kept and the commit retried while the lease holds.%s", r, self.n,
                         where, cost, type(error).__name__, error, _hint(error),
                     )  # fmt: skip
-                payload.pop("go_on", None)
+                payload = dataclasses.replace(payload, go_on=None)
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
 
     # -- after the commit -----------------------------------------------------------------------
@@ -340,7 +352,9 @@ class Commits:
             return None
         return self.state.get("traceparent") or trace.traceparent()
 
-    def count_commit(self, outcome: str, field: str, cost: float, committed: int, status: Any) -> None:
+    def count_commit(
+        self, outcome: CommitOutcome, field: str, cost: float, committed: int, status: Any
+    ) -> None:
         """The metrics of a commit that landed (workers/metrics.py)."""
         metrics = self.metrics
         assert metrics is not None

@@ -43,13 +43,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import redis as redis_lib
-import redis.asyncio as aredis
 
 from toolloop.journal import keys as tl_keys
 from workers import advance, names, wire
 from workers.errors import OOM_HINT, REDIS_LOST, failure_repr
+from workers.kombu_redis import KombuRedisQueue
 from workers.live import Begun
 from workers.process import WorkerProcess
+from workers.queue import Claimed, StepQueue
 
 log = logging.getLogger("toolloop.workers")
 
@@ -64,7 +65,14 @@ REJECTED = tl_keys.REJECTED
 class StepConsumer:
     """Runs the tasks of `queues` on the process loop, at most `capacity` at once."""
 
-    def __init__(self, process: WorkerProcess, queues: list[str], capacity: int, hostname: str) -> None:
+    def __init__(
+        self,
+        process: WorkerProcess,
+        queues: list[str],
+        capacity: int,
+        hostname: str,
+        transport: StepQueue | None = None,
+    ) -> None:
         self.process = process
         self.queues = list(dict.fromkeys(queues))
         self.capacity = capacity
@@ -79,6 +87,10 @@ class StepConsumer:
         self.main: asyncio.Future[None] | None = None
         self.wake_key = names.wake_key(hostname)
         """A list only this consumer waits on, beside its queues: a push ends its BRPOP at once."""
+        self.transport: StepQueue = transport or KombuRedisQueue(
+            process.batch, process.async_client, self.wake_key, process.settings.max_task_bytes, _BLOCK_S
+        )
+        """Where the messages come from and go back to (workers/queue.py); the consumer schedules."""
 
     @contextlib.asynccontextmanager
     async def lend(self) -> AsyncIterator[None]:
@@ -115,10 +127,8 @@ class StepConsumer:
             self._wake()
 
     def _wake(self) -> None:
-        """End a BRPOP that waits on the old queue list (thread-safe)."""
-        self.process.start_loop().call_soon_threadsafe(
-            lambda: self.process.batch.send("LPUSH", self.wake_key, "1")
-        )
+        """End a claim that waits on the old queue list (thread-safe)."""
+        self.process.start_loop().call_soon_threadsafe(self.transport.wake)
 
     # -- on the loop ------------------------------------------------------------------------------
 
@@ -130,9 +140,8 @@ class StepConsumer:
         while not self.stopping:
             await asyncio.sleep(settings.restore_interval)
             try:
-                ceiling = time.time() - settings.visibility_timeout
-                restored = await self.process.batch.script(
-                    wire.RESTORE_VISIBLE, [wire.UNACKED, wire.UNACKED_INDEX], [ceiling, 100]
+                restored = await self.transport.restore_visible(
+                    time.time() - settings.visibility_timeout, 100
                 )
                 if restored:
                     log.warning(
@@ -145,25 +154,13 @@ class StepConsumer:
     async def _consume(self) -> None:
         asyncio.get_running_loop().create_task(self._restore_visible())
         self.room = asyncio.Event()
-        blocking = self.process.async_client()
-        batch = self.process.batch
         while not self.stopping:
             if self.free <= 0:
                 self.room.clear()
                 await self.room.wait()
                 continue
-            keys = wire.queue_keys(self.queues)
-            if not keys:
-                await asyncio.sleep(0.5)
-                continue
             try:
-                got = wire.claimed(await batch.script(
-                    wire.CLAIM,
-                    [wire.UNACKED, wire.UNACKED_INDEX, *keys],
-                    [min(self.free, _CLAIM_MAX), time.time(), self.process.settings.max_task_bytes],
-                ))  # fmt: skip
-                if not got:
-                    got = await self._wait_for_one(blocking, keys)
+                got = await self.transport.claim(list(self.queues), min(self.free, _CLAIM_MAX))
             except (OSError, redis_lib.RedisError) as error:
                 log.warning("step consumer: Redis unreachable (%s); retrying in 1 s", error)
                 await asyncio.sleep(1.0)
@@ -178,35 +175,18 @@ class StepConsumer:
                 except Exception as error:  # a bug in dispatch must not strand the rest of the batch
                     log.exception("step consumer: a message on %r could not be dispatched", one.queue)
                     self.reject(one, f"dispatch failed: {type(error).__name__}")
-        await blocking.aclose()
-        await self.process.batch.call("DEL", self.wake_key)
-
-    async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[wire.Claimed]:
-        """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
-        after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
-        item = await blocking.brpop([*keys, self.wake_key], timeout=_BLOCK_S)
-        if not item or item[0] == self.wake_key:
-            return []
-        queue, raw = names.queue_of(str(item[0])), str(item[1])  # the client decodes: both str
-        if len(raw) > self.process.settings.max_task_bytes:
-            return [wire.Claimed(queue, raw, "")]
-        try:
-            tag = wire.parse(raw).tag
-        except wire.BadMessage:
-            return [wire.Claimed(queue, raw, "")]
-        await self._record_delivered(tag, raw, queue)
-        return [wire.Claimed(queue, raw, tag)]
+        await self.transport.close()
 
     def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
         """Run a successor this process just produced here, without the round trip through its
-        queue: it is recorded as delivered to this consumer (kombu's `unacked`, as CLAIM does) and
+        queue: it is recorded as delivered to this consumer (`StepQueue.record`, as a claim does) and
         started at once. Only for a queue this consumer takes, while it has room and is not
         stopping; None otherwise (the caller pushes it on its queue). A crash before the record
         lands leaves the successor in the run's outbox, which the sweeper sends again. The future
         is the record's write (the kill-point suite waits for it)."""
         if self.stopping or self.free <= 1 or queue not in self.queues:
             return None
-        recorded = self._record_delivered(delivery.tag, delivery.raw, queue)
+        recorded = self.transport.record(queue, delivery)
         self._start(queue, delivery)
         return recorded
 
@@ -222,7 +202,7 @@ class StepConsumer:
         shutdown puts it back on its queue like any running step."""
         self._start(queue, delivery, begun)
 
-    def _dispatch(self, one: wire.Claimed) -> None:
+    def _dispatch(self, one: Claimed) -> None:
         reason = wire.problem(one.raw, self.process.settings.max_task_bytes)
         if reason is not None:
             self.reject(one, reason)
@@ -235,7 +215,7 @@ class StepConsumer:
             return
         self._start(one.queue, delivery)
 
-    def reject(self, one: wire.Claimed, reason: str) -> None:
+    def reject(self, one: Claimed, reason: str) -> None:
         """Move a message that is not a valid toolloop task to the rejected list, with a log line."""
         log.error(
             "step consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
@@ -245,13 +225,7 @@ class StepConsumer:
         batch = self.process.batch
         batch.send("LPUSH", REJECTED, wire.rejected_entry(one.queue, one.raw, reason, self.hostname))
         batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
-        self._forget(one.tag)  # CLAIM recorded it as delivered: forget it, or it would come back
-
-    def _forget(self, tag: str) -> None:
-        if tag:
-            batch = self.process.batch
-            batch.send("ZREM", wire.UNACKED_INDEX, tag)
-            batch.send("HDEL", wire.UNACKED, tag)
+        self.transport.ack(one.tag)  # the claim recorded it as delivered: forget it, or it comes back
 
     def _start(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         self.free -= 1
@@ -321,18 +295,8 @@ class StepConsumer:
             raise LookupError(f"no task named {delivery.name!r} is registered in workers.app")
         return await asyncio.to_thread(task, *delivery.args, **delivery.kwargs)
 
-    def _record_delivered(self, tag: str, raw: str, queue: str) -> asyncio.Future[Any]:
-        """Record a message taken off its queue as delivered (kombu's `unacked` and its index), in
-        the process's next batch; the future resolves once both writes landed."""
-        batch = self.process.batch
-        index = batch.call("ZADD", wire.UNACKED_INDEX, time.time(), tag)
-        value = batch.call("HSET", wire.UNACKED, tag, wire.unacked_value(raw, queue))
-        return asyncio.gather(index, value)
-
     def _ack(self, delivery: wire.Delivery) -> None:
-        batch = self.process.batch
-        batch.send("ZREM", wire.UNACKED_INDEX, delivery.tag)
-        batch.send("HDEL", wire.UNACKED, delivery.tag)
+        self.transport.ack(delivery.tag)
 
     async def _restore(self, queue: str, delivery: wire.Delivery, why: str) -> None:
         """Put the message back on its queue now (retried while Redis is away); if that never
@@ -340,9 +304,7 @@ class StepConsumer:
         log.warning("step %s goes back on queue %r: %s", delivery.task_id, queue, why)
         for attempt in range(30):
             try:
-                await self.process.batch.script(
-                    wire.RESTORE, [wire.UNACKED, wire.UNACKED_INDEX, queue], [delivery.tag, delivery.raw]
-                )
+                await self.transport.restore(queue, delivery)
                 return
             except (OSError, redis_lib.RedisError) as error:
                 if attempt == 29 or self.stopping:
@@ -353,7 +315,7 @@ class StepConsumer:
 
     async def _shutdown(self, timeout: float) -> None:
         self.stopping = True
-        self.process.batch.send("LPUSH", self.wake_key, "1")
+        self.transport.wake()
         if self.room is not None:
             self.room.set()
         running = list(self.running.values())

@@ -18,10 +18,11 @@ import redis as redis_lib
 from celery.worker.control import Panel, control_command, inspect_command
 from kombu import Queue  # type: ignore[attr-defined]
 
-from toolloop.journal import keys, scripts
+from toolloop.journal import keys
 from workers import names, runs
 from workers.config import send
 from workers.records import FINAL
+from workers.scripts.control import RUN_CANCEL, parse_cancel
 
 log = logging.getLogger("toolloop.workers")
 
@@ -113,8 +114,8 @@ def _cancel_run(state: Any, run_id: str) -> bool:
     """Cancel a run as `Client.cancel` does (idempotent: every worker gets a broadcast revoke)."""
     client = redis_lib.Redis.from_url(state.app.conf.broker_url, decode_responses=True)
     try:
-        status = runs.script(client, scripts.RUN_CANCEL)(
-            keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id]
+        status = parse_cancel(
+            runs.script(client, RUN_CANCEL)(keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id])
         )
     finally:
         client.close()

@@ -1,11 +1,12 @@
 """A run's loop kept alive across its steps in the process that runs them.
 
 `advance` runs one step of a run per task. Instead of ending `run_tool_loop` at the boundary of the
-next step, its journal pauses the loop there (`RedisJournal(pause=...)`); the step commits, and the
-paused loop is kept here. When this process runs the run's next task and the run's state shows that
-no commit came after its own (RUN_BEGIN compares the tag), the loop resumes where it paused: no load
-of the journal, no replay. Elsewhere (after a crash, a restart, another worker's step) the next step
-replays the journal instead, with the same result (the replay contract of SPEC 2.5).
+next step, its journal (workers/segment.py) pauses the loop there (`SegmentJournal(pause=...)`); the
+step commits, and the paused loop is kept here. When this process runs the run's next task and the
+run's state shows that no commit came after its own (RUN_BEGIN compares the tag), the loop resumes
+where it paused: no load of the journal, no replay. Elsewhere (after a crash, a restart, another
+worker's step) the next step replays the journal instead, with the same result (the replay contract
+of SPEC 2.5).
 
     KeptLoops                           the loops paused between two tasks (the process's, sized by
                                         TOOLLOOP_KEPT_LOOPS; the oldest dropped past it)
@@ -19,12 +20,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from toolloop.abort import AbortController
-from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
+from workers.scripts.begin import Started
+from workers.segment import SegmentJournal, StepBoundary
 
 Outcome = asyncio.Future[RunToolLoopResult | StepBoundary]
 """What a step's loop came to: its end, or the boundary of the run's next step."""
@@ -53,7 +55,7 @@ class LiveLoop:
         self.controller = AbortController()
         self.events: list[LoopEvent] = []
         """Every event of the segment so far, as a replay would emit them again."""
-        self.journal: RedisJournal
+        self.journal: SegmentJournal
         self.step: StepContext
         self.task: asyncio.Task[RunToolLoopResult] | None = None
         self.outcome: Outcome | None = None
@@ -120,11 +122,12 @@ class LiveLoop:
 @dataclass(frozen=True)
 class Begun:
     """A task its predecessor's commit began (RUN_COMMIT's go_on): the lease it holds as `owner`,
-    RUN_BEGIN's 'run' reply for it, the run's loop, paused where this task goes on. (go_on runs
-    only in a fresh commit, whose step value is the one stored: the loop is where the run is.)"""
+    what RUN_BEGIN would have replied for it (`started`, nothing loaded), the run's loop, paused
+    where this task goes on. (go_on runs only in a fresh commit, whose step value is the one stored:
+    the loop is where the run is.)"""
 
     owner: str
-    reply: list[Any]
+    started: Started
     loop: LiveLoop
     sent_at: float
     """When the commit that took the lease for it was sent (time.monotonic())."""

@@ -1,7 +1,7 @@
 """Run lifecycle in Redis: create, answer, cancel, retry, the outbox and the sweeper.
 
 A run moves queued -> running -> (asked -> queued -> running ...) -> done | budget | steps | cancel
-| failed; every transition is one Lua script (toolloop/journal/scripts.py) so two workers, a late
+| failed; every transition is one Lua script (workers/scripts/) so two workers, a late
 answer and a duplicate task never see half a transition. A successor task is first recorded in the
 run's outbox (inside the script that decides it), then sent; it leaves the outbox when that task
 begins (RUN_BEGIN). The sweeper re-sends what stayed recorded longer than TOOLLOOP_OUTBOX_AGE, so
@@ -22,18 +22,20 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
-from toolloop.journal import keys, scripts
+from toolloop.journal import keys
 from workers import names, tracing
 from workers.config import send
 from workers.hooks import NO_HOOKS, Hooks
 from workers.names import ADVANCE, ANSWER
 from workers.records import FINAL
+from workers.scripts.commit import CANCEL_TEXT
+from workers.scripts.control import INDEX_DROP, RUN_ANSWER, parse_answer
 from workers.settings import Settings
 from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
 
-CANCEL_ANSWER = "Not run: cancel."
+CANCEL_ANSWER = CANCEL_TEXT
 
 
 def script(client: redis_lib.Redis, source: str) -> Any:
@@ -139,17 +141,17 @@ def answer(
 ) -> str:
     """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
     client.zadd(keys.LIVE_RUNS, {run_id: time.time()})  # first: the index stays a superset of live runs
-    result = script(client, scripts.RUN_ANSWER)(
+    result = parse_answer(script(client, RUN_ANSWER)(
         keys=[keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.events(run_id),
               keys.outbox(run_id)],
         args=[answer_id, time.time()],
-    )  # fmt: skip
+    ))  # fmt: skip
     hooks.point("answer:after", run=run_id)
-    if result[0] == "resumed":
-        send_member(client, celery, run_id, str(result[1]))
-    elif result[0] == "ignored":
-        log.info("answer to run %s ignored: %s", run_id, result[1])
-    return str(result[0])
+    if result.member is not None:
+        send_member(client, celery, run_id, result.member)
+    elif result.why is not None:
+        log.info("answer to run %s ignored: %s", run_id, result.why)
+    return result.what
 
 
 def store_answer(client: redis_lib.Redis, run_id: str, segment: int, content: str) -> str:
@@ -187,7 +189,7 @@ def sweep(client: redis_lib.Redis, celery: Celery, settings: Settings | None = N
     done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0}
     now = time.time()
     live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
-    drop = script(client, scripts.INDEX_DROP)
+    drop = script(client, INDEX_DROP)
     for run_id, score in live:
         pipe = client.pipeline(transaction=False)
         pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")

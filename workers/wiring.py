@@ -3,7 +3,8 @@
 `workers.app` names these bootsteps by dotted path; Celery loads this module in the worker only
 (not in a client, Flower or `celery control`):
 
-- `ProcessStep` builds the process's `WorkerProcess` (workers/process.py) once, attaches it to the
+- `ProcessStep` refuses broker transport options that change kombu's Redis layout
+  (workers/kombu_redis.py), builds the process's `WorkerProcess` (workers/process.py) once, attaches it to the
   Celery app (its tasks and remote-control commands find it there) and, as the worker starts,
   starts its asyncio loop thread, the cancel listener and the sweeper.
 - `StepConsumerStep` runs a `StepConsumer` (workers/consumer.py) on that process when the worker
@@ -34,6 +35,7 @@ from celery import bootsteps
 from toolloop.journal import keys
 from workers import approvals, guard, names, runs, tracing
 from workers.consumer import StepConsumer
+from workers.kombu_redis import check_transport_options
 from workers.process import WorkerProcess, attach, process_of
 from workers.settings import Settings, no_redis_message
 
@@ -50,6 +52,7 @@ class ProcessStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is u
         settings = Settings.from_env()
         if not settings.redis_source:  # the rule of every entry point (find_redis_url)
             raise RuntimeError(no_redis_message())
+        check_transport_options(worker.app.conf.broker_transport_options)  # the layout wire.py writes
         # Toolsets import from the worker's working directory, as the `toolloop` commands do, so
         # `celery -A workers.app worker` run in a checkout serves examples.storyboard.tools as is.
         if os.getcwd() not in sys.path:

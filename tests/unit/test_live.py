@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import pytest
 from loop_kit import Counter, options, read_frame, run
 
-from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import RunToolLoopResult
 from toolloop.testing import ScriptedModel, call, reply
 from workers import live
+from workers.segment import SegmentJournal, StepBoundary
 
 
 @dataclass
@@ -36,10 +36,10 @@ def turns() -> list[object]:
     ]
 
 
-def paused_loop(counter: Counter | None = None) -> tuple[live.LiveLoop, RedisJournal]:
+def paused_loop(counter: Counter | None = None) -> tuple[live.LiveLoop, SegmentJournal]:
     loop = live.LiveLoop({"read_frame": read_frame(counter)})
-    journal = RedisJournal(
-        None, "run1", live_steps=1, pause=loop.pause, before_live=loop.before_live,  # type: ignore[arg-type]
+    journal = SegmentJournal(
+        "run1", "s0/", {}, live_steps=1, pause=loop.pause, before_live=loop.before_live,
         signal=loop.controller.signal,
     )  # fmt: skip
     loop.journal = journal
