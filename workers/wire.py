@@ -15,7 +15,6 @@ PUBLISHes on `/<db>.celeryev/<type with dots>` (a batch of them on `/<db>.celery
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import os
 import socket
@@ -90,12 +89,9 @@ def step_kwargsrepr(label: str) -> str:
 
 
 def _tag() -> str:
-    """A unique delivery tag (uuid4 text, as kombu's; from one random base and a counter: cheaper)."""
-    return f"{_BASE}-{next(_COUNTER):012x}"
-
-
-_BASE = str(uuid.uuid4())[:23]
-_COUNTER = itertools.count()
+    """A unique delivery tag: uuid4 text, as kombu's (no per-process counter: nothing in a module
+    global changes, and a forked process cannot repeat its parent's tags)."""
+    return str(uuid.uuid4())
 
 
 @dataclass(frozen=True)
