@@ -334,12 +334,14 @@ class Commits:
         fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, "replayed": replayed,
                   **progress}  # fmt: skip
         events.send("task-progress", fields)
-        if successor is not None:
+        if member:  # sent through the batch: a watcher may wait for the write
             watching = self.process.hooks.sent(
                 "enqueue:after", self._flushed, run=self.run_id, key=progress["key"]
             )
             if watching is not None:
                 await watching
+        elif successor is not None:  # begun by the commit, its delivery recorded there: nothing to wait for
+            self.process.hooks.point("enqueue:after", run=self.run_id, key=progress["key"])
 
     def _flushed(self) -> asyncio.Future[Any]:
         """A future that resolves once the batch queued so far was written."""

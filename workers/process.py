@@ -112,8 +112,9 @@ class WorkerProcess:
         self._armed: dict[str, AbortController] = {}
         self._prompt_gen = prompt_gen
         self._lock = threading.Lock()
-        if loop is not None:
-            keep_alive(loop)
+        self.keeps_alive = False
+        """True once model calls on the process loop share keep-alive HTTP connections (`start_loop`;
+        a loop given by a test keeps the provider's default client per call)."""
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ class WorkerProcess:
         with self._lock:
             if self.loop is None:
                 self.loop = loop = new_loop()
-                keep_alive(loop)
+                self.keeps_alive = keep_alive(loop)
                 # sync tools run in threads (workers.toolsets.for_worker): room for many at once
                 loop.set_default_executor(
                     ThreadPoolExecutor(max_workers=64, thread_name_prefix="toolloop-tool")

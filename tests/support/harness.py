@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,11 @@ class RecordingHooks(Hooks):
     def point(self, name: str, **fields: Any) -> None:
         self.points.append((name, fields))
 
-    def sent(self, name: str, flushed: Callable[[], Any], **fields: Any) -> None:
+    def sent(self, name: str, flushed: Callable[[], Any], **fields: Any) -> Awaitable[None]:
+        return self._after_write(name, flushed, fields)
+
+    async def _after_write(self, name: str, flushed: Callable[[], Any], fields: dict[str, Any]) -> None:
+        await flushed()  # as a kill plan does: the point is reached once the send was written
         self.points.append((name, fields))
 
     def names(self) -> list[str]:

@@ -143,6 +143,9 @@ async def test_go_on_the_commit_begins_the_successor_in_the_step_consumer(step_h
     assert h.unacked() == {}  # each go_on delivery was recorded, then acked
     assert h.model.calls == 2
     assert h.hooks.names().count("advance:begin") == 3 and consumer.free == 10
+    # a successor the commit began is past `enqueue:after` at once: a kill there comes before it runs
+    assert h.hooks.names()[:5] == ["advance:begin", "commit:before", "commit:after", "enqueue:after",
+                                   "advance:begin"]  # fmt: skip
 
 
 async def test_a_cancel_drops_the_kept_loop_of_its_run(step_harness: StepHarness) -> None:
