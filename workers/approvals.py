@@ -213,7 +213,7 @@ def pending_approvals(
             timeout = spec.approval_timeout_s
         deadline = None if timeout is None else now + timeout
         default = tool.approval_default if tool else "reject"
-        queue = (tool.queue if tool else None) or "tools"
+        queue = (tool.queue if tool else None) or names.TOOLS
         held.append({**approval.model_dump(mode="json"), "deadline": deadline, "default": default,
                      "queue": queue})  # fmt: skip
     return held

@@ -42,7 +42,6 @@ from toolloop.loop.types import LoopEvent, ModelEvent
 
 log = logging.getLogger("toolloop.workers")
 
-STEP_QUEUES = ("llm", "tools", "control")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 
 

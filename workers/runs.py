@@ -104,7 +104,7 @@ def send_member(
     lost, or that failed to send (then this returns False). Inside a `producer.batch()` the send
     happens when the batch flushes (its failure is the caller's to log)."""
     n, queue = names.parse_member(member)
-    label = "model" if queue == "llm" else "tool"  # the outbox keeps no more than the queue
+    label = "model" if queue == names.LLM else "tool"  # the outbox keeps no more than the queue
     if n == 1:
         label = "model 1"
     try:

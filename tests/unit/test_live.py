@@ -14,6 +14,7 @@ from toolloop.loop.types import RunToolLoopResult
 from toolloop.testing import ScriptedModel, call, reply
 from workers import live
 from workers.segment import SegmentJournal, StepBoundary
+from workers.settings import Settings
 
 
 @dataclass
@@ -91,3 +92,10 @@ async def test_past_the_limit_the_oldest_kept_loop_ends() -> None:
     assert all(loop.keepable() for loop in loops[1:])
     for loop in loops[1:]:
         loop.close()
+
+
+def test_the_kept_loops_size_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLLOOP_KEPT_LOOPS", "7")
+    assert live.KeptLoops(Settings.from_env().kept_loops).size == 7
+    with pytest.raises(ValueError, match="TOOLLOOP_KEPT_LOOPS must be 0 or more"):
+        live.KeptLoops(-1)
