@@ -281,7 +281,7 @@ class _Call:
 
 def _is_stream(answer: Answer) -> bool:
     """The answer is an event stream (a server that ignored `stream` answers one JSON body)."""
-    return answer.headers.get("content-type", "").startswith("text/event-stream")
+    return str(answer.headers.get("content-type", "")).startswith("text/event-stream")
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
