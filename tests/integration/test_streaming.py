@@ -29,6 +29,7 @@ from toolloop import (
 )
 from toolloop.abort import NEVER_ABORTED
 from toolloop.providers import AnthropicHandler, FalHandler, RetryPolicy
+from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import SimRequest, SimServer, SimTurn
 
 
@@ -62,6 +63,8 @@ SCENARIOS: dict[str, list[Any]] = {
 
 def handler(wire: str, sim: SimServer, **options: Any) -> AnthropicHandler | FalHandler:
     options.setdefault("retry", FAST)
+    if options.pop("keep_alive", False):
+        options["http_client"] = KeepAliveClient()
     if wire == "anthropic":
         return AnthropicHandler("sk-ant-FAKE-stream", base_url=sim.base_url, **options)
     return FalHandler("fal-FAKE-stream", run_url=sim.base_url, **options)
@@ -142,17 +145,22 @@ def faulted(kind: str, **fields: Any) -> list[Any]:
     return [{"text": LONG, "fault": {"kind": kind, "after": 5, **fields}}]
 
 
+@pytest.mark.parametrize("keep_alive", [False, True], ids=["per-call client", "keep-alive client"])
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 @pytest.mark.parametrize("kind", ["stream_drop", "stream_error"])
-async def test_a_stream_cut_or_failed_mid_way_is_retried_and_paid_once(wire: str, kind: str) -> None:
+async def test_a_stream_cut_or_failed_mid_way_is_retried_and_paid_once(
+    wire: str, kind: str, keep_alive: bool
+) -> None:
     with SimServer([{"text": LONG}], strict=True) as clean:  # the same request twice: the cut attempt
         await handler(wire, clean).execute(request("text"), NEVER_ABORTED)  # had written the cache
         expected = await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
     fields = {"status": 529} if kind == "stream_error" else {}
     with SimServer(faulted(kind, **fields), strict=True) as sim:
         deltas: list[DeltaEvent] = []
-        result = await handler(wire, sim).execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
+        model = handler(wire, sim, keep_alive=keep_alive)
+        result = await model.execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
         stats = sim.stats()
+        await model.http.aclose()
     assert result.model_dump_json() == expected.model_dump_json()  # the answer, and its cost once
     assert result.usage.cached_tokens > 0  # the retry read the prefix the cut attempt cached
     assert stats["faults"] == {kind: 1} and stats["requests"] == 2
@@ -171,20 +179,25 @@ async def test_an_overloaded_error_event_every_time_ends_as_the_http_529_would(w
     assert deltas[-1] == DeltaEvent(discard=True)  # what was shown is void
 
 
+@pytest.mark.parametrize("keep_alive", [False, True], ids=["per-call client", "keep-alive client"])
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_the_timeout_is_idle_between_events_not_a_cap_on_the_answer(wire: str) -> None:
+async def test_the_timeout_is_idle_between_events_not_a_cap_on_the_answer(
+    wire: str, keep_alive: bool
+) -> None:
     slow = [{"text": LONG, "tokens_per_s": 40}]  # ~110 pieces: about 2.8 s, 25 ms apart
     with SimServer(slow, strict=True) as sim:
-        result = await handler(wire, sim, timeout_s=0.5).execute(
-            request("text"), NEVER_ABORTED, on_delta=lambda d: None
-        )
+        model = handler(wire, sim, timeout_s=0.5, keep_alive=keep_alive)
+        result = await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+        await model.http.aclose()
     assert result.text == LONG
     stalled = faulted("stall", seconds=1.0, times=None)
     with SimServer(stalled, strict=True) as sim:
-        model = handler(wire, sim, timeout_s=0.3, retry=RetryPolicy(attempts=2, base_delay_s=0.01))
+        model = handler(wire, sim, timeout_s=0.3, retry=RetryPolicy(attempts=2, base_delay_s=0.01),
+                        keep_alive=keep_alive)  # fmt: skip
         with pytest.raises(PromptGenError, match=r"sent nothing for 0\.3 s in the middle of its streamed"):
             await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
         assert sim.stats()["faults"] == {"stall": 2}
+        await model.http.aclose()
 
 
 async def test_anthropic_streams_a_call_above_the_sdk_non_streaming_limit_without_on_delta() -> None:
