@@ -219,7 +219,9 @@ class _Run(CallAnswers):
             return await call(self.options.generate, request, signal)
 
         def stamped(event: DeltaEvent) -> None:
-            self.emit(event if event.step == turn else event.model_copy(update={"step": turn}))
+            if event.step != turn:
+                event = DeltaEvent(step=turn, text=event.text, thinking=event.thinking, discard=event.discard)
+            self.emit(event)
 
         relay = Relay(stamped)
         try:
