@@ -168,8 +168,10 @@ class StepTrace:
         if caller:
             parent = trace.get_current_span(self.caller).get_span_context()
             trace_id = parent.trace_id if parent.is_valid else trace_id
-        decision = sampler.should_sample(self.caller, trace_id, SEGMENT_SPAN)
-        self.recording = decision.decision.is_sampled()
+        if caller or not getattr(sampler, "samples_every_root", False):
+            self.recording = sampler.should_sample(self.caller, trace_id, SEGMENT_SPAN).decision.is_sampled()
+        else:  # the worker's default sampler (workers/spanfile.py, EveryRun): a root is sampled
+            self.recording = True
         self.ids = (trace_id, span_id)
         flags = TraceFlags(TraceFlags.SAMPLED if self.recording else TraceFlags.DEFAULT)
         segment = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
