@@ -98,14 +98,12 @@ class _Scope:
 
 def chat_span(request: PromptGenRequest, step: str) -> AbstractContextManager[Span]:
     """A span around one model call (its request attributes given at its start, in one mapping);
-    `chat_result` fills in what came back."""
+    `chat_result` fills in what came back (and the content, when captured: the switch is read once
+    per call, there; an environment lookup of an unset variable raises and catches a KeyError)."""
     span = _TRACER.start_span(
         f"chat {request.model}", kind=SpanKind.CLIENT,
         attributes={OPERATION: "chat", REQUEST_MODEL: request.model, STEP: step},
     )  # fmt: skip
-    if span.is_recording() and capture_content():
-        messages = [m.model_dump(mode="json") for m in request.messages or []]
-        span.set_attribute(INPUT_MESSAGES, json.dumps(messages, ensure_ascii=False))
     return _Scope(span)
 
 
@@ -129,6 +127,8 @@ def chat_result(span: Span, request: PromptGenRequest, result: PromptGenResult) 
     if meta.get("fallback_from"):  # a capacity/unavailable switch between providers (providers/facade.py)
         attributes[FALLBACK_FROM] = [str(f.get("provider")) for f in meta["fallback_from"]]
     if capture_content():
+        messages = [m.model_dump(mode="json") for m in request.messages or []]
+        attributes[INPUT_MESSAGES] = json.dumps(messages, ensure_ascii=False)
         output = {"text": result.text, "tool_calls": [c.model_dump(mode="json") for c in result.tool_calls]}
         attributes[OUTPUT_MESSAGES] = json.dumps(output, ensure_ascii=False)
     span.set_attributes(attributes)
