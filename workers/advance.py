@@ -220,7 +220,7 @@ class _Step(Commits):
         self.lease = f"{self.owner}:{begin.token}"
         self.held = self.process.leases.hold(keys.lease(r), self.lease, sent_at, self.on_lost)
         self.state = begin.state
-        self.trace = StepTrace(r, self.n, self.state.get("traceparent"), self.task.task_id)
+        self.trace = StepTrace(r, self.n, self.state, self.task.task_id)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
         self.outside = begin.outside

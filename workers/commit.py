@@ -227,10 +227,10 @@ class Commits:
         return outcome
 
     def _state(self, state: dict[str, Any]) -> dict[str, str]:
-        """The state fields a commit sets, as text (the run's trace context when it begins here)."""
+        """The state fields a commit sets, as text (with the segment's trace record: workers/tracing.py)."""
         trace = self.trace
-        if trace is not None and trace.new_trace and trace.valid:  # the run's trace begins here
-            state = {**state, "traceparent": trace.traceparent()}
+        if trace is not None:  # the segment's start, at its first commit (workers/tracing.py)
+            state = {**state, **trace.record()}
         return {k: str(v) for k, v in state.items()}
 
     def _fresh_events(self, committed: int) -> list[tuple[int, str, str]]:
@@ -352,7 +352,7 @@ class Commits:
         trace = self.trace
         if trace is None or not trace.valid:
             return None
-        return self.state.get("traceparent") or trace.traceparent()
+        return trace.traceparent()
 
     def count_commit(
         self, outcome: CommitOutcome, field: str, cost: float, committed: int, status: Any

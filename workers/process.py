@@ -4,8 +4,8 @@
 - One long-lived asyncio loop (uvloop when installed) in a daemon thread (`start_loop`); or, in a
   test, the test's own running loop (`loop=`). The step consumer (workers/consumer.py) runs steps on
   it; with `--step-queues none` each thread of Celery's pool submits its step here (`run`) and
-  blocks on the future. Many slow model calls share one loop, one keep-alive HTTP transport and one
-  Redis pipeline per loop turn (`batch`, workers/redisio.py).
+  blocks on the future. Many slow model calls share one loop, one keep-alive HTTP client (`http`)
+  and one Redis pipeline per loop turn (`batch`, workers/redisio.py).
 - Redis: a sync client (`redis`, for threads), the loop's async client behind `batch`, `leases`.
 - Celery task events per worker hostname (`events`), the armed cancels (`arm` / `disarm`: a run id
   published on `keys.CANCEL_CHANNEL` aborts that run's live step here), the kept run loops
@@ -37,7 +37,8 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
-from toolloop.providers.http import keep_alive
+from toolloop.providers import from_env
+from toolloop.providers.client import HttpClient, client_from_env
 from workers import names, wire
 from workers.hooks import NO_HOOKS, Hooks
 from workers.killpoints import KillPlan
@@ -93,6 +94,7 @@ class WorkerProcess:
         hooks: Hooks | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         prompt_gen: Any = None,
+        http: HttpClient | None = None,
     ) -> None:
         self.celery = celery
         self.settings = settings = settings or Settings.from_env()
@@ -112,9 +114,9 @@ class WorkerProcess:
         self._armed: dict[str, AbortController] = {}
         self._prompt_gen = prompt_gen
         self._lock = threading.Lock()
-        self.keeps_alive = False
-        """True once model calls on the process loop share keep-alive HTTP connections (`start_loop`;
-        a loop given by a test keeps the provider's default client per call)."""
+        self.http = http or client_from_env()
+        """The process's HTTP client for model calls: keep-alive connections on the process loop
+        (`KeepAliveClient`, with aiohttp), handed to the providers of the default model factory."""
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -123,7 +125,6 @@ class WorkerProcess:
         with self._lock:
             if self.loop is None:
                 self.loop = loop = new_loop()
-                self.keeps_alive = keep_alive(loop)
                 # sync tools run in threads (workers.toolsets.for_worker): room for many at once
                 loop.set_default_executor(
                     ThreadPoolExecutor(max_workers=64, thread_name_prefix="toolloop-tool")
@@ -160,13 +161,15 @@ class WorkerProcess:
 
     @property
     def prompt_gen(self) -> Any:
-        """This process's PromptGen (or plain generate), made once (TOOLLOOP_PROMPT_GEN, else
-        `toolloop.providers.from_env()`)."""
+        """This process's PromptGen (or plain generate), made once: TOOLLOOP_PROMPT_GEN's factory,
+        else `toolloop.providers.from_env()` on the process's HTTP client (`http`)."""
         with self._lock:
             if self._prompt_gen is None:
-                path = self.settings.prompt_gen or "toolloop.providers:from_env"
-                module, _, name = path.partition(":")
-                self._prompt_gen = getattr(importlib.import_module(module), name)()
+                if self.settings.prompt_gen:
+                    module, _, name = self.settings.prompt_gen.partition(":")
+                    self._prompt_gen = getattr(importlib.import_module(module), name)()
+                else:
+                    self._prompt_gen = from_env(http_client=self.http)
             return self._prompt_gen
 
     def generate_for(self, provider: str | None, fallback: list[str]) -> Generate:
