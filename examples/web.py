@@ -20,7 +20,8 @@ status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}
 /runs/{id}/images/{hash} (an image of the run's conversation: its file must be readable here, as on
 one machine or a volume the workers share), POST /runs/{id}/answer, POST
 /runs/{id}/cancel (409 for a run that has ended). It only talks to Redis through
-`workers.client.Client`; the workers do the runs. It imports no toolset: a run naming a toolset
+`workers.async_client.AsyncClient` (redis.asyncio: no route holds a thread, an event stream is an
+`async for`); the workers do the runs. It imports no toolset: a run naming a toolset
 that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the registered names; a
 spec over a limit is a 413 (docs/workers.md, "What is refused"). Without REDIS_URL it uses the
 embedded server of $TOOLLOOP_HOME or the working directory, started when needed, as the `toolloop`
@@ -35,12 +36,12 @@ access to runs) in a real backend.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import hmac
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from examples import viewer
 from toolloop.contract import CHAT_MESSAGES, ImagePart, ToolMessage, UserMessage
 from toolloop.loop.approvals import ApprovalError
-from workers.client import Client
+from workers.async_client import AsyncClient
 from workers.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
 
 
@@ -98,7 +99,7 @@ class TokenGate:
         await self.app(scope, receive, send)
 
 
-def create_app(client: Client | None = None, token: str | None = None) -> Starlette:
+def create_app(client: AsyncClient | None = None, token: str | None = None) -> Starlette:
     """The app; `token`: the bearer token every request needs (TOOLLOOP_WEB_TOKEN when None)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV, "").strip()
     if not token:
@@ -106,7 +107,7 @@ def create_app(client: Client | None = None, token: str | None = None) -> Starle
             f"{TOKEN_ENV} is not set: examples/web.py needs a bearer token for every request.\n"
             f"  export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe())')"
         )
-    client = client or Client(_default_redis())
+    client = client or AsyncClient(_default_redis())
 
     async def enqueue(request: Request) -> Response:
         limit = client.settings.max_spec_bytes
@@ -122,7 +123,7 @@ def create_app(client: Client | None = None, token: str | None = None) -> Starle
             )
         key = request.headers.get("idempotency-key") or None
         try:
-            run_id = client.enqueue(json.loads(body), idempotency_key=key)
+            run_id = await client.enqueue(json.loads(body), idempotency_key=key)
         except json.JSONDecodeError:
             return error(400, "The body is not JSON.")
         except pydantic.ValidationError as invalid:
@@ -138,56 +139,59 @@ def create_app(client: Client | None = None, token: str | None = None) -> Starle
             return error(400, str(bad))
         return JSONResponse({"run_id": run_id}, status_code=201)
 
-    def status(request: Request) -> Response:
+    async def status(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        current = client.status(run_id)
+        current = await client.status(run_id)
         if "text/html" not in request.headers.get("accept", ""):
             return JSONResponse(current.model_dump(mode="json"))
-        events = [{"id": e.id, **e.data} for e in client.events(run_id)]
-        page = viewer.page(run_id, current.model_dump(mode="json"), events, client.history(run_id))
+        events = [{"id": e.id, **e.data} async for e in client.events(run_id)]
+        history = await client.history(run_id)
+        page = viewer.page(run_id, current.model_dump(mode="json"), events, history)
         response = HTMLResponse(page)
         if request.query_params.get("token"):  # the viewer's own requests carry the cookie
             response.set_cookie(COOKIE, request.query_params["token"], httponly=True, samesite="strict")
         return response
 
-    def list_runs(request: Request) -> Response:
+    async def list_runs(request: Request) -> Response:
         query = request.query_params
         try:
             limit = int(query.get("limit", "50"))
-            found = client.list_runs(status=query.get("status"), limit=limit, cursor=query.get("cursor"))
+            found = await client.list_runs(
+                status=query.get("status"), limit=limit, cursor=query.get("cursor")
+            )
         except ValueError as bad:
             return error(400, str(bad))
         runs = [vars(run) for run in found.runs]
         return JSONResponse({"runs": runs, "next": found.next})
 
-    def image(request: Request) -> Response:
+    async def image(request: Request) -> Response:
         """An image of the run's conversation, by its hash: only files the run's messages name."""
         run_id, digest = request.path_params["run_id"], request.path_params["digest"]
-        for message in client.history(run_id):
+        for message in await client.history(run_id):
             if isinstance(message, ToolMessage | UserMessage) and isinstance(message.content, list):
                 for part in message.content:
                     if isinstance(part, ImagePart) and part.hash == digest and Path(part.path).is_file():
                         return FileResponse(part.path, media_type=part.mime_type)
         return error(404, f"Run {run_id!r} has no image {digest!r} (or its file is gone).")
 
-    def messages(request: Request) -> Response:
-        history = client.history(request.path_params["run_id"])
+    async def messages(request: Request) -> Response:
+        history = await client.history(request.path_params["run_id"])
         return Response(CHAT_MESSAGES.dump_json(history), media_type="application/json")
 
-    def events(request: Request) -> Response:
+    async def events(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        finished = client.status(run_id).finished  # 404 before the stream starts
+        finished = (await client.status(run_id)).finished  # 404 before the stream starts
         after = request.headers.get("last-event-id") or request.query_params.get("after")
         if finished:  # what is left, then the end (204 stops an EventSource from reconnecting)
-            rest = [sse(event) for event in client.events(run_id, after=after)]
+            rest = [sse(event) async for event in client.events(run_id, after=after)]
             return (
                 StreamingResponse(iter(rest), media_type="text/event-stream")
                 if rest
                 else Response(status_code=204)
             )
 
-        def stream() -> Iterator[str]:  # blocking reads: Starlette iterates it in a thread
-            for event in client.events(run_id, after=after, follow=True):
+        async def stream() -> AsyncIterator[str]:  # awaited blocking reads: no thread per stream
+            async for event in client.events(run_id, after=after, follow=True):
                 yield sse(event)
 
         return StreamingResponse(
@@ -201,11 +205,12 @@ def create_app(client: Client | None = None, token: str | None = None) -> Starle
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("content"), str):
             return error(400, 'Send {"content": "the answer"}.')
-        answer_id = client.answer(request.path_params["run_id"], body["content"])
+        answer_id = await client.answer(request.path_params["run_id"], body["content"])
         return JSONResponse({"answer_id": answer_id}, status_code=202)
 
-    def approvals(request: Request) -> Response:
-        return JSONResponse({"approvals": client.status(request.path_params["run_id"]).approvals or []})
+    async def approvals(request: Request) -> Response:
+        current = await client.status(request.path_params["run_id"])
+        return JSONResponse({"approvals": current.approvals or []})
 
     async def decide(request: Request) -> Response:
         run_id, call_id, action = (request.path_params[k] for k in ("run_id", "call_id", "action"))
@@ -222,22 +227,22 @@ def create_app(client: Client | None = None, token: str | None = None) -> Starle
         options = {"digest": body.get("digest"), "actor": body.get("actor")}
         try:
             if action == "approve":
-                outcome = await asyncio.to_thread(client.approve, run_id, call_id, **options)
+                outcome = await client.approve(run_id, call_id, **options)
             elif action == "reject":
                 reason = str(body.get("reason") or "")
-                outcome = await asyncio.to_thread(client.reject, run_id, call_id, reason, **options)
+                outcome = await client.reject(run_id, call_id, reason, **options)
             else:
                 if not isinstance(body.get("input"), dict):
                     return error(400, 'Send the new input as {"input": {...}}.')
-                outcome = await asyncio.to_thread(client.edit, run_id, call_id, body["input"], **options)
+                outcome = await client.edit(run_id, call_id, body["input"], **options)
         except ApprovalError as refused:
             return error(409, str(refused))
         except TimeoutError as late:
             return error(504, str(late))
         return JSONResponse({"outcome": outcome})
 
-    def cancel(request: Request) -> Response:
-        client.cancel(request.path_params["run_id"])
+    async def cancel(request: Request) -> Response:
+        await client.cancel(request.path_params["run_id"])
         return JSONResponse({"cancel": "requested"}, status_code=202)
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -245,6 +250,11 @@ def create_app(client: Client | None = None, token: str | None = None) -> Starle
 
     async def conflict(request: Request, exc: Exception) -> Response:
         return error(409, str(exc))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await client.aclose()  # on the loop its connections were made on
 
     app = Starlette(
         routes=[
@@ -260,6 +270,7 @@ def create_app(client: Client | None = None, token: str | None = None) -> Starle
             Route("/runs/{run_id}/approvals/{call_id}/{action:str}", decide, methods=["POST"]),
         ],
         exception_handlers={RunNotFoundError: not_found, RunStateError: conflict},
+        lifespan=lifespan,
         middleware=[Middleware(TokenGate, token=token)],
     )
     app.state.client = client
