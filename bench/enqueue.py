@@ -118,7 +118,9 @@ def async_rows(url: str, runs: int, batch: int, concurrency: int) -> dict[str, C
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--batch", type=int, default=100)
