@@ -1,7 +1,8 @@
 """Enqueue from one client process (DESIGN.md section 7: 2,000 enqueues in under 1 s, sync and async).
 
 On a private Redis, median of trials, each row against the floor measured in the same run: N plain
-redis-py round trips (SET, and EVALSHA of a one-line script) from the same process. Rows:
+redis-py round trips (SET, and EVALSHA of a one-line script) from the same process, and N
+redis.asyncio EVALSHA round trips for the async rows ("x floor" is against the matching one). Rows:
 
     Client.enqueue              one at a time (one round trip each: workers/enqueue.py)
     Client.enqueue_many         batches of --batch (one round trip per batch)
@@ -110,7 +111,13 @@ def async_rows(url: str, runs: int, batch: int, concurrency: int) -> dict[str, C
 
         return lambda: asyncio.run(main())
 
+    async def floor_eval(client: AsyncClient) -> None:
+        sha = await client.redis.script_load("return 1")
+        for _ in range(runs):
+            await client.redis.evalsha(sha, 0)
+
     return {
+        "floor: redis.asyncio EVALSHA 'return 1'": on_loop(floor_eval),
         "AsyncClient.enqueue": on_loop(one_by_one),
         f"AsyncClient.enqueue, {concurrency} tasks": on_loop(together),
         f"AsyncClient.enqueue_many ({batch} a batch)": on_loop(batched),
@@ -139,12 +146,14 @@ def main() -> None:
             for name, fn in loops.items():
                 seconds[name].append(fn())  # the loop's own timing, without asyncio.run's start
                 plain.flushdb()
-        floor = statistics.median(seconds["floor: redis-py EVALSHA 'return 1'"])
+        floors = {name: statistics.median(seconds[f"floor: {lib} EVALSHA 'return 1'"])
+                  for name, lib in (("sync", "redis-py"), ("async", "redis.asyncio"))}  # fmt: skip
         print(f"{args.runs:,} enqueues from one process, median of {args.trials} trials, private Redis\n")
         print(f"| {'What':44} | {'s for ' + format(args.runs, ','):>10} | {'runs/s':>8} | {'x floor':>7} |")
         print(f"| {'-' * 44} | {'-' * 10}: | {'-' * 7}: | {'-' * 6}: |")
         for name, trials in seconds.items():
             median = statistics.median(trials)
+            floor = floors["async" if name in loops else "sync"]
             print(f"| {name:44} | {median:10.3f} | {args.runs / median:8,.0f} | {median / floor:7.2f} |")
         best_sync = statistics.median(seconds["Client.enqueue"])
         best_async = statistics.median(seconds["AsyncClient.enqueue"])
