@@ -10,6 +10,9 @@
 
 Every method takes a run id; an unknown one raises `RunNotFoundError`. The client knows the
 registered toolsets by name only (TOOLLOOP_TOOLSETS, or `toolsets=`): it never imports one.
+Each method is an operation of workers/ops.py (pure request/reply) run by `SyncDriver`; an enqueue
+is one round trip (workers/enqueue.py). `AsyncClient` (workers/async_client.py) runs the same
+operations on redis.asyncio. No Celery app is built unless `celery` is read.
 """
 
 from __future__ import annotations
