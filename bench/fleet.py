@@ -11,6 +11,8 @@ the llm queue; the clock starts when they take it. Reported per N:
     Redis CPU per step          used_cpu_user + used_cpu_sys of INFO cpu, after - before / steps
     one Redis core's ceiling    1 s / (Redis CPU per step): the steps/s one Redis can carry while
                                 its one command thread is busy all the time
+    Redis bytes per run         INFO memory used_memory, after the runs finished - before they were
+                                enqueued, per run (a finished run's keys, kept for the retention)
 
     .venv/bin/python bench/fleet.py [--runs 200] [--turns 5] [--latency 1.0] [--trials 1]
 
@@ -76,7 +78,7 @@ class Simulator:
 
 
 def redis_cpu(client: redis.Redis) -> float:
-    info: dict[str, Any] = client.info("cpu")  # type: ignore[assignment]
+    info: dict[str, Any] = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
@@ -93,6 +95,7 @@ def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: f
         for worker in workers:
             worker.start(client.celery)
         total = runs * processes
+        memory0 = int(plain.info("memory")["used_memory"])
         run_ids: list[str] = []
         for start in range(0, total, 500):
             count = min(500, total - start)
@@ -107,6 +110,7 @@ def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: f
         worker_s = sum(w.cpu_seconds() for w in workers) - worker0
         sim_s = sim.cpu_seconds() - sim0
         calls = sim.stats()["requests"] - calls0
+        run_bytes = (int(plain.info("memory")["used_memory"]) - memory0) / total
     finally:
         for worker in workers:
             worker.stop()
@@ -121,7 +125,7 @@ def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: f
         "calls_per_process_s": calls / wall / processes, "ideal_calls_per_process_s": runs / latency,
         "worker_cpu_per_step_ms": 1000 * worker_s / steps, "redis_cpu_per_step_ms": 1000 * redis_s / steps,
         "sim_cpu_s": sim_s, "steps": steps, "steps_s": steps / wall,
-        "redis_ceiling_steps_s": steps / redis_s if redis_s > 0 else float("inf"),
+        "redis_ceiling_steps_s": steps / redis_s if redis_s > 0 else float("inf"), "run_bytes": run_bytes,
     }  # fmt: skip
 
 
@@ -153,13 +157,13 @@ def main() -> None:
     print(f"Fleet on one Redis: {args.runs} runs per process, {args.turns} model turns each, "
           f"{args.latency:g} s model latency, simulator in its own process, {cores} cores\n")  # fmt: skip
     print("| Worker processes | Runs done | Wall (ideal) | Model calls/s per process (ideal) | "
-          "Steps/s | Worker CPU/step | Redis CPU/step | One Redis core carries |")  # fmt: skip
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "Steps/s | Worker CPU/step | Redis CPU/step | One Redis core carries | Redis KB/run |")  # fmt: skip
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['processes']} | {r['done']}/{r['runs']} | {r['wall_s']:.1f} s ({r['ideal_s']:.0f} s) | "
+        print(f"| {r['processes']} | {r['done']}/{r['runs']} | {r['wall_s']:.1f} s ({r['ideal_s']:.1f} s) | "
               f"{r['calls_per_process_s']:.0f} ({r['ideal_calls_per_process_s']:.0f}) | {r['steps_s']:.0f} | "
               f"{r['worker_cpu_per_step_ms']:.2f} ms | {r['redis_cpu_per_step_ms']:.3f} ms | "
-              f"{r['redis_ceiling_steps_s']:,.0f} steps/s |")  # fmt: skip
+              f"{r['redis_ceiling_steps_s']:,.0f} steps/s | {r['run_bytes'] / 1024:.1f} |")  # fmt: skip
     ceiling = statistics.median(r["redis_ceiling_steps_s"] for r in rows)
     per_worker = statistics.median(r["worker_cpu_per_step_ms"] for r in rows)
     print(
