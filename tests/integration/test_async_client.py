@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.runs_kit import client_on, eventually, kinds, spec
+from tests.integration.runs_kit import client_on, eventually, kinds, logged, spec
 from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 from workers.async_client import AsyncClient
@@ -85,7 +85,7 @@ async def test_the_async_client_runs_a_run_as_the_client_does(runs_redis, client
             await aclient.enqueue(spec("tools", "x" * 1_000_001))
 
 
-async def test_the_async_client_answers_and_cancels(runs_redis, client: Client) -> None:  # type: ignore[no-untyped-def]
+async def test_the_async_client_answers_and_cancels(runs_redis, worker, client: Client) -> None:  # type: ignore[no-untyped-def]
     async with AsyncClient(runs_redis.url) as aclient:
         run_id = await aclient.enqueue(spec("ask"))
         parked = await aclient.wait(run_id, timeout=20)
@@ -95,7 +95,12 @@ async def test_the_async_client_answers_and_cancels(runs_redis, client: Client) 
         assert status.status == "done" and status.final_text == "You said: Shot 3"
         assert kinds(client, run_id) == ["queued", "model", "parked", "answered", "resumed", "model",
                                          "finished"]  # fmt: skip
+        starts = len([e for e in logged(worker.tool_log) if e.get("event") == "start"])
         slow = await aclient.enqueue(spec("slow"))  # a tool that sleeps 30 s unless cancelled
+        for _ in range(400):  # cancel the tool where it runs (its abort), within 20 s
+            if len([e for e in logged(worker.tool_log) if e.get("event") == "start"]) > starts:
+                break
+            await asyncio.sleep(0.05)
         await aclient.cancel(slow)
         cancelled = await aclient.wait(slow, timeout=20)
         assert cancelled.status == "cancel", cancelled
