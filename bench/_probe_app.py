@@ -1,0 +1,97 @@
+"""`workers.app` with two bench-only remote-control commands, for bench/scale.py (never production).
+
+    celery -A _probe_app worker ...          (bench/ on PYTHONPATH; the worker is workers.app's own)
+
+- `bench_probe action=<...>`: what the worker process holds, measured inside it. `counts`: RSS,
+  `gc.collect()`, the 25 most numerous object types and the kept loops (`workers.live`);
+  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `trace_diff`: a second snapshot
+  compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
+- `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
+  step runs; `workers.runtime.loop()`), enabled and disabled on that thread; `stop` dumps the stats.
+
+A reply is a small dict (Celery's pidbox carries it back as JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import gc
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from celery.worker.control import control_command
+
+from workers import live, runtime
+from workers.app import app
+
+__all__ = ["app"]
+
+_held: dict[str, Any] = {}
+"""The profiler and the first tracemalloc snapshot between two commands (bench-only state)."""
+
+
+def _rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _counts() -> dict[str, Any]:
+    collected = gc.collect()
+    types = Counter(type(obj).__name__ for obj in gc.get_objects())
+    tasks = len(asyncio.all_tasks(runtime.loop()))
+    return {"rss_kb": _rss_kb(), "collected": collected, "objects": sum(types.values()),
+            "top": types.most_common(25), "kept_loops": len(live._kept), "loop_tasks": tasks,
+            "frozen": gc.get_freeze_count()}  # fmt: skip
+
+
+def _trace_diff() -> dict[str, Any]:
+    first = _held.get("snapshot")
+    if first is None:
+        return {"error": "send bench_probe action=trace_start first"}
+    gc.collect()
+    second = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    lines = [str(stat) for stat in second.compare_to(first, "lineno")[:25]]
+    traces = []
+    for stat in second.compare_to(first, "traceback")[:8]:
+        frames = "\n    ".join(stat.traceback.format(limit=12, most_recent_first=True))
+        traces.append(f"{stat.size_diff / 1024:+.1f} KiB, {stat.count_diff:+d} blocks:\n    {frames}")
+    total = sum(stat.size_diff for stat in second.compare_to(first, "filename"))
+    return {"rss_kb": _rss_kb(), "traced_growth_kb": total // 1024, "by_line": lines, "by_trace": traces}
+
+
+@control_command(args=[("action", str)], signature="<action>")  # type: ignore[untyped-decorator]
+def bench_probe(state: Any, action: str) -> dict[str, Any]:
+    if action == "counts":
+        return _counts()
+    if action == "trace_start":
+        tracemalloc.start(12)
+        gc.collect()
+        _held["snapshot"] = tracemalloc.take_snapshot()
+        return {"rss_kb": _rss_kb()}
+    if action == "trace_diff":
+        return _trace_diff()
+    return {"error": f"unknown action {action!r}: counts, trace_start or trace_diff"}
+
+
+@control_command(args=[("action", str), ("path", str)], signature="<action> <path>")  # type: ignore[untyped-decorator]
+def bench_cprofile(state: Any, action: str, path: str) -> dict[str, Any]:
+    loop = runtime.loop()
+    if action == "start":
+        profiler = _held["profiler"] = cProfile.Profile()
+        asyncio.run_coroutine_threadsafe(_call(profiler.enable), loop).result(10)
+        return {"ok": "profiling the process loop"}
+    profiler = _held.pop("profiler", None)
+    if profiler is None:
+        return {"error": "send bench_cprofile action=start first"}
+    asyncio.run_coroutine_threadsafe(_call(profiler.disable), loop).result(10)
+    profiler.dump_stats(path)
+    return {"ok": path}
+
+
+async def _call(function: Any) -> None:
+    function()
