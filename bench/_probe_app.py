@@ -9,7 +9,10 @@
 - `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
   step runs; `workers.runtime.loop()`), enabled and disabled on that thread; `stop` dumps the stats.
 
-A reply is a small dict (Celery's pidbox carries it back as JSON).
+A reply is a small dict (Celery's pidbox carries it back as JSON). Two environment switches, for
+the garbage-collector experiments of bench/PROFILE-19.md, applied once the worker is ready (after
+workers.runtime's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
+`BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from __future__ import annotations
 import asyncio
 import cProfile
 import gc
+import os
+import threading
+import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from celery.signals import worker_ready
 from celery.worker.control import control_command
 
 from workers import live, runtime
@@ -95,3 +102,22 @@ def bench_cprofile(state: Any, action: str, path: str) -> dict[str, Any]:
 
 async def _call(function: Any) -> None:
     function()
+
+
+def _gc_switches(**_: Any) -> None:
+    thresholds = os.environ.get("BENCH_GC", "")
+    if thresholds:
+        first, second, third = (int(part) for part in thresholds.split(","))
+        gc.set_threshold(first, second, third)
+    every = float(os.environ.get("BENCH_GC_EVERY", "0"))
+    if every > 0:
+        threading.Thread(target=_collect_forever, args=(every,), name="bench-gc", daemon=True).start()
+
+
+def _collect_forever(every: float) -> None:
+    while True:
+        time.sleep(every)
+        gc.collect()
+
+
+worker_ready.connect(_gc_switches, weak=False)

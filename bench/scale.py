@@ -50,8 +50,8 @@ TOOLSETS = "durable=_durable_agent:TOOLS,parking=_durable_agent:PARK_TOOLS"
 
 
 @contextmanager
-def sim_process(tmp: Path, turns: int, latency: float) -> Iterator[str]:
-    """`python -m toolloop.sim` in its own process group; yields its base URL."""
+def sim_process(tmp: Path, turns: int, latency: float) -> Iterator[tuple[str, int]]:
+    """`python -m toolloop.sim` in its own process group; yields its base URL and pid."""
     script = tmp / "sim-script.json"
     script.write_text(json.dumps(sim_script(turns)))
     args = [sys.executable, "-m", "toolloop.sim", "--port", "0", "--script", str(script),
@@ -59,7 +59,7 @@ def sim_process(tmp: Path, turns: int, latency: float) -> Iterator[str]:
     sim = subprocess.Popen(args, cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert sim.stdout is not None
-        yield sim.stdout.readline().decode().strip()
+        yield sim.stdout.readline().decode().strip(), sim.pid
     finally:
         with suppress(ProcessLookupError):
             os.killpg(sim.pid, signal.SIGTERM)
@@ -70,6 +70,12 @@ def proc_cpu(pid: int) -> float:
     """User + system CPU seconds of process `pid` (all its threads, no children)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu(client: Client) -> float:
+    """Redis's own CPU seconds so far (INFO cpu: main thread and its other threads)."""
+    info = client.redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def proc_rss_mb(pid: int) -> float:
@@ -153,7 +159,7 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
     """`runs` runs enqueued while the worker does not take `llm` (after 20 warm-up runs), then all
     started at once; model calls/s counted while all are in flight (from the moment every run made
     its first model call to the moment the first run finished)."""
-    with sim_process(tmp, turns, latency) as sim_url:
+    with sim_process(tmp, turns, latency) as (sim_url, sim_pid):
         env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, ANTHROPIC_BASE_URL=sim_url,
                        ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="")  # fmt: skip
         who = worker(tmp, f"flight-{runs}", env, "tools", runs)
@@ -168,10 +174,12 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
             control(client, who, "cancel_step_queue", queue="llm")
             run_ids, _ = enqueue_all(url, [run_spec(turns, provider="anthropic")] * runs, 2)
             rss0, cpu0, start = proc_rss_mb(pid), proc_cpu(pid), time.time()
+            sim0, redis0 = proc_cpu(sim_pid), redis_cpu(client)
             with profiled(profile, client, who, turns * latency * 2):
                 control(client, who, "add_step_queue", queue="llm")
                 found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
             cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
+            sim_cpu, redis_used = proc_cpu(sim_pid) - sim0, redis_cpu(client) - redis0
             times = model_times(client, run_ids)
             ended = [float(t) for t in _field_of(client, run_ids, "touched")]
         finally:
@@ -185,7 +193,8 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
     return {"runs": runs, "turns": turns, "done": found["done"], "statuses": dict(found),
             "window_s": window, "model_calls_s": committed / window, "ideal_calls_s": runs / latency,
             "wall_s": max(ended) - start, "ideal_s": turns * latency, "cpu_s": cpu, "steps": steps,
-            "cpu_per_step_ms": cpu * 1000 / steps, "rss_before_mb": rss0, "rss_after_mb": rss}  # fmt: skip
+            "cpu_per_step_ms": cpu * 1000 / steps, "rss_before_mb": rss0, "rss_after_mb": rss,
+            "sim_cpu_s": sim_cpu, "redis_cpu_s": redis_used}  # fmt: skip
 
 
 def model_times(client: Client, run_ids: list[str]) -> list[list[float]]:
@@ -299,7 +308,8 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
             print(f"  trial: {t['done']}/{t['runs']} done, {t['model_calls_s']:.0f} calls/s over "
                   f"{t['window_s']:.1f} s, makespan {t['wall_s']:.1f} s (ideal {t['ideal_s']:.0f} s), "
                   f"{t['cpu_s']:.1f} s worker CPU for {t['steps']} steps = {t['cpu_per_step_ms']:.3f} ms, "
-                  f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB")  # fmt: skip
+                  f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB; simulator CPU "
+                  f"{t['sim_cpu_s']:.1f} s, Redis CPU {t['redis_cpu_s']:.1f} s")  # fmt: skip
     kept = results.get("parked")
     if kept:
         print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
