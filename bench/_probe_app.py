@@ -4,7 +4,8 @@
 
 - `bench_probe action=<...>`: what the worker process holds, measured inside it. `counts`: RSS,
   `gc.collect()`, the 25 most numerous object types and the kept loops (`workers.live`);
-  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `trace_diff`: a second snapshot
+  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `trim`: `gc.collect()` and
+  glibc's `malloc_trim(0)`, then RSS; `trace_diff`: a second snapshot
   compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
 - `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
   step runs; `workers.runtime.loop()`), enabled and disabled on that thread; `stop` dumps the stats.
@@ -12,13 +13,15 @@
 A reply is a small dict (Celery's pidbox carries it back as JSON). Two environment switches, for
 the garbage-collector experiments of bench/PROFILE-19.md, applied once the worker is ready (after
 workers.runtime's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
-`BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds.
+`BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds;
+`BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.loop.run._VALIDATED_MAX`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import cProfile
+import ctypes
 import gc
 import os
 import threading
@@ -82,6 +85,10 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return {"rss_kb": _rss_kb()}
     if action == "trace_diff":
         return _trace_diff()
+    if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return {"rss_kb": _rss_kb()}
     return {"error": f"unknown action {action!r}: counts, trace_start or trace_diff"}
 
 
@@ -109,6 +116,10 @@ def _gc_switches(**_: Any) -> None:
     if thresholds:
         first, second, third = (int(part) for part in thresholds.split(","))
         gc.set_threshold(first, second, third)
+    if os.environ.get("BENCH_MEMO_MAX"):
+        from toolloop.loop import run
+
+        run._VALIDATED_MAX = int(os.environ["BENCH_MEMO_MAX"])
     every = float(os.environ.get("BENCH_GC_EVERY", "0"))
     if every > 0:
         threading.Thread(target=_collect_forever, args=(every,), name="bench-gc", daemon=True).start()

@@ -235,12 +235,14 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
         time.sleep(3)  # the last commits' batches, the kept-loop drops
         rss1 = proc_rss_mb(who.process.pid)
         after = control(client, who, "bench_probe", action="counts")
+        trimmed = control(client, who, "bench_probe", action="trim")["rss_kb"] / 1024
         grown = control(client, who, "bench_probe", action="trace_diff") if trace else None
     finally:
         who.stop()
         client.close()
     return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
             "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
+            "rss_trimmed_mb": trimmed,
             "probe_before": before, "probe_after": after, "trace": grown}  # fmt: skip
 
 
@@ -313,7 +315,8 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
     kept = results.get("parked")
     if kept:
         print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
-              f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB); "
+              f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB; "
+              f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim); "
               f"statuses {kept['statuses']}, enqueued in {kept['enqueue_s']:.1f} s")  # fmt: skip
 
 
