@@ -4,7 +4,8 @@
 
 - `bench_probe action=<...>`: what the worker process holds, measured inside it. `counts`: RSS,
   `gc.collect()`, the 25 most numerous object types and the kept loops (`workers.live`);
-  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `trim`: `gc.collect()` and
+  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `gcstats`: collections, seconds
+  and objects collected per generation since start (gc.callbacks); `trim`: `gc.collect()` and
   glibc's `malloc_trim(0)`, then RSS; `trace_diff`: a second snapshot
   compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
 - `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
@@ -38,6 +39,23 @@ from workers import live, runtime
 from workers.app import app
 
 __all__ = ["app"]
+
+_gc_times = [[0, 0.0, 0], [0, 0.0, 0], [0, 0.0, 0]]
+"""Per generation: collections, seconds spent in them, objects collected (gc.callbacks)."""
+_gc_began: list[float] = [0.0]
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_began[0] = time.perf_counter()
+        return
+    counts = _gc_times[info["generation"]]
+    counts[0] += 1
+    counts[1] += time.perf_counter() - _gc_began[0]
+    counts[2] += info["collected"]
+
+
+gc.callbacks.append(_on_gc)
 
 _held: dict[str, Any] = {}
 """The profiler and the first tracemalloc snapshot between two commands (bench-only state)."""
@@ -85,6 +103,9 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return {"rss_kb": _rss_kb()}
     if action == "trace_diff":
         return _trace_diff()
+    if action == "gcstats":
+        return {f"gen{gen}": {"collections": n, "seconds": round(t, 4), "collected": c}
+                for gen, (n, t, c) in enumerate(_gc_times)}  # fmt: skip
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -179,6 +179,7 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
                 control(client, who, "add_step_queue", queue="llm")
                 found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
             cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
+            collector = control(client, who, "bench_probe", action="gcstats")
             sim_cpu, redis_used = proc_cpu(sim_pid) - sim0, redis_cpu(client) - redis0
             times = model_times(client, run_ids)
             ended = [float(t) for t in _field_of(client, run_ids, "touched")]
@@ -194,7 +195,7 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
             "window_s": window, "model_calls_s": committed / window, "ideal_calls_s": runs / latency,
             "wall_s": max(ended) - start, "ideal_s": turns * latency, "cpu_s": cpu, "steps": steps,
             "cpu_per_step_ms": cpu * 1000 / steps, "rss_before_mb": rss0, "rss_after_mb": rss,
-            "sim_cpu_s": sim_cpu, "redis_cpu_s": redis_used}  # fmt: skip
+            "sim_cpu_s": sim_cpu, "redis_cpu_s": redis_used, "gc": collector}  # fmt: skip
 
 
 def model_times(client: Client, run_ids: list[str]) -> list[list[float]]:
