@@ -4,7 +4,8 @@
 
 - `bench_probe action=<...>`: what the worker process holds, measured inside it. `counts`: RSS,
   `gc.collect()`, the 25 most numerous object types and the kept loops (`workers.live`);
-  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `gcstats`: collections, seconds
+  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `garbage`: the types of the
+  cyclic garbage a collection finds now (`gc.DEBUG_SAVEALL`); `gcstats`: collections, seconds
   and objects collected per generation since start (gc.callbacks); `trim`: `gc.collect()` and
   glibc's `malloc_trim(0)`, then RSS; `trace_diff`: a second snapshot
   compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
@@ -40,19 +41,21 @@ from workers.app import app
 
 __all__ = ["app"]
 
-_gc_times = [[0, 0.0, 0], [0, 0.0, 0], [0, 0.0, 0]]
-"""Per generation: collections, seconds spent in them, objects collected (gc.callbacks)."""
-_gc_began: list[float] = [0.0]
+_gc_times = [[0, 0.0, 0, 0.0], [0, 0.0, 0, 0.0], [0, 0.0, 0, 0.0]]
+"""Per generation: collections, wall seconds in them, objects collected, CPU seconds of the
+collecting thread (gc.callbacks)."""
+_gc_began: list[float] = [0.0, 0.0]
 
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
-        _gc_began[0] = time.perf_counter()
+        _gc_began[:] = [time.perf_counter(), time.thread_time()]
         return
     counts = _gc_times[info["generation"]]
     counts[0] += 1
     counts[1] += time.perf_counter() - _gc_began[0]
     counts[2] += info["collected"]
+    counts[3] += time.thread_time() - _gc_began[1]
 
 
 gc.callbacks.append(_on_gc)
@@ -104,8 +107,18 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
     if action == "trace_diff":
         return _trace_diff()
     if action == "gcstats":
-        return {f"gen{gen}": {"collections": n, "seconds": round(t, 4), "collected": c}
-                for gen, (n, t, c) in enumerate(_gc_times)}  # fmt: skip
+        fields = ("collections", "seconds", "collected", "cpu_s")
+        return {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+    if action == "garbage":  # what the cyclic garbage is made of: collected into gc.garbage, counted
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            kinds = Counter(type(obj).__qualname__ for obj in gc.garbage)
+            found = {"objects": len(gc.garbage), "top": kinds.most_common(40)}
+        finally:
+            gc.garbage.clear()
+            gc.set_debug(0)
+        return found
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)

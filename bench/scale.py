@@ -175,7 +175,7 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
             run_ids, _ = enqueue_all(url, [run_spec(turns, provider="anthropic")] * runs, 2)
             rss0, cpu0, start = proc_rss_mb(pid), proc_cpu(pid), time.time()
             sim0, redis0 = proc_cpu(sim_pid), redis_cpu(client)
-            with profiled(profile, client, who, turns * latency * 2):
+            with profiled(profile, client, who, turns * latency * 4):
                 control(client, who, "add_step_queue", queue="llm")
                 found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
             cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
@@ -235,6 +235,7 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
         found = wait_settled(client, run_ids, timeout=120 + runs / 10)
         time.sleep(3)  # the last commits' batches, the kept-loop drops
         rss1 = proc_rss_mb(who.process.pid)
+        garbage = control(client, who, "bench_probe", action="garbage")
         after = control(client, who, "bench_probe", action="counts")
         trimmed = control(client, who, "bench_probe", action="trim")["rss_kb"] / 1024
         grown = control(client, who, "bench_probe", action="trace_diff") if trace else None
@@ -244,7 +245,7 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
     return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
             "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
             "rss_trimmed_mb": trimmed,
-            "probe_before": before, "probe_after": after, "trace": grown}  # fmt: skip
+            "probe_before": before, "probe_after": after, "garbage": garbage, "trace": grown}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
