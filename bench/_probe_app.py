@@ -19,7 +19,9 @@ workers.runtime's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other threshold
 `BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.loop.run._VALIDATED_MAX`);
 `BENCH_BREAK_CYCLES=1` tries PROFILE-19's plan item M1 from outside (a bench-only patch of
 `workers.advance._Step.drop_lease`: once a step is over it clears the references that make its
-`_Step`, `Held`, `Begun` and ended `LiveLoop` cyclic garbage).
+`_Step`, `Held`, `Begun` and ended `LiveLoop` cyclic garbage); `BENCH_FREE_BODY=1` tries C1's
+"do not keep the request body across the model call" (`toolloop.providers.http.dumps` patched to
+empty a request body dict once it is encoded).
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ def _gc_switches(**_: Any) -> None:
         run._VALIDATED_MAX = int(os.environ["BENCH_MEMO_MAX"])
     if os.environ.get("BENCH_BREAK_CYCLES") == "1":
         _break_cycles()
+    if os.environ.get("BENCH_FREE_BODY") == "1":
+        _free_body()
     every = float(os.environ.get("BENCH_GC_EVERY", "0"))
     if every > 0:
         threading.Thread(target=_collect_forever, args=(every,), name="bench-gc", daemon=True).start()
@@ -182,6 +186,20 @@ def _break_cycles() -> None:
             step.live = None
 
     advance._Step.drop_lease = drop_lease
+
+
+def _free_body() -> None:
+    from toolloop.providers import http
+
+    encode = http.dumps
+
+    def dumps(value: Any) -> Any:
+        content = encode(value)
+        if isinstance(value, dict) and "messages" in value:
+            value.clear()  # the nested tree dies now, not after the HTTP call
+        return content
+
+    http.dumps = dumps
 
 
 def _nothing(*_: Any) -> None:
