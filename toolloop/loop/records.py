@@ -56,9 +56,8 @@ def validated(model: type[_Model], value: Any) -> _Model:
 
     A journal that hands back the same decoded object for a stored step every time it replays it
     (MemoryJournal; the durable worker's segment journal, whose decoded entries live across a run's
-    steps) gets
-    the same frozen model back without validating it again: replay re-reads every stored step of the
-    segment at every step, so this is most of what a long segment costs. The memo holds `value`
+    steps) gets the same frozen model back without validating it again: replay re-reads every stored
+    step of the segment at every step, so this is most of what a long segment costs. The memo holds `value`
     itself, so its identity cannot be reused while the entry lives; it is emptied when full.
     """
     key = id(value)
