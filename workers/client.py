@@ -29,7 +29,7 @@ from toolloop.loop.types import Decision
 from workers import accounts, approvals, limits, runlist, runs, toolsets
 from workers.app import ANSWER, CANCEL, make_app, send
 from workers.errors import EnqueueError, NoRedisError, RunNotFoundError, RunStateError
-from workers.records import FINAL, RunEventRecord, RunStatus
+from workers.records import FINAL, STREAM_KINDS, RunEventRecord, RunStatus
 from workers.settings import Settings, no_redis_message
 from workers.spec import RunSpec
 
@@ -136,11 +136,19 @@ class Client:
         return CHAT_MESSAGES.validate_json(stored or first)
 
     def events(
-        self, run_id: str, after: str | None = None, block_ms: int | None = None, follow: bool = False
+        self,
+        run_id: str,
+        after: str | None = None,
+        block_ms: int | None = None,
+        follow: bool = False,
+        *,
+        deltas: bool = True,
     ) -> Iterator[RunEventRecord]:
-        """The run's events after stream id `after` (from the start when None). `block_ms` waits that
-        long for new ones when there are none; `follow` keeps reading until the run's terminal event
-        (`finished`, or `failed`) has been yielded."""
+        """The run's events after stream id `after` (from the start when None), each with its stream
+        `id`: pass the last one as `after` to read on from there. `block_ms` waits that long for new
+        ones when there are none; `follow` keeps reading until the run's terminal event (`finished`,
+        or `failed`) has been yielded. A streaming run (RunSpec.stream) has `delta` and `discarded`
+        entries among them (seq None; docs/streaming.md); `deltas=False` skips those."""
         if not self.redis.exists(keys.state(run_id)):
             raise RunNotFoundError(run_id)
         cursor = after or "0-0"
@@ -151,6 +159,8 @@ class Client:
             entries: list[tuple[str, dict[str, str]]] = reply[0][1] if reply else []
             for entry_id, fields in entries:
                 cursor = entry_id
+                if not deltas and fields.get("kind") in STREAM_KINDS:
+                    continue
                 record = _record(entry_id, fields)
                 yield record
                 if follow and record.kind in _TERMINAL_EVENTS and self._ended(run_id):
@@ -367,6 +377,11 @@ def _status(run_id: str, state: dict[str, str]) -> RunStatus:
 
 
 def _record(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
+    if "seq" not in fields:  # a delta or a discarded marker (workers/deltas.py)
+        return RunEventRecord(
+            id=entry_id, seq=None, segment=int(fields["segment"]), kind=fields["kind"],
+            step=int(fields["step"]), attempt=int(fields["attempt"]), **_text(fields),
+        )  # fmt: skip
     data = json.loads(fields.get("data") or "{}")
     data.pop("kind", None)
     for reserved in ("id", "seq", "segment"):
@@ -375,3 +390,7 @@ def _record(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
     return RunEventRecord(
         id=entry_id, seq=int(fields["seq"]), segment=int(fields["segment"]), kind=fields["kind"], **data
     )
+
+
+def _text(fields: dict[str, str]) -> dict[str, str]:
+    return {"text": fields["text"]} if "text" in fields else {}
