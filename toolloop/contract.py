@@ -7,6 +7,7 @@ messages. Unions are discriminated by their `type` / `role` tag and read back th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -153,3 +154,29 @@ class PromptGenResult(_Value):
     reasoning: list[ReasoningBlock] | None = Field(default=None, exclude_if=_unset)
     """The answer's reasoning blocks (SPEC 4.1); the loop keeps them on the `AssistantMessage`.
     None is left out of dumps, so a journal step without reasoning reads as it did before."""
+
+
+# -- streaming (SPEC 4.3) ----------------------------------------------------------------------
+
+
+def _false(value: Any) -> bool:
+    return value is False
+
+
+class DeltaEvent(_Value):
+    """A piece of a model answer as it streams in (SPEC 4.3). `text`: the new text (never journaled;
+    the step's `ModelEvent` that follows holds the whole answer). `thinking`: it is reasoning text
+    (Anthropic `thinking_delta`), not answer text. `step`: the 1-based model turn (0 when a provider
+    is called outside a loop; the loop stamps it). `discard`: the deltas of this step so far are void
+    (the answer is being made again: a retried attempt, a fallback provider, or the call failed);
+    `text` is `""` then. A reader that shows deltas drops what it showed of the step on a discard."""
+
+    kind: Literal["delta"] = "delta"
+    step: int = 0
+    text: str = ""
+    thinking: bool = Field(default=False, exclude_if=_false)
+    discard: bool = Field(default=False, exclude_if=_false)
+
+
+OnDelta = Callable[[DeltaEvent], None]
+"""What `generate(request, signal, on_delta=...)` calls with each delta; it must not block."""

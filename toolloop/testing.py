@@ -13,6 +13,8 @@ whose last tool call was cut off.
 
 A turn is a `PromptGenResult`, a dict in its shape, or a callable `(request) -> turn` (to answer from
 what the request holds). Running past the script raises `AssertionError` unless `repeat_last=True`.
+With `stream=True` it streams as a provider does (SPEC 4.3): each answer's thinking text (reasoning
+blocks of type `thinking`), then its text, go to `on_delta` word by word before it returns.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import (
+    DeltaEvent,
     FinishReason,
+    OnDelta,
     PromptGenRequest,
     PromptGenResult,
     PromptGenUsage,
@@ -67,16 +71,30 @@ def reply(
 class ScriptedModel:
     """A `generate` callable. `requests` holds every request it received; `calls` counts them."""
 
-    def __init__(self, turns: Sequence[Turn], *, repeat_last: bool = False) -> None:
+    def __init__(self, turns: Sequence[Turn], *, repeat_last: bool = False, stream: bool = False) -> None:
         self.turns = list(turns)
         self.repeat_last = repeat_last
+        self.stream = stream
         self.requests: list[PromptGenRequest] = []
 
     @property
     def calls(self) -> int:
         return len(self.requests)
 
-    async def __call__(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def __call__(
+        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+    ) -> PromptGenResult:
+        result = self.answer(request, signal)
+        if self.stream and on_delta is not None:
+            for block in result.reasoning or []:
+                if block.type == "thinking" and isinstance(block.data.get("thinking"), str):
+                    for piece in words(block.data["thinking"]):
+                        on_delta(DeltaEvent(text=piece, thinking=True))
+            for piece in words(result.text):
+                on_delta(DeltaEvent(text=piece))
+        return result
+
+    def answer(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
         signal.throw_if_aborted()
         index = len(self.requests)
         self.requests.append(request)
@@ -93,3 +111,11 @@ class ScriptedModel:
         if isinstance(turn, PromptGenResult):
             return turn
         return PromptGenResult.model_validate(turn)
+
+
+def words(text: str) -> list[str]:
+    """`text` in pieces that join back to it: each word with the spaces before it."""
+    pieces: list[str] = []
+    for index, word in enumerate(text.split(" ")):
+        pieces.append(word if index == 0 else " " + word)
+    return [piece for piece in pieces if piece]

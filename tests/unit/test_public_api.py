@@ -20,6 +20,7 @@ PUBLIC = [
     "ChatMessage",
     "ContentPart",
     "Decision",
+    "DeltaEvent",
     "ImagePart",
     "Journal",
     "LoopEvent",

@@ -12,6 +12,12 @@ of the caller's journal (`model:<n>`, `tool:<id>`, `tool:<id>:start`, `tool:<id>
 stores is JSON and every decision after it is made from that stored value, so a rerun with the same
 journal replays finished steps without calling anything and rebuilds the same history, spend and
 events. Budget checks run inside the step they guard, so a replayed step is never checked again.
+
+Streaming (SPEC 4.3): with an `on_step` and a `generate` that takes `on_delta`, the deltas of a model
+step reach `on_step` as `DeltaEvent`s stamped with the step, as they arrive, before the step's
+`ModelEvent`. They are not part of the step's stored value, so a replayed step emits none. When the
+call fails after deltas went out, a discard delta follows them (the step will be made again or the
+run fails: either way what they said is not in the journal).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from toolloop import telemetry
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
     AssistantMessage,
+    DeltaEvent,
     FinishReason,
     PromptGenRequest,
     PromptGenResult,
@@ -32,6 +39,7 @@ from toolloop.contract import (
     ToolMessage,
     UserMessage,
 )
+from toolloop.deltas import Relay, takes_on_delta
 from toolloop.errors import PromptGenError
 from toolloop.loop.approvals import (
     NOT_RUN_ASKED,
@@ -121,6 +129,8 @@ class _Run:
         self.finish_started = False
         self.retry_max_tokens: int | None = None
         """Set after an answer whose tool call was cut off: the output room of the repeated turn."""
+        self.streams = options.on_step is not None and takes_on_delta(options.generate)
+        """Whether model calls get an `on_delta` (only a generate that takes one, only with on_step)."""
 
     # -- the turn ----------------------------------------------------------------------------------
 
@@ -231,7 +241,7 @@ class _Run:
                 cache_system=cache_system,
             )
             with telemetry.chat_span(request, f"model:{self.steps + 1}") as span:
-                result = await call(options.generate, request, self.signal_for(signal))
+                result = await self.generate(request, self.signal_for(signal), self.steps + 1)
                 if not isinstance(result, PromptGenResult):
                     result = PromptGenResult.model_validate(result)
                 telemetry.chat_result(span, request, result)
@@ -241,6 +251,21 @@ class _Run:
             return StepResult(value=value, cost_usd=result.cost_usd)
 
         return work
+
+    async def generate(self, request: PromptGenRequest, signal: AbortSignal, turn: int) -> Any:
+        """The model call of step `turn`; its deltas go to on_step stamped with the step."""
+        if not self.streams:
+            return await call(self.options.generate, request, signal)
+
+        def stamped(event: DeltaEvent) -> None:
+            self.emit(event if event.step == turn else event.model_copy(update={"step": turn}))
+
+        relay = Relay(stamped)
+        try:
+            return await call(self.options.generate, request, signal, on_delta=relay)
+        except BaseException:
+            relay.discard()
+            raise
 
     def record_model(self, turn: int, value: Any) -> PromptGenResult:
         result = validated(PromptGenResult, value["result"])

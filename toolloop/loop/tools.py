@@ -24,9 +24,9 @@ _DATA = frozenset({"default", "const", "enum", "examples", "example"})
 NO_OUTPUT = "(no output)"
 
 
-async def call(fn: Any, *args: Any) -> Any:
+async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a sync or async callable and return its result."""
-    result = fn(*args)
+    result = fn(*args, **kwargs)
     if inspect.isawaitable(result):
         return await result
     return result

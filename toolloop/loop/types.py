@@ -17,8 +17,8 @@ from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import (
     ChatMessage,
     ContentPart,
+    DeltaEvent,
     FinishReason,
-    PromptGenRequest,
     PromptGenResult,
     PromptGenUsage,
     ToolCall,
@@ -139,7 +139,9 @@ StepWork = Callable[[AbortSignal], Awaitable[StepResult]]
 StepFn = Callable[[str, StepWork], Awaitable[Any]]
 """The journal: `await step(key, work)` runs `work` once per key and returns the stored value."""
 
-Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
+Generate = Callable[..., Awaitable[PromptGenResult]]
+"""`generate(request, signal)`, or `generate(request, signal, on_delta=None)` for a model that streams
+(SPEC 4.3): the loop passes `on_delta` only to a callable that takes it, and only with an `on_step`."""
 
 
 # -- events --------------------------------------------------------------------------------------
@@ -192,7 +194,9 @@ class BudgetEvent(_Value):
     mode: Literal["finish", "stop"]
 
 
-LoopEvent = Annotated[ModelEvent | ToolEvent | BudgetEvent, Field(discriminator="kind")]
+LoopEvent = Annotated[ModelEvent | ToolEvent | BudgetEvent | DeltaEvent, Field(discriminator="kind")]
+"""`DeltaEvent` (SPEC 4.3; defined with the contract types, as providers make them): the text of a
+model step as it streams, before that step's `ModelEvent`. Never journaled; a replayed step has none."""
 LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
 
 

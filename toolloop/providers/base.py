@@ -10,18 +10,22 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from toolloop.abort import AbortSignal
-from toolloop.contract import PromptGenRequest, PromptGenResult
+from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 
 
 @runtime_checkable
 class PromptGenHandler(Protocol):
     """One provider. `estimate` is the USD cost ceiling of a request, without network; `execute`
     makes the call. Both raise `PromptGenUnavailableError(reason="unsupported")` for a request the
-    provider cannot express, before any call."""
+    provider cannot express, before any call. A handler that streams calls `on_delta` with each text
+    or thinking delta as it arrives (SPEC 4.3) and returns the same result as without it; a handler
+    whose `execute` takes no `on_delta` still serves (the facade calls it without one)."""
 
     def estimate(self, request: PromptGenRequest) -> float: ...
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult: ...
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+    ) -> PromptGenResult: ...
 
 
 class Secret:

@@ -8,6 +8,10 @@ a bad request), and the caller's abort, is raised at once. When every provider f
 error is raised. Each switch logs a warning (`from`, `to`, `reason`); the answer of a provider after
 a switch carries `meta["fallback_from"]`: the providers that failed before it, in order, each with
 its reason, so the run's `ModelEvent` shows the switch.
+
+Streaming (SPEC 4.3): `on_delta` is passed to each handler whose `execute` takes it; before moving
+to the next provider after deltas went out, a discard delta (`DeltaEvent(discard=True)`) says
+they are void.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from toolloop.abort import NEVER_ABORTED, AbortSignal
-from toolloop.contract import PromptGenRequest, PromptGenResult
+from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
+from toolloop.deltas import Relay, takes_on_delta
 from toolloop.errors import PromptGenError, is_prompt_gen_unavailable
 from toolloop.providers.base import PromptGenHandler
 
 log = logging.getLogger("toolloop.providers")
 
-Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
+Generate = Callable[..., Awaitable[PromptGenResult]]
+"""`async (request, signal, on_delta=None) -> PromptGenResult`."""
 
 
 def is_capacity(error: BaseException) -> bool:
@@ -49,6 +55,8 @@ class PromptGen:
         fallback: Sequence[str] = (),
     ) -> None:
         self._handlers: dict[str, PromptGenHandler] = dict(handlers)
+        self._streams = {name: takes_on_delta(h.execute) for name, h in self._handlers.items()}
+        """Which handlers take `on_delta` (a handler written before streaming does not)."""
         self.default_provider = default_provider
         self.fallback: list[str] = list(fallback)
 
@@ -83,9 +91,12 @@ class PromptGen:
         *,
         signal: AbortSignal | None = None,
         provider: str | None = None,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
-        """One model call; `result.meta["provider"]` names the provider that answered."""
+        """One model call; `result.meta["provider"]` names the provider that answered. `on_delta`
+        receives the answer's deltas as they stream in (handlers that stream; SPEC 4.3)."""
         signal = signal or NEVER_ABORTED
+        relay = None if on_delta is None else Relay(on_delta)
         head = provider or self.default_provider
         self.handler(head)
         chain = list(dict.fromkeys([head, *self.fallback]))
@@ -97,10 +108,15 @@ class PromptGen:
                 log.warning("prompt-gen fallback %r is not registered; skipped", name)
                 continue
             try:
-                result = await handler.execute(request, signal)
+                if relay is not None and self._streams.get(name, False):
+                    result = await handler.execute(request, signal, on_delta=relay)
+                else:
+                    result = await handler.execute(request, signal)
             except Exception as error:
                 if signal.aborted or not (is_prompt_gen_unavailable(error) or is_capacity(error)):
                     raise
+                if relay is not None:
+                    relay.discard()
                 last = error
                 reason = _reason(error)
                 failed.append({"provider": name, "reason": reason})
@@ -122,9 +138,12 @@ class PromptGen:
         raise last
 
     def as_generate(self, provider: str | None = None) -> Generate:
-        """The `async (request, signal) -> PromptGenResult` callable that `run_tool_loop` takes."""
+        """The `async (request, signal, on_delta=None) -> PromptGenResult` callable that
+        `run_tool_loop` takes."""
 
-        async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
-            return await self.generate(request, signal=signal, provider=provider)
+        async def generate(
+            request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        ) -> PromptGenResult:
+            return await self.generate(request, signal=signal, provider=provider, on_delta=on_delta)
 
         return generate

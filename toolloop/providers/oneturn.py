@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from toolloop.abort import AbortSignal
-from toolloop.contract import PromptGenRequest, PromptGenResult, PromptGenUsage
+from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, PromptGenUsage
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelPrice, token_cost
@@ -77,7 +77,9 @@ class OpenAIHandler:
         price = self.catalog.price(request.model or self.default_model)
         return _estimate(price, request, max_tokens_of(request, 4096))
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+    ) -> PromptGenResult:
         signal.throw_if_aborted()
         refuse_unless_one_turn(self.name, request)
         model = request.model or self.default_model
@@ -174,7 +176,9 @@ class ClaudeHandler(_CliHandler):
         model = _CLAUDE_ALIASES.get(model or "sonnet", model or "")
         return default_catalog().price(model)
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+    ) -> PromptGenResult:
         refuse_unless_one_turn(self.name, request)
         args = ["-p", "--output-format", "json"]
         model = request.model or self.default_model
@@ -219,7 +223,9 @@ class CodexHandler(_CliHandler):
     def _price(self, model: str | None) -> ModelPrice | None:
         return default_catalog().price(model) if model else None
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+    ) -> PromptGenResult:
         refuse_unless_one_turn(self.name, request)
         model = request.model or self.default_model
         args = ["exec", "--json", "--skip-git-repo-check"] + (["-m", model] if model else []) + ["-"]

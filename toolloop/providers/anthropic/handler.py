@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import httpx
 
 from toolloop.abort import AbortSignal
-from toolloop.contract import PromptGenRequest, PromptGenResult
+from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenUnavailableError
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import build_body
@@ -82,7 +82,9 @@ class AnthropicHandler:
         total = estimate_input_tokens(request) * price.input + output * price.output
         return round(total / 1_000_000, 6)
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+    ) -> PromptGenResult:
         signal.throw_if_aborted()
         check_request(self.name, request)
         model = request.model or self.default_model

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import httpx
 
 from toolloop.abort import AbortSignal
-from toolloop.contract import PromptGenRequest, PromptGenResult, ToolChoiceName
+from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, ToolChoiceName
 from toolloop.errors import PromptGenUnavailableError
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
@@ -94,7 +94,9 @@ class FalHandler:
         total = tokens * price.input + max_tokens_of(request, DEFAULT_MAX_TOKENS) * price.output
         return round(total / 1_000_000, 6)
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+    ) -> PromptGenResult:
         signal.throw_if_aborted()
         check_request(self.name, request)
         model, info, price = self._model(request)
