@@ -43,7 +43,7 @@ from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers import approvals, consumer, flow, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
-from workers.deltas import DeltaStream
+from workers.deltas import DeltaStream, streaming
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
 from workers.live import Begun, LiveLoop, keep, take
@@ -211,11 +211,12 @@ class _Step:
             if spec.stream:  # model text to the event stream as it comes (workers/deltas.py)
                 live.deltas = DeltaStream(r, live.events.append)
                 live.deltas.bind(self.batch, self.token, self.segment)
-            generate = runtime.generate_for(spec.provider, spec.fallback)
+            generate = runtime.generate_for(spec.provider, spec.fallback, stream=spec.stream)
+            generate = flow.wrap_generate(
+                generate if self.metrics is None else counted(generate, spec.provider, self.metrics), spec
+            )
             options = RunToolLoopOptions(
-                generate=flow.wrap_generate(
-                    generate if self.metrics is None else counted(generate, spec.provider, self.metrics), spec
-                ),
+                generate=generate if live.deltas is None else streaming(generate),
                 model=spec.model,
                 system=spec.system,
                 messages=messages,
