@@ -36,6 +36,7 @@ from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.deltas import takes_on_delta
 from toolloop.journal import keys, scripts
 from toolloop.loop.tools import call
+from workers.killpoints import kill_point
 from workers.redisio import Batch
 
 log = logging.getLogger("toolloop.workers")
@@ -66,6 +67,18 @@ def streaming(generate: Generate) -> Callable[..., Any]:
             ON_DELTA.reset(token)
 
     return streamed
+
+
+def without_deltas(generate: Any) -> Generate:
+    """A plain generate of a run that does not stream: as is, or without its `on_delta` (the loop
+    gives `on_delta` to any generate that takes one, and the worker's `on_step` keeps every event)."""
+    if not takes_on_delta(generate):
+        return generate  # type: ignore[no-any-return]
+
+    async def plain(request: PromptGenRequest, signal: Any) -> PromptGenResult:
+        return await call(generate, request, signal)  # type: ignore[no-any-return]
+
+    return plain
 
 
 def streamed_from(prompt_gen: Any, provider: str | None, fallback: list[str]) -> Generate:
@@ -102,7 +115,7 @@ class DeltaStream:
     """One run's deltas, kept with its loop across the steps this process runs (`bind` each step)."""
 
     __slots__ = ("attempt", "backed", "batch", "keep", "last", "parts", "redo", "run_id", "segment",
-                 "step", "thinking", "timer", "token")  # fmt: skip
+                 "step", "thinking", "timer", "token", "writes")  # fmt: skip
 
     def __init__(self, run_id: str, keep: Callable[[Any], Any]) -> None:
         self.run_id = run_id
@@ -127,6 +140,8 @@ class DeltaStream:
         """The step (attempt) that runs the loop now: its batch, fencing token and segment."""
         self.batch, self.token, self.segment = batch, token, segment
         self.attempt, self.redo, self.backed, self.last = str(token), 0, "", -1.0
+        self.writes = 0
+        """Delta writes of this step (the kill point `stream:write` counts them)."""
 
     def on_step(self, event: Any) -> None:
         """`RunToolLoopOptions.on_step`: deltas to the stream, the rest to `keep`."""
@@ -194,6 +209,8 @@ class DeltaStream:
         if self.batch is None:
             return
         r = self.run_id
+        self.writes += 1
+        kill_point("stream:write", run=r, key=f"s{self.segment}/model:{self.step}", write=self.writes)
         written = self.batch.script(
             scripts.DELTA_FLUSH,
             [keys.state(r), keys.fence(r), keys.events(r)],

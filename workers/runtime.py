@@ -194,8 +194,8 @@ def generate_for(provider: str | None, fallback: list[str], *, stream: bool = Fa
     prompt_gen = _get_prompt_gen()
     if stream:
         return deltas.streamed_from(prompt_gen, provider, fallback)
-    if not hasattr(prompt_gen, "generate"):
-        return prompt_gen  # type: ignore[no-any-return]  # a plain generate(request, signal)
+    if not hasattr(prompt_gen, "generate"):  # a plain generate(request, signal[, on_delta])
+        return deltas.without_deltas(prompt_gen)
     if fallback:
         prompt_gen = type(prompt_gen)(
             {name: prompt_gen.handler(name) for name in prompt_gen.providers()},

@@ -1,0 +1,110 @@
+"""A streaming durable run (RunSpec.stream) through a real worker: the model's text reaches a
+`Client.events` reader as `delta` entries, batched, before each step's `model` event, and a reader
+that drops and comes back with its last id gets every delta once, in order."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Worker, start_worker
+from tests.integration.runs_kit import client_on, spec
+from tests.integration.streamer import answer_words
+from toolloop.embedded import EmbeddedServer, start_server
+from workers.client import Client
+from workers.records import RunEventRecord
+
+WORDS = 120
+WORD_MS = 5
+
+
+@pytest.fixture(scope="module")
+def stream_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path_factory.mktemp("stream-redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def stream_worker(stream_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    directory: Path = tmp_path_factory.mktemp("stream-worker")
+    env = {
+        "TOOLLOOP_PROMPT_GEN": "tests.integration.streamer:make",
+        "TOOLLOOP_TEST_STREAM_WORDS": str(WORDS),
+        "TOOLLOOP_TEST_STREAM_MS": str(WORD_MS),
+    }
+    process = start_worker(stream_redis.url, directory, env)
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(stream_redis: EmbeddedServer, stream_worker: Worker) -> Iterator[Client]:
+    yield from client_on(stream_redis)
+
+
+def ms(entry_id: str) -> int:
+    return int(entry_id.split("-")[0])
+
+
+def test_a_reader_that_reconnects_with_its_last_id_gets_every_delta_once_in_order(client: Client) -> None:
+    run_id = client.enqueue(spec("You add numbers.", stream=True))
+    first: list[RunEventRecord] = []
+    for event in client.events(run_id, follow=True):
+        first.append(event)
+        if sum(e.kind == "delta" for e in first) == 5:
+            break  # the page closed mid-answer
+    rest = list(client.events(run_id, follow=True, after=first[-1].id))
+    seen = first + rest
+    stored = list(client.events(run_id))  # the whole stream, read once the run ended
+
+    assert [e.id for e in seen] == [e.id for e in stored]  # nothing missed, nothing twice, in order
+    assert client.status(run_id).status == "done"
+    models = [e for e in stored if e.kind == "model"]
+    assert len(models) == 2
+    for model in models:  # each step's deltas spell its model event's text, and come before it
+        before = stored[: stored.index(model)]
+        text = "".join(e.text for e in before if e.kind == "delta" and e.step == model.step)
+        assert text == model.text == "".join(answer_words(model.step, WORDS))
+    assert not [e for e in stored if e.kind == "discarded"]
+    committed = [e for e in stored if e.committed]
+    assert [e.seq for e in committed] == list(range(1, len(committed) + 1))
+    assert [e.kind for e in client.events(run_id, deltas=False)] == [e.kind for e in committed]
+
+
+def test_deltas_are_batched_at_most_one_write_per_50_ms(client: Client) -> None:
+    run_id = client.enqueue(spec("You add numbers.", stream=True))
+    client.wait(run_id, timeout=60)
+    stored = list(client.events(run_id))
+    for step in (1, 2):
+        deltas = [e for e in stored if e.kind == "delta" and e.step == step]
+        assert len(deltas) < WORDS / 4  # 120 words over ~600 ms: about 12 writes, not 120
+        gaps = [ms(b.id) - ms(a.id) for a, b in itertools.pairwise(deltas[:-1])]
+        assert gaps and min(gaps) >= 40, gaps  # the last one goes with the model event, early
+
+
+def test_a_run_without_stream_writes_no_deltas(client: Client) -> None:
+    run_id = client.enqueue(spec("You add numbers."))
+    client.wait(run_id, timeout=60)
+    kinds = [e.kind for e in client.events(run_id)]
+    assert "delta" not in kinds and kinds.count("model") == 2, kinds
+
+
+def test_a_run_cancelled_mid_answer_marks_its_text_discarded(client: Client) -> None:
+    run_id = client.enqueue(spec("You add numbers.", stream=True))
+    for event in client.events(run_id, follow=True):
+        if event.kind == "delta":
+            client.cancel(run_id)
+            break
+    status = client.wait(run_id, timeout=60)
+    stored = list(client.events(run_id))
+    deltas = [e for e in stored if e.kind == "delta"]
+    marks = [e for e in stored if e.kind == "discarded"]
+    assert status.status == "cancel"
+    assert deltas and [(m.step, m.attempt) for m in marks] == [(deltas[0].step, deltas[0].attempt)]
+    assert stored.index(marks[0]) > stored.index(deltas[-1])  # after every delta it voids
+    assert json.dumps([e.kind for e in stored if e.committed]).count("model") == 0
