@@ -1,6 +1,7 @@
-"""CPU per model call at many calls in flight, on the two HTTP paths of toolloop.providers.http:
-a fresh httpx client per call (the library default) and the keep-alive aiohttp session a worker
-registers for its loop (`http.keep_alive`). The simulator answers every call after --latency s.
+"""CPU per model call at many calls in flight, on the two HTTP clients of toolloop.providers.client:
+a fresh httpx client per call (`HttpxClient`, the library default) and the keep-alive aiohttp
+session a worker hands its providers (`KeepAliveClient`). The simulator answers every call after
+--latency s.
 
     .venv/bin/python bench/http_clients.py [--calls 500] [--rounds 3] [--latency 1]
 
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from toolloop.abort import NEVER_ABORTED
 from toolloop.providers import http
 from toolloop.providers.base import Secret
+from toolloop.providers.client import HttpClient, HttpxClient, KeepAliveClient
 from toolloop.sim import SimServer
 
 BODY = {
@@ -31,13 +33,13 @@ BODY = {
     "max_tokens": 100,
     "messages": [{"role": "user", "content": "hi " * 300}],
 }
+KEY = Secret("sim-key")
 HEADERS = {"x-api-key": "sim-key", "anthropic-version": "2023-06-01"}
 
 
 async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
     """CPU µs per call of `count` rounds of `calls` concurrent POSTs (after one warm-up round)."""
-    if path == "keep-alive":
-        assert http.keep_alive(asyncio.get_running_loop()), "aiohttp is not installed"
+    client: HttpClient = KeepAliveClient() if path == "keep-alive" else HttpxClient()
     endpoint = http.Endpoint(provider="anthropic", url=url, key_env="ANTHROPIC_API_KEY", timeout_s=60,
                              policy=http.RetryPolicy())  # fmt: skip
     per_call: list[float] = []
@@ -45,13 +47,13 @@ async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
         for index in range(count + 1):
             cpu = time.thread_time()
             await asyncio.gather(*[
-                http.post_json(endpoint, BODY, HEADERS, NEVER_ABORTED, secret=Secret("sim-key"))
+                http.call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
                 for _ in range(calls)
             ])  # fmt: skip
             if index:
                 per_call.append((time.thread_time() - cpu) * 1e6 / calls)
     finally:
-        await http.close_keep_alive()
+        await client.aclose()
     return per_call
 
 

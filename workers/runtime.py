@@ -4,7 +4,7 @@ cancellation.
 - One long-lived asyncio loop per process (uvloop when installed), in a daemon thread. The step
   consumer (workers/consumer.py) runs steps on it directly; with `--step-queues none` each thread of
   the threads pool submits its step's coroutine here (`run`) and blocks on the future. Either way
-  many slow model calls share one loop, one keep-alive HTTP transport (`http.keep_alive`) and one
+  many slow model calls share one loop, one keep-alive HTTP client (`KeepAliveClient`) and one
   Redis pipeline per loop turn (`batch`, workers/redisio.py).
 - Cancellation: a listener thread subscribes to `keys.CANCEL_CHANNEL`; a run id published there
   aborts the controller of that run's live step if this process runs it (`arm` / `disarm`).
@@ -33,7 +33,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.journal import keys
-from toolloop.providers.http import keep_alive
+from toolloop.providers.client import client_from_env
 from workers import deltas, tracing, wire
 from workers.metrics import STEP_QUEUES, Metrics
 from workers.redisio import Batch, Leases, packed_pool
@@ -106,7 +106,6 @@ def loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if _loop is None:
             _loop = _new_loop()
-            keep_alive(_loop)
             # sync tools run in threads (workers.toolsets.for_worker): room for many at once
             _loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="toolloop-tool"))
             threading.Thread(target=_loop.run_forever, name="toolloop-asyncio", daemon=True).start()
@@ -225,7 +224,7 @@ def _get_prompt_gen() -> Any:
             else:
                 from toolloop.providers import from_env
 
-                _prompt_gen = from_env()
+                _prompt_gen = from_env(http_client=client_from_env())  # keep-alive, for the kept loop
         return _prompt_gen
 
 

@@ -1,5 +1,5 @@
 """Keep-alive connections the server closed while idle: a model call on one is retried once on a fresh
-connection, so it never fails for it (toolloop/providers/http.py, `KeepAlive`).
+connection, so it never fails for it (toolloop/providers/client.py, `KeepAliveClient`).
 
 The simulator closes a connection idle for more than 1 s when the next request arrives on it, before
 any response (`SimServer(idle_timeout_s=1.0)`: a request crossing a load balancer's close of an
@@ -18,7 +18,8 @@ import pytest
 
 from toolloop import PromptGenRequest, UserMessage
 from toolloop.abort import NEVER_ABORTED
-from toolloop.providers import AnthropicHandler, RetryPolicy, http
+from toolloop.providers import AnthropicHandler, RetryPolicy
+from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import SimServer
 
 CONVERSATIONS = 50
@@ -30,10 +31,10 @@ ONE_TRY = RetryPolicy(attempts=1)  # no retries of the provider's own: a stale c
 async def test_calls_after_idle_gaps_never_fail_on_a_connection_the_server_closed() -> None:
     rng = random.Random(5)
     with SimServer([], idle_timeout_s=1.0) as sim:
+        client = KeepAliveClient()
         handler = AnthropicHandler(
-            "sk-ant-FAKE-keepalive", base_url=sim.base_url, timeout_s=10, retry=ONE_TRY
+            "sk-ant-FAKE-keepalive", base_url=sim.base_url, timeout_s=10, retry=ONE_TRY, http_client=client
         )
-        assert http.keep_alive(asyncio.get_running_loop())
         failures: list[str] = []
 
         async def call(index: int, turn: int) -> None:
@@ -48,9 +49,9 @@ async def test_calls_after_idle_gaps_never_fail_on_a_connection_the_server_close
             for turn in range(CALLS):  # every conversation calls, then all sit idle past the 1 s
                 await asyncio.gather(*(call(index, turn) for index in range(CONVERSATIONS)))
                 await asyncio.sleep(rng.uniform(1.05, 1.1))
-            assert http.keep_alive_used()
+            assert client.used
         finally:
-            await http.close_keep_alive()
+            await client.aclose()
         served = sim.stats()["statuses"]
     assert failures == [], f"{len(failures)} of {CONVERSATIONS * CALLS} calls failed, e.g. {failures[:3]}"
     assert served["200"] == CONVERSATIONS * CALLS

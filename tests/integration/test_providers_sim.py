@@ -36,7 +36,8 @@ from toolloop import (
     UserMessage,
     run_tool_loop,
 )
-from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy, http
+from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy
+from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import Script, SimRequest, SimServer, SimTurn
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0, short_retry_after_s=1.0)
@@ -44,19 +45,25 @@ SYSTEM = "You review storyboards shot by shot and report what to change. " * 80 
 EPHEMERAL = {"type": "ephemeral"}
 
 
-@pytest.fixture(params=["per-call client", "keep-alive transport"], autouse=True)
+CLIENT: dict[str, KeepAliveClient] = {}
+"""The keep-alive client of the running test, when it runs on that path (set by `http_path`)."""
+
+
+@pytest.fixture(params=["per-call client", "keep-alive client"], autouse=True)
 async def http_path(request: pytest.FixtureRequest) -> Any:
-    """Every test runs on both HTTP paths: a client per call (the library's default) and the
-    keep-alive aiohttp transport a worker registers for its loop (toolloop.providers.http)."""
+    """Every test runs on both HTTP paths: a client per call (a handler's own, the library's
+    default) and the keep-alive aiohttp client a worker hands its providers
+    (toolloop/providers/client.py)."""
     if request.param == "per-call client":
         yield
         return
-    assert http.keep_alive(asyncio.get_running_loop())
+    client = CLIENT["client"] = KeepAliveClient()
     try:
         yield
-        assert http.keep_alive_used(), "the test's calls never went through the keep-alive transport"
+        assert client.used, "the test's calls never went through the keep-alive client"
     finally:
-        await http.close_keep_alive()
+        del CLIENT["client"]
+        await client.aclose()
 
 
 class Recording:
@@ -83,10 +90,12 @@ def serve(policy: Any, **options: Any) -> SimServer:
 
 
 def anthropic(sim: SimServer, key: str = FAKE_KEY, **options: Any) -> AnthropicHandler:
+    options.setdefault("http_client", CLIENT.get("client"))
     return AnthropicHandler(key, base_url=sim.base_url, retry=options.pop("retry", FAST), **options)
 
 
 def fal(sim: SimServer, key: str = FAKE_KEY, **options: Any) -> FalHandler:
+    options.setdefault("http_client", CLIENT.get("client"))
     return FalHandler(key, run_url=sim.base_url, retry=options.pop("retry", FAST), **options)
 
 

@@ -9,7 +9,8 @@
 A missing key is not an error here: that provider's calls raise unavailable "auth", so a fallback
 moves on. Blank values count as unset. `catalog` (default `default_catalog()`) and `prices` are
 given to every handler: `from_env(catalog=default_catalog().with_models(ModelInfo(...)))` adds or
-overrides models for the whole chain.
+overrides models for the whole chain. `http_client` (default: each handler's own) is the HTTP client
+of every HTTP provider: a worker passes one `KeepAliveClient` for its long-lived loop.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.base import PromptGenHandler
 from toolloop.providers.catalog import Catalog, ModelPrice
+from toolloop.providers.client import HttpClient
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
 from toolloop.providers.models import default_catalog
@@ -31,6 +33,7 @@ def from_env(
     *,
     catalog: Catalog | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
+    http_client: HttpClient | None = None,
 ) -> PromptGen:
     """Every provider, registered from `env` (default `os.environ`), shaping and pricing requests
     from `catalog` with `prices` laid over it."""
@@ -43,13 +46,19 @@ def from_env(
 
     handlers: dict[str, PromptGenHandler] = {
         "anthropic": AnthropicHandler(
-            get("ANTHROPIC_API_KEY"), base_url=get("ANTHROPIC_BASE_URL"), catalog=catalog
+            get("ANTHROPIC_API_KEY"),
+            base_url=get("ANTHROPIC_BASE_URL"),
+            catalog=catalog,
+            http_client=http_client,
         ),
-        "fal": FalHandler(get("FAL_KEY"), run_url=get("FAL_RUN_URL"), catalog=catalog),
+        "fal": FalHandler(
+            get("FAL_KEY"), run_url=get("FAL_RUN_URL"), catalog=catalog, http_client=http_client
+        ),
         "openai": OpenAIHandler(
             get("OPENAI_API_KEY"),
             base_url=get("OPENAI_BASE_URL") or "https://api.openai.com",
             catalog=catalog,
+            http_client=http_client,
         ),
         "codex": CodexHandler(),
         "claude": ClaudeHandler(),

@@ -20,9 +20,10 @@ from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, Prompt
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelPrice, token_cost
+from toolloop.providers.client import HttpClient, HttpxClient
 from toolloop.providers.common import estimate_tokens, input_text, max_tokens_of, reasoning_of
 from toolloop.providers.fal.response import parse_completion
-from toolloop.providers.http import Endpoint, RetryPolicy, post_json, race
+from toolloop.providers.http import Endpoint, RetryPolicy, call_json, race
 from toolloop.providers.models import default_catalog
 
 _CLAUDE_ALIASES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-4-5"}
@@ -60,14 +61,14 @@ class OpenAIHandler:
         timeout_s: float = 120.0,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        http_client: HttpClient | None = None,
     ) -> None:
         self._key = Secret(api_key)
         self.default_model = default_model
         self.catalog = (catalog or default_catalog()).with_prices(prices or {})
         url = base_url.rstrip("/") + "/v1/chat/completions"
-        self.endpoint = Endpoint(
-            self.name, url, "OPENAI_API_KEY", timeout_s, retry or RetryPolicy(), transport
-        )
+        self.endpoint = Endpoint(self.name, url, "OPENAI_API_KEY", timeout_s, retry or RetryPolicy())
+        self.http: HttpClient = http_client or HttpxClient(transport)
 
     def __repr__(self) -> str:
         return f"OpenAIHandler(url={self.endpoint.url!r}, key={'set' if self._key else 'missing'})"
@@ -100,7 +101,7 @@ class OpenAIHandler:
         if reasoning is not None:
             body["reasoning_effort"] = "minimal" if reasoning == "off" else reasoning
         headers = {"authorization": f"Bearer {key}"}
-        data = await post_json(self.endpoint, body, headers, signal, secret=self._key)
+        data = await call_json(self.endpoint, body, headers, signal, client=self.http, secret=self._key)
         return parse_completion(
             data, price=price, model=model, input_text=input_text(request), provider=self.name
         )

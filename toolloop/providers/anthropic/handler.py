@@ -1,4 +1,10 @@
-"""`AnthropicHandler`: the native Messages API provider (SPEC 3.2: serves messages, tools, marks)."""
+"""`AnthropicHandler`: the native Messages API provider (SPEC 3.2: serves messages, tools, marks).
+
+It streams (`"stream": true`, toolloop/providers/anthropic/stream.py) when the caller passes
+`on_delta`, or when the body's `max_tokens` is above `NON_STREAMING_MAX_TOKENS` (21,333: the SDK
+refuses such a call non-streamed, as it may outlive 10 minutes); else it asks for the whole answer.
+Either way the result is the same `PromptGenResult`; streamed, `timeout_s` is an idle timeout.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ from toolloop.errors import PromptGenUnavailableError
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import build_body
 from toolloop.providers.anthropic.response import parse_message
+from toolloop.providers.anthropic.stream import NON_STREAMING_MAX_TOKENS, MessageStream
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
+from toolloop.providers.client import HttpClient, HttpxClient
 from toolloop.providers.common import (
     cache_ttl_of,
     check_request,
@@ -24,7 +32,7 @@ from toolloop.providers.common import (
     read_images,
     reasoning_of,
 )
-from toolloop.providers.http import Endpoint, RetryPolicy, post_json
+from toolloop.providers.http import Endpoint, RetryPolicy, call_json
 from toolloop.providers.models import default_catalog
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -36,7 +44,9 @@ class AnthropicHandler:
     """Calls `POST {base_url}/v1/messages`. The key is read from `api_key` (the caller usually passes
     `ANTHROPIC_API_KEY`); without one, `execute` raises unavailable "auth" and `estimate` works.
     Every request is shaped and priced from `catalog` (default `default_catalog()`), with `prices`
-    laid over it; a retired or unknown model is an error before any call (`Catalog.require`)."""
+    laid over it; a retired or unknown model is an error before any call (`Catalog.require`).
+    `http_client`: the HTTP client to send with (default: its own `HttpxClient`, over `transport`
+    when given); `timeout_s`: the wait for an answer, or, streamed, for each next event."""
 
     name = "anthropic"
 
@@ -52,6 +62,7 @@ class AnthropicHandler:
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         key_env: str = "ANTHROPIC_API_KEY",
+        http_client: HttpClient | None = None,
     ) -> None:
         self._key = Secret(api_key)
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
@@ -63,8 +74,8 @@ class AnthropicHandler:
             key_env=key_env,
             timeout_s=timeout_s,
             policy=retry or RetryPolicy(),
-            transport=transport,
         )
+        self.http: HttpClient = http_client or HttpxClient(transport)
 
     def __repr__(self) -> str:
         key = "set" if self._key else "missing"
@@ -102,7 +113,11 @@ class AnthropicHandler:
         notes: list[str] = []
         body = build_body(request, model=model, reasoning=reasoning, images=images, info=info, notes=notes)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
-        data = await post_json(self.endpoint, body, headers, signal, secret=self._key)
+        streams = on_delta is not None or int(body["max_tokens"]) > NON_STREAMING_MAX_TOKENS
+        if streams:
+            body["stream"] = True
+        data = await call_json(self.endpoint, body, headers, signal, client=self.http, secret=self._key,
+                               stream=MessageStream if streams else None, on_delta=on_delta)  # fmt: skip
         room = max_tokens_of(request, DEFAULT_MAX_TOKENS)
         result = parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room)
         if notes and result.meta is not None:

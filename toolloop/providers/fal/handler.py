@@ -1,4 +1,9 @@
-"""`FalHandler`: fal's OpenAI-compatible router (SPEC 3.2: serves messages, tools, text-part marks)."""
+"""`FalHandler`: fal's OpenAI-compatible router (SPEC 3.2: serves messages, tools, text-part marks).
+
+With `on_delta` it streams (`"stream": true, "stream_options": {"include_usage": true}`;
+toolloop/providers/fal/stream.py); without, it asks for the whole answer. The result is the same;
+streamed, `timeout_s` is an idle timeout between chunks.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, ToolCh
 from toolloop.errors import PromptGenUnavailableError
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
+from toolloop.providers.client import HttpClient, HttpxClient
 from toolloop.providers.common import (
     cache_ttl_of,
     check_request,
@@ -25,7 +31,8 @@ from toolloop.providers.common import (
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
 from toolloop.providers.fal.response import flag, parse_completion
 from toolloop.providers.fal.storage import DEFAULT_UPLOAD_URL, UrlCache, image_urls
-from toolloop.providers.http import Endpoint, RetryPolicy, post_json
+from toolloop.providers.fal.stream import CompletionStream
+from toolloop.providers.http import Endpoint, RetryPolicy, call_json
 from toolloop.providers.models import default_catalog
 
 DEFAULT_RUN_URL = "https://fal.run"
@@ -44,7 +51,9 @@ class FalHandler:
     are left out (`auto`) for an Anthropic model that refuses them; `meta["request_notes"]` says so.
     Images are uploaded to fal storage (`upload_url`; default fal's own with the default `run_url`,
     else `{run_url}/storage/upload/initiate`), each file once: its URL is kept in `self.urls`, an
-    LRU of `url_cache_size` entries by content hash; `upload_images=False` sends data URIs."""
+    LRU of `url_cache_size` entries by content hash; `upload_images=False` sends data URIs.
+    `http_client`: the HTTP client of the model calls (default: its own `HttpxClient`, over
+    `transport` when given)."""
 
     name = "fal"
 
@@ -63,6 +72,7 @@ class FalHandler:
         upload_url: str | None = None,
         upload_images: bool = True,
         url_cache_size: int = 4096,
+        http_client: HttpClient | None = None,
     ) -> None:
         self._key = Secret(api_key)
         self.run_url = (run_url or DEFAULT_RUN_URL).rstrip("/")
@@ -78,8 +88,9 @@ class FalHandler:
             key_env=key_env,
             timeout_s=timeout_s,
             policy=retry or RetryPolicy(),
-            transport=transport,
         )
+        self.transport = transport
+        self.http: HttpClient = http_client or HttpxClient(transport)
 
     def __repr__(self) -> str:
         key = "set" if self._key else "missing"
@@ -117,12 +128,16 @@ class FalHandler:
             upload_url=self.upload_url,
             key=key,
             timeout_s=self.endpoint.timeout_s,
-            transport=self.endpoint.transport,
+            transport=self.transport,
             provider=self.name,
         )
         body = with_ttl(build_body(request, model=model, reasoning=reasoning, images=images), ttl)
         headers = {"authorization": f"Key {key}"}
-        data = await post_json(self.endpoint, body, headers, signal, secret=self._key, flag=flag)
+        if on_delta is not None:
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        stream = CompletionStream if on_delta is not None else None
+        data = await call_json(self.endpoint, body, headers, signal, client=self.http, secret=self._key,
+                               flag=flag, stream=stream, on_delta=on_delta)  # fmt: skip
         result = parse_completion(
             data,
             price=price,

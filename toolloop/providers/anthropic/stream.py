@@ -1,0 +1,166 @@
+"""A streamed Messages API answer (`"stream": true`), read event by event into the message the
+non-streamed answer would have been, so `parse_message` maps both the same way.
+
+Events (the SDK's `RawMessageStreamEvent`; its `accumulate_event` is what this follows):
+    message_start        the message with empty `content` and the input usage
+    content_block_start  a block at `index`: text (""), thinking ("", signature ""), redacted_thinking
+                         (whole), tool_use (`input` {})
+    content_block_delta  text_delta -> the block's text (and a delta to `on_delta`); thinking_delta ->
+                         its thinking (a thinking delta); signature_delta -> its signature;
+                         input_json_delta -> the tool input's JSON text, parsed at the block's stop
+                         (kept as text when it is not JSON: a cut call, or ToolArgumentsError);
+                         citations_delta -> the block's citations
+    content_block_stop   the block is complete
+    message_delta        stop_reason, stop_sequence, stop_details; usage counts are cumulative:
+                         output_tokens overwrites, the input and cache counts overwrite when given
+    message_stop         the end (`done`)
+    ping                 ignored
+    error                `StreamFailure` with the status its type stands for (overloaded -> 529)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolloop.contract import DeltaEvent, OnDelta
+from toolloop.errors import PromptGenError
+from toolloop.providers.http import stream_failure, valid_text
+
+NON_STREAMING_MAX_TOKENS = 21_333
+"""Above this `max_tokens` the answer is streamed even without `on_delta`: the SDK refuses a
+non-streamed call that may take longer than 10 minutes (3600 s x max_tokens / 128,000 > 600 s)."""
+
+_USAGE_OVERWRITTEN = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+                      "server_tool_use", "output_tokens_details")  # fmt: skip
+
+
+class MessageStream:
+    """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
+
+    def __init__(self, on_delta: OnDelta | None) -> None:
+        self.on_delta = on_delta
+        self.message: dict[str, Any] | None = None
+        self.inputs: dict[int, str] = {}
+        """The input_json_delta text of each tool_use block not yet stopped, by index."""
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def event(self, name: str, data: str) -> None:
+        if name == "ping":
+            return
+        if name == "error":
+            raise stream_failure(data)
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            raise _broken(f"an event that is not JSON ({data[:80]!r})") from None
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "error":
+            raise stream_failure(data)
+        if kind == "message_start":
+            message = payload.get("message")
+            if not isinstance(message, dict):
+                raise _broken("a message_start without a message")
+            self.message = {**message, "content": list(message.get("content") or [])}
+            return
+        if self.message is None:
+            raise _broken(f"{kind!r} before message_start")
+        if kind == "content_block_start":
+            self._start(payload)
+        elif kind == "content_block_delta":
+            self._delta(payload)
+        elif kind == "content_block_stop":
+            self._stop(payload.get("index"))
+        elif kind == "message_delta":
+            self._message_delta(payload)
+        elif kind == "message_stop":
+            for index in list(self.inputs):
+                self._stop(index)
+            self._done = True
+
+    def result(self) -> Any:
+        assert self.message is not None
+        return valid_text(self.message)
+
+    def _block(self, payload: dict[str, Any]) -> dict[str, Any]:
+        assert self.message is not None
+        index = payload.get("index")
+        content = self.message["content"]
+        if not isinstance(index, int) or not 0 <= index < len(content):
+            raise _broken(f"a {payload.get('type')} for block {index!r}, of {len(content)}")
+        block: dict[str, Any] = content[index]
+        return block
+
+    def _start(self, payload: dict[str, Any]) -> None:
+        assert self.message is not None
+        block = payload.get("content_block")
+        if not isinstance(block, dict):
+            raise _broken("a content_block_start without a block")
+        self.message["content"].append(dict(block))
+
+    def _delta(self, payload: dict[str, Any]) -> None:
+        block = self._block(payload)
+        raw = payload.get("delta")
+        delta: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        kind = delta.get("type")
+        if kind == "text_delta" and block.get("type") == "text":
+            block["text"] = block.get("text", "") + delta["text"]
+            self._emit(delta["text"], thinking=False)
+        elif kind == "thinking_delta" and block.get("type") == "thinking":
+            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            self._emit(delta["thinking"], thinking=True)
+        elif kind == "signature_delta" and block.get("type") == "thinking":
+            block["signature"] = delta["signature"]
+        elif kind == "input_json_delta":
+            index = int(payload["index"])
+            self.inputs[index] = self.inputs.get(index, "") + str(delta.get("partial_json", ""))
+        elif kind == "citations_delta" and block.get("type") == "text":
+            block.setdefault("citations", []).append(delta.get("citation"))
+
+    def _emit(self, text: Any, *, thinking: bool) -> None:
+        if self.on_delta is not None and isinstance(text, str) and text:
+            self.on_delta(DeltaEvent(text=valid_text(text), thinking=thinking))
+
+    def _stop(self, index: Any) -> None:
+        """A tool_use block's input from its JSON text: parsed, or the text itself when it is not
+        JSON (parse_message then treats it as a cut call or raises ToolArgumentsError)."""
+        raw = self.inputs.pop(index, None) if isinstance(index, int) else None
+        if raw is None or not raw.strip():
+            return
+        block = self._block({"type": "content_block_stop", "index": index})
+        try:
+            block["input"] = json.loads(raw)
+        except ValueError:
+            block["input"] = raw
+
+    def _message_delta(self, payload: dict[str, Any]) -> None:
+        assert self.message is not None
+        delta = payload.get("delta")
+        if isinstance(delta, dict):
+            for key in ("stop_reason", "stop_sequence", "stop_details"):
+                if key in delta:
+                    self.message[key] = delta[key]
+            if delta.get("container") is not None:
+                self.message["container"] = delta["container"]
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            merged = dict(self.message.get("usage") or {})
+            if "output_tokens" in usage:
+                merged["output_tokens"] = usage["output_tokens"]
+            for key in _USAGE_OVERWRITTEN:
+                if usage.get(key) is not None:
+                    merged[key] = usage[key]
+            self.message["usage"] = merged
+
+
+def _broken(what: str) -> PromptGenError:
+    return PromptGenError(
+        f"anthropic sent a stream that cannot be read: {what}.\n"
+        "  Check the base URL points at the Messages API; try again or use another prompt-gen provider.",
+        status=502,
+        retryable=True,
+    )
