@@ -380,7 +380,7 @@ def _record(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
     if "seq" not in fields:  # a delta or a discarded marker (workers/deltas.py)
         return RunEventRecord(
             id=entry_id, seq=None, segment=int(fields["segment"]), kind=fields["kind"],
-            step=int(fields["step"]), attempt=int(fields["attempt"]), **_text(fields),
+            step=int(fields["step"]), attempt=fields["attempt"], **_stream_fields(fields),
         )  # fmt: skip
     data = json.loads(fields.get("data") or "{}")
     data.pop("kind", None)
@@ -392,5 +392,9 @@ def _record(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
     )
 
 
-def _text(fields: dict[str, str]) -> dict[str, str]:
-    return {"text": fields["text"]} if "text" in fields else {}
+def _stream_fields(fields: dict[str, str]) -> dict[str, Any]:
+    """A delta's `text`, and `thinking` True when it is reasoning text."""
+    found: dict[str, Any] = {"text": fields["text"]} if "text" in fields else {}
+    if fields.get("thinking") == "1":
+        found["thinking"] = True
+    return found

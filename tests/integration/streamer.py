@@ -2,7 +2,9 @@
 (TOOLLOOP_PROMPT_GEN="tests.integration.streamer:make"). TOOLLOOP_TEST_STREAM_WORDS words (default
 60), one every TOOLLOOP_TEST_STREAM_MS ms (default 10). The first turn of a run that has the `add`
 tool calls it; the next answers in text. Each word's send time goes to TOOLLOOP_TEST_STREAM_LOG
-when set (one JSON line per call: the first word's time.time())."""
+when set (one JSON line per call: the first word's time.time()). A run whose first user message
+says "redo" begins its first answer again after 10 words (a discard delta, as a provider's retry
+sends), and says "think" streams two words of reasoning text first."""
 
 from __future__ import annotations
 
@@ -38,6 +40,15 @@ def make() -> Any:
     ) -> PromptGenResult:
         turn = 1 + sum(1 for m in request.messages or [] if isinstance(m, AssistantMessage))
         words = answer_words(turn)
+        said = str(getattr((request.messages or [None])[0], "content", ""))
+        if on_delta is not None and "think" in said:
+            for piece in ("let me ", "see "):
+                on_delta(DeltaEvent(text=piece, thinking=True))
+        if on_delta is not None and "redo" in said and turn == 1:
+            for word in [f"old{i} " for i in range(10)]:
+                on_delta(DeltaEvent(text=word))
+                await asyncio.sleep(pause)
+            on_delta(DeltaEvent(discard=True))
         for index, word in enumerate(words):
             signal.throw_if_aborted()
             if index:

@@ -108,3 +108,20 @@ def test_a_run_cancelled_mid_answer_marks_its_text_discarded(client: Client) -> 
     assert deltas and [(m.step, m.attempt) for m in marks] == [(deltas[0].step, deltas[0].attempt)]
     assert stored.index(marks[0]) > stored.index(deltas[-1])  # after every delta it voids
     assert json.dumps([e.kind for e in stored if e.committed]).count("model") == 0
+
+
+def test_an_answer_begun_again_within_a_step_voids_its_first_attempt(client: Client) -> None:
+    run_id = client.enqueue(spec("You add numbers.", user="redo, think", stream=True))
+    seen = list(client.events(run_id, follow=True))
+    step1 = [e for e in seen if not e.committed and e.step == 1]
+    marks = [e for e in step1 if e.kind == "discarded"]
+    assert len(marks) == 1
+    void = marks[0].attempt
+    at = step1.index(marks[0])
+    assert {e.attempt for e in step1[:at]} == {void}  # the first answer, then its marker
+    assert all(e.attempt == f"{void}.1" for e in step1[at + 1 :])  # then the answer begun again
+    thinking = [e for e in step1[:at] if getattr(e, "thinking", False)]
+    assert "".join(e.text for e in thinking) == "let me see "
+    kept = "".join(e.text for e in step1[at + 1 :])
+    model = next(e for e in seen if e.kind == "model" and e.step == 1)
+    assert kept == model.text == "".join(answer_words(1, WORDS))
