@@ -144,10 +144,10 @@ def test_a_policy_that_raises_is_a_500_naming_the_error() -> None:
     assert "no such shot" in response.json()["error"]["message"]
 
 
-def test_a_streaming_request_is_refused_with_a_400_that_says_so(faulty: SimServer) -> None:
-    response = post_anthropic(faulty, anthropic_body() | {"stream": True})
+def test_a_stream_flag_that_is_not_a_boolean_is_a_400_that_says_so(faulty: SimServer) -> None:
+    response = post_anthropic(faulty, anthropic_body() | {"stream": "yes"})
     assert response.status_code == 400
-    assert "does not stream" in response.json()["error"]["message"]
+    assert "stream" in response.json()["error"]["message"]
 
 
 def test_a_body_that_is_not_json_is_a_400(faulty: SimServer) -> None:

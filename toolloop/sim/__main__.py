@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="a request on a keep-alive connection idle longer than this many seconds finds it closed",
     )
+    found.add_argument(
+        "--tokens-per-s", type=float, default=None, help="rate of a streamed answer (default: no pause)"
+    )
     found.add_argument("--rpm", type=int, default=0, help="requests per minute per API key (0: no limit)")
     found.add_argument("--input-tpm", type=int, default=0, help="input tokens per minute per API key")
     found.add_argument("--output-tpm", type=int, default=0, help="output tokens per minute per API key")
@@ -74,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         strict=True if args.strict else None,
         idle_timeout_s=args.idle_timeout,
         rate_limits=SimRateLimits(args.rpm, args.input_tpm, args.output_tpm),
+        tokens_per_s=args.tokens_per_s,
     )
     try:
         server.bind()

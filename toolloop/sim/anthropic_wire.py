@@ -81,7 +81,7 @@ def parse(body: Any) -> Parsed:
     model = body.get("model")
     require(isinstance(model, str) and bool(model), "model: Field required")
     require(isinstance(body.get("max_tokens"), int), "max_tokens: Field required")
-    require(not body.get("stream"), "The simulator does not stream answers; send the request without stream.")
+    require(body.get("stream") in (None, True, False), "stream: Input should be a valid boolean")
     raw_messages = body.get("messages")
     require(
         isinstance(raw_messages, list) and bool(raw_messages), "messages: at least one message is required"

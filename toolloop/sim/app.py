@@ -4,7 +4,9 @@ A model request goes: key check (401) -> header check -> strict mode's SDK valid
 Anthropic wire) -> the catalogue's rules (`rules.py`: 404 for a retired or unknown model, 400 for
 what the model refuses) -> parse (400) -> cache plan (400 for bad marks; reads the cache) -> the
 policy's turn -> its fault, if still due for this history -> latency
-(the server's plus the turn's) -> cache commit (writes) -> the answer, cut to `max_tokens`.
+(the server's plus the turn's) -> cache commit (writes) -> the answer, cut to `max_tokens`; for a
+body with `"stream": true` the same answer as Server-Sent Events at `tokens_per_s`, with the turn's
+mid-stream fault, if any (toolloop/sim/stream.py).
 Nothing but the fault counters, the stats and the prompt cache is kept between requests, so the
 same request always gets the same answer once its faults are used up.
 """
@@ -25,15 +27,15 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from toolloop.providers.catalog import Catalog
 from toolloop.providers.models import default_catalog
-from toolloop.sim import anthropic_wire, fal_wire
+from toolloop.sim import anthropic_wire, fal_wire, stream
 from toolloop.sim.cache import PromptCache
-from toolloop.sim.common import Wire, fit_max_tokens
+from toolloop.sim.common import Parsed, Wire, fit_max_tokens
 from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.rules import SimRefusal, check_anthropic, check_fal
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
@@ -45,6 +47,7 @@ ANTHROPIC_PATH = "/v1/messages"
 FAL_PATH = "/openrouter/router/openai/v1/chat/completions"
 UPLOAD_PATH = "/storage/upload/initiate"
 _SEND_KEY = "toolloop.sim.send"
+MID_STREAM = frozenset({"stream_drop", "stream_error", "stall"})
 
 
 class _Dropped(Response):
@@ -71,8 +74,11 @@ class Simulator:
         strict: bool = False,
         idle_timeout_s: float | None = None,
         rate_limits: SimRateLimits | None = None,
+        tokens_per_s: float | None = None,
     ) -> None:
         self.policy = policy
+        self.tokens_per_s = tokens_per_s
+        """The rate of a streamed answer's token pieces (None: as fast as they can be sent)."""
         self.rate_limits = rate_limits or SimRateLimits()
         self.idle_timeout_s = idle_timeout_s
         self._idle_since: dict[int, tuple[Any, float]] = {}
@@ -224,8 +230,48 @@ class Simulator:
         return endpoint
 
     async def _serve(self, wire: _Wire, http: Request) -> Response:
-        module = wire.module
         request_id = f"req_sim{next(self._ids):012d}"
+        admitted = await self._admit(wire, http, request_id)
+        if isinstance(admitted, Response):
+            return admitted
+        parsed, plan, key, limit_headers = admitted
+        sim = parsed.request
+        self._count("conversations", sim.conversation_id)
+        try:
+            turn = await answer(self.policy, sim)
+        except Exception as error:  # a user's policy: report it rather than hang the client
+            log.exception("the simulator's policy raised")
+            return self._error(wire, 500, f"The simulator's policy raised {error!r}.", request_id)
+        streamed = sim.body.get("stream") is True
+        fault = (
+            turn.fault if turn.fault is not None and self._fault_due(sim.history_hash, turn.fault) else None
+        )
+        if fault is not None:
+            self._count("faults", fault.kind if fault.kind != "error" else f"error:{fault.status}")
+            served = await self._before_answer(wire, http, fault, streamed, request_id)
+            if served is not None:
+                return served
+        await self._sleep(turn)
+        self.cache.commit(plan)
+        refusal = fault is not None and fault.kind == "refusal"
+        body = wire.module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
+        if limit_headers:
+            self.rate_limits.used_output(key, int(body.get("usage", {}).get("output_tokens", 0)))
+        headers = {"request-id": request_id, **limit_headers}
+        if not streamed:
+            return JSONResponse(body, headers=headers)
+        events = stream.anthropic_events(body) if wire.name == "anthropic" else stream.fal_chunks(body)
+        rate = turn.tokens_per_s or self.tokens_per_s
+        mid = fault if fault is not None and fault.kind in MID_STREAM else None
+        chunks = stream.paced(events, wire.name, rate, mid, lambda: self._drop(http))
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+
+    async def _admit(
+        self, wire: _Wire, http: Request, request_id: str
+    ) -> Response | tuple[Parsed, Any, str, dict[str, str]]:
+        """The parsed request, its cache plan, key and rate-limit headers; or the error answer (a bad
+        key, header or body, a rule the model breaks, the rate limit)."""
+        module = wire.module
         key = module.api_key(http.headers)
         if not key or (self.require_key is not None and key != self.require_key):
             return self._error(
@@ -248,7 +294,6 @@ class Simulator:
             return self._error(wire, refused.status, refused.message, request_id)
         except ValueError as error:  # bad JSON, the SDK check, WireInputError, CacheRequestError, ...
             return self._error(wire, 400, str(error), request_id)
-        sim = parsed.request
         limit_headers: dict[str, str] = {}
         if self.rate_limits.on and wire.name == "anthropic":
             wait, limit_headers = self.rate_limits.admit(
@@ -259,29 +304,23 @@ class Simulator:
                 limit_headers["retry-after"] = str(max(1, math.ceil(wait)))
                 message = "This request would exceed your organization's rate limit. Please try again later."
                 return self._error(wire, 429, message, request_id, limit_headers)
-        self._count("conversations", sim.conversation_id)
-        try:
-            turn = await answer(self.policy, sim)
-        except Exception as error:  # a user's policy: report it rather than hang the client
-            log.exception("the simulator's policy raised")
-            return self._error(wire, 500, f"The simulator's policy raised {error!r}.", request_id)
-        refusal = False
-        if turn.fault is not None and self._fault_due(sim.history_hash, turn.fault):
-            fault = turn.fault
-            self._count("faults", fault.kind if fault.kind != "error" else f"error:{fault.status}")
-            if fault.kind == "error":
-                return self._fault_error(wire, fault, request_id)
-            if fault.kind == "drop":
-                return self._drop(http)
-            if fault.kind == "timeout":
-                await asyncio.sleep(fault.seconds)
-            refusal = fault.kind == "refusal"
-        await self._sleep(turn)
-        self.cache.commit(plan)
-        body = module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
-        if limit_headers:
-            self.rate_limits.used_output(key, int(body.get("usage", {}).get("output_tokens", 0)))
-        return JSONResponse(body, headers={"request-id": request_id, **limit_headers})
+        return parsed, plan, key, limit_headers
+
+    async def _before_answer(
+        self, wire: _Wire, http: Request, fault: SimFault, streamed: bool, request_id: str
+    ) -> Response | None:
+        """What a fault serves before any answer (an error, a drop), after its wait (a timeout, or
+        a mid-stream fault of a request that is not streamed); None: the answer follows."""
+        kind: str = fault.kind
+        if kind in MID_STREAM and not streamed:
+            kind = {"stream_drop": "drop", "stream_error": "error", "stall": "timeout"}[kind]
+        if kind == "error":
+            return self._fault_error(wire, fault, request_id)
+        if kind == "drop":
+            return self._drop(http)
+        if kind == "timeout":
+            await asyncio.sleep(fault.seconds)
+        return None
 
     def _fault_due(self, history_hash: str, fault: SimFault) -> bool:
         with self._lock:
@@ -294,7 +333,7 @@ class Simulator:
             await asyncio.sleep(delay)
 
     def _fault_error(self, wire: _Wire, fault: SimFault, request_id: str) -> Response:
-        status = fault.status or 500
+        status = fault.status or (529 if fault.kind == "stream_error" else 500)
         message = fault.message or f"Simulated HTTP {status} (a scripted fault)."
         headers = dict(fault.headers or {})
         if fault.retry_after is not None:

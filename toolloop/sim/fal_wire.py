@@ -77,7 +77,13 @@ def parse(body: Any) -> Parsed:
     require(isinstance(body, dict), "The request body must be a JSON object.")
     model = body.get("model")
     require(isinstance(model, str) and bool(model), "model is required")
-    require(not body.get("stream"), "The simulator does not stream answers; send the request without stream.")
+    require(body.get("stream") in (None, True, False), "stream must be true or false")
+    options = body.get("stream_options")
+    require(
+        options is None
+        or (isinstance(options, dict) and options.get("include_usage") in (None, True, False)),
+        'stream_options must be an object like {"include_usage": true}',
+    )
     raw_messages = body.get("messages")
     require(isinstance(raw_messages, list) and bool(raw_messages), "messages must not be empty")
     blocks: list[Block] = []

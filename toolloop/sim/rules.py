@@ -122,23 +122,28 @@ def _check_messages(messages: Any, system: Any) -> None:
         blocks = content if isinstance(content, list) else []
         uses: set[str] = set()
         for position, block in enumerate(blocks):
-            where = f"messages.{index}.content.{position}"
-            _check_text(block, where)
-            if not isinstance(block, dict):
-                continue
-            if block.get("type") == "tool_use":
-                uses.add(str(block.get("id")))
-            elif block.get("type") == "tool_result":
-                if turn.get("role") == "user" and str(block.get("tool_use_id")) not in previous_uses:
-                    raise SimRefusal(
-                        400,
-                        f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
-                        f"{block.get('tool_use_id')}. Each `tool_result` block must have a corresponding "
-                        "`tool_use` block in the previous message.",
-                    )
-                for inner in block.get("content") or [] if isinstance(block.get("content"), list) else []:
-                    _check_text(inner, where)
+            _check_block(block, f"messages.{index}.content.{position}", turn.get("role"), previous_uses, uses)
         previous_uses = uses if turn.get("role") == "assistant" else set()
+
+
+def _check_block(block: Any, where: str, role: Any, previous_uses: set[str], uses: set[str]) -> None:
+    """One content block: non-empty text; a tool_result answers a tool_use of the previous assistant
+    turn. A tool_use's id joins `uses`."""
+    _check_text(block, where)
+    if not isinstance(block, dict):
+        return
+    if block.get("type") == "tool_use":
+        uses.add(str(block.get("id")))
+    elif block.get("type") == "tool_result":
+        if role == "user" and str(block.get("tool_use_id")) not in previous_uses:
+            raise SimRefusal(
+                400,
+                f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                f"{block.get('tool_use_id')}. Each `tool_result` block must have a corresponding "
+                "`tool_use` block in the previous message.",
+            )
+        for inner in block.get("content") or [] if isinstance(block.get("content"), list) else []:
+            _check_text(inner, where)
 
 
 def _check_text(block: Any, where: str) -> None:

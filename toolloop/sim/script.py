@@ -49,9 +49,17 @@ class SimFault(_Value):
     kind "drop"    close the connection without any response
     kind "refusal" a refusal answer (Anthropic `stop_reason: refusal`; fal `finish_reason:
                    content_filter`)
+    Mid-stream, for a streamed request (`"stream": true`), after `after` token pieces of the answer
+    (toolloop/sim/stream.py; it must have more pieces than that):
+    kind "stream_drop"  close the connection in the middle of the answer
+    kind "stream_error" the wire's error event (`status`, default 529: Anthropic `overloaded_error`)
+                        and the end of the stream
+    kind "stall"        pause `seconds`, then go on with the answer
+    A request that is not streamed gets "stream_drop" as "drop", "stream_error" as "error" (HTTP
+    `status`, default 529) and "stall" as "timeout".
     """
 
-    kind: Literal["error", "timeout", "drop", "refusal"] = "error"
+    kind: Literal["error", "timeout", "drop", "refusal", "stream_drop", "stream_error", "stall"] = "error"
     status: int | None = None
     retry_after: float | None = None
     seconds: float = 0.0
@@ -59,6 +67,7 @@ class SimFault(_Value):
     message: str | None = None
     headers: dict[str, str] | None = None
     error_code: str | None = None
+    after: int = 3
 
     @model_validator(mode="after")
     def _check(self) -> SimFault:
@@ -105,6 +114,8 @@ class SimTurn(_Value):
     max_tokens_needed: int | None = None
     thinking: str | None = None
     redacted_thinking: bool | None = None
+    tokens_per_s: float | None = None
+    """Streamed, the rate of this answer's token pieces (None: the server's `tokens_per_s`)."""
 
     def cut_by(self, max_tokens: Any) -> bool:
         """This answer's last tool call is cut off under `max_tokens`."""

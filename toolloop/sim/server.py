@@ -58,8 +58,10 @@ class SimServer:
         catalog: Catalog | None = None,
         strict: bool | None = None,
         rate_limits: SimRateLimits | None = None,
+        tokens_per_s: float | None = None,
     ) -> None:
-        """`idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
+        """`tokens_per_s`: the rate of a streamed answer (None: as fast as it can be sent).
+        `idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
         when the next request arrives on it, before any response (as when a client's request crosses
         a load balancer's close of an idle connection); None: connections stay open 30 s."""
         catalog = catalog or default_catalog()
@@ -81,6 +83,7 @@ class SimServer:
             strict=strict,
             rate_limits=rate_limits,
             idle_timeout_s=idle_timeout_s,
+            tokens_per_s=tokens_per_s,
         )
         self.host = host
         self.port = port

@@ -21,7 +21,8 @@ Events (the SDK's `RawMessageStreamEvent`; its `accumulate_event` is what this f
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from toolloop.contract import DeltaEvent, OnDelta
 from toolloop.errors import PromptGenError
@@ -37,6 +38,8 @@ _USAGE_OVERWRITTEN = ("input_tokens", "cache_creation_input_tokens", "cache_read
 
 class MessageStream:
     """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
+
+    _handlers: ClassVar[dict[str, Callable[[MessageStream, dict[str, Any]], None]]]
 
     def __init__(self, on_delta: OnDelta | None) -> None:
         self.on_delta = on_delta
@@ -69,18 +72,9 @@ class MessageStream:
             return
         if self.message is None:
             raise _broken(f"{kind!r} before message_start")
-        if kind == "content_block_start":
-            self._start(payload)
-        elif kind == "content_block_delta":
-            self._delta(payload)
-        elif kind == "content_block_stop":
-            self._stop(payload.get("index"))
-        elif kind == "message_delta":
-            self._message_delta(payload)
-        elif kind == "message_stop":
-            for index in list(self.inputs):
-                self._stop(index)
-            self._done = True
+        handle = self._handlers.get(str(kind))
+        if handle is not None:  # other (newer) event types are skipped, as the SDK does
+            handle(self, payload)
 
     def result(self) -> Any:
         assert self.message is not None
@@ -137,6 +131,14 @@ class MessageStream:
         except ValueError:
             block["input"] = raw
 
+    def _block_stop(self, payload: dict[str, Any]) -> None:
+        self._stop(payload.get("index"))
+
+    def _message_stop(self, payload: dict[str, Any]) -> None:
+        for index in list(self.inputs):
+            self._stop(index)
+        self._done = True
+
     def _message_delta(self, payload: dict[str, Any]) -> None:
         assert self.message is not None
         delta = payload.get("delta")
@@ -155,6 +157,15 @@ class MessageStream:
                 if usage.get(key) is not None:
                     merged[key] = usage[key]
             self.message["usage"] = merged
+
+
+MessageStream._handlers = {
+    "content_block_start": MessageStream._start,
+    "content_block_delta": MessageStream._delta,
+    "content_block_stop": MessageStream._block_stop,
+    "message_delta": MessageStream._message_delta,
+    "message_stop": MessageStream._message_stop,
+}
 
 
 def _broken(what: str) -> PromptGenError:
