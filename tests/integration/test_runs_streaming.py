@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from workers.client import Client
 from workers.records import RunEventRecord
 
 WORDS = 120
+TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
 WORD_MS = 5
 
 
@@ -125,3 +129,25 @@ def test_an_answer_begun_again_within_a_step_voids_its_first_attempt(client: Cli
     kept = "".join(e.text for e in step1[at + 1 :])
     model = next(e for e in seen if e.kind == "model" and e.step == 1)
     assert kept == model.text == "".join(answer_words(1, WORDS))
+
+
+def test_toolloop_follow_prints_the_text_as_it_streams_and_says_what_was_discarded(
+    client: Client, stream_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"REDIS_URL": stream_redis.url,
+           "TOOLLOOP_HOME": str(tmp_path)}  # fmt: skip
+    done = subprocess.run(
+        [TOOLLOOP, "run", "redo", "--model", "scripted", "--toolset", "agents", "--follow"],
+        env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    texts = [line for line in lines if line.startswith("step  1  text ") and "(discarded" not in line]
+    assert len(texts) == 2, done.stdout  # the first answer, then the one begun again
+    assert texts[0].split("text", 1)[1].strip().startswith("old0 old1")
+    note = lines.index(next(line for line in lines if "(discarded" in line))
+    assert lines.index(texts[0]) < note < lines.index(texts[1])
+    assert texts[1].split("text", 1)[1].strip() == "".join(answer_words(1, WORDS)).strip()
+    model = next(i for i, line in enumerate(lines) if line.startswith("step  1  model"))
+    assert model > lines.index(texts[1])
+    assert any(line.startswith("step  2  text ") for line in lines)
