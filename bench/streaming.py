@@ -10,6 +10,11 @@ entry, both `time.time()` on this host. Also: the delta entries written per run 
 last delta's lag behind the simulator's last piece.
 
     .venv/bin/python bench/streaming.py [--runs 5] [--tokens 2000] [--rate 200]
+    .venv/bin/python bench/streaming.py --parse     # the provider alone: CPU per call, streamed or not
+
+`--parse`: the anthropic provider (keep-alive client) against the simulator in another process, 100
+calls a round, streamed and not in alternating rounds, `time.process_time()` per call (medians),
+for a short answer and one of `--parse-tokens` pieces: what reading SSE events costs over one body.
 """
 
 from __future__ import annotations
@@ -106,12 +111,66 @@ def measure(url: str, tmp: Path, runs: int, tokens: int, rate: float) -> dict[st
             "writes": writes, "answer_s": tokens / rate}  # fmt: skip
 
 
+def parse_cost(tokens: int, calls: int = 100, rounds: int = 3) -> dict[str, list[float]]:
+    """CPU per provider call (s), not streamed and streamed, for a short answer and a long one."""
+    import asyncio
+    import json
+    import subprocess
+
+    from toolloop.contract import PromptGenRequest, UserMessage
+    from toolloop.embedded import free_port
+    from toolloop.providers import from_env
+    from toolloop.providers.client import client_from_env
+
+    found: dict[str, list[float]] = {}
+    request = PromptGenRequest(model="claude-sonnet-5-5", messages=[UserMessage(content="hi")])
+    with tempfile.TemporaryDirectory(prefix="toolloop-bench-") as tmp:
+        for name, text in (("short", "Reviewed."), (f"{tokens} pieces", PIECE * tokens)):
+            script = Path(tmp) / "script.json"
+            script.write_text(json.dumps([{"text": text}]))
+            port = free_port()
+            args = [sys.executable, "-m", "toolloop.sim", "--port", str(port), "--script", str(script)]
+            sim = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(2)
+                os.environ.update(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}", ANTHROPIC_API_KEY="sim-key")
+                prompt_gen = from_env(http_client=client_from_env())
+
+                async def go(streamed: bool, n: int, gen: Any = prompt_gen) -> None:
+                    sink: list[Any] = []
+                    for _ in range(n):
+                        await gen.generate(
+                            request, provider="anthropic", on_delta=sink.append if streamed else None
+                        )
+
+                async def measure_all(name: str = name) -> None:
+                    await go(False, 10)
+                    await go(True, 10)
+                    for streamed in (False, True) * rounds:
+                        start = time.process_time()
+                        await go(streamed, calls)
+                        key = f"{name}, {'streamed' if streamed else 'one body'}"
+                        found.setdefault(key, []).append((time.process_time() - start) / calls)
+
+                asyncio.run(measure_all())
+            finally:
+                sim.terminate()
+                sim.wait()
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs measured, one after another")
     parser.add_argument("--tokens", type=int, default=2000, help="tokens of the answer")
     parser.add_argument("--rate", type=float, default=200.0, help="the simulator's tokens per second")
+    parser.add_argument("--parse", action="store_true", help="only the provider's CPU per call")
+    parser.add_argument("--parse-tokens", type=int, default=200, help="pieces of the long answer")
     args = parser.parse_args(argv)
+    if args.parse:
+        for key, values in parse_cost(args.parse_tokens).items():
+            print(f"provider CPU per call, {key:<28} {statistics.median(values) * 1e6:>8.0f} µs")
+        return 0
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="toolloop-bench-") as tmp_dir:
         server = start_server(Path(tmp_dir) / "redis")
