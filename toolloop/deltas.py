@@ -28,6 +28,12 @@ def takes_on_delta(fn: Any) -> bool:
     )
 
 
+def relay(on_delta: OnDelta) -> Relay:
+    """`on_delta` as a `Relay` (itself when it is one already: one relay per chain is enough, as
+    each level only needs to know whether a delta went out since the last discard)."""
+    return on_delta if isinstance(on_delta, Relay) else Relay(on_delta)
+
+
 class Relay:
     """`on_delta` for one attempt chain: passes each delta to `target` and remembers that it did;
     `discard()` sends the discard marker when any delta went out since the last one."""

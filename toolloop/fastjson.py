@@ -17,3 +17,14 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except TypeError:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def loads(text: str | bytes) -> Any:
+    """Parsed JSON: orjson, falling back to the standard library for what it refuses (a lone
+    surrogate escape such as `\\ud800`); the fallback's errors are raised. orjson reads an integer
+    beyond 64 bits as a float: use it where no such number can matter (the events of a model
+    stream: counts and text; tool arguments inside them are JSON text, parsed exactly later)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)

@@ -184,3 +184,21 @@ def test_ids_ignore_cache_marks_and_the_string_or_block_form_of_a_text(sim: SimS
     )
     assert [block.model_dump() for block in plain.content] == [block.model_dump() for block in marked.content]
     assert plain.id == marked.id
+
+
+@pytest.mark.parametrize("thinking", [None, {"type": "adaptive"}])
+def test_a_streamed_answer_read_by_the_sdk_is_the_non_streamed_message(sim: SimServer, thinking: Any) -> None:
+    """The SDK's own stream accumulator (`messages.stream(...).get_final_message()`) rebuilds from
+    the simulator's events exactly the message the non-streamed call returns (toolloop/sim/stream.py)."""
+    extra: dict[str, Any] = {"thinking": thinking} if thinking else {}
+    messages = [{"role": "user", "content": "Review shots 3 and 5."}]
+    whole = create(sim, messages, **extra)
+    sim.reset()
+    with client(sim) as sdk, sdk.messages.stream(
+        model="claude-sonnet-5-5", max_tokens=1000, tools=TOOLS, messages=messages,
+        system=[{"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}], **extra,
+    ) as stream:  # fmt: skip
+        texts = list(stream.text_stream)
+        streamed = stream.get_final_message()
+    assert streamed.to_dict() == whole.to_dict()
+    assert "".join(texts) == "Let me look." and [b.type for b in whole.content][-2:] == ["tool_use"] * 2

@@ -69,3 +69,16 @@ def test_without_the_sdk_strict_mode_is_off_and_says_so(
         simulator = app.Simulator(lambda request: "Hi.", strict=True)
     assert simulator.strict is False and simulator.stats()["strict"] is False
     assert "strict mode is off: the anthropic SDK is not installed" in caplog.text
+
+
+def test_strict_mode_checks_a_streamed_body_against_the_sdk_streaming_params() -> None:
+    validate = sdk_validator()
+    assert validate is not None  # the SDK is a dev dependency
+    body = {"model": "claude-sonnet-5-5", "max_tokens": 100, "messages": [{"role": "user", "content": "Hi"}]}
+    validate(body)
+    validate({**body, "stream": True})
+    validate({**body, "stream": False})
+    with pytest.raises(SdkValidationError, match="stream"):
+        validate({**body, "stream": "yes"})
+    with pytest.raises(SdkValidationError, match="stream_options"):  # fal's option, not the Messages API's
+        validate({**body, "stream": True, "stream_options": {"include_usage": True}})

@@ -22,17 +22,14 @@ run fails: either way what they said is not in the journal).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from collections.abc import Mapping
+from typing import Any
 
 from toolloop import telemetry
-from toolloop.abort import NEVER_ABORTED, AbortSignal
+from toolloop.abort import AbortSignal
 from toolloop.contract import (
     AssistantMessage,
     DeltaEvent,
-    FinishReason,
     PromptGenRequest,
     PromptGenResult,
     ToolCall,
@@ -41,48 +38,25 @@ from toolloop.contract import (
 )
 from toolloop.deltas import Relay, takes_on_delta
 from toolloop.errors import PromptGenError
-from toolloop.loop.approvals import (
-    NOT_RUN_ASKED,
-    ApprovalError,
-    check_digest,
-    edited_output,
-    input_digest,
-    rejected_text,
-)
+from toolloop.loop.approvals import NOT_RUN_ASKED, ApprovalError
 from toolloop.loop.cache import request_messages
+from toolloop.loop.calls import BudgetStop, CallAnswers, _BudgetStop, _Cancel
 from toolloop.loop.history import History
-from toolloop.loop.tools import (
-    as_output,
-    as_started,
-    bounded,
-    call,
-    message_content,
-    summary,
-    text_answer,
-    tool_definitions,
-    validate_input,
-)
+from toolloop.loop.records import cut_off, derived, model_records, refusal_of, retry_room, validated
+from toolloop.loop.tools import call, tool_definitions
 from toolloop.loop.types import (
     Approval,
     Asked,
     BudgetEvent,
-    Decision,
-    LoopEvent,
-    ModelEvent,
     Refusal,
     RunToolLoopOptions,
     RunToolLoopResult,
     StepResult,
     StepWork,
     StoppedBy,
-    ToolEvent,
-    ToolOutput,
-    ToolSpec,
 )
 
-ASK = "ask"
-SECOND_ASK = "Ask one question at a time."
-MIN_RETRY_MAX_TOKENS = 1024
+__all__ = ["BudgetStop", "run_tool_loop"]
 
 
 async def run_tool_loop(options: RunToolLoopOptions | Mapping[str, Any]) -> RunToolLoopResult:
@@ -92,24 +66,7 @@ async def run_tool_loop(options: RunToolLoopOptions | Mapping[str, Any]) -> RunT
     return await _Run(options).run()
 
 
-class _BudgetStop(Exception):
-    """The breaker tripped inside a step's work: nothing is journaled, the loop stops."""
-
-    def __init__(self, spent_usd: float) -> None:
-        super().__init__(spent_usd)
-        self.spent_usd = spent_usd
-
-
-BudgetStop = _BudgetStop
-"""Raised by a model call or a tool's work (a durable worker's shared budget account, workers/flow.py)
-to stop the run `budget` as the breaker would: nothing is journaled."""
-
-
-class _Cancel(Exception):
-    """The abort signal was seen between two steps."""
-
-
-class _Run:
+class _Run(CallAnswers):
     def __init__(self, options: RunToolLoopOptions) -> None:
         self.options = options
         self.history = History(options.messages, options.keep_images)
@@ -135,38 +92,42 @@ class _Run:
     # -- the turn ----------------------------------------------------------------------------------
 
     async def run(self) -> RunToolLoopResult:
-        options = self.options
-        signal = options.signal
-        if options.decisions:  # a resume after an approval stop: the held calls are answered first
+        if self.options.decisions:  # a resume after an approval stop: the held calls are answered first
             stopped = await self.answer_turn(0, self.decided_calls())
             if stopped is not None:
                 return stopped
         while True:
-            if signal.aborted:
-                return await self.stop("cancel")
-            if self.steps >= options.max_steps:
-                return await self.stop("steps")
-            turn = self.steps + 1
-            try:
-                value = await options.step(f"model:{turn}", self.model_work())
-            except _BudgetStop as stop:
-                return await self.budget_stop(stop.spent_usd)
-            except Exception:
-                if signal.aborted:
-                    return await self.stop("cancel")
-                raise
-            result = self.record_model(turn, value)
-            if signal.aborted:
-                return await self.stop("cancel")
-            if result.finish_reason == "refusal":
-                return await self.stop("refused", refusal_of(result))
-            if result.finish_reason == "paused" or self.retry_max_tokens is not None:
-                continue  # sent back as the next model call / the cut-off turn asked again
-            if not result.tool_calls:
-                return await self.finish("done")
-            stopped = await self.answer_turn(turn, result.tool_calls)
+            stopped = await self.turn()
             if stopped is not None:
                 return stopped
+
+    async def turn(self) -> RunToolLoopResult | None:
+        """One model step, and the answers to its calls; the result when the loop stops there."""
+        options = self.options
+        signal = options.signal
+        if signal.aborted:
+            return await self.stop("cancel")
+        if self.steps >= options.max_steps:
+            return await self.stop("steps")
+        turn = self.steps + 1
+        try:
+            value = await options.step(f"model:{turn}", self.model_work())
+        except _BudgetStop as stop:
+            return await self.budget_stop(stop.spent_usd)
+        except Exception:
+            if signal.aborted:
+                return await self.stop("cancel")
+            raise
+        result = self.record_model(turn, value)
+        if signal.aborted:
+            return await self.stop("cancel")
+        if result.finish_reason == "refusal":
+            return await self.stop("refused", refusal_of(result))
+        if result.finish_reason == "paused" or self.retry_max_tokens is not None:
+            return None  # sent back as the next model call / the cut-off turn asked again
+        if not result.tool_calls:
+            return await self.finish("done")
+        return await self.answer_turn(turn, result.tool_calls)
 
     async def answer_turn(self, turn: int, calls: list[ToolCall]) -> RunToolLoopResult | None:
         """Answer a turn's calls; the result when the loop stops there (a held ask or approval, the
@@ -258,7 +219,9 @@ class _Run:
             return await call(self.options.generate, request, signal)
 
         def stamped(event: DeltaEvent) -> None:
-            self.emit(event if event.step == turn else event.model_copy(update={"step": turn}))
+            if event.step != turn:
+                event = DeltaEvent(step=turn, text=event.text, thinking=event.thinking, discard=event.discard)
+            self.emit(event)
 
         relay = Relay(stamped)
         try:
@@ -277,7 +240,7 @@ class _Run:
         self.steps += 1
         self.cost += result.cost_usd
         text = result.text or None
-        message, event = derived(result, turn, _model_records, turn, result)
+        message, event = derived(result, turn, model_records, turn, result)
         retried, self.retry_max_tokens = self.retry_max_tokens, None
         if not cut_off(result):
             self.history.append(message)
@@ -302,154 +265,6 @@ class _Run:
         if note is None:
             return False
         return not any(isinstance(m, UserMessage) and m.content == note for m in self.history.messages)
-
-    # -- tool calls --------------------------------------------------------------------------------
-
-    async def answer_calls(self, turn: int, calls: list[ToolCall], approvals: list[Approval]) -> Asked | None:
-        """Answer the calls of one turn in order; the held ask, if any. Held approvals join
-        `approvals`; a call with a decision (a resume) is answered as the decision says."""
-        decisions = self.options.decisions or {}
-        held: Asked | None = None
-        signal = self.options.signal
-        for tool_call in calls:
-            spec = self.tools.get(tool_call.name)
-            rows: list[str] = []
-            if spec is None:
-                output = await self.own_answer(tool_call, f'Unknown tool "{tool_call.name}".')
-            else:
-                checked = validate_input(spec, tool_call.input)
-                if isinstance(checked, str):
-                    output = await self.own_answer(tool_call, checked)
-                elif spec.name == ASK:
-                    if held is None:
-                        held = Asked(input=checked.model_dump(mode="json"))
-                        continue
-                    output = await self.own_answer(tool_call, SECOND_ASK)
-                elif turn == 0 or await self.needs_approval(spec, checked):
-                    decision = decisions.get(tool_call.id)
-                    if decision is None:
-                        approvals.append(await self.approval(spec, tool_call, checked))
-                        continue
-                    output, rows = await self.decided(spec, tool_call, checked, decision)
-                elif spec.two_phase:
-                    output, rows = await self.run_two_phase(spec, tool_call, checked)
-                else:
-                    output = await self.run_one_phase(spec, tool_call, checked)
-            key = (turn, tool_call.name, tool_call.id, tuple(rows))
-            message, event = derived(output, key, _tool_records, turn, tool_call, output, rows)
-            self.history.append(message)
-            self.cost += output.cost_usd
-            if self.options.on_step is not None:
-                self.emit(event)
-            if signal.aborted:
-                raise _Cancel
-        return held
-
-    async def needs_approval(self, spec: ToolSpec, checked: BaseModel) -> bool:
-        needs = spec.needs_approval
-        if isinstance(needs, bool):
-            return needs
-        return bool(await call(needs, checked))
-
-    async def approval(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> Approval:
-        estimate = None if spec.estimate_usd is None else float(await call(spec.estimate_usd, checked))
-        return Approval(call_id=tool_call.id, name=spec.name, input=checked.model_dump(mode="json"),
-                        input_digest=input_digest(checked), estimate_usd=estimate)  # fmt: skip
-
-    async def decided(
-        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, decision: Decision
-    ) -> tuple[ToolOutput, list[str]]:
-        """A held call's answer by its decision: one journal step, `tool:<id>` (as any call's). A
-        decision that does not fit is refused before any work (ApprovalError)."""
-        check_digest(decision, tool_call.id, checked)
-        if decision.action == "reject":
-            return await self.own_answer(tool_call, rejected_text(decision.reason)), []
-        run_with = checked
-        if decision.action == "edit":
-            checked_edit = validate_input(spec, decision.input)
-            if isinstance(checked_edit, str):
-                raise ApprovalError(f"The edited input of call {tool_call.id!r} is refused. {checked_edit}")
-            run_with = checked_edit
-        edited = run_with if decision.action == "edit" else None
-        if spec.two_phase:
-            return await self.run_two_phase(spec, tool_call, run_with, edited)
-        return await self.run_one_phase(spec, tool_call, run_with, edited), []
-
-    async def own_answer(self, tool_call: ToolCall, text: str) -> ToolOutput:
-        async def work(signal: AbortSignal) -> StepResult:
-            return StepResult(value=text_answer(text).model_dump(mode="json"), cost_usd=0.0)
-
-        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
-
-    async def run_one_phase(
-        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
-    ) -> ToolOutput:
-        async def work(signal: AbortSignal) -> StepResult:
-            await self.breaker(spec, checked)
-            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}") as span:
-                output = self.bounded(
-                    as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name), spec.name
-                )
-                telemetry.tool_result(span, output.cost_usd)
-            if edited is not None:
-                output = edited_output(output, edited)
-            return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
-
-        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
-
-    async def run_two_phase(
-        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
-    ) -> tuple[ToolOutput, list[str]]:
-        async def start(signal: AbortSignal) -> StepResult:
-            await self.breaker(spec, checked)
-            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:start"):
-                started = as_started(await call(spec.start, checked, self.signal_for(signal)), spec.name)
-            return StepResult(value={"started": started.started, "rows": started.rows or []})
-
-        handle = await self.options.step(f"tool:{tool_call.id}:start", start)
-        if self.options.signal.aborted:
-            raise _Cancel
-
-        async def wait(signal: AbortSignal) -> StepResult:
-            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:wait") as span:
-                returned = await call(spec.wait, handle["started"], self.signal_for(signal))
-                output = self.bounded(as_output(returned, spec.name), spec.name)
-                telemetry.tool_result(span, output.cost_usd)
-            if edited is not None:
-                output = edited_output(output, edited)
-            return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
-
-        output = validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))
-        return output, list(handle.get("rows") or [])
-
-    def bounded(self, output: ToolOutput, tool: str) -> ToolOutput:
-        return bounded(output, tool, self.options.max_tool_result_bytes, self.options.max_image_bytes)
-
-    async def breaker(self, spec: ToolSpec, checked: BaseModel) -> None:
-        """Stop before a tool whose estimate would take the spend past the limit."""
-        if spec.estimate_usd is None:
-            return
-        estimate = float(await call(spec.estimate_usd, checked))
-        spent = await self.spent()
-        if spent + estimate > self.options.budget.usd:
-            raise _BudgetStop(spent)
-
-    # -- spend, stops, events ----------------------------------------------------------------------
-
-    async def spent(self) -> float:
-        budget = self.options.budget
-        total = budget.spent_usd + self.cost
-        if budget.spent is not None:
-            total += float(await call(budget.spent))
-        return total
-
-    def signal_for(self, journal_signal: AbortSignal) -> AbortSignal:
-        """The signal `generate` and tools receive: the journal's, else the run's own."""
-        return self.options.signal if journal_signal is NEVER_ABORTED else journal_signal
-
-    def emit(self, event: LoopEvent) -> None:
-        if self.options.on_step is not None:
-            self.options.on_step(event)
 
     async def budget_stop(self, spent_usd: float) -> RunToolLoopResult:
         self.emit(BudgetEvent(spent_usd=spent_usd, limit_usd=self.options.budget.usd, mode="stop"))
@@ -478,101 +293,3 @@ class _Run:
             approvals=approvals,
             refusal=refusal,
         )
-
-
-def refusal_of(result: PromptGenResult) -> Refusal:
-    meta = result.meta or {}
-    category, explanation = meta.get("category"), meta.get("explanation")
-    return Refusal(
-        category=category if isinstance(category, str) else None,
-        explanation=explanation if isinstance(explanation, str) else None,
-    )
-
-
-def cut_off(result: PromptGenResult) -> list[str]:
-    """Ids of the answer's tool calls whose input was cut at the output limit: what the provider
-    names in `meta["cut_off"]`, else the last call of a `length` answer (where a cut falls)."""
-    if result.finish_reason != "length" or not result.tool_calls:
-        return []
-    named = (result.meta or {}).get("cut_off")
-    if isinstance(named, list):
-        ids = {call.id for call in result.tool_calls}
-        return [call_id for call_id in named if call_id in ids]
-    return [result.tool_calls[-1].id]
-
-
-def retry_room(result: PromptGenResult) -> int:
-    """The output room of a cut-off turn asked again: twice what the cut answer had (the provider's
-    `meta["max_tokens"]`, else its output tokens), at least MIN_RETRY_MAX_TOKENS. The provider keeps
-    it within what the model allows."""
-    sent = (result.meta or {}).get("max_tokens")
-    room = sent if isinstance(sent, int) and not isinstance(sent, bool) and sent > 0 else 0
-    return max(2 * (room or result.usage.completion_tokens), MIN_RETRY_MAX_TOKENS)
-
-
-_Model = TypeVar("_Model", PromptGenResult, ToolOutput)
-_VALIDATED: dict[int, tuple[Any, BaseModel]] = {}
-_VALIDATED_MAX = 20_000
-
-
-def validated(model: type[_Model], value: Any) -> _Model:
-    """`model.model_validate(value)`, memoized by the identity of `value`.
-
-    A journal that hands back the same decoded object for a stored step every time it replays it
-    (MemoryJournal; RedisJournal in a worker, whose decoded entries live across a run's steps) gets
-    the same frozen model back without validating it again: replay re-reads every stored step of the
-    segment at every step, so this is most of what a long segment costs. The memo holds `value`
-    itself, so its identity cannot be reused while the entry lives; it is emptied when full.
-    """
-    key = id(value)
-    hit = _VALIDATED.get(key)
-    if hit is not None and hit[0] is value and type(hit[1]) is model:
-        return hit[1]
-    result = model.model_validate(value)
-    if len(_VALIDATED) >= _VALIDATED_MAX:
-        _VALIDATED.clear()
-    _VALIDATED[key] = (value, result)
-    return result
-
-
-_DERIVED: dict[tuple[int, Any], tuple[BaseModel, Any]] = {}
-
-
-def derived(source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *args: Any) -> tuple[Any, Any]:
-    """`make(*args)`: the history message and event the loop makes from a step's validated value,
-    memoized like `validated`: a value replayed again (the same frozen object) under the same `key`
-    gives the same frozen message and event without building them again."""
-    memo_key = (id(source), key)
-    hit = _DERIVED.get(memo_key)
-    if hit is not None and hit[0] is source:
-        return hit[1]  # type: ignore[no-any-return]
-    made = make(*args)
-    if len(_DERIVED) >= _VALIDATED_MAX:
-        _DERIVED.clear()
-    _DERIVED[memo_key] = (source, made)
-    return made
-
-
-def _model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage, ModelEvent]:
-    text = result.text or None
-    message = AssistantMessage(
-        content=text, tool_calls=list(result.tool_calls) or None, reasoning=result.reasoning or None
-    )
-    meta = result.meta or {}
-    provider = meta.get("provider") if isinstance(meta.get("provider"), str) else None
-    fallback = meta.get("fallback_from") if isinstance(meta.get("fallback_from"), list) else None
-    finish: FinishReason = result.finish_reason
-    event = ModelEvent(step=turn, text=text, tool_calls=result.tool_calls, cost_usd=result.cost_usd,
-                       usage=result.usage, finish_reason=finish,
-                       refusal=refusal_of(result) if finish == "refusal" else None,
-                       provider=provider, fallback_from=fallback or None)  # fmt: skip
-    return message, event
-
-
-def _tool_records(
-    turn: int, tool_call: ToolCall, output: ToolOutput, rows: list[str]
-) -> tuple[ToolMessage, ToolEvent]:
-    message = ToolMessage(tool_call_id=tool_call.id, content=message_content(output))
-    event = ToolEvent(step=turn, name=tool_call.name, call_id=tool_call.id, cost_usd=output.cost_usd,
-                      summary=summary(output), rows=rows or output.rows or [])  # fmt: skip
-    return message, event

@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
-from toolloop.deltas import Relay, takes_on_delta
+from toolloop.deltas import relay as as_relay
+from toolloop.deltas import takes_on_delta
 from toolloop.errors import PromptGenError, is_prompt_gen_unavailable
 from toolloop.providers.base import PromptGenHandler
 
@@ -96,7 +97,7 @@ class PromptGen:
         """One model call; `result.meta["provider"]` names the provider that answered. `on_delta`
         receives the answer's deltas as they stream in (handlers that stream; SPEC 4.3)."""
         signal = signal or NEVER_ABORTED
-        relay = None if on_delta is None else Relay(on_delta)
+        relay = None if on_delta is None else as_relay(on_delta)
         head = provider or self.default_provider
         self.handler(head)
         chain = list(dict.fromkeys([head, *self.fallback]))

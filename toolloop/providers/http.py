@@ -38,7 +38,7 @@ import httpx
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta
-from toolloop.deltas import Relay
+from toolloop.deltas import relay as as_relay
 from toolloop.errors import PromptGenError
 from toolloop.fastjson import dumps
 from toolloop.providers.base import Secret, redact
@@ -150,7 +150,7 @@ async def call_json(
     policy = endpoint.policy
     started = time.monotonic()
     call = _Call(endpoint, dumps(body), {"content-type": "application/json", **headers}, client, secret, flag)
-    relay = None if on_delta is None else Relay(on_delta)
+    relay = None if on_delta is None else as_relay(on_delta)
     attempt = 0
     while True:
         attempt += 1

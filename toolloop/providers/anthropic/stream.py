@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from toolloop.contract import DeltaEvent, OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.fastjson import loads
 from toolloop.providers.http import stream_failure, valid_text
 
 NON_STREAMING_MAX_TOKENS = 21_333
@@ -44,8 +45,11 @@ class MessageStream:
     def __init__(self, on_delta: OnDelta | None) -> None:
         self.on_delta = on_delta
         self.message: dict[str, Any] | None = None
-        self.inputs: dict[int, str] = {}
-        """The input_json_delta text of each tool_use block not yet stopped, by index."""
+        self.inputs: dict[int, list[str]] = {}
+        """The input_json_delta pieces of each tool_use block not yet stopped, by index."""
+        self.pieces: dict[tuple[int, str], list[str]] = {}
+        """The text / thinking pieces of each block not yet joined, by (index, field): joined at
+        the block's stop (a str grown piece by piece would be copied whole at every piece)."""
         self._done = False
 
     @property
@@ -58,7 +62,7 @@ class MessageStream:
         if name == "error":
             raise stream_failure(data)
         try:
-            payload = json.loads(data)
+            payload = loads(data)
         except ValueError:
             raise _broken(f"an event that is not JSON ({data[:80]!r})") from None
         kind = payload.get("type") if isinstance(payload, dict) else None
@@ -102,30 +106,41 @@ class MessageStream:
         delta: dict[str, Any] = raw if isinstance(raw, dict) else {}
         kind = delta.get("type")
         if kind == "text_delta" and block.get("type") == "text":
-            block["text"] = block.get("text", "") + delta["text"]
+            self._piece(payload, "text", delta["text"])
             self._emit(delta["text"], thinking=False)
         elif kind == "thinking_delta" and block.get("type") == "thinking":
-            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            self._piece(payload, "thinking", delta["thinking"])
             self._emit(delta["thinking"], thinking=True)
         elif kind == "signature_delta" and block.get("type") == "thinking":
             block["signature"] = delta["signature"]
         elif kind == "input_json_delta":
-            index = int(payload["index"])
-            self.inputs[index] = self.inputs.get(index, "") + str(delta.get("partial_json", ""))
+            self.inputs.setdefault(int(payload["index"]), []).append(str(delta.get("partial_json", "")))
         elif kind == "citations_delta" and block.get("type") == "text":
             block.setdefault("citations", []).append(delta.get("citation"))
+
+    def _piece(self, payload: dict[str, Any], field: str, text: Any) -> None:
+        if isinstance(text, str):
+            self.pieces.setdefault((int(payload["index"]), field), []).append(text)
 
     def _emit(self, text: Any, *, thinking: bool) -> None:
         if self.on_delta is not None and isinstance(text, str) and text:
             self.on_delta(DeltaEvent(text=valid_text(text), thinking=thinking))
 
     def _stop(self, index: Any) -> None:
-        """A tool_use block's input from its JSON text: parsed, or the text itself when it is not
-        JSON (parse_message then treats it as a cut call or raises ToolArgumentsError)."""
-        raw = self.inputs.pop(index, None) if isinstance(index, int) else None
-        if raw is None or not raw.strip():
+        """A block complete: its text pieces joined; a tool_use block's input from its JSON text,
+        parsed, or the text itself when it is not JSON (parse_message then treats it as a cut call
+        or raises ToolArgumentsError)."""
+        if not isinstance(index, int):
             return
         block = self._block({"type": "content_block_stop", "index": index})
+        for field in ("text", "thinking"):
+            parts = self.pieces.pop((index, field), None)
+            if parts is not None:
+                block[field] = str(block.get(field, "")) + "".join(parts)
+        pieces = self.inputs.pop(index, None)
+        raw = "".join(pieces) if pieces is not None else ""
+        if not raw.strip():
+            return
         try:
             block["input"] = json.loads(raw)
         except ValueError:
@@ -135,7 +150,7 @@ class MessageStream:
         self._stop(payload.get("index"))
 
     def _message_stop(self, payload: dict[str, Any]) -> None:
-        for index in list(self.inputs):
+        for index in {*self.inputs, *(index for index, _ in self.pieces)}:
             self._stop(index)
         self._done = True
 

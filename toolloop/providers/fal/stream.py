@@ -24,6 +24,7 @@ from typing import Any
 
 from toolloop.contract import DeltaEvent, OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.fastjson import loads
 from toolloop.providers.http import StreamFailure, valid_text
 
 _APPENDED = ("text", "summary", "data")
@@ -52,7 +53,7 @@ class CompletionStream:
             self._done = True
             return
         try:
-            chunk = json.loads(data)
+            chunk = loads(data)
         except ValueError:
             raise _broken(f"a chunk that is not JSON ({data[:80]!r})") from None
         if not isinstance(chunk, dict):
@@ -81,11 +82,15 @@ class CompletionStream:
             return
         content = delta.get("content")
         if isinstance(content, str):
-            self.content = [*(self.content or []), content]
+            if self.content is None:
+                self.content = []
+            self.content.append(content)
             self._emit(content, thinking=False)
         reasoning = delta.get("reasoning")
         if isinstance(reasoning, str):
-            self.reasoning = [*(self.reasoning or []), reasoning]
+            if self.reasoning is None:
+                self.reasoning = []
+            self.reasoning.append(reasoning)
             self._emit(reasoning, thinking=True)
         for entry in delta.get("reasoning_details") or []:
             if isinstance(entry, dict):
@@ -105,15 +110,17 @@ class CompletionStream:
             self.details[index] = dict(entry)
             return
         for key, value in entry.items():
-            if key in _APPENDED and isinstance(value, str) and isinstance(found.get(key), str):
-                found[key] += value
+            if key in _APPENDED and isinstance(value, str) and isinstance(found.get(key), str | list):
+                if isinstance(found[key], str):
+                    found[key] = [found[key]]  # pieces, joined in result(): no copy per piece
+                found[key].append(value)
             elif value is not None:
                 found[key] = value
 
     def _call(self, call: dict[str, Any]) -> None:
         index = call.get("index", len(self.calls))
         found = self.calls.setdefault(index, {"id": None, "type": "function",
-                                              "function": {"name": None, "arguments": ""}})  # fmt: skip
+                                              "function": {"name": None, "arguments": []}})  # fmt: skip
         for key in ("id", "type"):
             if call.get(key) is not None:
                 found[key] = call[key]
@@ -122,7 +129,7 @@ class CompletionStream:
             if function.get("name") is not None:
                 found["function"]["name"] = function["name"]
             if isinstance(function.get("arguments"), str):
-                found["function"]["arguments"] += function["arguments"]
+                found["function"]["arguments"].append(function["arguments"])
 
     def result(self) -> Any:
         message: dict[str, Any] = {
@@ -132,14 +139,30 @@ class CompletionStream:
         if self.reasoning is not None:
             message["reasoning"] = "".join(self.reasoning)
         if self.details:
-            message["reasoning_details"] = [self.details[i] for i in sorted(self.details)]
+            message["reasoning_details"] = [_joined(self.details[i]) for i in sorted(self.details)]
         if self.calls:
-            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+            message["tool_calls"] = [
+                {
+                    **call,
+                    "function": {**call["function"], "arguments": "".join(call["function"]["arguments"])},
+                }
+                for call in (self.calls[i] for i in sorted(self.calls))
+            ]
         body = {**self.top, "object": "chat.completion",
                 "choices": [{"index": 0, "message": message, **self.finish}]}  # fmt: skip
         if self.usage is not None:
             body["usage"] = self.usage
         return valid_text(body)
+
+
+def _call_joined(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {**call, "function": {**function, "arguments": "".join(function["arguments"])}}
+
+
+def _joined(entry: dict[str, Any]) -> dict[str, Any]:
+    return {key: "".join(value) if key in _APPENDED and isinstance(value, list) else value
+            for key, value in entry.items()}  # fmt: skip
 
 
 def _broken(what: str) -> PromptGenError:

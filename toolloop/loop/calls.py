@@ -1,0 +1,200 @@
+"""Answering the tool calls of a turn (SPEC 2.4, 4.4): each call one journal step, in order; an
+ask and calls that need approval are held; a decided call (a resume) is answered as decided. A
+mixin of the loop's run (`toolloop/loop/run.py`), which owns the state it reads."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from toolloop import telemetry
+from toolloop.abort import NEVER_ABORTED, AbortSignal
+from toolloop.contract import ToolCall
+from toolloop.loop.approvals import ApprovalError, check_digest, edited_output, input_digest, rejected_text
+from toolloop.loop.history import History
+from toolloop.loop.records import derived, tool_records, validated
+from toolloop.loop.tools import as_output, as_started, bounded, call, text_answer, validate_input
+from toolloop.loop.types import (
+    Approval,
+    Asked,
+    Decision,
+    LoopEvent,
+    RunToolLoopOptions,
+    StepResult,
+    ToolOutput,
+    ToolSpec,
+)
+
+ASK = "ask"
+SECOND_ASK = "Ask one question at a time."
+
+
+class _BudgetStop(Exception):
+    """The breaker tripped inside a step's work: nothing is journaled, the loop stops."""
+
+    def __init__(self, spent_usd: float) -> None:
+        super().__init__(spent_usd)
+        self.spent_usd = spent_usd
+
+
+BudgetStop = _BudgetStop
+"""Raised by a model call or a tool's work (a durable worker's shared budget account, workers/flow.py)
+to stop the run `budget` as the breaker would: nothing is journaled."""
+
+
+class _Cancel(Exception):
+    """The abort signal was seen between two steps."""
+
+
+class CallAnswers:
+    """The tool-call half of a run: it needs `options`, `history`, `tools` and `cost`."""
+
+    options: RunToolLoopOptions
+    history: History
+    tools: dict[str, ToolSpec]
+    cost: float
+
+    async def answer_calls(self, turn: int, calls: list[ToolCall], approvals: list[Approval]) -> Asked | None:
+        """Answer the calls of one turn in order; the held ask, if any. Held approvals join
+        `approvals`; a call with a decision (a resume) is answered as the decision says."""
+        decisions = self.options.decisions or {}
+        held: Asked | None = None
+        signal = self.options.signal
+        for tool_call in calls:
+            spec = self.tools.get(tool_call.name)
+            rows: list[str] = []
+            if spec is None:
+                output = await self.own_answer(tool_call, f'Unknown tool "{tool_call.name}".')
+            else:
+                checked = validate_input(spec, tool_call.input)
+                if isinstance(checked, str):
+                    output = await self.own_answer(tool_call, checked)
+                elif spec.name == ASK:
+                    if held is None:
+                        held = Asked(input=checked.model_dump(mode="json"))
+                        continue
+                    output = await self.own_answer(tool_call, SECOND_ASK)
+                elif turn == 0 or await self.needs_approval(spec, checked):
+                    decision = decisions.get(tool_call.id)
+                    if decision is None:
+                        approvals.append(await self.approval(spec, tool_call, checked))
+                        continue
+                    output, rows = await self.decided(spec, tool_call, checked, decision)
+                elif spec.two_phase:
+                    output, rows = await self.run_two_phase(spec, tool_call, checked)
+                else:
+                    output = await self.run_one_phase(spec, tool_call, checked)
+            key = (turn, tool_call.name, tool_call.id, tuple(rows))
+            message, event = derived(output, key, tool_records, turn, tool_call, output, rows)
+            self.history.append(message)
+            self.cost += output.cost_usd
+            if self.options.on_step is not None:
+                self.emit(event)
+            if signal.aborted:
+                raise _Cancel
+        return held
+
+    async def needs_approval(self, spec: ToolSpec, checked: BaseModel) -> bool:
+        needs = spec.needs_approval
+        if isinstance(needs, bool):
+            return needs
+        return bool(await call(needs, checked))
+
+    async def approval(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> Approval:
+        estimate = None if spec.estimate_usd is None else float(await call(spec.estimate_usd, checked))
+        return Approval(call_id=tool_call.id, name=spec.name, input=checked.model_dump(mode="json"),
+                        input_digest=input_digest(checked), estimate_usd=estimate)  # fmt: skip
+
+    async def decided(
+        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, decision: Decision
+    ) -> tuple[ToolOutput, list[str]]:
+        """A held call's answer by its decision: one journal step, `tool:<id>` (as any call's). A
+        decision that does not fit is refused before any work (ApprovalError)."""
+        check_digest(decision, tool_call.id, checked)
+        if decision.action == "reject":
+            return await self.own_answer(tool_call, rejected_text(decision.reason)), []
+        run_with = checked
+        if decision.action == "edit":
+            checked_edit = validate_input(spec, decision.input)
+            if isinstance(checked_edit, str):
+                raise ApprovalError(f"The edited input of call {tool_call.id!r} is refused. {checked_edit}")
+            run_with = checked_edit
+        edited = run_with if decision.action == "edit" else None
+        if spec.two_phase:
+            return await self.run_two_phase(spec, tool_call, run_with, edited)
+        return await self.run_one_phase(spec, tool_call, run_with, edited), []
+
+    async def own_answer(self, tool_call: ToolCall, text: str) -> ToolOutput:
+        async def work(signal: AbortSignal) -> StepResult:
+            return StepResult(value=text_answer(text).model_dump(mode="json"), cost_usd=0.0)
+
+        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
+
+    async def run_one_phase(
+        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
+    ) -> ToolOutput:
+        async def work(signal: AbortSignal) -> StepResult:
+            await self.breaker(spec, checked)
+            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}") as span:
+                output = self.bounded(
+                    as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name), spec.name
+                )
+                telemetry.tool_result(span, output.cost_usd)
+            if edited is not None:
+                output = edited_output(output, edited)
+            return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
+
+        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
+
+    async def run_two_phase(
+        self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
+    ) -> tuple[ToolOutput, list[str]]:
+        async def start(signal: AbortSignal) -> StepResult:
+            await self.breaker(spec, checked)
+            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:start"):
+                started = as_started(await call(spec.start, checked, self.signal_for(signal)), spec.name)
+            return StepResult(value={"started": started.started, "rows": started.rows or []})
+
+        handle = await self.options.step(f"tool:{tool_call.id}:start", start)
+        if self.options.signal.aborted:
+            raise _Cancel
+
+        async def wait(signal: AbortSignal) -> StepResult:
+            with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:wait") as span:
+                returned = await call(spec.wait, handle["started"], self.signal_for(signal))
+                output = self.bounded(as_output(returned, spec.name), spec.name)
+                telemetry.tool_result(span, output.cost_usd)
+            if edited is not None:
+                output = edited_output(output, edited)
+            return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
+
+        output = validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))
+        return output, list(handle.get("rows") or [])
+
+    def bounded(self, output: ToolOutput, tool: str) -> ToolOutput:
+        return bounded(output, tool, self.options.max_tool_result_bytes, self.options.max_image_bytes)
+
+    async def breaker(self, spec: ToolSpec, checked: BaseModel) -> None:
+        """Stop before a tool whose estimate would take the spend past the limit."""
+        if spec.estimate_usd is None:
+            return
+        estimate = float(await call(spec.estimate_usd, checked))
+        spent = await self.spent()
+        if spent + estimate > self.options.budget.usd:
+            raise _BudgetStop(spent)
+
+    # -- spend, stops, events ----------------------------------------------------------------------
+
+    async def spent(self) -> float:
+        budget = self.options.budget
+        total = budget.spent_usd + self.cost
+        if budget.spent is not None:
+            total += float(await call(budget.spent))
+        return total
+
+    def signal_for(self, journal_signal: AbortSignal) -> AbortSignal:
+        """The signal `generate` and tools receive: the journal's, else the run's own."""
+        return self.options.signal if journal_signal is NEVER_ABORTED else journal_signal
+
+    def emit(self, event: LoopEvent) -> None:
+        if self.options.on_step is not None:
+            self.options.on_step(event)
