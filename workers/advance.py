@@ -43,7 +43,7 @@ from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers import approvals, consumer, flow, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
-from workers.deltas import DeltaStream, streaming
+from workers.deltas import DeltaStream, bind, streaming
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
 from workers.live import Begun, LiveLoop, keep, take
@@ -189,8 +189,7 @@ class _Step:
         if kept is not None:
             self.live = kept
             self.replayed_before = kept.journal.replayed
-            if kept.deltas is not None:
-                kept.deltas.bind(self.batch, self.token, self.segment)
+            bind(kept.deltas, self.batch, self.token, self.segment)
             outcome_future = kept.go_on(self)
         else:
             try:
@@ -208,9 +207,8 @@ class _Step:
                 after_live=live.after_live, owner=self.owner, pause=live.pause,
             )  # fmt: skip
             steps_base = int(self.state.get("steps_base", 0))
-            if spec.stream:  # model text to the event stream as it comes (workers/deltas.py)
-                live.deltas = DeltaStream(r, live.events.append)
-                live.deltas.bind(self.batch, self.token, self.segment)
+            live.deltas = DeltaStream.of(spec.stream, r, live.events.append)  # None unless it streams
+            bind(live.deltas, self.batch, self.token, self.segment)
             generate = runtime.generate_for(spec.provider, spec.fallback, stream=spec.stream)
             generate = flow.wrap_generate(
                 generate if self.metrics is None else counted(generate, spec.provider, self.metrics), spec

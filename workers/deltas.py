@@ -136,6 +136,11 @@ class DeltaStream:
         self.backed = ""
         """The attempt mark ("<segment>|<step>|<attempt>") whose model event came after its deltas."""
 
+    @classmethod
+    def of(cls, stream: bool, run_id: str, keep: Callable[[Any], Any]) -> DeltaStream | None:
+        """The run's delta stream when its spec says `stream`, else None (nothing changes)."""
+        return cls(run_id, keep) if stream else None
+
     def bind(self, batch: Batch, token: int, segment: int) -> None:
         """The step (attempt) that runs the loop now: its batch, fencing token and segment."""
         self.batch, self.token, self.segment = batch, token, segment
@@ -222,3 +227,9 @@ class DeltaStream:
         error = None if future.cancelled() else future.exception()
         if error is not None:  # the text is in the model event all the same: only the live view lost it
             log.warning("run %s: deltas of step %s not written: %s", self.run_id, self.step, error)
+
+
+def bind(stream: DeltaStream | None, batch: Batch, token: int, segment: int) -> None:
+    """`stream.bind(...)` for a run that streams; nothing for one that does not."""
+    if stream is not None:
+        stream.bind(batch, token, segment)
