@@ -3,6 +3,7 @@
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.base import PromptGenHandler, Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice, Source
+from toolloop.providers.client import HttpClient, HttpxClient, KeepAliveClient, client_from_env
 from toolloop.providers.env import from_env
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
@@ -16,6 +17,9 @@ __all__ = [
     "ClaudeHandler",
     "CodexHandler",
     "FalHandler",
+    "HttpClient",
+    "HttpxClient",
+    "KeepAliveClient",
     "ModelInfo",
     "ModelPrice",
     "OpenAIHandler",
@@ -24,6 +28,7 @@ __all__ = [
     "RetryPolicy",
     "Secret",
     "Source",
+    "client_from_env",
     "default_catalog",
     "from_env",
 ]

@@ -23,12 +23,14 @@ is sent once more on a fresh connection. Any other failure is a transport error 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import errno
 import importlib.util
 import logging
 import os
 import ssl
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -148,6 +150,7 @@ class KeepAliveClient:
         import aiohttp
 
         if self._session is None:
+            atexit.register(_close_at_exit, weakref.ref(self))
             traces = aiohttp.TraceConfig()
             traces.on_connection_reuseconn.append(_reused)
             connector = aiohttp.TCPConnector(limit=0, ssl=self._other.verify(), keepalive_timeout=30)
@@ -182,11 +185,22 @@ class KeepAliveClient:
             raise _as_httpx(error) from error
 
     async def aclose(self) -> None:
-        """Close the keep-alive connections (call it on the session's loop)."""
+        """Close the keep-alive connections (call it on the session's loop). A client still open when
+        the process exits is closed then, on its loop if that still runs (a worker's, in its thread):
+        an aiohttp session left to the garbage collector at exit reports itself unclosed."""
         for session in (self._session, self._fresh):
             if session is not None:
                 await session.close()
         self._session = self._fresh = None
+
+
+def _close_at_exit(ref: weakref.ReferenceType[KeepAliveClient]) -> None:
+    client = ref()
+    loop = None if client is None else client.loop
+    if client is None or client._session is None or loop is None or loop.is_closed() or not loop.is_running():
+        return
+    with contextlib.suppress(Exception):  # at exit: the connections close with the process anyway
+        asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(timeout=2.0)
 
 
 def client_from_env() -> HttpClient:
