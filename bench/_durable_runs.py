@@ -137,9 +137,12 @@ def in_flight(
     spec_extra: dict[str, Any] | None = None,
     answer_tokens: int = 0,
     tokens_per_s: float | None = None,
+    settle: float = 0.0,
 ) -> dict[str, Any]:
     """`spec_extra`: more RunSpec fields (`stream`); `answer_tokens`: ~tokens of text added to every
-    answer; `tokens_per_s`: the simulator's rate for streamed answers."""
+    answer; `tokens_per_s`: the simulator's rate for streamed answers. `settle`: seconds the
+    worker's CPU keeps being counted after the last run ended (work its threads finish then, such
+    as a span processor's last batch)."""
     sim_kwargs = {} if tokens_per_s is None else {"tokens_per_s": tokens_per_s}
     with SimServer(sim_script(turns, answer_tokens), latency_s=latency, **sim_kwargs) as sim:
         env = {**sim_env(url, sim), **(extra_env or {})}
@@ -158,6 +161,7 @@ def in_flight(
             start_queue(client, mode, workers, "llm")
             profiler = workers[0].spy(turns * latency * 3)
             statuses = wait_all(client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50))
+            time.sleep(settle)
             cpu = sum(worker.cpu_seconds() for worker in workers) - cpu0
             own = time.process_time() - own0
             rss = sum(worker.pid_rss_mb() for worker in workers)
@@ -196,24 +200,29 @@ def streamed(
 
 
 def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int) -> dict[str, Any]:
-    """Worker CPU per step with tracing and metrics off, then on (TOOLLOOP_TRACES_FILE: every span
-    written at once as a JSON line by the OpenTelemetry SDK; TOOLLOOP_METRICS_PORT: the Prometheus
-    endpoint, scraped once a second as Prometheus would), alternating, `trials` pairs; the medians."""
+    """Worker CPU per step with tracing and metrics off, then on (TOOLLOOP_TRACES_FILE with
+    TOOLLOOP_TRACES_FILE_BATCH=1: every span sampled, queued by the OpenTelemetry SDK's
+    BatchSpanProcessor and encoded as JSON lines by its exporter on the processor's thread, in the
+    worker process, so counted, the last batch too (`_SETTLE`); TOOLLOOP_METRICS_PORT: the
+    Prometheus endpoint, scraped once a second as Prometheus would), alternating, `trials` pairs;
+    the medians."""
     off: list[float] = []
     on: list[float] = []
     sampled: list[float] = []
     spans = 0
     ratio_sampler = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
     for trial in range(trials):
-        got = in_flight(url, tmp, runs, turns, latency)
+        got = in_flight(url, tmp, runs, turns, latency, settle=_SETTLE)
         off.append(got["cpu_s"] / got["tasks"])
         for where, sampler in ((on, {}), (sampled, ratio_sampler)):
             traces = tmp / f"observe-spans-{trial}-{len(sampler)}.jsonl"
             port = _free_port()
             scraper = _Scraper(port)
-            extra = {"TOOLLOOP_TRACES_FILE": str(traces), "TOOLLOOP_METRICS_PORT": str(port), **sampler}
+            extra = {"TOOLLOOP_TRACES_FILE": str(traces), "TOOLLOOP_TRACES_FILE_BATCH": "1",
+                     "OTEL_BSP_SCHEDULE_DELAY": str(_BATCH_DELAY_MS), "TOOLLOOP_METRICS_PORT": str(port),
+                     **sampler}  # fmt: skip
             try:
-                got = in_flight(url, tmp, runs, turns, latency, extra_env=extra)
+                got = in_flight(url, tmp, runs, turns, latency, extra_env=extra, settle=_SETTLE)
             finally:
                 scraper.stop()
             if got["done"] != runs or not scraper.scrapes:
@@ -228,6 +237,13 @@ def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials:
             "ratio": per_on / per_off, "trials_off": off, "trials_on": on,
             "sampled_cpu_per_step_s": per_sampled, "sampled_ratio": per_sampled / per_off,
             "trials_sampled": sampled, "spans_last_trial": spans}  # fmt: skip
+
+
+_BATCH_DELAY_MS = 200
+"""The span processor's export interval in the on trials (the SDK's default is 5 s)..."""
+_SETTLE = 2 * _BATCH_DELAY_MS / 1000
+"""...and the CPU counted that long past the last run, off and on alike: every span's export falls
+inside the measurement (the last batch included), not in the worker's shutdown."""
 
 
 def _free_port() -> int:

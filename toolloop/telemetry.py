@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from opentelemetry import context, trace
@@ -70,37 +69,42 @@ def tracer() -> trace.Tracer:
     return _TRACER
 
 
-@contextmanager
-def chat_span(request: PromptGenRequest, step: str) -> Iterator[Span]:
-    """A span around one model call; `chat_result` fills in what came back."""
-    span = _TRACER.start_span(f"chat {request.model}", kind=SpanKind.CLIENT)
-    if not span.is_recording():  # no provider: nothing to compute, nothing to make current
-        yield span
-        return
-    attributes: dict[str, Any] = {OPERATION: "chat", REQUEST_MODEL: request.model, STEP: step}
-    if capture_content():
-        messages = [m.model_dump(mode="json") for m in request.messages or []]
-        attributes[INPUT_MESSAGES] = json.dumps(messages, ensure_ascii=False)
-    span.set_attributes(attributes)
-    with _current(span):
-        yield span
-
-
-@contextmanager
-def _current(span: Span) -> Iterator[None]:
+class _Scope:
     """`span` current while the block runs (its children nest under it), ended after; an error
-    ending the block is recorded on it. (`start_as_current_span` does the same through two more
-    context managers: this is the hot path of every step.)"""
-    token = context.attach(trace.set_span_in_context(span))
-    try:
-        yield
-    except BaseException as error:
-        span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        raise
-    finally:
-        context.detach(token)
-        span.end()
+    ending the block is recorded on it. A plain class, not `@contextmanager` nor
+    `start_as_current_span` (two generator context managers more): this is every step's hot path.
+    A non-recording span (no provider) is neither made current nor ended (there is nothing to end)."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.token: object = None
+
+    def __enter__(self) -> Span:
+        if self.span.is_recording():
+            self.token = context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> None:
+        if self.token is None:
+            return
+        context.detach(self.token)  # type: ignore[arg-type]
+        if error is not None:
+            self.span.record_exception(error)
+            self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        self.span.end()
+
+
+def chat_span(request: PromptGenRequest, step: str) -> AbstractContextManager[Span]:
+    """A span around one model call (its request attributes given at its start, in one mapping);
+    `chat_result` fills in what came back (and the content, when captured: the switch is read once
+    per call, there; an environment lookup of an unset variable raises and catches a KeyError)."""
+    span = _TRACER.start_span(
+        f"chat {request.model}", kind=SpanKind.CLIENT,
+        attributes={OPERATION: "chat", REQUEST_MODEL: request.model, STEP: step},
+    )  # fmt: skip
+    return _Scope(span)
 
 
 def chat_result(span: Span, request: PromptGenRequest, result: PromptGenResult) -> None:
@@ -115,7 +119,7 @@ def chat_result(span: Span, request: PromptGenRequest, result: PromptGenResult) 
         OUTPUT_TOKENS: usage.completion_tokens,
         CACHE_READ: usage.cached_tokens,
         CACHE_CREATION: usage.cache_write_tokens,
-        FINISH_REASONS: [result.finish_reason],
+        FINISH_REASONS: (result.finish_reason,),
         COST: result.cost_usd,
     }
     if meta.get("provider"):
@@ -123,21 +127,20 @@ def chat_result(span: Span, request: PromptGenRequest, result: PromptGenResult) 
     if meta.get("fallback_from"):  # a capacity/unavailable switch between providers (providers/facade.py)
         attributes[FALLBACK_FROM] = [str(f.get("provider")) for f in meta["fallback_from"]]
     if capture_content():
+        messages = [m.model_dump(mode="json") for m in request.messages or []]
+        attributes[INPUT_MESSAGES] = json.dumps(messages, ensure_ascii=False)
         output = {"text": result.text, "tool_calls": [c.model_dump(mode="json") for c in result.tool_calls]}
         attributes[OUTPUT_MESSAGES] = json.dumps(output, ensure_ascii=False)
     span.set_attributes(attributes)
 
 
-@contextmanager
-def tool_span(name: str, call_id: str, step: str) -> Iterator[Span]:
+def tool_span(name: str, call_id: str, step: str) -> AbstractContextManager[Span]:
     """A span around one tool execution (a one-phase run, a two-phase start or wait)."""
-    span = _TRACER.start_span(f"execute_tool {name}", kind=SpanKind.INTERNAL)
-    if not span.is_recording():
-        yield span
-        return
-    span.set_attributes({OPERATION: "execute_tool", TOOL_NAME: name, TOOL_CALL_ID: call_id, STEP: step})
-    with _current(span):
-        yield span
+    span = _TRACER.start_span(
+        f"execute_tool {name}", kind=SpanKind.INTERNAL,
+        attributes={OPERATION: "execute_tool", TOOL_NAME: name, TOOL_CALL_ID: call_id, STEP: step},
+    )  # fmt: skip
+    return _Scope(span)
 
 
 def tool_result(span: Span, cost_usd: float) -> None:

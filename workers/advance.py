@@ -174,7 +174,7 @@ class _Step:
         self.lease = f"{self.owner}:{token}"
         self.held = runtime.leases().hold(keys.lease(r), self.lease, sent_at, self.on_lost)
         self.state = _pairs(state_flat)
-        self.trace = StepTrace(r, self.n, self.state.get("traceparent"), self.task.task_id)
+        self.trace = StepTrace(r, self.n, self.state, self.task.task_id)
         self.segment = int(self.state.get("segment", 0))
         self.prefix = f"{keys.segment_name(self.segment)}/"
         self.outside = float(outside)
@@ -417,9 +417,8 @@ class _Step:
         committed = int(self.state.get(f"events:{self.segment}", 0))
         events = [[i + 1, e.kind, e.model_dump_json()] for i, e in enumerate(self.events) if i >= committed]
         queue = extra.pop("queue", "llm")
-        trace = self.trace
-        if trace is not None and trace.new_trace and trace.valid:  # the run's trace begins here
-            state = {**state, "traceparent": trace.traceparent()}
+        if self.trace is not None:  # the segment's start, at its first commit (workers/tracing.py)
+            state = {**state, **self.trace.record()}
         payload = {
             "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
             "field": field, "value": value, "outcome": outcome, "queue": queue,
@@ -564,7 +563,7 @@ class _Step:
         trace = self.trace
         if trace is None or not trace.valid:
             return None
-        return self.state.get("traceparent") or trace.traceparent()
+        return trace.traceparent()
 
     def count_commit(self, outcome: str, field: str, cost: float, committed: int, status: Any) -> None:
         """The metrics of a commit that landed (workers/metrics.py)."""

@@ -1,15 +1,22 @@
-"""A span exporter writing JSON lines (TOOLLOOP_TRACES_FILE, workers/tracing.py). Needs the
-OpenTelemetry SDK (`toolloop[otel]`); imported only when that variable is set."""
+"""A span exporter writing JSON lines (TOOLLOOP_TRACES_FILE, workers/tracing.py) and the worker's
+default sampler. Needs the OpenTelemetry SDK (`toolloop[otel]`); imported only when tracing is on."""
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import orjson
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind, get_current_span
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 
 class JsonLinesExporter(SpanExporter):
@@ -23,6 +30,7 @@ class JsonLinesExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         lines = []
+        pid = os.getpid()
         for span in spans:
             ctx = span.get_span_context()
             parent = span.parent
@@ -34,7 +42,7 @@ class JsonLinesExporter(SpanExporter):
                 "start": span.start_time, "end": span.end_time,
                 "status": span.status.status_code.name,
                 "attributes": dict(span.attributes or {}),
-                "pid": os.getpid(),
+                "pid": pid,
             }, default=str, option=orjson.OPT_APPEND_NEWLINE))  # fmt: skip
         with self.lock:
             os.write(self.fd, b"".join(lines))  # one write: lines of processes sharing the file never mix
@@ -43,3 +51,57 @@ class JsonLinesExporter(SpanExporter):
     def shutdown(self) -> None:
         with self.lock:
             os.close(self.fd)
+
+
+class EveryRun(Sampler):
+    """The worker's default sampler: the SDK's `ParentBased(ALWAYS_ON)` decision (a root or a sampled
+    parent: recorded and sampled; a parent not sampled: dropped), made in one call instead of a
+    delegation chain (a span costs about 2 µs less)."""
+
+    samples_every_root = True
+    """Read by workers/tracing.py: a run's segment without a caller's span needs no decision."""
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        parent = get_current_span(parent_context).get_span_context()
+        if not parent.is_valid:
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+        if not parent.trace_flags.sampled:
+            return SamplingResult(Decision.DROP, None, parent.trace_state)
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state)
+
+    def get_description(self) -> str:
+        return "ParentBased{root:AlwaysOnSampler}"
+
+
+class PinnedIds(RandomIdGenerator):
+    """The worker's id generator: random ids (the SDK's), except the pinned ones for the one span
+    being started in this thread (`pinned`): a run segment's span, whose ids are the run's
+    (workers/tracing.py, `segment_ids`)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    @contextmanager
+    def pinned(self, trace_id: int, span_id: int) -> Iterator[None]:
+        self.local.ids = (trace_id, span_id)
+        try:
+            yield
+        finally:
+            self.local.ids = None
+
+    def generate_trace_id(self) -> int:
+        ids = getattr(self.local, "ids", None)
+        return ids[0] if ids else super().generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        ids = getattr(self.local, "ids", None)
+        return ids[1] if ids else super().generate_span_id()

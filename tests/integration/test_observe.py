@@ -3,7 +3,8 @@
 - One trace per run across two worker processes and a SIGKILL between them: the workers export
   their spans to one JSON-lines file (TOOLLOOP_TRACES_FILE, an SDK exporter in each worker); the
   test reads it and finds one trace, one `chat` span per model call made and one `execute_tool`
-  span per tool execution that finished, with the GenAI attributes and the cache token counts.
+  span per tool execution that finished, with the GenAI attributes and the cache token counts, all
+  children of the run segment's one `toolloop.run` span (ids derived from the run id).
 - /metrics of a worker after a run equals the run's journal: steps committed, spend, cache reads.
 
 The model is the provider simulator over real HTTP (Anthropic wire, prompt cache on with a small
@@ -31,6 +32,7 @@ from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.journal import keys
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
+from workers.tracing import segment_ids
 
 pytestmark = pytest.mark.integration
 
@@ -133,8 +135,13 @@ def test_one_trace_across_two_workers_and_a_kill(
     tools = [s for s in in_trace if s["attributes"].get("gen_ai.operation.name") == "execute_tool"]
     assert len(chats) == 2  # one per model call: the killed worker's call was committed, not made again
     assert len(tools) == 1  # the tool finished once (its killed execution never ended a span)
-    step_ids = {s["span_id"] for s in mine}
-    assert {s["parent_id"] for s in chats + tools} <= step_ids  # children of the steps' spans
+    (segment,) = mine  # the run's one segment: one `toolloop.run` span, exported by the second worker
+    assert segment["name"] == "toolloop.run" and segment["attributes"]["toolloop.outcome"] == "stop"
+    assert {s["parent_id"] for s in chats + tools} == {segment["span_id"]}  # its children, both workers'
+    derived_trace, derived_span = segment_ids(run_id, 0)
+    assert (trace_id, segment["span_id"]) == (f"{derived_trace:032x}", f"{derived_span:016x}")
+    assert segment["start"] <= min(s["start"] for s in chats + tools)
+    assert segment["end"] >= max(s["end"] for s in chats + tools)
     assert tools[0]["attributes"]["gen_ai.tool.name"] == "slow"
     usage = model_usage(journal_of(redis_server.url, run_id))
     for chat, used in zip(sorted(chats, key=lambda s: s["start"]), usage, strict=True):

@@ -5,9 +5,11 @@ replayed step; content only with the opt-in switch; the API's no-op without a pr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -152,3 +154,41 @@ async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
     assert value("toolloop_model_calls_total", {"provider": "anthropic", "status": "fell_back"}) == 1
     assert value("toolloop_model_calls_total", {"provider": "fal", "status": "ok"}) == 1
     assert value("toolloop_model_fallbacks_total", {"from_provider": "anthropic", "to_provider": "fal"}) == 1
+
+
+def test_a_run_segment_span_has_ids_derived_from_the_run(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    """workers/tracing.py: every task of a segment finds the same parent from the run id alone; the
+    task whose commit ends the segment exports its span (the worker's provider, `configure`), from
+    the segment's recorded start; a caller's sampled-out trace stays sampled out."""
+    from workers.tracing import StepTrace, segment_ids
+
+    trace_id, span_id = segment_ids("run-a", 1)
+    assert segment_ids("run-a", 1) == (trace_id, span_id) != segment_ids("run-b", 1)
+    step = StepTrace("run-a", 4, {"segment": "1", "trace_start": "1:1000"}, "task-1")
+    assert step.traceparent() == f"00-{trace_id:032x}-{span_id:016x}-01"
+    assert step.record() == {}  # the segment's start is recorded already
+    assert StepTrace("run-a", 4, {"segment": "2"}, "t").record()["trace_start"].startswith("2:")
+    step.end("next")
+    step.end("stop")  # the test's provider is not the worker's: the ids are not its to give
+    assert spans.get_finished_spans() == ()
+    caller = f"00-{7:032x}-{9:016x}-00"  # a caller's span, sampled out
+    quiet = StepTrace("run-a", 1, {"traceparent": caller}, "t")
+    assert not quiet.recording and quiet.traceparent().startswith(f"00-{7:032x}-")
+    assert quiet.traceparent().endswith("-00")
+
+    code = """
+from opentelemetry import trace
+from workers import tracing
+assert tracing.configure()
+step = tracing.StepTrace("run-a", 4, {"segment": "1", "trace_start": "1:1000"}, "task-1")
+step.end("next")
+step.end("stop")
+trace.get_tracer_provider().force_flush()
+"""
+    out = tmp_path / "spans.jsonl"
+    env = {**os.environ, "TOOLLOOP_TRACES_FILE": str(out)}
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60, check=True)
+    (segment,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert segment["name"] == "toolloop.run" and segment["parent_id"] is None and segment["start"] == 1000
+    assert (segment["trace_id"], segment["span_id"]) == (f"{trace_id:032x}", f"{span_id:016x}")
+    assert segment["attributes"]["toolloop.outcome"] == "stop"
