@@ -1,9 +1,11 @@
 """The agent of bench/durable.py, imported by the bench worker (bench/ on PYTHONPATH).
 
 - `TOOLS`: one tool, `note`, that answers at once (a tool step with no latency of its own).
+- `PARK_TOOLS`: `note` and `ask` (the question that parks a run), for bench/scale.py's parked runs.
 - `make_generate`: a zero-latency scripted model (TOOLLOOP_PROMPT_GEN="_durable_agent:make_generate"):
   the system text "turns=N" makes it call `note` on each of its first N-1 turns and answer on turn N,
-  so a run is N model steps and N-1 tool steps (bench/_replay.py replays the same conversation).
+  so a run is N model steps and N-1 tool steps (bench/_replay.py replays the same conversation);
+  "turns=N ask" calls `ask` on turn N instead, which parks the run.
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ def note(input: NoteInput, signal: AbortSignal) -> ToolOutput:
     return ToolOutput(value={"shot": input.shot}, content=[TextPart(text=text)], cost_usd=0.0)
 
 
+class AskInput(BaseModel):
+    question: str
+
+
 TOOLS = [ToolSpec(name="note", description="Write a review note on a shot.", schema=NoteInput, run=note)]
+PARK_TOOLS = [*TOOLS, ToolSpec(name="ask", description="Ask the person.", schema=AskInput, run=None)]
 
 
 def answer(request: PromptGenRequest) -> PromptGenResult:
@@ -41,6 +48,9 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         calls = [call("note", {"shot": turn, "text": PARAGRAPH[:120]}, id=f"call_{turn}")]
         return reply(f"Turn {turn}: looking at shot {turn}. {PARAGRAPH[:160]}", tool_calls=calls,
                      cost_usd=0.0001, usage=usage)  # fmt: skip
+    if " ask" in (request.system or ""):
+        asked = [call("ask", {"question": f"Keep shot {turn}?"}, id=f"call_{turn}")]
+        return reply(f"Turn {turn}: one question.", tool_calls=asked, cost_usd=0.0001, usage=usage)
     return reply(f"Reviewed {turns} turns. {PARAGRAPH}", cost_usd=0.0001, usage=usage)
 
 

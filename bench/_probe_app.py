@@ -1,0 +1,215 @@
+"""`workers.app` with two bench-only remote-control commands, for bench/scale.py (never production).
+
+    celery -A _probe_app worker ...          (bench/ on PYTHONPATH; the worker is workers.app's own)
+
+- `bench_probe action=<...>`: what the worker process holds, measured inside it. `counts`: RSS,
+  `gc.collect()`, the 25 most numerous object types and the kept loops (`workers.live`);
+  `trace_start`: `tracemalloc.start(12)` and a first snapshot; `garbage`: the types of the
+  cyclic garbage a collection finds now (`gc.DEBUG_SAVEALL`); `gcstats`: collections, seconds
+  and objects collected per generation since start (gc.callbacks); `trim`: `gc.collect()` and
+  glibc's `malloc_trim(0)`, then RSS; `trace_diff`: a second snapshot
+  compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
+- `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
+  step runs; `workers.runtime.loop()`), enabled and disabled on that thread; `stop` dumps the stats.
+
+A reply is a small dict (Celery's pidbox carries it back as JSON). Two environment switches, for
+the garbage-collector experiments of bench/PROFILE-19.md, applied once the worker is ready (after
+workers.runtime's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
+`BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds;
+`BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.loop.run._VALIDATED_MAX`);
+`BENCH_BREAK_CYCLES=1` tries PROFILE-19's plan item M1 from outside (a bench-only patch of
+`workers.advance._Step.drop_lease`: once a step is over it clears the references that make its
+`_Step`, `Held`, `Begun` and ended `LiveLoop` cyclic garbage); `BENCH_FREE_BODY=1` tries C1's
+"do not keep the request body across the model call" (`toolloop.providers.http.dumps` patched to
+empty a request body dict once it is encoded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import ctypes
+import gc
+import os
+import threading
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from celery.signals import worker_ready
+from celery.worker.control import control_command
+
+from workers import live, runtime
+from workers.app import app
+
+__all__ = ["app"]
+
+_gc_times = [[0, 0.0, 0, 0.0], [0, 0.0, 0, 0.0], [0, 0.0, 0, 0.0]]
+"""Per generation: collections, wall seconds in them, objects collected, CPU seconds of the
+collecting thread (gc.callbacks)."""
+_gc_began: list[float] = [0.0, 0.0]
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_began[:] = [time.perf_counter(), time.thread_time()]
+        return
+    counts = _gc_times[info["generation"]]
+    counts[0] += 1
+    counts[1] += time.perf_counter() - _gc_began[0]
+    counts[2] += info["collected"]
+    counts[3] += time.thread_time() - _gc_began[1]
+
+
+gc.callbacks.append(_on_gc)
+
+_held: dict[str, Any] = {}
+"""The profiler and the first tracemalloc snapshot between two commands (bench-only state)."""
+
+
+def _rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _counts() -> dict[str, Any]:
+    collected = gc.collect()
+    types = Counter(type(obj).__name__ for obj in gc.get_objects())
+    tasks = len(asyncio.all_tasks(runtime.loop()))
+    return {"rss_kb": _rss_kb(), "collected": collected, "objects": sum(types.values()),
+            "top": types.most_common(25), "kept_loops": len(live._kept), "loop_tasks": tasks,
+            "frozen": gc.get_freeze_count()}  # fmt: skip
+
+
+def _trace_diff() -> dict[str, Any]:
+    first = _held.get("snapshot")
+    if first is None:
+        return {"error": "send bench_probe action=trace_start first"}
+    gc.collect()
+    second = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    lines = [str(stat) for stat in second.compare_to(first, "lineno")[:25]]
+    traces = []
+    for stat in second.compare_to(first, "traceback")[:8]:
+        frames = "\n    ".join(stat.traceback.format(limit=12, most_recent_first=True))
+        traces.append(f"{stat.size_diff / 1024:+.1f} KiB, {stat.count_diff:+d} blocks:\n    {frames}")
+    total = sum(stat.size_diff for stat in second.compare_to(first, "filename"))
+    return {"rss_kb": _rss_kb(), "traced_growth_kb": total // 1024, "by_line": lines, "by_trace": traces}
+
+
+@control_command(args=[("action", str)], signature="<action>")  # type: ignore[untyped-decorator]
+def bench_probe(state: Any, action: str) -> dict[str, Any]:
+    if action == "counts":
+        return _counts()
+    if action == "trace_start":
+        tracemalloc.start(12)
+        gc.collect()
+        _held["snapshot"] = tracemalloc.take_snapshot()
+        return {"rss_kb": _rss_kb()}
+    if action == "trace_diff":
+        return _trace_diff()
+    if action == "gcstats":
+        fields = ("collections", "seconds", "collected", "cpu_s")
+        return {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+    if action == "garbage":  # what the cyclic garbage is made of: collected into gc.garbage, counted
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            kinds = Counter(type(obj).__qualname__ for obj in gc.garbage)
+            found = {"objects": len(gc.garbage), "top": kinds.most_common(40)}
+        finally:
+            gc.garbage.clear()
+            gc.set_debug(0)
+        return found
+    if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return {"rss_kb": _rss_kb()}
+    return {"error": f"unknown action {action!r}: counts, trace_start or trace_diff"}
+
+
+@control_command(args=[("action", str), ("path", str)], signature="<action> <path>")  # type: ignore[untyped-decorator]
+def bench_cprofile(state: Any, action: str, path: str) -> dict[str, Any]:
+    loop = runtime.loop()
+    if action == "start":
+        profiler = _held["profiler"] = cProfile.Profile()
+        asyncio.run_coroutine_threadsafe(_call(profiler.enable), loop).result(10)
+        return {"ok": "profiling the process loop"}
+    profiler = _held.pop("profiler", None)
+    if profiler is None:
+        return {"error": "send bench_cprofile action=start first"}
+    asyncio.run_coroutine_threadsafe(_call(profiler.disable), loop).result(10)
+    profiler.dump_stats(path)
+    return {"ok": path}
+
+
+async def _call(function: Any) -> None:
+    function()
+
+
+def _gc_switches(**_: Any) -> None:
+    thresholds = os.environ.get("BENCH_GC", "")
+    if thresholds:
+        first, second, third = (int(part) for part in thresholds.split(","))
+        gc.set_threshold(first, second, third)
+    if os.environ.get("BENCH_MEMO_MAX"):
+        from toolloop.loop import run
+
+        run._VALIDATED_MAX = int(os.environ["BENCH_MEMO_MAX"])
+    if os.environ.get("BENCH_BREAK_CYCLES") == "1":
+        _break_cycles()
+    if os.environ.get("BENCH_FREE_BODY") == "1":
+        _free_body()
+    every = float(os.environ.get("BENCH_GC_EVERY", "0"))
+    if every > 0:
+        threading.Thread(target=_collect_forever, args=(every,), name="bench-gc", daemon=True).start()
+
+
+def _break_cycles() -> None:
+    from workers import advance
+
+    dropped = advance._Step.drop_lease
+
+    def drop_lease(step: Any) -> None:
+        dropped(step)
+        if step.held is not None:
+            step.held.on_lost = _nothing
+            step.held.controller = None
+        step.begun = None
+        loop = step.live
+        if loop is not None and not step.kept:
+            loop.close()
+            loop.journal = loop.step = loop.task = loop.outcome = loop.resume = None
+            step.live = None
+
+    advance._Step.drop_lease = drop_lease
+
+
+def _free_body() -> None:
+    from toolloop.providers import http
+
+    encode = http.dumps
+
+    def dumps(value: Any) -> Any:
+        content = encode(value)
+        if isinstance(value, dict) and "messages" in value:
+            value.clear()  # the nested tree dies now, not after the HTTP call
+        return content
+
+    http.dumps = dumps
+
+
+def _nothing(*_: Any) -> None:
+    pass
+
+
+def _collect_forever(every: float) -> None:
+    while True:
+        time.sleep(every)
+        gc.collect()
+
+
+worker_ready.connect(_gc_switches, weak=False)

@@ -1,0 +1,326 @@
+"""Scale of one worker process (issue #19), measured in one run on a private server:
+
+1. the bare Celery hop floor (bench/durable.py's, same settings), for reference in the same run;
+2. `--runs` runs (default 2,000) of `--turns` model turns at `--latency` s, all in flight on ONE
+   worker process (`--steps-in-flight` = runs), the provider simulator in a process of its own
+   (`python -m toolloop.sim`, not the worker's and not the bench's): model calls/s against the
+   ideal runs / latency, makespan, and worker CPU per step (the worker process's own CPU time);
+3. `--parked` runs (default 10,000) parked on an `ask` after `--park-turns` turns (zero-latency
+   scripted model): the worker's RSS before the first enqueue and once all are parked.
+
+    .venv/bin/python bench/scale.py                                  # floor + 2,000 in flight + 10,000 parked
+    .venv/bin/python bench/scale.py --skip parked --runs 500         # 500 in flight only
+    .venv/bin/python bench/scale.py --skip floor,flight --trace      # parked, with tracemalloc's growth
+    .venv/bin/python bench/scale.py --skip floor,parked --profile pyspy:/tmp/w.json  # py-spy speedscope
+    .venv/bin/python bench/scale.py --skip floor,parked --profile cprofile:/tmp/w.prof  # cProfile
+
+The worker is `workers.app` with two bench-only control commands (`_probe_app.py`). Machines here
+are shared: repeat with `--trials` and read the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+from _durable_runs import run_spec, sim_script  # noqa: E402
+from _procs import ROOT, Worker, env_with  # noqa: E402
+from durable import bare_hop_floor  # noqa: E402
+
+from toolloop.embedded import start_server  # noqa: E402
+from toolloop.journal import keys  # noqa: E402
+from workers.client import Client  # noqa: E402
+
+TOOLSETS = "durable=_durable_agent:TOOLS,parking=_durable_agent:PARK_TOOLS"
+
+
+@contextmanager
+def sim_process(tmp: Path, turns: int, latency: float) -> Iterator[tuple[str, int]]:
+    """`python -m toolloop.sim` in its own process group; yields its base URL and pid."""
+    script = tmp / "sim-script.json"
+    script.write_text(json.dumps(sim_script(turns)))
+    args = [sys.executable, "-m", "toolloop.sim", "--port", "0", "--script", str(script),
+            "--latency", str(latency)]  # fmt: skip
+    sim = subprocess.Popen(args, cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert sim.stdout is not None
+        yield sim.stdout.readline().decode().strip(), sim.pid
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(sim.pid, signal.SIGTERM)
+        sim.wait(timeout=20)
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads, no children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu(client: Client) -> float:
+    """Redis's own CPU seconds so far (INFO cpu: main thread and its other threads)."""
+    info = client.redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def worker(tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int) -> Worker:
+    extra = ["--step-queues", step_queues, "--steps-in-flight", str(in_flight)]
+    return Worker("_probe_app", pool="threads", concurrency=8, queues=["control"], env=env,
+                  log=tmp / f"{name}.log", extra=extra)  # fmt: skip
+
+
+def control(client: Client, who: Worker, command: str, **arguments: Any) -> Any:
+    replies = client.celery.control.broadcast(command, arguments=arguments, destination=[who.name],
+                                              reply=True, timeout=60)  # fmt: skip
+    return replies[0][who.name] if replies else None
+
+
+def statuses(client: Client, run_ids: list[str]) -> Counter[str]:
+    pipe = client.redis.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hget(keys.state(run_id), "status")
+    return Counter(pipe.execute())
+
+
+def wait_settled(client: Client, run_ids: list[str], timeout: float) -> Counter[str]:
+    """Poll every status in one pipelined round trip per second until none is queued or running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = statuses(client, run_ids)
+        if not found["queued"] and not found["running"]:
+            return found
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"after {timeout:.0f} s: {dict(found)}")
+        time.sleep(1.0)
+
+
+def _enqueue_chunk(job: tuple[str, list[dict[str, Any]]]) -> list[str]:
+    url, specs = job
+    with Client(url, toolsets=["durable", "parking"]) as client:
+        return [client.enqueue(spec) for spec in specs]
+
+
+def enqueue_all(url: str, specs: list[dict[str, Any]], processes: int) -> tuple[list[str], float]:
+    """Enqueue `specs` from `processes` client processes; the run ids and the seconds it took."""
+    start = time.monotonic()
+    chunks = [(url, specs[i::processes]) for i in range(processes)]
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        run_ids = [run_id for chunk in pool.map(_enqueue_chunk, chunks) for run_id in chunk]
+    return run_ids, time.monotonic() - start
+
+
+@contextmanager
+def profiled(how: str, client: Client, who: Worker, seconds: float) -> Iterator[None]:
+    """`pyspy:<file>` (.json: speedscope, else raw collapsed stacks), `cprofile:<file>`, or ''."""
+    kind, _, path = how.partition(":")
+    spy = None
+    if kind == "pyspy":
+        assert who.process is not None
+        form = "speedscope" if path.endswith(".json") else "raw"
+        spy = subprocess.Popen(
+            [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(who.process.pid), "-d",
+             str(int(seconds)), "-f", form, "-o", path, "--nonblocking", "--threads", "--rate", "200"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    elif kind == "cprofile":
+        control(client, who, "bench_cprofile", action="start", path=path)
+    try:
+        yield
+    finally:
+        if kind == "cprofile":
+            control(client, who, "bench_cprofile", action="stop", path=path)
+        if spy is not None:
+            spy.wait(timeout=seconds + 60)
+
+
+def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: str) -> dict[str, Any]:
+    """`runs` runs enqueued while the worker does not take `llm` (after 20 warm-up runs), then all
+    started at once; model calls/s counted while all are in flight (from the moment every run made
+    its first model call to the moment the first run finished)."""
+    with sim_process(tmp, turns, latency) as (sim_url, sim_pid):
+        env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, ANTHROPIC_BASE_URL=sim_url,
+                       ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+        who = worker(tmp, f"flight-{runs}", env, "tools", runs)
+        client = Client(url, toolsets=["durable"])
+        try:
+            who.start(client.celery)
+            assert who.process is not None
+            pid = who.process.pid
+            control(client, who, "add_step_queue", queue="llm")  # a warm-up: imports, connections
+            warm, _ = enqueue_all(url, [run_spec(2, provider="anthropic")] * 20, 1)
+            wait_settled(client, warm, timeout=60)
+            control(client, who, "cancel_step_queue", queue="llm")
+            run_ids, _ = enqueue_all(url, [run_spec(turns, provider="anthropic")] * runs, 2)
+            rss0, cpu0, start = proc_rss_mb(pid), proc_cpu(pid), time.time()
+            sim0, redis0 = proc_cpu(sim_pid), redis_cpu(client)
+            with profiled(profile, client, who, turns * latency * 4):
+                control(client, who, "add_step_queue", queue="llm")
+                found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
+            cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
+            collector = control(client, who, "bench_probe", action="gcstats")
+            sim_cpu, redis_used = proc_cpu(sim_pid) - sim0, redis_cpu(client) - redis0
+            times = model_times(client, run_ids)
+            ended = [float(t) for t in _field_of(client, run_ids, "touched")]
+        finally:
+            who.stop()
+            client.close()
+    begin = max(t[0] for t in times)  # every run has made its first model call
+    end = min(ended)  # the first run is done
+    window = max(end - begin, 1e-9)
+    committed = sum(begin < t <= end for run in times for t in run)
+    steps = runs * (2 * turns - 1)
+    return {"runs": runs, "turns": turns, "done": found["done"], "statuses": dict(found),
+            "window_s": window, "model_calls_s": committed / window, "ideal_calls_s": runs / latency,
+            "wall_s": max(ended) - start, "ideal_s": turns * latency, "cpu_s": cpu, "steps": steps,
+            "cpu_per_step_ms": cpu * 1000 / steps, "rss_before_mb": rss0, "rss_after_mb": rss,
+            "sim_cpu_s": sim_cpu, "redis_cpu_s": redis_used, "gc": collector}  # fmt: skip
+
+
+def model_times(client: Client, run_ids: list[str]) -> list[list[float]]:
+    pipe = client.redis.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.xrange(keys.events(run_id))
+    return [[int(str(eid).split("-")[0]) / 1000 for eid, f in events if f["kind"] == "model"]
+            for events in pipe.execute()]  # fmt: skip
+
+
+def _field_of(client: Client, run_ids: list[str], field: str) -> list[Any]:
+    pipe = client.redis.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hget(keys.state(run_id), field)
+    return list(pipe.execute())
+
+
+def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str, Any]:
+    """Worker RSS before the first enqueue and once `runs` runs are parked on an `ask` (after 20
+    warm-up runs, parked too, so imports and first-use caches are not counted)."""
+    gen = "_durable_agent:make_generate"
+    env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, TOOLLOOP_PROMPT_GEN=gen)
+    who = worker(tmp, f"parked-{runs}", env, "llm,tools", 500)
+    client = Client(url, toolsets=["parking"])
+    spec = run_spec(turns, toolset="parking", system=f"You review storyboards. turns={turns} ask")
+    try:
+        who.start(client.celery)
+        assert who.process is not None
+        warm, _ = enqueue_all(url, [spec] * 20, 1)
+        wait_settled(client, warm, timeout=60)
+        time.sleep(2)
+        if trace:
+            control(client, who, "bench_probe", action="trace_start")
+        before = control(client, who, "bench_probe", action="counts")
+        rss0 = proc_rss_mb(who.process.pid)
+        run_ids, enqueue_s = enqueue_all(url, [spec] * runs, 2)
+        found = wait_settled(client, run_ids, timeout=120 + runs / 10)
+        time.sleep(3)  # the last commits' batches, the kept-loop drops
+        rss1 = proc_rss_mb(who.process.pid)
+        garbage = control(client, who, "bench_probe", action="garbage")
+        after = control(client, who, "bench_probe", action="counts")
+        trimmed = control(client, who, "bench_probe", action="trim")["rss_kb"] / 1024
+        grown = control(client, who, "bench_probe", action="trace_diff") if trace else None
+    finally:
+        who.stop()
+        client.close()
+    return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
+            "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
+            "rss_trimmed_mb": trimmed,
+            "probe_before": before, "probe_after": after, "garbage": garbage, "trace": grown}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2000, help="runs in flight on the one worker")
+    parser.add_argument("--turns", type=int, default=10, help="model turns per run in flight")
+    parser.add_argument("--latency", type=float, default=1.0, help="simulated model latency, s")
+    parser.add_argument("--trials", type=int, default=1, help="trials of the in-flight figure (median)")
+    parser.add_argument("--parked", type=int, default=10000, help="runs parked on an ask")
+    parser.add_argument("--park-turns", type=int, default=3, help="model turns before the ask")
+    parser.add_argument("--hops", type=int, default=200)
+    parser.add_argument("--floor-trials", type=int, default=5)
+    parser.add_argument("--skip", default="", help="comma-separated: floor,flight,parked")
+    parser.add_argument("--profile", default="", help="pyspy:<file> or cprofile:<file> (1st in-flight trial)")
+    parser.add_argument("--trace", action="store_true", help="tracemalloc in the parked worker")
+    parser.add_argument("--json", default="", help="write every figure to this file")
+    args = parser.parse_args(argv)
+    skip = set(args.skip.split(","))
+    load = os.getloadavg()[0]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="toolloop-scale-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        server = start_server(tmp / "redis")
+        os.environ["BENCH_REDIS_URL"] = server.url
+        try:
+            if "floor" not in skip:
+                results["floor"] = bare_hop_floor(server.url, tmp, args.hops, args.floor_trials)
+                print(f"  floor: {results['floor']}", file=sys.stderr)
+            if "flight" not in skip:
+                trials = []
+                for trial in range(args.trials):
+                    got = flight(server.url, tmp, args.runs, args.turns, args.latency,
+                                 args.profile if trial == 0 else "")  # fmt: skip
+                    print(f"  flight: {got}", file=sys.stderr)
+                    trials.append(got)
+                results["flight"] = trials
+            if "parked" not in skip:
+                results["parked"] = parked(server.url, tmp, args.parked, args.park_turns, args.trace)
+                print(f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr)
+        finally:
+            server.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print_table(results, args, load)
+    return 0
+
+
+def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) -> None:
+    print(f"\nscale of one worker process, private Redis on loopback, simulator in its own process, "
+          f"{os.cpu_count()} CPUs, load average {load:.1f} at start")  # fmt: skip
+    floor = results.get("floor")
+    if floor:
+        print(f"bare Celery hop (floor): {floor['per_hop_s'] * 1000:.2f} ms per hop (median of "
+              f"{', '.join(f'{t * 1000:.2f}' for t in floor['trials'])})")  # fmt: skip
+    trials = results.get("flight")
+    if trials:
+        rate = statistics.median(t["model_calls_s"] for t in trials)
+        cpu = statistics.median(t["cpu_per_step_ms"] for t in trials)
+        ideal = trials[0]["ideal_calls_s"]
+        print(f"{args.runs} runs in flight x {args.turns} turns at {args.latency:g} s: {rate:.0f} calls/s "
+              f"= {rate / ideal:.0%} of ideal {ideal:.0f}/s (target >= 90 %); worker CPU per step "
+              f"{cpu:.3f} ms (target <= 0.3)")  # fmt: skip
+        for t in trials:
+            print(f"  trial: {t['done']}/{t['runs']} done, {t['model_calls_s']:.0f} calls/s over "
+                  f"{t['window_s']:.1f} s, makespan {t['wall_s']:.1f} s (ideal {t['ideal_s']:.0f} s), "
+                  f"{t['cpu_s']:.1f} s worker CPU for {t['steps']} steps = {t['cpu_per_step_ms']:.3f} ms, "
+                  f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB; simulator CPU "
+                  f"{t['sim_cpu_s']:.1f} s, Redis CPU {t['redis_cpu_s']:.1f} s")  # fmt: skip
+    kept = results.get("parked")
+    if kept:
+        print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
+              f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB; "
+              f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim); "
+              f"statuses {kept['statuses']}, enqueued in {kept['enqueue_s']:.1f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

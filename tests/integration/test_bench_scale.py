@@ -1,0 +1,41 @@
+"""bench/scale.py keeps working against the real worker: every figure at a tiny size, run as a
+user runs it (its own private server, worker and simulator processes), with the probes the
+profile of bench/PROFILE-19.md reads (gc counts, the cyclic garbage, the collector's time)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
+
+
+def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    args = ["--hops", "10", "--floor-trials", "1", "--runs", "6", "--turns", "2", "--latency", "0.2",
+            "--parked", "12", "--park-turns", "2", "--json", str(out)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=150, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("bare Celery hop (floor):") for line in lines), done.stdout
+    flight = next(line for line in lines if line.startswith("6 runs in flight x 2 turns at 0.2 s:"))
+    assert "of ideal" in flight and "worker CPU per step" in flight
+    assert any(line.startswith("  trial: 6/6 done") for line in lines), done.stdout
+    parked = next(line for line in lines if line.startswith("12 parked runs raise the worker's RSS by"))
+    assert "{'asked': 12}" in parked
+    results = json.loads(out.read_text())
+    (trial,) = results["flight"]
+    assert trial["done"] == 6 and trial["cpu_s"] > 0 and trial["steps"] == 6 * 3
+    assert set(trial["gc"]) == {"gen0", "gen1", "gen2"} and trial["sim_cpu_s"] >= 0  # 10 ms ticks
+    kept = results["parked"]
+    assert kept["statuses"] == {"asked": 12}
+    assert kept["probe_after"]["kept_loops"] == 0  # a parked run keeps no loop on its worker
+    assert "top" in kept["garbage"] and kept["rss_after_mb"] > kept["rss_before_mb"] / 2
