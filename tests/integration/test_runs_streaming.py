@@ -4,6 +4,7 @@ that drops and comes back with its last id gets every delta once, in order."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ from tests.integration.conftest import Worker, start_worker
 from tests.integration.runs_kit import client_on, spec
 from tests.integration.streamer import answer_words
 from toolloop.embedded import EmbeddedServer, start_server
+from workers.async_client import AsyncClient
 from workers.client import Client
 from workers.records import RunEventRecord
 
@@ -151,3 +153,22 @@ def test_toolloop_follow_prints_the_text_as_it_streams_and_says_what_was_discard
     model = next(i for i, line in enumerate(lines) if line.startswith("step  1  model"))
     assert model > lines.index(texts[1])
     assert any(line.startswith("step  2  text ") for line in lines)
+
+
+def test_the_async_client_reads_the_same_deltas_and_resumes_after_an_id(
+    client: Client, stream_redis: EmbeddedServer
+) -> None:
+    run_id = client.enqueue(spec("You add numbers.", stream=True))
+    client.wait(run_id, timeout=60)
+    stored = list(client.events(run_id))
+
+    async def read() -> tuple[list[str], list[str], list[str]]:
+        async with AsyncClient(stream_redis.url) as aclient:
+            every = [e.id async for e in aclient.events(run_id)]
+            after = [e.id async for e in aclient.events(run_id, after=stored[5].id)]
+            committed = [e.kind async for e in aclient.events(run_id, deltas=False)]
+        return every, after, committed
+
+    every, after, committed = asyncio.run(read())
+    assert every == [e.id for e in stored] and after == every[6:]
+    assert committed == [e.kind for e in stored if e.committed]
