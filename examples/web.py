@@ -16,7 +16,8 @@ shows a run in a browser (the run viewer, examples/viewer.py).
 
 Routes: POST /runs, GET /runs (newest first: ?status=, ?limit=, ?cursor=), GET /runs/{id} (the
 status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}/messages, GET
-/runs/{id}/events (resumes after the `Last-Event-ID` header or `?after=`), GET
+/runs/{id}/events (server-sent events, one `id:` each; resumes after the `Last-Event-ID` header or
+`?after=`; a run enqueued with `"stream": true` sends its model text as `delta` events), GET
 /runs/{id}/images/{hash} (an image of the run's conversation: its file must be readable here, as on
 one machine or a volume the workers share), POST /runs/{id}/answer, POST
 /runs/{id}/cancel (409 for a run that has ended). It only talks to Redis through
@@ -68,7 +69,9 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def sse(event: Any) -> str:
-    """One server-sent event: the stream id (for Last-Event-ID), the kind, the event as JSON."""
+    """One server-sent event: the stream id (for Last-Event-ID), the kind, the event as JSON. A
+    streaming run's text comes as `delta` events (`step`, `attempt`, `text`, `seq` null) before its
+    `model` event; a `discarded` event voids the text of that step's `attempt` (docs/streaming.md)."""
     data = json.dumps({"seq": event.seq, "segment": event.segment, **event.data}, default=str)
     return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
 
@@ -143,7 +146,7 @@ async def status(request: Request) -> Response:
     current = await client.status(run_id)
     if "text/html" not in request.headers.get("accept", ""):
         return JSONResponse(current.model_dump(mode="json"))
-    events = [{"id": e.id, **e.data} async for e in client.events(run_id)]
+    events = [{"id": e.id, **e.data} async for e in client.events(run_id, deltas=False)]
     history = await client.history(run_id)
     page = viewer.page(run_id, current.model_dump(mode="json"), events, history)
     response = HTMLResponse(page)

@@ -41,6 +41,7 @@ from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers import approvals, flow
 from workers.commit import Commits, log
 from workers.errors import DeliveryLimitError, LeaseLostError
+from workers.deltas import DeltaStream, bind, streaming
 from workers.live import Begun, LiveLoop
 from workers.live import Outcome as LoopOutcome
 from workers.metrics import counted
@@ -165,6 +166,7 @@ class _Step(Commits):
         if kept is not None:
             self.live = kept
             self.replayed_before = kept.journal.replayed
+            bind(kept.deltas, self.batch, self.token, self.segment, self.process.hooks)
             return await self._until_boundary(kept.go_on(self))
         loaded = begin.loaded
         try:
@@ -182,6 +184,8 @@ class _Step(Commits):
             self.run_id, self.prefix, loaded.journal, signal=live.controller.signal, live_steps=1,
             before_live=live.before_live, after_live=live.after_live, pause=live.pause,
         )  # fmt: skip
+        live.deltas = DeltaStream.of(spec.stream, self.run_id, live.events.append)  # None unless it streams
+        bind(live.deltas, self.batch, self.token, self.segment, self.process.hooks)
         self.spec = spec
         return await self._until_boundary(
             live.start(self, self._options(spec, live, tools, messages, decisions))
@@ -228,11 +232,12 @@ class _Step(Commits):
     def _options(
         self, spec: RunSpec, live: LiveLoop, tools: list[ToolSpec], messages: Any, decisions: Any
     ) -> RunToolLoopOptions:
-        generate = self.process.generate_for(spec.provider, spec.fallback)
+        generate = self.process.generate_for(spec.provider, spec.fallback, stream=spec.stream)
         if self.metrics is not None:
             generate = counted(generate, spec.provider, self.metrics)
+        generate = flow.wrap_generate(self.process, generate, spec)
         return RunToolLoopOptions(
-            generate=flow.wrap_generate(self.process, generate, spec),
+            generate=generate if live.deltas is None else streaming(generate),
             model=spec.model,
             system=spec.system,
             messages=messages,
@@ -247,7 +252,7 @@ class _Step(Commits):
             step=live.journal.step,
             signal=live.controller.signal,
             reasoning=spec.reasoning,
-            on_step=live.events.append,
+            on_step=live.events.append if live.deltas is None else live.deltas.on_step,
             finish_note=spec.finish_note,
             keep_images=spec.keep_images,
             cache=spec.cache,
@@ -330,6 +335,8 @@ class _Step(Commits):
             "run %s: step %s stopped: %s.\n  Not committed: %s; the step runs again under a live lease.",
             self.run_id, self.n, error, what or "no finished work",
         )  # fmt: skip
+        if self.live is not None and self.live.deltas is not None:
+            self.live.deltas.drop()
         await self.release()
         if self.metrics is not None:
             self.metrics.leases_lost.inc()

@@ -80,10 +80,16 @@ class AsyncClient:
         return await self._driver.run(ops.history(run_id))
 
     def events(
-        self, run_id: str, after: str | None = None, block_ms: int | None = None, follow: bool = False
+        self,
+        run_id: str,
+        after: str | None = None,
+        block_ms: int | None = None,
+        follow: bool = False,
+        *,
+        deltas: bool = True,
     ) -> AsyncIterator[RunEventRecord]:
         """See `Client.events`; iterate it with `async for` (blocking reads are awaited)."""
-        return self._driver.stream(ops.events(run_id, after, block_ms, follow))
+        return self._driver.stream(ops.events(run_id, after, block_ms, follow, deltas))
 
     async def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
         """See `Client.wait`."""

@@ -128,12 +128,20 @@ class Client:
         return self._driver.run(ops.history(run_id))
 
     def events(
-        self, run_id: str, after: str | None = None, block_ms: int | None = None, follow: bool = False
+        self,
+        run_id: str,
+        after: str | None = None,
+        block_ms: int | None = None,
+        follow: bool = False,
+        *,
+        deltas: bool = True,
     ) -> Iterator[RunEventRecord]:
-        """The run's events after stream id `after` (from the start when None). `block_ms` waits that
-        long for new ones when there are none; `follow` keeps reading until the run's terminal event
-        (`finished`, or `failed`) has been yielded."""
-        return self._driver.stream(ops.events(run_id, after, block_ms, follow))
+        """The run's events after stream id `after` (from the start when None), each with its stream
+        `id`: pass the last one as `after` to read on from there. `block_ms` waits that long for new
+        ones when there are none; `follow` keeps reading until the run's terminal event (`finished`,
+        or `failed`) has been yielded. A streaming run (RunSpec.stream) has `delta` and `discarded`
+        entries among them (seq None; docs/streaming.md); `deltas=False` skips those."""
+        return self._driver.stream(ops.events(run_id, after, block_ms, follow, deltas))
 
     def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
         """The status once the run has ended, or parked on a question that no sent answer or cancel is

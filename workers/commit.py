@@ -192,6 +192,7 @@ class Commits:
             outcome=outcome, now=time.time(), field=field, value=value, queue=queue,
             state=self._state(state), events=self._fresh_events(committed), history=history,
             final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
+            streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
         )  # fmt: skip
         where = self.prefix + (field or "-")
         r = self.run_id

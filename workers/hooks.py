@@ -10,6 +10,7 @@ installed when TOOLLOOP_KILL_PLAN names a plan) crash or freeze the worker at th
     commit:after    the commit script ran, before the successor is sent (run, key)
     enqueue:after   the successor was sent (`sent`), before the task returns and is acked (run, key)
     answer:after    an answer was stored, before the resume is sent (run)
+    stream:write    a batch of a streaming model step's deltas is about to be queued (run, key, write)
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from typing import Protocol
 from toolloop.abort import AbortController
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
+from workers.deltas import DeltaStream
 from workers.scripts.begin import Started
 from workers.segment import SegmentJournal, StepBoundary
 
@@ -60,6 +61,8 @@ class LiveLoop:
         self.task: asyncio.Task[RunToolLoopResult] | None = None
         self.outcome: Outcome | None = None
         self.resume: asyncio.Future[None] | None = None
+        self.deltas: DeltaStream | None = None
+        """The run's model text on its way to the event stream (RunSpec.stream), else None."""
         self.held_names: dict[str, str] = {}
         """Tool names of the calls decided at the start of this segment (an approval resume), by id."""
 

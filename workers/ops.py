@@ -40,7 +40,7 @@ from workers import wire
 from workers.approvalscripts import DECISIONS_MARK
 from workers.errors import RunNotFoundError, RunStateError
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE
-from workers.records import FINAL, RunEventRecord, RunStatus
+from workers.records import FINAL, STREAM_KINDS, RunEventRecord, RunStatus
 from workers.scripts.control import RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry
 
 T = TypeVar("T")
@@ -162,8 +162,9 @@ def history(run_id: str) -> Op[list[ChatMessage]]:
     return CHAT_MESSAGES.validate_json(stored or first)
 
 
-def events(run_id: str, after: str | None, block_ms: int | None, follow: bool) -> Stream:
-    """The run's events after stream id `after` (see `Client.events`), each as an `Emit`."""
+def events(run_id: str, after: str | None, block_ms: int | None, follow: bool, deltas: bool = True) -> Stream:
+    """The run's events after stream id `after` (see `Client.events`), each as an `Emit`; without
+    `deltas`, a streaming run's `delta` and `discarded` entries are skipped."""
     if not (yield Call("EXISTS", keys.state(run_id))):
         raise RunNotFoundError(run_id)
     cursor = after or "0-0"
@@ -175,6 +176,8 @@ def events(run_id: str, after: str | None, block_ms: int | None, follow: bool) -
         entries: list[tuple[str, dict[str, str]]] = reply[0][1] if reply else []
         for entry_id, fields in entries:
             cursor = entry_id
+            if not deltas and fields.get("kind") in STREAM_KINDS:
+                continue
             record = record_of(entry_id, fields)
             yield Emit(record)
             if follow and record.kind in _TERMINAL_EVENTS:
@@ -330,6 +333,11 @@ def status_of(run_id: str, state: dict[str, str]) -> RunStatus:
 
 
 def record_of(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
+    if "seq" not in fields:  # a delta or a discarded marker (workers/deltas.py)
+        return RunEventRecord(
+            id=entry_id, seq=None, segment=int(fields["segment"]), kind=fields["kind"],
+            step=int(fields["step"]), attempt=fields["attempt"], **_stream_fields(fields),
+        )  # fmt: skip
     data = json.loads(fields.get("data") or "{}")
     data.pop("kind", None)
     for reserved in ("id", "seq", "segment"):
@@ -338,3 +346,11 @@ def record_of(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
     return RunEventRecord(
         id=entry_id, seq=int(fields["seq"]), segment=int(fields["segment"]), kind=fields["kind"], **data
     )
+
+
+def _stream_fields(fields: dict[str, str]) -> dict[str, Any]:
+    """A delta's `text`, and `thinking` True when it is reasoning text."""
+    found: dict[str, Any] = {"text": fields["text"]} if "text" in fields else {}
+    if fields.get("thinking") == "1":
+        found["thinking"] = True
+    return found

@@ -39,7 +39,7 @@ from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.providers import from_env
 from toolloop.providers.client import HttpClient, client_from_env
-from workers import names, wire
+from workers import deltas, names, wire
 from workers.hooks import NO_HOOKS, Hooks
 from workers.killpoints import KillPlan
 from workers.live import Begun, KeptLoops
@@ -172,11 +172,14 @@ class WorkerProcess:
                     self._prompt_gen = from_env(http_client=self.http)
             return self._prompt_gen
 
-    def generate_for(self, provider: str | None, fallback: list[str]) -> Generate:
-        """The model of a run: `prompt_gen` for `provider`, with the run's fallback providers."""
+    def generate_for(self, provider: str | None, fallback: list[str], *, stream: bool = False) -> Generate:
+        """The model of a run: `prompt_gen` for `provider`, with the run's fallback providers.
+        `stream`: the call passes on the `on_delta` of workers/deltas.py's ON_DELTA (RunSpec.stream)."""
         prompt_gen = self.prompt_gen
-        if not hasattr(prompt_gen, "generate"):
-            return prompt_gen  # type: ignore[no-any-return]  # a plain generate(request, signal)
+        if stream:
+            return deltas.streamed_from(prompt_gen, provider, fallback)
+        if not hasattr(prompt_gen, "generate"):  # a plain generate(request, signal[, on_delta])
+            return deltas.without_deltas(prompt_gen)
         if fallback:
             prompt_gen = type(prompt_gen)(
                 {name: prompt_gen.handler(name) for name in prompt_gen.providers()},

@@ -20,7 +20,9 @@ RUN_COMMIT = with_prelude("""
 --   outcome: 'next'|'park'|'stop'|'fail', queue, now, state: {field: text}, history,
 --   final: [kind, data] (the run event of a stop or a failure), parked (data), cancel_text,
 --   requested (optional): [data...] an `approval_requested` event each, due/run (optional),
---   go_on (optional): {owner, lease_ms, tag, unacked}: the caller runs the successor itself, now}
+--   go_on (optional): {owner, lease_ms, tag, unacked}: the caller runs the successor itself, now,
+--   streamed (optional): "<segment>|<step>|<attempt>", the streamed step whose model event this
+--   commit carries (workers/deltas.py); any other streamed attempt gets a `discarded` marker}
 --   (`Commit.encode` in workers/scripts/commit.py writes it)
 -- -> {1, stored value or false, outbox member to send or false, begun or false}
 --    | {0, stored or false, false, false} (fenced)
@@ -43,6 +45,7 @@ if tonumber(redis.call('HGET', KEYS[1], 'n') or '0') >= p.n then
   return {1, stored(), pending[1] or false, false}
 end
 if p.field ~= '' then redis.call('HSETNX', KEYS[9], p.field, p.value) end
+discard_stream(KEYS[1], KEYS[4], p.streamed or '')  -- before the events: a page drops the text first
 local count_field = 'events:' .. segment
 local count = tonumber(redis.call('HGET', KEYS[1], count_field) or '0')
 for _, e in ipairs(p.events) do
@@ -154,6 +157,8 @@ class Commit:
     requested: list[str] = _default(default_factory=list)
     due: float | None = None
     go_on: GoOn | None = None
+    streamed: str = ""
+    """The attempt mark of the streamed model step whose event this commit carries (workers/deltas.py)."""
 
     def encode(self) -> bytes:
         """The JSON RUN_COMMIT decodes (absent fields are left out: Lua reads a JSON null as true)."""
@@ -167,6 +172,8 @@ class Commit:
         payload.update((k, v) for k, v in optional.items() if v is not None)
         if self.requested:
             payload["requested"] = self.requested
+        if self.streamed:
+            payload["streamed"] = self.streamed
         if self.go_on is not None:
             g = self.go_on
             payload["go_on"] = {"owner": g.owner, "lease_ms": g.lease_ms, "tag": g.tag, "unacked": g.unacked}

@@ -11,6 +11,18 @@ local function emit(state, events_key, segment, kind, data)
   local seq = redis.call('HINCRBY', state, 'seq', 1)
   redis.call('XADD', events_key, '*', 'seq', seq, 'segment', segment, 'kind', kind, 'data', data)
 end
+local function discard_stream(state, events_key, backed)
+  -- the deltas of the attempt that streamed last (state `streaming` = "<segment>|<step>|<attempt>")
+  -- are not what the journal holds unless `backed` names that attempt: mark them discarded
+  local streaming = redis.call('HGET', state, 'streaming')
+  if not streaming then return end
+  if streaming ~= backed then
+    local segment, step, attempt = string.match(streaming, '^(%d+)|(%d+)|(.*)$')
+    redis.call('XADD', events_key, '*', 'kind', 'discarded', 'segment', segment, 'step', step,
+      'attempt', attempt)
+  end
+  redis.call('HDEL', state, 'streaming')
+end
 local function terminal(status)
   return status == 'done' or status == 'budget' or status == 'steps' or status == 'cancel'
     or status == 'refused' or status == 'failed' or status == 'expired'
