@@ -40,8 +40,8 @@ from toolloop.journal import keys, scripts
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers import approvals, flow
 from workers.commit import Commits, log
-from workers.errors import DeliveryLimitError, LeaseLostError
 from workers.deltas import DeltaStream, bind, streaming
+from workers.errors import DeliveryLimitError, LeaseLostError
 from workers.live import Begun, LiveLoop
 from workers.live import Outcome as LoopOutcome
 from workers.metrics import counted

@@ -24,7 +24,7 @@ def preparer() -> enqueue.Preparer:
 def test_a_client_module_imports_no_celery_and_no_worker_runtime() -> None:
     code = (
         "import sys, workers.client, workers.async_client; "
-        "print(sorted(m for m in ('celery', 'workers.app', 'workers.consumer', 'workers.runtime') "
+        "print(sorted(m for m in ('celery', 'workers.app', 'workers.consumer', 'workers.process') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

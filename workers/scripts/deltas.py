@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from workers.scripts.prelude import with_prelude
 
-DELTA_FLUSH = with_prelude("""-- A batch of model text deltas of a live step (workers/deltas.py), written only by the copy that
+DELTA_FLUSH = with_prelude("""
+-- A batch of model text deltas of a live step (workers/deltas.py), written only by the copy that
 -- holds the run: KEYS[1]=state KEYS[2]=fence KEYS[3]=events
 -- ARGV[1]=the lease's fencing token ARGV[2]=attempt ("<token>" or "<token>.<k>": the k-th answer
 -- the provider began again within the step) ARGV[3]=segment ARGV[4]=step ARGV[5]=text ('': only
@@ -29,4 +30,3 @@ else
 end
 return 1
 """)
-
