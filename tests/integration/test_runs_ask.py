@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -54,10 +55,13 @@ def test_an_answer_sent_twice_counts_once(client: Client) -> None:
     assert answered[0].content == "first"
 
 
-def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client) -> None:
-    run_id = client.enqueue(spec("slow_ask"))  # a slow tool first, then the question
+def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client, tmp_path: Path) -> None:
+    gate = tmp_path / "open"  # a tool that holds the run until the test opens its gate, then the question
+    run_id = client.enqueue(spec("gated_ask", str(gate)))
     client.answer(run_id, "early")
+    client.answer(run_id, "later")  # the first answer sent wins, the run not parked yet
     assert client.status(run_id).status in ("queued", "running")
+    gate.touch()
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert status.final_text == "You said: early"
