@@ -207,6 +207,13 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 2:
             return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
         return reply(f"You said: {_last_tool_text(request)}")
+    if scenario == "ask_gated":  # the question, then a gate (the user text is its path), then the answer
+        if turn == 1:
+            return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
+        if turn == 2:
+            return reply(tool_calls=[call("gate", {"path": _user_text(request)})])
+        answers = [_text(m.content) for m in request.messages if isinstance(m, ToolMessage)]
+        return reply(f"You said: {answers[0]}")
     if scenario == "count":  # eleven tool turns, then an answer
         if turn <= 11:
             return reply(tool_calls=[call("add", {"a": turn, "b": 1000})], cost_usd=0.001)
