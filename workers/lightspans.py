@@ -60,6 +60,8 @@ class LightProvider(trace_api.TracerProvider):
         worker's EveryRun): a child's decision is its parent's flag, without asking the sampler."""
         self.resource = resource
         self.processors = tuple(processors)
+        self.segments = LightTracer(self, InstrumentationScope("toolloop"))
+        """The tracer of the run segments' spans (`segment_span`), in the loop's scope (`toolloop`)."""
 
     def get_tracer(
         self,
@@ -79,8 +81,7 @@ class LightProvider(trace_api.TracerProvider):
         remote = trace_api.get_current_span(parent).get_span_context()
         state = remote.trace_state if remote.is_valid else None
         context = SpanContext(ids[0], ids[1], False, _SAMPLED, state)
-        tracer = self.get_tracer("toolloop")
-        span = LightSpan(tracer, name, context, remote if remote.is_valid else None, SpanKind.INTERNAL,
+        span = LightSpan(self.segments, name, context, remote if remote.is_valid else None, SpanKind.INTERNAL,
                          attributes, start_ns)  # fmt: skip
         span.end()
 
