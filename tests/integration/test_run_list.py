@@ -1,7 +1,8 @@
 """Listing runs, retention and prune on a real Redis with a real worker: finished runs expire after
-TOOLLOOP_RETENTION (a worker with 8 s here: long enough for two CLI calls on a loaded machine) while a parked run stays; `Client.list_runs` and
-`toolloop list` page through 10,000 runs newest first within 3x of the same reads done bare; `toolloop prune` deletes
-finished runs that have no expiry and drops expired ones from the index."""
+TOOLLOOP_RETENTION (8 s here: long enough for two CLI calls on a loaded machine) while a parked run
+stays; `Client.list_runs` and `toolloop list` page through 10,000 runs newest first within 3x of
+the same reads done bare; `toolloop prune` deletes finished runs that have no expiry and drops
+expired ones from the index."""
 
 from __future__ import annotations
 
@@ -97,6 +98,19 @@ def _fill(client: Client, count: int) -> list[str]:
     return ids[::-1]
 
 
+def _paging(client: Client) -> tuple[list[str], float]:
+    """Every run id as `list_runs` pages them (100 a page), and the seconds it took."""
+    started = time.perf_counter()
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = client.list_runs(limit=100, cursor=cursor)
+        seen += [run.run_id for run in page.runs]
+        if page.next is None:
+            return seen, time.perf_counter() - started
+        cursor = page.next
+
+
 def _raw_paging(client: Client, count: int) -> float:
     """Seconds to read `count` runs as `list_runs` does, bare: ZREVRANGEBYSCORE + pipelined HMGETs."""
     started = time.perf_counter()
@@ -113,19 +127,12 @@ def test_list_pages_through_ten_thousand_runs_at_the_speed_of_bare_reads(server:
     with Client(server.url) as client:
         client.redis.flushdb()
         newest_first = _fill(client, 10_000)
-        started = time.perf_counter()
-        seen: list[str] = []
-        cursor: str | None = None
-        while True:
-            page = client.list_runs(limit=100, cursor=cursor)
-            seen += [run.run_id for run in page.runs]
-            if page.next is None:
-                break
-            cursor = page.next
-        took = time.perf_counter() - started
+        seen, took = _paging(client)
         assert seen == newest_first  # every run once, newest first
         floor = _raw_paging(client, len(newest_first))
-        # The machine is shared: the bound is a ratio to the same reads done bare with redis-py.
+        for _ in range(2):  # the machine is shared: the best of three of each, taken in turns
+            took = min(took, _paging(client)[1])
+            floor = min(floor, _raw_paging(client, len(newest_first)))
         assert took < 3 * floor + 0.05, f"paging 10,000 runs took {took:.2f} s, bare reads {floor:.2f} s"
         failed = client.list_runs(status="failed", limit=2000).runs
         assert [run.run_id for run in failed] == [r for r in newest_first if int(r, 16) % 10 == 0]
