@@ -2,13 +2,18 @@
 processors and exporters as the SDK's ReadableSpans (resource, scope, parent, attributes, status),
 sampled as the parent was, within the span limits, their attributes cleaned as the SDK cleans
 them, and nest other instrumentation's spans; with the batch processor they are made ReadableSpans
-on its thread, not the caller's. The provider is used
+on its thread, not the caller's; `configure` takes the environment's sampler. The provider is used
 without being made the global one (tests/unit/test_telemetry.py sets the SDK's)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -162,3 +167,34 @@ def test_batched_spans_are_made_readable_on_the_processors_thread() -> None:
     processor.shutdown()  # type: ignore[no-untyped-call]  # its thread exports what is queued, then stops
     assert sorted(seen.names) == ["chat 0", "chat 1", "chat 2"]
     assert threading.get_ident() not in seen.threads
+
+
+def test_the_workers_provider_takes_the_environments_sampler(tmp_path: Path) -> None:
+    """`configure` with OTEL_TRACES_SAMPLER=parentbased_traceidratio at ratio 0: a run without a
+    caller's span is sampled out (its segment and its chat span alike); a run whose caller's span
+    was sampled is traced, its chat span and its segment's span in the file."""
+    code = """
+from opentelemetry import trace
+from toolloop import telemetry
+from toolloop.contract import PromptGenRequest
+from workers import tracing
+assert tracing.configure()
+request = PromptGenRequest(prompt="", model="m")
+for state in ({}, {"traceparent": f"00-{7:032x}-{9:016x}-01"}):
+    step = tracing.StepTrace("run-a", 1, state, "task-1")
+    step.enter()
+    with telemetry.chat_span(request, "model:1") as span:
+        print(span.is_recording())
+    step.end("stop")
+trace.get_tracer_provider().force_flush()
+"""
+    out = tmp_path / "spans.jsonl"
+    env = {**os.environ, "TOOLLOOP_TRACES_FILE": str(out), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+           "OTEL_TRACES_SAMPLER_ARG": "0"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+    spans = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [s["name"] for s in spans] == ["chat m", "toolloop.run"]
+    assert {s["trace_id"] for s in spans} == {f"{7:032x}"}
+    assert spans[1]["parent_id"] == f"{9:016x}" and spans[0]["parent_id"] == spans[1]["span_id"]
