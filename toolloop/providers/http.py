@@ -35,6 +35,7 @@ from contextvars import ContextVar
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import httpx
+import orjson
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta
@@ -91,6 +92,10 @@ class StreamReader(Protocol):
     answer, in the shape the provider's non-streamed answer has."""
 
     def event(self, name: str, data: str) -> None: ...
+
+    def flush(self) -> None:
+        """Pass on, as one delta per kind, the text of the events given since the last flush
+        (called after each read's events)."""
 
     @property
     def done(self) -> bool: ...
@@ -250,6 +255,7 @@ class _Call:
             async for chunk in answer.chunks():
                 for name, data in parser.feed(chunk):
                     reader.event(name, data)
+                reader.flush()
                 if reader.done:
                     return reader.result()
         except httpx.TimeoutException:
@@ -285,6 +291,15 @@ def _is_stream(answer: Answer) -> bool:
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def event_json(data: str) -> Any:
+    """A stream event's JSON, parsed by orjson (which refuses lone surrogates), else by the
+    standard library and passed through `valid_text`: no string in it holds a lone surrogate."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return valid_text(json.loads(data))
 
 
 def valid_text(data: Any) -> Any:

@@ -26,8 +26,7 @@ from typing import Any, ClassVar
 
 from toolloop.contract import DeltaEvent, OnDelta
 from toolloop.errors import PromptGenError
-from toolloop.fastjson import loads
-from toolloop.providers.http import stream_failure, valid_text
+from toolloop.providers.http import event_json, stream_failure, valid_text
 
 NON_STREAMING_MAX_TOKENS = 21_333
 """Above this `max_tokens` the answer is streamed even without `on_delta`: the SDK refuses a
@@ -42,8 +41,14 @@ class MessageStream:
 
     _handlers: ClassVar[dict[str, Callable[[MessageStream, dict[str, Any]], None]]]
 
+    __slots__ = ("_done", "inputs", "message", "on_delta", "out", "out_thinking", "pieces")
+
     def __init__(self, on_delta: OnDelta | None) -> None:
         self.on_delta = on_delta
+        self.out: list[str] = []
+        """The delta text of the events read since the last `flush`, all of one kind..."""
+        self.out_thinking = False
+        """...reasoning (True) or answer text."""
         self.message: dict[str, Any] | None = None
         self.inputs: dict[int, list[str]] = {}
         """The input_json_delta pieces of each tool_use block not yet stopped, by index."""
@@ -60,13 +65,18 @@ class MessageStream:
         if name == "ping":
             return
         if name == "error":
+            self.flush()  # the text read before the error goes out, so its discard marker follows
             raise stream_failure(data)
         try:
-            payload = loads(data)
+            payload = event_json(data)
         except ValueError:
             raise _broken(f"an event that is not JSON ({data[:80]!r})") from None
         kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "content_block_delta" and self.message is not None:
+            self._delta(payload)
+            return
         if kind == "error":
+            self.flush()
             raise stream_failure(data)
         if kind == "message_start":
             message = payload.get("message")
@@ -81,8 +91,17 @@ class MessageStream:
             handle(self, payload)
 
     def result(self) -> Any:
+        """The message (every string in it came through `event_json`: no lone surrogate)."""
         assert self.message is not None
-        return valid_text(self.message)
+        return self.message
+
+    def flush(self) -> None:
+        """Pass the delta text read since the last flush on as one `DeltaEvent` (SPEC 4.3: a delta
+        carries any amount of text): one per socket read, not one per event."""
+        if self.out and self.on_delta is not None:
+            text = self.out[0] if len(self.out) == 1 else "".join(self.out)
+            self.out.clear()
+            self.on_delta(DeltaEvent(text=text, thinking=self.out_thinking))
 
     def _block(self, payload: dict[str, Any]) -> dict[str, Any]:
         assert self.message is not None
@@ -106,11 +125,9 @@ class MessageStream:
         delta: dict[str, Any] = raw if isinstance(raw, dict) else {}
         kind = delta.get("type")
         if kind == "text_delta" and block.get("type") == "text":
-            self._piece(payload, "text", delta["text"])
-            self._emit(delta["text"], thinking=False)
+            self._piece(payload, "text", delta["text"], thinking=False)
         elif kind == "thinking_delta" and block.get("type") == "thinking":
-            self._piece(payload, "thinking", delta["thinking"])
-            self._emit(delta["thinking"], thinking=True)
+            self._piece(payload, "thinking", delta["thinking"], thinking=True)
         elif kind == "signature_delta" and block.get("type") == "thinking":
             block["signature"] = delta["signature"]
         elif kind == "input_json_delta":
@@ -118,13 +135,15 @@ class MessageStream:
         elif kind == "citations_delta" and block.get("type") == "text":
             block.setdefault("citations", []).append(delta.get("citation"))
 
-    def _piece(self, payload: dict[str, Any], field: str, text: Any) -> None:
-        if isinstance(text, str):
-            self.pieces.setdefault((int(payload["index"]), field), []).append(text)
-
-    def _emit(self, text: Any, *, thinking: bool) -> None:
-        if self.on_delta is not None and isinstance(text, str) and text:
-            self.on_delta(DeltaEvent(text=valid_text(text), thinking=thinking))
+    def _piece(self, payload: dict[str, Any], field: str, text: Any, *, thinking: bool) -> None:
+        if not isinstance(text, str):
+            return
+        self.pieces.setdefault((payload["index"], field), []).append(text)
+        if self.on_delta is not None and text:
+            if self.out and self.out_thinking is not thinking:
+                self.flush()
+            self.out_thinking = thinking
+            self.out.append(text)
 
     def _stop(self, index: Any) -> None:
         """A block complete: its text pieces joined; a tool_use block's input from its JSON text,
@@ -142,7 +161,7 @@ class MessageStream:
         if not raw.strip():
             return
         try:
-            block["input"] = json.loads(raw)
+            block["input"] = valid_text(json.loads(raw))
         except ValueError:
             block["input"] = raw
 
@@ -150,6 +169,7 @@ class MessageStream:
         self._stop(payload.get("index"))
 
     def _message_stop(self, payload: dict[str, Any]) -> None:
+        self.flush()
         for index in {*self.inputs, *(index for index, _ in self.pieces)}:
             self._stop(index)
         self._done = True
