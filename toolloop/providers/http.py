@@ -93,14 +93,43 @@ class StreamReader(Protocol):
 
     def event(self, name: str, data: str) -> None: ...
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Pass on, as one delta per kind, the text of the events given since the last flush
-        (called after each read's events)."""
+        (called after each read's events); True when it passed any."""
 
     @property
     def done(self) -> bool: ...
 
     def result(self) -> Any: ...
+
+
+READ_GAP_S = 0.05
+"""Streamed, the pause after a read that passed text on and had waited for its bytes (the bytes
+that arrive meanwhile wait in the socket and client buffers). A worker writes a run's deltas at most
+once per 50 ms anyway (workers/deltas.py INTERVAL); a terminal or page shows 20 updates a second."""
+
+
+class _Probe:
+    """Did the last read let the event loop run (it waited for bytes), or was its chunk buffered
+    already: a `call_soon` callback armed before the read has run, or not."""
+
+    __slots__ = ("handle", "loop", "ran")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.ran = False
+        self.handle = loop.call_soon(self._ran)
+
+    def _ran(self) -> None:
+        self.ran = True
+
+    def arm(self) -> None:
+        self.ran = False
+        self.handle = self.loop.call_soon(self._ran)
+
+    def fired(self) -> bool:
+        self.handle.cancel()
+        return self.ran
 
 
 class _Cut(Exception):
@@ -250,14 +279,23 @@ class _Call:
             ) from None
 
     async def streamed(self, answer: Answer, reader: StreamReader) -> Any:
+        """The reader's result of a streamed answer. Once text flows, a read that had to wait for
+        its bytes is followed by a pause of `READ_GAP_S` (module docstring): the pieces sent
+        meanwhile are read, parsed and passed on together, one wake-up per gap, not one per piece."""
         parser = SseParser()
+        loop = asyncio.get_running_loop()
+        probe = _Probe(loop)
         try:
             async for chunk in answer.chunks():
+                waited = probe.fired()
                 for name, data in parser.feed(chunk):
                     reader.event(name, data)
-                reader.flush()
+                passed = reader.flush()
                 if reader.done:
                     return reader.result()
+                if passed and waited:
+                    await asyncio.sleep(READ_GAP_S)
+                probe.arm()
         except httpx.TimeoutException:
             raise
         except httpx.TransportError as exc:
