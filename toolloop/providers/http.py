@@ -93,9 +93,9 @@ class StreamReader(Protocol):
 
     def event(self, name: str, data: str) -> None: ...
 
-    def flush(self) -> bool:
+    def flush(self) -> None:
         """Pass on, as one delta per kind, the text of the events given since the last flush
-        (called after each read's events); True when it passed any."""
+        (called after each read's events)."""
 
     @property
     def done(self) -> bool: ...
@@ -103,33 +103,10 @@ class StreamReader(Protocol):
     def result(self) -> Any: ...
 
 
-READ_GAP_S = 0.05
-"""Streamed, the pause after a read that passed text on and had waited for its bytes (the bytes
-that arrive meanwhile wait in the socket and client buffers). A worker writes a run's deltas at most
-once per 50 ms anyway (workers/deltas.py INTERVAL); a terminal or page shows 20 updates a second."""
-
-
-class _Probe:
-    """Did the last read let the event loop run (it waited for bytes), or was its chunk buffered
-    already: a `call_soon` callback armed before the read has run, or not."""
-
-    __slots__ = ("handle", "loop", "ran")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.ran = False
-        self.handle = loop.call_soon(self._ran)
-
-    def _ran(self) -> None:
-        self.ran = True
-
-    def arm(self) -> None:
-        self.ran = False
-        self.handle = self.loop.call_soon(self._ran)
-
-    def fired(self) -> bool:
-        self.handle.cancel()
-        return self.ran
+async def _close(chunks: Any) -> None:
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        await close()
 
 
 class _Cut(Exception):
@@ -279,27 +256,25 @@ class _Call:
             ) from None
 
     async def streamed(self, answer: Answer, reader: StreamReader) -> Any:
-        """The reader's result of a streamed answer. Once text flows, a read that had to wait for
-        its bytes is followed by a pause of `READ_GAP_S` (module docstring): the pieces sent
-        meanwhile are read, parsed and passed on together, one wake-up per gap, not one per piece."""
+        """The reader's result of a streamed answer: each chunk (what one read brought) parsed into
+        events, then the reader's deltas of them passed on as one (`flush`)."""
         parser = SseParser()
-        loop = asyncio.get_running_loop()
-        probe = _Probe(loop)
+        chunks = answer.chunks()
         try:
-            async for chunk in answer.chunks():
-                waited = probe.fired()
+            async for chunk in chunks:
                 for name, data in parser.feed(chunk):
                     reader.event(name, data)
-                passed = reader.flush()
+                reader.flush()
                 if reader.done:
                     return reader.result()
-                if passed and waited:
-                    await asyncio.sleep(READ_GAP_S)
-                probe.arm()
         except httpx.TimeoutException:
             raise
         except httpx.TransportError as exc:
             raise _Cut(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            # closed here, not left to the garbage collector: asyncio would close an abandoned
+            # async generator through call_soon_threadsafe and a task of its own (a loop wake-up)
+            await _close(chunks)
         raise _Cut("the stream ended before its last event")
 
     def failed(

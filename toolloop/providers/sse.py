@@ -28,7 +28,7 @@ class SseParser:
         """LF path: the bytes after the last complete event."""
         self._lines = False
         """True once a CR was seen: the line-by-line path from then on."""
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder: codecs.IncrementalDecoder | None = None
         self._tail = ""
         self._pending_cr = False
         self._event = ""
@@ -58,6 +58,8 @@ class SseParser:
         return events
 
     def _feed_lines(self, chunk: bytes) -> list[tuple[str, str]]:
+        if self._decoder is None:
+            self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text = self._decoder.decode(chunk)
         if self._pending_cr and text.startswith("\n"):
             text = text[1:]  # the LF of a CRLF split across two chunks
