@@ -55,7 +55,6 @@ from toolloop.providers.retry import (
     parse_retry_after,
     should_retry,
 )
-from toolloop.providers.sse import SseParser
 
 __all__ = ["Endpoint", "RetryPolicy", "classify", "parse_retry_after", "should_retry"]
 
@@ -90,6 +89,9 @@ class StreamReader(Protocol):
     """A provider's reader of one streamed answer: `event` gets each SSE event as it arrives (it may
     raise `StreamFailure`, `PromptGenError`); `done` says the last event came; `result` is the
     answer, in the shape the provider's non-streamed answer has."""
+
+    def feed(self, chunk: bytes) -> None:
+        """The bytes one read brought: parsed into events, each handled as it comes."""
 
     def event(self, name: str, data: str) -> None: ...
 
@@ -258,12 +260,10 @@ class _Call:
     async def streamed(self, answer: Answer, reader: StreamReader) -> Any:
         """The reader's result of a streamed answer: each chunk (what one read brought) parsed into
         events, then the reader's deltas of them passed on as one (`flush`)."""
-        parser = SseParser()
         chunks = answer.chunks()
         try:
             async for chunk in chunks:
-                for name, data in parser.feed(chunk):
-                    reader.event(name, data)
+                reader.feed(chunk)
                 reader.flush()
                 if reader.done:
                     return reader.result()

@@ -35,14 +35,33 @@ class SseParser:
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
-        if self._lines:
-            return self._feed_lines(chunk)
-        if b"\r" in chunk:
+        raw = self.complete(chunk)
+        if raw is not None:
+            return self.events(raw)
+        if not self._lines:
             self._lines = True
             pending, self._buffer = self._buffer, b""
-            return self._feed_lines(pending + chunk)
-        blocks = (self._buffer + chunk if self._buffer else chunk).split(b"\n\n")
-        self._buffer = blocks.pop()
+            chunk = pending + chunk
+        return self._feed_lines(chunk)
+
+    def complete(self, chunk: bytes) -> bytes | None:
+        """LF path: the complete events the chunk ends, as their bytes (through the last blank
+        line; the rest is kept for the next chunk), to read with `events`. None (nothing taken)
+        once the stream has shown a CR: `feed` the chunk then."""
+        if self._lines or b"\r" in chunk:
+            return None
+        raw = self._buffer + chunk if self._buffer else chunk
+        end = raw.rfind(b"\n\n") + 2
+        if end < 2:
+            self._buffer = raw
+            return b""
+        self._buffer = raw[end:]
+        return raw[:end]
+
+    def events(self, raw: bytes) -> list[tuple[str, str]]:
+        """The events of `raw`: complete LF-ended events (what `complete` gives)."""
+        blocks = raw.split(b"\n\n")
+        blocks.pop()  # what follows the last blank line: nothing
         events: list[tuple[str, str]] = []
         for block in blocks:
             if block.startswith(_EVENT):

@@ -21,16 +21,34 @@ Events (the SDK's `RawMessageStreamEvent`; its `accumulate_event` is what this f
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from toolloop.contract import DeltaEvent, OnDelta
 from toolloop.errors import PromptGenError
 from toolloop.providers.http import event_json, stream_failure, valid_text
+from toolloop.providers.sse import SseParser
 
 NON_STREAMING_MAX_TOKENS = 21_333
 """Above this `max_tokens` the answer is streamed even without `on_delta`: the SDK refuses a
 non-streamed call that may take longer than 10 minutes (3600 s x max_tokens / 128,000 > 600 s)."""
+
+
+def _run_of(kind: bytes, field: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """A run of `kind` deltas of one block, each `event: content_block_delta` with the compact JSON
+    Anthropic sends (its key order; a string with no escape, quote or control character), and
+    the pattern of one delta's string in such a run."""
+    head = rb'event: content_block_delta\ndata: \{"type":"content_block_delta","index":'
+    tail = rb',"delta":\{"type":"' + kind + rb'","' + field + rb'":"[^"\\\x00-\x1f]*"\}\}\n\n'
+    run = re.compile(head + rb"(\d+)" + tail + rb"(?:" + head + rb"\1" + tail + rb")*")
+    return run, re.compile(rb'"' + field + rb'":"([^"\\\x00-\x1f]*)"\}\}\n\n')
+
+
+_RUNS = ((*_run_of(b"text_delta", b"text"), "text", False),
+         (*_run_of(b"thinking_delta", b"thinking"), "thinking", True))  # fmt: skip
+"""The fast path of `MessageStream.feed`: such runs are read without a JSON parse; the strings
+are the bytes between the quotes (what the JSON parse of that event gives)."""
 
 _USAGE_OVERWRITTEN = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
                       "server_tool_use", "output_tokens_details")  # fmt: skip
@@ -41,10 +59,11 @@ class MessageStream:
 
     _handlers: ClassVar[dict[str, Callable[[MessageStream, dict[str, Any]], None]]]
 
-    __slots__ = ("_done", "inputs", "message", "on_delta", "out", "out_thinking", "pieces")
+    __slots__ = ("_done", "inputs", "message", "on_delta", "out", "out_thinking", "pieces", "sse")
 
     def __init__(self, on_delta: OnDelta | None) -> None:
         self.on_delta = on_delta
+        self.sse = SseParser()
         self.out: list[str] = []
         """The delta text of the events read since the last `flush`, all of one kind..."""
         self.out_thinking = False
@@ -60,6 +79,44 @@ class MessageStream:
     @property
     def done(self) -> bool:
         return self._done
+
+    def feed(self, chunk: bytes) -> None:
+        """The events a read brought: runs of text (thinking) deltas of one block in one regex
+        match each, without a JSON parse (`_RUNS`), every other event through `event`."""
+        raw = self.sse.complete(chunk)
+        if raw is None:
+            for name, data in self.sse.feed(chunk):
+                self.event(name, data)
+            return
+        at, end = 0, len(raw)
+        while at < end:
+            if self.message is not None and raw.startswith(b"event: content_block_delta\n", at):
+                ran = self._run(raw, at)
+                if ran:
+                    at = ran
+                    continue
+            stop = raw.index(b"\n\n", at) + 2
+            for name, data in self.sse.events(raw[at:stop]):
+                self.event(name, data)
+            at = stop
+
+    def _run(self, raw: bytes, at: int) -> int:
+        """The end of the run of deltas of one block at `at`, read; 0 when there is none."""
+        assert self.message is not None
+        content = self.message["content"]
+        for run, string, field, thinking in _RUNS:
+            found = run.match(raw, at)
+            if found is None:
+                continue
+            index = int(found[1])
+            if index >= len(content) or content[index].get("type") != field:
+                return 0
+            parts = string.findall(raw, at, found.end())
+            joined = b"".join(parts)  # each piece decoded alone unless ASCII, as one event's data is
+            text = joined.decode() if joined.isascii() else "".join(_utf8(part) for part in parts)
+            self._piece({"index": index}, field, text, thinking=thinking)
+            return found.end()
+        return 0
 
     def event(self, name: str, data: str) -> None:
         if name == "ping":
@@ -201,6 +258,10 @@ MessageStream._handlers = {
     "message_delta": MessageStream._message_delta,
     "message_stop": MessageStream._message_stop,
 }
+
+
+def _utf8(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 def _broken(what: str) -> PromptGenError:

@@ -25,6 +25,7 @@ from typing import Any
 from toolloop.contract import DeltaEvent, OnDelta
 from toolloop.errors import PromptGenError
 from toolloop.providers.http import StreamFailure, event_json
+from toolloop.providers.sse import SseParser
 
 _APPENDED = ("text", "summary", "data")
 
@@ -34,6 +35,7 @@ class CompletionStream:
 
     def __init__(self, on_delta: OnDelta | None) -> None:
         self.on_delta = on_delta
+        self.sse = SseParser()
         self.top: dict[str, Any] = {}
         self.content: list[str] | None = None
         self.reasoning: list[str] | None = None
@@ -50,6 +52,10 @@ class CompletionStream:
     @property
     def done(self) -> bool:
         return self._done
+
+    def feed(self, chunk: bytes) -> None:
+        for name, data in self.sse.feed(chunk):
+            self.event(name, data)
 
     def event(self, name: str, data: str) -> None:
         if data.strip() == "[DONE]":
