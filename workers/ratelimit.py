@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from workers.names import RATE_PREFIX
+
 ENV = "TOOLLOOP_RATE_LIMITS"
 
 KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "fal": "FAL_KEY", "openai": "OPENAI_API_KEY"}
@@ -128,7 +130,7 @@ def key_hash(provider: str, limits: Limits, env: dict[str, str] | None = None) -
 
 
 def bucket_key(hashed: str, model: str) -> str:
-    return f"tl:rl:{hashed}:{model}"
+    return f"{RATE_PREFIX}{hashed}:{model}"
 
 
 BOOK = """
