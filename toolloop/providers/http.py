@@ -13,6 +13,8 @@ Streaming, what differs:
   status it stands for (an `overloaded_error` as a 529: retried with backoff);
 - a stream cut after its answer began (the connection dropped, or the body ended before the
   reader's last event) is retried like a 5xx;
+- each read's bytes go to the reader (`feed`), then its text goes to `on_delta` as one delta
+  (`flush`): a delta per read, not per event (SPEC 4.3 lets a delta carry any amount of text);
 - a 2xx answer that is not `text/event-stream` is read as the whole answer (a server or proxy
   that ignored `stream`);
 - before a retry of an attempt that passed deltas on, `on_delta` gets a discard delta

@@ -5,7 +5,7 @@ Events (the SDK's `RawMessageStreamEvent`; its `accumulate_event` is what this f
     message_start        the message with empty `content` and the input usage
     content_block_start  a block at `index`: text (""), thinking ("", signature ""), redacted_thinking
                          (whole), tool_use (`input` {})
-    content_block_delta  text_delta -> the block's text (and a delta to `on_delta`); thinking_delta ->
+    content_block_delta  text_delta -> the block's text (and to `on_delta`); thinking_delta ->
                          its thinking (a thinking delta); signature_delta -> its signature;
                          input_json_delta -> the tool input's JSON text, parsed at the block's stop
                          (kept as text when it is not JSON: a cut call, or ToolArgumentsError);
@@ -16,6 +16,10 @@ Events (the SDK's `RawMessageStreamEvent`; its `accumulate_event` is what this f
     message_stop         the end (`done`)
     ping                 ignored
     error                `StreamFailure` with the status its type stands for (overloaded -> 529)
+
+CPU: `feed` takes the bytes of one read; a run of text (thinking) deltas of one block is read with
+one regex match, not event by event (`_RUNS`), and `flush` passes the read's text on as one
+`DeltaEvent` (bench/stream_parse.py: ~0.5 µs an event).
 """
 
 from __future__ import annotations
