@@ -149,3 +149,16 @@ def test_anthropic_feed_reads_any_chunking_as_the_event_by_event_reader_and_the_
         assert text == "".join(d.text for d in slow if d.thinking is thinking)
     assert len(fast) < len(slow) or size < 333  # a read's pieces (several events) go out as one delta
     assert "".join(d.text for d in fast if not d.thinking) == ANSWER["content"][1]["text"] + "after the call"
+
+
+@pytest.mark.parametrize("size", [1, 333, 100_000])
+def test_anthropic_feed_of_a_crlf_stream_reads_the_same_answer(size: int) -> None:
+    lf = b"".join(encode(name, data) for name, data, _ in anthropic_events(ANSWER))
+    raw = lf[:500] + lf[500:].replace(b"\n", b"\r\n")  # a CR part way: the line path from there on
+    got: list[DeltaEvent] = []
+    reader = MessageStream(got.append)
+    for start in range(0, len(raw), size):
+        reader.feed(raw[start : start + size])
+        reader.flush()
+    assert reader.done and reader.result() == ANSWER
+    assert "".join(d.text for d in got if d.thinking) == ANSWER["content"][0]["thinking"]
