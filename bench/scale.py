@@ -78,9 +78,10 @@ def redis_cpu(client: Client) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def proc_rss_mb(pid: int) -> float:
+def proc_rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident set (`VmHWM`: its peak so far), MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -233,8 +234,8 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
         rss0 = proc_rss_mb(who.process.pid)
         run_ids, enqueue_s = enqueue_all(url, [spec] * runs, 2)
         found = wait_settled(client, run_ids, timeout=120 + runs / 10)
-        time.sleep(3)  # the last commits' batches, the kept-loop drops
-        rss1 = proc_rss_mb(who.process.pid)
+        time.sleep(5)  # the last commits' batches, the kept-loop drops, the idle trim (workers/trim.py)
+        rss1, peak = proc_rss_mb(who.process.pid), proc_rss_mb(who.process.pid, "VmHWM")
         garbage = control(client, who, "bench_probe", action="garbage")
         after = control(client, who, "bench_probe", action="counts")
         trimmed = control(client, who, "bench_probe", action="trim")["rss_kb"] / 1024
@@ -244,7 +245,9 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
         client.close()
     return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
             "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
-            "rss_trimmed_mb": trimmed,
+            "rss_trimmed_mb": trimmed, "rss_peak_mb": peak,
+            "garbage_per_run": garbage["objects"] / runs,
+            "held_per_run": (after["objects"] - before["objects"]) / runs,
             "probe_before": before, "probe_after": after, "garbage": garbage, "trace": grown}  # fmt: skip
 
 
@@ -318,8 +321,12 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
     if kept:
         print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
               f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB; "
-              f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim); "
-              f"statuses {kept['statuses']}, enqueued in {kept['enqueue_s']:.1f} s")  # fmt: skip
+              f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim; peak "
+              f"{kept['rss_peak_mb']:.0f} MB); statuses {kept['statuses']}, enqueued in "
+              f"{kept['enqueue_s']:.1f} s")  # fmt: skip
+        print(f"  cyclic garbage per parked run: {kept['garbage_per_run']:.2f} objects "
+              f"({kept['garbage']['objects']} in all, target 0); GC-tracked objects held per parked run: "
+              f"{kept['held_per_run']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

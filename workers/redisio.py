@@ -218,11 +218,14 @@ class Leases:
         self.lease_ms = lease_ms
         self.trusted_s = lease_ms / 1000 * _SAFE
         self.held: dict[str, Held] = {}
+        self.taken = 0
+        """How many leases this process has held so far (the idle trimmer reads it, workers/trim.py)."""
         self.task: asyncio.Task[None] | None = None
 
     def hold(self, key: str, value: str, sent_at: float, on_lost: Callable[[LeaseLostError], None]) -> Held:
         """Hold `value` at `key`, taken by a script sent at `sent_at` (time.monotonic())."""
         held = self.held[key] = Held(key, value, sent_at + self.trusted_s, on_lost)
+        self.taken += 1
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._renew_forever())
         return held
