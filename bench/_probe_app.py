@@ -31,6 +31,7 @@ import cProfile
 import ctypes
 import gc
 import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -83,7 +84,7 @@ def _counts() -> dict[str, Any]:
     tasks = len(asyncio.all_tasks(process.start_loop()))
     return {"rss_kb": _rss_kb(), "collected": collected, "objects": sum(types.values()),
             "top": types.most_common(25), "kept_loops": len(process.kept), "loop_tasks": tasks,
-            "frozen": gc.get_freeze_count()}  # fmt: skip
+            "frozen": gc.get_freeze_count(), "blocks": sys.getallocatedblocks()}  # fmt: skip
 
 
 def _trace_diff() -> dict[str, Any]:
@@ -127,8 +128,9 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return found
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
         gc.collect()
+        collected = _rss_kb()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        return {"rss_kb": _rss_kb()}
+        return {"rss_kb": _rss_kb(), "collected_rss_kb": collected}
     return {"error": f"unknown action {action!r}: counts, trace_start or trace_diff"}
 
 

@@ -86,6 +86,27 @@ def proc_rss_mb(pid: int, field: str = "VmRSS") -> float:
     return 0.0
 
 
+def rss_by_mapping(pid: int) -> dict[str, float]:
+    """The process's resident MB by kind of mapping (/proc/<pid>/smaps): the main heap, thread stacks
+    (8 MiB mappings), other anonymous memory (pymalloc arenas, glibc's thread arenas), files."""
+    kinds: Counter[str] = Counter()
+    kind = "files"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:  # a mapping's first line: range perms offset dev inode [path]
+            start, end = (int(part, 16) for part in head[0].split("-"))
+            path = head[5] if len(head) > 5 else ""
+            if path == "[heap]":
+                kind = "heap"
+            elif path:
+                kind = "files"
+            else:
+                kind = "stacks" if end - start in (8192 * 1024, 8196 * 1024) else "anon"
+        elif head[0] == "Rss:":
+            kinds[kind] += int(head[1]) / 1024
+    return {name: round(mb, 1) for name, mb in kinds.items()}
+
+
 def worker(tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int) -> Worker:
     extra = ["--step-queues", step_queues, "--steps-in-flight", str(in_flight)]
     return Worker("_probe_app", pool="threads", concurrency=8, queues=["control"], env=env,
@@ -231,21 +252,25 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
         if trace:
             control(client, who, "bench_probe", action="trace_start")
         before = control(client, who, "bench_probe", action="counts")
-        rss0 = proc_rss_mb(who.process.pid)
+        rss0, mappings0 = proc_rss_mb(who.process.pid), rss_by_mapping(who.process.pid)
         run_ids, enqueue_s = enqueue_all(url, [spec] * runs, 2)
         found = wait_settled(client, run_ids, timeout=120 + runs / 10)
         time.sleep(5)  # the last commits' batches, the kept-loop drops, the idle trim (workers/trim.py)
         rss1, peak = proc_rss_mb(who.process.pid), proc_rss_mb(who.process.pid, "VmHWM")
+        mappings = rss_by_mapping(who.process.pid)
+        print(f"  parked: RSS {rss1:.0f} MB 5 s after the last park", file=sys.stderr)
         garbage = control(client, who, "bench_probe", action="garbage")
         after = control(client, who, "bench_probe", action="counts")
-        trimmed = control(client, who, "bench_probe", action="trim")["rss_kb"] / 1024
+        trim = control(client, who, "bench_probe", action="trim")
+        trimmed, collected = trim["rss_kb"] / 1024, trim["collected_rss_kb"] / 1024
         grown = control(client, who, "bench_probe", action="trace_diff") if trace else None
     finally:
         who.stop()
         client.close()
     return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
             "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
-            "rss_trimmed_mb": trimmed, "rss_peak_mb": peak,
+            "rss_trimmed_mb": trimmed, "rss_collected_mb": collected, "rss_peak_mb": peak,
+            "rss_by_mapping_before": mappings0, "rss_by_mapping_after": mappings,
             "garbage_per_run": garbage["objects"] / runs,
             "held_per_run": (after["objects"] - before["objects"]) / runs,
             "probe_before": before, "probe_after": after, "garbage": garbage, "trace": grown}  # fmt: skip

@@ -4,9 +4,9 @@ A worker that ran many steps at once keeps the allocator's high-water mark of th
 stays in the C heap for the next allocation) even when none of its runs is on it any more: after
 10,000 runs parked, that is most of what its RSS grew by. So when no step has held a lease for
 `idle_ticks` ticks of the sweeper (about a second each) and some step ran since the last trim, the
-free pages go back to the OS. A busy worker never trims (no step is slowed by it), an idle one trims
-once. Only with glibc (`malloc_trim` found by ctypes); elsewhere `IdleTrim.trim` is None and nothing
-happens.
+free pages go back to the OS, and the threads sync tools ran in end (their stacks go back; a fresh
+pool starts threads again on demand). A busy worker never trims (no step is slowed by it), an idle
+one trims once. `malloc_trim` only with glibc (found by ctypes); elsewhere `IdleTrim.trim` is None.
 """
 
 from __future__ import annotations
@@ -47,9 +47,17 @@ class IdleTrim:
     since a step last ran (see the module docstring)."""
 
     def __init__(
-        self, leases: Activity, *, idle_ticks: int = 2, trim: Callable[[], object] | None = None
+        self,
+        leases: Activity,
+        *,
+        idle_ticks: int = 2,
+        trim: Callable[[], object] | None = None,
+        shed: Callable[[], None] | None = None,
     ) -> None:
         self.leases = leases
+        self.shed = shed
+        """Called first when idle (the process's `shed_tool_threads`: a thread's stack goes back
+        when it ends)."""
         self.idle_ticks = idle_ticks
         self.trim = trim if trim is not None else malloc_trim()
         self.trims = 0
@@ -58,7 +66,7 @@ class IdleTrim:
 
     def tick(self) -> bool:
         """True when this tick trimmed."""
-        if self.trim is None:
+        if self.trim is None and self.shed is None:
             return False
         taken = self.leases.taken
         if self.leases.held or taken != self._seen:  # a step runs, or ran since the last tick
@@ -68,6 +76,9 @@ class IdleTrim:
         if self._idle < self.idle_ticks or taken == self._trimmed_at:
             return False
         self._trimmed_at = taken
-        self.trim()
+        if self.shed is not None:
+            self.shed()
+        if self.trim is not None:
+            self.trim()
         self.trims += 1
         return True
