@@ -258,6 +258,8 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
         time.sleep(5)  # the last commits' batches, the kept-loop drops, the idle trim (workers/trim.py)
         rss1, peak = proc_rss_mb(who.process.pid), proc_rss_mb(who.process.pid, "VmHWM")
         mappings = rss_by_mapping(who.process.pid)
+        threads = Counter(task.joinpath("comm").read_text().strip().rstrip("_0123456789")
+                          for task in Path(f"/proc/{who.process.pid}/task").iterdir())  # fmt: skip
         print(f"  parked: RSS {rss1:.0f} MB 5 s after the last park", file=sys.stderr)
         garbage = control(client, who, "bench_probe", action="garbage")
         after = control(client, who, "bench_probe", action="counts")
@@ -270,7 +272,7 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
     return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
             "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
             "rss_trimmed_mb": trimmed, "rss_collected_mb": collected, "rss_peak_mb": peak,
-            "rss_by_mapping_before": mappings0, "rss_by_mapping_after": mappings,
+            "rss_by_mapping_before": mappings0, "rss_by_mapping_after": mappings, "threads": threads,
             "garbage_per_run": garbage["objects"] / runs,
             "held_per_run": (after["objects"] - before["objects"]) / runs,
             "probe_before": before, "probe_after": after, "garbage": garbage, "trace": grown}  # fmt: skip
