@@ -37,19 +37,23 @@ WORKER_ENV = {
 }
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("redis"))
+def own_redis(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedServer]:
+    """A Redis server of its own in a fresh directory `name`, stopped after: `yield from` it in a
+    fixture, so that no other module's workers take its runs."""
+    server = start_server(tmp_path_factory.mktemp(name))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    yield from own_redis(tmp_path_factory, "redis")
 
 
 @pytest.fixture(scope="session")
 def runs_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """The Redis of the scripted `worker`: its own, so no other suite's workers take these runs."""
-    server = start_server(tmp_path_factory.mktemp("runs-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "runs-redis")
 
 
 @pytest.fixture
@@ -118,6 +122,13 @@ def start_worker(
 ) -> Worker:
     log = log_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
     return Worker(url, log, env or {}, queues=queues).wait_ready()
+
+
+def worker_on(url: str, directory: Path, env: dict[str, str]) -> Iterator[Worker]:
+    """A ready worker on `url` with `env`, logging to `directory`, stopped after: `yield from` it."""
+    process = start_worker(url, directory, env)
+    yield process
+    process.stop()
 
 
 @pytest.fixture(scope="session")

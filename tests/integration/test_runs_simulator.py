@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, start_worker
 from tests.integration.runs_kit import kinds, logged, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.sim import Script, SimRequest, SimServer, SimTurn
 from workers.client import Client
 
@@ -48,9 +48,7 @@ def sim(policy: Recorded) -> Iterator[SimServer]:
 @pytest.fixture(scope="module")
 def sim_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """A Redis of its own: the scripted workers of the other tests must not take these runs."""
-    server = start_server(tmp_path_factory.mktemp("sim-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "sim-redis")
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import client_on, spec
 from tests.integration.streamer import answer_words
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from workers.async_client import AsyncClient
 from workers.client import Client
 from workers.records import RunEventRecord
@@ -30,9 +30,7 @@ WORD_MS = 5
 
 @pytest.fixture(scope="module")
 def stream_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("stream-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "stream-redis")
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +41,7 @@ def stream_worker(stream_redis: EmbeddedServer, tmp_path_factory: pytest.TempPat
         "TOOLLOOP_TEST_STREAM_WORDS": str(WORDS),
         "TOOLLOOP_TEST_STREAM_MS": str(WORD_MS),
     }
-    process = start_worker(stream_redis.url, directory, env)
-    yield process
-    process.stop()
+    yield from worker_on(stream_redis.url, directory, env)
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import client_on, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
 from workers.records import RunEventRecord
@@ -39,9 +39,7 @@ def sim() -> Iterator[SimServer]:
 
 @pytest.fixture(scope="module")
 def sim_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("stream-sim-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "stream-sim-redis")
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +48,7 @@ def sim_worker(
 ) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("stream-sim-worker")
     env = {"ANTHROPIC_BASE_URL": sim.base_url, "ANTHROPIC_API_KEY": "sim-key", "TOOLLOOP_PROMPT_GEN": ""}
-    process = start_worker(sim_redis.url, directory, env)
-    yield process
-    process.stop()
+    yield from worker_on(sim_redis.url, directory, env)
 
 
 @pytest.fixture

@@ -55,12 +55,21 @@ def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[str]:
          "--sim-policy", "examples.storyboard.policy:review_policy"],
         env, tmp_path / "worker.log",
     )  # fmt: skip
-    server = spawn([sys.executable, "examples/web.py"], env, tmp_path / "web.log")
+    try:
+        yield from serve_web(env, tmp_path / "web.log")
+    finally:
+        end(worker)
+
+
+def serve_web(env: dict[str, str], log: Path) -> Iterator[str]:
+    """examples/web.py as a process with `env` (its PORT), logging to `log`: yields its base URL once
+    it answers HTTP, and ends it after."""
+    server = spawn([sys.executable, "examples/web.py"], env, log)
     base = f"http://127.0.0.1:{env['PORT']}"
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            assert server.poll() is None, (tmp_path / "web.log").read_text()
+            assert server.poll() is None, log.read_text()
             try:
                 httpx.get(f"{base}/runs/none", timeout=1)
                 break
@@ -69,7 +78,6 @@ def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[str]:
         yield base
     finally:
         end(server)
-        end(worker)
 
 
 def read_events(response: httpx.Response) -> Iterator[tuple[str, str, dict[str, object]]]:

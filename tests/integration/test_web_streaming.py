@@ -4,28 +4,24 @@ a browser that lost its connection resumes with `Last-Event-ID` and gets every d
 from __future__ import annotations
 
 import os
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, start_worker
 from tests.integration.streamer import answer_words
-from tests.integration.test_web_example import end, read_events, spawn
+from tests.integration.test_web_example import read_events, serve_web
 from tests.support.web import AUTH, WEB_TOKEN
-from toolloop.embedded import EmbeddedServer, free_port, start_server
+from toolloop.embedded import EmbeddedServer, free_port
 
 WORDS = 100
 
 
 @pytest.fixture(scope="module")
 def web_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("web-stream-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "web-stream-redis")
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +37,9 @@ def web(web_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> 
         "PORT": str(free_port()),
         "TOOLLOOP_WEB_TOKEN": WEB_TOKEN,
     }
-    server = spawn([sys.executable, "examples/web.py"], env, directory / "web.log")
-    base = f"http://127.0.0.1:{env['PORT']}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert server.poll() is None, (directory / "web.log").read_text()
-            try:
-                httpx.get(f"{base}/runs/none", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield base
+        yield from serve_web(env, directory / "web.log")
     finally:
-        end(server)
         worker.stop()
 
 
