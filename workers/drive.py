@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis as redis_lib
@@ -32,9 +33,37 @@ def _missing(batch: Batch, replies: list[Any]) -> list[int]:
     return [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
 
 
+def _again(batch: Batch, places: list[int]) -> list[tuple[Any, ...]]:
+    """The commands to send again, in order: those at `places` (scripts Redis had not loaded)."""
+    commands = _commands(batch)
+    return [commands[i] for i in places]
+
+
 def _scripts(batch: Batch, places: list[int]) -> list[Lua]:
     found = {c.script.sha: c.script for i in places if isinstance(c := batch.commands[i], Eval)}
     return list(found.values())
+
+
+@dataclass(frozen=True)
+class _Done:
+    """The op has returned `value`."""
+
+    value: Any
+
+
+def _step(op: Op[Any] | Stream, reply: Any) -> Request | Emit | _Done:
+    """The op's next request (or `Emit`) after it is sent `reply`, or `_Done` when it returns: the one
+    loop step the two drivers share, so that each only does the round trip of a request."""
+    try:
+        return op.send(reply)
+    except StopIteration as stop:
+        return _Done(stop.value)
+
+
+def _result(step: Emit | _Done) -> Any:
+    if isinstance(step, Emit):
+        raise TypeError("An operation run with `run` emitted a value; drive it with `stream`.")
+    return step.value
 
 
 def _raise_first(replies: list[Any]) -> list[Any]:
@@ -53,25 +82,18 @@ class SyncDriver:
 
     def run(self, op: Op[T]) -> T:
         reply: Any = None
-        while True:
-            try:
-                request = op.send(reply)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            reply = self.do(request)
+        while not isinstance(step := _step(op, reply), _Done | Emit):
+            reply = self.do(step)
+        return _result(step)  # type: ignore[no-any-return]
 
     def stream(self, op: Stream) -> Iterator[Any]:
         reply: Any = None
-        while True:
-            try:
-                request = op.send(reply)
-            except StopIteration:
-                return
-            if isinstance(request, Emit):
+        while not isinstance(step := _step(op, reply), _Done):
+            if isinstance(step, Emit):
                 reply = None
-                yield request.value
+                yield step.value
             else:
-                reply = self.do(request)
+                reply = self.do(step)
 
     def do(self, request: Request) -> Any:
         if isinstance(request, Call):
@@ -98,8 +120,8 @@ class SyncDriver:
             for script in _scripts(batch, places):
                 self.redis.script_load(script.source)
             again = self.redis.pipeline(transaction=False)
-            for i in places:
-                again.execute_command(*_commands(batch)[i])  # type: ignore[no-untyped-call]
+            for command in _again(batch, places):
+                again.execute_command(*command)  # type: ignore[no-untyped-call]
             for i, reply in zip(places, again.execute(raise_on_error=False), strict=True):
                 replies[i] = reply
         return replies
@@ -113,25 +135,18 @@ class AsyncDriver:
 
     async def run(self, op: Op[T]) -> T:
         reply: Any = None
-        while True:
-            try:
-                request = op.send(reply)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            reply = await self.do(request)
+        while not isinstance(step := _step(op, reply), _Done | Emit):
+            reply = await self.do(step)
+        return _result(step)  # type: ignore[no-any-return]
 
     async def stream(self, op: Stream) -> AsyncIterator[Any]:
         reply: Any = None
-        while True:
-            try:
-                request = op.send(reply)
-            except StopIteration:
-                return
-            if isinstance(request, Emit):
+        while not isinstance(step := _step(op, reply), _Done):
+            if isinstance(step, Emit):
                 reply = None
-                yield request.value
+                yield step.value
             else:
-                reply = await self.do(request)
+                reply = await self.do(step)
 
     async def do(self, request: Request) -> Any:
         if isinstance(request, Call):
@@ -158,8 +173,8 @@ class AsyncDriver:
             for script in _scripts(batch, places):
                 await self.redis.script_load(script.source)
             async with self.redis.pipeline(transaction=False) as again:
-                for i in places:
-                    again.execute_command(*_commands(batch)[i])
+                for command in _again(batch, places):
+                    again.execute_command(*command)
                 for i, reply in zip(places, await again.execute(raise_on_error=False), strict=True):
                     replies[i] = reply
         return replies
