@@ -7,8 +7,9 @@ decision in `tl:{run}:decide` and sends `toolloop.decide`; the worker validates 
 tool's schema, then one script (DECIDE) records it (first decision per call wins, in
 `tl:{run}:decisions`), emits `approval_decided`, and once every held call is decided resumes the run
 (the next segment's answer is the decisions, which the loop applies as its first steps). The client
-reads the outcome back from a reply list, so a refusal (stale digest, bad edit, a decision after the
-deadline) reaches the caller as an `ApprovalError` with the reason.
+(`workers/ops.py`'s `decide`, for both clients) reads the outcome back from a reply list, so a
+refusal (stale digest, bad edit, a decision after the deadline) reaches the caller as an
+`ApprovalError` with the reason.
 
 A decision sent before the run parks is kept (for the segment running then) and applied when the
 park commits. Deadlines: a park with a deadline (or with decisions to apply) is in the zset
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
 import redis as redis_lib
@@ -35,7 +35,6 @@ from toolloop.loop.tools import validate_input
 from toolloop.loop.types import Decision, ToolSpec
 from workers import names
 from workers.approvalscripts import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE, Settled, parse_settled
-from workers.config import send
 from workers.runs import script, send_member
 from workers.spec import RunSpec
 
@@ -43,40 +42,6 @@ from workers.spec import RunSpec
 def _script_keys(run_id: str) -> list[str]:
     return [keys.state(run_id), keys.decisions(run_id), keys.answers(run_id), keys.events(run_id),
             keys.outbox(run_id), keys.WAITS_DUE]  # fmt: skip
-
-
-# -- the client side --------------------------------------------------------------------------------
-
-
-def send_decision(
-    client: redis_lib.Redis,
-    blocking: redis_lib.Redis,
-    celery: Celery,
-    run_id: str,
-    call_id: str,
-    decision: Decision,
-    wait_s: float,
-) -> str:
-    """Store a decision, send `toolloop.decide`, and wait up to `wait_s` for a worker's outcome:
-    "resumed", "recorded" (others still wait), "kept" (the run had not parked yet), "ignored" (a
-    duplicate). `blocking`: a client with no socket timeout, for the wait. A refusal raises
-    ApprovalError; no worker within `wait_s` raises TimeoutError (the decision stays queued and is
-    applied when a worker takes it)."""
-    decision_id = uuid.uuid4().hex
-    entry = {"call_id": call_id, "decision": decision.model_dump(mode="json"), "at": time.time()}
-    client.hset(keys.decide_inbox(run_id), decision_id, json.dumps(entry))
-    send(celery, names.DECIDE, [run_id, decision_id], queue=names.CONTROL,
-         task_id=names.decide_task_id(run_id, decision_id))  # fmt: skip
-    reply: Any = blocking.blpop([keys.decided(run_id, decision_id)], timeout=max(1, round(wait_s)))
-    if reply is None:
-        raise TimeoutError(
-            f"No worker applied the decision on call {call_id!r} of run {run_id!r} within {wait_s:g} s.\n"
-            "  It stays queued on the control queue; start a worker (`toolloop worker`) to apply it."
-        )
-    outcome, _, why = str(reply[1]).partition("|")
-    if outcome == "refused":
-        raise ApprovalError(why)
-    return outcome
 
 
 # -- the worker side --------------------------------------------------------------------------------
