@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,20 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {timeout} s: {check}")
         time.sleep(0.05)
+
+
+@contextmanager
+def celery_events(client: Client, kind: str) -> Iterator[list[dict[str, Any]]]:
+    """The Celery events of `kind` ("task-sent", "task-progress", ...) on the client's broker while
+    the block runs, in a list that fills as they arrive (a receiver thread, stopped at the end)."""
+    seen: list[dict[str, Any]] = []
+    with client.celery.connection_for_read() as connection:
+        receiver = client.celery.events.Receiver(connection, handlers={kind: seen.append}, app=client.celery)
+        listening = threading.Thread(target=receiver.capture, kwargs={"wakeup": False}, daemon=True)
+        listening.start()
+        time.sleep(0.5)  # the receiver's queue is bound
+        try:
+            yield seen
+        finally:
+            receiver.should_stop = True
+            listening.join(timeout=5)

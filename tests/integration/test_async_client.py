@@ -4,14 +4,12 @@ the same runs, events, answers, decisions, cancels, listings and errors."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.runs_kit import client_on, eventually, kinds, logged, spec
+from tests.integration.runs_kit import celery_events, client_on, eventually, kinds, logged, spec
 from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 from workers.async_client import AsyncClient
@@ -123,27 +121,16 @@ async def test_the_async_client_decides_held_calls(runs_redis, client: Client) -
 
 
 def test_every_enqueue_sends_the_task_sent_event_flower_reads(runs_redis, client: Client) -> None:  # type: ignore[no-untyped-def]
-    seen: list[dict[str, Any]] = []
-    with client.celery.connection_for_read() as connection:
-        receiver = client.celery.events.Receiver(
-            connection, handlers={"task-sent": seen.append}, app=client.celery
-        )
-        listening = threading.Thread(target=receiver.capture, kwargs={"wakeup": False}, daemon=True)
-        listening.start()
-        time.sleep(0.5)  # the receiver's queue is bound
-        try:
-            run_ids = [client.enqueue(spec("tools", ADD)), *client.enqueue_many([spec("tools", ADD)])]
+    with celery_events(client, "task-sent") as seen:
+        run_ids = [client.enqueue(spec("tools", ADD)), *client.enqueue_many([spec("tools", ADD)])]
 
-            async def through_the_async_client() -> list[str]:
-                async with AsyncClient(runs_redis.url) as aclient:
-                    return [await aclient.enqueue(spec("tools", ADD))]
+        async def through_the_async_client() -> list[str]:
+            async with AsyncClient(runs_redis.url) as aclient:
+                return [await aclient.enqueue(spec("tools", ADD))]
 
-            run_ids += asyncio.run(through_the_async_client())
-            firsts = {f"{run_id}:1" for run_id in run_ids}
-            eventually(lambda: firsts <= {e["uuid"] for e in seen})
-        finally:
-            receiver.should_stop = True
-            listening.join(timeout=5)
+        run_ids += asyncio.run(through_the_async_client())
+        firsts = {f"{run_id}:1" for run_id in run_ids}
+        eventually(lambda: firsts <= {e["uuid"] for e in seen})
     for event in (e for e in seen if e["uuid"] in firsts):
         assert (event["name"], event["queue"], event["kwargs"]) == (
             "toolloop.advance",
