@@ -11,7 +11,7 @@ import redis
 
 from faults.workerpool import WorkerPool
 from tests.integration.runs_kit import spec
-from tests.integration.streamer import answer_words
+from tests.integration.streamer import answer_words, worker_env
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from workers.client import Client
@@ -38,12 +38,7 @@ def test_a_worker_killed_mid_stream_leaves_a_discard_marker_then_the_rerun_text(
 ) -> None:
     plan = work_dir / "stream-plan.json"
     plan.write_text(json.dumps([{"point": "stream:write", "key": "s0/model:1", "write": 3}]))
-    env = {
-        "TOOLLOOP_PROMPT_GEN": "tests.integration.streamer:make",
-        "TOOLLOOP_TEST_STREAM_WORDS": str(WORDS),
-        "TOOLLOOP_TEST_STREAM_MS": "10",
-        "TOOLLOOP_KILL_PLAN": str(plan),
-    }
+    env = worker_env(WORDS, 10, TOOLLOOP_KILL_PLAN=str(plan))
     with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=4) as pool:
         client = Client(redis_server.url)
         try:

@@ -26,6 +26,16 @@ from toolloop.contract import (
 )
 
 
+def worker_env(words: int, word_ms: int, **more: str) -> dict[str, str]:
+    """The environment of a worker whose model is this one: `words` words, one every `word_ms` ms."""
+    return {
+        "TOOLLOOP_PROMPT_GEN": "tests.integration.streamer:make",
+        "TOOLLOOP_TEST_STREAM_WORDS": str(words),
+        "TOOLLOOP_TEST_STREAM_MS": str(word_ms),
+        **more,
+    }
+
+
 def answer_words(turn: int, count: int | None = None) -> list[str]:
     count = int(os.environ.get("TOOLLOOP_TEST_STREAM_WORDS", "60")) if count is None else count
     return [f"t{turn}w{i} " for i in range(count)]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import client_on, spec
-from tests.integration.streamer import answer_words
+from tests.integration.streamer import answer_words, worker_env
 from toolloop.embedded import EmbeddedServer
 from workers.async_client import AsyncClient
 from workers.client import Client
@@ -36,12 +36,7 @@ def stream_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS
 @pytest.fixture(scope="module")
 def stream_worker(stream_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("stream-worker")
-    env = {
-        "TOOLLOOP_PROMPT_GEN": "tests.integration.streamer:make",
-        "TOOLLOOP_TEST_STREAM_WORDS": str(WORDS),
-        "TOOLLOOP_TEST_STREAM_MS": str(WORD_MS),
-    }
-    yield from worker_on(stream_redis.url, directory, env)
+    yield from worker_on(stream_redis.url, directory, worker_env(WORDS, WORD_MS))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Worker, own_redis, start_worker
-from tests.integration.streamer import answer_words
+from tests.integration.streamer import answer_words, worker_env
 from tests.integration.test_web_example import read_events, serve_web
 from tests.support.web import AUTH, WEB_TOKEN
 from toolloop.embedded import EmbeddedServer, free_port
@@ -27,10 +27,7 @@ def web_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServ
 @pytest.fixture(scope="module")
 def web(web_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory: Path = tmp_path_factory.mktemp("web-stream")
-    worker: Worker = start_worker(web_redis.url, directory, {
-        "TOOLLOOP_PROMPT_GEN": "tests.integration.streamer:make",
-        "TOOLLOOP_TEST_STREAM_WORDS": str(WORDS), "TOOLLOOP_TEST_STREAM_MS": "8",
-    })  # fmt: skip
+    worker: Worker = start_worker(web_redis.url, directory, worker_env(WORDS, 8))
     env = {
         **os.environ,
         "REDIS_URL": web_redis.url,
