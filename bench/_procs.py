@@ -10,14 +10,32 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolloop.embedded import start_server
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+
+
+@contextlib.contextmanager
+def private_redis(prefix: str) -> Iterator[tuple[Path, str]]:
+    """A temporary directory (named `prefix`...) and a Redis server of its own in it, never the shared
+    one: yields (directory, url) with the url also in BENCH_REDIS_URL for the bench apps; the server is
+    stopped and the directory removed at the end."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp_dir:
+        tmp = Path(tmp_dir)
+        server = start_server(tmp / "redis")
+        os.environ["BENCH_REDIS_URL"] = server.url
+        try:
+            yield tmp, server.url
+        finally:
+            server.stop()
 
 
 def env_with(**extra: str) -> dict[str, str]:

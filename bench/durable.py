@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -29,10 +28,8 @@ import redis
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from _durable_runs import in_flight, observed, per_step, steady, streamed  # noqa: E402
-from _procs import Worker, env_with, running  # noqa: E402
+from _procs import Worker, env_with, private_redis, running  # noqa: E402
 from _replay import measure_replay  # noqa: E402
-
-from toolloop.embedded import start_server  # noqa: E402
 
 # The production pool (docs/operations.md), for the floor and the durable runs alike.
 POOL = (os.environ.get("BENCH_POOL", "threads"), int(os.environ.get("BENCH_C", "16")))
@@ -121,46 +118,40 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(args.skip.split(","))
     results: dict[str, Any] = {}
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="toolloop-bench-") as tmp_dir:
-        tmp = Path(tmp_dir)
-        server = start_server(tmp / "redis")
-        os.environ["BENCH_REDIS_URL"] = server.url
-        try:
-            if "floor" not in skip:
-                results["floor"] = bare_hop_floor(server.url, tmp, args.hops, args.trials)
-                print(f"  floor: {results['floor']}", file=sys.stderr)
-            modes = [m for m in args.modes.split(",") if m]
-            for mode in modes if "step" not in skip else []:
-                results[f"step:{mode}"] = per_step(server.url, tmp, POOL, args.turns, args.trials, mode)
-                print(f"  step ({mode}): {results[f'step:{mode}']}", file=sys.stderr)
-            if "replay" not in skip:
-                results["replay"] = measure_replay(200, trials=20)
-                print(f"  replay: {results['replay']['cpu_s'] * 1000:.2f} ms", file=sys.stderr)
-            for mode in modes if "steady" not in skip else []:
-                trials = [steady(server.url, tmp, args.runs, args.steady_turns, args.latency, mode)
-                          for _ in range(args.steady_trials)]  # fmt: skip
-                trials.sort(key=lambda kept: kept["model_calls_s"])
-                rates = [kept["model_calls_s"] for kept in trials]
-                results[f"steady:{mode}"] = {**trials[len(trials) // 2], "trials_calls_s": rates}
-                print(f"  steady ({mode}): {results[f'steady:{mode}']}", file=sys.stderr)
-            for mode in modes if "flight" not in skip else []:
-                results[f"flight:{mode}"] = in_flight(
-                    server.url, tmp, args.runs, args.flight_turns, args.latency, args.processes, mode
-                )
-                print(f"  flight ({mode}): {results[f'flight:{mode}']}", file=sys.stderr)
-            if "observe" not in skip:
-                results["observe"] = observed(
-                    server.url, tmp, args.observe_runs, args.observe_turns, args.latency, args.observe_trials
-                )
-                print(f"  observe: {results['observe']}", file=sys.stderr)
-            if "stream" not in skip:
-                results["stream"] = streamed(
-                    server.url, tmp, args.stream_runs, args.stream_turns, args.latency, args.stream_trials,
-                    args.stream_tokens, args.stream_rate,
-                )  # fmt: skip
-                print(f"  stream: {results['stream']}", file=sys.stderr)
-        finally:
-            server.stop()
+    with private_redis("toolloop-bench-") as (tmp, url):
+        if "floor" not in skip:
+            results["floor"] = bare_hop_floor(url, tmp, args.hops, args.trials)
+            print(f"  floor: {results['floor']}", file=sys.stderr)
+        modes = [m for m in args.modes.split(",") if m]
+        for mode in modes if "step" not in skip else []:
+            results[f"step:{mode}"] = per_step(url, tmp, POOL, args.turns, args.trials, mode)
+            print(f"  step ({mode}): {results[f'step:{mode}']}", file=sys.stderr)
+        if "replay" not in skip:
+            results["replay"] = measure_replay(200, trials=20)
+            print(f"  replay: {results['replay']['cpu_s'] * 1000:.2f} ms", file=sys.stderr)
+        for mode in modes if "steady" not in skip else []:
+            trials = [steady(url, tmp, args.runs, args.steady_turns, args.latency, mode)
+                      for _ in range(args.steady_trials)]  # fmt: skip
+            trials.sort(key=lambda kept: kept["model_calls_s"])
+            rates = [kept["model_calls_s"] for kept in trials]
+            results[f"steady:{mode}"] = {**trials[len(trials) // 2], "trials_calls_s": rates}
+            print(f"  steady ({mode}): {results[f'steady:{mode}']}", file=sys.stderr)
+        for mode in modes if "flight" not in skip else []:
+            results[f"flight:{mode}"] = in_flight(
+                url, tmp, args.runs, args.flight_turns, args.latency, args.processes, mode
+            )
+            print(f"  flight ({mode}): {results[f'flight:{mode}']}", file=sys.stderr)
+        if "observe" not in skip:
+            results["observe"] = observed(
+                url, tmp, args.observe_runs, args.observe_turns, args.latency, args.observe_trials
+            )
+            print(f"  observe: {results['observe']}", file=sys.stderr)
+        if "stream" not in skip:
+            results["stream"] = streamed(
+                url, tmp, args.stream_runs, args.stream_turns, args.latency, args.stream_trials,
+                args.stream_tokens, args.stream_rate,
+            )  # fmt: skip
+            print(f"  stream: {results['stream']}", file=sys.stderr)
     print_table(results, args, load)
     return 0
 

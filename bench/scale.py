@@ -28,7 +28,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -39,10 +38,9 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from _durable_runs import run_spec, sim_script  # noqa: E402
-from _procs import ROOT, Worker, env_with  # noqa: E402
+from _procs import ROOT, Worker, env_with, private_redis  # noqa: E402
 from durable import bare_hop_floor  # noqa: E402
 
-from toolloop.embedded import start_server  # noqa: E402
 from toolloop.journal import keys  # noqa: E402
 from workers.client import Client  # noqa: E402
 
@@ -296,27 +294,21 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(args.skip.split(","))
     load = os.getloadavg()[0]
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="toolloop-scale-") as tmp_dir:
-        tmp = Path(tmp_dir)
-        server = start_server(tmp / "redis")
-        os.environ["BENCH_REDIS_URL"] = server.url
-        try:
-            if "floor" not in skip:
-                results["floor"] = bare_hop_floor(server.url, tmp, args.hops, args.floor_trials)
-                print(f"  floor: {results['floor']}", file=sys.stderr)
-            if "flight" not in skip:
-                trials = []
-                for trial in range(args.trials):
-                    got = flight(server.url, tmp, args.runs, args.turns, args.latency,
-                                 args.profile if trial == 0 else "")  # fmt: skip
-                    print(f"  flight: {got}", file=sys.stderr)
-                    trials.append(got)
-                results["flight"] = trials
-            if "parked" not in skip:
-                results["parked"] = parked(server.url, tmp, args.parked, args.park_turns, args.trace)
-                print(f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr)
-        finally:
-            server.stop()
+    with private_redis("toolloop-scale-") as (tmp, url):
+        if "floor" not in skip:
+            results["floor"] = bare_hop_floor(url, tmp, args.hops, args.floor_trials)
+            print(f"  floor: {results['floor']}", file=sys.stderr)
+        if "flight" not in skip:
+            trials = []
+            for trial in range(args.trials):
+                got = flight(url, tmp, args.runs, args.turns, args.latency,
+                             args.profile if trial == 0 else "")  # fmt: skip
+                print(f"  flight: {got}", file=sys.stderr)
+                trials.append(got)
+            results["flight"] = trials
+        if "parked" not in skip:
+            results["parked"] = parked(url, tmp, args.parked, args.park_turns, args.trace)
+            print(f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print_table(results, args, load)
