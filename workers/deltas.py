@@ -82,6 +82,15 @@ def without_deltas(generate: Any) -> Generate:
     return plain
 
 
+def with_fallback(prompt_gen: Any, provider: str | None, fallback: list[str]) -> Any:
+    """`prompt_gen` (a PromptGen) as it is, or, with a `fallback` list, a PromptGen of the same handlers
+    that starts at `provider` (its default when None) and falls back in that order."""
+    if not fallback:
+        return prompt_gen
+    handlers = {name: prompt_gen.handler(name) for name in prompt_gen.providers()}
+    return type(prompt_gen)(handlers, provider or prompt_gen.default_provider, fallback)
+
+
 def streamed_from(prompt_gen: Any, provider: str | None, fallback: list[str]) -> Generate:
     """The innermost generate of a streaming run: the process's PromptGen (or plain generate, when it
     takes `on_delta`), called with the ON_DELTA of the running model call."""
@@ -96,12 +105,7 @@ def streamed_from(prompt_gen: Any, provider: str | None, fallback: list[str]) ->
             return await call(prompt_gen, request, signal, on_delta=on_delta)  # type: ignore[no-any-return]
 
         return plain
-    if fallback:
-        prompt_gen = type(prompt_gen)(
-            {name: prompt_gen.handler(name) for name in prompt_gen.providers()},
-            provider or prompt_gen.default_provider,
-            fallback,
-        )
+    prompt_gen = with_fallback(prompt_gen, provider, fallback)
 
     async def generate(request: PromptGenRequest, signal: Any) -> PromptGenResult:
         result: PromptGenResult = await prompt_gen.generate(

@@ -198,12 +198,7 @@ class WorkerProcess:
             return deltas.streamed_from(prompt_gen, provider, fallback)
         if not hasattr(prompt_gen, "generate"):  # a plain generate(request, signal[, on_delta])
             return deltas.without_deltas(prompt_gen)
-        if fallback:
-            prompt_gen = type(prompt_gen)(
-                {name: prompt_gen.handler(name) for name in prompt_gen.providers()},
-                provider or prompt_gen.default_provider,
-                fallback,
-            )
+        prompt_gen = deltas.with_fallback(prompt_gen, provider, fallback)
 
         async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
             result: PromptGenResult = await prompt_gen.generate(request, signal=signal, provider=provider)
