@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import ROOT, WORKER_ENV, Worker, start_worker
+from tests.integration.conftest import ROOT, WORKER_ENV, Worker, own_redis, start_worker
 from tests.integration.runs_kit import eventually, spec
 from tests.support.flower import running_flower
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from workers.client import Client
 
 pytestmark = pytest.mark.integration
@@ -30,9 +30,7 @@ SYSTEM = "tools"  # the scripted model of tests/integration/agents.py: one `add`
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """A server of this module only, so Flower sees only this module's worker and tasks."""
-    server = start_server(tmp_path_factory.mktemp("flower-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "flower-redis")
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, start_worker
 from tests.integration.runs_kit import eventually, logged, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
@@ -66,9 +66,7 @@ class Model:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("observe-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "observe-redis")
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, start_worker
 from tests.integration.runs_kit import client_on, kinds, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from workers import runs
 from workers.client import Client
 from workers.spec import RunSpec
@@ -20,9 +20,7 @@ from workers.spec import RunSpec
 @pytest.fixture(scope="module")
 def limits_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """A Redis of its own, so that only the impatient worker takes these runs."""
-    server = start_server(tmp_path_factory.mktemp("limits-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "limits-redis")
 
 
 @pytest.fixture(scope="module")

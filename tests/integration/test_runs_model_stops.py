@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ROOT, Worker, start_worker
+from tests.integration.conftest import ROOT, Worker, own_redis, start_worker
 from tests.integration.runs_kit import client_on, logged, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
 
@@ -64,9 +64,7 @@ def sim() -> Iterator[SimServer]:
 
 @pytest.fixture(scope="module")
 def stops_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("stops-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "stops-redis")
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, start_worker
 from tests.integration.reasoning_kit import Recording, emitted, sent_back
 from tests.integration.runs_kit import client_on, eventually, logged, spec
 from toolloop import AssistantMessage
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
 from workers.client import Client
 
@@ -50,9 +50,7 @@ def sim(recording: Recording) -> Iterator[SimServer]:
 
 @pytest.fixture(scope="module")
 def crash_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("reasoning-redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "reasoning-redis")
 
 
 @pytest.fixture
