@@ -62,7 +62,7 @@ log = logging.getLogger("toolloop.providers")
 
 T = TypeVar("T")
 
-ResponseObserver = Callable[[int, httpx.Headers], None]
+ResponseObserver = Callable[[int, Mapping[str, str]], None]
 observe_responses: ContextVar[ResponseObserver | None] = ContextVar("observe_responses", default=None)
 """Called with the status and headers of every HTTP answer of the model calls made in this context
 (a worker's rate limiter learns `anthropic-ratelimit-*` and `retry-after` from them; workers/ratelimit.py)."""
@@ -230,7 +230,7 @@ class _Call:
         except httpx.TransportError as exc:
             self.unreachable(exc)
         except StreamFailure as failure:
-            return self.failed(failure.status, httpx.Headers(), failure.body, backoff)
+            return self.failed(failure.status, {}, failure.body, backoff)
         return self.failed(answer.status, answer.headers, text, backoff)
 
     async def whole(self, answer: Answer) -> Any:
@@ -259,7 +259,7 @@ class _Call:
         raise _Cut("the stream ended before its last event")
 
     def failed(
-        self, status: int, headers: httpx.Headers, text: str, backoff: float
+        self, status: int, headers: Mapping[str, str], text: str, backoff: float
     ) -> tuple[PromptGenError, float | None]:
         detail = redact(error_detail(text), self.secret)
         if self.flag is not None and (flagged := self.flag(detail)) is not None:
