@@ -16,7 +16,7 @@ A reply is a small dict (Celery's pidbox carries it back as JSON). Two environme
 the garbage-collector experiments of bench/PROFILE-19.md, applied once the worker is ready (after
 workers.runtime's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
 `BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds;
-`BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.loop.run._VALIDATED_MAX`);
+`BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.memo.MAX`, per run);
 `BENCH_BREAK_CYCLES=1` tries PROFILE-19's plan item M1 from outside (a bench-only patch of
 `workers.advance._Step.drop_lease`: once a step is over it clears the references that make its
 `_Step`, `Held`, `Begun` and ended `LiveLoop` cyclic garbage); `BENCH_FREE_BODY=1` tries C1's
@@ -156,9 +156,9 @@ def _gc_switches(**_: Any) -> None:
         first, second, third = (int(part) for part in thresholds.split(","))
         gc.set_threshold(first, second, third)
     if os.environ.get("BENCH_MEMO_MAX"):
-        from toolloop.loop import run
+        import toolloop.memo
 
-        run._VALIDATED_MAX = int(os.environ["BENCH_MEMO_MAX"])
+        toolloop.memo.MAX = int(os.environ["BENCH_MEMO_MAX"])
     if os.environ.get("BENCH_BREAK_CYCLES") == "1":
         _break_cycles()
     if os.environ.get("BENCH_FREE_BODY") == "1":
