@@ -136,7 +136,7 @@ def _cancelling() -> bool:
 
 async def call_json(
     endpoint: Endpoint,
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | bytes,
     headers: Mapping[str, str],
     signal: AbortSignal,
     *,
@@ -146,10 +146,13 @@ async def call_json(
     stream: Callable[[OnDelta | None], StreamReader] | None = None,
     on_delta: OnDelta | None = None,
 ) -> Any:
-    """One model call (module docstring): the parsed 2xx body, or the stream reader's result."""
+    """One model call (module docstring): the parsed 2xx body, or the stream reader's result.
+    `body`: the JSON body, or its bytes (a caller that drops its dict tree before the wait)."""
     policy = endpoint.policy
     started = time.monotonic()
-    call = _Call(endpoint, dumps(body), {"content-type": "application/json", **headers}, client, secret, flag)
+    content = body if isinstance(body, bytes) else dumps(body)
+    del body  # not kept across the wait for the answer
+    call = _Call(endpoint, content, {"content-type": "application/json", **headers}, client, secret, flag)
     relay = None if on_delta is None else as_relay(on_delta)
     attempt = 0
     while True:
@@ -236,13 +239,15 @@ class _Call:
     async def whole(self, answer: Answer) -> Any:
         body = await answer.read()
         try:
-            return valid_text(json.loads(body))
+            data = json.loads(body)
         except ValueError:
             raise PromptGenError(
                 f"{self.endpoint.provider} answered HTTP {answer.status} with a body that is not JSON.\n"
                 "  Check the base URL points at the provider's API.",
                 status=answer.status,
             ) from None
+        # only a `\ud...` escape can give a lone surrogate: an answer without one needs no walk
+        return valid_text(data) if b"\\ud" in body or b"\\uD" in body else data
 
     async def streamed(self, answer: Answer, reader: StreamReader) -> Any:
         parser = SseParser()
@@ -292,7 +297,7 @@ def valid_text(data: Any) -> Any:
     unpaired `\\ud800` escape; such a str cannot be encoded to UTF-8, so a model answer holding one
     could not be journaled (Redis), dumped by pydantic, or sent back to the provider."""
     if isinstance(data, str):
-        return _LONE_SURROGATE.sub("\ufffd", data)
+        return data if data.isascii() else _LONE_SURROGATE.sub("\ufffd", data)
     if isinstance(data, list):
         return [valid_text(item) for item in data]
     if isinstance(data, dict):
