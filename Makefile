@@ -41,6 +41,8 @@ bench: $(STAMP)  ## every benchmark; each prints ours beside its peer or floor
 	$(PY) bench/loop_overhead.py
 	$(PY) bench/prompt_cache.py
 	$(PY) bench/durable.py
+	$(PY) bench/enqueue.py
+	$(PY) bench/fleet.py
 	$(PY) bench/flow.py --quick
 
 clean:

@@ -109,11 +109,14 @@ def per_step(
     return {"per_step_s": statistics.median(per), "trials": per, "steps": steps}
 
 
-def sim_script(turns: int) -> list[dict[str, Any]]:
-    """The simulator's answers: a `note` call on each of the first turns - 1 turns, then the end."""
-    calls = [{"text": f"Shot {n}.", "tool_calls": [{"name": "note", "input": {"shot": n, "text": "ok"}}]}
+def sim_script(turns: int, answer_tokens: int = 0) -> list[dict[str, Any]]:
+    """The simulator's answers: a `note` call on each of the first turns - 1 turns, then the end;
+    each text `answer_tokens` 4-character pieces longer (a streamed answer's length)."""
+    more = " ok." * answer_tokens
+    note = [{"name": "note", "input": {"shot": 1, "text": "ok"}}]
+    calls = [{"text": f"Shot {n}.{more}", "tool_calls": [{**note[0], "input": {"shot": n, "text": "ok"}}]}
              for n in range(1, turns)]  # fmt: skip
-    return [*calls, {"text": "Reviewed."}]
+    return [*calls, {"text": f"Reviewed.{more}"}]
 
 
 def sim_env(url: str, sim: SimServer) -> dict[str, str]:
@@ -131,11 +134,17 @@ def in_flight(
     processes: int = 1,
     mode: str = "consumer",
     extra_env: dict[str, str] | None = None,
+    spec_extra: dict[str, Any] | None = None,
+    answer_tokens: int = 0,
+    tokens_per_s: float | None = None,
     settle: float = 0.0,
 ) -> dict[str, Any]:
-    """`settle`: seconds the worker's CPU keeps being counted after the last run ended (work its
-    threads finish then, such as a span processor's last batch)."""
-    with SimServer(sim_script(turns), latency_s=latency) as sim:
+    """`spec_extra`: more RunSpec fields (`stream`); `answer_tokens`: ~tokens of text added to every
+    answer; `tokens_per_s`: the simulator's rate for streamed answers. `settle`: seconds the
+    worker's CPU keeps being counted after the last run ended (work its threads finish then, such
+    as a span processor's last batch)."""
+    sim_kwargs = {} if tokens_per_s is None else {"tokens_per_s": tokens_per_s}
+    with SimServer(sim_script(turns, answer_tokens), latency_s=latency, **sim_kwargs) as sim:
         env = {**sim_env(url, sim), **(extra_env or {})}
         slots = -(-runs // processes)
         workers = [step_worker(mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log",
@@ -144,7 +153,8 @@ def in_flight(
         try:
             for worker in workers:
                 worker.start(client.celery)
-            run_ids = [client.enqueue(run_spec(turns, provider="anthropic")) for _ in range(runs)]
+            run_ids = [client.enqueue(run_spec(turns, provider="anthropic", **(spec_extra or {})))
+                       for _ in range(runs)]  # fmt: skip
             cpu0 = sum(worker.cpu_seconds() for worker in workers)
             own0 = time.process_time()
             start = time.time()
@@ -167,6 +177,26 @@ def in_flight(
     return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
             "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1),
             "processes": processes, "mode": mode, "sim_cpu_s": own}  # fmt: skip
+
+
+def streamed(
+    url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int, tokens: int, rate: float
+) -> dict[str, Any]:
+    """Worker CPU per step with `stream` off, then on (the same simulator answers, `tokens` long,
+    streamed at `rate` tokens/s when asked to), alternating, `trials` pairs; the medians."""
+    off: list[float] = []
+    on: list[float] = []
+    for _ in range(trials):
+        for where, stream in ((off, False), (on, True)):
+            got = in_flight(url, tmp, runs, turns, latency, spec_extra={"stream": stream},
+                            answer_tokens=tokens, tokens_per_s=rate)  # fmt: skip
+            if got["done"] != runs:
+                raise RuntimeError(f"streaming bench: {got['done']}/{runs} runs done (stream={stream})")
+            where.append(got["cpu_s"] / got["tasks"])
+    per_off, per_on = statistics.median(off), statistics.median(on)
+    return {"runs": runs, "turns": turns, "tokens": tokens, "rate": rate, "off_cpu_per_step_s": per_off,
+            "on_cpu_per_step_s": per_on, "ratio": per_on / per_off, "trials_off": off,
+            "trials_on": on}  # fmt: skip
 
 
 def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 1. per-step overhead of a durable run vs a bare self-chaining Celery task hop (target <= 1.5x);
 2. CPU time to replay a 200-step journal to the next live step (target <= 20 ms);
 3. runs in flight per worker process at 1 s model latency (target >= 500 at >= 80 % of ideal);
-4. worker CPU per step with tracing and metrics on vs off (target <= 1.15x, docs/operations.md).
+4. worker CPU per step with tracing and metrics on vs off (target <= 1.15x, docs/operations.md);
+5. worker CPU per step of streaming runs (`"stream": true`, docs/streaming.md) vs the same runs not
+   streamed, 500 in flight (target <= 1.10x).
 
     .venv/bin/python bench/durable.py [--hops 200] [--turns 20] [--trials 5] [--runs 500]
 
@@ -26,7 +28,7 @@ import redis
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _durable_runs import in_flight, observed, per_step, steady  # noqa: E402
+from _durable_runs import in_flight, observed, per_step, steady, streamed  # noqa: E402
 from _procs import Worker, env_with, running  # noqa: E402
 from _replay import measure_replay  # noqa: E402
 
@@ -100,7 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--observe-runs", type=int, default=100, help="runs in flight for the on/off figure")
     parser.add_argument("--observe-turns", type=int, default=5, help="model turns of each of those runs")
     parser.add_argument("--observe-trials", type=int, default=3, help="off/on pairs (median)")
-    parser.add_argument("--skip", default="", help="comma-separated: floor,step,replay,steady,flight,observe")
+    parser.add_argument(
+        "--stream-runs", type=int, default=500, help="runs in flight for the streaming figure"
+    )
+    parser.add_argument("--stream-turns", type=int, default=3, help="model turns of each of those runs")
+    parser.add_argument("--stream-trials", type=int, default=3, help="off/on pairs (median)")
+    parser.add_argument("--stream-tokens", type=int, default=200, help="tokens of each streamed answer")
+    parser.add_argument("--stream-rate", type=float, default=200.0, help="the simulator's tokens/s")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: floor,step,replay,steady,flight,observe,stream"
+    )
     parser.add_argument(
         "--modes", default="consumer,celery",
         help="how steps run, comma-separated: consumer (the step consumer, production default), celery "
@@ -142,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
                     server.url, tmp, args.observe_runs, args.observe_turns, args.latency, args.observe_trials
                 )
                 print(f"  observe: {results['observe']}", file=sys.stderr)
+            if "stream" not in skip:
+                results["stream"] = streamed(
+                    server.url, tmp, args.stream_runs, args.stream_turns, args.latency, args.stream_trials,
+                    args.stream_tokens, args.stream_rate,
+                )  # fmt: skip
+                print(f"  stream: {results['stream']}", file=sys.stderr)
         finally:
             server.stop()
     print_table(results, args, load)
@@ -149,6 +166,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 MODES = {"consumer": "step consumer", "celery": "Celery threads pool"}
+
+
+def stream_rows(streaming: dict[str, Any] | None) -> list[tuple[str, str, str, float, bool]]:
+    """The streaming figure's row (none when it was skipped)."""
+    if not streaming:
+        return []
+    return [(f"streaming on vs off, {streaming['runs']} in flight, CPU per step",
+             ms(streaming["on_cpu_per_step_s"]), "<= 1.10 x off", streaming["ratio"],
+             streaming["ratio"] <= 1.10)]  # fmt: skip
 
 
 def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) -> None:
@@ -186,6 +212,7 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
                      "<= 1.15 x off", seen["ratio"], seen["ratio"] <= 1.15))  # fmt: skip
         rows.append(("  the same, 10 % of runs' traces sampled", ms(seen["sampled_cpu_per_step_s"]),
                      "<= 1.15 x off", seen["sampled_ratio"], seen["sampled_ratio"] <= 1.15))  # fmt: skip
+    rows += stream_rows(results.get("stream"))
     for name, ours, target, ratio, ok in rows:
         shown = "" if ratio != ratio else f"{ratio:.2f}"
         verdict = "-" if target in ("-", "(makespan)") else ("met" if ok else "MISSED")

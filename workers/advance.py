@@ -43,6 +43,7 @@ from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers import approvals, consumer, flow, killpoints, runlist, runtime, wire
 from workers.app import ADVANCE
+from workers.deltas import DeltaStream, bind, streaming
 from workers.errors import OOM_HINT, REDIS_LOST, DeliveryLimitError, LeaseLostError
 from workers.killpoints import kill_point
 from workers.live import Begun, LiveLoop, keep, take
@@ -188,6 +189,7 @@ class _Step:
         if kept is not None:
             self.live = kept
             self.replayed_before = kept.journal.replayed
+            bind(kept.deltas, self.batch, self.token, self.segment)
             outcome_future = kept.go_on(self)
         else:
             try:
@@ -205,11 +207,14 @@ class _Step:
                 after_live=live.after_live, owner=self.owner, pause=live.pause,
             )  # fmt: skip
             steps_base = int(self.state.get("steps_base", 0))
-            generate = runtime.generate_for(spec.provider, spec.fallback)
+            live.deltas = DeltaStream.of(spec.stream, r, live.events.append)  # None unless it streams
+            bind(live.deltas, self.batch, self.token, self.segment)
+            generate = runtime.generate_for(spec.provider, spec.fallback, stream=spec.stream)
+            generate = flow.wrap_generate(
+                generate if self.metrics is None else counted(generate, spec.provider, self.metrics), spec
+            )
             options = RunToolLoopOptions(
-                generate=flow.wrap_generate(
-                    generate if self.metrics is None else counted(generate, spec.provider, self.metrics), spec
-                ),
+                generate=generate if live.deltas is None else streaming(generate),
                 model=spec.model,
                 system=spec.system,
                 messages=messages,
@@ -224,7 +229,7 @@ class _Step:
                 step=live.journal.step,
                 signal=live.controller.signal,
                 reasoning=spec.reasoning,
-                on_step=live.events.append,
+                on_step=live.events.append if live.deltas is None else live.deltas.on_step,
                 finish_note=spec.finish_note,
                 keep_images=spec.keep_images,
                 cache=spec.cache,
@@ -313,6 +318,8 @@ class _Step:
             "run %s: step %s stopped: %s.\n  Not committed: %s; the step runs again under a live lease.",
             self.run_id, self.n, error, what or "no finished work",
         )  # fmt: skip
+        if self.live is not None and self.live.deltas is not None:
+            self.live.deltas.drop()
         await self.release()
         if self.metrics is not None:
             self.metrics.leases_lost.inc()
@@ -418,6 +425,7 @@ class _Step:
             "now": time.time(), "state": {k: str(v) for k, v in state.items()},
             "events": events,
             "cancel_text": "Not run: cancel.", **extra,
+            "streamed": self.live.deltas.settle() if self.live and self.live.deltas else "",
         }  # fmt: skip
         r = self.run_id
         live = self.live

@@ -20,6 +20,8 @@ Points called from `workers/` (fields `run`, and `key`, the segment/journal fiel
     commit:after    the commit script ran, before the successor is enqueued
     enqueue:after   the successor was enqueued, before the task returns (and is acked)
     answer:after    an answer was stored, before the resume is enqueued (field `run` only)
+    stream:write    a streaming run queues its `write`-th delta write of a step (workers/deltas.py;
+                    the writes before it reached Redis in earlier loop turns): a worker dying mid-stream
 Points called from the fault suite's own tools and model wrapper (field `tag`): see tests/faults/.
 
 Stop points (`stop_point`) freeze instead of kill: the first match SIGSTOPs this process (every

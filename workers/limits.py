@@ -20,15 +20,16 @@ from workers.settings import Settings
 from workers.spec import RunSpec
 
 
-def check_spec(spec: RunSpec, settings: Settings) -> None:
-    """Refuse a spec over a limit, with the limit, the value and the setting that raises it."""
+def check_spec(spec: RunSpec, settings: Settings, size: int | None = None) -> None:
+    """Refuse a spec over a limit, with the limit, the value and the setting that raises it.
+    `size`: the length of the spec's JSON when the caller has it already."""
     if len(spec.messages) > settings.max_messages:
         raise LimitError(
             f"The run spec has {len(spec.messages)} messages; the limit is {settings.max_messages}.\n"
             "  Send fewer (summarize older turns), or raise TOOLLOOP_MAX_MESSAGES on the clients.",
             "TOOLLOOP_MAX_MESSAGES",
         )
-    size = len(spec.model_dump_json())
+    size = len(spec.model_dump_json()) if size is None else size
     if size > settings.max_spec_bytes:
         raise LimitError(
             f"The run spec is {size:,} bytes as JSON; the limit is {settings.max_spec_bytes:,}.\n"

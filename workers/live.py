@@ -24,6 +24,7 @@ from toolloop.abort import AbortController
 from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
+from workers.deltas import DeltaStream
 
 KEPT_MAX = 4096
 
@@ -59,6 +60,8 @@ class LiveLoop:
         self.task: asyncio.Task[RunToolLoopResult] | None = None
         self.outcome: Outcome | None = None
         self.resume: asyncio.Future[None] | None = None
+        self.deltas: DeltaStream | None = None
+        """The run's model text on its way to the event stream (RunSpec.stream), else None."""
         self.held_names: dict[str, str] = {}
         """Tool names of the calls decided at the start of this segment (an approval resume), by id."""
 

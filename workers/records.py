@@ -47,17 +47,29 @@ class RunStatus(BaseModel):
         return self.status in FINAL
 
 
+STREAM_KINDS: frozenset[str] = frozenset({"delta", "discarded"})
+"""Entries of a streaming run (RunSpec.stream) that are not committed events: no `seq`, not journaled
+(workers/deltas.py, docs/streaming.md)."""
+
+
 class RunEventRecord(BaseModel):
     """One event of a run, as stored in its stream: `id` (the stream id, to resume reading after),
     `seq` (1, 2, ... per run), `segment`, `kind`, and the event's own fields flat beside them
-    (a `model` event has `step`, `text`, `tool_calls`, `cost_usd`, `usage`; see SPEC 2.11)."""
+    (a `model` event has `step`, `text`, `tool_calls`, `cost_usd`, `usage`; see SPEC 2.11).
+    A streaming run's `delta` (`step`, `attempt`, `text`) and `discarded` (`step`, `attempt`)
+    entries have `seq` None: they are the live view of a model call, not committed events."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
     id: str
-    seq: int
+    seq: int | None
     segment: int
     kind: str
+
+    @property
+    def committed(self) -> bool:
+        """True for a committed event; False for a `delta` or `discarded` entry."""
+        return self.seq is not None
 
     @property
     def data(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 import redis as redis_lib
 
 from toolloop.journal import keys
+from workers.ops import Batch, Call, Op
 from workers.records import FINAL
 
 _FIELDS = ("status", "created", "touched", "steps", "spent_usd", "segment")
@@ -66,6 +67,13 @@ def list_runs(
     client: redis_lib.Redis, *, status: str | None = None, limit: int = 50, cursor: str | None = None
 ) -> RunPage:
     """Runs newest first (`status`: only those in it), at most `limit`, after `cursor`."""
+    from workers.drive import SyncDriver
+
+    return SyncDriver(client, client).run(page(status=status, limit=limit, cursor=cursor))
+
+
+def page(*, status: str | None = None, limit: int = 50, cursor: str | None = None) -> Op[RunPage]:
+    """`list_runs` as an operation of workers/ops.py (both clients run it)."""
     if limit < 1:
         raise ValueError(f"limit is {limit}; ask for at least 1 run.")
     top: Any = "+inf"
@@ -78,20 +86,17 @@ def list_runs(
     offset = 0
     size = limit + 1  # a page and one more (is there a next page?); more per read while filtering
     while True:
-        chunk: list[tuple[str, float]] = client.zrevrangebyscore(  # type: ignore[assignment]
-            keys.ALL_RUNS, top, "-inf", start=offset, num=size, withscores=True
-        )
+        flat = yield Call("ZREVRANGEBYSCORE", keys.ALL_RUNS, top, "-inf", "WITHSCORES", "LIMIT", offset, size)
+        chunk = _pairs(flat)
         size = min(size * 2, _CHUNK)
         if not chunk:
             return RunPage(found, None)
         offset += len(chunk)
         if after is not None:  # equal scores come in descending member order: skip those seen
             chunk = [(m, s) for m, s in chunk if not (s == after[0] and m >= after[1])]
-        pipe = client.pipeline(transaction=False)
-        for member, _ in chunk:
-            pipe.hmget(keys.state(member), _FIELDS)
+        states = yield Batch([("HMGET", keys.state(member), *_FIELDS) for member, _ in chunk])
         gone: list[str] = []
-        for (member, score), values in zip(chunk, pipe.execute(), strict=True):
+        for (member, score), values in zip(chunk, states, strict=True):
             state = dict(zip(_FIELDS, values, strict=True))
             if state["status"] is None:
                 gone.append(member)  # expired: the index follows its run
@@ -99,11 +104,23 @@ def list_runs(
             if status is not None and state["status"] != status:
                 continue
             if len(found) == limit and last is not None:  # one more matches: there is a next page
-                _drop(client, gone)
+                yield from _dropped(gone)
                 return RunPage(found, _cursor(*last))
             found.append(_summary(member, score, state))
             last = (score, member)
-        _drop(client, gone)
+        yield from _dropped(gone)
+
+
+def _pairs(reply: list[Any]) -> list[tuple[str, float]]:
+    """(member, score) of a WITHSCORES reply, flat (RESP2) or as pairs (RESP3)."""
+    if reply and isinstance(reply[0], list | tuple):
+        return [(str(member), float(score)) for member, score in reply]
+    return [(str(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def _dropped(members: list[str]) -> Op[None]:
+    if members:
+        yield Batch([("ZREM", keys.ALL_RUNS, *members), ("ZREM", keys.ENDED_RUNS, *members)])
 
 
 def _drop(client: redis_lib.Redis, members: list[str]) -> None:

@@ -10,7 +10,6 @@ neither a crash between a commit and its send nor a lost message strands a run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, Tool
 from toolloop.journal import keys, scripts
 from workers import tracing
 from workers.app import ADVANCE, ANSWER, send
+from workers.enqueue import run_id_for
 from workers.killpoints import kill_point
 from workers.records import FINAL
 from workers.settings import Settings
@@ -64,17 +64,11 @@ return 1
 """
 
 
-def run_id_for(idempotency_key: str | None) -> str:
-    """A fresh run id, or the one id an idempotency key always maps to (so a retried enqueue finds
-    the run its first attempt stored)."""
-    if idempotency_key is None:
-        return uuid.uuid4().hex
-    return hashlib.sha256(f"toolloop-idempotency\x00{idempotency_key}".encode()).hexdigest()[:32]
-
-
 def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_key: str | None = None) -> str:
     """Store a new run (spec, state, first segment's input, a `queued` event; one script) and send its
-    first step (when the broker refuses, the step stays in the outbox and the sweeper sends it).
+    first step through `celery` (the path `Client.enqueue` took before workers/enqueue.py, kept for
+    tests that give it a broker that fails); when the broker refuses, the step stays in the outbox
+    and the sweeper sends it.
     With `idempotency_key`, a second call finds the first call's run and returns its id (it sends the
     first step again only while that step has not begun: a duplicate the fence makes harmless)."""
     run_id = run_id_for(idempotency_key)

@@ -34,7 +34,7 @@ from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.journal import keys
 from toolloop.providers.client import client_from_env
-from workers import tracing, wire
+from workers import deltas, tracing, wire
 from workers.metrics import STEP_QUEUES, Metrics
 from workers.redisio import Batch, Leases, packed_pool
 from workers.settings import Settings
@@ -187,11 +187,14 @@ def events(hostname: str) -> TaskEvents:
     return found
 
 
-def generate_for(provider: str | None, fallback: list[str]) -> Generate:
-    """The model of a run: the factory named by TOOLLOOP_PROMPT_GEN, else `providers.from_env()`."""
+def generate_for(provider: str | None, fallback: list[str], *, stream: bool = False) -> Generate:
+    """The model of a run: the factory named by TOOLLOOP_PROMPT_GEN, else `providers.from_env()`.
+    `stream`: the call passes on the `on_delta` of workers/deltas.py's ON_DELTA (RunSpec.stream)."""
     prompt_gen = _get_prompt_gen()
-    if not hasattr(prompt_gen, "generate"):
-        return prompt_gen  # type: ignore[no-any-return]  # a plain generate(request, signal)
+    if stream:
+        return deltas.streamed_from(prompt_gen, provider, fallback)
+    if not hasattr(prompt_gen, "generate"):  # a plain generate(request, signal[, on_delta])
+        return deltas.without_deltas(prompt_gen)
     if fallback:
         prompt_gen = type(prompt_gen)(
             {name: prompt_gen.handler(name) for name in prompt_gen.providers()},

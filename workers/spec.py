@@ -58,6 +58,9 @@ class RunSpec(BaseModel):
     """How long a held ask waits; then the run goes on with `ask_default`, or stops "expired"."""
     ask_default: str | None = None
     """The answer an ask gets when its deadline passes (None: the run stops, `stopped_by="expired"`)."""
+    stream: bool = False
+    """Publish the model's text to the run's event stream as it arrives (`delta` entries, batched
+    every 50 ms; docs/streaming.md). Off: the model is called without streaming."""
     approval_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """How long a held approval waits (a tool's own `approval_timeout_s` wins); then the tool's
     `approval_default` applies (`reject` with the reason `no decision before the deadline`)."""

@@ -17,7 +17,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "durable.py"
 def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
     args = ["--hops", "10", "--turns", "3", "--trials", "1", "--runs", "4", "--flight-turns", "2",
             "--steady-turns", "3", "--steady-trials", "1", "--latency", "0.2",
-            "--observe-runs", "4", "--observe-turns", "2", "--observe-trials", "1"]  # fmt: skip
+            "--observe-runs", "4", "--observe-turns", "2", "--observe-trials", "1",
+            "--stream-runs", "4", "--stream-turns", "2", "--stream-trials", "1",
+            "--stream-tokens", "20"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=110, check=False
     )
@@ -34,5 +36,7 @@ def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
     observed = next(line for line in lines if line.startswith("tracing + metrics on vs off"))
     assert "<= 1.15 x off" in observed and ("met" in observed or "MISSED" in observed)
     assert any(line.startswith("  tracing + metrics: 4 runs x 2 turns") for line in lines), done.stdout
+    streaming = next(line for line in lines if line.startswith("streaming on vs off, 4 in flight"))
+    assert "<= 1.10 x off" in streaming and ("met" in streaming or "MISSED" in streaming)
     replay = next(line for line in lines if line.startswith("replay 200-step journal"))
     assert "<= 20 ms" in replay

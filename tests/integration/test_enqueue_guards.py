@@ -84,6 +84,23 @@ def test_out_of_memory_is_a_clear_error_with_no_prompt_and_nothing_half_written(
     assert client.redis.zcard(keys.LIVE_RUNS) == 1 and client.status(run_id).status == "queued"
 
 
+def test_enqueue_many_under_out_of_memory_stores_nothing_and_says_so(client: Client) -> None:
+    client.redis.config_set("maxmemory-policy", "noeviction")
+    client.redis.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(EnqueueError) as caught:
+            client.enqueue_many([spec("tools", SECRET_PROMPT), spec("tools", "Add 1 and 1.")])
+        first, second = str(caught.value).splitlines()
+        assert (
+            "out of memory" in first and second.startswith("  Free memory") and caught.value.stored is False
+        )
+        assert "Confidential" not in str(caught.value)
+        assert client.redis.dbsize() == 0
+    finally:
+        client.redis.config_set("maxmemory", "0")
+    assert len(set(client.enqueue_many([spec("tools"), spec("tools")]))) == 2
+
+
 def test_a_lost_connection_is_a_clear_error_that_says_a_keyed_retry_is_safe() -> None:
     nobody = Client(f"redis://127.0.0.1:{free_port()}/0")
     try:
@@ -94,5 +111,8 @@ def test_a_lost_connection_is_a_clear_error_that_says_a_keyed_retry_is_safe() ->
             assert first.startswith("Lost the connection to Redis while enqueueing (ConnectionError)")
             assert advice in second and caught.value.stored is None
             assert "Confidential" not in str(caught.value)
+        with pytest.raises(EnqueueError) as caught:
+            nobody.enqueue_many([spec("tools", SECRET_PROMPT, toolset="agents")], idempotency_keys=["k-1"])
+        assert caught.value.stored is None and "with the same idempotency key" in str(caught.value)
     finally:
         nobody.close()

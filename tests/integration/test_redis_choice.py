@@ -4,6 +4,7 @@ worker's settings and Flower's (the same `workers.settings`) name the same serve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -52,7 +53,7 @@ def test_every_entry_point_finds_the_same_redis(tmp_path: Path, monkeypatch: pyt
 
         app = create_app(token="t")  # the web example with no REDIS_URL
         assert app.state.client.settings.redis_url == cli_url
-        app.state.client.close()
+        asyncio.run(app.state.client.aclose())
         monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # REDIS_URL wins everywhere
         assert (
             _settings_url({**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, tmp_path) == "redis://127.0.0.1:1/0"

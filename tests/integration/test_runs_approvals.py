@@ -180,8 +180,10 @@ def test_the_web_example_lists_and_decides_approvals(client: Client) -> None:
     from starlette.testclient import TestClient
 
     from examples.web import create_app
+    from workers.async_client import AsyncClient
 
-    with TestClient(create_app(client, token="t0ken"), headers={"Authorization": "Bearer t0ken"}) as http:
+    app = create_app(AsyncClient(client.settings.redis_url), token="t0ken")
+    with TestClient(app, headers={"Authorization": "Bearer t0ken"}) as http:
         run_id = client.enqueue(spec("approve"))
         held = parked(client, run_id)
         assert http.get(f"/runs/{run_id}/approvals").json() == {"approvals": [held]}

@@ -7,6 +7,7 @@ a missing CA is a two-line error from the CLI, not a hang or a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ import redis
 from tests.integration.conftest import start_worker
 from tests.integration.runs_kit import spec
 from toolloop.embedded import free_port
+from workers.async_client import AsyncClient
 from workers.client import Client
 
 pytestmark = pytest.mark.integration
@@ -117,6 +119,13 @@ def test_a_durable_run_finishes_over_tls_with_an_acl_user(steps: str, tls_url: s
             client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"), idempotency_key="tls-1") == again
         )
         assert client.wait(again, timeout=60).status == "done"
+
+        async def through_the_async_client() -> list[str]:
+            async with AsyncClient(tls_url) as aclient:
+                [run] = await aclient.enqueue_many([spec("tools", "Add 2 and 3.", toolset="agents")])
+                return [event.kind async for event in aclient.events(run, follow=True)]
+
+        assert asyncio.run(through_the_async_client()) == ["queued", "model", "tool", "model", "finished"]
         assert worker.process.poll() is None
     finally:
         client.close()

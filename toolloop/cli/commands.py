@@ -84,6 +84,10 @@ def add_commands(sub: Any) -> None:
         "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
     )
     run.add_argument("--follow", action="store_true", help="print its events until it stops")
+    run.add_argument(
+        "--stream", action=argparse.BooleanOptionalAction, default=None,
+        help="publish the model's text as it arrives (default: on with --follow)",
+    )  # fmt: skip
     run.set_defaults(handler=cmd_run)
 
     status = sub.add_parser("status", help="show a run's state")
@@ -140,6 +144,8 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.stream is None and args.follow:
+        args.stream = True  # a person watches: show the text as it comes
     spec = build_spec(args)
     client, choice = connect()
     run_id = client.enqueue(spec, idempotency_key=args.idempotency_key)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolloop.cli.render import Progress, Totals, as_dict, event_line, field
+from toolloop.cli.stream import STREAM_KINDS, TextView
 
 FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
 Answerer = Callable[[dict[str, Any]], str | None]
@@ -77,61 +78,87 @@ def follow(
 ) -> int:
     """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 1
     when it followed the run to a failure, else 0 (a budget, steps, cancel or refused stop is an outcome).
-    `check` is called before every read (the demo raises from it when its worker died)."""
-    progress = Progress()
-    totals = totals if totals is not None else Totals()
-    after: Any = None
-    answered: set[str] = set()
-
-    def show(block_ms: int | None) -> None:
-        nonlocal after
-        for event in client.events(run_id, after=after, block_ms=block_ms):
-            after = field(event, "id", after)
-            if field(event, "kind") == "model":
-                totals.add_model(event)
-            if as_json:
-                print(json.dumps(as_dict(event), default=str), flush=True)
-            else:  # number model steps across the run's segments, tools by the turn that called them
-                progress.line(event_line(event, step=totals.steps))
-
+    `check` is called before every read (the demo raises from it when its worker died). A streaming
+    run's text is printed as it arrives (toolloop/cli/stream.py)."""
+    watch = _Watch(client, run_id, as_json, answerer, totals if totals is not None else Totals())
     while True:
         if check is not None:
             check()
-        show(500 if keep_following else None)
+        watch.show(500 if keep_following else None)
         status = client.status(run_id)
         state = str(field(status, "status"))
-        spent = float(field(status, "spent_usd", 0) or 0)
-        progress.set(f"⟳ {run_id}  {state}  step {totals.steps}  ${spent:.4f}")
+        watch.status_line(state, float(field(status, "spent_usd", 0) or 0))
         if state in FINAL and keep_following:
-            show(None)  # the run ended between the read and the status: its last events, `finished` too
+            watch.show(None)  # the run ended between the read and the status: its last events, `finished` too
         if state in FINAL or not keep_following:
-            progress.clear()
+            watch.end()
             return 1 if state == "failed" and keep_following else 0
-        if state == "asked" and field(status, "approvals"):
-            key = json.dumps(field(status, "approvals"), sort_keys=True)
-            if key not in answered:
-                answered.add(key)
-                progress.clear()
-                for approval in field(status, "approvals"):
-                    print(approval_text(approval), flush=True)
-                print(f"The run waits for a decision: toolloop approve|reject|edit {run_id} CALL",
-                      file=sys.stderr)  # fmt: skip
-                if answerer is not None:
-                    return 0
-            continue
-        if state == "asked":
-            held = question_of(status)
-            key = json.dumps(held, sort_keys=True)
-            if key in answered:
-                continue
-            answered.add(key)
-            progress.clear()
-            print(f"asked    {held.get('question', held)}", flush=True)
-            text = answerer(held) if answerer else None
-            if text is None:
-                print(f"The run waits for an answer: toolloop answer {run_id} 'TEXT'", file=sys.stderr)
-                if answerer is None:
-                    continue  # keep following: the answer may come from another terminal
-                return 0
-            print(f"answer   {text}", flush=True)
-            client.answer(run_id, text)
+        if state == "asked" and watch.held(status) is not None:
+            return 0
+
+
+class _Watch:
+    """What `follow` keeps between reads: the last stream id, the totals, what it answered."""
+
+    def __init__(
+        self, client: Any, run_id: str, as_json: bool, answerer: Answerer | None, totals: Totals
+    ) -> None:
+        self.client, self.run_id, self.as_json, self.answerer = client, run_id, as_json, answerer
+        self.totals = totals
+        self.progress = Progress()
+        self.text = TextView(self.progress.out)
+        self.after: Any = None
+        self.answered: set[str] = set()
+
+    def show(self, block_ms: int | None) -> None:
+        for event in self.client.events(self.run_id, after=self.after, block_ms=block_ms):
+            self.after = field(event, "id", self.after)
+            kind = field(event, "kind")
+            if kind == "model":
+                self.totals.add_model(event)
+            if self.as_json:
+                print(json.dumps(as_dict(event), default=str), flush=True)
+            elif kind in STREAM_KINDS:
+                self.progress.clear()
+                self.text.add(event, self.totals.steps + 1)
+            else:  # number model steps across the run's segments, tools by the turn that called them
+                self.text.end()
+                self.progress.line(event_line(event, step=self.totals.steps))
+
+    def status_line(self, state: str, spent: float) -> None:
+        if not self.text.open:  # never over text still streaming on its line
+            self.progress.set(f"⟳ {self.run_id}  {state}  step {self.totals.steps}  ${spent:.4f}")
+
+    def end(self) -> None:
+        self.text.end()
+        self.progress.clear()
+
+    def held(self, status: Any) -> int | None:
+        """Show a held question or approvals once (answering a question when it can); 0 to stop."""
+        self.end()
+        if field(status, "approvals"):
+            return self.approvals(status)
+        held = question_of(status)
+        key = json.dumps(held, sort_keys=True)
+        if key in self.answered:
+            return None
+        self.answered.add(key)
+        print(f"asked    {held.get('question', held)}", flush=True)
+        text = self.answerer(held) if self.answerer else None
+        if text is None:
+            print(f"The run waits for an answer: toolloop answer {self.run_id} 'TEXT'", file=sys.stderr)
+            return None if self.answerer is None else 0  # keep following: another terminal may answer
+        print(f"answer   {text}", flush=True)
+        self.client.answer(self.run_id, text)
+        return None
+
+    def approvals(self, status: Any) -> int | None:
+        key = json.dumps(field(status, "approvals"), sort_keys=True)
+        if key in self.answered:
+            return None
+        self.answered.add(key)
+        for approval in field(status, "approvals"):
+            print(approval_text(approval), flush=True)
+        print(f"The run waits for a decision: toolloop approve|reject|edit {self.run_id} CALL",
+              file=sys.stderr)  # fmt: skip
+        return 0 if self.answerer is not None else None

@@ -15,6 +15,7 @@ from toolloop.cli.errors import CliError, validation_lines
 
 FLAG_FIELDS = (
     "model",
+    "stream",
     "system",
     "toolset",
     "budget_usd",

@@ -20,6 +20,18 @@ local function emit(state, events_key, segment, kind, data)
   local seq = redis.call('HINCRBY', state, 'seq', 1)
   redis.call('XADD', events_key, '*', 'seq', seq, 'segment', segment, 'kind', kind, 'data', data)
 end
+local function discard_stream(state, events_key, backed)
+  -- the deltas of the attempt that streamed last (state `streaming` = "<segment>|<step>|<attempt>")
+  -- are not what the journal holds unless `backed` names that attempt: mark them discarded
+  local streaming = redis.call('HGET', state, 'streaming')
+  if not streaming then return end
+  if streaming ~= backed then
+    local segment, step, attempt = string.match(streaming, '^(%d+)|(%d+)|(.*)$')
+    redis.call('XADD', events_key, '*', 'kind', 'discarded', 'segment', segment, 'step', step,
+      'attempt', attempt)
+  end
+  redis.call('HDEL', state, 'streaming')
+end
 local function terminal(status)
   return status == 'done' or status == 'budget' or status == 'steps' or status == 'cancel'
     or status == 'refused' or status == 'failed' or status == 'expired'
@@ -129,7 +141,9 @@ RUN_COMMIT = (
 --   outcome: 'next'|'park'|'stop'|'fail', queue, now, state: {field: text}, history,
 --   final: [kind, data] (the run event of a stop or a failure), parked (data), cancel_text,
 --   requested (optional): [data...] an `approval_requested` event each, due/run (optional),
---   go_on (optional): {owner, lease_ms, tag, unacked}: the caller runs the successor itself, now}
+--   go_on (optional): {owner, lease_ms, tag, unacked}: the caller runs the successor itself, now,
+--   streamed (optional): "<segment>|<step>|<attempt>", the streamed step whose model event this
+--   commit carries (workers/deltas.py); any other streamed attempt gets a `discarded` marker}
 -- -> {1, stored value or false, outbox member to send or false, begun or false}
 --    | {0, stored or false, false, false} (fenced)
 -- With go_on, a 'next' commit also does what RUN_BEGIN of the successor would do, as if that task
@@ -151,6 +165,7 @@ if tonumber(redis.call('HGET', KEYS[1], 'n') or '0') >= p.n then
   return {1, stored(), pending[1] or false, false}
 end
 if p.field ~= '' then redis.call('HSETNX', KEYS[9], p.field, p.value) end
+discard_stream(KEYS[1], KEYS[4], p.streamed or '')  -- before the events: a page drops the text first
 local count_field = 'events:' .. segment
 local count = tonumber(redis.call('HGET', KEYS[1], count_field) or '0')
 for _, e in ipairs(p.events) do
@@ -288,5 +303,34 @@ if terminal(status) then return status end
 redis.call('HSET', KEYS[1], 'cancel', '1')
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return status
+"""
+)
+
+
+DELTA_FLUSH = (
+    _PRELUDE
+    + """
+-- A batch of model text deltas of a live step (workers/deltas.py), written only by the copy that
+-- holds the run: KEYS[1]=state KEYS[2]=fence KEYS[3]=events
+-- ARGV[1]=the lease's fencing token ARGV[2]=attempt ("<token>" or "<token>.<k>": the k-th answer
+-- the provider began again within the step) ARGV[3]=segment ARGV[4]=step ARGV[5]=text ('': only
+-- the marker of an earlier attempt) ARGV[6]=thinking ('1' or '') -> 1 written, 0 fenced.
+-- Another attempt's deltas (a crash, a lost lease, a retried answer) get their `discarded` marker
+-- first; state `streaming` names this attempt until a commit clears it (RUN_COMMIT).
+if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then return 0 end
+local mark = ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[2]
+if redis.call('HGET', KEYS[1], 'streaming') ~= mark then
+  discard_stream(KEYS[1], KEYS[3], mark)
+  if ARGV[5] == '' then return 1 end
+  redis.call('HSET', KEYS[1], 'streaming', mark)
+end
+if ARGV[6] == '1' then
+  redis.call('XADD', KEYS[3], '*', 'kind', 'delta', 'segment', ARGV[3], 'step', ARGV[4],
+    'attempt', ARGV[2], 'text', ARGV[5], 'thinking', '1')
+else
+  redis.call('XADD', KEYS[3], '*', 'kind', 'delta', 'segment', ARGV[3], 'step', ARGV[4],
+    'attempt', ARGV[2], 'text', ARGV[5])
+end
+return 1
 """
 )

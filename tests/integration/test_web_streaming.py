@@ -1,0 +1,83 @@
+"""examples/web.py serving a streaming run over real HTTP: server-sent events with an `id:` each, and
+a browser that lost its connection resumes with `Last-Event-ID` and gets every delta once, in order."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import Worker, start_worker
+from tests.integration.streamer import answer_words
+from tests.integration.test_web_example import end, read_events, spawn
+from tests.support.web import AUTH, WEB_TOKEN
+from toolloop.embedded import EmbeddedServer, free_port, start_server
+
+WORDS = 100
+
+
+@pytest.fixture(scope="module")
+def web_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path_factory.mktemp("web-stream-redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def web(web_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory: Path = tmp_path_factory.mktemp("web-stream")
+    worker: Worker = start_worker(web_redis.url, directory, {
+        "TOOLLOOP_PROMPT_GEN": "tests.integration.streamer:make",
+        "TOOLLOOP_TEST_STREAM_WORDS": str(WORDS), "TOOLLOOP_TEST_STREAM_MS": "8",
+    })  # fmt: skip
+    env = {
+        **os.environ,
+        "REDIS_URL": web_redis.url,
+        "PORT": str(free_port()),
+        "TOOLLOOP_WEB_TOKEN": WEB_TOKEN,
+    }
+    server = spawn([sys.executable, "examples/web.py"], env, directory / "web.log")
+    base = f"http://127.0.0.1:{env['PORT']}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert server.poll() is None, (directory / "web.log").read_text()
+            try:
+                httpx.get(f"{base}/runs/none", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield base
+    finally:
+        end(server)
+        worker.stop()
+
+
+def test_sse_resumes_after_last_event_id_with_every_delta_once(web: str) -> None:
+    spec = {"model": "scripted", "toolset": "agents", "stream": True,
+            "messages": [{"role": "user", "content": "Add."}]}  # fmt: skip
+    run_id = httpx.post(f"{web}/runs", json=spec, headers=AUTH, timeout=10).json()["run_id"]
+    url = f"{web}/runs/{run_id}/events"
+    first: list[tuple[str, str, dict[str, object]]] = []
+    with httpx.stream("GET", url, headers=AUTH, timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for event in read_events(response):
+            first.append(event)
+            if sum(kind == "delta" for _, kind, _ in first) == 4:
+                break  # the connection drops mid-answer
+    resumed = {**AUTH, "Last-Event-ID": first[-1][0]}
+    with httpx.stream("GET", url, headers=resumed, timeout=30) as response:
+        rest = list(read_events(response))  # until the run's `finished` ends the stream
+    assert rest[-1][1] == "finished"
+    with httpx.stream("GET", url, headers=AUTH, timeout=30) as response:
+        whole = list(read_events(response))  # the run has ended: everything, then the end
+    assert [e[0] for e in first + rest] == [e[0] for e in whole]
+    text = "".join(str(data["text"]) for _, kind, data in whole if kind == "delta" and data["step"] == 1)
+    model = next(data for _, kind, data in whole if kind == "model")
+    assert text == model["text"] == "".join(answer_words(1, WORDS))
+    assert {data["seq"] for _, kind, data in whole if kind == "delta"} == {None}

@@ -1,0 +1,73 @@
+"""The clients' pure request/reply layer (workers/ops.py, workers/enqueue.py), without Redis: what an
+enqueue request carries, that a client imports no Celery, and that the task names match the app's."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+
+import pytest
+
+from workers import enqueue, ops, wire
+from workers.errors import LimitError, ToolsetError
+from workers.settings import Settings
+
+SPEC = {"model": "m", "toolset": "review", "messages": [{"role": "user", "content": "Go."}]}
+
+
+def preparer() -> enqueue.Preparer:
+    return enqueue.Preparer(Settings.from_env(), ["review"], ops.Sender(3))
+
+
+def test_a_client_module_imports_no_celery_and_no_worker_runtime() -> None:
+    code = (
+        "import sys, workers.client, workers.async_client; "
+        "print(sorted(m for m in ('celery', 'workers.app', 'workers.consumer', 'workers.runtime') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_task_names_are_the_apps() -> None:
+    from workers import app, approvals
+
+    assert (ops.ADVANCE, ops.ANSWER, ops.CANCEL, ops.DECIDE) == (
+        app.ADVANCE,
+        app.ANSWER,
+        app.CANCEL,
+        app.DECIDE,
+    )
+    assert ops.DECISIONS_MARK == approvals.DECISIONS_MARK
+
+
+def test_an_enqueue_is_one_script_carrying_the_run_and_its_first_celery_message() -> None:
+    made = preparer()(SPEC, "order-1")
+    assert made.run_id == preparer()(SPEC, "order-1").run_id != preparer()(SPEC, None).run_id
+    request = made.request
+    assert request.script is enqueue.ENQUEUE and request.command()[:3] == ("EVALSHA", enqueue.ENQUEUE.sha, 8)
+    raw, channel, event = request.args[6:9]
+    delivery = wire.parse(raw)
+    assert (delivery.name, delivery.args, delivery.task_id) == (
+        "toolloop.advance",
+        [made.run_id, 1],
+        f"{made.run_id}:1",
+    )
+    assert wire.task_problem(delivery) is None and delivery.kwargsrepr == "{'step': 'model 1'}"
+    assert channel == "/3.celeryev/task.sent"
+    sent = json.loads(base64.b64decode(json.loads(event)["body"]))
+    assert (sent["type"], sent["uuid"], sent["queue"]) == ("task-sent", f"{made.run_id}:1", "llm")
+    assert "Go." not in raw and "Go." not in event.decode()  # ids only in the message and its event
+
+
+def test_an_enqueue_is_checked_before_anything_is_built() -> None:
+    with pytest.raises(ToolsetError, match="not registered"):
+        preparer()({**SPEC, "toolset": "other"}, None)
+    with pytest.raises(LimitError):
+        preparer()({**SPEC, "messages": [{"role": "user", "content": "x" * 1_000_001}]}, None)
+    with pytest.raises(ValueError, match="1 to 256"):
+        preparer()(SPEC, "")
+    with pytest.raises(ValueError, match="one key"):
+        enqueue.prepare_all(preparer(), [SPEC], ["a", "b"])

@@ -1,0 +1,146 @@
+"""`AsyncClient`: `Client` for asyncio web backends (FastAPI, Starlette), on redis.asyncio.
+
+    client = AsyncClient()                 # REDIS_URL and TOOLLOOP_TOOLSETS, as Client
+    run_id = await client.enqueue(spec, idempotency_key="order-1234")
+    async for event in client.events(run_id, follow=True):
+        print(event.seq, event.kind)
+    await client.aclose()
+
+The same methods, arguments, errors and guarantees as `Client` (workers/client.py): both run the
+operations of workers/ops.py, one with redis-py's blocking client, this one awaited, so no method
+holds a thread and a followed event stream is an `async for`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import redis.asyncio as aredis
+
+from toolloop.contract import ChatMessage
+from toolloop.loop.types import Decision
+from workers import enqueue, ops, runlist
+from workers.client import settings_for
+from workers.drive import AsyncDriver
+from workers.records import RunEventRecord, RunStatus
+from workers.spec import RunSpec
+
+
+class AsyncClient:
+    def __init__(self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None) -> None:
+        """As `Client(redis_url, toolsets=...)`; no connection is made until the first call."""
+        self.settings = settings = settings_for(redis_url)
+        self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
+        self.redis = aredis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self._blocking = aredis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=None)
+        self._driver = AsyncDriver(self.redis, self._blocking)
+        self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
+        self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender)
+
+    async def aclose(self) -> None:
+        """Release the Redis connections."""
+        await self.redis.aclose()
+        await self._blocking.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
+        """See `Client.enqueue`: checked here, stored and sent in one round trip."""
+        made = self._prepare(spec, idempotency_key)
+        try:
+            await self._driver.do(made.request)
+        except enqueue.REDIS_ERRORS as error:
+            raise enqueue.failure(error, idempotency_key is not None) from None
+        return made.run_id
+
+    async def enqueue_many(
+        self,
+        specs: Sequence[RunSpec | dict[str, Any]],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+    ) -> list[str]:
+        """See `Client.enqueue_many`: one round trip per batch."""
+        made = enqueue.prepare_all(self._prepare, specs, idempotency_keys)
+        try:
+            replies = await self._driver.batch(ops.Batch([m.request for m in made]))
+        except enqueue.REDIS_ERRORS as error:
+            raise enqueue.failure(error, idempotency_keys is not None) from None
+        return enqueue.batch_result(made, replies, idempotency_keys is not None)
+
+    async def status(self, run_id: str) -> RunStatus:
+        return await self._driver.run(ops.status(run_id))
+
+    async def history(self, run_id: str) -> list[ChatMessage]:
+        """See `Client.history`."""
+        return await self._driver.run(ops.history(run_id))
+
+    def events(
+        self,
+        run_id: str,
+        after: str | None = None,
+        block_ms: int | None = None,
+        follow: bool = False,
+        *,
+        deltas: bool = True,
+    ) -> AsyncIterator[RunEventRecord]:
+        """See `Client.events`; iterate it with `async for` (blocking reads are awaited)."""
+        return self._driver.stream(ops.events(run_id, after, block_ms, follow, deltas))
+
+    async def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
+        """See `Client.wait`."""
+        return await self._driver.run(ops.wait(run_id, timeout, poll_s))
+
+    async def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
+        """See `Client.answer`."""
+        return await self._driver.run(ops.answer(self._sender, run_id, content, segment))
+
+    async def approve(
+        self, run_id: str, call_id: str, *, digest: str | None = None, actor: str | None = None,
+        wait_s: float = 10.0,
+    ) -> str:  # fmt: skip
+        """See `Client.approve`."""
+        decision = Decision(action="approve", input_digest=digest, actor=actor)
+        return await self.decide(run_id, call_id, decision, wait_s)
+
+    async def reject(
+        self, run_id: str, call_id: str, reason: str, *, digest: str | None = None,
+        actor: str | None = None, wait_s: float = 10.0,
+    ) -> str:  # fmt: skip
+        """See `Client.reject`."""
+        decision = Decision(action="reject", reason=reason, input_digest=digest, actor=actor)
+        return await self.decide(run_id, call_id, decision, wait_s)
+
+    async def edit(
+        self, run_id: str, call_id: str, input: dict[str, Any], *, digest: str | None = None,
+        actor: str | None = None, wait_s: float = 10.0,
+    ) -> str:  # fmt: skip
+        """See `Client.edit`."""
+        decision = Decision(action="edit", input=input, input_digest=digest, actor=actor)
+        return await self.decide(run_id, call_id, decision, wait_s)
+
+    async def decide(self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0) -> str:
+        """See `Client.decide`: the wait for the worker's outcome is an awaited BLPOP."""
+        return await self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s))
+
+    async def cancel(self, run_id: str) -> None:
+        """See `Client.cancel`."""
+        await self._driver.run(ops.cancel(self._sender, run_id))
+
+    async def retry(self, run_id: str) -> None:
+        """See `Client.retry`."""
+        await self._driver.run(ops.retry(self._sender, run_id))
+
+    async def list_runs(
+        self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> runlist.RunPage:
+        """See `Client.list_runs`."""
+        return await self._driver.run(runlist.page(status=status, limit=limit, cursor=cursor))
+
+    async def add_spend(self, run_id: str, usd: float) -> float:
+        """See `Client.add_spend`."""
+        return await self._driver.run(ops.add_spend(run_id, usd))
