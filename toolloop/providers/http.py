@@ -104,34 +104,39 @@ class _Cut(Exception):
 
 async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
     """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts (the work is
-    cancelled then). One task for the work and a callback on the signal: no second task waiting."""
+    cancelled then). The work runs in the calling task (no task of its own): the signal's callback
+    cancels that task, and the cancel is taken back (`uncancel`) once it has stopped the work."""
     if signal.aborted:
         if inspect.iscoroutine(awaitable):
             awaitable.close()  # never started: close it so it is not reported as never awaited
         signal.throw_if_aborted()
-    work = asyncio.ensure_future(awaitable)
+    task = asyncio.current_task()
+    assert task is not None
     loop = asyncio.get_running_loop()
+    state = [False, False]  # [the work is over, the signal cancelled the task]
+
+    def fire() -> None:  # on the loop
+        if not state[0]:
+            state[1] = True
+            task.cancel()
 
     def cancel() -> None:  # the signal may abort from another thread
-        loop.call_soon_threadsafe(work.cancel)
+        loop.call_soon_threadsafe(fire)
 
     signal.add_callback(cancel)
     try:
-        return await work
+        return await awaitable
     except asyncio.CancelledError:
-        if signal.aborted and not _cancelling():
-            signal.throw_if_aborted()
+        if state[1]:
+            state[1] = False
+            if task.uncancel() == 0:  # nobody else cancelled the task: the abort is what stopped it
+                signal.throw_if_aborted()
         raise
     finally:
+        state[0] = True
         signal.remove_callback(cancel)
-        if not work.done():
-            work.cancel()
-
-
-def _cancelling() -> bool:
-    """True when the task running this is being cancelled itself (not only the work it awaited)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+        if state[1]:  # cancelled as the work ended: the cancel never reached it
+            task.uncancel()
 
 
 async def call_json(

@@ -72,6 +72,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.parser = httptools.HttpResponseParser(self)  # one per connection: it reads answer after answer
         self.transport = transport  # type: ignore[assignment]  # (uvloop's is no asyncio.Transport)
 
     def data_received(self, data: bytes) -> None:
@@ -118,7 +119,6 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes) -> None:
         """Send `request` (a whole HTTP/1.1 request) and get ready to parse its answer."""
         assert self.transport is not None
-        self.parser = httptools.HttpResponseParser(self)
         self.status, self.raw_headers, self.headers, self.body = 0, [], None, []
         self.complete = self.keep_alive = False
         self.transport.write(request)

@@ -91,13 +91,16 @@ def _turns(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[st
         hit = last.get(id(message))
         if hit is not None and hit[0] is message:
             role, blocks = hit[1]
+            built[id(message)] = hit
         else:
             role, blocks = _blocks(message, images)
-        if memo is not None and not _has_image(message):
-            built[id(message)] = (message, (role, blocks))
+            if memo is not None and not _has_image(message):
+                built[id(message)] = (message, (role, blocks))
         if not blocks:
             continue
-        if turns and turns[-1]["role"] == role == "user":
+        if role == "assistant":
+            turns.append({"role": role, "content": blocks})  # (never extended: no copy needed)
+        elif turns and turns[-1]["role"] == "user":
             turns[-1]["content"].extend(blocks)
         else:
             turns.append({"role": role, "content": list(blocks)})
