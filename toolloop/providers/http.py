@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import re
 import time
@@ -40,7 +39,7 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta
 from toolloop.deltas import relay as as_relay
 from toolloop.errors import PromptGenError
-from toolloop.fastjson import dumps
+from toolloop.fastjson import dumps, loads_exact
 from toolloop.providers.base import Secret, redact
 from toolloop.providers.client import Answer, HttpClient
 from toolloop.providers.retry import (
@@ -244,7 +243,7 @@ class _Call:
     async def whole(self, answer: Answer) -> Any:
         body = await answer.read()
         try:
-            data = json.loads(body)
+            data = loads_exact(body)
         except ValueError:
             raise PromptGenError(
                 f"{self.endpoint.provider} answered HTTP {answer.status} with a body that is not JSON.\n"
