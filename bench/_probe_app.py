@@ -3,18 +3,18 @@
     celery -A _probe_app worker ...          (bench/ on PYTHONPATH; the worker is workers.app's own)
 
 - `bench_probe action=<...>`: what the worker process holds, measured inside it. `counts`: RSS,
-  `gc.collect()`, the 25 most numerous object types and the kept loops (`workers.live`);
+  `gc.collect()`, the 25 most numerous object types and the kept loops (the process's `kept`);
   `trace_start`: `tracemalloc.start(12)` and a first snapshot; `garbage`: the types of the
   cyclic garbage a collection finds now (`gc.DEBUG_SAVEALL`); `gcstats`: collections, seconds
   and objects collected per generation since start (gc.callbacks); `trim`: `gc.collect()` and
   glibc's `malloc_trim(0)`, then RSS; `trace_diff`: a second snapshot
   compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
 - `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
-  step runs; `workers.runtime.loop()`), enabled and disabled on that thread; `stop` dumps the stats.
+  step runs; the `WorkerProcess`'s loop), enabled and disabled on that thread; `stop` dumps the stats.
 
 A reply is a small dict (Celery's pidbox carries it back as JSON). Two environment switches, for
 the garbage-collector experiments of bench/PROFILE-19.md, applied once the worker is ready (after
-workers.runtime's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
+workers/wiring.py's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
 `BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds;
 `BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.memo.MAX`, per run);
 `BENCH_BREAK_CYCLES=1` tries PROFILE-19's plan item M1 from outside (a bench-only patch of
@@ -41,8 +41,8 @@ from typing import Any
 from celery.signals import worker_ready
 from celery.worker.control import control_command
 
-from workers import live, runtime
 from workers.app import app
+from workers.process import process_of
 
 __all__ = ["app"]
 
@@ -79,9 +79,10 @@ def _rss_kb() -> int:
 def _counts() -> dict[str, Any]:
     collected = gc.collect()
     types = Counter(type(obj).__name__ for obj in gc.get_objects())
-    tasks = len(asyncio.all_tasks(runtime.loop()))
+    process = process_of(app)
+    tasks = len(asyncio.all_tasks(process.start_loop()))
     return {"rss_kb": _rss_kb(), "collected": collected, "objects": sum(types.values()),
-            "top": types.most_common(25), "kept_loops": len(live._kept), "loop_tasks": tasks,
+            "top": types.most_common(25), "kept_loops": len(process.kept), "loop_tasks": tasks,
             "frozen": gc.get_freeze_count()}  # fmt: skip
 
 
@@ -133,7 +134,7 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
 
 @control_command(args=[("action", str), ("path", str)], signature="<action> <path>")  # type: ignore[untyped-decorator]
 def bench_cprofile(state: Any, action: str, path: str) -> dict[str, Any]:
-    loop = runtime.loop()
+    loop = process_of(app).start_loop()
     if action == "start":
         profiler = _held["profiler"] = cProfile.Profile()
         asyncio.run_coroutine_threadsafe(_call(profiler.enable), loop).result(10)

@@ -3,9 +3,9 @@
 The journal is made the way a durable run makes it: `run_tool_loop` over the bench agent (100 model
 turns, each calling `note`: 200 steps) with a journal that stores each step's JSON text. The figure
 is what a worker's `advance` task does between loading that hash and running the next step:
-`run_tool_loop` over a one-step-mode `RedisJournal` preloaded with the 200 entries, which replays
-every stored step (JSON parsing, model validation, history, events) and stops at step 201 with
-`StepBoundary` before any work. Timed with `time.process_time()`, median of `trials`.
+`run_tool_loop` over the worker's `SegmentJournal` (workers/segment.py) preloaded with the 200
+entries, which replays every stored step (JSON parsing, model validation, history, events) and
+stops at step 201 with `StepBoundary` before any work. Timed with `time.process_time()`, median of `trials`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 from _durable_agent import TOOLS, make_generate
 
 from toolloop import Budget, MemoryJournal, RunToolLoopOptions
-from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
+from workers.segment import SegmentJournal, StepBoundary
 
 
 def options(step: Any, turns: int, max_steps: int) -> RunToolLoopOptions:
@@ -36,7 +36,7 @@ def options(step: Any, turns: int, max_steps: int) -> RunToolLoopOptions:
 
 
 async def _replay(entries: dict[str, str], turns: int) -> str:
-    journal = RedisJournal(None, "bench-replay", "", entries=entries, live_steps=0)  # type: ignore[arg-type]
+    journal = SegmentJournal("bench-replay", "", entries, live_steps=0)
     try:
         await run_tool_loop(options(journal.step, turns, turns + 1))
     except StepBoundary as boundary:

@@ -21,7 +21,7 @@ CONCERNS = [
     ("step consumer: claim, dispatch, ack (workers/consumer.py)", ("workers/consumer.py",)),
     ("Celery wire: message + task-event encode/decode (workers/wire.py)", ("workers/wire.py",)),
     ("Redis batch and leases (workers/redisio.py)", ("workers/redisio.py",)),
-    ("task events and progress (advance publish, runtime.TaskEvents)", ("_Step.publish", "TaskEvents")),
+    ("task events and progress (advance publish, process.TaskEvents)", ("_Step.publish", "TaskEvents")),
     ("model call: provider request/response + HTTP (toolloop/providers/)", ("toolloop/providers/",)),
     (
         "kept loop + journal (toolloop/loop/, toolloop/journal/, workers/live.py)",

@@ -28,11 +28,13 @@ from typing import Any
 
 import redis as redis_lib
 
+from workers.names import ACCOUNT_PREFIX
+
 PERIODS = ("day", "month", "total")
 
 
 def key(name: str) -> str:
-    return f"tl:acct:{name}"
+    return f"{ACCOUNT_PREFIX}{name}"
 
 
 def period_id(period: str, now: float) -> str:
@@ -160,9 +162,9 @@ def set_limit(
 def spend(client: redis_lib.Redis, now: float) -> list[AccountSpend]:
     """Every account with a limit, its spend in the current period and what is reserved now."""
     found: list[AccountSpend] = []
-    for raw in client.scan_iter(match="tl:acct:*", count=500):
+    for raw in client.scan_iter(match=f"{ACCOUNT_PREFIX}*", count=500):
         name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        rest = name[len("tl:acct:") :]
+        rest = name[len(ACCOUNT_PREFIX) :]
         if ":" in rest:
             continue
         conf = {_s(k): _s(v) for k, v in client.hgetall(name).items()}

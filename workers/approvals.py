@@ -29,191 +29,15 @@ import redis as redis_lib
 from celery import Celery
 
 from toolloop.contract import AssistantMessage, ChatMessage
-from toolloop.journal import keys, scripts
+from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 from toolloop.loop.tools import validate_input
 from toolloop.loop.types import Decision, ToolSpec
-from workers import app as celery_app
+from workers import names
+from workers.approvalscripts import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE, Settled, parse_settled
+from workers.config import send
+from workers.runs import script, send_member
 from workers.spec import RunSpec
-
-DECISIONS_MARK = "\x1eapprovals\x1e"
-"""How a segment's answer that holds decisions starts (an ask answer cannot: Client.answer refuses it)."""
-DEADLINE_REASON = "no decision before the deadline"
-
-_SETTLE = """
--- KEYS: 1 state 2 decisions 3 answers 4 events 5 outbox 6 waits-due; ARGV[1]=run id
-local RUN = ARGV[1]
-local function resume(segment, now, queue)
-  queue = queue or 'llm'
-  local next_segment = tonumber(segment) + 1
-  emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
-  local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|' .. queue
-  redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', queue, 'touched', now)
-  redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
-  redis.call('ZADD', KEYS[5], now, member)
-  redis.call('ZREM', KEYS[6], RUN)
-  return member
-end
-local function settle(now)
-  local status = redis.call('HGET', KEYS[1], 'status')
-  if status ~= 'asked' then redis.call('ZREM', KEYS[6], RUN) return {'idle'} end
-  local segment = redis.call('HGET', KEYS[1], 'segment') or '0'
-  local raw = redis.call('HGET', KEYS[1], 'approvals')
-  if raw then
-    local pending = cjson.decode(raw)
-    local decided = {}
-    local queue = false  -- the first step of the resume: the first held call the tool runs for
-    local all = true
-    local next_due = false
-    for _, p in ipairs(pending) do
-      local field = 's' .. segment .. ':' .. p.call_id
-      local d = redis.call('HGET', KEYS[2], field)
-      if d then
-        local dd = cjson.decode(d)
-        if type(dd.input_digest) == 'string' and dd.input_digest ~= p.input_digest then
-          redis.call('HDEL', KEYS[2], field)  -- an early decision on another input: the call waits
-          emit(KEYS[1], KEYS[4], segment, 'approval_refused', cjson.encode({call_id = p.call_id,
-            reason = 'the decision was made for another input (stale digest)'}))
-          d = false
-        end
-      end
-      local deadline = tonumber(p.deadline)
-      if not d and deadline and now >= deadline then
-        d = cjson.encode({action = p.default, reason = 'no decision before the deadline', actor = 'deadline'})
-        redis.call('HSET', KEYS[2], field, d)
-        emit(KEYS[1], KEYS[4], segment, 'approval_expired', cjson.encode({call_id = p.call_id,
-          name = p.name, outcome = p.default, deadline = deadline}))
-      end
-      if d then
-        decided[p.call_id] = cjson.decode(d)
-        if not queue and decided[p.call_id].action ~= 'reject' then queue = p.queue end
-      else
-        all = false
-        if deadline and (not next_due or deadline < next_due) then next_due = deadline end
-      end
-    end
-    if not all then
-      if next_due then redis.call('ZADD', KEYS[6], next_due, RUN) else redis.call('ZREM', KEYS[6], RUN) end
-      return {'waiting'}
-    end
-    if redis.call('HSETNX', KEYS[3], 's' .. segment, ARGV[2] .. cjson.encode(decided)) == 0 then
-      redis.call('ZREM', KEYS[6], RUN)
-      return {'idle'}  -- answered already (a cancel): that answer resumes the run
-    end
-    return {'resumed', resume(segment, now, queue or 'llm')}
-  end
-  local deadline = tonumber(redis.call('HGET', KEYS[1], 'ask_deadline') or '')
-  if not deadline then redis.call('ZREM', KEYS[6], RUN) return {'waiting'} end
-  if now < deadline then redis.call('ZADD', KEYS[6], deadline, RUN) return {'waiting'} end
-  local default = redis.call('HGET', KEYS[1], 'ask_default') or ''
-  redis.call('HSET', KEYS[1], 'expired_segment', segment)
-  if default ~= '' then
-    if redis.call('HSETNX', KEYS[3], 's' .. segment, default) == 0 then
-      redis.call('ZREM', KEYS[6], RUN)
-      return {'idle'}
-    end
-    emit(KEYS[1], KEYS[4], segment, 'expired', cjson.encode({what = 'ask', outcome = 'ask_default',
-      deadline = deadline}))
-    emit(KEYS[1], KEYS[4], segment, 'answered', cjson.encode({content = default}))
-    return {'resumed', resume(segment, now)}
-  end
-  redis.call('HSET', KEYS[1], 'status', 'expired', 'touched', now)
-  redis.call('HDEL', KEYS[1], 'asked', 'ask_deadline')
-  redis.call('ZREM', KEYS[6], RUN)
-  emit(KEYS[1], KEYS[4], segment, 'expired', cjson.encode({what = 'ask', outcome = 'stop',
-    deadline = deadline}))
-  emit(KEYS[1], KEYS[4], segment, 'finished', cjson.encode({stopped_by = 'expired',
-    final_text = redis.call('HGET', KEYS[1], 'final_text') or cjson.null,
-    spent_usd = tonumber(redis.call('HGET', KEYS[1], 'spent_usd') or '0'),
-    steps = tonumber(redis.call('HGET', KEYS[1], 'steps') or '0')}))
-  return {'expired'}
-end
-"""
-
-SETTLE = (
-    scripts._PRELUDE
-    + _SETTLE
-    + """
--- Apply what is due of a parked run: early decisions, expired deadlines. ARGV[2]=mark ARGV[3]=now
--- -> {'resumed', member} | {'waiting'} | {'expired'} | {'idle'}
-return settle(tonumber(ARGV[3]))
-"""
-)
-
-DECIDE_SCRIPT = (
-    scripts._PRELUDE
-    + _SETTLE
-    + """
--- Record one decision. ARGV[2]=mark ARGV[3]=now ARGV[4]=call id ARGV[5]=decision JSON
--- -> {'resumed', member} | {'recorded'} | {'kept'} | {'ignored', why} | {'refused', why}
-local now = tonumber(ARGV[3])
-local call_id = ARGV[4]
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return {'refused', 'missing'} end
-local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
-local field = 's' .. segment .. ':' .. call_id
-local d = cjson.decode(ARGV[5])
-local function earlier()
-  if segment == 0 then return false end
-  return redis.call('HGET', KEYS[2], 's' .. (segment - 1) .. ':' .. call_id)
-end
-local function late_or_dup(prior)
-  local pd = cjson.decode(prior)
-  if pd.actor == 'deadline' then
-    return {'refused', 'The deadline for call ' .. call_id .. ' passed before this decision; the call was '
-      .. 'answered with its default outcome (' .. tostring(pd.action) .. ').'}
-  end
-  return {'ignored', 'call ' .. call_id .. ' was decided already (' .. tostring(pd.action) .. ')'}
-end
-local prior = earlier()
-if prior then return late_or_dup(prior) end
-if terminal(status) then
-  prior = redis.call('HGET', KEYS[2], field)
-  if prior then return late_or_dup(prior) end
-  return {'refused', 'The run has ended (' .. status .. '); it takes no decision.'}
-end
-local raw = redis.call('HGET', KEYS[1], 'approvals')
-if status == 'asked' and raw then
-  local held = false
-  local ids = {}
-  for _, p in ipairs(cjson.decode(raw)) do
-    if p.call_id == call_id then held = p end
-    table.insert(ids, p.call_id)
-  end
-  if not held then
-    return {'refused', 'The run does not hold call ' .. call_id .. '; it waits for a decision on: '
-      .. table.concat(ids, ', ') .. '.'}
-  end
-  prior = redis.call('HGET', KEYS[2], field)
-  if not prior and tonumber(held.deadline) and now >= tonumber(held.deadline) then
-    settle(now)
-    prior = redis.call('HGET', KEYS[2], field)
-  end
-  if prior then return late_or_dup(prior) end
-  if type(d.input_digest) == 'string' and d.input_digest ~= held.input_digest then
-    return {'refused', 'The decision on call ' .. call_id .. ' was made for another input (digest '
-      .. d.input_digest .. '; the held input is ' .. held.input_digest .. ').'}
-  end
-  redis.call('HSET', KEYS[2], field, ARGV[5])
-  emit(KEYS[1], KEYS[4], tostring(segment), 'approval_decided', cjson.encode({call_id = call_id,
-    name = held.name, action = d.action, actor = d.actor or cjson.null, reason = d.reason or '',
-    input = d.input or cjson.null}))
-  local settled = settle(now)
-  if settled[1] == 'resumed' then return settled end
-  return {'recorded'}
-end
-if status == 'asked' then
-  return {'refused', 'The run waits for an answer to its question, not for a decision on a call.'}
-end
-if redis.call('HSETNX', KEYS[2], field, ARGV[5]) == 0 then
-  return late_or_dup(redis.call('HGET', KEYS[2], field))
-end
-emit(KEYS[1], KEYS[4], tostring(segment), 'approval_decided', cjson.encode({call_id = call_id,
-  action = d.action, actor = d.actor or cjson.null, reason = d.reason or '', input = d.input or cjson.null,
-  early = true}))
-return {'kept'}
-"""
-)
 
 
 def _script_keys(run_id: str) -> list[str]:
@@ -241,13 +65,8 @@ def send_decision(
     decision_id = uuid.uuid4().hex
     entry = {"call_id": call_id, "decision": decision.model_dump(mode="json"), "at": time.time()}
     client.hset(keys.decide_inbox(run_id), decision_id, json.dumps(entry))
-    celery_app.send(
-        celery,
-        celery_app.DECIDE,
-        [run_id, decision_id],
-        queue="control",
-        task_id=f"{run_id}:decide:{decision_id}",
-    )
+    send(celery, names.DECIDE, [run_id, decision_id], queue=names.CONTROL,
+         task_id=names.decide_task_id(run_id, decision_id))  # fmt: skip
     reply: Any = blocking.blpop([keys.decided(run_id, decision_id)], timeout=max(1, round(wait_s)))
     if reply is None:
         raise TimeoutError(
@@ -275,15 +94,16 @@ def apply(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str
     decision = Decision.model_validate(entry["decision"])
     try:
         decision = checked_edit(client, run_id, call_id, decision, tools)
-        result = _run_script(client, DECIDE_SCRIPT, run_id, [call_id, decision.model_dump_json()])
+        result = parse_settled(
+            _run_script(client, DECIDE_SCRIPT, run_id, [call_id, decision.model_dump_json()])
+        )
     except ApprovalError as error:
-        result = ["refused", str(error)]
-    outcome = str(result[0])
-    if outcome == "resumed":
-        _send_member(client, celery, run_id, str(result[1]))
-    why = str(result[1]) if len(result) > 1 and outcome != "resumed" else ""
+        result = Settled("refused", why=str(error))
+    outcome = result.what
+    if result.member is not None:
+        _send_member(client, celery, run_id, result.member)
     pipe = client.pipeline(transaction=True)
-    pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{why}")
+    pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{result.why}")
     pipe.expire(keys.decided(run_id, decision_id), 300)
     pipe.hdel(keys.decide_inbox(run_id), decision_id)
     pipe.execute()
@@ -334,10 +154,10 @@ def held_name(client: redis_lib.Redis, run_id: str, call_id: str) -> str | None:
 
 def settle(client: redis_lib.Redis, celery: Celery, run_id: str) -> str:
     """Apply early decisions and passed deadlines of a parked run; resume it when that decides it."""
-    result = _run_script(client, SETTLE, run_id, [])
-    if result[0] == "resumed":
-        _send_member(client, celery, run_id, str(result[1]))
-    return str(result[0])
+    result = parse_settled(_run_script(client, SETTLE, run_id, []))
+    if result.member is not None:
+        _send_member(client, celery, run_id, result.member)
+    return result.what
 
 
 def sweep_due(client: redis_lib.Redis, celery: Celery) -> int:
@@ -349,8 +169,6 @@ def sweep_due(client: redis_lib.Redis, celery: Celery) -> int:
 
 
 def _run_script(client: redis_lib.Redis, source: str, run_id: str, args: list[str]) -> list[Any]:
-    from workers.runs import script
-
     result: list[Any] = script(client, source)(
         keys=_script_keys(run_id), args=[run_id, DECISIONS_MARK, time.time(), *args]
     )
@@ -358,8 +176,6 @@ def _run_script(client: redis_lib.Redis, source: str, run_id: str, args: list[st
 
 
 def _send_member(client: redis_lib.Redis, celery: Celery, run_id: str, member: str) -> None:
-    from workers.runs import send_member
-
     client.zadd(keys.LIVE_RUNS, {run_id: time.time()})
     send_member(client, celery, run_id, member)
 
@@ -397,7 +213,7 @@ def pending_approvals(
             timeout = spec.approval_timeout_s
         deadline = None if timeout is None else now + timeout
         default = tool.approval_default if tool else "reject"
-        queue = (tool.queue if tool else None) or "tools"
+        queue = (tool.queue if tool else None) or names.TOOLS
         held.append({**approval.model_dump(mode="json"), "deadline": deadline, "default": default,
                      "queue": queue})  # fmt: skip
     return held

@@ -68,7 +68,7 @@ class Client:
     def celery(self) -> Celery:
         """A Celery app on the same Redis (for `control.inspect` and the like), made when first read:
         the client's own calls need none."""
-        from workers.app import make_app
+        from workers.config import make_app
 
         return make_app(self.settings)
 

@@ -38,27 +38,22 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import click
 import redis as redis_lib
-import redis.asyncio as aredis
-from celery import bootsteps
-from celery.worker.control import Panel, control_command, inspect_command
-from kombu import Queue  # type: ignore[attr-defined]
 
 from toolloop.journal import keys as tl_keys
-from workers import runtime, wire
+from workers import advance, names, wire
 from workers.errors import OOM_HINT, REDIS_LOST, failure_repr
+from workers.kombu_redis import KombuRedisQueue
 from workers.live import Begun
+from workers.process import WorkerProcess
+from workers.queue import Claimed, StepQueue
 
 log = logging.getLogger("toolloop.workers")
 
-STEP_QUEUES = ("llm", "tools", "control")
-"""The queues a worker gives its step consumer unless told otherwise (--step-queues)."""
 _CLAIM_MAX = 256
 _BLOCK_S = 1.0
 _OOM_PAUSE_S = 1.0
@@ -70,7 +65,15 @@ REJECTED = tl_keys.REJECTED
 class StepConsumer:
     """Runs the tasks of `queues` on the process loop, at most `capacity` at once."""
 
-    def __init__(self, queues: list[str], capacity: int, hostname: str) -> None:
+    def __init__(
+        self,
+        process: WorkerProcess,
+        queues: list[str],
+        capacity: int,
+        hostname: str,
+        transport: StepQueue | None = None,
+    ) -> None:
+        self.process = process
         self.queues = list(dict.fromkeys(queues))
         self.capacity = capacity
         self.hostname = hostname
@@ -82,8 +85,12 @@ class StepConsumer:
         (read from Celery's consumer thread: it copies the dict, never iterates it live)."""
         self.room: asyncio.Event | None = None
         self.main: asyncio.Future[None] | None = None
-        self.wake_key = f"toolloop:wake:{hostname}"
+        self.wake_key = names.wake_key(hostname)
         """A list only this consumer waits on, beside its queues: a push ends its BRPOP at once."""
+        self.transport: StepQueue = transport or KombuRedisQueue(
+            process.batch, process.async_client, self.wake_key, process.settings.max_task_bytes, _BLOCK_S
+        )
+        """Where the messages come from and go back to (workers/queue.py); the consumer schedules."""
 
     @contextlib.asynccontextmanager
     async def lend(self) -> AsyncIterator[None]:
@@ -101,12 +108,12 @@ class StepConsumer:
     # -- from the worker's threads ----------------------------------------------------------------
 
     def start(self) -> None:
-        self.main = asyncio.run_coroutine_threadsafe(self._consume(), runtime.loop())  # type: ignore[assignment]
+        self.main = asyncio.run_coroutine_threadsafe(self._consume(), self.process.start_loop())  # type: ignore[assignment]
         log.info("step consumer: queues %s, up to %d steps at once", ",".join(self.queues), self.capacity)
 
     def stop(self, timeout: float) -> None:
         """Stop taking steps; wait up to `timeout` s for running ones, then put the rest back."""
-        future = asyncio.run_coroutine_threadsafe(self._shutdown(timeout), runtime.loop())
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(timeout), self.process.start_loop())
         future.result(timeout=timeout + 30)
 
     def add_queue(self, queue: str) -> None:
@@ -120,8 +127,8 @@ class StepConsumer:
             self._wake()
 
     def _wake(self) -> None:
-        """End a BRPOP that waits on the old queue list (thread-safe)."""
-        runtime.loop().call_soon_threadsafe(lambda: runtime.batch().send("LPUSH", self.wake_key, "1"))
+        """End a claim that waits on the old queue list (thread-safe)."""
+        self.process.start_loop().call_soon_threadsafe(self.transport.wake)
 
     # -- on the loop ------------------------------------------------------------------------------
 
@@ -129,13 +136,12 @@ class StepConsumer:
         """Every TOOLLOOP_RESTORE_INTERVAL s, put back on their queues the messages delivered longer
         than TOOLLOOP_VISIBILITY_TIMEOUT ago and never acked (a dead consumer's), as kombu does in a
         Celery consumer: a worker whose every queue is a step queue has no Celery consumer doing it."""
-        settings = runtime.settings
+        settings = self.process.settings
         while not self.stopping:
             await asyncio.sleep(settings.restore_interval)
             try:
-                ceiling = time.time() - settings.visibility_timeout
-                restored = await runtime.batch().script(
-                    wire.RESTORE_VISIBLE, [wire.UNACKED, wire.UNACKED_INDEX], [ceiling, 100]
+                restored = await self.transport.restore_visible(
+                    time.time() - settings.visibility_timeout, 100
                 )
                 if restored:
                     log.warning(
@@ -148,25 +154,13 @@ class StepConsumer:
     async def _consume(self) -> None:
         asyncio.get_running_loop().create_task(self._restore_visible())
         self.room = asyncio.Event()
-        blocking = runtime.async_client()
-        batch = runtime.batch()
         while not self.stopping:
             if self.free <= 0:
                 self.room.clear()
                 await self.room.wait()
                 continue
-            keys = wire.queue_keys(self.queues)
-            if not keys:
-                await asyncio.sleep(0.5)
-                continue
             try:
-                got = wire.claimed(await batch.script(
-                    wire.CLAIM,
-                    [wire.UNACKED, wire.UNACKED_INDEX, *keys],
-                    [min(self.free, _CLAIM_MAX), time.time(), runtime.settings.max_task_bytes],
-                ))  # fmt: skip
-                if not got:
-                    got = await self._wait_for_one(blocking, keys)
+                got = await self.transport.claim(list(self.queues), min(self.free, _CLAIM_MAX))
             except (OSError, redis_lib.RedisError) as error:
                 log.warning("step consumer: Redis unreachable (%s); retrying in 1 s", error)
                 await asyncio.sleep(1.0)
@@ -181,35 +175,18 @@ class StepConsumer:
                 except Exception as error:  # a bug in dispatch must not strand the rest of the batch
                     log.exception("step consumer: a message on %r could not be dispatched", one.queue)
                     self.reject(one, f"dispatch failed: {type(error).__name__}")
-        await blocking.aclose()
-        await runtime.batch().call("DEL", self.wake_key)
-
-    async def _wait_for_one(self, blocking: aredis.Redis, keys: list[str]) -> list[wire.Claimed]:
-        """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
-        after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
-        item = await blocking.brpop([*keys, self.wake_key], timeout=_BLOCK_S)
-        if not item or item[0] == self.wake_key:
-            return []
-        queue, raw = str(item[0]).split("\x06\x16")[0], str(item[1])  # the client decodes: both str
-        if len(raw) > runtime.settings.max_task_bytes:
-            return [wire.Claimed(queue, raw, "")]
-        try:
-            tag = wire.parse(raw).tag
-        except wire.BadMessage:
-            return [wire.Claimed(queue, raw, "")]
-        await _record_delivered(tag, raw, queue)
-        return [wire.Claimed(queue, raw, tag)]
+        await self.transport.close()
 
     def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
         """Run a successor this process just produced here, without the round trip through its
-        queue: it is recorded as delivered to this consumer (kombu's `unacked`, as CLAIM does) and
+        queue: it is recorded as delivered to this consumer (`StepQueue.record`, as a claim does) and
         started at once. Only for a queue this consumer takes, while it has room and is not
         stopping; None otherwise (the caller pushes it on its queue). A crash before the record
         lands leaves the successor in the run's outbox, which the sweeper sends again. The future
         is the record's write (the kill-point suite waits for it)."""
         if self.stopping or self.free <= 1 or queue not in self.queues:
             return None
-        recorded = _record_delivered(delivery.tag, delivery.raw, queue)
+        recorded = self.transport.record(queue, delivery)
         self._start(queue, delivery)
         return recorded
 
@@ -225,8 +202,8 @@ class StepConsumer:
         shutdown puts it back on its queue like any running step."""
         self._start(queue, delivery, begun)
 
-    def _dispatch(self, one: wire.Claimed) -> None:
-        reason = wire.problem(one.raw, runtime.settings.max_task_bytes)
+    def _dispatch(self, one: Claimed) -> None:
+        reason = wire.problem(one.raw, self.process.settings.max_task_bytes)
         if reason is not None:
             self.reject(one, reason)
             return
@@ -238,23 +215,17 @@ class StepConsumer:
             return
         self._start(one.queue, delivery)
 
-    def reject(self, one: wire.Claimed, reason: str) -> None:
+    def reject(self, one: Claimed, reason: str) -> None:
         """Move a message that is not a valid toolloop task to the rejected list, with a log line."""
         log.error(
             "step consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
             "  Only toolloop tasks belong on toolloop queues; inspect it with "
             "`redis-cli LRANGE %s 0 9`.", one.queue, reason, REJECTED, REJECTED,
         )  # fmt: skip
-        batch = runtime.batch()
+        batch = self.process.batch
         batch.send("LPUSH", REJECTED, wire.rejected_entry(one.queue, one.raw, reason, self.hostname))
         batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
-        self._forget(one.tag)  # CLAIM recorded it as delivered: forget it, or it would come back
-
-    def _forget(self, tag: str) -> None:
-        if tag:
-            batch = runtime.batch()
-            batch.send("ZREM", wire.UNACKED_INDEX, tag)
-            batch.send("HDEL", wire.UNACKED, tag)
+        self.transport.ack(one.tag)  # the claim recorded it as delivered: forget it, or it comes back
 
     def _start(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         self.free -= 1
@@ -263,7 +234,7 @@ class StepConsumer:
         self.in_flight[delivery.tag] = (queue, delivery, time.time())
 
     async def _handle(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
-        events = runtime.events(self.hostname)
+        events = self.process.events(self.hostname)
         task_id = delivery.task_id
         events.send("task-received", {
             "uuid": task_id, "name": delivery.name, "args": delivery.argsrepr, "kwargs": delivery.kwargsrepr,
@@ -314,23 +285,18 @@ class StepConsumer:
                 self.room.set()
 
     async def _run(self, delivery: wire.Delivery, begun: Begun | None = None) -> Any:
-        from workers import advance  # not at import: workers.app installs this module
-        from workers.app import ADVANCE, app
-
-        if delivery.name == ADVANCE:
+        if delivery.name == names.ADVANCE:
             run_id, n = delivery.args
             step = advance.Task(delivery.task_id, self.hostname)
-            return await advance.advance(str(run_id), int(n), step, begun)
+            return await advance.advance(self.process, str(run_id), int(n), step, begun)
 
-        task = app.tasks.get(delivery.name)
+        task = self.process.celery.tasks.get(delivery.name)
         if task is None:
             raise LookupError(f"no task named {delivery.name!r} is registered in workers.app")
         return await asyncio.to_thread(task, *delivery.args, **delivery.kwargs)
 
     def _ack(self, delivery: wire.Delivery) -> None:
-        batch = runtime.batch()
-        batch.send("ZREM", wire.UNACKED_INDEX, delivery.tag)
-        batch.send("HDEL", wire.UNACKED, delivery.tag)
+        self.transport.ack(delivery.tag)
 
     async def _restore(self, queue: str, delivery: wire.Delivery, why: str) -> None:
         """Put the message back on its queue now (retried while Redis is away); if that never
@@ -338,9 +304,7 @@ class StepConsumer:
         log.warning("step %s goes back on queue %r: %s", delivery.task_id, queue, why)
         for attempt in range(30):
             try:
-                await runtime.batch().script(
-                    wire.RESTORE, [wire.UNACKED, wire.UNACKED_INDEX, queue], [delivery.tag, delivery.raw]
-                )
+                await self.transport.restore(queue, delivery)
                 return
             except (OSError, redis_lib.RedisError) as error:
                 if attempt == 29 or self.stopping:
@@ -351,7 +315,7 @@ class StepConsumer:
 
     async def _shutdown(self, timeout: float) -> None:
         self.stopping = True
-        runtime.batch().send("LPUSH", self.wake_key, "1")
+        self.transport.wake()
         if self.room is not None:
             self.room.set()
         running = list(self.running.values())
@@ -364,205 +328,3 @@ class StepConsumer:
                 await asyncio.wait(pending, timeout=10)
         if self.main is not None:
             await asyncio.wait_for(asyncio.wrap_future(self.main), _BLOCK_S + 5)
-
-
-# -- in the Celery worker -------------------------------------------------------------------------
-
-_current: StepConsumer | None = None
-
-
-def hand_off(queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
-    """`StepConsumer.hand_off` of this process's step consumer (None when it has none)."""
-    return None if _current is None else _current.hand_off(queue, delivery)
-
-
-def current() -> StepConsumer | None:
-    """This process's step consumer, when it runs one."""
-    return _current
-
-
-def _record_delivered(tag: str, raw: str, queue: str) -> asyncio.Future[Any]:
-    """Record a message taken off its queue as delivered (kombu's `unacked` and its index), in the
-    process's next batch; the future resolves once both writes landed."""
-    batch = runtime.batch()
-    index = batch.call("ZADD", wire.UNACKED_INDEX, time.time(), tag)
-    value = batch.call("HSET", wire.UNACKED, tag, wire.unacked_value(raw, queue))
-    return asyncio.gather(index, value)
-
-
-class StepConsumerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
-    """The worker bootstep that runs a `StepConsumer` when the worker has step queues."""
-
-    label = "toolloop step consumer"
-
-    def __init__(
-        self, worker: Any, step_queues: str | None = None, steps_in_flight: int | None = None, **kw: Any
-    ) -> None:
-        super().__init__(worker, **kw)
-        from workers.settings import Settings, no_redis_message
-
-        if not Settings.from_env().redis_source:  # the rule of every entry point (find_redis_url)
-            raise RuntimeError(no_redis_message())
-        # Toolsets import from the worker's working directory, as the `toolloop` commands do, so
-        # `celery -A workers.app worker` run in a checkout serves examples.storyboard.tools as is.
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        named = step_queues if step_queues is not None else os.environ.get("TOOLLOOP_STEP_QUEUES")
-        selected = worker.app.amqp.queues
-        consumed = list(selected.consume_from or selected)
-        if named is None:  # the default: toolloop's step queues among those the worker consumes
-            self.queues = [name for name in STEP_QUEUES if name in consumed]
-        else:
-            self.queues = [q.strip() for q in named.split(",") if q.strip() and q.strip().lower() != "none"]
-        self.capacity = steps_in_flight or int(os.environ.get("TOOLLOOP_STEPS_IN_FLIGHT", "") or 500)
-        if self.capacity < 1:
-            raise ValueError(f"--steps-in-flight must be at least 1, not {self.capacity}.")
-        for name in self.queues:  # Celery's own consumer keeps the rest (the control queue), if any
-            if name in consumed:
-                selected.deselect(name)
-
-    def include_if(self, worker: Any) -> bool:
-        return bool(self.queues)
-
-    def create(self, worker: Any) -> StepConsumer:
-        global _current
-        timeout = float(worker.app.conf.worker_soft_shutdown_timeout or 30)
-        _current = _Service(self.queues, self.capacity, worker.hostname, timeout)
-        return _current
-
-
-class _Service(StepConsumer):
-    """A `StepConsumer` with the start/stop/terminate of a bootstep's object."""
-
-    def __init__(self, queues: list[str], capacity: int, hostname: str, timeout: float) -> None:
-        super().__init__(queues, capacity, hostname)
-        self.timeout = timeout
-
-    def stop(self, timeout: float | None = None) -> None:
-        super().stop(self.timeout if timeout is None else timeout)
-
-    def terminate(self) -> None:
-        super().stop(0.0)
-
-
-@control_command(args=[("queue", str)], signature="<queue>")  # type: ignore[untyped-decorator]
-def add_step_queue(state: Any, queue: str) -> dict[str, str]:
-    """Remote control: the step consumer takes tasks from `queue` too (`celery control add_step_queue`)."""
-    return _change_queue(queue, "added")
-
-
-@control_command(args=[("queue", str)], signature="<queue>")  # type: ignore[untyped-decorator]
-def cancel_step_queue(state: Any, queue: str) -> dict[str, str]:
-    """Remote control: the step consumer stops taking tasks from `queue`."""
-    return _change_queue(queue, "cancelled")
-
-
-# Celery's own `active`, `active_queues` and `revoke` know only Celery's consumer and pool: these
-# replace them (same names, same replies) and add what the step consumer holds.
-_celery_active = Panel.data["active"]
-_celery_active_queues = Panel.data["active_queues"]
-_celery_revoke = Panel.data["revoke"]
-
-
-@inspect_command(alias="dump_active")  # type: ignore[untyped-decorator]
-def active(state: Any, safe: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
-    """List of tasks currently being executed: Celery's pool's and the step consumer's steps."""
-    found: list[dict[str, Any]] = list(_celery_active(state, safe=safe, **kwargs))
-    if _current is None:
-        return found
-    for queue, delivery, started in dict(_current.in_flight).values():
-        found.append({
-            "id": delivery.task_id, "name": delivery.name,
-            "args": delivery.argsrepr if safe else delivery.args,
-            "kwargs": delivery.kwargsrepr if safe else _literal(delivery.kwargsrepr),
-            "type": delivery.name, "hostname": _current.hostname, "time_start": started,
-            "acknowledged": False, "delivery_info": {"exchange": "", "routing_key": queue,
-                                                     "priority": 0, "redelivered": None},
-            "worker_pid": os.getpid(),
-        })  # fmt: skip
-    return found
-
-
-@inspect_command()  # type: ignore[untyped-decorator]
-def active_queues(state: Any) -> list[dict[str, Any]]:
-    """List the task queues a worker is currently consuming from: Celery's consumer's and the step
-    consumer's (`llm`, `tools`, `control` by default), so Flower's broker page lists their lengths."""
-    found: list[dict[str, Any]] = list(_celery_active_queues(state))
-    if _current is None:
-        return found
-    known = {q.get("name") for q in found}
-    declared = state.app.amqp.queues
-    for name in list(_current.queues):
-        if name not in known:
-            queue = declared[name] if name in declared else Queue(name)  # type: ignore[no-untyped-call]
-            found.append(dict(queue.as_dict(recurse=True)))
-    return found
-
-
-@control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")  # type: ignore[untyped-decorator]
-def revoke(state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
-    """Revoke task by task id (or list of ids). A toolloop step's id (`<run_id>:<n>`) cancels its run
-    (as `toolloop cancel`: the step consumer never consults Celery's revoked set, so that is what a
-    revoke of a step can honour); any other id goes to Celery's own revoke."""
-    ids = [task_id] if isinstance(task_id, str) else list(task_id or [])
-    others = [one for one in ids if not _step_run(one)]
-    cancelled = [run for one in ids if (run := _step_run(one)) and _cancel_run(run)]
-    reply: Any = {"ok": f"cancelled runs {', '.join(cancelled) or 'none'} (a revoked step cancels its run)"}
-    if others:
-        reply = _celery_revoke(state, others, terminate=terminate, signal=signal, **kwargs)
-    return reply
-
-
-def _literal(text: str) -> Any:
-    import ast
-
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _step_run(task_id: str) -> str | None:
-    """The run id of a `toolloop.advance` task id (`<32 hex>:<n>`), else None."""
-    run, _, n = task_id.partition(":")
-    return run if n.isdigit() and len(run) == 32 and all(c in "0123456789abcdef" for c in run) else None
-
-
-def _cancel_run(run_id: str) -> bool:
-    """Cancel a run as `Client.cancel` does (idempotent: every worker gets a broadcast revoke)."""
-    from toolloop.journal import scripts
-    from workers import runs
-    from workers.app import CANCEL, app, send
-    from workers.records import FINAL
-
-    client = runtime.redis()
-    status = runs.script(client, scripts.RUN_CANCEL)(
-        keys=[tl_keys.state(run_id)], args=[tl_keys.CANCEL_CHANNEL, run_id]
-    )
-    if status is None or status in FINAL:
-        return False
-    send(app, CANCEL, [run_id], queue="control", task_id=f"{run_id}:cancel")
-    log.warning("run %s cancelled: a step of it was revoked (celery control revoke)", run_id)
-    return True
-
-
-def _change_queue(queue: str, change: str) -> dict[str, str]:
-    if _current is None:
-        return {"error": "this worker has no step consumer (start it with --step-queues)"}
-    (_current.add_queue if change == "added" else _current.cancel_queue)(queue)
-    return {"ok": f"step queue {queue!r} {change}"}
-
-
-def install(app: Any) -> None:
-    """Give `app`'s worker the --step-queues and --steps-in-flight options and the bootstep."""
-    app.user_options["worker"].add(click.Option(
-        ["--step-queues"], default=None,
-        help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop (env "
-             "TOOLLOOP_STEP_QUEUES; default: llm,tools,control when -Q has them; none: every queue through "
-             "Celery's pool).",
-    ))  # fmt: skip
-    app.user_options["worker"].add(click.Option(
-        ["--steps-in-flight"], type=int, default=None,
-        help="Most steps the step consumer runs at once (env TOOLLOOP_STEPS_IN_FLIGHT, default 500).",
-    ))  # fmt: skip
-    app.steps["worker"].add(StepConsumerStep)

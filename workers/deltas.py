@@ -34,10 +34,11 @@ from typing import Any
 
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.deltas import takes_on_delta
-from toolloop.journal import keys, scripts
+from toolloop.journal import keys
 from toolloop.loop.tools import call
-from workers.killpoints import kill_point
+from workers.hooks import NO_HOOKS, Hooks
 from workers.redisio import Batch
+from workers.scripts.deltas import DELTA_FLUSH
 
 log = logging.getLogger("toolloop.workers")
 
@@ -46,7 +47,7 @@ INTERVAL = 0.05
 
 ON_DELTA: contextvars.ContextVar[OnDelta | None] = contextvars.ContextVar("toolloop_on_delta", default=None)
 """The `on_delta` of the model call running in this task (set by `streaming`, read by the worker's
-innermost generate, runtime.generate_for): the rate-limit, account and metrics wrappers between
+innermost generate, WorkerProcess.generate_for): the rate-limit, account and metrics wrappers between
 them stay as they are."""
 
 Generate = Callable[[PromptGenRequest, Any], Any]
@@ -114,14 +115,15 @@ def streamed_from(prompt_gen: Any, provider: str | None, fallback: list[str]) ->
 class DeltaStream:
     """One run's deltas, kept with its loop across the steps this process runs (`bind` each step)."""
 
-    __slots__ = ("attempt", "backed", "batch", "keep", "last", "parts", "redo", "run_id", "segment",
-                 "step", "thinking", "timer", "token", "writes")  # fmt: skip
+    __slots__ = ("attempt", "backed", "batch", "hooks", "keep", "last", "parts", "redo", "run_id",
+                 "segment", "step", "thinking", "timer", "token", "writes")  # fmt: skip
 
     def __init__(self, run_id: str, keep: Callable[[Any], Any]) -> None:
         self.run_id = run_id
         self.keep = keep
         """Where the other events go (the loop's event list)."""
         self.batch: Batch | None = None
+        self.hooks: Hooks = NO_HOOKS
         self.token = 0
         self.attempt = "0"
         self.redo = 0
@@ -141,9 +143,10 @@ class DeltaStream:
         """The run's delta stream when its spec says `stream`, else None (nothing changes)."""
         return cls(run_id, keep) if stream else None
 
-    def bind(self, batch: Batch, token: int, segment: int) -> None:
-        """The step (attempt) that runs the loop now: its batch, fencing token and segment."""
-        self.batch, self.token, self.segment = batch, token, segment
+    def bind(self, batch: Batch, token: int, segment: int, hooks: Hooks = NO_HOOKS) -> None:
+        """The step (attempt) that runs the loop now: its batch, fencing token, segment, and the
+        process's hooks (the point `stream:write`)."""
+        self.batch, self.token, self.segment, self.hooks = batch, token, segment, hooks
         self.attempt, self.redo, self.backed, self.last = str(token), 0, "", -1.0
         self.writes = 0
         """Delta writes of this step (the kill point `stream:write` counts them)."""
@@ -215,9 +218,9 @@ class DeltaStream:
             return
         r = self.run_id
         self.writes += 1
-        kill_point("stream:write", run=r, key=f"s{self.segment}/model:{self.step}", write=self.writes)
+        self.hooks.point("stream:write", run=r, key=f"s{self.segment}/model:{self.step}", write=self.writes)
         written = self.batch.script(
-            scripts.DELTA_FLUSH,
+            DELTA_FLUSH,
             [keys.state(r), keys.fence(r), keys.events(r)],
             [self.token, self.attempt, self.segment, self.step, text, "1" if self.thinking else ""],
         )
@@ -229,7 +232,7 @@ class DeltaStream:
             log.warning("run %s: deltas of step %s not written: %s", self.run_id, self.step, error)
 
 
-def bind(stream: DeltaStream | None, batch: Batch, token: int, segment: int) -> None:
+def bind(stream: DeltaStream | None, batch: Batch, token: int, segment: int, hooks: Hooks = NO_HOOKS) -> None:
     """`stream.bind(...)` for a run that streams; nothing for one that does not."""
     if stream is not None:
-        stream.bind(batch, token, segment)
+        stream.bind(batch, token, segment, hooks)

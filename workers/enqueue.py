@@ -27,7 +27,8 @@ from toolloop.contract import CHAT_MESSAGES
 from toolloop.journal import keys
 from workers import limits, toolsets, tracing
 from workers.errors import EnqueueError
-from workers.ops import ADVANCE, Eval, Lua, Sender
+from workers.names import ADVANCE
+from workers.ops import Eval, Lua, Sender
 from workers.settings import Settings
 from workers.spec import RunSpec
 

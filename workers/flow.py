@@ -27,7 +27,8 @@ from toolloop.loop.tools import as_output, call
 from toolloop.loop.types import ToolSpec
 from toolloop.providers.common import estimate_input_tokens
 from toolloop.providers.http import observe_responses, race
-from workers import accounts, consumer, ratelimit, runtime
+from workers import accounts, ratelimit
+from workers.process import WorkerProcess
 from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
@@ -35,10 +36,10 @@ log = logging.getLogger("toolloop.workers")
 Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 
 
-def wrap_generate(generate: Generate, spec: RunSpec) -> Generate:
+def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> Generate:
     """`generate` under the worker's rate limits and the run's account (as is when neither applies)."""
-    provider = str(spec.provider or getattr(runtime.prompt_gen(), "default_provider", "anthropic"))
-    config = runtime.settings.rate_limits
+    provider = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
+    config = process.settings.rate_limits
     if spec.account is None and not config.get(provider):
         return generate
 
@@ -53,7 +54,9 @@ def wrap_generate(generate: Generate, spec: RunSpec) -> Generate:
             nonlocal reservation
             if spec.account is None:
                 return request
-            reservation, verdict = await reserve(spec.account, _estimate(request, provider), signal)
+            reservation, verdict = await reserve(
+                process, spec.account, _estimate(process, request, provider), signal
+            )
             if verdict.verdict == "finish" and spec.finish_note:
                 return _with_note(request, spec.finish_note)
             return request
@@ -63,17 +66,17 @@ def wrap_generate(generate: Generate, spec: RunSpec) -> Generate:
             if limits is None:
                 result = await generate(await reserved(), signal)
             else:
-                result = await _limited(generate, request, reserved, signal, provider, model, limits)
+                result = await _limited(process, generate, request, reserved, signal, provider, model, limits)
             cost = result.cost_usd
             return result
         finally:
             if reservation is not None:
-                settle(spec.account or "", reservation, cost)
+                settle(process, spec.account or "", reservation, cost)
 
     return flowing
 
 
-def wrap_tools(tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
+def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
     """The run's tools, each one-phase tool reserving its estimate (`estimate_usd`, else 0) from the
     run's account before it runs and settling its output's cost after."""
     account = spec.account
@@ -87,47 +90,49 @@ def wrap_tools(tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
 
         async def reserved_run(checked: Any, signal: AbortSignal) -> Any:
             estimate = float(await call(estimate_usd, checked)) if estimate_usd is not None else 0.0
-            reservation, _ = await reserve(account, estimate, signal)
+            reservation, _ = await reserve(process, account, estimate, signal)
             cost = 0.0
             try:
                 returned = await call(run, checked, signal)
                 cost = as_output(returned, tool.name).cost_usd
                 return returned
             finally:
-                settle(account, reservation, cost)
+                settle(process, account, reservation, cost)
 
         return tool.model_copy(update={"run": reserved_run})
 
     return [wrapped(tool) for tool in tools]
 
 
-async def reserve(account: str, usd: float, signal: AbortSignal) -> tuple[str, accounts.Verdict]:
+async def reserve(
+    process: WorkerProcess, account: str, usd: float, signal: AbortSignal
+) -> tuple[str, accounts.Verdict]:
     """Reserve `usd` from `account` for a lease; raise the loop's budget stop past its limit. While
     it fits only once reservations in flight settle, wait (the step's slot lent meanwhile)."""
     reservation = uuid.uuid4().hex
     while True:
-        reply = await runtime.batch().script(
+        reply = await process.batch.script(
             accounts.RESERVE, accounts.keys_of(account),
-            [reservation, repr(float(usd)), runtime.settings.lease_ms, *accounts.periods(time.time())],
+            [reservation, repr(float(usd)), process.settings.lease_ms, *accounts.periods(time.time())],
         )  # fmt: skip
         verdict = accounts.Verdict.of(reply)
         if verdict.verdict != "wait":
             break
-        await _wait(random.uniform(0.05, 0.25), signal)
+        await _wait(process, random.uniform(0.05, 0.25), signal)
     if verdict.verdict == "stop":
         raise BudgetStop(verdict.spent_usd + verdict.reserved_usd)
     return reservation, verdict
 
 
-def settle(account: str, reservation: str, usd: float) -> None:
-    _fire(accounts.SETTLE, accounts.keys_of(account),
+def settle(process: WorkerProcess, account: str, reservation: str, usd: float) -> None:
+    _fire(process, accounts.SETTLE, accounts.keys_of(account),
           [reservation, repr(float(usd)), *accounts.periods(time.time())])  # fmt: skip
 
 
-def _fire(source: str, keys: list[str], args: list[Any]) -> None:
+def _fire(process: WorkerProcess, source: str, keys: list[str], args: list[Any]) -> None:
     """Run a script in this turn's batch without waiting for it (a failure is logged). Not
     `Batch.send`: its writes run inside one script, where a script cannot be called."""
-    done = runtime.batch().script(source, keys, args)
+    done = process.batch.script(source, keys, args)
     done.add_done_callback(_logged)
 
 
@@ -136,8 +141,8 @@ def _logged(done: asyncio.Future[Any]) -> None:
         log.warning("flow control: a settle failed (%s); what it held frees after a lease", done.exception())
 
 
-def _estimate(request: PromptGenRequest, provider: str) -> float:
-    prompt_gen = runtime.prompt_gen()
+def _estimate(process: WorkerProcess, request: PromptGenRequest, provider: str) -> float:
+    prompt_gen = process.prompt_gen
     estimate = getattr(prompt_gen, "estimate", None)
     if estimate is None:
         return 0.0
@@ -155,6 +160,7 @@ def _with_note(request: PromptGenRequest, note: str) -> PromptGenRequest:
 
 
 async def _limited(
+    process: WorkerProcess,
     generate: Generate,
     request: PromptGenRequest,
     reserved: Callable[[], Awaitable[PromptGenRequest]],
@@ -168,15 +174,15 @@ async def _limited(
     keys = [bucket, f"{bucket}:inflight"]
     holder = uuid.uuid4().hex
     estimate = estimate_input_tokens(request)
-    batch = runtime.batch()
+    batch = process.batch
     while True:
         wait_ms, why = await batch.script(
             ratelimit.BOOK, keys,
             [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
-             runtime.settings.lease_ms],
+             process.settings.lease_ms],
         )  # fmt: skip
         if int(wait_ms) > 0:
-            await _wait(int(wait_ms) / 1000, signal)
+            await _wait(process, int(wait_ms) / 1000, signal)
         if why != "busy":
             break
 
@@ -184,7 +190,7 @@ async def _limited(
         blocked, remaining = ratelimit.lessons(status, headers, time.time())
         if blocked or remaining:
             flat = [x for pair in remaining for x in pair]
-            _fire(ratelimit.LEARN, [bucket], [int(blocked * 1000), *flat])
+            _fire(process, ratelimit.LEARN, [bucket], [int(blocked * 1000), *flat])
 
     token = observe_responses.set(learn)
     used_in, used_out = estimate, 0
@@ -196,12 +202,12 @@ async def _limited(
         return result
     finally:
         observe_responses.reset(token)
-        _fire(ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
+        _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
 
 
-async def _wait(seconds: float, signal: AbortSignal) -> None:
+async def _wait(process: WorkerProcess, seconds: float, signal: AbortSignal) -> None:
     """Sleep on the loop, the step's consumer slot lent to other steps meanwhile."""
-    steps = consumer.current()
+    steps = process.consumer
     if steps is None:
         await race(asyncio.sleep(seconds), signal)
         return

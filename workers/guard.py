@@ -7,10 +7,11 @@ reads `properties['delivery_tag']`) outside any error handler, so one message th
 whose body is not base64, raises out of the event loop: Celery logs "Unrecoverable error" and the
 worker exits; every restarted worker takes the same message and dies again.
 
-`PoisonGuard` (a consumer bootstep) replaces the channel's BRPOP handler with the same read followed
-by `wire.problem`: a message that is not a valid toolloop task goes to the rejected list
-(keys.REJECTED) with an error log line instead of reaching kombu's decoder; a valid one is delivered
-exactly as kombu would. It runs again whenever the consumer reconnects (a new channel).
+`guard_channel` (run by a consumer bootstep, workers/wiring.py) replaces the channel's BRPOP
+handler with the same read followed by `wire.problem`: a message that is not a valid toolloop task
+goes to the rejected list (keys.REJECTED) with an error log line instead of reaching kombu's
+decoder; a valid one is delivered exactly as kombu would. It runs again whenever the consumer
+reconnects (a new channel).
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import bootsteps
+import redis as redis_lib
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
 from toolloop.journal import keys
-from workers import runtime, wire
+from workers import wire
 
 log = logging.getLogger("toolloop.workers")
 
 
-def guard_channel(channel: Any, hostname: str, max_bytes: int) -> bool:
+def guard_channel(channel: Any, hostname: str, max_bytes: int, client: redis_lib.Redis) -> bool:
     """Put the guarded BRPOP read on a kombu Redis channel; False when it has no BRPOP handler."""
     handlers = getattr(channel, "handlers", None)
     if not isinstance(handlers, dict) or "BRPOP" not in handlers:
@@ -52,7 +53,7 @@ def guard_channel(channel: Any, hostname: str, max_bytes: int) -> bool:
             raw = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
             reason = wire.problem(raw, max_bytes)
             if reason is not None:
-                reject(dest, raw, reason, hostname)
+                reject(client, dest, raw, reason, hostname)
                 return True
             channel.connection._deliver(loads(raw), dest)  # type: ignore[no-untyped-call]
             return True
@@ -67,32 +68,16 @@ def guard_channel(channel: Any, hostname: str, max_bytes: int) -> bool:
     return True
 
 
-def reject(queue: str, raw: str, reason: str, hostname: str) -> None:
+def reject(client: redis_lib.Redis, queue: str, raw: str, reason: str, hostname: str) -> None:
     log.error(
         "celery consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
         "  Only toolloop tasks belong on toolloop queues; inspect it with `redis-cli LRANGE %s 0 9`.",
         queue, reason, keys.REJECTED, keys.REJECTED,
     )  # fmt: skip
     try:
-        pipe = runtime.redis().pipeline(transaction=False)
+        pipe = client.pipeline(transaction=False)
         pipe.lpush(keys.REJECTED, wire.rejected_entry(queue, raw, reason, hostname))
         pipe.ltrim(keys.REJECTED, 0, wire.REJECTED_KEEP - 1)
         pipe.execute()
     except Exception as error:  # the message is gone from its queue either way: say so
         log.error("celery consumer: could not store the rejected message (%s); it is dropped", error)
-
-
-class PoisonGuard(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
-    """Consumer bootstep: guard the task consumer's channel (see the module docstring)."""
-
-    requires = ("celery.worker.consumer.tasks:Tasks",)
-    label = "toolloop poison guard"
-
-    def start(self, c: Any) -> None:
-        channel = getattr(getattr(c, "task_consumer", None), "channel", None)
-        if channel is not None and not guard_channel(channel, c.hostname, runtime.settings.max_task_bytes):
-            log.warning("celery consumer: the broker channel has no BRPOP reader; poison guard not installed")
-
-
-def install(app: Any) -> None:
-    app.steps["consumer"].add(PoisonGuard)

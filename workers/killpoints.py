@@ -14,11 +14,12 @@ reads the plan: the first match creates `<plan>.fired/<index>` (O_EXCL), appends
 pool and its children), as an OOM kill or a machine loss would. A restarted worker reading the same
 plan skips the entries already fired, so it makes progress.
 
-Points called from `workers/` (fields `run`, and `key`, the segment/journal field of the step):
+Points of the worker's step: the hooks of workers/hooks.py. When TOOLLOOP_KILL_PLAN is set, the
+worker process installs a `KillPlan` as its hooks (the step's code is the same either way):
     advance:begin   task `n` of a run was received, before it loads the run (a step boundary)
     commit:before   the step's work returned, before the commit script
     commit:after    the commit script ran, before the successor is enqueued
-    enqueue:after   the successor was enqueued, before the task returns (and is acked)
+    enqueue:after   the successor was enqueued (its batch written), before the task returns
     answer:after    an answer was stored, before the resume is enqueued (field `run` only)
     stream:write    a streaming run queues its `write`-th delta write of a step (workers/deltas.py;
                     the writes before it reached Redis in earlier loop turns): a worker dying mid-stream
@@ -34,25 +35,26 @@ SIGCONT. The lease suite (tests/faults/test_lease_freeze.py) freezes a worker pa
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from workers.hooks import Hooks
 
 PLAN_ENV = "TOOLLOOP_KILL_PLAN"
 
-_cache: dict[str, list[dict[str, Any]]] = {}
 
-
-def _plan(path: str) -> list[dict[str, Any]]:
-    plan = _cache.get(path)
-    if plan is None:
-        with open(path, encoding="utf-8") as file:
-            plan = list(json.load(file))
-        _cache[path] = plan
-    return plan
+@functools.cache
+def _plan(path: str) -> tuple[dict[str, Any], ...]:
+    """The entries of the plan file at `path`, read once (a plan never changes while it runs)."""
+    with open(path, encoding="utf-8") as file:
+        return tuple(json.load(file))
 
 
 def _matches(entry: dict[str, Any], point: str, fields: dict[str, Any]) -> bool:
@@ -122,3 +124,26 @@ def stop_point(point: str, **fields: Any) -> None:
         # taken by another thread, and this one would run on for a moment); the whole process stops
         signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         time.sleep(0.01)
+
+
+class KillPlan(Hooks):
+    """The worker hooks of a kill plan: each point of workers/hooks.py is a kill point of the plan
+    at `path` (entries for other points are the fault suite's own: its tools and model)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def point(self, name: str, **fields: Any) -> None:
+        kill_point(name, **fields)
+
+    def sent(self, name: str, flushed: Callable[[], Awaitable[Any]], **fields: Any) -> Awaitable[None] | None:
+        if not pending(name, **fields):
+            return None
+        return self._after(flushed, name, fields)
+
+    async def _after(self, flushed: Callable[[], Awaitable[Any]], name: str, fields: dict[str, Any]) -> None:
+        # a kill after the send must follow the write: wait for the batch that carries it (a failed
+        # send is the outbox's to repair; the kill still comes)
+        with contextlib.suppress(Exception):
+            await flushed()
+        kill_point(name, **fields)

@@ -1,13 +1,15 @@
 """A run's loop kept alive across its steps in the process that runs them.
 
 `advance` runs one step of a run per task. Instead of ending `run_tool_loop` at the boundary of the
-next step, its journal pauses the loop there (`RedisJournal(pause=...)`); the step commits, and the
-paused loop is kept here. When this process runs the run's next task and the run's state shows that
-no commit came after its own (RUN_BEGIN compares the tag), the loop resumes where it paused: no load
-of the journal, no replay. Elsewhere (after a crash, a restart, another worker's step) the next step
-replays the journal instead, with the same result (the replay contract of SPEC 2.5).
+next step, its journal (workers/segment.py) pauses the loop there (`SegmentJournal(pause=...)`); the
+step commits, and the paused loop is kept here. When this process runs the run's next task and the
+run's state shows that no commit came after its own (RUN_BEGIN compares the tag), the loop resumes
+where it paused: no load of the journal, no replay. Elsewhere (after a crash, a restart, another
+worker's step) the next step replays the journal instead, with the same result (the replay contract
+of SPEC 2.5).
 
-    keep(run_id, loop) / take(run_id)   the loops paused between two tasks, oldest dropped past 4,096
+    KeptLoops                           the loops paused between two tasks (the process's, sized by
+                                        TOOLLOOP_KEPT_LOOPS; the oldest dropped past it)
     Begun                               a task its predecessor's commit began (RUN_COMMIT's go_on)
 """
 
@@ -18,15 +20,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from toolloop.abort import AbortController
-from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
 from workers.deltas import DeltaStream
-
-KEPT_MAX = 4096
+from workers.scripts.begin import Started
+from workers.segment import SegmentJournal, StepBoundary
 
 Outcome = asyncio.Future[RunToolLoopResult | StepBoundary]
 """What a step's loop came to: its end, or the boundary of the run's next step."""
@@ -55,7 +56,7 @@ class LiveLoop:
         self.controller = AbortController()
         self.events: list[LoopEvent] = []
         """Every event of the segment so far, as a replay would emit them again."""
-        self.journal: RedisJournal
+        self.journal: SegmentJournal
         self.step: StepContext
         self.task: asyncio.Task[RunToolLoopResult] | None = None
         self.outcome: Outcome | None = None
@@ -124,30 +125,59 @@ class LiveLoop:
 @dataclass(frozen=True)
 class Begun:
     """A task its predecessor's commit began (RUN_COMMIT's go_on): the lease it holds as `owner`,
-    RUN_BEGIN's 'run' reply for it, the run's loop, paused where this task goes on. (go_on runs
-    only in a fresh commit, whose step value is the one stored: the loop is where the run is.)"""
+    what RUN_BEGIN would have replied for it (`started`, nothing loaded), the run's loop, paused
+    where this task goes on. (go_on runs only in a fresh commit, whose step value is the one stored:
+    the loop is where the run is.)"""
 
     owner: str
-    reply: list[Any]
+    started: Started
     loop: LiveLoop
     sent_at: float
     """When the commit that took the lease for it was sent (time.monotonic())."""
 
 
-_kept: OrderedDict[str, LiveLoop] = OrderedDict()
-_lock = threading.Lock()
+class KeptLoops:
+    """The run loops this process keeps paused between two of their tasks, by run id, at most `size`
+    (TOOLLOOP_KEPT_LOOPS): past it the oldest is dropped (closed; its run's next step replays).
+    Owned by the process's `WorkerProcess`; a run that parks, ends or is cancelled keeps none."""
 
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"TOOLLOOP_KEPT_LOOPS must be 0 or more, not {size}.")
+        self.size = size
+        self._kept: OrderedDict[str, LiveLoop] = OrderedDict()
+        self._lock = threading.Lock()
 
-def keep(run_id: str, loop: LiveLoop) -> None:
-    """Keep `loop` for the run's next task in this process (the oldest kept loop ends past KEPT_MAX)."""
-    with _lock:
-        _kept[run_id] = loop
-        dropped = _kept.popitem(last=False)[1] if len(_kept) > KEPT_MAX else None
-    if dropped is not None:
-        dropped.close()
+    def __len__(self) -> int:
+        return len(self._kept)
 
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._kept
 
-def take(run_id: str) -> LiveLoop | None:
-    """The run's kept loop, now the caller's: it resumes it or closes it."""
-    with _lock:
-        return _kept.pop(run_id, None)
+    def keep(self, run_id: str, loop: LiveLoop) -> None:
+        """Keep `loop` for the run's next task here (the oldest kept loop ends past `size`)."""
+        dropped: list[LiveLoop] = []
+        with self._lock:
+            self._kept[run_id] = loop
+            while len(self._kept) > self.size:
+                dropped.append(self._kept.popitem(last=False)[1])
+        for one in dropped:
+            one.close()
+
+    def take(self, run_id: str) -> LiveLoop | None:
+        """The run's kept loop, now the caller's: it resumes it or closes it."""
+        with self._lock:
+            return self._kept.pop(run_id, None)
+
+    def clear(self) -> None:
+        """Close every kept loop."""
+        with self._lock:
+            loops, self._kept = list(self._kept.values()), OrderedDict()
+        for one in loops:
+            one.close()
+
+    def release(self, run_id: str) -> None:
+        """Close the run's kept loop, if any (the run parked, ended or was cancelled)."""
+        loop = self.take(run_id)
+        if loop is not None:
+            loop.close()

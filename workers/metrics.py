@@ -2,9 +2,9 @@
 --metrics-port`; unset or 0: off, and no metric is counted).
 
 Every metric lives in a registry of this process's `Metrics` (not prometheus_client's global one),
-created when the worker starts (`workers.runtime.metrics()`). What advance.py counts comes through
-its hooks (`step_began`, `work_began`, `committed` ...); the queue depths are read from Redis when
-the endpoint is scraped (one pipeline of LLEN, nothing in between scrapes).
+created when the worker starts (`WorkerProcess.metrics`, workers/process.py). What advance.py
+counts comes through its hooks (`step_began`, `work_began`, `committed` ...); the queue depths are
+read from Redis when the endpoint is scraped (one pipeline of LLEN, nothing in between scrapes).
 
     toolloop_steps_started_total{kind,queue}     a step's live work began (kind: model, tool)
     toolloop_steps_committed_total{kind,queue}   a step's value was committed
@@ -42,7 +42,6 @@ from toolloop.loop.types import LoopEvent, ModelEvent
 
 log = logging.getLogger("toolloop.workers")
 
-STEP_QUEUES = ("llm", "tools", "control")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 
 

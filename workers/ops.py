@@ -33,21 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from toolloop.contract import CHAT_MESSAGES, ChatMessage
-from toolloop.journal import keys, scripts
+from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError, DeadlineError
 from toolloop.loop.types import Decision
 from workers import wire
+from workers.approvalscripts import DECISIONS_MARK
 from workers.errors import RunNotFoundError, RunStateError
+from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE
 from workers.records import FINAL, STREAM_KINDS, RunEventRecord, RunStatus
+from workers.scripts.control import RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry
 
 T = TypeVar("T")
 
-# The task names and queues of workers/app.py (not imported: it builds the worker's Celery app).
-ADVANCE = "toolloop.advance"
-ANSWER = "toolloop.answer"
-CANCEL = "toolloop.cancel"
-DECIDE = "toolloop.decide"
-DECISIONS_MARK = "\x1eapprovals\x1e"  # workers.approvals.DECISIONS_MARK
 _TERMINAL_EVENTS = frozenset({"finished", "failed"})
 
 
@@ -103,8 +100,8 @@ Request = Call | Batch | Eval | Sleep
 Op = Generator[Request, Any, T]
 Stream = Generator[Request | Emit, Any, None]
 
-CANCEL_SCRIPT = Lua.of(scripts.RUN_CANCEL)
-RETRY_SCRIPT = Lua.of(scripts.RUN_RETRY)
+CANCEL_SCRIPT = Lua.of(RUN_CANCEL)
+RETRY_SCRIPT = Lua.of(RUN_RETRY)
 
 
 @dataclass
@@ -266,7 +263,7 @@ def decide(sender: Sender, run_id: str, call_id: str, decision: Decision, wait_s
 
 
 def cancel(sender: Sender, run_id: str) -> Op[None]:
-    found = yield Eval(CANCEL_SCRIPT, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id])
+    found = parse_cancel((yield Eval(CANCEL_SCRIPT, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id])))
     if found is None:
         raise RunNotFoundError(run_id)
     if found in FINAL:
@@ -282,21 +279,21 @@ def retry(sender: Sender, run_id: str) -> Op[None]:
     stored, segment = yield Batch([("GET", keys.spec(run_id)), ("HGET", keys.state(run_id), "segment")])
     spec = json.loads(stored or "{}")
     queued = {name: spec.get(name) for name in ("model", "toolset", "budget_usd")} | {"retry": True}
-    result = yield Eval(
+    result = parse_retry((yield Eval(
         RETRY_SCRIPT,
         [keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
         [time.time(), json.dumps(queued)],
-    )
-    if result[0] != "queued":
-        if result[1] == "missing":
+    )))  # fmt: skip
+    if result.member is None:
+        if result.refused == "missing":
             raise RunNotFoundError(run_id)
         raise RunStateError(
-            f"Run {run_id!r} is {result[1]!r}; only a failed run can be retried.\n"
+            f"Run {run_id!r} is {result.refused!r}; only a failed run can be retried.\n"
             "  Wait for it to end, or enqueue a new run."
         )
     persist = [("PERSIST", key) for key in keys.run_keys(run_id, int(segment or 0))]
     yield Batch([("ZADD", keys.LIVE_RUNS, time.time(), run_id), *persist, ("ZREM", keys.ENDED_RUNS, run_id),
-                 *sender.member(run_id, str(result[1]))])  # fmt: skip
+                 *sender.member(run_id, result.member)])  # fmt: skip
 
 
 def add_spend(run_id: str, usd: float) -> Op[float]:

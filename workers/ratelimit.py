@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.names import RATE_PREFIX
+
 ENV = "TOOLLOOP_RATE_LIMITS"
 
 KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "fal": "FAL_KEY", "openai": "OPENAI_API_KEY"}
@@ -127,7 +129,7 @@ def key_hash(provider: str, limits: Limits, env: dict[str, str] | None = None) -
 
 
 def bucket_key(hashed: str, model: str) -> str:
-    return f"tl:rl:{hashed}:{model}"
+    return f"{RATE_PREFIX}{hashed}:{model}"
 
 
 BOOK = """

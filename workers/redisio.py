@@ -62,7 +62,10 @@ _SEND_MANY_SHA = hashlib.sha1(SEND_MANY.encode()).hexdigest()
 class PackedConnection(aredis.Connection):
     """redis-py's asyncio TCP connection, packing commands with `hiredis.pack_command` (C), as
     redis-py's sync client does when hiredis is installed. Arguments are what redis-py accepts of
-    them here: str (UTF-8), bytes, int and float."""
+    them here: str (UTF-8), bytes, int and float. Its asyncio connection has no packer to plug in
+    (the sync one takes `command_packer`), so this overrides `pack_command` / `pack_commands`:
+    redis-py is pinned below its next minor, and tests/unit/test_redis_packing.py checks the bytes
+    against redis-py's own packer and that redis-py still sends through these two methods."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         if isinstance(args[0], str) and " " in args[0]:  # "CLIENT SETNAME": two arguments, as redis-py

@@ -1,7 +1,7 @@
 """Run lifecycle in Redis: create, answer, cancel, retry, the outbox and the sweeper.
 
 A run moves queued -> running -> (asked -> queued -> running ...) -> done | budget | steps | cancel
-| failed; every transition is one Lua script (toolloop/journal/scripts.py) so two workers, a late
+| failed; every transition is one Lua script (workers/scripts/) so two workers, a late
 answer and a duplicate task never see half a transition. A successor task is first recorded in the
 run's outbox (inside the script that decides it), then sent; it leaves the outbox when that task
 begins (RUN_BEGIN). The sweeper re-sends what stayed recorded longer than TOOLLOOP_OUTBOX_AGE, so
@@ -21,27 +21,26 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
-from toolloop.journal import keys, scripts
-from workers import tracing
-from workers.app import ADVANCE, ANSWER, send
+from toolloop.journal import keys
+from workers import names, tracing
+from workers.config import send
 from workers.enqueue import run_id_for
-from workers.killpoints import kill_point
+from workers.hooks import NO_HOOKS, Hooks
+from workers.names import ADVANCE, ANSWER
 from workers.records import FINAL
+from workers.scripts.commit import CANCEL_TEXT
+from workers.scripts.control import INDEX_DROP, RUN_ANSWER, parse_answer
 from workers.settings import Settings
 from workers.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
 
-CANCEL_ANSWER = "Not run: cancel."
-_scripts: dict[tuple[int, str], Any] = {}
+CANCEL_ANSWER = CANCEL_TEXT
 
 
 def script(client: redis_lib.Redis, source: str) -> Any:
-    """The registered script for `source` on `client` (EVALSHA, reloaded when Redis lost it)."""
-    found = _scripts.get((id(client), source))
-    if found is None:
-        found = _scripts[(id(client), source)] = client.register_script(source)
-    return found
+    """The script `source` on `client` (EVALSHA, loaded again when Redis lost it)."""
+    return client.register_script(source)
 
 
 RUN_CREATE = """
@@ -98,12 +97,12 @@ def send_member(
     (RUN_BEGIN clears it: no extra round trip here), so the sweeper sends again a message that was
     lost, or that failed to send (then this returns False). Inside a `producer.batch()` the send
     happens when the batch flushes (its failure is the caller's to log)."""
-    n, _, queue = member.partition("|")
-    label = "model" if queue == "llm" else "tool"  # the outbox keeps no more than the queue
-    if n == "1":
+    n, queue = names.parse_member(member)
+    label = "model" if queue == names.LLM else "tool"  # the outbox keeps no more than the queue
+    if n == 1:
         label = "model 1"
     try:
-        send(celery, ADVANCE, [run_id, int(n)], queue=queue, task_id=f"{run_id}:{n}", producer=producer,
+        send(celery, ADVANCE, [run_id, n], queue=queue, task_id=names.step_id(run_id, n), producer=producer,
              label=label)  # fmt: skip
     except (OSError, OperationalError, redis_lib.RedisError) as error:
         log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
@@ -112,7 +111,11 @@ def send_member(
 
 
 def flush_outbox(
-    client: redis_lib.Redis, celery: Celery, run_id: str, older_than: float | None = None
+    client: redis_lib.Redis,
+    celery: Celery,
+    run_id: str,
+    older_than: float | None = None,
+    redrive_age: float | None = None,
 ) -> int:
     """Send every successor recorded for `run_id` (only those older than `older_than` s when given).
     A member sent again is dated TOOLLOOP_REDRIVE_AGE ahead, so a step that merely waits in a long
@@ -120,27 +123,29 @@ def flush_outbox(
     now = time.time()
     top = "+inf" if older_than is None else now - older_than
     members: list[str] = client.zrangebyscore(keys.outbox(run_id), "-inf", top)  # type: ignore[assignment]
-    later = now + Settings.from_env().redrive_age
+    later = now + (Settings.from_env().redrive_age if redrive_age is None else redrive_age)
     for member in members:
         if send_member(client, celery, run_id, str(member)):
             client.zadd(keys.outbox(run_id), {member: later}, xx=True)
     return len(members)
 
 
-def answer(client: redis_lib.Redis, celery: Celery, run_id: str, answer_id: str) -> str:
+def answer(
+    client: redis_lib.Redis, celery: Celery, run_id: str, answer_id: str, hooks: Hooks = NO_HOOKS
+) -> str:
     """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
     client.zadd(keys.LIVE_RUNS, {run_id: time.time()})  # first: the index stays a superset of live runs
-    result = script(client, scripts.RUN_ANSWER)(
+    result = parse_answer(script(client, RUN_ANSWER)(
         keys=[keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.events(run_id),
               keys.outbox(run_id)],
         args=[answer_id, time.time()],
-    )  # fmt: skip
-    kill_point("answer:after", run=run_id)
-    if result[0] == "resumed":
-        send_member(client, celery, run_id, str(result[1]))
-    elif result[0] == "ignored":
-        log.info("answer to run %s ignored: %s", run_id, result[1])
-    return str(result[0])
+    ))  # fmt: skip
+    hooks.point("answer:after", run=run_id)
+    if result.member is not None:
+        send_member(client, celery, run_id, result.member)
+    elif result.why is not None:
+        log.info("answer to run %s ignored: %s", run_id, result.why)
+    return result.what
 
 
 def store_answer(client: redis_lib.Redis, run_id: str, segment: int, content: str) -> str:
@@ -156,19 +161,17 @@ def store_answer(client: redis_lib.Redis, run_id: str, segment: int, content: st
     return answer_id
 
 
-def cancel(client: redis_lib.Redis, celery: Celery, run_id: str) -> str:
+def cancel(client: redis_lib.Redis, celery: Celery, run_id: str, hooks: Hooks = NO_HOOKS) -> str:
     """A parked run is answered `Not run: cancel.` and resumes into a cancel stop; a queued or running
     run was already marked (its live step is aborted, its next step stops)."""
     state: dict[str, str] = client.hgetall(keys.state(run_id))  # type: ignore[assignment]
     if state.get("status") != "asked":
         return str(state.get("status"))
     answer_id = store_answer(client, run_id, int(state["segment"]), CANCEL_ANSWER)
-    return answer(client, celery, run_id, answer_id)
+    return answer(client, celery, run_id, answer_id, hooks)
 
 
-def sweep(
-    client: redis_lib.Redis, celery: Celery | None = None, settings: Settings | None = None
-) -> dict[str, int]:
+def sweep(client: redis_lib.Redis, celery: Celery, settings: Settings | None = None) -> dict[str, int]:
     """Re-send successors recorded longer than TOOLLOOP_OUTBOX_AGE; re-drive runs with no lease and no
     recorded successor that did not move for TOOLLOOP_REDRIVE_AGE (their message was lost, or waits in
     a long queue: then the copy finds its step done and leaves); drop ended and parked runs from the
@@ -176,17 +179,11 @@ def sweep(
     the run's index score is the one read before its status, so no resume is lost).
     Re-sends the `toolloop.answer` task of an inbox answer older than TOOLLOOP_OUTBOX_AGE (its message
     was lost). Returns counts of what it did."""
-    from workers.app import app as default_app
-
-    celery = celery or default_app
     settings = settings or Settings.from_env()
-    from workers import approvals
-
     done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0}
-    done["settled"] = approvals.sweep_due(client, celery)
     now = time.time()
     live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
-    drop = script(client, scripts.INDEX_DROP)
+    drop = script(client, INDEX_DROP)
     for run_id, score in live:
         pipe = client.pipeline(transaction=False)
         pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
@@ -201,12 +198,13 @@ def sweep(
             done["ended" if status != "asked" else "parked"] += 1
             continue
         if pending:
-            done["resent"] += flush_outbox(client, celery, run_id, older_than=settings.outbox_age)
+            done["resent"] += flush_outbox(client, celery, run_id, settings.outbox_age, settings.redrive_age)
         elif status in ("queued", "running") and not leased:
             idle = now - float(touched or 0)
             if idle > settings.redrive_age:
                 next_n = int(n or 0) + 1
-                send(celery, ADVANCE, [run_id, next_n], queue=queue or "llm", task_id=f"{run_id}:{next_n}")
+                send(celery, ADVANCE, [run_id, next_n], queue=queue or names.LLM,
+                     task_id=names.step_id(run_id, next_n))  # fmt: skip
                 client.hset(keys.state(run_id), "touched", now)
                 done["redriven"] += 1
     return done
@@ -218,7 +216,8 @@ def resend_answers(celery: Celery, run_id: str, inbox: dict[str, str], before: f
     sent = 0
     for answer_id, raw in inbox.items():
         if float(json.loads(raw).get("at", 0)) < before:
-            send(celery, ANSWER, [run_id, answer_id], queue="control", task_id=f"{run_id}:answer:{answer_id}")
+            send(celery, ANSWER, [run_id, answer_id], queue=names.CONTROL,
+                 task_id=names.answer_task_id(run_id, answer_id))  # fmt: skip
             sent += 1
     return sent
 

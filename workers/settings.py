@@ -19,6 +19,9 @@ TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or 
 TOOLLOOP_METRICS_PORT        0       serve Prometheus metrics on this port (0: off; docs/operations.md)
 TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,..." (workers/toolsets.py);
                                      clients read the names only, and refuse any other
+TOOLLOOP_KEPT_LOOPS          4096    run loops a worker process keeps paused between their steps (the
+                                     oldest is dropped past it: its run's next step replays; 0: none)
+TOOLLOOP_KILL_PLAN           unset   tests only: a kill plan (workers/killpoints.py) installs its hooks
 TOOLLOOP_RETENTION           7d      how long a finished run's keys stay (s, or 30m, 12h, 7d; 0: for
                                      ever); parked and running runs never expire (`toolloop prune`)
 Limits (docs/workers.md, "What is refused"):
@@ -121,6 +124,10 @@ class Settings:
     retention: float = 7 * 86400
     """Seconds a finished run's keys stay (TOOLLOOP_RETENTION; 0: for ever)."""
     redis_source: str = "REDIS_URL"
+    kept_loops: int = 4096
+    """Run loops kept paused between their steps per process (TOOLLOOP_KEPT_LOOPS)."""
+    kill_plan: str = ""
+    """The fault suite's kill plan (TOOLLOOP_KILL_PLAN): its hooks are installed (tests only)."""
     """Where `redis_url` came from (`find_redis_url`); "" when nothing was found."""
 
     @classmethod
@@ -148,4 +155,6 @@ class Settings:
             max_task_bytes=int(_float("TOOLLOOP_MAX_TASK_BYTES", 262_144)),
             rate_limits=parse_rate_limits(os.environ.get(RATE_LIMITS_ENV, "")),
             metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0)),
+            kept_loops=int(_float("TOOLLOOP_KEPT_LOOPS", 4096)),
+            kill_plan=os.environ.get("TOOLLOOP_KILL_PLAN", "").strip(),
         )

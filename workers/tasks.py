@@ -1,7 +1,8 @@
 """The Celery tasks: thin adapters, ids in, a call into `workers.advance` / `workers.runs`.
 
-Task ids are readable: `<run_id>:<n>` for the n-th step of a run. Arguments are ids only, so no
-prompt, message or key ever appears in a broker message or in Flower.
+Task ids are readable: `<run_id>:<n>` for the n-th step of a run (workers/names.py). Arguments are
+ids only, so no prompt, message or key ever appears in a broker message or in Flower. Each task
+finds the worker's `WorkerProcess` on its app (`process_of`, attached by workers/wiring.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from celery import Task
 from celery.exceptions import Reject
 
 from workers import advance as advance_step
-from workers import approvals, runs, runtime
-from workers.app import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP, app
+from workers import approvals, runs
+from workers.app import app
 from workers.errors import OOM_HINT, REDIS_LOST, StepFailedError
+from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP
+from workers.process import process_of
 
 log = logging.getLogger("toolloop.workers")
 
@@ -24,10 +27,11 @@ log = logging.getLogger("toolloop.workers")
 @app.task(name=ADVANCE, bind=True)  # type: ignore[untyped-decorator]
 def advance(self: Task, run_id: str, n: int) -> str:
     """Run the n-th step of a run and send the next one (or finish, or park); the step runs on the
-    process's asyncio loop while this pool thread waits (workers/runtime.py)."""
+    process's asyncio loop while this pool thread waits (workers/process.py)."""
+    process = process_of(self.app)
     task = advance_step.Task(task_id=self.request.id, hostname=self.request.hostname)
     try:
-        outcome = runtime.run(advance_step.advance(run_id, int(n), task))
+        outcome = process.run(advance_step.advance(process, run_id, int(n), task))
     except REDIS_LOST as error:  # Redis or the network went away: back on the queue, not acked
         log.warning("step %s goes back on its queue: %s: %s", self.request.id, type(error).__name__, error)
         if isinstance(error, redis.exceptions.OutOfMemoryError):
@@ -39,25 +43,32 @@ def advance(self: Task, run_id: str, n: int) -> str:
     return str(outcome)
 
 
-@app.task(name=ANSWER)  # type: ignore[untyped-decorator]
-def answer(run_id: str, answer_id: str) -> str:
+@app.task(name=ANSWER, bind=True)  # type: ignore[untyped-decorator]
+def answer(self: Task, run_id: str, answer_id: str) -> str:
     """Apply an answer from the run's inbox: the first answer to a held ask wins."""
-    return runs.answer(runtime.redis(), app, run_id, answer_id)
+    process = process_of(self.app)
+    return runs.answer(process.redis, self.app, run_id, answer_id, process.hooks)
 
 
-@app.task(name=DECIDE)  # type: ignore[untyped-decorator]
-def decide(run_id: str, decision_id: str) -> str:
+@app.task(name=DECIDE, bind=True)  # type: ignore[untyped-decorator]
+def decide(self: Task, run_id: str, decision_id: str) -> str:
     """Apply a decision on a held call (approve, reject, edit): the first per call wins."""
-    return approvals.apply(runtime.redis(), app, run_id, decision_id, runtime.toolsets().for_worker)
+    process = process_of(self.app)
+    return approvals.apply(process.redis, self.app, run_id, decision_id, process.toolsets.for_worker)
 
 
-@app.task(name=CANCEL)  # type: ignore[untyped-decorator]
-def cancel(run_id: str) -> str:
+@app.task(name=CANCEL, bind=True)  # type: ignore[untyped-decorator]
+def cancel(self: Task, run_id: str) -> str:
     """Finish the cancel of a parked run (a running one stops through its abort signal)."""
-    return runs.cancel(runtime.redis(), app, run_id)
+    process = process_of(self.app)
+    return runs.cancel(process.redis, self.app, run_id, process.hooks)
 
 
-@app.task(name=SWEEP)  # type: ignore[untyped-decorator]
-def sweep() -> dict[str, int]:
-    """Re-send lost successors and re-drive stalled runs (each worker also sweeps on a timer)."""
-    return runs.sweep(runtime.redis(), app)
+@app.task(name=SWEEP, bind=True)  # type: ignore[untyped-decorator]
+def sweep(self: Task) -> dict[str, int]:
+    """Re-send lost successors and re-drive stalled runs, settle due waits (each worker also sweeps
+    on a timer)."""
+    process = process_of(self.app)
+    settled = approvals.sweep_due(process.redis, self.app)
+    done = runs.sweep(process.redis, self.app, process.settings)
+    return {**done, "settled": settled}

@@ -15,7 +15,6 @@ PUBLISHes on `/<db>.celeryev/<type with dots>` (a batch of them on `/<db>.celery
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import os
 import socket
@@ -26,17 +25,18 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+from kombu.transport.redis import Channel
 
-UNACKED = "unacked"
-UNACKED_INDEX = "unacked_index"
-_SEP = "\x06\x16"
-_PRIORITY_STEPS = (0, 3, 6, 9)
+from workers.names import PRIORITY_SEP, PRIORITY_STEPS
+
+_FANOUT_PREFIX = str(Channel.keyprefix_fanout)
+"""kombu's prefix of a fanout exchange's PUB/SUB channels ('/{db}.'); events go to `celeryev`."""
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 
 
 def queue_keys(queues: list[str]) -> list[str]:
     """The list keys of `queues`, in kombu's consume order (every queue's priority 0 first)."""
-    return [q if pri == 0 else f"{q}{_SEP}{pri}" for pri in _PRIORITY_STEPS for q in queues]
+    return [q if pri == 0 else f"{q}{PRIORITY_SEP}{pri}" for pri in PRIORITY_STEPS for q in queues]
 
 
 def task_message(
@@ -66,7 +66,7 @@ def task_message(
         "content-type": "application/json",
         "headers": headers,
         "properties": {
-            "correlation_id": task_id, "delivery_mode": 2,
+            "correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0, "body_encoding": "base64", "delivery_tag": tag,
         },
@@ -89,12 +89,9 @@ def step_kwargsrepr(label: str) -> str:
 
 
 def _tag() -> str:
-    """A unique delivery tag (uuid4 text, as kombu's; from one random base and a counter: cheaper)."""
-    return f"{_BASE}-{next(_COUNTER):012x}"
-
-
-_BASE = str(uuid.uuid4())[:23]
-_COUNTER = itertools.count()
+    """A unique delivery tag: uuid4 text, as kombu's (no per-process counter: nothing in a module
+    global changes, and a forked process cannot repeat its parent's tags)."""
+    return str(uuid.uuid4())
 
 
 @dataclass(frozen=True)
@@ -135,6 +132,26 @@ def parse(raw: str) -> Delivery:
 
 
 def _delivery(message: Any, raw: str) -> Delivery:
+    properties, headers, tag = _envelope(message)
+    args, kwargs = _arguments(message, properties)
+    name, task_id = headers.get("task"), headers.get("id")
+    if not isinstance(name, str) or not isinstance(task_id, str):
+        raise BadMessage("headers task and id are not strings")
+    argsrepr, kwargsrepr = headers.get("argsrepr"), headers.get("kwargsrepr")
+    return Delivery(
+        tag=tag,
+        name=name,
+        task_id=task_id,
+        args=args,
+        kwargs=kwargs,
+        argsrepr=argsrepr if isinstance(argsrepr, str) else repr(args),
+        raw=raw,
+        kwargsrepr=kwargsrepr if isinstance(kwargsrepr, str) else repr(kwargs),
+    )
+
+
+def _envelope(message: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(properties, headers, delivery tag) of a message whose envelope is kombu's, else BadMessage."""
     if not isinstance(message, dict):
         raise BadMessage(f"a JSON {type(message).__name__}, not an object")
     properties, headers = message.get("properties"), message.get("headers")
@@ -148,6 +165,11 @@ def _delivery(message: Any, raw: str) -> Delivery:
     if message.get("content-encoding", "utf-8") != "utf-8":
         raise BadMessage(f"content encoding {_short(message.get('content-encoding'))}, not utf-8")
     _check_fields(headers, properties)
+    return properties, headers, tag
+
+
+def _arguments(message: dict[str, Any], properties: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """(args, kwargs) of a protocol-2 body ([args, kwargs, embed], base64 when the properties say)."""
     body = message.get("body")
     if not isinstance(body, str):
         raise BadMessage(f"body is a {type(body).__name__}, not a string")
@@ -163,22 +185,9 @@ def _delivery(message: Any, raw: str) -> Delivery:
     if not isinstance(decoded, list) or len(decoded) != 3:
         raise BadMessage("body is not [args, kwargs, embed]")
     args, kwargs, embed = decoded
-    name, task_id = headers.get("task"), headers.get("id")
     if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(embed, dict | None):
         raise BadMessage("args is not a list, or kwargs or embed not an object")
-    if not isinstance(name, str) or not isinstance(task_id, str):
-        raise BadMessage("headers task and id are not strings")
-    argsrepr, kwargsrepr = headers.get("argsrepr"), headers.get("kwargsrepr")
-    return Delivery(
-        tag=tag,
-        name=name,
-        task_id=task_id,
-        args=args,
-        kwargs=kwargs,
-        argsrepr=argsrepr if isinstance(argsrepr, str) else repr(args),
-        raw=raw,
-        kwargsrepr=kwargsrepr if isinstance(kwargsrepr, str) else repr(kwargs),
-    )
+    return args, kwargs
 
 
 _HEADER_TYPES: dict[str, tuple[type, ...]] = {
@@ -273,24 +282,6 @@ def rejected_entry(queue: str, raw: str, reason: str, worker: str) -> str:
     }).decode()  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Claimed:
-    """One message CLAIM took: its queue (without the priority suffix), the message, and the tag CLAIM
-    recorded it under in `unacked` ("" when it recorded none: forget only a recorded one)."""
-
-    queue: str
-    raw: str
-    tag: str
-
-
-def claimed(reply: list[Any]) -> list[Claimed]:
-    """CLAIM's reply, parsed once."""
-    return [
-        Claimed(str(reply[i]).split(_SEP)[0], str(reply[i + 1]), str(reply[i + 2]))
-        for i in range(0, len(reply) - 2, 3)
-    ]
-
-
 def unacked_value(raw: str, queue: str) -> str:
     """The `unacked` hash value kombu restores from: [message, exchange, routing_key]."""
     return f'[{raw}, "", {json.dumps(queue)}]'
@@ -300,7 +291,7 @@ class Events:
     """Celery task events as a worker with hostname `hostname` sends them (Flower reads these).
 
     Events are buffered (`add`) and sent by whoever drains the buffer (`drain`, once per loop turn:
-    workers/runtime.py): the events of one turn go out as one `task.multi` message whose body is the
+    workers/process.py): the events of one turn go out as one `task.multi` message whose body is the
     list of events, as Celery's own worker batches them (its dispatcher's `buffer_group`); Celery's
     `EventReceiver`, and so Flower, takes a list body as that many events. A lone event goes out as
     itself, on its own routing key.
@@ -310,7 +301,7 @@ class Events:
 
     def __init__(self, hostname: str, db: int) -> None:
         self.hostname = hostname
-        self.prefix = f"/{db}.celeryev/"
+        self.prefix = f"{_FANOUT_PREFIX.format(db=db)}celeryev/"
         self.pid = os.getpid()
         self.utcoffset = -time.timezone // 3600
         self.clock = 0
@@ -349,74 +340,3 @@ class Events:
             },
         })  # fmt: skip
         return self.prefix + routing_key, payload
-
-
-CLAIM = """
--- KEYS[1]=unacked KEYS[2]=unacked_index KEYS[3..]=queue list keys in consume order
--- ARGV[1]=most messages to take ARGV[2]=now ARGV[3]=largest message to decode (bytes)
--- -> {queue key, message, recorded tag or "", ...} (see `claimed`)
--- Pops and records each message as delivered in one atomic call, so a consumer that dies at any
--- point leaves every message either on its queue or in `unacked` (restored after the visibility
--- timeout), never in neither. No message content can make it fail: only a JSON object whose
--- properties.delivery_tag is a string of 1-200 characters is recorded (what the consumer cannot
--- parse it moves to the rejected list, and forgets the record), anything else is just returned.
-local out = {}
-local left = tonumber(ARGV[1])
-local largest = tonumber(ARGV[3])
-for i = 3, #KEYS do
-  while left > 0 do
-    local raw = redis.call('RPOP', KEYS[i])
-    if not raw then break end
-    local tag = nil
-    if #raw <= largest then
-      local ok, message = pcall(cjson.decode, raw)
-      if ok and type(message) == 'table' and type(message.properties) == 'table' then
-        tag = message.properties.delivery_tag
-      end
-    end
-    if type(tag) == 'string' and #tag > 0 and #tag <= 200 then
-      local queue = string.match(KEYS[i], '^(.-)\\6\\22') or KEYS[i]
-      redis.call('HSET', KEYS[1], tag, '[' .. raw .. ', "", ' .. cjson.encode(queue) .. ']')
-      redis.call('ZADD', KEYS[2], ARGV[2], tag)
-    else
-      tag = ''
-    end
-    out[#out + 1] = KEYS[i]
-    out[#out + 1] = raw
-    out[#out + 1] = tag
-    left = left - 1
-  end
-end
-return out
-"""
-
-RESTORE = """
--- KEYS[1]=unacked KEYS[2]=unacked_index KEYS[3]=queue; ARGV[1]=delivery tag ARGV[2]=the message
--- Puts a delivered message back at the consuming end of its queue (as kombu's restore does) unless
--- it was acked or restored already -> 1 when restored, else 0.
-redis.call('ZREM', KEYS[2], ARGV[1])
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('RPUSH', KEYS[3], ARGV[2])
-return 1
-"""
-
-RESTORE_VISIBLE = """
--- KEYS[1]=unacked KEYS[2]=unacked_index; ARGV[1]=delivered before this time ARGV[2]=most to restore
--- kombu's visibility timeout: messages delivered before ARGV[1] and never acked go back to the
--- consuming end of their queue (the routing key: toolloop's queues are direct) -> how many.
-local tags = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-local restored = 0
-for _, tag in ipairs(tags) do
-  local value = redis.call('HGET', KEYS[1], tag)
-  redis.call('ZREM', KEYS[2], tag)
-  redis.call('HDEL', KEYS[1], tag)
-  if value then
-    local message, _, queue = string.match(value, '^%[(.*),%s*"([^"]*)",%s*"([^"]*)"%]$')
-    if message then
-      redis.call('RPUSH', queue, message)
-      restored = restored + 1
-    end
-  end
-end
-return restored
-"""

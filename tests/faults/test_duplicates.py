@@ -20,8 +20,8 @@ from faults.twins import run_twins
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
-from workers.app import ADVANCE
 from workers.client import Client
+from workers.names import ADVANCE
 from workers.records import FINAL
 
 pytestmark = pytest.mark.faults

@@ -13,7 +13,8 @@ import redis
 
 from toolloop import AbortController, AbortError, MemoryJournal, StepResult, idempotency_key
 from toolloop.abort import AbortSignal
-from toolloop.journal.redis import RedisJournal, StepBoundary
+from toolloop.journal.redis import RedisJournal
+from workers.segment import SegmentJournal, StepBoundary
 
 MakeJournal = Callable[..., Any]
 
@@ -121,9 +122,11 @@ async def test_redis_a_fenced_copy_does_not_write(redis_client: redis.Redis) -> 
     assert stored == {"model:1": '{"value": "the newer copy", "cost_usd": 0.0}'}
 
 
-async def test_one_step_mode_runs_one_live_step_then_stops_at_the_next(redis_client: redis.Redis) -> None:
+async def test_the_workers_segment_journal_runs_one_live_step_then_stops_at_the_next(
+    redis_client: redis.Redis,
+) -> None:
     stored = '{"value": "replayed", "cost_usd": 0.5}'
-    journal = RedisJournal(redis_client, "unused", entries={"model:1": stored}, live_steps=1)
+    journal = SegmentJournal("unused", "s0/", {"model:1": stored}, live_steps=1)
     live = Counter("live", cost=0.2)
     assert await journal.step("model:1", Counter("never")) == "replayed"
     assert await journal.step("tool:a", live) == "live"
@@ -134,6 +137,22 @@ async def test_one_step_mode_runs_one_live_step_then_stops_at_the_next(redis_cli
     assert later.calls == 0 and live.calls == 1
     assert journal.pending == [("tool:a", '{"value": "live", "cost_usd": 0.2}', 0.2)]
     assert redis_client.exists("tl:{unused}:journal:s0") == 0  # the worker commits, not the journal
+
+
+async def test_a_step_the_leased_journal_stored_replays_in_the_segment_journal_and_back(
+    redis_client: redis.Redis,
+) -> None:
+    run_id = uuid.uuid4().hex
+    first = await RedisJournal(redis_client, run_id).step("model:1", Counter({"a": [1]}, cost=0.5))
+    assert first == {"a": [1]}
+    segment = SegmentJournal(run_id, "s0/", RedisJournal(redis_client, run_id).load())
+    assert await segment.step("model:1", Counter("never")) == {"a": [1]}
+    assert (segment.replayed, segment.cost_usd) == (1, 0.5)
+    assert await segment.step("tool:b", Counter("live", cost=0.25)) == "live"
+    ((key, text, _cost),) = segment.pending
+    redis_client.hset(f"tl:{{{run_id}}}:journal:s0", key, text)  # what RUN_COMMIT writes
+    again = RedisJournal(redis_client, run_id)
+    assert await again.step("tool:b", Counter("never")) == "live" and again.cost_usd == 0.25
 
 
 async def test_a_loop_run_again_over_its_journal_calls_nothing(make_journal: MakeJournal) -> None:

@@ -21,7 +21,7 @@ import redis
 from tests.integration.conftest import start_worker
 from tests.integration.runs_kit import client_on, eventually, redis_on, spec
 from toolloop.embedded import EmbeddedServer, start_server
-from workers import wire
+from workers import names, wire
 from workers.client import Client
 from workers.consumer import REJECTED
 
@@ -145,7 +145,7 @@ def test_every_malformed_shape_on_every_queue_is_rejected_and_runs_go_on(
         assert any(entry["raw"] == "not a task message" for entry in entries)
         huge = [entry for entry in entries if entry["size"] > 10_000_000]
         assert len(huge) == 2 * len(QUEUES) and all(entry["truncated"] for entry in huge)
-        assert eventually(lambda: raw.hlen(wire.UNACKED) == 0), "a rejected message stayed unacked"
+        assert eventually(lambda: raw.hlen(names.UNACKED) == 0), "a rejected message stayed unacked"
         assert all(raw.llen(queue) == 0 for queue in QUEUES)
         log = worker.log.read_text(errors="replace")
         assert "Unrecoverable error" not in log

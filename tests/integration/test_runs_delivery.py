@@ -11,8 +11,8 @@ import pytest
 
 from tests.integration.runs_kit import client_on, kinds, logged, spec
 from workers import runs
-from workers.app import ADVANCE
 from workers.client import Client
+from workers.names import ADVANCE
 from workers.spec import RunSpec
 
 

@@ -19,7 +19,7 @@ from tests.integration.conftest import Worker, start_worker
 from tests.integration.runs_kit import client_on, eventually, redis_on, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from toolloop.embedded import EmbeddedServer, start_server
-from workers import wire
+from workers import names, wire
 from workers.client import Client
 from workers.consumer import REJECTED
 
@@ -69,7 +69,7 @@ def test_a_run_is_the_same_on_the_step_consumer_and_in_celerys_pool(
         check_done_with_a_tool(client, run_id)
         log = worker.log.read_text()
         assert ("step consumer: queues llm,tools" in log) == (steps == "step consumer")
-        assert eventually(lambda: raw.hlen(wire.UNACKED) == 0), "a step stayed unacked"
+        assert eventually(lambda: raw.hlen(names.UNACKED) == 0), "a step stayed unacked"
     finally:
         worker.stop()
 
@@ -83,7 +83,7 @@ def test_a_message_that_is_not_a_task_is_kept_aside_and_runs_go_on(
         raw.lpush("tools", json.dumps({"properties": {"delivery_tag": "t1"}, "body": "??"}))
         assert eventually(lambda: raw.llen(REJECTED) == 2)
         assert "not a task message" in [json.loads(entry)["raw"] for entry in raw.lrange(REJECTED, 0, -1)]
-        assert raw.hlen(wire.UNACKED) == 0
+        assert raw.hlen(names.UNACKED) == 0
         assert "is not a task" in worker.log.read_text()
         check_done_with_a_tool(client, run_with_a_tool(client))
     finally:
@@ -95,10 +95,10 @@ def test_a_warm_shutdown_puts_a_running_step_back_on_its_queue(
 ) -> None:
     worker = start_worker(server.url, tmp_path, {**AGENT, "TOOLLOOP_SHUTDOWN_GRACE": "1"})
     run_id = client.enqueue(spec("slow", "Sleep.", toolset=TOOLSET))  # a 30 s tool step
-    eventually(lambda: raw.hlen(wire.UNACKED) == 1 and client.status(run_id).steps == 1)
+    eventually(lambda: raw.hlen(names.UNACKED) == 1 and client.status(run_id).steps == 1)
     worker.stop()  # SIGTERM: 1 s of grace, then the step goes back
     assert worker.process.returncode == 0
-    assert raw.hlen(wire.UNACKED) == 0
+    assert raw.hlen(names.UNACKED) == 0
     waiting = [wire.parse(m) for m in raw.lrange("tools", 0, -1)]
     assert [(d.name, d.args[0]) for d in waiting] == [("toolloop.advance", run_id)]
     assert "goes back on queue 'tools': the worker is shutting down" in worker.log.read_text()

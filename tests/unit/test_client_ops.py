@@ -24,23 +24,11 @@ def preparer() -> enqueue.Preparer:
 def test_a_client_module_imports_no_celery_and_no_worker_runtime() -> None:
     code = (
         "import sys, workers.client, workers.async_client; "
-        "print(sorted(m for m in ('celery', 'workers.app', 'workers.consumer', 'workers.runtime') "
+        "print(sorted(m for m in ('celery', 'workers.app', 'workers.consumer', 'workers.process') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_the_task_names_are_the_apps() -> None:
-    from workers import app, approvals
-
-    assert (ops.ADVANCE, ops.ANSWER, ops.CANCEL, ops.DECIDE) == (
-        app.ADVANCE,
-        app.ANSWER,
-        app.CANCEL,
-        app.DECIDE,
-    )
-    assert ops.DECISIONS_MARK == approvals.DECISIONS_MARK
 
 
 def test_an_enqueue_is_one_script_carrying_the_run_and_its_first_celery_message() -> None:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 import pytest
 from loop_kit import Counter, options, read_frame, run
 
-from toolloop.journal.redis import RedisJournal, StepBoundary
 from toolloop.loop.types import RunToolLoopResult
 from toolloop.testing import ScriptedModel, call, reply
 from workers import live
+from workers.segment import SegmentJournal, StepBoundary
+from workers.settings import Settings
 
 
 @dataclass
@@ -36,10 +37,10 @@ def turns() -> list[object]:
     ]
 
 
-def paused_loop(counter: Counter | None = None) -> tuple[live.LiveLoop, RedisJournal]:
+def paused_loop(counter: Counter | None = None) -> tuple[live.LiveLoop, SegmentJournal]:
     loop = live.LiveLoop({"read_frame": read_frame(counter)})
-    journal = RedisJournal(
-        None, "run1", live_steps=1, pause=loop.pause, before_live=loop.before_live,  # type: ignore[arg-type]
+    journal = SegmentJournal(
+        "run1", "s0/", {}, live_steps=1, pause=loop.pause, before_live=loop.before_live,
         signal=loop.controller.signal,
     )  # fmt: skip
     loop.journal = journal
@@ -74,20 +75,27 @@ async def test_a_loop_resumed_step_by_step_ends_as_one_run_straight_through() ->
     assert not loop.keepable()
 
 
-async def test_past_the_limit_the_oldest_kept_loop_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(live, "KEPT_MAX", 2)
+async def test_past_the_limit_the_oldest_kept_loop_ends() -> None:
+    kept = live.KeptLoops(2)  # TOOLLOOP_KEPT_LOOPS=2
     loops = []
     for i in range(3):
         loop, journal = paused_loop()
         opts = options(ScriptedModel(turns()), tools=[read_frame()], step=journal.step,
                        signal=loop.controller.signal)  # fmt: skip
         assert isinstance(await loop.start(Step(), opts), StepBoundary)
-        live.keep(f"run{i}", loop)
+        kept.keep(f"run{i}", loop)
         loops.append(loop)
     await asyncio.sleep(0)  # the cancelled task runs to its end
-    assert live.take("run0") is None
+    assert kept.take("run0") is None
     assert loops[0].task is not None and loops[0].task.cancelled()
-    assert [live.take(f"run{i}") for i in (1, 2)] == loops[1:]
+    assert [kept.take(f"run{i}") for i in (1, 2)] == loops[1:]
     assert all(loop.keepable() for loop in loops[1:])
     for loop in loops[1:]:
         loop.close()
+
+
+def test_the_kept_loops_size_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLLOOP_KEPT_LOOPS", "7")
+    assert live.KeptLoops(Settings.from_env().kept_loops).size == 7
+    with pytest.raises(ValueError, match="TOOLLOOP_KEPT_LOOPS must be 0 or more"):
+        live.KeptLoops(-1)

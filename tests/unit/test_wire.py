@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers import wire
+from workers import names, wire
 
 
 def test_a_task_message_parses_back_to_the_delivery_it_was_made_as() -> None:
@@ -70,7 +70,8 @@ def test_celerys_own_task_message_passes_the_poison_check() -> None:
 
     from kombu import Connection
 
-    from workers.app import ADVANCE, ANSWER, CANCEL, SWEEP, make_app
+    from workers.config import make_app
+    from workers.names import ADVANCE, ANSWER, CANCEL, SWEEP
 
     app = make_app()
     sent: list[str] = []
@@ -160,3 +161,74 @@ def test_a_runs_traceparent_rides_in_the_message_headers_and_parses_back() -> No
     assert ours == theirs.get_span_context()
     for bad in ("", "00-zz-b7ad6b7169203331-01", "00-" + "0" * 32 + "-b7ad6b7169203331-01"):
         assert not trace.get_current_span(parent_context(bad)).get_span_context().is_valid
+
+
+# -- our copy against the originals: Celery's as_task_v2, kombu's envelope and Redis layout ---------
+
+
+def _celerys_message(name: str, args: list[object], task_id: str, queue: str, kwargsrepr: str) -> dict:
+    """The message Celery's own encoder (`app.amqp.as_task_v2`) makes for the task, as kombu's virtual
+    transport puts it on the queue (`basic_publish`: the envelope kombu's Redis transport LPUSHes)."""
+    from celery import Celery
+
+    app = Celery("wire-test", broker="memory://", set_as_current=False)
+    made = app.amqp.as_task_v2(
+        task_id, name, args=args, kwargs={}, root_id=task_id, ignore_result=True,
+        argsrepr=repr(args), kwargsrepr=kwargsrepr, origin=wire._ORIGIN,
+    )  # fmt: skip
+    with app.connection_for_write() as connection:
+        connection.Producer().publish(
+            made.body, exchange="", routing_key=queue, serializer="json", headers=made.headers,
+            delivery_mode=2, **made.properties,
+        )  # fmt: skip
+        message: dict = connection.default_channel._get(queue)
+    return message
+
+
+def _decoded_body(message: dict) -> object:
+    import base64
+
+    assert message["properties"]["body_encoding"] == "base64"
+    return json.loads(base64.b64decode(message["body"]))
+
+
+def test_a_task_message_is_celerys_own_encoding_of_the_same_task() -> None:
+    ours = json.loads(wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "tools", "model 3").raw)
+    theirs = _celerys_message("toolloop.advance", ["run1", 3], "run1:3", "tools", "{'step': 'model 3'}")
+    assert ours["headers"] == theirs["headers"]
+    assert _decoded_body(ours) == _decoded_body(theirs)  # [args, kwargs, embed]; only the spacing differs
+    tags = ours["properties"].pop("delivery_tag"), theirs["properties"].pop("delivery_tag")
+    assert all(isinstance(tag, str) and tag for tag in tags)
+    assert ours["properties"] == theirs["properties"]
+    assert {k: v for k, v in ours.items() if k != "body"} == {k: v for k, v in theirs.items() if k != "body"}
+
+
+def test_the_queue_keys_are_kombus_in_kombus_consume_order() -> None:
+    from kombu.transport.redis import Channel
+
+    channel = Channel.__new__(Channel)  # no connection: the class's own layout
+    queues = ["llm", "tools"]
+    kombus = [
+        channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues
+    ]  # _brpop_start
+    assert wire.queue_keys(queues) == kombus
+    assert (Channel.unacked_key, Channel.unacked_index_key) == (names.UNACKED, names.UNACKED_INDEX)
+
+
+def test_events_go_to_the_channel_kombu_publishes_celeryev_on() -> None:
+    from kombu.transport.redis import Channel
+
+    channel = Channel.__new__(Channel)
+    channel.keyprefix_fanout = Channel.keyprefix_fanout.format(db=3)  # as kombu sets it on connect
+    events = wire.Events("worker@host", 3)
+    events.add("task-started", {"uuid": "run1:1"})
+    ((sent_on, _),) = events.drain()
+    assert sent_on == channel._get_publish_topic("celeryev", "task.started")
+
+
+def test_the_unacked_value_is_what_kombus_restore_reads() -> None:
+    from kombu.utils.json import loads
+
+    made = wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "llm")
+    payload, exchange, routing_key = loads(wire.unacked_value(made.raw, "llm"))  # kombu's QoS.restore_by_tag
+    assert (payload, exchange, routing_key) == (json.loads(made.raw), "", "llm")

@@ -4,7 +4,6 @@ embedded Redis. Each is a thin adapter over `workers.client.Client`."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
@@ -14,7 +13,7 @@ from typing import Any
 from toolloop import defaults
 from toolloop.cli.errors import CliError, redact
 from toolloop.cli.follow import follow, print_status
-from toolloop.cli.spec import build_spec
+from toolloop.cli.spec import build_spec, workers
 
 
 def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoice]:
@@ -45,11 +44,6 @@ def redact_text(text: str, url: str) -> str:
 
     password = urlsplit(url).password
     return text.replace(password, "***").replace(unquote(password), "***") if password else text
-
-
-def workers(module: str) -> Any:
-    """A module of the `workers` package (imported by name: the library's types stay Celery-free)."""
-    return importlib.import_module(f"workers.{module}")
 
 
 def run_id_arg(parser: argparse.ArgumentParser) -> None:

@@ -63,7 +63,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(SOURCE_ROOT))
     from examples.storyboard.brief import MODEL, PROMPT, SYSTEM, TOOLSET, TOOLSET_PATH
     from examples.storyboard.policy import review_policy
-    from toolloop.cli.commands import connect, workers
+    from toolloop.cli.commands import connect
+    from toolloop.cli.spec import workers
 
     client, choice = connect(toolsets=[TOOLSET])
     state = defaults.state_dir()

@@ -29,7 +29,7 @@ def add_command(sub: Any) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from toolloop.cli.commands import workers
+    from toolloop.cli.spec import workers
 
     errors = 0
 

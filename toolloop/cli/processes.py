@@ -131,7 +131,8 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from toolloop.cli.commands import connect, workers
+    from toolloop.cli.commands import connect
+    from toolloop.cli.spec import workers
 
     extra: dict[str, str] = {}
     if args.toolsets is not None:  # checked before anything starts

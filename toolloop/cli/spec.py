@@ -4,6 +4,7 @@ before enqueuing."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -79,11 +80,14 @@ def spec_data(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def workers(module: str) -> Any:
+    """A module of the `workers` package (imported by name: the library's types stay Celery-free)."""
+    return importlib.import_module(f"workers.{module}")
+
+
 def check_toolset(name: Any) -> None:
     """Refuse a toolset the workers do not register (TOOLLOOP_TOOLSETS), importing nothing, so a bad
     name fails here and nothing is enqueued."""
-    from toolloop.cli.commands import workers
-
     if not name:
         raise CliError(
             "The run has no toolset.\n"
@@ -98,8 +102,6 @@ def check_toolset(name: Any) -> None:
 
 def build_spec(args: argparse.Namespace) -> Any:
     """A validated `workers.spec.RunSpec`; a bad field or toolset is a CliError, nothing enqueued."""
-    from toolloop.cli.commands import workers
-
     data = spec_data(args)
     check_toolset(data.get("toolset"))
     try:

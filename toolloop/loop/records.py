@@ -56,9 +56,9 @@ def validated(memo: RunMemo, model: type[_Model], value: Any) -> _Model:
     """`model.model_validate(value)`, memoized in the run's memo by the identity of `value`.
 
     A journal that hands back the same decoded object for a stored step every time it replays it
-    (MemoryJournal; RedisJournal in a worker, whose decoded entries live across a run's steps) gets
-    the same frozen model back without validating it again: replay re-reads every stored step of the
-    segment at every step, so this is most of what a long segment costs. The memo holds `value`
+    (MemoryJournal; the durable worker's segment journal, whose decoded entries live across a run's
+    steps) gets the same frozen model back without validating it again: replay re-reads every stored
+    step of the segment at every step, so this is most of what a long segment costs. The memo holds `value`
     itself, so its identity cannot be reused while the entry lives; it is emptied when full.
     """
     done = memo.validated

@@ -1,0 +1,115 @@
+"""The run scripts of clients, control tasks and the sweeper, each with its reply typed:
+RUN_ANSWER (`parse_answer`), RUN_RETRY (`parse_retry`), RUN_CANCEL (`parse_cancel`) and INDEX_DROP
+(its reply, 1 when dropped, is not read)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from workers.scripts.prelude import with_prelude
+
+RUN_ANSWER = with_prelude("""
+-- Store an answer: the first answer for a segment's ask wins; a parked run resumes at once, a run
+-- not parked yet keeps the answer for when it parks.
+-- KEYS: 1 state 2 answers 3 inbox 4 events 5 outbox; ARGV: 1 answer id 2 now
+-- -> {'resumed', member} | {'kept'} | {'ignored', why} | {'gone'}
+local raw = redis.call('HGET', KEYS[3], ARGV[1])
+if not raw then return {'gone'} end
+redis.call('HDEL', KEYS[3], ARGV[1])
+local a = cjson.decode(raw)
+local status = redis.call('HGET', KEYS[1], 'status')
+local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
+if terminal(status) then return {'ignored', 'the run has ended (' .. status .. ')'} end
+if tonumber(a.segment) ~= segment then return {'ignored', 'that question was already answered'} end
+if redis.call('HSETNX', KEYS[2], 's' .. segment, a.content) == 0 then
+  return {'ignored', 'that question was already answered'}
+end
+if status ~= 'asked' then return {'kept'} end
+emit(KEYS[1], KEYS[4], tostring(segment), 'answered', cjson.encode({content = a.content}))
+local next_segment = segment + 1
+emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
+local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
+redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm', 'touched', ARGV[2])
+redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
+redis.call('ZADD', KEYS[5], ARGV[2], member)
+return {'resumed', member}
+""")
+
+RUN_RETRY = with_prelude("""
+-- Queue a failed run again from its journal. KEYS: 1 state 2 attempts 3 events 4 outbox
+-- ARGV: 1 now 2 the queued event's data (JSON: model, toolset, budget_usd, retry)
+-- -> {'queued', member} | {'refused', status}
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'failed' then return {'refused', status or 'missing'} end
+local segment = redis.call('HGET', KEYS[1], 'segment') or '0'
+local queue = redis.call('HGET', KEYS[1], 'queue') or 'llm'
+local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|' .. queue
+redis.call('HDEL', KEYS[1], 'error_class', 'error_message')
+redis.call('HSET', KEYS[1], 'status', 'queued', 'touched', ARGV[1])
+redis.call('DEL', KEYS[2])
+emit(KEYS[1], KEYS[3], segment, 'queued', ARGV[2] or cjson.encode({retry = true}))
+redis.call('ZADD', KEYS[4], ARGV[1], member)
+return {'queued', member}
+""")
+
+RUN_CANCEL = with_prelude("""
+-- Mark a run cancelled (kept across restarts). KEYS: 1 state; ARGV: 1 channel 2 run id
+-- -> the status, or false when the run does not exist (an ended run is left as it is)
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return false end
+if terminal(status) then return status end
+redis.call('HSET', KEYS[1], 'cancel', '1')
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return status
+""")
+
+INDEX_DROP = """
+-- Drop a run from the live-runs index only if its score is still the one the sweeper read.
+-- KEYS[1]=the index; ARGV[1]=run id ARGV[2]=score read -> 1 when dropped
+if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """RUN_ANSWER's reply: `resumed` (send `member`, "<n>|llm"), `kept` (the run had not parked
+    yet), `ignored` (`why`), or `gone` (no such answer in the inbox: applied already)."""
+
+    what: Literal["resumed", "kept", "ignored", "gone"]
+    member: str | None = None
+    why: str | None = None
+
+
+def parse_answer(reply: list[Any]) -> Answered:
+    """RUN_ANSWER's reply, parsed once."""
+    what = str(reply[0])
+    if what == "resumed":
+        return Answered("resumed", member=str(reply[1]))
+    if what == "ignored":
+        return Answered("ignored", why=str(reply[1]))
+    return Answered("kept" if what == "kept" else "gone")
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """RUN_RETRY's reply: the outbox member to send when the run was queued again, else the status
+    that refused it (`missing` for no run)."""
+
+    member: str | None
+    refused: str | None = None
+
+
+def parse_retry(reply: list[Any]) -> Retried:
+    """RUN_RETRY's reply, parsed once."""
+    if str(reply[0]) == "queued":
+        return Retried(str(reply[1]))
+    return Retried(None, str(reply[1]))
+
+
+def parse_cancel(reply: Any) -> str | None:
+    """RUN_CANCEL's reply: the run's status before the cancel (None: no such run)."""
+    return None if reply is None else str(reply)
