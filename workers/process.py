@@ -116,7 +116,7 @@ class WorkerProcess:
         self._lock = threading.Lock()
         self.http = http or client_from_env()
         """The process's HTTP client for model calls: keep-alive connections on the process loop
-        (`KeepAliveClient`, with aiohttp), handed to the providers of the default model factory."""
+        (`KeepAliveClient`, on httptools), handed to the providers of the default model factory."""
 
     # -- the loop -----------------------------------------------------------------------------------
 
