@@ -259,6 +259,7 @@ class Commits:
             queue,
             routing.describe(live, next_key or ""),
             traceparent=self.run_traceparent(),
+            tag=self.process.new_owner(),
         )
         go_on = GoOn(self.process.new_owner(), self.settings.lease_ms, successor.tag,
                      wire.unacked_value(successor.raw, queue))  # fmt: skip
@@ -318,6 +319,7 @@ class Commits:
                 queue,
                 routing.describe(self.live, str(progress.get("next") or "")),
                 traceparent=self.run_traceparent(),
+                tag=self.process.new_owner(),
             )
             here = self.process.consumer
             if here is None or here.hand_off(queue, message) is None:  # it runs here next, if it can
