@@ -17,9 +17,8 @@ the garbage-collector experiments of bench/PROFILE-19.md, applied once the worke
 workers/wiring.py's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
 `BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds;
 `BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.memo.MAX`, per run);
-`BENCH_BREAK_CYCLES=1` tries PROFILE-19's plan item M1 from outside (a bench-only patch of
-`workers.advance._Step.drop_lease`: once a step is over it clears the references that make its
-`_Step`, `Held`, `Begun` and ended `LiveLoop` cyclic garbage); `BENCH_FREE_BODY=1` tries C1's
+(`BENCH_BREAK_CYCLES=1`, PROFILE-19's M1 tried from outside, is gone: the worker does it itself now);
+`BENCH_FREE_BODY=1` tries C1's
 "do not keep the request body across the model call" (`toolloop.providers.http.dumps` patched to
 empty a request body dict once it is encoded).
 """
@@ -31,6 +30,7 @@ import cProfile
 import ctypes
 import gc
 import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -83,7 +83,7 @@ def _counts() -> dict[str, Any]:
     tasks = len(asyncio.all_tasks(process.start_loop()))
     return {"rss_kb": _rss_kb(), "collected": collected, "objects": sum(types.values()),
             "top": types.most_common(25), "kept_loops": len(process.kept), "loop_tasks": tasks,
-            "frozen": gc.get_freeze_count()}  # fmt: skip
+            "frozen": gc.get_freeze_count(), "blocks": sys.getallocatedblocks()}  # fmt: skip
 
 
 def _trace_diff() -> dict[str, Any]:
@@ -127,8 +127,9 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return found
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
         gc.collect()
+        collected = _rss_kb()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        return {"rss_kb": _rss_kb()}
+        return {"rss_kb": _rss_kb(), "collected_rss_kb": collected}
     return {"error": f"unknown action {action!r}: counts, trace_start or trace_diff"}
 
 
@@ -160,33 +161,11 @@ def _gc_switches(**_: Any) -> None:
         import toolloop.memo
 
         toolloop.memo.MAX = int(os.environ["BENCH_MEMO_MAX"])
-    if os.environ.get("BENCH_BREAK_CYCLES") == "1":
-        _break_cycles()
     if os.environ.get("BENCH_FREE_BODY") == "1":
         _free_body()
     every = float(os.environ.get("BENCH_GC_EVERY", "0"))
     if every > 0:
         threading.Thread(target=_collect_forever, args=(every,), name="bench-gc", daemon=True).start()
-
-
-def _break_cycles() -> None:
-    from workers import advance
-
-    dropped = advance._Step.drop_lease
-
-    def drop_lease(step: Any) -> None:
-        dropped(step)
-        if step.held is not None:
-            step.held.on_lost = _nothing
-            step.held.controller = None
-        step.begun = None
-        loop = step.live
-        if loop is not None and not step.kept:
-            loop.close()
-            loop.journal = loop.step = loop.task = loop.outcome = loop.resume = None
-            step.live = None
-
-    advance._Step.drop_lease = drop_lease
 
 
 def _free_body() -> None:
@@ -201,10 +180,6 @@ def _free_body() -> None:
         return content
 
     http.dumps = dumps
-
-
-def _nothing(*_: Any) -> None:
-    pass
 
 
 def _collect_forever(every: float) -> None:

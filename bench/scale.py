@@ -78,11 +78,33 @@ def redis_cpu(client: Client) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def proc_rss_mb(pid: int) -> float:
+def proc_rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident set (`VmHWM`: its peak so far), MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_by_mapping(pid: int) -> dict[str, float]:
+    """The process's resident MB by kind of mapping (/proc/<pid>/smaps): the main heap, thread stacks
+    (8 MiB mappings), other anonymous memory (pymalloc arenas, glibc's thread arenas), files."""
+    kinds: Counter[str] = Counter()
+    kind = "files"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:  # a mapping's first line: range perms offset dev inode [path]
+            start, end = (int(part, 16) for part in head[0].split("-"))
+            path = head[5] if len(head) > 5 else ""
+            if path == "[heap]":
+                kind = "heap"
+            elif path:
+                kind = "files"
+            else:
+                kind = "stacks" if end - start in (8192 * 1024, 8196 * 1024) else "anon"
+        elif head[0] == "Rss:":
+            kinds[kind] += int(head[1]) / 1024
+    return {name: round(mb, 1) for name, mb in kinds.items()}
 
 
 def worker(tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int) -> Worker:
@@ -230,21 +252,29 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
         if trace:
             control(client, who, "bench_probe", action="trace_start")
         before = control(client, who, "bench_probe", action="counts")
-        rss0 = proc_rss_mb(who.process.pid)
+        rss0, mappings0 = proc_rss_mb(who.process.pid), rss_by_mapping(who.process.pid)
         run_ids, enqueue_s = enqueue_all(url, [spec] * runs, 2)
         found = wait_settled(client, run_ids, timeout=120 + runs / 10)
-        time.sleep(3)  # the last commits' batches, the kept-loop drops
-        rss1 = proc_rss_mb(who.process.pid)
+        time.sleep(5)  # the last commits' batches, the kept-loop drops, the idle trim (workers/trim.py)
+        rss1, peak = proc_rss_mb(who.process.pid), proc_rss_mb(who.process.pid, "VmHWM")
+        mappings = rss_by_mapping(who.process.pid)
+        threads = Counter(task.joinpath("comm").read_text().strip().rstrip("_0123456789")
+                          for task in Path(f"/proc/{who.process.pid}/task").iterdir())  # fmt: skip
+        print(f"  parked: RSS {rss1:.0f} MB 5 s after the last park", file=sys.stderr)
         garbage = control(client, who, "bench_probe", action="garbage")
         after = control(client, who, "bench_probe", action="counts")
-        trimmed = control(client, who, "bench_probe", action="trim")["rss_kb"] / 1024
+        trim = control(client, who, "bench_probe", action="trim")
+        trimmed, collected = trim["rss_kb"] / 1024, trim["collected_rss_kb"] / 1024
         grown = control(client, who, "bench_probe", action="trace_diff") if trace else None
     finally:
         who.stop()
         client.close()
     return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
             "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
-            "rss_trimmed_mb": trimmed,
+            "rss_trimmed_mb": trimmed, "rss_collected_mb": collected, "rss_peak_mb": peak,
+            "rss_by_mapping_before": mappings0, "rss_by_mapping_after": mappings, "threads": threads,
+            "garbage_per_run": garbage["objects"] / runs,
+            "held_per_run": (after["objects"] - before["objects"]) / runs,
             "probe_before": before, "probe_after": after, "garbage": garbage, "trace": grown}  # fmt: skip
 
 
@@ -318,8 +348,12 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
     if kept:
         print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
               f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB; "
-              f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim); "
-              f"statuses {kept['statuses']}, enqueued in {kept['enqueue_s']:.1f} s")  # fmt: skip
+              f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim; peak "
+              f"{kept['rss_peak_mb']:.0f} MB); statuses {kept['statuses']}, enqueued in "
+              f"{kept['enqueue_s']:.1f} s")  # fmt: skip
+        print(f"  cyclic garbage per parked run: {kept['garbage_per_run']:.2f} objects "
+              f"({kept['garbage']['objects']} in all, target 0); GC-tracked objects held per parked run: "
+              f"{kept['held_per_run']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

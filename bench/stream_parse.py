@@ -28,7 +28,6 @@ from toolloop.contract import DeltaEvent
 from toolloop.deltas import Relay
 from toolloop.providers.anthropic.stream import MessageStream
 from toolloop.providers.http import valid_text
-from toolloop.providers.sse import SseParser
 from toolloop.sim.stream import anthropic_events, encode
 
 
@@ -40,10 +39,10 @@ def answer(tokens: int) -> dict[str, Any]:
 
 
 def streamed(raw: bytes, on_delta: Any) -> Any:
-    reader, parser = MessageStream(on_delta), SseParser()
+    reader = MessageStream(on_delta)
     for start in range(0, len(raw), 1400):
-        for name, data in parser.feed(raw[start : start + 1400]):
-            reader.event(name, data)
+        reader.feed(raw[start : start + 1400])  # what `call_json` does with each read
+        reader.flush()
     return reader.result()
 
 

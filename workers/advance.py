@@ -103,11 +103,7 @@ async def advance(
             await step.release()
             raise
         finally:
-            step.drop_lease()
-            if step.trace is not None:
-                step.trace.end(outcome if step.outcome is None else step.outcome)
-            if step.live is not None and not step.kept:
-                step.live.close()
+            step.end(outcome)
         if outcome == "busy" and 0 <= step.lease_left_ms <= _WAIT_FOR_LEASE_MS:
             await asyncio.sleep(step.lease_left_ms / 1000 + 0.05)
             continue
@@ -349,3 +345,15 @@ class _Step(Commits):
     def drop_lease(self) -> None:
         if self.held is not None:
             self.process.leases.drop(self.held)
+
+    def end(self, outcome: StepOutcome) -> None:
+        """The step is over: its lease dropped, its trace ended, its loop closed unless kept for the
+        run's next step. Then the step lets go of the loop, the lease, the trace and what its
+        predecessor began (`Begun.loop`), so that none of them is left in a reference cycle with it
+        (they die by refcount; the worker's collector thresholds rarely reach old cycles)."""
+        self.drop_lease()
+        if self.trace is not None:
+            self.trace.end(outcome if self.outcome is None else self.outcome)
+        if self.live is not None and not self.kept:
+            self.live.close()
+        self.live = self.held = self.begun = self.trace = None

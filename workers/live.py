@@ -105,13 +105,29 @@ class LiveLoop:
         return self.step.outside - float(self.step.state.get("spend_base", 0))
 
     def close(self) -> None:
-        """End the loop (a paused one is cancelled where it waits)."""
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
+        """End the loop (a paused one is cancelled where it waits); it runs no step again."""
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+        self.release()
+
+    def release(self) -> None:
+        """Drop what ties the loop to its task and to the step that ran it last (the journal's hooks
+        are bound methods of the loop; the task's done callback is `_ended`), so that the loop, the
+        journal and the step die by refcount once the step lets go, not in a collection the
+        worker's thresholds rarely run. What the step still reads (the journal's pending steps, the
+        events) stays. Called when the loop ends and when it is closed."""
+        journal = getattr(self, "journal", None)
+        if journal is not None:
+            journal.pause = journal.before_live = journal.after_live = None
+        self.task = self.resume = None
+        if hasattr(self, "step"):
+            del self.step
 
     def _ended(self, task: asyncio.Task[RunToolLoopResult]) -> None:
-        outcome = self.outcome
+        outcome, self.outcome = self.outcome, None
         error = None if task.cancelled() else task.exception()  # retrieved, so never logged as lost
+        self.release()
         if outcome is None or outcome.done():
             return
         if task.cancelled():

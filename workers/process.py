@@ -115,6 +115,8 @@ class WorkerProcess:
         self._armed: dict[str, AbortController] = {}
         self._prompt_gen = prompt_gen
         self._lock = threading.Lock()
+        self._threads = _tool_threads()
+        """The loop's default executor once `start_loop` made the loop (`shed_tool_threads`)."""
         self.http = http or client_from_env()
         """The process's HTTP client for model calls: keep-alive connections on the process loop
         (`KeepAliveClient`, on httptools), handed to the providers of the default model factory."""
@@ -137,12 +139,22 @@ class WorkerProcess:
         with self._lock:
             if self.loop is None:
                 self.loop = loop = new_loop()
-                # sync tools run in threads (workers.toolsets.for_worker): room for many at once
-                loop.set_default_executor(
-                    ThreadPoolExecutor(max_workers=64, thread_name_prefix="toolloop-tool")
-                )
+                loop.set_default_executor(self._threads)
                 threading.Thread(target=loop.run_forever, name="toolloop-asyncio", daemon=True).start()
             return self.loop
+
+    def shed_tool_threads(self) -> None:
+        """From any thread, once the worker is idle (workers/trim.py): the loop's sync-tool threads
+        end (a fresh pool starts new ones on demand), so that a burst's threads, up to 64, do not
+        keep their stacks resident while nothing runs. Work already handed to the old pool runs."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._renew_tool_threads, loop)
+
+    def _renew_tool_threads(self, loop: asyncio.AbstractEventLoop) -> None:
+        old, self._threads = self._threads, _tool_threads()
+        loop.set_default_executor(self._threads)
+        old.shutdown(wait=False)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run `coro` on the process loop from another thread (a Celery pool thread) and wait for it."""
@@ -260,6 +272,11 @@ class WorkerProcess:
                 await task
         await self.batch.client.aclose()
         self.redis.close()
+
+
+def _tool_threads() -> ThreadPoolExecutor:
+    """Where sync tools run (workers.toolsets.for_worker): room for many at once."""
+    return ThreadPoolExecutor(max_workers=64, thread_name_prefix="toolloop-tool")
 
 
 def new_loop() -> asyncio.AbstractEventLoop:

@@ -237,6 +237,10 @@ class Held:
         return not self.lost and time.monotonic() < self.deadline
 
 
+def _no_step(error: LeaseLostError) -> None:
+    """`Held.on_lost` once the step is over: nothing runs that the loss could stop."""
+
+
 class Leases:
     """The leases this process holds (lease key -> `Held`), renewed together."""
 
@@ -245,19 +249,26 @@ class Leases:
         self.lease_ms = lease_ms
         self.trusted_s = lease_ms / 1000 * _SAFE
         self.held: dict[str, Held] = {}
+        self.taken = 0
+        """How many leases this process has held so far (the idle trimmer reads it, workers/trim.py)."""
         self.task: asyncio.Task[None] | None = None
 
     def hold(self, key: str, value: str, sent_at: float, on_lost: Callable[[LeaseLostError], None]) -> Held:
         """Hold `value` at `key`, taken by a script sent at `sent_at` (time.monotonic())."""
         held = self.held[key] = Held(key, value, sent_at + self.trusted_s, on_lost)
+        self.taken += 1
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._renew_forever())
         return held
 
     def drop(self, held: Held) -> None:
+        """The step is over: its lease is no longer renewed, and `held` lets go of the step's
+        `on_lost` and controller (a bound method back to the step: no cycle is left)."""
         self.end_work(held)
         if self.held.get(held.key) is held:
             del self.held[held.key]
+        held.on_lost = _no_step
+        held.controller = None
 
     def begin_work(self, held: Held, controller: AbortController) -> Awaitable[None] | None:
         """Just before a step's work (a model call, a tool's run or start) begins: the step's signal
@@ -319,30 +330,33 @@ class Leases:
         """Renew every held lease each third of the lease time; after a failed round (a cut
         connection), try again within 0.2 s rather than a third of the lease later, so that two cuts
         in a row do not let a lease lapse under a step that still runs. A lease past its deadline
-        is lost without asking Redis."""
+        is lost without asking Redis. A round is a call of its own, so nothing of it (the leases,
+        their steps) stays alive through the sleep."""
         interval = max(0.05, self.lease_ms / 3000)
         wait = interval
         while True:
             await asyncio.sleep(wait)
-            sent = time.monotonic()
-            held = []
-            for lease in list(self.held.values()):
-                if lease.lost:
-                    continue
-                if sent >= lease.deadline:
-                    self._lose(lease, "its deadline passed without a confirmed renewal")
-                else:
-                    held.append(lease)
-            renewals = [
-                self.batch.script(scripts.LEASE_RENEW, [lease.key], [lease.value, self.lease_ms])
-                for lease in held
-            ]
-            replies = await asyncio.gather(*renewals, return_exceptions=True)
-            failed = [reply for reply in replies if isinstance(reply, BaseException)]
-            for lease, reply in zip(held, replies, strict=True):
-                if not isinstance(reply, BaseException):
-                    self._renewed(lease, reply, sent)
-            if failed:
-                log.warning("lease renewal failed for %d of %d steps (%s); retrying", len(failed), len(held),
-                            failed[0])  # fmt: skip
-            wait = min(0.2, interval) if failed else interval
+            wait = min(0.2, interval) if await self._renew_round() else interval
+
+    async def _renew_round(self) -> bool:
+        """Renew every held lease once; True when a renewal failed."""
+        sent = time.monotonic()
+        held = []
+        for lease in list(self.held.values()):
+            if lease.lost:
+                continue
+            if sent >= lease.deadline:
+                self._lose(lease, "its deadline passed without a confirmed renewal")
+            else:
+                held.append(lease)
+        renewals = [self.batch.script(scripts.LEASE_RENEW, [lease.key], [lease.value, self.lease_ms])
+                    for lease in held]  # fmt: skip
+        replies = await asyncio.gather(*renewals, return_exceptions=True)
+        failed = [reply for reply in replies if isinstance(reply, BaseException)]
+        for lease, reply in zip(held, replies, strict=True):
+            if not isinstance(reply, BaseException):
+                self._renewed(lease, reply, sent)
+        if failed:
+            log.warning("lease renewal failed for %d of %d steps (%s); retrying", len(failed), len(held),
+                        failed[0])  # fmt: skip
+        return bool(failed)

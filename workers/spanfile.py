@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import orjson
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, get_current_span
 from opentelemetry.trace.span import TraceState
@@ -80,28 +78,3 @@ class EveryRun(Sampler):
 
     def get_description(self) -> str:
         return "ParentBased{root:AlwaysOnSampler}"
-
-
-class PinnedIds(RandomIdGenerator):
-    """The worker's id generator: random ids (the SDK's), except the pinned ones for the one span
-    being started in this thread (`pinned`): a run segment's span, whose ids are the run's
-    (workers/tracing.py, `segment_ids`)."""
-
-    def __init__(self) -> None:
-        self.local = threading.local()
-
-    @contextmanager
-    def pinned(self, trace_id: int, span_id: int) -> Iterator[None]:
-        self.local.ids = (trace_id, span_id)
-        try:
-            yield
-        finally:
-            self.local.ids = None
-
-    def generate_trace_id(self) -> int:
-        ids = getattr(self.local, "ids", None)
-        return ids[0] if ids else super().generate_trace_id()
-
-    def generate_span_id(self) -> int:
-        ids = getattr(self.local, "ids", None)
-        return ids[1] if ids else super().generate_span_id()

@@ -10,7 +10,10 @@ whose commit ends the segment exports the segment's span, from the segment's sta
 successors a worker sends carry the segment span's context in their Celery message headers too
 (`traceparent`, W3C Trace Context), for any other consumer of the queue.
 
-The tracer provider is set up when the worker starts (`configure`), from the environment:
+The tracer provider is set up when the worker starts (`configure`), from the environment; it is
+the worker's light one (workers/lightspans.py: a span a small object while it runs, made the SDK's
+ReadableSpan in the exporter's call, by the span processor's thread when batched), whose ended
+spans go to the SDK's span processors and exporters:
     OTEL_TRACES_EXPORTER=otlp (or OTEL_EXPORTER_OTLP_ENDPOINT / ..._TRACES_ENDPOINT set)
         spans go to an OTLP/HTTP collector (pip install 'toolloop[otel]'), in batches
     TOOLLOOP_TRACES_FILE=<path>
@@ -25,6 +28,7 @@ measures what that costs).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import time
@@ -35,8 +39,6 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-from toolloop import telemetry
 
 FILE_ENV = "TOOLLOOP_TRACES_FILE"
 FILE_BATCH_ENV = "TOOLLOOP_TRACES_FILE_BATCH"
@@ -55,24 +57,27 @@ def configure() -> bool:
         return False
     try:
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import Sampler
     except ImportError:
         raise RuntimeError(
             "Tracing is asked for (TOOLLOOP_TRACES_FILE or OTEL_EXPORTER_OTLP_*), but the OpenTelemetry "
             "SDK is not installed.\n  pip install 'toolloop[otel]', or unset those variables."
         ) from None
     service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "toolloop-worker"
-    from workers.spanfile import EveryRun, JsonLinesExporter, PinnedIds
+    from workers.lightspans import LightProvider, Materialize
+    from workers.spanfile import EveryRun, JsonLinesExporter
 
-    sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else EveryRun()
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service}), sampler=sampler, id_generator=PinnedIds()
-    )
+    resource = Resource.create({"service.name": service})
+    sampler: Sampler = EveryRun()
+    if os.environ.get("OTEL_TRACES_SAMPLER"):  # the SDK's sampler of it: its provider reads the variables
+        sampler = TracerProvider(shutdown_on_exit=False).sampler
+    processors: list[SpanProcessor] = []
     if path:
         batched = os.environ.get(FILE_BATCH_ENV, "").strip().lower() in ("1", "true", "yes")
         processor = BatchSpanProcessor if batched else SimpleSpanProcessor
-        provider.add_span_processor(processor(JsonLinesExporter(path)))
+        processors.append(processor(Materialize(JsonLinesExporter(path), resource)))
     if otlp:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
@@ -83,7 +88,9 @@ def configure() -> bool:
                 "OTLP export is asked for (OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_*), but the exporter "
                 "is not installed.\n  pip install 'toolloop[otel]'."
             ) from None
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        processors.append(BatchSpanProcessor(Materialize(OTLPSpanExporter(), resource)))
+    provider = LightProvider(sampler, resource, processors)
+    atexit.register(provider.shutdown)  # the batch processors' last spans, as the SDK's provider does
     trace.set_tracer_provider(provider)
     return True
 
@@ -145,7 +152,7 @@ class StepTrace:
     The segment span's ids are derived from the run (`segment_ids`; the trace id is the caller's
     when `Client.enqueue` ran inside a span, the `traceparent` of the run's record); its start is
     the run's `created` for segment 0, else `trace_start`, written by the segment's first commit.
-    Nothing else is made per task: a span of the SDK costs tens of µs, a step half a millisecond."""
+    Nothing else is made per task: a step costs half a millisecond, and every µs of it counts."""
 
     def __init__(self, run_id: str, n: int, state: dict[str, str], task_id: str) -> None:
         self.run_id = run_id
@@ -208,13 +215,9 @@ class StepTrace:
         """At the end of the task: the segment's span, when this task's commit ended the segment."""
         if not self.recording or outcome not in SEGMENT_ENDS:
             return
-        pinned = getattr(getattr(trace.get_tracer_provider(), "id_generator", None), "pinned", None)
-        if pinned is None:  # not the worker's provider (`configure`): the ids are not ours to give
+        segment_span = getattr(trace.get_tracer_provider(), "segment_span", None)
+        if segment_span is None:  # not the worker's provider (`configure`): the ids are not ours to give
             return
         attributes = {"toolloop.run_id": self.run_id, "toolloop.segment": self.segment,
                       "toolloop.step.n": self.n, "toolloop.outcome": outcome, **attributes}  # fmt: skip
-        with pinned(*self.ids):
-            span = telemetry.tracer().start_span(
-                SEGMENT_SPAN, context=self.caller, attributes=attributes, start_time=self.start_ns()
-            )
-        span.end()
+        segment_span(SEGMENT_SPAN, self.ids, self.caller, self.start_ns(), attributes)

@@ -38,6 +38,7 @@ from workers.consumer import StepConsumer
 from workers.kombu_redis import check_transport_options
 from workers.process import WorkerProcess, attach, process_of
 from workers.settings import Settings, no_redis_message
+from workers.trim import IdleTrim
 
 log = logging.getLogger("toolloop.workers")
 
@@ -165,13 +166,16 @@ def _listen_for_cancels(process: WorkerProcess) -> None:
 
 def _sweep_forever(process: WorkerProcess) -> None:
     """The full sweep every TOOLLOOP_SWEEP_INTERVAL s (one worker at a time); in between, once a
-    second, the waits whose deadline is due (a cheap range read when none is)."""
+    second, the waits whose deadline is due (a cheap range read when none is), and the idle
+    worker's free memory given back to the OS (workers/trim.py)."""
     settings = process.settings
     tick = min(1.0, settings.sweep_interval)
     last = time.monotonic()
+    idle = IdleTrim(process.leases, shed=process.shed_tool_threads)
     while True:
         time.sleep(tick)
         try:
+            idle.tick()
             client = process.redis
             approvals.sweep_due(client, process.celery)
             if time.monotonic() - last < settings.sweep_interval:

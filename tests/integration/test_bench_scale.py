@@ -39,3 +39,6 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     assert kept["statuses"] == {"asked": 12}
     assert kept["probe_after"]["kept_loops"] == 0  # a parked run keeps no loop on its worker
     assert "top" in kept["garbage"] and kept["rss_after_mb"] > kept["rss_before_mb"] / 2
+    assert any(line.startswith("  cyclic garbage per parked run:") for line in lines), done.stdout
+    left = {name for name, _ in kept["garbage"]["top"]}  # no step's or ended loop's objects in cycles
+    assert not left & {"_Step", "Held", "LiveLoop", "Begun", "SegmentJournal", "StepTrace"}, kept["garbage"]

@@ -5,6 +5,8 @@ loop past the limit is ended."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from dataclasses import dataclass, field
 
 import pytest
@@ -77,21 +79,53 @@ async def test_a_loop_resumed_step_by_step_ends_as_one_run_straight_through() ->
 
 async def test_past_the_limit_the_oldest_kept_loop_ends() -> None:
     kept = live.KeptLoops(2)  # TOOLLOOP_KEPT_LOOPS=2
-    loops = []
+    loops, tasks = [], []
     for i in range(3):
         loop, journal = paused_loop()
         opts = options(ScriptedModel(turns()), tools=[read_frame()], step=journal.step,
                        signal=loop.controller.signal)  # fmt: skip
         assert isinstance(await loop.start(Step(), opts), StepBoundary)
+        tasks.append(loop.task)
         kept.keep(f"run{i}", loop)
         loops.append(loop)
     await asyncio.sleep(0)  # the cancelled task runs to its end
     assert kept.take("run0") is None
-    assert loops[0].task is not None and loops[0].task.cancelled()
+    assert tasks[0] is not None and tasks[0].cancelled()
     assert [kept.take(f"run{i}") for i in (1, 2)] == loops[1:]
     assert all(loop.keepable() for loop in loops[1:])
     for loop in loops[1:]:
         loop.close()
+
+
+@pytest.mark.parametrize("how", ["ended", "closed"])
+async def test_an_ended_or_closed_loop_dies_by_refcount(how: str) -> None:
+    """No reference cycle is left between the loop, its journal, its task and the step that ran it
+    last: once nothing holds them they are freed at once, with the collector off (the worker's
+    thresholds rarely collect old objects; cyclic garbage there is memory held)."""
+    gc.collect()
+    gc.disable()
+    try:
+        loop, journal = paused_loop()
+        script = turns()[2:] if how == "ended" else turns()  # one answer, or a tool call first
+        opts = options(ScriptedModel(script), tools=[read_frame()], step=journal.step,
+                       signal=loop.controller.signal)  # fmt: skip
+        step = Step()
+        outcome = await loop.start(step, opts)
+        if how == "ended":
+            assert isinstance(outcome, RunToolLoopResult)
+        else:
+            assert isinstance(outcome, StepBoundary)
+            task = loop.task
+            loop.close()
+            await asyncio.sleep(0)  # the cancelled task runs to its end
+            assert task is not None and task.cancelled()
+            del task
+        await asyncio.sleep(0)
+        gone = [weakref.ref(loop), weakref.ref(journal), weakref.ref(step)]
+        del loop, journal, opts, outcome, step
+        assert [ref() for ref in gone] == [None, None, None]
+    finally:
+        gc.enable()
 
 
 def test_the_kept_loops_size_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from toolloop.providers.fal.stream import CompletionStream
 from toolloop.providers.http import StreamFailure, stream_failure
 from toolloop.providers.retry import Endpoint, RetryPolicy, classify, error_detail, error_fields
 from toolloop.providers.sse import SseParser
+from toolloop.sim.stream import anthropic_events, encode
 
 RAW = (
     b'event: message_start\r\ndata: {"a": 1}\r\n\r\n'
@@ -115,3 +116,49 @@ def test_a_fal_error_chunk_is_a_failure_with_its_code_and_tool_calls_merge_by_in
     assert choice["message"]["tool_calls"] == [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
     ]
+
+
+TRICKY = 'He said "cut it" \\ twice.\nThen: é, 🎬, \u2028 and a tab\t.'
+ANSWER = {
+    "id": "msg_t", "type": "message", "role": "assistant", "model": "claude-sonnet-5-5",
+    "content": [{"type": "thinking", "thinking": "Hm, " * 30 + TRICKY, "signature": "sig"},
+                {"type": "text", "text": "plain words " * 40 + TRICKY + " done"},
+                {"type": "tool_use", "id": "t1", "name": "note", "input": {"shot": 3, "text": TRICKY}},
+                {"type": "text", "text": "after the call"}],
+    "stop_reason": "tool_use", "stop_sequence": None, "stop_details": None,
+    "usage": {"input_tokens": 120, "output_tokens": 90},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, 333, 1400, 100_000])
+def test_anthropic_feed_reads_any_chunking_as_the_event_by_event_reader_and_the_whole(size: int) -> None:
+    raw = b"".join(encode(name, data) for name, data, _ in anthropic_events(ANSWER))
+    slow: list[DeltaEvent] = []
+    one_by_one = MessageStream(slow.append)  # every event parsed as JSON
+    for name, data in SseParser().feed(raw):
+        one_by_one.event(name, data)
+        one_by_one.flush()
+    fast: list[DeltaEvent] = []
+    reader = MessageStream(fast.append)  # runs of text / thinking deltas read without JSON
+    for start in range(0, len(raw), size):
+        reader.feed(raw[start : start + size])
+        reader.flush()
+    assert reader.done and reader.result() == one_by_one.result() == ANSWER
+    for thinking in (True, False):
+        text = "".join(d.text for d in fast if d.thinking is thinking)
+        assert text == "".join(d.text for d in slow if d.thinking is thinking)
+    assert len(fast) < len(slow) or size < 333  # a read's pieces (several events) go out as one delta
+    assert "".join(d.text for d in fast if not d.thinking) == ANSWER["content"][1]["text"] + "after the call"
+
+
+@pytest.mark.parametrize("size", [1, 333, 100_000])
+def test_anthropic_feed_of_a_crlf_stream_reads_the_same_answer(size: int) -> None:
+    lf = b"".join(encode(name, data) for name, data, _ in anthropic_events(ANSWER))
+    raw = lf[:500] + lf[500:].replace(b"\n", b"\r\n")  # a CR part way: the line path from there on
+    got: list[DeltaEvent] = []
+    reader = MessageStream(got.append)
+    for start in range(0, len(raw), size):
+        reader.feed(raw[start : start + size])
+        reader.flush()
+    assert reader.done and reader.result() == ANSWER
+    assert "".join(d.text for d in got if d.thinking) == ANSWER["content"][0]["thinking"]

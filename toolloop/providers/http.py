@@ -13,6 +13,8 @@ Streaming, what differs:
   status it stands for (an `overloaded_error` as a 529: retried with backoff);
 - a stream cut after its answer began (the connection dropped, or the body ended before the
   reader's last event) is retried like a 5xx;
+- each read's bytes go to the reader (`feed`), then its text goes to `on_delta` as one delta
+  (`flush`): a delta per read, not per event (SPEC 4.3 lets a delta carry any amount of text);
 - a 2xx answer that is not `text/event-stream` is read as the whole answer (a server or proxy
   that ignored `stream`);
 - before a retry of an attempt that passed deltas on, `on_delta` gets a discard delta
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import re
 import time
@@ -34,6 +37,7 @@ from contextvars import ContextVar
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import httpx
+import orjson
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta
@@ -53,7 +57,6 @@ from toolloop.providers.retry import (
     parse_retry_after,
     should_retry,
 )
-from toolloop.providers.sse import SseParser
 
 __all__ = ["Endpoint", "RetryPolicy", "classify", "parse_retry_after", "should_retry"]
 
@@ -89,12 +92,25 @@ class StreamReader(Protocol):
     raise `StreamFailure`, `PromptGenError`); `done` says the last event came; `result` is the
     answer, in the shape the provider's non-streamed answer has."""
 
+    def feed(self, chunk: bytes) -> None:
+        """The bytes one read brought: parsed into events, each handled as it comes."""
+
     def event(self, name: str, data: str) -> None: ...
+
+    def flush(self) -> None:
+        """Pass on, as one delta per kind, the text of the events given since the last flush
+        (called after each read's events)."""
 
     @property
     def done(self) -> bool: ...
 
     def result(self) -> Any: ...
+
+
+async def _close(chunks: Any) -> None:
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        await close()
 
 
 class _Cut(Exception):
@@ -254,17 +270,23 @@ class _Call:
         return valid_text(data) if b"\\ud" in body or b"\\uD" in body else data
 
     async def streamed(self, answer: Answer, reader: StreamReader) -> Any:
-        parser = SseParser()
+        """The reader's result of a streamed answer: each chunk (what one read brought) parsed into
+        events, then the reader's deltas of them passed on as one (`flush`)."""
+        chunks = answer.chunks()
         try:
-            async for chunk in answer.chunks():
-                for name, data in parser.feed(chunk):
-                    reader.event(name, data)
+            async for chunk in chunks:
+                reader.feed(chunk)
+                reader.flush()
                 if reader.done:
                     return reader.result()
         except httpx.TimeoutException:
             raise
         except httpx.TransportError as exc:
             raise _Cut(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            # closed here, not left to the garbage collector: asyncio would close an abandoned
+            # async generator through call_soon_threadsafe and a task of its own (a loop wake-up)
+            await _close(chunks)
         raise _Cut("the stream ended before its last event")
 
     def failed(
@@ -294,6 +316,15 @@ def _is_stream(answer: Answer) -> bool:
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def event_json(data: str) -> Any:
+    """A stream event's JSON, parsed by orjson (which refuses lone surrogates), else by the
+    standard library and passed through `valid_text`: no string in it holds a lone surrogate."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return valid_text(json.loads(data))
 
 
 def valid_text(data: Any) -> Any:

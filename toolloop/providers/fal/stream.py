@@ -24,8 +24,8 @@ from typing import Any
 
 from toolloop.contract import DeltaEvent, OnDelta
 from toolloop.errors import PromptGenError
-from toolloop.fastjson import loads
-from toolloop.providers.http import StreamFailure, valid_text
+from toolloop.providers.http import StreamFailure, event_json
+from toolloop.providers.sse import SseParser
 
 _APPENDED = ("text", "summary", "data")
 
@@ -35,6 +35,7 @@ class CompletionStream:
 
     def __init__(self, on_delta: OnDelta | None) -> None:
         self.on_delta = on_delta
+        self.sse = SseParser()
         self.top: dict[str, Any] = {}
         self.content: list[str] | None = None
         self.reasoning: list[str] | None = None
@@ -43,23 +44,33 @@ class CompletionStream:
         self.finish: dict[str, Any] = {"finish_reason": None, "native_finish_reason": None}
         self.usage: Any = None
         self._done = False
+        self.out: list[str] = []
+        """The delta text of the chunks read since the last `flush`, all of one kind..."""
+        self.out_thinking = False
+        """...reasoning (True) or answer text."""
 
     @property
     def done(self) -> bool:
         return self._done
 
+    def feed(self, chunk: bytes) -> None:
+        for name, data in self.sse.feed(chunk):
+            self.event(name, data)
+
     def event(self, name: str, data: str) -> None:
         if data.strip() == "[DONE]":
             self._done = True
+            self.flush()
             return
         try:
-            chunk = loads(data)
+            chunk = event_json(data)
         except ValueError:
             raise _broken(f"a chunk that is not JSON ({data[:80]!r})") from None
         if not isinstance(chunk, dict):
             raise _broken("a chunk that is not an object")
         error = chunk.get("error")
         if isinstance(error, dict) and error.get("message"):
+            self.flush()  # the text read before the error goes out, so its discard marker follows
             code = error.get("code")
             status = code if isinstance(code, int) and 400 <= code <= 599 else 500
             raise StreamFailure(status, json.dumps({"error": error}))
@@ -101,7 +112,18 @@ class CompletionStream:
 
     def _emit(self, text: str, *, thinking: bool) -> None:
         if self.on_delta is not None and text:
-            self.on_delta(DeltaEvent(text=valid_text(text), thinking=thinking))
+            if self.out and self.out_thinking is not thinking:
+                self.flush()
+            self.out_thinking = thinking
+            self.out.append(text)
+
+    def flush(self) -> None:
+        """Pass the delta text read since the last flush on as one `DeltaEvent` (SPEC 4.3: a delta
+        carries any amount of text): one per socket read, not one per chunk."""
+        if self.out and self.on_delta is not None:
+            text = self.out[0] if len(self.out) == 1 else "".join(self.out)
+            self.out.clear()
+            self.on_delta(DeltaEvent(text=text, thinking=self.out_thinking))
 
     def _detail(self, entry: dict[str, Any]) -> None:
         index = entry.get("index", len(self.details))
@@ -152,7 +174,7 @@ class CompletionStream:
                 "choices": [{"index": 0, "message": message, **self.finish}]}  # fmt: skip
         if self.usage is not None:
             body["usage"] = self.usage
-        return valid_text(body)
+        return body  # every string came through event_json: no lone surrogate
 
 
 def _call_joined(call: dict[str, Any]) -> dict[str, Any]:
