@@ -297,6 +297,7 @@ class _Step(Commits):
         """Just before the step's work: cancellation armed, and the lease checked (no round trip
         unless its deadline is near; an awaitable then, which the journal awaits)."""
         assert self.live is not None
+        self.process.hooks.point("work:before", run=self.run_id, key=key)
         self.process.arm(self.run_id, self.live.controller)
         if self.trace is not None:
             self.trace.enter()

@@ -152,9 +152,10 @@ class Client:
 
     def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
         """Answer the run's question (the one it holds, or the next one it asks when it has not parked
-        yet). The first answer to a question wins; later ones are ignored. Pass the `segment` of the
-        status that showed the question to make a late duplicate (sent after the run resumed) count
-        as a duplicate rather than as an early answer to the next question. Returns the answer id."""
+        yet). The first answer sent to a question wins; later ones are ignored (nothing is sent).
+        Pass the `segment` of the status that showed the question to make a late duplicate (sent
+        after the run resumed) count as a duplicate rather than as an early answer to the next
+        question. Returns the answer id."""
         return self._driver.run(ops.answer(self._sender, run_id, content, segment))
 
     def approve(

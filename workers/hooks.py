@@ -9,6 +9,8 @@ installed when TOOLLOOP_KILL_PLAN names a plan) crash or freeze the worker at th
     commit:before   the step's work returned, before the commit script (run, key)
     commit:after    the commit script ran, before the successor is sent (run, key)
     enqueue:after   the successor was sent (`sent`), before the task returns and is acked (run, key)
+    work:before     a step read the run's state and its work (model call, tool) is about to begin,
+                    before its cancel is armed (run, key: the step key, e.g. "tool:toolu_01")
     answer:after    an answer was stored, before the resume is sent (run)
     stream:write    a batch of a streaming model step's deltas is about to be queued (run, key, write)
 """

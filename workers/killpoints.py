@@ -20,6 +20,7 @@ worker process installs a `KillPlan` as its hooks (the step's code is the same e
     commit:before   the step's work returned, before the commit script
     commit:after    the commit script ran, before the successor is enqueued
     enqueue:after   the successor was enqueued (its batch written), before the task returns
+    work:before     a step's model call or tool is about to begin (its state read, its cancel not armed)
     answer:after    an answer was stored, before the resume is enqueued (field `run` only)
     stream:write    a streaming run queues its `write`-th delta write of a step (workers/deltas.py;
                     the writes before it reached Redis in earlier loop turns): a worker dying mid-stream

@@ -41,7 +41,7 @@ from workers.approvalscripts import DECISIONS_MARK
 from workers.errors import RunNotFoundError, RunStateError
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE
 from workers.records import FINAL, STREAM_KINDS, RunEventRecord, RunStatus
-from workers.scripts.control import RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry
+from workers.scripts.control import ANSWER_SEND, RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry, parse_sent
 
 T = TypeVar("T")
 
@@ -100,6 +100,7 @@ Request = Call | Batch | Eval | Sleep
 Op = Generator[Request, Any, T]
 Stream = Generator[Request | Emit, Any, None]
 
+ANSWER_SCRIPT = Lua.of(ANSWER_SEND)
 CANCEL_SCRIPT = Lua.of(RUN_CANCEL)
 RETRY_SCRIPT = Lua.of(RUN_RETRY)
 
@@ -210,34 +211,32 @@ def wait(run_id: str, timeout: float, poll_s: float) -> Op[RunStatus]:
 
 
 def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op[str]:
-    """Check the answer (see `Client.answer`), store it in the run's inbox and send `toolloop.answer`,
-    in one MULTI: the answer id."""
-    found, current, deadline, expired = yield Call(
-        "HMGET", keys.state(run_id), "status", "segment", "ask_deadline", "expired_segment"
-    )
-    if found is None:
-        raise RunNotFoundError(run_id)
-    if found in FINAL and found != "expired":  # an expired question: DeadlineError below
-        raise RunStateError(
-            f"Run {run_id!r} has ended ({found}); it takes no answer.\n"
-            "  Enqueue a new run, or retry it if it failed."
-        )
+    """Check the answer (see `Client.answer`), then claim it and send `toolloop.answer` in one script
+    (ANSWER_SEND: the first answer to a question wins when it is sent; a later one is ignored and
+    nothing is sent): the answer id."""
     if content.startswith(DECISIONS_MARK):
         raise ValueError("An answer may not start with the record separator \\x1e.\n  Strip it.")
-    target = int(current or 0) if segment is None else segment
-    late = found == "expired" or (segment is not None and expired is not None and int(expired) == segment)
-    if late or (found == "asked" and deadline and time.time() >= float(deadline)):
+    answer_id = uuid.uuid4().hex
+    [(_, queue, message), (_, channel, payload)] = sender.commands(
+        ANSWER, [run_id, answer_id], f"{run_id}:answer:{answer_id}", "control"
+    )
+    pinned = "" if segment is None else segment
+    args = [run_id, answer_id, pinned, content, time.time(), message, channel, payload]
+    where = [keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.LIVE_RUNS, queue]
+    sent = parse_sent((yield Eval(ANSWER_SCRIPT, where, args)))
+    if sent.what == "missing":
+        raise RunNotFoundError(run_id)
+    if sent.what == "ended":
+        raise RunStateError(
+            f"Run {run_id!r} has ended ({sent.detail}); it takes no answer.\n"
+            "  Enqueue a new run, or retry it if it failed."
+        )
+    if sent.what == "late":
         raise DeadlineError(
             f"The question of run {run_id!r} passed its deadline before this answer; the run went on "
-            f"with its default ({'stopped, expired' if found == 'expired' else 'ask_default'}).\n"
+            f"with its default ({'stopped, expired' if sent.detail == 'expired' else 'ask_default'}).\n"
             "  Nothing was sent. Give runs a longer ask_timeout_s if answers come later."
         )
-    answer_id = uuid.uuid4().hex
-    now = time.time()
-    entry = json.dumps({"segment": target, "content": content, "at": now})
-    send = sender.commands(ANSWER, [run_id, answer_id], f"{run_id}:answer:{answer_id}", "control")
-    yield Batch([("HSET", keys.inbox(run_id), answer_id, entry), ("ZADD", keys.LIVE_RUNS, now, run_id),
-                 *send], transaction=True)  # fmt: skip
     return answer_id
 
 

@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -53,6 +54,8 @@ log = logging.getLogger("toolloop.workers")
 
 Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 _ATTR = names.PROCESS_ATTR
+CANCELS_HEARD = 4096
+"""How many cancelled runs a process remembers (a run's steps arm within seconds of its cancel)."""
 
 
 class StepRunner(Protocol):
@@ -113,6 +116,9 @@ class WorkerProcess:
         self.db = int(self.redis.connection_pool.connection_kwargs.get("db", 0))
         self._events: dict[str, TaskEvents] = {}
         self._armed: dict[str, AbortController] = {}
+        self._cancels: OrderedDict[str, None] = OrderedDict()
+        """Runs whose cancel this process heard, newest last (at most CANCELS_HEARD): a step of one
+        is aborted when it arms, though the state it read at its begin had no cancel yet."""
         self._prompt_gen = prompt_gen
         self._lock = threading.Lock()
         self._threads = _tool_threads()
@@ -220,9 +226,14 @@ class WorkerProcess:
     # -- cancellation -----------------------------------------------------------------------------
 
     def arm(self, run_id: str, controller: AbortController) -> None:
-        """Route cancels of `run_id` to `controller` while its live step runs in this process."""
+        """Route cancels of `run_id` to `controller` while its live step runs in this process. A cancel
+        heard before (published after the step read the run's state, delivered before this) aborts it
+        now: a cancel wins wherever it lands (tests/unit/test_races.py)."""
         with self._lock:
             self._armed[run_id] = controller
+            heard = run_id in self._cancels
+        if heard:
+            controller.abort("cancel")
 
     def disarm(self, run_id: str, controller: AbortController) -> None:
         with self._lock:
@@ -230,9 +241,14 @@ class WorkerProcess:
                 del self._armed[run_id]
 
     def cancelled(self, run_id: str) -> None:
-        """A cancel of `run_id` was published: abort its live step here, and drop its kept loop."""
+        """A cancel of `run_id` was published: abort its live step here (or the next one it arms), and
+        drop its kept loop. (A run's cancel flag is never cleared, so a cancel heard stays true.)"""
         with self._lock:
             controller = self._armed.get(run_id)
+            self._cancels[run_id] = None
+            self._cancels.move_to_end(run_id)
+            while len(self._cancels) > CANCELS_HEARD:
+                self._cancels.popitem(last=False)
         if controller is not None:
             controller.abort("cancel")
         if self.loop is not None and run_id in self.kept:

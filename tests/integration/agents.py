@@ -83,6 +83,20 @@ def flaky(input: FlakyInput, signal: AbortSignal) -> ToolOutput:
     return ToolOutput(value="ok", content=[TextPart(text="the file is there")])
 
 
+class GateInput(BaseModel):
+    path: str
+
+
+async def gate(input: GateInput, signal: AbortSignal) -> ToolOutput:
+    """Wait until the test opens the gate (creates the file at `path`), up to 60 s: the run holds
+    here, before its park, for as long as the test needs, whatever the machine's load."""
+    deadline = time.monotonic() + 60
+    while not Path(input.path).exists() and time.monotonic() < deadline and not signal.aborted:
+        await asyncio.sleep(0.02)
+    opened = Path(input.path).exists()
+    return ToolOutput(value=opened, content=[TextPart(text="opened" if opened else "still shut")])
+
+
 class MeetInput(BaseModel):
     me: str
     partner: str
@@ -111,6 +125,7 @@ TOOLS = [
     ToolSpec(name="flaky", description="Check a file.", schema=FlakyInput, run=flaky),
     ToolSpec(name="render", description="Render on a GPU.", schema=AddInput, run=add, queue="gpu"),
     ToolSpec(name="meet", description="Wait for a partner.", schema=MeetInput, run=meet),
+    ToolSpec(name="gate", description="Wait for the gate to open.", schema=GateInput, run=gate),
     ToolSpec(
         name="publish",
         description="Publish a sum.",
@@ -186,12 +201,19 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         return reply("Slept.")
     if scenario == "budget":
         return reply(tool_calls=[call("slow", {"seconds": 0.3})], cost_usd=0.4)
-    if scenario == "slow_ask":
+    if scenario == "gated_ask":  # the user text is the gate's path
         if turn == 1:
-            return reply(tool_calls=[call("slow", {"seconds": 1.5})])
+            return reply(tool_calls=[call("gate", {"path": _user_text(request)})])
         if turn == 2:
             return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
         return reply(f"You said: {_last_tool_text(request)}")
+    if scenario == "ask_gated":  # the question, then a gate (the user text is its path), then the answer
+        if turn == 1:
+            return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
+        if turn == 2:
+            return reply(tool_calls=[call("gate", {"path": _user_text(request)})])
+        answers = [_text(m.content) for m in request.messages if isinstance(m, ToolMessage)]
+        return reply(f"You said: {answers[0]}")
     if scenario == "count":  # eleven tool turns, then an answer
         if turn <= 11:
             return reply(tool_calls=[call("add", {"a": turn, "b": 1000})], cost_usd=0.001)
@@ -211,14 +233,14 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         return reply(f"Model read: {_last_tool_text(request)}")
     if scenario in (
         "approve",
-        "approve_slow",
+        "approve_gated",
         "approve_yes",
         "approve_gpu",
     ):  # a held call, then what the model read
         if turn == 1:
-            first = (
-                [call("slow", {"seconds": 1.5})]
-                if scenario == "approve_slow"
+            first = (  # approve_gated: the user text is the gate's path
+                [call("gate", {"path": _user_text(request)})]
+                if scenario == "approve_gated"
                 else [call("add", {"a": 1, "b": 1})]
             )
             name = {"approve_yes": "publish_yes", "approve_gpu": "publish_gpu"}.get(scenario, "publish")

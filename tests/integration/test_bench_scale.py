@@ -16,13 +16,18 @@ pytestmark = pytest.mark.integration
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
 
 
+@pytest.mark.timeout(360)  # ~40 s at a load average of 12 on 2 cores; the suite's 120 s cut it short
 def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     args = ["--hops", "10", "--floor-trials", "1", "--runs", "6", "--turns", "2", "--latency", "0.2",
             "--parked", "12", "--park-turns", "2", "--json", str(out)]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=150, check=False
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, check=False
+        )
+    except subprocess.TimeoutExpired as late:  # say where it was: its own progress lines
+        so_far = late.stderr.decode(errors="replace") if isinstance(late.stderr, bytes) else late.stderr or ""
+        pytest.fail(f"bench/scale.py ran over 300 s; its stderr so far:\n{so_far[-3000:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert any(line.startswith("bare Celery hop (floor):") for line in lines), done.stdout
@@ -33,7 +38,8 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     assert "{'asked': 12}" in parked
     results = json.loads(out.read_text())
     (trial,) = results["flight"]
-    assert trial["done"] == 6 and trial["cpu_s"] > 0 and trial["steps"] == 6 * 3
+    # CPU is read in 10 ms ticks: 18 steps at the 0.3 ms target may read 0
+    assert trial["done"] == 6 and trial["cpu_s"] >= 0 and trial["steps"] == 6 * 3
     assert set(trial["gc"]) == {"gen0", "gen1", "gen2"} and trial["sim_cpu_s"] >= 0  # 10 ms ticks
     kept = results["parked"]
     assert kept["statuses"] == {"asked": 12}

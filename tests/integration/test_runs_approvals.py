@@ -4,6 +4,7 @@ person's decision (approve, reject, edit) over the control queue resumes it, dea
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,12 +101,16 @@ def test_a_stale_digest_is_refused_and_a_duplicate_is_ignored(client: Client) ->
     assert kinds(client, run_id).count("approval_decided") == 1
 
 
-def test_a_decision_sent_before_the_run_parks_is_kept_and_used(client: Client, worker: Any) -> None:
-    run_id = client.enqueue(spec("approve_slow"))  # a 1.5 s tool runs before the call is held
+def test_a_decision_sent_before_the_run_parks_is_kept_and_used(
+    client: Client, worker: Any, tmp_path: Path
+) -> None:
+    gate = tmp_path / "open"  # the run holds at a gate tool before the call is held, until the test opens it
+    run_id = client.enqueue(spec("approve_gated", str(gate)))
     model = eventually(lambda: [e for e in client.events(run_id) if e.kind == "model"])
     call_id = next(c["id"] for c in model[0].tool_calls if c["name"] == "publish")
     assert client.status(run_id).status in ("queued", "running")
     assert client.edit(run_id, call_id, {"a": 4, "b": 4}, actor="early bird") == "kept"
+    gate.touch()
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert (status.final_text or "").endswith("published 4+4"), status
@@ -260,11 +265,15 @@ def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(client: 
     assert published(worker)[before:] == [{"tool": "publish", "ran_with": {"a": 1.0, "b": 2.0}}]
 
 
-def test_an_early_decision_for_another_input_is_dropped_and_the_call_waits(client: Client) -> None:
-    run_id = client.enqueue(spec("approve_slow"))
+def test_an_early_decision_for_another_input_is_dropped_and_the_call_waits(
+    client: Client, tmp_path: Path
+) -> None:
+    gate = tmp_path / "open"
+    run_id = client.enqueue(spec("approve_gated", str(gate)))
     model = eventually(lambda: [e for e in client.events(run_id) if e.kind == "model"])
     call_id = next(c["id"] for c in model[0].tool_calls if c["name"] == "publish")
     assert client.approve(run_id, call_id, digest="sha256:" + "2" * 64) == "kept"
+    gate.touch()
     held = parked(client, run_id)
     eventually(lambda: "approval_refused" in kinds(client, run_id))
     assert client.wait(run_id, timeout=5).approvals == [held]  # still waiting

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -41,11 +42,14 @@ def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
     ]  # fmt: skip
 
 
-def test_an_answer_sent_twice_counts_once(client: Client) -> None:
-    run_id = client.enqueue(spec("ask"))
+def test_an_answer_sent_twice_counts_once(client: Client, tmp_path: Path) -> None:
+    gate = tmp_path / "open"  # after the answer the run holds at a gate: it cannot end before "second"
+    run_id = client.enqueue(spec("ask_gated", str(gate)))
     assert client.wait(run_id, timeout=20).status == "asked"
     client.answer(run_id, "first")
-    client.answer(run_id, "second")
+    client.answer(run_id, "second")  # ignored when sent, or kept for a next question never asked
+    # (two answers both sent while the run is parked: tests/unit/test_races.py, handled in any order)
+    gate.touch()
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert status.final_text == "You said: first"
@@ -54,10 +58,13 @@ def test_an_answer_sent_twice_counts_once(client: Client) -> None:
     assert answered[0].content == "first"
 
 
-def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client) -> None:
-    run_id = client.enqueue(spec("slow_ask"))  # a slow tool first, then the question
+def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client, tmp_path: Path) -> None:
+    gate = tmp_path / "open"  # a tool that holds the run until the test opens its gate, then the question
+    run_id = client.enqueue(spec("gated_ask", str(gate)))
     client.answer(run_id, "early")
+    client.answer(run_id, "later")  # the first answer sent wins, the run not parked yet
     assert client.status(run_id).status in ("queued", "running")
+    gate.touch()
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert status.final_text == "You said: early"

@@ -1,6 +1,6 @@
 """The run scripts of clients, control tasks and the sweeper, each with its reply typed:
-RUN_ANSWER (`parse_answer`), RUN_RETRY (`parse_retry`), RUN_CANCEL (`parse_cancel`) and INDEX_DROP
-(its reply, 1 when dropped, is not read)."""
+ANSWER_SEND (`parse_sent`: the client's), RUN_ANSWER (`parse_answer`), RUN_RETRY (`parse_retry`),
+RUN_CANCEL (`parse_cancel`) and INDEX_DROP (its reply, 1 when dropped, is not read)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,43 @@ from typing import Any, Literal
 
 from workers.scripts.prelude import with_prelude
 
+ANSWER_SEND = with_prelude("""
+-- The client's answer, claimed and sent in one step: the first answer for a segment's question wins
+-- here, at send time (HSETNX of the segment's answer slot), so answers sent one after another count
+-- in the order they were sent however their `toolloop.answer` messages are handled later; the
+-- message only wakes the run (RUN_ANSWER). A run not parked yet keeps the answer for its park.
+-- KEYS: 1 state 2 answers 3 inbox 4 live-runs index 5 the control queue's list
+-- ARGV: 1 run id 2 answer id 3 segment ('' = the run's current one) 4 content 5 now 6 message
+--       7 task-sent channel 8 task-sent payload
+-- -> {'sent', segment} | {'ignored', why} | {'ended', status} | {'late', status} | {'missing'}
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'missing'} end
+local current = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
+local pinned = tonumber(ARGV[3])
+local now = tonumber(ARGV[5])
+local expired = tonumber(redis.call('HGET', KEYS[1], 'expired_segment') or '')
+local deadline = tonumber(redis.call('HGET', KEYS[1], 'ask_deadline') or '')
+if terminal(status) and status ~= 'expired' then return {'ended', status} end
+if status == 'expired' or (pinned and expired == pinned)
+    or (status == 'asked' and deadline and now >= deadline) then
+  return {'late', status}
+end
+if pinned and pinned ~= current then return {'ignored', 'that question was already answered'} end
+if redis.call('HSETNX', KEYS[2], 's' .. current, ARGV[4]) == 0 then
+  return {'ignored', 'that question was already answered'}
+end
+redis.call('HSET', KEYS[3], ARGV[2], cjson.encode({segment = current, content = ARGV[4], at = now,
+  claimed = true}))
+redis.call('ZADD', KEYS[4], now, ARGV[1])
+redis.call('LPUSH', KEYS[5], ARGV[6])
+redis.call('PUBLISH', ARGV[7], ARGV[8])
+return {'sent', current}
+""")
+
 RUN_ANSWER = with_prelude("""
--- Store an answer: the first answer for a segment's ask wins; a parked run resumes at once, a run
--- not parked yet keeps the answer for when it parks.
+-- Apply an answer of the run's inbox: the first answer for a segment's ask wins (a client's was
+-- claimed when sent: ANSWER_SEND; a cancel's is claimed here); a parked run whose question has an
+-- answer resumes at once, a run not parked yet keeps the answer for when it parks.
 -- KEYS: 1 state 2 answers 3 inbox 4 events 5 outbox; ARGV: 1 answer id 2 now
 -- -> {'resumed', member} | {'kept'} | {'ignored', why} | {'gone'}
 local raw = redis.call('HGET', KEYS[3], ARGV[1])
@@ -22,11 +56,14 @@ local status = redis.call('HGET', KEYS[1], 'status')
 local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
 if terminal(status) then return {'ignored', 'the run has ended (' .. status .. ')'} end
 if tonumber(a.segment) ~= segment then return {'ignored', 'that question was already answered'} end
-if redis.call('HSETNX', KEYS[2], 's' .. segment, a.content) == 0 then
+local slot = 's' .. segment
+local fresh = a.claimed or redis.call('HSETNX', KEYS[2], slot, a.content) == 1
+if status ~= 'asked' then
+  if fresh then return {'kept'} end
   return {'ignored', 'that question was already answered'}
 end
-if status ~= 'asked' then return {'kept'} end
-emit(KEYS[1], KEYS[4], tostring(segment), 'answered', cjson.encode({content = a.content}))
+local content = redis.call('HGET', KEYS[2], slot)  -- the answer that won (this one, or an earlier)
+emit(KEYS[1], KEYS[4], tostring(segment), 'answered', cjson.encode({content = content}))
 local next_segment = segment + 1
 emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
 local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
@@ -72,6 +109,25 @@ if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then
 end
 return 0
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """ANSWER_SEND's reply: `sent` (claimed for `segment`, its message sent), `ignored` (`why`: the
+    question has its answer already), `ended` or `late` (`status`: the run ended, or the question
+    passed its deadline), or `missing` (no such run). Nothing is stored unless `sent`."""
+
+    what: Literal["sent", "ignored", "ended", "late", "missing"]
+    detail: str = ""
+
+
+def parse_sent(reply: list[Any]) -> Sent:
+    """ANSWER_SEND's reply, parsed once."""
+    what = str(reply[0])
+    detail = str(reply[1]) if len(reply) > 1 else ""
+    if what in ("sent", "ignored", "ended", "late"):
+        return Sent(what, detail)  # type: ignore[arg-type]
+    return Sent("missing")
 
 
 @dataclass(frozen=True, slots=True)
