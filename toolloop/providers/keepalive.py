@@ -267,10 +267,10 @@ class Pool:
         assert conn.headers is not None
         decoder = _decoder(conn.headers.get("content-encoding", ""))
         while True:
-            if conn.body:
-                chunks, conn.body = conn.body, []
-                for chunk in chunks:
-                    yield chunk if decoder is None else decoder.decompress(chunk)
+            if conn.body:  # what arrived since the last read, as one piece: a stream reader
+                chunks, conn.body = conn.body, []  # then passes its text on as one delta
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                yield data if decoder is None else decoder.decompress(data)
                 continue
             if conn.complete:
                 if decoder is not None:
