@@ -16,7 +16,7 @@ A reply is a small dict (Celery's pidbox carries it back as JSON). Two environme
 the garbage-collector experiments of bench/PROFILE-19.md, applied once the worker is ready (after
 workers/wiring.py's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
 `BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds;
-`BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.loop.records._VALIDATED_MAX`);
+`BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.memo.MAX`, per run);
 (`BENCH_BREAK_CYCLES=1`, PROFILE-19's M1 tried from outside, is gone: the worker does it itself now);
 `BENCH_FREE_BODY=1` tries C1's
 "do not keep the request body across the model call" (`toolloop.providers.http.dumps` patched to
@@ -158,9 +158,9 @@ def _gc_switches(**_: Any) -> None:
         first, second, third = (int(part) for part in thresholds.split(","))
         gc.set_threshold(first, second, third)
     if os.environ.get("BENCH_MEMO_MAX"):
-        from toolloop.loop import records
+        import toolloop.memo
 
-        records._VALIDATED_MAX = int(os.environ["BENCH_MEMO_MAX"])
+        toolloop.memo.MAX = int(os.environ["BENCH_MEMO_MAX"])
     if os.environ.get("BENCH_FREE_BODY") == "1":
         _free_body()
     every = float(os.environ.get("BENCH_GC_EVERY", "0"))

@@ -1,7 +1,7 @@
 """CPU per model call at many calls in flight, on the two HTTP clients of toolloop.providers.client:
-a fresh httpx client per call (`HttpxClient`, the library default) and the keep-alive aiohttp
-session a worker hands its providers (`KeepAliveClient`). The simulator answers every call after
---latency s.
+a fresh httpx client per call (`HttpxClient`, the library default) and the keep-alive connections
+(httptools, toolloop/providers/keepalive.py) a worker hands its providers (`KeepAliveClient`). The
+simulator answers every call after --latency s.
 
     .venv/bin/python bench/http_clients.py [--calls 500] [--rounds 3] [--latency 1]
 

@@ -31,7 +31,9 @@ class AbortSignal:
         self._deadline_reason: Any = None
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: dict[Callable[[], None], int] = {}
+        """Each callback to call, with how many times it was added (in order: a dict, so removing
+        one is O(1) even when thousands of steps listen to one signal)."""
 
     @property
     def aborted(self) -> bool:
@@ -70,15 +72,22 @@ class AbortSignal:
         """Call `callback()` once when the signal aborts (at once when it already has)."""
         with self._lock:
             if not self._aborted:
-                self._callbacks.append(callback)
+                callbacks = self._callbacks
+                callbacks[callback] = callbacks.get(callback, 0) + 1
                 return
         callback()
 
     def remove_callback(self, callback: Callable[[], None]) -> None:
         """Forget a callback given to `add_callback` (nothing when it ran or was never added)."""
         with self._lock:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
+            callbacks = self._callbacks
+            count = callbacks.get(callback)
+            if count is None:
+                return
+            if count > 1:
+                callbacks[callback] = count - 1
+            else:
+                del callbacks[callback]
 
     def _abort(self, reason: Any) -> None:
         with self._lock:
@@ -87,12 +96,13 @@ class AbortSignal:
             self._aborted = True
             self._reason = reason
             waiters, self._waiters = self._waiters, []
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks, self._callbacks = self._callbacks, {}
         for loop, future in waiters:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_resolve, future)
-        for callback in callbacks:
-            callback()
+        for callback, count in callbacks.items():
+            for _ in range(count):
+                callback()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +124,7 @@ class _Step(Commits):
         self.begun = begun
         self.batch = process.batch
         self.settings = process.settings
-        self.owner = begun.owner if begun is not None else uuid.uuid4().hex
+        self.owner = begun.owner if begun is not None else process.new_owner()
         self.live: LiveLoop | None = None
         self.kept = False
         """True once `live` was kept for the run's next step (it then outlives this step)."""

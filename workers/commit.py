@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import time
-import uuid
 from typing import Any
 
 import redis as redis_lib
@@ -236,7 +235,8 @@ class Commits:
 
     def _fresh_events(self, committed: int) -> list[tuple[int, str, str]]:
         """(index, kind, data) of the segment's loop events past the `committed` first."""
-        return [(i + 1, e.kind, e.model_dump_json()) for i, e in enumerate(self.events) if i >= committed]
+        events = self.events
+        return [(i + 1, events[i].kind, events[i].model_dump_json()) for i in range(committed, len(events))]
 
     def _go_on(
         self, outcome: CommitOutcome, queue: str, next_key: str | None
@@ -259,8 +259,9 @@ class Commits:
             queue,
             routing.describe(live, next_key or ""),
             traceparent=self.run_traceparent(),
+            tag=self.process.new_owner(),
         )
-        go_on = GoOn(uuid.uuid4().hex, self.settings.lease_ms, successor.tag,
+        go_on = GoOn(self.process.new_owner(), self.settings.lease_ms, successor.tag,
                      wire.unacked_value(successor.raw, queue))  # fmt: skip
         return successor, go_on
 
@@ -318,6 +319,7 @@ class Commits:
                 queue,
                 routing.describe(self.live, str(progress.get("next") or "")),
                 traceparent=self.run_traceparent(),
+                tag=self.process.new_owner(),
             )
             here = self.process.consumer
             if here is None or here.hand_off(queue, message) is None:  # it runs here next, if it can

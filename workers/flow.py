@@ -17,10 +17,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-
-import httpx
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult, UserMessage
@@ -188,7 +186,7 @@ async def _limited(
         if why != "busy":
             break
 
-    def learn(status: int, headers: httpx.Headers) -> None:
+    def learn(status: int, headers: Mapping[str, str]) -> None:
         blocked, remaining = ratelimit.lessons(status, headers, time.time())
         if blocked or remaining:
             flat = [x for pair in remaining for x in pair]

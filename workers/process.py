@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import itertools
 import logging
 import os
 import threading
@@ -124,7 +125,18 @@ class WorkerProcess:
         """The loop's default executor once `start_loop` made the loop (`shed_tool_threads`)."""
         self.http = http or client_from_env()
         """The process's HTTP client for model calls: keep-alive connections on the process loop
-        (`KeepAliveClient`, with aiohttp), handed to the providers of the default model factory."""
+        (`KeepAliveClient`, on httptools), handed to the providers of the default model factory."""
+        self._owner_pid = 0
+        self._owner_prefix = ""
+        self._owners = itertools.count()
+
+    def new_owner(self) -> str:
+        """A lease owner no other step of any process has: this process's random prefix (16 hex
+        digits, drawn again in a forked child) and a counter, in hex; no `os.urandom` per step."""
+        pid = os.getpid()
+        if pid != self._owner_pid:
+            self._owner_pid, self._owner_prefix = pid, os.urandom(8).hex()
+        return f"{self._owner_prefix}{next(self._owners):x}"
 
     # -- the loop -----------------------------------------------------------------------------------
 

@@ -28,11 +28,10 @@ import datetime
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from workers.names import RATE_PREFIX
 
@@ -218,7 +217,7 @@ return 1
 _HEADER_FIELDS = {"requests": "r", "input-tokens": "i", "output-tokens": "o"}
 
 
-def lessons(status: int, headers: httpx.Headers, now: float) -> tuple[float, list[tuple[str, float]]]:
+def lessons(status: int, headers: Mapping[str, str], now: float) -> tuple[float, list[tuple[str, float]]]:
     """What an answer's headers teach: (blocked until, epoch seconds or 0; [(field, remaining)]).
     A remaining of 0 blocks until its reset; a 429's `retry-after` blocks for that long."""
     from toolloop.providers.http import parse_retry_after

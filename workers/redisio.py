@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -162,10 +163,40 @@ class Batch:
                     future.set_result(reply)
 
     async def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for args in commands:
-            pipe.execute_command(*args)
-        return await pipe.execute(raise_on_error=False)
+        """The replies of `commands`, sent as one packed write on one pooled connection (what
+        redis-py's non-transactional pipeline does, without its command stack, prepares and
+        observability hooks per flush): an error reply is that command's exception; a dropped
+        connection is retried as the client's `retry` says (the pipeline's own rule), anything
+        else raised for the whole batch."""
+        pool = self.client.connection_pool
+        callbacks = self.client.response_callbacks
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+
+        async def once() -> list[Any]:
+            await conn.send_packed_command(conn.pack_commands(commands))
+            replies: list[Any] = []
+            for args in commands:
+                try:
+                    reply = await conn.read_response()
+                except redis_lib.exceptions.ResponseError as error:
+                    replies.append(error)
+                    continue
+                callback = callbacks.get(args[0])
+                if callback is not None:
+                    reply = callback(reply)
+                    if inspect.isawaitable(reply):
+                        reply = await reply
+                replies.append(reply)
+            return replies
+
+        async def failed(error: Exception) -> None:
+            await conn.disconnect(error=error)
+
+        try:
+            replies: list[Any] = await conn.retry.call_with_retry(once, failed)
+            return replies
+        finally:
+            await pool.release(conn)
 
     async def _eval_again(self, args: tuple[Any, ...]) -> Any:
         try:

@@ -40,13 +40,20 @@ def queue_keys(queues: list[str]) -> list[str]:
 
 
 def task_message(
-    name: str, args: list[Any], task_id: str, queue: str, label: str = "", traceparent: str | None = None
+    name: str,
+    args: list[Any],
+    task_id: str,
+    queue: str,
+    label: str = "",
+    traceparent: str | None = None,
+    tag: str | None = None,
 ) -> Delivery:
     """A Celery protocol-2 task message for `queue` (anonymous exchange, routing key = queue), as the
     `Delivery` it will be: `raw` is what goes on the queue. `label` says what the step is (`model 3`,
     `tool read_frame`): it shows in Flower and `celery inspect` as the task's kwargsrepr
     (`{'step': 'model 3'}`) while the arguments stay ids only. `traceparent`: the run's W3C trace
-    context, carried as a message header (workers/tracing.py)."""
+    context, carried as a message header (workers/tracing.py). `tag`: its delivery tag, unique (a
+    worker passes `WorkerProcess.new_owner()`: no `os.urandom` per message); default a uuid4."""
     body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     argsrepr = repr(args)
     kwargsrepr = step_kwargsrepr(label)
@@ -59,7 +66,7 @@ def task_message(
     }  # fmt: skip
     if traceparent:
         headers["traceparent"] = traceparent
-    tag = _tag()
+    tag = tag or _tag()
     raw = orjson.dumps({
         "body": base64.b64encode(body).decode(),
         "content-encoding": "utf-8",

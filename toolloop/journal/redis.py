@@ -21,6 +21,7 @@ from typing import Any
 import redis as redis_lib
 
 from toolloop.abort import NEVER_ABORTED, AbortSignal
+from toolloop.fastjson import loads_exact
 from toolloop.journal import keys, scripts
 from toolloop.journal.base import step_scope
 from toolloop.loop.types import StepResult, StepWork
@@ -41,8 +42,9 @@ def encode_entry(result: StepResult) -> str:
 
 
 def decode_entry(stored: str | bytes) -> tuple[float, Any]:
-    """(cost, value) of a stored entry (`encode_entry`'s text)."""
-    entry = json.loads(stored)
+    """(cost, value) of a stored entry (`encode_entry`'s text), read as `json.loads` reads it
+    (orjson where that is the same: `toolloop.fastjson.loads_exact`)."""
+    entry = loads_exact(stored)
     return entry["cost_usd"], entry["value"]
 
 

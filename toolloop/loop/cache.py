@@ -17,15 +17,17 @@ from __future__ import annotations
 from toolloop.contract import ChatMessage, TextPart
 from toolloop.loop.history import History
 from toolloop.loop.types import CacheMode
+from toolloop.memo import RunMemo
 
 BREAKPOINTS = 4
 """Most cache breakpoints a request may carry (Anthropic's limit)."""
 
 
 def request_messages(
-    history: History, mode: CacheMode, max_assistants: int
+    history: History, mode: CacheMode, max_assistants: int, memo: RunMemo | None = None
 ) -> tuple[list[ChatMessage], bool | None]:
-    """The messages of the next request (images trimmed, marks set) and its `cache_system`."""
+    """The messages of the next request (images trimmed, marks set) and its `cache_system`. With
+    the run's `memo`, a message marked in the last request gets the same marked copy again."""
     history.trim_images()
     sent = list(history.sent)
     if mode == "off":
@@ -43,15 +45,22 @@ def request_messages(
         older = mark_target(history, history.assistant_at[-1], assistants - 1, max_assistants)
         if older != targets[0]:
             targets.append(older)
+    last = {} if memo is None else memo.marked
+    kept: dict[int, tuple[ChatMessage, ChatMessage | None]] = {}
     for index in targets:
         if index is None:
             continue
-        marked = _marked(sent[index])
+        message = sent[index]
+        hit = last.get(id(message))
+        marked = hit[1] if hit is not None and hit[0] is message else _marked(message)
+        kept[id(message)] = (message, marked)
         if marked is None:
             continue  # the caller marked that part already: it takes no slot
         if free > 0:
             sent[index] = marked
             free -= 1
+    if memo is not None:
+        memo.marked = kept
     return sent, cache_system
 
 

@@ -23,6 +23,7 @@ from toolloop.loop.types import (
     ToolOutput,
     ToolSpec,
 )
+from toolloop.memo import RunMemo
 
 ASK = "ask"
 SECOND_ASK = "Ask one question at a time."
@@ -52,6 +53,7 @@ class CallAnswers:
     history: History
     tools: dict[str, ToolSpec]
     cost: float
+    memo: RunMemo
 
     async def answer_calls(self, turn: int, calls: list[ToolCall], approvals: list[Approval]) -> Asked | None:
         """Answer the calls of one turn in order; the held ask, if any. Held approvals join
@@ -84,7 +86,7 @@ class CallAnswers:
                 else:
                     output = await self.run_one_phase(spec, tool_call, checked)
             key = (turn, tool_call.name, tool_call.id, tuple(rows))
-            message, event = derived(output, key, tool_records, turn, tool_call, output, rows)
+            message, event = derived(self.memo, output, key, tool_records, turn, tool_call, output, rows)
             self.history.append(message)
             self.cost += output.cost_usd
             if self.options.on_step is not None:
@@ -127,7 +129,7 @@ class CallAnswers:
         async def work(signal: AbortSignal) -> StepResult:
             return StepResult(value=text_answer(text).model_dump(mode="json"), cost_usd=0.0)
 
-        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
+        return validated(self.memo, ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
 
     async def run_one_phase(
         self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
@@ -143,7 +145,7 @@ class CallAnswers:
                 output = edited_output(output, edited)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
-        return validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
+        return validated(self.memo, ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
 
     async def run_two_phase(
         self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, edited: BaseModel | None = None
@@ -167,7 +169,7 @@ class CallAnswers:
                 output = edited_output(output, edited)
             return StepResult(value=output.model_dump(mode="json"), cost_usd=output.cost_usd)
 
-        output = validated(ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))
+        output = validated(self.memo, ToolOutput, await self.options.step(f"tool:{tool_call.id}:wait", wait))
         return output, list(handle.get("rows") or [])
 
     def bounded(self, output: ToolOutput, tool: str) -> ToolOutput:

@@ -1,6 +1,7 @@
 """What the loop makes from a step's stored value: the stop details of an answer (`refusal_of`,
 `cut_off`, `retry_room`), the validated value (`validated`) and the history message and event
-(`derived`, `model_records`, `tool_records`), memoized by the identity of the stored value."""
+(`derived`, `model_records`, `tool_records`), memoized in the run's `RunMemo` (toolloop/memo.py) by
+the identity of the stored value."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+import toolloop.memo
 from toolloop.contract import AssistantMessage, FinishReason, PromptGenResult, ToolCall, ToolMessage
 from toolloop.loop.tools import message_content, summary
 from toolloop.loop.types import ModelEvent, Refusal, ToolEvent, ToolOutput
+from toolloop.memo import RunMemo
 
 MIN_RETRY_MAX_TOKENS = 1024
 
@@ -47,12 +50,10 @@ def retry_room(result: PromptGenResult) -> int:
 
 
 _Model = TypeVar("_Model", PromptGenResult, ToolOutput)
-_VALIDATED: dict[int, tuple[Any, BaseModel]] = {}
-_VALIDATED_MAX = 20_000
 
 
-def validated(model: type[_Model], value: Any) -> _Model:
-    """`model.model_validate(value)`, memoized by the identity of `value`.
+def validated(memo: RunMemo, model: type[_Model], value: Any) -> _Model:
+    """`model.model_validate(value)`, memoized in the run's memo by the identity of `value`.
 
     A journal that hands back the same decoded object for a stored step every time it replays it
     (MemoryJournal; the durable worker's segment journal, whose decoded entries live across a run's
@@ -60,32 +61,32 @@ def validated(model: type[_Model], value: Any) -> _Model:
     step of the segment at every step, so this is most of what a long segment costs. The memo holds `value`
     itself, so its identity cannot be reused while the entry lives; it is emptied when full.
     """
+    done = memo.validated
     key = id(value)
-    hit = _VALIDATED.get(key)
+    hit = done.get(key)
     if hit is not None and hit[0] is value and type(hit[1]) is model:
         return hit[1]
     result = model.model_validate(value)
-    if len(_VALIDATED) >= _VALIDATED_MAX:
-        _VALIDATED.clear()
-    _VALIDATED[key] = (value, result)
+    if len(done) >= toolloop.memo.MAX:
+        done.clear()
+    done[key] = (value, result)
     return result
 
 
-_DERIVED: dict[tuple[int, Any], tuple[BaseModel, Any]] = {}
-
-
-def derived(source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *args: Any) -> tuple[Any, Any]:
+def derived(
+    memo: RunMemo, source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *args: Any
+) -> tuple[Any, Any]:
     """`make(*args)`: the history message and event the loop makes from a step's validated value,
     memoized like `validated`: a value replayed again (the same frozen object) under the same `key`
     gives the same frozen message and event without building them again."""
     memo_key = (id(source), key)
-    hit = _DERIVED.get(memo_key)
+    hit = memo.derived.get(memo_key)
     if hit is not None and hit[0] is source:
         return hit[1]  # type: ignore[no-any-return]
     made = make(*args)
-    if len(_DERIVED) >= _VALIDATED_MAX:
-        _DERIVED.clear()
-    _DERIVED[memo_key] = (source, made)
+    if len(memo.derived) >= toolloop.memo.MAX:
+        memo.derived.clear()
+    memo.derived[memo_key] = (source, made)
     return made
 
 

@@ -55,6 +55,7 @@ from toolloop.loop.types import (
     StepWork,
     StoppedBy,
 )
+from toolloop.memo import memo_of, run_memo
 
 __all__ = ["BudgetStop", "run_tool_loop"]
 
@@ -69,6 +70,8 @@ async def run_tool_loop(options: RunToolLoopOptions | Mapping[str, Any]) -> RunT
 class _Run(CallAnswers):
     def __init__(self, options: RunToolLoopOptions) -> None:
         self.options = options
+        self.memo = memo_of(options.step)
+        """What this run does not build twice (toolloop/memo.py); its model calls see it as `run_memo`."""
         self.history = History(options.messages, options.keep_images)
         self.tools = {spec.name: spec for spec in options.tools}
         self.definitions = tool_definitions(options.tools)
@@ -92,6 +95,13 @@ class _Run(CallAnswers):
     # -- the turn ----------------------------------------------------------------------------------
 
     async def run(self) -> RunToolLoopResult:
+        token = run_memo.set(self.memo)
+        try:
+            return await self.turns()
+        finally:
+            run_memo.reset(token)
+
+    async def turns(self) -> RunToolLoopResult:
         if self.options.decisions:  # a resume after an approval stop: the held calls are answered first
             stopped = await self.answer_turn(0, self.decided_calls())
             if stopped is not None:
@@ -185,7 +195,9 @@ class _Run(CallAnswers):
             try:
                 if finish and self.note_applies():
                     self.history.append(UserMessage(content=str(options.finish_note)))
-                messages, cache_system = request_messages(self.history, options.cache, self.max_assistants)
+                messages, cache_system = request_messages(
+                    self.history, options.cache, self.max_assistants, self.memo
+                )
             finally:
                 self.history.truncate(length)
             # Every field is built from validated values: the history is not validated again.
@@ -231,7 +243,7 @@ class _Run(CallAnswers):
             raise
 
     def record_model(self, turn: int, value: Any) -> PromptGenResult:
-        result = validated(PromptGenResult, value["result"])
+        result = validated(self.memo, PromptGenResult, value["result"])
         finish = value.get("finish")
         if finish is not None:
             self.finish_started = True
@@ -240,7 +252,7 @@ class _Run(CallAnswers):
         self.steps += 1
         self.cost += result.cost_usd
         text = result.text or None
-        message, event = derived(result, turn, model_records, turn, result)
+        message, event = derived(self.memo, result, turn, model_records, turn, result)
         retried, self.retry_max_tokens = self.retry_max_tokens, None
         if not cut_off(result):
             self.history.append(message)

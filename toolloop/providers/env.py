@@ -27,6 +27,10 @@ from toolloop.providers.fal import FalHandler
 from toolloop.providers.models import default_catalog
 from toolloop.providers.oneturn import ClaudeHandler, CodexHandler, OpenAIHandler
 
+PROVIDERS = ("anthropic", "fal", "openai", "codex", "claude")
+"""The names `from_env` registers, in order, whatever the environment (a validation that needs only
+the names reads this, not a `from_env()` that builds every handler and catalog)."""
+
 
 def from_env(
     env: Mapping[str, str] | None = None,
@@ -63,5 +67,6 @@ def from_env(
         "codex": CodexHandler(),
         "claude": ClaudeHandler(),
     }
+    assert tuple(handlers) == PROVIDERS
     fallback = [name.strip() for name in (get("TOOLLOOP_FALLBACK") or "").split(",") if name.strip()]
     return PromptGen(handlers, get("TOOLLOOP_PROVIDER") or "anthropic", fallback)

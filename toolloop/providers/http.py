@@ -43,7 +43,7 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta
 from toolloop.deltas import relay as as_relay
 from toolloop.errors import PromptGenError
-from toolloop.fastjson import dumps
+from toolloop.fastjson import dumps, loads_exact
 from toolloop.providers.base import Secret, redact
 from toolloop.providers.client import Answer, HttpClient
 from toolloop.providers.retry import (
@@ -64,7 +64,7 @@ log = logging.getLogger("toolloop.providers")
 
 T = TypeVar("T")
 
-ResponseObserver = Callable[[int, httpx.Headers], None]
+ResponseObserver = Callable[[int, Mapping[str, str]], None]
 observe_responses: ContextVar[ResponseObserver | None] = ContextVar("observe_responses", default=None)
 """Called with the status and headers of every HTTP answer of the model calls made in this context
 (a worker's rate limiter learns `anthropic-ratelimit-*` and `retry-after` from them; workers/ratelimit.py)."""
@@ -119,39 +119,44 @@ class _Cut(Exception):
 
 async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
     """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts (the work is
-    cancelled then). One task for the work and a callback on the signal: no second task waiting."""
+    cancelled then). The work runs in the calling task (no task of its own): the signal's callback
+    cancels that task, and the cancel is taken back (`uncancel`) once it has stopped the work."""
     if signal.aborted:
         if inspect.iscoroutine(awaitable):
             awaitable.close()  # never started: close it so it is not reported as never awaited
         signal.throw_if_aborted()
-    work = asyncio.ensure_future(awaitable)
+    task = asyncio.current_task()
+    assert task is not None
     loop = asyncio.get_running_loop()
+    state = [False, False]  # [the work is over, the signal cancelled the task]
+
+    def fire() -> None:  # on the loop
+        if not state[0]:
+            state[1] = True
+            task.cancel()
 
     def cancel() -> None:  # the signal may abort from another thread
-        loop.call_soon_threadsafe(work.cancel)
+        loop.call_soon_threadsafe(fire)
 
     signal.add_callback(cancel)
     try:
-        return await work
+        return await awaitable
     except asyncio.CancelledError:
-        if signal.aborted and not _cancelling():
-            signal.throw_if_aborted()
+        if state[1]:
+            state[1] = False
+            if task.uncancel() == 0:  # nobody else cancelled the task: the abort is what stopped it
+                signal.throw_if_aborted()
         raise
     finally:
+        state[0] = True
         signal.remove_callback(cancel)
-        if not work.done():
-            work.cancel()
-
-
-def _cancelling() -> bool:
-    """True when the task running this is being cancelled itself (not only the work it awaited)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+        if state[1]:  # cancelled as the work ended: the cancel never reached it
+            task.uncancel()
 
 
 async def call_json(
     endpoint: Endpoint,
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | bytes,
     headers: Mapping[str, str],
     signal: AbortSignal,
     *,
@@ -161,10 +166,13 @@ async def call_json(
     stream: Callable[[OnDelta | None], StreamReader] | None = None,
     on_delta: OnDelta | None = None,
 ) -> Any:
-    """One model call (module docstring): the parsed 2xx body, or the stream reader's result."""
+    """One model call (module docstring): the parsed 2xx body, or the stream reader's result.
+    `body`: the JSON body, or its bytes (a caller that drops its dict tree before the wait)."""
     policy = endpoint.policy
     started = time.monotonic()
-    call = _Call(endpoint, dumps(body), {"content-type": "application/json", **headers}, client, secret, flag)
+    content = body if isinstance(body, bytes) else dumps(body)
+    del body  # not kept across the wait for the answer
+    call = _Call(endpoint, content, {"content-type": "application/json", **headers}, client, secret, flag)
     relay = None if on_delta is None else as_relay(on_delta)
     attempt = 0
     while True:
@@ -245,19 +253,21 @@ class _Call:
         except httpx.TransportError as exc:
             self.unreachable(exc)
         except StreamFailure as failure:
-            return self.failed(failure.status, httpx.Headers(), failure.body, backoff)
+            return self.failed(failure.status, {}, failure.body, backoff)
         return self.failed(answer.status, answer.headers, text, backoff)
 
     async def whole(self, answer: Answer) -> Any:
         body = await answer.read()
         try:
-            return valid_text(json.loads(body))
+            data = loads_exact(body)
         except ValueError:
             raise PromptGenError(
                 f"{self.endpoint.provider} answered HTTP {answer.status} with a body that is not JSON.\n"
                 "  Check the base URL points at the provider's API.",
                 status=answer.status,
             ) from None
+        # only a `\ud...` escape can give a lone surrogate: an answer without one needs no walk
+        return valid_text(data) if b"\\ud" in body or b"\\uD" in body else data
 
     async def streamed(self, answer: Answer, reader: StreamReader) -> Any:
         """The reader's result of a streamed answer: each chunk (what one read brought) parsed into
@@ -280,7 +290,7 @@ class _Call:
         raise _Cut("the stream ended before its last event")
 
     def failed(
-        self, status: int, headers: httpx.Headers, text: str, backoff: float
+        self, status: int, headers: Mapping[str, str], text: str, backoff: float
     ) -> tuple[PromptGenError, float | None]:
         detail = redact(error_detail(text), self.secret)
         if self.flag is not None and (flagged := self.flag(detail)) is not None:
@@ -322,7 +332,7 @@ def valid_text(data: Any) -> Any:
     unpaired `\\ud800` escape; such a str cannot be encoded to UTF-8, so a model answer holding one
     could not be journaled (Redis), dumped by pydantic, or sent back to the provider."""
     if isinstance(data, str):
-        return _LONE_SURROGATE.sub("\ufffd", data)
+        return data if data.isascii() else _LONE_SURROGATE.sub("\ufffd", data)
     if isinstance(data, list):
         return [valid_text(item) for item in data]
     if isinstance(data, dict):

@@ -15,6 +15,7 @@ import httpx
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenUnavailableError
+from toolloop.fastjson import dumps
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import build_body
 from toolloop.providers.anthropic.response import parse_message
@@ -116,7 +117,9 @@ class AnthropicHandler:
         streams = on_delta is not None or int(body["max_tokens"]) > NON_STREAMING_MAX_TOKENS
         if streams:
             body["stream"] = True
-        data = await call_json(self.endpoint, body, headers, signal, client=self.http, secret=self._key,
+        content = dumps(body)
+        del body  # the request's dict tree is not kept across the wait for the answer
+        data = await call_json(self.endpoint, content, headers, signal, client=self.http, secret=self._key,
                                stream=MessageStream if streams else None, on_delta=on_delta)  # fmt: skip
         room = max_tokens_of(request, DEFAULT_MAX_TOKENS)
         result = parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room)

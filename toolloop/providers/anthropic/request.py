@@ -23,12 +23,14 @@ from typing import Any
 
 from toolloop.contract import (
     AssistantMessage,
+    ChatMessage,
     ContentPart,
     ImagePart,
     PromptGenRequest,
     TextPart,
     ToolMessage,
 )
+from toolloop.memo import run_memo
 from toolloop.providers.anthropic.params import top_level
 from toolloop.providers.catalog import ModelInfo
 from toolloop.providers.common import Reasoning, cache_ttl_of, with_ttl
@@ -76,23 +78,48 @@ def build_body(
 
 
 def _turns(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The `messages` of the body. With the run's memo (toolloop/memo.py), a message the last
+    request sent keeps the blocks built for it then (the same dicts: nothing here changes a block
+    once built); a message holding an image is built every time (its bytes are read at send time)."""
     if request.messages is None:
         return [{"role": "user", "content": request.prompt}]
+    memo = run_memo.get()
+    last = {} if memo is None else memo.blocks
+    built: dict[int, tuple[Any, tuple[str, list[Block]]]] = {}
     turns: list[dict[str, Any]] = []
     for message in request.messages:
-        if isinstance(message, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(message)
-        elif isinstance(message, ToolMessage):
-            role, blocks = "user", [_tool_result(message, images)]
+        hit = last.get(id(message))
+        if hit is not None and hit[0] is message:
+            role, blocks = hit[1]
+            built[id(message)] = hit
         else:
-            role, blocks = "user", _parts(message.content, images)
+            role, blocks = _blocks(message, images)
+            if memo is not None and not _has_image(message):
+                built[id(message)] = (message, (role, blocks))
         if not blocks:
             continue
-        if turns and turns[-1]["role"] == role == "user":
+        if role == "assistant":
+            turns.append({"role": role, "content": blocks})  # (never extended: no copy needed)
+        elif turns and turns[-1]["role"] == "user":
             turns[-1]["content"].extend(blocks)
         else:
-            turns.append({"role": role, "content": blocks})
+            turns.append({"role": role, "content": list(blocks)})
+    if memo is not None:
+        memo.blocks = built
     return turns
+
+
+def _blocks(message: ChatMessage, images: Mapping[str, str]) -> tuple[str, list[Block]]:
+    if isinstance(message, AssistantMessage):
+        return "assistant", _assistant_blocks(message)
+    if isinstance(message, ToolMessage):
+        return "user", [_tool_result(message, images)]
+    return "user", _parts(message.content, images)
+
+
+def _has_image(message: ChatMessage) -> bool:
+    content = message.content
+    return isinstance(content, list) and any(isinstance(part, ImagePart) for part in content)
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[Block]:

@@ -14,6 +14,7 @@ import httpx
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, ToolChoiceName
 from toolloop.errors import PromptGenUnavailableError
+from toolloop.fastjson import dumps
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
 from toolloop.providers.client import HttpClient, HttpxClient
@@ -136,7 +137,9 @@ class FalHandler:
         if on_delta is not None:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         stream = CompletionStream if on_delta is not None else None
-        data = await call_json(self.endpoint, body, headers, signal, client=self.http, secret=self._key,
+        content = dumps(body)
+        del body  # the request's dict tree is not kept across the wait for the answer
+        data = await call_json(self.endpoint, content, headers, signal, client=self.http, secret=self._key,
                                flag=flag, stream=stream, on_delta=on_delta)  # fmt: skip
         result = parse_completion(
             data,
