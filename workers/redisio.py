@@ -84,6 +84,12 @@ def packed_pool(pool: aredis.ConnectionPool) -> aredis.ConnectionPool:
     return pool
 
 
+def _loaded(future: asyncio.Future[Any]) -> None:
+    error = None if future.cancelled() else future.exception()
+    if error is not None:  # the EVALSHA after it reports NOSCRIPT and loads it again
+        log.warning("redis SCRIPT LOAD failed: %s: %s", type(error).__name__, error)
+
+
 class Batch:
     def __init__(self, client: aredis.Redis) -> None:
         self.client = client
@@ -114,6 +120,9 @@ class Batch:
         if sha is None:  # once per script: hashing a 2 KB source on every call is hot-path work
             sha = self.shas[source] = hashlib.sha1(source.encode()).hexdigest()
             self.sources[sha] = source
+            # Loaded ahead of its first EVALSHA, in the same batch: a NOSCRIPT reply would run the
+            # script again after the rest of the batch, out of order (a delta after its commit).
+            self.call("SCRIPT", "LOAD", source).add_done_callback(_loaded)
         return self.call("EVALSHA", sha, len(keys), *keys, *args)
 
     def _queue(self, args: tuple[Any, ...], future: asyncio.Future[Any] | None) -> None:

@@ -214,7 +214,7 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
         assert toolloop(env, "retry", failed_id).stdout.strip() == f"Retrying {failed_id}."
         retried = toolloop(env, "events", failed_id, "--follow", timeout=90)
         assert retried.returncode == 0, retried.stdout + retried.stderr
-        assert retried.stdout.splitlines()[-1] == "run      finished: done"
+        assert retried.stdout.splitlines()[-1] == "run      finished: done", retried.stdout
         requeued = [line for line in retried.stdout.splitlines() if line.startswith("run      queued")]
         assert len(requeued) == 2 and requeued[0] == requeued[1]  # the retry's names model and toolset
         assert "None" not in requeued[1] and "toolset review" in requeued[1], requeued
