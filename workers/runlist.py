@@ -63,15 +63,6 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
         ) from None
 
 
-def list_runs(
-    client: redis_lib.Redis, *, status: str | None = None, limit: int = 50, cursor: str | None = None
-) -> RunPage:
-    """Runs newest first (`status`: only those in it), at most `limit`, after `cursor`."""
-    from workers.drive import SyncDriver
-
-    return SyncDriver(client, client).run(page(status=status, limit=limit, cursor=cursor))
-
-
 def page(*, status: str | None = None, limit: int = 50, cursor: str | None = None) -> Op[RunPage]:
     """`list_runs` as an operation of workers/ops.py (both clients run it)."""
     if limit < 1:
