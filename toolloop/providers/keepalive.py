@@ -16,6 +16,9 @@ path gives for it (connect timeout `ConnectTimeout`, no connection `ConnectError
 past `timeout.read` `ReadTimeout`, a connection closed or a malformed answer mid-way
 `RemoteProtocolError`, else `ReadError`), so classification (retry.py) is one.
 
+A streamed answer's reads can be held (`_Connection.hold`, `Answer.hold`: `pause_reading`, then a
+timer resumes): what the server sends meanwhile comes in one `data_received`, one chunk.
+
 TLS through `loop.create_connection(ssl=...)` with the certifi context of `HttpxClient.verify`.
 The request asks for no content encoding; a gzip or deflate answer is decoded all the same.
 """
