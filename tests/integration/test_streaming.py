@@ -8,6 +8,7 @@ per hold, and the fault paths behave the same."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import time
@@ -289,15 +290,20 @@ async def test_a_stream_cut_or_failed_while_reads_are_held_is_retried_the_same(w
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 async def test_held_reads_keep_the_idle_timeout_between_events(wire: str) -> None:
-    stall = {"kind": "stall", "seconds": 1.0, "after": 20, "times": None}
+    stall = {"kind": "stall", "seconds": 1.2, "after": 20, "times": None}
     with SimServer([{"text": LONG, "tokens_per_s": 200, "fault": stall}], strict=True) as sim, held(0.05):
-        model = handler(wire, sim, timeout_s=0.3, retry=RetryPolicy(attempts=2, base_delay_s=0.01),
+        model = handler(wire, sim, timeout_s=0.5, retry=RetryPolicy(attempts=2, base_delay_s=0.01),
                         keep_alive=True)  # fmt: skip
-        with pytest.raises(PromptGenError, match=r"sent nothing for 0\.3 s in the middle of its streamed"):
-            await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
-        await model.http.aclose()
-    with SimServer([{"text": LONG, "tokens_per_s": 40}], strict=True) as sim, held(0.5):
-        model = handler(wire, sim, timeout_s=0.3, keep_alive=True)  # the hold: cut to half the timeout
-        result = await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
-        await model.http.aclose()
+        try:
+            with pytest.raises(PromptGenError, match=r"sent nothing for 0\.5 s in the middle of its"):
+                await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+        finally:
+            await model.http.aclose()
+        await asyncio.sleep(1.0)  # the simulator's stalled answer ends before it stops
+    with SimServer([{"text": LONG, "tokens_per_s": 40}], strict=True) as sim, held(1.0):
+        model = handler(wire, sim, timeout_s=0.5, keep_alive=True)  # the hold: cut to half the timeout
+        try:
+            result = await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+        finally:
+            await model.http.aclose()
     assert result.text == LONG
