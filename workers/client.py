@@ -69,7 +69,7 @@ class Client:
     def celery(self) -> Celery:
         """A Celery app on the same Redis (for `control.inspect` and the like), made when first read:
         the client's own calls need none."""
-        from workers.config import make_app
+        from workers.config import make_app  # Celery is loaded only here: a web backend's Client needs none
 
         return make_app(self.settings)
 
