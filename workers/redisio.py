@@ -5,9 +5,10 @@ At hundreds of steps in flight, most of the CPU a Redis command costs in Python 
 around it (a connection checkout, packing, parsing), not the round trip. `Batch` queues commands and
 sends everything queued during one loop turn as one pipeline (no MULTI: each script is atomic on its
 own), so a turn that starts 200 steps makes one round trip, not 200. Order is kept: commands queued
-one after another run one after another, also when Redis has forgotten the scripts (NOSCRIPT: see
-workers/scriptcache.py). `call` returns the reply; `send` is fire-and-forget for
-writes whose loss something else repairs (events, acks: see workers/consumer.py), and only logs.
+one after another run one after another (a turn's `send`s after its `call`s, in one script), also
+when Redis has forgotten the scripts (NOSCRIPT: see workers/scriptcache.py). `call` returns the
+reply; `send` is fire-and-forget for writes whose loss something else repairs (events, acks: see
+workers/consumer.py), and only logs.
 
 `PackedConnection` packs commands with hiredis's C packer (redis-py's asyncio client packs in
 Python: ~6x the CPU for a turn's pipeline).

@@ -110,10 +110,10 @@ class ScriptCache:
     async def again(self, run: Run, commands: list[tuple[Any, ...]], replies: list[Any]) -> list[Any]:
         """`replies` of `commands`, those that are NOSCRIPT replaced by the replies of their commands
         sent again with `run`, in their order, behind SCRIPT LOAD of every known script."""
-        first = failed_from(replies)
-        ahead = [name(a) for a, r in zip(commands[first or 0 :], replies[first or 0 :], strict=True)
-                 if first is not None and not isinstance(r, NoScriptError)]  # fmt: skip
-        if ahead:  # the residual case of the module docstring
+        first = failed_from(replies) or 0
+        ahead = [name(a) for a, r in zip(commands[first:], replies[first:], strict=True)
+                 if not isinstance(r, Exception)]  # fmt: skip
+        if ahead:  # the residual case of the module docstring: they ran, ahead of the failed one
             log.error("redis: %s ran ahead of a command that failed (NOSCRIPT) before them in the batch: "
                       "the scripts were loaded again while the batch ran", ", ".join(ahead))  # fmt: skip
         replies = list(replies)
