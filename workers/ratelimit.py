@@ -81,7 +81,7 @@ def parse(raw: str) -> dict[str, dict[str, Limits]]:
         else:
             text = Path(raw).read_text()
             data = yaml.safe_load(text) if raw.endswith((".yaml", ".yml")) else json.loads(text)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, yaml.YAMLError) as error:
         raise RateLimitConfigError(
             f"{ENV} could not be read ({error}).\n"
             '  Give inline JSON like {"anthropic": {"*": {"requests_per_minute": 600}}} or a JSON/YAML file.'
