@@ -30,13 +30,16 @@ import cProfile
 import ctypes
 import gc
 import os
+import reprlib
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 from celery.signals import worker_ready
 from celery.worker.control import control_command
@@ -101,6 +104,108 @@ def _trace_diff() -> dict[str, Any]:
     return {"rss_kb": _rss_kb(), "traced_growth_kb": total // 1024, "by_line": lines, "by_trace": traces}
 
 
+def _pymalloc() -> dict[str, int]:
+    """`sys._debugmallocstats()`'s arena lines (it writes to the C stderr: read through a file)."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        number = value.strip().replace(",", "")
+        if not number.isdigit():
+            continue
+        name = name.strip().lstrip("# ")
+        if "unused pools" in name:
+            found["unused_pools"] = int(name.split()[0])
+        for key in ("arenas allocated current", "arenas highwater mark", "arenas reclaimed",
+                    "bytes in allocated blocks", "bytes in available blocks"):  # fmt: skip
+            if name == key:
+                found[key.replace(" ", "_")] = int(number)
+    return found
+
+
+def _glibc() -> dict[str, Any]:
+    """glibc's `malloc_info`: per arena (heap 0 is the main one, the others threads'), the bytes it
+    has from the OS and the free bytes in it; mmapped chunks apart."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    libc.fclose.argtypes, libc.malloc_info.argtypes = [ctypes.c_void_p], [ctypes.c_int, ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+        handle = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, handle)
+        libc.fclose(handle)
+        root = ElementTree.parse(out.name).getroot()
+    heaps = []
+    for heap in root.findall("heap"):
+        system = sum(int(e.get("size", 0)) for e in heap.findall("system") if e.get("type") == "current")
+        free = sum(int(e.get("size", 0)) for e in heap.findall("total") if e.get("type") in ("fast", "rest"))
+        heaps.append({"nr": int(heap.get("nr", -1)), "system_kb": system // 1024, "free_kb": free // 1024})
+    mmapped = sum(int(e.get("size", 0)) for e in root.findall("total") if e.get("type") == "mmap")
+    system, free = sum(h["system_kb"] for h in heaps), sum(h["free_kb"] for h in heaps)
+    return {"arenas": len(heaps), "heaps": heaps, "mmap_kb": mmapped // 1024, "system_kb": system,
+            "free_kb": free}  # fmt: skip
+
+
+_ARENA = 1 << 20  # pymalloc's arena size on 64-bit CPython 3.10+
+
+
+def _by_arena() -> dict[int, list[Any]]:
+    """The small objects (<= 512 bytes: pymalloc's) the collector sees, and their referents, by the
+    1 MiB arena their address falls in."""
+    gc.collect()
+    found: dict[int, list[Any]] = {}
+    seen: set[int] = set()
+    for obj in gc.get_objects():
+        for each in (obj, *gc.get_referents(obj)):
+            if id(each) in seen or sys.getsizeof(each) > 512:
+                continue
+            seen.add(id(each))
+            found.setdefault(id(each) & ~(_ARENA - 1), []).append(each)
+    return found
+
+
+def _pins() -> dict[str, Any]:
+    """The objects in arenas that were not there at `arenas`: what keeps a burst's arenas alive,
+    by type, with tracemalloc's allocation site when tracing."""
+    before = _held.get("arenas", set())
+    arenas = {base: objs for base, objs in _by_arena().items() if base not in before}
+    kinds: Counter[str] = Counter()
+    sites: Counter[str] = Counter()
+    for objs in arenas.values():
+        for obj in objs:
+            kinds[type(obj).__qualname__] += 1
+            trace = tracemalloc.get_object_traceback(obj) if tracemalloc.is_tracing() else None
+            if trace is not None:
+                sites[" <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(trace)[-1:-7:-1])] += 1
+    per_arena = sorted(len(objs) for objs in arenas.values())
+    samples = [[_describe(obj) for obj in objs[:4]] for objs in sorted(arenas.values(), key=len)[:12]]
+    return {"new_arenas": len(arenas), "objects": sum(per_arena), "per_arena": per_arena,
+            "types": kinds.most_common(30), "sites": sites.most_common(30), "samples": samples}  # fmt: skip
+
+
+def _describe(obj: Any) -> str:
+    """An object's type, a short repr and the types of what refers to it (who keeps it)."""
+    holders = [type(each).__qualname__ for each in gc.get_referrers(obj)][:4]
+    return f"{type(obj).__qualname__} {reprlib.repr(obj)} <- {', '.join(holders)}"
+
+
+def _alloc() -> dict[str, Any]:
+    """Where the process's memory is by allocator: pymalloc's arenas (1 MiB each) and their free
+    part, glibc's arenas and their free part, after a `gc.collect()`."""
+    gc.collect()
+    blocks = sys.getallocatedblocks()
+    return {"rss_kb": _rss_kb(), "blocks": blocks, "pymalloc": _pymalloc(), "glibc": _glibc()}
+
+
 @control_command(args=[("action", str)], signature="<action>")  # type: ignore[untyped-decorator]
 def bench_probe(state: Any, action: str) -> dict[str, Any]:
     if action == "counts":
@@ -125,6 +230,13 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
             gc.garbage.clear()
             gc.set_debug(0)
         return found
+    if action == "alloc":
+        return _alloc()
+    if action == "arenas":  # remember which pymalloc arenas hold objects now (before a burst)
+        _held["arenas"] = set(_by_arena())
+        return {"arenas": len(_held["arenas"])}
+    if action == "pins":
+        return _pins()
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
         gc.collect()
         collected = _rss_kb()
