@@ -7,7 +7,8 @@ stays in the C heap for the next allocation) even when none of its runs is on it
 threads sync tools ran in end (their stacks go back; a fresh pool starts threads again on demand),
 and at the next tick, once they have ended, the free pages go back to the OS. A busy worker never
 trims (no step is slowed by it), an idle one trims once. What no trim gives back: pymalloc's 1 MiB
-arenas that a few live objects keep after a burst (bench/PROFILE-19.md, section 6). `malloc_trim` only with glibc (found by ctypes); elsewhere `IdleTrim.trim` is None.
+arenas that a few live objects keep after a burst (bench/PROFILE-19.md, section 6). `malloc_trim`
+only with glibc (found by ctypes); elsewhere `IdleTrim.trim` is None.
 """
 
 from __future__ import annotations
