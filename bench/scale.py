@@ -200,6 +200,8 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
                 found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
             cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
             collector = control(client, who, "bench_probe", action="gcstats")
+            if os.environ.get("BENCH_GC_YOUNG") == "1":
+                collector["young"] = control(client, who, "bench_probe", action="gcyoung")
             sim_cpu, redis_used = proc_cpu(sim_pid) - sim0, redis_cpu(client) - redis0
             times = model_times(client, run_ids)
             ended = [float(t) for t in _field_of(client, run_ids, "touched")]
