@@ -155,7 +155,8 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return _trace_diff()
     if action == "gcstats":
         fields = ("collections", "seconds", "collected", "cpu_s")
-        return {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+        found = {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+        return {**found, "thresholds": gc.get_threshold()}
     if action == "gcyoung":
         return {
             "collections": _young_runs[0],
