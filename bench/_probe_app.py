@@ -57,6 +57,8 @@ _gc_began: list[float] = [0.0, 0.0]
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
+        if info["generation"] == 0 and _young_on:
+            _young_sample()
         _gc_began[:] = [time.perf_counter(), time.thread_time()]
         return
     counts = _gc_times[info["generation"]]
@@ -64,6 +66,45 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
     counts[1] += time.perf_counter() - _gc_began[0]
     counts[2] += info["collected"]
     counts[3] += time.thread_time() - _gc_began[1]
+
+
+_young_on = os.environ.get("BENCH_GC_YOUNG") == "1"
+_young: Counter[str] = Counter()
+_young_runs = [0, 0, 0]
+_older: Counter[str] = Counter()
+"""`BENCH_GC_YOUNG=1`: what the young generation holds when a generation-0 collection begins (its
+objects by kind, summed over collections), and [collections sampled, objects seen]."""
+
+
+def _kind(obj: Any) -> str:
+    """A kind for an object of the young generation. Containers are read through
+    `gc.get_referents` only: a tuple or list being built still has empty (NULL) slots."""
+    kind = type(obj).__name__
+    if kind == "dict":
+        names = [k for k in list(obj)[:4] if type(k) is str]
+        return f"dict{{{','.join(names)}}}"
+    if kind in ("list", "tuple"):
+        items = gc.get_referents(obj)
+        return f"{kind}[{type(items[0]).__name__}]" if items else f"{kind}[]"
+    if kind == "function":
+        return f"function {obj.__qualname__}"
+    if kind in ("cell", "method"):
+        return kind
+    return f"{type(obj).__module__}.{kind}"
+
+
+def _young_sample() -> None:
+    young = gc.get_objects(0)
+    _young_runs[0] += 1
+    _young_runs[1] += len(young)
+    _young.update(_kind(obj) for obj in young)
+    del young
+    older = gc.get_objects(1)  # the survivors of earlier generation-0 collections, still alive
+    if len(older) > _young_runs[2]:
+        _young_runs[2] = len(older)
+        _older.clear()
+        _older.update(_kind(obj) for obj in older)
+    del older
 
 
 gc.callbacks.append(_on_gc)
@@ -219,7 +260,16 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return _trace_diff()
     if action == "gcstats":
         fields = ("collections", "seconds", "collected", "cpu_s")
-        return {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+        found = {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+        return {**found, "thresholds": gc.get_threshold()}
+    if action == "gcyoung":
+        return {
+            "collections": _young_runs[0],
+            "objects": _young_runs[1],
+            "top": _young.most_common(60),
+            "older": _young_runs[2],
+            "older_top": _older.most_common(60),
+        }
     if action == "garbage":  # what the cyclic garbage is made of: collected into gc.garbage, counted
         gc.set_debug(gc.DEBUG_SAVEALL)
         try:

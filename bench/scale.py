@@ -133,10 +133,28 @@ def rss_by_mapping(pid: int) -> dict[str, float]:
     return {name: round(mb, 1) for name, mb in kinds.items()}
 
 
-def worker(tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int) -> Worker:
+def worker(
+    tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int, pin: str = ""
+) -> Worker:
+    """The bench worker; `pin`: the CPUs it may run on (`taskset -c`), else any."""
     extra = ["--step-queues", step_queues, "--steps-in-flight", str(in_flight)]
-    return Worker("_probe_app", pool="threads", concurrency=8, queues=["control"], env=env,
-                  log=tmp / f"{name}.log", extra=extra)  # fmt: skip
+    who = Worker("_probe_app", pool="threads", concurrency=8, queues=["control"], env=env,
+                 log=tmp / f"{name}.log", extra=extra)  # fmt: skip
+    if pin:
+        who.args = ["taskset", "-c", pin, *who.args]
+    return who
+
+
+def pin_others(pin: str) -> str:
+    """Keep this process and every process it starts from now on (Redis, the simulator, the
+    clients) off the worker's CPUs `pin` ("0" or "0-1"); returns the CPUs left to them."""
+    first, _, last = pin.partition("-")
+    taken = set(range(int(first), int(last or first) + 1))
+    rest = os.sched_getaffinity(0) - taken
+    if not rest:
+        raise SystemExit(f"--pin {pin} leaves no CPU for Redis, the simulator and the clients.")
+    os.sched_setaffinity(0, rest)
+    return ",".join(str(cpu) for cpu in sorted(rest))
 
 
 def control(client: Client, who: Worker, command: str, **arguments: Any) -> Any:
@@ -203,14 +221,16 @@ def profiled(how: str, client: Client, who: Worker, seconds: float) -> Iterator[
             spy.wait(timeout=seconds + 60)
 
 
-def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: str) -> dict[str, Any]:
+def flight(
+    url: str, tmp: Path, runs: int, turns: int, latency: float, profile: str, pin: str = ""
+) -> dict[str, Any]:
     """`runs` runs enqueued while the worker does not take `llm` (after 20 warm-up runs), then all
     started at once; model calls/s counted while all are in flight (from the moment every run made
     its first model call to the moment the first run finished)."""
     with sim_process(tmp, turns, latency) as (sim_url, sim_pid):
         env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, ANTHROPIC_BASE_URL=sim_url,
                        ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="")  # fmt: skip
-        who = worker(tmp, f"flight-{runs}", env, "tools", runs)
+        who = worker(tmp, f"flight-{runs}", env, "tools", runs, pin)
         client = Client(url, toolsets=["durable"])
         try:
             who.start(client.celery)
@@ -228,6 +248,8 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
                 found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
             cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
             collector = control(client, who, "bench_probe", action="gcstats")
+            if os.environ.get("BENCH_GC_YOUNG") == "1":
+                collector["young"] = control(client, who, "bench_probe", action="gcyoung")
             sim_cpu, redis_used = proc_cpu(sim_pid) - sim0, redis_cpu(client) - redis0
             times = model_times(client, run_ids)
             ended = [float(t) for t in _field_of(client, run_ids, "touched")]
@@ -332,10 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="", help="pyspy:<file> or cprofile:<file> (1st in-flight trial)")
     parser.add_argument("--trace", action="store_true", help="tracemalloc in the parked worker")
     parser.add_argument("--json", default="", help="write every figure to this file")
+    parser.add_argument("--pin", default="", help="CPUs of the in-flight worker (taskset -c, e.g. 0); "
+                        "Redis, the simulator and the clients get the others")  # fmt: skip
     args = parser.parse_args(argv)
     skip = set(args.skip.split(","))
     load = os.getloadavg()[0]
     results: dict[str, Any] = {}
+    if args.pin:
+        print(f"  pinned: the worker on CPU {args.pin}, the rest on {pin_others(args.pin)}", file=sys.stderr)
     with private_redis("toolloop-scale-") as (tmp, url):
         if "floor" not in skip:
             results["floor"] = bare_hop_floor(url, tmp, args.hops, args.floor_trials)
@@ -344,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             trials = []
             for trial in range(args.trials):
                 got = flight(url, tmp, args.runs, args.turns, args.latency,
-                             args.profile if trial == 0 else "")  # fmt: skip
+                             args.profile if trial == 0 else "", args.pin)  # fmt: skip
                 print(f"  flight: {got}", file=sys.stderr)
                 trials.append(got)
             results["flight"] = trials
@@ -378,6 +404,10 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
                   f"{t['cpu_s']:.1f} s worker CPU for {t['steps']} steps = {t['cpu_per_step_ms']:.3f} ms, "
                   f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB; simulator CPU "
                   f"{t['sim_cpu_s']:.1f} s, Redis CPU {t['redis_cpu_s']:.1f} s")  # fmt: skip
+            need = t["ideal_calls_s"] * t["steps"] / (t["runs"] * t["turns"]) * t["cpu_per_step_ms"] / 1000
+            busy = t["cpu_s"] / t["wall_s"]
+            print(f"    the worker used {busy:.2f} of a core over the makespan; the ideal rate needs "
+                  f"{need:.2f} cores of worker CPU at this CPU per step")  # fmt: skip
     kept = results.get("parked")
     if kept:
         print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
