@@ -8,7 +8,11 @@
   cyclic garbage a collection finds now (`gc.DEBUG_SAVEALL`); `gcstats`: collections, seconds
   and objects collected per generation since start (gc.callbacks); `trim`: `gc.collect()` and
   glibc's `malloc_trim(0)`, then RSS; `trace_diff`: a second snapshot
-  compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
+  compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text;
+  `alloc`: pymalloc's arenas, allocated blocks and unused pools (`sys._debugmallocstats()`) and
+  glibc's arenas with their free bytes (`malloc_info`); `arenas` then `pins`: which 1 MiB arenas
+  hold the objects the collector sees (and their referents) now, then the objects in arenas that
+  were not there at `arenas` (what keeps a burst's arenas), by type, with samples and their holders.
 - `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
   step runs; the `WorkerProcess`'s loop), enabled and disabled on that thread; `stop` dumps the stats.
 

@@ -4,11 +4,11 @@ A worker that ran many steps at once keeps the allocator's high-water mark of th
 stays in the C heap for the next allocation) even when none of its runs is on it any more: after
 10,000 runs parked, that is most of what its RSS grew by. So when no step has held a lease for
 `idle_ticks` ticks of the sweeper (about a second each) and some step ran since the last trim, the
-threads sync tools ran in end (their stacks go back; a fresh pool starts threads again on demand),
-and at the next tick, once they have ended, the free pages go back to the OS. A busy worker never
-trims (no step is slowed by it), an idle one trims once. What no trim gives back: pymalloc's 1 MiB
-arenas that a few live objects keep after a burst (bench/PROFILE-19.md, section 6). `malloc_trim`
-only with glibc (found by ctypes); elsewhere `IdleTrim.trim` is None.
+free pages go back to the OS, and the threads sync tools ran in end (their stacks go back; a fresh
+pool starts threads again on demand). A busy worker never trims (no step is slowed by it), an idle
+one trims once. What no trim gives back: pymalloc's 1 MiB arenas that a few live objects keep
+after a burst (bench/PROFILE-19.md, section 6). `malloc_trim` only with glibc (found by ctypes);
+elsewhere `IdleTrim.trim` is None.
 """
 
 from __future__ import annotations
@@ -67,9 +67,7 @@ class IdleTrim:
         self._idle = 0
 
     def tick(self) -> bool:
-        """True when this tick trimmed. The tool threads end at the `idle_ticks`-th idle tick and the
-        heap is trimmed at the next one, once they have ended (a thread's exit frees its cache
-        of the C heap, after a trim in the same tick would have run)."""
+        """True when this tick trimmed."""
         if self.trim is None and self.shed is None:
             return False
         taken = self.leases.taken
@@ -79,10 +77,9 @@ class IdleTrim:
         self._idle += 1
         if self._idle < self.idle_ticks or taken == self._trimmed_at:
             return False
-        if self._idle == self.idle_ticks and self.shed is not None:
-            self.shed()
-            return False
         self._trimmed_at = taken
+        if self.shed is not None:
+            self.shed()
         if self.trim is not None:
             self.trim()
         self.trims += 1
