@@ -8,7 +8,11 @@
   cyclic garbage a collection finds now (`gc.DEBUG_SAVEALL`); `gcstats`: collections, seconds
   and objects collected per generation since start (gc.callbacks); `trim`: `gc.collect()` and
   glibc's `malloc_trim(0)`, then RSS; `trace_diff`: a second snapshot
-  compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text.
+  compared with the first, the 25 biggest growths by line and the 8 biggest by traceback, as text;
+  `alloc`: pymalloc's arenas, allocated blocks and unused pools (`sys._debugmallocstats()`) and
+  glibc's arenas with their free bytes (`malloc_info`); `arenas` then `pins`: which 1 MiB arenas
+  hold the objects the collector sees (and their referents) now, then the objects in arenas that
+  were not there at `arenas` (what keeps a burst's arenas), by type, with samples and their holders.
 - `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
   step runs; the `WorkerProcess`'s loop), enabled and disabled on that thread; `stop` dumps the stats.
 
@@ -30,13 +34,16 @@ import cProfile
 import ctypes
 import gc
 import os
+import reprlib
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 from celery.signals import worker_ready
 from celery.worker.control import control_command
@@ -54,6 +61,8 @@ _gc_began: list[float] = [0.0, 0.0]
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
+        if info["generation"] == 0 and _young_on:
+            _young_sample()
         _gc_began[:] = [time.perf_counter(), time.thread_time()]
         return
     counts = _gc_times[info["generation"]]
@@ -61,6 +70,45 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
     counts[1] += time.perf_counter() - _gc_began[0]
     counts[2] += info["collected"]
     counts[3] += time.thread_time() - _gc_began[1]
+
+
+_young_on = os.environ.get("BENCH_GC_YOUNG") == "1"
+_young: Counter[str] = Counter()
+_young_runs = [0, 0, 0]
+_older: Counter[str] = Counter()
+"""`BENCH_GC_YOUNG=1`: what the young generation holds when a generation-0 collection begins (its
+objects by kind, summed over collections), and [collections sampled, objects seen]."""
+
+
+def _kind(obj: Any) -> str:
+    """A kind for an object of the young generation. Containers are read through
+    `gc.get_referents` only: a tuple or list being built still has empty (NULL) slots."""
+    kind = type(obj).__name__
+    if kind == "dict":
+        names = [k for k in list(obj)[:4] if type(k) is str]
+        return f"dict{{{','.join(names)}}}"
+    if kind in ("list", "tuple"):
+        items = gc.get_referents(obj)
+        return f"{kind}[{type(items[0]).__name__}]" if items else f"{kind}[]"
+    if kind == "function":
+        return f"function {obj.__qualname__}"
+    if kind in ("cell", "method"):
+        return kind
+    return f"{type(obj).__module__}.{kind}"
+
+
+def _young_sample() -> None:
+    young = gc.get_objects(0)
+    _young_runs[0] += 1
+    _young_runs[1] += len(young)
+    _young.update(_kind(obj) for obj in young)
+    del young
+    older = gc.get_objects(1)  # the survivors of earlier generation-0 collections, still alive
+    if len(older) > _young_runs[2]:
+        _young_runs[2] = len(older)
+        _older.clear()
+        _older.update(_kind(obj) for obj in older)
+    del older
 
 
 gc.callbacks.append(_on_gc)
@@ -101,6 +149,108 @@ def _trace_diff() -> dict[str, Any]:
     return {"rss_kb": _rss_kb(), "traced_growth_kb": total // 1024, "by_line": lines, "by_trace": traces}
 
 
+def _pymalloc() -> dict[str, int]:
+    """`sys._debugmallocstats()`'s arena lines (it writes to the C stderr: read through a file)."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        number = value.strip().replace(",", "")
+        if not number.isdigit():
+            continue
+        name = name.strip().lstrip("# ")
+        if "unused pools" in name:
+            found["unused_pools"] = int(name.split()[0])
+        for key in ("arenas allocated current", "arenas highwater mark", "arenas reclaimed",
+                    "bytes in allocated blocks", "bytes in available blocks"):  # fmt: skip
+            if name == key:
+                found[key.replace(" ", "_")] = int(number)
+    return found
+
+
+def _glibc() -> dict[str, Any]:
+    """glibc's `malloc_info`: per arena (heap 0 is the main one, the others threads'), the bytes it
+    has from the OS and the free bytes in it; mmapped chunks apart."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    libc.fclose.argtypes, libc.malloc_info.argtypes = [ctypes.c_void_p], [ctypes.c_int, ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+        handle = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, handle)
+        libc.fclose(handle)
+        root = ElementTree.parse(out.name).getroot()
+    heaps = []
+    for heap in root.findall("heap"):
+        system = sum(int(e.get("size", 0)) for e in heap.findall("system") if e.get("type") == "current")
+        free = sum(int(e.get("size", 0)) for e in heap.findall("total") if e.get("type") in ("fast", "rest"))
+        heaps.append({"nr": int(heap.get("nr", -1)), "system_kb": system // 1024, "free_kb": free // 1024})
+    mmapped = sum(int(e.get("size", 0)) for e in root.findall("total") if e.get("type") == "mmap")
+    system, free = sum(h["system_kb"] for h in heaps), sum(h["free_kb"] for h in heaps)
+    return {"arenas": len(heaps), "heaps": heaps, "mmap_kb": mmapped // 1024, "system_kb": system,
+            "free_kb": free}  # fmt: skip
+
+
+_ARENA = 1 << 20  # pymalloc's arena size on 64-bit CPython 3.10+
+
+
+def _by_arena() -> dict[int, list[Any]]:
+    """The small objects (<= 512 bytes: pymalloc's) the collector sees, and their referents, by the
+    1 MiB arena their address falls in."""
+    gc.collect()
+    found: dict[int, list[Any]] = {}
+    seen: set[int] = set()
+    for obj in gc.get_objects():
+        for each in (obj, *gc.get_referents(obj)):
+            if id(each) in seen or sys.getsizeof(each) > 512:
+                continue
+            seen.add(id(each))
+            found.setdefault(id(each) & ~(_ARENA - 1), []).append(each)
+    return found
+
+
+def _pins() -> dict[str, Any]:
+    """The objects in arenas that were not there at `arenas`: what keeps a burst's arenas alive,
+    by type, with tracemalloc's allocation site when tracing."""
+    before = _held.get("arenas", set())
+    arenas = {base: objs for base, objs in _by_arena().items() if base not in before}
+    kinds: Counter[str] = Counter()
+    sites: Counter[str] = Counter()
+    for objs in arenas.values():
+        for obj in objs:
+            kinds[type(obj).__qualname__] += 1
+            trace = tracemalloc.get_object_traceback(obj) if tracemalloc.is_tracing() else None
+            if trace is not None:
+                sites[" <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(trace)[-1:-7:-1])] += 1
+    per_arena = sorted(len(objs) for objs in arenas.values())
+    samples = [[_describe(obj) for obj in objs[:4]] for objs in sorted(arenas.values(), key=len)[:12]]
+    return {"new_arenas": len(arenas), "objects": sum(per_arena), "per_arena": per_arena,
+            "types": kinds.most_common(30), "sites": sites.most_common(30), "samples": samples}  # fmt: skip
+
+
+def _describe(obj: Any) -> str:
+    """An object's type, a short repr and the types of what refers to it (who keeps it)."""
+    holders = [type(each).__qualname__ for each in gc.get_referrers(obj)][:4]
+    return f"{type(obj).__qualname__} {reprlib.repr(obj)} <- {', '.join(holders)}"
+
+
+def _alloc() -> dict[str, Any]:
+    """Where the process's memory is by allocator: pymalloc's arenas (1 MiB each) and their free
+    part, glibc's arenas and their free part, after a `gc.collect()`."""
+    gc.collect()
+    blocks = sys.getallocatedblocks()
+    return {"rss_kb": _rss_kb(), "blocks": blocks, "pymalloc": _pymalloc(), "glibc": _glibc()}
+
+
 @control_command(args=[("action", str)], signature="<action>")  # type: ignore[untyped-decorator]
 def bench_probe(state: Any, action: str) -> dict[str, Any]:
     if action == "counts":
@@ -114,7 +264,16 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return _trace_diff()
     if action == "gcstats":
         fields = ("collections", "seconds", "collected", "cpu_s")
-        return {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+        found = {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+        return {**found, "thresholds": gc.get_threshold()}
+    if action == "gcyoung":
+        return {
+            "collections": _young_runs[0],
+            "objects": _young_runs[1],
+            "top": _young.most_common(60),
+            "older": _young_runs[2],
+            "older_top": _older.most_common(60),
+        }
     if action == "garbage":  # what the cyclic garbage is made of: collected into gc.garbage, counted
         gc.set_debug(gc.DEBUG_SAVEALL)
         try:
@@ -125,6 +284,13 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
             gc.garbage.clear()
             gc.set_debug(0)
         return found
+    if action == "alloc":
+        return _alloc()
+    if action == "arenas":  # remember which pymalloc arenas hold objects now (before a burst)
+        _held["arenas"] = set(_by_arena())
+        return {"arenas": len(_held["arenas"])}
+    if action == "pins":
+        return _pins()
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
         gc.collect()
         collected = _rss_kb()

@@ -21,6 +21,7 @@ are shared: repeat with `--trials` and read the medians.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -84,31 +85,76 @@ def proc_rss_mb(pid: int, field: str = "VmRSS") -> float:
     return 0.0
 
 
+def settled_rss_mb(pid: int, least: float = 5.0, most: float = 30.0) -> float:
+    """The process's RSS once it holds still: at least `least` s from now (the last commits'
+    batches, the kept-loop drops, the idle worker's trim 3 sweeper ticks after its last step), then
+    once it moved less than 1 MB over 3 s, or after `most` s."""
+    time.sleep(least)
+    seen = [proc_rss_mb(pid)]
+    for _ in range(int(most - least)):
+        time.sleep(1)
+        seen.append(proc_rss_mb(pid))
+        if len(seen) >= 4 and max(seen[-4:]) - min(seen[-4:]) < 1:
+            break
+    return seen[-1]
+
+
 def rss_by_mapping(pid: int) -> dict[str, float]:
-    """The process's resident MB by kind of mapping (/proc/<pid>/smaps): the main heap, thread stacks
-    (8 MiB mappings), other anonymous memory (pymalloc arenas, glibc's thread arenas), files."""
-    kinds: Counter[str] = Counter()
-    kind = "files"
+    """The process's resident MB by kind of mapping (/proc/<pid>/smaps): `heap` (glibc's main arena,
+    [heap]), `stacks` (8 MiB anonymous mappings right after a 4 KiB guard page: thread stacks),
+    `arenas` (glibc's thread arenas: anonymous, 64 MiB-aligned, the rest of the 64 MiB reserved
+    behind them), `anon` (other anonymous memory: pymalloc's 1 MiB arenas, glibc's mmapped chunks),
+    `files` (code and data of files)."""
+    maps: list[tuple[int, int, str, str, float]] = []
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split()
         if "-" in head[0] and len(head) >= 5:  # a mapping's first line: range perms offset dev inode [path]
             start, end = (int(part, 16) for part in head[0].split("-"))
-            path = head[5] if len(head) > 5 else ""
-            if path == "[heap]":
-                kind = "heap"
-            elif path:
-                kind = "files"
-            else:
-                kind = "stacks" if end - start in (8192 * 1024, 8196 * 1024) else "anon"
+            maps.append((start, end, head[1], head[5] if len(head) > 5 else "", 0.0))
         elif head[0] == "Rss:":
-            kinds[kind] += int(head[1]) / 1024
+            maps[-1] = (*maps[-1][:4], int(head[1]) / 1024)
+    kinds: Counter[str] = Counter()
+    for i, (start, end, _perms, path, rss) in enumerate(maps):
+        before = maps[i - 1] if i else None
+        after = maps[i + 1] if i + 1 < len(maps) else None
+        if path == "[heap]":
+            kind = "heap"
+        elif path:
+            kind = "files"
+        elif before and before[1] == start and before[2] == "---p" and before[1] - before[0] == 4096 \
+                and end - start == 8 << 20:  # fmt: skip
+            kind = "stacks"
+        elif start % (64 << 20) == 0 and after and after[0] == end and after[2] == "---p" \
+                and after[1] - start == 64 << 20:  # fmt: skip
+            kind = "arenas"
+        else:
+            kind = "anon"
+        kinds[kind] += rss
     return {name: round(mb, 1) for name, mb in kinds.items()}
 
 
-def worker(tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int) -> Worker:
+def worker(
+    tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int, pin: str = ""
+) -> Worker:
+    """The bench worker; `pin`: the CPUs it may run on (`taskset -c`), else any."""
     extra = ["--step-queues", step_queues, "--steps-in-flight", str(in_flight)]
-    return Worker("_probe_app", pool="threads", concurrency=8, queues=["control"], env=env,
-                  log=tmp / f"{name}.log", extra=extra)  # fmt: skip
+    who = Worker("_probe_app", pool="threads", concurrency=8, queues=["control"], env=env,
+                 log=tmp / f"{name}.log", extra=extra)  # fmt: skip
+    if pin:
+        who.args = ["taskset", "-c", pin, *who.args]
+    return who
+
+
+def pin_others(pin: str) -> str:
+    """Keep this process and every process it starts from now on (Redis, the simulator, the
+    clients) off the worker's CPUs `pin` ("0" or "0-1"); returns the CPUs left to them."""
+    first, _, last = pin.partition("-")
+    taken = set(range(int(first), int(last or first) + 1))
+    rest = os.sched_getaffinity(0) - taken
+    if not rest:
+        raise SystemExit(f"--pin {pin} leaves no CPU for Redis, the simulator and the clients.")
+    os.sched_setaffinity(0, rest)
+    return ",".join(str(cpu) for cpu in sorted(rest))
 
 
 def control(client: Client, who: Worker, command: str, **arguments: Any) -> Any:
@@ -175,14 +221,16 @@ def profiled(how: str, client: Client, who: Worker, seconds: float) -> Iterator[
             spy.wait(timeout=seconds + 60)
 
 
-def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: str) -> dict[str, Any]:
+def flight(
+    url: str, tmp: Path, runs: int, turns: int, latency: float, profile: str, pin: str = ""
+) -> dict[str, Any]:
     """`runs` runs enqueued while the worker does not take `llm` (after 20 warm-up runs), then all
     started at once; model calls/s counted while all are in flight (from the moment every run made
     its first model call to the moment the first run finished)."""
     with sim_process(tmp, turns, latency) as (sim_url, sim_pid):
         env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, ANTHROPIC_BASE_URL=sim_url,
                        ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="")  # fmt: skip
-        who = worker(tmp, f"flight-{runs}", env, "tools", runs)
+        who = worker(tmp, f"flight-{runs}", env, "tools", runs, pin)
         client = Client(url, toolsets=["durable"])
         try:
             who.start(client.celery)
@@ -200,6 +248,8 @@ def flight(url: str, tmp: Path, runs: int, turns: int, latency: float, profile: 
                 found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
             cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
             collector = control(client, who, "bench_probe", action="gcstats")
+            if os.environ.get("BENCH_GC_YOUNG") == "1":
+                collector["young"] = control(client, who, "bench_probe", action="gcyoung")
             sim_cpu, redis_used = proc_cpu(sim_pid) - sim0, redis_cpu(client) - redis0
             times = model_times(client, run_ids)
             ended = [float(t) for t in _field_of(client, run_ids, "touched")]
@@ -233,9 +283,11 @@ def _field_of(client: Client, run_ids: list[str], field: str) -> list[Any]:
     return list(pipe.execute())
 
 
-def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str, Any]:
+def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool, bursts: int = 1) -> dict[str, Any]:
     """Worker RSS before the first enqueue and once `runs` runs are parked on an `ask` (after 20
-    warm-up runs, parked too, so imports and first-use caches are not counted)."""
+    warm-up runs, parked too, so imports and first-use caches are not counted); with `bursts` > 1,
+    again after each further `runs` parked (what a parked run costs once the allocator has the first
+    burst's high-water mark), and where the memory is (allocators, mappings) before and after."""
     gen = "_durable_agent:make_generate"
     env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, TOOLLOOP_PROMPT_GEN=gen)
     who = worker(tmp, f"parked-{runs}", env, "llm,tools", 500)
@@ -244,21 +296,29 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
     try:
         who.start(client.celery)
         assert who.process is not None
+        pid = who.process.pid
         warm, _ = enqueue_all(url, [spec] * 20, 1)
         wait_settled(client, warm, timeout=60)
         time.sleep(2)
         if trace:
             control(client, who, "bench_probe", action="trace_start")
         before = control(client, who, "bench_probe", action="counts")
-        rss0, mappings0 = proc_rss_mb(who.process.pid), rss_by_mapping(who.process.pid)
-        run_ids, enqueue_s = enqueue_all(url, [spec] * runs, 2)
-        found = wait_settled(client, run_ids, timeout=120 + runs / 10)
-        time.sleep(5)  # the last commits' batches, the kept-loop drops, the idle trim (workers/trim.py)
-        rss1, peak = proc_rss_mb(who.process.pid), proc_rss_mb(who.process.pid, "VmHWM")
-        mappings = rss_by_mapping(who.process.pid)
+        alloc0 = control(client, who, "bench_probe", action="alloc")
+        control(client, who, "bench_probe", action="arenas")
+        rss0, mappings0 = proc_rss_mb(pid), rss_by_mapping(pid)
+        found: Counter[str] = Counter()
+        rss_after, enqueue_s = [], 0.0
+        for _ in range(bursts):
+            run_ids, took = enqueue_all(url, [spec] * runs, 2)
+            found += wait_settled(client, run_ids, timeout=120 + runs / 10)
+            enqueue_s += took
+            rss_after.append(settled_rss_mb(pid))  # after the worker's idle trim (workers/trim.py)
+            print(f"  parked: RSS {rss_after[-1]:.0f} MB once settled after the last park", file=sys.stderr)
+        rss1, peak, mappings = rss_after[0], proc_rss_mb(pid, "VmHWM"), rss_by_mapping(pid)
         threads = Counter(task.joinpath("comm").read_text().strip().rstrip("_0123456789")
-                          for task in Path(f"/proc/{who.process.pid}/task").iterdir())  # fmt: skip
-        print(f"  parked: RSS {rss1:.0f} MB 5 s after the last park", file=sys.stderr)
+                          for task in Path(f"/proc/{pid}/task").iterdir())  # fmt: skip
+        alloc1 = control(client, who, "bench_probe", action="alloc")
+        pins = control(client, who, "bench_probe", action="pins")
         garbage = control(client, who, "bench_probe", action="garbage")
         after = control(client, who, "bench_probe", action="counts")
         trim = control(client, who, "bench_probe", action="trim")
@@ -267,13 +327,15 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool) -> dict[str,
     finally:
         who.stop()
         client.close()
-    return {"runs": runs, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
+    parked_runs = runs * bursts
+    return {"runs": runs, "bursts": bursts, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
             "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
-            "rss_trimmed_mb": trimmed, "rss_collected_mb": collected, "rss_peak_mb": peak,
-            "rss_by_mapping_before": mappings0, "rss_by_mapping_after": mappings, "threads": threads,
-            "garbage_per_run": garbage["objects"] / runs,
-            "held_per_run": (after["objects"] - before["objects"]) / runs,
-            "probe_before": before, "probe_after": after, "garbage": garbage, "trace": grown}  # fmt: skip
+            "rss_after_bursts_mb": rss_after, "rss_trimmed_mb": trimmed, "rss_collected_mb": collected,
+            "rss_peak_mb": peak, "rss_by_mapping_before": mappings0, "rss_by_mapping_after": mappings,
+            "threads": threads, "garbage_per_run": garbage["objects"] / parked_runs,
+            "held_per_run": (after["objects"] - before["objects"]) / parked_runs,
+            "probe_before": before, "probe_after": after, "alloc_before": alloc0, "alloc_after": alloc1,
+            "pins": pins, "garbage": garbage, "trace": grown}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=1.0, help="simulated model latency, s")
     parser.add_argument("--trials", type=int, default=1, help="trials of the in-flight figure (median)")
     parser.add_argument("--parked", type=int, default=10000, help="runs parked on an ask")
+    parser.add_argument("--bursts", type=int, default=2,
+                        help="bursts of --parked runs, RSS after each")  # fmt: skip
     parser.add_argument("--park-turns", type=int, default=3, help="model turns before the ask")
     parser.add_argument("--hops", type=int, default=200)
     parser.add_argument("--floor-trials", type=int, default=5)
@@ -290,10 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="", help="pyspy:<file> or cprofile:<file> (1st in-flight trial)")
     parser.add_argument("--trace", action="store_true", help="tracemalloc in the parked worker")
     parser.add_argument("--json", default="", help="write every figure to this file")
+    parser.add_argument("--pin", default="", help="CPUs of the in-flight worker (taskset -c, e.g. 0); "
+                        "Redis, the simulator and the clients get the others")  # fmt: skip
     args = parser.parse_args(argv)
     skip = set(args.skip.split(","))
     load = os.getloadavg()[0]
     results: dict[str, Any] = {}
+    if args.pin:
+        print(f"  pinned: the worker on CPU {args.pin}, the rest on {pin_others(args.pin)}", file=sys.stderr)
     with private_redis("toolloop-scale-") as (tmp, url):
         if "floor" not in skip:
             results["floor"] = bare_hop_floor(url, tmp, args.hops, args.floor_trials)
@@ -302,12 +370,12 @@ def main(argv: list[str] | None = None) -> int:
             trials = []
             for trial in range(args.trials):
                 got = flight(url, tmp, args.runs, args.turns, args.latency,
-                             args.profile if trial == 0 else "")  # fmt: skip
+                             args.profile if trial == 0 else "", args.pin)  # fmt: skip
                 print(f"  flight: {got}", file=sys.stderr)
                 trials.append(got)
             results["flight"] = trials
         if "parked" not in skip:
-            results["parked"] = parked(url, tmp, args.parked, args.park_turns, args.trace)
+            results["parked"] = parked(url, tmp, args.parked, args.park_turns, args.trace, args.bursts)
             print(f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
@@ -336,6 +404,10 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
                   f"{t['cpu_s']:.1f} s worker CPU for {t['steps']} steps = {t['cpu_per_step_ms']:.3f} ms, "
                   f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB; simulator CPU "
                   f"{t['sim_cpu_s']:.1f} s, Redis CPU {t['redis_cpu_s']:.1f} s")  # fmt: skip
+            need = t["ideal_calls_s"] * t["steps"] / (t["runs"] * t["turns"]) * t["cpu_per_step_ms"] / 1000
+            busy = t["cpu_s"] / t["wall_s"]
+            print(f"    the worker used {busy:.2f} of a core over the makespan; the ideal rate needs "
+                  f"{need:.2f} cores of worker CPU at this CPU per step")  # fmt: skip
     kept = results.get("parked")
     if kept:
         print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
@@ -346,6 +418,37 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
         print(f"  cyclic garbage per parked run: {kept['garbage_per_run']:.2f} objects "
               f"({kept['garbage']['objects']} in all, target 0); GC-tracked objects held per parked run: "
               f"{kept['held_per_run']:.2f}")  # fmt: skip
+        print_memory(kept)
+
+
+def print_memory(kept: dict[str, Any]) -> None:
+    """Where the parked row's memory is: RSS after each burst, by mapping, and by allocator."""
+    later = kept["rss_after_bursts_mb"]
+    if len(later) > 1:
+        steps = ", ".join(f"+{b - a:.1f}" for a, b in itertools.pairwise(later))
+        print(f"  RSS after each burst of {kept['runs']}: {', '.join(f'{mb:.0f}' for mb in later)} MB "
+              f"(each further burst: {steps} MB)")  # fmt: skip
+    one, two = kept["rss_by_mapping_before"], kept["rss_by_mapping_after"]
+    kinds = sorted(set(one) | set(two))
+    print("  RSS by mapping, before -> after, MB: " + "; ".join(
+        f"{kind} {one.get(kind, 0):.1f} -> {two.get(kind, 0):.1f}" for kind in kinds))  # fmt: skip
+    first, last = kept["alloc_before"], kept["alloc_after"]
+    if first and last:
+        pool_a, pool_b = first["pymalloc"], last["pymalloc"]
+        mib = 1 << 20
+        arenas = f"{pool_a['arenas_allocated_current']} -> {pool_b['arenas_allocated_current']}"
+        used_a, used_b = pool_a["bytes_in_allocated_blocks"] / mib, pool_b["bytes_in_allocated_blocks"] / mib
+        used = f"{used_a:.1f} -> {used_b:.1f}"
+        unused = f"{pool_a['unused_pools'] / 64:.1f} -> {pool_b['unused_pools'] / 64:.1f}"
+        pins = kept["pins"]
+        print(f"  pymalloc: arenas {arenas} (1 MiB each; peak {pool_b['arenas_highwater_mark']}), in "
+              f"allocated blocks {used} MiB, unused pools {unused} MiB; the {pins['new_arenas']} arenas "
+              f"the bursts added are kept by {pins['objects']} objects the collector sees")  # fmt: skip
+        libc_a, libc_b = first["glibc"], last["glibc"]
+        system = f"{libc_a['system_kb'] / 1024:.1f} -> {libc_b['system_kb'] / 1024:.1f}"
+        free = f"{libc_a['free_kb'] / 1024:.1f} -> {libc_b['free_kb'] / 1024:.1f}"
+        print(f"  glibc: arenas {libc_a['arenas']} -> {libc_b['arenas']}, from the OS {system} MiB, of it "
+              f"free {free} MiB (free pages are not resident once trimmed)")  # fmt: skip
 
 
 if __name__ == "__main__":

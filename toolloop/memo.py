@@ -16,6 +16,10 @@ are emptied when they reach `MAX` entries.
 A run's loop makes its memo (or takes the one of its journal, `memo` of the object whose bound
 method `step` is, so the memo lives as long as the journal's decoded entries) and sets `run_memo`
 for the calls it makes: a provider reads `run_memo.get()` and builds everything afresh without one.
+A memo the loop makes for itself has `replays` False: within one loop every stored step is read
+once, so `validated` and `derived` could never hit and are not kept (what they would hold, each
+step's decoded value, validated model and records, would only add to what the garbage collector
+walks for the run's whole life); only a journal's memo, which outlives one loop, keeps them.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ MAX = 20_000
 
 
 class RunMemo:
-    __slots__ = ("blocks", "derived", "marked", "validated")
+    __slots__ = ("blocks", "derived", "marked", "replays", "validated")
 
-    def __init__(self) -> None:
+    def __init__(self, replays: bool = True) -> None:
+        self.replays = replays
+        """Whether `validated` and `derived` are kept (a journal's memo, read again by later loops)."""
         self.validated: dict[int, tuple[Any, Any]] = {}
         self.derived: dict[tuple[int, Any], tuple[Any, Any]] = {}
         self.marked: dict[int, tuple[Any, Any]] = {}
@@ -44,4 +50,4 @@ run_memo: ContextVar[RunMemo | None] = ContextVar("toolloop_run_memo", default=N
 def memo_of(step: Any) -> RunMemo:
     """The journal's memo when `step` is a bound method of a journal that keeps one, else a new one."""
     found = getattr(getattr(step, "__self__", None), "memo", None)
-    return found if isinstance(found, RunMemo) else RunMemo()
+    return found if isinstance(found, RunMemo) else RunMemo(replays=False)

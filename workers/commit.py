@@ -207,6 +207,8 @@ class Commits:
         if self.metrics is not None:
             self.count_commit(outcome, field, cost, committed, state.get("status"))
         live = self.live
+        if live is not None:
+            live.committed_events()  # before the successor may resume the loop (go_on)
         here = self.process.consumer
         if reply.begun and go_on and successor is not None and live is not None and here is not None:
             live.tag = reply.begun.tag  # the run's tag now
@@ -235,8 +237,21 @@ class Commits:
 
     def _fresh_events(self, committed: int) -> list[tuple[int, str, str]]:
         """(index, kind, data) of the segment's loop events past the `committed` first."""
-        events = self.events
-        return [(i + 1, events[i].kind, events[i].model_dump_json()) for i in range(committed, len(events))]
+        start = self.fresh_start(committed)
+        return [(committed + i + 1, event.kind, event.model_dump_json())
+                for i, event in enumerate(self.events[start:])]  # fmt: skip
+
+    def fresh_start(self, committed: int) -> int:
+        """Where the events past the `committed` first begin in the loop's list, which starts at the
+        segment's event `events_base` (LiveLoop.events_base). A kept loop resumes only where its own
+        commit left the run, so `committed` is never below that base."""
+        base = self.live.events_base if self.live is not None else 0
+        if committed < base:
+            raise RuntimeError(
+                f"Run {self.run_id!r}: the stream has {committed} events of segment {self.segment}, "
+                f"the loop committed {base}; the step runs again."
+            )
+        return committed - base
 
     def _go_on(
         self, outcome: CommitOutcome, queue: str, next_key: str | None
@@ -364,7 +379,7 @@ class Commits:
         metrics = self.metrics
         assert metrics is not None
         replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
-        fresh = self.events[committed:]
+        fresh = self.events[self.fresh_start(committed) :]
         metrics.committed_step(field, self.queue, cost, self.started, replayed, fresh)
         self.outcome = outcome
         if outcome == "park":

@@ -55,7 +55,11 @@ class LiveLoop:
         """The run's tag ("<last commit's lease>|<segment>") as of the commit that kept this loop."""
         self.controller = AbortController()
         self.events: list[LoopEvent] = []
-        """Every event of the segment so far, as a replay would emit them again."""
+        """The events of the segment past the first `events_base`, as a replay would emit them again."""
+        self.events_base = 0
+        """How many events of the segment came before `events[0]`: the events a landed commit wrote
+        to the stream are dropped here (`committed_events`), so a run's loop does not hold every
+        event of its segment (the loop's list is appended to in place: its `append` is the sink)."""
         self.journal: SegmentJournal
         self.step: StepContext
         self.task: asyncio.Task[RunToolLoopResult] | None = None
@@ -90,6 +94,11 @@ class LiveLoop:
         self.resume = asyncio.get_running_loop().create_future()
         self.outcome.set_result(StepBoundary(key))
         await self.resume
+
+    def committed_events(self) -> None:
+        """Every event so far is in the stream (a commit landed): let go of them."""
+        self.events_base += len(self.events)
+        self.events.clear()
 
     def keepable(self) -> bool:
         """True when the loop paused at a boundary and nothing cancelled it: a next step can resume it."""

@@ -58,8 +58,10 @@ class SegmentJournal:
         self.signal = signal
         self.entries: dict[str, str] = dict(entries)
         self.parsed: dict[str, tuple[float, Any]] = {}
-        """Entries already decoded: key -> (cost, value). Fields are write-once, so a value decoded
-        once is not decoded again (a replayed run's loop, and `route` after it, read each once)."""
+        """The latest model entry decoded: key -> (cost, value), at most one (`route` reads the
+        calls of the latest model turn, workers/routing.py). The loop reads every other entry once
+        (it validates what it needs from the decoded value), so keeping them all would only hold a
+        decoded tree per step for the run's life, walked by every collection of the young objects."""
         self.live_steps = live_steps
         self.pause = pause
         self.before_live = before_live
@@ -98,13 +100,13 @@ class SegmentJournal:
         return self._returned(text, key)
 
     def _returned(self, stored: str, key: str) -> Any:
-        """The value of a stored entry (its cost counted). Values are memoized in `parsed`, except a
-        two-phase tool's `:start` handle, which goes to user code that may change it."""
+        """The value of a stored entry (its cost counted). The latest model entry's stays in `parsed`
+        (a model value goes to the loop, which only reads it)."""
         memo = self.parsed.get(key)
         if memo is None:
             memo = decode_entry(stored)
-            if not key.endswith(":start"):
-                self.parsed[key] = memo
+            if key.startswith("model:"):
+                self.parsed = {key: memo}
         self.cost_usd += memo[0]
         return memo[1]
 

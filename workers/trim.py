@@ -6,7 +6,9 @@ stays in the C heap for the next allocation) even when none of its runs is on it
 `idle_ticks` ticks of the sweeper (about a second each) and some step ran since the last trim, the
 free pages go back to the OS, and the threads sync tools ran in end (their stacks go back; a fresh
 pool starts threads again on demand). A busy worker never trims (no step is slowed by it), an idle
-one trims once. `malloc_trim` only with glibc (found by ctypes); elsewhere `IdleTrim.trim` is None.
+one trims once. What no trim gives back: pymalloc's 1 MiB arenas that a few live objects keep
+after a burst (bench/PROFILE-19.md, section 7). `malloc_trim` only with glibc (found by ctypes);
+elsewhere `IdleTrim.trim` is None.
 """
 
 from __future__ import annotations

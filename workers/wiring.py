@@ -140,7 +140,7 @@ def start_threads(process: WorkerProcess) -> None:
     tracing.configure()  # before gc.freeze: the SDK's objects are frozen with the rest
     if os.environ.get("TOOLLOOP_GC", "1") == "1":
         gc.freeze()
-        gc.set_threshold(100_000, 50, 1000)
+        gc.set_threshold(*collector_thresholds(getattr(process.consumer, "capacity", 0)))
     check_redis(process.redis)
     settings = process.settings
     if settings.metrics_port:
@@ -149,6 +149,24 @@ def start_threads(process: WorkerProcess) -> None:
     threading.Thread(target=_listen_for_cancels, args=(process,), name="toolloop-cancel", daemon=True).start()
     if settings.sweep_interval > 0:
         threading.Thread(target=_sweep_forever, args=(process,), name="toolloop-sweep", daemon=True).start()
+
+
+YOUNG_PER_STEP = 200
+"""Generation-0 threshold per step the process may run at once (at least 100,000 in all)."""
+
+
+def collector_thresholds(steps_in_flight: int) -> tuple[int, int, int]:
+    """The worker's collector thresholds (with TOOLLOOP_GC=1, after `gc.freeze()`).
+
+    A generation-0 collection walks every young object still alive, and between two steps of a run
+    nearly all of a step's own objects are young and alive (its coroutines, futures, request and
+    answer): at 2,000 steps in flight that is ~130,000 objects each time, found alive again (a few
+    hundred collected in a whole `bench/scale.py` trial), so a fixed threshold of 100,000 walked them
+    once per ~2,000 steps. The threshold grows with the steps in flight (YOUNG_PER_STEP each), so
+    the walk stays a small part of what a collection finds. Memory: nothing the worker makes per
+    step lives in a reference cycle (they die by refcount); a cycle that does form waits at most that
+    many more allocations for its collection, as it did for 100,000 at 500 steps in flight."""
+    return max(100_000, YOUNG_PER_STEP * steps_in_flight), 50, 1000
 
 
 def _listen_for_cancels(process: WorkerProcess) -> None:

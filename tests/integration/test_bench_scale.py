@@ -20,7 +20,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
 def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     args = ["--hops", "10", "--floor-trials", "1", "--runs", "6", "--turns", "2", "--latency", "0.2",
-            "--parked", "12", "--park-turns", "2", "--json", str(out)]  # fmt: skip
+            "--parked", "12", "--bursts", "2", "--park-turns", "2", "--json", str(out)]  # fmt: skip
     try:
         done = subprocess.run(
             [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, check=False
@@ -35,14 +35,24 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     assert "of ideal" in flight and "worker CPU per step" in flight
     assert any(line.startswith("  trial: 6/6 done") for line in lines), done.stdout
     parked = next(line for line in lines if line.startswith("12 parked runs raise the worker's RSS by"))
-    assert "{'asked': 12}" in parked
+    assert "{'asked': 24}" in parked  # two bursts of 12
+    assert any(line.startswith("  RSS after each burst of 12: ") for line in lines), done.stdout
+    by_mapping = next(line for line in lines if line.startswith("  RSS by mapping, before -> after, MB: "))
+    assert "heap" in by_mapping and "anon" in by_mapping, by_mapping
+    assert any(line.startswith("  pymalloc: arenas ") for line in lines), done.stdout
+    assert any(line.startswith("  glibc: arenas ") for line in lines), done.stdout
     results = json.loads(out.read_text())
     (trial,) = results["flight"]
     # CPU is read in 10 ms ticks: 18 steps at the 0.3 ms target may read 0
     assert trial["done"] == 6 and trial["cpu_s"] >= 0 and trial["steps"] == 6 * 3
-    assert set(trial["gc"]) == {"gen0", "gen1", "gen2"} and trial["sim_cpu_s"] >= 0  # 10 ms ticks
+    assert {"gen0", "gen1", "gen2"} <= set(trial["gc"]) and trial["sim_cpu_s"] >= 0  # 10 ms ticks
+    # the worker's collector thresholds (workers/wiring.py): 6 steps in flight keep the floor of 100,000
+    assert trial["gc"]["thresholds"] == [100_000, 50, 1000]
     kept = results["parked"]
-    assert kept["statuses"] == {"asked": 12}
+    assert kept["statuses"] == {"asked": 24} and len(kept["rss_after_bursts_mb"]) == 2
+    pools = kept["alloc_after"]["pymalloc"]  # sys._debugmallocstats() read in the worker
+    assert pools["arenas_allocated_current"] > 0 and pools["bytes_in_allocated_blocks"] > 1 << 20, pools
+    assert kept["alloc_after"]["glibc"]["arenas"] >= 1  # malloc_info: the main arena at least
     assert kept["probe_after"]["kept_loops"] == 0  # a parked run keeps no loop on its worker
     assert "top" in kept["garbage"] and kept["rss_after_mb"] > kept["rss_before_mb"] / 2
     assert any(line.startswith("  cyclic garbage per parked run:") for line in lines), done.stdout

@@ -44,7 +44,7 @@ class Checking(ScriptedModel):
 
 async def test_bodies_built_with_the_memo_are_the_bodies_built_from_nothing() -> None:
     script = [reply(tool_calls=[call("read_frame", {"shot": t}, id=f"c{t}")]) for t in range(1, 7)]
-    memos: set[int] = set()
+    memos: list[RunMemo | None] = []  # kept, so no memo's id is reused by the next run's
     for cache in ("conversation", "system", "off"):
         model = Checking([*script, reply("done")])
         result = await run_tool_loop(options(model, MemoryJournal(), tools=[read_frame()], cache=cache))
@@ -58,5 +58,6 @@ async def test_bodies_built_with_the_memo_are_the_bodies_built_from_nothing() ->
         # each call builds the new assistant and tool message and at most one newly marked copy,
         # not the 13 messages of the last request
         assert len(model.built[-1]) == 13 and max(rebuilt) <= 3, rebuilt
-        memos |= {id(memo) for memo in model.memos}
-    assert len(memos) == 3 and run_memo.get() is None  # one memo per run, none outside a run
+        memos.extend(model.memos)
+    # one memo per run, none outside a run
+    assert len({id(memo) for memo in memos}) == 3 and run_memo.get() is None

@@ -59,8 +59,11 @@ def validated(memo: RunMemo, model: type[_Model], value: Any) -> _Model:
     (MemoryJournal; the durable worker's segment journal, whose decoded entries live across a run's
     steps) gets the same frozen model back without validating it again: replay re-reads every stored
     step of the segment at every step, so this is most of what a long segment costs. The memo holds `value`
-    itself, so its identity cannot be reused while the entry lives; it is emptied when full.
+    itself, so its identity cannot be reused while the entry lives; it is emptied when full. A memo
+    the loop made for itself (`replays` False) keeps nothing: no value is read twice in one loop.
     """
+    if not memo.replays:
+        return model.model_validate(value)
     done = memo.validated
     key = id(value)
     hit = done.get(key)
@@ -79,6 +82,8 @@ def derived(
     """`make(*args)`: the history message and event the loop makes from a step's validated value,
     memoized like `validated`: a value replayed again (the same frozen object) under the same `key`
     gives the same frozen message and event without building them again."""
+    if not memo.replays:
+        return make(*args)
     memo_key = (id(source), key)
     hit = memo.derived.get(memo_key)
     if hit is not None and hit[0] is source:
