@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import threading
@@ -186,13 +187,18 @@ def streamed(
     streamed at `rate` tokens/s when asked to), alternating, `trials` pairs; the medians."""
     off: list[float] = []
     on: list[float] = []
+    spy = os.environ.get("BENCH_PYSPY")
     for _ in range(trials):
         for where, stream in ((off, False), (on, True)):
+            if spy:  # one profile per side: <file>.off, <file>.on (the last trial's)
+                os.environ["BENCH_PYSPY"] = f"{spy}.{'on' if stream else 'off'}"
             got = in_flight(url, tmp, runs, turns, latency, spec_extra={"stream": stream},
                             answer_tokens=tokens, tokens_per_s=rate)  # fmt: skip
             if got["done"] != runs:
                 raise RuntimeError(f"streaming bench: {got['done']}/{runs} runs done (stream={stream})")
             where.append(got["cpu_s"] / got["tasks"])
+    if spy:
+        os.environ["BENCH_PYSPY"] = spy
     per_off, per_on = statistics.median(off), statistics.median(on)
     return {"runs": runs, "turns": turns, "tokens": tokens, "rate": rate, "off_cpu_per_step_s": per_off,
             "on_cpu_per_step_s": per_on, "ratio": per_on / per_off, "trials_off": off,

@@ -58,7 +58,9 @@ def main(path: str, thread: str = "toolloop-asyncio") -> None:
     for line in Path(path).read_text().splitlines():
         stack, _, count = line.rstrip().rpartition(" ")
         frames = stack.split(";")
-        if thread not in frames[0]:
+        if frames[0].startswith("process "):  # py-spy --subprocesses puts the process first
+            frames = frames[1:]
+        if not frames or thread not in frames[0]:
             continue
         n = int(count)
         total += n

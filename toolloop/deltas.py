@@ -8,15 +8,33 @@ called as before (no `on_delta`), and their answers reach the loop whole, with n
 from __future__ import annotations
 
 import inspect
+from contextvars import ContextVar
+from types import CodeType
 from typing import Any
 
 from toolloop.contract import DeltaEvent, OnDelta
 
 DISCARD = DeltaEvent(discard=True)
 
+READ_HOLD: ContextVar[float] = ContextVar("toolloop_read_hold", default=0.0)
+"""Seconds a streamed model call in this context reads nothing after a read that passed text on
+(0: it reads each piece as it arrives). What the server sends meanwhile waits in the socket and
+comes as one read, parsed at once and passed on as one delta: a reader that publishes deltas every
+N ms anyway (a durable worker, TOOLLOOP_DELTA_INTERVAL_MS) loses nothing by it, and the process
+wakes once per N ms per answer instead of once per TCP segment. The first text is passed on as it
+arrives; the answer's end comes up to one hold late. Only the keep-alive client
+(toolloop/providers/keepalive.py) can hold its reads; httpx reads as before."""
+
+_CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
+
 
 def takes_on_delta(fn: Any) -> bool:
-    """True when `fn` accepts an `on_delta=` keyword (named, or through `**kwargs`)."""
+    """True when `fn` accepts an `on_delta=` keyword (named, or through `**kwargs`). A plain
+    function's (or method's) answer comes from its code object (a closure made per call, as the
+    worker's are, costs no `inspect.signature`)."""
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, CodeType) and not hasattr(fn, "__wrapped__") and not hasattr(fn, "__signature__"):
+        return _code_takes_on_delta(code)
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -26,6 +44,11 @@ def takes_on_delta(fn: Any) -> bool:
         or p.kind is p.VAR_KEYWORD
         for p in parameters
     )
+
+
+def _code_takes_on_delta(code: CodeType) -> bool:
+    named = code.co_varnames[code.co_posonlyargcount : code.co_argcount + code.co_kwonlyargcount]
+    return "on_delta" in named or bool(code.co_flags & _CO_VARKEYWORDS)
 
 
 def relay(on_delta: OnDelta) -> Relay:

@@ -179,7 +179,9 @@ class _Step(Commits):
             self.run_id, self.prefix, loaded.journal, signal=live.controller.signal, live_steps=1,
             before_live=live.before_live, after_live=live.after_live, pause=live.pause,
         )  # fmt: skip
-        live.deltas = DeltaStream.of(spec.stream, self.run_id, live.events.append)  # None unless it streams
+        live.deltas = DeltaStream.of(  # None unless it streams
+            spec.stream, self.run_id, live.events.append, self.settings.delta_interval
+        )
         bind(live.deltas, self.batch, self.token, self.segment, self.process.hooks)
         self.spec = spec
         return await self._until_boundary(
@@ -232,7 +234,7 @@ class _Step(Commits):
             generate = counted(generate, spec.provider, self.metrics)
         generate = flow.wrap_generate(self.process, generate, spec)
         return RunToolLoopOptions(
-            generate=generate if live.deltas is None else streaming(generate),
+            generate=generate if live.deltas is None else streaming(generate, live.deltas.interval),
             model=spec.model,
             system=spec.system,
             messages=messages,

@@ -3,8 +3,11 @@
 The loop hands each text delta of the live model call to `on_step` as a `DeltaEvent`
 (SPEC 4.3). `DeltaStream.on_step` keeps the run's other events (journaled, committed with the step)
 and buffers the deltas: the first one is written at once, later ones at most one write per
-`INTERVAL` (50 ms) per run, each write one `DELTA_FLUSH` script queued on the process's Redis batch
-(workers/redisio.py: the step never waits for it; it travels in the loop turn's pipeline).
+`interval` (TOOLLOOP_DELTA_INTERVAL_MS, 50 ms) per run, each write one `DELTA_FLUSH` script queued
+on the process's Redis batch (workers/redisio.py: the step never waits for it; it travels in the
+loop turn's pipeline). The model call reads its stream at the same pace once text flows
+(`streaming` sets toolloop.deltas.READ_HOLD): one socket read, one parse and one delta per interval
+and answer, not one per TCP segment.
 
 Stream entries (beside the committed events, which carry `seq`; these carry none):
 
@@ -33,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
-from toolloop.deltas import takes_on_delta
+from toolloop.deltas import READ_HOLD, takes_on_delta
 from toolloop.journal import keys
 from toolloop.loop.tools import call
 from workers.hooks import NO_HOOKS, Hooks
@@ -43,7 +46,12 @@ from workers.scripts.deltas import DELTA_FLUSH
 log = logging.getLogger("toolloop.workers")
 
 INTERVAL = 0.05
-"""Seconds between two delta writes of one run (the first delta of a burst goes at once)."""
+"""Seconds between two delta writes of one run (the first delta of a burst goes at once): the
+default of TOOLLOOP_DELTA_INTERVAL_MS (workers/settings.py)."""
+
+_SLACK = 0.1
+"""A delta that comes this share of the interval early is written at once, not on a timer of its
+own: the provider's held reads (READ_HOLD) come once an interval, give or take the timers' 1 ms."""
 
 ON_DELTA: contextvars.ContextVar[OnDelta | None] = contextvars.ContextVar("toolloop_on_delta", default=None)
 """The `on_delta` of the model call running in this task (set by `streaming`, read by the worker's
@@ -53,18 +61,21 @@ them stay as they are."""
 Generate = Callable[[PromptGenRequest, Any], Any]
 
 
-def streaming(generate: Generate) -> Callable[..., Any]:
+def streaming(generate: Generate, interval: float = INTERVAL) -> Callable[..., Any]:
     """`generate` as a callable that takes `on_delta` (so the loop streams into it), handing the
-    callback down through ON_DELTA."""
+    callback down through ON_DELTA, and the delta interval as the call's READ_HOLD (its deltas are
+    written that often anyway: the provider need not read more often once text flows)."""
 
     async def streamed(
         request: PromptGenRequest, signal: Any, on_delta: OnDelta | None = None
     ) -> PromptGenResult:
         token = ON_DELTA.set(on_delta)
+        hold = READ_HOLD.set(interval if on_delta is not None else 0.0)
         try:
             result: PromptGenResult = await generate(request, signal)
             return result
         finally:
+            READ_HOLD.reset(hold)
             ON_DELTA.reset(token)
 
     return streamed
@@ -119,12 +130,14 @@ def streamed_from(prompt_gen: Any, provider: str | None, fallback: list[str]) ->
 class DeltaStream:
     """One run's deltas, kept with its loop across the steps this process runs (`bind` each step)."""
 
-    __slots__ = ("attempt", "backed", "batch", "hooks", "keep", "last", "parts", "redo", "run_id",
-                 "segment", "step", "thinking", "timer", "token", "writes")  # fmt: skip
+    __slots__ = ("attempt", "backed", "batch", "hooks", "interval", "keep", "last", "parts", "redo",
+                 "run_id", "segment", "step", "thinking", "timer", "token", "writes")  # fmt: skip
 
-    def __init__(self, run_id: str, keep: Callable[[Any], Any]) -> None:
+    def __init__(self, run_id: str, keep: Callable[[Any], Any], interval: float = INTERVAL) -> None:
         self.run_id = run_id
         self.keep = keep
+        self.interval = interval
+        """Seconds between two writes (TOOLLOOP_DELTA_INTERVAL_MS)."""
         """Where the other events go (the loop's event list)."""
         self.batch: Batch | None = None
         self.hooks: Hooks = NO_HOOKS
@@ -143,9 +156,11 @@ class DeltaStream:
         """The attempt mark ("<segment>|<step>|<attempt>") whose model event came after its deltas."""
 
     @classmethod
-    def of(cls, stream: bool, run_id: str, keep: Callable[[Any], Any]) -> DeltaStream | None:
+    def of(
+        cls, stream: bool, run_id: str, keep: Callable[[Any], Any], interval: float = INTERVAL
+    ) -> DeltaStream | None:
         """The run's delta stream when its spec says `stream`, else None (nothing changes)."""
-        return cls(run_id, keep) if stream else None
+        return cls(run_id, keep, interval) if stream else None
 
     def bind(self, batch: Batch, token: int, segment: int, hooks: Hooks = NO_HOOKS) -> None:
         """The step (attempt) that runs the loop now: its batch, fencing token, segment, and the
@@ -174,8 +189,8 @@ class DeltaStream:
         self.parts.append(event.text)
         if self.timer is None:
             loop = asyncio.get_running_loop()
-            due = self.last + INTERVAL
-            if self.last < 0 or loop.time() >= due:
+            due = self.last + self.interval
+            if self.last < 0 or loop.time() >= due - self.interval * _SLACK:
                 self.flush()
             else:
                 self.timer = loop.call_at(due, self.flush)

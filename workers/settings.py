@@ -22,6 +22,8 @@ TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,...
                                      clients read the names only, and refuse any other
 TOOLLOOP_KEPT_LOOPS          4096    run loops a worker process keeps paused between their steps (the
                                      oldest is dropped past it: its run's next step replays; 0: none)
+TOOLLOOP_DELTA_INTERVAL_MS   50      ms between two delta writes of a streaming run (docs/streaming.md);
+                                     its model call reads the stream that often once text flows
 TOOLLOOP_KILL_PLAN           unset   tests only: a kill plan (workers/killpoints.py) installs its hooks
 TOOLLOOP_RETENTION           7d      how long a finished run's keys stay (s, or 30m, 12h, 7d; 0: for
                                      ever); parked and running runs never expire (`toolloop prune`)
@@ -99,6 +101,8 @@ class Settings:
     redis_source: str = "REDIS_URL"
     kept_loops: int = 4096
     """Run loops kept paused between their steps per process (TOOLLOOP_KEPT_LOOPS)."""
+    delta_interval: float = 0.05
+    """Seconds between two delta writes of a streaming run (TOOLLOOP_DELTA_INTERVAL_MS)."""
     kill_plan: str = ""
     """The fault suite's kill plan (TOOLLOOP_KILL_PLAN): its hooks are installed (tests only)."""
     """Where `redis_url` came from (`find_redis_url`); "" when nothing was found."""
@@ -129,5 +133,6 @@ class Settings:
             rate_limits=parse_rate_limits(os.environ.get(RATE_LIMITS_ENV, "")),
             metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0)),
             kept_loops=int(_float("TOOLLOOP_KEPT_LOOPS", 4096)),
+            delta_interval=_float("TOOLLOOP_DELTA_INTERVAL_MS", 50) / 1000,
             kill_plan=os.environ.get("TOOLLOOP_KILL_PLAN", "").strip(),
         )

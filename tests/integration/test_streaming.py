@@ -2,10 +2,17 @@
 a streamed answer gives the same `PromptGenResult` as the non-streamed one (text, tool calls,
 thinking with signatures, cache usage, cost) on both wires; deltas reach `on_step` in order and the
 step's `ModelEvent` follows them; a replay emits none; a stream cut or failed mid-way is retried and
-paid once; the timeout is an idle timeout between events, not a cap on the whole answer."""
+paid once; the timeout is an idle timeout between events, not a cap on the whole answer; with
+reads held (READ_HOLD, as a durable worker streams) every piece still comes once, in order, one delta
+per hold, and the fault paths behave the same."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,6 +35,7 @@ from toolloop import (
     run_tool_loop,
 )
 from toolloop.abort import NEVER_ABORTED
+from toolloop.deltas import READ_HOLD
 from toolloop.providers import AnthropicHandler, FalHandler, RetryPolicy
 from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import SimRequest, SimServer, SimTurn
@@ -218,3 +226,84 @@ async def test_anthropic_streams_a_call_above_the_sdk_non_streaming_limit_withou
         short_answer = await model.execute(request("text"), NEVER_ABORTED)
     assert long_answer.text == short_answer.text == "A long answer, in time."
     assert [body.get("stream") for body in bodies] == [True, None]
+
+
+def held(seconds: float) -> Any:
+    """A context in which streamed calls hold their reads (toolloop.deltas.READ_HOLD)."""
+    return contextlib.contextmanager(_held)(seconds)
+
+
+def _held(seconds: float) -> Iterator[None]:
+    token = READ_HOLD.set(seconds)
+    try:
+        yield
+    finally:
+        READ_HOLD.reset(token)
+
+
+def timed(into: list[tuple[float, DeltaEvent]]) -> Any:
+    return lambda delta: into.append((time.monotonic(), delta))
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_held_reads_pass_every_piece_once_in_order_one_delta_per_hold(wire: str) -> None:
+    paced = [{"text": LONG, "tokens_per_s": 200}]  # 114 pieces 5 ms apart: about 0.57 s
+    with SimServer(paced, strict=True) as sim:
+        whole = await handler(wire, sim).execute(request("text"), NEVER_ABORTED)
+        sim.reset()
+        model = handler(wire, sim, keep_alive=True)
+        each: list[tuple[float, DeltaEvent]] = []
+        streamed = await model.execute(request("text"), NEVER_ABORTED, on_delta=timed(each))
+        sim.reset()
+        gathered: list[tuple[float, DeltaEvent]] = []
+        with held(0.1):
+            kept = await model.execute(request("text"), NEVER_ABORTED, on_delta=timed(gathered))
+        await model.http.aclose()
+    assert streamed.model_dump_json() == whole.model_dump_json() == kept.model_dump_json()
+    assert "".join(d.text for _, d in gathered) == "".join(d.text for _, d in each) == LONG
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(gathered)]
+    assert len(gathered) <= 0.6 / 0.1 + 3 < len(LONG) // PIECE_CHARS  # a delta per hold, not per piece
+    assert min(gaps) >= 0.09, gaps  # nothing read while held
+    assert len(each) > 2 * len(gathered)  # without the hold, reads as the pieces come
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+@pytest.mark.parametrize("kind", ["stream_drop", "stream_error"])
+async def test_a_stream_cut_or_failed_while_reads_are_held_is_retried_the_same(wire: str, kind: str) -> None:
+    with SimServer([{"text": LONG}], strict=True) as clean:
+        await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
+        expected = await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
+    fields = {"status": 529} if kind == "stream_error" else {}
+    paced = [{"text": LONG, "tokens_per_s": 200, "fault": {"kind": kind, "after": 30, **fields}}]
+    with SimServer(paced, strict=True) as sim, held(0.05):
+        deltas: list[DeltaEvent] = []
+        model = handler(wire, sim, keep_alive=True)
+        result = await model.execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
+        stats = sim.stats()
+        await model.http.aclose()
+    assert result.model_dump_json() == expected.model_dump_json()
+    assert stats["faults"] == {kind: 1} and stats["requests"] == 2
+    cut = deltas.index(DeltaEvent(discard=True))
+    assert "".join(d.text for d in deltas[:cut]) == LONG[: 30 * PIECE_CHARS]
+    assert "".join(d.text for d in deltas[cut + 1 :]) == LONG and len(deltas) < 40
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "fal"])
+async def test_held_reads_keep_the_idle_timeout_between_events(wire: str) -> None:
+    stall = {"kind": "stall", "seconds": 1.2, "after": 20, "times": None}
+    with SimServer([{"text": LONG, "tokens_per_s": 200, "fault": stall}], strict=True) as sim, held(0.05):
+        model = handler(wire, sim, timeout_s=0.5, retry=RetryPolicy(attempts=2, base_delay_s=0.01),
+                        keep_alive=True)  # fmt: skip
+        try:
+            with pytest.raises(PromptGenError, match=r"sent nothing for 0\.5 s in the middle of its"):
+                await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+        finally:
+            await model.http.aclose()
+        await asyncio.sleep(1.0)  # the simulator's stalled answer ends before it stops
+    with SimServer([{"text": LONG, "tokens_per_s": 40}], strict=True) as sim, held(1.0):
+        model = handler(wire, sim, timeout_s=0.5, keep_alive=True)  # the hold: cut to half the timeout
+        try:
+            result = await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+        finally:
+            await model.http.aclose()
+    assert result.text == LONG

@@ -41,12 +41,21 @@ log = logging.getLogger("toolloop.providers")
 class Answer:
     """An HTTP answer being read: `status`, `headers`, and the body (`read()` or `chunks()`)."""
 
-    __slots__ = ("_chunks", "headers", "status")
+    __slots__ = ("_chunks", "headers", "hold", "status")
 
-    def __init__(self, status: int, headers: Mapping[str, str], chunks: Callable[[], AsyncIterator[bytes]]):
+    def __init__(
+        self,
+        status: int,
+        headers: Mapping[str, str],
+        chunks: Callable[[], AsyncIterator[bytes]],
+        hold: Callable[[float], None] | None = None,
+    ):
         self.status = status
         self.headers = headers
         self._chunks = chunks
+        self.hold = hold
+        """`hold(s)`: read nothing more for `s` seconds, so what arrives meanwhile comes as one
+        chunk (None: the client cannot; each chunk comes as it arrives)."""
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._chunks()
@@ -124,7 +133,8 @@ class KeepAliveClient:
         conn = await pool.post(url, content, headers, timeout)
         log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, conn.status)  # as httpx logs it
         try:
-            yield Answer(conn.status, decoded_headers(conn.headers or {}), lambda: pool.chunks(conn, timeout))
+            yield Answer(conn.status, decoded_headers(conn.headers or {}), lambda: pool.chunks(conn, timeout),
+                         conn.hold)  # fmt: skip
         finally:
             pool.release(conn)
 

@@ -15,6 +15,9 @@ Streaming, what differs:
   reader's last event) is retried like a 5xx;
 - each read's bytes go to the reader (`feed`), then its text goes to `on_delta` as one delta
   (`flush`): a delta per read, not per event (SPEC 4.3 lets a delta carry any amount of text);
+  with `toolloop.deltas.READ_HOLD` set (a durable worker sets it to its delta interval), a read
+  that passed text on is followed by that long without reading (`Answer.hold`), so what the
+  server sends meanwhile comes as one read and one delta, not one per TCP segment;
 - a 2xx answer that is not `text/event-stream` is read as the whole answer (a server or proxy
   that ignored `stream`);
 - before a retry of an attempt that passed deltas on, `on_delta` gets a discard delta
@@ -41,6 +44,7 @@ import orjson
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta
+from toolloop.deltas import READ_HOLD
 from toolloop.deltas import relay as as_relay
 from toolloop.errors import PromptGenError
 from toolloop.fastjson import dumps, loads_exact
@@ -97,9 +101,9 @@ class StreamReader(Protocol):
 
     def event(self, name: str, data: str) -> None: ...
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Pass on, as one delta per kind, the text of the events given since the last flush
-        (called after each read's events)."""
+        (called after each read's events); True when it passed any."""
 
     @property
     def done(self) -> bool: ...
@@ -273,10 +277,13 @@ class _Call:
         """The reader's result of a streamed answer: each chunk (what one read brought) parsed into
         events, then the reader's deltas of them passed on as one (`flush`)."""
         chunks = answer.chunks()
+        hold_s = min(READ_HOLD.get(), self.endpoint.timeout_s / 2)
+        hold = answer.hold if hold_s > 0 else None
         try:
             async for chunk in chunks:
                 reader.feed(chunk)
-                reader.flush()
+                if reader.flush() and hold is not None and not reader.done:
+                    hold(hold_s)  # what arrives meanwhile comes as one read, one delta
                 if reader.done:
                     return reader.result()
         except httpx.TimeoutException:

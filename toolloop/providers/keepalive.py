@@ -16,6 +16,9 @@ path gives for it (connect timeout `ConnectTimeout`, no connection `ConnectError
 past `timeout.read` `ReadTimeout`, a connection closed or a malformed answer mid-way
 `RemoteProtocolError`, else `ReadError`), so classification (retry.py) is one.
 
+A streamed answer's reads can be held (`_Connection.hold`, `Answer.hold`: `pause_reading`, then a
+timer resumes): what the server sends meanwhile comes in one `data_received`, one chunk.
+
 TLS through `loop.create_connection(ssl=...)` with the certifi context of `HttpxClient.verify`.
 The request asks for no content encoding; a gzip or deflate answer is decoded all the same.
 """
@@ -49,8 +52,9 @@ class _Stale(Exception):
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection: a request written, its answer parsed as the bytes arrive."""
 
-    __slots__ = ("_waiter", "body", "closed", "complete", "error", "headers", "idle_since", "keep_alive",
-                 "key", "loop", "parser", "raw_headers", "reused", "status", "transport")  # fmt: skip
+    __slots__ = ("_held", "_waiter", "body", "closed", "complete", "error", "headers", "idle_since",
+                 "keep_alive", "key", "loop", "parser", "raw_headers", "reused", "status",
+                 "transport")  # fmt: skip
 
     def __init__(self, loop: asyncio.AbstractEventLoop, key: _Key) -> None:
         self.loop = loop
@@ -68,6 +72,8 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
+        self._held: asyncio.TimerHandle | None = None
+        """While the reads are held (`hold`): the timer that resumes them."""
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
@@ -136,16 +142,37 @@ class _Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
 
+    def hold(self, seconds: float) -> None:
+        """Read nothing for `seconds`: what the server sends meanwhile waits in the socket's buffer
+        and comes as one piece when reading resumes (one wake-up, not one per TCP segment). Not
+        while the answer is complete or the connection closed; a hold in force stays as it is."""
+        if self._held is not None or self.complete or self.closed or self.transport is None:
+            return
+        self.transport.pause_reading()
+        self._held = self.loop.call_later(seconds, self._resume)
+
+    def _resume(self) -> None:
+        self._held = None
+        if not self.closed and self.transport is not None:
+            self.transport.resume_reading()
+
+    def _unhold(self) -> None:
+        if self._held is not None:
+            self._held.cancel()
+            self._held = None
+
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.closed and self.error is None
 
     def close(self) -> None:
         self.closed = True
+        self._unhold()
         if self.transport is not None:
             self.transport.close()
 
     def _abort(self) -> None:
         self.closed = True
+        self._unhold()
         if self.transport is not None:
             self.transport.abort()
 

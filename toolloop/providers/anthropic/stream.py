@@ -156,13 +156,15 @@ class MessageStream:
         assert self.message is not None
         return self.message
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Pass the delta text read since the last flush on as one `DeltaEvent` (SPEC 4.3: a delta
         carries any amount of text): one per socket read, not one per event."""
         if self.out and self.on_delta is not None:
             text = self.out[0] if len(self.out) == 1 else "".join(self.out)
             self.out.clear()
             self.on_delta(DeltaEvent(text=text, thinking=self.out_thinking))
+            return True
+        return False
 
     def _block(self, payload: dict[str, Any]) -> dict[str, Any]:
         assert self.message is not None

@@ -117,13 +117,15 @@ class CompletionStream:
             self.out_thinking = thinking
             self.out.append(text)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Pass the delta text read since the last flush on as one `DeltaEvent` (SPEC 4.3: a delta
         carries any amount of text): one per socket read, not one per chunk."""
         if self.out and self.on_delta is not None:
             text = self.out[0] if len(self.out) == 1 else "".join(self.out)
             self.out.clear()
             self.on_delta(DeltaEvent(text=text, thinking=self.out_thinking))
+            return True
+        return False
 
     def _detail(self, entry: dict[str, Any]) -> None:
         index = entry.get("index", len(self.details))
