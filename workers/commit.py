@@ -237,21 +237,8 @@ class Commits:
 
     def _fresh_events(self, committed: int) -> list[tuple[int, str, str]]:
         """(index, kind, data) of the segment's loop events past the `committed` first."""
-        start = self.fresh_start(committed)
-        return [(committed + i + 1, event.kind, event.model_dump_json())
-                for i, event in enumerate(self.events[start:])]  # fmt: skip
-
-    def fresh_start(self, committed: int) -> int:
-        """Where the events past the `committed` first begin in the loop's list, which starts at the
-        segment's event `events_base` (LiveLoop.events_base). A kept loop resumes only where its own
-        commit left the run, so `committed` is never below that base."""
-        base = self.live.events_base if self.live is not None else 0
-        if committed < base:
-            raise RuntimeError(
-                f"Run {self.run_id!r}: the stream has {committed} events of segment {self.segment}, "
-                f"the loop committed {base}; the step runs again."
-            )
-        return committed - base
+        fresh = self.live.events_past(committed) if self.live is not None else []
+        return [(committed + i + 1, event.kind, event.model_dump_json()) for i, event in enumerate(fresh)]
 
     def _go_on(
         self, outcome: CommitOutcome, queue: str, next_key: str | None
@@ -379,7 +366,7 @@ class Commits:
         metrics = self.metrics
         assert metrics is not None
         replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
-        fresh = self.events[self.fresh_start(committed) :]
+        fresh = self.live.events_past(committed) if self.live is not None else []
         metrics.committed_step(field, self.queue, cost, self.started, replayed, fresh)
         self.outcome = outcome
         if outcome == "park":

@@ -95,6 +95,15 @@ class LiveLoop:
         self.outcome.set_result(StepBoundary(key))
         await self.resume
 
+    def events_past(self, committed: int) -> list[LoopEvent]:
+        """The segment's events past its `committed` first. A kept loop resumes only where its own
+        commit left the run, so `committed` is never below `events_base`."""
+        start = committed - self.events_base
+        if start < 0:
+            raise RuntimeError(f"The stream holds {committed} events of the segment, this loop committed "
+                               f"{self.events_base}; the step runs again.")  # fmt: skip
+        return self.events[start:]
+
     def committed_events(self) -> None:
         """Every event so far is in the stream (a commit landed): let go of them."""
         self.events_base += len(self.events)
