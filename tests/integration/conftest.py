@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from tests.integration.runs_kit import redis_on
+from tests.support.procs import end
 from toolloop.embedded import EmbeddedServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,13 +102,7 @@ class Worker:
         raise RuntimeError(f"The worker was not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        end(self.process, 15)
         self._file.close()
 
     def kill(self) -> None:
