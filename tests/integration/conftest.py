@@ -48,12 +48,17 @@ FAST_RECOVERY = {
 }
 
 
-def own_redis(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedServer]:
-    """A Redis server of its own in a fresh directory `name`, stopped after: `yield from` it in a
-    fixture, so that no other module's workers take its runs."""
-    server = start_server(tmp_path_factory.mktemp(name))
+def redis_in(directory: Path) -> Iterator[EmbeddedServer]:
+    """A Redis server of its own in `directory`, stopped after: `yield from` it in a fixture, so that
+    no other test's workers take its runs."""
+    server = start_server(directory)
     yield server
     server.stop()
+
+
+def own_redis(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedServer]:
+    """`redis_in` a fresh directory `name` (for a module- or session-scoped fixture)."""
+    yield from redis_in(tmp_path_factory.mktemp(name))
 
 
 @pytest.fixture(scope="session")
