@@ -304,7 +304,7 @@ def create_app(client: AsyncClient | None = None, token: str | None = None) -> S
 
 def _default_redis() -> str:
     """REDIS_URL, else the embedded server of $TOOLLOOP_HOME or ./.toolloop, started when needed
-    (the rule of every entry point: toolloop/defaults.py, workers.settings.find_redis_url)."""
+    (the rule of every entry point: toolloop.defaults.find_redis_url)."""
     from toolloop.defaults import redis_url
 
     return redis_url().url

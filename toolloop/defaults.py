@@ -19,10 +19,13 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import redis
 
 from toolloop.embedded import EmbeddedServer, free_port, ping
 
@@ -93,9 +96,36 @@ def running_embedded(state: Path | None = None) -> RedisChoice | None:
     return None
 
 
+NO_REDIS = "redis://127.0.0.1:6379/0"
+"""The URL a Settings holds when neither REDIS_URL is set nor an embedded server runs (`redis_source`
+is then ""): `Client()` and the worker (workers/settings.py) refuse it with `no_redis_message()`
+rather than use it."""
+
+
+def find_redis_url() -> tuple[str, str]:
+    """Where Redis is, the one rule of every entry point: (url, where it came from). REDIS_URL when
+    set; else the embedded server of the state directory ($TOOLLOOP_HOME, default ./.toolloop) when it
+    runs; else (NO_REDIS, ""). Nothing is started here (the `toolloop` commands start the embedded
+    server with the same rule: `redis_url`)."""
+    from_env = os.environ.get("REDIS_URL", "").strip()
+    if from_env:
+        return from_env, "REDIS_URL"
+    found = running_embedded()
+    if found is not None:
+        return found.url, f"the embedded server of {state_dir()}"
+    return NO_REDIS, ""
+
+
+def no_redis_message() -> str:
+    return (
+        f"REDIS_URL is not set and no embedded Redis runs in {state_dir()}.\n"
+        "  Set REDIS_URL, or run `toolloop up` in this directory (TOOLLOOP_HOME moves it) first."
+    )
+
+
 def redis_url(state: Path | None = None, *, start: bool = True) -> RedisChoice:
     """`REDIS_URL` when set; else the state directory's embedded server, started when needed."""
-    from_env = os.environ.get("REDIS_URL", "").strip()  # as workers.settings.find_redis_url reads it
+    from_env = os.environ.get("REDIS_URL", "").strip()  # as find_redis_url reads it
     if from_env:
         return RedisChoice(from_env, embedded=False)
     directory = (state or state_dir()) / "redis"
@@ -122,8 +152,6 @@ def redis_url(state: Path | None = None, *, start: bool = True) -> RedisChoice:
 
 
 def _port_free(port: int) -> bool:
-    import socket
-
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -165,8 +193,6 @@ def redis_problem(url: str, timeout: float = 2.0) -> str | None:
     """Why Redis at `url` cannot be used (None: it answered PING). It connects exactly as the
     workers and `Client` do: redis-py on the same URL, so a password, an ACL user and TLS
     (`rediss://...?ssl_ca_certs=/path/ca.pem`) are checked here as they will be used."""
-    import redis
-
     client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         client.ping()

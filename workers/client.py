@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 import redis as redis_lib
 
 from toolloop.contract import ChatMessage
+from toolloop.defaults import no_redis_message
 from toolloop.loop.types import Decision
 from workers import accounts, enqueue, ops, runlist
 from workers.drive import SyncDriver
 from workers.errors import NoRedisError
 from workers.records import RunEventRecord, RunStatus
-from workers.settings import Settings, no_redis_message
+from workers.settings import Settings
 from workers.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def settings_for(redis_url: str | None) -> Settings:
 class Client:
     def __init__(self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None) -> None:
         """`redis_url`: when None, REDIS_URL, else the embedded server of $TOOLLOOP_HOME or ./.toolloop
-        when it runs (the rule of the CLI and the workers, `workers.settings.find_redis_url`), else
+        when it runs (the rule of the CLI and the workers, `toolloop.defaults.find_redis_url`), else
         `NoRedisError`. `toolsets`: the names of the registered toolsets, read
         from TOOLLOOP_TOOLSETS (names only) when None."""
         self.settings = settings = settings_for(redis_url)
@@ -68,7 +69,7 @@ class Client:
     def celery(self) -> Celery:
         """A Celery app on the same Redis (for `control.inspect` and the like), made when first read:
         the client's own calls need none."""
-        from workers.config import make_app
+        from workers.config import make_app  # Celery is loaded only here: a web backend's Client needs none
 
         return make_app(self.settings)
 

@@ -5,7 +5,9 @@ makes its own the first time it sends.
 
 from __future__ import annotations
 
+import ssl as ssl_lib
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import click
 from celery import Celery
@@ -63,9 +65,6 @@ def make_app(settings: Settings | None = None) -> Celery:
 def ssl_options(url: str) -> dict[str, Any]:
     """The TLS options of a `rediss://` URL's query (`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`,
     `ssl_cert_reqs`), as Celery's `broker_use_ssl` takes them; {} for a plain URL."""
-    import ssl as ssl_lib
-    from urllib.parse import parse_qsl, urlsplit
-
     parts = urlsplit(url)
     if parts.scheme != "rediss":
         return {}

@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 import redis as redis_lib
+from kombu.transport.virtual import Empty
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
@@ -36,7 +37,6 @@ def guard_channel(channel: Any, hostname: str, max_bytes: int, client: redis_lib
         return False
     if getattr(handlers["BRPOP"], "toolloop_guard", False):
         return True
-    from kombu.transport.virtual import Empty
 
     def brpop_read(**options: Any) -> bool:  # kombu 5.7's Channel._brpop_read, checked
         try:

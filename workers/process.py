@@ -295,7 +295,7 @@ def new_loop() -> asyncio.AbstractEventLoop:
     docs/operations.md), else the standard loop; TOOLLOOP_LOOP=asyncio forces the standard one."""
     if os.environ.get("TOOLLOOP_LOOP", "").strip() != "asyncio":
         try:
-            import uvloop
+            import uvloop  # optional at run time: the standard loop where it is missing
         except ImportError:
             pass
         else:

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from toolloop.providers.http import parse_retry_after
 from workers.names import RATE_PREFIX
 
 ENV = "TOOLLOOP_RATE_LIMITS"
@@ -77,13 +80,8 @@ def parse(raw: str) -> dict[str, dict[str, Limits]]:
             data: Any = json.loads(raw)
         else:
             text = Path(raw).read_text()
-            if raw.endswith((".yaml", ".yml")):
-                import yaml
-
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
-    except (OSError, ValueError) as error:
+            data = yaml.safe_load(text) if raw.endswith((".yaml", ".yml")) else json.loads(text)
+    except (OSError, ValueError, yaml.YAMLError) as error:
         raise RateLimitConfigError(
             f"{ENV} could not be read ({error}).\n"
             '  Give inline JSON like {"anthropic": {"*": {"requests_per_minute": 600}}} or a JSON/YAML file.'
@@ -220,8 +218,6 @@ _HEADER_FIELDS = {"requests": "r", "input-tokens": "i", "output-tokens": "o"}
 def lessons(status: int, headers: Mapping[str, str], now: float) -> tuple[float, list[tuple[str, float]]]:
     """What an answer's headers teach: (blocked until, epoch seconds or 0; [(field, remaining)]).
     A remaining of 0 blocks until its reset; a 429's `retry-after` blocks for that long."""
-    from toolloop.providers.http import parse_retry_after
-
     blocked = 0.0
     remaining: list[tuple[str, float]] = []
     for kind, field in _HEADER_FIELDS.items():

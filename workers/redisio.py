@@ -5,8 +5,10 @@ At hundreds of steps in flight, most of the CPU a Redis command costs in Python 
 around it (a connection checkout, packing, parsing), not the round trip. `Batch` queues commands and
 sends everything queued during one loop turn as one pipeline (no MULTI: each script is atomic on its
 own), so a turn that starts 200 steps makes one round trip, not 200. Order is kept: commands queued
-one after another run one after another. `call` returns the reply; `send` is fire-and-forget for
-writes whose loss something else repairs (events, acks: see workers/consumer.py), and only logs.
+one after another run one after another (a turn's `send`s after its `call`s, in one script), also
+when Redis has forgotten the scripts (NOSCRIPT: see workers/scriptcache.py). `call` returns the
+reply; `send` is fire-and-forget for writes whose loss something else repairs (events, acks: see
+workers/consumer.py), and only logs.
 
 `PackedConnection` packs commands with hiredis's C packer (redis-py's asyncio client packs in
 Python: ~6x the CPU for a turn's pipeline).
@@ -38,6 +40,7 @@ import redis.asyncio as aredis
 from toolloop.abort import AbortController
 from toolloop.journal import scripts
 from workers.errors import LeaseLostError
+from workers.scriptcache import ScriptCache, failed_from, name
 
 log = logging.getLogger("toolloop.workers")
 
@@ -86,7 +89,7 @@ def packed_pool(pool: aredis.ConnectionPool) -> aredis.ConnectionPool:
 
 def _loaded(future: asyncio.Future[Any]) -> None:
     error = None if future.cancelled() else future.exception()
-    if error is not None:  # the EVALSHA after it reports NOSCRIPT and loads it again
+    if error is not None:  # the EVALSHAs after it report NOSCRIPT and run again after a load
         log.warning("redis SCRIPT LOAD failed: %s: %s", type(error).__name__, error)
 
 
@@ -96,8 +99,11 @@ class Batch:
         self.queued: list[_Command] = []
         self.hooks: list[Callable[[], None]] = []
         self.scheduled = False
-        self.sources: dict[str, str] = {}
-        self.shas: dict[str, str] = {}
+        self.scripts = ScriptCache(SEND_MANY)
+        self.previous: asyncio.Future[None] | None = None
+        """The last flush's end: a flush that hit NOSCRIPT runs again only after the flushes before it."""
+        self.holding: asyncio.Future[None] | None = None
+        """A flush's NOSCRIPT commands running again: flushes not sent yet wait for it."""
 
     def call(self, *args: Any) -> asyncio.Future[Any]:
         """Queue a command; the future gets its reply (or its error)."""
@@ -116,14 +122,7 @@ class Batch:
 
     def script(self, source: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
         """Run a Lua script by its SHA (loaded again on NOSCRIPT, as after a Redis restart)."""
-        sha = self.shas.get(source)
-        if sha is None:  # once per script: hashing a 2 KB source on every call is hot-path work
-            sha = self.shas[source] = hashlib.sha1(source.encode()).hexdigest()
-            self.sources[sha] = source
-            # Loaded ahead of its first EVALSHA, in the same batch: a NOSCRIPT reply would run the
-            # script again after the rest of the batch, out of order (a delta after its commit).
-            self.call("SCRIPT", "LOAD", source).add_done_callback(_loaded)
-        return self.call("EVALSHA", sha, len(keys), *keys, *args)
+        return self.call("EVALSHA", self.scripts.sha(source), len(keys), *keys, *args)
 
     def _queue(self, args: tuple[Any, ...], future: asyncio.Future[Any] | None) -> None:
         self.queued.append((args, future))
@@ -149,20 +148,55 @@ class Batch:
                 flat += [len(args), *args]
             commands = [c for c in commands if c[1] is not None]
             commands.append((("EVALSHA", _SEND_MANY_SHA, 0, *flat), None))
-            self.sources[_SEND_MANY_SHA] = SEND_MANY
-        asyncio.get_running_loop().create_task(self._flush(commands))
+        loop = asyncio.get_running_loop()
+        if self.scripts.pending:  # every known script, ahead of the batch's first command
+            loads = [(command, loop.create_future()) for command in self.scripts.loads()]
+            for _, future in loads:
+                future.add_done_callback(_loaded)
+            commands = loads + commands
+        before, self.previous = self.previous, loop.create_future()
+        commands = self.scripts.in_order(commands)
+        asyncio.get_running_loop().create_task(self._flush(commands, before, self.previous))
 
-    async def _flush(self, commands: list[_Command]) -> None:
+    async def _flush(self, commands: list[_Command], before: asyncio.Future[None] | None,
+                     done: asyncio.Future[None]) -> None:  # fmt: skip
         try:
-            replies = await self._execute([args for args, _ in commands])
+            if self.holding is not None:
+                await asyncio.wait((self.holding,))
+            replies = await self._run([args for args, _ in commands])
+            if failed_from(replies) is not None:
+                replies = await self._again([args for args, _ in commands], replies, before)
+            self._deliver(commands, replies)
+        finally:
+            done.set_result(None)
+
+    async def _again(
+        self, commands: list[tuple[Any, ...]], replies: list[Any], before: asyncio.Future[None] | None
+    ) -> list[Any]:
+        """`replies` after `ScriptCache.again`, once the flushes `before` it are done; flushes not sent
+        yet wait meanwhile (workers/scriptcache.py)."""
+        self.holding = holding = asyncio.get_running_loop().create_future()
+        try:
+            if before is not None:
+                await asyncio.wait((before,))
+            replies = await self.scripts.again(self._run, commands, replies)
+        finally:
+            holding.set_result(None)
+            if self.holding is holding:
+                self.holding = None
+        return replies
+
+    async def _run(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        try:
+            return await self._execute(commands)
         except Exception as error:  # the connection: every command of the batch failed
-            replies = [error] * len(commands)
+            return [error] * len(commands)
+
+    def _deliver(self, commands: list[_Command], replies: list[Any]) -> None:
         for (args, future), reply in zip(commands, replies, strict=True):
-            if isinstance(reply, redis_lib.exceptions.NoScriptError):
-                reply = await self._eval_again(args)
             if future is None:
                 if isinstance(reply, Exception):
-                    log.warning("redis %s failed: %s: %s", args[0], type(reply).__name__, reply)
+                    log.warning("redis %s failed: %s: %s", name(args), type(reply).__name__, reply)
                 elif args[1] == _SEND_MANY_SHA and reply:
                     log.warning("redis: %d of the batch's writes failed: %s", len(reply), reply[0])
             elif not future.done():
@@ -190,7 +224,7 @@ class Batch:
                 except redis_lib.exceptions.ResponseError as error:
                     replies.append(error)
                     continue
-                callback = callbacks.get(args[0])
+                callback = callbacks.get(name(args))
                 if callback is not None:
                     reply = callback(reply)
                     if inspect.isawaitable(reply):
@@ -206,14 +240,6 @@ class Batch:
             return replies
         finally:
             await pool.release(conn)
-
-    async def _eval_again(self, args: tuple[Any, ...]) -> Any:
-        try:
-            return await self.client.execute_command(  # type: ignore[no-untyped-call]
-                "EVAL", self.sources[args[1]], *args[2:]
-            )
-        except Exception as error:
-            return error
 
 
 _SAFE = 0.9

@@ -3,7 +3,8 @@
 REDIS_URL                    unset   journal, run state and broker (one fate); unset: the embedded
                                      server of $TOOLLOOP_HOME (default ./.toolloop) when it runs
                                      (`toolloop up` starts it): the same rule for the CLI, `Client`,
-                                     the web example, the worker and Flower (`find_redis_url`)
+                                     the web example, the worker and Flower
+                                     (`toolloop.defaults.find_redis_url`)
 TOOLLOOP_VISIBILITY_TIMEOUT  3600    s before kombu re-delivers an unacked task (> 2 x longest step)
 TOOLLOOP_RESTORE_INTERVAL    5       s between kombu's unacked sweeps (throttle 1)
 TOOLLOOP_LEASE_MS            120000  a step's lease, renewed while it runs (< visibility timeout)
@@ -40,40 +41,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from toolloop.defaults import find_redis_url
 from workers.ratelimit import ENV as RATE_LIMITS_ENV
 from workers.ratelimit import Limits
 from workers.ratelimit import parse as parse_rate_limits
 from workers.toolsets import ENV as TOOLSETS_ENV
 from workers.toolsets import parse as parse_toolsets
-
-NO_REDIS = "redis://127.0.0.1:6379/0"
-"""The URL a Settings holds when neither REDIS_URL is set nor an embedded server runs (`redis_source`
-is then ""): `Client()` and the worker refuse it with `no_redis_message()` rather than use it."""
-
-
-def find_redis_url() -> tuple[str, str]:
-    """Where Redis is, the one rule of every entry point: (url, where it came from). REDIS_URL when
-    set; else the embedded server of the state directory ($TOOLLOOP_HOME, default ./.toolloop) when it
-    runs; else (NO_REDIS, ""). Nothing is started here (the `toolloop` commands start the embedded
-    server with the same rule: toolloop/defaults.py)."""
-    from_env = os.environ.get("REDIS_URL", "").strip()
-    if from_env:
-        return from_env, "REDIS_URL"
-    from toolloop.defaults import running_embedded, state_dir
-
-    found = running_embedded()
-    if found is not None:
-        return found.url, f"the embedded server of {state_dir()}"
-    return NO_REDIS, ""
-
-
-def no_redis_message() -> str:
-    from toolloop.defaults import state_dir
-
-    return (
-        f"REDIS_URL is not set and no embedded Redis runs in {state_dir()}.\n"
-        "  Set REDIS_URL, or run `toolloop up` in this directory (TOOLLOOP_HOME moves it) first."
-    )
 
 
 def duration(text: str) -> float:

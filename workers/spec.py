@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolloop.contract import ChatMessage
+from toolloop.providers.env import PROVIDERS
 
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
@@ -23,8 +24,6 @@ def provider_names() -> list[str]:
     """The provider names a run may ask for: those `toolloop.providers.from_env()` registers on the
     workers. Anything else is refused at enqueue, not at the run's first model call. (A constant:
     building every provider to read their names cost ~1-2 ms per validation.)"""
-    from toolloop.providers.env import PROVIDERS
-
     return list(PROVIDERS)
 
 

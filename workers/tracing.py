@@ -55,7 +55,7 @@ def configure() -> bool:
     )
     if not path and not otlp:
         return False
-    try:
+    try:  # the SDK is optional (toolloop[otel]): imported only when tracing is asked for
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -66,7 +66,7 @@ def configure() -> bool:
             "SDK is not installed.\n  pip install 'toolloop[otel]', or unset those variables."
         ) from None
     service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "toolloop-worker"
-    from workers.lightspans import LightProvider, Materialize
+    from workers.lightspans import LightProvider, Materialize  # these two import the SDK (optional)
     from workers.spanfile import EveryRun, JsonLinesExporter
 
     resource = Resource.create({"service.name": service})
@@ -79,7 +79,7 @@ def configure() -> bool:
         processor = BatchSpanProcessor if batched else SimpleSpanProcessor
         processors.append(processor(Materialize(JsonLinesExporter(path), resource)))
     if otlp:
-        try:
+        try:  # the exporter is optional (toolloop[otel])
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
                 OTLPSpanExporter,
             )

@@ -32,12 +32,13 @@ from typing import Any
 import redis as redis_lib
 from celery import bootsteps
 
+from toolloop.defaults import no_redis_message
 from toolloop.journal import keys
 from workers import approvals, guard, names, runs, tracing
 from workers.consumer import StepConsumer
 from workers.kombu_redis import check_transport_options
 from workers.process import WorkerProcess, attach, process_of
-from workers.settings import Settings, no_redis_message
+from workers.settings import Settings
 from workers.trim import IdleTrim
 
 log = logging.getLogger("toolloop.workers")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,9 @@ import pytest
 import redis
 
 from toolloop.embedded import EmbeddedServer, free_port
+from toolloop.journal import keys
 from workers.client import Client
+from workers.scripts.deltas import DELTA_FLUSH
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
@@ -238,6 +241,69 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
                 worker.wait(timeout=10)
             log.close()
     assert "the worker talks to the simulator" in (tmp_path / "worker.log").read_text()
+
+
+def _late_delta(redis_url: str, run_id: str, text: str) -> None:
+    """Write one more delta of the run's last streamed step, as the worker's DELTA_FLUSH does with
+    that step's fencing token: what Redis runs when the worker's delta batch, sent on one pooled
+    connection, is run after the step's commit, sent on another (docs/streaming.md)."""
+    client = Client(redis_url)
+    last = [e for e in client.events(run_id) if e.kind == "delta"][-1]
+    client.close()
+    segment, step, attempt = last.segment, last.step, last.attempt  # the delta's own fields (extra)
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    r = run_id
+    written = raw.eval(DELTA_FLUSH, 3, keys.state(r), keys.fence(r), keys.events(r),
+                       attempt.split(".")[0], attempt, segment, step, text, "")  # fmt: skip
+    raw.close()
+    assert written == 1
+
+
+def _numbers(out: str, kind: str) -> list[int]:
+    return [int(m.group(1)) for m in re.finditer(rf"^step +(\d+)  {kind}", out, re.MULTILINE)]
+
+
+def test_a_streamed_steps_text_and_model_lines_have_one_number(env: dict[str, str], tmp_path: Path) -> None:
+    """`toolloop events` numbers a step's text line as its model line, across the run's segments
+    (after an answer) and in a retried run, whatever order their entries arrive in."""
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # two segments: four steps, the question, then the step after the answer
+        started = toolloop(env, "run", "Review the cut.", "--model", "claude-sonnet-5-5", "--toolset",
+                           TOOLSET, "--stream")  # fmt: skip
+        run_id = started.stdout.strip()
+        client = Client(env["REDIS_URL"])
+        asked = client.wait(run_id, timeout=60).status
+        assert asked == "asked", (tmp_path / "worker.log").read_text()[-2000:]
+        assert toolloop(env, "answer", run_id, ANSWER).returncode == 0
+        assert client.wait(run_id, timeout=60).status == "done"
+        # a run that fails at its first step, retried (its step runs again, streamed)
+        failing = toolloop(env, "run", FAIL_ONCE, "--model", "claude-sonnet-5-5", "--toolset", TOOLSET,
+                           "--follow", timeout=90)  # fmt: skip
+        failed_id = failing.stdout.splitlines()[0]
+        assert toolloop(env, "retry", failed_id).returncode == 0
+        assert client.wait(failed_id, timeout=60).status == "done"
+        client.close()
+        for run, steps in ((run_id, [1, 2, 3, 4, 5]), (failed_id, [1])):
+            _late_delta(env["REDIS_URL"], run, " (late)")
+            out = toolloop(env, "events", run).stdout
+            assert _numbers(out, "model") == steps, out
+            assert sorted(set(_numbers(out, "text "))) == steps, out
+            late = next(line for line in out.splitlines() if line.endswith(" (late)"))
+            assert late.startswith(f"step {steps[-1]:>2}  text"), out
+    finally:
+        os.kill(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(timeout=10)
+            log.close()
 
 
 def test_a_bad_toolsets_flag_is_refused_before_anything_starts(tmp_path: Path) -> None:

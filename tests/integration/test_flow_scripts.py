@@ -89,6 +89,10 @@ def test_the_config_is_read_from_json_and_a_bad_one_says_how_to_fix_it(tmp_path)
     assert ratelimit.parse(str(path))["anthropic"]["claude-haiku-4-5"].itpm == 1000
     with pytest.raises(ratelimit.RateLimitConfigError, match="unknown limits \\['rpm'\\]"):
         ratelimit.parse('{"anthropic": {"*": {"rpm": 600}}}')
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("anthropic: [unclosed\n")
+    with pytest.raises(ratelimit.RateLimitConfigError, match="could not be read"):
+        ratelimit.parse(str(broken))
 
 
 def reserve(client: redis.Redis, name: str, rid: str, usd: float, lease_ms: int = 5000) -> accounts.Verdict:

@@ -9,14 +9,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from toolloop.cli import accounts, commands, demo, doctor, processes
 from toolloop.cli.errors import CliError, explain
 
 __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from toolloop.cli import accounts, commands, demo, doctor, processes
-
     parser = argparse.ArgumentParser(
         prog="toolloop",
         description="Durable LLM tool-calling runs. Without REDIS_URL an embedded Redis is started in "

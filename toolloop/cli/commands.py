@@ -9,11 +9,13 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from toolloop import defaults
 from toolloop.cli.errors import CliError, redact
 from toolloop.cli.follow import follow, print_status
 from toolloop.cli.spec import build_spec, workers
+from toolloop.loop.approvals import ApprovalError
 
 
 def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoice]:
@@ -40,8 +42,6 @@ def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoic
 
 def redact_text(text: str, url: str) -> str:
     """`text` with the URL's password replaced (an error may quote the URL)."""
-    from urllib.parse import unquote, urlsplit
-
     password = urlsplit(url).password
     return text.replace(password, "***").replace(unquote(password), "***") if password else text
 
@@ -183,8 +183,6 @@ def cmd_answer(args: argparse.Namespace) -> int:
 
 def cmd_decide(args: argparse.Namespace) -> int:
     """approve | reject | edit: the outcome, or the reason it was refused (exit code 1)."""
-    from toolloop.loop.approvals import ApprovalError
-
     client, _ = connect()
     options: dict[str, Any] = {"digest": args.digest, "actor": args.actor}
     try:

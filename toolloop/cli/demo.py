@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from toolloop import defaults
+from toolloop.cli.commands import connect
 from toolloop.cli.errors import CliError, redact
 from toolloop.cli.follow import follow
 from toolloop.cli.processes import start_simulator, start_worker, stop
 from toolloop.cli.render import Totals, field
+from toolloop.cli.spec import workers
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout toolloop runs from: the demo's toolset, frames and policy live in its examples/."""
@@ -61,10 +63,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     if str(SOURCE_ROOT) not in sys.path:
         sys.path.insert(0, str(SOURCE_ROOT))
-    from examples.storyboard.brief import MODEL, PROMPT, SYSTEM, TOOLSET, TOOLSET_PATH
-    from examples.storyboard.policy import review_policy
-    from toolloop.cli.commands import connect
-    from toolloop.cli.spec import workers
+    from examples.storyboard.brief import MODEL, PROMPT, SYSTEM, TOOLSET, TOOLSET_PATH  # the checkout's,
+    from examples.storyboard.policy import review_policy  # on sys.path only from the line above
 
     client, choice = connect(toolsets=[TOOLSET])
     state = defaults.state_dir()

@@ -17,8 +17,12 @@ import os
 import sys
 from typing import Any
 
+import redis
+
 from toolloop import defaults
 from toolloop.cli.errors import redact
+from toolloop.cli.spec import workers
+from toolloop.journal import keys
 
 
 def add_command(sub: Any) -> None:
@@ -29,8 +33,6 @@ def add_command(sub: Any) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from toolloop.cli.spec import workers
-
     errors = 0
 
     def say(level: str, text: str) -> None:
@@ -72,10 +74,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def check_config(url: str, say: Any) -> int:
     """Warn about Redis settings that can lose or refuse work; 0 (the errors it found: none)."""
-    import redis
-
-    from toolloop.journal import keys
-
     client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
     try:
         try:

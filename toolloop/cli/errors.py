@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 import pydantic
+import redis
 
 DEBUG_HINT = "  Set TOOLLOOP_DEBUG=1 and run it again to see the traceback."
 
@@ -39,8 +40,6 @@ def validation_lines(error: pydantic.ValidationError, limit: int = 3) -> str:
 
 def explain(error: BaseException) -> str:
     """Two lines for an error the command did not turn into a CliError itself."""
-    import redis
-
     if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return (
             f"Lost the connection to Redis: {error}.\n"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from toolloop.cli.render import Progress, Totals, as_dict, event_line, field
+from toolloop.cli.render import Progress, StepNumbers, Totals, as_dict, event_line, field
 from toolloop.cli.stream import STREAM_KINDS, TextView
 
 FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
@@ -105,6 +105,7 @@ class _Watch:
     ) -> None:
         self.client, self.run_id, self.as_json, self.answerer = client, run_id, as_json, answerer
         self.totals = totals
+        self.steps = StepNumbers()
         self.progress = Progress()
         self.text = TextView(self.progress.out)
         self.after: Any = None
@@ -120,10 +121,10 @@ class _Watch:
                 print(json.dumps(as_dict(event), default=str), flush=True)
             elif kind in STREAM_KINDS:
                 self.progress.clear()
-                self.text.add(event, self.totals.steps + 1)
-            else:  # number model steps across the run's segments, tools by the turn that called them
+                self.text.add(event, self.steps.number(event))
+            else:  # number steps across the run's segments, tools by the turn that called them
                 self.text.end()
-                self.progress.line(event_line(event, step=self.totals.steps))
+                self.progress.line(event_line(event, step=self.steps.number(event)))
 
     def status_line(self, state: str, spent: float) -> None:
         if not self.text.open:  # never over text still streaming on its line

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from toolloop import defaults
+from toolloop.cli.commands import connect
 from toolloop.cli.errors import CliError
+from toolloop.cli.spec import workers
 
 QUEUES = "llm,tools,control"
 """Every queue a durable run uses (model steps, tool steps, answers and cancels)."""
@@ -79,7 +81,7 @@ def stop(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
 def start_simulator(script: Any = None, *, latency_s: float = 0.0) -> Any:
     """The provider simulator on a free loopback port, in this process (a server thread). `script`:
     a policy, a list of turns or a script file; None answers every request with the end of script."""
-    from toolloop.sim import Script, SimServer
+    from toolloop.sim import Script, SimServer  # the ASGI simulator: loaded only when it is started
 
     return SimServer(Script([]) if script is None else script, latency_s=latency_s).start()
 
@@ -131,9 +133,6 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from toolloop.cli.commands import connect
-    from toolloop.cli.spec import workers
-
     extra: dict[str, str] = {}
     if args.toolsets is not None:  # checked before anything starts
         try:
@@ -177,7 +176,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     try:
-        from toolloop.sim.__main__ import main as sim_main
+        from toolloop.sim.__main__ import main as sim_main  # as above
     except ImportError as error:
         raise CliError(f"The simulator cannot be loaded: {error}.\n  Reinstall toolloop.") from None
     argv = list(args.sim_args)

@@ -71,6 +71,23 @@ class Totals:
         return (saved - premium) / 1e6
 
 
+class StepNumbers:
+    """The run-wide number of a step, from an event's own `segment` and `step` (the journal's: the
+    step restarts at 1 in every segment): the model steps of the run's earlier segments plus `step`.
+    The text, model and tool lines of one step get the same number, in whatever order their
+    entries arrive (a delta written after its step's commit, docs/streaming.md)."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, int] = {}
+        """segment -> its highest model step seen."""
+
+    def number(self, event: Any) -> int:
+        segment, step = int(field(event, "segment", 0) or 0), int(field(event, "step", 0) or 0)
+        if field(event, "kind") == "model":
+            self.last[segment] = max(self.last.get(segment, 0), step)
+        return sum(last for earlier, last in self.last.items() if earlier < segment) + step
+
+
 def cache_read_tokens(usage: Any) -> int:
     read = field(usage, "cached_read_tokens")
     return int(read if read is not None else field(usage, "cached_tokens", 0) or 0)

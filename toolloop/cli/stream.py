@@ -22,7 +22,7 @@ class TextView:
         """The (segment, step, attempt) whose text was written."""
 
     def add(self, event: Any, step: int) -> None:
-        """`step`: the run-wide number of the model step (event lines number steps across segments)."""
+        """`step`: the run-wide number of the event's step (render.StepNumbers, as the event lines)."""
         key = (field(event, "segment"), field(event, "step"), field(event, "attempt"))
         if field(event, "kind") == "discarded":
             if key in self.shown:

@@ -30,6 +30,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
+import certifi
 import httpx
 
 from toolloop.providers.keepalive import Pool, decoded_headers
@@ -74,8 +75,6 @@ class HttpxClient:
 
     def verify(self) -> ssl.SSLContext:
         if self._ssl is None:
-            import certifi
-
             self._ssl = ssl.create_default_context(cafile=certifi.where())
         return self._ssl
 

@@ -13,6 +13,8 @@ import importlib.util
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 Validator = Callable[[dict[str, Any]], None]
 
 
@@ -38,9 +40,8 @@ class _Checker:
     """The SDK's request types as pydantic adapters, and the walk of a body through them."""
 
     def __init__(self) -> None:
-        import anthropic.types as sdk
-        from anthropic.types import message_create_params as params
-        from pydantic import ConfigDict, TypeAdapter
+        import anthropic.types as sdk  # the SDK is a dev dependency: a strict simulator only
+        from anthropic.types import message_create_params as params  # (as above)
 
         forbid = ConfigDict(extra="forbid")  # a config is taken by a union only: hence the `| None`
         streaming: Any = params.MessageCreateParamsStreaming | None
@@ -70,8 +71,6 @@ class _Checker:
         self.adapters: dict[Any, TypeAdapter[Any]] = {}
 
     def __call__(self, body: dict[str, Any]) -> None:
-        from pydantic import ValidationError
-
         try:
             self.top_level(body)
             for index, turn in enumerate(body["messages"]):
@@ -109,8 +108,6 @@ class _Checker:
                 self.strict(self.blocks.get(part.get("type")), part, f"{where}.content.{number}")
 
     def strict(self, typed_dict: Any, value: Any, where: str) -> None:
-        from pydantic import TypeAdapter, ValidationError
-
         if typed_dict is None:
             raise SdkValidationError(f"{where}: unknown type {value.get('type')!r}")
         adapter = self.adapters.get(typed_dict)

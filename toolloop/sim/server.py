@@ -207,7 +207,7 @@ def _serve_on_own_loop(server: uvicorn.Server, sock: socket.socket) -> None:
     """The server thread: uvloop when installed, else a standard loop; closed when serving ends."""
     loop: asyncio.AbstractEventLoop
     try:
-        import uvloop
+        import uvloop  # optional at run time: the standard loop where it is missing
 
         loop = uvloop.new_event_loop()
     except ImportError:
