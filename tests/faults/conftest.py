@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from toolloop.embedded import EmbeddedServer, start_server
+from tests.integration.conftest import own_redis
+from tests.integration.runs_kit import redis_on
+from toolloop.embedded import EmbeddedServer
 
 FULL = os.environ.get("TOOLLOOP_FAULTS") == "full"
 
@@ -28,16 +30,12 @@ def faults_full() -> bool:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
+    yield from own_redis(tmp_path_factory, "redis")
 
 
 @pytest.fixture(scope="module")
 def redis_client(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
-    client.close()
+    yield from redis_on(redis_server)
 
 
 @pytest.fixture

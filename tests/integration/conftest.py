@@ -21,7 +21,9 @@ import pytest
 import redis
 
 from tests.integration.runs_kit import redis_on
+from tests.support.procs import end
 from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.sim import SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the toolsets of these tests are imported by path, as a worker does
@@ -35,14 +37,28 @@ WORKER_ENV = {
     "TOOLLOOP_OUTBOX_AGE": "2",
     "TOOLLOOP_LEASE_MS": "20000",
 }
+# For the tests that kill a worker mid-step: a lost step comes back within seconds (a 6 s visibility
+# timeout, kombu's unacked sweep every 1 s: CELERY-REDIS.md sections 1.1 and 5) and a 3 s lease.
+FAST_RECOVERY = {
+    "TOOLLOOP_VISIBILITY_TIMEOUT": "6",
+    "TOOLLOOP_RESTORE_INTERVAL": "1",
+    "TOOLLOOP_LEASE_MS": "3000",
+    "TOOLLOOP_SWEEP_INTERVAL": "1",
+    "TOOLLOOP_OUTBOX_AGE": "2",
+}
+
+
+def redis_in(directory: Path) -> Iterator[EmbeddedServer]:
+    """A Redis server of its own in `directory`, stopped after: `yield from` it in a fixture, so that
+    no other test's workers take its runs."""
+    server = start_server(directory)
+    yield server
+    server.stop()
 
 
 def own_redis(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedServer]:
-    """A Redis server of its own in a fresh directory `name`, stopped after: `yield from` it in a
-    fixture, so that no other module's workers take its runs."""
-    server = start_server(tmp_path_factory.mktemp(name))
-    yield server
-    server.stop()
+    """`redis_in` a fresh directory `name` (for a module- or session-scoped fixture)."""
+    yield from redis_in(tmp_path_factory.mktemp(name))
 
 
 @pytest.fixture(scope="session")
@@ -101,13 +117,7 @@ class Worker:
         raise RuntimeError(f"The worker was not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        end(self.process, 15)
         self._file.close()
 
     def kill(self) -> None:
@@ -144,5 +154,34 @@ def worker(runs_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory)
     process = start_worker(runs_redis.url, directory, env)
     process.tool_log = directory / "tools.jsonl"
     process.model_log = directory / "model.jsonl"
+    yield process
+    process.stop()
+
+
+def sim_env(sim: SimServer, tool_log: Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a worker whose model is `sim` over real HTTP (providers.from_env on the
+    Anthropic wire, no scripted model), its tools logging to `tool_log`, with `extra` on top."""
+    env = {"ANTHROPIC_BASE_URL": sim.base_url, "ANTHROPIC_API_KEY": "sim-key", "TOOLLOOP_PROMPT_GEN": ""}
+    if tool_log is not None:
+        env["TOOLLOOP_TEST_TOOL_LOG"] = str(tool_log)
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def sim_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """A Redis of the module's own for its simulator-backed workers: no other module's worker (whose
+    model is another) takes these runs."""
+    yield from own_redis(tmp_path_factory, "sim-redis")
+
+
+@pytest.fixture(scope="module")
+def sim_worker(
+    sim_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    """A worker on `sim_redis` whose model is the module's `sim` fixture; its tools log what they run
+    to `sim_worker.tool_log`."""
+    directory = tmp_path_factory.mktemp("sim-worker")
+    process = start_worker(sim_redis.url, directory, sim_env(sim, directory / "tools.jsonl"))
+    process.tool_log = directory / "tools.jsonl"
     yield process
     process.stop()

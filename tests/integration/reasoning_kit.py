@@ -1,31 +1,11 @@
-"""Helpers of the reasoning tests: a recording simulator policy, and what the simulator emitted
-versus what a request sent back (toolloop/sim/thinking.py)."""
+"""Helpers of the reasoning tests: what the simulator emitted versus what a request sent back
+(toolloop/sim/thinking.py)."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-from toolloop.sim import Script, SimRequest, SimTurn, thinking
-
-
-class Recording:
-    """A simulator policy: answers from a script and keeps each request with the turn it answered."""
-
-    def __init__(self, turns: list[Any]) -> None:
-        self.script = Script(turns)
-        self.lock = threading.Lock()
-        self.seen: list[tuple[SimRequest, SimTurn]] = []
-
-    def __call__(self, request: SimRequest) -> SimTurn:
-        turn = self.script(request)
-        with self.lock:
-            self.seen.append((request, turn))
-        return turn
-
-    def of(self, system: str) -> list[tuple[SimRequest, SimTurn]]:
-        with self.lock:
-            return [(request, turn) for request, turn in self.seen if request.system == system]
+from toolloop.sim import SimRequest, SimTurn, thinking
 
 
 def emitted(wire: str, request: SimRequest, turn: SimTurn) -> list[dict[str, Any]]:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import redis_in
 from tests.integration.runs_kit import client_on, spec
-from toolloop.embedded import EmbeddedServer, free_port, start_server
+from toolloop.embedded import EmbeddedServer, free_port
 from toolloop.journal import keys
 from workers.client import Client
 from workers.errors import EnqueueError, LimitError
@@ -23,9 +24,7 @@ SECRET_PROMPT = "Confidential: the merger with Initech closes Friday; tell nobod
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    started = start_server(tmp_path / "redis")
-    yield started
-    started.stop()
+    yield from redis_in(tmp_path / "redis")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tests.support.sim import Recording
 from toolloop import (
     Budget,
     ImagePart,
@@ -25,7 +26,7 @@ from toolloop import (
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.providers.fal import FalHandler
-from toolloop.sim import Script, SimRequest, SimServer, SimTurn
+from toolloop.sim import SimServer
 
 PNG = b"\x89PNG\r\n\x1a\nframe"
 SCRIPT: list[Any] = [
@@ -37,16 +38,6 @@ SCRIPT: list[Any] = [
 
 class Shot(BaseModel):
     shot: int
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.script = Script(SCRIPT)
-        self.bodies: list[dict[str, Any]] = []
-
-    def __call__(self, request: SimRequest) -> SimTurn:
-        self.bodies.append(request.body)
-        return self.script(request)
 
 
 async def run(sim: SimServer, png: Path) -> RunToolLoopResult:
@@ -87,7 +78,7 @@ def image_urls(body: dict[str, Any]) -> list[str]:
 async def test_a_tool_image_is_uploaded_once_and_shown_in_a_user_turn(tmp_path: Path) -> None:
     png = tmp_path / "frame.png"
     png.write_bytes(PNG)
-    policy = Recording()
+    policy = Recording(SCRIPT)
     with SimServer(policy) as sim:
         result = await run(sim, png)
         uploads = sim.stats()["uploads"]
@@ -101,7 +92,7 @@ async def test_a_tool_image_is_uploaded_once_and_shown_in_a_user_turn(tmp_path: 
 async def test_a_failed_upload_falls_back_to_a_data_uri_and_the_run_finishes(tmp_path: Path) -> None:
     png = tmp_path / "frame.png"
     png.write_bytes(PNG)
-    policy = Recording()
+    policy = Recording(SCRIPT)
     with SimServer(policy) as sim:
         sim.simulator.upload_failures = 1
         result = await run(sim, png)

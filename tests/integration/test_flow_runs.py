@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import Worker
+from tests.integration.conftest import Worker, redis_in, sim_env
 from tests.integration.runs_kit import eventually, spec
 from toolloop import UserMessage
 from toolloop.contract import PromptGenRequest
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.sim import SimServer
@@ -37,19 +37,12 @@ def script(output_tokens: int = 0) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    server = start_server(tmp_path / "redis")
-    yield server
-    server.stop()
+    yield from redis_in(tmp_path / "redis")
 
 
-def sim_worker(url: str, sim: SimServer, log_dir: Path, **env: str) -> Worker:
-    full = {
-        "ANTHROPIC_BASE_URL": sim.base_url,
-        "ANTHROPIC_API_KEY": "sim-key",
-        "TOOLLOOP_PROMPT_GEN": "",
-        **env,
-    }
-    return Worker(url, log_dir / f"worker-{time.monotonic_ns()}.log", full, concurrency=4).wait_ready()
+def start_sim_worker(url: str, sim: SimServer, log_dir: Path, **env: str) -> Worker:
+    log = log_dir / f"worker-{time.monotonic_ns()}.log"
+    return Worker(url, log, sim_env(sim, **env), concurrency=4).wait_ready()
 
 
 def run_spec(**fields: Any) -> dict[str, Any]:
@@ -81,7 +74,7 @@ def test_runs_under_a_rate_limit_meet_no_429_and_go_at_the_limit(
     rpm, runs = 600, 12  # 10 calls a second, at most 10 at once; 60 model calls
     limits = json.dumps({"anthropic": {"*": {"requests_per_minute": rpm}}})
     with SimServer(script(), rate_limits=SimRateLimits(rpm=rpm)) as sim:
-        worker = sim_worker(own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits)
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits)
         client = Client(own_redis.url)
         try:
             started = time.monotonic()
@@ -104,7 +97,7 @@ def test_200_runs_on_one_account_never_spend_past_its_limit(
     runs, limit = 200, 1.0
     # Each call bills ~2,000 output tokens of claude-haiku-4-5 (~$0.01): 1,000 calls would cost ~$10.
     with SimServer(script(output_tokens=2000)) as sim:
-        worker = sim_worker(own_redis.url, sim, tmp_path)
+        worker = start_sim_worker(own_redis.url, sim, tmp_path)
         client = Client(own_redis.url)
         try:
             client.set_account_limit("tenant-1", limit, period="day", finish_at=0.8)
@@ -139,7 +132,7 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
     timers = {"TOOLLOOP_LEASE_MS": str(lease_ms), "TOOLLOOP_VISIBILITY_TIMEOUT": "8"}
     plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
     with SimServer(script(), latency_s=30) as slow, SimServer(script()) as fast:
-        worker = sim_worker(own_redis.url, slow, tmp_path, **timers)
+        worker = start_sim_worker(own_redis.url, slow, tmp_path, **timers)
         client = Client(own_redis.url)
         try:
             client.set_account_limit("tenant-2", 5.0, period="total")
@@ -152,7 +145,7 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
             assert held(plain, "tenant-2") > 0  # kept across the restart: nobody settled them
             eventually(lambda: held(plain, "tenant-2") == 0, timeout=lease_ms / 1000 + 2)
             assert time.monotonic() - killed <= lease_ms / 1000 + 2
-            again = sim_worker(own_redis.url, fast, tmp_path, **timers)
+            again = start_sim_worker(own_redis.url, fast, tmp_path, **timers)
             try:
                 statuses = wait_all(client, run_ids, timeout=90)
             finally:
@@ -181,7 +174,7 @@ def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_bud
         return SimTurn(text="More.", tool_calls=[call], usage={"output_tokens": 4000})  # ~$0.02 a call
 
     with SimServer(policy) as sim:
-        worker = sim_worker(own_redis.url, sim, tmp_path)
+        worker = start_sim_worker(own_redis.url, sim, tmp_path)
         client = Client(own_redis.url)
         try:
             client.set_account_limit("tenant-3", 0.1, period="month", finish_at=0.5)
@@ -203,7 +196,7 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
     # claude-haiku-4-5 is limited to one call every 2 s; claude-sonnet-5-5 is not limited at all.
     limits = json.dumps({"anthropic": {"claude-haiku-4-5": {"requests_per_minute": 30}}})
     with SimServer(script()) as sim:
-        worker = sim_worker(
+        worker = start_sim_worker(
             own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits, TOOLLOOP_STEPS_IN_FLIGHT="2"
         )
         client = Client(own_redis.url)

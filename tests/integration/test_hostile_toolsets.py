@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import spec
-from tests.integration.test_web_example import end, spawn
-from tests.support.web import AUTH, WEB_TOKEN
-from toolloop.embedded import EmbeddedServer, free_port, start_server
+from tests.support.procs import end
+from tests.support.web import AUTH, BIN, ROOT, WEB_TOKEN, start_web
+from toolloop.embedded import EmbeddedServer, free_port
 from workers import runs
 from workers.client import Client
 from workers.errors import ToolsetError
@@ -30,8 +30,6 @@ from workers.spec import RunSpec
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 AGENT = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}
 HOSTILE = ["os:getpid", "os:abort", "hostile_side_effect:TOOLS", "sys:exit"]
 REGISTRY = f"{os.environ['TOOLLOOP_TOOLSETS']},exits=hostile_exits:TOOLS,interrupts=hostile_interrupts:make"
@@ -53,9 +51,7 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    started = start_server(tmp_path_factory.mktemp("hostile-redis"))
-    yield started
-    started.stop()
+    yield from own_redis(tmp_path_factory, "hostile-redis")
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +59,7 @@ def worker(
     server: EmbeddedServer, modules: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     env = {**AGENT, "TOOLLOOP_TOOLSETS": REGISTRY, "PYTHONPATH": str(modules)}
-    made = start_worker(server.url, tmp_path_factory.mktemp("hostile-worker"), env)
-    yield made
-    made.stop()
+    yield from worker_on(server.url, tmp_path_factory.mktemp("hostile-worker"), env)
 
 
 def _env(server: EmbeddedServer, modules: Path) -> dict[str, str]:
@@ -126,18 +120,9 @@ def test_the_web_example_refuses_unregistered_toolsets_and_stays_up(
     server: EmbeddedServer, worker: Worker, modules: Path, tmp_path: Path
 ) -> None:
     env = {**_env(server, modules), "PORT": str(free_port()), "TOOLLOOP_WEB_TOKEN": WEB_TOKEN}
-    web = spawn([sys.executable, "examples/web.py"], env, tmp_path / "web.log")
+    web = start_web(env, tmp_path / "web.log")
     base = f"http://127.0.0.1:{env['PORT']}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert web.poll() is None, (tmp_path / "web.log").read_text()
-            try:
-                httpx.get(f"{base}/runs/none", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
         with httpx.Client(base_url=base, timeout=30, headers=AUTH) as http:
             for name in HOSTILE:
                 refused = http.post("/runs", json=spec("tools", toolset=name))

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import FAST_RECOVERY, Worker, sim_env, start_worker
 from tests.integration.runs_kit import eventually, kinds, logged, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
 
@@ -31,13 +31,6 @@ pytestmark = pytest.mark.integration
 
 MODEL_SLOW = "model-slow"  # the system text picks the scenario
 TOOL_SLOW = "tool-slow"
-FAST_RECOVERY = {
-    "TOOLLOOP_VISIBILITY_TIMEOUT": "6",
-    "TOOLLOOP_RESTORE_INTERVAL": "1",
-    "TOOLLOOP_LEASE_MS": "3000",
-    "TOOLLOOP_SWEEP_INTERVAL": "1",
-    "TOOLLOOP_OUTBOX_AGE": "2",
-}
 
 
 class CountingModel:
@@ -67,14 +60,6 @@ class CountingModel:
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    """A server of this module only: no other suite's worker may take these runs' steps."""
-    server = start_server(tmp_path_factory.mktemp("kill-redis"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def model() -> CountingModel:
     return CountingModel()
 
@@ -85,18 +70,8 @@ def sim(model: CountingModel) -> Iterator[SimServer]:
         yield server
 
 
-def worker_env(sim: SimServer, tool_log: Path) -> dict[str, str]:
-    return {
-        **FAST_RECOVERY,
-        "ANTHROPIC_BASE_URL": sim.base_url,
-        "ANTHROPIC_API_KEY": "sim-key",
-        "TOOLLOOP_PROMPT_GEN": "",
-        "TOOLLOOP_TEST_TOOL_LOG": str(tool_log),
-    }
-
-
 def run_and_kill(
-    redis_server: EmbeddedServer,
+    sim_redis: EmbeddedServer,
     sim: SimServer,
     tmp_path: Path,
     scenario: str,
@@ -105,9 +80,9 @@ def run_and_kill(
     """Enqueue a run, SIGKILL the worker's process group once `killed_when()` is true, start another
     worker, wait for the run to end. Returns the client, the run id and the tool log."""
     tool_log = tmp_path / "tools.jsonl"
-    env = worker_env(sim, tool_log)
-    first: Worker = start_worker(redis_server.url, tmp_path, env)
-    client = Client(redis_server.url)
+    env = sim_env(sim, tool_log, **FAST_RECOVERY)
+    first: Worker = start_worker(sim_redis.url, tmp_path, env)
+    client = Client(sim_redis.url)
     second: Worker | None = None
     try:
         run_id = client.enqueue(spec(scenario, model="claude-sonnet-5-5", provider="anthropic"))
@@ -115,7 +90,7 @@ def run_and_kill(
         time.sleep(0.5)  # well inside the 3 s step
         first.kill()
         assert client.status(run_id).status == "running"
-        second = start_worker(redis_server.url, tmp_path, env)
+        second = start_worker(sim_redis.url, tmp_path, env)
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", (status, second.log.read_text()[-3000:])
         assert status.final_text == "Done waiting."
@@ -127,10 +102,10 @@ def run_and_kill(
 
 
 def test_kill_during_a_model_call_reruns_only_that_call(
-    redis_server: EmbeddedServer, sim: SimServer, model: CountingModel, tmp_path: Path
+    sim_redis: EmbeddedServer, sim: SimServer, model: CountingModel, tmp_path: Path
 ) -> None:
     client, run_id, tool_log = run_and_kill(
-        redis_server, sim, tmp_path, MODEL_SLOW, lambda: model.count(MODEL_SLOW, 0) >= 1
+        sim_redis, sim, tmp_path, MODEL_SLOW, lambda: model.count(MODEL_SLOW, 0) >= 1
     )
     try:
         assert model.count(MODEL_SLOW, 0) == 2  # the killed call, then its rerun
@@ -143,11 +118,11 @@ def test_kill_during_a_model_call_reruns_only_that_call(
 
 
 def test_kill_during_a_tool_reruns_only_that_tool(
-    redis_server: EmbeddedServer, sim: SimServer, model: CountingModel, tmp_path: Path
+    sim_redis: EmbeddedServer, sim: SimServer, model: CountingModel, tmp_path: Path
 ) -> None:
     tool_log = tmp_path / "tools.jsonl"
     client, run_id, tool_log = run_and_kill(
-        redis_server, sim, tmp_path, TOOL_SLOW, lambda: tool_log.exists() and tool_log.read_text()
+        sim_redis, sim, tmp_path, TOOL_SLOW, lambda: tool_log.exists() and tool_log.read_text()
     )
     try:
         # The finished model call is not made again; the killed tool starts again and finishes once.

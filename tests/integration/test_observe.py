@@ -26,7 +26,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import Worker, own_redis, start_worker
+from tests.integration.conftest import FAST_RECOVERY, Worker, sim_env, start_worker
 from tests.integration.runs_kit import eventually, logged, spec
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
@@ -39,13 +39,6 @@ pytestmark = pytest.mark.integration
 CONTEXT = "You review storyboards, one frame at a time. " * 200  # past the 1,024-token cache minimum
 KILLED = "observe-killed " + CONTEXT
 PLAIN = "observe-plain " + CONTEXT
-FAST_RECOVERY = {
-    "TOOLLOOP_VISIBILITY_TIMEOUT": "6",
-    "TOOLLOOP_RESTORE_INTERVAL": "1",
-    "TOOLLOOP_LEASE_MS": "3000",
-    "TOOLLOOP_SWEEP_INTERVAL": "1",
-    "TOOLLOOP_OUTBOX_AGE": "2",
-}
 
 
 class Model:
@@ -65,25 +58,13 @@ class Model:
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    yield from own_redis(tmp_path_factory, "observe-redis")
-
-
-@pytest.fixture(scope="module")
 def sim() -> Iterator[SimServer]:
     with SimServer(Model()) as server:
         yield server
 
 
 def env_for(sim: SimServer, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {
-        **FAST_RECOVERY,
-        "ANTHROPIC_BASE_URL": sim.base_url,
-        "ANTHROPIC_API_KEY": "sim-key",
-        "TOOLLOOP_PROMPT_GEN": "",
-        "TOOLLOOP_TEST_TOOL_LOG": str(tmp_path / "tools.jsonl"),
-        **extra,
-    }
+    return sim_env(sim, tmp_path / "tools.jsonl", **FAST_RECOVERY, **extra)
 
 
 def journal_of(redis_url: str, run_id: str) -> dict[str, dict[str, Any]]:
@@ -100,20 +81,20 @@ def model_usage(journal: dict[str, dict[str, Any]]) -> list[dict[str, int]]:
 
 
 def test_one_trace_across_two_workers_and_a_kill(
-    redis_server: EmbeddedServer, sim: SimServer, tmp_path: Path
+    sim_redis: EmbeddedServer, sim: SimServer, tmp_path: Path
 ) -> None:
     traces = tmp_path / "spans.jsonl"
     env = env_for(sim, tmp_path, TOOLLOOP_TRACES_FILE=str(traces))
     tool_log = tmp_path / "tools.jsonl"
-    first: Worker = start_worker(redis_server.url, tmp_path, env)
+    first: Worker = start_worker(sim_redis.url, tmp_path, env)
     second: Worker | None = None
-    client = Client(redis_server.url)
+    client = Client(sim_redis.url)
     try:
         run_id = client.enqueue(spec(KILLED, model="claude-sonnet-5-5", provider="anthropic"))
         eventually(lambda: tool_log.exists() and tool_log.read_text(), timeout=20)
         time.sleep(0.5)  # inside the 3 s tool
         first.kill()
-        second = start_worker(redis_server.url, tmp_path, env)
+        second = start_worker(sim_redis.url, tmp_path, env)
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", (status, second.log.read_text()[-3000:])
         assert [e["event"] for e in logged(tool_log)] == ["start", "start", "finished"]
@@ -141,7 +122,7 @@ def test_one_trace_across_two_workers_and_a_kill(
     assert segment["start"] <= min(s["start"] for s in chats + tools)
     assert segment["end"] >= max(s["end"] for s in chats + tools)
     assert tools[0]["attributes"]["gen_ai.tool.name"] == "slow"
-    usage = model_usage(journal_of(redis_server.url, run_id))
+    usage = model_usage(journal_of(sim_redis.url, run_id))
     for chat, used in zip(sorted(chats, key=lambda s: s["start"]), usage, strict=True):
         attributes = chat["attributes"]
         assert attributes["gen_ai.provider.name"] == "anthropic"
@@ -180,10 +161,10 @@ def total(samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: st
     return sum(v for k, v in samples.get(name, {}).items() if wanted <= set(k))
 
 
-def test_metrics_equal_the_runs_journal(redis_server: EmbeddedServer, sim: SimServer, tmp_path: Path) -> None:
+def test_metrics_equal_the_runs_journal(sim_redis: EmbeddedServer, sim: SimServer, tmp_path: Path) -> None:
     port = free_port()
-    worker = start_worker(redis_server.url, tmp_path, env_for(sim, tmp_path, TOOLLOOP_METRICS_PORT=str(port)))
-    client = Client(redis_server.url)
+    worker = start_worker(sim_redis.url, tmp_path, env_for(sim, tmp_path, TOOLLOOP_METRICS_PORT=str(port)))
+    client = Client(sim_redis.url)
     try:
         before = scrape(port)
         assert total(before, "toolloop_steps_committed_total") == 0
@@ -194,7 +175,7 @@ def test_metrics_equal_the_runs_journal(redis_server: EmbeddedServer, sim: SimSe
     finally:
         worker.stop()
         client.close()
-    journal = journal_of(redis_server.url, run_id)
+    journal = journal_of(sim_redis.url, run_id)
     usage = model_usage(journal)
     assert total(after, "toolloop_steps_committed_total") == len(journal) == 3
     assert total(after, "toolloop_steps_committed_total", kind="model", queue="llm") == 2

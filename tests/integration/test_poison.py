@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import start_worker
+from tests.integration.conftest import redis_in, start_worker
 from tests.integration.runs_kit import client_on, eventually, redis_on, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from workers import names, wire
 from workers.client import Client
 from workers.consumer import REJECTED
@@ -88,9 +88,7 @@ SHAPES: dict[str, bytes | str] = {
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    started = start_server(tmp_path / "redis")
-    yield started
-    started.stop()
+    yield from redis_in(tmp_path / "redis")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from tests.support.sim import Recording
 from tests.unit.providers_kit import FAKE_KEY
 from toolloop import (
     AbortController,
@@ -47,18 +48,6 @@ THREE_TURNS = [
     {"text": "", "tool_calls": [{"name": "read_frame", "input": {"shot": 2}}]},
     "Both frames are fine.",
 ]
-
-
-class Recording:
-    def __init__(self, turns: list[Any]) -> None:
-        from toolloop.sim import Script
-
-        self.script = Script(turns)
-        self.requests: list[SimRequest] = []
-
-    def __call__(self, request: SimRequest) -> SimTurn:
-        self.requests.append(request)
-        return self.script(request)
 
 
 class Shot(BaseModel):

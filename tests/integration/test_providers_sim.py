@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests.support.sim import Recording
 from tests.unit.providers_kit import FAKE_KEY, validate_anthropic_body
 from toolloop import (
     AbortController,
@@ -37,7 +38,7 @@ from toolloop import (
 )
 from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy
 from toolloop.providers.client import KeepAliveClient
-from toolloop.sim import Script, SimRequest, SimServer, SimTurn
+from toolloop.sim import SimRequest, SimServer, SimTurn
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0, short_retry_after_s=1.0)
 SYSTEM = "You review storyboards shot by shot and report what to change. " * 80  # > 1,024 tokens
@@ -64,18 +65,6 @@ async def http_path(request: pytest.FixtureRequest) -> Any:
     finally:
         CLIENT.pop("client", None)
         await client.aclose()
-
-
-class Recording:
-    """A simulator policy: answers from a script and keeps every request it saw."""
-
-    def __init__(self, turns: list[Any]) -> None:
-        self.script = Script(turns)
-        self.requests: list[SimRequest] = []
-
-    def __call__(self, request: SimRequest) -> SimTurn:
-        self.requests.append(request)
-        return self.script(request)
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ import pytest
 import redis
 from pydantic import BaseModel
 
-from tests.integration.reasoning_kit import Recording, emitted, sent_back
+from tests.integration.reasoning_kit import emitted, sent_back
+from tests.support.sim import Recording
 from tests.unit.providers_kit import FAKE_KEY, validate_anthropic_body
 from toolloop import (
     AbortSignal,

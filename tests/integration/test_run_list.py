@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import eventually, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from workers.client import Client
 from workers.errors import RunNotFoundError, RunStateError
@@ -30,17 +30,13 @@ TOOLLOOP = str(Path(sys.executable).with_name("toolloop"))
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    found = start_server(tmp_path_factory.mktemp("list-redis"))
-    yield found
-    found.stop()
+    yield from own_redis(tmp_path_factory, "list-redis")
 
 
 @pytest.fixture(scope="module")
 def worker(server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate", "TOOLLOOP_RETENTION": "8s"}
-    process = start_worker(server.url, tmp_path_factory.mktemp("list-worker"), env)
-    yield process
-    process.stop()
+    yield from worker_on(server.url, tmp_path_factory.mktemp("list-worker"), env)
 
 
 def _cli(server: EmbeddedServer, *args: str) -> subprocess.CompletedProcess[str]:

@@ -6,19 +6,17 @@ The screenshot is saved as `viewer.png` in the test's tmp directory."""
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.test_web_example import BIN, SPEC, end, spawn
+from tests.integration.test_web_example import SPEC
 from tests.support.chromium import running_chromium
-from tests.support.web import AUTH, WEB_TOKEN
-from toolloop.embedded import EmbeddedServer, free_port
+from tests.support.procs import end
+from tests.support.web import AUTH, WEB_TOKEN, review_worker, serve_web, web_env
+from toolloop.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 
@@ -27,28 +25,12 @@ ROWS = "document.querySelectorAll('#steps tbody tr').length"
 
 @pytest.fixture
 def env(redis_server: EmbeddedServer) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")}
-    env.update(REDIS_URL=redis_server.url, PORT=str(free_port()), TOOLLOOP_WEB_TOKEN=WEB_TOKEN)
-    return env
+    return web_env(redis_server.url)
 
 
 @pytest.fixture
 def web(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
-    server = spawn([sys.executable, "examples/web.py"], env, tmp_path / "web.log")
-    base = f"http://127.0.0.1:{env['PORT']}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert server.poll() is None, (tmp_path / "web.log").read_text()
-            try:
-                httpx.get(f"{base}/runs/none", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-        yield base
-    finally:
-        end(server)
+    yield from serve_web(env, tmp_path / "web.log")
 
 
 def test_the_viewer_shows_a_run_live_and_takes_its_answer(
@@ -63,11 +45,7 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
         page.navigate(f"{web}/runs/{run_id}?token={WEB_TOKEN}")
         assert page.evaluate("document.getElementById('status').textContent") == "queued"
         assert page.evaluate(ROWS) == 0  # nothing ran yet: no worker
-        worker = spawn(
-            [str(BIN / "toolloop"), "worker", "-c", "4", "-l", "WARNING",
-             "--sim-policy", "examples.storyboard.policy:review_policy"],
-            env, tmp_path / "worker.log",
-        )  # fmt: skip
+        worker = review_worker(env, tmp_path / "worker.log")
         try:
             page.wait_for(f"{ROWS} >= 1", timeout=60)  # steps appear live, over the event stream
             page.wait_for("!document.getElementById('ask').hidden", timeout=60)

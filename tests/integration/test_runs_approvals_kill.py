@@ -12,35 +12,23 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Worker, start_worker
-from tests.integration.runs_kit import eventually, kinds, logged, spec
-from toolloop.embedded import EmbeddedServer, start_server
+from tests.integration.conftest import FAST_RECOVERY, Worker, redis_in, start_worker
+from tests.integration.runs_kit import client_on, eventually, kinds, logged, spec
+from toolloop.embedded import EmbeddedServer
 from workers.client import Client
 
 pytestmark = pytest.mark.integration
-
-FAST_RECOVERY = {
-    "TOOLLOOP_VISIBILITY_TIMEOUT": "6",
-    "TOOLLOOP_RESTORE_INTERVAL": "1",
-    "TOOLLOOP_LEASE_MS": "3000",
-    "TOOLLOOP_SWEEP_INTERVAL": "1",
-    "TOOLLOOP_OUTBOX_AGE": "2",
-}
 
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
     """A server of this test only: no other suite's worker may take these runs' steps."""
-    server = start_server(tmp_path / "redis")
-    yield server
-    server.stop()
+    yield from redis_in(tmp_path / "redis")
 
 
 @pytest.fixture
 def client(redis_server: EmbeddedServer) -> Iterator[Client]:
-    made = Client(redis_server.url)
-    yield made
-    made.close()
+    yield from client_on(redis_server)
 
 
 def worker(redis_server: EmbeddedServer, tmp_path: Path, plan: Path | None = None) -> Worker:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ROOT, Worker, own_redis, start_worker
+from tests.integration.conftest import ROOT, Worker
 from tests.integration.runs_kit import client_on, logged, spec
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimRequest, SimServer, SimTurn
@@ -62,31 +62,9 @@ def sim() -> Iterator[SimServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def stops_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    yield from own_redis(tmp_path_factory, "stops-redis")
-
-
-@pytest.fixture(scope="module")
-def stops_worker(
-    stops_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Worker]:
-    directory: Path = tmp_path_factory.mktemp("stops-worker")
-    env = {
-        "ANTHROPIC_BASE_URL": sim.base_url,
-        "ANTHROPIC_API_KEY": "sim-key",
-        "TOOLLOOP_PROMPT_GEN": "",
-        "TOOLLOOP_TEST_TOOL_LOG": str(directory / "tools.jsonl"),
-    }
-    process = start_worker(stops_redis.url, directory, env)
-    process.tool_log = directory / "tools.jsonl"
-    yield process
-    process.stop()
-
-
 @pytest.fixture
-def client(stops_redis: EmbeddedServer) -> Iterator[Client]:
-    yield from client_on(stops_redis)
+def client(sim_redis: EmbeddedServer) -> Iterator[Client]:
+    yield from client_on(sim_redis)
 
 
 def enqueue(client: Client, system: str) -> str:
@@ -106,13 +84,13 @@ def cli(redis_url: str, *args: str) -> str:
 
 
 def test_a_refusal_ends_the_run_refused_with_its_category_in_status_and_events(
-    stops_redis: EmbeddedServer, stops_worker: Worker, client: Client
+    sim_redis: EmbeddedServer, sim_worker: Worker, client: Client
 ) -> None:
     run_id = enqueue(client, REFUSE)
     status = client.wait(run_id, timeout=30)
     assert status.status == "refused", status
     assert status.refusal == {"category": "cyber", "explanation": EXPLANATION}
-    assert (1, 2) in added(stops_worker) and (5, 5) not in added(stops_worker)
+    assert (1, 2) in added(sim_worker) and (5, 5) not in added(sim_worker)
     events = list(client.events(run_id))
     model = [e.data for e in events if e.kind == "model"]
     assert model[-1]["finish_reason"] == "refusal"
@@ -120,21 +98,21 @@ def test_a_refusal_ends_the_run_refused_with_its_category_in_status_and_events(
     finished = events[-1]
     assert finished.kind == "finished" and finished.data["stopped_by"] == "refused"
     assert finished.data["refusal"]["category"] == "cyber"
-    shown = cli(stops_redis.url, "status", run_id)
+    shown = cli(sim_redis.url, "status", run_id)
     assert "refused" in shown and '"category": "cyber"' in shown
-    assert json.loads(cli(stops_redis.url, "status", run_id, "--json"))["refusal"]["category"] == "cyber"
-    lines = cli(stops_redis.url, "events", run_id)
+    assert json.loads(cli(sim_redis.url, "status", run_id, "--json"))["refusal"]["category"] == "cyber"
+    lines = cli(sim_redis.url, "events", run_id)
     assert "refused (category cyber: The request could enable exploit development.)" in lines
     assert "finished: refused (category cyber" in lines
 
 
 def test_a_cut_off_call_is_never_run_and_the_turn_is_asked_again_with_more_room(
-    sim: SimServer, stops_worker: Worker, client: Client
+    sim: SimServer, sim_worker: Worker, client: Client
 ) -> None:
     run_id = enqueue(client, CUT_ONCE)
     status = client.wait(run_id, timeout=30)
     assert status.status == "done" and status.final_text == "Both added.", status
-    ran = added(stops_worker)
+    ran = added(sim_worker)
     assert ran.count((13, 14)) == 1 and ran.count((11, 12)) == 1  # only the retry's calls ran, once
     model = [e.data for e in client.events(run_id) if e.kind == "model"]
     assert [m["finish_reason"] for m in model] == ["length", "tool_calls", "stop"]
@@ -142,11 +120,11 @@ def test_a_cut_off_call_is_never_run_and_the_turn_is_asked_again_with_more_room(
 
 
 def test_a_turn_cut_off_again_fails_the_run_saying_the_answer_did_not_fit(
-    stops_worker: Worker, client: Client
+    sim_worker: Worker, client: Client
 ) -> None:
     run_id = enqueue(client, CUT_ALWAYS)
     status = client.wait(run_id, timeout=30)
     assert status.status == "failed", status
     assert status.error_class == "PromptGenError"
     assert "did not fit in 16384 output tokens" in str(status.error_message)
-    assert (7, 8) not in added(stops_worker)
+    assert (7, 8) not in added(sim_worker)

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Worker, own_redis, start_worker
-from tests.integration.reasoning_kit import Recording, emitted, sent_back
+from tests.integration.conftest import FAST_RECOVERY, Worker, sim_env, start_worker
+from tests.integration.reasoning_kit import emitted, sent_back
 from tests.integration.runs_kit import client_on, eventually, logged, spec
+from tests.support.sim import Recording
 from toolloop import AssistantMessage
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
@@ -27,13 +28,6 @@ SCRIPT = [
     {"tool_calls": [{"name": "add", "input": {"a": 23, "b": 1}}], "redacted_thinking": True},
     {"text": "22 and 24."},
 ]
-FAST_RECOVERY = {
-    "TOOLLOOP_VISIBILITY_TIMEOUT": "6",
-    "TOOLLOOP_RESTORE_INTERVAL": "1",
-    "TOOLLOOP_LEASE_MS": "3000",
-    "TOOLLOOP_SWEEP_INTERVAL": "1",
-    "TOOLLOOP_OUTBOX_AGE": "2",
-}
 WIRES = {"anthropic": "claude-opus-5-5", "fal": "anthropic/claude-opus-5.5"}
 
 
@@ -48,19 +42,14 @@ def sim(recording: Recording) -> Iterator[SimServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def crash_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    yield from own_redis(tmp_path_factory, "reasoning-redis")
-
-
 @pytest.fixture
-def client(crash_redis: EmbeddedServer) -> Iterator[Client]:
-    yield from client_on(crash_redis)
+def client(sim_redis: EmbeddedServer) -> Iterator[Client]:
+    yield from client_on(sim_redis)
 
 
 @pytest.mark.parametrize("wire", list(WIRES))
 def test_a_worker_killed_mid_run_resumes_and_sends_every_thinking_block_back_unchanged(
-    crash_redis: EmbeddedServer,
+    sim_redis: EmbeddedServer,
     sim: SimServer,
     recording: Recording,
     client: Client,
@@ -69,24 +58,22 @@ def test_a_worker_killed_mid_run_resumes_and_sends_every_thinking_block_back_unc
 ) -> None:
     plan = tmp_path / "kill-plan.json"
     plan.write_text(json.dumps([{"point": "commit:after", "key": "s0/model:2"}]))
-    env = {
+    env = sim_env(
+        sim,
+        tmp_path / "tools.jsonl",
         **FAST_RECOVERY,
-        "ANTHROPIC_BASE_URL": sim.base_url,
-        "ANTHROPIC_API_KEY": "sim-key",
-        "FAL_RUN_URL": sim.base_url,
-        "FAL_KEY": "sim-key",
-        "TOOLLOOP_PROMPT_GEN": "",
-        "TOOLLOOP_KILL_PLAN": str(plan),
-        "TOOLLOOP_TEST_TOOL_LOG": str(tmp_path / "tools.jsonl"),
-    }
+        FAL_RUN_URL=sim.base_url,
+        FAL_KEY="sim-key",
+        TOOLLOOP_KILL_PLAN=str(plan),
+    )
     system = f"You add numbers ({wire})."
-    first: Worker = start_worker(crash_redis.url, tmp_path, env)
+    first: Worker = start_worker(sim_redis.url, tmp_path, env)
     second: Worker | None = None
     try:
         run_id = client.enqueue(spec(system, model=WIRES[wire], provider=wire, reasoning="medium"))
         eventually(lambda: Path(f"{plan}.log").exists(), timeout=30)  # killed after model:2 committed
         first.kill()
-        second = start_worker(crash_redis.url, tmp_path, env)
+        second = start_worker(sim_redis.url, tmp_path, env)
         status = client.wait(run_id, timeout=60)
         assert status.status == "done" and status.final_text == "22 and 24.", status
     finally:

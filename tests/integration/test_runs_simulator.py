@@ -4,16 +4,15 @@ worker, ANTHROPIC_BASE_URL pointing at the simulator): the same code path as a r
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Worker, own_redis, start_worker
+from tests.integration.conftest import Worker
 from tests.integration.runs_kit import kinds, logged, spec
+from tests.support.sim import Recording
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from toolloop.embedded import EmbeddedServer
-from toolloop.sim import Script, SimRequest, SimServer, SimTurn
+from toolloop.sim import SimServer
 from workers.client import Client
 
 SCRIPT = [
@@ -22,50 +21,15 @@ SCRIPT = [
 ]
 
 
-class Recorded:
-    """The script, keeping every request body it answered."""
-
-    def __init__(self) -> None:
-        self.script = Script(SCRIPT)
-        self.bodies: list[dict[str, Any]] = []
-
-    def __call__(self, request: SimRequest) -> SimTurn:
-        self.bodies.append(request.body)
-        return self.script(request)
+@pytest.fixture(scope="module")
+def policy() -> Recording:
+    return Recording(SCRIPT)
 
 
 @pytest.fixture(scope="module")
-def policy() -> Recorded:
-    return Recorded()
-
-
-@pytest.fixture(scope="module")
-def sim(policy: Recorded) -> Iterator[SimServer]:
+def sim(policy: Recording) -> Iterator[SimServer]:
     with SimServer(policy) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def sim_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    """A Redis of its own: the scripted workers of the other tests must not take these runs."""
-    yield from own_redis(tmp_path_factory, "sim-redis")
-
-
-@pytest.fixture(scope="module")
-def sim_worker(
-    sim_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Worker]:
-    directory: Path = tmp_path_factory.mktemp("sim-worker")
-    env = {
-        "ANTHROPIC_BASE_URL": sim.base_url,
-        "ANTHROPIC_API_KEY": "sim-key",
-        "TOOLLOOP_PROMPT_GEN": "",
-        "TOOLLOOP_TEST_TOOL_LOG": str(directory / "tools.jsonl"),
-    }
-    process = start_worker(sim_redis.url, directory, env)
-    process.tool_log = directory / "tools.jsonl"
-    yield process
-    process.stop()
 
 
 def test_a_run_against_the_simulator_calls_each_step_once(
@@ -88,7 +52,7 @@ def test_a_run_against_the_simulator_calls_each_step_once(
 
 
 def test_the_run_spec_carries_cache_ttl_and_reasoning_to_every_request(
-    sim_redis: EmbeddedServer, sim: SimServer, sim_worker: Worker, policy: Recorded
+    sim_redis: EmbeddedServer, sim: SimServer, sim_worker: Worker, policy: Recording
 ) -> None:
     client = Client(sim_redis.url)
     try:

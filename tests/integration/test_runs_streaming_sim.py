@@ -6,11 +6,10 @@ event mid-answer makes the provider begin again, and the reader is told to drop 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Worker, own_redis, worker_on
+from tests.integration.conftest import Worker
 from tests.integration.runs_kit import client_on, spec
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimRequest, SimServer, SimTurn
@@ -35,20 +34,6 @@ def policy(request: SimRequest) -> SimTurn:
 def sim() -> Iterator[SimServer]:
     with SimServer(policy, tokens_per_s=400) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def sim_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    yield from own_redis(tmp_path_factory, "stream-sim-redis")
-
-
-@pytest.fixture(scope="module")
-def sim_worker(
-    sim_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Worker]:
-    directory: Path = tmp_path_factory.mktemp("stream-sim-worker")
-    env = {"ANTHROPIC_BASE_URL": sim.base_url, "ANTHROPIC_API_KEY": "sim-key", "TOOLLOOP_PROMPT_GEN": ""}
-    yield from worker_on(sim_redis.url, directory, env)
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import Worker, start_worker
+from tests.integration.conftest import Worker, redis_in, start_worker
 from tests.integration.runs_kit import client_on, eventually, redis_on, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
-from toolloop.embedded import EmbeddedServer, start_server
+from toolloop.embedded import EmbeddedServer
 from workers import names, wire
 from workers.client import Client
 from workers.consumer import REJECTED
@@ -31,9 +31,7 @@ TOOLSET = "agents"
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    started = start_server(tmp_path / "redis")
-    yield started
-    started.stop()
+    yield from redis_in(tmp_path / "redis")
 
 
 @pytest.fixture

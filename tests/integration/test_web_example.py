@@ -4,23 +4,16 @@ does the run."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.web import AUTH, WEB_TOKEN
-from toolloop.embedded import EmbeddedServer, free_port
+from tests.support.procs import end
+from tests.support.web import AUTH, read_events, review_worker, serve_web, web_env
+from toolloop.embedded import EmbeddedServer
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 SPEC = {
     "model": "claude-sonnet-5-5",
     "toolset": "review",
@@ -29,67 +22,14 @@ SPEC = {
 }
 
 
-def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def end(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-
 @pytest.fixture
 def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")}
-    env.update(REDIS_URL=redis_server.url, PORT=str(free_port()), TOOLLOOP_WEB_TOKEN=WEB_TOKEN)
-    worker = spawn(
-        [str(BIN / "toolloop"), "worker", "-c", "4", "-l", "WARNING",
-         "--sim-policy", "examples.storyboard.policy:review_policy"],
-        env, tmp_path / "worker.log",
-    )  # fmt: skip
+    env = web_env(redis_server.url)
+    worker = review_worker(env, tmp_path / "worker.log")
     try:
         yield from serve_web(env, tmp_path / "web.log")
     finally:
         end(worker)
-
-
-def serve_web(env: dict[str, str], log: Path) -> Iterator[str]:
-    """examples/web.py as a process with `env` (its PORT), logging to `log`: yields its base URL once
-    it answers HTTP, and ends it after."""
-    server = spawn([sys.executable, "examples/web.py"], env, log)
-    base = f"http://127.0.0.1:{env['PORT']}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert server.poll() is None, log.read_text()
-            try:
-                httpx.get(f"{base}/runs/none", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield base
-    finally:
-        end(server)
-
-
-def read_events(response: httpx.Response) -> Iterator[tuple[str, str, dict[str, object]]]:
-    """(id, kind, data) of each server-sent event."""
-    fields: dict[str, str] = {}
-    for line in response.iter_lines():
-        if line:
-            name, _, value = line.partition(": ")
-            fields[name] = value
-        elif fields:
-            yield fields["id"], fields["event"], json.loads(fields["data"])
-            fields = {}
 
 
 def test_enqueue_stream_answer_finish(web: str) -> None:

@@ -3,7 +3,6 @@ a browser that lost its connection resumes with `Last-Event-ID` and gets every d
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +11,8 @@ import pytest
 
 from tests.integration.conftest import Worker, own_redis, start_worker
 from tests.integration.streamer import answer_words, worker_env
-from tests.integration.test_web_example import read_events, serve_web
-from tests.support.web import AUTH, WEB_TOKEN
-from toolloop.embedded import EmbeddedServer, free_port
+from tests.support.web import AUTH, read_events, serve_web, web_env
+from toolloop.embedded import EmbeddedServer
 
 WORDS = 100
 
@@ -28,14 +26,8 @@ def web_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServ
 def web(web_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory: Path = tmp_path_factory.mktemp("web-stream")
     worker: Worker = start_worker(web_redis.url, directory, worker_env(WORDS, 8))
-    env = {
-        **os.environ,
-        "REDIS_URL": web_redis.url,
-        "PORT": str(free_port()),
-        "TOOLLOOP_WEB_TOKEN": WEB_TOKEN,
-    }
     try:
-        yield from serve_web(env, directory / "web.log")
+        yield from serve_web(web_env(web_redis.url), directory / "web.log")
     finally:
         worker.stop()
 

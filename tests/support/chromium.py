@@ -12,9 +12,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from tests.support.procs import end
 from toolloop.embedded import free_port
 
 INSTALL = "apt-get install -y chromium (.ci/run does it when it is missing)"
@@ -110,10 +109,5 @@ def running_chromium(directory: Path, width: int = 1100, height: int = 1400) -> 
                      mobile=False)  # fmt: skip
             yield tab
     finally:  # its own process group: the renderer and GPU helpers end with it
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        end(process, 10, group=True)
         log.close()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.procs import end
 from toolloop.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,13 +44,7 @@ def running_flower(
             time.sleep(0.2)
         yield url
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        end(process, 10, group=True)
 
 
 def _healthy(url: str) -> bool:

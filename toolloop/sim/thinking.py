@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Iterator
 from typing import Any
 
 from toolloop.providers.models import default_catalog
@@ -126,10 +127,7 @@ def fal_fields(turn: SimTurn, request: SimRequest) -> dict[str, Any]:
 def check_anthropic(body: dict[str, Any]) -> str | None:
     """The 400 message for a history whose thinking did not come back as it must, else None."""
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-    for index, message in enumerate(messages):
-        content = message.get("content")
-        if message.get("role") != "assistant" or not isinstance(content, list):
-            continue
+    for index, content in _assistant_lists(messages, "content"):
         for position, block in enumerate(content):
             problem = _block_problem(block, f"messages.{index}.content.{position}")
             if problem:
@@ -146,6 +144,14 @@ def check_anthropic(body: dict[str, Any]) -> str | None:
         found = "text" if first is None else str(first.get("type"))
         return FOUND_INSTEAD.format(index=start, found=found)
     return None
+
+
+def _assistant_lists(messages: list[dict[str, Any]], field: str) -> Iterator[tuple[int, list[Any]]]:
+    """(index, value) of each assistant message whose `field` is a list."""
+    for index, message in enumerate(messages):
+        value = message.get(field)
+        if message.get("role") == "assistant" and isinstance(value, list):
+            yield index, value
 
 
 def _in_tool_loop(messages: list[dict[str, Any]]) -> bool:
@@ -183,10 +189,7 @@ def _block_problem(block: Any, where: str) -> str | None:
 def check_fal(body: dict[str, Any]) -> str | None:
     """The 400 message for `reasoning_details` that came back changed, else None."""
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-    for index, message in enumerate(messages):
-        details = message.get("reasoning_details")
-        if message.get("role") != "assistant" or not isinstance(details, list):
-            continue
+    for index, details in _assistant_lists(messages, "reasoning_details"):
         for position, entry in enumerate(details):
             where = f"messages[{index}].reasoning_details[{position}]"
             if isinstance(entry, dict) and entry.get("type") == "reasoning.text":
