@@ -49,7 +49,6 @@ from workers.metrics import Metrics
 from workers.redisio import Batch, Leases, packed_pool
 from workers.settings import Settings
 from workers.toolsets import Registry
-from workers.trim import drop_idle_connections
 
 log = logging.getLogger("toolloop.workers")
 
@@ -157,21 +156,6 @@ class WorkerProcess:
         loop = self.loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._renew_tool_threads, loop)
-
-    def settle_idle(self, timeout: float = 5.0) -> None:
-        """From the sweeper thread, once the worker is idle (workers/trim.py, before its trim): the
-        sync-tool threads end (`shed_tool_threads`) and the loop's Redis pool closes the connections
-        a burst opened beyond trim.IDLE_CONNECTIONS; waits for it at most `timeout` s."""
-        loop = self.loop
-        if loop is None or loop.is_closed():
-            return
-        self.shed_tool_threads()
-        pool = self.batch.client.connection_pool
-        done = asyncio.run_coroutine_threadsafe(drop_idle_connections(pool), loop)
-        try:
-            done.result(timeout)
-        except Exception as error:  # a slow or failed close: the next idle spell tries again
-            log.warning("idle worker: closing Redis connections failed: %s: %s", type(error).__name__, error)
 
     def _renew_tool_threads(self, loop: asyncio.AbstractEventLoop) -> None:
         old, self._threads = self._threads, _tool_threads()

@@ -6,11 +6,8 @@ stays in the C heap for the next allocation) even when none of its runs is on it
 `idle_ticks` ticks of the sweeper (about a second each) and some step ran since the last trim, the
 free pages go back to the OS, and the threads sync tools ran in end (their stacks go back; a fresh
 pool starts threads again on demand). A busy worker never trims (no step is slowed by it), an idle
-one trims once. Before the trim, the idle process also closes the Redis connections its burst
-opened beyond `IDLE_CONNECTIONS` (`drop_idle_connections`: a connection, its parser and buffers,
-made mid-burst, sits in the burst's memory and keeps it; the next burst opens them again). What no
-trim gives back: pymalloc's 1 MiB arenas that a few live objects keep after a burst
-(bench/PROFILE-19.md, section 7). `malloc_trim` only with glibc (found by ctypes);
+one trims once. What no trim gives back: pymalloc's 1 MiB arenas that a few live objects keep
+after a burst (bench/PROFILE-19.md, section 7). `malloc_trim` only with glibc (found by ctypes);
 elsewhere `IdleTrim.trim` is None.
 """
 
@@ -19,10 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections.abc import Callable, Sized
-from typing import Any, Protocol
-
-IDLE_CONNECTIONS = 2
-"""Idle connections an idle worker's async Redis pool keeps (the most recently used)."""
+from typing import Protocol
 
 
 class Activity(Protocol):
@@ -90,21 +84,3 @@ class IdleTrim:
             self.trim()
         self.trims += 1
         return True
-
-
-async def drop_idle_connections(pool: Any, keep: int = IDLE_CONNECTIONS) -> int:
-    """Close and forget the idle connections of redis-py's asyncio `pool` beyond the `keep` most
-    recently used (those `get_connection` hands out next); connections in use are not touched, and
-    a later command opens a new one as usual. Returns how many were closed. (redis-py has no public
-    call for it: this reads the pool's list of idle connections under the pool's own lock; a pool
-    without one is left alone.)"""
-    idle = getattr(pool, "_available_connections", None)
-    lock = getattr(pool, "_lock", None)
-    if not isinstance(idle, list) or lock is None:
-        return 0
-    async with lock:
-        extra = idle[: max(len(idle) - keep, 0)]
-        pool._available_connections = idle[len(extra) :]  # a fresh list: not the burst's grown one
-    for connection in extra:
-        await connection.disconnect()
-    return len(extra)

@@ -190,7 +190,7 @@ def _sweep_forever(process: WorkerProcess) -> None:
     settings = process.settings
     tick = min(1.0, settings.sweep_interval)
     last = time.monotonic()
-    idle = IdleTrim(process.leases, shed=process.settle_idle)
+    idle = IdleTrim(process.leases, shed=process.shed_tool_threads)
     while True:
         time.sleep(tick)
         try:
