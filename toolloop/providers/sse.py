@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import codecs
 
+from toolloop.contract import DeltaEvent, OnDelta
+
 _EVENT = b"event: "
 _DATA = b"data: "
 _EVENT_DATA = b"\ndata: "
@@ -100,3 +102,35 @@ class SseParser:
             elif name == "data":
                 self._data.append(value)
         return events
+
+
+class DeltaOut:
+    """The delta text a stream reader (anthropic's `MessageStream`, fal's `CompletionStream`) read
+    since its last `flush`, all of one kind, passed on as one `DeltaEvent` per socket read (SPEC
+    4.3: a delta carries any amount of text), not one per event."""
+
+    __slots__ = ("on_delta", "out", "out_thinking")
+
+    def __init__(self, on_delta: OnDelta | None) -> None:
+        self.on_delta = on_delta
+        self.out: list[str] = []
+        """The delta text read since the last `flush`, all of one kind..."""
+        self.out_thinking = False
+        """...reasoning (True) or answer text."""
+
+    def emit(self, text: str, *, thinking: bool) -> None:
+        """Keep `text` for the next `flush` (a change of kind flushes what was kept first)."""
+        if self.on_delta is not None and text:
+            if self.out and self.out_thinking is not thinking:
+                self.flush()
+            self.out_thinking = thinking
+            self.out.append(text)
+
+    def flush(self) -> bool:
+        """Pass the text kept since the last flush on as one `DeltaEvent`; True when there was some."""
+        if self.out and self.on_delta is not None:
+            text = self.out[0] if len(self.out) == 1 else "".join(self.out)
+            self.out.clear()
+            self.on_delta(DeltaEvent(text=text, thinking=self.out_thinking))
+            return True
+        return False

@@ -29,10 +29,10 @@ import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from toolloop.contract import DeltaEvent, OnDelta
+from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
 from toolloop.providers.http import event_json, stream_failure, valid_text
-from toolloop.providers.sse import SseParser
+from toolloop.providers.sse import DeltaOut, SseParser
 
 NON_STREAMING_MAX_TOKENS = 21_333
 """Above this `max_tokens` the answer is streamed even without `on_delta`: the SDK refuses a
@@ -58,20 +58,16 @@ _USAGE_OVERWRITTEN = ("input_tokens", "cache_creation_input_tokens", "cache_read
                       "server_tool_use", "output_tokens_details")  # fmt: skip
 
 
-class MessageStream:
+class MessageStream(DeltaOut):
     """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
 
     _handlers: ClassVar[dict[str, Callable[[MessageStream, dict[str, Any]], None]]]
 
-    __slots__ = ("_done", "inputs", "message", "on_delta", "out", "out_thinking", "pieces", "sse")
+    __slots__ = ("_done", "inputs", "message", "pieces", "sse")
 
     def __init__(self, on_delta: OnDelta | None) -> None:
-        self.on_delta = on_delta
+        super().__init__(on_delta)
         self.sse = SseParser()
-        self.out: list[str] = []
-        """The delta text of the events read since the last `flush`, all of one kind..."""
-        self.out_thinking = False
-        """...reasoning (True) or answer text."""
         self.message: dict[str, Any] | None = None
         self.inputs: dict[int, list[str]] = {}
         """The input_json_delta pieces of each tool_use block not yet stopped, by index."""
@@ -156,16 +152,6 @@ class MessageStream:
         assert self.message is not None
         return self.message
 
-    def flush(self) -> bool:
-        """Pass the delta text read since the last flush on as one `DeltaEvent` (SPEC 4.3: a delta
-        carries any amount of text): one per socket read, not one per event."""
-        if self.out and self.on_delta is not None:
-            text = self.out[0] if len(self.out) == 1 else "".join(self.out)
-            self.out.clear()
-            self.on_delta(DeltaEvent(text=text, thinking=self.out_thinking))
-            return True
-        return False
-
     def _block(self, payload: dict[str, Any]) -> dict[str, Any]:
         assert self.message is not None
         index = payload.get("index")
@@ -202,11 +188,7 @@ class MessageStream:
         if not isinstance(text, str):
             return
         self.pieces.setdefault((payload["index"], field), []).append(text)
-        if self.on_delta is not None and text:
-            if self.out and self.out_thinking is not thinking:
-                self.flush()
-            self.out_thinking = thinking
-            self.out.append(text)
+        self.emit(text, thinking=thinking)
 
     def _stop(self, index: Any) -> None:
         """A block complete: its text pieces joined; a tool_use block's input from its JSON text,

@@ -22,19 +22,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toolloop.contract import DeltaEvent, OnDelta
+from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
 from toolloop.providers.http import StreamFailure, event_json
-from toolloop.providers.sse import SseParser
+from toolloop.providers.sse import DeltaOut, SseParser
 
 _APPENDED = ("text", "summary", "data")
 
 
-class CompletionStream:
+class CompletionStream(DeltaOut):
     """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
 
     def __init__(self, on_delta: OnDelta | None) -> None:
-        self.on_delta = on_delta
+        super().__init__(on_delta)
         self.sse = SseParser()
         self.top: dict[str, Any] = {}
         self.content: list[str] | None = None
@@ -44,10 +44,6 @@ class CompletionStream:
         self.finish: dict[str, Any] = {"finish_reason": None, "native_finish_reason": None}
         self.usage: Any = None
         self._done = False
-        self.out: list[str] = []
-        """The delta text of the chunks read since the last `flush`, all of one kind..."""
-        self.out_thinking = False
-        """...reasoning (True) or answer text."""
 
     @property
     def done(self) -> bool:
@@ -96,36 +92,19 @@ class CompletionStream:
             if self.content is None:
                 self.content = []
             self.content.append(content)
-            self._emit(content, thinking=False)
+            self.emit(content, thinking=False)
         reasoning = delta.get("reasoning")
         if isinstance(reasoning, str):
             if self.reasoning is None:
                 self.reasoning = []
             self.reasoning.append(reasoning)
-            self._emit(reasoning, thinking=True)
+            self.emit(reasoning, thinking=True)
         for entry in delta.get("reasoning_details") or []:
             if isinstance(entry, dict):
                 self._detail(entry)
         for call in delta.get("tool_calls") or []:
             if isinstance(call, dict):
                 self._call(call)
-
-    def _emit(self, text: str, *, thinking: bool) -> None:
-        if self.on_delta is not None and text:
-            if self.out and self.out_thinking is not thinking:
-                self.flush()
-            self.out_thinking = thinking
-            self.out.append(text)
-
-    def flush(self) -> bool:
-        """Pass the delta text read since the last flush on as one `DeltaEvent` (SPEC 4.3: a delta
-        carries any amount of text): one per socket read, not one per chunk."""
-        if self.out and self.on_delta is not None:
-            text = self.out[0] if len(self.out) == 1 else "".join(self.out)
-            self.out.clear()
-            self.on_delta(DeltaEvent(text=text, thinking=self.out_thinking))
-            return True
-        return False
 
     def _detail(self, entry: dict[str, Any]) -> None:
         index = entry.get("index", len(self.details))
