@@ -55,6 +55,9 @@ from workers.queue import Claimed, StepQueue
 log = logging.getLogger("toolloop.workers")
 
 _CLAIM_MAX = 256
+_CONTROL_MAX = 64
+"""Control tasks (answers, decisions, cancels) running at once beside the steps: they take no step
+slot, so a decision reaches a worker whose steps fill every slot (`Client.approve` waits for it)."""
 _BLOCK_S = 1.0
 _OOM_PAUSE_S = 1.0
 """How long a step Redis refused for OOM waits before it goes back on its queue."""
@@ -78,6 +81,9 @@ class StepConsumer:
         self.capacity = capacity
         self.hostname = hostname
         self.free = capacity
+        self.control_free = _CONTROL_MAX
+        self.control_only = False
+        """The consumer waits on the control queue alone (every step slot taken)."""
         self.stopping = False
         self.running: dict[str, asyncio.Task[None]] = {}
         self.in_flight: dict[str, tuple[str, wire.Delivery, float]] = {}
@@ -155,12 +161,13 @@ class StepConsumer:
         asyncio.get_running_loop().create_task(self._restore_visible())
         self.room = asyncio.Event()
         while not self.stopping:
-            if self.free <= 0:
+            queues, most = self._claimable()
+            if not most:
                 self.room.clear()
                 await self.room.wait()
                 continue
             try:
-                got = await self.transport.claim(list(self.queues), min(self.free, _CLAIM_MAX))
+                got = await self.transport.claim(queues, most)
             except (OSError, redis_lib.RedisError) as error:
                 log.warning("step consumer: Redis unreachable (%s); retrying in 1 s", error)
                 await asyncio.sleep(1.0)
@@ -176,6 +183,14 @@ class StepConsumer:
                     log.exception("step consumer: a message on %r could not be dispatched", one.queue)
                     self.reject(one, f"dispatch failed: {type(error).__name__}")
         await self.transport.close()
+
+    def _claimable(self) -> tuple[list[str], int]:
+        """The queues to take messages from now and how many at most (0: wait for room). A consumer
+        whose step slots are all taken still takes control tasks: they have slots of their own."""
+        self.control_only = self.free <= 0 and names.CONTROL in self.queues
+        if self.free > 0:
+            return list(self.queues), min(self.free, _CLAIM_MAX)
+        return [names.CONTROL], min(self.control_free, _CLAIM_MAX) if self.control_only else 0
 
     def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
         """Run a successor this process just produced here, without the round trip through its
@@ -228,7 +243,10 @@ class StepConsumer:
         self.transport.ack(one.tag)  # the claim recorded it as delivered: forget it, or it comes back
 
     def _start(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
-        self.free -= 1
+        if queue == names.CONTROL:
+            self.control_free -= 1
+        else:
+            self.free -= 1
         task = asyncio.get_running_loop().create_task(self._handle(queue, delivery, begun))
         self.running[delivery.tag] = task
         self.in_flight[delivery.tag] = (queue, delivery, time.time())
@@ -280,9 +298,20 @@ class StepConsumer:
         finally:
             self.running.pop(delivery.tag, None)
             self.in_flight.pop(delivery.tag, None)
+            self._freed(queue)
+
+    def _freed(self, queue: str) -> None:
+        """A slot is free again; a consumer that waited on the control queue alone (every step slot
+        taken) is woken to take steps again at once."""
+        if queue == names.CONTROL:
+            self.control_free += 1
+        else:
             self.free += 1
-            if self.room is not None:
-                self.room.set()
+            if self.control_only:
+                self.control_only = False
+                self.transport.wake()
+        if self.room is not None:
+            self.room.set()
 
     async def _run(self, delivery: wire.Delivery, begun: Begun | None = None) -> Any:
         if delivery.name == names.ADVANCE:
