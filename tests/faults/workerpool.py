@@ -47,8 +47,8 @@ class WorkerPool:
     """`size` workers running `concurrency` tasks at once each, restarted when they die (until `stop`).
 
     Every queue goes to the worker's step consumer (control tasks included), so `concurrency` bounds
-    all the work in flight in a worker, as the kill accounting of the suite assumes: a kill re-runs
-    at most the steps that were in flight in the process it killed."""
+    the steps in flight in a worker (control tasks run beside them, in slots of their own): a kill
+    re-runs at most the steps that were in flight in the process it killed."""
 
     def __init__(
         self,
@@ -75,6 +75,8 @@ class WorkerPool:
         self.env = {**os.environ, **FAST, **env, "REDIS_URL": redis_url, "PYTHONPATH": pythonpath}
         self.workers: list[Incarnation] = []
         self.logs: list[Path] = []
+        self.log_of: dict[int, Path] = {}
+        """pid -> log of every incarnation (the crash matrix reads a killed worker's steps in flight)."""
         self.deaths: list[tuple[int, int]] = []
         """(pid, returncode) of every worker that died while the pool ran."""
         self._running = False
@@ -97,6 +99,7 @@ class WorkerPool:
                 args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.logs.append(log)
+        self.log_of[process.pid] = log
         return Incarnation(process, log)
 
     def start(self, wait_ready: bool = True, timeout: float = 60.0) -> WorkerPool:
