@@ -10,9 +10,10 @@ and inside every kind of step. It is off, and costs one environment lookup, unle
 An entry matches a call `kill_point(point, **fields)` when its point is the same and every other
 field it names has the same value in `fields`. Each entry fires once across every process that
 reads the plan: the first match creates `<plan>.fired/<index>` (O_EXCL), appends one JSON line to
-`<plan>.log` saying what was killed where, and SIGKILLs the whole process group (the worker, its
-pool and its children), as an OOM kill or a machine loss would. A restarted worker reading the same
-plan skips the entries already fired, so it makes progress.
+`<plan>.log` saying what was killed where (a worker hook's line also lists the steps in flight in
+the process, `in_flight`: run id -> when its step began), and SIGKILLs the whole process group (the
+worker, its pool and its children), as an OOM kill or a machine loss would. A restarted worker
+reading the same plan skips the entries already fired, so it makes progress.
 
 Points of the worker's step: the hooks of workers/hooks.py. When TOOLLOOP_KILL_PLAN is set, the
 worker process installs a `KillPlan` as its hooks (the step's code is the same either way):
@@ -133,9 +134,23 @@ class KillPlan(Hooks):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.steps: dict[str, float] = {}
+        """run id -> when this process began its step (`advance:begin`), until that step's commit
+        landed (`commit:after`): the steps a kill here interrupts. Each kill's log line carries them
+        as `in_flight`, so the fault suite knows which unfinished step may run again (a kill inside
+        a control task also ends the step running beside it: tests/faults/matrix.py)."""
+        self.lock = threading.Lock()
+        """`point` is called from the loop thread and from control tasks' threads."""
 
     def point(self, name: str, **fields: Any) -> None:
-        kill_point(name, **fields)
+        run = str(fields.get("run") or "")
+        with self.lock:
+            if name == "advance:begin" and run:
+                self.steps[run] = time.time()
+            elif name == "commit:after" and run:
+                self.steps.pop(run, None)
+            in_flight = dict(self.steps)
+        kill_point(name, **fields, in_flight=in_flight)
 
     def sent(self, name: str, flushed: Callable[[], Awaitable[Any]], **fields: Any) -> Awaitable[None] | None:
         if not pending(name, **fields):

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +52,6 @@ PRE_COMMIT = frozenset(
 CONTROL_POINTS = frozenset({"answer:after"})
 """Kill points inside a control task. A control task takes no step slot (workers/consumer.py): the
 step in the worker's slot, if one was, died with it before its commit and runs again (allowed)."""
-_STEP_LINE = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] Task toolloop\.advance\[([^\]]+)\] received"
-)
 HEADERS = ["kill point", "runs", "kills", "lost", "dup steps", "dup starts", "transcript diff",
            "events diff", "re-run in flight"]  # fmt: skip
 
@@ -181,7 +176,7 @@ def analyse(cases: list[Case], policy: FaultPolicy, work: Path, plan: Path, pool
     effects = read_effects(work / "fault")
     ref_effects = read_effects(work / "ref")
     tags = {case.run_id: case.shape.tag for case in cases}
-    allowed = allowed_reruns(kills, effects, pool.log_of, tags)
+    allowed = allowed_reruns(kills, effects, tags)
     done = Counter(case_index for case_index in (k["index"] for k in kills))
     problems: list[str] = []
     per_point: dict[str, Counter[str]] = {}
@@ -237,14 +232,15 @@ def analyse(cases: list[Case], policy: FaultPolicy, work: Path, plan: Path, pool
 
 
 def allowed_reruns(
-    kills: list[dict[str, Any]], effects: list[dict[str, Any]], log_of: dict[int, Path], tags: dict[str, str]
+    kills: list[dict[str, Any]], effects: list[dict[str, Any]], tags: dict[str, str]
 ) -> Counter[tuple[str, str]]:
     """The unit each kill may re-run: the killed worker's step in flight, known by its last effect.
 
     A pre-commit kill interrupts its own step: the last effect its pid logged is that step's. A kill
-    in a control task interrupts the step that ran beside it, if one did: a step its worker's log
-    shows received and never ended (`steps_in_flight`), whose run's last effect on that pid since
-    it was received is the unit. Any other kill re-runs nothing: its step had committed."""
+    in a control task interrupts the step that ran beside it, if one did: a step the kill's log line
+    lists `in_flight` (begun in that process, its commit not landed: workers/killpoints.py
+    `KillPlan`), whose run's last effect on that pid since it began is the unit. Any other kill
+    re-runs nothing: its step had committed."""
     allowed: Counter[tuple[str, str]] = Counter()
     for kill in kills:
         mine = [e for e in effects if e["pid"] == kill["pid"] and e["at"] <= kill["at"]]
@@ -252,33 +248,14 @@ def allowed_reruns(
             if mine:
                 allowed[(mine[-1]["kind"], mine[-1]["tag"])] += 1
             continue
-        if kill["point"] not in CONTROL_POINTS or kill["pid"] not in log_of:
+        if kill["point"] not in CONTROL_POINTS:
             continue
-        for run_id, since in steps_in_flight(log_of[kill["pid"]]).items():
+        for run_id, since in (kill.get("in_flight") or {}).items():
             tag = tags.get(run_id, "")
             its = [e for e in mine if e["at"] >= since and e["tag"].startswith((f"{tag}.", f"{tag}#"))]
             if tag and its:
                 allowed[(its[-1]["kind"], its[-1]["tag"])] += 1
     return allowed
-
-
-def steps_in_flight(log: Path) -> dict[str, float]:
-    """run id -> when (epoch s, to the ms below) a step the worker's log shows received, and no
-    line of which says it ended (succeeded, failed, went back on its queue), was received."""
-    lines = log.read_text(errors="replace").splitlines()
-    received: dict[str, float] = {}
-    for line in lines:
-        found = _STEP_LINE.match(line)
-        if found:
-            stamp = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            received[found.group(2)] = stamp - 0.001
-    ended = {
-        task_id
-        for line in lines
-        for task_id in received
-        if f"[{task_id}] succeeded" in line or f"step {task_id} " in line
-    }
-    return {task_id.split(":")[0]: since for task_id, since in received.items() if task_id not in ended}
 
 
 def _units(

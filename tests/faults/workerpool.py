@@ -75,8 +75,6 @@ class WorkerPool:
         self.env = {**os.environ, **FAST, **env, "REDIS_URL": redis_url, "PYTHONPATH": pythonpath}
         self.workers: list[Incarnation] = []
         self.logs: list[Path] = []
-        self.log_of: dict[int, Path] = {}
-        """pid -> log of every incarnation (the crash matrix reads a killed worker's steps in flight)."""
         self.deaths: list[tuple[int, int]] = []
         """(pid, returncode) of every worker that died while the pool ran."""
         self._running = False
@@ -99,7 +97,6 @@ class WorkerPool:
                 args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.logs.append(log)
-        self.log_of[process.pid] = log
         return Incarnation(process, log)
 
     def start(self, wait_ready: bool = True, timeout: float = 60.0) -> WorkerPool:
