@@ -57,7 +57,8 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
             # the frames read_frame returned, loaded from the web app (not broken images)
             images = "[...document.querySelectorAll('img.result')]"
             loaded = f"{images}.filter(i => i.complete && i.naturalWidth > 0).length"
-            assert page.wait_for(loaded, timeout=20) >= 2
+            page.wait_for(f"{loaded} >= 2", timeout=20)  # wait_for returns the first truthy value
+            assert page.evaluate(loaded) >= 2
             assert page.evaluate("document.getElementById('budget').value") > 0
             page.evaluate(
                 "document.getElementById('answer').value = 'Keep shot 3; trim shot 5 by a second.';"
