@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Worker, own_redis, worker_on
+from tests.integration.conftest import Worker, sim_env, worker_on
 from tests.integration.runs_kit import client_on, spec
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimRequest, SimServer, SimTurn
@@ -31,23 +31,16 @@ def sim() -> Iterator[SimServer]:
 
 
 @pytest.fixture(scope="module")
-def interval_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    yield from own_redis(tmp_path_factory, "stream-interval-redis")
-
-
-@pytest.fixture(scope="module")
 def interval_worker(
-    interval_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
+    sim_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("stream-interval-worker")
-    env = {"ANTHROPIC_BASE_URL": sim.base_url, "ANTHROPIC_API_KEY": "sim-key", "TOOLLOOP_PROMPT_GEN": "",
-           "TOOLLOOP_DELTA_INTERVAL_MS": str(INTERVAL_MS)}  # fmt: skip
-    yield from worker_on(interval_redis.url, directory, env)
+    yield from worker_on(sim_redis.url, directory, sim_env(sim, TOOLLOOP_DELTA_INTERVAL_MS=str(INTERVAL_MS)))
 
 
 @pytest.fixture
-def client(interval_redis: EmbeddedServer, interval_worker: Worker) -> Iterator[Client]:
-    yield from client_on(interval_redis)
+def client(sim_redis: EmbeddedServer, interval_worker: Worker) -> Iterator[Client]:
+    yield from client_on(sim_redis)
 
 
 def ms(entry_id: str) -> int:
