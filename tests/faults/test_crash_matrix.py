@@ -1,8 +1,10 @@
 """The crash matrix (DESIGN.md 8): no finished step runs twice, no `start` runs twice, no run is lost,
 every crashed run ends with the transcript and events of its fault-free twin. See faults/matrix.py.
 
-Bounded by default (every kill point, 2 runs each); `TOOLLOOP_FAULTS=full` (make faults-full) runs
-20 runs per point. The table is printed (use -s) and included in the failure message.
+Twice: with 1 step slot per worker, and with SLOTS (8) slots and every run at once, so that each kill
+ends several steps in flight (docs/faults.md). Bounded by default (every kill point, 2 runs each; 3
+with many slots); `TOOLLOOP_FAULTS=full` (make faults-full) runs 20 runs per point. The table is
+printed (use -s) and included in the failure message.
 """
 
 from __future__ import annotations
