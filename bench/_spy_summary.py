@@ -20,7 +20,7 @@ from pathlib import Path
 CONCERNS = [
     ("step consumer: claim, dispatch, ack (workers/consumer.py)", ("workers/consumer.py",)),
     ("Celery wire: message + task-event encode/decode (workers/wire.py)", ("workers/wire.py",)),
-    ("Redis batch and leases (workers/redisio.py)", ("workers/redisio.py",)),
+    ("Redis batch and leases (workers/redisio.py)", ("workers/redisio.py", "workers/leases.py")),
     ("task events and progress (advance publish, process.TaskEvents)", ("_Step.publish", "TaskEvents")),
     ("model call: provider request/response + HTTP (toolloop/providers/)", ("toolloop/providers/",)),
     (

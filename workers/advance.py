@@ -8,14 +8,15 @@ in the stream, and what follows: the successor task in the outbox (routed by the
 or the run's final state, or its park. A copy whose commit is fenced (a newer copy took the lease)
 discards its work and re-drives from storage.
 
-Leases (workers/redisio.py `Leases`): no work begins without a live lease. Just before a model call
+Leases (workers/leases.py `Leases`): no work begins without a live lease. Just before a model call
 or a tool's `run` / `start`, the step's abort signal takes the lease's local deadline (the last
 confirmed renewal, on the monotonic clock; a renewal first when it is near), so a process frozen
-past its lease finds the signal aborted the moment it runs again. A lease lost while work runs stops
-the step: nothing of it is committed, and the step runs again under a live lease (ours, or the
-copy's that took it over). A commit that Redis refuses (out of memory) or cannot take (a lost
-connection) keeps the step's value and is retried with backoff while the lease holds; only a step
-that cannot commit before its lease ends loses its work, and says so in the log.
+past its lease finds the signal aborted the moment it runs again. A lapsed lease that nobody took
+since is taken again and the work in flight goes on; a lease another copy took stops the step:
+nothing of it is committed, and the step runs again under a live lease. A commit that Redis refuses
+(out of memory) or cannot take (a lost connection) keeps the step's value and is retried with
+backoff while the lease holds; only a step that cannot commit before its lease ends loses its work,
+and says so in the log.
 
 The loop stopped at the boundary is not thrown away: it waits there (workers/live.py, kept by the
 process's `WorkerProcess.kept`), and when this process runs the run's next task and the run's state
@@ -41,11 +42,11 @@ from workers import approvals, flow
 from workers.commit import Commits, log
 from workers.deltas import DeltaStream, bind, streaming
 from workers.errors import DeliveryLimitError, LeaseLostError
+from workers.leases import Held
 from workers.live import Begun, LiveLoop
 from workers.live import Outcome as LoopOutcome
 from workers.metrics import counted
 from workers.process import WorkerProcess
-from workers.redisio import Held
 from workers.runs import segment_messages
 from workers.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begin
 from workers.scripts.commit import StepOutcome
@@ -219,7 +220,7 @@ class _Step(Commits):
         self.token = begin.token
         self.delivered = begin.attempts
         self.lease = f"{self.owner}:{begin.token}"
-        self.held = self.process.leases.hold(keys.lease(r), self.lease, sent_at, self.on_lost)
+        self.held = self.process.leases.hold(r, self.n, self.lease, sent_at, self.on_lost)
         self.state = begin.state
         self.trace = StepTrace(r, self.n, self.state, self.task.task_id)
         self.segment = int(self.state.get("segment", 0))
@@ -341,6 +342,7 @@ class _Step(Commits):
         return "fenced"
 
     async def release(self) -> None:
+        self.drop_lease()  # first: no renewal takes the lease again once it is freed
         if getattr(self, "lease", None):
             with contextlib.suppress(Exception):
                 await self.batch.script(scripts.LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease])

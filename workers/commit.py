@@ -24,10 +24,11 @@ from toolloop.journal import keys
 from toolloop.loop.types import LoopEvent, RunToolLoopResult
 from workers import approvals, names, routing, runlist, wire
 from workers.errors import OOM_HINT, REDIS_LOST
+from workers.leases import Held
 from workers.live import Begun, LiveLoop
 from workers.metrics import Metrics
 from workers.process import WorkerProcess
-from workers.redisio import Batch, Held
+from workers.redisio import Batch
 from workers.runs import flush_outbox
 from workers.scripts.commit import (
     RUN_COMMIT,

@@ -39,6 +39,7 @@ Stop points (`stop_point`) freeze instead of kill: the first match SIGSTOPs this
 thread of it) after logging, as a long GC or VM pause, or a Redis stall, would; the test sends
 SIGCONT. The lease suite (tests/faults/test_lease_freeze.py) freezes a worker past its lease there:
     model:send      in the model wrapper, just before the model call is sent
+    model:inflight  in the model wrapper, once the simulator has the call (tests/faults/test_lease_pause.py)
     tool:inside     inside a one-phase tool, before its effect
     start:inside    inside a two-phase tool's start, before its effect
 """

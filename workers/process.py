@@ -44,9 +44,10 @@ from toolloop.providers.client import HttpClient, client_from_env
 from workers import deltas, names, wire
 from workers.hooks import NO_HOOKS, Hooks
 from workers.killpoints import KillPlan
+from workers.leases import Leases
 from workers.live import Begun, KeptLoops
 from workers.metrics import Metrics
-from workers.redisio import Batch, Leases, packed_pool
+from workers.redisio import Batch, packed_pool
 from workers.settings import Settings
 from workers.toolsets import Registry
 

@@ -1,5 +1,5 @@
 """The steps' Redis I/O: every command a process's live steps make goes out in one pipeline per turn
-of its asyncio loop, and the leases of the steps it runs are renewed together.
+of its asyncio loop.
 
 At hundreds of steps in flight, most of the CPU a Redis command costs in Python is the client's work
 around it (a connection checkout, packing, parsing), not the round trip. `Batch` queues commands and
@@ -13,14 +13,7 @@ workers/consumer.py), and only logs.
 `PackedConnection` packs commands with hiredis's C packer (redis-py's asyncio client packs in
 Python: ~6x the CPU for a turn's pipeline).
 
-`Leases` renews every lease this process holds, every third of the lease time, in one batch: no
-thread or task per step waits to renew its own. It also keeps, per lease, a deadline on the local
-monotonic clock: the send time of the last renewal Redis confirmed plus 90 % of the lease (Redis ran
-that renewal after it was sent, so its expiry is later still). A step's work may begin only before
-that deadline (`begin_work`: no Redis round trip; a renewal first when the deadline is near), and
-the step's abort signal fires at it (`AbortController.abort_at`). A renewal that Redis answers 0
-(the lease expired, or another copy holds it), or that comes back after the deadline, aborts the
-step at once; failed renewals let the deadline pass. See docs/workers.md, "Leases".
+The leases the steps hold are renewed by workers/leases.py `Leases`, through a process's `Batch`.
 """
 
 from __future__ import annotations
@@ -29,17 +22,13 @@ import asyncio
 import hashlib
 import inspect
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import hiredis
 import redis as redis_lib
 import redis.asyncio as aredis
 
-from toolloop.abort import AbortController
-from toolloop.journal import scripts
-from workers.errors import LeaseLostError
 from workers.scriptcache import ScriptCache, failed_from, name
 
 log = logging.getLogger("toolloop.workers")
@@ -240,158 +229,3 @@ class Batch:
             return replies
         finally:
             await pool.release(conn)
-
-
-_SAFE = 0.9
-"""The share of the lease a confirmed renewal is trusted for, counted from the renewal's send time."""
-_NEAR = 0.5
-"""A step whose deadline is closer than this share of the lease renews before its work begins."""
-
-
-class Held:
-    """One lease this process holds: its key and value, the deadline of its last confirmed renewal
-    (monotonic), and the step's `on_lost(error)`. `working`: the step's work runs (its signal has
-    the deadline); `lost`: the lease is known gone."""
-
-    __slots__ = ("controller", "deadline", "key", "lost", "on_lost", "value", "working")
-
-    def __init__(
-        self, key: str, value: str, deadline: float, on_lost: Callable[[LeaseLostError], None]
-    ) -> None:
-        self.key = key
-        self.value = value
-        self.deadline = deadline
-        self.on_lost = on_lost
-        self.controller: AbortController | None = None
-        self.working = False
-        self.lost = False
-
-    @property
-    def holds(self) -> bool:
-        """True while the lease is certainly ours: not lost, and its deadline not reached."""
-        return not self.lost and time.monotonic() < self.deadline
-
-
-def _no_step(error: LeaseLostError) -> None:
-    """`Held.on_lost` once the step is over: nothing runs that the loss could stop."""
-
-
-class Leases:
-    """The leases this process holds (lease key -> `Held`), renewed together."""
-
-    def __init__(self, batch: Batch, lease_ms: int) -> None:
-        self.batch = batch
-        self.lease_ms = lease_ms
-        self.trusted_s = lease_ms / 1000 * _SAFE
-        self.held: dict[str, Held] = {}
-        self.taken = 0
-        """How many leases this process has held so far (the idle trimmer reads it, workers/trim.py)."""
-        self.task: asyncio.Task[None] | None = None
-
-    def hold(self, key: str, value: str, sent_at: float, on_lost: Callable[[LeaseLostError], None]) -> Held:
-        """Hold `value` at `key`, taken by a script sent at `sent_at` (time.monotonic())."""
-        held = self.held[key] = Held(key, value, sent_at + self.trusted_s, on_lost)
-        self.taken += 1
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._renew_forever())
-        return held
-
-    def drop(self, held: Held) -> None:
-        """The step is over: its lease is no longer renewed, and `held` lets go of the step's
-        `on_lost` and controller (a bound method back to the step: no cycle is left)."""
-        self.end_work(held)
-        if self.held.get(held.key) is held:
-            del self.held[held.key]
-        held.on_lost = _no_step
-        held.controller = None
-
-    def begin_work(self, held: Held, controller: AbortController) -> Awaitable[None] | None:
-        """Just before a step's work (a model call, a tool's run or start) begins: the step's signal
-        aborts at the lease's deadline from now on (at once when it passed: the work never starts),
-        and when the deadline is near, the returned awaitable renews the lease first (a fence read:
-        the work begins only if Redis still holds the lease for this step)."""
-        held.working = True
-        held.controller = controller
-        if held.lost:
-            controller.abort(LeaseLostError(f"the lease {held.key!r} was lost before the step's work began"))
-            return None
-        controller.abort_at(held.deadline, self._expired(held))
-        if held.deadline - time.monotonic() < self.lease_ms / 1000 * _NEAR:
-            return self.confirm(held)
-        return None
-
-    def end_work(self, held: Held) -> None:
-        """The step's work returned or raised: its signal keeps no deadline (the commit is fenced)."""
-        if held.working:
-            held.working = False
-            if held.controller is not None:
-                held.controller.abort_at(None)
-
-    async def confirm(self, held: Held) -> None:
-        """Renew `held` now and wait for the answer (a failed call leaves the deadline as it is)."""
-        sent = time.monotonic()
-        try:
-            reply = await self.batch.script(scripts.LEASE_RENEW, [held.key], [held.value, self.lease_ms])
-        except (OSError, redis_lib.RedisError) as error:
-            log.warning("lease %s: renewing before the step's work failed (%s)", held.key, error)
-            return
-        self._renewed(held, reply, sent)
-
-    def _renewed(self, held: Held, reply: Any, sent: float) -> None:
-        if self.held.get(held.key) is not held or held.lost:
-            return
-        if int(reply) != 1:
-            self._lose(held, "Redis no longer holds it for this step (it expired, or another copy took it)")
-        elif time.monotonic() >= held.deadline:
-            self._lose(held, "its renewal came back after the lease's local deadline")
-        else:
-            held.deadline = sent + self.trusted_s
-            if held.working and held.controller is not None:
-                held.controller.abort_at(held.deadline, self._expired(held))
-
-    def _expired(self, held: Held) -> LeaseLostError:
-        return LeaseLostError(
-            f"the lease {held.key!r} reached its deadline without a confirmed renewal "
-            "(the process was frozen, or Redis did not answer in time)"
-        )
-
-    def _lose(self, held: Held, why: str) -> None:
-        held.lost = True
-        if held.working:
-            log.warning("lease %s lost: %s; the step stops and its work is not committed", held.key, why)
-            held.on_lost(LeaseLostError(f"the lease {held.key!r} was lost: {why}"))
-
-    async def _renew_forever(self) -> None:
-        """Renew every held lease each third of the lease time; after a failed round (a cut
-        connection), try again within 0.2 s rather than a third of the lease later, so that two cuts
-        in a row do not let a lease lapse under a step that still runs. A lease past its deadline
-        is lost without asking Redis. A round is a call of its own, so nothing of it (the leases,
-        their steps) stays alive through the sleep."""
-        interval = max(0.05, self.lease_ms / 3000)
-        wait = interval
-        while True:
-            await asyncio.sleep(wait)
-            wait = min(0.2, interval) if await self._renew_round() else interval
-
-    async def _renew_round(self) -> bool:
-        """Renew every held lease once; True when a renewal failed."""
-        sent = time.monotonic()
-        held = []
-        for lease in list(self.held.values()):
-            if lease.lost:
-                continue
-            if sent >= lease.deadline:
-                self._lose(lease, "its deadline passed without a confirmed renewal")
-            else:
-                held.append(lease)
-        renewals = [self.batch.script(scripts.LEASE_RENEW, [lease.key], [lease.value, self.lease_ms])
-                    for lease in held]  # fmt: skip
-        replies = await asyncio.gather(*renewals, return_exceptions=True)
-        failed = [reply for reply in replies if isinstance(reply, BaseException)]
-        for lease, reply in zip(held, replies, strict=True):
-            if not isinstance(reply, BaseException):
-                self._renewed(lease, reply, sent)
-        if failed:
-            log.warning("lease renewal failed for %d of %d steps (%s); retrying", len(failed), len(held),
-                        failed[0])  # fmt: skip
-        return bool(failed)

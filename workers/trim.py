@@ -20,7 +20,7 @@ from typing import Protocol
 
 
 class Activity(Protocol):
-    """What the trimmer reads of the process's leases (workers/redisio.py `Leases`)."""
+    """What the trimmer reads of the process's leases (workers/leases.py `Leases`)."""
 
     @property
     def held(self) -> Sized:

@@ -7,8 +7,12 @@ effect line per call (faults.toolset.record) and holds two kill points (workers/
                     answer), the worker dies while waiting for the answer: a model call in flight
     model:answered  the answer came back, the worker dies before the loop sees it (before the commit)
 
-and one stop point (a SIGSTOP: tests/faults/test_lease_freeze.py), `model:send`, just before the
-call is handed to the provider, whose HTTP path checks the signal right before it sends.
+and two stop points (a SIGSTOP: tests/faults/test_lease_freeze.py, test_lease_pause.py):
+
+    model:send      just before the call is handed to the provider, whose HTTP path checks the
+                    signal right before it sends
+    model:inflight  the simulator has received the request (it writes `arrived/<tag>` and holds its
+                    answer): the worker is paused while the call it sent is in flight
 
 A model call is known by `<run tag>#<turn>`, turn = the assistant messages of its history (as the
 simulator counts turns), so the test process can tell the calls of each run apart.
@@ -59,6 +63,15 @@ def _prompt_gen() -> Any:
     return PromptGen({"anthropic": handler}, "anthropic")
 
 
+async def _arrived(directory: str, tag: str, call: asyncio.Future[Any]) -> None:
+    """Until the simulator has the call `tag` (or the call ended, or 10 s passed)."""
+    deadline = time.monotonic() + 10.0
+    while not os.path.exists(arrived_path(directory, tag)) and not call.done():
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)
+
+
 def make() -> Any:
     prompt_gen = _prompt_gen()
     directory = os.environ.get("TOOLLOOP_FAULTS_DIR", "")
@@ -69,12 +82,11 @@ def make() -> Any:
         stop_point("model:send", tag=tag)
         call = asyncio.ensure_future(prompt_gen.generate(request, signal=signal))
         if directory and pending("model:request", tag=tag):
-            deadline = time.monotonic() + 10.0
-            while not os.path.exists(arrived_path(directory, tag)) and not call.done():
-                if time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.01)
+            await _arrived(directory, tag, call)
             kill_point("model:request", tag=tag)
+        if directory and pending("model:inflight", tag=tag):
+            await _arrived(directory, tag, call)
+            stop_point("model:inflight", tag=tag)
         result: PromptGenResult = await call
         kill_point("model:answered", tag=tag)
         return result

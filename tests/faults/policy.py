@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,3 +63,22 @@ class FaultPolicy:
 def clear_arrivals(directory: Path) -> None:
     for path in (directory / "arrived").glob("*"):
         os.unlink(path)
+
+
+class LoggedPolicy(FaultPolicy):
+    """The fault suite's policy, also logging each model call's arrival: (time, `<run tag>#<turn>`)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.arrivals: list[tuple[float, str]] = []
+        self._log_lock = threading.Lock()
+
+    def __call__(self, request: SimRequest) -> dict[str, Any]:
+        tag = f"{run_tag(first_text(request.messages))}#{request.assistant_turns}"
+        with self._log_lock:
+            self.arrivals.append((time.time(), tag))
+        return super().__call__(request)
+
+    def arrived(self, tag: str) -> list[float]:
+        with self._log_lock:
+            return [at for at, seen in self.arrivals if seen == tag]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,16 +30,15 @@ from typing import Any
 import pytest
 
 from faults.conftest import FULL
-from faults.policy import FaultPolicy
+from faults.policy import FaultPolicy, LoggedPolicy
 from faults.runs import spec_for
-from faults.shapes import Call, Shape, first_text, run_tag
+from faults.shapes import Call, Shape
 from faults.table import format_table
 from faults.toolset import ATTEMPTS, read_effects
 from faults.twins import base_env
 from faults.workerpool import WorkerPool
 from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.sim import SimServer
-from toolloop.sim.script import SimRequest
 from workers.client import Client
 
 pytestmark = pytest.mark.faults
@@ -54,25 +52,6 @@ ENV = {
     "TOOLLOOP_VISIBILITY_TIMEOUT": "3",
     "TOOLLOOP_RESTORE_INTERVAL": "1",
 }
-
-
-class LoggedPolicy(FaultPolicy):
-    """The fault suite's policy, also logging each model call's arrival: (time, `<run tag>#<turn>`)."""
-
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
-        self.arrivals: list[tuple[float, str]] = []
-        self._log_lock = threading.Lock()
-
-    def __call__(self, request: SimRequest) -> dict[str, Any]:
-        tag = f"{run_tag(first_text(request.messages))}#{request.assistant_turns}"
-        with self._log_lock:
-            self.arrivals.append((time.time(), tag))
-        return super().__call__(request)
-
-    def arrived(self, tag: str) -> list[float]:
-        with self._log_lock:
-            return [at for at, seen in self.arrivals if seen == tag]
 
 
 def _shape(tag: str) -> Shape:

@@ -14,8 +14,8 @@ import pytest
 
 from toolloop.embedded import EmbeddedServer
 from workers.config import make_app
+from workers.leases import Leases
 from workers.process import WorkerProcess
-from workers.redisio import Leases
 from workers.settings import Settings
 from workers.trim import IdleTrim, malloc_trim
 
@@ -42,11 +42,11 @@ async def test_it_trims_once_the_worker_is_idle_and_never_while_a_step_runs() ->
     idle = IdleTrim(leases, idle_ticks=2, trim=lambda: trims.append(len(leases.held)),
                     shed=lambda: trims.append(-1))  # fmt: skip
     assert [idle.tick() for _ in range(3)] == [False, False, False]  # no step ran yet: nothing to give back
-    held = leases.hold("lease:a", "me:1", time.monotonic(), lambda error: None)
+    held = leases.hold("a", 1, "me:1", time.monotonic(), lambda error: None)
     assert [idle.tick() for _ in range(3)] == [False, False, False]  # a step holds a lease
     leases.drop(held)
     assert [idle.tick() for _ in range(4)] == [False, True, False, False]  # once per idle spell
-    leases.drop(leases.hold("lease:b", "me:2", time.monotonic(), lambda error: None))
+    leases.drop(leases.hold("b", 1, "me:2", time.monotonic(), lambda error: None))
     assert [idle.tick() for _ in range(3)] == [False, False, True]  # a step ran since the last tick
     assert trims == [-1, 0, -1, 0]  # the tool threads end, then the heap is trimmed
     assert leases.task is not None

@@ -3,6 +3,8 @@
     begin.py    RUN_BEGIN: an `advance` task starts (lease, delivery count, the run loaded)
     commit.py   RUN_COMMIT: a step's value, its events and what follows, in one write (its `go_on`
                 records the successor's delivery in kombu's `unacked`: workers/kombu_redis.py)
+    lease.py    LEASE_KEEP: a step's lease renewed, or taken again after a pause when nobody began
+                the step since (workers/leases.py)
     deltas.py   DELTA_FLUSH: a live model step's text deltas into the event stream (workers/deltas.py)
     control.py  RUN_ANSWER, RUN_RETRY, RUN_CANCEL, INDEX_DROP (clients, control tasks, the sweeper)
     prelude.py  the Lua helpers the run scripts share (`emit`, `terminal`)
