@@ -157,9 +157,8 @@ def _running() -> int:
 
 
 def _peak_start() -> dict[str, Any]:
-    """tracemalloc from now, a first snapshot, and a thread that takes a second one the first time
-    the step consumer runs at least 90 % of the most steps it ever ran so far plus one (once it ran
-    400: the burst's peak at --steps-in-flight 500)."""
+    """tracemalloc from now (16 frames), a first snapshot, and a thread that takes a second one the
+    first time the step consumer runs 400 steps at once (--steps-in-flight 500: the burst's peak)."""
     tracemalloc.start(16)
     gc.collect()
     _held["peak0"] = tracemalloc.take_snapshot()
