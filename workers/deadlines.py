@@ -2,10 +2,11 @@
 timer for all of them instead of an `asyncio.timeout` per step (each of those is a Timeout object,
 a loop timer handle and its libuv timer, started and stopped once per step).
 
-`StepDeadlines.watch(outcome, deadline)` while a step waits for its loop's `outcome`; once
-`time.monotonic()` passes the deadline, the next tick (every `tick` s: a tenth of the timeout, at
-most 1 s) sets `StepTimedOut` on the future, which the waiting step reads as its timeout. The timer
-runs only while some step is watched. Owned by the process's `WorkerProcess` (`deadlines`).
+`StepDeadlines.watch(outcome)` while a step waits for its loop's `outcome`, `forget(outcome)` when
+the wait ends; once `time.monotonic()` passes the step's deadline (`timeout` s after `watch`), the
+next tick (every `tick` s: a tenth of the timeout, at most 1 s, so a step stops up to that much
+later than its timeout) sets `StepTimedOut` on the future, which the waiting step reads as its
+timeout. The timer runs only while some step is watched. Owned by the process's `WorkerProcess` (`deadlines`).
 """
 
 from __future__ import annotations
