@@ -5,11 +5,12 @@ script every copy of a step takes its lease with."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import redis
 
 from toolloop.journal import keys, scripts
-from workers.scripts.begin import RUN_BEGIN, Started, parse_begin
+from workers.scripts.begin import RUN_BEGIN, Refused, Started, parse_begin
 from workers.scripts.lease import LEASE_KEEP, parse_keep
 
 LEASE_MS = 60_000
@@ -21,13 +22,18 @@ def _run(client: redis.Redis) -> str:
     return run
 
 
-def _begin(client: redis.Redis, run: str, owner: str) -> str:
-    """Task 1 of `run` begins in `owner` (RUN_BEGIN): its lease value."""
+def _run_begin(client: redis.Redis, run: str, owner: str) -> Any:
+    """RUN_BEGIN of task 1 of `run` in `owner`, parsed."""
     r = run
     reply = client.eval(RUN_BEGIN, 9, keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r),
                         keys.attempts(r), keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r),
                         owner, LEASE_MS, 1, 0, keys.journal(r, ""), "")  # fmt: skip
-    begun = parse_begin(reply)
+    return parse_begin(reply)
+
+
+def _begin(client: redis.Redis, run: str, owner: str) -> str:
+    """Task 1 of `run` begins in `owner`: its lease value."""
+    begun = _run_begin(client, run, owner)
     assert isinstance(begun, Started), begun
     return f"{owner}:{begun.token}"
 
@@ -55,15 +61,8 @@ def test_a_lapsed_lease_nobody_took_is_taken_again(redis_client: redis.Redis) ->
     _lapse(redis_client, run)
     assert _keep(redis_client, run, ours) == "taken again"
     assert redis_client.get(keys.lease(run)) == ours and redis_client.pttl(keys.lease(run)) > 1000
-    assert _begin_refused(redis_client, run, "b") == "busy"  # a redelivered copy is turned away now
-
-
-def _begin_refused(client: redis.Redis, run: str, owner: str) -> str:
-    r = run
-    reply = client.eval(RUN_BEGIN, 9, keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r),
-                        keys.attempts(r), keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r),
-                        owner, LEASE_MS, 1, 0, keys.journal(r, ""), "")  # fmt: skip
-    return str(reply[0])
+    begun = _run_begin(redis_client, run, "b")
+    assert isinstance(begun, Refused) and begun.what == "busy"  # a redelivered copy is turned away now
 
 
 def test_a_lease_another_copy_holds_is_not_taken(redis_client: redis.Redis) -> None:
