@@ -26,6 +26,7 @@ from toolloop.loop.run import BudgetStop
 from toolloop.loop.tools import as_output, call
 from toolloop.loop.types import ToolSpec
 from toolloop.providers.common import estimate_input_tokens
+from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
 from toolloop.providers.http import observe_responses, race
 from workers import accounts, ratelimit
 from workers.process import WorkerProcess
@@ -37,43 +38,79 @@ Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 
 
 def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> Generate:
-    """`generate` under the worker's rate limits and the run's account (as is when neither applies)."""
-    provider = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
-    config = process.settings.rate_limits
-    if spec.account is None and not config.get(provider):
+    """`generate` under the worker's rate limits and the run's account (as is when neither applies).
+    Through the process's PromptGen, each provider attempt (the head, then each fallback it moves to)
+    is booked against that provider's own limits (`AROUND_ATTEMPT`); a plain generate is booked
+    against the run's provider."""
+    head = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
+    if spec.account is None and not process.settings.rate_limits:
         return generate
+    per_attempt = isinstance(process.prompt_gen, PromptGen)
 
     async def flowing(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
-        model = request.model or spec.model
-        limits = ratelimit.limits_for(config, provider, model)
-        reservation: str | None = None
-
-        async def reserved() -> PromptGenRequest:
-            """Reserve from the account once the rate limiter gave room (a long wait for room does
-            not eat into the reservation's lease)."""
-            nonlocal reservation
-            if spec.account is None:
-                return request
-            reservation, verdict = await reserve(
-                process, spec.account, _estimate(process, request, provider), signal
-            )
-            if verdict.verdict == "finish" and spec.finish_note:
-                return _with_note(request, spec.finish_note)
-            return request
-
-        cost = 0.0
+        flow = _Flow(process, spec, signal)
         try:
-            if limits is None:
-                result = await generate(await reserved(), signal)
+            if not per_attempt:
+                result = await flow.attempt(head, request, lambda sent: generate(sent, signal))
             else:
-                result = await _limited(process, generate, request, reserved, signal, provider, model, limits)
-            cost = result.cost_usd
+                token = AROUND_ATTEMPT.set(flow.attempt)
+                try:
+                    result = await generate(request, signal)
+                finally:
+                    AROUND_ATTEMPT.reset(token)
+            flow.cost = result.cost_usd
             return result
         finally:
-            if reservation is not None:
-                settle(process, spec.account or "", reservation, cost)
+            flow.settle()
 
     return flowing
+
+
+class _Flow:
+    """One model call's flow control: each provider attempt booked against its own (key, model)
+    limits; the account reserved once (at the first attempt given room), topped up when a fallback's
+    estimate is higher, settled with the call's cost."""
+
+    def __init__(self, process: WorkerProcess, spec: RunSpec, signal: AbortSignal) -> None:
+        self.process, self.spec, self.signal = process, spec, signal
+        self.reservations: list[str] = []
+        self.reserved_usd = 0.0
+        self.finish = False
+        self.cost = 0.0
+
+    async def attempt(self, provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
+        """`send(request)` to `provider` once its limits give room (facade.AroundAttempt)."""
+        model = request.model or self.spec.model
+        limits = ratelimit.limits_for(self.process.settings.rate_limits, provider, model)
+        if limits is None:
+            return await send(await self.reserved(provider, request))
+        return await _limited(
+            self.process, send, request, lambda: self.reserved(provider, request), self.signal,
+            provider, model, limits,
+        )  # fmt: skip
+
+    async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
+        """`request` once the account holds its estimate at `provider`'s price (reserved after the
+        rate limiter gave room, so a long wait for room does not eat into the reservation's lease)."""
+        account = self.spec.account
+        if account is None:
+            return request
+        estimate = _estimate(self.process, request, provider)
+        if not self.reservations or estimate > self.reserved_usd:
+            reservation, verdict = await reserve(
+                self.process, account, max(0.0, estimate - self.reserved_usd), self.signal
+            )
+            self.reservations.append(reservation)
+            self.reserved_usd = max(self.reserved_usd, estimate)
+            self.finish = self.finish or verdict.verdict == "finish"
+        if self.finish and self.spec.finish_note:
+            return _with_note(request, self.spec.finish_note)
+        return request
+
+    def settle(self) -> None:
+        """The call's cost on its first reservation, 0 on the top-ups."""
+        for index, reservation in enumerate(self.reservations):
+            settle(self.process, self.spec.account or "", reservation, self.cost if index == 0 else 0.0)
 
 
 def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
@@ -161,7 +198,7 @@ def _with_note(request: PromptGenRequest, note: str) -> PromptGenRequest:
 
 async def _limited(
     process: WorkerProcess,
-    generate: Generate,
+    send: Send,
     request: PromptGenRequest,
     reserved: Callable[[], Awaitable[PromptGenRequest]],
     signal: AbortSignal,
@@ -195,7 +232,7 @@ async def _limited(
     token = observe_responses.set(learn)
     used_in, used_out = estimate, 0
     try:
-        result = await generate(await reserved(), signal)
+        result = await send(await reserved())
         usage = result.usage
         used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
         used_out = usage.completion_tokens
