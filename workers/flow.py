@@ -68,12 +68,12 @@ def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> 
 
 class _Flow:
     """One model call's flow control: each provider attempt booked against its own (key, model)
-    limits; the account reserved once (at the first attempt given room), topped up when a fallback's
+    limits; the account reserved once (at the first attempt given room), raised when a fallback's
     estimate is higher, settled with the call's cost."""
 
     def __init__(self, process: WorkerProcess, spec: RunSpec, signal: AbortSignal) -> None:
         self.process, self.spec, self.signal = process, spec, signal
-        self.reservations: list[str] = []
+        self.reservation: str | None = None
         self.reserved_usd = 0.0
         self.finish = False
         self.cost = 0.0
@@ -91,26 +91,26 @@ class _Flow:
 
     async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
         """`request` once the account holds its estimate at `provider`'s price (reserved after the
-        rate limiter gave room, so a long wait for room does not eat into the reservation's lease)."""
+        rate limiter gave room, so a long wait for room does not eat into the reservation's lease).
+        A fallback dearer than what is held reserves its estimate again under the same id (the
+        script replaces the amount: the call does not wait on its own reservation)."""
         account = self.spec.account
         if account is None:
             return request
         estimate = _estimate(self.process, request, provider)
-        if not self.reservations or estimate > self.reserved_usd:
-            reservation, verdict = await reserve(
-                self.process, account, max(0.0, estimate - self.reserved_usd), self.signal
+        if self.reservation is None or estimate > self.reserved_usd:
+            self.reservation, verdict = await reserve(
+                self.process, account, estimate, self.signal, self.reservation
             )
-            self.reservations.append(reservation)
-            self.reserved_usd = max(self.reserved_usd, estimate)
+            self.reserved_usd = estimate
             self.finish = self.finish or verdict.verdict == "finish"
         if self.finish and self.spec.finish_note:
             return _with_note(request, self.spec.finish_note)
         return request
 
     def settle(self) -> None:
-        """The call's cost on its first reservation, 0 on the top-ups."""
-        for index, reservation in enumerate(self.reservations):
-            settle(self.process, self.spec.account or "", reservation, self.cost if index == 0 else 0.0)
+        if self.reservation is not None:
+            settle(self.process, self.spec.account or "", self.reservation, self.cost)
 
 
 def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
@@ -142,11 +142,12 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
 
 
 async def reserve(
-    process: WorkerProcess, account: str, usd: float, signal: AbortSignal
+    process: WorkerProcess, account: str, usd: float, signal: AbortSignal, reservation: str | None = None
 ) -> tuple[str, accounts.Verdict]:
-    """Reserve `usd` from `account` for a lease; raise the loop's budget stop past its limit. While
-    it fits only once reservations in flight settle, wait (the step's slot lent meanwhile)."""
-    reservation = uuid.uuid4().hex
+    """Reserve `usd` from `account` for a lease (under `reservation`, replacing what it holds, else
+    a new id); raise the loop's budget stop past its limit. While it fits only once reservations in
+    flight settle, wait (the step's slot lent meanwhile)."""
+    reservation = reservation or uuid.uuid4().hex
     while True:
         reply = await process.batch.script(
             accounts.RESERVE, accounts.keys_of(account),

@@ -264,3 +264,34 @@ def bucket_of(provider: str, env: str, key: str) -> str:
     """The Redis hash of (key, claude-haiku-4-5) under flow control (docs/flow-control.md)."""
     hashed = ratelimit.key_hash(provider, ratelimit.Limits(), env={env: key})
     return ratelimit.bucket_key(hashed, "claude-haiku-4-5")
+
+
+def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sent(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})
+
+    def policy(request: SimRequest) -> SimTurn:
+        return SimTurn(fault=overloaded) if request.wire == "anthropic" else SimTurn(text="Done.")
+
+    # The call's estimate: ~$0.04 at Anthropic, ~$0.16 at fal (its default max_tokens is larger).
+    with SimServer(policy) as sim:
+        env = {"FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url}
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("narrow", 0.10, period="total")  # room for Anthropic's only
+            client.set_account_limit("wide", 0.18, period="total")  # fal's fits, not beside its own $0.04
+            narrow = client.enqueue(run_spec(account="narrow", fallback=["fal"]))
+            wide = client.enqueue(run_spec(account="wide", fallback=["fal"]))
+            # less than a lease (20 s): the dearer estimate does not wait for the call's own reservation
+            statuses = wait_all(client, [narrow, wide], timeout=15)
+            rows = {row.name: row for row in client.accounts()}
+        finally:
+            worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert [s.status for s in statuses] == ["budget", "done"]
+    assert stats["endpoints"] == {"anthropic": 2, "fal": 1}  # the narrow run's call never went to fal
+    assert rows["narrow"].spent_usd == 0.0 and rows["wide"].spent_usd > 0
+    assert rows["narrow"].reserved_usd == rows["wide"].reserved_usd == 0.0
