@@ -62,6 +62,7 @@ def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> 
             return result
         finally:
             flow.settle()
+            flow.release()
 
     return flowing
 
@@ -77,6 +78,28 @@ class _Flow:
         self.reserved_usd = 0.0
         self.finish = False
         self.cost = 0.0
+        self.held: dict[str, str] = {}
+        """What the call holds for a lease at a time (a sorted set -> its member: the account's
+        reservation, the attempt's `concurrent` place), re-dated every third of a lease while the
+        call runs (`renewing`): a long call keeps them, a killed worker frees them within a lease."""
+        self.renewal: asyncio.Task[None] | None = None
+
+    def hold(self, zset: str, member: str) -> None:
+        self.held[zset] = member
+        if self.renewal is None:
+            self.renewal = asyncio.get_running_loop().create_task(self.renewing())
+
+    async def renewing(self) -> None:
+        lease_ms = self.process.settings.lease_ms
+        while True:
+            await asyncio.sleep(lease_ms / 3000)
+            if self.held:
+                zsets = list(self.held)
+                _fire(self.process, ratelimit.RENEW, zsets, [lease_ms, *(self.held[z] for z in zsets)])
+
+    def release(self) -> None:
+        if self.renewal is not None:
+            self.renewal.cancel()
 
     async def attempt(self, provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
         """`send(request)` to `provider` once its limits give room (facade.AroundAttempt)."""
@@ -85,9 +108,8 @@ class _Flow:
         if limits is None:
             return await send(await self.reserved(provider, request))
         return await _limited(
-            self.process, send, request, lambda: self.reserved(provider, request), self.signal,
-            provider, model, limits,
-        )  # fmt: skip
+            self, send, request, lambda: self.reserved(provider, request), provider, model, limits
+        )
 
     async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
         """`request` once the account holds its estimate at `provider`'s price (reserved after the
@@ -103,6 +125,7 @@ class _Flow:
                 self.process, account, estimate, self.signal, self.reservation
             )
             self.reserved_usd = estimate
+            self.hold(accounts.keys_of(account)[1], self.reservation)
             self.finish = self.finish or verdict.verdict == "finish"
         if self.finish and self.spec.finish_note:
             return _with_note(request, self.spec.finish_note)
@@ -198,15 +221,15 @@ def _with_note(request: PromptGenRequest, note: str) -> PromptGenRequest:
 
 
 async def _limited(
-    process: WorkerProcess,
+    flow: _Flow,
     send: Send,
     request: PromptGenRequest,
     reserved: Callable[[], Awaitable[PromptGenRequest]],
-    signal: AbortSignal,
     provider: str,
     model: str,
     limits: ratelimit.Limits,
 ) -> PromptGenResult:
+    process, signal = flow.process, flow.signal
     hashed = ratelimit.key_hash(provider, limits)
     bucket = ratelimit.bucket_key(hashed, model)
     keys = [bucket, f"{bucket}:inflight"]
@@ -223,6 +246,8 @@ async def _limited(
             await _wait(process, int(wait_ms) / 1000, signal)
         if why != "busy":
             break
+    if limits.concurrent > 0:
+        flow.hold(keys[1], holder)
 
     def learn(status: int, headers: Mapping[str, str]) -> None:
         blocked, remaining = ratelimit.lessons(status, headers, time.time())
@@ -240,6 +265,7 @@ async def _limited(
         return result
     finally:
         observe_responses.reset(token)
+        flow.held.pop(keys[1], None)
         _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
 
 

@@ -295,3 +295,38 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
     assert stats["endpoints"] == {"anthropic": 2, "fal": 1}  # the narrow run's call never went to fal
     assert rows["narrow"].spent_usd == 0.0 and rows["wide"].spent_usd > 0
     assert rows["narrow"].reserved_usd == rows["wide"].reserved_usd == 0.0
+
+
+def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    lease_ms, latency = 3000, 8.0
+    starts: list[float] = []
+
+    def policy(request: SimRequest) -> SimTurn:
+        starts.append(time.monotonic())
+        return SimTurn(text="Done.", latency_s=latency)  # one call, over two leases long
+
+    limits = json.dumps({"anthropic": {"*": {"concurrent": 1}}})
+    plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    with SimServer(policy) as sim:
+        env = {"TOOLLOOP_RATE_LIMITS": limits, "TOOLLOOP_LEASE_MS": str(lease_ms)}
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("long", 5.0, period="total")
+            first = client.enqueue(run_spec(account="long"))
+            eventually(lambda: starts or None, timeout=20)
+            time.sleep(lease_ms / 1000 * 1.7)  # past a lease into the first call
+            reserved_late = held(plain, "long")
+            run_ids = [first, client.enqueue(run_spec(account="long"))]  # it waits for the place
+            statuses = wait_all(client, run_ids, timeout=60)
+            (row,) = client.accounts()
+        finally:
+            worker.stop()
+            client.close()
+            plain.close()
+    assert [s.status for s in statuses] == ["done", "done"]
+    assert reserved_late > 0  # the first call's reservation did not lapse a lease after it was made
+    assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, starts  # one call at a time
+    assert row.reserved_usd == 0.0 and row.spent_usd > 0
