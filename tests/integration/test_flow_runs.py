@@ -214,8 +214,9 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
     assert took < 10, took  # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
-    own_redis: EmbeddedServer, tmp_path: Path
+    own_redis: EmbeddedServer, tmp_path: Path, stream: bool
 ) -> None:
     overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})  # falls over at once
 
@@ -239,7 +240,7 @@ def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
         client = Client(own_redis.url)
         try:
             started = time.monotonic()
-            run_ids = [client.enqueue(run_spec(fallback=["fal"])) for _ in range(runs)]
+            run_ids = [client.enqueue(run_spec(fallback=["fal"], stream=stream)) for _ in range(runs)]
             statuses = wait_all(client, run_ids, timeout=90)
             took = time.monotonic() - started
             plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
