@@ -275,7 +275,7 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
     def policy(request: SimRequest) -> SimTurn:
         return SimTurn(fault=overloaded) if request.wire == "anthropic" else SimTurn(text="Done.")
 
-    # The call's estimate: ~$0.04 at Anthropic, ~$0.16 at fal (its default max_tokens is larger).
+    # The call's estimate: ~$0.04 at Anthropic, ~$0.16 at fal (default max_tokens 32,000, not 8,192).
     with SimServer(policy) as sim:
         env = {"FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url}
         worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
