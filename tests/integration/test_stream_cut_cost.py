@@ -33,7 +33,7 @@ from toolloop import (
 from toolloop.abort import NEVER_ABORTED
 from toolloop.providers import AnthropicHandler, FalHandler, RetryPolicy
 from toolloop.providers.common import estimate_tokens, input_text
-from toolloop.sim import SimServer
+from toolloop.sim import SimRequest, SimServer
 from toolloop.sim.stream import PIECE_CHARS
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0)
@@ -162,11 +162,40 @@ async def test_a_loop_budget_counts_the_cut_attempt_and_a_replay_rebuilds_the_sa
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_a_call_that_fails_for_good_after_cut_attempts_logs_what_they_may_have_cost(
+async def test_a_call_that_fails_for_good_after_cut_attempts_carries_and_logs_what_they_may_have_cost(
     wire: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with SimServer([faulted("stream_drop", times=None)], strict=True) as sim, pytest.raises(PromptGenError):
-        await handler(wire, sim).execute(request(), NEVER_ABORTED, on_delta=lambda delta: None)
-    lost = [r.getMessage() for r in caplog.records if "cut mid-answer" in r.getMessage()]
-    assert all(r.levelno == logging.WARNING for r in caplog.records if "cut mid-answer" in r.getMessage())
-    assert len(lost) == 1 and f"{wire}: the call failed after 3 streamed attempt(s) cut mid-answer" in lost[0]
+    with SimServer([{"text": LONG}], strict=True) as clean:
+        first = await handler(wire, clean).execute(request(), NEVER_ABORTED)
+    with SimServer([faulted("stream_drop", times=None)], strict=True) as sim:
+        model = handler(wire, sim)
+        with pytest.raises(PromptGenError, match=r"\(3 attempts\)") as caught:
+            await model.execute(request(), NEVER_ABORTED, on_delta=lambda delta: None)
+    cut = cut_usd(wire, model, first)  # the first attempt wrote the cache; the next two read it
+    costs = [attempt.usd for attempt in caught.value.cut_attempts]
+    assert len(costs) == 3 and costs[0] == pytest.approx(cut, abs=1e-10) and 0 < costs[2] <= costs[0]
+    lost = [r for r in caplog.records if "cut mid-answer" in r.getMessage()]
+    assert [r.levelno for r in lost] == [logging.WARNING]
+    assert f"{wire}: the call failed after 3 streamed attempt(s) cut mid-answer" in lost[0].getMessage()
+    assert f"${sum(costs):.6f}" in lost[0].getMessage()
+
+
+def cut_on_anthropic(sim_request: SimRequest) -> dict[str, Any]:
+    """Every anthropic stream drops after AFTER pieces; fal answers."""
+    return faulted("stream_drop", times=None) if sim_request.wire == "anthropic" else {"text": LONG}
+
+
+async def test_a_fallback_answer_counts_the_cut_attempts_of_the_provider_that_failed() -> None:
+    with SimServer(cut_on_anthropic, strict=True) as sim:
+        gen = PromptGen(
+            {"anthropic": handler("anthropic", sim), "fal": handler("fal", sim)}, "anthropic", ["fal"]
+        )
+        result = await gen.generate(request(), on_delta=lambda delta: None)
+        sim.reset()
+        answer = await handler("fal", sim).execute(request(), NEVER_ABORTED)  # fal alone, cache empty
+    assert result.meta is not None and answer.meta is not None
+    assert result.meta["provider"] == "fal" and result.meta["fallback_from"][0]["provider"] == "anthropic"
+    cuts = result.meta["cut_usd"]
+    assert [u["provider"] for u in result.meta["cut_usage"]] == ["anthropic"] * 3 and all(c > 0 for c in cuts)
+    assert result.cost_usd == pytest.approx(answer.cost_usd + sum(cuts), abs=1e-9)
+    assert result.meta["cost_source"] == "usage+cut" and result.text == answer.text

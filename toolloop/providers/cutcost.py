@@ -20,18 +20,21 @@ Invariant: a cut attempt counts at least the input usage it reported; its output
 where the provider did not bill it (at least once, never less). `with_cuts` adds the sum to the
 result's `cost_usd` (so the loop's spend, the journaled step cost and a replay all carry it),
 lists each attempt in `meta["cut_usd"]` / `meta["cut_usage"]`, and marks `meta["cost_source"]`
-with `+cut`. A call that fails for good after cut attempts raises: nothing is journaled, so their
-cost is only logged (`log_lost`) -- a known gap (docs/providers.md).
+with `+cut`. A call that fails for good after cut attempts raises them on its error (`carry`,
+`PromptGenError.cut_attempts`): the facade adds them to the answer of the provider it falls back to;
+when no provider answers, the step raises and journals nothing, so they are only logged -- a known
+gap (docs/providers.md).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from toolloop.contract import OnDelta, PromptGenResult, PromptGenUsage
+from toolloop.errors import PromptGenError
 from toolloop.providers.common import estimate_tokens
 
 log = logging.getLogger("toolloop.providers")
@@ -87,9 +90,10 @@ class Readers(Generic[R]):
 
 @dataclass(frozen=True)
 class Cut:
-    """One cut attempt, priced: its usage as counted (output as `Partial.output_tokens` gives) and
-    the cost source of its price ("tokens", "usage" or "chars")."""
+    """One cut attempt, priced: the provider that made it, its usage as counted (output as
+    `Partial.output_tokens` gives) and the cost source of its price ("tokens", "usage", "chars")."""
 
+    provider: str
     usd: float
     usage: PromptGenUsage
     output_from: str
@@ -97,6 +101,7 @@ class Cut:
 
     def summary(self) -> dict[str, Any]:
         return {
+            "provider": self.provider,
             "prompt_tokens": self.usage.prompt_tokens,
             "cached_tokens": self.usage.cached_tokens,
             "cache_write_tokens": self.usage.cache_write_tokens,
@@ -106,25 +111,30 @@ class Cut:
         }
 
 
-def with_cuts(result: PromptGenResult, cuts: list[Cut]) -> PromptGenResult:
-    """`result` with the cost of the cut attempts before it added (module docstring)."""
+def with_cuts(result: PromptGenResult, cuts: Sequence[Cut]) -> PromptGenResult:
+    """`result` with the cost of `cuts`, attempts made before it (and before those it already
+    lists: a fallback adds the failed provider's), added (module docstring)."""
     if not cuts:
         return result
     meta = dict(result.meta or {})
-    meta["cut_usd"] = [cut.usd for cut in cuts]
-    meta["cut_usage"] = [cut.summary() for cut in cuts]
-    meta["cost_source"] = f"{meta.get('cost_source') or 'none'}+cut"
+    meta["cut_usd"] = [cut.usd for cut in cuts] + list(meta.get("cut_usd") or [])
+    meta["cut_usage"] = [cut.summary() for cut in cuts] + list(meta.get("cut_usage") or [])
+    source = str(meta.get("cost_source") or "none")
+    meta["cost_source"] = source if source.endswith("+cut") else f"{source}+cut"
     cost = round(result.cost_usd + sum(cut.usd for cut in cuts), 10)
     return result.model_copy(update={"cost_usd": cost, "meta": meta})
 
 
-def log_lost(provider: str, cuts: list[Cut]) -> None:
-    """A call that failed for good after cut attempts: what they may have cost is not journaled."""
-    if cuts:
-        log.warning(
-            "%s: the call failed after %d streamed attempt(s) cut mid-answer that may have cost "
-            "$%.6f; a failed step journals no cost, so the budget does not count it",
-            provider,
-            len(cuts),
-            sum(cut.usd for cut in cuts),
-        )
+def carry(error: PromptGenError, cuts: Sequence[Cut]) -> None:
+    """A call that failed for good after cut attempts: they go on the error (`cut_attempts`), for
+    the facade to count when another provider answers; logged, as a failed step journals no cost."""
+    if not cuts:
+        return
+    error.cut_attempts = (*error.cut_attempts, *cuts)
+    log.warning(
+        "%s: the call failed after %d streamed attempt(s) cut mid-answer that may have cost $%.6f; "
+        "counted only if a fallback provider answers the call (a failed step journals no cost)",
+        cuts[0].provider,
+        len(cuts),
+        sum(cut.usd for cut in cuts),
+    )

@@ -33,7 +33,7 @@ from toolloop.providers.common import (
     read_images,
     reasoning_of,
 )
-from toolloop.providers.cutcost import Cut, Readers, log_lost, with_cuts
+from toolloop.providers.cutcost import Cut, Readers, carry, with_cuts
 from toolloop.providers.http import Endpoint, RetryPolicy, call_json
 from toolloop.providers.models import default_catalog
 
@@ -129,8 +129,8 @@ class AnthropicHandler:
         try:
             data = await call_json(self.endpoint, content, headers, signal, client=self.http,
                                    secret=self._key, stream=readers, on_delta=on_delta)  # fmt: skip
-        except PromptGenError:
-            log_lost(self.name, cuts())
+        except PromptGenError as error:
+            carry(error, cuts())
             raise
         room = max_tokens_of(request, DEFAULT_MAX_TOKENS)
         result = with_cuts(parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room), cuts())

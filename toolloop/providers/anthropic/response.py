@@ -141,7 +141,7 @@ def cut_cost(partial: Partial, *, price: ModelPrice, model: str, ttl: CacheTtl =
     output, source = partial.output_tokens(_count(usage, "output_tokens") or 0)
     priced = parse_message({"content": [], "usage": {**usage, "output_tokens": output}},
                            price=price, model=model, ttl=ttl)  # fmt: skip
-    return Cut(priced.cost_usd, priced.usage, source, "tokens")
+    return Cut("anthropic", priced.cost_usd, priced.usage, source, "tokens")
 
 
 def _text_or_none(value: Any) -> str | None:

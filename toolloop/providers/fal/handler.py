@@ -29,7 +29,7 @@ from toolloop.providers.common import (
     reasoning_of,
     with_ttl,
 )
-from toolloop.providers.cutcost import Cut, Readers, log_lost, with_cuts
+from toolloop.providers.cutcost import Cut, Readers, carry, with_cuts
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
 from toolloop.providers.fal.response import cut_cost, flag, parse_completion
 from toolloop.providers.fal.storage import DEFAULT_UPLOAD_URL, UrlCache, image_urls
@@ -149,8 +149,8 @@ class FalHandler:
         try:
             data = await call_json(self.endpoint, content, headers, signal, client=self.http, flag=flag,
                                    secret=self._key, stream=readers, on_delta=on_delta)  # fmt: skip
-        except PromptGenError:
-            log_lost(self.name, cuts())
+        except PromptGenError as error:
+            carry(error, cuts())
             raise
         result = parse_completion(
             data,

@@ -151,7 +151,13 @@ def parse_completion(
 
 
 def cut_cost(
-    partial: Partial, *, price: ModelPrice, model: str, input_text: str, ttl: CacheTtl = "5m"
+    partial: Partial,
+    *,
+    price: ModelPrice,
+    model: str,
+    input_text: str,
+    provider: str = "fal",
+    ttl: CacheTtl = "5m",
 ) -> Cut:
     """A streamed attempt cut mid-answer, priced as the answer it had become: by the usage it
     reported (only the last chunk carries one), else by the character rule ("chars": the request's
@@ -162,12 +168,14 @@ def cut_cost(
     if partial.usage:
         output, source = partial.output_tokens(_number(partial.usage, "completion_tokens") or 0)
         body["usage"] = {**partial.usage, "completion_tokens": output}
-    priced = parse_completion(body, price=price, model=model, input_text=input_text, ttl=ttl)
+    priced = parse_completion(
+        body, price=price, model=model, input_text=input_text, provider=provider, ttl=ttl
+    )
     usage, cost_source = priced.usage, str((priced.meta or {}).get("cost_source"))
     if cost_source == "chars":  # the tokens the character rule priced
         counted = {"prompt_tokens": estimate_tokens(input_text), "completion_tokens": output}
         usage = usage.model_copy(update=counted)
-    return Cut(priced.cost_usd, usage, source, cost_source)
+    return Cut(provider, priced.cost_usd, usage, source, cost_source)
 
 
 def _reasoning(message: dict[str, Any], provider: str) -> list[ReasoningBlock] | None:
