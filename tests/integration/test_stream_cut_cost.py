@@ -1,9 +1,11 @@
-"""What a streamed answer cut mid-way may have cost, counted (docs/providers.md, "Usage and cost"),
-over real HTTP to the simulator: a stream dropped or failed (`overloaded_error`) after its answer
-began is retried, and the result's cost is the completed answer + the cut attempt's reported input
-usage at the catalogue's rates (fal, which reports usage only in its last chunk: the character
-estimate of the request) + the estimate of the output it received; a loop's budget sees that spend,
-and a replay of the journaled step rebuilds it."""
+"""What a streamed answer cut mid-way may have cost, counted (docs/providers.md, "Cut streams"),
+over real HTTP to the simulator: a stream dropped, failed (`overloaded_error`) or stalled past the
+idle timeout after its answer began is retried, and the result's cost is the completed answer +
+the cut attempt's reported input usage at the catalogue's rates (fal, which reports usage only in
+its last chunk: the character estimate of the request) + the estimate of the output it received;
+a loop's budget sees that spend, and a replay of the journaled step rebuilds it; a fallback answer
+counts the failed provider's cut attempts; a call that fails for good carries them on its error
+and logs them."""
 
 from __future__ import annotations
 
@@ -41,13 +43,14 @@ MODEL = "claude-sonnet-5-5"
 SYSTEM = "You review storyboards shot by shot and report what to change. " * 80  # > 1,024 tokens
 LONG = "The third shot holds too long on the empty corridor; cut it by a second. " * 6
 AFTER = 5
+STALLED_S = 0.3
 """Pieces sent before the fault: 5 pieces of 4 ASCII characters, 20 characters, 5 output tokens."""
 
 
-def handler(wire: str, sim: SimServer) -> AnthropicHandler | FalHandler:
+def handler(wire: str, sim: SimServer, timeout_s: float = 30.0) -> AnthropicHandler | FalHandler:
     if wire == "anthropic":
-        return AnthropicHandler("sk-ant-FAKE-cut", base_url=sim.base_url, retry=FAST)
-    return FalHandler("fal-FAKE-cut", run_url=sim.base_url, retry=FAST)
+        return AnthropicHandler("sk-ant-FAKE-cut", base_url=sim.base_url, retry=FAST, timeout_s=timeout_s)
+    return FalHandler("fal-FAKE-cut", run_url=sim.base_url, retry=FAST, timeout_s=timeout_s)
 
 
 def request() -> PromptGenRequest:
@@ -59,6 +62,8 @@ def faulted(kind: str, turn: dict[str, Any] | None = None, times: int | None = 1
     fault: dict[str, Any] = {"kind": kind, "after": AFTER, "times": times}
     if kind == "stream_error":
         fault["status"] = 529  # overloaded_error
+    if kind == "stall":
+        fault["seconds"] = 1.0  # past the idle timeout of STALLED_S
     return {**(turn or {"text": LONG}), "fault": fault}
 
 
@@ -79,7 +84,7 @@ def cut_usd(wire: str, model: AnthropicHandler | FalHandler, first: PromptGenRes
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-@pytest.mark.parametrize("kind", ["stream_drop", "stream_error"])
+@pytest.mark.parametrize("kind", ["stream_drop", "stream_error", "stall"])
 async def test_a_cut_attempt_costs_its_reported_input_and_the_output_it_received(
     wire: str, kind: str
 ) -> None:
@@ -87,7 +92,7 @@ async def test_a_cut_attempt_costs_its_reported_input_and_the_output_it_received
         first = await handler(wire, clean).execute(request(), NEVER_ABORTED)  # wrote the cache
         answer = await handler(wire, clean).execute(request(), NEVER_ABORTED)  # the retry reads it
     with SimServer([faulted(kind)], strict=True) as sim:
-        model = handler(wire, sim)
+        model = handler(wire, sim, timeout_s=STALLED_S if kind == "stall" else 30.0)
         result = await model.execute(request(), NEVER_ABORTED, on_delta=lambda delta: None)
         assert sim.stats()["faults"] == {kind: 1} and sim.stats()["requests"] == 2
     cut = cut_usd(wire, model, first)
