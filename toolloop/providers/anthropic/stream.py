@@ -164,7 +164,7 @@ class MessageStream(DeltaOut):
             texts += [block[field] for field in ("text", "thinking") if isinstance(block.get(field), str)]
             value = block.get("input") if block.get("type") == "tool_use" else None
             if value:  # a stopped block's input (parsed, or its text when it was not JSON)
-                texts.append(value if isinstance(value, str) else json.dumps(value, separators=(",", ":")))
+                texts.append(value if isinstance(value, str) else _compact(value))
         texts += ["".join(parts) for parts in (*self.pieces.values(), *self.inputs.values())]
         usage = self.message.get("usage")
         return Partial(usage if isinstance(usage, dict) else None, "".join(texts))
@@ -263,6 +263,11 @@ MessageStream._handlers = {
     "message_delta": MessageStream._message_delta,
     "message_stop": MessageStream._message_stop,
 }
+
+
+def _compact(value: Any) -> str:
+    """The compact JSON text of a tool input, as the stream sent it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _utf8(raw: bytes) -> str:
