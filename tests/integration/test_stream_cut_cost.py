@@ -10,9 +10,12 @@ and logs them."""
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from pydantic import BaseModel
 
 from toolloop import (
@@ -33,6 +36,7 @@ from toolloop import (
     run_tool_loop,
 )
 from toolloop.abort import NEVER_ABORTED
+from toolloop.journal.redis import RedisJournal
 from toolloop.providers import AnthropicHandler, FalHandler, RetryPolicy
 from toolloop.providers.common import estimate_tokens, input_text
 from toolloop.sim import SimRequest, SimServer
@@ -53,7 +57,7 @@ def handler(wire: str, sim: SimServer, timeout_s: float = 30.0) -> AnthropicHand
     return FalHandler("fal-FAKE-cut", run_url=sim.base_url, retry=FAST, timeout_s=timeout_s)
 
 
-def request() -> PromptGenRequest:
+def prompt() -> PromptGenRequest:
     return PromptGenRequest(model=MODEL, system=SYSTEM, cache_system=True, params={"reasoning": "off"},
                             messages=[UserMessage(content="Review the storyboard.")])  # fmt: skip
 
@@ -76,7 +80,7 @@ def cut_usd(wire: str, model: AnthropicHandler | FalHandler, first: PromptGenRes
     assert price is not None
     output = AFTER * PIECE_CHARS // 4 * price.output
     if wire == "fal":
-        return (estimate_tokens(input_text(request())) * price.input + output) / 1e6
+        return (estimate_tokens(input_text(prompt())) * price.input + output) / 1e6
     usage = first.usage
     uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
     assert usage.cache_write_tokens > 0 and usage.cached_tokens == 0  # the cut attempt wrote the cache
@@ -89,11 +93,11 @@ async def test_a_cut_attempt_costs_its_reported_input_and_the_output_it_received
     wire: str, kind: str
 ) -> None:
     with SimServer([{"text": LONG}], strict=True) as clean:  # the same request twice: the cut attempt
-        first = await handler(wire, clean).execute(request(), NEVER_ABORTED)  # wrote the cache
-        answer = await handler(wire, clean).execute(request(), NEVER_ABORTED)  # the retry reads it
+        first = await handler(wire, clean).execute(prompt(), NEVER_ABORTED)  # wrote the cache
+        answer = await handler(wire, clean).execute(prompt(), NEVER_ABORTED)  # the retry reads it
     with SimServer([faulted(kind)], strict=True) as sim:
         model = handler(wire, sim, timeout_s=STALLED_S if kind == "stall" else 30.0)
-        result = await model.execute(request(), NEVER_ABORTED, on_delta=lambda delta: None)
+        result = await model.execute(prompt(), NEVER_ABORTED, on_delta=lambda delta: None)
         assert sim.stats()["faults"] == {kind: 1} and sim.stats()["requests"] == 2
     cut = cut_usd(wire, model, first)
     assert result.text == answer.text and result.usage == answer.usage  # the usage of the answer
@@ -122,7 +126,7 @@ SCRIPT = [
 ]
 
 
-def options(wire: str, sim: SimServer, journal: MemoryJournal, events: list[Any], usd: float,
+def options(wire: str, sim: SimServer, journal: MemoryJournal | RedisJournal, events: list[Any], usd: float,
             max_steps: int = 2) -> RunToolLoopOptions:  # fmt: skip
     gen = PromptGen({wire: handler(wire, sim)}, wire)
     tool = ToolSpec(name="read_frame", description="Read one frame.", schema=Shot, run=read_frame)
@@ -133,8 +137,21 @@ def options(wire: str, sim: SimServer, journal: MemoryJournal, events: list[Any]
     )  # fmt: skip
 
 
+def journals(kind: str, request: pytest.FixtureRequest) -> Callable[[], MemoryJournal | RedisJournal]:
+    """A maker of journal objects over one store: each call a new object, as a restarted process."""
+    if kind == "memory":
+        entries: dict[str, str] = {}
+        return lambda: MemoryJournal(entries=entries)
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    run_id = uuid.uuid4().hex
+    return lambda: RedisJournal(client, run_id, "s0/")
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_a_loop_budget_counts_the_cut_attempt_and_a_replay_rebuilds_the_same_spend(wire: str) -> None:
+async def test_a_loop_budget_counts_the_cut_attempt_and_a_replay_rebuilds_the_same_spend(
+    wire: str, kind: str, request: pytest.FixtureRequest
+) -> None:
     with SimServer(SCRIPT, strict=True) as clean:  # model:1 as the retry makes it: the cache read
         wrote: list[Any] = []  # model:1 as the cut attempt makes it: the cache written
         await run_tool_loop(options(wire, clean, MemoryJournal(), wrote, 5.0, max_steps=1))
@@ -144,13 +161,13 @@ async def test_a_loop_budget_counts_the_cut_attempt_and_a_replay_rebuilds_the_sa
     assert price is not None and read.stopped_by == "steps"
     output = AFTER * price.output / 1e6  # the least a cut attempt adds: its 5 output tokens
     usd = read.spent_usd + output / 2  # enough for model:1 alone, not with its cut attempt
-    journal = MemoryJournal()
+    journal = journals(kind, request)
     with SimServer([faulted("stream_error", SCRIPT[0]), SCRIPT[1]], strict=True) as sim:
         events: list[Any] = []
-        result = await run_tool_loop(options(wire, sim, journal, events, usd))
+        result = await run_tool_loop(options(wire, sim, journal(), events, usd))
         assert sim.stats()["faults"] == {"stream_error": 1} and sim.stats()["requests"] == 2  # no model:2
         replayed: list[Any] = []
-        again = await run_tool_loop(options(wire, sim, journal, replayed, usd))
+        again = await run_tool_loop(options(wire, sim, journal(), replayed, usd))  # a new process's
         assert sim.stats()["requests"] == 2  # the replay called nothing
     [step] = [event for event in events if isinstance(event, ModelEvent)]
     [stop] = [event for event in events if isinstance(event, BudgetEvent)]
@@ -171,11 +188,11 @@ async def test_a_call_that_fails_for_good_after_cut_attempts_carries_and_logs_wh
     wire: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with SimServer([{"text": LONG}], strict=True) as clean:
-        first = await handler(wire, clean).execute(request(), NEVER_ABORTED)
+        first = await handler(wire, clean).execute(prompt(), NEVER_ABORTED)
     with SimServer([faulted("stream_drop", times=None)], strict=True) as sim:
         model = handler(wire, sim)
         with pytest.raises(PromptGenError, match=r"\(3 attempts\)") as caught:
-            await model.execute(request(), NEVER_ABORTED, on_delta=lambda delta: None)
+            await model.execute(prompt(), NEVER_ABORTED, on_delta=lambda delta: None)
     cut = cut_usd(wire, model, first)  # the first attempt wrote the cache; the next two read it
     costs = [attempt.usd for attempt in caught.value.cut_attempts]
     assert len(costs) == 3 and costs[0] == pytest.approx(cut, abs=1e-10) and 0 < costs[2] <= costs[0]
@@ -195,9 +212,9 @@ async def test_a_fallback_answer_counts_the_cut_attempts_of_the_provider_that_fa
         gen = PromptGen(
             {"anthropic": handler("anthropic", sim), "fal": handler("fal", sim)}, "anthropic", ["fal"]
         )
-        result = await gen.generate(request(), on_delta=lambda delta: None)
+        result = await gen.generate(prompt(), on_delta=lambda delta: None)
         sim.reset()
-        answer = await handler("fal", sim).execute(request(), NEVER_ABORTED)  # fal alone, cache empty
+        answer = await handler("fal", sim).execute(prompt(), NEVER_ABORTED)  # fal alone, cache empty
     assert result.meta is not None and answer.meta is not None
     assert result.meta["provider"] == "fal" and result.meta["fallback_from"][0]["provider"] == "anthropic"
     cuts = result.meta["cut_usd"]
