@@ -140,10 +140,10 @@ class FalHandler:
         readers = Readers(CompletionStream) if on_delta is not None else None
         content = dumps(body)
         del body  # the request's dict tree is not kept across the wait for the answer
-        text = input_text(request)
 
         def cuts() -> list[Cut]:  # streamed attempts cut mid-answer: they may have been billed
             made = readers.cut() if readers is not None else []
+            text = input_text(request) if made else ""
             return [cut_cost(p, price=price, model=model, input_text=text, ttl=ttl) for p in made]
 
         try:
@@ -156,7 +156,7 @@ class FalHandler:
             data,
             price=price,
             model=model,
-            input_text=text,
+            input_text=input_text(request),
             ttl=ttl,
             max_tokens=max_tokens_of(request, DEFAULT_MAX_TOKENS),
         )
