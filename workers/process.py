@@ -103,7 +103,7 @@ class WorkerProcess:
         self.celery = celery
         self.settings = settings = settings or Settings.from_env()
         if hooks is None:
-            hooks = KillPlan(settings.kill_plan) if settings.kill_plan else NO_HOOKS
+            hooks = KillPlan(settings.kill_plan, settings.redis_url) if settings.kill_plan else NO_HOOKS
         self.hooks = hooks
         self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
         self.toolsets = Registry(settings.toolsets)

@@ -8,9 +8,10 @@ For each kill point, `runs` runs of random shapes (seeded) are run twice through
 Then, per run: is it finished like its reference (else *lost*), same history (else *transcript
 differs*), same event stream, and did any step run twice? Model calls are counted by the simulator
 policy (what a provider bills), tool effects from the tools' effect log. A step may run twice only if
-it was the one in flight when its worker died before its commit (points in PRE_COMMIT): that re-run
-is *allowed* (at-least-once for unfinished work, docs/faults.md). Any other second run is a
-*duplicate finished step*; a second `start` is also counted as a *duplicate start*.
+a kill interrupted it: it was in flight in the killed process (any of its `slots` step slots, or
+its own step) and its commit had not landed (the kill's log line, `allowed_reruns`): that re-run is
+*allowed* (at-least-once for unfinished work, docs/faults.md), once per kill. Any other second run is
+a *duplicate finished step*; a second `start` is also counted as a *duplicate start*.
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ POINTS: dict[str, Need] = {
     "enqueue:after": None,
     "answer:after": "ask",
 }
-PRE_COMMIT = frozenset(
-    {"model:request", "model:answered", "tool:after", "start:after", "wait:inside", "commit:before"}
-)
-CONTROL_POINTS = frozenset({"answer:after"})
-"""Kill points inside a control task. A control task takes no step slot (workers/consumer.py): the
-step in the worker's slot, if one was, died with it before its commit and runs again (allowed)."""
-HEADERS = ["kill point", "runs", "kills", "lost", "dup steps", "dup starts", "transcript diff",
+MANY_SLOT_DELIVERIES = 100
+"""TOOLLOOP_MAX_DELIVERIES in the many-slot matrix (5 by default). A crash counts a delivery against
+every step its worker had in flight, and this matrix kills a worker about every 2 s while a
+`model:request` step waits 1.5 s on its held answer: at the default, such a step, interrupted by its
+neighbours' kills 5 times before its own kill could fire, failed its run with DeliveryLimitError
+("its worker keeps dying"), as the limit is meant to in a crash loop. See docs/faults.md."""
+HEADERS = ["kill point", "runs", "kills", "in flight", "lost", "dup steps", "dup starts", "transcript diff",
            "events diff", "re-run in flight"]  # fmt: skip
+"""`in flight`: the steps its kills interrupted (listed `in_flight` in their log lines, the killed
+run's own step among them); `re-run in flight`: the re-runs of those the matrix allowed and saw."""
 
 
 @dataclass
@@ -72,10 +75,17 @@ class Report:
     problems: list[str]
     deaths: int
     kills: int
+    slots: int = 1
 
     @property
     def table(self) -> str:
-        return format_table(HEADERS, self.rows, title="Crash matrix (SIGKILL of a worker's process group)")
+        title = f"Crash matrix (SIGKILL of a worker's process group; {self.slots} step slots per worker)"
+        return format_table(HEADERS, self.rows, title=title)
+
+    @property
+    def interrupted(self) -> int:
+        """The steps the kills interrupted, in all (the `in flight` column's total)."""
+        return int(self.rows[-1][HEADERS.index("in flight")])
 
 
 def make_cases(points: list[str], runs: int, seed: int) -> list[Case]:
@@ -122,8 +132,11 @@ def run_phase(
 
 def run_matrix(
     redis_url: str, sim_url: str, policy: FaultPolicy, work: Path, points: list[str], runs: int, seed: int,
-    *, workers: int = 2, timeout: float = 240.0,
+    *, workers: int = 2, slots: int = 1, timeout: float = 240.0,
 ) -> Report:  # fmt: skip
+    """`workers` supervised workers of `slots` step slots each (`--steps-in-flight`) run the fault
+    phase, every run at once: with more than one slot, a kill interrupts every step its worker had
+    in flight."""
     cases = make_cases(points, runs, seed)
     for case in cases:
         policy.add(case.shape)
@@ -158,33 +171,44 @@ def run_matrix(
             case.target = choose_target(case, rng)
         plan = work / "plan.json"
         plan.write_text(json.dumps([{"point": case.point, **case.target} for case in cases]))
+        (work / "runs.json").write_text(json.dumps({case.run_id: case.shape.tag for case in cases}))
         policy.hold = {case.target["tag"] for case in cases if case.point == "model:request"}
         fault_env = {**env, "TOOLLOOP_FAULTS_DIR": str(work / "fault"), PLAN_ENV: str(plan)}
-        pool = WorkerPool(redis_url, work, fault_env, size=workers, concurrency=1)
+        if slots > 1:  # see MANY_SLOT_DELIVERIES
+            fault_env["TOOLLOOP_MAX_DELIVERIES"] = str(MANY_SLOT_DELIVERIES)
+        pool = WorkerPool(redis_url, work, fault_env, size=workers, concurrency=slots)
         results = run_phase(client, redis_client, cases, pool, timeout)
         for case in cases:
             case.result = results[case.run_id]
-        return analyse(cases, policy, work, plan, pool)
+        return analyse(cases, policy, work, plan, pool, slots)
     finally:
         client.close()
         redis_client.close()
 
 
-def analyse(cases: list[Case], policy: FaultPolicy, work: Path, plan: Path, pool: WorkerPool) -> Report:
+def analyse(
+    cases: list[Case], policy: FaultPolicy, work: Path, plan: Path, pool: WorkerPool, slots: int = 1
+) -> Report:
     log_path = Path(f"{plan}.log")
     kills = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
     effects = read_effects(work / "fault")
     ref_effects = read_effects(work / "ref")
     tags = {case.run_id: case.shape.tag for case in cases}
     allowed = allowed_reruns(kills, effects, tags)
-    done = Counter(case_index for case_index in (k["index"] for k in kills))
+    done = Counter(k["index"] for k in kills)
+    hit = Counter({k["index"]: len(k.get("in_flight") or {}) for k in kills})
+    # With many slots a planned kill may find its moment taken: another kill ended the process
+    # between the commit and `commit:after` (or `enqueue:after`), and no process reaches that point
+    # of that commit again. Each point must still have fired at least once.
+    fired = {cases[k["index"]].point for k in kills}
     problems: list[str] = []
     per_point: dict[str, Counter[str]] = {}
     for index, case in enumerate(cases):
         row = per_point.setdefault(case.point, Counter())
         row["runs"] += 1
         row["kills"] += done[index]
-        if not done[index]:
+        row["in flight"] += hit[index]
+        if not done[index] and (slots == 1 or case.point not in fired):
             problems.append(
                 f"{case.point}: the kill planned for run {case.shape.tag} never fired ({case.target})"
             )
@@ -228,28 +252,24 @@ def analyse(cases: list[Case], policy: FaultPolicy, work: Path, plan: Path, pool
     unplanned = len(pool.deaths) - len(kills)
     if unplanned > 0:
         problems.append(f"{unplanned} worker deaths were not planned kills: {pool.deaths}")
-    return Report(rows, problems, len(pool.deaths), len(kills))
+    return Report(rows, problems, len(pool.deaths), len(kills), slots)
 
 
 def allowed_reruns(
     kills: list[dict[str, Any]], effects: list[dict[str, Any]], tags: dict[str, str]
 ) -> Counter[tuple[str, str]]:
-    """The unit each kill may re-run: the killed worker's step in flight, known by its last effect.
+    """The units each kill may re-run: one per step it interrupted, known by its last effect.
 
-    A pre-commit kill interrupts its own step: the last effect its pid logged is that step's. A kill
-    in a control task interrupts the step that ran beside it, if one did: a step the kill's log line
-    lists `in_flight` (begun in that process, its commit not landed: workers/killpoints.py
-    `KillPlan`), whose run's last effect on that pid since it began is the unit. Any other kill
-    re-runs nothing: its step had committed."""
+    A kill ends every step in flight in the process it kills: its own, the others in the worker's
+    step slots, the one beside a control task. The kill's log line lists them (`in_flight`: begun in
+    that process at `advance:begin`, their commit not in Redis when the process died:
+    workers/killpoints.py `KillPlan`, `interrupted`); each may run again once, and its unit is the
+    last effect of its run that process logged since the step began. A step whose commit landed
+    (listed under `landed`, or gone from the list at `commit:after`) gets nothing, nor does a step
+    with no effect yet. Anything else that runs twice is a duplicate finished step."""
     allowed: Counter[tuple[str, str]] = Counter()
     for kill in kills:
         mine = [e for e in effects if e["pid"] == kill["pid"] and e["at"] <= kill["at"]]
-        if kill["point"] in PRE_COMMIT:
-            if mine:
-                allowed[(mine[-1]["kind"], mine[-1]["tag"])] += 1
-            continue
-        if kill["point"] not in CONTROL_POINTS:
-            continue
         for run_id, since in (kill.get("in_flight") or {}).items():
             tag = tags.get(run_id, "")
             its = [e for e in mine if e["at"] >= since and e["tag"].startswith((f"{tag}.", f"{tag}#"))]
