@@ -117,16 +117,27 @@ def flush_outbox(
     older_than: float | None = None,
     redrive_age: float | None = None,
 ) -> int:
-    """Send every successor recorded for `run_id` (only those older than `older_than` s when given).
-    A member sent again is dated TOOLLOOP_REDRIVE_AGE ahead, so a step that merely waits in a long
-    queue gets one extra copy per that age, not one per sweep."""
+    """Send every successor recorded for `run_id` (only those older than `older_than` s when given:
+    the sweeper). A member sent again is dated TOOLLOOP_REDRIVE_AGE ahead, so a step that merely
+    waits in a long queue gets one extra copy per that age, not one per sweep.
+    The sweeper's own re-drive age decides: a member dated further ahead (a first step, dated by the
+    process that enqueued it with that process's TOOLLOOP_REDRIVE_AGE, 300 s by default in a web
+    backend) is dated back to `redrive_age` from now, so a first step popped and lost (kombu's BRPOP,
+    then Redis died) is sent again after the workers' re-drive age, not the enqueuer's."""
     now = time.time()
-    top = "+inf" if older_than is None else now - older_than
-    members: list[str] = client.zrangebyscore(keys.outbox(run_id), "-inf", top)  # type: ignore[assignment]
     later = now + (Settings.from_env().redrive_age if redrive_age is None else redrive_age)
+    outbox = keys.outbox(run_id)
+    if older_than is None:
+        members: list[str] = client.zrange(outbox, 0, -1)  # type: ignore[assignment]
+    else:
+        recorded: list[tuple[str, float]] = client.zrange(outbox, 0, -1, withscores=True)  # type: ignore[assignment]
+        members = [member for member, score in recorded if score <= now - older_than]
+        ahead = {member: later for member, score in recorded if score > later}
+        if ahead:  # LT: a send or a re-date meanwhile keeps the nearer date; XX: one begun is gone
+            client.zadd(outbox, ahead, xx=True, lt=True)
     for member in members:
         if send_member(client, celery, run_id, str(member)):
-            client.zadd(keys.outbox(run_id), {member: later}, xx=True)
+            client.zadd(outbox, {member: later}, xx=True)
     return len(members)
 
 

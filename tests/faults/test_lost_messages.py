@@ -5,6 +5,11 @@ forever). The state each loss leaves behind is built here directly, then the run
 
 - an `advance` message lost: the run is queued/running with no lease and nothing in its outbox; the
   sweeper re-drives it after TOOLLOOP_REDRIVE_AGE (6 s in the suite);
+- a run's first `advance` message lost (the pool path, `--step-queues none`, pops with kombu's own
+  BRPOP: a Redis restart in that instant loses it; test_redis_restart.py[pool] once left its last
+  run queued that way): its outbox record is dated TOOLLOOP_REDRIVE_AGE ahead by the process that
+  enqueued it (300 s by default in a web backend), and the workers' sweeper sends it again after
+  *its own* TOOLLOOP_REDRIVE_AGE (it used to wait for the enqueuing process's 300 s);
 - an `answer` message lost: the answer is in the run's inbox, the run is parked; the sweeper sends
   the `answer` task again once the inbox entry is older than TOOLLOOP_OUTBOX_AGE (found by
   test_connection_blip.py: the run used to stay parked forever).
@@ -28,6 +33,7 @@ from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers import runs
 from workers.client import Client
+from workers.names import LLM
 from workers.spec import RunSpec
 
 pytestmark = pytest.mark.faults
@@ -88,3 +94,33 @@ def test_a_lost_answer_message_is_still_applied(setup: Any) -> None:
         time.sleep(0.2)
     status = client.wait(run_id, timeout=max(1.0, deadline - time.monotonic()))
     assert status.status == "done", f"the answer in the inbox was never applied: {status}"
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_first_step_is_sent_again_after_the_workers_redrive_age(
+    redis_server: EmbeddedServer, work_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A web backend with the default TOOLLOOP_REDRIVE_AGE (300 s) enqueues; its first step is popped
+    off the queue and lost before any worker ran it (what kombu's BRPOP does when Redis dies before
+    the pop is recorded in `unacked`). The workers (TOOLLOOP_REDRIVE_AGE 6 s, outbox age 1 s, a sweep
+    every 1 s) send it again within their re-drive age, and the run finishes."""
+    monkeypatch.setenv("TOOLLOOP_REDRIVE_AGE", "300")  # the enqueuing process: the default
+    shape = _shape("lostfirst", ask=False)
+    policy = FaultPolicy(work_dir / "lostfirst")
+    policy.phase = "fault"
+    policy.add(shape)
+    client = Client(redis_server.url)
+    try:
+        run_id = client.enqueue(spec_for(shape))
+        popped = client.redis.rpop(LLM)  # the worker's BRPOP took it; Redis died before `unacked`
+        assert popped is not None and run_id in str(popped), "the first step was not on the llm queue"
+        with SimServer(policy) as sim:
+            env = {**base_env(sim.base_url), "TOOLLOOP_FAULTS_DIR": str(work_dir / "lostfirst")}
+            with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=2, step_queues="none"):
+                started = time.monotonic()
+                status = client.wait(run_id, timeout=30)
+                took = time.monotonic() - started
+    finally:
+        client.close()
+    assert status.status == "done", status
+    assert took < 6 + 1 + 1 + 10, f"the lost first step came back after {took:.1f} s"

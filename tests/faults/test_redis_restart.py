@@ -74,7 +74,10 @@ def test_every_run_finishes_across_a_redis_restart(
         f"{twins.duplicates()} steps ran again"
     )
     unfinished = [s.tag for s in shapes if not twins.results[s.tag].status.finished]
-    assert unfinished == [], f"runs not finished after the restart: {unfinished}"
+    assert unfinished == [], (
+        f"runs not finished after the restart: {unfinished} (Redis back {time.time() - back_at[0]:.0f} s "
+        f"ago)\n{twins.stalled(redis_server.url)}"
+    )
     first_seen: dict[tuple[str, str], float] = {}
     for effect in read_effects(work_dir / "fault"):
         first_seen.setdefault((effect["kind"], effect["tag"]), effect["at"])

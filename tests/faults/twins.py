@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from faults.runs import OnFailed, Snapshot, drive, snapshot, spec_for
 from faults.shapes import Shape
 from faults.toolset import read_effects
 from faults.workerpool import WorkerPool
+from toolloop.journal import keys
+from workers import names
 from workers.client import Client
 
 Units = Counter[tuple[str, str]]
@@ -82,6 +85,20 @@ class Twins:
                 )
         return problems
 
+    def stalled(self, redis_url: str) -> str:
+        """What Redis holds of every run that did not finish (its state, lease, outbox, attempts,
+        its live-index entry, its messages on the queues and in kombu's `unacked`), and the queues'
+        lengths: the failure message of a run left stalled."""
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            return "\n".join(_stalled_run(client, shape.tag, self.results[shape.tag].run_id)
+                             for shape in self.shapes if not self.results[shape.tag].status.finished) + (
+                f"\nqueues: {_queues(client)}")  # fmt: skip
+        except redis.RedisError as error:
+            return f"(Redis state not read: {error})"
+        finally:
+            client.close()
+
     def duplicates(self) -> int:
         return sum(max(0, count - self.ref_units.get(unit, 0)) for unit, count in self.units.items())
 
@@ -108,6 +125,39 @@ def _without_retries(events: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         for _seq, segment, kind, data in events
         if kind != "failed" and not (kind == "queued" and data.get("retry"))
     ]
+
+
+def _stalled_run(client: redis.Redis, tag: str, run_id: str) -> str:
+    """One unfinished run as Redis holds it (ages in seconds before now; negative: dated ahead)."""
+    now = time.time()
+    state: dict[str, str] = client.hgetall(keys.state(run_id))  # type: ignore[assignment]
+    outbox: list[tuple[str, float]] = client.zrange(keys.outbox(run_id), 0, -1, withscores=True)  # type: ignore[assignment]
+    unacked: dict[str, str] = client.hgetall(names.UNACKED)  # type: ignore[assignment]
+    queued = {}
+    for queue in _queue_keys(client):
+        raws: list[str] = client.lrange(queue, 0, -1)  # type: ignore[assignment]
+        if found := [i for i, raw in enumerate(raws) if run_id in raw]:
+            queued[queue] = found
+    fields = {k: state.get(k) for k in ("status", "n", "segment", "queue", "cancel")}
+    return (
+        f"run {tag} ({run_id}): {fields}, touched {now - float(state.get('touched', now)):.1f} s ago; "
+        f"lease {client.get(keys.lease(run_id))!r} (pttl {client.pttl(keys.lease(run_id))}); "
+        f"outbox {[(m, round(now - score, 1)) for m, score in outbox]} (member, age); "
+        f"attempts {client.hgetall(keys.attempts(run_id))}; "
+        f"live index {client.zscore(keys.LIVE_RUNS, run_id)}; "
+        f"unacked {[t for t, value in unacked.items() if run_id in value]}; on queues {queued}; "
+        f"inbox {client.hlen(keys.inbox(run_id))}"
+    )
+
+
+def _queue_keys(client: redis.Redis) -> list[str]:
+    return sorted(str(k) for queue in names.QUEUES for k in client.scan_iter(f"{queue}*"))
+
+
+def _queues(client: redis.Redis) -> dict[str, int]:
+    found: dict[str, int] = {k: int(client.llen(k)) for k in _queue_keys(client)}  # type: ignore[arg-type]
+    found["unacked"] = int(client.hlen(names.UNACKED))  # type: ignore[arg-type]
+    return found
 
 
 def units(shapes: list[Shape], policy: FaultPolicy, phase: str, effects: list[dict[str, Any]]) -> Units:
