@@ -12,7 +12,9 @@
   `alloc`: pymalloc's arenas, allocated blocks and unused pools (`sys._debugmallocstats()`) and
   glibc's arenas with their free bytes (`malloc_info`); `arenas` then `pins`: which 1 MiB arenas
   hold the objects the collector sees (and their referents) now, then the objects in arenas that
-  were not there at `arenas` (what keeps a burst's arenas), by type, with samples and their holders.
+  were not there at `arenas` (what keeps a burst's arenas), by type, with samples and their holders;
+  `peak_start` then `peak_diff`: tracemalloc from before a burst, a snapshot the first time 400 steps
+  run at once, and what it holds beyond the first snapshot per step running, by line and traceback.
 - `bench_cprofile action=start|stop path=<file>`: cProfile on the process loop's thread (where every
   step runs; the `WorkerProcess`'s loop), enabled and disabled on that thread; `stop` dumps the stats.
 
@@ -149,6 +151,53 @@ def _trace_diff() -> dict[str, Any]:
     return {"rss_kb": _rss_kb(), "traced_growth_kb": total // 1024, "by_line": lines, "by_trace": traces}
 
 
+def _running() -> int:
+    consumer = process_of(app).consumer
+    return len(getattr(consumer, "running", ()))
+
+
+def _peak_start() -> dict[str, Any]:
+    """tracemalloc from now (16 frames), a first snapshot, and a thread that takes a second one the
+    first time the step consumer runs 400 steps at once (--steps-in-flight 500: the burst's peak)."""
+    tracemalloc.start(16)
+    gc.collect()
+    _held["peak0"] = tracemalloc.take_snapshot()
+
+    def watch() -> None:
+        while "peak" not in _held:
+            time.sleep(0.02)
+            running = _running()
+            if running >= 400:
+                _held["peak_running"] = running
+                _held["peak"] = tracemalloc.take_snapshot()
+                _held["peak_running_after"] = _running()
+
+    threading.Thread(target=watch, name="bench-peak", daemon=True).start()
+    return {"rss_kb": _rss_kb()}
+
+
+def _peak_diff() -> dict[str, Any]:
+    """What the peak snapshot holds beyond the first, per step running then, by traceback and line."""
+    first, peak = _held.get("peak0"), _held.get("peak")
+    if first is None or peak is None:
+        return {"error": "no peak snapshot (send peak_start before a burst of >= 400 steps)"}
+    running = (_held["peak_running"] + _held["peak_running_after"]) / 2
+    skip = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)]
+    peak = peak.filter_traces(skip)
+    total = sum(stat.size_diff for stat in peak.compare_to(first, "filename"))
+    blocks = sum(stat.count_diff for stat in peak.compare_to(first, "filename"))
+    lines = [f"{stat.size_diff / running:+.0f} B {stat.count_diff / running:+.1f} blocks per step: "
+             f"{stat.traceback[0].filename.split('site-packages/')[-1]}:{stat.traceback[0].lineno}"
+             for stat in peak.compare_to(first, "lineno")[:60]]  # fmt: skip
+    traces = []
+    for stat in peak.compare_to(first, "traceback")[:40]:
+        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(stat.traceback)[::-1][:14])
+        per_step = f"{stat.size_diff / running:+.0f} B {stat.count_diff / running:+.1f}"
+        traces.append(f"{per_step} per step: {frames}")
+    return {"running": running, "bytes_per_step": total / running, "blocks_per_step": blocks / running,
+            "by_line": lines, "by_trace": traces}  # fmt: skip
+
+
 def _pymalloc() -> dict[str, int]:
     """`sys._debugmallocstats()`'s arena lines (it writes to the C stderr: read through a file)."""
     with tempfile.TemporaryFile() as out:
@@ -251,17 +300,20 @@ def _alloc() -> dict[str, Any]:
     return {"rss_kb": _rss_kb(), "blocks": blocks, "pymalloc": _pymalloc(), "glibc": _glibc()}
 
 
+_ACTIONS = {"counts": _counts, "trace_diff": _trace_diff, "peak_start": _peak_start, "peak_diff": _peak_diff,
+            "alloc": _alloc, "pins": _pins}  # fmt: skip
+
+
 @control_command(args=[("action", str)], signature="<action>")  # type: ignore[untyped-decorator]
 def bench_probe(state: Any, action: str) -> dict[str, Any]:
-    if action == "counts":
-        return _counts()
+    simple = _ACTIONS.get(action)
+    if simple is not None:
+        return simple()
     if action == "trace_start":
         tracemalloc.start(12)
         gc.collect()
         _held["snapshot"] = tracemalloc.take_snapshot()
         return {"rss_kb": _rss_kb()}
-    if action == "trace_diff":
-        return _trace_diff()
     if action == "gcstats":
         fields = ("collections", "seconds", "collected", "cpu_s")
         found = {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
@@ -284,13 +336,9 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
             gc.garbage.clear()
             gc.set_debug(0)
         return found
-    if action == "alloc":
-        return _alloc()
     if action == "arenas":  # remember which pymalloc arenas hold objects now (before a burst)
         _held["arenas"] = set(_by_arena())
         return {"arenas": len(_held["arenas"])}
-    if action == "pins":
-        return _pins()
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
         gc.collect()
         collected = _rss_kb()

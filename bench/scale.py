@@ -283,11 +283,26 @@ def _field_of(client: Client, run_ids: list[str], field: str) -> list[Any]:
     return list(pipe.execute())
 
 
-def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool, bursts: int = 1) -> dict[str, Any]:
+def parked(
+    url: str,
+    tmp: Path,
+    runs: int,
+    turns: int,
+    trace: bool,
+    bursts: int = 1,
+    peak: bool = False,
+    warm: int = 0,
+) -> dict[str, Any]:
     """Worker RSS before the first enqueue and once `runs` runs are parked on an `ask` (after 20
     warm-up runs, parked too, so imports and first-use caches are not counted); with `bursts` > 1,
     again after each further `runs` parked (what a parked run costs once the allocator has the first
-    burst's high-water mark), and where the memory is (allocators, mappings) before and after."""
+    burst's high-water mark), and where the memory is (allocators, mappings) before and after.
+
+    `warm` > 0: before the baseline, `warm` runs of the same turns that end `done` (none parks), at
+    the worker's full steps in flight: the baseline then has the allocator's high-water of a burst
+    at the worker's in-flight limit (what any worker that ran at its limit once keeps, parked runs
+    or not), and the growth is what the parked runs themselves cost (bench/PROFILE-19.md section 8).
+    With `warm` = 0 the growth also counts that high-water (the cold figure)."""
     gen = "_durable_agent:make_generate"
     env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, TOOLLOOP_PROMPT_GEN=gen)
     who = worker(tmp, f"parked-{runs}", env, "llm,tools", 500)
@@ -297,11 +312,19 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool, bursts: int 
         who.start(client.celery)
         assert who.process is not None
         pid = who.process.pid
-        warm, _ = enqueue_all(url, [spec] * 20, 1)
-        wait_settled(client, warm, timeout=60)
+        warm_ids, _ = enqueue_all(url, [spec] * 20, 1)
+        wait_settled(client, warm_ids, timeout=60)
+        if warm:
+            done_spec = run_spec(turns, toolset="parking", system=f"You review storyboards. turns={turns}")
+            warm_ids, _ = enqueue_all(url, [done_spec] * warm, 2)
+            warmed = wait_settled(client, warm_ids, timeout=120 + warm / 10)
+            assert warmed["done"] == warm, f"the warm-up runs did not all end done: {dict(warmed)}"
+            settled_rss_mb(pid)  # the idle trim after the warm-up burst, before the baseline
         time.sleep(2)
         if trace:
             control(client, who, "bench_probe", action="trace_start")
+        if peak:
+            control(client, who, "bench_probe", action="peak_start")
         before = control(client, who, "bench_probe", action="counts")
         alloc0 = control(client, who, "bench_probe", action="alloc")
         control(client, who, "bench_probe", action="arenas")
@@ -324,6 +347,7 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool, bursts: int 
         trim = control(client, who, "bench_probe", action="trim")
         trimmed, collected = trim["rss_kb"] / 1024, trim["collected_rss_kb"] / 1024
         grown = control(client, who, "bench_probe", action="trace_diff") if trace else None
+        at_peak = control(client, who, "bench_probe", action="peak_diff") if peak else None
     finally:
         who.stop()
         client.close()
@@ -335,7 +359,7 @@ def parked(url: str, tmp: Path, runs: int, turns: int, trace: bool, bursts: int 
             "threads": threads, "garbage_per_run": garbage["objects"] / parked_runs,
             "held_per_run": (after["objects"] - before["objects"]) / parked_runs,
             "probe_before": before, "probe_after": after, "alloc_before": alloc0, "alloc_after": alloc1,
-            "pins": pins, "garbage": garbage, "trace": grown}  # fmt: skip
+            "pins": pins, "garbage": garbage, "trace": grown, "peak": at_peak, "warm": warm}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,12 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parked", type=int, default=10000, help="runs parked on an ask")
     parser.add_argument("--bursts", type=int, default=2,
                         help="bursts of --parked runs, RSS after each")  # fmt: skip
+    parser.add_argument("--warm", type=int, default=2000,
+                        help="runs that end done at full steps in flight before the parked row's "
+                        "baseline (0: a cold worker, the burst's high-water counted)")  # fmt: skip
     parser.add_argument("--park-turns", type=int, default=3, help="model turns before the ask")
     parser.add_argument("--hops", type=int, default=200)
     parser.add_argument("--floor-trials", type=int, default=5)
     parser.add_argument("--skip", default="", help="comma-separated: floor,flight,parked")
     parser.add_argument("--profile", default="", help="pyspy:<file> or cprofile:<file> (1st in-flight trial)")
     parser.add_argument("--trace", action="store_true", help="tracemalloc in the parked worker")
+    parser.add_argument("--peak", action="store_true",
+                        help="tracemalloc in the parked worker: what a step in flight holds")  # fmt: skip
     parser.add_argument("--json", default="", help="write every figure to this file")
     parser.add_argument("--pin", default="", help="CPUs of the in-flight worker (taskset -c, e.g. 0); "
                         "Redis, the simulator and the clients get the others")  # fmt: skip
@@ -375,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 trials.append(got)
             results["flight"] = trials
         if "parked" not in skip:
-            results["parked"] = parked(url, tmp, args.parked, args.park_turns, args.trace, args.bursts)
+            results["parked"] = parked(url, tmp, args.parked, args.park_turns, args.trace, args.bursts,
+                                        args.peak, args.warm)  # fmt: skip
             print(f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
@@ -410,7 +440,9 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
                   f"{need:.2f} cores of worker CPU at this CPU per step")  # fmt: skip
     kept = results.get("parked")
     if kept:
-        print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB "
+        warmed = (f"after {kept['warm']} runs at full steps in flight" if kept["warm"]
+                  else "on a cold worker (the burst's in-flight high-water counted)")  # fmt: skip
+        print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB {warmed} "
               f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB; "
               f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim; peak "
               f"{kept['rss_peak_mb']:.0f} MB); statuses {kept['statuses']}, enqueued in "
@@ -433,7 +465,8 @@ def print_memory(kept: dict[str, Any]) -> None:
     print("  RSS by mapping, before -> after, MB: " + "; ".join(
         f"{kind} {one.get(kind, 0):.1f} -> {two.get(kind, 0):.1f}" for kind in kinds))  # fmt: skip
     first, last = kept["alloc_before"], kept["alloc_after"]
-    if first and last:
+    stats = "arenas_allocated_current"  # absent when tracemalloc runs (--peak, --trace)
+    if first and last and stats in first["pymalloc"] and stats in last["pymalloc"]:
         pool_a, pool_b = first["pymalloc"], last["pymalloc"]
         mib = 1 << 20
         arenas = f"{pool_a['arenas_allocated_current']} -> {pool_b['arenas_allocated_current']}"

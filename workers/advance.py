@@ -39,6 +39,7 @@ from toolloop.journal import keys, scripts
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers import approvals, flow
 from workers.commit import Commits, log
+from workers.deadlines import StepTimedOut
 from workers.deltas import DeltaStream, bind, streaming
 from workers.errors import DeliveryLimitError, LeaseLostError
 from workers.live import Begun, LiveLoop
@@ -264,10 +265,13 @@ class _Step(Commits):
         assert self.live is not None
         live = self.live
         timeout = self.settings.step_timeout
+        deadlines = self.process.deadlines
+        deadlines.watch(outcome_future)  # one timer for every step of the process, not one per step
+        timed_out = False
         try:
-            async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for in 3.11
-                outcome = await outcome_future
-        except TimeoutError:
+            outcome = await outcome_future
+        except StepTimedOut:
+            timed_out = True
             return await self.commit_failure(TimeoutError(
                 f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
                 "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
@@ -280,8 +284,9 @@ class _Step(Commits):
                 return await self.lost_lease(live.controller.signal.reason)
             return await self.commit_failure(error)
         finally:
+            deadlines.forget(outcome_future)
             self.process.disarm(self.run_id, live.controller)
-            if not outcome_future.done() or outcome_future.cancelled():
+            if timed_out or not outcome_future.done() or outcome_future.cancelled():
                 live.close()  # stopped waiting (timeout, shutdown): the loop's work stops too
         if isinstance(live.controller.signal.reason, LeaseLostError):
             return await self.lost_lease(live.controller.signal.reason)

@@ -42,6 +42,7 @@ from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.providers import from_env
 from toolloop.providers.client import HttpClient, client_from_env
 from workers import deltas, names, wire
+from workers.deadlines import StepDeadlines
 from workers.hooks import NO_HOOKS, Hooks
 from workers.killpoints import KillPlan
 from workers.live import Begun, KeptLoops
@@ -108,6 +109,7 @@ class WorkerProcess:
         self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
         self.toolsets = Registry(settings.toolsets)
         self.kept = KeptLoops(settings.kept_loops)
+        self.deadlines = StepDeadlines(settings.step_timeout)
         self.metrics: Metrics | None = None
         self.consumer: StepRunner | None = None
         self.loop = loop

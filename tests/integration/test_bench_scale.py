@@ -20,7 +20,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
 def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     args = ["--hops", "10", "--floor-trials", "1", "--runs", "6", "--turns", "2", "--latency", "0.2",
-            "--parked", "12", "--bursts", "2", "--park-turns", "2", "--json", str(out)]  # fmt: skip
+            "--parked", "12", "--bursts", "2", "--park-turns", "2", "--warm", "12",
+            "--json", str(out)]  # fmt: skip
     try:
         done = subprocess.run(
             [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, check=False
@@ -36,6 +37,7 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     assert any(line.startswith("  trial: 6/6 done") for line in lines), done.stdout
     parked = next(line for line in lines if line.startswith("12 parked runs raise the worker's RSS by"))
     assert "{'asked': 24}" in parked  # two bursts of 12
+    assert "after 12 runs at full steps in flight" in parked  # the warm-up before the baseline
     assert any(line.startswith("  RSS after each burst of 12: ") for line in lines), done.stdout
     by_mapping = next(line for line in lines if line.startswith("  RSS by mapping, before -> after, MB: "))
     assert "heap" in by_mapping and "anon" in by_mapping, by_mapping
@@ -50,6 +52,7 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     assert trial["gc"]["thresholds"] == [100_000, 50, 1000]
     kept = results["parked"]
     assert kept["statuses"] == {"asked": 24} and len(kept["rss_after_bursts_mb"]) == 2
+    assert kept["warm"] == 12  # the bench asserts that every warm-up run ended done, none parked
     pools = kept["alloc_after"]["pymalloc"]  # sys._debugmallocstats() read in the worker
     assert pools["arenas_allocated_current"] > 0 and pools["bytes_in_allocated_blocks"] > 1 << 20, pools
     assert kept["alloc_after"]["glibc"]["arenas"] >= 1  # malloc_info: the main arena at least
