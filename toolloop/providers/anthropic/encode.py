@@ -1,0 +1,130 @@
+"""`encode_body`: the JSON bytes of a Messages API body, each history message encoded once per run.
+
+Invariant: the bytes are exactly `fastjson.dumps(build_body(...))`, the body a build from nothing
+gives (the prompt cache reads the prefix byte for byte; tests/unit/test_body_bytes.py compares them
+at every turn of long conversations). What makes reuse safe:
+- A message's bytes depend only on the message (a frozen model), the TTL of the marks, and the
+  bytes of its images. The loop sends a message whose wire form changes as another object: an image
+  dropped (toolloop/loop/history.py `trim_images`), a cache mark set, moved or taken off
+  (toolloop/loop/cache.py: the marked copy, then the original again). So the run's memo keeps the
+  last request's `Sent`: its messages, the bytes of its `messages` array, and where each message's
+  bytes are in them (toolloop/memo.py `RunMemo.wire`). The next request takes the bytes of the
+  longest run of the same objects at its start (found in C: `map(is_not, ...)`), up to the first
+  message holding an image, then each further message's bytes when it is the same object at the same
+  place, and encodes the others. A message holding an image is encoded every time (its bytes are read
+  at send time). A different TTL reuses nothing.
+- Each message's blocks are encoded at the depth they have in the body (three lists around them),
+  so orjson refuses a too deeply nested value here exactly when it would refuse the whole body.
+  When orjson refuses any part, the whole body goes through `fastjson.dumps`, as it did before (its
+  fallback writes numbers unlike orjson: a body is never made of both).
+- Turns are joined as orjson writes `{"role": ..., "content": [...]}` (compact, keys in order):
+  consecutive user messages share a turn, an assistant message is a turn of its own. The body's
+  other fields are the frame's own (`body_frame`), around `"messages"` in its place.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from itertools import compress, count
+from operator import is_not
+from typing import Any
+
+import orjson
+
+from toolloop.contract import AssistantMessage, ChatMessage, PromptGenRequest
+from toolloop.fastjson import dumps
+from toolloop.memo import run_memo
+from toolloop.providers.anthropic.request import has_image, message_blocks, turns
+from toolloop.providers.common import CacheTtl, cache_ttl_of
+
+NONE, USER, ASSISTANT = 0, 1, 2
+"""Roles as `Sent.last` stores them."""
+_OPEN = {USER: b'{"role":"user","content":[', ASSISTANT: b'{"role":"assistant","content":['}
+_NEXT = {role: b"]}," + opening for role, opening in _OPEN.items()}
+
+
+class Sent:
+    """One request's messages and the bytes of its `messages` array without the brackets and the
+    last turn's close: `stream[starts[i]:ends[i]]` is message i's blocks (empty for a message with
+    none), `last[i]` the role of the last turn through message i, `stable` the number of messages
+    before the first one holding an image (the bytes up to `ends[stable - 1]` read no image)."""
+
+    __slots__ = ("ends", "last", "messages", "stable", "starts", "stream", "ttl")
+
+    def __init__(
+        self,
+        messages: list[ChatMessage],
+        ttl: str,
+        stream: bytes,
+        starts: array[int],
+        ends: array[int],
+        last: bytearray,
+        stable: int,
+    ) -> None:
+        self.messages, self.ttl, self.stream, self.stable = messages, ttl, stream, stable
+        self.starts, self.ends, self.last = starts, ends, last
+
+
+NOTHING = Sent([], "", b"", array("Q"), array("Q"), bytearray(), 0)
+
+
+def encode_body(request: PromptGenRequest, frame: dict[str, Any], images: Mapping[str, str]) -> bytes:
+    """The bytes of `frame` (from `body_frame`, its `"messages"` still empty) with the request's
+    messages in place; with the run's memo, only what the last request did not send is encoded.
+    `images` maps each image path to its base64 bytes."""
+    ttl = cache_ttl_of(request)
+    try:
+        if request.messages is None:
+            messages = orjson.dumps([{"role": "user", "content": request.prompt}])
+        else:
+            messages = _messages(request.messages, images, ttl)
+        keys = list(frame)
+        at = keys.index("messages")
+        head = orjson.dumps({key: frame[key] for key in keys[:at]})
+        tail = orjson.dumps({key: frame[key] for key in keys[at + 1 :]})
+    except TypeError:  # orjson refused a value (an integer beyond 64 bits, too deep a nesting)
+        return dumps({**frame, "messages": turns(request, images, ttl)})
+    rest = b"," + tail[1:] if len(tail) > 2 else b"}"
+    return b"".join((head[:-1], b',"messages":', messages, rest))
+
+
+def _messages(messages: Sequence[ChatMessage], images: Mapping[str, str], ttl: CacheTtl) -> bytes:
+    """The JSON of the body's `messages` array; the run's memo gets this request's `Sent`."""
+    memo = run_memo.get()
+    old = NOTHING if memo is None or memo.wire is None or memo.wire.ttl != ttl else memo.wire
+    known = old.messages
+    same = min(
+        next(compress(count(), map(is_not, known, messages)), min(len(known), len(messages))), old.stable
+    )
+    parts = [old.stream[: old.ends[same - 1]]] if same else []
+    starts, ends, last = old.starts[:same], old.ends[:same], old.last[:same]
+    length = ends[-1] if same else 0
+    role = last[-1] if same else NONE
+    stable = same
+    for index in range(same, len(messages)):
+        message = messages[index]
+        image = has_image(message)
+        if not image and index < len(known) and known[index] is message:
+            own = ASSISTANT if isinstance(message, AssistantMessage) else USER
+            encoded = old.stream[old.starts[index] : old.ends[index]]
+        else:
+            name, blocks = message_blocks(message, images, ttl)
+            own = ASSISTANT if name == "assistant" else USER
+            encoded = orjson.dumps([[[blocks]]])[4:-4]  # at their depth in the body: see the top
+        start = length
+        if encoded:
+            opening = _OPEN[own] if role == NONE else b"," if role == own == USER else _NEXT[own]
+            parts += (opening, encoded)
+            start += len(opening)
+            length = start + len(encoded)
+            role = own
+        starts.append(start)
+        ends.append(length)
+        last.append(role)
+        if stable == index and not image:
+            stable += 1
+    stream = b"".join(parts)
+    if memo is not None:
+        memo.wire = Sent(list(messages), ttl, stream, starts, ends, last, stable)
+    return b"[" + stream + b"]}]" if stream else b"[]"
