@@ -30,15 +30,16 @@ SHOWN = (1, 10, 30)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=HERE.parent, help="the tree whose toolloop to time")
-    parser.add_argument("--rounds", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=300, help="runs in flight, each called in turn")
     args = parser.parse_args()
     sys.path[:0] = [str(args.tree.resolve()), str(HERE)]
-    figures = measure(args.rounds)
+    figures = measure(args.rounds, args.runs)
     shown = ", ".join(f"call {t}: {figures[t - 1]:.1f} us" for t in SHOWN)
-    print(f"{args.tree.resolve()}: {shown} (median of {args.rounds} runs, thread CPU)")
+    print(f"{args.tree.resolve()}: {shown} (median of {args.rounds} x {args.runs} runs, thread CPU)")
 
 
-def measure(rounds: int) -> list[float]:
+def measure(rounds: int, runs: int) -> list[float]:
     # imported here: the tree to time is put on sys.path first
     from _durable_agent import PARAGRAPH, TOOLS
 
@@ -65,25 +66,27 @@ def measure(rounds: int) -> list[float]:
     ]
     info = default_catalog().find("claude-sonnet-5-5")
     times: list[list[float]] = [[] for _ in range(TURNS)]
-    gc.disable()  # collected between runs: a collection would land on the same call of every run
+    gc.disable()  # as rare on this path as in the worker (gc.freeze, a young threshold of 100,000)
     for _ in range(rounds):
-        memo = RunMemo(replays=False)
-        token = run_memo.set(memo)
-        history = History([user], keep_images=2)
+        memos = [RunMemo(replays=False) for _ in range(runs)]
+        histories = [History([user], keep_images=2) for _ in range(runs)]
         for turn in range(TURNS):
-            messages, cache_system = request_messages(history, "conversation", TURNS + 1, memo)
-            request = PromptGenRequest.model_construct(
-                _fields_set={"prompt", "system", "model", "messages", "tools", "cache_system"},
-                prompt="", system=f"You review storyboards. turns={TURNS}", model="claude-sonnet-5-5",
-                temperature=None, params=None, messages=messages, tools=definitions, tool_choice=None,
-                cache_system=cache_system,
-            )  # fmt: skip
-            began = time.thread_time_ns()
-            body(request, info)
-            times[turn].append((time.thread_time_ns() - began) / 1000)
-            history.append(answers[turn])
-            history.append(results[turn])
-        run_memo.reset(token)
+            for memo, history in zip(memos, histories, strict=True):  # each run's data cold, as in a worker
+                token = run_memo.set(memo)
+                messages, cache_system = request_messages(history, "conversation", TURNS + 1, memo)
+                request = PromptGenRequest.model_construct(
+                    _fields_set={"prompt", "system", "model", "messages", "tools", "cache_system"},
+                    prompt="", system=f"You review storyboards. turns={TURNS}", model="claude-sonnet-5-5",
+                    temperature=None, params=None, messages=messages, tools=definitions, tool_choice=None,
+                    cache_system=cache_system,
+                )  # fmt: skip
+                began = time.thread_time_ns()
+                body(request, info)
+                times[turn].append((time.thread_time_ns() - began) / 1000)
+                history.append(answers[turn])
+                history.append(results[turn])
+                run_memo.reset(token)
+        del memos, histories
         gc.collect()
     gc.enable()
     return [statistics.median(t) for t in times]

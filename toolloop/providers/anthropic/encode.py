@@ -34,7 +34,7 @@ import orjson
 
 from toolloop.contract import AssistantMessage, ChatMessage, PromptGenRequest
 from toolloop.fastjson import dumps
-from toolloop.memo import run_memo
+from toolloop.memo import RunMemo, run_memo
 from toolloop.providers.anthropic.request import has_image, message_blocks, turns
 from toolloop.providers.common import CacheTtl, cache_ttl_of
 
@@ -44,29 +44,36 @@ _OPEN = {USER: b'{"role":"user","content":[', ASSISTANT: b'{"role":"assistant","
 _NEXT = {role: b"]}," + opening for role, opening in _OPEN.items()}
 
 
-class Sent:
-    """One request's messages and the bytes of its `messages` array without the brackets and the
-    last turn's close: `stream[starts[i]:ends[i]]` is message i's blocks (empty for a message with
-    none), `last[i]` the role of the last turn through message i, `stable` the number of messages
-    before the first one holding an image (the bytes up to `ends[stable - 1]` read no image)."""
+MESSAGES = b',"messages":[]'
+"""Where the messages go in the frame's bytes: the first such bytes are the frame's own `messages`
+(outside any string, where `"` is always escaped; and no key before it, `model`, `max_tokens`,
+`system` and its text block, holds a `messages`)."""
 
-    __slots__ = ("ends", "last", "messages", "stable", "starts", "stream", "ttl")
+
+class Sent:
+    """One request's messages and its body: `body[base + starts[i]:base + ends[i]]` is message i's
+    blocks (empty for a message with none), `body[base:base + ends[i]]` the `messages` array through
+    message i without its last turn's close; `last[i]` the role of the last turn through message i,
+    `stable` the number of messages before the first one holding an image (the bytes through
+    message `stable - 1` read no image)."""
+
+    __slots__ = ("base", "body", "ends", "last", "messages", "stable", "starts", "ttl")
 
     def __init__(
         self,
         messages: list[ChatMessage],
         ttl: str,
-        stream: bytes,
         starts: array[int],
         ends: array[int],
         last: bytearray,
         stable: int,
     ) -> None:
-        self.messages, self.ttl, self.stream, self.stable = messages, ttl, stream, stable
+        self.messages, self.ttl, self.stable = messages, ttl, stable
         self.starts, self.ends, self.last = starts, ends, last
+        self.body, self.base = b"", 0
 
 
-NOTHING = Sent([], "", b"", array("Q"), array("Q"), bytearray(), 0)
+NOTHING = Sent([], "", array("Q"), array("Q"), bytearray(), 0)
 
 
 def encode_body(request: PromptGenRequest, frame: dict[str, Any], images: Mapping[str, str]) -> bytes:
@@ -74,30 +81,37 @@ def encode_body(request: PromptGenRequest, frame: dict[str, Any], images: Mappin
     messages in place; with the run's memo, only what the last request did not send is encoded.
     `images` maps each image path to its base64 bytes."""
     ttl = cache_ttl_of(request)
+    memo = run_memo.get()
+    sent: Sent | None = None
     try:
+        framed = orjson.dumps(frame)
         if request.messages is None:
-            messages = orjson.dumps([{"role": "user", "content": request.prompt}])
+            chunks: list[Any] = [orjson.dumps({"role": "user", "content": request.prompt})]
         else:
-            messages = _messages(request.messages, images, ttl)
-        keys = list(frame)
-        at = keys.index("messages")
-        head = orjson.dumps({key: frame[key] for key in keys[:at]})
-        tail = orjson.dumps({key: frame[key] for key in keys[at + 1 :]})
+            chunks, sent = _messages(request.messages, images, ttl, memo)
     except TypeError:  # orjson refused a value (an integer beyond 64 bits, too deep a nesting)
         return dumps({**frame, "messages": turns(request, images, ttl)})
-    rest = b"," + tail[1:] if len(tail) > 2 else b"}"
-    return b"".join((head[:-1], b',"messages":', messages, rest))
+    at = framed.index(MESSAGES) + len(MESSAGES) - 1
+    view = memoryview(framed)
+    body = b"".join((view[:at], *chunks, view[at:]))
+    if memo is not None and sent is not None:
+        sent.body, sent.base = body, at
+        memo.wire = sent
+    return body
 
 
-def _messages(messages: Sequence[ChatMessage], images: Mapping[str, str], ttl: CacheTtl) -> bytes:
-    """The JSON of the body's `messages` array; the run's memo gets this request's `Sent`."""
-    memo = run_memo.get()
+def _messages(
+    messages: Sequence[ChatMessage], images: Mapping[str, str], ttl: CacheTtl, memo: RunMemo | None
+) -> tuple[list[Any], Sent | None]:
+    """The bytes (bytes or views of the last body) of the `messages` array between its brackets, and
+    this request's `Sent` for the run's memo (None without one)."""
     old = NOTHING if memo is None or memo.wire is None or memo.wire.ttl != ttl else memo.wire
     known = old.messages
     same = min(
         next(compress(count(), map(is_not, known, messages)), min(len(known), len(messages))), old.stable
     )
-    parts = [old.stream[: old.ends[same - 1]]] if same else []
+    view, base = memoryview(old.body), old.base
+    parts: list[Any] = [view[base : base + old.ends[same - 1]]] if same else []
     starts, ends, last = old.starts[:same], old.ends[:same], old.last[:same]
     length = ends[-1] if same else 0
     role = last[-1] if same else NONE
@@ -105,9 +119,10 @@ def _messages(messages: Sequence[ChatMessage], images: Mapping[str, str], ttl: C
     for index in range(same, len(messages)):
         message = messages[index]
         image = has_image(message)
+        encoded: Any
         if not image and index < len(known) and known[index] is message:
             own = ASSISTANT if isinstance(message, AssistantMessage) else USER
-            encoded = old.stream[old.starts[index] : old.ends[index]]
+            encoded = view[base + old.starts[index] : base + old.ends[index]]
         else:
             name, blocks = message_blocks(message, images, ttl)
             own = ASSISTANT if name == "assistant" else USER
@@ -124,7 +139,6 @@ def _messages(messages: Sequence[ChatMessage], images: Mapping[str, str], ttl: C
         last.append(role)
         if stable == index and not image:
             stable += 1
-    stream = b"".join(parts)
-    if memo is not None:
-        memo.wire = Sent(list(messages), ttl, stream, starts, ends, last, stable)
-    return b"[" + stream + b"]}]" if stream else b"[]"
+    if role != NONE:
+        parts.append(b"]}")
+    return parts, None if memo is None else Sent(list(messages), ttl, starts, ends, last, stable)

@@ -131,7 +131,11 @@ def _blocks(
 
 def has_image(message: ChatMessage) -> bool:
     content = message.content
-    return isinstance(content, list) and any(isinstance(part, ImagePart) for part in content)
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, ImagePart):
+                return True
+    return False
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[Block]:
