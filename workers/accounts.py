@@ -12,7 +12,8 @@ Redis keys (per account name):
 spent + the estimate is over it the step does not run (the run stops `budget`); when spent +
 reserved + the estimate is over it the step waits for reservations in flight to settle and asks
 again; else the estimate is held until `SETTLE`, which frees it and adds the real cost, and at or
-over `finish_at` of the limit the run goes into finish mode. Concurrent runs of one account
+over `finish_at` of the limit the run goes into finish mode. Reserving a held id again replaces its
+amount (a model call that falls back to a dearer provider: workers/flow.py). Concurrent runs of one account
 therefore never spend more than the limit while the estimates are ceilings (a model call's: its
 input estimate plus max_tokens at list price).
 A reservation expires a lease after it was made: a worker killed mid-call, or a Redis restart that
@@ -48,7 +49,8 @@ def period_id(period: str, now: float) -> str:
 
 RESERVE = """
 -- KEYS[1] the account, KEYS[2] its held zset, KEYS[3] held amounts. ARGV: reservation id, USD,
--- lease ms, the period id of day, of month (the script picks the account's)
+-- lease ms, the period id of day, of month (the script picks the account's). A reservation id
+-- already held is replaced (its amount and expiry) when the new amount fits, kept as it was if not
 -- -> {verdict, spent, reserved, limit}; verdict: "ok" | "finish" | "stop" (it cannot fit even
 --    alone) | "wait" (it fits once reservations in flight settle) | "none" (no limit set)
 local t = redis.call('TIME')
@@ -67,6 +69,7 @@ if #expired > 0 then
 end
 local reserved = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[3])) do reserved = reserved + tonumber(v) end
+reserved = reserved - (tonumber(redis.call('HGET', KEYS[3], ARGV[1])) or 0)  -- a re-reserve replaces
 local amount = tonumber(ARGV[2])
 local used = spent + reserved + amount
 local verdict = 'ok'

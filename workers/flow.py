@@ -26,6 +26,7 @@ from toolloop.loop.run import BudgetStop
 from toolloop.loop.tools import as_output, call
 from toolloop.loop.types import ToolSpec
 from toolloop.providers.common import estimate_input_tokens
+from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
 from toolloop.providers.http import observe_responses, race
 from workers import accounts, ratelimit
 from workers.process import WorkerProcess
@@ -37,43 +38,102 @@ Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 
 
 def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> Generate:
-    """`generate` under the worker's rate limits and the run's account (as is when neither applies)."""
-    provider = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
-    config = process.settings.rate_limits
-    if spec.account is None and not config.get(provider):
+    """`generate` under the worker's rate limits and the run's account (as is when neither applies).
+    Through the process's PromptGen, each provider attempt (the head, then each fallback it moves to)
+    is booked against that provider's own limits (`AROUND_ATTEMPT`); a plain generate is booked
+    against the run's provider."""
+    head = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
+    if spec.account is None and not process.settings.rate_limits:
         return generate
+    per_attempt = isinstance(process.prompt_gen, PromptGen)
 
     async def flowing(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
-        model = request.model or spec.model
-        limits = ratelimit.limits_for(config, provider, model)
-        reservation: str | None = None
-
-        async def reserved() -> PromptGenRequest:
-            """Reserve from the account once the rate limiter gave room (a long wait for room does
-            not eat into the reservation's lease)."""
-            nonlocal reservation
-            if spec.account is None:
-                return request
-            reservation, verdict = await reserve(
-                process, spec.account, _estimate(process, request, provider), signal
-            )
-            if verdict.verdict == "finish" and spec.finish_note:
-                return _with_note(request, spec.finish_note)
-            return request
-
-        cost = 0.0
+        flow = _Flow(process, spec, signal)
         try:
-            if limits is None:
-                result = await generate(await reserved(), signal)
+            if not per_attempt:
+                result = await flow.attempt(head, request, lambda sent: generate(sent, signal))
             else:
-                result = await _limited(process, generate, request, reserved, signal, provider, model, limits)
-            cost = result.cost_usd
+                token = AROUND_ATTEMPT.set(flow.attempt)
+                try:
+                    result = await generate(request, signal)
+                finally:
+                    AROUND_ATTEMPT.reset(token)
+            flow.cost = result.cost_usd
             return result
         finally:
-            if reservation is not None:
-                settle(process, spec.account or "", reservation, cost)
+            flow.settle()
+            flow.release()
 
     return flowing
+
+
+class _Flow:
+    """One model call's flow control: each provider attempt booked against its own (key, model)
+    limits; the account reserved once (at the first attempt given room), raised when a fallback's
+    estimate is higher, settled with the call's cost."""
+
+    def __init__(self, process: WorkerProcess, spec: RunSpec, signal: AbortSignal) -> None:
+        self.process, self.spec, self.signal = process, spec, signal
+        self.reservation: str | None = None
+        self.reserved_usd = 0.0
+        self.finish = False
+        self.cost = 0.0
+        self.held: dict[str, str] = {}
+        """What the call holds for a lease at a time (a sorted set -> its member: the account's
+        reservation, the attempt's `concurrent` place), re-dated every third of a lease while the
+        call runs (`renewing`): a long call keeps them, a killed worker frees them within a lease."""
+        self.renewal: asyncio.Task[None] | None = None
+
+    def hold(self, zset: str, member: str) -> None:
+        self.held[zset] = member
+        if self.renewal is None:
+            self.renewal = asyncio.get_running_loop().create_task(self.renewing())
+
+    async def renewing(self) -> None:
+        lease_ms = self.process.settings.lease_ms
+        while True:
+            await asyncio.sleep(lease_ms / 3000)
+            if self.held:
+                zsets = list(self.held)
+                _fire(self.process, ratelimit.RENEW, zsets, [lease_ms, *(self.held[z] for z in zsets)])
+
+    def release(self) -> None:
+        if self.renewal is not None:
+            self.renewal.cancel()
+
+    async def attempt(self, provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
+        """`send(request)` to `provider` once its limits give room (facade.AroundAttempt)."""
+        model = request.model or self.spec.model
+        limits = ratelimit.limits_for(self.process.settings.rate_limits, provider, model)
+        if limits is None:
+            return await send(await self.reserved(provider, request))
+        return await _limited(
+            self, send, request, lambda: self.reserved(provider, request), provider, model, limits
+        )
+
+    async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
+        """`request` once the account holds its estimate at `provider`'s price (reserved after the
+        rate limiter gave room, so a long wait for room does not eat into the reservation's lease).
+        A fallback dearer than what is held reserves its estimate again under the same id (the
+        script replaces the amount: the call does not wait on its own reservation)."""
+        account = self.spec.account
+        if account is None:
+            return request
+        estimate = _estimate(self.process, request, provider)
+        if self.reservation is None or estimate > self.reserved_usd:
+            self.reservation, verdict = await reserve(
+                self.process, account, estimate, self.signal, self.reservation
+            )
+            self.reserved_usd = estimate
+            self.hold(accounts.keys_of(account)[1], self.reservation)
+            self.finish = self.finish or verdict.verdict == "finish"
+        if self.finish and self.spec.finish_note:
+            return _with_note(request, self.spec.finish_note)
+        return request
+
+    def settle(self) -> None:
+        if self.reservation is not None:
+            settle(self.process, self.spec.account or "", self.reservation, self.cost)
 
 
 def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
@@ -105,11 +165,12 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
 
 
 async def reserve(
-    process: WorkerProcess, account: str, usd: float, signal: AbortSignal
+    process: WorkerProcess, account: str, usd: float, signal: AbortSignal, reservation: str | None = None
 ) -> tuple[str, accounts.Verdict]:
-    """Reserve `usd` from `account` for a lease; raise the loop's budget stop past its limit. While
-    it fits only once reservations in flight settle, wait (the step's slot lent meanwhile)."""
-    reservation = uuid.uuid4().hex
+    """Reserve `usd` from `account` for a lease (under `reservation`, replacing what it holds, else
+    a new id); raise the loop's budget stop past its limit. While it fits only once reservations in
+    flight settle, wait (the step's slot lent meanwhile)."""
+    reservation = reservation or uuid.uuid4().hex
     while True:
         reply = await process.batch.script(
             accounts.RESERVE, accounts.keys_of(account),
@@ -160,15 +221,15 @@ def _with_note(request: PromptGenRequest, note: str) -> PromptGenRequest:
 
 
 async def _limited(
-    process: WorkerProcess,
-    generate: Generate,
+    flow: _Flow,
+    send: Send,
     request: PromptGenRequest,
     reserved: Callable[[], Awaitable[PromptGenRequest]],
-    signal: AbortSignal,
     provider: str,
     model: str,
     limits: ratelimit.Limits,
 ) -> PromptGenResult:
+    process, signal = flow.process, flow.signal
     hashed = ratelimit.key_hash(provider, limits)
     bucket = ratelimit.bucket_key(hashed, model)
     keys = [bucket, f"{bucket}:inflight"]
@@ -185,6 +246,8 @@ async def _limited(
             await _wait(process, int(wait_ms) / 1000, signal)
         if why != "busy":
             break
+    if limits.concurrent > 0:
+        flow.hold(keys[1], holder)
 
     def learn(status: int, headers: Mapping[str, str]) -> None:
         blocked, remaining = ratelimit.lessons(status, headers, time.time())
@@ -195,13 +258,14 @@ async def _limited(
     token = observe_responses.set(learn)
     used_in, used_out = estimate, 0
     try:
-        result = await generate(await reserved(), signal)
+        result = await send(await reserved())
         usage = result.usage
         used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
         used_out = usage.completion_tokens
         return result
     finally:
         observe_responses.reset(token)
+        flow.held.pop(keys[1], None)
         _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
 
 

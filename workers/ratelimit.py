@@ -16,7 +16,8 @@ and a sorted set of the calls in flight beside it, updated by one Lua script per
   call however many wait, and no thundering herd. Output tokens are unknown before the answer: the
   answer's usage is taken afterwards (`settle`), with the input estimate corrected to the real count.
 - `concurrent`: at most that many calls in flight per (key, model); a holder's entry expires after a
-  lease, so a killed worker frees its places.
+  lease, so a killed worker frees its places; a call still running re-dates it every third of a
+  lease (`RENEW`, also the account's reservation of the call: workers/flow.py).
 - The provider's answers teach the limiter (`learn`): `anthropic-ratelimit-*-remaining` lowers a
   bucket to what the provider says is left, a remaining of 0 blocks until its `-reset`, and a
   `retry-after` (a 429) blocks bookings until then.
@@ -209,6 +210,24 @@ while i < #ARGV do
   i = i + 2
 end
 redis.call('PEXPIRE', KEYS[1], 3600000)
+return 1
+"""
+
+RENEW = """
+-- KEYS: sorted sets of holders -> expiry (ms, Redis clock): a (key, model)'s calls in flight, an
+-- account's reservations. ARGV: lease ms, then the member of each key. Each member still held is
+-- re-dated a lease from now (never earlier than it was); one gone (expired, settled) stays gone.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local score = tonumber(redis.call('ZSCORE', key, ARGV[i + 1]))
+  if score ~= nil and score < now + lease then
+    redis.call('ZADD', key, now + lease, ARGV[i + 1])
+    local ttl = redis.call('PTTL', key)
+    if ttl >= 0 and ttl < lease + 60000 then redis.call('PEXPIRE', key, lease + 60000) end
+  end
+end
 return 1
 """
 

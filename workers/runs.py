@@ -189,36 +189,61 @@ def sweep(client: redis_lib.Redis, celery: Celery, settings: Settings | None = N
     live index (an answer puts a parked run back before it resumes it, and a drop only happens while
     the run's index score is the one read before its status, so no resume is lost).
     Re-sends the `toolloop.answer` task of an inbox answer older than TOOLLOOP_OUTBOX_AGE (its message
-    was lost). Returns counts of what it did."""
+    was lost). Returns counts of what it did; a run whose keys cannot be read is logged and
+    `skipped`, and the sweep goes on with the next."""
     settings = settings or Settings.from_env()
-    done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0}
+    done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0, "skipped": 0}
     now = time.time()
     live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
     drop = script(client, INDEX_DROP)
     for run_id, score in live:
-        pipe = client.pipeline(transaction=False)
-        pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
-        pipe.zcard(keys.outbox(run_id))
-        pipe.exists(keys.lease(run_id))
-        pipe.hgetall(keys.inbox(run_id))
-        (status, touched, n, queue), pending, leased, inbox = pipe.execute()
-        if inbox and status is not None and status not in FINAL:
-            done["answers"] += resend_answers(celery, run_id, inbox, now - settings.outbox_age)
-        if status is None or status in FINAL or (status == "asked" and not pending and not inbox):
-            drop(keys=[keys.LIVE_RUNS], args=[run_id, repr(score)])
-            done["ended" if status != "asked" else "parked"] += 1
-            continue
-        if pending:
-            done["resent"] += flush_outbox(client, celery, run_id, settings.outbox_age, settings.redrive_age)
-        elif status in ("queued", "running") and not leased:
-            idle = now - float(touched or 0)
-            if idle > settings.redrive_age:
-                next_n = int(n or 0) + 1
-                send(celery, ADVANCE, [run_id, next_n], queue=queue or names.LLM,
-                     task_id=names.step_id(run_id, next_n))  # fmt: skip
-                client.hset(keys.state(run_id), "touched", now)
-                done["redriven"] += 1
+        try:
+            _sweep_run(client, celery, settings, drop, run_id, score, now, done)
+        except (redis_lib.ResponseError, ValueError, TypeError, KeyError) as error:
+            # one run's keys holding what no worker wrote (a WRONGTYPE key, a bad number or answer)
+            # must not stop the sweep of every run after it; a lost connection still ends the sweep
+            done["skipped"] += 1
+            log.warning(
+                "sweep: run %r skipped: %s: %s\n  Its keys tl:{%s}:* hold something the workers did not "
+                "write; look at them (redis-cli --scan --pattern 'tl:{%s}:*'), then delete or fix them.",
+                run_id, type(error).__name__, error, run_id, run_id,
+            )  # fmt: skip
     return done
+
+
+def _sweep_run(
+    client: redis_lib.Redis,
+    celery: Celery,
+    settings: Settings,
+    drop: Any,
+    run_id: str,
+    score: float,
+    now: float,
+    done: dict[str, int],
+) -> None:
+    """One run of the sweep (`sweep`): its counts are added to `done`."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
+    pipe.zcard(keys.outbox(run_id))
+    pipe.exists(keys.lease(run_id))
+    pipe.hgetall(keys.inbox(run_id))
+    (status, touched, n, queue), pending, leased, inbox = pipe.execute()
+    if inbox and status is not None and status not in FINAL:
+        done["answers"] += resend_answers(celery, run_id, inbox, now - settings.outbox_age)
+    if status is None or status in FINAL or (status == "asked" and not pending and not inbox):
+        drop(keys=[keys.LIVE_RUNS], args=[run_id, repr(score)])
+        done["ended" if status != "asked" else "parked"] += 1
+        return
+    if pending:
+        done["resent"] += flush_outbox(client, celery, run_id, settings.outbox_age, settings.redrive_age)
+    elif status in ("queued", "running") and not leased:
+        idle = now - float(touched or 0)
+        if idle > settings.redrive_age:
+            next_n = int(n or 0) + 1
+            send(celery, ADVANCE, [run_id, next_n], queue=queue or names.LLM,
+                 task_id=names.step_id(run_id, next_n))  # fmt: skip
+            client.hset(keys.state(run_id), "touched", now)
+            done["redriven"] += 1
 
 
 def resend_answers(celery: Celery, run_id: str, inbox: dict[str, str], before: float) -> int:

@@ -21,9 +21,11 @@ Threads of a worker process:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -208,9 +210,30 @@ def _sweep_forever(process: WorkerProcess) -> None:
             log.warning("sweep failed: %s: %s", type(error).__name__, error)
 
 
+MIN_REDIS = (6, 2)
+"""The oldest Redis the workers' commands run on: the sweeper re-dates outbox records with `ZADD XX
+LT` (workers/runs.py `flush_outbox`), new in 6.2; an older server refuses it, and a sweep that
+re-dates a record (an enqueuing process with a longer TOOLLOOP_REDRIVE_AGE, or a clock ahead of the
+sweeper's) fails from that run on."""
+
+
+def too_old(version: str) -> bool:
+    """True when `version` (INFO's `redis_version`, "6.0.16") is older than MIN_REDIS."""
+    parts = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    return len(parts) == 2 and parts < MIN_REDIS
+
+
 def check_redis(client: redis_lib.Redis) -> None:
-    """Warn when Redis can lose the journal: AOF off, an eviction policy other than noeviction, or
-    no maxmemory."""
+    """Warn when Redis is older than MIN_REDIS, or can lose the journal: AOF off, an eviction policy
+    other than noeviction, or no maxmemory."""
+    with contextlib.suppress(redis_lib.RedisError):  # INFO may be renamed away on a managed Redis
+        version = str(client.info("server").get("redis_version", ""))
+        if too_old(version):
+            log.warning(
+                "Redis %s is older than %d.%d, which toolloop needs (ZADD LT): sweeps can fail, and lost "
+                "steps then are not sent again.\n  Run Redis >= 6.2 or Valkey (docs/operations.md).",
+                version, *MIN_REDIS,
+            )  # fmt: skip
     try:
         config: dict[str, str] = client.config_get("appendonly")  # type: ignore[assignment]
         config.update(client.config_get("maxmemory-policy"))  # type: ignore[arg-type]

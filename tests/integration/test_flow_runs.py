@@ -21,7 +21,8 @@ from toolloop.journal import keys
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.sim import SimServer
 from toolloop.sim.ratelimit import SimRateLimits
-from workers import accounts
+from toolloop.sim.script import SimFault, SimRequest, SimToolCall, SimTurn
+from workers import accounts, ratelimit
 from workers.client import Client
 
 TURNS = 5
@@ -164,8 +165,6 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
 def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_budget(
     own_redis: EmbeddedServer, tmp_path: Path
 ) -> None:
-    from toolloop.sim.script import SimRequest, SimToolCall, SimTurn
-
     seen: list[SimRequest] = []
 
     def policy(request: SimRequest) -> SimTurn:
@@ -213,3 +212,122 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
             client.close()
     assert status.status == "done"
     assert took < 10, took  # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
+    own_redis: EmbeddedServer, tmp_path: Path, stream: bool
+) -> None:
+    overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})  # falls over at once
+
+    def policy(request: SimRequest) -> SimTurn:
+        if request.wire == "anthropic":
+            return SimTurn(fault=overloaded)
+        n = request.assistant_turns + 1
+        if n >= TURNS:
+            return SimTurn(text="Done.")
+        return SimTurn(text=f"Step {n}.", tool_calls=[SimToolCall(name="add", input={"a": n, "b": 1})])
+
+    runs, fal_rpm = 20, 300  # 100 model calls, each refused by Anthropic, then sent to fal: 5 a second
+    limits = json.dumps({
+        "anthropic": {"*": {"requests_per_minute": 6000, "output_tokens_per_minute": 60000}},
+        "fal": {"*": {"requests_per_minute": fal_rpm}},
+    })  # fmt: skip
+    # fal's own side holds 4 s of its limit (20 calls): unpaced, 100 calls in a few seconds meet 429s.
+    with SimServer(policy, fal_rate_limits=SimRateLimits(rpm=fal_rpm, burst_s=4)) as sim:
+        env = {"TOOLLOOP_RATE_LIMITS": limits, "FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url}
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
+        client = Client(own_redis.url)
+        try:
+            started = time.monotonic()
+            run_ids = [client.enqueue(run_spec(fallback=["fal"], stream=stream)) for _ in range(runs)]
+            statuses = wait_all(client, run_ids, timeout=90)
+            took = time.monotonic() - started
+            plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
+            anthropic = plain.hgetall(bucket_of("anthropic", "ANTHROPIC_API_KEY", "sim-key"))
+            fal = plain.hgetall(bucket_of("fal", "FAL_KEY", "fal-sim-key"))
+            plain.close()
+        finally:
+            worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]  # fal was never sent past its limit
+    assert [s.status for s in statuses] == ["done"] * runs
+    assert stats["endpoints"] == {"anthropic": runs * TURNS, "fal": runs * TURNS}
+    assert took >= (runs * TURNS - 5) / 5 * 0.9  # paced at fal's limit, beyond its 1 s burst
+    assert fal  # fal's calls were booked in fal's own bucket ...
+    # ... and not in Anthropic's: no output tokens were settled there (its 529s have none), nor a
+    # fal 429 learned
+    assert float(anthropic["o"]) == 60000 / 60 and "blocked" not in anthropic, anthropic
+
+
+def bucket_of(provider: str, env: str, key: str) -> str:
+    """The Redis hash of (key, claude-haiku-4-5) under flow control (docs/flow-control.md)."""
+    hashed = ratelimit.key_hash(provider, ratelimit.Limits(), env={env: key})
+    return ratelimit.bucket_key(hashed, "claude-haiku-4-5")
+
+
+def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sent(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})
+
+    def policy(request: SimRequest) -> SimTurn:
+        return SimTurn(fault=overloaded) if request.wire == "anthropic" else SimTurn(text="Done.")
+
+    # The call's estimate: ~$0.04 at Anthropic, ~$0.16 at fal (default max_tokens 32,000, not 8,192).
+    with SimServer(policy) as sim:
+        env = {"FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url}
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("narrow", 0.10, period="total")  # room for Anthropic's only
+            client.set_account_limit("wide", 0.18, period="total")  # fal's fits, not beside its own $0.04
+            narrow = client.enqueue(run_spec(account="narrow", fallback=["fal"]))
+            wide = client.enqueue(run_spec(account="wide", fallback=["fal"]))
+            # less than a lease (20 s): the dearer estimate does not wait for the call's own reservation
+            statuses = wait_all(client, [narrow, wide], timeout=15)
+            rows = {row.name: row for row in client.accounts()}
+        finally:
+            worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert [s.status for s in statuses] == ["budget", "done"]
+    assert stats["endpoints"] == {"anthropic": 2, "fal": 1}  # the narrow run's call never went to fal
+    assert rows["narrow"].spent_usd == 0.0 and rows["wide"].spent_usd > 0
+    assert rows["narrow"].reserved_usd == rows["wide"].reserved_usd == 0.0
+
+
+def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    lease_ms, latency = 3000, 8.0
+    starts: list[float] = []
+
+    def policy(request: SimRequest) -> SimTurn:
+        starts.append(time.monotonic())
+        return SimTurn(text="Done.", latency_s=latency)  # one call, over two leases long
+
+    limits = json.dumps({"anthropic": {"*": {"concurrent": 1}}})
+    plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    with SimServer(policy) as sim:
+        env = {"TOOLLOOP_RATE_LIMITS": limits, "TOOLLOOP_LEASE_MS": str(lease_ms)}
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("long", 5.0, period="total")
+            first = client.enqueue(run_spec(account="long"))
+            eventually(lambda: starts or None, timeout=20)
+            time.sleep(lease_ms / 1000 * 1.7)  # past a lease into the first call
+            reserved_late = held(plain, "long")
+            run_ids = [first, client.enqueue(run_spec(account="long"))]  # it waits for the place
+            statuses = wait_all(client, run_ids, timeout=60)
+            (row,) = client.accounts()
+        finally:
+            worker.stop()
+            client.close()
+            plain.close()
+    assert [s.status for s in statuses] == ["done", "done"]
+    assert reserved_late > 0  # the first call's reservation did not lapse a lease after it was made
+    assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, starts  # one call at a time
+    assert row.reserved_usd == 0.0 and row.spent_usd > 0

@@ -4,12 +4,14 @@ between a commit and its send (the outbox and the sweeper bring it back)."""
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.integration.runs_kit import client_on, kinds, logged, spec
+from toolloop.journal import keys
 from workers import runs
 from workers.client import Client
 from workers.names import ADVANCE
@@ -124,3 +126,17 @@ def test_blocking_sync_tools_of_two_runs_run_at_once(client: Client) -> None:
     for run_id in (first, second):
         status = client.wait(run_id, timeout=30)
         assert (status.status, status.final_text) == ("done", "met"), status
+
+
+def test_a_run_whose_keys_cannot_be_read_does_not_stop_the_sweep_of_the_others(client: Client) -> None:
+    """A run in the live index whose state key holds a string (WRONGTYPE for HMGET), sorted first, is
+    logged and skipped: the sweeper still re-sends the successor of the run after it."""
+    broken = "broken-" + uuid.uuid4().hex
+    client.redis.set(f"tl:{{{broken}}}:state", "not a hash")
+    client.redis.zadd(keys.LIVE_RUNS, {broken: 0})  # first in the sweep's order
+    run_spec = RunSpec.model_validate(spec("tools", user="Add 40 and 1."))
+    run_id = runs.create(client.redis, BrokerDown(), run_spec)  # type: ignore[arg-type]
+    status = client.wait(run_id, timeout=20)  # the worker sweeps every 1 s, re-sends after 2 s
+    assert status.status == "done"
+    assert status.final_text == "The sum is 41."
+    assert client.redis.zscore(keys.LIVE_RUNS, broken) == 0  # still indexed: nothing was dropped or lost

@@ -52,3 +52,23 @@ def test_input_tokens_per_minute_count_the_prompt() -> None:
         left = int(first.headers["anthropic-ratelimit-input-tokens-remaining"])
         assert 0 < left < 100
         assert "anthropic-ratelimit-requests-limit" not in first.headers  # only the limits that are set
+
+
+def post_fal(sim: SimServer, key: str) -> httpx.Response:
+    return httpx.post(
+        f"{sim.base_url}/openrouter/router/openai/v1/chat/completions",
+        headers={"authorization": f"Key {key}"},
+        json={"model": "anthropic/claude-haiku-4.5", "max_tokens": 10, "messages": HELLO},
+    )
+
+
+def test_the_fal_wire_has_limits_of_its_own_and_burst_s_sizes_a_bucket() -> None:
+    # 60 rpm holding 2 s of it: two requests, then a 429 (one request refills in 1 s)
+    limits = SimRateLimits(rpm=60, burst_s=2)
+    with SimServer([{"text": "Hi."}] * 9, fal_rate_limits=limits) as sim:
+        answers = [post_fal(sim, "fal-a") for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 429], [a.text for a in answers]
+        assert answers[2].headers["retry-after"] == "1"
+        assert not [h for h in answers[2].headers if h.startswith("anthropic-ratelimit")]  # fal sends none
+        assert [post(sim, "fal-a").status_code for _ in range(3)] == [200] * 3  # Anthropic's wire: no limit
+        assert sim.stats()["statuses"]["429"] == 1

@@ -22,6 +22,7 @@ from toolloop import (
     from_env,
 )
 from toolloop.providers import AnthropicHandler, ClaudeHandler, CodexHandler, FalHandler, OpenAIHandler
+from toolloop.providers.facade import AROUND_ATTEMPT, Send
 
 REQUEST = PromptGenRequest(prompt="Hi")
 
@@ -200,3 +201,43 @@ async def test_from_env_without_keys_is_unavailable_auth_at_call_time() -> None:
     with pytest.raises(PromptGenUnavailableError) as caught:
         await gen.generate(REQUEST)
     assert caught.value.reason == "auth" and "FAL_KEY" in str(caught.value)
+
+
+async def test_each_provider_attempt_goes_through_the_around_attempt_hook() -> None:
+    a, b = Fake(error=PromptGenError("overloaded\n  x", status=529)), Fake("from b")
+    gen = PromptGen({"a": a, "b": b}, "a", ["b"])
+    seen: list[tuple[str, str | None]] = []
+
+    async def around(provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
+        seen.append((provider, request.prompt))
+        return await send(request.model_copy(update={"prompt": f"{request.prompt} via {provider}"}))
+
+    token = AROUND_ATTEMPT.set(around)
+    try:
+        result = await gen.generate(REQUEST)
+    finally:
+        AROUND_ATTEMPT.reset(token)
+    assert seen == [("a", "Hi"), ("b", "Hi")]  # each attempt, the caller's request each time
+    assert result.meta is not None and result.meta["provider"] == "b"
+    assert result.meta["fallback_from"] == [{"provider": "a", "reason": "HTTP 529"}]
+    assert (a.calls, b.calls) == (1, 1)
+    await gen.generate(REQUEST)  # no hook: the handlers are called as they are
+    assert len(seen) == 2 and (a.calls, b.calls) == (2, 2)
+
+
+async def test_an_error_of_the_hook_that_is_not_unavailable_stops_the_walk() -> None:
+    a, b = Fake(error=PromptGenError("overloaded\n  x", status=529)), Fake("from b")
+    gen = PromptGen({"a": a, "b": b}, "a", ["b"])
+
+    async def around(provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
+        if provider == "b":
+            raise RuntimeError("budget stop")
+        return await send(request)
+
+    token = AROUND_ATTEMPT.set(around)
+    try:
+        with pytest.raises(RuntimeError, match="budget stop"):
+            await gen.generate(REQUEST)
+    finally:
+        AROUND_ATTEMPT.reset(token)
+    assert b.calls == 0

@@ -12,17 +12,25 @@ its reason, so the run's `ModelEvent` shows the switch.
 Streaming (SPEC 4.3): `on_delta` is passed to each handler whose `execute` takes it; before moving
 to the next provider after deltas went out, a discard delta (`DeltaEvent(discard=True)`) says
 they are void.
+
+Flow control (workers/flow.py): while `AROUND_ATTEMPT` holds a hook, each provider the walk tries is
+called through it, `await hook(provider, request, send)`, where `send(request)` makes that
+provider's call (with its own retries); the hook may wait before it sends, send a changed request
+(a finish note) and raise (a budget stop is raised at once, as any error that is not unavailable or
+capacity). So a worker books each attempt against the limits of the provider it goes to. No hook
+(the default): each handler is called directly.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 
 from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
+from toolloop.deltas import Relay, takes_on_delta
 from toolloop.deltas import relay as as_relay
-from toolloop.deltas import takes_on_delta
 from toolloop.errors import PromptGenError, is_prompt_gen_unavailable
 from toolloop.providers.base import PromptGenHandler
 
@@ -30,6 +38,11 @@ log = logging.getLogger("toolloop.providers")
 
 Generate = Callable[..., Awaitable[PromptGenResult]]
 """`async (request, signal, on_delta=None) -> PromptGenResult`."""
+
+Send = Callable[[PromptGenRequest], Awaitable[PromptGenResult]]
+AroundAttempt = Callable[[str, PromptGenRequest, Send], Awaitable[PromptGenResult]]
+AROUND_ATTEMPT: ContextVar[AroundAttempt | None] = ContextVar("around_attempt", default=None)
+"""The hook every provider attempt of `PromptGen.generate` goes through in this context (None: none)."""
 
 
 def is_capacity(error: BaseException) -> bool:
@@ -103,16 +116,15 @@ class PromptGen:
         chain = list(dict.fromkeys([head, *self.fallback]))
         last: BaseException | None = None
         failed: list[dict[str, str]] = []
+        around = AROUND_ATTEMPT.get()
         for index, name in enumerate(chain):
             handler = self._handlers.get(name)
             if handler is None:
                 log.warning("prompt-gen fallback %r is not registered; skipped", name)
                 continue
+            send = self._sender(name, handler, signal, relay)
             try:
-                if relay is not None and self._streams.get(name, False):
-                    result = await handler.execute(request, signal, on_delta=relay)
-                else:
-                    result = await handler.execute(request, signal)
+                result = await (send(request) if around is None else around(name, request, send))
             except Exception as error:
                 if signal.aborted or not (is_prompt_gen_unavailable(error) or is_capacity(error)):
                     raise
@@ -137,6 +149,16 @@ class PromptGen:
             return result.model_copy(update={"meta": meta})
         assert last is not None  # the head is registered, so it ran and failed
         raise last
+
+    def _sender(self, name: str, handler: PromptGenHandler, signal: AbortSignal, relay: Relay | None) -> Send:
+        """The call of one provider: `handler.execute`, with the deltas' relay when it streams."""
+
+        async def send(request: PromptGenRequest) -> PromptGenResult:
+            if relay is not None and self._streams.get(name, False):
+                return await handler.execute(request, signal, on_delta=relay)
+            return await handler.execute(request, signal)
+
+        return send
 
     def as_generate(self, provider: str | None = None) -> Generate:
         """The `async (request, signal, on_delta=None) -> PromptGenResult` callable that

@@ -75,11 +75,14 @@ class Simulator:
         idle_timeout_s: float | None = None,
         rate_limits: SimRateLimits | None = None,
         tokens_per_s: float | None = None,
+        fal_rate_limits: SimRateLimits | None = None,
     ) -> None:
         self.policy = policy
         self.tokens_per_s = tokens_per_s
         """The rate of a streamed answer's token pieces (None: as fast as they can be sent)."""
         self.rate_limits = rate_limits or SimRateLimits()
+        """The Anthropic wire's limits per key; `fal_rate_limits` the fal wire's."""
+        self.fal_rate_limits = fal_rate_limits or SimRateLimits()
         self.idle_timeout_s = idle_timeout_s
         self._idle_since: dict[int, tuple[Any, float]] = {}
         """Per keep-alive connection (its transport's id): the transport and when it last finished a
@@ -168,6 +171,7 @@ class Simulator:
             self.files, self._pending, self.upload_failures = {}, {}, 0
         self.cache.clear()
         self.rate_limits.reset()
+        self.fal_rate_limits.reset()
 
     async def _upload_initiate(self, request: Request) -> Response:
         """fal storage, step 1: `{file_name, content_type}` -> `{upload_url, file_url}` (counted in
@@ -255,8 +259,10 @@ class Simulator:
         self.cache.commit(plan)
         refusal = fault is not None and fault.kind == "refusal"
         body = wire.module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
-        if limit_headers:
-            self.rate_limits.used_output(key, int(body.get("usage", {}).get("output_tokens", 0)))
+        limits = self._limits(wire)
+        if limits.on:
+            usage = body.get("usage", {})
+            limits.used_output(key, int(usage.get("output_tokens", usage.get("completion_tokens", 0))))
         headers = {"request-id": request_id, **limit_headers}
         if not streamed:
             return JSONResponse(body, headers=headers)
@@ -295,16 +301,22 @@ class Simulator:
         except ValueError as error:  # bad JSON, the SDK check, WireInputError, CacheRequestError, ...
             return self._error(wire, 400, str(error), request_id)
         limit_headers: dict[str, str] = {}
-        if self.rate_limits.on and wire.name == "anthropic":
-            wait, limit_headers = self.rate_limits.admit(
+        limits = self._limits(wire)
+        if limits.on:
+            wait, limit_headers = limits.admit(
                 key, plan.usage.input_tokens + plan.usage.cache_creation_input_tokens
             )
+            if wire.name != "anthropic":  # fal sends no anthropic-ratelimit-* headers
+                limit_headers = {}
             if wait is not None:
                 self._count("faults", "rate_limit")
                 limit_headers["retry-after"] = str(max(1, math.ceil(wait)))
                 message = "This request would exceed your organization's rate limit. Please try again later."
                 return self._error(wire, 429, message, request_id, limit_headers)
         return parsed, plan, key, limit_headers
+
+    def _limits(self, wire: _Wire) -> SimRateLimits:
+        return self.rate_limits if wire.name == "anthropic" else self.fal_rate_limits
 
     async def _before_answer(
         self, wire: _Wire, http: Request, fault: SimFault, streamed: bool, request_id: str

@@ -11,6 +11,8 @@ limit and refilled continuously. A request that finds a bucket short is answered
 Input tokens are counted before the answer (the simulator's estimate, toolloop/sim/tokens.py),
 output tokens once the answer is made (they may take a bucket below zero: the next request waits).
 Keys are held by their SHA-256, never in the clear. `SimRateLimits(rpm=0)` (the default) is off.
+`burst_s` (default 60) is the seconds of each limit a bucket holds. The fal wire has limits of its
+own (`Simulator(fal_rate_limits=)`): its 429 carries `retry-after` and no `anthropic-ratelimit-*`.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ class _Bucket:
     limit: float
     level: float
     at: float
+    cap: float
 
     def refill(self, now: float) -> None:
-        self.level = min(self.limit, self.level + (now - self.at) * self.limit / 60.0)
+        self.level = min(self.cap, self.level + (now - self.at) * self.limit / 60.0)
         self.at = now
 
     def wait_for(self, amount: float) -> float:
@@ -41,7 +44,7 @@ class _Bucket:
         return 0.0 if short <= 0 else short * 60.0 / self.limit
 
     def full_in(self) -> float:
-        return max(0.0, (self.limit - self.level) * 60.0 / self.limit)
+        return max(0.0, (self.cap - self.level) * 60.0 / self.limit)
 
 
 @dataclass
@@ -51,6 +54,8 @@ class SimRateLimits:
     rpm: int = 0
     input_tpm: int = 0
     output_tpm: int = 0
+    burst_s: float = 60.0
+    """Seconds of each limit a bucket holds (one minute, as Anthropic's)."""
     _buckets: dict[tuple[str, str], _Bucket] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -67,7 +72,8 @@ class SimRateLimits:
             return None
         bucket = self._buckets.get((key, kind))
         if bucket is None:
-            bucket = self._buckets[(key, kind)] = _Bucket(limit, limit, now)
+            cap = limit * self.burst_s / 60.0
+            bucket = self._buckets[(key, kind)] = _Bucket(limit, cap, now, cap)
         bucket.refill(now)
         return bucket
 

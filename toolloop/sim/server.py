@@ -59,8 +59,10 @@ class SimServer:
         strict: bool | None = None,
         rate_limits: SimRateLimits | None = None,
         tokens_per_s: float | None = None,
+        fal_rate_limits: SimRateLimits | None = None,
     ) -> None:
-        """`tokens_per_s`: the rate of a streamed answer (None: as fast as it can be sent).
+        """`rate_limits`, `fal_rate_limits`: each wire's limits per key (default: none).
+        `tokens_per_s`: the rate of a streamed answer (None: as fast as it can be sent).
         `idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
         when the next request arrives on it, before any response (as when a client's request crosses
         a load balancer's close of an idle connection); None: connections stay open 30 s."""
@@ -82,6 +84,7 @@ class SimServer:
             catalog=catalog,
             strict=strict,
             rate_limits=rate_limits,
+            fal_rate_limits=fal_rate_limits,
             idle_timeout_s=idle_timeout_s,
             tokens_per_s=tokens_per_s,
         )
