@@ -74,6 +74,10 @@ class Checking(ScriptedModel):
         )
         assert got == bare.run(encode_body, request, frame, images)  # without a memo too
         validate_anthropic_body(loads(got))
+        memo = run_memo.get()
+        assert memo is not None and memo.wire is not None
+        kept = bytes(memo.wire.body)
+        assert not any(data.encode() in kept for data in images.values())  # no image bytes between calls
         self.sent.append(got)
         return super().answer(request, signal)
 

@@ -12,7 +12,7 @@ at every turn of long conversations). What makes reuse safe:
   longest run of the same objects at its start (found in C: `map(is_not, ...)`), up to the first
   message holding an image, then each further message's bytes when it is the same object at the same
   place, and encodes the others. A message holding an image is encoded every time (its bytes are read
-  at send time). A different TTL reuses nothing.
+  at send time), and the memo keeps no image's bytes (`Sent.keep`). A different TTL reuses nothing.
 - Each message's blocks are encoded at the depth they have in the body (three lists around them),
   so orjson refuses a too deeply nested value here exactly when it would refuse the whole body.
   When orjson refuses any part, the whole body goes through `fastjson.dumps`, as it did before (its
@@ -57,7 +57,7 @@ class Sent:
     `stable` the number of messages before the first one holding an image (the bytes through
     message `stable - 1` read no image)."""
 
-    __slots__ = ("base", "body", "ends", "last", "messages", "stable", "starts", "ttl")
+    __slots__ = ("base", "body", "ends", "images", "last", "messages", "stable", "starts", "ttl")
 
     def __init__(
         self,
@@ -71,6 +71,27 @@ class Sent:
         self.messages, self.ttl, self.stable = messages, ttl, stable
         self.starts, self.ends, self.last = starts, ends, last
         self.body, self.base = b"", 0
+        self.images: list[int] = []
+        """The messages holding an image (until `keep`)."""
+
+    def keep(self, body: bytes, at: int) -> None:
+        """Keep `body`, whose `messages` array starts at `at`; without the bytes of its images: then
+        a copy of the array's bytes through message `stable - 1` and those of each later message
+        without an image (the run keeps its memo between steps: a body's images can be megabytes)."""
+        if not self.images:
+            self.body, self.base = body, at
+            return
+        view, starts, ends, stable = memoryview(body), self.starts, self.ends, self.stable
+        length = ends[stable - 1] if stable else 0
+        pieces = [view[at : at + length]]
+        images = set(self.images)
+        for index in range(stable, len(starts)):
+            if index not in images:
+                begin, end = at + starts[index], at + ends[index]
+                pieces.append(view[begin:end])
+                starts[index], length = length, length + end - begin
+                ends[index] = length
+        self.body, self.base, self.images = b"".join(pieces), 0, []
 
 
 NOTHING = Sent([], "", array("Q"), array("Q"), bytearray(), 0)
@@ -95,7 +116,7 @@ def encode_body(request: PromptGenRequest, frame: dict[str, Any], images: Mappin
     view = memoryview(framed)
     body = b"".join((view[:at], *chunks, view[at:]))
     if memo is not None and sent is not None:
-        sent.body, sent.base = body, at
+        sent.keep(body, at)
         memo.wire = sent
     return body
 
@@ -116,6 +137,7 @@ def _messages(
     length = ends[-1] if same else 0
     role = last[-1] if same else NONE
     stable = same
+    images_at: list[int] = []
     for index in range(same, len(messages)):
         message = messages[index]
         image = has_image(message)
@@ -137,8 +159,14 @@ def _messages(
         starts.append(start)
         ends.append(length)
         last.append(role)
-        if stable == index and not image:
+        if image:
+            images_at.append(index)
+        elif stable == index:
             stable += 1
     if role != NONE:
         parts.append(b"]}")
-    return parts, None if memo is None else Sent(list(messages), ttl, starts, ends, last, stable)
+    if memo is None:
+        return parts, None
+    sent = Sent(list(messages), ttl, starts, ends, last, stable)
+    sent.images = images_at
+    return parts, sent
