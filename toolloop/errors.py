@@ -55,7 +55,12 @@ class ToolArgumentsError(ToolloopError):
 
 class PromptGenError(ToolloopError):
     """A model call failed. `status` is the HTTP status when there was one; `retryable` says whether
-    the same request may succeed later; `retry_after` (seconds) is the provider's own hint."""
+    the same request may succeed later; `retry_after` (seconds) is the provider's own hint.
+    `cut_attempts`: the streamed attempts of the failed call that were cut mid-answer, priced
+    (`toolloop.providers.cutcost.Cut`), so a provider that answers after a fallback counts them; an
+    attribute, not an argument: pickling keeps it, Celery's JSON transport drops it."""
+
+    cut_attempts: tuple[Any, ...] = ()
 
     def __init__(
         self,

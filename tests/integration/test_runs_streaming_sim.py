@@ -1,7 +1,8 @@
 """A streaming durable run against the provider simulator over real HTTP (the anthropic provider
 streams SSE at the simulator's token rate; providers.from_env in the worker): a reader that drops
 halfway and reconnects with its last id gets every delta once, in order; an `overloaded` error
-event mid-answer makes the provider begin again, and the reader is told to drop the first text."""
+event mid-answer makes the provider begin again, the reader is told to drop the first text, and the
+run's spend counts what the cut attempt may have cost."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 
 from tests.integration.conftest import Worker
 from tests.integration.runs_kit import client_on, spec
+from toolloop import PromptGenUsage
 from toolloop.embedded import EmbeddedServer
+from toolloop.providers.models import default_catalog
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
 from workers.records import RunEventRecord
@@ -81,3 +84,12 @@ def test_an_overloaded_error_mid_answer_voids_the_text_streamed_before_it(client
     assert again and all(e.attempt == f"{marks[0].attempt}.1" for e in again)
     model = next(e for e in seen if e.kind == "model" and e.step == 2)
     assert "".join(e.text for e in again) == model.text == ANSWER
+    # the cut attempt may have been billed: its message_start input + its 20 pieces' output count
+    price = default_catalog().require("anthropic", "claude-sonnet-5-5").price
+    usage = PromptGenUsage.model_validate(model.data["usage"])
+    assert price is not None and usage.cached_tokens == usage.cache_write_tokens == 0  # no cache here
+    answer = (usage.prompt_tokens * price.input + usage.completion_tokens * price.output) / 1e6
+    cut = (usage.prompt_tokens * price.input + 20 * price.output) / 1e6
+    assert model.data["cost_usd"] == pytest.approx(answer + cut, abs=1e-9)
+    costs = [e.data["cost_usd"] for e in seen if e.kind in ("model", "tool")]
+    assert client.status(run_id).spent_usd == pytest.approx(sum(costs), abs=1e-9)

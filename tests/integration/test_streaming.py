@@ -1,10 +1,11 @@
 """Streamed model calls over real HTTP to the simulator (SPEC 4.3; docs/providers.md, Streaming):
 a streamed answer gives the same `PromptGenResult` as the non-streamed one (text, tool calls,
 thinking with signatures, cache usage, cost) on both wires; deltas reach `on_step` in order and the
-step's `ModelEvent` follows them; a replay emits none; a stream cut or failed mid-way is retried and
-paid once; the timeout is an idle timeout between events, not a cap on the whole answer; with
-reads held (READ_HOLD, as a durable worker streams) every piece still comes once, in order, one delta
-per hold, and the fault paths behave the same."""
+step's `ModelEvent` follows them; a replay emits none; a stream cut or failed mid-way is retried, the
+answer is the completed one and its cost adds what the cut attempt may have cost (the figures:
+test_stream_cut_cost.py); the timeout is an idle timeout between events, not a cap on the whole
+answer; with reads held (READ_HOLD, as a durable worker streams) every piece still comes once, in
+order, one delta per hold, and the fault paths behave the same."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from toolloop import (
     PromptGen,
     PromptGenError,
     PromptGenRequest,
+    PromptGenResult,
     RunToolLoopOptions,
     TextPart,
     ToolOutput,
@@ -156,10 +158,23 @@ def faulted(kind: str, **fields: Any) -> list[Any]:
     return [{"text": LONG, "fault": {"kind": kind, "after": 5, **fields}}]
 
 
+def same_answer(result: PromptGenResult, expected: PromptGenResult, *, cut_attempts: int) -> bool:
+    """`result` is `expected` (the same request answered whole) with the cost of its cut attempts
+    added (docs/providers.md, "Usage and cost")."""
+    meta = dict(result.meta or {})
+    cuts = meta.pop("cut_usd", [])
+    meta.pop("cut_usage")
+    meta["cost_source"] = meta["cost_source"].removesuffix("+cut")
+    assert len(cuts) == cut_attempts and all(cut > 0 for cut in cuts)
+    assert result.cost_usd == pytest.approx(expected.cost_usd + sum(cuts), abs=1e-9)
+    answer = result.model_copy(update={"meta": meta, "cost_usd": expected.cost_usd})
+    return answer.model_dump_json() == expected.model_dump_json()
+
+
 @pytest.mark.parametrize("keep_alive", [False, True], ids=["per-call client", "keep-alive client"])
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 @pytest.mark.parametrize("kind", ["stream_drop", "stream_error"])
-async def test_a_stream_cut_or_failed_mid_way_is_retried_and_paid_once(
+async def test_a_stream_cut_or_failed_mid_way_is_retried_and_the_cut_attempt_counted(
     wire: str, kind: str, keep_alive: bool
 ) -> None:
     with SimServer([{"text": LONG}], strict=True) as clean:  # the same request twice: the cut attempt
@@ -172,7 +187,7 @@ async def test_a_stream_cut_or_failed_mid_way_is_retried_and_paid_once(
         result = await model.execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
         stats = sim.stats()
         await model.http.aclose()
-    assert result.model_dump_json() == expected.model_dump_json()  # the answer, and its cost once
+    assert same_answer(result, expected, cut_attempts=1)
     assert result.usage.cached_tokens > 0  # the retry read the prefix the cut attempt cached
     assert stats["faults"] == {kind: 1} and stats["requests"] == 2
     cut = deltas.index(DeltaEvent(discard=True))
@@ -281,7 +296,7 @@ async def test_a_stream_cut_or_failed_while_reads_are_held_is_retried_the_same(w
         result = await model.execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
         stats = sim.stats()
         await model.http.aclose()
-    assert result.model_dump_json() == expected.model_dump_json()
+    assert same_answer(result, expected, cut_attempts=1)
     assert stats["faults"] == {kind: 1} and stats["requests"] == 2
     cut = deltas.index(DeltaEvent(discard=True))
     assert "".join(d.text for d in deltas[:cut]) == LONG[: 30 * PIECE_CHARS]

@@ -7,7 +7,9 @@ ran out), and the caller's signal is not aborted; any other error (a spend limit
 a bad request), and the caller's abort, is raised at once. When every provider fails so, the last
 error is raised. Each switch logs a warning (`from`, `to`, `reason`); the answer of a provider after
 a switch carries `meta["fallback_from"]`: the providers that failed before it, in order, each with
-its reason, so the run's `ModelEvent` shows the switch.
+its reason, so the run's `ModelEvent` shows the switch. A provider that failed after streamed
+attempts cut mid-answer hands their possible cost on its error (`cut_attempts`): it is added to the
+answer that follows (toolloop/providers/cutcost.py), or carried on the last error raised.
 
 Streaming (SPEC 4.3): `on_delta` is passed to each handler whose `execute` takes it; before moving
 to the next provider after deltas went out, a discard delta (`DeltaEvent(discard=True)`) says
@@ -33,6 +35,7 @@ from toolloop.deltas import Relay, takes_on_delta
 from toolloop.deltas import relay as as_relay
 from toolloop.errors import PromptGenError, is_prompt_gen_unavailable
 from toolloop.providers.base import PromptGenHandler
+from toolloop.providers.cutcost import Cut, with_cuts
 
 log = logging.getLogger("toolloop.providers")
 
@@ -116,6 +119,7 @@ class PromptGen:
         chain = list(dict.fromkeys([head, *self.fallback]))
         last: BaseException | None = None
         failed: list[dict[str, str]] = []
+        cuts: list[Cut] = []  # the failed providers' streamed attempts cut mid-answer
         around = AROUND_ATTEMPT.get()
         for index, name in enumerate(chain):
             handler = self._handlers.get(name)
@@ -130,6 +134,7 @@ class PromptGen:
                     raise
                 if relay is not None:
                     relay.discard()
+                cuts += getattr(error, "cut_attempts", ())
                 last = error
                 reason = _reason(error)
                 failed.append({"provider": name, "reason": reason})
@@ -146,8 +151,10 @@ class PromptGen:
             meta = {**(result.meta or {}), "provider": name}
             if failed:
                 meta["fallback_from"] = failed
-            return result.model_copy(update={"meta": meta})
+            return with_cuts(result.model_copy(update={"meta": meta}), cuts)
         assert last is not None  # the head is registered, so it ran and failed
+        if isinstance(last, PromptGenError) and cuts:
+            last.cut_attempts = tuple(cuts)  # every provider's, in order
         raise last
 
     def _sender(self, name: str, handler: PromptGenHandler, signal: AbortSignal, relay: Relay | None) -> Send:

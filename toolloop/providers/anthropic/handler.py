@@ -14,11 +14,11 @@ import httpx
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
-from toolloop.errors import PromptGenUnavailableError
+from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import body_frame
-from toolloop.providers.anthropic.response import parse_message
+from toolloop.providers.anthropic.response import cut_cost, parse_message
 from toolloop.providers.anthropic.stream import NON_STREAMING_MAX_TOKENS, MessageStream
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
@@ -33,6 +33,7 @@ from toolloop.providers.common import (
     read_images,
     reasoning_of,
 )
+from toolloop.providers.cutcost import Cut, Readers, carry, with_cuts
 from toolloop.providers.http import Endpoint, RetryPolicy, call_json
 from toolloop.providers.models import default_catalog
 
@@ -119,10 +120,20 @@ class AnthropicHandler:
             body["stream"] = True
         content = encode_body(request, body, images)  # the bytes of build_body's body, built once per message
         del body  # the request's dict tree is not kept across the wait for the answer
-        data = await call_json(self.endpoint, content, headers, signal, client=self.http, secret=self._key,
-                               stream=MessageStream if streams else None, on_delta=on_delta)  # fmt: skip
+        readers = Readers(MessageStream) if streams else None
+
+        def cuts() -> list[Cut]:  # streamed attempts cut mid-answer: they may have been billed
+            made = readers.cut() if readers is not None else []
+            return [cut_cost(p, price=price, model=model, ttl=ttl) for p in made]
+
+        try:
+            data = await call_json(self.endpoint, content, headers, signal, client=self.http,
+                                   secret=self._key, stream=readers, on_delta=on_delta)  # fmt: skip
+        except PromptGenError as error:
+            carry(error, cuts())
+            raise
         room = max_tokens_of(request, DEFAULT_MAX_TOKENS)
-        result = parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room)
+        result = with_cuts(parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room), cuts())
         if notes and result.meta is not None:
             result.meta["request_notes"] = notes
         log_answer(self.name, model, result)

@@ -26,6 +26,7 @@ from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, Rea
 from toolloop.errors import PromptGenError, ToolArgumentsError
 from toolloop.providers.catalog import ModelPrice, token_cost
 from toolloop.providers.common import CacheTtl
+from toolloop.providers.cutcost import Cut, Partial
 from toolloop.providers.http import valid_text
 
 _FINISH: dict[str, FinishReason] = {
@@ -130,6 +131,17 @@ def parse_message(
         meta=meta,
         reasoning=reasoning or None,
     )
+
+
+def cut_cost(partial: Partial, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m") -> Cut:
+    """A streamed attempt cut mid-answer, priced as an answer with the usage its message_start
+    reported and the larger of its reported output and the estimate of what it received
+    (toolloop/providers/cutcost.py)."""
+    usage = dict(partial.usage or {})
+    output, source = partial.output_tokens(_count(usage, "output_tokens") or 0)
+    priced = parse_message({"content": [], "usage": {**usage, "output_tokens": output}},
+                           price=price, model=model, ttl=ttl)  # fmt: skip
+    return Cut("anthropic", priced.cost_usd, priced.usage, source, "tokens")
 
 
 def _text_or_none(value: Any) -> str | None:

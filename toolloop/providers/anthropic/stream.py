@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.providers.cutcost import Partial
 from toolloop.providers.http import event_json, stream_failure, valid_text
 from toolloop.providers.sse import DeltaOut, SseParser
 
@@ -152,6 +153,22 @@ class MessageStream(DeltaOut):
         assert self.message is not None
         return self.message
 
+    def partial(self) -> Partial | None:
+        """What this attempt received, for the cost of a cut (toolloop/providers/cutcost.py): the
+        usage of message_start (merged with any message_delta) and the text, thinking and tool
+        input of every block, joined or still in pieces; None before message_start."""
+        if self.message is None:
+            return None
+        texts: list[str] = []
+        for block in self.message["content"]:
+            texts += [block[field] for field in ("text", "thinking") if isinstance(block.get(field), str)]
+            value = block.get("input") if block.get("type") == "tool_use" else None
+            if value:  # a stopped block's input (parsed, or its text when it was not JSON)
+                texts.append(value if isinstance(value, str) else _compact(value))
+        texts += ["".join(parts) for parts in (*self.pieces.values(), *self.inputs.values())]
+        usage = self.message.get("usage")
+        return Partial(usage if isinstance(usage, dict) else None, "".join(texts))
+
     def _block(self, payload: dict[str, Any]) -> dict[str, Any]:
         assert self.message is not None
         index = payload.get("index")
@@ -246,6 +263,11 @@ MessageStream._handlers = {
     "message_delta": MessageStream._message_delta,
     "message_stop": MessageStream._message_stop,
 }
+
+
+def _compact(value: Any) -> str:
+    """The compact JSON text of a tool input, as the stream sent it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _utf8(raw: bytes) -> str:

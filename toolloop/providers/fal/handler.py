@@ -13,7 +13,7 @@ import httpx
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, ToolChoiceName
-from toolloop.errors import PromptGenUnavailableError
+from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.fastjson import dumps
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
@@ -29,8 +29,9 @@ from toolloop.providers.common import (
     reasoning_of,
     with_ttl,
 )
+from toolloop.providers.cutcost import Cut, Readers, carry, with_cuts
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
-from toolloop.providers.fal.response import flag, parse_completion
+from toolloop.providers.fal.response import cut_cost, flag, parse_completion
 from toolloop.providers.fal.storage import DEFAULT_UPLOAD_URL, UrlCache, image_urls
 from toolloop.providers.fal.stream import CompletionStream
 from toolloop.providers.http import Endpoint, RetryPolicy, call_json
@@ -136,11 +137,21 @@ class FalHandler:
         headers = {"authorization": f"Key {key}"}
         if on_delta is not None:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        stream = CompletionStream if on_delta is not None else None
+        readers = Readers(CompletionStream) if on_delta is not None else None
         content = dumps(body)
         del body  # the request's dict tree is not kept across the wait for the answer
-        data = await call_json(self.endpoint, content, headers, signal, client=self.http, secret=self._key,
-                               flag=flag, stream=stream, on_delta=on_delta)  # fmt: skip
+
+        def cuts() -> list[Cut]:  # streamed attempts cut mid-answer: they may have been billed
+            made = readers.cut() if readers is not None else []
+            text = input_text(request) if made else ""
+            return [cut_cost(p, price=price, model=model, input_text=text, ttl=ttl) for p in made]
+
+        try:
+            data = await call_json(self.endpoint, content, headers, signal, client=self.http, flag=flag,
+                                   secret=self._key, stream=readers, on_delta=on_delta)  # fmt: skip
+        except PromptGenError as error:
+            carry(error, cuts())
+            raise
         result = parse_completion(
             data,
             price=price,
@@ -149,6 +160,7 @@ class FalHandler:
             ttl=ttl,
             max_tokens=max_tokens_of(request, DEFAULT_MAX_TOKENS),
         )
+        result = with_cuts(result, cuts())
         if result.meta is not None:
             result.meta["reasoning"] = reasoning
             if notes:

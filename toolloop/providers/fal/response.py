@@ -31,6 +31,7 @@ from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, Rea
 from toolloop.errors import PromptGenError, ToolArgumentsError
 from toolloop.providers.catalog import ModelPrice, token_cost
 from toolloop.providers.common import CacheTtl, estimate_tokens
+from toolloop.providers.cutcost import Cut, Partial
 from toolloop.providers.http import valid_text
 
 _FLAGGED = re.compile(r"content_policy|sensitive|likeness|nsfw|moderation", re.IGNORECASE)
@@ -147,6 +148,34 @@ def parse_completion(
         meta=meta,
         reasoning=_reasoning(message, provider),
     )
+
+
+def cut_cost(
+    partial: Partial,
+    *,
+    price: ModelPrice,
+    model: str,
+    input_text: str,
+    provider: str = "fal",
+    ttl: CacheTtl = "5m",
+) -> Cut:
+    """A streamed attempt cut mid-answer, priced as the answer it had become: by the usage it
+    reported (only the last chunk carries one), else by the character rule ("chars": the request's
+    text and the pieces received; toolloop/providers/cutcost.py)."""
+    choice = {"message": {"content": partial.received}, "finish_reason": "length"}
+    body: dict[str, Any] = {"choices": [choice]}
+    output, source = estimate_tokens(partial.received), "chars"
+    if partial.usage:
+        output, source = partial.output_tokens(_number(partial.usage, "completion_tokens") or 0)
+        body["usage"] = {**partial.usage, "completion_tokens": output}
+    priced = parse_completion(
+        body, price=price, model=model, input_text=input_text, provider=provider, ttl=ttl
+    )
+    usage, cost_source = priced.usage, str((priced.meta or {}).get("cost_source"))
+    if cost_source == "chars":  # the tokens the character rule priced
+        counted = {"prompt_tokens": estimate_tokens(input_text), "completion_tokens": output}
+        usage = usage.model_copy(update=counted)
+    return Cut(provider, priced.cost_usd, usage, source, cost_source)
 
 
 def _reasoning(message: dict[str, Any], provider: str) -> list[ReasoningBlock] | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.providers.cutcost import Partial
 from toolloop.providers.http import StreamFailure, event_json
 from toolloop.providers.sse import DeltaOut, SseParser
 
@@ -133,6 +134,16 @@ class CompletionStream(DeltaOut):
                 found["function"]["name"] = function["name"]
             if isinstance(function.get("arguments"), str):
                 found["function"]["arguments"].append(function["arguments"])
+
+    def partial(self) -> Partial | None:
+        """What this attempt received, for the cost of a cut (toolloop/providers/cutcost.py): its
+        usage (None: only the last chunk carries one) and its content, reasoning and tool-argument
+        pieces, joined; None before a first chunk."""
+        pieces = [*(self.content or []), *(self.reasoning or [])]
+        pieces += [piece for call in self.calls.values() for piece in call["function"]["arguments"]]
+        if not (self.top or pieces or self.details or self.usage is not None):
+            return None
+        return Partial(self.usage if isinstance(self.usage, dict) else None, "".join(pieces))
 
     def result(self) -> Any:
         message: dict[str, Any] = {
