@@ -6,11 +6,11 @@ the run (no process-wide state), and ending with it.
   (a journal hands back the same decoded object for a stored step every time it replays it).
 - `marked` (toolloop/loop/cache.py): the copy of a history message carrying a cache mark, so the
   message that keeps its mark from one request to the next is the same object in both.
-- `blocks` (toolloop/providers/anthropic/request.py): a message's request blocks as the last
-  request built them, so a call builds only the blocks of messages it has not sent before.
+- `wire` (toolloop/providers/anthropic/encode.py): the last request's messages and the JSON bytes
+  it sent for them, so a call encodes only the messages it has not sent before.
 
 Every entry holds the object it is keyed by (by `id`), so an identity is never reused while its
-entry lives. `marked` and `blocks` keep only what the last request used; `validated` and `derived`
+entry lives. `marked` and `wire` keep only what the last request used; `validated` and `derived`
 are emptied when they reach `MAX` entries.
 
 A run's loop makes its memo (or takes the one of its journal, `memo` of the object whose bound
@@ -32,7 +32,7 @@ MAX = 20_000
 
 
 class RunMemo:
-    __slots__ = ("blocks", "derived", "marked", "replays", "validated")
+    __slots__ = ("derived", "marked", "replays", "validated", "wire")
 
     def __init__(self, replays: bool = True) -> None:
         self.replays = replays
@@ -40,7 +40,7 @@ class RunMemo:
         self.validated: dict[int, tuple[Any, Any]] = {}
         self.derived: dict[tuple[int, Any], tuple[Any, Any]] = {}
         self.marked: dict[int, tuple[Any, Any]] = {}
-        self.blocks: dict[int, tuple[Any, Any]] = {}
+        self.wire: Any = None
 
 
 run_memo: ContextVar[RunMemo | None] = ContextVar("toolloop_run_memo", default=None)

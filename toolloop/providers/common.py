@@ -145,24 +145,27 @@ def with_ttl(body: dict[str, Any], ttl: CacheTtl) -> dict[str, Any]:
     never follows a 5-minute one (SPEC 2.9)."""
     if ttl == "5m":
         return body
-
-    def marked(block: Any) -> Any:
-        if not isinstance(block, dict):
-            return block
-        out = dict(block)
-        if isinstance(block.get("cache_control"), dict):
-            out["cache_control"] = {**block["cache_control"], "ttl": ttl}
-        if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
-            out["content"] = [marked(inner) for inner in block["content"]]
-        return out
-
     out = dict(body)
     for key in ("system", "tools"):
         if isinstance(body.get(key), list):
-            out[key] = [marked(block) for block in body[key]]
+            out[key] = [ttl_block(block, ttl) for block in body[key]]
     out["messages"] = [
-        {**turn, "content": [marked(b) for b in turn["content"]]} if isinstance(turn.get("content"), list)
+        {**turn, "content": [ttl_block(b, ttl) for b in turn["content"]]}
+        if isinstance(turn.get("content"), list)
         else turn
         for turn in body.get("messages", [])
     ]  # fmt: skip
+    return out
+
+
+def ttl_block(block: Any, ttl: CacheTtl) -> Any:
+    """A copy of one block with `"ttl": ttl` on its `cache_control` mark and on those of the blocks
+    inside it when it is a tool_result; anything but a dict as it is."""
+    if not isinstance(block, dict):
+        return block
+    out = dict(block)
+    if isinstance(block.get("cache_control"), dict):
+        out["cache_control"] = {**block["cache_control"], "ttl": ttl}
+    if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+        out["content"] = [ttl_block(inner, ttl) for inner in block["content"]]
     return out

@@ -15,9 +15,9 @@ import httpx
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
-from toolloop.fastjson import dumps
+from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
-from toolloop.providers.anthropic.request import build_body
+from toolloop.providers.anthropic.request import body_frame
 from toolloop.providers.anthropic.response import cut_cost, parse_message
 from toolloop.providers.anthropic.stream import NON_STREAMING_MAX_TOKENS, MessageStream
 from toolloop.providers.base import Secret
@@ -113,12 +113,12 @@ class AnthropicHandler:
             )
         images = await read_images(self.name, image_parts(request))
         notes: list[str] = []
-        body = build_body(request, model=model, reasoning=reasoning, images=images, info=info, notes=notes)
+        body = body_frame(request, model=model, reasoning=reasoning, info=info, notes=notes)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
         streams = on_delta is not None or int(body["max_tokens"]) > NON_STREAMING_MAX_TOKENS
         if streams:
             body["stream"] = True
-        content = dumps(body)
+        content = encode_body(request, body, images)  # the bytes of build_body's body, built once per message
         del body  # the request's dict tree is not kept across the wait for the answer
         readers = Readers(MessageStream) if streams else None
 

@@ -19,7 +19,7 @@ model's catalogue row (`params.py`: the same thinking setting on every step); `p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from toolloop.contract import (
     AssistantMessage,
@@ -30,10 +30,9 @@ from toolloop.contract import (
     TextPart,
     ToolMessage,
 )
-from toolloop.memo import run_memo
 from toolloop.providers.anthropic.params import top_level
 from toolloop.providers.catalog import ModelInfo
-from toolloop.providers.common import Reasoning, cache_ttl_of, with_ttl
+from toolloop.providers.common import CacheTtl, Reasoning, cache_ttl_of, ttl_block, with_ttl
 from toolloop.providers.models import default_catalog
 
 EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
@@ -53,7 +52,23 @@ def build_body(
 ) -> dict[str, Any]:
     """The JSON body. `images` maps each image path to its base64 bytes (read at send time); `info`
     is the model's catalogue row (default: looked up, else a row that accepts what current models
-    accept); `notes` collects what the shaping changed."""
+    accept); `notes` collects what the shaping changed. (The handler sends the same body as bytes,
+    built by `encode.encode_body` from `body_frame`.)"""
+    body = body_frame(request, model=model, reasoning=reasoning, info=info, notes=notes)
+    body["messages"] = turns(request, images, cache_ttl_of(request))
+    return body
+
+
+def body_frame(
+    request: PromptGenRequest,
+    *,
+    model: str,
+    reasoning: Reasoning | None,
+    info: ModelInfo | None = None,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """The body without its messages: `"messages"` is an empty list in its place (after the system
+    text, before the tools); every other mark has its TTL already."""
     info = info or default_catalog().find(model) or ModelInfo(id=model)
     top, shaped = top_level(request, info, reasoning)
     if notes is not None:
@@ -70,46 +85,43 @@ def build_body(
             body["system"] = request.system
     elif request.cache_system and tools:
         tools[-1]["cache_control"] = dict(EPHEMERAL)
-    body["messages"] = _turns(request, images)
+    body["messages"] = []
     if tools:
         body["tools"] = tools
     body.update(top)
     return with_ttl(body, cache_ttl_of(request))
 
 
-def _turns(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The `messages` of the body. With the run's memo (toolloop/memo.py), a message the last
-    request sent keeps the blocks built for it then (the same dicts: nothing here changes a block
-    once built); a message holding an image is built every time (its bytes are read at send time)."""
+def turns(request: PromptGenRequest, images: Mapping[str, str], ttl: CacheTtl) -> list[dict[str, Any]]:
+    """The `messages` of the body: each message's blocks (`message_blocks`), consecutive user
+    blocks in one turn."""
     if request.messages is None:
         return [{"role": "user", "content": request.prompt}]
-    memo = run_memo.get()
-    last = {} if memo is None else memo.blocks
-    built: dict[int, tuple[Any, tuple[str, list[Block]]]] = {}
-    turns: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     for message in request.messages:
-        hit = last.get(id(message))
-        if hit is not None and hit[0] is message:
-            role, blocks = hit[1]
-            built[id(message)] = hit
-        else:
-            role, blocks = _blocks(message, images)
-            if memo is not None and not _has_image(message):
-                built[id(message)] = (message, (role, blocks))
+        role, blocks = message_blocks(message, images, ttl)
         if not blocks:
             continue
-        if role == "assistant":
-            turns.append({"role": role, "content": blocks})  # (never extended: no copy needed)
-        elif turns and turns[-1]["role"] == "user":
-            turns[-1]["content"].extend(blocks)
+        if role == "user" and out and out[-1]["role"] == "user":
+            out[-1]["content"].extend(blocks)
         else:
-            turns.append({"role": role, "content": list(blocks)})
-    if memo is not None:
-        memo.blocks = built
-    return turns
+            out.append({"role": role, "content": blocks})
+    return out
 
 
-def _blocks(message: ChatMessage, images: Mapping[str, str]) -> tuple[str, list[Block]]:
+def message_blocks(
+    message: ChatMessage, images: Mapping[str, str], ttl: CacheTtl
+) -> tuple[Literal["user", "assistant"], list[Block]]:
+    """The role of the turn a message goes in and its blocks (fresh dicts), marks with `ttl`."""
+    role, blocks = _blocks(message, images)
+    if ttl != "5m":
+        blocks = [ttl_block(block, ttl) for block in blocks]
+    return role, blocks
+
+
+def _blocks(
+    message: ChatMessage, images: Mapping[str, str]
+) -> tuple[Literal["user", "assistant"], list[Block]]:
     if isinstance(message, AssistantMessage):
         return "assistant", _assistant_blocks(message)
     if isinstance(message, ToolMessage):
@@ -117,9 +129,13 @@ def _blocks(message: ChatMessage, images: Mapping[str, str]) -> tuple[str, list[
     return "user", _parts(message.content, images)
 
 
-def _has_image(message: ChatMessage) -> bool:
+def has_image(message: ChatMessage) -> bool:
     content = message.content
-    return isinstance(content, list) and any(isinstance(part, ImagePart) for part in content)
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, ImagePart):
+                return True
+    return False
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[Block]:
