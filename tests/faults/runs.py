@@ -119,3 +119,14 @@ def model_keys(shape: Shape) -> dict[str, int]:
         if turn < len(shape.turns) and any(call.tool == "ask" for call in shape.turns[turn]):
             segment, k = segment + 1, 1
     return found
+
+
+def wait_for(what: str, check: Any, timeout: float) -> Any:
+    """`check()`'s first truthy value, polled every 50 ms; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

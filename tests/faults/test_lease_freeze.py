@@ -32,7 +32,7 @@ import pytest
 
 from faults.conftest import FULL
 from faults.policy import FaultPolicy, LoggedPolicy
-from faults.runs import spec_for
+from faults.runs import spec_for, wait_for
 from faults.shapes import Call, Shape
 from faults.table import format_table
 from faults.toolset import ATTEMPTS, read_effects
@@ -65,16 +65,6 @@ def _shape(tag: str) -> Shape:
 def _target(point: str, tag: str) -> str:
     """The tag the stop point of `point` is called with in run `tag`."""
     return {"model:send": f"{tag}#1", "tool:inside": f"{tag}.0.0", "start:inside": f"{tag}.1.0"}[point]
-
-
-def _wait(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _stops(plan: Path) -> dict[int, dict[str, Any]]:
@@ -146,15 +136,15 @@ def _trial(
 ) -> dict[str, Any]:  # fmt: skip
     run_id = client.enqueue(spec_for(_shape(tag)))
     target = _target(point, tag)
-    stop = _wait(f"the stop at {point} in {tag}", lambda: _stops(plan).get(index), 60)
+    stop = wait_for(f"the stop at {point} in {tag}", lambda: _stops(plan).get(index), 60)
     frozen, frozen_at = int(stop["pid"]), float(stop["at"])
     try:
         # another worker takes the step over and makes the call or the effect the frozen one was about to
         if point == "model:send":
-            _wait(f"the new holder's call {target}", lambda: policy.arrived(target), 60)
+            wait_for(f"the new holder's call {target}", lambda: policy.arrived(target), 60)
         else:
             kind = "run" if point == "tool:inside" else "start"
-            _wait(f"the new holder's {kind} of {target}", lambda: [
+            wait_for(f"the new holder's {kind} of {target}", lambda: [
                 e for e in read_effects(work)
                 if e["tag"] == target and e["kind"] == kind and e["pid"] != frozen
             ], 60)  # fmt: skip
@@ -212,7 +202,7 @@ def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_hol
             with WorkerPool(server.url, work, env, size=1, concurrency=4) as pool:
                 client = Client(server.url)
                 run_id = client.enqueue(spec_for(shape))
-                _wait("the tool's first attempt", lambda: read_effects(work, ATTEMPTS), 30)
+                wait_for("the tool's first attempt", lambda: read_effects(work, ATTEMPTS), 30)
                 time.sleep(0.5)
                 stalled_at = time.time()
                 os.kill(server.process.pid, signal.SIGSTOP)

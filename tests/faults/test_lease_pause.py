@@ -32,7 +32,7 @@ import pytest
 
 from faults.model import arrived_path
 from faults.policy import LoggedPolicy
-from faults.runs import spec_for
+from faults.runs import spec_for, wait_for
 from faults.shapes import Call, Shape, first_text, run_tag
 from faults.toolset import read_effects
 from faults.twins import base_env
@@ -75,16 +75,6 @@ def _shape(tag: str) -> Shape:
     return Shape(tag=tag, turns=((note,), (render,)), final=f"Reviewed {tag}.")
 
 
-def _wait(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _stopped(plan: Path) -> dict[str, Any] | None:
     log = Path(f"{plan}.log")
     if not log.exists():
@@ -119,15 +109,15 @@ def _paused(
         with pool:
             client = Client(redis_server.url)
             run_id = client.enqueue(spec_for(_shape(tag)))
-            stop = _wait(f"the pause at {target}", lambda: _stopped(plan), 60)
+            stop = wait_for(f"the pause at {target}", lambda: _stopped(plan), 60)
             paused, paused_at = int(stop["pid"]), float(stop["at"])
             try:
                 time.sleep(max(0.0, paused_at + PAUSE_S - time.time()))
                 if until == "taken":
-                    _wait("the second worker's call", lambda: len(policy.arrived(target)) >= 2, 60)
+                    wait_for("the second worker's call", lambda: len(policy.arrived(target)) >= 2, 60)
                     time.sleep(0.5)  # its call is held: it holds the lease now
                 elif until == "done":
-                    _wait("the run to end on the second worker",
+                    wait_for("the run to end on the second worker",
                           lambda: client.status(run_id).status == "done", 60)  # fmt: skip
             finally:
                 resumed_at = time.time()
