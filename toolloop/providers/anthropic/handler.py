@@ -92,7 +92,9 @@ class AnthropicHandler:
         info, price = self._model(model)
         reasoning = reasoning_of(self.name, request, None)
         output = int(top_level(request, info, reasoning)[0]["max_tokens"])
-        total = estimate_input_tokens(request) * price.input + output * price.output
+        tokens = estimate_input_tokens(request)
+        price = price.at(tokens)  # a long prompt is priced at its tier
+        total = tokens * price.input + output * price.output
         return round(total / 1_000_000, 6)
 
     async def execute(
