@@ -24,7 +24,7 @@ from toolloop.providers.catalog import Catalog, ModelPrice
 from toolloop.providers.client import HttpClient
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
-from toolloop.providers.models import default_catalog
+from toolloop.providers.models_file import catalog_from_env
 from toolloop.providers.oneturn import ClaudeHandler, CodexHandler, OpenAIHandler
 
 PROVIDERS = ("anthropic", "fal", "openai", "codex", "claude")
@@ -40,9 +40,10 @@ def from_env(
     http_client: HttpClient | None = None,
 ) -> PromptGen:
     """Every provider, registered from `env` (default `os.environ`), shaping and pricing requests
-    from `catalog` with `prices` laid over it."""
+    from `catalog` (default: the catalogue in force, `default_catalog()` with the operator file
+    TOOLLOOP_MODELS names laid over it) with `prices` laid over it."""
     env = os.environ if env is None else env
-    catalog = (catalog or default_catalog()).with_prices(prices or {})
+    catalog = (catalog or catalog_from_env(env)).with_prices(prices or {})
 
     def get(name: str) -> str | None:
         value = env.get(name, "").strip()
