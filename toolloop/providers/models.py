@@ -374,7 +374,8 @@ def default_catalog() -> Catalog:
     return _DEFAULT
 
 
-def _cell(info: ModelInfo, name: str, value: str) -> str:
+def marked(info: ModelInfo, name: str, value: str) -> str:
+    """`value` with the mark of its source kind: (d), (u), (o), ? unknown; read: unmarked."""
     kind = info.source(name).kind
     if kind == "unknown":
         return "?" if value in ("", "-") else f"{value} (?)"
@@ -394,11 +395,11 @@ def long_context(info: ModelInfo) -> str:
         return "-"
     p = tier.price
     cells = [
-        _cell(info, "price.above.input", f"{p.input:g}")
-        + " / " + _cell(info, "price.above.output", f"{p.output:g}"),
-        "read " + _cell(info, "price.above.cache_read", f"{p.cache_read:g}"),
-        "writes " + _cell(info, "price.above.cache_write", f"{p.cache_write:g}")
-        + " / " + _cell(info, "price.above.cache_write_1h", f"{p.write_1h:g}"),
+        marked(info, "price.above.input", f"{p.input:g}")
+        + " / " + marked(info, "price.above.output", f"{p.output:g}"),
+        "read " + marked(info, "price.above.cache_read", f"{p.cache_read:g}"),
+        "writes " + marked(info, "price.above.cache_write", f"{p.cache_write:g}")
+        + " / " + marked(info, "price.above.cache_write_1h", f"{p.write_1h:g}"),
     ]  # fmt: skip
     return f"> {_size(tier.tokens)}: " + ", ".join(cells)
 
@@ -411,7 +412,7 @@ def markdown(catalog: Catalog) -> str:
             + "| --- " * 13 + "|")  # fmt: skip
     rows = [head]
     for info in catalog.models():
-        status = _cell(info, "status", info.status) + (f" {info.status_date}" if info.status_date else "")
+        status = marked(info, "status", info.status) + (f" {info.status_date}" if info.status_date else "")
         if info.replacement:
             status += f" -> `{info.replacement}`"
         if info.price is None:
@@ -419,10 +420,12 @@ def markdown(catalog: Catalog) -> str:
             continue
         p = info.price
         money = [
-            _cell(info, "price.input", f"{p.input:g}") + " / " + _cell(info, "price.output", f"{p.output:g}"),
-            _cell(info, "price.cache_read", f"{p.cache_read:g}"),
-            _cell(info, "price.cache_write", f"{p.cache_write:g}"),
-            _cell(info, "price.cache_write_1h", f"{p.write_1h:g}"),
+            marked(info, "price.input", f"{p.input:g}")
+            + " / "
+            + marked(info, "price.output", f"{p.output:g}"),
+            marked(info, "price.cache_read", f"{p.cache_read:g}"),
+            marked(info, "price.cache_write", f"{p.cache_write:g}"),
+            marked(info, "price.cache_write_1h", f"{p.write_1h:g}"),
             long_context(info),
         ]
         if info.vendor != "anthropic":
@@ -430,16 +433,16 @@ def markdown(catalog: Catalog) -> str:
         else:
             thinking = ", ".join(sorted(info.thinking)) or "none sent"
         rules = [
-            _cell(info, "thinking", thinking),
-            _cell(info, "forced_tool_choice", "yes" if info.forced_tool_choice else "no"),
-            _cell(info, "temperature", "yes" if info.temperature else "no"),
-            _cell(info, "min_cache_tokens", str(info.min_cache_tokens or "-")),
-            _cell(
+            marked(info, "thinking", thinking),
+            marked(info, "forced_tool_choice", "yes" if info.forced_tool_choice else "no"),
+            marked(info, "temperature", "yes" if info.temperature else "no"),
+            marked(info, "min_cache_tokens", str(info.min_cache_tokens or "-")),
+            marked(
                 info, "max_output_tokens", _size(info.max_output_tokens) + " / " + _size(info.context_window)
             )
             if info.max_output_tokens
             else "-",
-            _cell(info, "fal_slug", f"`{info.fal_slug}`") if info.fal_slug else "",
+            marked(info, "fal_slug", f"`{info.fal_slug}`") if info.fal_slug else "",
         ]
         rows.append(f"| `{info.id}` | {status} | " + " | ".join(money + rules) + " |")
     return "\n".join(rows)
