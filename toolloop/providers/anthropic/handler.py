@@ -39,7 +39,11 @@ from toolloop.providers.models import default_catalog
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MODEL = "claude-sonnet-5-5"
-API_VERSION = "2023-06-01"
+API_VERSION = "2026-10-21"
+"""The `anthropic-version` sent (docs/providers.md, "API version"): what the SDK 2.x sends. Its three
+Messages API changes (the versioning page: temperature / top_p / top_k removed, a `document` block in
+an assistant message and non-empty `citations` on a user text block refused) touch nothing these
+requests send. The key stays in `x-api-key` (the SDK's `Authorization: Bearer` is a client choice)."""
 
 
 class AnthropicHandler:
