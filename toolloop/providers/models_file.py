@@ -220,7 +220,7 @@ def _price(
         if key in values:
             merged[key], sources[f"price.{key}"] = values[key], source
         elif old is None:  # a new model without this cache price: Anthropic's rule
-            merged[key] = float(merged["input"] or 0) * _RULE[key]
+            merged[key] = round(float(merged["input"] or 0) * _RULE[key], 10)
             sources[f"price.{key}"] = Source(DERIVED, f"{_RULE[key]:g}x input (Anthropic's rule)")
     price = ModelPrice(
         float(merged["input"] or 0),
