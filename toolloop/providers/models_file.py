@@ -245,7 +245,8 @@ def _price(
         }
         for key in tier:
             sources[f"price.above.{key}"] = source
-        tier_price = ModelPrice(*(float(parts[key] or 0) for key in PRICE_FIELDS))
+        amounts = [float(parts[key] or 0) for key in PRICE_FIELDS]
+        tier_price = ModelPrice(amounts[0], amounts[1], amounts[2], amounts[3], amounts[4])
         price = replace(price, above=PriceTier(int(tier["tokens"]), tier_price))
     return price
 
