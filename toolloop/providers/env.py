@@ -6,8 +6,10 @@
     (PATH)                                  codex, claude: the local CLIs (one-turn prompts)
     TOOLLOOP_PROVIDER                       default provider, default "anthropic"
     TOOLLOOP_FALLBACK                       fallback providers, a comma list (default none)
+    TOOLLOOP_MODELS                         an operator file laid over the catalogue (models_file.py)
 A missing key is not an error here: that provider's calls raise unavailable "auth", so a fallback
-moves on. Blank values count as unset. `catalog` (default `default_catalog()`) and `prices` are
+moves on. Blank values count as unset. `catalog` (default `catalog_from_env(env)`: `default_catalog()`
+with the TOOLLOOP_MODELS file laid over it; a bad file raises ModelsFileError) and `prices` are
 given to every handler: `from_env(catalog=default_catalog().with_models(ModelInfo(...)))` adds or
 overrides models for the whole chain. `http_client` (default: each handler's own) is the HTTP client
 of every HTTP provider: a worker passes one `KeepAliveClient` for its long-lived loop.
