@@ -50,7 +50,8 @@ HAIKU_5_5_PAGE = (
 )
 SONNET_5_5_GUIDE = (
     f"Claude Sonnet 5.5 migration guide (platform.claude.com/docs/en/models/sonnet-5-5/migration-guide, "
-    f"{READ_1202}): cache reads $0.10, half the Sonnet 5 rate"
+    f"{READ_1202}): cache reads $0.10, half the Sonnet 5 rate (the copy of its model page read still "
+    "says $0.20: the guide states the change, so it wins)"
 )
 LINEUP = (
     f"the model pages' current-lineup table (platform.claude.com/docs/id/models/sonnet-5/overview, "
