@@ -64,6 +64,8 @@ class Client:
         self._driver = SyncDriver(self.redis, self._blocking)
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
         self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender)
+        self.catalog = self._prepare.catalog
+        """The model catalogue in force (TOOLLOOP_MODELS laid over the built-in rows), read once."""
 
     @functools.cached_property
     def celery(self) -> Celery:

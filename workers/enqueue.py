@@ -25,6 +25,8 @@ import redis as redis_lib
 
 from toolloop.contract import CHAT_MESSAGES
 from toolloop.journal import keys
+from toolloop.providers.catalog import Catalog
+from toolloop.providers.models_file import catalog_from_env
 from workers import limits, toolsets, tracing
 from workers.errors import EnqueueError
 from workers.names import ADVANCE
@@ -72,12 +74,17 @@ class Enqueue:
 
 
 class Preparer:
-    """Checks a spec and builds its ENQUEUE request. The registered toolset names are read once."""
+    """Checks a spec and builds its ENQUEUE request. The registered toolset names are read once, and
+    the model catalogue in force (`catalog`, default `catalog_from_env()`: TOOLLOOP_MODELS laid over
+    the built-in rows), so a client refuses a bad operator file when it is made, not a worker later."""
 
-    def __init__(self, settings: Settings, toolset_names: Iterable[str], sender: Sender) -> None:
+    def __init__(
+        self, settings: Settings, toolset_names: Iterable[str], sender: Sender, catalog: Catalog | None = None
+    ) -> None:
         self.settings = settings
         self.names = frozenset(toolset_names)
         self.sender = sender
+        self.catalog = catalog or catalog_from_env()
 
     def __call__(self, spec: RunSpec | dict[str, Any], idempotency_key: str | None) -> Enqueue:
         """Validate `spec` (pydantic.ValidationError; ToolsetError; LimitError; ValueError for a bad

@@ -41,6 +41,7 @@ from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.providers import from_env
 from toolloop.providers.client import HttpClient, client_from_env
+from toolloop.providers.models_file import catalog_from_env
 from workers import deltas, names, wire
 from workers.deadlines import StepDeadlines
 from workers.hooks import NO_HOOKS, Hooks
@@ -126,6 +127,9 @@ class WorkerProcess:
         self._lock = threading.Lock()
         self._threads = _tool_threads()
         """The loop's default executor once `start_loop` made the loop (`shed_tool_threads`)."""
+        self.catalog = catalog_from_env()
+        """The model catalogue in force (TOOLLOOP_MODELS over the built-in rows), read once: a bad
+        operator file stops the worker at start (ModelsFileError), not a run at its first step."""
         self.http = http or client_from_env()
         """The process's HTTP client for model calls: keep-alive connections on the process loop
         (`KeepAliveClient`, on httptools), handed to the providers of the default model factory."""
@@ -202,7 +206,7 @@ class WorkerProcess:
                     module, _, name = self.settings.prompt_gen.partition(":")
                     self._prompt_gen = getattr(importlib.import_module(module), name)()
                 else:
-                    self._prompt_gen = from_env(http_client=self.http)
+                    self._prompt_gen = from_env(http_client=self.http, catalog=self.catalog)
             return self._prompt_gen
 
     def generate_for(self, provider: str | None, fallback: list[str], *, stream: bool = False) -> Generate:

@@ -288,7 +288,7 @@ async def test_cache_ttl_1h_marks_every_breakpoint_and_prices_the_1h_writes() ->
         u = event.usage
         uncached = u.prompt_tokens - u.cached_tokens - u.cache_write_tokens
         expected = (
-            uncached * 2 + u.cached_tokens * 0.2 + u.cache_write_tokens * 4.0 + u.completion_tokens * 10
+            uncached * 2 + u.cached_tokens * 0.1 + u.cache_write_tokens * 4.0 + u.completion_tokens * 10
         ) / 1e6
         assert event.cost_usd == pytest.approx(expected)
 

@@ -173,8 +173,9 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
     for result in (first, second):
         usage = result.usage
         uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
-        # claude-sonnet-5-5 (the default): $2/M input, $10/M output, read $0.20/M, 5m write $2.50/M
-        expected = (uncached * 2 + usage.completion_tokens * 10 + usage.cached_tokens * 0.2
+        # claude-sonnet-5-5 (the default): $2/M input, $10/M output, read $0.10/M (its migration
+        # guide), 5m write $2.50/M
+        expected = (uncached * 2 + usage.completion_tokens * 10 + usage.cached_tokens * 0.1
                     + usage.cache_write_tokens * 2.5) / 1e6  # fmt: skip
         assert result.cost_usd == pytest.approx(expected)
         assert result.meta is not None and result.meta["cost_source"] == "tokens"

@@ -11,10 +11,25 @@ from toolloop import PromptGenError, PromptGenRequest, UserMessage
 from toolloop.providers import AnthropicHandler, Catalog, FalHandler, ModelInfo, ModelPrice, default_catalog
 from toolloop.providers.anthropic.params import top_level
 from toolloop.providers.catalog import token_cost
-from toolloop.providers.models import FAL_README, MODELS, OLD_TABLE, PRICE_FIELDS, PRICING, THIRD
+from toolloop.providers.models import (
+    FAL_README,
+    HAIKU_5_5_PAGE,
+    LINEUP,
+    MODELS,
+    MYTHOS_PRICING,
+    OLD_TABLE,
+    PRICE_FIELDS,
+    PRICING,
+    SONNET_5_5_GUIDE,
+    THIRD,
+)
 
-# PROVIDERS.md "Today's Claude models" (read 2026-12-01), copied by hand: (model, field) -> (USD per
-# MTok, where it is read). A derived value (no source states it) is checked against its rule below.
+# PROVIDERS.md "Today's Claude models" (read 2026-12-01) and the first-party pages read 2026-12-02,
+# copied by hand: (model, field) -> (USD per MTok, where it is read). A derived value (no source
+# states it) is checked against its rule below. Changed 2026-12-02 where the pages say the earlier
+# value was wrong: Sonnet 5.5 reads at 0.10 (its migration guide: "half the Claude Sonnet 5 rate",
+# was 0.20); Haiku 5.5's input, output and writes are on its model page (were third-party / derived);
+# the Fable 5 / 5.1 writes are on the pricing page (were derived, the same values).
 PUBLISHED: dict[tuple[str, str], tuple[float, str]] = {
     ("claude-opus-5-5", "input"): (4, PRICING),
     ("claude-opus-5-5", "output"): (20, PRICING),
@@ -23,18 +38,28 @@ PUBLISHED: dict[tuple[str, str], tuple[float, str]] = {
     ("claude-opus-5-5", "cache_write_1h"): (8.00, PRICING),
     ("claude-sonnet-5-5", "input"): (2, PRICING),
     ("claude-sonnet-5-5", "output"): (10, PRICING),
-    ("claude-sonnet-5-5", "cache_read"): (0.20, PRICING),
+    ("claude-sonnet-5-5", "cache_read"): (0.10, SONNET_5_5_GUIDE),
     ("claude-sonnet-5-5", "cache_write"): (2.50, PRICING),
     ("claude-sonnet-5-5", "cache_write_1h"): (4.00, PRICING),
-    ("claude-haiku-5-5", "input"): (0.10, THIRD),
-    ("claude-haiku-5-5", "output"): (0.50, THIRD),
+    ("claude-haiku-5-5", "input"): (0.10, HAIKU_5_5_PAGE),
+    ("claude-haiku-5-5", "output"): (0.50, HAIKU_5_5_PAGE),
     ("claude-haiku-5-5", "cache_read"): (0.01, THIRD),
-    ("claude-fable-5-1", "input"): (10, PRICING),
-    ("claude-fable-5-1", "output"): (50, PRICING),
-    ("claude-fable-5-1", "cache_read"): (0.25, PRICING),
-    ("claude-fable-5", "input"): (10, PRICING),
-    ("claude-fable-5", "output"): (50, PRICING),
-    ("claude-fable-5", "cache_read"): (1.00, PRICING),
+    ("claude-haiku-5-5", "cache_write"): (0.125, HAIKU_5_5_PAGE),
+    ("claude-haiku-5-5", "cache_write_1h"): (0.20, HAIKU_5_5_PAGE),
+    ("claude-fable-5-2", "input"): (8, LINEUP),
+    ("claude-fable-5-2", "output"): (40, LINEUP),
+    ("claude-fable-5-2", "cache_read"): (0.20, THIRD),
+    ("claude-mythos-5-2", "cache_read"): (0.20, THIRD),
+    **{
+        (model, field): (value, where)
+        for model, where, read in (
+            ("claude-fable-5-1", PRICING, 0.25),
+            ("claude-mythos-5-1", MYTHOS_PRICING, 0.25),
+            ("claude-fable-5", PRICING, 1.00),
+            ("claude-mythos-5", MYTHOS_PRICING, 1.00),
+        )
+        for field, value in zip(PRICE_FIELDS, (10, 50, read, 12.50, 20.00), strict=True)
+    },
     **{
         (model, field): (value, PRICING)
         for model in (
@@ -105,7 +130,10 @@ def test_each_price_matches_its_named_source(case: tuple[ModelInfo, str]) -> Non
         assert source.kind == ("unconfirmed" if where in (THIRD, OLD_TABLE) else "read")
     else:  # not stated anywhere: derived by the rule its source names
         assert source.kind == "derived", f"{info.id}.{field} is neither published nor derived"
-        if "1.25x" in source.name and field == "cache_write":
+        if source.name.startswith("as Fable 5.2"):  # Mythos 5.2: its Fable's price
+            fable = default_catalog().price("claude-fable-5-2")
+            assert fable is not None and value == getattr(fable, field)
+        elif "1.25x" in source.name and field == "cache_write":
             assert value == pytest.approx(info.price.input * 1.25)
         elif "2x input" in source.name:
             assert value == pytest.approx(info.price.input * 2)

@@ -30,7 +30,9 @@ MESSAGE = {
     "usage": {"input_tokens": 120, "cache_read_input_tokens": 2000, "output_tokens": 90},
 }  # fmt: skip
 PRICE = default_catalog().require("anthropic", "claude-sonnet-5-5").price
-assert PRICE is not None  # $2 in, $10 out, $0.20 cache read, $2.50 5-minute write per MTok
+assert (
+    PRICE is not None
+)  # $2 in, $10 out, $0.10 cache read (Sonnet 5.5 migration guide), $2.50 5-minute write per MTok
 
 
 def sent(data: Any) -> str:
@@ -88,10 +90,10 @@ def test_an_anthropic_cut_costs_its_message_start_input_and_the_larger_output(
     usage = {"input_tokens": 1000, "cache_read_input_tokens": 2000, "cache_creation_input_tokens": 300,
              "output_tokens": reported}  # fmt: skip
     cut = anthropic_cut(Partial(usage, "x" * 40 + "é"), price=PRICE, model="claude-sonnet-5-5")
-    assert cut.usd == pytest.approx((1000 * 2 + 2000 * 0.20 + 300 * 2.50 + output * 10) / 1e6, abs=1e-12)
+    assert cut.usd == pytest.approx((1000 * 2 + 2000 * 0.10 + 300 * 2.50 + output * 10) / 1e6, abs=1e-12)
     assert (cut.usage.prompt_tokens, cut.usage.completion_tokens, cut.output_from) == (3300, output, source)
     hour = anthropic_cut(Partial(usage, ""), price=PRICE, model="claude-sonnet-5-5", ttl="1h")
-    assert hour.usd == pytest.approx((1000 * 2 + 2000 * 0.20 + 300 * 4.00 + reported * 10) / 1e6, abs=1e-12)
+    assert hour.usd == pytest.approx((1000 * 2 + 2000 * 0.10 + 300 * 4.00 + reported * 10) / 1e6, abs=1e-12)
 
 
 def test_a_fal_cut_without_usage_costs_the_character_estimate_of_request_and_pieces() -> None:

@@ -92,7 +92,7 @@ async def test_a_tool_conversation_maps_to_a_valid_messages_body(png: Path) -> N
     (sent,) = recorder.requests
     assert sent.url == "http://sim.test/v1/messages"
     assert sent.headers["x-api-key"] == FAKE_KEY
-    assert sent.headers["anthropic-version"] == "2023-06-01"
+    assert sent.headers["anthropic-version"] == "2026-10-21"  # docs/providers.md, "API version"
     body = recorder.bodies[0]
     validate_anthropic_body(body)
     data = base64.b64encode(png.read_bytes()).decode()

@@ -144,6 +144,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if not 0 <= args.metrics_port <= 65535:
             raise CliError(f"--metrics-port must be a port number 1-65535 (0: off), not {args.metrics_port}.")
         extra["TOOLLOOP_METRICS_PORT"] = str(args.metrics_port)
+    from toolloop.providers.models_file import catalog_from_env
+
+    try:  # a bad operator file is refused before anything starts
+        catalog_from_env()
+    except ValueError as error:
+        raise CliError(str(error)) from None
     _, choice = connect()
     server = None
     if not defaults.has_provider_key():

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, TextIO
 
-from toolloop.providers.catalog import ModelPrice
-from toolloop.providers.models import default_catalog
+from toolloop.providers.catalog import Catalog, ModelPrice
+from toolloop.providers.models_file import catalog_from_env
 
 
 def field(obj: Any, name: str, default: Any = None) -> Any:
@@ -60,10 +60,11 @@ class Totals:
         self.cache_read += cache_read_tokens(usage)
         self.cache_write += cache_write_tokens(usage)
 
-    def cache_savings_usd(self, model: str) -> float | None:
+    def cache_savings_usd(self, model: str, catalog: Catalog | None = None) -> float | None:
         """Money the cache saved vs the same prompts uncached: reads at their discount, minus the
-        write premium. None when the model has no price row."""
-        price: ModelPrice | None = default_catalog().price(model)
+        write premium, at the prices of `catalog` (default: the catalogue in force, TOOLLOOP_MODELS
+        included). None when the model has no price row."""
+        price: ModelPrice | None = (catalog or catalog_from_env()).price(model)
         if price is None:
             return None
         saved = self.cache_read * (price.input - price.cache_read)

@@ -14,6 +14,11 @@ A `Catalog` is immutable. Callers extend or override it without touching any mod
 
 Lookup (`find`) accepts the id, any alias, a dated id (`claude-haiku-4-5-20251001`), and a fal slug
 with dots or hyphens (`anthropic/claude-opus-5.5`, `anthropic/claude-opus-5-5`).
+
+A price may have a long-context tier (`ModelPrice.above`): a request whose prompt (uncached input,
+cache reads and cache writes) is over `above.tokens` is priced whole at the tier's rates, output
+included (Haiku 5.5 above 100,000 tokens). `token_cost` picks the tier; `price.at(tokens)` is the
+row a prompt of that size pays.
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ from typing import Literal
 
 from toolloop.errors import PromptGenError
 
-Status = Literal["current", "deprecated", "retired"]
+Status = Literal["current", "legacy", "deprecated", "retired"]
+"""current: the model pages' latest; legacy: still served, a newer model of its family is current
+(the pages say "Legacy"); deprecated: served until its end of life (`status_date`); retired: 404."""
 ThinkingType = Literal["adaptive", "enabled", "disabled"]
 
-SourceKind = Literal["read", "derived", "unconfirmed", "unknown"]
+SourceKind = Literal["read", "derived", "unconfirmed", "unknown", "operator"]
 READ: Literal["read"] = "read"
+OPERATOR: Literal["operator"] = "operator"
 DERIVED: Literal["derived"] = "derived"
 UNCONFIRMED: Literal["unconfirmed"] = "unconfirmed"
 UNKNOWN: Literal["unknown"] = "unknown"
@@ -38,17 +46,33 @@ UNKNOWN: Literal["unknown"] = "unknown"
 @dataclass(frozen=True)
 class ModelPrice:
     """USD per million tokens: uncached input, output, cache read, 5-minute cache write, and
-    1-hour cache write (None: not priced separately, then twice the input price, Anthropic's rule)."""
+    1-hour cache write (None: not priced separately, then twice the input price, Anthropic's rule).
+    `above`: the long-context tier, the rates of a request whose prompt is over its `tokens`."""
 
     input: float
     output: float
     cache_read: float
     cache_write: float
     cache_write_1h: float | None = None
+    above: PriceTier | None = None
 
     @property
     def write_1h(self) -> float:
         return self.cache_write_1h if self.cache_write_1h is not None else self.input * 2
+
+    def at(self, prompt_tokens: int) -> ModelPrice:
+        """The rates a request with this many prompt tokens (input, cache reads and writes) pays."""
+        if self.above is not None and prompt_tokens > self.above.tokens:
+            return self.above.price
+        return self
+
+
+@dataclass(frozen=True)
+class PriceTier:
+    """A long-context tier: a prompt of more than `tokens` pays `price` for the whole request."""
+
+    tokens: int
+    price: ModelPrice
 
 
 @dataclass(frozen=True)
@@ -208,7 +232,8 @@ def token_cost(
     cache_write_1h: int = 0,
 ) -> float:
     """USD for uncached `input`, `output`, `cache_read`, 5-minute `cache_write` and `cache_write_1h`
-    tokens, each at its own rate."""
+    tokens, each at its own rate; a prompt over the price's long-context threshold at the tier's."""
+    price = price.at(input + cache_read + cache_write + cache_write_1h)
     total = (
         input * price.input
         + output * price.output

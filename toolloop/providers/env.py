@@ -6,8 +6,10 @@
     (PATH)                                  codex, claude: the local CLIs (one-turn prompts)
     TOOLLOOP_PROVIDER                       default provider, default "anthropic"
     TOOLLOOP_FALLBACK                       fallback providers, a comma list (default none)
+    TOOLLOOP_MODELS                         an operator file laid over the catalogue (models_file.py)
 A missing key is not an error here: that provider's calls raise unavailable "auth", so a fallback
-moves on. Blank values count as unset. `catalog` (default `default_catalog()`) and `prices` are
+moves on. Blank values count as unset. `catalog` (default `catalog_from_env(env)`: `default_catalog()`
+with the TOOLLOOP_MODELS file laid over it; a bad file raises ModelsFileError) and `prices` are
 given to every handler: `from_env(catalog=default_catalog().with_models(ModelInfo(...)))` adds or
 overrides models for the whole chain. `http_client` (default: each handler's own) is the HTTP client
 of every HTTP provider: a worker passes one `KeepAliveClient` for its long-lived loop.
@@ -24,7 +26,7 @@ from toolloop.providers.catalog import Catalog, ModelPrice
 from toolloop.providers.client import HttpClient
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
-from toolloop.providers.models import default_catalog
+from toolloop.providers.models_file import catalog_from_env
 from toolloop.providers.oneturn import ClaudeHandler, CodexHandler, OpenAIHandler
 
 PROVIDERS = ("anthropic", "fal", "openai", "codex", "claude")
@@ -40,9 +42,10 @@ def from_env(
     http_client: HttpClient | None = None,
 ) -> PromptGen:
     """Every provider, registered from `env` (default `os.environ`), shaping and pricing requests
-    from `catalog` with `prices` laid over it."""
+    from `catalog` (default: the catalogue in force, `default_catalog()` with the operator file
+    TOOLLOOP_MODELS names laid over it) with `prices` laid over it."""
     env = os.environ if env is None else env
-    catalog = (catalog or default_catalog()).with_prices(prices or {})
+    catalog = (catalog or catalog_from_env(env)).with_prices(prices or {})
 
     def get(name: str) -> str | None:
         value = env.get(name, "").strip()

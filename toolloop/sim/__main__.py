@@ -66,8 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from toolloop.providers.models_file import catalog_from_env
+
+    try:
+        catalog = catalog_from_env()  # TOOLLOOP_MODELS: the models the operator file adds are served
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     server = SimServer(
         script,
+        catalog=catalog,
         host=args.host,
         port=args.port,
         latency_s=args.latency,

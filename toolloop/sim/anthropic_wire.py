@@ -70,9 +70,17 @@ def api_key(headers: Any) -> str:
     return str(headers.get("x-api-key") or (token if scheme == "Bearer" else "")).strip()
 
 
+VERSIONS = ("2023-06-01", "2026-10-21")
+"""The `anthropic-version` values the simulator serves (the versioning page lists these two after
+2023-01-01); the rules of each are in toolloop/sim/rules.py (`check_version`)."""
+
+
 def header_problem(headers: Any) -> str | None:
-    if not headers.get("anthropic-version"):
+    version = headers.get("anthropic-version")
+    if not version:
         return "anthropic-version: header is required"
+    if version not in VERSIONS:  # the real API's wording for this is not confirmed
+        return f"anthropic-version: {version!r} is not a known version; use one of {', '.join(VERSIONS)}"
     return None
 
 

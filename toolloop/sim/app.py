@@ -37,7 +37,7 @@ from toolloop.sim import anthropic_wire, fal_wire, stream
 from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Parsed, Wire, fit_max_tokens
 from toolloop.sim.ratelimit import SimRateLimits
-from toolloop.sim.rules import SimRefusal, check_anthropic, check_fal
+from toolloop.sim.rules import NEW_VERSION, SAMPLING, SimRefusal, check_anthropic, check_fal
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
 from toolloop.sim.sdk_check import sdk_validator
 
@@ -289,9 +289,12 @@ class Simulator:
         try:
             raw = json.loads(await http.body())
             if wire.name == "anthropic":
+                version = http.headers.get("anthropic-version")
                 if self.validate is not None and isinstance(raw, dict):
-                    self.validate(raw)
-                check_anthropic(raw, self.catalog)
+                    # the SDK's types are 2026-10-21's: 2023-06-01 still has the sampling fields
+                    old = version != NEW_VERSION
+                    self.validate({k: v for k, v in raw.items() if not (old and k in SAMPLING)})
+                check_anthropic(raw, self.catalog, version)
             else:
                 check_fal(raw, self.catalog)
             parsed = module.parse(raw)

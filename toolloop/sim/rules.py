@@ -1,7 +1,16 @@
 """What the simulated APIs refuse, from the same model catalogue the providers shape requests by
 (`toolloop.providers.catalog`: one source of truth). Checked on the raw body before it is parsed.
 
-Anthropic (`check_anthropic`), with the real API's status and error type:
+Anthropic (`check_anthropic`), with the real API's status and error type, by the request's
+`anthropic-version` (the versioning page, platform.claude.com/docs/en/api/versioning, read 2026-12-02):
+    2026-10-21                 `temperature`, `top_p`, `top_k` are removed: any of them is a 400 (the
+                               message, "<name>: Extra inputs are not permitted", is a third party's
+                               capture); a `document` block directly in an assistant message and a
+                               text block with non-empty `citations` in a user message (directly or
+                               in a `search_result` block) are a 400
+    2023-06-01                 `temperature`, `top_p`, `top_k` where the model's row refuses
+                               `temperature` are a 400 (derived: the pages name the three together)
+    both:
     404 not_found_error        a retired or unknown model ("model: <id>"); register a test model
                                with `SimServer(catalog=default_catalog().with_models(...))`
     400 invalid_request_error  a `thinking.type` the model does not accept (`disabled` to an
@@ -38,9 +47,16 @@ def model_info(catalog: Catalog, model: Any) -> ModelInfo:
     return info
 
 
-def check_anthropic(body: Any, catalog: Catalog) -> None:
+SAMPLING = ("temperature", "top_p", "top_k")
+NEW_VERSION = "2026-10-21"
+
+
+def check_anthropic(body: Any, catalog: Catalog, version: str | None = None) -> None:
+    """Refuse what the API refuses for this body under `version` (None: 2023-06-01's rules)."""
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
         return  # the parser answers the shape errors
+    if version == NEW_VERSION:
+        check_version(body)
     info = model_info(catalog, body["model"])
     model = info.id
     max_tokens = body.get("max_tokens")
@@ -51,8 +67,9 @@ def check_anthropic(body: Any, catalog: Catalog) -> None:
             f"max_tokens: {max_tokens} > {cap}, which is the maximum allowed number of output tokens "
             f"for {model}",
         )
-    if "temperature" in body and not info.temperature:
-        raise SimRefusal(400, f"temperature: is not supported for {model}. Remove it from the request.")
+    for name in SAMPLING:
+        if name in body and not info.temperature:
+            raise SimRefusal(400, f"{name}: is not supported for {model}. Remove it from the request.")
     thinking_on = _check_thinking(body, info, max_tokens)
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
@@ -65,6 +82,29 @@ def check_anthropic(body: Any, catalog: Catalog) -> None:
         if thinking_on:
             raise SimRefusal(400, "Thinking may not be enabled when tool_choice forces tool use.")
     _check_messages(body.get("messages"), body.get("system"))
+
+
+def check_version(body: dict[str, Any]) -> None:
+    """The three Messages API changes of anthropic-version 2026-10-21."""
+    for name in SAMPLING:
+        if name in body:
+            raise SimRefusal(400, f"{name}: Extra inputs are not permitted")
+    messages = body.get("messages")
+    for index, turn in enumerate(messages if isinstance(messages, list) else []):
+        content = turn.get("content") if isinstance(turn, dict) else None
+        for position, block in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(block, dict):
+                continue
+            where = f"messages.{index}.content.{position}"
+            if turn.get("role") == "assistant" and block.get("type") == "document":
+                raise SimRefusal(400, f"{where}: a `document` block may not be in an assistant message")
+            if turn.get("role") == "user":
+                inner = block.get("content") if block.get("type") == "search_result" else [block]
+                for text in inner if isinstance(inner, list) else []:
+                    if isinstance(text, dict) and text.get("type") == "text" and text.get("citations"):
+                        raise SimRefusal(
+                            400, f"{where}: a text block in a user message may not carry `citations`"
+                        )
 
 
 def _check_thinking(body: dict[str, Any], info: ModelInfo, max_tokens: Any) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 import uvicorn
 
 from toolloop.providers.catalog import Catalog
-from toolloop.providers.models import default_catalog
+from toolloop.providers.models_file import catalog_from_env
 from toolloop.sim.app import Simulator
 from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS, PromptCache
 from toolloop.sim.ratelimit import SimRateLimits
@@ -37,7 +37,8 @@ from toolloop.sim.script import Policy, Script, as_policy
 class SimServer:
     """The provider simulator on `host:port` (port 0 picks a free one). See docs/simulator.md.
 
-    `catalog` (default `default_catalog()`) is the models it serves: any other id is a 404, as on
+    `catalog` (default the catalogue in force: `default_catalog()` with TOOLLOOP_MODELS laid over it,
+    toolloop/providers/models_file.py) is the models it serves: any other id is a 404, as on
     the real API. `strict` validates every Anthropic body against the anthropic SDK's request
     types (None: on when the environment has TOOLLOOP_SIM_STRICT=1, as the test suite sets)."""
 
@@ -66,7 +67,7 @@ class SimServer:
         `idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
         when the next request arrives on it, before any response (as when a client's request crosses
         a load balancer's close of an idle connection); None: connections stay open 30 s."""
-        catalog = catalog or default_catalog()
+        catalog = catalog or catalog_from_env()
         cache = PromptCache(
             min_tokens=min_cache_tokens,
             model_min_tokens=model_min_cache_tokens,

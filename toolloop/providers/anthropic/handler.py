@@ -39,7 +39,11 @@ from toolloop.providers.models import default_catalog
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MODEL = "claude-sonnet-5-5"
-API_VERSION = "2023-06-01"
+API_VERSION = "2026-10-21"
+"""The `anthropic-version` sent (docs/providers.md, "API version"): what the SDK 2.x sends. Its three
+Messages API changes (the versioning page: temperature / top_p / top_k removed, a `document` block in
+an assistant message and non-empty `citations` on a user text block refused) touch nothing these
+requests send. The key stays in `x-api-key` (the SDK's `Authorization: Bearer` is a client choice)."""
 
 
 class AnthropicHandler:
@@ -92,7 +96,9 @@ class AnthropicHandler:
         info, price = self._model(model)
         reasoning = reasoning_of(self.name, request, None)
         output = int(top_level(request, info, reasoning)[0]["max_tokens"])
-        total = estimate_input_tokens(request) * price.input + output * price.output
+        tokens = estimate_input_tokens(request)
+        price = price.at(tokens)  # a long prompt is priced at its tier
+        total = tokens * price.input + output * price.output
         return round(total / 1_000_000, 6)
 
     async def execute(

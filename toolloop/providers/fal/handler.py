@@ -104,6 +104,7 @@ class FalHandler:
         price = self._model(request)[2]
         reasoning_of(self.name, request, "medium")
         tokens = estimate_input_tokens(request) + 1000 * len(prompt_images(request))
+        price = price.at(tokens)  # a long prompt is priced at its tier
         total = tokens * price.input + max_tokens_of(request, DEFAULT_MAX_TOKENS) * price.output
         return round(total / 1_000_000, 6)
 
