@@ -54,8 +54,9 @@ def _stale(connection: Any) -> bool:
 
 class FollowingConnection(SentinelManagedConnection):
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        if _stale(self):
-            self.disconnect()  # type: ignore[no-untyped-call]
+        if self._sock is not None and _stale(self):
+            self.disconnect()
+            self.connect()  # through `_connect_retry`: to the announced primary
         super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
     def _connect_retry(self) -> None:
@@ -78,8 +79,9 @@ class FollowingConnection(SentinelManagedConnection):
 
 class AsyncFollowingConnection(AsyncSentinelConnection):
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        if _stale(self):
+        if self._reader is not None and _stale(self):
             await self.disconnect()
+            await self.connect()  # type: ignore[no-untyped-call]
         await super().send_packed_command(command, check_health)
 
     async def _connect_retry(self) -> None:

@@ -74,14 +74,21 @@ def _raise_first(replies: list[Any]) -> list[Any]:
     return replies
 
 
+def _waits(batch: Batch, wait: tuple[int, int]) -> bool:
+    """Whether `batch` is a write to confirm: `wait` asks for replicas, and it runs a script or says so."""
+    return bool(wait[0]) and (batch.durable or any(isinstance(c, Eval) for c in batch.commands))
+
+
 def _waited(batch: Batch, wait: tuple[int, int]) -> Batch:
-    """`batch` ending with WAIT when `wait` asks for replicas (never inside MULTI: after EXEC)."""
-    return Batch([*batch.commands, ("WAIT", *wait)], batch.transaction) if wait[0] else batch
+    """`batch` ending with WAIT when it is a write to confirm (`_waits`)."""
+    if not _waits(batch, wait):
+        return batch
+    return Batch([*batch.commands, ("WAIT", *wait)], batch.transaction, batch.durable)
 
 
-def _confirmed(replies: list[Any], wait: tuple[int, int]) -> list[Any]:
+def _confirmed(replies: list[Any], batch: Batch, wait: tuple[int, int]) -> list[Any]:
     """The replies of a `_waited` batch without WAIT's, once it counted the replicas asked for."""
-    if not wait[0]:
+    if not _waits(batch, wait):
         return replies
     replicated(replies[-1], *wait)
     return replies[:-1]
@@ -130,7 +137,7 @@ class SyncDriver:
 
     def batch(self, request: Batch) -> list[Any]:
         """The replies of the batch, errors in place (a lost connection raises)."""
-        batch = _waited(request, self.wait)
+        batch, waits = _waited(request, self.wait), _waits(request, self.wait)
         pipe = self.redis.pipeline(transaction=batch.transaction)
         for command in _commands(batch):
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
@@ -142,12 +149,12 @@ class SyncDriver:
             again = self.redis.pipeline(transaction=False)
             for command in _again(batch, places):
                 again.execute_command(*command)  # type: ignore[no-untyped-call]
-            if self.wait[0]:
+            if waits:
                 again.execute_command("WAIT", *self.wait)  # type: ignore[no-untyped-call]
-            redone = [*places, len(replies) - 1] if self.wait[0] else places
+            redone = [*places, len(replies) - 1] if waits else places
             for i, reply in zip(redone, again.execute(raise_on_error=False), strict=True):
                 replies[i] = reply
-        return _confirmed(replies, self.wait)
+        return _confirmed(replies, request, self.wait)
 
 
 class AsyncDriver:
@@ -192,7 +199,7 @@ class AsyncDriver:
 
     async def batch(self, request: Batch) -> list[Any]:
         """The replies of the batch, errors in place (a lost connection raises)."""
-        batch = _waited(request, self.wait)
+        batch, waits = _waited(request, self.wait), _waits(request, self.wait)
         async with self.redis.pipeline(transaction=batch.transaction) as pipe:
             for command in _commands(batch):
                 pipe.execute_command(*command)
@@ -204,9 +211,9 @@ class AsyncDriver:
             async with self.redis.pipeline(transaction=False) as again:
                 for command in _again(batch, places):
                     again.execute_command(*command)
-                if self.wait[0]:
+                if waits:
                     again.execute_command("WAIT", *self.wait)
-                redone = [*places, len(replies) - 1] if self.wait[0] else places
+                redone = [*places, len(replies) - 1] if waits else places
                 for i, reply in zip(redone, await again.execute(raise_on_error=False), strict=True):
                     replies[i] = reply
-        return _confirmed(replies, self.wait)
+        return _confirmed(replies, request, self.wait)

@@ -72,6 +72,8 @@ class StepRunner(Protocol):
 
     def lend(self) -> contextlib.AbstractAsyncContextManager[None]: ...
 
+    def steps_running(self) -> int: ...
+
 
 class TaskEvents:
     """Celery task events of worker `hostname`, sent with the process's batch: every event of one
@@ -261,9 +263,14 @@ class WorkerProcess:
         """Count this process's metrics and serve them on `port` (once)."""
         with self._lock:
             if self.metrics is None:
-                self.metrics = Metrics(self.queue_depths)
+                self.metrics = Metrics(self.queue_depths, self.steps_in_flight)
                 self.metrics.serve(port)
             return self.metrics
+
+    def steps_in_flight(self) -> int:
+        """Steps the process's step consumer runs now (0 without one)."""
+        consumer = self.consumer
+        return 0 if consumer is None else consumer.steps_running()
 
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting on each step queue, every priority list summed (one pipeline)."""

@@ -103,7 +103,7 @@ class SentinelSet:
             found.clear()
             for sentinel in self.sentinels:
                 with contextlib.suppress(redis.RedisError):
-                    host, port = self._client(sentinel.port).sentinel_get_master_addr_by_name(SERVICE)
+                    _host, port = self._client(sentinel.port).sentinel_get_master_addr_by_name(SERVICE)
                     found.add(int(port))
             return len(found) == 1
 
@@ -150,7 +150,10 @@ class SentinelSet:
 
         def synced() -> bool:
             info = primary.info("replication")
-            return int(info.get("connected_slaves", 0)) >= self.replicas and int(primary.wait(self.replicas, 500)) >= self.replicas
+            return (
+                int(info.get("connected_slaves", 0)) >= self.replicas
+                and int(primary.wait(self.replicas, 500)) >= self.replicas
+            )
 
         self._wait(synced, timeout)
 
