@@ -27,6 +27,7 @@ from pathlib import Path
 
 import redis
 
+from toolloop import redisurl
 from toolloop.embedded import EmbeddedServer, free_port, ping
 
 PROVIDER_KEYS = ("ANTHROPIC_API_KEY", "FAL_KEY")
@@ -193,7 +194,7 @@ def redis_problem(url: str, timeout: float = 2.0) -> str | None:
     """Why Redis at `url` cannot be used (None: it answered PING). It connects exactly as the
     workers and `Client` do: redis-py on the same URL, so a password, an ACL user and TLS
     (`rediss://...?ssl_ca_certs=/path/ca.pem`) are checked here as they will be used."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    client = redisurl.sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         client.ping()
     except redis.AuthenticationError as error:

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-import redis.asyncio as aredis
-
+from toolloop import redisurl
 from toolloop.contract import ChatMessage
 from toolloop.loop.types import Decision
 from workers import enqueue, ops, runlist
@@ -32,9 +31,13 @@ class AsyncClient:
         """As `Client(redis_url, toolsets=...)`; no connection is made until the first call."""
         self.settings = settings = settings_for(redis_url)
         self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
-        self.redis = aredis.Redis.from_url(settings.redis_url, decode_responses=True)
-        self._blocking = aredis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=None)
-        self._driver = AsyncDriver(self.redis, self._blocking)
+        self._watcher = redisurl.watcher(settings.redis_url)
+        self.redis = redisurl.async_client(settings.redis_url, decode_responses=True, watcher=self._watcher)
+        self._blocking = redisurl.async_client(
+            settings.redis_url, decode_responses=True, socket_timeout=None, watcher=self._watcher
+        )
+        wait = (settings.commit_wait, settings.commit_wait_ms)
+        self._driver = AsyncDriver(self.redis, self._blocking, wait=wait)
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
         self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender)
         self.catalog = self._prepare.catalog
@@ -44,6 +47,8 @@ class AsyncClient:
         """Release the Redis connections."""
         await self.redis.aclose()
         await self._blocking.aclose()
+        if self._watcher is not None:
+            self._watcher.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

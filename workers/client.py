@@ -23,8 +23,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis as redis_lib
-
+from toolloop import redisurl
 from toolloop.contract import ChatMessage
 from toolloop.defaults import no_redis_message
 from toolloop.loop.types import Decision
@@ -57,11 +56,14 @@ class Client:
         from TOOLLOOP_TOOLSETS (names only) when None."""
         self.settings = settings = settings_for(redis_url)
         self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
-        self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
-        self._blocking = redis_lib.Redis.from_url(
-            settings.redis_url, decode_responses=True, socket_timeout=None
+        self._watcher = redisurl.watcher(settings.redis_url)
+        self.redis = redisurl.sync_client(settings.redis_url, decode_responses=True, watcher=self._watcher)
+        self._blocking = redisurl.sync_client(
+            settings.redis_url, decode_responses=True, socket_timeout=None, watcher=self._watcher
         )
-        self._driver = SyncDriver(self.redis, self._blocking)
+        self._driver = SyncDriver(
+            self.redis, self._blocking, wait=(settings.commit_wait, settings.commit_wait_ms)
+        )
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
         self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender)
         self.catalog = self._prepare.catalog
@@ -79,6 +81,8 @@ class Client:
         """Release the Redis connections (and the broker connection pool, when `celery` was used)."""
         self.redis.close()
         self._blocking.close()
+        if self._watcher is not None:
+            self._watcher.close()
         if "celery" in self.__dict__:
             self.celery.close()
 

@@ -280,7 +280,7 @@ class Commits:
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
                      keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE],
-                    [payload.encode()],
+                    [payload.encode()], durable=True,
                 )  # fmt: skip
                 return parse_commit(reply)
             except REDIS_LOST as error:  # refused (OOM) or not taken (connection): nothing was written

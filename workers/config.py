@@ -13,6 +13,7 @@ import click
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
+from toolloop import redisurl
 from workers import names
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE, QUEUES, SWEEP
 from workers.settings import Settings
@@ -26,7 +27,9 @@ def make_app(settings: Settings | None = None) -> Celery:
         "unacked_restore_throttle": 1,  # ... not every 100 s (default 10 x 10)
         "health_check_interval": 25,
     }
-    app = Celery("toolloop", broker=settings.redis_url, include=["workers.tasks"])
+    broker_url, sentinel_options = redisurl.broker(settings.redis_url)
+    transport.update(sentinel_options)  # Sentinel: kombu's master_name and sentinel_kwargs
+    app = Celery("toolloop", broker=broker_url, include=["workers.tasks"])
     app.conf.update(
         task_acks_late=True,  # ack after the commit: a crash mid-step redelivers it
         task_reject_on_worker_lost=True,  # a killed pool requeues (attempts are counted per step)
@@ -55,6 +58,7 @@ def make_app(settings: Settings | None = None) -> Celery:
         },
         task_create_missing_queues=True,  # a tool may name its own queue (ToolSpec.queue)
         worker_hijack_root_logger=False,
+        toolloop_redis_url=settings.redis_url,  # the URL as given (a Sentinel URL is not kombu's form)
     )
     ssl = ssl_options(settings.redis_url)
     if ssl:  # for Flower and anything else that rebuilds the broker URL without its query
@@ -65,10 +69,16 @@ def make_app(settings: Settings | None = None) -> Celery:
 def ssl_options(url: str) -> dict[str, Any]:
     """The TLS options of a `rediss://` URL's query (`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`,
     `ssl_cert_reqs`), as Celery's `broker_use_ssl` takes them; {} for a plain URL."""
-    parts = urlsplit(url)
-    if parts.scheme != "rediss":
-        return {}
-    options: dict[str, Any] = {k: v for k, v in parse_qsl(parts.query) if k.startswith("ssl_")}
+    target = redisurl.parse(url)
+    if target.is_sentinel:
+        options: dict[str, Any] = redisurl.broker_ssl(url)
+        if not options and not target.tls:
+            return {}
+    else:
+        parts = urlsplit(target.url)
+        if parts.scheme != "rediss":
+            return {}
+        options = {k: v for k, v in parse_qsl(parts.query) if k.startswith("ssl_")}
     reqs = {"none": ssl_lib.CERT_NONE, "optional": ssl_lib.CERT_OPTIONAL, "required": ssl_lib.CERT_REQUIRED}
     options["ssl_cert_reqs"] = reqs.get(
         str(options.get("ssl_cert_reqs", "required")).lower(), ssl_lib.CERT_REQUIRED

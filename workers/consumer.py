@@ -205,6 +205,10 @@ class StepConsumer:
         self._start(queue, delivery)
         return recorded
 
+    def steps_running(self) -> int:
+        """Steps running now (what `toolloop_steps_in_flight` reports)."""
+        return self.capacity - self.free
+
     def can_go_on(self, queue: str) -> bool:
         """True when a run's next step for `queue` can go on here as its predecessor commits
         (`run_begun`). It takes its predecessor's place, which has nothing left but its events and

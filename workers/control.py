@@ -14,10 +14,10 @@ import logging
 import os
 from typing import Any
 
-import redis as redis_lib
 from celery.worker.control import Panel, control_command, inspect_command
 from kombu import Queue  # type: ignore[attr-defined]
 
+from toolloop import redisurl
 from toolloop.journal import keys
 from workers import names, runs
 from workers.config import send
@@ -112,7 +112,7 @@ def _literal(text: str) -> Any:
 
 def _cancel_run(state: Any, run_id: str) -> bool:
     """Cancel a run as `Client.cancel` does (idempotent: every worker gets a broadcast revoke)."""
-    client = redis_lib.Redis.from_url(state.app.conf.broker_url, decode_responses=True)
+    client = redisurl.sync_client(state.app.conf.toolloop_redis_url, decode_responses=True)
     try:
         status = parse_cancel(
             runs.script(client, RUN_CANCEL)(keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id])

@@ -17,6 +17,7 @@ import redis as redis_lib
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
+from workers.errors import replicated
 from workers.ops import Batch, Call, Emit, Eval, Lua, Op, Request, Stream
 
 T = TypeVar("T")
@@ -73,12 +74,35 @@ def _raise_first(replies: list[Any]) -> list[Any]:
     return replies
 
 
+def _waits(batch: Batch, wait: tuple[int, int]) -> bool:
+    """Whether `batch` is a write to confirm: `wait` asks for replicas, and it runs a script or says so."""
+    return bool(wait[0]) and (batch.durable or any(isinstance(c, Eval) for c in batch.commands))
+
+
+def _waited(batch: Batch, wait: tuple[int, int]) -> Batch:
+    """`batch` ending with WAIT when it is a write to confirm (`_waits`)."""
+    if not _waits(batch, wait):
+        return batch
+    return Batch([*batch.commands, ("WAIT", *wait)], batch.transaction, batch.durable)
+
+
+def _confirmed(replies: list[Any], batch: Batch, wait: tuple[int, int]) -> list[Any]:
+    """The replies of a `_waited` batch without WAIT's, once it counted the replicas asked for."""
+    if not _waits(batch, wait):
+        return replies
+    replicated(replies[-1], *wait)
+    return replies[:-1]
+
+
 class SyncDriver:
     """Runs operations with redis-py: `redis` for commands, `blocking` (no read timeout) for the
     blocking reads (XREAD BLOCK, BLPOP)."""
 
-    def __init__(self, client: redis_lib.Redis, blocking: redis_lib.Redis) -> None:
+    def __init__(
+        self, client: redis_lib.Redis, blocking: redis_lib.Redis, *, wait: tuple[int, int] = (0, 0)
+    ) -> None:
         self.redis, self.blocking = client, blocking
+        self.wait = wait
 
     def run(self, op: Op[T]) -> T:
         reply: Any = None
@@ -98,6 +122,8 @@ class SyncDriver:
     def do(self, request: Request) -> Any:
         if isinstance(request, Call):
             return (self.blocking if request.blocking else self.redis).execute_command(*request.args)  # type: ignore[no-untyped-call]
+        if isinstance(request, Eval) and self.wait[0]:
+            return _raise_first(self.batch(Batch([request])))[0]
         if isinstance(request, Eval):
             try:
                 return self.redis.execute_command(*request.command())  # type: ignore[no-untyped-call]
@@ -109,8 +135,9 @@ class SyncDriver:
         time.sleep(request.seconds)
         return None
 
-    def batch(self, batch: Batch) -> list[Any]:
+    def batch(self, request: Batch) -> list[Any]:
         """The replies of the batch, errors in place (a lost connection raises)."""
+        batch, waits = _waited(request, self.wait), _waits(request, self.wait)
         pipe = self.redis.pipeline(transaction=batch.transaction)
         for command in _commands(batch):
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
@@ -122,16 +149,22 @@ class SyncDriver:
             again = self.redis.pipeline(transaction=False)
             for command in _again(batch, places):
                 again.execute_command(*command)  # type: ignore[no-untyped-call]
-            for i, reply in zip(places, again.execute(raise_on_error=False), strict=True):
+            if waits:
+                again.execute_command("WAIT", *self.wait)  # type: ignore[no-untyped-call]
+            redone = [*places, len(replies) - 1] if waits else places
+            for i, reply in zip(redone, again.execute(raise_on_error=False), strict=True):
                 replies[i] = reply
-        return replies
+        return _confirmed(replies, request, self.wait)
 
 
 class AsyncDriver:
     """Runs operations with redis.asyncio (the same requests, awaited)."""
 
-    def __init__(self, client: aredis.Redis, blocking: aredis.Redis) -> None:
+    def __init__(
+        self, client: aredis.Redis, blocking: aredis.Redis, *, wait: tuple[int, int] = (0, 0)
+    ) -> None:
         self.redis, self.blocking = client, blocking
+        self.wait = wait
 
     async def run(self, op: Op[T]) -> T:
         reply: Any = None
@@ -151,6 +184,8 @@ class AsyncDriver:
     async def do(self, request: Request) -> Any:
         if isinstance(request, Call):
             return await (self.blocking if request.blocking else self.redis).execute_command(*request.args)  # type: ignore[no-untyped-call]
+        if isinstance(request, Eval) and self.wait[0]:
+            return _raise_first(await self.batch(Batch([request])))[0]
         if isinstance(request, Eval):
             try:
                 return await self.redis.execute_command(*request.command())  # type: ignore[no-untyped-call]
@@ -162,8 +197,9 @@ class AsyncDriver:
         await asyncio.sleep(request.seconds)
         return None
 
-    async def batch(self, batch: Batch) -> list[Any]:
+    async def batch(self, request: Batch) -> list[Any]:
         """The replies of the batch, errors in place (a lost connection raises)."""
+        batch, waits = _waited(request, self.wait), _waits(request, self.wait)
         async with self.redis.pipeline(transaction=batch.transaction) as pipe:
             for command in _commands(batch):
                 pipe.execute_command(*command)
@@ -175,6 +211,9 @@ class AsyncDriver:
             async with self.redis.pipeline(transaction=False) as again:
                 for command in _again(batch, places):
                     again.execute_command(*command)
-                for i, reply in zip(places, await again.execute(raise_on_error=False), strict=True):
+                if waits:
+                    again.execute_command("WAIT", *self.wait)
+                redone = [*places, len(replies) - 1] if waits else places
+                for i, reply in zip(redone, await again.execute(raise_on_error=False), strict=True):
                     replies[i] = reply
-        return replies
+        return _confirmed(replies, request, self.wait)

@@ -31,6 +31,31 @@ REDIS_LOST: tuple[type[BaseException], ...] = (
 goes back on its queue and runs again; any other error fails the step. (Scripts are atomic under
 OOM too: Redis refuses a script at its first write that needs memory, before it wrote anything.)"""
 
+
+class NotReplicatedError(redis.ConnectionError):
+    """Redis took a write, but fewer replicas than TOOLLOOP_COMMIT_WAIT confirmed it in time: a failover
+    now could lose it, so it counts as not made (a step's commit is retried, a client's call raises)."""
+
+    def __init__(self, wanted: int, got: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"Redis took the write, but {got} of the {wanted} replicas TOOLLOOP_COMMIT_WAIT asks for "
+            f"confirmed it within {timeout_ms} ms, so a failover could lose it.\n"
+            "  Send it again (an enqueue or an answer with the same idempotency key is applied once); "
+            "check the replicas (INFO replication) if this persists."
+        )
+        self.wanted, self.got, self.timeout_ms = wanted, got, timeout_ms
+
+    def __reduce__(self) -> tuple[type[NotReplicatedError], tuple[int, int, int]]:
+        return NotReplicatedError, (self.wanted, self.got, self.timeout_ms)
+
+
+def replicated(reply: object, wanted: int, timeout_ms: int) -> None:
+    """Raise `NotReplicatedError` unless `reply` (of WAIT) counts `wanted` replicas or more."""
+    got = reply if isinstance(reply, int) else 0
+    if got < wanted:
+        raise NotReplicatedError(wanted, got, timeout_ms)
+
+
 OOM_HINT = (
     "Redis is out of memory (maxmemory reached, policy noeviction): it refuses writes that need memory.\n"
     "  Raise maxmemory (CONFIG SET maxmemory <bytes>, and in redis.conf) or free memory (delete the "

@@ -59,6 +59,7 @@ from typing import Any
 
 import redis
 
+from toolloop import redisurl
 from toolloop.journal import keys
 from workers.hooks import Hooks
 
@@ -138,7 +139,7 @@ def interrupted(path: str) -> dict[str, Any]:
     if not record["redis"]:  # a KillPlan built without a Redis URL (a unit test's)
         return {"in_flight": _first(steps), "landed": {}, "unchecked": "no Redis URL"}
     try:
-        client = redis.Redis.from_url(record["redis"], socket_timeout=2.0, decode_responses=True)
+        client = redisurl.sync_client(record["redis"], socket_timeout=2.0, decode_responses=True)
         with client:
             pipe = client.pipeline(transaction=False)
             for run in steps:

@@ -24,6 +24,9 @@ read from Redis when the endpoint is scraped (one pipeline of LLEN, nothing in b
     toolloop_outbox_resent_total                 successors the sweeper sent again
     toolloop_sweeper_redrives_total              runs the sweeper re-drove
     toolloop_queue_depth{queue}                  messages waiting (all priorities), read on scrape
+    toolloop_steps_in_flight                     steps this process runs now (its step consumer),
+                                                 read on scrape: with the depth, what an autoscaler
+                                                 reads (docs/operations.md, "Autoscaling")
 """
 
 from __future__ import annotations
@@ -53,7 +56,11 @@ def kind_of(key: str) -> str:
 class Metrics:
     """This process's metrics and the endpoint that serves them."""
 
-    def __init__(self, depths: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        depths: Callable[[], dict[str, int]] | None = None,
+        in_flight: Callable[[], int] | None = None,
+    ) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
         labels = ("kind", "queue")
         self.started = Counter(
@@ -98,6 +105,8 @@ class Metrics:
         self.redriven = Counter("toolloop_sweeper_redrives", "Runs the sweeper re-drove", registry=registry)
         if depths is not None:
             registry.register(_Depths(depths))
+        if in_flight is not None:
+            registry.register(_InFlight(in_flight))
         self._children: dict[tuple[Any, ...], Any] = {}
         """Bound children by (metric, *labels): `labels()` checks and locks on every call (a few µs);
         a step counts five to nine samples."""
@@ -153,6 +162,21 @@ class Metrics:
     def swept(self, done: dict[str, int]) -> None:
         self.resent.inc(done.get("resent", 0))
         self.redriven.inc(done.get("redriven", 0))
+
+
+class _InFlight(Collector):
+    """toolloop_steps_in_flight, read from the step consumer when scraped."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
+
+    def collect(self) -> Iterable[Any]:
+        family = GaugeMetricFamily("toolloop_steps_in_flight", "Steps this worker process runs now")
+        family.add_metric([], self.count())
+        yield family
+
+    def describe(self) -> Iterable[Any]:
+        return [GaugeMetricFamily("toolloop_steps_in_flight", "Steps this worker process runs now")]
 
 
 class _Depths(Collector):

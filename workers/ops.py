@@ -84,6 +84,8 @@ class Call:
 class Batch:
     commands: Sequence[tuple[Any, ...] | Eval]
     transaction: bool = False
+    durable: bool = False
+    """A write that counts once replicated (TOOLLOOP_COMMIT_WAIT; a batch with an `Eval` is one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +250,9 @@ def decide(sender: Sender, run_id: str, call_id: str, decision: Decision, wait_s
     decision_id = uuid.uuid4().hex
     entry = json.dumps({"call_id": call_id, "decision": decision.model_dump(mode="json"), "at": time.time()})
     send = sender.commands(DECIDE, [run_id, decision_id], f"{run_id}:decide:{decision_id}", "control")
-    yield Batch([("HSET", keys.decide_inbox(run_id), decision_id, entry), *send], transaction=True)
+    yield Batch(
+        [("HSET", keys.decide_inbox(run_id), decision_id, entry), *send], transaction=True, durable=True
+    )
     reply = yield Call("BLPOP", keys.decided(run_id, decision_id), max(1, round(wait_s)), blocking=True)
     if reply is None:
         raise TimeoutError(

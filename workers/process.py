@@ -37,6 +37,7 @@ import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
+from toolloop import redisurl
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.providers import from_env
@@ -71,6 +72,8 @@ class StepRunner(Protocol):
     def run_begun(self, queue: str, delivery: wire.Delivery, begun: Begun) -> None: ...
 
     def lend(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    def steps_running(self) -> int: ...
 
 
 class TaskEvents:
@@ -108,14 +111,16 @@ class WorkerProcess:
         if hooks is None:
             hooks = KillPlan(settings.kill_plan, settings.redis_url) if settings.kill_plan else NO_HOOKS
         self.hooks = hooks
-        self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.watcher = redisurl.watcher(settings.redis_url)
+        """For a Sentinel URL: the `+switch-master` listener every client of the process follows."""
+        self.redis = redisurl.sync_client(settings.redis_url, decode_responses=True, watcher=self.watcher)
         self.toolsets = Registry(settings.toolsets)
         self.kept = KeptLoops(settings.kept_loops)
         self.deadlines = StepDeadlines(settings.step_timeout)
         self.metrics: Metrics | None = None
         self.consumer: StepRunner | None = None
         self.loop = loop
-        self.batch = Batch(self.async_client())
+        self.batch = Batch(self.async_client(), wait=(settings.commit_wait, settings.commit_wait_ms))
         self.leases = Leases(self.batch, settings.lease_ms)
         self.db = int(self.redis.connection_pool.connection_kwargs.get("db", 0))
         self._events: dict[str, TaskEvents] = {}
@@ -178,8 +183,8 @@ class WorkerProcess:
         all (redis-py's default backoff waits up to 1, 2 and 4 s), well inside a step's lease: a step
         stuck in its client's backoff would let its lease lapse under it while it still runs."""
         retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=6)
-        client = aredis.Redis.from_url(
-            self.settings.redis_url, decode_responses=True, retry=retry,
+        client = redisurl.async_client(
+            self.settings.redis_url, watcher=self.watcher, decode_responses=True, retry=retry,
             retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
             encoding_errors="replace",  # a message that is not UTF-8 is rejected, not a decode error
         )  # fmt: skip
@@ -262,9 +267,14 @@ class WorkerProcess:
         """Count this process's metrics and serve them on `port` (once)."""
         with self._lock:
             if self.metrics is None:
-                self.metrics = Metrics(self.queue_depths)
+                self.metrics = Metrics(self.queue_depths, self.steps_in_flight)
                 self.metrics.serve(port)
             return self.metrics
+
+    def steps_in_flight(self) -> int:
+        """Steps the process's step consumer runs now (0 without one)."""
+        consumer = self.consumer
+        return 0 if consumer is None else consumer.steps_running()
 
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting on each step queue, every priority list summed (one pipeline)."""
@@ -290,6 +300,8 @@ class WorkerProcess:
                 await task
         await self.batch.client.aclose()
         self.redis.close()
+        if self.watcher is not None:
+            self.watcher.close()
 
 
 def _tool_threads() -> ThreadPoolExecutor:

@@ -29,6 +29,8 @@ import hiredis
 import redis as redis_lib
 import redis.asyncio as aredis
 
+from toolloop.sentinel import AsyncFollowingConnection
+from workers.errors import NotReplicatedError, replicated
 from workers.scriptcache import ScriptCache, failed_from, name
 
 log = logging.getLogger("toolloop.workers")
@@ -69,10 +71,24 @@ class PackedConnection(aredis.Connection):
         return [b"".join(self.pack_command(*command)[0] for command in commands)]
 
 
+class PackedSentinelConnection(AsyncFollowingConnection):
+    """A Sentinel-managed connection (a `redis+sentinel://` URL) packing as `PackedConnection` does."""
+
+    pack_command = PackedConnection.pack_command
+    pack_commands = PackedConnection.pack_commands
+
+
+_PACKED: dict[type[Any], type[Any]] = {
+    aredis.Connection: PackedConnection,
+    AsyncFollowingConnection: PackedSentinelConnection,
+}
+
+
 def packed_pool(pool: aredis.ConnectionPool) -> aredis.ConnectionPool:
     """`pool`, its plain TCP connections packed by hiredis (TLS and unix sockets keep redis-py's)."""
-    if pool.connection_class is aredis.Connection and hasattr(hiredis, "pack_command"):
-        pool.connection_class = PackedConnection
+    packed = _PACKED.get(pool.connection_class)
+    if packed is not None and hasattr(hiredis, "pack_command"):
+        pool.connection_class = packed
     return pool
 
 
@@ -83,8 +99,13 @@ def _loaded(future: asyncio.Future[Any]) -> None:
 
 
 class Batch:
-    def __init__(self, client: aredis.Redis) -> None:
+    def __init__(self, client: aredis.Redis, *, wait: tuple[int, int] = (0, 0)) -> None:
+        """`wait`: (replicas, ms): a turn with a durable command ends with `WAIT replicas ms`, and
+        its durable commands fail with `NotReplicatedError` when fewer confirm (TOOLLOOP_COMMIT_WAIT)."""
         self.client = client
+        self.wait = wait
+        self.durable: set[asyncio.Future[Any]] = set()
+        """The queued commands that count only once replicated (`script(..., durable=True)`)."""
         self.queued: list[_Command] = []
         self.hooks: list[Callable[[], None]] = []
         self.scheduled = False
@@ -109,9 +130,15 @@ class Batch:
         self.hooks.append(hook)
         self._schedule()
 
-    def script(self, source: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
-        """Run a Lua script by its SHA (loaded again on NOSCRIPT, as after a Redis restart)."""
-        return self.call("EVALSHA", self.scripts.sha(source), len(keys), *keys, *args)
+    def script(
+        self, source: str, keys: list[str], args: list[Any], *, durable: bool = False
+    ) -> asyncio.Future[Any]:
+        """Run a Lua script by its SHA (loaded again on NOSCRIPT, as after a Redis restart). `durable`:
+        its reply counts only once `wait`'s replicas confirmed it (a step's commit)."""
+        future = self.call("EVALSHA", self.scripts.sha(source), len(keys), *keys, *args)
+        if durable and self.wait[0]:
+            self.durable.add(future)
+        return future
 
     def _queue(self, args: tuple[Any, ...], future: asyncio.Future[Any] | None) -> None:
         self.queued.append((args, future))
@@ -145,19 +172,47 @@ class Batch:
             commands = loads + commands
         before, self.previous = self.previous, loop.create_future()
         commands = self.scripts.in_order(commands)
-        asyncio.get_running_loop().create_task(self._flush(commands, before, self.previous))
+        durable, self.durable = self.durable, set()
+        if durable:  # the replicas' confirmation of everything the turn wrote, in the same round trip
+            commands.append((("WAIT", *self.wait), loop.create_future()))
+        asyncio.get_running_loop().create_task(self._flush(commands, before, self.previous, durable))
 
-    async def _flush(self, commands: list[_Command], before: asyncio.Future[None] | None,
-                     done: asyncio.Future[None]) -> None:  # fmt: skip
+    async def _flush(
+        self,
+        commands: list[_Command],
+        before: asyncio.Future[None] | None,
+        done: asyncio.Future[None],
+        durable: set[asyncio.Future[Any]],
+    ) -> None:
         try:
             if self.holding is not None:
                 await asyncio.wait((self.holding,))
             replies = await self._run([args for args, _ in commands])
-            if failed_from(replies) is not None:
+            again = failed_from(replies) is not None
+            if again:
                 replies = await self._again([args for args, _ in commands], replies, before)
+            if durable:
+                replies = self._replicated(commands, replies, durable, again)
             self._deliver(commands, replies)
         finally:
             done.set_result(None)
+
+    def _replicated(
+        self, commands: list[_Command], replies: list[Any], durable: set[asyncio.Future[Any]], again: bool
+    ) -> list[Any]:
+        """`replies`, each durable command's replaced by `NotReplicatedError` unless the turn's WAIT
+        (its last command) counted the replicas asked for. Scripts sent again after NOSCRIPT ran after
+        that WAIT: they count as not confirmed (their commit is retried)."""
+        wanted, timeout_ms = self.wait
+        try:
+            replicated(-1 if again else replies[-1], wanted, timeout_ms)
+        except NotReplicatedError as error:
+            log.warning("redis: %s", str(error).splitlines()[0])
+            return [
+                error if future in durable and not isinstance(reply, Exception) else reply
+                for (_, future), reply in zip(commands, replies, strict=True)
+            ]
+        return replies
 
     async def _again(
         self, commands: list[tuple[Any, ...]], replies: list[Any], before: asyncio.Future[None] | None

@@ -25,6 +25,9 @@ TOOLLOOP_KEPT_LOOPS          4096    run loops a worker process keeps paused bet
 TOOLLOOP_DELTA_INTERVAL_MS   50      ms between two delta writes of a streaming run (docs/streaming.md);
                                      its model call reads the stream that often once text flows
 TOOLLOOP_KILL_PLAN           unset   tests only: a kill plan (workers/killpoints.py) installs its hooks
+TOOLLOOP_COMMIT_WAIT         0       replicas a step's commit (and an enqueue, answer, decision) waits for
+                                     (WAIT) before it counts: survives a failover (docs/operations.md)
+TOOLLOOP_COMMIT_WAIT_MS      1000    ms that wait may take; past it the write counts as not made
 TOOLLOOP_RETENTION           7d      how long a finished run's keys stay (s, or 30m, 12h, 7d; 0: for
                                      ever); parked and running runs never expire (`toolloop prune`)
 Limits (docs/workers.md, "What is refused"):
@@ -73,6 +76,18 @@ def _float(name: str, default: float) -> float:
     return float(raw) if raw else default
 
 
+def _count(name: str, default: int, *, most: int, least: int = 0) -> int:
+    """A whole number from the environment within [least, most]; ValueError saying so otherwise."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not least <= int(raw) <= most:
+        raise ValueError(
+            f"{name}={raw!r} is not a whole number from {least} to {most}.\n  Set {name} to one, or unset it."
+        )
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str
@@ -103,6 +118,9 @@ class Settings:
     """Run loops kept paused between their steps per process (TOOLLOOP_KEPT_LOOPS)."""
     delta_interval: float = 0.05
     """Seconds between two delta writes of a streaming run (TOOLLOOP_DELTA_INTERVAL_MS)."""
+    commit_wait: int = 0
+    """Replicas a commit waits for (TOOLLOOP_COMMIT_WAIT; 0: none)."""
+    commit_wait_ms: int = 1000
     kill_plan: str = ""
     """The fault suite's kill plan (TOOLLOOP_KILL_PLAN): its hooks are installed (tests only)."""
     """Where `redis_url` came from (`find_redis_url`); "" when nothing was found."""
@@ -135,4 +153,6 @@ class Settings:
             kept_loops=int(_float("TOOLLOOP_KEPT_LOOPS", 4096)),
             delta_interval=_float("TOOLLOOP_DELTA_INTERVAL_MS", 50) / 1000,
             kill_plan=os.environ.get("TOOLLOOP_KILL_PLAN", "").strip(),
+            commit_wait=_count("TOOLLOOP_COMMIT_WAIT", 0, most=64),
+            commit_wait_ms=_count("TOOLLOOP_COMMIT_WAIT_MS", 1000, most=600_000, least=1),
         )

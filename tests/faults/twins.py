@@ -26,6 +26,7 @@ from faults.runs import OnFailed, Snapshot, drive, snapshot, spec_for
 from faults.shapes import Shape
 from faults.toolset import read_effects
 from faults.workerpool import WorkerPool
+from toolloop import redisurl
 from toolloop.journal import keys
 from workers import names
 from workers.client import Client
@@ -89,7 +90,7 @@ class Twins:
         """What Redis holds of every run that did not finish (its state, lease, outbox, attempts,
         its live-index entry, its messages on the queues and in kombu's `unacked`), and the queues'
         lengths: the failure message of a run left stalled."""
-        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        client = redisurl.sync_client(redis_url, decode_responses=True)
         try:
             return "\n".join(_stalled_run(client, shape.tag, self.results[shape.tag].run_id)
                              for shape in self.shapes if not self.results[shape.tag].status.finished) + (
@@ -213,7 +214,7 @@ def run_twins(
         policy.add(shape)
     twins = Twins(shapes)
     client = Client(redis_url)
-    redis_client = redis.Redis.from_url(redis_url, decode_responses=True)
+    redis_client = redisurl.sync_client(redis_url, decode_responses=True)
     env = base_env(sim_url)
     try:
         for phase in ("ref", "fault"):

@@ -198,3 +198,4 @@ def test_metrics_equal_the_runs_journal(sim_redis: EmbeddedServer, sim: SimServe
     assert total(after, "toolloop_runs_total", status="done") == 1
     assert total(after, "toolloop_leases_lost_total") == 0
     assert ("queue", "llm") in {label for labels in after["toolloop_queue_depth"] for label in labels}
+    assert total(after, "toolloop_steps_in_flight") == 0  # the run has ended: nothing runs

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from toolloop import defaults
+from toolloop import defaults, redisurl
 from toolloop.cli.errors import redact
 from toolloop.cli.spec import workers
 from toolloop.journal import keys
@@ -74,7 +74,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def check_config(url: str, say: Any) -> int:
     """Warn about Redis settings that can lose or refuse work; 0 (the errors it found: none)."""
-    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    client = redisurl.sync_client(url, decode_responses=True, socket_timeout=5)
     try:
         try:
             config: dict[str, str] = {}

@@ -1,0 +1,88 @@
+"""A failover drill with real processes: a primary, a replica and three sentinels (redis-server in
+sentinel mode, what Debian's `redis-sentinel` runs), two workers on the `redis+sentinel://` URL, runs
+of several tool turns, and five failovers while they go (four graceful `SENTINEL FAILOVER`, one
+SIGKILL of the primary). With `TOOLLOOP_COMMIT_WAIT=1` every run finishes with the transcript and
+events of its fault-free twin: no committed step is lost, and no finished step runs again beyond the
+one re-run a step interrupted by a failover may take (docs/operations.md, "Sentinel").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from faults.policy import FaultPolicy
+from faults.shapes import Shape, make_shape
+from faults.toolset import read_effects
+from faults.twins import run_twins
+from tests.support.sentinel import SentinelSet
+from toolloop.sim import SimServer
+from workers.client import Client
+
+pytestmark = pytest.mark.faults
+
+WORKERS, THREADS = 2, 4
+
+
+@pytest.mark.timeout(400)
+def test_runs_survive_five_failovers_with_commit_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLLOOP_COMMIT_WAIT", "1")  # the test's Client too: its answers wait for a replica
+    rng = random.Random(31)
+    shapes = [dataclasses.replace(make_shape(f"sf{i}", rng), latency_s=0.3) for i in range(12)]
+    policy = FaultPolicy(tmp_path)
+    deployment = SentinelSet(tmp_path / "redis").start()
+    moves: list[tuple[str, float, float]] = []  # (how, began, primary takes writes again)
+    phase_time: dict[str, float] = {}
+
+    def during(client: Client, runs: dict[str, Shape], _pool: object) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sum(client.status(r).steps > 0 for r in runs) < 5:
+            time.sleep(0.05)
+        for how in ("failover", "failover", "kill", "failover", "failover"):
+            if all(client.status(r).finished for r in runs):
+                break
+            deployment.replicas_in_sync()
+            began = time.time()
+            deployment.kill_primary() if how == "kill" else deployment.failover()
+            moves.append((how, began, time.time()))
+            time.sleep(1.5)
+
+    try:
+        with SimServer(policy) as sim:
+            started = time.monotonic()
+            twins = run_twins(
+                deployment.url, sim.base_url, policy, tmp_path, shapes,
+                pool={"size": WORKERS, "concurrency": THREADS},
+                fault_env={"TOOLLOOP_COMMIT_WAIT": "1", "TOOLLOOP_COMMIT_WAIT_MS": "2000"},
+                ref_env={"TOOLLOOP_COMMIT_WAIT": "1"},
+                during=during, timeout=240,
+            )  # fmt: skip
+            phase_time["all"] = time.monotonic() - started
+        stalled = twins.stalled(deployment.url)
+    finally:
+        deployment.stop()
+    print(
+        f"\nsentinel drill: {len(moves)} failovers "
+        f"({', '.join(f'{how} {end - began:.1f} s' for how, began, end in moves)}); "
+        f"{twins.duplicates()} steps ran again; both phases {phase_time['all']:.0f} s"
+    )
+    assert len(moves) >= 4, f"the runs ended after {len(moves)} failovers: make them longer"
+    unfinished = [s.tag for s in shapes if not twins.results[s.tag].status.finished]
+    assert unfinished == [], f"runs not finished after the failovers: {unfinished}\n{stalled}"
+    # a step may run again only when its first run began before a failover's end
+    first_seen: dict[tuple[str, str], float] = {}
+    for effect in read_effects(tmp_path / "fault"):
+        first_seen.setdefault((effect["kind"], effect["tag"]), effect["at"])
+    rerun = [u for u, count in twins.units.items() if count > twins.ref_units.get(u, 0)]
+    last_end = max(end for _, _, end in moves)
+    late = [u for u in rerun if first_seen.get(u, float("inf")) > last_end]
+    assert late == [], f"steps first run after the last failover ran again: {late}"
+    assert len(rerun) <= len(moves) * WORKERS * THREADS, f"more re-runs than steps in flight: {rerun}"
+    problems = twins.compare(allowed={u: 1 for u in rerun}, what="sentinel drill: ")  # type: ignore[arg-type]
+    assert not problems, "\n".join(problems)
