@@ -190,7 +190,7 @@ if prior then return late_or_dup(prior) end
 local count = 'early:s' .. segment  -- decisions kept for calls the segment has not made (yet)
 if tonumber(redis.call('HGET', KEYS[2], count) or '0') >= tonumber(ARGV[6]) then
   return {'refused', 'Run ' .. RUN .. ' keeps ' .. ARGV[6] .. ' decisions already for calls it has not made '
-    .. 'yet (TOOLLOOP_MAX_EARLY_DECISIONS); this one on call ' .. call_id .. ' is refused.\n  Decide a call '
+    .. 'yet (TOOLLOOP_MAX_EARLY_DECISIONS); this one on call ' .. call_id .. ' is refused.\\n  Decide a call '
     .. 'once the run holds it (`toolloop status RUN` lists them), or raise the limit on the workers.'}
 end
 redis.call('HSET', KEYS[2], field, ARGV[5])
