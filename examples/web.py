@@ -446,7 +446,7 @@ async def decide(request: Request) -> Response:
 
 async def cancel(request: Request) -> Response:
     client = _client(request)
-    await body_of(request, 4096, "4 KiB: cancel takes no body")
+    await json_of(request, 4096, "4 KiB: cancel takes no body")
     await client.cancel(request.path_params["run_id"])
     return JSONResponse({"cancel": "requested"}, status_code=202)
 
