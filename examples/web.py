@@ -71,9 +71,9 @@ from typing import Any
 if not __package__ and str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python examples/web.py`: the checkout
 
-import anyio
 import pydantic
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -342,7 +342,7 @@ async def image(request: Request) -> Response:
         path = os.path.realpath(img.part.path)
         if img.supplied and (root is None or not Path(path).is_relative_to(root)):
             continue
-        data = await anyio.to_thread.run_sync(read_image, path, client.settings.max_image_bytes)
+        data = await run_in_threadpool(read_image, path, client.settings.max_image_bytes)
         kind = sniffed(data or b"")
         if data is not None and kind is not None:
             return Response(data, media_type=kind, headers={"cache-control": "private, max-age=300"})
