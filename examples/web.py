@@ -175,12 +175,16 @@ class Guard:
         how = authorized(request, self.token)
         safe = request.method in SAFE_METHODS
         if how is None or (how == "query" and not safe):
-            return error(401, f"Send Authorization: Bearer <{TOKEN_ENV}>.")
+            return error(401, f"Send Authorization: Bearer <{TOKEN_ENV}> (a ?token= opens pages only).")
         site = request.headers.get("sec-fetch-site")
         if safe:  # a page of another site may not read through the cookie (an <img>, a fetch)
             navigating = request.headers.get("sec-fetch-mode") == "navigate"
             if how == "cookie" and site in ("same-site", "cross-site") and not navigating:
-                return error(403, f"A request from another site ({site}) is refused.")
+                return error(
+                    403,
+                    f"A request from another site ({site}) is refused.\n"
+                    "  Open the viewer on this app's own origin.",
+                )
             return None
         origin = request.headers.get("origin")
         own = f"{request.url.scheme}://{request.headers.get('host', '')}"

@@ -231,9 +231,10 @@ def test_a_page_on_another_port_cannot_cancel_approve_or_enqueue(site: Site, tmp
                 "const i = document.createElement('input'); i.name = '{\"a'; i.value = '\":1}';"
                 "f.appendChild(i); document.body.appendChild(f); f.submit(); true"
             )
-            page.wait_for(f"location.href.startsWith({json.dumps(site.url)})", timeout=10)
-            page.wait_for("document.readyState === 'complete'", timeout=10)
-            assert "another origin" in page.evaluate("document.body.innerText")
+            shown = settled(
+                page, f"location.href.startsWith({json.dumps(site.url)}) && document.body.innerText"
+            )
+            assert "another origin" in shown
             time.sleep(1)  # a decision or cancel that got through would show by now
             assert site.client.status(cancel_run).status == "asked", tried
             assert site.client.status(held_run).approvals == [call], tried
@@ -245,6 +246,20 @@ def test_a_page_on_another_port_cannot_cancel_approve_or_enqueue(site: Site, tmp
             decided = page.wait_for(f"{row}.querySelector('.decided').textContent", timeout=20)
             assert decided == "approve: resumed", decided
     assert site.client.wait(held_run, timeout=30).status == "done"
+
+
+def settled(page: Any, expression: str, timeout: float = 20) -> Any:
+    """`page.wait_for`, through a navigation (an evaluation in the page that goes away fails)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = page.evaluate(expression)
+        except AssertionError:  # the old page's context is gone, the new one not there yet
+            value = None
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not true in the page within {timeout:g} s: {expression}"
+        time.sleep(0.1)
 
 
 # -- limits -----------------------------------------------------------------------------------------
