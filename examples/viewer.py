@@ -38,12 +38,16 @@ and segment, `id:` the stream id, so a reconnect resumes after it). The kinds it
 
 To extend it (approvals, streamed text): add a section to `page()` and a handler to the script's
 `handlers` table (`approval: (data) => {...}`): the stream subscribes to every kind the table names
-when the page loads, and kinds it does not name are ignored. Requests carry the viewer's cookie (set from `?token=` by examples/web.py).
+when the page loads, and kinds it does not name are ignored. Requests carry the viewer's cookie (set from `?token=` by examples/web.py),
+and its POSTs the page's CSRF token (X-CSRF-Token). The page runs under `CSP`: keep code in SCRIPT
+(no inline handlers, no second inline script) and the page's data in the JSON block BOOT reads.
 """
 
 # ruff: noqa: E501  (the page's HTML, style and script read better unwrapped)
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import itertools
 import json
@@ -127,9 +131,16 @@ def approval_html(call: dict[str, Any]) -> str:
 
 
 def page(
-    run_id: str, status: dict[str, Any], events: list[dict[str, Any]], messages: list[ChatMessage]
+    run_id: str,
+    status: dict[str, Any],
+    events: list[dict[str, Any]],
+    messages: list[ChatMessage],
+    *,
+    csrf: str = "",
 ) -> str:
-    """The whole page: the run as it is now, and the script that keeps it live."""
+    """The whole page: the run as it is now, and the script that keeps it live. `csrf`: the token its
+    POSTs send as X-CSRF-Token (examples/web.py). The data the script boots from is a JSON block, not
+    code, so the script is the same on every page and `CSP` allows it by its hash."""
     queued = next((e for e in events if e.get("kind") == "queued"), {})
     limit = float(queued.get("budget_usd") or 0)
     spent = float(status.get("spent_usd") or 0)
@@ -151,7 +162,9 @@ def page(
         "limit": limit,
         "status": state,
         "final": sorted(FINAL),
+        "csrf": csrf,
     }
+    data = json.dumps(boot).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>run {esc(run_id[:12])} · toolloop</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -174,8 +187,8 @@ def page(
 <div id="held">{"".join(approval_html(call) for call in held)}</div></section>
 <section id="outcome" {"" if outcome else "hidden"}><h2>Outcome</h2><p id="final">{outcome}</p></section>
 <section id="conversation"><h2>Conversation</h2><div id="messages">{messages_html(run_id, messages)}</div></section>
-<script>const BOOT = {json.dumps(boot)};
-{SCRIPT}</script>
+<script type="application/json" id="boot">{data}</script>
+<script>{SCRIPT}</script>
 </body></html>"""
 
 
@@ -203,6 +216,8 @@ img.result { max-width: 18rem; border: 1px solid #ccd; margin: 0.3rem 0.3rem 0 0
 
 SCRIPT = r"""
 "use strict";
+const BOOT = JSON.parse(document.getElementById("boot").textContent);
+const SEND = { "content-type": "application/json", "x-csrf-token": BOOT.csrf };
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => "&#" + c.charCodeAt(0) + ";");
 const money = (x) => "$" + Number(x || 0).toFixed(4);
@@ -305,7 +320,7 @@ $("answer-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   const content = $("answer").value.trim(); if (!content) return;
   const r = await fetch(`/runs/${BOOT.runId}/answer`, {
-    method: "POST", credentials: "same-origin", headers: { "content-type": "application/json" },
+    method: "POST", credentials: "same-origin", headers: SEND,
     body: JSON.stringify({ content }),
   });
   if (r.ok) { $("answer").value = ""; $("ask").hidden = true; }
@@ -322,7 +337,7 @@ $("held").addEventListener("click", async (ev) => {
     catch (e) { row.querySelector(".decided").textContent = "The edited input is not JSON: " + e.message; return; }
   }
   const r = await fetch(`/runs/${BOOT.runId}/approvals/${encodeURIComponent(row.dataset.call)}/${action}`, {
-    method: "POST", credentials: "same-origin", headers: { "content-type": "application/json" },
+    method: "POST", credentials: "same-origin", headers: SEND,
     body: JSON.stringify(body),
   });
   const reply = await r.json();
@@ -341,3 +356,16 @@ if (!BOOT.final.includes(BOOT.status)) {
   }
 }
 """
+
+
+def _sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+CSP = (
+    f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(STYLE)}; img-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+"""The Content-Security-Policy of every response of examples/web.py: the page's one script and
+style by their hashes (no other inline code runs, no attribute handler), images, the event stream
+and fetches from its own origin only, no frames, no form posts, no <base>."""

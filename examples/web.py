@@ -5,22 +5,23 @@ shows a run in a browser (the run viewer, examples/viewer.py).
     export TOOLLOOP_WEB_TOKEN=change-me                                     # every request needs it
     python examples/web.py                          # PORT (default 8000), HOST (default 127.0.0.1)
     curl -X POST localhost:8000/runs -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" \
-        -H 'Idempotency-Key: order-1234' -d '{"model": "claude-sonnet-5-5",
-        "toolset": "review", "messages": [{"role": "user", "content": "Review the rough cut."}]}'
+        -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1234' \
+        -d '{"model": "claude-sonnet-5-5", "toolset": "review",
+             "messages": [{"role": "user", "content": "Review the rough cut."}]}'
                                                     # -> {"run_id": "..."}; the same key: the same run
     curl localhost:8000/runs/RUN_ID/approvals       # held calls; POST .../approvals/CALL/approve|reject|edit
     curl -N -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/events
     curl -X POST -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/answer \
-        -d '{"content": "Keep shot 3."}'
+        -H 'Content-Type: application/json' -d '{"content": "Keep shot 3."}'
     open "http://localhost:8000/runs/RUN_ID?token=$TOOLLOOP_WEB_TOKEN"   # the run viewer
 
 Routes: POST /runs, GET /runs (newest first: ?status=, ?limit=, ?cursor=), GET /runs/{id} (the
 status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}/messages, GET
 /runs/{id}/events (server-sent events, one `id:` each; resumes after the `Last-Event-ID` header or
 `?after=`; a run enqueued with `"stream": true` sends its model text as `delta` events), GET
-/runs/{id}/images/{hash} (an image of the run's conversation: its file must be readable here, as on
-one machine or a volume the workers share), POST /runs/{id}/answer, POST
-/runs/{id}/cancel (409 for a run that has ended). It only talks to Redis through
+/runs/{id}/images/{hash} (an image of the run's conversation, below), POST /runs/{id}/answer, POST
+/runs/{id}/cancel (409 for a run that has ended); a `Last-Event-ID` (or `after`) that is not an id of
+the run's stream, or is past its end, is a 400 that says so. It only talks to Redis through
 `workers.async_client.AsyncClient` (redis.asyncio: no route holds a thread, an event stream is an
 `async for`); the workers do the runs. It imports no toolset: a run naming a toolset
 that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the registered names; a
@@ -33,14 +34,35 @@ Authentication: every request carries `Authorization: Bearer <TOOLLOOP_WEB_TOKEN
 EventSource cannot send headers); anything else is a 401. The app refuses to start without the
 token. `authorized()` is the one place to plug a real authentication (sessions, OAuth, per-user
 access to runs) in a real backend.
+
+Cross-site requests (`Guard`): a POST (enqueue, answer, cancel, decisions) is refused (403) when its
+`Origin` is not this app's own (scheme, host and port: another port of the same host is another
+origin; TOOLLOOP_WEB_ORIGINS adds the public origins of a proxy in front, comma-separated) or its
+`Sec-Fetch-Site` is not `same-origin`; a POST authenticated by the cookie alone must also carry
+`X-CSRF-Token`, a token bound to the cookie that only the viewer's page knows; `?token=` opens pages
+only. A POST body must be `Content-Type: application/json` (415 otherwise), and every body is read
+with its limit counted as it arrives (413 the moment it passes, chunked bodies too): the run spec
+TOOLLOOP_MAX_SPEC_BYTES; an answer or a decision twice its field's limit plus 4 KiB (escapes), and
+the field itself its limit (TOOLLOOP_MAX_ANSWER_BYTES, _REASON_BYTES, _EDIT_BYTES: workers/limits.py).
+
+Images: `GET /runs/{id}/images/{hash}` serves an image of that run's conversation that a tool result
+produced, or that the run's spec supplied from under TOOLLOOP_WEB_IMAGE_ROOT (unset: none is served,
+403); its file must be readable here (one machine, or a volume the workers share), a regular file of
+at most TOOLLOOP_MAX_IMAGE_BYTES whose first bytes are PNG, JPEG, GIF or WebP, served as the type the
+bytes show (never the type the message names). Every response has `X-Content-Type-Options: nosniff`,
+`Referrer-Policy: no-referrer`, `Cross-Origin-Resource-Policy: same-origin` and the viewer's
+`Content-Security-Policy` (scripts and styles by hash only, everything else from this origin).
+Shown by tests/integration/test_web_hostile.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import os
+import stat
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -51,17 +73,19 @@ if not __package__ and str(Path(__file__).resolve().parents[1]) not in sys.path:
 
 import pydantic
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from examples import viewer
-from toolloop.contract import CHAT_MESSAGES, ImagePart, ToolMessage, UserMessage
+from toolloop.contract import CHAT_MESSAGES
 from toolloop.loop.approvals import ApprovalError
 from workers.async_client import AsyncClient
 from workers.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
+from workers.ops import EventIdError
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -77,29 +101,141 @@ def sse(event: Any) -> str:
 
 
 TOKEN_ENV = "TOOLLOOP_WEB_TOKEN"
+ORIGINS_ENV = "TOOLLOOP_WEB_ORIGINS"
+IMAGE_ROOT_ENV = "TOOLLOOP_WEB_IMAGE_ROOT"
 COOKIE = "toolloop_token"
+CSRF_HEADER = "x-csrf-token"
+SAFE_METHODS = ("GET", "HEAD")
+HEADERS = [
+    (b"content-security-policy", viewer.CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+"""On every response, errors and streams included (`Guard`)."""
 
 
-def authorized(request: Request, token: str) -> bool:
-    """Whether the request may use the API: the bearer token, or the viewer's cookie. The place to
-    plug a real authentication (and per-user access to runs) in a real backend."""
+class Refused(Exception):
+    """A request refused with `status` and a message that says what to send instead."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def authorized(request: Request, token: str) -> str | None:
+    """How the request may use the API: "header" (the bearer token), "cookie" (the viewer's cookie)
+    or "query" (`?token=`, which opens pages only), or None. The place to plug a real
+    authentication (and per-user access to runs) in a real backend."""
     header = request.headers.get("authorization", "")
-    given = header[7:].strip() if header.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
-    given = given or request.query_params.get("token", "")
+    if header.lower().startswith("bearer "):
+        return "header" if _same(header[7:].strip(), token) else None
+    if _same(request.cookies.get(COOKIE, ""), token):
+        return "cookie"
+    return "query" if _same(request.query_params.get("token", ""), token) else None
+
+
+def csrf_token(cookie: str, token: str) -> str:
+    """The CSRF token bound to the viewer's cookie: only a page this app served knows it."""
+    return hmac.new(token.encode(), b"csrf\0" + cookie.encode(), hashlib.sha256).hexdigest()
+
+
+def _same(given: str, token: str) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 
 
-class TokenGate:
-    """ASGI middleware: a request that is not `authorized` is a 401 (streams pass through as they are)."""
+class Guard:
+    """ASGI middleware: the security headers on every response; a request that is not
+    `authorized` is a 401; a cross-site one, a state change without a header token or the cookie's
+    CSRF token, is a 403 (module docstring)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app, self.token = app, token
+    def __init__(self, app: ASGIApp, token: str, origins: tuple[str, ...] = ()) -> None:
+        self.app, self.token, self.origins = app, token, origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not authorized(Request(scope), self.token):
-            await error(401, f"Send Authorization: Bearer <{TOKEN_ENV}>.")(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *HEADERS]
+            await send(message)
+
+        request = Request(scope)
+        refused = self.refusal(request)
+        if refused is not None:
+            await refused(scope, receive, with_headers)
+            return
+        await self.app(scope, receive, with_headers)
+
+    def refusal(self, request: Request) -> Response | None:
+        how = authorized(request, self.token)
+        safe = request.method in SAFE_METHODS
+        if how is None or (how == "query" and not safe):
+            return error(401, f"Send Authorization: Bearer <{TOKEN_ENV}> (a ?token= opens pages only).")
+        site = request.headers.get("sec-fetch-site")
+        if safe:  # a page of another site may not read through the cookie (an <img>, a fetch)
+            navigating = request.headers.get("sec-fetch-mode") == "navigate"
+            if how == "cookie" and site in ("same-site", "cross-site") and not navigating:
+                return error(
+                    403,
+                    f"A request from another site ({site}) is refused.\n"
+                    "  Open the viewer on this app's own origin.",
+                )
+            return None
+        origin = request.headers.get("origin")
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        if origin is not None and origin not in (own, *self.origins):
+            return error(
+                403,
+                f"A request from another origin ({origin[:100]}) is refused; this app is {own}.\n"
+                f"  Send it from the app's own pages, or add the origin to {ORIGINS_ENV}.",
+            )
+        if site is not None and site not in ("same-origin", "none"):
+            return error(403, f"A request from another site (Sec-Fetch-Site: {site[:20]}) is refused.")
+        if how == "cookie":
+            sent = request.headers.get(CSRF_HEADER, "")
+            if not _same(sent, csrf_token(request.cookies[COOKIE], self.token)):
+                return error(
+                    403,
+                    "A request with the viewer's cookie needs its X-CSRF-Token header.\n"
+                    f"  Send it from the viewer's page, or send Authorization: Bearer <{TOKEN_ENV}>.",
+                )
+        return None
+
+
+async def body_of(request: Request, limit: int, setting: str) -> bytes:
+    """The body, refused (413) as soon as it passes `limit` bytes: a declared length before anything
+    is read, a chunked one while it is read (nothing past the limit is kept)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Refused(413, f"The body is {int(declared):,} bytes; the limit is {limit:,} ({setting}).")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Refused(413, f"The body is over {limit:,} bytes, the limit ({setting}); it was not read.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def json_of(request: Request, limit: int, setting: str) -> Any:
+    """The JSON body (None when empty), read with `body_of`: 415 unless it is application/json."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media and media != "application/json":
+        raise Refused(415, f"The body is {media[:60]}; send Content-Type: application/json.")
+    body = await body_of(request, limit, setting)
+    if not body:
+        return None
+    if not media:
+        raise Refused(415, "The body has no Content-Type; send Content-Type: application/json.")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise Refused(400, "The body is not JSON.") from None
 
 
 def _client(request: Request) -> AsyncClient:
@@ -108,33 +244,28 @@ def _client(request: Request) -> AsyncClient:
     return client
 
 
+def _field_body(limit: int) -> int:
+    """The body limit of a route whose largest field may have `limit` bytes (JSON escapes)."""
+    return 2 * limit + 4096
+
+
 async def enqueue(request: Request) -> Response:
     client = _client(request)
-    limit = client.settings.max_spec_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:  # refused before the body is read
-        return error(
-            413, f"The body is {int(declared):,} bytes; the limit is {limit:,} (TOOLLOOP_MAX_SPEC_BYTES)."
-        )
-    body = await request.body()
-    if len(body) > limit:
-        return error(
-            413, f"The body is {len(body):,} bytes; the limit is {limit:,} (TOOLLOOP_MAX_SPEC_BYTES)."
-        )
+    spec = await json_of(request, client.settings.max_spec_bytes, "TOOLLOOP_MAX_SPEC_BYTES")
+    if spec is None:
+        return error(400, "Send the run spec as JSON.")
     key = request.headers.get("idempotency-key") or None
     try:
-        run_id = await client.enqueue(json.loads(body), idempotency_key=key)
-    except json.JSONDecodeError:
-        return error(400, "The body is not JSON.")
+        run_id = await client.enqueue(spec, idempotency_key=key)
     except pydantic.ValidationError as invalid:
         details = invalid.errors(include_url=False, include_input=False, include_context=False)
         return JSONResponse({"error": "invalid run spec", "details": details}, status_code=422)
     except ToolsetError as bad:
         return error(422, str(bad))
-    except LimitError as big:
-        return error(413, str(big))
     except EnqueueError as failed:
         return error(503, str(failed))
+    except LimitError:
+        raise
     except ValueError as bad:  # an idempotency key of the wrong length
         return error(400, str(bad))
     return JSONResponse({"run_id": run_id}, status_code=201)
@@ -148,10 +279,14 @@ async def status(request: Request) -> Response:
         return JSONResponse(current.model_dump(mode="json"))
     events = [{"id": e.id, **e.data} async for e in client.events(run_id, deltas=False)]
     history = await client.history(run_id)
-    page = viewer.page(run_id, current.model_dump(mode="json"), events, history)
-    response = HTMLResponse(page)
+    token: str = request.app.state.token
+    csrf = csrf_token(token, token)  # the cookie holds the token (set below or before)
+    page = viewer.page(run_id, current.model_dump(mode="json"), events, history, csrf=csrf)
+    response = HTMLResponse(page, headers={"cache-control": "no-store"})
     if request.query_params.get("token"):  # the viewer's own requests carry the cookie
-        response.set_cookie(COOKIE, request.query_params["token"], httponly=True, samesite="strict")
+        response.set_cookie(
+            COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        )
     return response
 
 
@@ -167,16 +302,65 @@ async def list_runs(request: Request) -> Response:
     return JSONResponse({"runs": runs, "next": found.next})
 
 
+IMAGE_TYPES = {
+    b"\x89PNG\r\n\x1a\n": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+    b"GIF87a": "image/gif",
+    b"GIF89a": "image/gif",
+}
+
+
+def sniffed(data: bytes) -> str | None:
+    """The image type the bytes show (PNG, JPEG, GIF, WebP), else None: never the type a message names."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return next((kind for magic, kind in IMAGE_TYPES.items() if data.startswith(magic)), None)
+
+
+def read_image(path: str, limit: int) -> bytes | None:
+    """The bytes of the regular file at `path` (its last part no symlink, no FIFO to wait on), or None
+    when it is missing, not a regular file or over `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        data = file.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
 async def image(request: Request) -> Response:
-    """An image of the run's conversation, by its hash: only files the run's messages name."""
+    """An image of the run's conversation by its hash: one a tool result produced, or one the spec
+    supplied from under TOOLLOOP_WEB_IMAGE_ROOT; served as the type its bytes show."""
     client = _client(request)
     run_id, digest = request.path_params["run_id"], request.path_params["digest"]
-    for message in await client.history(run_id):
-        if isinstance(message, ToolMessage | UserMessage) and isinstance(message.content, list):
-            for part in message.content:
-                if isinstance(part, ImagePart) and part.hash == digest and Path(part.path).is_file():
-                    return FileResponse(part.path, media_type=part.mime_type)
-    return error(404, f"Run {run_id!r} has no image {digest!r} (or its file is gone).")
+    root: Path | None = request.app.state.image_root
+    found = [img for img in await client.images(run_id) if img.part.hash == digest]
+    found.sort(key=lambda img: img.supplied)  # a tool's first
+    if not found:
+        return error(404, f"Run {run_id!r} has no image {digest[:80]!r}.")
+    for img in found:
+        path = os.path.realpath(img.part.path)
+        if img.supplied and (root is None or not Path(path).is_relative_to(root)):
+            continue
+        data = await run_in_threadpool(read_image, path, client.settings.max_image_bytes)
+        kind = sniffed(data or b"")
+        if data is not None and kind is not None:
+            return Response(data, media_type=kind, headers={"cache-control": "private, max-age=300"})
+    if all(img.supplied for img in found) and root is None:
+        return error(
+            403,
+            f"Image {digest[:80]!r} of run {run_id!r} came with its spec; such images are served only\n"
+            f"  from the directory {IMAGE_ROOT_ENV} names (unset here).",
+        )
+    return error(
+        403,
+        f"Image {digest[:80]!r} of run {run_id!r} is not served: its file is gone, outside "
+        f"{IMAGE_ROOT_ENV},\n  over TOOLLOOP_MAX_IMAGE_BYTES, or not a PNG, JPEG, GIF or WebP image.",
+    )
 
 
 async def messages(request: Request) -> Response:
@@ -197,6 +381,10 @@ async def events(request: Request) -> Response:
             if rest
             else Response(status_code=204)
         )
+    if after:  # an id past the end (or no id at all) is a 400 now, not a stream that never ends
+        check = client.events(run_id, after=after)
+        async for _ in check:
+            break
 
     async def stream() -> AsyncIterator[str]:  # awaited blocking reads: no thread per stream
         async for event in client.events(run_id, after=after, follow=True):
@@ -207,13 +395,16 @@ async def events(request: Request) -> Response:
 
 async def answer(request: Request) -> Response:
     client = _client(request)
-    try:
-        body = await request.json()
-    except json.JSONDecodeError:
-        body = None
+    limit = client.settings.max_answer_bytes
+    body = await json_of(request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB")
     if not isinstance(body, dict) or not isinstance(body.get("content"), str):
         return error(400, 'Send {"content": "the answer"}.')
-    answer_id = await client.answer(request.path_params["run_id"], body["content"])
+    try:
+        answer_id = await client.answer(request.path_params["run_id"], body["content"])
+    except LimitError:
+        raise
+    except ValueError as bad:  # an answer that starts with the record separator
+        return error(400, str(bad))
     return JSONResponse({"answer_id": answer_id}, status_code=202)
 
 
@@ -227,14 +418,19 @@ async def decide(request: Request) -> Response:
     client = _client(request)
     run_id, call_id, action = (request.path_params[k] for k in ("run_id", "call_id", "action"))
     if action not in ("approve", "reject", "edit"):
-        return error(404, f"No decision {action!r}: use approve, reject or edit.")
-    try:
-        body = await request.json() if await request.body() else {}
-    except json.JSONDecodeError:
-        body = None
+        return error(404, f"No decision {action[:40]!r}: use approve, reject or edit.")
+    settings = client.settings
+    limit = _field_body(max(settings.max_edit_bytes, settings.max_reason_bytes))
+    body = await json_of(request, limit, "twice TOOLLOOP_MAX_EDIT_BYTES or _REASON_BYTES + 4 KiB")
+    body = {} if body is None else body
+    shape = 'Send a JSON object: {"digest": "...", "actor": "...", "reason": "...", "input": {...}}.'
     if not isinstance(body, dict):
-        return error(400, 'Send a JSON object: {"digest": ..., "actor": ..., "reason": ..., "input": {...}}.')
+        return error(400, shape)
     options = {"digest": body.get("digest"), "actor": body.get("actor")}
+    if any(
+        value is not None and not isinstance(value, str) for value in (*options.values(), body.get("reason"))
+    ):
+        return error(400, f"digest, actor and reason are strings. {shape}")
     try:
         if action == "approve":
             outcome = await client.approve(run_id, call_id, **options)
@@ -254,6 +450,7 @@ async def decide(request: Request) -> Response:
 
 async def cancel(request: Request) -> Response:
     client = _client(request)
+    await json_of(request, 4096, "4 KiB: cancel takes no body")
     await client.cancel(request.path_params["run_id"])
     return JSONResponse({"cancel": "requested"}, status_code=202)
 
@@ -266,19 +463,45 @@ async def conflict(request: Request, exc: Exception) -> Response:
     return error(409, str(exc))
 
 
+async def refused(request: Request, exc: Exception) -> Response:
+    """A `Refused` with its status; a field over its limit 413; an event id that is none 400."""
+    if isinstance(exc, Refused):
+        return error(exc.status, str(exc))
+    return error(413 if isinstance(exc, LimitError) else 400, str(exc))
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     yield
     await app.state.client.aclose()  # on the loop its connections were made on
 
 
-def create_app(client: AsyncClient | None = None, token: str | None = None) -> Starlette:
-    """The app; `token`: the bearer token every request needs (TOOLLOOP_WEB_TOKEN when None)."""
+def create_app(
+    client: AsyncClient | None = None,
+    token: str | None = None,
+    *,
+    origins: tuple[str, ...] | None = None,
+    image_root: str | None = None,
+) -> Starlette:
+    """The app; `token`: the bearer token every request needs (TOOLLOOP_WEB_TOKEN when None);
+    `origins`: other origins its pages are served from (TOOLLOOP_WEB_ORIGINS when None);
+    `image_root`: the directory spec-supplied images may be served from (TOOLLOOP_WEB_IMAGE_ROOT when
+    None; unset: none)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         raise SystemExit(
             f"{TOKEN_ENV} is not set: examples/web.py needs a bearer token for every request.\n"
             f"  export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe())')"
+        )
+    if origins is None:
+        origins = tuple(
+            o.strip().rstrip("/") for o in os.environ.get(ORIGINS_ENV, "").split(",") if o.strip()
+        )
+    root = image_root if image_root is not None else os.environ.get(IMAGE_ROOT_ENV, "").strip()
+    if root and not Path(root).is_dir():
+        raise SystemExit(
+            f"{IMAGE_ROOT_ENV}={root!r} is not a directory.\n"
+            "  Name the directory the runs' own images are in, or unset it (no spec image is served)."
         )
     client = client or AsyncClient(_default_redis())
     app = Starlette(
@@ -294,11 +517,19 @@ def create_app(client: AsyncClient | None = None, token: str | None = None) -> S
             Route("/runs/{run_id}/approvals", approvals),
             Route("/runs/{run_id}/approvals/{call_id}/{action:str}", decide, methods=["POST"]),
         ],
-        exception_handlers={RunNotFoundError: not_found, RunStateError: conflict},
+        exception_handlers={
+            RunNotFoundError: not_found,
+            RunStateError: conflict,
+            Refused: refused,
+            LimitError: refused,
+            EventIdError: refused,
+        },
         lifespan=lifespan,
-        middleware=[Middleware(TokenGate, token=token)],
+        middleware=[Middleware(Guard, token=token, origins=origins)],
     )
     app.state.client = client
+    app.state.token = token
+    app.state.image_root = Path(os.path.realpath(root)) if root else None
     return app
 
 

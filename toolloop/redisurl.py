@@ -186,11 +186,25 @@ def sync_client(url: str, *, watcher: following.SwitchWatcher | None = None, **k
     return client
 
 
-def async_client(url: str, *, watcher: following.SwitchWatcher | None = None, **kwargs: Any) -> aredis.Redis:
-    """As `sync_client`, for asyncio."""
+def async_client(
+    url: str,
+    *,
+    watcher: following.SwitchWatcher | None = None,
+    blocking_pool: int = 0,
+    **kwargs: Any,
+) -> aredis.Redis:
+    """As `sync_client`, for asyncio. `blocking_pool`: at most that many connections, and a call past
+    them waits for one (redis.asyncio's `BlockingConnectionPool`) instead of being refused."""
     target = parse(url)
+    if blocking_pool:
+        kwargs = {**kwargs, "max_connections": blocking_pool, "timeout": None}
+    if not target.is_sentinel and blocking_pool:
+        pool = aredis.BlockingConnectionPool.from_url(target.url, **kwargs)
+        return aredis.Redis(connection_pool=pool)
     if not target.is_sentinel:
         return aredis.Redis.from_url(target.url, **kwargs)
+    if blocking_pool:
+        kwargs["connection_pool_class"] = following.AsyncBlockingSentinelPool
     sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
         list(target.sentinels), sentinel_kwargs={**_timeouts(kwargs), **target.sentinel_kwargs}
     )

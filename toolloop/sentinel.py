@@ -25,7 +25,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+from redis.asyncio.connection import BlockingConnectionPool as AsyncBlockingPool
 from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
 from redis.connection import SSLConnection
 from redis.sentinel import SentinelManagedConnection
@@ -108,6 +110,11 @@ class FollowingSSLConnection(FollowingConnection, SSLConnection):
 
 class AsyncFollowingSSLConnection(AsyncFollowingConnection, AsyncSSLConnection):
     pass
+
+
+class AsyncBlockingSentinelPool(AsyncSentinelPool, AsyncBlockingPool):
+    """A Sentinel pool that waits for a free connection past `max_connections` (as
+    `BlockingConnectionPool` does) instead of refusing the call."""
 
 
 class SwitchWatcher:

@@ -12,7 +12,8 @@ refusal (stale digest, bad edit, a decision after the deadline) reaches the call
 `ApprovalError` with the reason.
 
 A decision sent before the run parks is kept (for the segment running then) and applied when the
-park commits. Deadlines: a park with a deadline (or with decisions to apply) is in the zset
+park commits; a segment keeps at most TOOLLOOP_MAX_EARLY_DECISIONS of them (the next is refused).
+Deadlines: a park with a deadline (or with decisions to apply) is in the zset
 `tl:waits:due`; the workers' sweeper settles what is due (SETTLE): an expired approval gets its
 tool's default outcome, an expired ask its `ask_default` answer or the stop `stopped_by="expired"`.
 The zset lives in Redis, so a deadline that passes while no worker runs is settled by the first
@@ -47,10 +48,13 @@ def _script_keys(run_id: str) -> list[str]:
 # -- the worker side --------------------------------------------------------------------------------
 
 
-def apply(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, tools: Any) -> str:
+def apply(
+    client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, tools: Any, early: int = 100
+) -> str:
     """The `toolloop.decide` task: check an edit against the tool's schema, record the decision
     (DECIDE), resume the run when every held call is decided, and tell the client. `tools(toolset)`
-    gives the worker's tools of a toolset."""
+    gives the worker's tools of a toolset; `early`: the most decisions a segment keeps for calls it
+    has not made yet (TOOLLOOP_MAX_EARLY_DECISIONS; the next is refused)."""
     raw = client.hget(keys.decide_inbox(run_id), decision_id)
     if raw is None:
         return "gone"  # applied already (a redelivered task)
@@ -60,7 +64,7 @@ def apply(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str
     try:
         decision = checked_edit(client, run_id, call_id, decision, tools)
         result = parse_settled(
-            _run_script(client, DECIDE_SCRIPT, run_id, [call_id, decision.model_dump_json()])
+            _run_script(client, DECIDE_SCRIPT, run_id, [call_id, decision.model_dump_json(), str(early)])
         )
     except ApprovalError as error:
         result = Settled("refused", why=str(error))

@@ -3,7 +3,8 @@ parked run (early decisions, expired deadlines), DECIDE_SCRIPT records one decis
 `settle` function of `_SETTLE` and the prelude of the run scripts (`emit`, `terminal`).
 
 KEYS (both): 1 state 2 decisions 3 answers 4 events 5 outbox 6 waits-due.
-ARGV (both): 1 run id, 2 DECISIONS_MARK, 3 now; DECIDE_SCRIPT also 4 call id, 5 decision JSON.
+ARGV (both): 1 run id, 2 DECISIONS_MARK, 3 now; DECIDE_SCRIPT also 4 call id, 5 decision JSON,
+6 the most early decisions a segment keeps (TOOLLOOP_MAX_EARLY_DECISIONS).
 Both replies are parsed once by `parse_settled`.
 """
 
@@ -123,6 +124,7 @@ DECIDE_SCRIPT = (
     + _SETTLE
     + """
 -- Record one decision. ARGV[2]=mark ARGV[3]=now ARGV[4]=call id ARGV[5]=decision JSON
+-- ARGV[6]=the most decisions kept for calls the segment has not made (counted in `early:s<segment>`)
 -- -> {'resumed', member} | {'recorded'} | {'kept'} | {'ignored', why} | {'refused', why}
 local now = tonumber(ARGV[3])
 local call_id = ARGV[4]
@@ -183,9 +185,16 @@ end
 if status == 'asked' then
   return {'refused', 'The run waits for an answer to its question, not for a decision on a call.'}
 end
-if redis.call('HSETNX', KEYS[2], field, ARGV[5]) == 0 then
-  return late_or_dup(redis.call('HGET', KEYS[2], field))
+prior = redis.call('HGET', KEYS[2], field)
+if prior then return late_or_dup(prior) end
+local count = 'early:s' .. segment  -- decisions kept for calls the segment has not made (yet)
+if tonumber(redis.call('HGET', KEYS[2], count) or '0') >= tonumber(ARGV[6]) then
+  return {'refused', 'Run ' .. RUN .. ' keeps ' .. ARGV[6] .. ' decisions already for calls it has not made '
+    .. 'yet (TOOLLOOP_MAX_EARLY_DECISIONS); this one on call ' .. call_id .. ' is refused.\\n  Decide a call '
+    .. 'once the run holds it (`toolloop status RUN` lists them), or raise the limit on the workers.'}
 end
+redis.call('HSET', KEYS[2], field, ARGV[5])
+redis.call('HINCRBY', KEYS[2], count, 1)
 emit(KEYS[1], KEYS[4], tostring(segment), 'approval_decided', cjson.encode({call_id = call_id,
   action = d.action, actor = d.actor or cjson.null, reason = d.reason or '', input = d.input or cjson.null,
   early = true}))

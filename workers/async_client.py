@@ -22,13 +22,17 @@ from toolloop.loop.types import Decision
 from workers import enqueue, ops, runlist
 from workers.client import settings_for
 from workers.drive import AsyncDriver
+from workers.limits import check_answer, check_decision
 from workers.records import RunEventRecord, RunStatus
 from workers.spec import RunSpec
 
 
 class AsyncClient:
-    def __init__(self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None) -> None:
-        """As `Client(redis_url, toolsets=...)`; no connection is made until the first call."""
+    def __init__(
+        self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None, max_streams: int = 1000
+    ) -> None:
+        """As `Client(redis_url, toolsets=...)`; no connection is made until the first call.
+        `max_streams`: event streams read at once (each blocked read holds a connection of its own)."""
         self.settings = settings = settings_for(redis_url)
         self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
         self._watcher = redisurl.watcher(settings.redis_url)
@@ -38,6 +42,14 @@ class AsyncClient:
         )
         wait = (settings.commit_wait, settings.commit_wait_ms)
         self._driver = AsyncDriver(self.redis, self._blocking, wait=wait)
+        # Followed event streams block on a pool of their own (a connection per XREAD BLOCK, up to
+        # `max_streams`, then a stream waits for one): many open streams never take the connections
+        # the commands and a decision's BLPOP need (redis.asyncio's pools refuse past 100).
+        self._streams = redisurl.async_client(
+            settings.redis_url, watcher=self._watcher, blocking_pool=max_streams,
+            decode_responses=True, socket_timeout=None,
+        )  # fmt: skip
+        self._streamer = AsyncDriver(self.redis, self._streams)
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
         self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender)
         self.catalog = self._prepare.catalog
@@ -47,6 +59,8 @@ class AsyncClient:
         """Release the Redis connections."""
         await self.redis.aclose()
         await self._blocking.aclose()
+        await self._streams.aclose()
+        await self._streams.connection_pool.disconnect()
         if self._watcher is not None:
             self._watcher.close()
 
@@ -86,6 +100,11 @@ class AsyncClient:
         """See `Client.history`."""
         return await self._driver.run(ops.history(run_id))
 
+    async def images(self, run_id: str) -> list[ops.RunImage]:
+        """The images of the run's conversation, each with `supplied` (the run's spec gave it) or not
+        (a tool result produced it): what a viewer may serve (examples/web.py)."""
+        return await self._driver.run(ops.images(run_id))
+
     def events(
         self,
         run_id: str,
@@ -96,7 +115,7 @@ class AsyncClient:
         deltas: bool = True,
     ) -> AsyncIterator[RunEventRecord]:
         """See `Client.events`; iterate it with `async for` (blocking reads are awaited)."""
-        return self._driver.stream(ops.events(run_id, after, block_ms, follow, deltas))
+        return self._streamer.stream(ops.events(run_id, after, block_ms, follow, deltas))
 
     async def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
         """See `Client.wait`."""
@@ -104,6 +123,7 @@ class AsyncClient:
 
     async def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
         """See `Client.answer`."""
+        check_answer(content, self.settings)
         return await self._driver.run(ops.answer(self._sender, run_id, content, segment))
 
     async def approve(
@@ -132,7 +152,9 @@ class AsyncClient:
 
     async def decide(self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0) -> str:
         """See `Client.decide`: the wait for the worker's outcome is an awaited BLPOP."""
-        return await self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s))
+        check_decision(call_id, decision, self.settings)
+        waiting = self.settings.max_early_decisions
+        return await self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting))
 
     async def cancel(self, run_id: str) -> None:
         """See `Client.cancel`."""

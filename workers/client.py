@@ -30,6 +30,7 @@ from toolloop.loop.types import Decision
 from workers import accounts, enqueue, ops, runlist
 from workers.drive import SyncDriver
 from workers.errors import NoRedisError
+from workers.limits import check_answer, check_decision
 from workers.records import RunEventRecord, RunStatus
 from workers.settings import Settings
 from workers.spec import RunSpec
@@ -134,6 +135,11 @@ class Client:
         """The run's conversation: its last segment's messages (the input while nothing ran yet)."""
         return self._driver.run(ops.history(run_id))
 
+    def images(self, run_id: str) -> list[ops.RunImage]:
+        """The images of the run's conversation, each with `supplied` (the run's spec gave it) or not
+        (a tool result produced it): what a viewer may serve (examples/web.py)."""
+        return self._driver.run(ops.images(run_id))
+
     def events(
         self,
         run_id: str,
@@ -163,6 +169,7 @@ class Client:
         Pass the `segment` of the status that showed the question to make a late duplicate (sent
         after the run resumed) count as a duplicate rather than as an early answer to the next
         question. Returns the answer id."""
+        check_answer(content, self.settings)
         return self._driver.run(ops.answer(self._sender, run_id, content, segment))
 
     def approve(
@@ -216,7 +223,9 @@ class Client:
         to the input you saw (`status().approvals[i]["input_digest"]`). Raises ApprovalError when
         refused (another input, a bad edit, a call the run does not hold, past its deadline, an ended
         run), RunNotFoundError, or TimeoutError when no worker answered in time."""
-        return self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s))
+        check_decision(call_id, decision, self.settings)
+        waiting = self.settings.max_early_decisions
+        return self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting))
 
     def cancel(self, run_id: str) -> None:
         """Stop the run: its live step is aborted where it runs, open calls are answered

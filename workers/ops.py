@@ -32,13 +32,13 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from toolloop.contract import CHAT_MESSAGES, ChatMessage
+from toolloop.contract import CHAT_MESSAGES, ChatMessage, ImagePart, ToolMessage, UserMessage
 from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError, DeadlineError
 from toolloop.loop.types import Decision
 from workers import wire
 from workers.approvalscripts import DECISIONS_MARK
-from workers.errors import RunNotFoundError, RunStateError
+from workers.errors import LimitError, RunNotFoundError, RunStateError
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE
 from workers.records import FINAL, STREAM_KINDS, RunEventRecord, RunStatus
 from workers.scripts.control import ANSWER_SEND, RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry, parse_sent
@@ -165,13 +165,52 @@ def history(run_id: str) -> Op[list[ChatMessage]]:
     return CHAT_MESSAGES.validate_json(stored or first)
 
 
+@dataclass(frozen=True, slots=True)
+class RunImage:
+    """An image of a run's conversation: `supplied` when the run's spec (or a person) gave it,
+    else a tool result produced it."""
+
+    part: ImagePart
+    supplied: bool
+
+
+def images(run_id: str) -> Op[list[RunImage]]:
+    """The run's images in conversation order, each with where it came from: the spec's messages
+    are the history's first ones, and only tool messages after them are a tool's."""
+    stored, first, spec = yield Batch(
+        [("GET", keys.history(run_id)), ("HGET", keys.inputs(run_id), "s0"), ("GET", keys.spec(run_id))]
+    )
+    if stored is None and first is None:
+        raise RunNotFoundError(run_id)
+    messages = CHAT_MESSAGES.validate_json(stored or first)
+    given = len(json.loads(spec).get("messages") or []) if spec else len(messages)
+    found = []
+    for i, message in enumerate(messages):
+        if isinstance(message, ToolMessage | UserMessage) and isinstance(message.content, list):
+            supplied = i < given or isinstance(message, UserMessage)
+            found += [RunImage(p, supplied) for p in message.content if isinstance(p, ImagePart)]
+    return found
+
+
 def events(run_id: str, after: str | None, block_ms: int | None, follow: bool, deltas: bool = True) -> Stream:
     """The run's events after stream id `after` (see `Client.events`), each as an `Emit`; without
     `deltas`, a streaming run's `delta` and `discarded` entries are skipped."""
-    if not (yield Call("EXISTS", keys.state(run_id))):
-        raise RunNotFoundError(run_id)
-    cursor = after or "0-0"
     stream = keys.events(run_id)
+    cursor = stream_id(after) if after else "0-0"
+    last: Any = ()
+    if not after:
+        found = yield Call("EXISTS", keys.state(run_id))
+    else:  # and the last entry, to refuse an id past it
+        last_entry = ("XREVRANGE", stream, "+", "-", "COUNT", 1)
+        found, last = yield Batch([("EXISTS", keys.state(run_id)), last_entry])
+    if not found:
+        raise RunNotFoundError(run_id)
+    end = last[0][0] if last else "0-0"
+    if after and _id_key(cursor) > _id_key(end):  # no entry would ever come after it: a follow hangs
+        raise EventIdError(
+            f"Event id {after!r} is past the end of run {run_id!r}'s events (the last is {end}).\n"
+            "  Resume after an id the stream gave, or without one to read from the start."
+        )
     while True:
         wait = block_ms if block_ms is not None else (1000 if follow else None)
         block = ("BLOCK", wait) if wait is not None else ()
@@ -189,6 +228,26 @@ def events(run_id: str, after: str | None, block_ms: int | None, follow: bool, d
                     return  # (a `failed` that a retry has since moved past does not end it)
         if not follow and (not entries or block_ms is not None):
             return
+
+
+class EventIdError(ValueError):
+    """An `after` (Last-Event-ID) that is not a stream id of the run's events."""
+
+
+def stream_id(text: str) -> str:
+    """`text` as a full stream id ("<ms>-<seq>"; a bare "<ms>" is "<ms>-0"), or EventIdError."""
+    ms, _, seq = text.strip().partition("-")
+    if not (ms.isdigit() and (seq.isdigit() or not seq) and len(text) <= 41):
+        raise EventIdError(
+            f"{text[:60]!r} is not an event id.\n"
+            "  Pass the `id` of an event the stream gave (like 1700000000000-0)."
+        )
+    return f"{int(ms)}-{int(seq or 0)}"
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def wait(run_id: str, timeout: float, poll_s: float) -> Op[RunStatus]:
@@ -242,11 +301,21 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
     return answer_id
 
 
-def decide(sender: Sender, run_id: str, call_id: str, decision: Decision, wait_s: float) -> Op[str]:
+def decide(
+    sender: Sender, run_id: str, call_id: str, decision: Decision, wait_s: float, waiting: int
+) -> Op[str]:
     """Store a decision and send `toolloop.decide` (one MULTI), then wait up to `wait_s` for the
-    worker's outcome (see `Client.decide`)."""
-    if not (yield Call("EXISTS", keys.state(run_id))):
+    worker's outcome (see `Client.decide`). A run with `waiting` decisions already waiting for a
+    worker takes no more (LimitError): the inbox is bounded while no worker runs."""
+    found, inbox = yield Batch([("EXISTS", keys.state(run_id)), ("HLEN", keys.decide_inbox(run_id))])
+    if not found:
         raise RunNotFoundError(run_id)
+    if inbox >= waiting:
+        raise LimitError(
+            f"{inbox} decisions on run {run_id!r} wait for a worker already; the limit is {waiting}.\n"
+            "  Start a worker (`toolloop worker`) to apply them, or raise TOOLLOOP_MAX_EARLY_DECISIONS.",
+            "TOOLLOOP_MAX_EARLY_DECISIONS",
+        )
     decision_id = uuid.uuid4().hex
     entry = json.dumps({"call_id": call_id, "decision": decision.model_dump(mode="json"), "at": time.time()})
     send = sender.commands(DECIDE, [run_id, decision_id], f"{run_id}:decide:{decision_id}", "control")

@@ -37,6 +37,11 @@ TOOLLOOP_MAX_IMAGE_BYTES     5000000 an image file of a spec's messages (enqueue
                                      (the model is answered an error instead)
 TOOLLOOP_MAX_TOOL_RESULT_BYTES 1000000 a tool result's content as JSON (the model is answered an error)
 TOOLLOOP_MAX_TASK_BYTES      262144  a task message on a queue (a larger one goes to toolloop:rejected)
+TOOLLOOP_MAX_ANSWER_BYTES    100000  an answer's text, UTF-8 (`answer` refuses a longer one)
+TOOLLOOP_MAX_REASON_BYTES    10000   a reject reason, UTF-8 (`reject` refuses a longer one)
+TOOLLOOP_MAX_EDIT_BYTES      100000  an edited input as JSON (`edit` refuses a larger one)
+TOOLLOOP_MAX_EARLY_DECISIONS 100     decisions a run keeps for calls it has not made yet (per segment,
+                                     read by the workers), and decisions waiting for a worker (clients)
 Flow control (docs/flow-control.md):
 TOOLLOOP_RATE_LIMITS         unset   provider -> model -> limits, inline JSON or a JSON/YAML file
 """
@@ -108,6 +113,10 @@ class Settings:
     max_image_bytes: int = 5_000_000
     max_tool_result_bytes: int = 1_000_000
     max_task_bytes: int = 262_144
+    max_answer_bytes: int = 100_000
+    max_reason_bytes: int = 10_000
+    max_edit_bytes: int = 100_000
+    max_early_decisions: int = 100
     rate_limits: dict[str, dict[str, Limits]] = field(default_factory=dict)
     """Provider rate limits per key and model (TOOLLOOP_RATE_LIMITS, workers/ratelimit.py)."""
     metrics_port: int = 0
@@ -148,6 +157,10 @@ class Settings:
             max_image_bytes=int(_float("TOOLLOOP_MAX_IMAGE_BYTES", 5_000_000)),
             max_tool_result_bytes=int(_float("TOOLLOOP_MAX_TOOL_RESULT_BYTES", 1_000_000)),
             max_task_bytes=int(_float("TOOLLOOP_MAX_TASK_BYTES", 262_144)),
+            max_answer_bytes=int(_float("TOOLLOOP_MAX_ANSWER_BYTES", 100_000)),
+            max_reason_bytes=int(_float("TOOLLOOP_MAX_REASON_BYTES", 10_000)),
+            max_edit_bytes=int(_float("TOOLLOOP_MAX_EDIT_BYTES", 100_000)),
+            max_early_decisions=int(_float("TOOLLOOP_MAX_EARLY_DECISIONS", 100)),
             rate_limits=parse_rate_limits(os.environ.get(RATE_LIMITS_ENV, "")),
             metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0)),
             kept_loops=int(_float("TOOLLOOP_KEPT_LOOPS", 4096)),

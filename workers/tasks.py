@@ -54,7 +54,8 @@ def answer(self: Task, run_id: str, answer_id: str) -> str:
 def decide(self: Task, run_id: str, decision_id: str) -> str:
     """Apply a decision on a held call (approve, reject, edit): the first per call wins."""
     process = process_of(self.app)
-    return approvals.apply(process.redis, self.app, run_id, decision_id, process.toolsets.for_worker)
+    early = process.settings.max_early_decisions
+    return approvals.apply(process.redis, self.app, run_id, decision_id, process.toolsets.for_worker, early)
 
 
 @app.task(name=CANCEL, bind=True)  # type: ignore[untyped-decorator]

@@ -1,6 +1,7 @@
 """The run viewer (GET /runs/{id} of examples/web.py, examples/viewer.py) in a real headless
 Chromium: a durable run of the storyboard review on the simulator, opened before any worker runs,
-shows its steps appear live over the event stream, an image from a tool result, the question with
+shows its steps appear live over the event stream (under the app's Content-Security-Policy, with
+nothing blocked), an image from a tool result, the question with
 the answer form; the answer typed into the form resumes the run, and the page shows it finish.
 The screenshot is saved as `viewer.png` in the test's tmp directory."""
 
@@ -21,6 +22,10 @@ from toolloop.embedded import EmbeddedServer
 pytestmark = pytest.mark.integration
 
 ROWS = "document.querySelectorAll('#steps tbody tr').length"
+VIOLATIONS = (  # what the Content-Security-Policy blocked on each page, from before the page's script
+    "window.cspViolations = []; document.addEventListener('securitypolicyviolation', "
+    "(e) => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));"
+)
 
 
 @pytest.fixture
@@ -39,9 +44,12 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
     run_id = httpx.post(f"{web}/runs", json=SPEC, headers=AUTH, timeout=30).json()["run_id"]
     page_html = httpx.get(f"{web}/runs/{run_id}", headers={**AUTH, "accept": "text/html"}, timeout=30)
     assert page_html.status_code == 200 and '<section id="steps">' in page_html.text
+    policy = page_html.headers["content-security-policy"]  # the script runs by its hash, nothing else
+    assert "script-src 'sha256-" in policy and "unsafe-inline" not in policy
     assert httpx.get(f"{web}/runs/{run_id}", headers={"accept": "text/html"}, timeout=30).status_code == 401
     worker = None
     with running_chromium(tmp_path) as page:
+        page.call("Page.addScriptToEvaluateOnNewDocument", source=VIOLATIONS)
         page.navigate(f"{web}/runs/{run_id}?token={WEB_TOKEN}")
         assert page.evaluate("document.getElementById('status').textContent") == "queued"
         assert page.evaluate(ROWS) == 0  # nothing ran yet: no worker
@@ -82,6 +90,7 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
             page.navigate(f"{web}/runs/{run_id}")  # the server renders the same page (the cookie is set)
             assert page.evaluate(ROWS) == live_rows and page.evaluate(models)[-1] == "model 5"
             assert page.evaluate("document.getElementById('status').textContent") == "done"
+            assert page.evaluate("window.cspViolations") == []  # live under the policy, nothing blocked
         finally:
             end(worker)
     status = httpx.get(f"{web}/runs/{run_id}", headers=AUTH, timeout=30).json()

@@ -40,7 +40,9 @@ def site() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     posted: list[dict[str, Any]] = []
 
     def page(request: Request) -> Response:
-        return HTMLResponse(viewer.page("r1", STATUS, [], []))
+        return HTMLResponse(
+            viewer.page("r1", STATUS, [], []), headers={"content-security-policy": viewer.CSP}
+        )
 
     async def decide(request: Request) -> Response:
         posted.append({"call": request.path_params["call"], "action": request.path_params["action"],

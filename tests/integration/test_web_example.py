@@ -42,7 +42,9 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
         assert bad.status_code == 422 and "the registered toolsets are" in bad.json()["error"]
         assert http.post("/runs", json={**SPEC, "max_steps": 0}).status_code == 422
 
-        assert http.post("/runs", content=b"{not json").status_code == 400
+        json_body = {"content-type": "application/json"}
+        assert http.post("/runs", content=b"{not json", headers=json_body).status_code == 400
+        assert http.post("/runs", content=b"{not json").status_code == 415  # JSON only
 
         created = http.post("/runs", json=SPEC)
         assert created.status_code == 201
@@ -55,7 +57,9 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
                 kinds.append(kind)
                 last_id = event_id
                 if kind == "parked":
-                    assert http.post(f"/runs/{run_id}/answer", content=b"Keep it").status_code == 400
+                    assert http.post(f"/runs/{run_id}/answer", content=b"Keep it").status_code == 415
+                    plain = http.post(f"/runs/{run_id}/answer", content=b'"Keep it"', headers=json_body)
+                    assert plain.status_code == 400
                     assert "Shot 3" in str(data["asked"])
                     answered = http.post(f"/runs/{run_id}/answer", json={"content": "Keep shot 3."})
                     assert answered.status_code == 202

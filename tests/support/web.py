@@ -1,6 +1,7 @@
 """examples/web.py and `toolloop worker` as processes of a test: the bearer token the tests give the
 web app (TOOLLOOP_WEB_TOKEN) and the header that sends it, their environment, starting them (the web
-app once it answers HTTP), and reading its server-sent events."""
+app once it answers HTTP), and reading its server-sent events; `serve_app`, a page of another app
+on another port."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
 
 from tests.support.procs import end
 from toolloop.embedded import free_port
@@ -84,3 +92,27 @@ def read_events(response: httpx.Response) -> Iterator[tuple[str, str, dict[str, 
         elif fields:
             yield fields["id"], fields["event"], json.loads(fields["data"])
             fields = {}
+
+
+@contextmanager
+def serve_app(html: str) -> Iterator[str]:
+    """A page of another app (`html` at "/") served on another port of 127.0.0.1, in a thread of the
+    test: the same site as the web app, another origin. Yields its URL."""
+
+    def page(request: Request) -> HTMLResponse:
+        return HTMLResponse(html)
+
+    port = free_port()
+    app = Starlette(routes=[Route("/", page)])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the other app did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

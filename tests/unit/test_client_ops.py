@@ -59,3 +59,32 @@ def test_an_enqueue_is_checked_before_anything_is_built() -> None:
         preparer()(SPEC, "")
     with pytest.raises(ValueError, match="one key"):
         enqueue.prepare_all(preparer(), [SPEC], ["a", "b"])
+
+
+def test_an_event_id_is_a_stream_id_or_refused() -> None:
+    assert ops.stream_id("1700000000000-3") == "1700000000000-3"
+    assert ops.stream_id("1700000000000") == "1700000000000-0"
+    for bad in ("abc", "1-2-3", "-1", "1-x", "", "9" * 60):
+        with pytest.raises(ops.EventIdError, match="is not an event id"):
+            ops.stream_id(bad)
+
+
+def test_answers_and_decisions_are_refused_one_byte_over_their_limits() -> None:
+    from toolloop.loop.types import Decision
+    from workers.limits import IDENT_BYTES, check_answer, check_decision
+
+    settings = Settings.from_env()
+    check_answer("é" * (settings.max_answer_bytes // 2), settings)  # UTF-8 bytes, at the limit
+    with pytest.raises(LimitError, match="TOOLLOOP_MAX_ANSWER_BYTES"):
+        check_answer("a" * (settings.max_answer_bytes + 1), settings)
+    check_decision(
+        "c" * IDENT_BYTES, Decision(action="reject", reason="r" * settings.max_reason_bytes), settings
+    )
+    with pytest.raises(LimitError, match="TOOLLOOP_MAX_REASON_BYTES"):
+        check_decision("c", Decision(action="reject", reason="r" * (settings.max_reason_bytes + 1)), settings)
+    edit = {"a": "x" * (settings.max_edit_bytes - 8)}  # {"a":"..."} is 8 bytes more
+    check_decision("c", Decision(action="edit", input=edit), settings)
+    with pytest.raises(LimitError, match="TOOLLOOP_MAX_EDIT_BYTES"):
+        check_decision("c", Decision(action="edit", input={"a": edit["a"] + "x"}), settings)
+    with pytest.raises(LimitError, match="call id is 257 bytes"):
+        check_decision("c" * (IDENT_BYTES + 1), Decision(action="approve"), settings)
