@@ -20,7 +20,7 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), 
 
 def exported() -> set[str]:
     """Every sample name a worker's /metrics can show (labelled series appear once used)."""
-    metrics = Metrics(lambda: {"llm": 0})
+    metrics = Metrics(lambda: {"llm": 0}, lambda: 0)
     return {family.name + suffix for family in metrics.registry.collect() for suffix in SUFFIXES[family.type]}
 
 
@@ -49,3 +49,18 @@ def test_the_three_alerts_name_exported_metrics() -> None:
     names = {name for rule in alerts.values() for name in NAME.findall(rule["expr"])}
     assert names <= exported(), names - exported()
     assert yaml.safe_load(block("yaml")) == rules
+
+
+def test_the_keda_recipe_is_a_scaled_object_over_exported_metrics_and_the_llm_queue() -> None:
+    text = (DOCS / "operations.md").read_text()
+    recipe = next(
+        yaml.safe_load(found)
+        for found in re.findall(r"```yaml\n(.*?)```", text, re.S)
+        if "ScaledObject" in found
+    )
+    assert recipe["kind"] == "ScaledObject" and recipe["spec"]["minReplicaCount"] == 0
+    triggers = {trigger["type"]: trigger["metadata"] for trigger in recipe["spec"]["triggers"]}
+    assert triggers["redis"]["listName"] == "llm"
+    names = set(NAME.findall(triggers["prometheus"]["query"]))
+    assert names == {"toolloop_queue_depth", "toolloop_steps_in_flight"}
+    assert names <= exported(), names - exported()
