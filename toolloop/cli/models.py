@@ -83,7 +83,7 @@ def as_json(info: Any) -> dict[str, Any]:
 
 
 def print_table(rows: list[Any]) -> None:
-    from toolloop.providers.models import long_context, marked
+    from toolloop.providers.models import price_cells, status_cell
 
     numbers: dict[tuple[str, str], int] = {}
     lines = [
@@ -100,21 +100,8 @@ def print_table(rows: list[Any]) -> None:
         ]
     ]
     for info in rows:
-        status = marked(info, "status", info.status) + (f" {info.status_date}" if info.status_date else "")
-        if info.replacement:
-            status += f" -> {info.replacement}"
-        cells = ["", "", "", "", "-"]
-        if info.price is not None:
-            p = info.price
-            cells = [
-                marked(info, "price.input", f"{p.input:g}")
-                + " / "
-                + marked(info, "price.output", f"{p.output:g}"),
-                marked(info, "price.cache_read", f"{p.cache_read:g}"),
-                marked(info, "price.cache_write", f"{p.cache_write:g}"),
-                marked(info, "price.cache_write_1h", f"{p.write_1h:g}"),
-                long_context(info),
-            ]
+        status = status_cell(info)
+        cells = ["", "", "", "", "-"] if info.price is None else price_cells(info)
         used = sorted({numbers.setdefault((s.kind, s.name), len(numbers) + 1) for s in info.sources.values()})
         origin = "file" if from_operator(info) else "built-in"
         lines.append([info.id, status, *cells, origin, ",".join(map(str, used))])

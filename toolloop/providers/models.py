@@ -405,6 +405,28 @@ def long_context(info: ModelInfo) -> str:
     return f"> {_size(tier.tokens)}: " + ", ".join(cells)
 
 
+def status_cell(info: ModelInfo, quote: str = "") -> str:
+    """A row's status as one cell: "legacy 2026-11-09 -> claude-sonnet-5-5", with its source mark;
+    `quote` wraps the replacement's id (a backtick in Markdown)."""
+    status = marked(info, "status", info.status) + (f" {info.status_date}" if info.status_date else "")
+    if info.replacement:
+        status += f" -> {quote}{info.replacement}{quote}"
+    return status
+
+
+def price_cells(info: ModelInfo) -> list[str]:
+    """A priced row's cells: in / out, cache read, 5m write, 1h write, long context (marked)."""
+    assert info.price is not None
+    p = info.price
+    return [
+        marked(info, "price.input", f"{p.input:g}") + " / " + marked(info, "price.output", f"{p.output:g}"),
+        marked(info, "price.cache_read", f"{p.cache_read:g}"),
+        marked(info, "price.cache_write", f"{p.cache_write:g}"),
+        marked(info, "price.cache_write_1h", f"{p.write_1h:g}"),
+        long_context(info),
+    ]
+
+
 def markdown(catalog: Catalog) -> str:
     """The catalogue as the Markdown table of docs/providers.md (tests/unit/test_catalog.py keeps
     the page equal to it). (d) derived, (u) unconfirmed, (o) the operator file, ? unknown, else read."""
@@ -413,22 +435,11 @@ def markdown(catalog: Catalog) -> str:
             + "| --- " * 13 + "|")  # fmt: skip
     rows = [head]
     for info in catalog.models():
-        status = marked(info, "status", info.status) + (f" {info.status_date}" if info.status_date else "")
-        if info.replacement:
-            status += f" -> `{info.replacement}`"
+        status = status_cell(info, "`")
         if info.price is None:
             rows.append(f"| `{info.id}` | {status} |" + " |" * 11)
             continue
-        p = info.price
-        money = [
-            marked(info, "price.input", f"{p.input:g}")
-            + " / "
-            + marked(info, "price.output", f"{p.output:g}"),
-            marked(info, "price.cache_read", f"{p.cache_read:g}"),
-            marked(info, "price.cache_write", f"{p.cache_write:g}"),
-            marked(info, "price.cache_write_1h", f"{p.write_1h:g}"),
-            long_context(info),
-        ]
+        money = price_cells(info)
         if info.vendor != "anthropic":
             thinking = "reasoning.effort (fal)"
         else:
