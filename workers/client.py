@@ -50,11 +50,14 @@ def settings_for(redis_url: str | None) -> Settings:
 
 
 class Client:
-    def __init__(self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None) -> None:
+    def __init__(
+        self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None, run_prefix: str = ""
+    ) -> None:
         """`redis_url`: when None, REDIS_URL, else the embedded server of $TOOLLOOP_HOME or ./.toolloop
         when it runs (the rule of the CLI and the workers, `toolloop.defaults.find_redis_url`), else
         `NoRedisError`. `toolsets`: the names of the registered toolsets, read
-        from TOOLLOOP_TOOLSETS (names only) when None."""
+        from TOOLLOOP_TOOLSETS (names only) when None. `run_prefix`: put before every new run id
+        (a shard's `s<k>-`: workers/shards.py)."""
         self.settings = settings = settings_for(redis_url)
         self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
         self._watcher = redisurl.watcher(settings.redis_url)
@@ -66,7 +69,7 @@ class Client:
             self.redis, self._blocking, wait=(settings.commit_wait, settings.commit_wait_ms)
         )
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
-        self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender)
+        self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender, run_prefix=run_prefix)
         self.catalog = self._prepare.catalog
         """The model catalogue in force (TOOLLOOP_MODELS laid over the built-in rows), read once."""
 

@@ -79,9 +79,17 @@ class Preparer:
     the built-in rows), so a client refuses a bad operator file when it is made, not a worker later."""
 
     def __init__(
-        self, settings: Settings, toolset_names: Iterable[str], sender: Sender, catalog: Catalog | None = None
+        self,
+        settings: Settings,
+        toolset_names: Iterable[str],
+        sender: Sender,
+        catalog: Catalog | None = None,
+        *,
+        run_prefix: str = "",
     ) -> None:
         self.settings = settings
+        self.run_prefix = run_prefix
+        """Put before every run id made here (a shard's `s<k>-`, workers/shards.py)."""
         self.names = frozenset(toolset_names)
         self.sender = sender
         self.catalog = catalog or catalog_from_env()
@@ -94,7 +102,7 @@ class Preparer:
             raise toolsets.not_registered(checked.toolset, self.names)
         spec_json = checked.model_dump_json()
         limits.check_spec(checked, self.settings, size=len(spec_json))
-        run_id = run_id_for(idempotency_key)
+        run_id = self.run_prefix + run_id_for(idempotency_key)
         now = time.time()
         queued = orjson.dumps({"model": checked.model, "toolset": checked.toolset,
                                "budget_usd": checked.budget_usd})  # fmt: skip

@@ -49,6 +49,11 @@ class RunPage:
     next: str | None = None
 
 
+def cursor_at(score: float, member: str) -> str:
+    """The cursor of a page that ends at the run `member` created at `score` (any shard's)."""
+    return _cursor(score, member)
+
+
 def _cursor(score: float, member: str) -> str:
     return f"{score!r}|{member}"
 

@@ -1,0 +1,99 @@
+"""Sharded runs (workers/shards.py) on two real Redis servers, each with a real worker: 200 runs
+through one `ShardedClient` land each on exactly one shard, `list_runs` pages through all 200 once,
+newest first, every call by run id reaches the run's shard, and a keyed retry returns the same run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.integration.conftest import Worker, own_redis, worker_on
+from tests.integration.runs_kit import spec
+from toolloop.embedded import EmbeddedServer
+from workers.shards import ShardedClient, parse_shards, shard_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedServer]]:
+    first, second = own_redis(tmp_path_factory, "shard-0"), own_redis(tmp_path_factory, "shard-1")
+    yield [next(first), next(second)]
+    for server in (first, second):
+        next(server, None)
+
+
+@pytest.fixture(scope="module")
+def workers(shards: list[EmbeddedServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
+    env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}
+    made = [
+        worker_on(s.url, Path(tmp_path_factory.mktemp(f"shard-worker-{i}")), env)
+        for i, s in enumerate(shards)
+    ]
+    yield [next(w) for w in made]
+    for w in made:
+        next(w, None)
+
+
+def test_two_hundred_runs_each_live_on_one_shard_and_list_once_newest_first(
+    shards: list[EmbeddedServer], workers: list[Worker]
+) -> None:
+    with ShardedClient([s.url for s in shards]) as client:
+        made = []
+        for i in range(200):
+            made.append(client.enqueue(spec("tools", f"Add {i} and 1.")))
+            time.sleep(0.001)  # distinct creation times: "newest first" is then one order
+        assert len(set(made)) == 200
+        placed = [shard_of(run_id, 2) for run_id in made]
+        assert placed.count(0) == placed.count(1) == 100
+        for run_id, index in zip(made, placed, strict=True):
+            keys_here = [_keys(s, run_id) for s in shards]
+            assert keys_here[index] and not keys_here[1 - index], (run_id, keys_here)
+        listed: list[str] = []
+        cursor = None
+        while True:
+            page = client.list_runs(limit=30, cursor=cursor)
+            listed += [run.run_id for run in page.runs]
+            if page.next is None:
+                break
+            cursor = page.next
+        assert listed == list(reversed(made))
+        for run_id in made[:20] + made[-20:]:
+            assert client.wait(run_id, timeout=60).status == "done"
+            assert client.history(run_id)[-1].role == "assistant"
+
+
+def test_a_keyed_enqueue_returns_the_same_run_and_a_foreign_shard_is_refused(
+    shards: list[EmbeddedServer],
+) -> None:
+    with ShardedClient([s.url for s in shards]) as client:
+        first = client.enqueue(spec("tools", "Add 2 and 3."), idempotency_key="order-shard-1")
+        again = client.enqueue(spec("tools", "Add 2 and 3."), idempotency_key="order-shard-1")
+        assert first == again
+        assert client.status(first).run_id == first
+        batch = client.enqueue_many(
+            [spec("tools", "Add 1 and 1.")] * 4, idempotency_keys=["k1", "k2", "order-shard-1", None]
+        )
+        assert batch[2] == first and len(set(batch)) == 4
+    with pytest.raises(ValueError, match="lives on shard 1, and 1 shards are listed"):
+        shard_of("s1-" + "0" * 32, 1)
+
+
+def test_shard_urls_split_only_before_a_scheme() -> None:
+    assert parse_shards("redis://a:1/0, rediss://b:2/0") == ["redis://a:1/0", "rediss://b:2/0"]
+    assert parse_shards("redis+sentinel://h1:1,h2:2/svc,redis://c/0") == [
+        "redis+sentinel://h1:1,h2:2/svc",
+        "redis://c/0",
+    ]
+
+
+def _keys(server: EmbeddedServer, run_id: str) -> list[bytes]:
+    client = redis.Redis.from_url(server.url)
+    try:
+        return list(client.scan_iter(match=f"*{run_id}*", count=1000))
+    finally:
+        client.close()
