@@ -226,8 +226,12 @@ function heldRow(a) {
     `<p class="decided"></p></div>`;
 }
 function decided(callId, text) {
+  // a decided (or queued) call offers no more decisions: its controls go, what was decided stays
   const row = document.querySelector(`#held .held[data-call="${CSS.escape(callId)}"]`);
-  if (row) { row.querySelector(".decided").textContent = text; row.querySelectorAll("button").forEach((b) => { b.disabled = true; }); }
+  if (row) {
+    row.querySelector(".decided").textContent = text;
+    row.querySelectorAll("button, input, textarea").forEach((control) => control.remove());
+  }
 }
 function gauge(total) {
   spent = Math.max(spent, total);
@@ -286,7 +290,7 @@ const handlers = {
     }
     gauge(d.spent_usd || spent); setStatus("asked"); reloadConversation();
   },
-  approval_decided: (d) => decided(d.call_id, `decided: ${d.decision || d.action || "done"}`),
+  approval_decided: (d) => decided(d.call_id, `decided: ${d.decision || d.action || "done"}${d.actor ? " by " + d.actor : ""}`),
   approval_expired: (d) => decided(d.call_id, "no decision before the deadline"),
   answered: () => { $("ask").hidden = true; },
   resumed: () => setStatus("running"),
@@ -326,7 +330,7 @@ $("held").addEventListener("click", async (ev) => {
     body: JSON.stringify(body),
   });
   const reply = await r.json();
-  if (r.ok) decided(row.dataset.call, `${action}: ${reply.outcome}`);
+  if (r.ok) decided(row.dataset.call, reply.outcome === "queued" ? `${action}: queued, applied when a worker runs` : `${action}: ${reply.outcome}`);
   else row.querySelector(".decided").textContent = reply.error || "The decision was refused.";
 });
 

@@ -23,7 +23,7 @@ from toolloop.loop.types import Decision
 from workers import enqueue, ops, runlist
 from workers.client import settings_for
 from workers.drive import AsyncDriver
-from workers.records import RunEventRecord, RunStatus
+from workers.records import DecisionState, RunEventRecord, RunStatus
 from workers.spec import RunSpec
 
 
@@ -126,6 +126,14 @@ class AsyncClient:
     async def decide(self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0) -> str:
         """See `Client.decide`: the wait for the worker's outcome is an awaited BLPOP."""
         return await self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s))
+
+    async def decision(self, run_id: str, call_id: str) -> DecisionState:
+        """See `Client.decision`."""
+        return await self._driver.run(ops.decision(run_id, call_id))
+
+    async def decisions(self, run_id: str) -> dict[str, DecisionState]:
+        """See `Client.decisions`."""
+        return await self._driver.run(ops.decisions(run_id))
 
     async def cancel(self, run_id: str) -> None:
         """See `Client.cancel`."""

@@ -47,6 +47,27 @@ class RunStatus(BaseModel):
         return self.status in FINAL
 
 
+class DecisionState(BaseModel):
+    """Where a decision on a held call stands (`Client.decision`): `pending` (held, no decision sent),
+    `queued` (sent, no worker has applied it yet: it applies when one runs), `decided` (recorded:
+    `action`, `actor`, `reason`, `input`; `early` when sent before the run parked), `expired` (the
+    deadline gave it its default `action`) or `refused` (a worker refused the last decision sent,
+    `why`; the call still waits for another)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    call_id: str
+    state: Literal["pending", "queued", "decided", "expired", "refused"]
+    name: str | None = None
+    action: str | None = None
+    actor: str | None = None
+    reason: str | None = None
+    input: dict[str, Any] | None = None
+    why: str | None = None
+    at: float | None = None
+
+
 STREAM_KINDS: frozenset[str] = frozenset({"delta", "discarded"})
 """Entries of a streaming run (RunSpec.stream) that are not committed events: no `seq`, not journaled
 (workers/deltas.py, docs/streaming.md)."""
