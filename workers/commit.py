@@ -260,7 +260,7 @@ class Commits:
             [self.run_id, self.n + 1],
             names.step_id(self.run_id, self.n + 1),
             queue,
-            routing.describe(live, next_key or ""),
+            routing.describe(live, next_key or "", self.steps_base),
             traceparent=self.run_traceparent(),
             tag=self.process.new_owner(),
         )
@@ -320,7 +320,7 @@ class Commits:
                 [self.run_id, n],
                 names.step_id(self.run_id, n),
                 queue,
-                routing.describe(self.live, str(progress.get("next") or "")),
+                routing.describe(self.live, str(progress.get("next") or ""), self.steps_base),
                 traceparent=self.run_traceparent(),
                 tag=self.process.new_owner(),
             )
