@@ -451,6 +451,9 @@ def status_of(run_id: str, state: dict[str, str]) -> RunStatus:
         refusal=json.loads(state["refusal"])
         if state.get("refusal") and state["status"] == "refused"
         else None,
+        account_stop=json.loads(state["account_stop"])
+        if state.get("account_stop") and state["status"] == "budget"
+        else None,
         cancel_requested=state.get("cancel") == "1",
         created_at=float(state["created"]) if "created" in state else None,
         updated_at=float(state["touched"]) if "touched" in state else None,

@@ -38,6 +38,9 @@ class RunStatus(BaseModel):
     error_class: str | None = None
     error_message: str | None = None
     refusal: dict[str, Any] | None = None
+    account_stop: dict[str, Any] | None = None
+    """When a shared account's limit stopped the run (`status == "budget"`): the account's `name`,
+    `period`, `period_id`, `limit_usd` and `spent_usd` (its spend when it stopped)."""
     cancel_requested: bool = False
     created_at: float | None = None
     updated_at: float | None = None

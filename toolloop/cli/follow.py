@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from toolloop.cli.render import Progress, StepNumbers, Totals, as_dict, event_line, field
+from toolloop.cli.render import Progress, StepNumbers, Totals, account_text, as_dict, event_line, field
 from toolloop.cli.stream import STREAM_KINDS, TextView
 
 FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
@@ -24,6 +24,8 @@ def print_status(client: Any, run_id: str, *, as_json: bool = False) -> None:
         return
     held = status.pop("approvals", None) or []
     shown = {key: _shown(key, value) for key, value in status.items() if not _empty(value)}
+    if status.get("account_stop"):
+        shown["account_stop"] = account_text(status["account_stop"])
     width = max(map(len, shown), default=0)
     for key, value in shown.items():
         print(f"{key:<{width}}  {value}")
