@@ -112,7 +112,16 @@ def test_a_decision_with_no_worker_is_queued_at_once_and_its_outcome_is_readable
 ) -> None:
     worker = start_worker(redis_server.url, tmp_path, WORKER_ENV)
     run_id, first, second = two_held(client)
+    other, other_call, _ = two_held(client)
     worker.stop()  # nothing applies decisions now
+
+    app = create_app(AsyncClient(redis_server.url), token="t0ken")
+    with TestClient(app, headers={"Authorization": "Bearer t0ken"}) as http:
+        sent = http.post(f"/runs/{other}/approvals/{other_call}/approve", json={"actor": "web"})
+        assert sent.status_code == 202 and sent.json()["outcome"] == "queued", sent.text
+        again = http.post(f"/runs/{other}/approvals/{other_call}/reject", json={"reason": "no"})
+        assert again.status_code == 409 and "queued already (approve by web)" in again.json()["error"]
+        assert http.get(f"/runs/{other}/approvals/{other_call}").json()["state"] == "queued"
 
     started = time.monotonic()
     assert client.approve(run_id, first, actor="ana") == "queued"
