@@ -78,7 +78,11 @@ def test_an_account_stop_names_the_account_its_period_and_limit_everywhere(
         today,
         0.05,
     )
-    assert stop.data["limit_usd"] == 1.0  # the run's own budget, beside the account's
+    assert stop.data["limit_usd"] == 1.0  # the run's own budget and spend, beside the account's
+    assert (
+        stop.data["spent_usd"] == pytest.approx(status.spent_usd)
+        and status.spent_usd < account["spent_usd"] + 1e-9
+    )
     assert events[-1].kind == "finished" and events[-1].data["account"] == account
     assert status.account_stop == account
 

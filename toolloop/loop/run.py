@@ -280,7 +280,11 @@ class _Run(CallAnswers):
         return not any(isinstance(m, UserMessage) and m.content == note for m in self.history.messages)
 
     async def budget_stop(self, spent_usd: float, account: AccountLimit | None = None) -> RunToolLoopResult:
+        """Stop `budget`. When a shared account's limit tripped it (`account`: its spend and limit),
+        the event's own figures are still the run's: its spend and its budget."""
         limit = self.options.budget.usd
+        if account is not None:
+            spent_usd = await self.spent()
         self.emit(BudgetEvent(spent_usd=spent_usd, limit_usd=limit, mode="stop", account=account))
         return await self.stop("budget")
 
