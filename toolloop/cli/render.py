@@ -148,6 +148,10 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
     if kind == "queued":
         return f"queued (model {data.get('model')}, toolset {data.get('toolset')})"
     if kind == "parked":
+        held = data.get("approvals")
+        if held:
+            calls = "call" if len(held) == 1 else f"{len(held)} calls"
+            return f"parked: no worker holds it while it waits for a decision on {calls}"
         return "parked: no worker holds it while it waits for the answer"
     if kind == "answered":
         return f"answered: {_short(data.get('content'), 60)}"
