@@ -27,7 +27,8 @@ and segment, `id:` the stream id, so a reconnect resumes after it). The kinds it
     queued     {model, toolset, budget_usd}            the gauge's limit
     model      {step, text, tool_calls, cost_usd, usage}  a step row; the assistant's turn
     tool       {step, name, call_id, cost_usd, summary}   a step row; the tool's summary
-    budget     {spent_usd, limit_usd, mode}            the gauge
+    budget     {spent_usd, limit_usd, mode, account?}   the gauge; `account` (name, period, limit):
+                                                      the shared account whose limit stopped the run
     parked     {asked: {question, ...}, spent_usd}     status "asked", the form, the conversation
                                                       reloaded (tool results with their images)
                {approvals: [{call_id, name, input, input_digest, ...}]}  the approvals section
@@ -53,6 +54,7 @@ import itertools
 import json
 from typing import Any
 
+from toolloop.cli.render import account_text
 from toolloop.contract import AssistantMessage, ChatMessage, ImagePart, TextPart, ToolMessage, UserMessage
 from workers.records import FINAL
 
@@ -156,6 +158,10 @@ def page(
         outcome = f"{esc(status.get('error_class'))}: {esc(status.get('error_message'))}"
     elif state in FINAL:
         outcome = esc(status.get("final_text") or f"stopped: {state}")
+        if status.get("account_stop"):  # the shared account's limit stopped it: say which and how
+            outcome = (
+                f'{outcome}<br><span id="account-stop">{esc(account_text(status["account_stop"]))}</span>'
+            )
     boot = {
         "runId": run_id,
         "after": events[-1]["id"] if events else "",
@@ -222,7 +228,12 @@ const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => "&#" + c.charCodeAt(0) + ";");
 const money = (x) => "$" + Number(x || 0).toFixed(4);
 const num = (x) => Number(x || 0).toLocaleString("en-US");
-let spent = 0, limit = BOOT.limit;
+let spent = 0, limit = BOOT.limit, accountStop = "";
+function accountText(a) {  // as toolloop.cli.render.account_text says it
+  const per = a.period === "total" ? "in total" : "per " + a.period;
+  const when = a.period === "total" ? "" : a.period_id + ": ";
+  return `account ${a.name} reached its limit of $${Number(a.limit_usd || 0).toFixed(2)} ${per} (${when}${money(a.spent_usd)} spent)`;
+}
 
 let holding = document.querySelectorAll("#held .held").length > 0;
 function setStatus(state) {
@@ -241,8 +252,12 @@ function heldRow(a) {
     `<p class="decided"></p></div>`;
 }
 function decided(callId, text) {
+  // a decided (or queued) call offers no more decisions: its controls go, what was decided stays
   const row = document.querySelector(`#held .held[data-call="${CSS.escape(callId)}"]`);
-  if (row) { row.querySelector(".decided").textContent = text; row.querySelectorAll("button").forEach((b) => { b.disabled = true; }); }
+  if (row) {
+    row.querySelector(".decided").textContent = text;
+    row.querySelectorAll("button, input, textarea").forEach((control) => control.remove());
+  }
 }
 function gauge(total) {
   spent = Math.max(spent, total);
@@ -292,7 +307,7 @@ const handlers = {
     appendLive({ role: "tool", content: d.summary || "" });
     gauge(spent + Number(d.cost_usd || 0));
   },
-  budget: (d) => { limit = d.limit_usd || limit; gauge(d.spent_usd); },
+  budget: (d) => { limit = d.limit_usd || limit; gauge(d.spent_usd); if (d.account) accountStop = accountText(d.account); },
   parked: (d) => {
     if (d.approvals) {
       holding = true; $("held").innerHTML = d.approvals.map(heldRow).join(""); $("approvals").hidden = false;
@@ -301,13 +316,16 @@ const handlers = {
     }
     gauge(d.spent_usd || spent); setStatus("asked"); reloadConversation();
   },
-  approval_decided: (d) => decided(d.call_id, `decided: ${d.decision || d.action || "done"}`),
+  approval_decided: (d) => decided(d.call_id, `decided: ${d.decision || d.action || "done"}${d.actor ? " by " + d.actor : ""}`),
   approval_expired: (d) => decided(d.call_id, "no decision before the deadline"),
   answered: () => { $("ask").hidden = true; },
   resumed: () => setStatus("running"),
   finished: (d) => {
     setStatus(d.stopped_by || "done"); gauge(d.spent_usd || spent);
     $("final").textContent = d.final_text || "stopped: " + d.stopped_by; $("outcome").hidden = false;
+    const stop = d.account ? accountText(d.account) : accountStop;
+    if (stop) { const why = document.createElement("span"); why.id = "account-stop"; why.textContent = stop;
+      $("final").append(document.createElement("br"), why); }
     reloadConversation();
   },
   failed: (d) => {
@@ -341,7 +359,7 @@ $("held").addEventListener("click", async (ev) => {
     body: JSON.stringify(body),
   });
   const reply = await r.json();
-  if (r.ok) decided(row.dataset.call, `${action}: ${reply.outcome}`);
+  if (r.ok) decided(row.dataset.call, reply.outcome === "queued" ? `${action}: queued, applied when a worker runs` : `${action}: ${reply.outcome}`);
   else row.querySelector(".decided").textContent = reply.error || "The decision was refused.";
 });
 

@@ -5,11 +5,13 @@ shows a run in a browser (the run viewer, examples/viewer.py).
     export TOOLLOOP_WEB_TOKEN=change-me                                     # every request needs it
     python examples/web.py                          # PORT (default 8000), HOST (default 127.0.0.1)
     curl -X POST localhost:8000/runs -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" \
-        -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1234' \
+        -H 'Content-Type: application/json' -H "Idempotency-Key: review-$(date +%s)" \
         -d '{"model": "claude-sonnet-5-5", "toolset": "review",
              "messages": [{"role": "user", "content": "Review the rough cut."}]}'
-                                                    # -> {"run_id": "..."}; the same key: the same run
-    curl localhost:8000/runs/RUN_ID/approvals       # held calls; POST .../approvals/CALL/approve|reject|edit
+                                  # -> {"run_id": "..."}; a fresh key per run; a retry sends the same key
+    curl -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/approvals
+                         # the calls waiting for a decision; POST .../approvals/CALL/approve|reject|edit
+                         # (409: decided already; 202 "queued": no worker yet), GET .../approvals/CALL
     curl -N -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/events
     curl -X POST -H "Authorization: Bearer $TOOLLOOP_WEB_TOKEN" localhost:8000/runs/RUN_ID/answer \
         -H 'Content-Type: application/json' -d '{"content": "Keep shot 3."}'
@@ -441,11 +443,23 @@ async def decide(request: Request) -> Response:
             if not isinstance(body.get("input"), dict):
                 return error(400, 'Send the new input as {"input": {...}}.')
             outcome = await client.edit(run_id, call_id, body["input"], **options)
-    except ApprovalError as refused:
+    except ApprovalError as refused:  # a repeated decision (AlreadyDecidedError) too: the first one wins
         return error(409, str(refused))
-    except TimeoutError as late:
-        return error(504, str(late))
+    if outcome == "queued":  # stored; no worker applied it yet: GET .../approvals/CALL reads it later
+        return JSONResponse(
+            {"outcome": outcome, "state": "queued, applied when a worker runs"}, status_code=202
+        )
     return JSONResponse({"outcome": outcome})
+
+
+async def decision(request: Request) -> Response:
+    """Where the decision on one call stands: pending, queued, decided, expired or refused."""
+    client = _client(request)
+    try:
+        found = await client.decision(request.path_params["run_id"], request.path_params["call_id"])
+    except ApprovalError as unknown:
+        return error(404, str(unknown))
+    return JSONResponse(found.model_dump(mode="json"))
 
 
 async def cancel(request: Request) -> Response:
@@ -515,6 +529,7 @@ def create_app(
             Route("/runs/{run_id}/answer", answer, methods=["POST"]),
             Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
             Route("/runs/{run_id}/approvals", approvals),
+            Route("/runs/{run_id}/approvals/{call_id}", decision),
             Route("/runs/{run_id}/approvals/{call_id}/{action:str}", decide, methods=["POST"]),
         ],
         exception_handlers={

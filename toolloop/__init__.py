@@ -27,7 +27,7 @@ from toolloop.errors import (
     is_prompt_gen_unavailable,
 )
 from toolloop.journal import Journal, MemoryJournal, RedisJournal, idempotency_key
-from toolloop.loop.approvals import ApprovalError, input_digest
+from toolloop.loop.approvals import AlreadyDecidedError, ApprovalError, input_digest
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Approval,
@@ -52,6 +52,7 @@ __all__ = [
     "AbortController",
     "AbortError",
     "AbortSignal",
+    "AlreadyDecidedError",
     "Approval",
     "ApprovalError",
     "Asked",

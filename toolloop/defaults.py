@@ -28,7 +28,7 @@ from pathlib import Path
 import redis
 
 from toolloop import redisurl
-from toolloop.embedded import EmbeddedServer, free_port, ping
+from toolloop.embedded import EmbeddedServer, default_maxmemory, free_port, ping
 
 PROVIDER_KEYS = ("ANTHROPIC_API_KEY", "FAL_KEY")
 SIMULATED_KEY = "sim-placeholder-key"
@@ -141,7 +141,7 @@ def redis_url(state: Path | None = None, *, start: bool = True) -> RedisChoice:
             )
         record = _read_record(directory / "server.json")
         port = record["port"] if record and _port_free(record["port"]) else free_port()
-        server = EmbeddedServer(directory, port).start()
+        server = EmbeddedServer(directory, port, maxmemory=default_maxmemory()).start()
         pid = server.pid
         assert pid is not None
         (directory / "server.json").write_text(json.dumps({"pid": pid, "port": port}))

@@ -64,6 +64,8 @@ class EmbeddedServer:
     directory: Path
     port: int
     appendonly: bool = True
+    maxmemory: int | None = None
+    """Bytes Redis may hold (with noeviction a full server refuses writes); None: no limit."""
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -87,6 +89,8 @@ class EmbeddedServer:
             "--maxmemory-policy", "noeviction",
             "--logfile", str(self.directory / "server.log"),
         ]  # fmt: skip
+        if self.maxmemory is not None:
+            args += ["--maxmemory", str(self.maxmemory)]
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
@@ -125,6 +129,16 @@ class EmbeddedServer:
     def restart(self) -> EmbeddedServer:
         self.kill()
         return self.start()
+
+
+def default_maxmemory() -> int:
+    """The maxmemory of the project's own embedded server: a quarter of the machine's memory (1 GiB
+    where the OS does not say), so it refuses writes (noeviction) before the OS kills it."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 0
+    return total // 4 if total > 0 else 1 << 30
 
 
 def start_server(directory: str | Path, port: int | None = None, appendonly: bool = True) -> EmbeddedServer:

@@ -4,7 +4,8 @@ model call or a tool runs and settled with the real cost once it returns.
 Redis keys (per account name):
 
     tl:acct:{name}                  hash: limit_usd, period (day|month|total), finish_at (0..1]
-    tl:acct:{name}:spent:{period}   the USD settled in that period (period: 2026-12-01, 2026-12, total)
+    tl:acct:{name}:spent:{period}   the USD settled in that period (period: 2026-12-01, 2026-12, total;
+                                    every settle counts in all three, so a changed period stays right)
     tl:acct:{name}:held             zset: reservation id -> expiry (ms, Redis clock)
     tl:acct:{name}:held:usd         hash: reservation id -> USD reserved
 
@@ -51,8 +52,8 @@ RESERVE = """
 -- KEYS[1] the account, KEYS[2] its held zset, KEYS[3] held amounts. ARGV: reservation id, USD,
 -- lease ms, the period id of day, of month (the script picks the account's). A reservation id
 -- already held is replaced (its amount and expiry) when the new amount fits, kept as it was if not
--- -> {verdict, spent, reserved, limit}; verdict: "ok" | "finish" | "stop" (it cannot fit even
---    alone) | "wait" (it fits once reservations in flight settle) | "none" (no limit set)
+-- -> {verdict, spent, reserved, limit, period, period id}; verdict: "ok" | "finish" | "stop" (it
+--    cannot fit even alone) | "wait" (it fits once reservations in flight settle) | "none" (no limit)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local conf = redis.call('HMGET', KEYS[1], 'limit_usd', 'period', 'finish_at')
@@ -74,29 +75,31 @@ local amount = tonumber(ARGV[2])
 local used = spent + reserved + amount
 local verdict = 'ok'
 if spent + amount > limit then
-  return {'stop', tostring(spent), tostring(reserved), tostring(limit)}
+  return {'stop', tostring(spent), tostring(reserved), tostring(limit), period, pid}
 end
 if used > limit then
-  return {'wait', tostring(spent), tostring(reserved), tostring(limit)}
+  return {'wait', tostring(spent), tostring(reserved), tostring(limit), period, pid}
 end
 if used >= (tonumber(conf[3]) or 0.9) * limit then verdict = 'finish' end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], amount)
-return {verdict, tostring(spent), tostring(reserved + amount), tostring(limit)}
+return {verdict, tostring(spent), tostring(reserved + amount), tostring(limit), period, pid}
 """
 
 SETTLE = """
 -- KEYS[1] the account, KEYS[2] held, KEYS[3] held amounts. ARGV: reservation id, real USD,
--- the period id of day, of month
+-- the period id of day, of month. The cost counts in every period (the day's, the month's and the
+-- total), whichever the account's limit uses now: a limit moved to another period finds what was
+-- spent in it already.
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
-local period = redis.call('HGET', KEYS[1], 'period') or 'total'
-local pid = 'total'
-if period == 'day' then pid = ARGV[3] elseif period == 'month' then pid = ARGV[4] end
 local cost = tonumber(ARGV[2])
 if cost > 0 then
-  redis.call('INCRBYFLOAT', KEYS[1] .. ':spent:' .. pid, ARGV[2])
-  if pid ~= 'total' then redis.call('EXPIRE', KEYS[1] .. ':spent:' .. pid, 40 * 86400) end
+  redis.call('INCRBYFLOAT', KEYS[1] .. ':spent:total', ARGV[2])
+  redis.call('INCRBYFLOAT', KEYS[1] .. ':spent:' .. ARGV[3], ARGV[2])
+  redis.call('EXPIRE', KEYS[1] .. ':spent:' .. ARGV[3], 40 * 86400)
+  redis.call('INCRBYFLOAT', KEYS[1] .. ':spent:' .. ARGV[4], ARGV[2])
+  redis.call('EXPIRE', KEYS[1] .. ':spent:' .. ARGV[4], 40 * 86400)
 end
 return 1
 """
@@ -116,11 +119,13 @@ class Verdict:
     spent_usd: float
     reserved_usd: float
     limit_usd: float
+    period: str = "total"
+    period_id: str = "total"
 
     @classmethod
     def of(cls, reply: Any) -> Verdict:
-        verdict, spent, reserved, limit = (str(x) for x in reply)
-        return cls(verdict, float(spent), float(reserved), float(limit))
+        verdict, spent, reserved, limit, *period = (str(x) for x in reply)
+        return cls(verdict, float(spent), float(reserved), float(limit), *period)
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,11 @@ def apply(
     outcome = result.what
     if result.member is not None:
         _send_member(client, celery, run_id, result.member)
+    kept = json.dumps({"call_id": call_id, "outcome": outcome, "why": result.why, "at": time.time()})
     pipe = client.pipeline(transaction=True)
     pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{result.why}")
     pipe.expire(keys.decided(run_id, decision_id), 300)
+    pipe.hset(keys.decide_outcomes(run_id), decision_id, kept)  # readable later (Client.decision)
     pipe.hdel(keys.decide_inbox(run_id), decision_id)
     pipe.execute()
     return outcome

@@ -6,6 +6,9 @@ KEYS (both): 1 state 2 decisions 3 answers 4 events 5 outbox 6 waits-due.
 ARGV (both): 1 run id, 2 DECISIONS_MARK, 3 now; DECIDE_SCRIPT also 4 call id, 5 decision JSON,
 6 the most early decisions a segment keeps (TOOLLOOP_MAX_EARLY_DECISIONS).
 Both replies are parsed once by `parse_settled`.
+
+DECIDE_SEND is the client's: it stores a decision and sends its `toolloop.decide` message, unless
+the call has a decision already (recorded, or queued for a worker), in one step (`parse_decide_sent`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workers.scripts.prelude import PRELUDE
+from workers.scripts.prelude import PRELUDE, with_prelude
 
 DECISIONS_MARK = "\x1eapprovals\x1e"
 """How a segment's answer that holds decisions starts (an ask answer cannot: Client.answer refuses it)."""
@@ -28,7 +31,7 @@ local function resume(segment, now, queue)
   emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
   local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|' .. queue
   redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', queue, 'touched', now)
-  redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
+  redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'decided', 'ask_deadline')
   redis.call('ZADD', KEYS[5], now, member)
   redis.call('ZREM', KEYS[6], RUN)
   return member
@@ -41,6 +44,7 @@ local function settle(now)
   if raw then
     local pending = cjson.decode(raw)
     local decided = {}
+    local ids = {}  -- the decided calls, in the held order: the state's `decided` (status hides them)
     local queue = false  -- the first step of the resume: the first held call the tool runs for
     local all = true
     local next_due = false
@@ -65,6 +69,7 @@ local function settle(now)
       end
       if d then
         decided[p.call_id] = cjson.decode(d)
+        table.insert(ids, p.call_id)
         if not queue and decided[p.call_id].action ~= 'reject' then queue = p.queue end
       else
         all = false
@@ -72,6 +77,11 @@ local function settle(now)
       end
     end
     if not all then
+      if #ids > 0 then
+        redis.call('HSET', KEYS[1], 'decided', cjson.encode(ids))
+      else
+        redis.call('HDEL', KEYS[1], 'decided')
+      end
       if next_due then redis.call('ZADD', KEYS[6], next_due, RUN) else redis.call('ZREM', KEYS[6], RUN) end
       return {'waiting'}
     end
@@ -201,6 +211,52 @@ emit(KEYS[1], KEYS[4], tostring(segment), 'approval_decided', cjson.encode({call
 return {'kept'}
 """
 )
+
+
+DECIDE_SEND = with_prelude("""
+-- The client's decision, stored and sent in one step, unless the call has one already: recorded
+-- (this segment's, or the previous one's when the run has resumed since) or queued in the inbox for
+-- a worker. The first decision sent wins here; the worker's DECIDE_SCRIPT still checks the rest.
+-- KEYS: 1 state 2 decisions 3 the decide inbox 4 the control queue's list
+-- ARGV: 1 decision id 2 call id 3 the inbox entry (JSON) 4 message 5 task-sent channel 6 payload
+-- -> {'sent'} | {'decided', decision JSON} | {'queued', inbox entry JSON} | {'ended', status}
+--    | {'missing'}
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'missing'} end
+local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
+local call_id = ARGV[2]
+local prior = redis.call('HGET', KEYS[2], 's' .. segment .. ':' .. call_id)
+if not prior and segment > 0 then
+  prior = redis.call('HGET', KEYS[2], 's' .. (segment - 1) .. ':' .. call_id)
+end
+if prior then return {'decided', prior} end
+if terminal(status) then return {'ended', status} end
+local inbox = redis.call('HGETALL', KEYS[3])
+for i = 2, #inbox, 2 do
+  local entry = cjson.decode(inbox[i])
+  if entry.call_id == call_id then return {'queued', inbox[i]} end
+end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('LPUSH', KEYS[4], ARGV[4])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return {'sent'}
+""")
+
+
+@dataclass(frozen=True, slots=True)
+class DecideSent:
+    """DECIDE_SEND's reply: `sent` (stored, its message sent), `decided` (`detail`: the decision
+    recorded for the call), `queued` (`detail`: the inbox entry of a decision not applied yet),
+    `ended` (`detail`: the run's final status) or `missing` (no such run). Nothing is stored unless
+    `sent`."""
+
+    what: str
+    detail: str = ""
+
+
+def parse_decide_sent(reply: list[Any]) -> DecideSent:
+    """DECIDE_SEND's reply, parsed once."""
+    return DecideSent(str(reply[0]), str(reply[1]) if len(reply) > 1 else "")
 
 
 @dataclass(frozen=True, slots=True)

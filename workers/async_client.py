@@ -23,7 +23,7 @@ from workers import enqueue, ops, runlist
 from workers.client import settings_for
 from workers.drive import AsyncDriver
 from workers.limits import check_answer, check_decision
-from workers.records import RunEventRecord, RunStatus
+from workers.records import DecisionState, RunEventRecord, RunStatus
 from workers.spec import RunSpec
 
 
@@ -155,6 +155,14 @@ class AsyncClient:
         check_decision(call_id, decision, self.settings)
         waiting = self.settings.max_early_decisions
         return await self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting))
+
+    async def decision(self, run_id: str, call_id: str) -> DecisionState:
+        """See `Client.decision`."""
+        return await self._driver.run(ops.decision(run_id, call_id))
+
+    async def decisions(self, run_id: str) -> dict[str, DecisionState]:
+        """See `Client.decisions`."""
+        return await self._driver.run(ops.decisions(run_id))
 
     async def cancel(self, run_id: str) -> None:
         """See `Client.cancel`."""

@@ -31,7 +31,7 @@ from workers import accounts, enqueue, ops, runlist
 from workers.drive import SyncDriver
 from workers.errors import NoRedisError
 from workers.limits import check_answer, check_decision
-from workers.records import RunEventRecord, RunStatus
+from workers.records import DecisionState, RunEventRecord, RunStatus
 from workers.settings import Settings
 from workers.spec import RunSpec
 
@@ -222,13 +222,28 @@ class Client:
         """Send a decision on a held call over the control queue and wait up to `wait_s` for a
         worker to apply it. Returns "resumed" (every held call decided: the run goes on), "recorded"
         (other calls still wait), "kept" (the run has not parked yet: the decision waits for it) or
-        "ignored" (the call was decided already: the first decision wins). `digest` binds the decision
-        to the input you saw (`status().approvals[i]["input_digest"]`). Raises ApprovalError when
-        refused (another input, a bad edit, a call the run does not hold, past its deadline, an ended
-        run), RunNotFoundError, or TimeoutError when no worker answered in time."""
+        "queued" (no worker runs, or none applied it within `wait_s`: it is stored and applied when
+        one runs; `decision(run_id, call_id)` reads its outcome later). A decided call leaves
+        `status().approvals` at once. `digest` binds the decision to the input you saw
+        (`status().approvals[i]["input_digest"]`). Raises `AlreadyDecidedError` (an ApprovalError)
+        when the call has a decision already, recorded or queued (the first one sent wins; nothing is
+        sent), ApprovalError when refused (another input, a bad edit, a call the run does not hold,
+        past its deadline, an ended run), RunNotFoundError; LimitError past the limits of a decision
+        or of the decisions waiting for a worker (TOOLLOOP_MAX_EARLY_DECISIONS)."""
         check_decision(call_id, decision, self.settings)
         waiting = self.settings.max_early_decisions
         return self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting))
+
+    def decision(self, run_id: str, call_id: str) -> DecisionState:
+        """Where the decision on call `call_id` stands: `state` is "pending", "queued" (sent, applied
+        when a worker runs), "decided" (`action`, `actor`, `reason`, `input`), "expired" (its deadline
+        gave it its default) or "refused" (`why`; the call still waits). ApprovalError for a call the
+        run neither holds nor has a decision on."""
+        return self._driver.run(ops.decision(run_id, call_id))
+
+    def decisions(self, run_id: str) -> dict[str, DecisionState]:
+        """`decision` for every call the run holds or has a decision on, by call id."""
+        return self._driver.run(ops.decisions(run_id))
 
     def cancel(self, run_id: str) -> None:
         """Stop the run: its live step is aborted where it runs, open calls are answered

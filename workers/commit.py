@@ -21,7 +21,7 @@ from typing import Any
 import redis as redis_lib
 
 from toolloop.journal import keys
-from toolloop.loop.types import LoopEvent, RunToolLoopResult
+from toolloop.loop.types import AccountLimit, BudgetEvent, LoopEvent, RunToolLoopResult
 from workers import approvals, names, routing, runlist, wire
 from workers.errors import OOM_HINT, REDIS_LOST
 from workers.leases import Held
@@ -127,7 +127,19 @@ class Commits:
             state["refusal"] = result.refusal.model_dump_json()
             final["refusal"] = result.refusal.model_dump(mode="json")
             self.stopped += f" ({result.refusal.category or 'no category'})"
+        account = self.account_stop() if result.stopped_by == "budget" else None
+        if account is not None:  # the account's limit stopped it, not the run's: say which and how
+            state["account_stop"] = account.model_dump_json()
+            final["account"] = account.model_dump(mode="json")
+            self.stopped += f" (account {account.name})"
         return await self.commit("stop", state=state, history=history, final=("finished", json.dumps(final)))
+
+    def account_stop(self) -> AccountLimit | None:
+        """The shared account whose limit stopped the run in this step (its `budget` stop event's)."""
+        committed = int(self.state.get(f"events:{self.segment}", 0))
+        fresh = self.live.events_past(committed) if self.live is not None else []
+        stops = [e.account for e in fresh if isinstance(e, BudgetEvent) and e.account is not None]
+        return stops[-1] if stops else None
 
     def run_spec(self) -> RunSpec | None:
         """The run's spec (None on a kept loop's path, which did not load it: read it then)."""
@@ -260,7 +272,7 @@ class Commits:
             [self.run_id, self.n + 1],
             names.step_id(self.run_id, self.n + 1),
             queue,
-            routing.describe(live, next_key or ""),
+            routing.describe(live, next_key or "", self.steps_base),
             traceparent=self.run_traceparent(),
             tag=self.process.new_owner(),
         )
@@ -320,7 +332,7 @@ class Commits:
                 [self.run_id, n],
                 names.step_id(self.run_id, n),
                 queue,
-                routing.describe(self.live, str(progress.get("next") or "")),
+                routing.describe(self.live, str(progress.get("next") or ""), self.steps_base),
                 traceparent=self.run_traceparent(),
                 tag=self.process.new_owner(),
             )

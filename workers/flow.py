@@ -24,7 +24,7 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult, UserMessage
 from toolloop.loop.run import BudgetStop
 from toolloop.loop.tools import as_output, call
-from toolloop.loop.types import ToolSpec
+from toolloop.loop.types import AccountLimit, ToolSpec
 from toolloop.providers.common import estimate_input_tokens
 from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
 from toolloop.providers.http import observe_responses, race
@@ -181,7 +181,15 @@ async def reserve(
             break
         await _wait(process, random.uniform(0.05, 0.25), signal)
     if verdict.verdict == "stop":
-        raise BudgetStop(verdict.spent_usd + verdict.reserved_usd)
+        spent = verdict.spent_usd + verdict.reserved_usd
+        limit = AccountLimit(
+            name=account,
+            period=verdict.period,
+            period_id=verdict.period_id,
+            limit_usd=verdict.limit_usd,
+            spent_usd=spent,
+        )
+        raise BudgetStop(spent, account=limit)
     return reservation, verdict
 
 

@@ -34,13 +34,13 @@ from typing import Any, TypeVar
 
 from toolloop.contract import CHAT_MESSAGES, ChatMessage, ImagePart, ToolMessage, UserMessage
 from toolloop.journal import keys
-from toolloop.loop.approvals import ApprovalError, DeadlineError
+from toolloop.loop.approvals import AlreadyDecidedError, ApprovalError, DeadlineError
 from toolloop.loop.types import Decision
 from workers import wire
-from workers.approvalscripts import DECISIONS_MARK
+from workers.approvalscripts import DECIDE_SEND, DECISIONS_MARK, parse_decide_sent
 from workers.errors import LimitError, RunNotFoundError, RunStateError
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE
-from workers.records import FINAL, STREAM_KINDS, RunEventRecord, RunStatus
+from workers.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunStatus
 from workers.scripts.control import ANSWER_SEND, RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry, parse_sent
 
 T = TypeVar("T")
@@ -105,6 +105,7 @@ Stream = Generator[Request | Emit, Any, None]
 ANSWER_SCRIPT = Lua.of(ANSWER_SEND)
 CANCEL_SCRIPT = Lua.of(RUN_CANCEL)
 RETRY_SCRIPT = Lua.of(RUN_RETRY)
+DECIDE_SEND_SCRIPT = Lua.of(DECIDE_SEND)
 
 
 @dataclass
@@ -304,12 +305,12 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
 def decide(
     sender: Sender, run_id: str, call_id: str, decision: Decision, wait_s: float, waiting: int
 ) -> Op[str]:
-    """Store a decision and send `toolloop.decide` (one MULTI), then wait up to `wait_s` for the
-    worker's outcome (see `Client.decide`). A run with `waiting` decisions already waiting for a
-    worker takes no more (LimitError): the inbox is bounded while no worker runs."""
-    found, inbox = yield Batch([("EXISTS", keys.state(run_id)), ("HLEN", keys.decide_inbox(run_id))])
-    if not found:
-        raise RunNotFoundError(run_id)
+    """Store a decision and send `toolloop.decide` in one script (DECIDE_SEND: refused at once when
+    the call has a decision already, recorded or queued), then wait up to `wait_s` for the worker's
+    outcome (see `Client.decide`): "queued" when no worker runs, or none answered in time. A run with
+    `waiting` decisions already waiting for a worker takes no more (LimitError): the inbox is
+    bounded while no worker runs."""
+    inbox = yield Call("HLEN", keys.decide_inbox(run_id))
     if inbox >= waiting:
         raise LimitError(
             f"{inbox} decisions on run {run_id!r} wait for a worker already; the limit is {waiting}.\n"
@@ -318,20 +319,144 @@ def decide(
         )
     decision_id = uuid.uuid4().hex
     entry = json.dumps({"call_id": call_id, "decision": decision.model_dump(mode="json"), "at": time.time()})
-    send = sender.commands(DECIDE, [run_id, decision_id], f"{run_id}:decide:{decision_id}", "control")
-    yield Batch(
-        [("HSET", keys.decide_inbox(run_id), decision_id, entry), *send], transaction=True, durable=True
+    [(_, queue, message), (_, channel, payload)] = sender.commands(
+        DECIDE, [run_id, decision_id], f"{run_id}:decide:{decision_id}", "control"
     )
+    where = [keys.state(run_id), keys.decisions(run_id), keys.decide_inbox(run_id), queue]
+    args = [decision_id, call_id, entry, message, channel, payload]
+    sent = parse_decide_sent((yield Eval(DECIDE_SEND_SCRIPT, where, args)))
+    if sent.what == "missing":
+        raise RunNotFoundError(run_id)
+    if sent.what == "ended":
+        raise ApprovalError(
+            f"Run {run_id!r} has ended ({sent.detail}); it takes no decision.\n"
+            f"  `toolloop status {run_id}` shows how it ended."
+        )
+    if sent.what in ("decided", "queued"):
+        raise already_decided(run_id, call_id, sent.what, json.loads(sent.detail))
+    _, listeners = yield Call("PUBSUB", "NUMSUB", keys.CANCEL_CHANNEL)
+    if not int(listeners):  # no worker runs (each one listens for cancels): it stays queued
+        return "queued"
     reply = yield Call("BLPOP", keys.decided(run_id, decision_id), max(1, round(wait_s)), blocking=True)
     if reply is None:
-        raise TimeoutError(
-            f"No worker applied the decision on call {call_id!r} of run {run_id!r} within {wait_s:g} s.\n"
-            "  It stays queued on the control queue; start a worker (`toolloop worker`) to apply it."
-        )
+        return "queued"  # a worker runs but did not apply it in time: it applies when one does
     outcome, _, why = str(reply[1]).partition("|")
     if outcome == "refused":
         raise ApprovalError(why)
+    if outcome == "ignored":  # decided between this send and its application (a cancel, a deadline)
+        raise AlreadyDecidedError(
+            f"Run {run_id!r}: {why}; the first decision wins.\n"
+            f"  Nothing changed: `toolloop decision {run_id} {call_id}` shows it."
+        )
     return outcome
+
+
+def already_decided(run_id: str, call_id: str, what: str, prior: dict[str, Any]) -> ApprovalError:
+    """The refusal of a second decision on a call: the first one's action, who, and its state."""
+    if what == "queued":
+        first = prior.get("decision") or {}
+        by = f" by {first['actor']}" if first.get("actor") else ""
+        return AlreadyDecidedError(
+            f"Call {call_id!r} of run {run_id!r} has a decision queued already ({first.get('action')}{by}); "
+            "it is applied when a worker runs, and the first decision wins.\n"
+            f"  Nothing was sent: `toolloop decision {run_id} {call_id}` shows its outcome once applied."
+        )
+    if prior.get("actor") == "deadline":
+        return ApprovalError(
+            f"The deadline for call {call_id!r} passed before this decision; the call was answered with its "
+            f"default outcome ({prior.get('action')}).\n  Nothing was sent. Give runs a longer "
+            "approval_timeout_s if decisions come later."
+        )
+    by = f" by {prior['actor']}" if prior.get("actor") else ""
+    return AlreadyDecidedError(
+        f"Call {call_id!r} of run {run_id!r} was decided already ({prior.get('action')}{by}); the first "
+        f"decision wins.\n  Nothing was sent: `toolloop decision {run_id} {call_id}` shows it."
+    )
+
+
+def decisions(run_id: str) -> Op[dict[str, DecisionState]]:
+    """Where the decision on each call of the run stands, by call id: the calls held now (pending or
+    not), and every call with a decision recorded, queued or refused in the current or last segment."""
+    state, recorded, inbox, outcomes = yield Batch(
+        [
+            ("HMGET", keys.state(run_id), "status", "segment", "approvals"),
+            ("HGETALL", keys.decisions(run_id)),
+            ("HGETALL", keys.decide_inbox(run_id)),
+            ("HGETALL", keys.decide_outcomes(run_id)),
+        ]
+    )
+    status, segment, held = state
+    if status is None:
+        raise RunNotFoundError(run_id)
+    return decision_states(run_id, int(segment or 0), json.loads(held or "[]"), recorded, inbox, outcomes)
+
+
+def decision(run_id: str, call_id: str) -> Op[DecisionState]:
+    """Where the decision on call `call_id` stands (see `Client.decision`)."""
+    found = (yield from decisions(run_id)).get(call_id)
+    if found is None:
+        raise ApprovalError(
+            f"Run {run_id!r} holds no call {call_id!r} and has no decision on it.\n"
+            f"  `toolloop status {run_id}` lists the calls it holds."
+        )
+    return found
+
+
+def decision_states(
+    run_id: str,
+    segment: int,
+    held: list[dict[str, Any]],
+    recorded: dict[str, str],
+    inbox: dict[str, str],
+    outcomes: dict[str, str],
+) -> dict[str, DecisionState]:
+    """What `decisions` returns, from what it read: a queued decision first, then a recorded one, then
+    the last refusal, else pending (a held call)."""
+    found: dict[str, DecisionState] = {}
+    names = {str(h["call_id"]): str(h["name"]) for h in held}
+    for call_id in names:
+        found[call_id] = DecisionState(run_id=run_id, call_id=call_id, state="pending", name=names[call_id])
+    for raw in sorted((json.loads(v) for v in outcomes.values()), key=lambda o: float(o.get("at") or 0)):
+        if raw.get("outcome") == "refused":
+            call_id = str(raw["call_id"])
+            found[call_id] = DecisionState(
+                run_id=run_id,
+                call_id=call_id,
+                state="refused",
+                name=names.get(call_id),
+                why=raw.get("why"),
+                at=raw.get("at"),
+            )
+    for field_name in sorted(recorded, key=lambda f: int(f[1:].partition(":")[0] or 0)):
+        seg, _, call_id = field_name[1:].partition(":")
+        if int(seg or 0) < segment - 1:
+            continue
+        value = json.loads(recorded[field_name])
+        found[call_id] = DecisionState(
+            run_id=run_id,
+            call_id=call_id,
+            state="expired" if value.get("actor") == "deadline" else "decided",
+            name=names.get(call_id),
+            action=value.get("action"),
+            actor=value.get("actor"),
+            reason=value.get("reason") or None,
+            input=value.get("input"),
+        )
+    for raw_entry in inbox.values():
+        entry = json.loads(raw_entry)
+        call_id, sent = str(entry["call_id"]), entry.get("decision") or {}
+        found[call_id] = DecisionState(
+            run_id=run_id,
+            call_id=call_id,
+            state="queued",
+            name=names.get(call_id),
+            action=sent.get("action"),
+            actor=sent.get("actor"),
+            reason=sent.get("reason") or None,
+            input=sent.get("input"),
+            at=entry.get("at"),
+        )
+    return found
 
 
 def cancel(sender: Sender, run_id: str) -> Op[None]:
@@ -391,17 +516,28 @@ def status_of(run_id: str, state: dict[str, str]) -> RunStatus:
         spent_usd=float(state.get("spent_usd", 0)),
         final_text=state.get("final_text") or None,
         asked=json.loads(asked) if asked and parked else None,
-        approvals=json.loads(state["approvals"]) if state.get("approvals") and parked else None,
+        approvals=_pending(state) if parked else None,
         ask_deadline=float(state["ask_deadline"]) if state.get("ask_deadline") else None,
         error_class=state.get("error_class") or None,
         error_message=state.get("error_message") or None,
         refusal=json.loads(state["refusal"])
         if state.get("refusal") and state["status"] == "refused"
         else None,
+        account_stop=json.loads(state["account_stop"])
+        if state.get("account_stop") and state["status"] == "budget"
+        else None,
         cancel_requested=state.get("cancel") == "1",
         created_at=float(state["created"]) if "created" in state else None,
         updated_at=float(state["touched"]) if "touched" in state else None,
     )
+
+
+def _pending(state: dict[str, str]) -> list[dict[str, Any]] | None:
+    """The held calls still waiting for a decision (a decided one leaves the list at once)."""
+    if not state.get("approvals"):
+        return None
+    decided = set(json.loads(state.get("decided") or "[]"))
+    return [held for held in json.loads(state["approvals"]) if held["call_id"] not in decided] or None
 
 
 def record_of(entry_id: str, fields: dict[str, str]) -> RunEventRecord:

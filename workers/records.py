@@ -38,6 +38,9 @@ class RunStatus(BaseModel):
     error_class: str | None = None
     error_message: str | None = None
     refusal: dict[str, Any] | None = None
+    account_stop: dict[str, Any] | None = None
+    """When a shared account's limit stopped the run (`status == "budget"`): the account's `name`,
+    `period`, `period_id`, `limit_usd` and `spent_usd` (its spend when it stopped)."""
     cancel_requested: bool = False
     created_at: float | None = None
     updated_at: float | None = None
@@ -45,6 +48,27 @@ class RunStatus(BaseModel):
     @property
     def finished(self) -> bool:
         return self.status in FINAL
+
+
+class DecisionState(BaseModel):
+    """Where a decision on a held call stands (`Client.decision`): `pending` (held, no decision sent),
+    `queued` (sent, no worker has applied it yet: it applies when one runs), `decided` (recorded:
+    `action`, `actor`, `reason`, `input`; `early` when sent before the run parked), `expired` (the
+    deadline gave it its default `action`) or `refused` (a worker refused the last decision sent,
+    `why`; the call still waits for another)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    call_id: str
+    state: Literal["pending", "queued", "decided", "expired", "refused"]
+    name: str | None = None
+    action: str | None = None
+    actor: str | None = None
+    reason: str | None = None
+    input: dict[str, Any] | None = None
+    why: str | None = None
+    at: float | None = None
 
 
 STREAM_KINDS: frozenset[str] = frozenset({"delta", "discarded"})

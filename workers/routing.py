@@ -21,11 +21,13 @@ def route(live: LiveLoop | None, key: str) -> str:
     return (tool.queue if tool else None) or names.TOOLS
 
 
-def describe(live: LiveLoop | None, key: str) -> str:
-    """What step `key` is: "model 3" (the model turn of its segment) or "tool read_frame" (a
-    registered tool's name; "tool" alone for any other)."""
+def describe(live: LiveLoop | None, key: str, steps_base: int = 0) -> str:
+    """What step `key` is: "model 5" (the run's model step: the turn of its segment past the
+    `steps_base` model steps of the segments before, as `toolloop events` numbers it) or "tool
+    read_frame" (a registered tool's name; "tool" alone for any other)."""
     if key.startswith("model:"):
-        return f"model {key.removeprefix('model:')}"
+        turn = key.removeprefix("model:")
+        return f"model {int(turn) + steps_base}" if turn.isdigit() else f"model {turn}"
     if not key.startswith("tool:"):
         return ""
     tool = tool_of(live, key)

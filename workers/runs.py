@@ -99,9 +99,11 @@ def send_member(
     happens when the batch flushes (its failure is the caller's to log)."""
     n, queue = names.parse_member(member)
     label = "model" if queue == names.LLM else "tool"  # the outbox keeps no more than the queue
-    if n == 1:
-        label = "model 1"
     try:
+        if n == 1:
+            label = "model 1"
+        elif queue == names.LLM:  # after an answer, a decision or a lost send: the run's next model step
+            label = f"model {int(client.hget(keys.state(run_id), 'steps') or 0) + 1}"
         send(celery, ADVANCE, [run_id, n], queue=queue, task_id=names.step_id(run_id, n), producer=producer,
              label=label)  # fmt: skip
     except (OSError, OperationalError, redis_lib.RedisError) as error:

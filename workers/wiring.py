@@ -88,12 +88,20 @@ class StepConsumerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery
         self.capacity = steps_in_flight or int(os.environ.get("TOOLLOOP_STEPS_IN_FLIGHT", "") or 500)
         if self.capacity < 1:
             raise ValueError(f"--steps-in-flight must be at least 1, not {self.capacity}.")
-        for name in self.queues:  # Celery's own consumer keeps the rest (the control queue), if any
-            if name in consumed:
-                selected.deselect(name)
+        self.taken = [name for name in self.queues if name in consumed]
 
     def include_if(self, worker: Any) -> bool:
         return bool(self.queues)
+
+    def start(self, worker: Any) -> Any:
+        """Take the step queues from Celery's own consumer (it keeps the rest, if any), then start.
+        Done here, not at init: the worker's banner (printed as the blueprint starts, before any step
+        starts) lists the queues the worker takes from, these included."""
+        selected = worker.app.amqp.queues
+        for name in self.taken:
+            if name in (selected.consume_from or selected):
+                selected.deselect(name)
+        return super().start(worker)
 
     def create(self, worker: Any) -> StepConsumer:
         process = process_of(worker.app)

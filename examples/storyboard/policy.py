@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from toolloop import AssistantMessage, ToolMessage
+from toolloop import AssistantMessage, ToolMessage, UserMessage
 from toolloop.sim.script import SimRequest, SimToolCall, SimTurn
 
 SHOT_LINE = re.compile(r"^(\d+)\. (.+): ([\d.]+) s \(board says ([\d.]+) s\)$", re.MULTILINE)
@@ -114,3 +114,24 @@ def final_notes(board: list[dict[str, Any]], long: list[dict[str, Any]], answer:
         f"rendered a preview of them; the other shots match the board and stay. Running time "
         f"{before:.1f} s before, {after:.1f} s after, against the board's {target:.1f} s."
     )
+
+
+SEND_TO = re.compile(r"\b(dailies|director|studio|editor)\b", re.IGNORECASE)
+
+
+def publish_policy(request: SimRequest) -> SimTurn:
+    """The simulated model of the README's approvals: it sends the cut to each recipient the user's
+    first message names (`send_cut`, which needs approval: the calls of one turn are held together),
+    then reports what each send came to as the tools answered (sent, edited, or rejected)."""
+    done = results_by_tool(request)
+    if "send_cut" in request.tool_names and "send_cut" not in done:
+        first = next((m for m in request.messages if isinstance(m, UserMessage)), None)
+        content = first.content if first is not None else ""
+        text = content if isinstance(content, str) else " ".join(getattr(p, "text", "") for p in content)
+        named = list(dict.fromkeys(match.lower() for match in SEND_TO.findall(text))) or ["dailies"]
+        return SimTurn(
+            text=f"Sending the trimmed cut to {', '.join(named)}; each send waits for your approval.",
+            tool_calls=[call("send_cut", to=to, note="Rooftop sequence, trimmed.") for to in named],
+        )
+    outcomes = done.get("send_cut", [])
+    return SimTurn(text="What came of each send: " + " | ".join(outcomes))

@@ -1,6 +1,7 @@
 """The storyboard-review toolset: what the agent of `toolloop demo` can do.
 
     REVIEW_TOOLS = [list_shots, read_frame, render_preview (two-phase), ask]
+    PUBLISH_TOOLS = REVIEW_TOOLS + [send_cut (needs approval)]
 
 A worker serves it once registered (`TOOLLOOP_TOOLSETS=review=examples.storyboard.tools:REVIEW_TOOLS`);
 a durable run names it by that name: `toolset="review"`.
@@ -8,13 +9,18 @@ a durable run names it by that name: `toolset="review"`.
 `render_preview` is two-phase: `start` queues the render and returns its job handle, `wait` collects
 it, so a crash between the two only waits and never renders twice. `ask` is never run: the loop
 parks the run and the person's answer comes back as its result.
+
+`send_cut` sends the cut to someone (`needs_approval=True`): each call waits for a person's decision
+(`toolloop approve|reject|edit`), the README's "Approvals" lines; `PUBLISH_TOOLS` registers it
+(`TOOLLOOP_TOOLSETS=publish=examples.storyboard.tools:PUBLISH_TOOLS`), and the simulated model of
+`examples.storyboard.policy:publish_policy` calls it once per recipient the user's message names.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -103,6 +109,24 @@ def wait_preview(started: dict[str, object], signal: AbortSignal) -> ToolOutput:
     )
 
 
+RECIPIENTS = ("dailies", "director", "studio", "studio-review", "editor")
+"""Whom `send_cut` may send the cut to."""
+
+
+class SendInput(BaseModel):
+    to: Literal["dailies", "director", "studio", "studio-review", "editor"] = Field(
+        description="Who gets the cut: dailies, director, studio, studio-review or editor."
+    )
+    note: str = Field(default="", max_length=200, description="A line sent with the cut.")
+
+
+def send_cut(input: SendInput, _signal: AbortSignal) -> ToolOutput:
+    """Send the trimmed cut (a link) to one recipient: held for a person's decision first."""
+    link = "cuts/rooftop-v2.mp4"
+    text = f"Sent {link} to {input.to}" + (f" with the note {input.note!r}." if input.note else ".")
+    return ToolOutput(value={"to": input.to, "link": link}, content=[TextPart(text=text)], cost_usd=0.0)
+
+
 def ask(input: AskInput, _signal: AbortSignal) -> ToolOutput:
     """Never called: on a valid `ask` the loop parks the run and the person's answer is the result."""
     raise RuntimeError(f"ask {input.question!r} reached the tool; the loop should have parked the run.")
@@ -134,5 +158,16 @@ REVIEW_TOOLS = [
         description="Ask the director one question and wait for the answer.",
         schema=AskInput,
         run=ask,
+    ),
+]
+
+PUBLISH_TOOLS = [
+    *REVIEW_TOOLS,
+    ToolSpec(
+        name="send_cut",
+        description="Send the trimmed cut to one recipient (a person approves each send first).",
+        schema=SendInput,
+        run=send_cut,
+        needs_approval=True,
     ),
 ]

@@ -194,3 +194,32 @@ def test_flower_shows_a_refused_run_in_its_last_step_result(
 
     task = eventually(last_step, timeout=20)  # model, tool, then the refused model step
     assert ast.literal_eval(task["result"]) == "stop: refused (cyber)"
+
+
+def test_the_step_after_an_answer_is_labelled_with_its_number(
+    redis_server: EmbeddedServer, flower: str, worker: Worker
+) -> None:
+    client = Client(redis_server.url)
+    try:  # "ask2": model 1 asks, the answer resumes it, model 2 asks again, model 3 ends it
+        run_id = client.enqueue(spec("ask2"))
+        client.wait(run_id, timeout=30)
+        client.answer(run_id, "first")
+        eventually(lambda: (s := client.status(run_id)).status == "asked" and s.segment == 1, timeout=30)
+        client.answer(run_id, "second")
+        assert client.wait(run_id, timeout=30).status == "done"
+    finally:
+        client.close()
+
+    def models() -> dict[str, Any] | None:
+        tasks: dict[str, Any] = api(flower, "/api/tasks", taskname="toolloop.advance")
+        mine = {task_id: t for task_id, t in tasks.items() if run_id in task_id}
+        done = len(mine) == 3 and all(t["state"] == "SUCCESS" for t in mine.values())
+        return mine if done else None
+
+    tasks = eventually(models, timeout=20)
+    labels = [ast.literal_eval(tasks[f"{run_id}:{n}"]["kwargs"]) for n in (1, 2, 3)]
+    assert labels == [
+        {"step": "model 1"},
+        {"step": "model 2"},
+        {"step": "model 3"},
+    ]  # as `toolloop events` numbers them

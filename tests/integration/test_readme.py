@@ -51,7 +51,7 @@ def clean_env(home: Path) -> dict[str, str]:
 
 
 def test_the_readme_blocks_are_the_ones_this_test_runs() -> None:
-    assert [kind for kind, _ in BLOCKS] == ["sh", "python", "sh", "python", "sh"]
+    assert [kind for kind, _ in BLOCKS] == ["sh", "python", "sh", "python", "sh", "sh"]
     quickstart = BLOCKS[1][1]
     shipped = ast.parse((ROOT / "examples" / "quickstart.py").read_text()).body[1:]  # past its docstring
     assert [ast.dump(node) for node in ast.parse(quickstart).body] == [ast.dump(node) for node in shipped]
@@ -61,7 +61,7 @@ def test_the_readme_blocks_are_the_ones_this_test_runs() -> None:
 def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -> None:
     copy = fresh_copy(tmp_path)
     env = clean_env(tmp_path)
-    (setup,), (cli, client, teardown) = [BLOCKS[0][1]], [b for _, b in BLOCKS[2:]]
+    (setup,), (cli, client, teardown, approvals) = [BLOCKS[0][1]], [b for _, b in BLOCKS[2:]]
     assert "toolloop" not in (shutil.which("toolloop", path=env["PATH"]) or "")  # not on PATH yet
 
     make = [line.split("#")[0].strip() for line in setup.splitlines() if line.strip()]
@@ -71,6 +71,12 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "answer   Keep shot 3; trim shot 5 by a second." in demo.stdout
     assert "spent    $" in demo.stdout
+    excerpt = re.search(r"```text\n(.*?)```", README, re.DOTALL)
+    assert excerpt is not None
+    printed = demo.stdout.splitlines()
+    for line in excerpt.group(1).splitlines():  # each line as the demo prints it (`…`: cut short there)
+        if line != "…":
+            assert any(p.startswith(line.removesuffix("…")) for p in printed), (line, demo.stdout)
 
     quick = subprocess.run([".venv/bin/python", "examples/quickstart.py"], cwd=copy, env=env,
                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
@@ -80,9 +86,9 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
         "replayed: True model calls: 2",
     ]
 
-    script = (
-        "set -euo pipefail\n" + cli + "python - <<'README_PYTHON'\n" + client + "README_PYTHON\n" + teardown
-    )
+    snippet = "python - <<'README_PYTHON'\n" + client + "README_PYTHON\n"
+    # the Client snippet twice, as a reader runs it again: a fresh run each time, not the first one's end
+    script = "set -euo pipefail\n" + cli + snippet + snippet + teardown + approvals
     (tmp_path / "readme.sh").write_text(script)
     shell = subprocess.Popen(["bash", "-x", str(tmp_path / "readme.sh")], cwd=copy, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -102,7 +108,12 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
     assert "run      finished: done" in out  # toolloop events --follow, to the end
     assert "status" in out and "Keep shot 3." in out
     assert "parked {" in out and "finished {" in out  # the Client snippet followed the run to its end
-    assert "done True" in out.splitlines()
+    assert out.splitlines().count("done True") == 2
+    # the approvals: three held calls, each decided once, and the run ends on what each came to
+    assert re.search(r"approve toolu_\w+: decided; other calls still wait\.", out)
+    assert re.search(r"reject toolu_\w+: decided; other calls still wait\.", out)
+    assert re.search(r"edit toolu_\w+: decided; the run goes on\.", out)
+    assert "Rejected by the person: not this cut." in out and out.count("run      finished: done") == 2
     assert re.search(r"Stopped the embedded Redis \(pid \d+\)\.", out.splitlines()[-1])
     assert "Traceback" not in done.stderr, done.stderr
     leftover = subprocess.run(["pgrep", "-f", str(copy)], capture_output=True, text=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.runs_kit import client_on, eventually, kinds, logged, spec
-from toolloop import ApprovalError
+from toolloop import AlreadyDecidedError, ApprovalError
 from workers.client import Client
 
 
@@ -86,7 +86,7 @@ def test_a_bad_edit_is_refused_with_the_message_and_the_run_still_waits(client: 
     assert client.wait(run_id, timeout=20).final_text == "Model read: published 2+3"
 
 
-def test_a_stale_digest_is_refused_and_a_duplicate_is_ignored(client: Client) -> None:
+def test_a_stale_digest_is_refused_and_a_duplicate_is_refused(client: Client) -> None:
     run_id = client.enqueue(spec("approve"))
     held = parked(client, run_id)
     with pytest.raises(ApprovalError, match="another input"):
@@ -95,7 +95,8 @@ def test_a_stale_digest_is_refused_and_a_duplicate_is_ignored(client: Client) ->
     with pytest.raises(ApprovalError, match="does not hold call"):
         client.approve(run_id, "toolu_nope")
     assert client.reject(run_id, held["call_id"], "no") == "resumed"
-    assert client.approve(run_id, held["call_id"]) == "ignored"  # the first decision wins
+    with pytest.raises(AlreadyDecidedError, match=r"decided already \(reject\)"):  # the first one wins
+        client.approve(run_id, held["call_id"])
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "Model read: Rejected by the person: no.", status
     assert kinds(client, run_id).count("approval_decided") == 1

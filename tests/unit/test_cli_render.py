@@ -134,3 +134,29 @@ def test_refused_paused_and_cut_lines() -> None:
     assert event_line(cut).endswith("[cut at max_tokens] → read_frame(shot=3)")
     finished = {"kind": "finished", "stopped_by": "refused", "refusal": {"category": None}}
     assert event_line(finished) == "run      finished: refused (no category)"
+
+
+def test_a_park_for_decisions_and_an_account_stop_say_what_they_are() -> None:
+    held = [{"call_id": "c1"}, {"call_id": "c2"}]
+    parked = {"kind": "parked", "approvals": held}
+    assert (
+        event_line(parked) == "run      parked: no worker holds it while it waits for a decision on 2 calls"
+    )
+    account = {
+        "name": "studio-a",
+        "period": "day",
+        "period_id": "2026-12-02",
+        "limit_usd": 1.0,
+        "spent_usd": 0.995,
+    }
+    stop = {"kind": "budget", "spent_usd": 0.2, "limit_usd": 5.0, "mode": "stop", "account": account}
+    assert event_line(stop) == (
+        "budget   budget stop: account studio-a reached its limit of $1.00 per day (2026-12-02: $0.9950 "
+        "spent) (the run spent $0.2000 of its $5.00)"
+    )
+    finished = {"kind": "finished", "stopped_by": "budget", "account": {**account, "period": "total"}}
+    assert event_line(finished) == (
+        "run      finished: budget (account studio-a reached its limit of $1.00 in total ($0.9950 spent))"
+    )
+    own = {"kind": "budget", "spent_usd": 1.0, "limit_usd": 1.0, "mode": "stop"}
+    assert event_line(own) == "budget   budget stop at $1.0000 of $1.00"  # the run's own budget, as before

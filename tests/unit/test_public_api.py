@@ -11,6 +11,7 @@ PUBLIC = [
     "AbortController",
     "AbortError",
     "AbortSignal",
+    "AlreadyDecidedError",
     "Approval",
     "ApprovalError",
     "Asked",

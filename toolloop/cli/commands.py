@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 from toolloop import defaults
 from toolloop.cli.errors import CliError, redact
-from toolloop.cli.follow import follow, print_status
+from toolloop.cli.follow import decision_text, follow, print_status
 from toolloop.cli.spec import build_spec, workers
 from toolloop.loop.approvals import ApprovalError
 
@@ -87,6 +87,12 @@ def add_commands(sub: Any) -> None:
     status = sub.add_parser("status", help="show a run's state")
     run_id_arg(status)
     status.add_argument("--json", action="store_true")
+    status.add_argument(
+        "--wait", action="store_true", help="first wait (up to 60 s) until the run ends or waits for you"
+    )
+    status.add_argument(
+        "--calls", action="store_true", help="print only the ids of the held calls that wait for a decision"
+    )
     status.set_defaults(handler=cmd_status)
 
     events = sub.add_parser("events", help="print a run's events (a line per step)")
@@ -112,6 +118,12 @@ def add_commands(sub: Any) -> None:
         command.add_argument("--actor", help="who decides (shown in the run's events)")
         command.add_argument("--digest", help="the input digest you saw (default: the one the run holds now)")
         command.set_defaults(handler=cmd_decide, action=command.prog.rsplit(" ", 1)[-1])
+
+    decision = sub.add_parser("decision", help="show where the decision on a held call stands")
+    run_id_arg(decision)
+    decision.add_argument("call_id", metavar="CALL_ID")
+    decision.add_argument("--json", action="store_true")
+    decision.set_defaults(handler=cmd_decision)
 
     for name, text in (("cancel", "cancel a run"), ("retry", "retry a failed run")):
         command = sub.add_parser(name, help=text)
@@ -145,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = client.enqueue(spec, idempotency_key=args.idempotency_key)
     print(run_id)
     if args.follow:
-        return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else None)
+        return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else not_a_terminal)
     if choice.started:
         # a note for the person, on stderr: stdout is the run id alone (RUN_ID=$(toolloop run ...))
         print(
@@ -163,8 +175,28 @@ def terminal_answerer(held: dict[str, Any]) -> str | None:
         return None
 
 
+def not_a_terminal(held: dict[str, Any]) -> None:
+    """No one at this stdin can answer: say so and stop following (the run stays parked)."""
+    print(
+        "stdin is not a terminal, so no answer can be typed here: stopped following (the run stays "
+        "parked).\n  Answer it with `toolloop answer RUN_ID 'TEXT'`, then watch it with "
+        "`toolloop events RUN_ID --follow`.",
+        file=sys.stderr,
+    )
+    return None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     client, _ = connect()
+    if args.wait:
+        try:
+            client.wait(args.run_id, timeout=60)
+        except TimeoutError as error:
+            raise CliError(str(error)) from None
+    if args.calls:
+        for held in client.status(args.run_id).approvals or []:
+            print(held["call_id"])
+        return 0
     print_status(client, args.run_id, as_json=args.json)
     return 0
 
@@ -203,8 +235,23 @@ def cmd_decide(args: argparse.Namespace) -> int:
         return 1
     said = {"resumed": "decided; the run goes on", "recorded": "decided; other calls still wait",
             "kept": "kept; it applies when the run reaches that call",
-            "ignored": "ignored: the call was decided already (the first decision wins)"}  # fmt: skip
+            "queued": "queued, applied when a worker runs (no worker applied it yet; "
+                      f"`toolloop decision {args.run_id} {args.call_id}` shows its outcome)"}  # fmt: skip
     print(f"{args.action} {args.call_id}: {said.get(outcome, outcome)}.")
+    return 0
+
+
+def cmd_decision(args: argparse.Namespace) -> int:
+    """Where the decision on one call stands (queued, decided, expired, refused, pending)."""
+    client, _ = connect()
+    try:
+        found = client.decision(args.run_id, args.call_id)
+    except ApprovalError as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        print(json.dumps(found.model_dump(mode="json")))
+        return 0
+    print(decision_text(found.model_dump(mode="json")))
     return 0
 
 

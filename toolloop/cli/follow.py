@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from toolloop.cli.render import Progress, StepNumbers, Totals, as_dict, event_line, field
+from toolloop.cli.render import Progress, StepNumbers, Totals, account_text, as_dict, event_line, field
 from toolloop.cli.stream import STREAM_KINDS, TextView
 
 FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
@@ -24,15 +24,41 @@ def print_status(client: Any, run_id: str, *, as_json: bool = False) -> None:
         return
     held = status.pop("approvals", None) or []
     shown = {key: _shown(key, value) for key, value in status.items() if not _empty(value)}
+    if status.get("account_stop"):
+        shown["account_stop"] = account_text(status["account_stop"])
     width = max(map(len, shown), default=0)
     for key, value in shown.items():
         print(f"{key:<{width}}  {value}")
+    states = client.decisions(run_id) if held else {}
+    waiting = []
     for approval in held:
         print(approval_text(approval))
-    if held:
-        call = held[0]["call_id"]
+        state = states.get(approval["call_id"])
+        if state is not None and state.state in ("queued", "refused"):
+            print("  " + decision_text(state.model_dump(mode="json")))
+        if state is None or state.state != "queued":
+            waiting.append(approval["call_id"])
+    if waiting:
+        call = waiting[0]
         print(f"decide with: toolloop approve {run_id} {call} | toolloop reject {run_id} {call} 'REASON' | "
               f"toolloop edit {run_id} {call} '{{JSON}}'")  # fmt: skip
+
+
+def decision_text(state: dict[str, Any]) -> str:
+    """Where one decision stands, in a line: queued, decided, expired, refused or pending."""
+    what = state["state"]
+    action = state.get("action") or ""
+    by = f" by {state['actor']}" if state.get("actor") and state.get("actor") != "deadline" else ""
+    why = f" ({state['reason']})" if state.get("reason") else ""
+    if what == "queued":
+        return f"decision {action}{by}{why}: queued, applied when a worker runs"
+    if what == "decided":
+        return f"decision {action}{by}{why}: decided (call {state['call_id']})"
+    if what == "expired":
+        return f"decision {action}: no decision before the deadline, its default applied"
+    if what == "refused":
+        return f"decision refused: {state.get('why')} (the call still waits)"
+    return f"decision pending: call {state['call_id']} waits for a decision"
 
 
 def approval_text(approval: dict[str, Any]) -> str:

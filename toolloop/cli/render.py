@@ -135,6 +135,10 @@ def event_line(event: Any, step: int | None = None) -> str:
         return f"step {field(event, 'step'):>2}  tool   {name:<16} ${cost:.4f}  {summary}"
     if kind == "budget":
         spent, limit = float(field(event, "spent_usd", 0)), float(field(event, "limit_usd", 0))
+        account = field(event, "account")
+        if account:  # the shared account's limit stopped it, not the run's own budget
+            run = f"the run spent ${spent:.4f} of its ${limit:.2f}"
+            return f"budget   budget stop: {account_text(account)} ({run})"
         what = "finish mode starts" if field(event, "mode") == "finish" else "budget stop"
         return f"budget   {what} at ${spent:.4f} of ${limit:.2f}"
     return f"run      {run_event_text(str(kind), as_dict(event) or {})}"
@@ -145,6 +149,10 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
     if kind == "queued":
         return f"queued (model {data.get('model')}, toolset {data.get('toolset')})"
     if kind == "parked":
+        held = data.get("approvals")
+        if held:
+            calls = "call" if len(held) == 1 else f"{len(held)} calls"
+            return f"parked: no worker holds it while it waits for a decision on {calls}"
         return "parked: no worker holds it while it waits for the answer"
     if kind == "answered":
         return f"answered: {_short(data.get('content'), 60)}"
@@ -162,12 +170,23 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
         stopped = data.get("stopped_by") or data.get("status") or "done"
         if stopped == "refused":
             return f"finished: refused ({refusal_text(data.get('refusal'))})"
+        if data.get("account"):
+            return f"finished: {stopped} ({account_text(data['account'])})"
         return f"finished: {stopped}"
     if kind == "failed":
         error = data.get("error_message") or data.get("message") or data.get("error") or ""
         return f"failed: {data.get('error_class') or ''} {_short(error, 80)}".rstrip()
     rest = {k: v for k, v in data.items() if k not in HIDDEN and v not in (None, "")}
     return kind + ("  " + _short(json.dumps(rest, default=str), 90) if rest else "")
+
+
+def account_text(account: Any) -> str:
+    """`account tenant-1 reached its limit of $1.00 per day (2026-12-02: $0.9900 spent)`."""
+    name, period, period_id = (field(account, k) for k in ("name", "period", "period_id"))
+    limit, spent = float(field(account, "limit_usd", 0) or 0), float(field(account, "spent_usd", 0) or 0)
+    per = "in total" if period == "total" else f"per {period}"
+    when = "" if period == "total" else f"{period_id}: "
+    return f"account {name} reached its limit of ${limit:.2f} {per} ({when}${spent:.4f} spent)"
 
 
 def refusal_text(refusal: Any) -> str:

@@ -25,6 +25,9 @@ a superset of the live runs, never the source of truth.
                                        score = when it was recorded (unix seconds)
     tl:{<run>}:attempts        hash    field = n, value = deliveries of task n
     tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
+    tl:{<run>}:decisions       hash    the decisions on held calls (field "s<seg>:<call id>")
+    tl:{<run>}:decide          hash    decisions sent, not applied yet (field = decision id)
+    tl:{<run>}:decide:outcomes hash    what workers made of the decisions they applied
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
     tl:runs:all                zset    every run id, score = enqueue time (`toolloop list`, newest
                                        first); an id whose run expired is dropped when read or pruned
@@ -119,6 +122,12 @@ def decide_inbox(run_id: str) -> str:
     return _run(run_id, "decide")
 
 
+def decide_outcomes(run_id: str) -> str:
+    """What workers made of the decisions they applied: field = decision id, value = JSON {call_id,
+    outcome, why, at} (a refusal stays readable after its reply list expired)."""
+    return _run(run_id, "decide:outcomes")
+
+
 def decided(run_id: str, decision_id: str) -> str:
     """The list a worker pushes a decision's outcome to, for the client that sent it."""
     return _run(run_id, f"decided:{decision_id}")
@@ -129,7 +138,7 @@ WAITS_DUE = f"{PREFIX}waits:due"
 
 
 RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
-                 "outbox", "attempts", "spend")  # fmt: skip
+                 "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes")  # fmt: skip
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:

@@ -23,6 +23,11 @@ class ApprovalError(ValueError):
     the held input, or its edited input fails the tool's schema. Nothing ran."""
 
 
+class AlreadyDecidedError(ApprovalError):
+    """A decision on a call that has one already (recorded, or sent and waiting for a worker): the
+    first decision sent wins; nothing was sent for this one."""
+
+
 class DeadlineError(ValueError):
     """An answer or decision that came after its deadline: the run went on with the default."""
 

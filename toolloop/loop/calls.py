@@ -14,6 +14,7 @@ from toolloop.loop.history import History
 from toolloop.loop.records import derived, tool_records, validated
 from toolloop.loop.tools import as_output, as_started, bounded, call, text_answer, validate_input
 from toolloop.loop.types import (
+    AccountLimit,
     Approval,
     Asked,
     Decision,
@@ -30,11 +31,13 @@ SECOND_ASK = "Ask one question at a time."
 
 
 class _BudgetStop(Exception):
-    """The breaker tripped inside a step's work: nothing is journaled, the loop stops."""
+    """The breaker tripped inside a step's work: nothing is journaled, the loop stops. `account`: the
+    shared account whose limit tripped it, when it was not the run's own budget."""
 
-    def __init__(self, spent_usd: float) -> None:
+    def __init__(self, spent_usd: float, account: AccountLimit | None = None) -> None:
         super().__init__(spent_usd)
         self.spent_usd = spent_usd
+        self.account = account
 
 
 BudgetStop = _BudgetStop

@@ -45,6 +45,7 @@ from toolloop.loop.history import History
 from toolloop.loop.records import cut_off, derived, model_records, refusal_of, retry_room, validated
 from toolloop.loop.tools import call, tool_definitions
 from toolloop.loop.types import (
+    AccountLimit,
     Approval,
     Asked,
     BudgetEvent,
@@ -123,7 +124,7 @@ class _Run(CallAnswers):
         try:
             value = await options.step(f"model:{turn}", self.model_work())
         except _BudgetStop as stop:
-            return await self.budget_stop(stop.spent_usd)
+            return await self.budget_stop(stop.spent_usd, stop.account)
         except Exception:
             if signal.aborted:
                 return await self.stop("cancel")
@@ -147,7 +148,7 @@ class _Run(CallAnswers):
         try:
             asked = await self.answer_calls(turn, calls, approvals)
         except _BudgetStop as stop:
-            return await self.budget_stop(stop.spent_usd)
+            return await self.budget_stop(stop.spent_usd, stop.account)
         except _Cancel:
             return await self.stop("cancel")
         except Exception:
@@ -278,8 +279,13 @@ class _Run(CallAnswers):
             return False
         return not any(isinstance(m, UserMessage) and m.content == note for m in self.history.messages)
 
-    async def budget_stop(self, spent_usd: float) -> RunToolLoopResult:
-        self.emit(BudgetEvent(spent_usd=spent_usd, limit_usd=self.options.budget.usd, mode="stop"))
+    async def budget_stop(self, spent_usd: float, account: AccountLimit | None = None) -> RunToolLoopResult:
+        """Stop `budget`. When a shared account's limit tripped it (`account`: its spend and limit),
+        the event's own figures are still the run's: its spend and its budget."""
+        limit = self.options.budget.usd
+        if account is not None:
+            spent_usd = await self.spent()
+        self.emit(BudgetEvent(spent_usd=spent_usd, limit_usd=limit, mode="stop", account=account))
         return await self.stop("budget")
 
     async def stop(self, reason: StoppedBy, refusal: Refusal | None = None) -> RunToolLoopResult:

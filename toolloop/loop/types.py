@@ -9,7 +9,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     TypeAdapter,
+    model_serializer,
     model_validator,
 )
 
@@ -187,11 +189,35 @@ class ToolEvent(_Value):
     rows: list[str] = Field(default_factory=list)
 
 
+class AccountLimit(_Value):
+    """The shared budget account whose limit stopped a run (a durable worker's, workers/flow.py): its
+    `name`, `period` ("day", "month" or "total") and that period's id (`2026-12-02`, `2026-12`,
+    `total`), its `limit_usd`, and what the account had spent and reserved in it (`spent_usd`)."""
+
+    name: str
+    period: str
+    period_id: str
+    limit_usd: float
+    spent_usd: float
+
+
 class BudgetEvent(_Value):
+    """The run's budget: finish mode starts, or the run stops (`spent_usd` of the run's `limit_usd`).
+    `account` names the shared account when its limit, not the run's, stopped it (left out of the
+    event's JSON otherwise)."""
+
     kind: Literal["budget"] = "budget"
     spent_usd: float
     limit_usd: float
     mode: Literal["finish", "stop"]
+    account: AccountLimit | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_no_account(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("account") is None:
+            data.pop("account", None)
+        return data
 
 
 LoopEvent = Annotated[ModelEvent | ToolEvent | BudgetEvent | DeltaEvent, Field(discriminator="kind")]

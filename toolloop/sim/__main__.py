@@ -1,4 +1,5 @@
-"""`python -m toolloop.sim --port N --script FILE.yaml|json [--latency 1.0]`: the simulator as a process.
+"""`python -m toolloop.sim --port N --script FILE.yaml|json | --policy pkg.module:NAME [--latency 1.0]`: the
+simulator as a process.
 
 The first line printed is the base URL (e.g. `http://127.0.0.1:8765`); it serves until SIGINT or
 SIGTERM. `main(argv)` is also what the `toolloop sim` command calls.
@@ -7,12 +8,14 @@ SIGTERM. `main(argv)` is also what the `toolloop sim` command calls.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from toolloop.sim.cache import LOOKBACK_BLOCKS, MIN_CACHE_TOKENS
 from toolloop.sim.ratelimit import SimRateLimits
-from toolloop.sim.script import Script, load_script
+from toolloop.sim.script import Script, SimRequest, SimTurn, load_script
 from toolloop.sim.server import SimServer
 
 DEFAULT_PORT = 8765
@@ -29,6 +32,11 @@ def parser() -> argparse.ArgumentParser:
     )
     found.add_argument(
         "--script", help="a YAML or JSON list of turns (default: every answer ends the script)"
+    )
+    found.add_argument(
+        "--policy",
+        help='or a policy, "pkg.module:NAME" (a function SimRequest -> SimTurn; imported from the working '
+        "directory), e.g. examples.storyboard.policy:review_policy",
     )
     found.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     found.add_argument("--require-key", default=None, help="refuse (401) any other API key")
@@ -56,15 +64,32 @@ def parser() -> argparse.ArgumentParser:
     return found
 
 
+def load_policy(path: str) -> Callable[[SimRequest], SimTurn]:
+    """A policy by import path, "pkg.module:NAME", imported from the working directory; ValueError
+    that says what is wrong."""
+    module_name, _, attribute = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = getattr(importlib.import_module(module_name), attribute, None) if attribute else None
+    except ImportError as error:
+        raise ValueError(f"cannot import {module_name!r} ({error})") from None
+    if not callable(found):
+        raise ValueError(f"{path!r} is not a function; name one as pkg.module:NAME")
+    policy: Callable[[SimRequest], SimTurn] = found
+    return policy
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    script: Script | Callable[[SimRequest], SimTurn]
     try:
         script = load_script(args.script) if args.script else Script([])
+        if args.policy:
+            script = load_policy(args.policy)
     except (OSError, ValueError) as error:
-        print(
-            f"Cannot read the script {args.script!r}: {error}\n  Fix the file and start again.",
-            file=sys.stderr,
-        )
+        what = f"load the policy {args.policy!r}" if args.policy else f"read the script {args.script!r}"
+        print(f"Cannot {what}: {error}\n  Fix it and start again.", file=sys.stderr)
         return 2
     from toolloop.providers.models_file import catalog_from_env
 

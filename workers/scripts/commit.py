@@ -59,7 +59,7 @@ for field, text in pairs(p.state) do redis.call('HSET', KEYS[1], field, text) en
 local member = false
 local function resume(next_segment)
   redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm')
-  redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
+  redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'decided', 'ask_deadline')
   member = (p.n + 1) .. '|llm'
   redis.call('ZADD', KEYS[5], p.now, member)
 end

@@ -68,7 +68,7 @@ local next_segment = segment + 1
 emit(KEYS[1], KEYS[4], tostring(next_segment), 'resumed', '{}')
 local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
 redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm', 'touched', ARGV[2])
-redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'ask_deadline')
+redis.call('HDEL', KEYS[1], 'asked', 'approvals', 'decided', 'ask_deadline')
 redis.call('ZADD', KEYS[5], ARGV[2], member)
 return {'resumed', member}
 """)
