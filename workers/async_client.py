@@ -31,7 +31,7 @@ class AsyncClient:
     def __init__(self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None) -> None:
         """As `Client(redis_url, toolsets=...)`; no connection is made until the first call."""
         self.settings = settings = settings_for(redis_url)
-        self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
+        self.toolsets = sorted(settings.toolset_names() if toolsets is None else toolsets)
         self.redis = aredis.Redis.from_url(settings.redis_url, decode_responses=True)
         self._blocking = aredis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=None)
         self._driver = AsyncDriver(self.redis, self._blocking)

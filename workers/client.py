@@ -56,7 +56,7 @@ class Client:
         `NoRedisError`. `toolsets`: the names of the registered toolsets, read
         from TOOLLOOP_TOOLSETS (names only) when None."""
         self.settings = settings = settings_for(redis_url)
-        self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
+        self.toolsets = sorted(settings.toolset_names() if toolsets is None else toolsets)
         self.redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
         self._blocking = redis_lib.Redis.from_url(
             settings.redis_url, decode_responses=True, socket_timeout=None
