@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from typing import Any
 
 import httpx2
@@ -32,6 +31,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from workers.errors import ToolsetError
 from workers.mcpconfig import McpServer, expand
 
 log = logging.getLogger("toolloop.workers")
@@ -39,6 +39,15 @@ log = logging.getLogger("toolloop.workers")
 
 class McpCallError(Exception):
     """A request to an MCP server that did not get a usable answer (see the module docstring)."""
+
+
+START_TIMEOUT_S = 15.0
+"""The least time a server gets to start and finish its handshake (a stdio server's interpreter and
+imports can take seconds on a busy machine): `timeout_s` when that is longer."""
+
+
+def start_timeout(server: McpServer) -> float:
+    return max(server.timeout_s, START_TIMEOUT_S)
 
 
 class _Connection:
@@ -66,13 +75,13 @@ class _Connection:
             self.starts += 1
             self._task = loop.create_task(self._own(ready, self._closing), name=f"mcp:{self.server.label}")
             try:
-                async with asyncio.timeout(self.server.timeout_s):
+                async with asyncio.timeout(start_timeout(self.server)):
                     self._client = client = await asyncio.shield(ready)
             except TimeoutError:
                 self._drop()
                 raise McpCallError(
                     f"The MCP server {self.server.label!r} ({self.server.where}) did not finish its "
-                    f"handshake in {self.server.timeout_s:g} s.\n"
+                    f"handshake in {start_timeout(self.server):g} s.\n"
                     "  Check that it starts and answers (`toolloop doctor`), or raise its timeout_s."
                 ) from None
             return client
@@ -103,7 +112,9 @@ class _Connection:
             )
             stack.push_async_callback(http.aclose)
             return streamable_http_client(server.url, http_client=http)
-        env = {**os.environ, **{name: expand(value, label=server.label) for name, value in server.env}}
+        # Only the server's own `env` over the SDK's default environment (HOME, PATH, ...): the
+        # worker's environment, its provider keys among it, is not handed to the server.
+        env = {name: expand(value, label=server.label) for name, value in server.env}
         command = [expand(part, label=server.label) for part in server.command]
         return stdio_client(StdioServerParameters(command=command[0], args=command[1:], env=env))
 
@@ -141,6 +152,8 @@ def _reason(error: BaseException) -> str:
     """A short reason for `error` that carries no header or env value (only its type and SDK text)."""
     if isinstance(error, BaseExceptionGroup) and error.exceptions:
         return _reason(error.exceptions[0])
+    if isinstance(error, ToolsetError):  # a ${VAR} that is not set: it names VAR, never a value
+        return str(error).splitlines()[0].rstrip(".")
     if isinstance(error, MCPError):
         return f"MCP error {error.code}: {error.message[:300]}"
     if isinstance(error, httpx2.HTTPStatusError):
@@ -240,3 +253,21 @@ def _timed_out(server: McpServer, what: str) -> McpCallError:
         f"The MCP server {server.label!r} did not answer {what} in {server.timeout_s:g} s (timeout_s).\n"
         "  The call may have run; raise timeout_s for slow tools, or check the server."
     )
+
+
+async def probe(servers: list[McpServer]) -> list[list[mcp_types.Tool] | McpCallError]:
+    """List each server's tools once, on connections of their own closed after (the CLI's `toolloop
+    tools` and `toolloop doctor`): the tools, or the error saying why the server did not answer."""
+    pool = McpServers()
+    found: list[list[mcp_types.Tool] | McpCallError] = []
+    try:
+        for server in servers:
+            try:
+                found.append(await pool.list_tools(server))
+            except McpCallError as error:
+                found.append(error)
+            except ValueError as error:  # ToolsetError: a ${VAR} that is not set
+                found.append(McpCallError(str(error)))
+    finally:
+        await pool.aclose()
+    return found

@@ -47,9 +47,10 @@ EVERYTHING_TURNS = [
             {"name": "get-structured-content", "input": {"location": "New York"}},
             {"name": "get-resource-links", "input": {"count": 2}},
             {"name": "get-sum", "input": {"a": "one", "b": 2}},
+            {"name": "get-env", "input": {}},
         ],
     },
-    {"text": "All five answered."},
+    {"text": "All six answered."},
 ]
 SCRIPTS = {
     "everything-stdio": EVERYTHING_TURNS,
@@ -172,13 +173,13 @@ def test_a_run_calls_the_reference_server_and_every_result_reaches_the_model(
     try:
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", status
-        assert status.final_text == "All five answered."
+        assert status.final_text == "All six answered."
         first, second = policy.bodies(system)[-2:]
         names = {tool["name"] for tool in first["tools"]}
         assert {"echo", "get-tiny-image", "get-sum", "get-structured-content"} <= names
         echo_schema = next(tool for tool in first["tools"] if tool["name"] == "echo")["input_schema"]
         assert echo_schema["properties"]["message"]["type"] == "string"  # the server's schema, as listed
-        echo, image, structured, links, bad_sum = tool_results(second)
+        echo, image, structured, links, bad_sum, server_env = tool_results(second)
         assert _text(echo) == "Echo: hello mcp" and "is_error" not in echo
         assert [part["type"] for part in image["content"]][:2] == ["text", "image"]
         assert image["content"][1]["source"]["media_type"] == "image/png"
@@ -189,6 +190,7 @@ def test_a_run_calls_the_reference_server_and_every_result_reaches_the_model(
         assert "[resource link]" in _text(links) and "demo://resource/" in _text(links)
         assert bad_sum["is_error"] is True  # refused by the listed schema, before the server
         assert _text(bad_sum).startswith("Invalid input for get-sum: ✖ ") and "→ at a" in _text(bad_sum)
+        assert "sim-key" not in _text(server_env) and "ANTHROPIC_API_KEY" not in _text(server_env)
         stored = redis.Redis.from_url(sim_redis.url, decode_responses=True).hget(
             keys.mcp_tools(run_id), toolset
         )

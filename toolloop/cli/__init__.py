@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from toolloop.cli import accounts, commands, demo, doctor, processes
+from toolloop.cli import accounts, commands, demo, doctor, processes, tools
 from toolloop.cli.errors import CliError, explain
 
 __all__ = ["main"]
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_command(sub)
     doctor.add_command(sub)
     accounts.add_command(sub)
+    tools.add_command(sub)
     return parser
 
 
