@@ -86,8 +86,13 @@ def test_a_kill_after_tools_call_returned_resends_the_same_key_and_finishes_each
     client = Client(redis_server.url, toolsets=["counter"])
     try:
         with _pool(redis_server, sim, work_dir, plan) as pool:
-            spec = {"model": "claude-sonnet-5-5", "provider": "anthropic", "system": SYSTEM,
-                    "toolset": "counter", "messages": [{"role": "user", "content": "Go."}]}  # fmt: skip
+            spec = {
+                "model": "claude-sonnet-5-5",
+                "provider": "anthropic",
+                "system": SYSTEM,
+                "toolset": "counter",
+                "messages": [{"role": "user", "content": "Go."}],
+            }
             run_id = client.enqueue(spec)
             status = client.wait(run_id, timeout=90)
             deaths = list(pool.deaths)

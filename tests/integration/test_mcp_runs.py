@@ -155,8 +155,13 @@ def mcp_worker(
 
 def _run(sim_redis: EmbeddedServer, system: str, toolset: str) -> tuple[Client, str]:
     client = Client(sim_redis.url, toolsets=[toolset])
-    spec = {"model": MODEL, "provider": "anthropic", "system": system, "toolset": toolset,
-            "messages": [{"role": "user", "content": "Go."}]}  # fmt: skip
+    spec = {
+        "model": MODEL,
+        "provider": "anthropic",
+        "system": system,
+        "toolset": toolset,
+        "messages": [{"role": "user", "content": "Go."}],
+    }
     return client, client.enqueue(spec)
 
 

@@ -57,9 +57,13 @@ def http_server(command: list[str], log: Path, port: int, env: dict[str, str] | 
     its endpoint URL."""
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+            command,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         wait_port(port, process, log)
         yield f"http://127.0.0.1:{port}/mcp"

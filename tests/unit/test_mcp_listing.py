@@ -54,8 +54,12 @@ async def test_a_redelivered_step_reads_the_journaled_list_and_never_lists_again
     first = h.process.mcp = CountedServers()
     h.model = ScriptedModel([reply(tool_calls=[call("add", {"a": 2, "b": 3}, "c1")]), reply("It is 5.")])
     client = Client(h.process.settings.redis_url, toolsets=["counter"])
-    spec: dict[str, Any] = {"model": "scripted", "system": "s", "toolset": "counter",
-                            "messages": [{"role": "user", "content": "Go."}]}  # fmt: skip
+    spec: dict[str, Any] = {
+        "model": "scripted",
+        "system": "s",
+        "toolset": "counter",
+        "messages": [{"role": "user", "content": "Go."}],
+    }
     run_id = client.enqueue(spec)
     try:
         assert str(await h.step(run_id)) == "next"  # model:1, its tools listed once
