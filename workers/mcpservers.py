@@ -250,8 +250,9 @@ class McpServers:
 
 def _timed_out(server: McpServer, what: str) -> McpCallError:
     return McpCallError(
-        f"The MCP server {server.label!r} did not answer {what} in {server.timeout_s:g} s (timeout_s).\n"
-        "  The call may have run; raise timeout_s for slow tools, or check the server."
+        f"The MCP server {server.label!r} did not answer {what} in {server.timeout_s:g} s (timeout_s) "
+        "with a valid JSON-RPC response.\n"
+        "  The call may have run; raise timeout_s for slow tools, or check the server and its log."
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from toolloop.sim import SimServer
 from workers.client import Client
 from workers.errors import ToolsetError
 
+GARBLED = Path(__file__).resolve().parents[1] / "support" / "mcp_garbled.py"
 TOKEN = f"mcp-token-{uuid.uuid4().hex}"
 AUTH = ("operator", f"pw-{uuid.uuid4().hex[:8]}")
 MODEL = "claude-sonnet-5-5"
@@ -84,6 +86,17 @@ SCRIPTS = {
         },
         {"text": "Survived."},
     ],
+    "garbled": [
+        {
+            "text": "Malformed answers.",
+            "tool_calls": [
+                {"name": "garble", "input": {}},
+                {"name": "invalid", "input": {}},
+                {"name": "fine", "input": {}},
+            ],
+        },
+        {"text": "Still here."},
+    ],
 }
 
 
@@ -130,6 +143,7 @@ def mcp_worker(
             }
         },
         "guarded": {"mcp": {"url": guarded_url, "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"}}},
+        "garbled": {"mcp": {"command": [sys.executable, str(GARBLED)], "timeout_s": 2}},
         "fragile": {
             "mcp": {
                 "command": [*COUNTER, "stdio"],
@@ -295,6 +309,23 @@ def test_a_server_killed_hung_or_oversized_fails_only_that_call(
         assert mcp_worker.process.poll() is None  # the worker never stopped
         made = [c for c in calls(mcp_dir / "fragile.jsonl") if c["key"].startswith(f"{run_id}/")]
         assert len({c["pid"] for c in made if c["tool"] in ("die", "add")}) == 2
+    finally:
+        client.close()
+
+
+def test_a_server_answering_malformed_json_rpc_fails_only_those_calls(
+    sim_redis: EmbeddedServer, mcp_worker: Worker, policy: Scripts
+) -> None:
+    client, run_id = _run(sim_redis, "garbled", "garbled")
+    try:
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", status
+        garbled, invalid, fine = tool_results(policy.bodies("garbled")[-1])
+        assert garbled["is_error"] is True
+        assert "did not answer tools/call 'garble' in 2 s (timeout_s) with a valid JSON-RPC" in _text(garbled)
+        assert invalid["is_error"] is True and "not a valid MCP result" in _text(invalid)
+        assert _text(fine) == "fine" and "is_error" not in fine
+        assert mcp_worker.process.poll() is None
     finally:
         client.close()
 
