@@ -86,6 +86,10 @@ SCRIPTS = {
         },
         {"text": "Survived."},
     ],
+    "approved": [
+        {"text": "Removing.", "tool_calls": [{"name": "remove", "input": {"path": "/tmp/old"}}]},
+        {"text": "Removed."},
+    ],
     "garbled": [
         {
             "text": "Malformed answers.",
@@ -144,6 +148,13 @@ def mcp_worker(
         },
         "guarded": {"mcp": {"url": guarded_url, "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"}}},
         "garbled": {"mcp": {"command": [sys.executable, str(GARBLED)], "timeout_s": 2}},
+        "approving": {
+            "mcp": {
+                "command": [*COUNTER, "stdio"],
+                "env": {"MCP_COUNTER_LOG": str(mcp_dir / "approving.jsonl")},
+                "needs_approval": ["remove"],
+            }
+        },
         "fragile": {
             "mcp": {
                 "command": [*COUNTER, "stdio"],
@@ -326,6 +337,28 @@ def test_a_server_answering_malformed_json_rpc_fails_only_those_calls(
         assert invalid["is_error"] is True and "not a valid MCP result" in _text(invalid)
         assert _text(fine) == "fine" and "is_error" not in fine
         assert mcp_worker.process.poll() is None
+    finally:
+        client.close()
+
+
+def test_an_mcp_tool_that_needs_approval_waits_and_an_edit_is_checked_against_its_listed_schema(
+    sim_redis: EmbeddedServer, mcp_worker: Worker, mcp_dir: Path, policy: Scripts
+) -> None:
+    client, run_id = _run(sim_redis, "approved", "approving")
+    try:
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "asked" and status.approvals, status
+        (held,) = status.approvals
+        assert (held["name"], held["input"]) == ("remove", {"path": "/tmp/old"})
+        assert calls(mcp_dir / "approving.jsonl") == []  # nothing ran while it waits
+        with pytest.raises(ValueError, match="Invalid input for remove"):
+            client.edit(run_id, held["call_id"], {"path": 7})  # the server's schema: a string
+        assert client.edit(run_id, held["call_id"], {"path": "/tmp/older"}) == "resumed"
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", status
+        (made,) = calls(mcp_dir / "approving.jsonl")
+        assert (made["tool"], made["arguments"]) == ("remove", {"path": "/tmp/older"})
+        assert "removed /tmp/older" in _text(tool_results(policy.bodies("approved")[-1])[0])
     finally:
         client.close()
 
