@@ -80,10 +80,18 @@ class AssistantMessage(_Value):
     left out of dumps: a message without reasoning is stored as it was before the field existed)."""
 
 
+def _false_flag(value: Any) -> bool:
+    return value is False
+
+
 class ToolMessage(_Value):
     role: Literal["tool"] = "tool"
     tool_call_id: str
     content: str | list[ContentPart]
+    is_error: bool = Field(default=False, exclude_if=_false_flag)
+    """The call failed (unknown tool, invalid input, a result over the limit, an MCP `isError`):
+    Anthropic's `tool_result` carries `"is_error": true`. Left out of dumps when False, so a message
+    stored before the field existed reads the same."""
 
 
 ChatMessage = Annotated[UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]

@@ -46,6 +46,7 @@ from workers.errors import DeliveryLimitError, LeaseLostError
 from workers.leases import Held
 from workers.live import Begun, LiveLoop
 from workers.live import Outcome as LoopOutcome
+from workers.mcptools import run_tools
 from workers.metrics import counted
 from workers.process import WorkerProcess
 from workers.runs import segment_messages
@@ -170,7 +171,9 @@ class _Step(Commits):
             if loaded is None or loaded.spec is None:
                 raise LookupError(f"Run {self.run_id!r} has no spec in Redis.\n  Enqueue it again.")
             spec, answer = RunSpec.model_validate_json(loaded.spec), loaded.answer
-            tools = flow.wrap_tools(self.process, self.process.toolsets.for_worker(spec.toolset), spec)
+            tools = flow.wrap_tools(
+                self.process, await run_tools(self.process, self.run_id, spec.toolset), spec
+            )
             decisions = approvals.decisions_of(answer)
             messages = segment_messages(loaded.input, None if decisions else answer)
         except Exception as error:

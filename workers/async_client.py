@@ -34,7 +34,7 @@ class AsyncClient:
         """As `Client(redis_url, toolsets=...)`; no connection is made until the first call.
         `max_streams`: event streams read at once (each blocked read holds a connection of its own)."""
         self.settings = settings = settings_for(redis_url)
-        self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
+        self.toolsets = sorted(settings.toolset_names() if toolsets is None else toolsets)
         self._watcher = redisurl.watcher(settings.redis_url)
         self.redis = redisurl.async_client(settings.redis_url, decode_responses=True, watcher=self._watcher)
         self._blocking = redisurl.async_client(

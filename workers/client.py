@@ -59,7 +59,7 @@ class Client:
         from TOOLLOOP_TOOLSETS (names only) when None. `run_prefix`: put before every new run id
         (a shard's `s<k>-`: workers/shards.py)."""
         self.settings = settings = settings_for(redis_url)
-        self.toolsets = sorted(settings.toolsets if toolsets is None else toolsets)
+        self.toolsets = sorted(settings.toolset_names() if toolsets is None else toolsets)
         self._watcher = redisurl.watcher(settings.redis_url)
         self.redis = redisurl.sync_client(settings.redis_url, decode_responses=True, watcher=self._watcher)
         self._blocking = redisurl.sync_client(

@@ -13,6 +13,8 @@ installed when TOOLLOOP_KILL_PLAN names a plan) crash or freeze the worker at th
                     before its cancel is armed (run, key: the step key, e.g. "tool:toolu_01")
     answer:after    an answer was stored, before the resume is sent (run)
     stream:write    a batch of a streaming model step's deltas is about to be queued (run, key, write)
+    mcp:called      an MCP tool's `tools/call` returned, before its step is committed (run, key: the
+                    call's idempotency key, tool: the MCP tool's name; workers/mcptools.py)
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@
 - Celery task events per worker hostname (`events`), the armed cancels (`arm` / `disarm`: a run id
   published on `keys.CANCEL_CHANNEL` aborts that run's live step here), the kept run loops
   (`kept`, TOOLLOOP_KEPT_LOOPS), the model factory (`prompt_gen`, TOOLLOOP_PROMPT_GEN), the toolsets
-  (`toolsets`), the metrics (`metrics`, TOOLLOOP_METRICS_PORT), the hooks (`hooks`: no-op unless a
-  kill plan installs its own) and the step consumer, when the worker runs one (`consumer`).
+  (`toolsets`) and the MCP connections they need (`mcp`, workers/mcpservers.py), the metrics
+  (`metrics`, TOOLLOOP_METRICS_PORT), the hooks (`hooks`: no-op unless a kill plan installs its
+  own) and the step consumer, when the worker runs one (`consumer`).
 
 Nothing of it lives in a module global: the step (`workers.advance`), the consumer and the tasks
 take the process, which the worker's bootstep attaches to its Celery app (`process_of(app)`).
@@ -49,6 +50,7 @@ from workers.hooks import NO_HOOKS, Hooks
 from workers.killpoints import KillPlan
 from workers.leases import Leases
 from workers.live import Begun, KeptLoops
+from workers.mcpservers import McpServers
 from workers.metrics import Metrics
 from workers.redisio import Batch, packed_pool
 from workers.settings import Settings
@@ -114,7 +116,9 @@ class WorkerProcess:
         self.watcher = redisurl.watcher(settings.redis_url)
         """For a Sentinel URL: the `+switch-master` listener every client of the process follows."""
         self.redis = redisurl.sync_client(settings.redis_url, decode_responses=True, watcher=self.watcher)
-        self.toolsets = Registry(settings.toolsets)
+        self.toolsets = Registry(settings.toolsets, settings.toolsets_file)
+        self.mcp = McpServers()
+        """The MCP servers' connections (stdio children, HTTP sessions) on the process loop."""
         self.kept = KeptLoops(settings.kept_loops)
         self.deadlines = StepDeadlines(settings.step_timeout)
         self.metrics: Metrics | None = None
@@ -293,6 +297,7 @@ class WorkerProcess:
         """Stop what runs on the loop (lease renewals, kept loops) and close the Redis clients (tests;
         a worker's process ends with its process)."""
         self.kept.clear()
+        await self.mcp.aclose()
         task = self.leases.task
         if task is not None:
             task.cancel()

@@ -19,7 +19,11 @@ TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or 
                                      unset: toolloop.providers.from_env()
 TOOLLOOP_METRICS_PORT        0       serve Prometheus metrics on this port (0: off; docs/operations.md)
 TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,..." (workers/toolsets.py);
-                                     clients read the names only, and refuse any other
+                                     "name=mcp:<url>" an MCP server; clients read the names only, and
+                                     refuse any other
+TOOLLOOP_IMAGE_DIR           <tmp>/toolloop-images  where MCP tool images are written (shared by workers)
+TOOLLOOP_TOOLSETS_FILE       unset   a YAML file of toolsets: MCP servers (stdio or HTTP), Python tools,
+                                     or both (workers/mcpconfig.py, docs/mcp.md)
 TOOLLOOP_KEPT_LOOPS          4096    run loops a worker process keeps paused between their steps (the
                                      oldest is dropped past it: its run's next step replays; 0: none)
 TOOLLOOP_DELTA_INTERVAL_MS   50      ms between two delta writes of a streaming run (docs/streaming.md);
@@ -57,6 +61,9 @@ from workers.ratelimit import Limits
 from workers.ratelimit import parse as parse_rate_limits
 from workers.toolsets import ENV as TOOLSETS_ENV
 from workers.toolsets import parse as parse_toolsets
+from workers.toolsets import registered
+
+TOOLSETS_FILE_ENV = "TOOLLOOP_TOOLSETS_FILE"
 
 
 def duration(text: str) -> float:
@@ -107,7 +114,9 @@ class Settings:
     shutdown_grace: float
     prompt_gen: str | None
     toolsets: dict[str, str] = field(default_factory=dict)
-    """Registered toolsets, name -> import path (TOOLLOOP_TOOLSETS)."""
+    """Registered toolsets, name -> import path or "mcp:<url>" (TOOLLOOP_TOOLSETS)."""
+    toolsets_file: str = ""
+    """A YAML file of more toolsets, MCP servers among them (TOOLLOOP_TOOLSETS_FILE, workers/mcpconfig.py)."""
     max_spec_bytes: int = 1_000_000
     max_messages: int = 1000
     max_image_bytes: int = 5_000_000
@@ -130,9 +139,16 @@ class Settings:
     commit_wait: int = 0
     """Replicas a commit waits for (TOOLLOOP_COMMIT_WAIT; 0: none)."""
     commit_wait_ms: int = 1000
+    image_dir: str = ""
+    """Where MCP tool images are written, by content (TOOLLOOP_IMAGE_DIR; "": <tmp>/toolloop-images)."""
     kill_plan: str = ""
     """The fault suite's kill plan (TOOLLOOP_KILL_PLAN): its hooks are installed (tests only)."""
     """Where `redis_url` came from (`find_redis_url`); "" when nothing was found."""
+
+    def toolset_names(self) -> list[str]:
+        """The names of every registered toolset (TOOLLOOP_TOOLSETS and TOOLLOOP_TOOLSETS_FILE), read
+        without importing or connecting anything; `ToolsetError` when the file is unusable."""
+        return sorted(registered(self.toolsets, self.toolsets_file))
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -152,6 +168,7 @@ class Settings:
             shutdown_grace=_float("TOOLLOOP_SHUTDOWN_GRACE", 30),
             prompt_gen=os.environ.get("TOOLLOOP_PROMPT_GEN", "").strip() or None,
             toolsets=parse_toolsets(os.environ.get(TOOLSETS_ENV, "")),
+            toolsets_file=os.environ.get(TOOLSETS_FILE_ENV, "").strip(),
             max_spec_bytes=int(_float("TOOLLOOP_MAX_SPEC_BYTES", 1_000_000)),
             max_messages=int(_float("TOOLLOOP_MAX_MESSAGES", 1000)),
             max_image_bytes=int(_float("TOOLLOOP_MAX_IMAGE_BYTES", 5_000_000)),
@@ -168,4 +185,5 @@ class Settings:
             kill_plan=os.environ.get("TOOLLOOP_KILL_PLAN", "").strip(),
             commit_wait=_count("TOOLLOOP_COMMIT_WAIT", 0, most=64),
             commit_wait_ms=_count("TOOLLOOP_COMMIT_WAIT_MS", 1000, most=600_000, least=1),
+            image_dir=os.environ.get("TOOLLOOP_IMAGE_DIR", "").strip(),
         )

@@ -18,6 +18,7 @@ from workers import advance as advance_step
 from workers import approvals, runs
 from workers.app import app
 from workers.errors import OOM_HINT, REDIS_LOST, StepFailedError
+from workers.mcptools import journaled_tools
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP
 from workers.process import process_of
 
@@ -55,7 +56,14 @@ def decide(self: Task, run_id: str, decision_id: str) -> str:
     """Apply a decision on a held call (approve, reject, edit): the first per call wins."""
     process = process_of(self.app)
     early = process.settings.max_early_decisions
-    return approvals.apply(process.redis, self.app, run_id, decision_id, process.toolsets.for_worker, early)
+    return approvals.apply(
+        process.redis,
+        self.app,
+        run_id,
+        decision_id,
+        lambda name: journaled_tools(process, run_id, name),
+        early,
+    )
 
 
 @app.task(name=CANCEL, bind=True)  # type: ignore[untyped-decorator]

@@ -5,11 +5,14 @@ The operator's configuration maps names to import paths, and nothing else does:
     TOOLLOOP_TOOLSETS="review=examples.storyboard.tools:REVIEW_TOOLS,agents=app.tools:make_tools"
 
 (`toolloop worker --toolsets ...` sets the same for its worker). A path "pkg.module:NAME" names a
-list of ToolSpec, or a callable (no arguments) returning one. `Client.enqueue`, the `toolloop` CLI
-and the web example read only the names (`Registry.check`): a run naming anything else is refused
-before anything is imported, and the error lists the registered names. Only a worker imports, the
-first time a run names a toolset (`Registry.for_worker`); a toolset whose import or factory raises
-(even `SystemExit` or `KeyboardInterrupt`) fails that run with a `ToolsetError`, never the worker.
+list of ToolSpec, or a callable (no arguments) returning one; "mcp:<http(s) url>" names a
+streamable-HTTP MCP server, and TOOLLOOP_TOOLSETS_FILE a YAML file of toolsets that may mix Python
+tools and MCP servers (workers/mcpconfig.py; the servers' tools: workers/mcptools.py).
+`Client.enqueue`, the `toolloop` CLI and the web example read only the names (`Registry.check`): a
+run naming anything else is refused before anything is imported or connected, and the error lists
+the registered names. Only a worker imports, the first time a run names a toolset
+(`Registry.for_worker`); a toolset whose import or factory raises (even `SystemExit` or
+`KeyboardInterrupt`) fails that run with a `ToolsetError`, never the worker.
 
 In a worker, a tool's sync `run` / `start` / `wait` runs in a thread: every run of the process
 shares one asyncio loop, and a sync tool that blocks would stall all of them.
@@ -28,6 +31,7 @@ from typing import Any
 
 from toolloop.loop.types import ToolSpec
 from workers.errors import ToolsetError
+from workers.mcpconfig import FILE_ENV, Toolset, from_entry, is_entry, read_file
 
 ENV = "TOOLLOOP_TOOLSETS"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -39,17 +43,32 @@ def parse(text: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, sep, path = (piece.strip() for piece in entry.partition("="))
-        if not sep or not _NAME.match(name) or not _PATH.match(path):
+        if not sep or not _NAME.match(name) or not (_PATH.match(path) or is_entry(path)):
             raise ToolsetError(
-                f"{ENV} has the entry {entry!r}, which is not name=pkg.module:NAME.\n"
-                f'  Write it as {ENV}="review=examples.storyboard.tools:REVIEW_TOOLS,other=app.tools:TOOLS".'
+                f"{ENV} has the entry {entry!r}, which is not name=pkg.module:NAME nor name=mcp:<url>.\n"
+                f'  Write it as {ENV}="review=examples.storyboard.tools:REVIEW_TOOLS,docs=mcp:http://127.0.0.1:3001/mcp".'
             )
+        from_entry(name, path)  # an MCP URL with credentials in it is refused here
         if name in found and found[name] != path:
             raise ToolsetError(
                 f"{ENV} registers the toolset {name!r} twice ({found[name]!r} and {path!r}).\n"
                 "  Give every toolset its own name."
             )
         found[name] = path
+    return found
+
+
+def registered(entries: Mapping[str, str], file: str = "") -> dict[str, Toolset]:
+    """Every registered toolset: TOOLLOOP_TOOLSETS's `entries` (parsed) and TOOLLOOP_TOOLSETS_FILE's
+    toolsets. A name registered in both is refused (`ToolsetError`). Nothing is imported or connected."""
+    found = {name: from_entry(name, text) for name, text in entries.items()}
+    for name, toolset in read_file(file).items():
+        if name in found:
+            raise ToolsetError(
+                f"The toolset {name!r} is registered both in {ENV} and in {FILE_ENV} ({file!r}).\n"
+                "  Register every toolset in one place."
+            )
+        found[name] = toolset
     return found
 
 
@@ -74,30 +93,36 @@ def check_name(name: str | None, names: Iterable[str]) -> None:
 
 
 class Registry:
-    """The toolsets one process serves: name -> import path (from the operator's configuration),
-    each imported at most once, when a run first names it."""
+    """The toolsets one process serves: name -> import paths and MCP servers (from the operator's
+    configuration), each Python toolset imported at most once, when a run first names it. A
+    toolset's MCP tools are not here: a run lists them once and journals them (workers/mcptools.py)."""
 
-    def __init__(self, paths: Mapping[str, str]) -> None:
+    def __init__(self, paths: Mapping[str, str], file: str = "") -> None:
         self.paths = dict(paths)
+        self.defined = registered(self.paths, file)
         self._tools: dict[str, list[ToolSpec]] = {}
         self._offloaded: dict[str, list[ToolSpec]] = {}
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
-        return sorted(self.paths)
+        return sorted(self.defined)
 
     def check(self, name: str | None) -> None:
-        check_name(name, self.paths)
+        check_name(name, self.defined)
+
+    def toolset(self, name: str) -> Toolset:
+        self.check(name)
+        return self.defined[name]
 
     def resolve(self, name: str | None) -> list[ToolSpec]:
-        """The tools of toolset `name` (None: no tools); `ToolsetError` naming it and the fix."""
+        """The Python tools of toolset `name` (None: no tools); `ToolsetError` naming it and the fix."""
         if name is None:
             return []
-        self.check(name)
+        toolset = self.toolset(name)
         with self._lock:
             found = self._tools.get(name)
             if found is None:
-                found = self._tools[name] = load(self.paths[name], name)
+                found = self._tools[name] = _joined(name, [load(path, name) for path in toolset.python])
             return found
 
     def for_worker(self, name: str | None) -> list[ToolSpec]:
@@ -110,6 +135,18 @@ class Registry:
             if found is None:
                 found = self._offloaded[name] = [_offloaded(tool) for tool in tools]
             return found
+
+
+def _joined(name: str, lists: list[list[ToolSpec]]) -> list[ToolSpec]:
+    tools = [tool for listed in lists for tool in listed]
+    names = [tool.name for tool in tools]
+    duplicates = sorted({one for one in names if names.count(one) > 1})
+    if duplicates:
+        raise ToolsetError(
+            f"Toolset {name!r} has more than one tool named {', '.join(map(repr, duplicates))}.\n"
+            "  Give every tool its own name."
+        )
+    return tools
 
 
 def _offloaded(tool: ToolSpec) -> ToolSpec:

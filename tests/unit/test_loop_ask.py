@@ -59,7 +59,7 @@ async def test_ask_without_an_ask_tool_is_unknown() -> None:
     result, _ = await run(model)
     assert result.stopped_by == "done"
     assert result.messages[2] == ToolMessage(
-        tool_call_id="a1", content=[TextPart(text='Unknown tool "ask".')]
+        tool_call_id="a1", content=[TextPart(text='Unknown tool "ask".')], is_error=True
     )
 
 

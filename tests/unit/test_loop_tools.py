@@ -85,7 +85,7 @@ async def test_nested_input_is_validated_with_locations() -> None:
         "✖ Input should be 'fit' or 'fill'\n"
         "  → at mode"
     )
-    assert result.messages[2] == ToolMessage(tool_call_id="c1", content=[TextPart(text=text)])
+    assert result.messages[2] == ToolMessage(tool_call_id="c1", content=[TextPart(text=text)], is_error=True)
     assert events.events[1].summary == text[:200]  # type: ignore[union-attr]
 
 
@@ -125,5 +125,6 @@ async def test_a_tool_result_over_the_limit_is_answered_as_an_error_and_not_jour
     first, second = (answer.content[0].text for answer in answers)  # type: ignore[union-attr,index]
     assert first.startswith("Tool 'huge' returned ") and "the limit is 1,000" in first
     assert "the image 'big.png' of 3,004 bytes; the limit is 2,000" in second
+    assert [answer.is_error for answer in answers] == [True, True]  # sent as error tool results
     assert result.spent_usd == 0.02  # the tool's cost still counts
     assert all("v" * 100 not in stored for stored in journal.entries.values())  # not journaled

@@ -348,3 +348,30 @@ async def test_each_answer_logs_one_debug_line_and_a_cut_answer_a_warning(
                   "(100 prompt tokens, 0 cached, 0 written; 20 out) $0.000600 from tokens"),
         ("WARNING", "anthropic: the answer of claude-sonnet-4-6 was cut at max_tokens (partial)"),
     ]  # fmt: skip
+
+
+async def test_a_failed_tool_result_carries_is_error_and_a_good_one_does_not() -> None:
+    request = PromptGenRequest(
+        model=MODEL,
+        tools=[TOOL],
+        messages=[
+            UserMessage(content="Read two frames."),
+            AssistantMessage(
+                tool_calls=[
+                    ToolCall(id="c1", name="read_frame", input={"shot": "x"}),
+                    ToolCall(id="c2", name="read_frame", input={"shot": 4}),
+                ]
+            ),
+            ToolMessage(tool_call_id="c1", content="Invalid input for read_frame: ✖ bad", is_error=True),
+            ToolMessage(tool_call_id="c2", content="frame 4"),
+        ],
+    )
+    body = await send(request)
+    failed, good = body["messages"][2]["content"]
+    assert failed == {
+        "type": "tool_result",
+        "tool_use_id": "c1",
+        "content": [{"type": "text", "text": "Invalid input for read_frame: ✖ bad"}],
+        "is_error": True,
+    }
+    assert "is_error" not in good

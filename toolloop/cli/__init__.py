@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from toolloop.cli import accounts, commands, demo, doctor, models, processes
+from toolloop.cli import accounts, commands, demo, doctor, models, processes, tools
 from toolloop.cli.errors import CliError, explain
 
 __all__ = ["main"]
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_command(sub)
     accounts.add_command(sub)
     models.add_command(sub)
+    tools.add_command(sub)
     return parser
 
 

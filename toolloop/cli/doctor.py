@@ -4,7 +4,8 @@
 - Redis keeps what it is given: `maxmemory` set (without it Redis grows until the OS kills it),
   AOF on (`appendonly yes`), and `maxmemory-policy noeviction` (an evicted journal or queue key is
   silent data loss);
-- the registered toolsets (TOOLLOOP_TOOLSETS): each is listed and imported, as a worker would;
+- the registered toolsets (TOOLLOOP_TOOLSETS, TOOLLOOP_TOOLSETS_FILE): each Python toolset is
+  imported, as a worker would, and each MCP server is asked for its tools (`tools/list`);
 - the rejected list (toolloop:rejected): how many messages it holds.
 
 Each line starts with `ok`, `warn` or `error`; the exit status is 1 when any check is an error.
@@ -13,6 +14,7 @@ Each line starts with `ok`, `warn` or `error`; the exit status is 1 when any che
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from typing import Any
@@ -52,24 +54,42 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         else:
             say("ok", f"Redis at {redact(url)} answers (with the URL's credentials and TLS)")
             errors += check_config(url, say)
+    check_toolsets(say)
+    return 1 if errors else 0
+
+
+def check_toolsets(say: Any) -> None:
+    """Import each registered Python toolset and ask each MCP server for its tools."""
+    toolsets = workers("toolsets")
     try:
-        registered = workers("settings").Settings.from_env().toolsets
+        settings = workers("settings").Settings.from_env()
+        registered = toolsets.registered(settings.toolsets, settings.toolsets_file)
     except ValueError as error:
         say("error", str(error).splitlines()[0])
         registered = {}
     if not registered:
         say("warn", "no toolsets are registered (TOOLLOOP_TOOLSETS): every run naming one is refused")
-    toolsets = workers("toolsets")
     if os.getcwd() not in sys.path:  # as a worker started here imports (its PYTHONPATH has the cwd)
         sys.path.insert(0, os.getcwd())
-    for name, path in sorted(registered.items()):
-        try:
-            tools = toolsets.load(path, name)
-        except ValueError as error:
-            say("error", f"toolset {name!r}: {str(error).splitlines()[0]}")
-        else:
-            say("ok", f"toolset {name!r} = {path} ({', '.join(tool.name for tool in tools) or 'no tools'})")
-    return 1 if errors else 0
+    for name, toolset in sorted(registered.items()):
+        for path in toolset.python:
+            try:
+                tools = toolsets.load(path, name)
+            except ValueError as error:
+                say("error", f"toolset {name!r}: {str(error).splitlines()[0]}")
+            else:
+                listed = ", ".join(tool.name for tool in tools) or "no tools"
+                say("ok", f"toolset {name!r} = {path} ({listed})")
+        servers = list(toolset.servers)
+        for server, answer in zip(servers, asyncio.run(workers("mcpservers").probe(servers)), strict=True):
+            if isinstance(answer, Exception):
+                say("error", f"toolset {name!r}: {str(answer).splitlines()[0]}")
+            else:
+                listed = ", ".join(tool.name for tool in answer[:8]) + (", ..." if len(answer) > 8 else "")
+                say(
+                    "ok",
+                    f"toolset {name!r}: MCP server {server.where} answers ({len(answer)} tools: {listed})",
+                )
 
 
 def check_config(url: str, say: Any) -> int:

@@ -158,7 +158,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         extra.update(defaults.simulated_provider_env(server.base_url))
         print(f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}.")
     served = extra.get("TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")).strip()
-    names = ", ".join(entry.split("=")[0].strip() for entry in served.split(",") if entry.strip())
+    listed = [entry.split("=")[0].strip() for entry in served.split(",") if entry.strip()]
+    try:  # and the MCP servers and toolsets of TOOLLOOP_TOOLSETS_FILE (read, not connected)
+        listed += sorted(workers("mcpconfig").read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip()))
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    names = ", ".join(listed)
     print(
         f"Worker on {'the embedded Redis' if choice.embedded else 'REDIS_URL'}, queues {args.queues}, "
         f"toolsets: {names or 'none (set TOOLLOOP_TOOLSETS or --toolsets)'}."

@@ -94,7 +94,7 @@ def check_toolset(name: Any) -> None:
             "  Pass --toolset NAME (one registered in TOOLLOOP_TOOLSETS), or set toolset in the spec file."
         )
     try:
-        registered = workers("settings").Settings.from_env().toolsets
+        registered = workers("settings").Settings.from_env().toolset_names()
         workers("toolsets").check_name(str(name), registered)
     except ValueError as error:  # workers.errors.ToolsetError: two lines already
         raise CliError(str(error)) from None

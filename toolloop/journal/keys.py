@@ -28,6 +28,8 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:decisions       hash    the decisions on held calls (field "s<seg>:<call id>")
     tl:{<run>}:decide          hash    decisions sent, not applied yet (field = decision id)
     tl:{<run>}:decide:outcomes hash    what workers made of the decisions they applied
+    tl:{<run>}:mcptools        hash    field = MCP server label, value = the tools it listed when the
+                                       run first needed them (JSON list), written with HSETNX only
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
     tl:runs:all                zset    every run id, score = enqueue time (`toolloop list`, newest
                                        first); an id whose run expired is dropped when read or pruned
@@ -107,6 +109,11 @@ def spend(run_id: str) -> str:
     return _run(run_id, "spend")
 
 
+def mcp_tools(run_id: str) -> str:
+    """The MCP tool lists a run journaled (workers/mcptools.py): field = server label (HSETNX)."""
+    return _run(run_id, "mcptools")
+
+
 def segment_name(index: int) -> str:
     """The name of segment `index`: "s0", "s1", ... (its journal key prefix is this plus "/")."""
     return f"s{index}"
@@ -138,7 +145,8 @@ WAITS_DUE = f"{PREFIX}waits:due"
 
 
 RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
-                 "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes")  # fmt: skip
+                 "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes",
+                 "mcptools")  # fmt: skip
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:

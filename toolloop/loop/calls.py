@@ -68,11 +68,11 @@ class CallAnswers:
             spec = self.tools.get(tool_call.name)
             rows: list[str] = []
             if spec is None:
-                output = await self.own_answer(tool_call, f'Unknown tool "{tool_call.name}".')
+                output = await self.own_answer(tool_call, f'Unknown tool "{tool_call.name}".', is_error=True)
             else:
                 checked = validate_input(spec, tool_call.input)
                 if isinstance(checked, str):
-                    output = await self.own_answer(tool_call, checked)
+                    output = await self.own_answer(tool_call, checked, is_error=True)
                 elif spec.name == ASK:
                     if held is None:
                         held = Asked(input=checked.model_dump(mode="json"))
@@ -128,9 +128,10 @@ class CallAnswers:
             return await self.run_two_phase(spec, tool_call, run_with, edited)
         return await self.run_one_phase(spec, tool_call, run_with, edited), []
 
-    async def own_answer(self, tool_call: ToolCall, text: str) -> ToolOutput:
+    async def own_answer(self, tool_call: ToolCall, text: str, *, is_error: bool = False) -> ToolOutput:
         async def work(signal: AbortSignal) -> StepResult:
-            return StepResult(value=text_answer(text).model_dump(mode="json"), cost_usd=0.0)
+            answer = text_answer(text, is_error=is_error)
+            return StepResult(value=answer.model_dump(mode="json"), cost_usd=0.0)
 
         return validated(self.memo, ToolOutput, await self.options.step(f"tool:{tool_call.id}", work))
 

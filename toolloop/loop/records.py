@@ -114,7 +114,9 @@ def model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage,
 def tool_records(
     turn: int, tool_call: ToolCall, output: ToolOutput, rows: list[str]
 ) -> tuple[ToolMessage, ToolEvent]:
-    message = ToolMessage(tool_call_id=tool_call.id, content=message_content(output))
+    message = ToolMessage(
+        tool_call_id=tool_call.id, content=message_content(output), is_error=output.is_error
+    )
     event = ToolEvent(step=turn, name=tool_call.name, call_id=tool_call.id, cost_usd=output.cost_usd,
                       summary=summary(output), rows=rows or output.rows or [])  # fmt: skip
     return message, event

@@ -77,9 +77,10 @@ def format_errors(error: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def text_answer(text: str) -> ToolOutput:
-    """An answer the loop gives itself (unknown tool, invalid input, a second ask)."""
-    return ToolOutput(value=text, content=[TextPart(text=text)], cost_usd=0.0)
+def text_answer(text: str, *, is_error: bool = False) -> ToolOutput:
+    """An answer the loop gives itself (unknown tool, invalid input, a second ask); `is_error`: the
+    call failed (unknown tool, invalid input), and the model's tool result says so."""
+    return ToolOutput(value=text, content=[TextPart(text=text)], cost_usd=0.0, is_error=is_error)
 
 
 def as_output(returned: Any, tool: str) -> ToolOutput:
@@ -144,4 +145,6 @@ def bounded(output: ToolOutput, tool: str, max_bytes: int | None, max_image_byte
     if problem is None:
         return output
     text = f"Tool {tool!r} {problem}. The result was not kept; ask for less (a narrower input)."
-    return ToolOutput(value=None, content=[TextPart(text=text)], cost_usd=output.cost_usd, rows=output.rows)
+    return ToolOutput(
+        value=None, content=[TextPart(text=text)], cost_usd=output.cost_usd, rows=output.rows, is_error=True
+    )

@@ -46,6 +46,10 @@ class ToolOutput(_Value):
     content: list[ContentPart] = Field(default_factory=list)
     cost_usd: float = 0.0
     rows: list[str] | None = None
+    is_error: bool = Field(default=False, exclude_if=lambda value: value is False)
+    """The call failed and `content` says why: the model's tool result is marked as an error
+    (Anthropic `is_error: true`). Left out of dumps when False (journals written before it read
+    the same)."""
 
 
 class Started(_Value):

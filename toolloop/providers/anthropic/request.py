@@ -163,6 +163,8 @@ def _tool_result(message: ToolMessage, images: Mapping[str, str]) -> Block:
     content = _parts(message.content, images)
     if content:
         block["content"] = content
+    if message.is_error:
+        block["is_error"] = True
     return block
 
 

@@ -1,0 +1,61 @@
+"""`toolloop tools NAME`: the tools of a registered toolset, as a worker would serve them: its Python
+tools (imported) and each MCP server's (listed over a connection of its own, then closed)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any
+
+from toolloop.cli.errors import CliError
+from toolloop.cli.spec import workers
+
+
+def add_command(sub: Any) -> None:
+    tools = sub.add_parser("tools", help="list the tools of a registered toolset (MCP servers included)")
+    tools.add_argument("name", metavar="NAME", help="a toolset registered in TOOLLOOP_TOOLSETS(_FILE)")
+    tools.set_defaults(handler=cmd_tools)
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    settings = workers("settings").Settings.from_env()
+    try:
+        registry = workers("toolsets").Registry(settings.toolsets, settings.toolsets_file)
+        toolset = registry.toolset(args.name)
+    except ValueError as error:  # ToolsetError: two lines already
+        raise CliError(str(error)) from None
+    if os.getcwd() not in sys.path:  # as a worker started here imports (its PYTHONPATH has the cwd)
+        sys.path.insert(0, os.getcwd())
+    failed = 0
+    for path in toolset.python:
+        try:
+            loaded = workers("toolsets").load(path, args.name)
+        except ValueError as error:
+            print(f"error {path}: {str(error).splitlines()[0]}")
+            failed += 1
+            continue
+        for tool in loaded:
+            print(f"{tool.name:<28} {path:<32} {_first_line(tool.description)}")
+    listed = asyncio.run(workers("mcpservers").probe(list(toolset.servers)))
+    for server, tools in zip(toolset.servers, listed, strict=True):
+        if isinstance(tools, Exception):
+            print(f"error MCP server {server.label!r}: {str(tools).splitlines()[0]}")
+            failed += 1
+            continue
+        for tool in tools:
+            approval = " (needs approval)" if _held(server, tool) else ""
+            print(f"{tool.name:<28} mcp:{server.label:<28} {_first_line(tool.description or '')}{approval}")
+    return 1 if failed else 0
+
+
+def _held(server: Any, tool: Any) -> bool:
+    record = workers("mcptools").tool_record(tool)
+    destructive = not record["read_only"] and record["destructive"]
+    return tool.name in server.needs_approval or (server.approve_destructive and destructive)
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= 80 else line[:77] + "..."
