@@ -35,7 +35,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -109,6 +109,22 @@ class StreamReader(Protocol):
     def done(self) -> bool: ...
 
     def result(self) -> Any: ...
+
+
+DRAIN_S = 5.0
+"""After a stream's last event, how long its HTTP body's end (the last chunk) is waited for, so the
+connection goes back to the pool (the SDK reads the rest of the stream too); past it the connection
+is closed and the answer stands."""
+
+
+async def _drain(chunks: AsyncIterator[bytes], within_s: float) -> None:
+    """Read the rest of a streamed body (what follows the last event is not an event: dropped)."""
+    try:
+        async with asyncio.timeout(within_s):
+            async for _ in chunks:
+                pass
+    except (TimeoutError, httpx.TransportError):
+        pass  # the answer is whole; only the connection is lost (not reused)
 
 
 async def _close(chunks: Any) -> None:
@@ -285,6 +301,7 @@ class _Call:
                 if reader.flush() and hold is not None and not reader.done:
                     hold(hold_s)  # what arrives meanwhile comes as one read, one delta
                 if reader.done:
+                    await _drain(chunks, min(DRAIN_S, self.endpoint.timeout_s))
                     return reader.result()
         except httpx.TimeoutException:
             raise
