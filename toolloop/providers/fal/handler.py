@@ -142,6 +142,7 @@ class FalHandler:
             timeout_s=min(UPLOAD_TIMEOUT_S, self.timeouts.whole_s),
             transport=self.transport,
             provider=self.name,
+            network=getattr(self.http, "network", None),
         )
         body = with_ttl(build_body(request, model=model, reasoning=reasoning, images=images), ttl)
         headers = {"authorization": f"Key {key}"}
