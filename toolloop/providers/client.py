@@ -171,7 +171,7 @@ class KeepAliveClient:
     async def aclose(self) -> None:
         """Close the idle keep-alive connections (on the pool's loop)."""
         if self._pool is not None:
-            self._pool.close()
+            await self._pool.aclose()
         self._pool = None
         proxied, self._proxied = self._proxied, {}
         for client in proxied.values():
