@@ -5,6 +5,8 @@
     ├── ToolArgumentsError              the model sent tool arguments that are not JSON; never retried
     └── PromptGenError                  a model call failed (carries `status`, `retryable`, `retry_after`)
         ├── PromptGenUnavailableError   the provider cannot serve at all (`reason`); the fallback moves on
+        ├── PromptGenTimeoutError       the provider did not answer in time, retried once already:
+                                        the fallback moves on (each attempt may have been billed)
         └── SpendLimitError             a 429 for a spend limit (`error_code`): never retried, and no
                                         fallback either (`unavailable = False`): raise the limit first
 
@@ -86,6 +88,18 @@ class PromptGenUnavailableError(PromptGenError):
         self.retryable = False
         self.retry_after = None
         self.reason: UnavailableReason = reason
+
+
+class PromptGenTimeoutError(PromptGenError):
+    """A model call timed out (no answer within its wait, or nothing more of a streamed answer
+    within the idle timeout) on every attempt it was allowed (toolloop/providers/timeouts.py): a
+    capacity error, on which the fallback moves on. Retryable: the same request may succeed later."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.status = None
+        self.retryable = True
+        self.retry_after = None
 
 
 class SpendLimitError(PromptGenError):

@@ -200,7 +200,7 @@ async def test_a_stream_cut_or_failed_mid_way_is_retried_and_the_cut_attempt_cou
 async def test_an_overloaded_error_event_every_time_ends_as_the_http_529_would(wire: str) -> None:
     with SimServer(faulted("stream_error", status=529, times=None), strict=True) as sim:
         deltas: list[DeltaEvent] = []
-        with pytest.raises(PromptGenError, match=r"HTTP 529.*\(3 attempts\)") as caught:
+        with pytest.raises(PromptGenError, match=r"HTTP 529.*\(2 attempts\)") as caught:  # each may be billed
             await handler(wire, sim).execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
     assert caught.value.status == 529 and caught.value.retryable
     assert deltas[-1] == DeltaEvent(discard=True)  # what was shown is void

@@ -103,6 +103,8 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
         "reasoning",
         "tools",
         "tool_choice",
+        "stream",  # fal's default max_tokens of 32,000 may take 900 s: streamed (timeouts.py)
+        "stream_options",
     ]
     assert body["model"] == "anthropic/claude-haiku-4.5" and body["max_tokens"] == 32000
     assert body["temperature"] == 2.0 and body["reasoning"] == {"effort": "medium"}
@@ -350,3 +352,14 @@ def test_the_url_cache_is_per_handler_and_bounded() -> None:
     assert cache.get("a") == "A"  # a is now the most recent
     cache.put("c", "C")
     assert (cache.get("a"), cache.get("b"), cache.get("c"), len(cache)) == ("A", None, "C", 2)
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "streams"), [(8192, False), (21333, False), (21334, True), (None, True)]
+)
+async def test_a_call_streams_when_the_sdk_would_require_it(max_tokens: int | None, streams: bool) -> None:
+    """The anthropic SDK refuses a non-streamed call whose expected time (3,600 s x max_tokens /
+    128,000) is over 10 minutes; fal follows the same rule (its default max_tokens is 32,000)."""
+    params = None if max_tokens is None else {"max_tokens": max_tokens}
+    _, body = await call(PromptGenRequest(prompt="Go", params=params))
+    assert ("stream" in body) is streams

@@ -14,6 +14,7 @@ import pytest
 from providers_kit import FAKE_KEY, FAST, Recorder, sdk_message
 
 from toolloop import AbortController, AbortError, PromptGenError, PromptGenRequest, PromptGenUnavailableError
+from toolloop.errors import PromptGenTimeoutError
 from toolloop.providers import AnthropicHandler, PromptGen, RetryPolicy, Secret
 from toolloop.providers.http import classify, parse_retry_after
 
@@ -77,28 +78,48 @@ async def test_a_longer_retry_after_is_honoured_between_retries() -> None:
     assert time.monotonic() - started >= 0.3
 
 
-async def test_timeouts_are_retried_then_reported() -> None:
+async def test_a_timed_out_attempt_is_retried_once_then_reported_as_a_timeout() -> None:
     def slow(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)
 
     recorder = Recorder(slow)
-    with pytest.raises(PromptGenError, match=r"did not answer within 180 s \(3 attempts\)\.\n") as caught:
+    with pytest.raises(
+        PromptGenTimeoutError, match=r"did not answer within 600 s \(2 attempts\)\.\n"
+    ) as caught:
         await run(recorder)
-    assert len(recorder.requests) == 3 and caught.value.retryable
+    assert len(recorder.requests) == 2 and caught.value.retryable  # FAST allows 3: a timeout is paid
 
 
-async def test_network_failures_are_errors_without_retry() -> None:
+@pytest.mark.parametrize(
+    "failure",
+    [
+        httpx.ConnectError("connection refused"),
+        httpx.ConnectTimeout("no connection"),
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+    ],
+)
+async def test_connection_errors_before_any_response_are_retried_with_backoff(failure: Exception) -> None:
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise failure
+
+    recorder = Recorder(refused, refused, OK)
+    assert await run(recorder) == "ok"
+    assert len(recorder.requests) == 3
+
+
+async def test_connection_errors_that_outlast_the_retries_are_errors_without_fallback() -> None:
     def refused(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
     recorder = Recorder(refused)
-    with pytest.raises(PromptGenError, match="could not be reached") as caught:
+    with pytest.raises(PromptGenError, match=r"could not be reached .* \(3 attempts\)") as caught:
         await run(recorder)
-    assert len(recorder.requests) == 1 and caught.value.status is None
+    assert len(recorder.requests) == FAST.attempts and caught.value.status is None
+    assert not isinstance(caught.value, PromptGenTimeoutError)
 
 
 @pytest.mark.parametrize(
-    ("status", "reason"), [(401, "auth"), (403, "auth"), (402, "limit"), (429, "limit"), (404, "missing")]
+    ("status", "reason"), [(401, "auth"), (403, "auth"), (402, "limit"), (404, "missing")]
 )
 async def test_auth_and_limit_statuses_are_unavailable_at_once(status: int, reason: str) -> None:
     recorder = Recorder(error(status, "no"))
@@ -106,6 +127,23 @@ async def test_auth_and_limit_statuses_are_unavailable_at_once(status: int, reas
         await run(recorder)
     assert caught.value.reason == reason and caught.value.status == status
     assert len(recorder.requests) == 1
+
+
+async def test_a_429_without_retry_after_is_retried_with_backoff_as_the_sdk_does() -> None:
+    recorder = Recorder(error(429, "slow down"), OK)
+    assert await run(recorder) == "ok"
+    assert len(recorder.requests) == 2
+    recorder = Recorder(error(429, "slow down"))
+    with pytest.raises(PromptGenUnavailableError) as caught:
+        await run(recorder)
+    assert caught.value.reason == "limit" and len(recorder.requests) == FAST.attempts
+
+
+async def test_a_429_with_a_long_retry_after_is_unavailable_at_once() -> None:
+    recorder = Recorder(error(429, "no", **{"retry-after": "60"}))
+    with pytest.raises(PromptGenUnavailableError) as caught:
+        await run(recorder)
+    assert caught.value.reason == "limit" and len(recorder.requests) == 1
 
 
 async def test_a_short_retry_after_on_429_is_waited_for_then_retried() -> None:

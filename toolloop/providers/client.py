@@ -8,6 +8,11 @@ by every call made on the loop that first used it (asyncio.Protocol + httptools,
 call from another loop goes through a fresh httpx client instead. `client_from_env()` picks it unless
 `TOOLLOOP_HTTP` is `httpx`. CPU per call at 500 in flight: bench/http_clients.py, bench/PROFILE-19.md.
 
+Proxies and certificates (`network=`, toolloop/providers/network.py; default from the environment:
+HTTPS_PROXY / HTTP_PROXY / NO_PROXY, SSL_CERT_FILE / SSL_CERT_DIR): both clients trust the same SSL
+context; a request whose host goes through a proxy is sent by httpx (its proxy support: CONNECT
+tunnels for https), the keep-alive client keeping one httpx client per proxy on its loop.
+
 Both answer through `send(url, content, headers, timeout)`, an async context manager giving an
 `Answer` whose body is read whole (`read`) or as it arrives (`chunks`, for a stream) and whose
 headers are a mapping of lower-case names; the keep-alive client's errors come out as the httpx
@@ -30,10 +35,10 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
-import certifi
 import httpx
 
 from toolloop.providers.keepalive import Pool, decoded_headers
+from toolloop.providers.network import Network
 
 log = logging.getLogger("toolloop.providers")
 
@@ -76,23 +81,27 @@ class HttpClient(Protocol):
 
 class HttpxClient:
     """A fresh httpx client per call (any event loop). `transport`: an httpx transport to send
-    through instead of the network (a test's `MockTransport`)."""
+    through instead of the network (a test's `MockTransport`; then no proxy). `network`: the proxy
+    and certificates (default: the environment's)."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, transport: httpx.AsyncBaseTransport | None = None, *, network: Network | None = None
+    ) -> None:
         self.transport = transport
-        self._ssl: ssl.SSLContext | None = None
+        self.network = network or Network()
 
     def verify(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context(cafile=certifi.where())
-        return self._ssl
+        return self.network.ssl_context()
 
     @contextlib.asynccontextmanager
     async def send(
         self, url: str, content: bytes, headers: dict[str, str], timeout: httpx.Timeout
     ) -> AsyncIterator[Answer]:
+        proxy = None if self.transport is not None else self.network.proxy_for(url)
         async with (
-            httpx.AsyncClient(transport=self.transport, verify=self.verify(), trust_env=False) as client,
+            httpx.AsyncClient(
+                transport=self.transport, verify=self.verify(), trust_env=False, proxy=proxy
+            ) as client,
             client.stream("POST", url, content=content, headers=headers, timeout=timeout) as response,
         ):
             yield Answer(response.status_code, response.headers, response.aiter_bytes)
@@ -103,13 +112,18 @@ class HttpxClient:
 
 class KeepAliveClient:
     """Keep-alive HTTP/1.1 connections (toolloop/providers/keepalive.py) for the event loop that
-    first uses it; a call from another loop goes through a fresh httpx client."""
+    first uses it; a call from another loop goes through a fresh httpx client. `network`: the proxy
+    and certificates (default: the environment's); a host reached through a proxy is sent by one
+    httpx client per proxy, kept on the pool's loop (CONNECT tunnels kept alive by httpx)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, network: Network | None = None) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pool: Pool | None = None
-        self._other = HttpxClient()
+        self.network = network or Network()
+        self._other = HttpxClient(network=self.network)
         """For a call made on another loop than the pool's."""
+        self._proxied: dict[str, httpx.AsyncClient] = {}
+        """An httpx client per proxy URL, on the pool's loop."""
 
     @property
     def used(self) -> bool:
@@ -127,6 +141,11 @@ class KeepAliveClient:
             async with self._other.send(url, content, headers, timeout) as answer:
                 yield answer
             return
+        proxy = self.network.proxy_for(url)
+        if proxy is not None:
+            async with self._through(proxy, url, content, headers, timeout) as answer:
+                yield answer
+            return
         pool = self._pool
         if pool is None:
             pool = self._pool = Pool(running, self._other.verify)
@@ -138,16 +157,30 @@ class KeepAliveClient:
         finally:
             pool.release(conn)
 
+    @contextlib.asynccontextmanager
+    async def _through(
+        self, proxy: str, url: str, content: bytes, headers: dict[str, str], timeout: httpx.Timeout
+    ) -> AsyncIterator[Answer]:
+        client = self._proxied.get(proxy)
+        if client is None:
+            client = httpx.AsyncClient(verify=self.network.ssl_context(), trust_env=False, proxy=proxy)
+            self._proxied[proxy] = client
+        async with client.stream("POST", url, content=content, headers=headers, timeout=timeout) as response:
+            yield Answer(response.status_code, response.headers, response.aiter_bytes)
+
     async def aclose(self) -> None:
         """Close the idle keep-alive connections (on the pool's loop)."""
         if self._pool is not None:
-            self._pool.close()
+            await self._pool.aclose()
         self._pool = None
+        proxied, self._proxied = self._proxied, {}
+        for client in proxied.values():
+            await client.aclose()
 
 
-def client_from_env() -> HttpClient:
+def client_from_env(network: Network | None = None) -> HttpClient:
     """A `KeepAliveClient` for a long-lived loop unless TOOLLOOP_HTTP is `httpx` (then an
-    `HttpxClient`)."""
+    `HttpxClient`); `network` (default: the environment's proxy and certificates)."""
     if os.environ.get("TOOLLOOP_HTTP", "").strip() == "httpx":
-        return HttpxClient()
-    return KeepAliveClient()
+        return HttpxClient(network=network)
+    return KeepAliveClient(network=network)

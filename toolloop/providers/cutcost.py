@@ -16,6 +16,13 @@ is not documented; gateways that bill a cancelled Anthropic stream charge the in
                 (`common.estimate_tokens`) of the text, thinking and tool-input pieces received,
                 whichever is larger (message_start reports output_tokens 1 or so)
 
+An attempt that timed out after its request went out and before any answer began (a non-streamed
+call's whole wait, toolloop/providers/timeouts.py; `http.Tally.unanswered`) has received nothing,
+yet the provider may have generated the whole answer: `unanswered` prices it as the request's
+estimate, the character estimate of its input at the input rate and its `max_tokens` at the output
+rate (the wait was at least the expected time of max_tokens), output_from "max_tokens", cost source
+"estimate".
+
 Invariant: a cut attempt counts at least the input usage it reported; its output may be counted
 where the provider did not bill it (at least once, never less). `with_cuts` adds the sum to the
 result's `cost_usd` (so the loop's spend, the journaled step cost and a replay all carry it),
@@ -109,6 +116,16 @@ class Cut:
             "output_from": self.output_from,
             "cost_source": self.cost_source,
         }
+
+
+def unanswered(
+    provider: str, count: int, *, input_tokens: int, max_tokens: int, input_rate: float, output_rate: float
+) -> list[Cut]:
+    """`count` attempts that timed out before any answer began, each at the request's estimate
+    (module docstring); rates in USD per million tokens."""
+    usd = round((input_tokens * input_rate + max_tokens * output_rate) / 1_000_000, 10)
+    usage = PromptGenUsage(prompt_tokens=input_tokens, completion_tokens=max_tokens)
+    return [Cut(provider, usd, usage, "max_tokens", "estimate") for _ in range(count)]
 
 
 def with_cuts(result: PromptGenResult, cuts: Sequence[Cut]) -> PromptGenResult:

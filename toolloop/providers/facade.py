@@ -3,7 +3,8 @@
 `generate` walks `[provider or default_provider, *fallback]`, each name once. It moves on when the
 error is unavailable (`is_prompt_gen_unavailable`: auth, limit, missing, unsupported, or HTTP
 401/402/403/429) or a capacity error (`is_capacity`: HTTP 5xx or 529 after the handler's own retries
-ran out), and the caller's signal is not aborted; any other error (a spend limit, a retired model,
+ran out, or a `PromptGenTimeoutError`: the call timed out on its attempt and its one retry), and the
+caller's signal is not aborted; any other error (a spend limit, a retired model,
 a bad request), and the caller's abort, is raised at once. When every provider fails so, the last
 error is raised. Each switch logs a warning (`from`, `to`, `reason`); the answer of a provider after
 a switch carries `meta["fallback_from"]`: the providers that failed before it, in order, each with
@@ -33,7 +34,7 @@ from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.deltas import Relay, takes_on_delta
 from toolloop.deltas import relay as as_relay
-from toolloop.errors import PromptGenError, is_prompt_gen_unavailable
+from toolloop.errors import PromptGenError, PromptGenTimeoutError, is_prompt_gen_unavailable
 from toolloop.providers.base import PromptGenHandler
 from toolloop.providers.cutcost import Cut, with_cuts
 
@@ -49,7 +50,10 @@ AROUND_ATTEMPT: ContextVar[AroundAttempt | None] = ContextVar("around_attempt", 
 
 
 def is_capacity(error: BaseException) -> bool:
-    """A provider out of capacity: HTTP 5xx (529 overloaded included) raised after its retries."""
+    """A provider out of capacity: HTTP 5xx (529 overloaded included) raised after its retries, or
+    a call that timed out on each attempt it was allowed (`PromptGenTimeoutError`)."""
+    if isinstance(error, PromptGenTimeoutError):
+        return True
     status = getattr(error, "status", None)
     return isinstance(error, PromptGenError) and isinstance(status, int) and status >= 500
 
@@ -59,6 +63,8 @@ def _reason(error: BaseException) -> str:
     status = getattr(error, "status", None)
     if isinstance(reason, str):
         return f"{reason} (HTTP {status})" if status else reason
+    if isinstance(error, PromptGenTimeoutError):
+        return "timeout"
     return f"HTTP {status}" if status else type(error).__name__
 
 

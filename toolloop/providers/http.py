@@ -35,9 +35,9 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import orjson
@@ -46,7 +46,7 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta
 from toolloop.deltas import READ_HOLD
 from toolloop.deltas import relay as as_relay
-from toolloop.errors import PromptGenError
+from toolloop.errors import PromptGenError, PromptGenTimeoutError
 from toolloop.fastjson import dumps, loads_exact
 from toolloop.providers.base import Secret, redact
 from toolloop.providers.client import Answer, HttpClient
@@ -111,6 +111,22 @@ class StreamReader(Protocol):
     def result(self) -> Any: ...
 
 
+DRAIN_S = 5.0
+"""After a stream's last event, how long its HTTP body's end (the last chunk) is waited for, so the
+connection goes back to the pool (the SDK reads the rest of the stream too); past it the connection
+is closed and the answer stands."""
+
+
+async def _drain(chunks: AsyncIterator[bytes], within_s: float) -> None:
+    """Read the rest of a streamed body (what follows the last event is not an event: dropped)."""
+    try:
+        async with asyncio.timeout(within_s):
+            async for _ in chunks:
+                pass
+    except (TimeoutError, httpx.TransportError):
+        pass  # the answer is whole; only the connection is lost (not reused)
+
+
 async def _close(chunks: Any) -> None:
     close = getattr(chunks, "aclose", None)
     if close is not None:
@@ -158,6 +174,18 @@ async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
             task.uncancel()
 
 
+class Tally:
+    """What the attempts of one call did that the caller prices (toolloop/providers/cutcost.py):
+    `unanswered` counts those that timed out after the request went out and before any answer
+    began (a non-streamed call's whole wait; a stream's wait for its status line): the provider
+    may have generated, and billed, the whole answer."""
+
+    __slots__ = ("unanswered",)
+
+    def __init__(self) -> None:
+        self.unanswered = 0
+
+
 async def call_json(
     endpoint: Endpoint,
     body: Mapping[str, Any] | bytes,
@@ -169,39 +197,54 @@ async def call_json(
     flag: Flag | None = None,
     stream: Callable[[OnDelta | None], StreamReader] | None = None,
     on_delta: OnDelta | None = None,
+    wait_s: float | None = None,
+    connect_s: float | None = None,
+    tally: Tally | None = None,
 ) -> Any:
     """One model call (module docstring): the parsed 2xx body, or the stream reader's result.
-    `body`: the JSON body, or its bytes (a caller that drops its dict tree before the wait)."""
+    `body`: the JSON body, or its bytes (a caller that drops its dict tree before the wait).
+    `wait_s`: the read timeout of each attempt (default `endpoint.timeout_s`): for a non-streamed
+    call the wait for the whole answer (toolloop/providers/timeouts.py), streamed the idle timeout;
+    `connect_s` the connect timeout (default min(wait, 10 s)); `tally` counts what the caller prices."""
     policy = endpoint.policy
     started = time.monotonic()
     content = body if isinstance(body, bytes) else dumps(body)
     del body  # not kept across the wait for the answer
-    call = _Call(endpoint, content, {"content-type": "application/json", **headers}, client, secret, flag)
+    read_s = endpoint.timeout_s if wait_s is None else wait_s
+    timeout = httpx.Timeout(read_s, connect=min(read_s, 10.0) if connect_s is None else connect_s)
+    head = {"content-type": "application/json", **headers}
+    call = _Call(endpoint, content, head, client, secret, flag, read_s, timeout, tally)
     relay = None if on_delta is None else as_relay(on_delta)
-    attempt = 0
+    attempt = billed = 0
     while True:
         attempt += 1
         signal.throw_if_aborted()
         if relay is not None:
             relay.discard()  # an earlier attempt's deltas, if any, are void
         reader = None if stream is None else stream(relay)
-        error, wait_s = await race(call.attempt(attempt, reader), signal)
+        error, wait, paid = await race(call.attempt(attempt, reader), signal)
         if error is None:
-            return wait_s  # the parsed body / the reader's result
+            return wait  # the parsed body / the reader's result
+        billed += paid
         elapsed = time.monotonic() - started
-        if wait_s is None or attempt >= policy.attempts or elapsed + wait_s > policy.total_s:
+        if (
+            wait is None
+            or attempt >= policy.attempts
+            or billed >= policy.billed_attempts
+            or elapsed + wait > policy.total_s
+        ):
             if relay is not None:
                 relay.discard()
             raise final_error(error, attempt)
         log.warning(
             "%s: retrying after %s (attempt %d of %d, waiting %.2f s)",
             endpoint.provider,
-            error.status or "timeout",
+            error.status or ("timeout" if isinstance(error, PromptGenTimeoutError) else "a connection error"),
             attempt,
             policy.attempts,
-            wait_s,
+            wait,
         )
-        await race(asyncio.sleep(wait_s), signal)
+        await race(asyncio.sleep(wait), signal)
 
 
 class _Call:
@@ -215,50 +258,74 @@ class _Call:
         client: HttpClient,
         secret: Secret,
         flag: Flag | None,
+        read_s: float,
+        timeout: httpx.Timeout,
+        tally: Tally | None,
     ) -> None:
         self.endpoint, self.content, self.headers = endpoint, content, headers
         self.client, self.secret, self.flag = client, secret, flag
-        self.timeout = httpx.Timeout(endpoint.timeout_s, connect=min(endpoint.timeout_s, 10.0))
+        self.read_s, self.timeout, self.tally = read_s, timeout, tally
 
-    async def attempt(self, attempt: int, reader: StreamReader | None) -> tuple[PromptGenError | None, Any]:
-        """One POST. Returns (None, the answer), or (error, seconds to wait before a retry); raises
-        what is not retried."""
+    async def attempt(
+        self, attempt: int, reader: StreamReader | None
+    ) -> tuple[PromptGenError | None, Any, bool]:
+        """One POST. Returns (None, the answer, False), or (error, seconds to wait before a retry,
+        whether the attempt may have been billed); raises what is not retried."""
         endpoint = self.endpoint
         name, backoff = endpoint.provider, endpoint.policy.backoff(attempt)
-        began = False
+        answered = began = False
         try:
             async with self.client.send(endpoint.url, self.content, self.headers, self.timeout) as answer:
+                answered = True
                 observer = observe_responses.get()
                 if observer is not None:
                     observer(answer.status, answer.headers)
                 if 200 <= answer.status < 300:
                     if reader is None or not _is_stream(answer):
-                        return None, await self.whole(answer)
+                        return None, await self.whole(answer), False
                     began = True
-                    return None, await self.streamed(answer, reader)
+                    return None, await self.streamed(answer, reader), False
                 text = (await answer.read()).decode("utf-8", errors="replace")
+        except (httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteTimeout) as exc:
+            if answered:
+                raise self.unreachable(exc) from None
+            return self.unreachable(exc), backoff, False  # the request did not go out whole
         except httpx.TimeoutException:
+            if not began and self.tally is not None:
+                self.tally.unanswered += 1  # it may have been generated, and billed, whole
             late = (
-                f"sent nothing for {endpoint.timeout_s:g} s in the middle of its streamed answer"
+                f"sent nothing for {self.read_s:g} s in the middle of its streamed answer"
                 if began
-                else f"did not answer within {endpoint.timeout_s:g} s"
+                else f"did not answer within {self.read_s:g} s"
             )
-            return PromptGenError(
-                f"{name} {late}.\n  Try again later, raise the timeout, or use another prompt-gen provider.",
-                retryable=True,
-            ), backoff
+            return (
+                PromptGenTimeoutError(
+                    f"{name} {late}.\n"
+                    "  Try again later, raise the timeout, or use another prompt-gen provider."
+                ),
+                backoff,
+                not began or _begun(reader),
+            )
         except _Cut as cut:
-            return PromptGenError(
-                f"{name} broke off its streamed answer ({redact(str(cut), self.secret)}).\n"
-                "  Try again later, or use another prompt-gen provider.",
-                status=502,
-                retryable=True,
-            ), backoff
+            return (
+                PromptGenError(
+                    f"{name} broke off its streamed answer ({redact(str(cut), self.secret)}).\n"
+                    "  Try again later, or use another prompt-gen provider.",
+                    status=502,
+                    retryable=True,
+                ),
+                backoff,
+                _begun(reader),
+            )
         except httpx.TransportError as exc:
-            self.unreachable(exc)
+            if answered:  # the answer began: as before, not retried
+                raise self.unreachable(exc) from None
+            return self.unreachable(exc), backoff, False  # before any response: retried (the SDK does)
         except StreamFailure as failure:
-            return self.failed(failure.status, {}, failure.body, backoff)
-        return self.failed(answer.status, answer.headers, text, backoff)
+            error, wait = self.failed(failure.status, {}, failure.body, backoff)
+            return error, wait, _begun(reader)
+        error, wait = self.failed(answer.status, answer.headers, text, backoff)
+        return error, wait, False
 
     async def whole(self, answer: Answer) -> Any:
         body = await answer.read()
@@ -277,7 +344,7 @@ class _Call:
         """The reader's result of a streamed answer: each chunk (what one read brought) parsed into
         events, then the reader's deltas of them passed on as one (`flush`)."""
         chunks = answer.chunks()
-        hold_s = min(READ_HOLD.get(), self.endpoint.timeout_s / 2)
+        hold_s = min(READ_HOLD.get(), self.read_s / 2)
         hold = answer.hold if hold_s > 0 else None
         try:
             async for chunk in chunks:
@@ -285,6 +352,7 @@ class _Call:
                 if reader.flush() and hold is not None and not reader.done:
                     hold(hold_s)  # what arrives meanwhile comes as one read, one delta
                 if reader.done:
+                    await _drain(chunks, min(DRAIN_S, self.read_s))
                     return reader.result()
         except httpx.TimeoutException:
             raise
@@ -308,13 +376,20 @@ class _Call:
             raise error
         return error, wait_s
 
-    def unreachable(self, exc: Exception) -> NoReturn:
+    def unreachable(self, exc: Exception) -> PromptGenError:
         detail = redact(f"{type(exc).__name__}: {exc}", self.secret)
-        raise PromptGenError(
+        return PromptGenError(
             f"{self.endpoint.provider} could not be reached at {self.endpoint.url!r} ({detail}).\n"
             "  Check the base URL and the network, then try again.",
             retryable=True,
-        ) from None
+        )
+
+
+def _begun(reader: StreamReader | None) -> bool:
+    """The streamed attempt's answer began (Anthropic's `message_start`, fal's first chunk): what
+    it generated may be billed (a reader that cannot say is taken to have begun)."""
+    partial = getattr(reader, "partial", None)
+    return reader is not None and (not callable(partial) or partial() is not None)
 
 
 def _is_stream(answer: Answer) -> bool:

@@ -52,7 +52,7 @@ class _Stale(Exception):
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection: a request written, its answer parsed as the bytes arrive."""
 
-    __slots__ = ("_held", "_waiter", "body", "closed", "complete", "error", "headers", "idle_since",
+    __slots__ = ("_held", "_waiter", "body", "closed", "complete", "error", "gone", "headers", "idle_since",
                  "keep_alive", "key", "loop", "parser", "raw_headers", "reused", "status",
                  "transport")  # fmt: skip
 
@@ -74,6 +74,8 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._held: asyncio.TimerHandle | None = None
         """While the reads are held (`hold`): the timer that resumes them."""
+        self.gone: asyncio.Future[None] | None = None
+        """Set by `Pool.aclose`: done once the transport is closed (`connection_lost`)."""
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
@@ -99,6 +101,8 @@ class _Connection(asyncio.Protocol):
         if self.error is None and not self.complete:
             self.error = exc or EOFError("the server closed the connection")
         self._wake()
+        if self.gone is not None and not self.gone.done():
+            self.gone.set_result(None)
 
     # -- httptools callbacks ---------------------------------------------------------------------
 
@@ -317,6 +321,20 @@ class Pool:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+    async def aclose(self, within_s: float = 1.0) -> None:
+        """Close the idle connections and wait (at most `within_s`) until their sockets are closed,
+        so none is left to the garbage collector when the loop ends (a TLS close needs the loop)."""
+        idle = [conn for conns in self._idle.values() for conn in conns]
+        self._idle.clear()
+        waits = []
+        for conn in idle:
+            if conn.transport is not None and not conn.transport.is_closing():
+                conn.gone = self.loop.create_future()
+                waits.append(conn.gone)
+            conn._abort()
+        if waits:
+            await asyncio.wait(waits, timeout=within_s)
 
 
 def _request(parts: Any, host: str, port: int, tls: bool, content: bytes, headers: dict[str, str]) -> bytes:

@@ -2,11 +2,17 @@
 to retry), `should_retry`, `parse_retry_after`, and the bounds of the retries (`RetryPolicy`).
 
 Classification (SPEC 3.3), in this order:
-    transport timeout            -> retried (backoff), then PromptGenError(retryable=True); when
-                                    streaming, the timeout is an idle timeout between two events
-    other transport failure      -> PromptGenError(retryable=True) at once (network failures are
-                                    errors) -- except a stream cut after its answer began, which
-                                    is retried like a 5xx (the provider did answer; the rest is lost)
+    connection failure before    -> retried with backoff (as the SDK retries `APIConnectionError`):
+    any response                    refused, reset, closed before the status line, a connect
+                                    timeout; then PromptGenError(retryable=True), no fallback
+    timeout after the request    -> a whole-answer wait (toolloop/providers/timeouts.py) or, when
+    went out                        streaming, the idle timeout between two reads: retried once
+                                    (`RetryPolicy.billed_attempts`), then PromptGenTimeoutError, on
+                                    which the facade moves to its next provider
+    stream cut after its answer  -> retried like a 5xx, at most once too (the provider did answer
+    began                           and may bill it; the rest is lost)
+    other transport failure      -> PromptGenError(retryable=True) at once (a failure after the
+                                    response began: network failures are errors)
     provider's `flag(detail)`    -> that error (e.g. fal's content-policy refusals)
     429 spend limit              -> SpendLimitError at once (`error.details.error_code` is
                                     contract_/enforced_spend_limit_reached): no retry, no fallback
@@ -14,6 +20,8 @@ Classification (SPEC 3.3), in this order:
     404 not_found_error "model:" -> PromptGenError at once (the model is unknown or retired: no
                                     fallback, the same id would fail everywhere)
     other 404                    -> PromptGenUnavailableError("missing") at once (no such endpoint)
+    429 without `retry-after`    -> retried with backoff (as the SDK); then
+                                    PromptGenUnavailableError("limit")
     402, 429                     -> waits a short `retry-after` (<= policy.short_retry_after_s) and
                                     retries; else PromptGenUnavailableError("limit")
     408, 409, 5xx (529 included) -> retried with exponential backoff and jitter, a longer
@@ -21,7 +29,8 @@ Classification (SPEC 3.3), in this order:
                                     on which the facade moves to its next provider
     other 4xx                    -> PromptGenError(retryable=False) at once
 An `error` event in a stream (Anthropic `overloaded_error`, ...) is classified as the HTTP status
-its type stands for (`STREAM_ERROR_STATUS`: overloaded 529, api 500, rate limit 429, ...).
+its type stands for (`STREAM_ERROR_STATUS`: overloaded 529, api 500, rate limit 429, ...); once the
+stream's answer began it counts as an attempt that may have been billed (retried at most once).
 `x-should-retry` (`should_retry`, as the SDK's `_should_retry`) overrides the status: "false" raises
 at once (a 5xx then with retryable=False), "true" retries what would be raised (a 4xx too).
 """
@@ -36,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from toolloop.errors import PromptGenError, PromptGenUnavailableError, SpendLimitError
+from toolloop.errors import PromptGenError, PromptGenTimeoutError, PromptGenUnavailableError, SpendLimitError
 
 _RETRIED = frozenset({408, 409})
 SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
@@ -70,6 +79,10 @@ class RetryPolicy:
     """No retry starts once this much wall time has passed since the first attempt."""
     short_retry_after_s: float = 10.0
     """A 402/429 asking to wait at most this long is waited for and retried; longer is `limit`."""
+    billed_attempts: int = 2
+    """Most attempts that may have been billed: one that timed out after its request went out, or
+    a stream cut (or ended by an error event) after its answer began. Past it the error is raised
+    and the facade moves on to its fallback, rather than pay for the same slow answer again."""
 
     def backoff(self, attempt: int) -> float:
         delay = min(self.base_delay_s * 2.0 ** (attempt - 1), self.max_delay_s)
@@ -132,7 +145,7 @@ def classify(
     if status == 404:
         return _not_found(name, endpoint, detail, fields), forced
     if status in (402, 429):
-        return _limited(name, endpoint, status, headers, detail, retry_after, forced)
+        return _limited(name, endpoint, status, headers, detail, retry_after, forced, backoff_s)
     retry = should_retry(status, headers)
     if status in _RETRIED or status >= 500:
         return PromptGenError(
@@ -172,6 +185,7 @@ def _limited(
     detail: str,
     retry_after: float | None,
     forced: float | None,
+    backoff_s: float,
 ) -> tuple[PromptGenError, float | None]:
     limit = PromptGenUnavailableError(
         f"{name} limited the request (HTTP {status}): {detail}\n  Wait, or use another prompt-gen provider.",
@@ -179,6 +193,8 @@ def _limited(
         status,
     )
     retry = should_retry(status, headers)
+    if retry and retry_after is None and status == 429:
+        return limit, backoff_s  # the SDK retries a 429 that names no wait, with its backoff
     if not retry or retry_after is None or retry_after > endpoint.policy.short_retry_after_s:
         return limit, forced
     return limit, retry_after
@@ -193,6 +209,8 @@ def final_error(error: PromptGenError, attempts: int) -> PromptGenError:
     message = f"{head.removesuffix('.')} ({attempts} attempts){stop}\n{tail}"
     if isinstance(error, PromptGenUnavailableError):
         return PromptGenUnavailableError(message, error.reason, error.status)
+    if isinstance(error, PromptGenTimeoutError):
+        return PromptGenTimeoutError(message)
     return PromptGenError(message, error.status, error.retryable, error.retry_after)
 
 

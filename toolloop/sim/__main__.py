@@ -58,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
     found.add_argument(
         "--tokens-per-s", type=float, default=None, help="rate of a streamed answer (default: no pause)"
     )
+    found.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="real seconds per simulated second of every wait (default 1; 0.01: 190 s take 1.9 s)",
+    )
     found.add_argument("--rpm", type=int, default=0, help="requests per minute per API key (0: no limit)")
     found.add_argument("--input-tpm", type=int, default=0, help="input tokens per minute per API key")
     found.add_argument("--output-tpm", type=int, default=0, help="output tokens per minute per API key")
@@ -98,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
+    if not (0 < args.time_scale < float("inf")):
+        print(
+            f"--time-scale must be a number above 0, got {args.time_scale!r}.\n"
+            "  Pass e.g. --time-scale 0.01 (190 s of generation in 1.9 s).",
+            file=sys.stderr,
+        )
+        return 2
     server = SimServer(
         script,
         catalog=catalog,
@@ -111,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         idle_timeout_s=args.idle_timeout,
         rate_limits=SimRateLimits(args.rpm, args.input_tpm, args.output_tpm),
         tokens_per_s=args.tokens_per_s,
+        time_scale=args.time_scale,
     )
     try:
         server.bind()

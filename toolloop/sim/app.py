@@ -38,7 +38,7 @@ from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Parsed, Wire, fit_max_tokens
 from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.rules import NEW_VERSION, SAMPLING, SimRefusal, check_anthropic, check_fal
-from toolloop.sim.script import Policy, SimFault, SimTurn, answer
+from toolloop.sim.script import Policy, SimFault, answer
 from toolloop.sim.sdk_check import sdk_validator
 
 log = logging.getLogger("toolloop.sim")
@@ -76,8 +76,19 @@ class Simulator:
         rate_limits: SimRateLimits | None = None,
         tokens_per_s: float | None = None,
         fal_rate_limits: SimRateLimits | None = None,
+        time_scale: float = 1.0,
+        stream_end_delay_s: float = 0.0,
     ) -> None:
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            raise ValueError(f"time_scale must be a finite number above 0, got {time_scale!r}")
         self.policy = policy
+        self.time_scale = time_scale
+        """Real seconds per simulated second: every wait (latencies, `generation_s`, token pacing,
+        the seconds of a timeout or stall fault) is multiplied by it, so 190 s of generation take
+        1.9 s at 0.01. `retry-after` values are sent as scripted (they are the client's waits)."""
+        self.stream_end_delay_s = stream_end_delay_s
+        """A streamed answer's HTTP body ends this long (real seconds) after its last event
+        (`message_stop` / `data: [DONE]`), as when the final chunk comes in a later TCP segment."""
         self.tokens_per_s = tokens_per_s
         """The rate of a streamed answer's token pieces (None: as fast as they can be sent)."""
         self.rate_limits = rate_limits or SimRateLimits()
@@ -158,15 +169,17 @@ class Simulator:
         """Request counts: total, per endpoint, per conversation, per status, per fault served."""
         with self._lock:
             counts = {name: dict(counter) for name, counter in self._counts.items()}
+            connections = len(self._peers)
         requests = sum(counts["endpoints"].values())
         return {"requests": requests, **counts, "cache_entries": len(self.cache), "strict": self.strict,
-                "files": len(self.files)}  # fmt: skip
+                "files": len(self.files), "connections": connections}  # fmt: skip
 
     def reset(self) -> None:
         """Forget the stats, the fault counters and the prompt cache."""
         with self._lock:
-            kinds = ("endpoints", "conversations", "statuses", "faults", "uploads")
+            kinds = ("endpoints", "conversations", "statuses", "faults", "uploads", "streamed")
             self._counts = {key: Counter() for key in kinds}
+            self._peers: set[Any] = set()
             self._faults = Counter()
             self.files, self._pending, self.upload_failures = {}, {}, 0
         self.cache.clear()
@@ -225,6 +238,8 @@ class Simulator:
     def _route(self, wire: _Wire) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             self._count("endpoints", wire.name)
+            with self._lock:  # a connection is its client's (host, port) while it is open
+                self._peers.add(request.scope.get("client"))
             response = await self._serve(wire, request)
             self._count(
                 "statuses", "dropped" if isinstance(response, _Dropped) else str(response.status_code)
@@ -247,6 +262,8 @@ class Simulator:
             log.exception("the simulator's policy raised")
             return self._error(wire, 500, f"The simulator's policy raised {error!r}.", request_id)
         streamed = sim.body.get("stream") is True
+        if streamed:
+            self._count("streamed", wire.name)
         fault = (
             turn.fault if turn.fault is not None and self._fault_due(sim.history_hash, turn.fault) else None
         )
@@ -255,7 +272,7 @@ class Simulator:
             served = await self._before_answer(wire, http, fault, streamed, request_id)
             if served is not None:
                 return served
-        await self._sleep(turn)
+        await self._sleep(turn.latency_s + (0.0 if streamed else turn.generation_s))
         self.cache.commit(plan)
         refusal = fault is not None and fault.kind == "refusal"
         body = wire.module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
@@ -269,7 +286,8 @@ class Simulator:
         events = stream.anthropic_events(body) if wire.name == "anthropic" else stream.fal_chunks(body)
         rate = turn.tokens_per_s or self.tokens_per_s
         mid = fault if fault is not None and fault.kind in MID_STREAM else None
-        chunks = stream.paced(events, wire.name, rate, mid, lambda: self._drop(http))
+        pace = stream.Pace(rate, turn.generation_s, self.time_scale, self.stream_end_delay_s)
+        chunks = stream.paced(events, wire.name, pace, mid, lambda: self._drop(http))
         return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
 
     async def _admit(
@@ -334,7 +352,7 @@ class Simulator:
         if kind == "drop":
             return self._drop(http)
         if kind == "timeout":
-            await asyncio.sleep(fault.seconds)
+            await asyncio.sleep(fault.seconds * self.time_scale)
         return None
 
     def _fault_due(self, history_hash: str, fault: SimFault) -> bool:
@@ -342,8 +360,8 @@ class Simulator:
             self._faults[history_hash] += 1
             return fault.times is None or self._faults[history_hash] <= fault.times
 
-    async def _sleep(self, turn: SimTurn) -> None:
-        delay = self.latency_s + turn.latency_s
+    async def _sleep(self, turn_s: float) -> None:
+        delay = (self.latency_s + turn_s) * self.time_scale
         if delay > 0:
             await asyncio.sleep(delay)
 

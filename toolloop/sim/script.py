@@ -116,6 +116,11 @@ class SimTurn(_Value):
     redacted_thinking: bool | None = None
     tokens_per_s: float | None = None
     """Streamed, the rate of this answer's token pieces (None: the server's `tokens_per_s`)."""
+    generation_s: float = 0.0
+    """How long the model takes to generate this answer: not streamed, the answer comes that long
+    after the request (on top of `latency_s`); streamed, `message_start` comes at once and the
+    token pieces are spread over it (in place of `tokens_per_s`). Scaled by the server's
+    `time_scale`, as every wait of the simulator is."""
 
     def cut_by(self, max_tokens: Any) -> bool:
         """This answer's last tool call is cut off under `max_tokens`."""

@@ -61,8 +61,16 @@ class SimServer:
         rate_limits: SimRateLimits | None = None,
         tokens_per_s: float | None = None,
         fal_rate_limits: SimRateLimits | None = None,
+        time_scale: float = 1.0,
+        stream_end_delay_s: float = 0.0,
+        ssl_certfile: str | Path | None = None,
+        ssl_keyfile: str | Path | None = None,
     ) -> None:
-        """`rate_limits`, `fal_rate_limits`: each wire's limits per key (default: none).
+        """`time_scale`: real seconds per simulated second (every wait of the simulator, a turn's
+        `generation_s` included; 0.01 makes 190 s of generation take 1.9 s).
+        `stream_end_delay_s`: a streamed answer's body ends that long after its last event.
+        `ssl_certfile`, `ssl_keyfile`: serve HTTPS with this certificate (PEM) and key.
+        `rate_limits`, `fal_rate_limits`: each wire's limits per key (default: none).
         `tokens_per_s`: the rate of a streamed answer (None: as fast as it can be sent).
         `idle_timeout_s`: a keep-alive connection idle longer than this is closed by the server
         when the next request arrives on it, before any response (as when a client's request crosses
@@ -88,7 +96,11 @@ class SimServer:
             fal_rate_limits=fal_rate_limits,
             idle_timeout_s=idle_timeout_s,
             tokens_per_s=tokens_per_s,
+            time_scale=time_scale,
+            stream_end_delay_s=stream_end_delay_s,
         )
+        self.ssl_certfile = None if ssl_certfile is None else str(ssl_certfile)
+        self.ssl_keyfile = None if ssl_keyfile is None else str(ssl_keyfile)
         self.host = host
         self.port = port
         self.backlog = backlog
@@ -98,8 +110,10 @@ class SimServer:
 
     @property
     def base_url(self) -> str:
-        """e.g. "http://127.0.0.1:53211" (the port is known once `start()` or `bind()` ran)."""
-        return f"http://{self.host}:{self.port}"
+        """e.g. "http://127.0.0.1:53211" (the port is known once `start()` or `bind()` ran); https
+        with a certificate."""
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def cache(self) -> PromptCache:
@@ -142,6 +156,8 @@ class SimServer:
             backlog=self.backlog,
             timeout_graceful_shutdown=1,
             timeout_keep_alive=30,
+            ssl_certfile=self.ssl_certfile,
+            ssl_keyfile=self.ssl_keyfile,
         )
 
     def start(self, timeout: float = 10.0) -> SimServer:

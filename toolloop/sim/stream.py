@@ -23,6 +23,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from toolloop.sim.script import SimFault
@@ -158,14 +159,34 @@ def encode(name: str | None, data: Any) -> bytes:
     return f"{head}data: {text}\n\n".encode()
 
 
+@dataclass(frozen=True)
+class Pace:
+    """When a streamed answer's pieces go out: at `tokens_per_s` (None: no pause), or spread over
+    `generation_s` when it is above 0; every wait times `time_scale`; the body ends `end_delay_s`
+    (real seconds) after the last event."""
+
+    tokens_per_s: float | None = None
+    generation_s: float = 0.0
+    time_scale: float = 1.0
+    end_delay_s: float = 0.0
+
+    def rate(self, tokens: int) -> float | None:
+        """Token pieces per real second for an answer of `tokens` pieces (None: no pause)."""
+        if self.generation_s > 0:
+            return max(tokens, 1) / (self.generation_s * self.time_scale)
+        return None if not self.tokens_per_s else self.tokens_per_s / self.time_scale
+
+
 async def paced(
-    events: Iterator[Event], wire: str, tokens_per_s: float | None, fault: SimFault | None, drop: Any
+    events: Iterator[Event], wire: str, pace: Pace, fault: SimFault | None, drop: Any
 ) -> AsyncIterator[bytes]:
     """The encoded events, each token piece at its time; `fault` served after `fault.after` pieces
     (`drop()` closes the connection)."""
+    listed = list(events)
+    tokens_per_s = pace.rate(sum(1 for _, _, token in listed if token))
     started = time.monotonic()
     sent = 0
-    for name, data, token in events:
+    for name, data, token in listed:
         if token:
             if fault is not None and sent == fault.after:
                 if fault.kind == "stream_drop":
@@ -174,8 +195,9 @@ async def paced(
                 if fault.kind == "stream_error":
                     yield encode(*error_event(wire, fault)[:2])
                     return
-                await asyncio.sleep(fault.seconds)  # stall
-                started += fault.seconds
+                stall = fault.seconds * pace.time_scale
+                await asyncio.sleep(stall)
+                started += stall
                 fault = None
             sent += 1
             if tokens_per_s:
@@ -183,3 +205,5 @@ async def paced(
                 if wait > 0:
                     await asyncio.sleep(wait)
         yield encode(name, data)
+    if pace.end_delay_s > 0:
+        await asyncio.sleep(pace.end_delay_s)  # the body's end comes in a later segment

@@ -1,9 +1,11 @@
 """`AnthropicHandler`: the native Messages API provider (SPEC 3.2: serves messages, tools, marks).
 
 It streams (`"stream": true`, toolloop/providers/anthropic/stream.py) when the caller passes
-`on_delta`, or when the body's `max_tokens` is above `NON_STREAMING_MAX_TOKENS` (21,333: the SDK
-refuses such a call non-streamed, as it may outlive 10 minutes); else it asks for the whole answer.
-Either way the result is the same `PromptGenResult`; streamed, `timeout_s` is an idle timeout.
+`on_delta`, or when the SDK would refuse the call non-streamed (the expected time of the body's
+`max_tokens` is over 10 minutes: above 21,333 tokens; toolloop/providers/timeouts.py); else it asks
+for the whole answer and waits at least that expected time for it (the SDK's 10 minutes by
+default). Either way the result is the same `PromptGenResult`; streamed, the timeout is an idle
+timeout. Attempts that timed out or were cut are priced into the result (cutcost.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import body_frame
 from toolloop.providers.anthropic.response import cut_cost, parse_message
-from toolloop.providers.anthropic.stream import NON_STREAMING_MAX_TOKENS, MessageStream
+from toolloop.providers.anthropic.stream import MessageStream
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
 from toolloop.providers.client import HttpClient, HttpxClient
@@ -33,9 +35,10 @@ from toolloop.providers.common import (
     read_images,
     reasoning_of,
 )
-from toolloop.providers.cutcost import Cut, Readers, carry, with_cuts
-from toolloop.providers.http import Endpoint, RetryPolicy, call_json
+from toolloop.providers.cutcost import Cut, Readers, carry, unanswered, with_cuts
+from toolloop.providers.http import Endpoint, RetryPolicy, Tally, call_json
 from toolloop.providers.models import default_catalog
+from toolloop.providers.timeouts import SDK_TIMEOUT_S, Timeouts
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MODEL = "claude-sonnet-5-5"
@@ -52,7 +55,8 @@ class AnthropicHandler:
     Every request is shaped and priced from `catalog` (default `default_catalog()`), with `prices`
     laid over it; a retired or unknown model is an error before any call (`Catalog.require`).
     `http_client`: the HTTP client to send with (default: its own `HttpxClient`, over `transport`
-    when given); `timeout_s`: the wait for an answer, or, streamed, for each next event."""
+    when given); `timeout_s`: the least wait for a whole answer, and streamed the most wait for each
+    next read (default the SDK's 10 minutes); `timeouts` sets each part (timeouts.py) and wins."""
 
     name = "anthropic"
 
@@ -64,21 +68,23 @@ class AnthropicHandler:
         default_model: str = DEFAULT_MODEL,
         prices: Mapping[str, ModelPrice] | None = None,
         catalog: Catalog | None = None,
-        timeout_s: float = 180.0,
+        timeout_s: float = SDK_TIMEOUT_S,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         key_env: str = "ANTHROPIC_API_KEY",
         http_client: HttpClient | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self._key = Secret(api_key)
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.default_model = default_model
         self.catalog = (catalog or default_catalog()).with_prices(prices or {})
+        self.timeouts = timeouts or Timeouts.of(timeout_s)
         self.endpoint = Endpoint(
             provider=self.name,
             url=f"{self.base_url}/v1/messages",
             key_env=key_env,
-            timeout_s=timeout_s,
+            timeout_s=self.timeouts.idle_s,
             policy=retry or RetryPolicy(),
         )
         self.http: HttpClient = http_client or HttpxClient(transport)
@@ -121,20 +127,44 @@ class AnthropicHandler:
         notes: list[str] = []
         body = body_frame(request, model=model, reasoning=reasoning, info=info, notes=notes)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
-        streams = on_delta is not None or int(body["max_tokens"]) > NON_STREAMING_MAX_TOKENS
+        max_tokens = int(body["max_tokens"])
+        timeouts = self.timeouts
+        streams = on_delta is not None or timeouts.streams(max_tokens)
         if streams:
             body["stream"] = True
         content = encode_body(request, body, images)  # the bytes of build_body's body, built once per message
         del body  # the request's dict tree is not kept across the wait for the answer
         readers = Readers(MessageStream) if streams else None
+        tally = Tally()
 
-        def cuts() -> list[Cut]:  # streamed attempts cut mid-answer: they may have been billed
+        def cuts() -> list[Cut]:  # attempts cut mid-answer or timed out: they may have been billed
             made = readers.cut() if readers is not None else []
-            return [cut_cost(p, price=price, model=model, ttl=ttl) for p in made]
+            found = [cut_cost(p, price=price, model=model, ttl=ttl) for p in made]
+            if tally.unanswered:  # (no estimate walk of the request on the usual path)
+                found += unanswered(
+                    self.name,
+                    tally.unanswered,
+                    input_tokens=estimate_input_tokens(request),
+                    max_tokens=max_tokens,
+                    input_rate=price.input,
+                    output_rate=price.output,
+                )
+            return found
 
         try:
-            data = await call_json(self.endpoint, content, headers, signal, client=self.http,
-                                   secret=self._key, stream=readers, on_delta=on_delta)  # fmt: skip
+            data = await call_json(
+                self.endpoint,
+                content,
+                headers,
+                signal,
+                client=self.http,
+                secret=self._key,
+                stream=readers,
+                on_delta=on_delta,
+                wait_s=timeouts.idle_s if streams else timeouts.whole(max_tokens),
+                connect_s=timeouts.connect_s,
+                tally=tally,
+            )
         except PromptGenError as error:
             carry(error, cuts())
             raise

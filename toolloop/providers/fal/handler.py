@@ -1,8 +1,11 @@
 """`FalHandler`: fal's OpenAI-compatible router (SPEC 3.2: serves messages, tools, text-part marks).
 
-With `on_delta` it streams (`"stream": true, "stream_options": {"include_usage": true}`;
-toolloop/providers/fal/stream.py); without, it asks for the whole answer. The result is the same;
-streamed, `timeout_s` is an idle timeout between chunks.
+It streams (`"stream": true, "stream_options": {"include_usage": true}`;
+toolloop/providers/fal/stream.py) with `on_delta`, or when the anthropic SDK's rule would require
+it (the expected time of `max_tokens` is over 10 minutes: above 21,333 tokens, so fal's default
+of 32,000 streams; toolloop/providers/timeouts.py); else it asks for the whole answer and waits at
+least that expected time. The result is the same; streamed, the timeout is an idle timeout
+between chunks. Attempts that timed out or were cut are priced into the result (cutcost.py).
 """
 
 from __future__ import annotations
@@ -29,18 +32,21 @@ from toolloop.providers.common import (
     reasoning_of,
     with_ttl,
 )
-from toolloop.providers.cutcost import Cut, Readers, carry, with_cuts
+from toolloop.providers.cutcost import Cut, Readers, carry, unanswered, with_cuts
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
 from toolloop.providers.fal.response import cut_cost, flag, parse_completion
 from toolloop.providers.fal.storage import DEFAULT_UPLOAD_URL, UrlCache, image_urls
 from toolloop.providers.fal.stream import CompletionStream
-from toolloop.providers.http import Endpoint, RetryPolicy, call_json
+from toolloop.providers.http import Endpoint, RetryPolicy, Tally, call_json
 from toolloop.providers.models import default_catalog
+from toolloop.providers.timeouts import SDK_TIMEOUT_S, Timeouts
 
 DEFAULT_RUN_URL = "https://fal.run"
 DEFAULT_MODEL = "anthropic/claude-opus-5.5"
 ROUTE = "/openrouter/router/openai/v1/chat/completions"
 UPLOAD_ROUTE = "/storage/upload/initiate?storage_type=fal-cdn-v3"
+UPLOAD_TIMEOUT_S = 60.0
+"""The most wait of an image upload's each read (or `Timeouts.whole_s` when shorter)."""
 
 
 class FalHandler:
@@ -55,7 +61,9 @@ class FalHandler:
     else `{run_url}/storage/upload/initiate`), each file once: its URL is kept in `self.urls`, an
     LRU of `url_cache_size` entries by content hash; `upload_images=False` sends data URIs.
     `http_client`: the HTTP client of the model calls (default: its own `HttpxClient`, over
-    `transport` when given)."""
+    `transport` when given). `timeout_s`: the least wait for a whole answer, and streamed the most
+    wait for each next read (default the anthropic SDK's 10 minutes); `timeouts` sets each part
+    (timeouts.py) and wins."""
 
     name = "fal"
 
@@ -67,7 +75,7 @@ class FalHandler:
         default_model: str = DEFAULT_MODEL,
         prices: Mapping[str, ModelPrice] | None = None,
         catalog: Catalog | None = None,
-        timeout_s: float = 60.0,
+        timeout_s: float = SDK_TIMEOUT_S,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         key_env: str = "FAL_KEY",
@@ -75,8 +83,10 @@ class FalHandler:
         upload_images: bool = True,
         url_cache_size: int = 4096,
         http_client: HttpClient | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self._key = Secret(api_key)
+        self.timeouts = timeouts or Timeouts.of(timeout_s)
         self.run_url = (run_url or DEFAULT_RUN_URL).rstrip("/")
         self.default_model = default_model
         own = self.run_url == DEFAULT_RUN_URL
@@ -88,7 +98,7 @@ class FalHandler:
             provider=self.name,
             url=self.run_url + ROUTE,
             key_env=key_env,
-            timeout_s=timeout_s,
+            timeout_s=self.timeouts.idle_s,
             policy=retry or RetryPolicy(),
         )
         self.transport = transport
@@ -130,26 +140,53 @@ class FalHandler:
             cache=self.urls,
             upload_url=self.upload_url,
             key=key,
-            timeout_s=self.endpoint.timeout_s,
+            timeout_s=min(UPLOAD_TIMEOUT_S, self.timeouts.whole_s),
             transport=self.transport,
             provider=self.name,
+            network=getattr(self.http, "network", None),
         )
         body = with_ttl(build_body(request, model=model, reasoning=reasoning, images=images), ttl)
         headers = {"authorization": f"Key {key}"}
-        if on_delta is not None:
+        max_tokens = max_tokens_of(request, DEFAULT_MAX_TOKENS)
+        timeouts = self.timeouts
+        streams = on_delta is not None or timeouts.streams(max_tokens)
+        if streams:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        readers = Readers(CompletionStream) if on_delta is not None else None
+        readers = Readers(CompletionStream) if streams else None
+        tally = Tally()
         content = dumps(body)
         del body  # the request's dict tree is not kept across the wait for the answer
 
-        def cuts() -> list[Cut]:  # streamed attempts cut mid-answer: they may have been billed
+        def cuts() -> list[Cut]:  # attempts cut mid-answer or timed out: they may have been billed
             made = readers.cut() if readers is not None else []
             text = input_text(request) if made else ""
-            return [cut_cost(p, price=price, model=model, input_text=text, ttl=ttl) for p in made]
+            found = [cut_cost(p, price=price, model=model, input_text=text, ttl=ttl) for p in made]
+            if tally.unanswered:  # (no estimate walk of the request on the usual path)
+                found += unanswered(
+                    self.name,
+                    tally.unanswered,
+                    input_tokens=estimate_input_tokens(request) + 1000 * len(prompt_images(request)),
+                    max_tokens=max_tokens,
+                    input_rate=price.input,
+                    output_rate=price.output,
+                )
+            return found
 
         try:
-            data = await call_json(self.endpoint, content, headers, signal, client=self.http, flag=flag,
-                                   secret=self._key, stream=readers, on_delta=on_delta)  # fmt: skip
+            data = await call_json(
+                self.endpoint,
+                content,
+                headers,
+                signal,
+                client=self.http,
+                flag=flag,
+                secret=self._key,
+                stream=readers,
+                on_delta=on_delta,
+                wait_s=timeouts.idle_s if streams else timeouts.whole(max_tokens),
+                connect_s=timeouts.connect_s,
+                tally=tally,
+            )
         except PromptGenError as error:
             carry(error, cuts())
             raise

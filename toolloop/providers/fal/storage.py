@@ -22,6 +22,7 @@ import httpx
 
 from toolloop.contract import ImagePart
 from toolloop.errors import PromptGenError
+from toolloop.providers.network import Network
 
 log = logging.getLogger("toolloop.providers.fal")
 
@@ -65,8 +66,10 @@ async def image_urls(
     timeout_s: float,
     transport: httpx.AsyncBaseTransport | None,
     provider: str = "fal",
+    network: Network | None = None,
 ) -> dict[str, str]:
-    """The URL to send for the file of every part, by path. `upload_url` None: data URIs only."""
+    """The URL to send for the file of every part, by path. `upload_url` None: data URIs only.
+    `network`: the proxy and certificates (the model calls'; the proxy is the upload URL's)."""
     mimes = {part.path: part.mime_type for part in parts}
     if not mimes:
         return {}
@@ -84,7 +87,12 @@ async def image_urls(
     if todo:
         assert upload_url is not None
         limit = asyncio.Semaphore(CONCURRENT_UPLOADS)
-        async with httpx.AsyncClient(timeout=timeout_s, transport=transport) as client:
+        network = network or Network()
+        proxy = None if transport is not None else network.proxy_for(upload_url)
+        tls = network.ssl_context()
+        async with httpx.AsyncClient(
+            timeout=timeout_s, transport=transport, verify=tls, trust_env=False, proxy=proxy
+        ) as client:
 
             async def one(path: str, cache_key: str, data: bytes) -> None:
                 async with limit:
