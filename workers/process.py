@@ -10,7 +10,8 @@
 - Celery task events per worker hostname (`events`), the armed cancels (`arm` / `disarm`: a run id
   published on `keys.CANCEL_CHANNEL` aborts that run's live step here), the kept run loops
   (`kept`, TOOLLOOP_KEPT_LOOPS), the model factory (`prompt_gen`, TOOLLOOP_PROMPT_GEN), the toolsets
-  (`toolsets`), the metrics (`metrics`, TOOLLOOP_METRICS_PORT), the hooks (`hooks`: no-op unless a
+  (`toolsets`), the suspects' turn (`suspects`, workers/suspects.py), the metrics (`metrics`,
+  TOOLLOOP_METRICS_PORT), the hooks (`hooks`: no-op unless a
   kill plan installs its own) and the step consumer, when the worker runs one (`consumer`).
 
 Nothing of it lives in a module global: the step (`workers.advance`), the consumer and the tasks
@@ -50,6 +51,7 @@ from workers.live import Begun, KeptLoops
 from workers.metrics import Metrics
 from workers.redisio import Batch, packed_pool
 from workers.settings import Settings
+from workers.suspects import Suspects
 from workers.toolsets import Registry
 
 log = logging.getLogger("toolloop.workers")
@@ -116,6 +118,7 @@ class WorkerProcess:
         self.loop = loop
         self.batch = Batch(self.async_client())
         self.leases = Leases(self.batch, settings.lease_ms)
+        self.suspects = Suspects()
         self.db = int(self.redis.connection_pool.connection_kwargs.get("db", 0))
         self._events: dict[str, TaskEvents] = {}
         self._armed: dict[str, AbortController] = {}

@@ -12,7 +12,9 @@ first time a run names a toolset (`Registry.for_worker`); a toolset whose import
 (even `SystemExit` or `KeyboardInterrupt`) fails that run with a `ToolsetError`, never the worker.
 
 In a worker, a tool's sync `run` / `start` / `wait` runs in a thread: every run of the process
-shares one asyncio loop, and a sync tool that blocks would stall all of them.
+shares one asyncio loop, and a sync tool that blocks would stall all of them. What the thread raises
+that is not an `Exception` (`SystemExit` from `argparse`, ...) reaches the loop as
+`toolloop.loop.tools.Escaped` (`contained`), and the loop answers the call with a tool error.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from toolloop.loop.tools import contained
 from toolloop.loop.types import ToolSpec
 from workers.errors import ToolsetError
 
@@ -122,9 +125,11 @@ def _offloaded(tool: ToolSpec) -> ToolSpec:
 
 
 def _in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    in_thread = contained(fn)
+
     @functools.wraps(fn)
     async def run_in_thread(*args: Any) -> Any:
-        result = await asyncio.to_thread(fn, *args)
+        result = await asyncio.to_thread(in_thread, *args)
         return await result if inspect.isawaitable(result) else result
 
     return run_in_thread

@@ -23,7 +23,9 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:fence           string  INCR counter: the fencing token of every lease
     tl:{<run>}:outbox          zset    member "<n>|<queue>" = a successor task to send,
                                        score = when it was recorded (unix seconds)
-    tl:{<run>}:attempts        hash    field = n, value = deliveries of task n
+    tl:{<run>}:attempts        hash    field = n, value = deliveries of task n; field = "<n>:alone",
+                                       value = deliveries of task n that ran alone among the
+                                       redelivered steps of their process (workers/suspects.py)
     tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
     tl:runs:all                zset    every run id, score = enqueue time (`toolloop list`, newest
@@ -98,6 +100,11 @@ def outbox(run_id: str) -> str:
 
 def attempts(run_id: str) -> str:
     return _run(run_id, "attempts")
+
+
+def alone_field(n: int) -> str:
+    """The field of `attempts(run)` counting task n's deliveries that ran alone (workers/suspects.py)."""
+    return f"{n}:alone"
 
 
 def spend(run_id: str) -> str:
