@@ -71,7 +71,8 @@ def test_a_tool_that_exits_fails_its_call_and_both_workers_go_on(
             for run_id in later:
                 assert client.wait(run_id, timeout=60).status == "done"
             assert pool.deaths == [] and set(pool.pids()) == pids, "a worker died"
-            worked = {e["pid"] for e in read_effects(directory) if e["tag"].startswith("p") and e["at"] > after}
+            effects = read_effects(directory)
+            worked = {e["pid"] for e in effects if e["tag"].startswith("p") and e["at"] > after}
             assert worked == pids, f"steps after the exits ran only in {worked} of {pids}"
             logs = "".join(path.read_text(errors="replace") for path in pool.logs)
         for run_id in exits:
