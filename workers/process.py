@@ -257,12 +257,12 @@ class WorkerProcess:
 
     # -- metrics ----------------------------------------------------------------------------------
 
-    def start_metrics(self, port: int) -> Metrics:
-        """Count this process's metrics and serve them on `port` (once)."""
+    def start_metrics(self, port: int, host: str = "127.0.0.1") -> Metrics:
+        """Count this process's metrics and serve them on `host`:`port` (once; TOOLLOOP_METRICS_HOST)."""
         with self._lock:
             if self.metrics is None:
                 self.metrics = Metrics(self.queue_depths)
-                self.metrics.serve(port)
+                self.metrics.serve(port, host)
             return self.metrics
 
     def queue_depths(self) -> dict[str, int]:
