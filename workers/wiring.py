@@ -198,7 +198,7 @@ def _sweep_forever(process: WorkerProcess) -> None:
         try:
             idle.tick()
             client = process.redis
-            approvals.sweep_due(client, process.celery)
+            approvals.sweep_due(client, process.celery, settings.retention)
             if time.monotonic() - last < settings.sweep_interval:
                 continue
             last = time.monotonic()

@@ -136,7 +136,7 @@ WAITS_DUE = f"{PREFIX}waits:due"
 
 
 RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
-                 "outbox", "attempts", "spend")  # fmt: skip
+                 "outbox", "attempts", "spend", "decisions", "decide")  # fmt: skip
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:
