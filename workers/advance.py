@@ -211,7 +211,7 @@ class _Step(Commits):
     async def _suspect_turn(self) -> int:
         """Wait for the process's suspect turn (held until the step ends), then charge this delivery:
         how many deliveries of the step count, this one included."""
-        self.end_turn = await self.process.suspects.turn(self.process.consumer)
+        self.end_turn = await self.process.suspects.turn()
         alone = await self.batch.call("HINCRBY", keys.attempts(self.run_id), keys.alone_field(self.n), 1)
         return 1 + int(alone)
 

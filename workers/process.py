@@ -10,9 +10,9 @@
 - Celery task events per worker hostname (`events`), the armed cancels (`arm` / `disarm`: a run id
   published on `keys.CANCEL_CHANNEL` aborts that run's live step here), the kept run loops
   (`kept`, TOOLLOOP_KEPT_LOOPS), the model factory (`prompt_gen`, TOOLLOOP_PROMPT_GEN), the toolsets
-  (`toolsets`), the suspects' turn (`suspects`, workers/suspects.py), the metrics (`metrics`,
-  TOOLLOOP_METRICS_PORT), the hooks (`hooks`: no-op unless a
-  kill plan installs its own) and the step consumer, when the worker runs one (`consumer`).
+  (`toolsets`), the redelivered steps' one turn (`suspects`, workers/suspects.py), the metrics
+  (`metrics`, TOOLLOOP_METRICS_PORT), the hooks (`hooks`: no-op unless a kill plan installs its own)
+  and the step consumer, when the worker runs one (`consumer`).
 
 Nothing of it lives in a module global: the step (`workers.advance`), the consumer and the tasks
 take the process, which the worker's bootstep attaches to its Celery app (`process_of(app)`).

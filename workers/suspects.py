@@ -16,22 +16,17 @@ first deliveries beside it are not charged (they come back as suspects, and take
 
 A crash that a first delivery causes while a suspect has its turn also charges that suspect: once
 per such crash, and a poison step is a first delivery once, so a bystander is charged at most once
-per poison step it meets. A suspect that waits for its turn lends its step slot to the next message
-(workers/consumer.py `lend`), so a worker's first deliveries keep flowing meanwhile.
+per poison step it meets. A suspect that waits for its turn keeps its step slot (it does not lend it
+as a rate-limit wait does: the next message could be another suspect, and a process would claim
+every redelivered step of the fleet), so a process holds at most its `--steps-in-flight` of them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
-from typing import Protocol
 
 from workers.errors import DeliveryLimitError
-
-
-class _Lender(Protocol):
-    def lend(self) -> contextlib.AbstractAsyncContextManager[None]: ...
 
 
 class Suspects:
@@ -40,17 +35,12 @@ class Suspects:
     def __init__(self) -> None:
         self._lock: asyncio.Lock | None = None
 
-    async def turn(self, lender: _Lender | None) -> Callable[[], None]:
-        """Wait for the process's one suspect turn (FIFO), lending the step's slot meanwhile; returns
-        the call that ends the turn (idempotent)."""
+    async def turn(self) -> Callable[[], None]:
+        """Wait for the process's one suspect turn (FIFO); returns the call that ends it (idempotent)."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         lock = self._lock
-        if lock.locked() and lender is not None:
-            async with lender.lend():
-                await lock.acquire()
-        else:
-            await lock.acquire()
+        await lock.acquire()
         held = [True]
 
         def end() -> None:
