@@ -16,11 +16,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-from loop_kit import Exploding, Shot, run
+from loop_kit import Exploding, Shot, options, run
 
 from toolloop import MemoryJournal, Started, TextPart, ToolMessage, ToolOutput, ToolSpec
 from toolloop.loop.tools import contained
 from toolloop.testing import ScriptedModel, call, reply
+from workers.live import _contained
 
 
 def in_thread(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -136,3 +137,16 @@ def test_cancellation_still_stops_the_loop() -> None:
 def test_an_exception_still_ends_the_loop_with_that_error() -> None:
     with pytest.raises(ValueError, match="plain"):
         in_thread(lambda: run(script(), tools=[tool(raising(ValueError("plain")))]))
+
+
+async def test_a_worker_loop_fails_the_run_when_other_run_code_raises_system_exit() -> None:
+    """workers/live.py: a SystemExit from a model call (not a tool) fails the run with two lines;
+    it does not leave the task to asyncio, which would raise it out of the worker's event loop."""
+
+    async def exits(*_: object) -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(RuntimeError) as caught:
+        await _contained(options(exits))
+    first, second = str(caught.value).split("\n")
+    assert "raised SystemExit(3), which would have stopped the worker" in first and second.startswith("  ")
