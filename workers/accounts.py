@@ -144,6 +144,22 @@ class AccountError(ValueError):
     pass
 
 
+MAX_USD = 1e9
+"""The largest amount in USD an account limit or one outside spend may be: more is a typo."""
+
+
+def check_usd(usd: float, what: str, *, least: float, zero: bool) -> None:
+    """Refuse an amount that is not a finite number of USD from `least` (0 itself only with `zero`)
+    to MAX_USD, naming `what` and the range (AccountError, two lines)."""
+    number = isinstance(usd, int | float) and not isinstance(usd, bool)
+    if not (number and (least < usd <= MAX_USD or (zero and usd == 0))):
+        lowest = f"from {least:g}" if zero else f"more than {least:g}"
+        raise AccountError(
+            f"{what} is {usd!r} USD; it must be a finite number {lowest} to {MAX_USD:,.0f}.\n"
+            "  Give the amount in USD, e.g. 25 or 0.5."
+        )
+
+
 def check_name(name: str) -> None:
     if not name or len(name) > 200 or any(c in name for c in "{}:* \n\t"):
         raise AccountError(
@@ -158,10 +174,12 @@ def set_limit(
     check_name(name)
     if period not in PERIODS:
         raise AccountError(f"period must be one of {', '.join(PERIODS)}; got {period!r}.")
-    if not usd > 0 or usd == float("inf"):
-        raise AccountError(f"limit_usd must be a positive finite number; got {usd!r}.")
+    check_usd(usd, f"The limit of account {name!r}", least=0.0, zero=False)
     if not 0 < finish_at <= 1:
-        raise AccountError(f"finish_at must be in (0, 1]; got {finish_at!r}.")
+        raise AccountError(
+            f"finish_at must be more than 0 and at most 1 (a share of the limit); got {finish_at!r}.\n"
+            "  Give a share such as 0.9: runs go into finish mode at that share of the limit."
+        )
     client.hset(
         key(name), mapping={"limit_usd": repr(float(usd)), "period": period, "finish_at": repr(finish_at)}
     )

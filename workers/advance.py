@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from workers import approvals, flow
 from workers.commit import Commits, log
 from workers.deadlines import StepTimedOut
 from workers.deltas import DeltaStream, bind, streaming
-from workers.errors import DeliveryLimitError, LeaseLostError
+from workers.errors import LeaseLostError
 from workers.leases import Held
 from workers.live import Begun, LiveLoop
 from workers.live import Outcome as LoopOutcome
@@ -54,6 +54,7 @@ from workers.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begi
 from workers.scripts.commit import StepOutcome
 from workers.segment import SegmentJournal, StepBoundary
 from workers.spec import RunSpec
+from workers.suspects import limit_error
 from workers.tracing import StepTrace
 
 _WAIT_FOR_LEASE_MS = 5000
@@ -141,6 +142,8 @@ class _Step(Commits):
         self.trace: StepTrace | None = None
         self.outcome: StepOutcome | None = None
         self.delivered = 1
+        self.end_turn: Callable[[], None] | None = None
+        """Ends this suspect's turn (workers/suspects.py) when the step ends; None unless a suspect."""
         self.metrics = process.metrics
         self.spec: RunSpec | None = None
 
@@ -153,14 +156,12 @@ class _Step(Commits):
         if isinstance(begin, Refused):
             return await self._not_begun(begin)
         self._took_lease(begin, sent_at)
-        if self.delivered > self.settings.max_deliveries:
-            if kept is not None:
-                kept.close()
-            return await self.commit_failure(DeliveryLimitError(
-                f"Step {self.n} of run {self.run_id!r} was delivered {self.delivered} times without "
-                "finishing.\n  Its worker keeps dying (memory? a crash in a tool?); fix that, then retry "
-                "the run."
-            ))  # fmt: skip
+        if self.delivered > 1:  # a suspect (workers/suspects.py): its turn, then its charge
+            counted = await self._suspect_turn()
+            if counted > self.settings.max_deliveries:
+                if kept is not None:
+                    kept.close()
+                return await self.commit_failure(limit_error(self.run_id, self.n, self.delivered, counted))
         if kept is not None:
             self.live = kept
             self.replayed_before = kept.journal.replayed
@@ -209,6 +210,13 @@ class _Step(Commits):
              kept.tag if kept else ""],
         ))  # fmt: skip
         return kept, begin, sent_at
+
+    async def _suspect_turn(self) -> int:
+        """Wait for the process's suspect turn (held until the step ends), then charge this delivery:
+        how many deliveries of the step count, this one included."""
+        self.end_turn = await self.process.suspects.turn()
+        alone = await self.batch.call("HINCRBY", keys.attempts(self.run_id), keys.alone_field(self.n), 1)
+        return 1 + int(alone)
 
     async def _not_begun(self, refused: Refused) -> StepOutcome:
         """The task did not begin (RUN_BEGIN's reply): a stale one sends its successor again if it
@@ -365,6 +373,9 @@ class _Step(Commits):
         predecessor began (`Begun.loop`), so that none of them is left in a reference cycle with it
         (they die by refcount; the worker's collector thresholds rarely reach old cycles)."""
         self.drop_lease()
+        if self.end_turn is not None:
+            self.end_turn()
+            self.end_turn = None
         if self.trace is not None:
             self.trace.end(outcome if self.outcome is None else self.outcome)
         if self.live is not None and not self.kept:

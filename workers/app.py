@@ -6,7 +6,9 @@ Its bootsteps (workers/wiring.py, named here, loaded by the worker only) build t
 llm and tools steps as coroutines on one long-lived asyncio loop per process and the control
 queue's tasks in threads; the threads pool runs what the step consumer does not take (every step
 with `--step-queues none`). `workers.control` registers the remote-control commands, for the
-worker and for `celery -A workers.app control` alike.
+worker and for `celery -A workers.app control` alike. A setting the worker refuses (a malformed
+TOOLLOOP_RATE_LIMITS, a number out of range) stops it as it loads, with the setting's two-line
+error and no traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 from workers import control
 from workers.config import make_app, worker_options
 
-app = make_app()
+try:
+    app = make_app()
+except ValueError as error:  # a setting refused (workers/settings.py): its two lines, no traceback
+    raise SystemExit(str(error)) from None
 worker_options(app)
 app.steps["worker"].add("workers.wiring:ProcessStep")
 app.steps["worker"].add("workers.wiring:StepConsumerStep")

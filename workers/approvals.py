@@ -34,7 +34,7 @@ from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 from toolloop.loop.tools import validate_input
 from toolloop.loop.types import Decision, ToolSpec
-from workers import names
+from workers import names, runlist
 from workers.approvalscripts import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE, Settled, parse_settled
 from workers.runs import script, send_member
 from workers.spec import RunSpec
@@ -49,12 +49,19 @@ def _script_keys(run_id: str) -> list[str]:
 
 
 def apply(
-    client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, tools: Any, early: int = 100
+    client: redis_lib.Redis,
+    celery: Celery,
+    run_id: str,
+    decision_id: str,
+    tools: Any,
+    retention: float,
+    early: int = 100,
 ) -> str:
     """The `toolloop.decide` task: check an edit against the tool's schema, record the decision
     (DECIDE), resume the run when every held call is decided, and tell the client. `tools(toolset)`
-    gives the worker's tools of a toolset; `early`: the most decisions a segment keeps for calls it
-    has not made yet (TOOLLOOP_MAX_EARLY_DECISIONS; the next is refused)."""
+    gives the worker's tools of a toolset; a run that ends `expired` meanwhile starts its retention;
+    `early`: the most decisions a segment keeps for calls it has not made yet
+    (TOOLLOOP_MAX_EARLY_DECISIONS; the next is refused)."""
     raw = client.hget(keys.decide_inbox(run_id), decision_id)
     if raw is None:
         return "gone"  # applied already (a redelivered task)
@@ -72,6 +79,8 @@ def apply(
     if result.member is not None:
         _send_member(client, celery, run_id, result.member)
     kept = json.dumps({"call_id": call_id, "outcome": outcome, "why": result.why, "at": time.time()})
+    if outcome == "expired":
+        _ended(client, run_id, retention)
     pipe = client.pipeline(transaction=True)
     pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{result.why}")
     pipe.expire(keys.decided(run_id, decision_id), 300)
@@ -123,20 +132,34 @@ def held_name(client: redis_lib.Redis, run_id: str, call_id: str) -> str | None:
     return None
 
 
-def settle(client: redis_lib.Redis, celery: Celery, run_id: str) -> str:
-    """Apply early decisions and passed deadlines of a parked run; resume it when that decides it."""
+def settle(client: redis_lib.Redis, celery: Celery, run_id: str, retention: float) -> str:
+    """Apply early decisions and passed deadlines of a parked run; resume it when that decides it. A
+    run that ends `expired` here starts its retention (`retention` s, TOOLLOOP_RETENTION)."""
     result = parse_settled(_run_script(client, SETTLE, run_id, []))
     if result.member is not None:
         _send_member(client, celery, run_id, result.member)
+    if result.what == "expired":
+        _ended(client, run_id, retention)
     return result.what
 
 
-def sweep_due(client: redis_lib.Redis, celery: Celery) -> int:
+def sweep_due(client: redis_lib.Redis, celery: Celery, retention: float) -> int:
     """Settle every run whose deadline (or early decision) is due; how many were settled."""
     due: list[str] = client.zrangebyscore(keys.WAITS_DUE, "-inf", time.time())  # type: ignore[assignment]
     for run_id in due:
-        settle(client, celery, str(run_id))
+        settle(client, celery, str(run_id), retention)
     return len(due)
+
+
+def _ended(client: redis_lib.Redis, run_id: str, retention: float) -> None:
+    """A run a script ended (`expired`): out of the live index, and its keys' retention starts, as a
+    step's commit does for a run that ends there (workers/commit.py)."""
+    segment = int(client.hget(keys.state(run_id), "segment") or 0)
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(keys.LIVE_RUNS, run_id)
+    for command in runlist.expire_commands(run_id, segment, retention):
+        pipe.execute_command(*command)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    pipe.execute()
 
 
 def _run_script(client: redis_lib.Redis, source: str, run_id: str, args: list[str]) -> list[Any]:

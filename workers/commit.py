@@ -168,7 +168,13 @@ class Commits:
         outcome = await self.commit("park", state=state, history=history, parked=parked,
                                     requested=requested, due=due)  # fmt: skip
         if outcome == "park":
-            await asyncio.to_thread(approvals.settle, self.process.redis, self.process.celery, self.run_id)
+            await asyncio.to_thread(
+                approvals.settle,
+                self.process.redis,
+                self.process.celery,
+                self.run_id,
+                self.settings.retention,
+            )
         return outcome
 
     async def commit_failure(self, error: BaseException) -> StepOutcome:

@@ -258,7 +258,7 @@ async def _limited(
         flow.hold(keys[1], holder)
 
     def learn(status: int, headers: Mapping[str, str]) -> None:
-        blocked, remaining = ratelimit.lessons(status, headers, time.time())
+        blocked, remaining = ratelimit.lessons(status, headers, time.time(), process.settings.max_retry_after)
         if blocked or remaining:
             flat = [x for pair in remaining for x in pair]
             _fire(process, ratelimit.LEARN, [bucket], [int(blocked * 1000), *flat])

@@ -74,7 +74,7 @@ class LiveLoop:
         """Run the loop up to the boundary after the first step not stored, or to its end."""
         self.step = step
         self.outcome = asyncio.get_running_loop().create_future()
-        self.task = asyncio.get_running_loop().create_task(run_tool_loop(options))
+        self.task = asyncio.get_running_loop().create_task(_contained(options))
         self.task.add_done_callback(self._ended)
         return self.outcome
 
@@ -154,6 +154,20 @@ class LiveLoop:
             outcome.set_exception(error)
         else:
             outcome.set_result(task.result())
+
+
+async def _contained(options: RunToolLoopOptions) -> RunToolLoopResult:
+    """`run_tool_loop(options)`, where what would stop the worker's event loop thread (a `SystemExit`
+    or `KeyboardInterrupt` from a model call, a hook, a tool callable other than run/start/wait:
+    asyncio raises them out of the loop) fails the run instead. Tools' own are answered in the loop."""
+    try:
+        return await run_tool_loop(options)
+    except (SystemExit, KeyboardInterrupt) as error:
+        raise RuntimeError(
+            f"The run's code raised {error!r}, which would have stopped the worker; the run fails instead.\n"
+            "  Find what raised it in the worker's log (a model factory, a tool's needs_approval or "
+            "estimate_usd), make it raise an Exception, then retry the run."
+        ) from error
 
 
 @dataclass(frozen=True)

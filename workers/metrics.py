@@ -1,5 +1,6 @@
 """Prometheus metrics of one worker process, served on TOOLLOOP_METRICS_PORT (`toolloop worker
---metrics-port`; unset or 0: off, and no metric is counted).
+--metrics-port`; unset or 0: off, and no metric is counted), bound to TOOLLOOP_METRICS_HOST
+(127.0.0.1 unless told otherwise: 0.0.0.0 for a scraper on another host).
 
 Every metric lives in a registry of this process's `Metrics` (not prometheus_client's global one),
 created when the worker starts (`WorkerProcess.metrics`, workers/process.py). What advance.py
@@ -119,8 +120,9 @@ class Metrics:
             bound = self._children[key] = metric.labels(*labels)
         return bound
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve /metrics on `port` (a daemon thread of prometheus_client)."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve /metrics on `addr`:`port` (a daemon thread of prometheus_client); the loopback
+        interface only unless told otherwise (TOOLLOOP_METRICS_HOST)."""
         start_http_server(port, addr=addr, registry=self.registry)
         log.info("metrics on http://%s:%d/metrics", addr, port)
 

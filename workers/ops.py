@@ -36,7 +36,7 @@ from toolloop.contract import CHAT_MESSAGES, ChatMessage, ImagePart, ToolMessage
 from toolloop.journal import keys
 from toolloop.loop.approvals import AlreadyDecidedError, ApprovalError, DeadlineError
 from toolloop.loop.types import Decision
-from workers import wire
+from workers import accounts, wire
 from workers.approvalscripts import DECIDE_SEND, DECISIONS_MARK, parse_decide_sent
 from workers.errors import LimitError, RunNotFoundError, RunStateError
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE
@@ -494,6 +494,7 @@ def retry(sender: Sender, run_id: str) -> Op[None]:
 
 
 def add_spend(run_id: str, usd: float) -> Op[float]:
+    accounts.check_usd(usd, f"The outside spend for run {run_id!r}", least=0.0, zero=True)
     if not (yield Call("EXISTS", keys.state(run_id))):
         raise RunNotFoundError(run_id)
     total = yield Call("INCRBYFLOAT", keys.spend(run_id), usd)

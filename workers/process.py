@@ -10,9 +10,10 @@
 - Celery task events per worker hostname (`events`), the armed cancels (`arm` / `disarm`: a run id
   published on `keys.CANCEL_CHANNEL` aborts that run's live step here), the kept run loops
   (`kept`, TOOLLOOP_KEPT_LOOPS), the model factory (`prompt_gen`, TOOLLOOP_PROMPT_GEN), the toolsets
-  (`toolsets`) and the MCP connections they need (`mcp`, workers/mcpservers.py), the metrics
-  (`metrics`, TOOLLOOP_METRICS_PORT), the hooks (`hooks`: no-op unless a kill plan installs its
-  own) and the step consumer, when the worker runs one (`consumer`).
+  (`toolsets`) and the MCP connections they need (`mcp`, workers/mcpservers.py), the redelivered
+  steps' one turn (`suspects`, workers/suspects.py), the metrics (`metrics`, TOOLLOOP_METRICS_PORT),
+  the hooks (`hooks`: no-op unless a kill plan installs its own) and the step consumer, when the
+  worker runs one (`consumer`).
 
 Nothing of it lives in a module global: the step (`workers.advance`), the consumer and the tasks
 take the process, which the worker's bootstep attaches to its Celery app (`process_of(app)`).
@@ -54,6 +55,7 @@ from workers.mcpservers import McpServers
 from workers.metrics import Metrics
 from workers.redisio import Batch, packed_pool
 from workers.settings import Settings
+from workers.suspects import Suspects
 from workers.toolsets import Registry
 
 log = logging.getLogger("toolloop.workers")
@@ -126,6 +128,7 @@ class WorkerProcess:
         self.loop = loop
         self.batch = Batch(self.async_client(), wait=(settings.commit_wait, settings.commit_wait_ms))
         self.leases = Leases(self.batch, settings.lease_ms)
+        self.suspects = Suspects()
         self.db = int(self.redis.connection_pool.connection_kwargs.get("db", 0))
         self._events: dict[str, TaskEvents] = {}
         self._armed: dict[str, AbortController] = {}
@@ -267,12 +270,12 @@ class WorkerProcess:
 
     # -- metrics ----------------------------------------------------------------------------------
 
-    def start_metrics(self, port: int) -> Metrics:
-        """Count this process's metrics and serve them on `port` (once)."""
+    def start_metrics(self, port: int, host: str = "127.0.0.1") -> Metrics:
+        """Count this process's metrics and serve them on `host`:`port` (once; TOOLLOOP_METRICS_HOST)."""
         with self._lock:
             if self.metrics is None:
                 self.metrics = Metrics(self.queue_depths, self.steps_in_flight)
-                self.metrics.serve(port)
+                self.metrics.serve(port, host)
             return self.metrics
 
     def steps_in_flight(self) -> int:

@@ -20,7 +20,8 @@ and a sorted set of the calls in flight beside it, updated by one Lua script per
   lease (`RENEW`, also the account's reservation of the call: workers/flow.py).
 - The provider's answers teach the limiter (`learn`): `anthropic-ratelimit-*-remaining` lowers a
   bucket to what the provider says is left, a remaining of 0 blocks until its `-reset`, and a
-  `retry-after` (a 429) blocks bookings until then.
+  `retry-after` (a 429) blocks bookings until then; no header blocks longer than
+  TOOLLOOP_MAX_RETRY_AFTER (300 s by default: a longer ask is logged and capped).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from toolloop.providers.http import parse_retry_after
+from toolloop.providers.retry import MAX_RETRY_AFTER_S, capped_wait, parse_retry_after
 from workers.names import RATE_PREFIX
 
 ENV = "TOOLLOOP_RATE_LIMITS"
@@ -101,16 +103,45 @@ def parse(raw: str) -> dict[str, dict[str, Limits]]:
                 raise RateLimitConfigError(
                     f"{ENV}: {provider}/{model}: unknown limits {bad!r}; use {', '.join(_FIELDS)}."
                 )
+            for name, value in limits.items():
+                _check(f"{provider}/{model}", name, value)
             values = {_FIELDS[name]: value for name, value in limits.items()}
-            try:
-                one = Limits(**values)
-                numbers = [one.rpm, one.itpm, one.otpm, one.concurrent, one.burst_s]
-                if any(float(n) < 0 for n in numbers) or float(one.burst_s) <= 0:
-                    raise ValueError("limits must be >= 0 and burst_s > 0")
-            except (TypeError, ValueError) as error:
-                raise RateLimitConfigError(f"{ENV}: {provider}/{model}: {error}.") from None
-            found.setdefault(str(provider), {})[str(model)] = one
+            found.setdefault(str(provider), {})[str(model)] = Limits(**values)
     return found
+
+
+RANGES: dict[str, tuple[float, float, bool]] = {
+    "requests_per_minute": (1, 1e7, True),
+    "input_tokens_per_minute": (1, 1e10, True),
+    "output_tokens_per_minute": (1, 1e10, True),
+    "concurrent": (1, 100_000, True),
+    "burst_s": (0.01, 3600, False),
+}
+"""Each limit's (least, most, whether 0 turns it off): a value outside is refused at load. The
+bounds are wide of any provider's tiers: what lies outside is a typo (1e-9 requests a minute is one
+in 1,900 years; 1e308 is no limit, and 0 says that)."""
+
+
+def _check(where: str, name: str, value: Any) -> None:
+    """Refuse a limit that is not a number in its range (RANGES), naming it, its value and the range."""
+    if name == "key_env":
+        if not isinstance(value, str) or not value.strip():
+            raise RateLimitConfigError(
+                f"{ENV}: {where}: key_env is {value!r}, not the name of an environment variable.\n"
+                f'  Give the variable that holds the key, e.g. "key_env": "ANTHROPIC_API_KEY_BATCH".'
+            )
+        return
+    least, most, off = RANGES[name]
+    whole = name == "concurrent"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    fits = number and ((value == 0 and off) or least <= value <= most) and (not whole or value == int(value))
+    if not fits:
+        shape = "a whole number" if whole else "a number"
+        zero = "0 (off) or " if off else ""
+        raise RateLimitConfigError(
+            f"{ENV}: {where}: {name} is {value!r}; it must be {zero}{shape} from {least:g} to {most:g}.\n"
+            f"  Fix {name} in {ENV} (docs/flow-control.md lists each limit and its range)."
+        )
 
 
 def limits_for(config: dict[str, dict[str, Limits]], provider: str, model: str) -> Limits | None:
@@ -234,9 +265,13 @@ return 1
 _HEADER_FIELDS = {"requests": "r", "input-tokens": "i", "output-tokens": "o"}
 
 
-def lessons(status: int, headers: Mapping[str, str], now: float) -> tuple[float, list[tuple[str, float]]]:
+def lessons(
+    status: int, headers: Mapping[str, str], now: float, cap_s: float = MAX_RETRY_AFTER_S
+) -> tuple[float, list[tuple[str, float]]]:
     """What an answer's headers teach: (blocked until, epoch seconds or 0; [(field, remaining)]).
-    A remaining of 0 blocks until its reset; a 429's `retry-after` blocks for that long."""
+    A remaining of 0 blocks until its reset; a 429's `retry-after` blocks for that long. No header
+    blocks past `now + cap_s` (TOOLLOOP_MAX_RETRY_AFTER; a longer ask is logged and capped), and a
+    remaining that is not a finite number >= 0 is ignored."""
     blocked = 0.0
     remaining: list[tuple[str, float]] = []
     for kind, field in _HEADER_FIELDS.items():
@@ -247,13 +282,17 @@ def lessons(status: int, headers: Mapping[str, str], now: float) -> tuple[float,
             value = float(left)
         except ValueError:
             continue
+        if not 0 <= value < math.inf:
+            continue
         remaining.append((field, value))
         if value <= 0:
-            reset = _when(headers.get(f"anthropic-ratelimit-{kind}-reset"))
-            if reset is not None:
-                blocked = max(blocked, reset)
+            name = f"anthropic-ratelimit-{kind}-reset"
+            raw = headers.get(name)
+            reset = _when(raw)
+            if reset is not None and raw is not None:
+                blocked = max(blocked, now + capped_wait(reset - now, cap_s, name, raw))
     if status == 429:
-        after = parse_retry_after(headers)
+        after = parse_retry_after(headers, cap_s)
         blocked = max(blocked, now + (after if after is not None else 1.0))
     return blocked, remaining
 
@@ -263,5 +302,5 @@ def _when(raw: str | None) -> float | None:
         return None
     try:
         return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError):
         return None

@@ -18,6 +18,7 @@ TOOLLOOP_SHUTDOWN_GRACE      30      s a warm shutdown lets running steps finish
 TOOLLOOP_PROMPT_GEN          unset   "pkg.mod:factory" returning a PromptGen or a generate;
                                      unset: toolloop.providers.from_env()
 TOOLLOOP_METRICS_PORT        0       serve Prometheus metrics on this port (0: off; docs/operations.md)
+TOOLLOOP_METRICS_HOST        127.0.0.1 the address the metrics port binds to (0.0.0.0: every interface)
 TOOLLOOP_TOOLSETS            unset   the toolsets served, "name=pkg.mod:NAME,..." (workers/toolsets.py);
                                      "name=mcp:<url>" an MCP server; clients read the names only, and
                                      refuse any other
@@ -48,14 +49,21 @@ TOOLLOOP_MAX_EARLY_DECISIONS 100     decisions a run keeps for calls it has not 
                                      read by the workers), and decisions waiting for a worker (clients)
 Flow control (docs/flow-control.md):
 TOOLLOOP_RATE_LIMITS         unset   provider -> model -> limits, inline JSON or a JSON/YAML file
+TOOLLOOP_MAX_RETRY_AFTER     300     s: the longest wait a provider's header (retry-after,
+                                     retry-after-ms, anthropic-ratelimit-*-reset) may set on the
+                                     shared rate-limit key; a longer ask is logged and capped
+Every number is checked: not a number, NaN, infinite or out of range is a two-line error naming the
+variable, when the worker (or client) loads.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 from toolloop.defaults import find_redis_url
+from toolloop.providers.retry import MAX_RETRY_AFTER_S
 from workers.ratelimit import ENV as RATE_LIMITS_ENV
 from workers.ratelimit import Limits
 from workers.ratelimit import parse as parse_rate_limits
@@ -83,9 +91,32 @@ def duration(text: str) -> float:
     return value
 
 
-def _float(name: str, default: float) -> float:
+def _float(name: str, default: float, most: float = 1e15) -> float:
+    """The number setting `name` (`default` when unset): a finite number from 0 to `most`, else a
+    two-line ValueError naming it."""
     raw = os.environ.get(name, "").strip()
-    return float(raw) if raw else default
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= most:
+        raise ValueError(
+            f"{name} is {raw[:40]!r}; it must be a number from 0 to {most:g}.\n"
+            f"  Set {name} to such a number, or unset it for the default ({default:g}); docs/workers.md."
+        )
+    return value
+
+
+def _wait_cap() -> float:
+    value = _float("TOOLLOOP_MAX_RETRY_AFTER", MAX_RETRY_AFTER_S, 86400)
+    if value <= 0:
+        raise ValueError(
+            "TOOLLOOP_MAX_RETRY_AFTER is 0; it must be more than 0 s (a provider's wait is capped at it).\n"
+            f"  Set TOOLLOOP_MAX_RETRY_AFTER to seconds up to 86400, or unset it for {MAX_RETRY_AFTER_S:g}."
+        )
+    return value
 
 
 def _count(name: str, default: int, *, most: int, least: int = 0) -> int:
@@ -129,6 +160,11 @@ class Settings:
     rate_limits: dict[str, dict[str, Limits]] = field(default_factory=dict)
     """Provider rate limits per key and model (TOOLLOOP_RATE_LIMITS, workers/ratelimit.py)."""
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    """The address the metrics port binds to (TOOLLOOP_METRICS_HOST; 0.0.0.0: every interface)."""
+    max_retry_after: float = MAX_RETRY_AFTER_S
+    """The longest wait a provider's header may set on the shared rate-limit key
+    (TOOLLOOP_MAX_RETRY_AFTER, seconds; a longer ask is logged and capped)."""
     retention: float = 7 * 86400
     """Seconds a finished run's keys stay (TOOLLOOP_RETENTION; 0: for ever)."""
     redis_source: str = "REDIS_URL"
@@ -179,7 +215,9 @@ class Settings:
             max_edit_bytes=int(_float("TOOLLOOP_MAX_EDIT_BYTES", 100_000)),
             max_early_decisions=int(_float("TOOLLOOP_MAX_EARLY_DECISIONS", 100)),
             rate_limits=parse_rate_limits(os.environ.get(RATE_LIMITS_ENV, "")),
-            metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0)),
+            metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0, 65535)),
+            metrics_host=os.environ.get("TOOLLOOP_METRICS_HOST", "").strip() or "127.0.0.1",
+            max_retry_after=_wait_cap(),
             kept_loops=int(_float("TOOLLOOP_KEPT_LOOPS", 4096)),
             delta_interval=_float("TOOLLOOP_DELTA_INTERVAL_MS", 50) / 1000,
             kill_plan=os.environ.get("TOOLLOOP_KILL_PLAN", "").strip(),

@@ -55,14 +55,14 @@ def answer(self: Task, run_id: str, answer_id: str) -> str:
 def decide(self: Task, run_id: str, decision_id: str) -> str:
     """Apply a decision on a held call (approve, reject, edit): the first per call wins."""
     process = process_of(self.app)
-    early = process.settings.max_early_decisions
     return approvals.apply(
         process.redis,
         self.app,
         run_id,
         decision_id,
         lambda name: journaled_tools(process, run_id, name),
-        early,
+        process.settings.retention,
+        process.settings.max_early_decisions,
     )
 
 
@@ -78,6 +78,6 @@ def sweep(self: Task) -> dict[str, int]:
     """Re-send lost successors and re-drive stalled runs, settle due waits (each worker also sweeps
     on a timer)."""
     process = process_of(self.app)
-    settled = approvals.sweep_due(process.redis, self.app)
+    settled = approvals.sweep_due(process.redis, self.app, process.settings.retention)
     done = runs.sweep(process.redis, self.app, process.settings)
     return {**done, "settled": settled}

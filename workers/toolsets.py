@@ -15,7 +15,9 @@ the registered names. Only a worker imports, the first time a run names a toolse
 `KeyboardInterrupt`) fails that run with a `ToolsetError`, never the worker.
 
 In a worker, a tool's sync `run` / `start` / `wait` runs in a thread: every run of the process
-shares one asyncio loop, and a sync tool that blocks would stall all of them.
+shares one asyncio loop, and a sync tool that blocks would stall all of them. What the thread raises
+that is not an `Exception` (`SystemExit` from `argparse`, ...) reaches the loop as
+`toolloop.loop.tools.Escaped` (`contained`), and the loop answers the call with a tool error.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from toolloop.loop.tools import contained
 from toolloop.loop.types import ToolSpec
 from workers.errors import ToolsetError
 from workers.mcpconfig import FILE_ENV, Toolset, from_entry, is_entry, read_file
@@ -159,9 +162,11 @@ def _offloaded(tool: ToolSpec) -> ToolSpec:
 
 
 def _in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    in_thread = contained(fn)
+
     @functools.wraps(fn)
     async def run_in_thread(*args: Any) -> Any:
-        result = await asyncio.to_thread(fn, *args)
+        result = await asyncio.to_thread(in_thread, *args)
         return await result if inspect.isawaitable(result) else result
 
     return run_in_thread

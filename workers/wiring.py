@@ -154,7 +154,7 @@ def start_threads(process: WorkerProcess) -> None:
     check_redis(process.redis)
     settings = process.settings
     if settings.metrics_port:
-        process.start_metrics(settings.metrics_port)
+        process.start_metrics(settings.metrics_port, settings.metrics_host)
     process.start_loop()
     threading.Thread(target=_listen_for_cancels, args=(process,), name="toolloop-cancel", daemon=True).start()
     if settings.sweep_interval > 0:
@@ -206,7 +206,7 @@ def _sweep_forever(process: WorkerProcess) -> None:
         try:
             idle.tick()
             client = process.redis
-            approvals.sweep_due(client, process.celery)
+            approvals.sweep_due(client, process.celery, settings.retention)
             if time.monotonic() - last < settings.sweep_interval:
                 continue
             last = time.monotonic()

@@ -48,11 +48,10 @@ POINTS: dict[str, Need] = {
     "answer:after": "ask",
 }
 MANY_SLOT_DELIVERIES = 100
-"""TOOLLOOP_MAX_DELIVERIES in the many-slot matrix (5 by default). A crash counts a delivery against
-every step its worker had in flight, and this matrix kills a worker about every 2 s while a
-`model:request` step waits 1.5 s on its held answer: at the default, such a step, interrupted by its
-neighbours' kills 5 times before its own kill could fire, failed its run with DeliveryLimitError
-("its worker keeps dying"), as the limit is meant to in a crash loop. See docs/faults.md."""
+"""TOOLLOOP_MAX_DELIVERIES in the many-slot matrix (5 by default). A crash charges a delivery only to
+the redelivered step that has its turn in the process then (workers/suspects.py), but every kill of
+this matrix is planned, about one every 2 s, many in first deliveries, and each of those charges the
+suspect whose turn it is: that is not the crash loop the limit stops. See docs/faults.md."""
 HEADERS = ["kill point", "runs", "kills", "in flight", "lost", "dup steps", "dup starts", "transcript diff",
            "events diff", "re-run in flight"]  # fmt: skip
 """`in flight`: the steps its kills interrupted (listed `in_flight` in their log lines, the killed

@@ -357,4 +357,4 @@ def test_accounts_sets_a_limit_and_shows_spend(env: dict[str, str]) -> None:
     assert mine == [{"name": "cli-tenant", "limit_usd": 5.0, "period": "month", "finish_at": 0.9,
                      "spent_usd": 0.0, "reserved_usd": 0.0}]  # fmt: skip
     bad = toolloop(env, "accounts", "--set", "cli-tenant", "-1")
-    assert bad.returncode == 1 and "positive finite" in bad.stderr
+    assert bad.returncode == 1 and "must be a finite number more than 0" in bad.stderr

@@ -139,7 +139,7 @@ def test_an_unsettled_reservation_frees_after_its_lease(redis_client: redis.Redi
 def test_bad_account_settings_say_what_is_allowed(redis_client: redis.Redis) -> None:
     with pytest.raises(accounts.AccountError, match="period must be one of day, month, total"):
         accounts.set_limit(redis_client, "a", 1.0, "week")
-    with pytest.raises(accounts.AccountError, match="positive finite"):
+    with pytest.raises(accounts.AccountError, match="must be a finite number more than 0"):
         accounts.set_limit(redis_client, "a", 0)
     with pytest.raises(accounts.AccountError, match="without spaces"):
         accounts.set_limit(redis_client, "a b", 1)

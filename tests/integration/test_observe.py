@@ -13,6 +13,7 @@ long system text so that the second turn reads the first turn's cache).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import threading
@@ -146,6 +147,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listening(port: int) -> set[str]:
+    """The local addresses with a socket listening on TCP `port` (Linux /proc/net/tcp, tcp6)."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as file:
+            for line in file.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    raw = bytes.fromhex(address)
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                    found.add(str(ipaddress.ip_address(words)))
+    return found
+
+
 def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """/metrics as {sample name: {labels: value}}."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -168,6 +184,7 @@ def test_metrics_equal_the_runs_journal(sim_redis: EmbeddedServer, sim: SimServe
     try:
         before = scrape(port)
         assert total(before, "toolloop_steps_committed_total") == 0
+        assert listening(port) == {"127.0.0.1"}  # TOOLLOOP_METRICS_HOST unset: loopback only
         run_id = client.enqueue(spec(PLAIN, model="claude-sonnet-5-5", provider="anthropic"))
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", (status, worker.log.read_text()[-3000:])

@@ -1,8 +1,8 @@
 """Listing runs, retention and prune on a real Redis with a real worker: finished runs expire after
 TOOLLOOP_RETENTION (8 s here: long enough for two CLI calls on a loaded machine) while a parked run
-stays; `Client.list_runs` and `toolloop list` page through 10,000 runs newest first within 3x of
-the same reads done bare; `toolloop prune` deletes finished runs that have no expiry and drops
-expired ones from the index."""
+stays, runs that end `expired` and every run's decisions included; `Client.list_runs` and
+`toolloop list` page through 10,000 runs newest first within 3x of the same reads done bare;
+`toolloop prune` deletes finished runs that have no expiry and drops expired ones from the index."""
 
 from __future__ import annotations
 
@@ -77,6 +77,24 @@ def test_finished_runs_expire_after_the_retention_and_parked_ones_stay(
         assert [run.run_id for run in client.list_runs(status="asked").runs] == [parked]
         client.cancel(parked)
         assert client.wait(parked, timeout=30).status == "cancel"
+
+
+def test_expired_runs_and_decisions_get_the_retention(server: EmbeddedServer, worker: Worker) -> None:
+    """A run that ends `expired` (an ask past its deadline, ended by the sweeper's script, not by a
+    step) and the decisions hash of an approved run expire with the run's other keys."""
+    with Client(server.url) as client:
+        expired = client.enqueue(spec("ask", ask_timeout_s=1))
+        approved = client.enqueue(spec("approve"))
+        status = client.wait(approved, timeout=30)
+        [held] = status.approvals or []
+        client.approve(approved, held["call_id"], digest=held["input_digest"])
+        assert client.wait(approved, timeout=30).status == "done"
+        assert 0 < client.redis.ttl(keys.decisions(approved)) <= 8
+        assert eventually(lambda: client.status(expired).status == "expired", timeout=20)
+        assert eventually(lambda: 0 < client.redis.ttl(keys.state(expired)) <= 8, timeout=5)
+        ttls = {key: client.redis.ttl(key) for key in client.redis.scan_iter(f"tl:{{{expired}}}:*")}
+        assert ttls and all(0 < ttl <= 8 for ttl in ttls.values()), ttls
+        assert client.redis.zscore(keys.ENDED_RUNS, expired) is not None
 
 
 def _fill(client: Client, count: int) -> list[str]:

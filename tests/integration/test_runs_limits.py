@@ -59,8 +59,22 @@ def test_a_step_delivered_too_often_fails_the_run(client: Client, impatient_work
     run_id = runs.create(
         client.redis, BrokerDown(), RunSpec.model_validate(spec("tools", user="Add 1 and 2."))
     )  # type: ignore[arg-type]
-    client.redis.hset(f"tl:{{{run_id}}}:attempts", "1", 5)  # five deliveries died before this one
+    # five deliveries died before this one, four of them while it ran alone (workers/suspects.py)
+    client.redis.hset(f"tl:{{{run_id}}}:attempts", mapping={"1": 5, "1:alone": 4})
     status = client.wait(run_id, timeout=20)  # the sweeper sends it: the sixth delivery
     assert status.status == "failed"
     assert status.error_class == "DeliveryLimitError"
-    assert "was delivered 6 times without finishing" in (status.error_message or "")
+    first, second = (status.error_message or "").split("\n")
+    assert "was delivered 6 times without finishing; 6 of them count" in first and second.startswith("  ")
+
+
+def test_deliveries_beside_a_crash_do_not_count(client: Client, impatient_worker: Worker) -> None:
+    """A step redelivered five times, but never while it ran alone among its worker's redelivered
+    steps (its crashes were its neighbours'), is not charged for them: it runs and finishes."""
+    run_id = runs.create(
+        client.redis, BrokerDown(), RunSpec.model_validate(spec("tools", user="Add 1 and 2."))
+    )  # type: ignore[arg-type]
+    client.redis.hset(f"tl:{{{run_id}}}:attempts", "1", 5)
+    status = client.wait(run_id, timeout=20)
+    assert status.status == "done", status
+    assert status.final_text == "The sum is 3."

@@ -1,4 +1,5 @@
-"""`toolloop accounts`: spend per budget account; `--set NAME USD` sets an account's limit."""
+"""`toolloop accounts`: spend per budget account; `--set NAME USD` sets an account's limit (a finite
+amount above 0 and at most 1e9 USD, workers/accounts.py `check_usd`; else two lines, exit 1)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from typing import Any
 
 from toolloop.cli.commands import connect
+from toolloop.cli.errors import CliError
 
 
 def add_command(sub: Any) -> None:
@@ -21,10 +23,10 @@ def add_command(sub: Any) -> None:
 
 
 def cmd_accounts(args: argparse.Namespace) -> int:
+    amount = None if not args.set else _usd(*args.set)
     client, _ = connect()
-    if args.set:
-        name, usd = args.set
-        client.set_account_limit(name, float(usd), period=args.period, finish_at=args.finish_at)
+    if args.set and amount is not None:
+        client.set_account_limit(args.set[0], amount, period=args.period, finish_at=args.finish_at)
     rows = client.accounts()
     if args.json:
         for row in rows:
@@ -39,3 +41,13 @@ def cmd_accounts(args: argparse.Namespace) -> int:
         print(f"{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
               f"{row.limit_usd:12.4f}  {used:.0%}")  # fmt: skip
     return 0
+
+
+def _usd(name: str, usd: str) -> float:
+    try:
+        return float(usd)
+    except ValueError:
+        raise CliError(
+            f"The limit {usd[:40]!r} of account {name!r} is not a number of USD.\n"
+            "  Give it as a number, e.g. toolloop accounts --set NAME 25."
+        ) from None

@@ -23,7 +23,9 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:fence           string  INCR counter: the fencing token of every lease
     tl:{<run>}:outbox          zset    member "<n>|<queue>" = a successor task to send,
                                        score = when it was recorded (unix seconds)
-    tl:{<run>}:attempts        hash    field = n, value = deliveries of task n
+    tl:{<run>}:attempts        hash    field = n, value = deliveries of task n; field = "<n>:alone",
+                                       value = deliveries of task n that ran alone among the
+                                       redelivered steps of their process (workers/suspects.py)
     tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
     tl:{<run>}:decisions       hash    the decisions on held calls (field "s<seg>:<call id>")
     tl:{<run>}:decide          hash    decisions sent, not applied yet (field = decision id)
@@ -103,6 +105,11 @@ def outbox(run_id: str) -> str:
 
 def attempts(run_id: str) -> str:
     return _run(run_id, "attempts")
+
+
+def alone_field(n: int) -> str:
+    """The field of `attempts(run)` counting task n's deliveries that ran alone (workers/suspects.py)."""
+    return f"{n}:alone"
 
 
 def spend(run_id: str) -> str:

@@ -1,6 +1,11 @@
 """Answering the tool calls of a turn (SPEC 2.4, 4.4): each call one journal step, in order; an
 ask and calls that need approval are held; a decided call (a resume) is answered as decided. A
-mixin of the loop's run (`toolloop/loop/run.py`), which owns the state it reads."""
+mixin of the loop's run (`toolloop/loop/run.py`), which owns the state it reads.
+
+A tool whose `run`, `start` or `wait` raised what only stops a process (`ToolCrashed`,
+toolloop/loop/tools.py) is answered with a tool error the model reads, journaled as its step's value
+(a replay gives the same answer); a `start` that crashed journals the error in its handle and its
+wait step answers with it, calling no `wait`. Any `Exception` still ends the loop (SPEC 2.4)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,16 @@ from toolloop.contract import ToolCall
 from toolloop.loop.approvals import ApprovalError, check_digest, edited_output, input_digest, rejected_text
 from toolloop.loop.history import History
 from toolloop.loop.records import derived, tool_records, validated
-from toolloop.loop.tools import as_output, as_started, bounded, call, text_answer, validate_input
+from toolloop.loop.tools import (
+    ToolCrashed,
+    as_output,
+    as_started,
+    bounded,
+    call,
+    call_tool,
+    text_answer,
+    validate_input,
+)
 from toolloop.loop.types import (
     AccountLimit,
     Approval,
@@ -141,9 +155,13 @@ class CallAnswers:
         async def work(signal: AbortSignal) -> StepResult:
             await self.breaker(spec, checked)
             with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}") as span:
-                output = self.bounded(
-                    as_output(await call(spec.run, checked, self.signal_for(signal)), spec.name), spec.name
-                )
+                try:
+                    returned = await call_tool(
+                        spec.run, spec.name, tool_call.id, checked, self.signal_for(signal)
+                    )
+                except ToolCrashed as crashed:
+                    return StepResult(value=text_answer(crashed.text).model_dump(mode="json"), cost_usd=0.0)
+                output = self.bounded(as_output(returned, spec.name), spec.name)
                 telemetry.tool_result(span, output.cost_usd)
             if edited is not None:
                 output = edited_output(output, edited)
@@ -157,7 +175,13 @@ class CallAnswers:
         async def start(signal: AbortSignal) -> StepResult:
             await self.breaker(spec, checked)
             with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:start"):
-                started = as_started(await call(spec.start, checked, self.signal_for(signal)), spec.name)
+                try:
+                    returned = await call_tool(
+                        spec.start, spec.name, tool_call.id, checked, self.signal_for(signal)
+                    )
+                except ToolCrashed as crashed:
+                    return StepResult(value={"started": None, "rows": [], "crashed": crashed.text})
+                started = as_started(returned, spec.name)
             return StepResult(value={"started": started.started, "rows": started.rows or []})
 
         handle = await self.options.step(f"tool:{tool_call.id}:start", start)
@@ -165,8 +189,18 @@ class CallAnswers:
             raise _Cancel
 
         async def wait(signal: AbortSignal) -> StepResult:
+            crashed = handle.get("crashed")
+            if crashed is not None:  # the start crashed: its error is the call's answer
+                return StepResult(value=text_answer(str(crashed)).model_dump(mode="json"), cost_usd=0.0)
             with telemetry.tool_span(spec.name, tool_call.id, f"tool:{tool_call.id}:wait") as span:
-                returned = await call(spec.wait, handle["started"], self.signal_for(signal))
+                try:
+                    returned = await call_tool(
+                        spec.wait, spec.name, tool_call.id, handle["started"], self.signal_for(signal)
+                    )
+                except ToolCrashed as crashed_wait:
+                    return StepResult(
+                        value=text_answer(crashed_wait.text).model_dump(mode="json"), cost_usd=0.0
+                    )
                 output = self.bounded(as_output(returned, spec.name), spec.name)
                 telemetry.tool_result(span, output.cost_usd)
             if edited is not None:

@@ -2,12 +2,29 @@
 
 Every callable a user gives (`run`, `start`, `wait`, `estimate_usd`, `budget.spent`, `generate`'s
 helpers) may be sync or async: `call` awaits what needs awaiting and nothing else.
+
+Tool code cannot stop the process that runs the loop: a `BaseException` that is not an `Exception`
+raised by a tool's `run`, `start` or `wait` (`SystemExit` from `argparse` or `sys.exit`,
+`KeyboardInterrupt`, a `GeneratorExit` that escaped, a sync tool's thread ended by one of them)
+becomes `ToolCrashed` (`call_tool`), which the loop answers as a tool error the model reads. What
+still goes through unchanged: `asyncio.CancelledError` (cancellation is how a step is stopped), a
+`GeneratorExit` thrown into the loop's own coroutine as it is closed, and a `KeyboardInterrupt` or
+`SystemExit` raised in the main thread, which may be a signal (Ctrl-C, a handler's `sys.exit`) rather
+than the tool: a durable worker runs its loop in a thread of its own, where no signal lands.
+A sync tool run in a thread goes through `contained` there: a `GeneratorExit` that reaches the
+loop through a future is thrown into the task's outermost coroutine (CPython closes the awaits in
+between), so the thread hands it over inside an `Exception`, `Escaped`, which `call_tool` unwraps.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
+import logging
 import os
+import threading
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -15,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from toolloop.contract import ContentPart, ImagePart, TextPart, ToolDefinition
 from toolloop.loop.types import Started, ToolOutput, ToolSpec
+from toolloop.stepkey import idempotency_key
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
 """Keys whose value maps names to schemas: a property named `title` there is kept."""
@@ -23,6 +41,8 @@ _DATA = frozenset({"default", "const", "enum", "examples", "example"})
 
 NO_OUTPUT = "(no output)"
 
+log = logging.getLogger("toolloop.loop")
+
 
 async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a sync or async callable and return its result."""
@@ -30,6 +50,78 @@ async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+class ToolCrashed(Exception):
+    """A tool's `run`, `start` or `wait` raised a `BaseException` that is not an `Exception` (see
+    the module docstring). `text` is the tool error the model reads in the call's answer."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class Escaped(Exception):
+    """What a sync tool raised in its thread that is not an `Exception`, handed to the loop (`contained`)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+def contained(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` for running in a thread of its own (`asyncio.to_thread`): what it raises that is not an
+    `Exception` comes out as `Escaped` (no signal lands in a thread that is not the main one)."""
+
+    @functools.wraps(fn)
+    def in_its_thread(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:
+            raise
+        except BaseException as error:
+            raise Escaped(error) from None
+
+    return in_its_thread
+
+
+async def call_tool(fn: Any, tool: str, call_id: str, *args: Any) -> Any:
+    """`call(fn, *args)` for a tool's `run` / `start` / `wait`: what only stops a process becomes
+    `ToolCrashed` (logged with the step, which names the run, and the call id)."""
+    task = asyncio.current_task()
+    try:
+        return await call(fn, *args)
+    except Escaped as escaped:
+        error = escaped.error
+    except Exception:
+        raise
+    except BaseException as raised:
+        if not _crash_of_tool(raised, task):
+            raise
+        error = raised
+    log.error(
+        "tool %r (call %s, step %s) raised %r, which would stop the process: the call is answered "
+        "as a tool error and the run goes on",
+        tool, call_id, idempotency_key() or "-", error, exc_info=error,
+    )  # fmt: skip
+    text = (
+        f"Tool {tool!r} failed: it raised {error!r} instead of returning a result. "
+        "The call did not complete; try other input, or another way."
+    )
+    raise ToolCrashed(text) from None
+
+
+def _crash_of_tool(error: BaseException, task: asyncio.Task[Any] | None) -> bool:
+    """True when `error` (not an Exception) is the tool's own, not the caller stopping the loop."""
+    if isinstance(error, asyncio.CancelledError):
+        return False
+    if isinstance(error, BaseExceptionGroup) and error.subgroup(asyncio.CancelledError) is not None:
+        return False
+    if isinstance(error, GeneratorExit):  # thrown into our coroutine as it is closed: not the tool's
+        return task is not None and asyncio.current_task() is task
+    if isinstance(error, KeyboardInterrupt | SystemExit):  # the main thread is where signals land
+        return threading.current_thread() is not threading.main_thread()
+    return True
 
 
 def tool_definitions(tools: list[ToolSpec]) -> list[ToolDefinition]:

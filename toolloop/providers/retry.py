@@ -1,5 +1,6 @@
 """What an HTTP answer of a model call means, as pure functions: `classify` (the error and whether
-to retry), `should_retry`, `parse_retry_after`, and the bounds of the retries (`RetryPolicy`).
+to retry), `should_retry`, `parse_retry_after` (capped at `MAX_RETRY_AFTER_S`), and the bounds of
+the retries (`RetryPolicy`).
 
 Classification (SPEC 3.3), in this order:
     connection failure before    -> retried with backoff (as the SDK retries `APIConnectionError`):
@@ -39,6 +40,8 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -46,6 +49,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolloop.errors import PromptGenError, PromptGenTimeoutError, PromptGenUnavailableError, SpendLimitError
+
+log = logging.getLogger("toolloop.providers")
+
+MAX_RETRY_AFTER_S = 300.0
+"""The longest wait a provider's header may set (`retry-after`, `retry-after-ms`; in a worker also
+`anthropic-ratelimit-*-reset` and the shared rate-limit key, TOOLLOOP_MAX_RETRY_AFTER): a longer
+ask is logged and capped. A per-minute limit resets within a minute; a provider that still refuses
+after the cap answers another 429 with a fresh wait."""
 
 _RETRIED = frozenset({408, 409})
 SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
@@ -83,6 +94,8 @@ class RetryPolicy:
     """Most attempts that may have been billed: one that timed out after its request went out, or
     a stream cut (or ended by an error event) after its answer began. Past it the error is raised
     and the facade moves on to its fallback, rather than pay for the same slow answer again."""
+    max_retry_after_s: float = MAX_RETRY_AFTER_S
+    """The longest wait a provider's header may ask for (`parse_retry_after`); longer is capped."""
 
     def backoff(self, attempt: int) -> float:
         delay = min(self.base_delay_s * 2.0 ** (attempt - 1), self.max_delay_s)
@@ -124,7 +137,7 @@ def classify(
     """The error of a non-2xx answer and the seconds to wait before retrying it (None: raise it
     now): a pure function of the answer (module docstring; `fields` is `error_fields`) and of the
     backoff the caller drew for this attempt."""
-    retry_after = parse_retry_after(headers)
+    retry_after = parse_retry_after(headers, endpoint.policy.max_retry_after_s)
     backoff = max(backoff_s, retry_after or 0.0)
     forced = backoff if headers.get("x-should-retry") == "true" else None
     code = fields.get("error_code")
@@ -249,23 +262,43 @@ def error_detail(text: str) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds asked by `retry-after-ms` or `retry-after` (seconds or an HTTP date); None when absent."""
+def parse_retry_after(headers: Mapping[str, str], cap_s: float = MAX_RETRY_AFTER_S) -> float | None:
+    """Seconds asked by `retry-after-ms` or `retry-after` (seconds or an HTTP date), at most `cap_s`
+    (a longer ask is logged and capped); None when absent or not a number (NaN included)."""
     raw_ms = headers.get("retry-after-ms")
     if raw_ms is not None:
-        try:
-            return max(float(raw_ms) / 1000, 0.0)
-        except ValueError:
-            pass
+        seconds = _number(raw_ms)
+        if seconds is not None:
+            return capped_wait(seconds / 1000, cap_s, "retry-after-ms", raw_ms)
     raw = headers.get("retry-after")
     if raw is None:
         return None
+    seconds = _number(raw)
+    if seconds is None:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return capped_wait(seconds, cap_s, "retry-after", raw)
+
+
+def capped_wait(seconds: float, cap_s: float, header: str, raw: str) -> float:
+    """`seconds` (a provider's wait, from `header` = `raw`) within [0, cap_s]; over it is logged."""
+    if seconds > cap_s:
+        log.warning(
+            "the provider's %s header %r asks for a wait of %.6g s, longer than the cap of %g s "
+            "(MAX_RETRY_AFTER_S; a worker's TOOLLOOP_MAX_RETRY_AFTER): waiting %g s",
+            header, raw[:64], seconds, cap_s, cap_s,
+        )  # fmt: skip
+        return cap_s
+    return max(seconds, 0.0)
+
+
+def _number(raw: str) -> float | None:
+    """A header's number of seconds; None when it is not one (or NaN); infinity is a number."""
     try:
-        return max(float(raw), 0.0)
+        value = float(raw)
     except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
         return None
-    return max(when.timestamp() - time.time(), 0.0)
+    return None if math.isnan(value) else value
