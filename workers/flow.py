@@ -27,7 +27,7 @@ from toolloop.loop.tools import as_output, call
 from toolloop.loop.types import ToolSpec
 from toolloop.providers.common import estimate_input_tokens
 from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
-from toolloop.providers.http import observe_responses, race
+from toolloop.providers.http import before_retry, observe_responses, race
 from workers import accounts, ratelimit
 from workers.process import WorkerProcess
 from workers.spec import RunSpec
@@ -43,7 +43,8 @@ def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> 
     is booked against that provider's own limits (`AROUND_ATTEMPT`); a plain generate is booked
     against the run's provider."""
     head = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
-    if spec.account is None and not process.settings.rate_limits:
+    learned = ratelimit.LEARNS.intersection([head, *spec.fallback])
+    if spec.account is None and not process.settings.rate_limits and not learned:
         return generate
     per_attempt = isinstance(process.prompt_gen, PromptGen)
 
@@ -105,11 +106,13 @@ class _Flow:
         """`send(request)` to `provider` once its limits give room (facade.AroundAttempt)."""
         model = request.model or self.spec.model
         limits = ratelimit.limits_for(self.process.settings.rate_limits, provider, model)
-        if limits is None:
+        learns = provider in ratelimit.LEARNS
+        if limits is None and not learns:
             return await send(await self.reserved(provider, request))
         return await _limited(
-            self, send, request, lambda: self.reserved(provider, request), provider, model, limits
-        )
+            self, send, request, lambda: self.reserved(provider, request), provider, model,
+            limits or ratelimit.Limits(), learns,
+        )  # fmt: skip
 
     async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
         """`request` once the account holds its estimate at `provider`'s price (reserved after the
@@ -228,7 +231,12 @@ async def _limited(
     provider: str,
     model: str,
     limits: ratelimit.Limits,
+    learns: bool,
 ) -> PromptGenResult:
+    """`send` once the (key, model) bucket gives room, under `limits` and, for a provider whose
+    answers name its limits (`learns`), the limits learned from them: until an answer has taught the
+    requests limit, one call goes first and the others wait for its answer ("learning"). Each retry
+    the provider makes of the call is booked as one more request (`before_retry`)."""
     process, signal = flow.process, flow.signal
     hashed = ratelimit.key_hash(provider, limits)
     bucket = ratelimit.bucket_key(hashed, model)
@@ -236,26 +244,29 @@ async def _limited(
     holder = uuid.uuid4().hex
     estimate = estimate_input_tokens(request)
     batch = process.batch
-    while True:
-        wait_ms, why = await batch.script(
-            ratelimit.BOOK, keys,
-            [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
-             process.settings.lease_ms],
-        )  # fmt: skip
-        if int(wait_ms) > 0:
-            await _wait(process, int(wait_ms) / 1000, signal)
-        if why != "busy":
-            break
-    if limits.concurrent > 0:
+    opened = process.open_buckets
+    booked = await _book(flow, keys, limits, estimate, holder, learns)
+    if booked and limits.concurrent > 0:
         flow.hold(keys[1], holder)
 
     def learn(status: int, headers: Mapping[str, str]) -> None:
-        blocked, remaining = ratelimit.lessons(status, headers, time.time())
-        if blocked or remaining:
-            flat = [x for pair in remaining for x in pair]
-            _fire(process, ratelimit.LEARN, [bucket], [int(blocked * 1000), *flat])
+        lessons = ratelimit.lessons(status, headers, time.time())
+        if lessons.limits or lessons.blocked:
+            opened.pop(bucket, None)
+        if lessons and (booked or lessons.limits or lessons.blocked):
+            _fire(process, ratelimit.LEARN, [bucket], lessons.args())
+
+    async def book_retry() -> None:
+        """One more request of this call (a provider retry), booked before it is sent."""
+        if limits == _NONE and opened.get(bucket, 0.0) > time.monotonic():
+            return
+        retry = [limits.rpm, limits.itpm, limits.otpm, 0, limits.burst_s, 0, holder, 0, 0]
+        wait_ms, _ = await batch.script(ratelimit.BOOK, keys, retry)
+        if int(wait_ms) > 0:
+            await _wait(process, int(wait_ms) / 1000, signal)
 
     token = observe_responses.set(learn)
+    retrying = before_retry.set(book_retry)
     used_in, used_out = estimate, 0
     try:
         result = await send(await reserved())
@@ -264,9 +275,41 @@ async def _limited(
         used_out = usage.completion_tokens
         return result
     finally:
+        before_retry.reset(retrying)
         observe_responses.reset(token)
         flow.held.pop(keys[1], None)
-        _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
+        if booked:
+            _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
+
+
+async def _book(
+    flow: _Flow, keys: list[str], limits: ratelimit.Limits, estimate: int, holder: str, learns: bool
+) -> bool:
+    """BOOK until the bucket gives room (waiting as it says, the slot lent); False when nothing was
+    booked: the provider names no limit for the key and none is configured (`open`)."""
+    process, bucket = flow.process, keys[0]
+    opened = process.open_buckets
+    if learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic():
+        return False
+    while True:
+        wait_ms, why = await process.batch.script(
+            ratelimit.BOOK, keys,
+            [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
+             process.settings.lease_ms, int(learns)],
+        )  # fmt: skip
+        if why == "open":  # not booked for a while
+            opened[bucket] = time.monotonic() + _OPEN_S
+            return False
+        if int(wait_ms) > 0:
+            await _wait(process, int(wait_ms) / 1000, flow.signal)
+        if why not in ("busy", "learning"):
+            return True
+
+
+_NONE = ratelimit.Limits()
+_OPEN_S = 60.0
+"""How long a process books nothing for a (key, model) whose provider's answers name no limit (and
+none is configured); an answer that names one, or a 429, ends it at once."""
 
 
 async def _wait(process: WorkerProcess, seconds: float, signal: AbortSignal) -> None:

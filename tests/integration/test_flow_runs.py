@@ -331,3 +331,60 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
     assert reserved_late > 0  # the first call's reservation did not lapse a lease after it was made
     assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, starts  # one call at a time
     assert row.reserved_usd == 0.0 and row.spent_usd > 0
+
+
+def test_two_workers_that_learn_the_limit_from_the_headers_hold_it_in_a_burst_of_short_runs(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # No TOOLLOOP_RATE_LIMITS: the workers know the key's limit only from the simulator's
+    # `anthropic-ratelimit-requests-*` headers (240 a minute, 4 a second; its bucket holds 2 s of
+    # it, 8 requests). 30 one-call runs sent at once meet 22 429s unless the first call's answer
+    # teaches the limit before the others go (fails before: 429s, the calls past 8 refused).
+    rpm, runs = 240, 30
+
+    def policy(request: SimRequest) -> SimTurn:
+        return SimTurn(text="Done.")
+
+    with SimServer(policy, rate_limits=SimRateLimits(rpm=rpm, burst_s=2)) as sim:
+        workers = [start_sim_worker(own_redis.url, sim, tmp_path) for _ in range(2)]
+        client = Client(own_redis.url)
+        try:
+            started = time.monotonic()
+            run_ids = [client.enqueue(run_spec(max_steps=2)) for _ in range(runs)]
+            statuses = wait_all(client, run_ids, timeout=60)
+            took = time.monotonic() - started
+        finally:
+            for worker in workers:
+                worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert [s.status for s in statuses] == ["done"] * runs
+    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]  # none refused, so none retried
+    assert stats["requests"] == runs
+    assert took >= (runs - 8) / 4 * 0.8, took  # paced at the learned limit beyond the burst
+
+
+def test_a_provider_retry_is_booked_against_the_limit_as_one_more_request(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # 30 a minute, a bucket of 2 s (one request): the call goes at once and takes the bucket; the
+    # simulator answers it 500, which the provider retries after ~1 s of backoff. Booked, the retry
+    # waits for the bucket to hold a request again (2 s after the first); not booked, it goes after
+    # the backoff alone (fails before: ~1 s).
+    arrivals: list[float] = []
+
+    def policy(request: SimRequest) -> SimTurn:
+        arrivals.append(time.monotonic())
+        return SimTurn(fault=SimFault(status=500)) if len(arrivals) == 1 else SimTurn(text="Done.")
+
+    limits = json.dumps({"anthropic": {"*": {"requests_per_minute": 30, "burst_s": 2}}})
+    with SimServer(policy) as sim:
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits)
+        client = Client(own_redis.url)
+        try:
+            (status,) = wait_all(client, [client.enqueue(run_spec(max_steps=2))], timeout=30)
+        finally:
+            worker.stop()
+            client.close()
+    assert status.status == "done"
+    assert len(arrivals) == 2 and arrivals[1] - arrivals[0] >= 1.8, arrivals
