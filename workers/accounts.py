@@ -86,15 +86,16 @@ return {verdict, tostring(spent), tostring(reserved + amount), tostring(limit)}
 """
 
 SETTLE = """
--- KEYS[1] the account, KEYS[2] held, KEYS[3] held amounts. ARGV: reservation id, real USD,
--- the period id of day, of month
+-- KEYS[1] the account, KEYS[2] held, KEYS[3] held amounts. ARGV: reservation id, real USD (below 0:
+-- a correction, a two-phase tool's cost below the estimate charged at its start), the period id of
+-- day, of month
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 local period = redis.call('HGET', KEYS[1], 'period') or 'total'
 local pid = 'total'
 if period == 'day' then pid = ARGV[3] elseif period == 'month' then pid = ARGV[4] end
 local cost = tonumber(ARGV[2])
-if cost > 0 then
+if cost ~= 0 then
   redis.call('INCRBYFLOAT', KEYS[1] .. ':spent:' .. pid, ARGV[2])
   if pid ~= 'total' then redis.call('EXPIRE', KEYS[1] .. ':spent:' .. pid, 40 * 86400) end
 end

@@ -23,8 +23,8 @@ from typing import Any
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult, UserMessage
 from toolloop.loop.run import BudgetStop
-from toolloop.loop.tools import as_output, call
-from toolloop.loop.types import ToolSpec
+from toolloop.loop.tools import as_output, as_started, call
+from toolloop.loop.types import Started, ToolSpec
 from toolloop.providers.common import estimate_input_tokens
 from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
 from toolloop.providers.http import before_retry, observe_responses, race
@@ -140,15 +140,19 @@ class _Flow:
 
 
 def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
-    """The run's tools, each one-phase tool reserving its estimate (`estimate_usd`, else 0) from the
-    run's account before it runs and settling its output's cost after."""
+    """The run's tools, each reserving its estimate (`estimate_usd`, else 0) from the run's account
+    before it runs: a one-phase tool settles its output's cost after `run`; a two-phase tool
+    (`reserved_two_phase`) is charged its estimate once `start` returned and corrected to its
+    output's cost when `wait` returns."""
     account = spec.account
     if account is None:
         return tools
 
     def wrapped(tool: ToolSpec) -> ToolSpec:
         run, estimate_usd = tool.run, tool.estimate_usd
-        if run is None or tool.start is not None:
+        if tool.start is not None and tool.wait is not None:
+            return reserved_two_phase(process, account, tool)
+        if run is None:
             return tool
 
         async def reserved_run(checked: Any, signal: AbortSignal) -> Any:
@@ -165,6 +169,45 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
         return tool.model_copy(update={"run": reserved_run})
 
     return [wrapped(tool) for tool in tools]
+
+
+_CHARGED = "toolloop_account_usd"
+"""The key of a two-phase tool's journaled handle that holds what `start` charged its account."""
+
+
+def reserved_two_phase(process: WorkerProcess, account: str, tool: ToolSpec) -> ToolSpec:
+    """A two-phase tool under the run's account. Its start and wait are two steps (a wait may outlast
+    any lease and run in another worker), so nothing is held between them: `start` reserves the
+    estimate first (past the limit the run stops `budget` and the start never runs; it waits for
+    room like any reservation), and once it returned the estimate is settled as spent, the job being
+    under way; `wait` settles the difference to its output's cost (below the estimate: given back).
+    The handle `wait` receives is the tool's own: what was charged travels beside it in the
+    journaled handle (`_CHARGED`)."""
+    start, wait, estimate_usd = tool.start, tool.wait, tool.estimate_usd
+    assert start is not None and wait is not None
+
+    async def reserved_start(checked: Any, signal: AbortSignal) -> Started:
+        estimate = float(await call(estimate_usd, checked)) if estimate_usd is not None else 0.0
+        reservation, _ = await reserve(process, account, estimate, signal)
+        charged = 0.0
+        try:
+            started = as_started(await call(start, checked, signal), tool.name)
+            charged = estimate
+        finally:
+            settle(process, account, reservation, charged)
+        return Started(started={_CHARGED: charged, "started": started.started}, rows=started.rows)
+
+    async def reserved_wait(handle: Any, signal: AbortSignal) -> Any:
+        charged = 0.0
+        if isinstance(handle, dict) and set(handle) == {_CHARGED, "started"}:
+            charged, handle = float(handle[_CHARGED]), handle["started"]
+        returned = await call(wait, handle, signal)
+        cost = as_output(returned, tool.name).cost_usd
+        if cost != charged:
+            settle(process, account, uuid.uuid4().hex, cost - charged)
+        return returned
+
+    return tool.model_copy(update={"start": reserved_start, "wait": reserved_wait})
 
 
 async def reserve(

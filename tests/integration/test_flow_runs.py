@@ -388,3 +388,35 @@ def test_a_provider_retry_is_booked_against_the_limit_as_one_more_request(
             client.close()
     assert status.status == "done"
     assert len(arrivals) == 2 and arrivals[1] - arrivals[0] >= 1.8, arrivals
+
+
+def test_a_two_phase_tool_is_reserved_and_charged_against_the_account(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # Each turn calls `transcode` (tests/integration/agents.py: two-phase, estimated $0.15, billed
+    # $0.10 by its wait). On a $0.5 account the run stops `budget` once the jobs took the room, and
+    # the account's spend is what the journal holds, tools included (fails before: the tool was not
+    # reserved nor charged, so the run went on to max_steps with the account all but unspent).
+    def policy(request: SimRequest) -> SimTurn:
+        n = request.assistant_turns + 1
+        return SimTurn(text=f"Job {n}.", tool_calls=[SimToolCall(name="transcode", input={"a": n, "b": 0})])
+
+    tool_log = tmp_path / "tools.log"
+    with SimServer(policy) as sim:
+        worker = Worker(own_redis.url, tmp_path / "worker.log", sim_env(sim, tool_log), concurrency=4)
+        worker.wait_ready()
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("jobs", 0.5, period="total")
+            run_id = client.enqueue(run_spec(account="jobs", max_steps=30))
+            (status,) = wait_all(client, [run_id], timeout=60)
+            total = journal_total(client, [run_id])
+            (row,) = client.accounts()
+        finally:
+            worker.stop()
+            client.close()
+    starts = [line for line in tool_log.read_text().splitlines() if '"transcode"' in line]
+    assert status.status == "budget", status.status
+    assert 3 <= len(starts) <= 5, starts  # $0.10 each on $0.5, each start reserving its $0.15 first
+    assert row.spent_usd == pytest.approx(total, abs=1e-6) and total > 0.3, (row, total)
+    assert row.spent_usd <= 0.5 and row.reserved_usd == 0.0
