@@ -48,11 +48,42 @@ def _script_keys(run_id: str) -> list[str]:
 
 
 def apply(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, tools: Any) -> str:
-    """The `toolloop.decide` task: check an edit against the tool's schema, record the decision
-    (DECIDE), resume the run when every held call is decided, and tell the client. `tools(toolset)`
+    """The `toolloop.decide` task: apply the run's decisions in the order they were sent, up to and
+    including this one (its own first when it has no earlier one pending), so the first decision
+    sent wins however the control tasks' threads run (`tests/unit/test_races.py`). `tools(toolset)`
     gives the worker's tools of a toolset."""
+    order: list[str] = client.lrange(keys.decide_order(run_id), 0, -1)  # type: ignore[assignment]
+    earlier = order[: order.index(decision_id)] if decision_id in order else []
+    for sent_before in earlier:
+        _apply_one(client, celery, run_id, sent_before, tools)
+    return _apply_one(client, celery, run_id, decision_id, tools)
+
+
+_CLAIM_S = 30
+"""How long the task applying a decision holds it (it takes milliseconds; a dead worker's frees)."""
+
+
+def _apply_one(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, tools: Any) -> str:
+    """Apply one decision, once: the task that claims it applies it; another (a later decision's
+    task applying it first, or this decision's own) waits until it is applied, then says "gone"."""
+    claim = keys.decide_claim(run_id, decision_id)
+    if not client.set(claim, "1", nx=True, ex=_CLAIM_S):
+        deadline = time.monotonic() + _CLAIM_S
+        while client.hexists(keys.decide_inbox(run_id), decision_id) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "gone"
+    try:
+        return _decide(client, celery, run_id, decision_id, tools)
+    finally:
+        client.delete(claim)
+
+
+def _decide(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, tools: Any) -> str:
+    """Check an edit against the tool's schema, record the decision (DECIDE), resume the run when
+    every held call is decided, and tell the client."""
     raw = client.hget(keys.decide_inbox(run_id), decision_id)
     if raw is None:
+        client.lrem(keys.decide_order(run_id), 0, decision_id)
         return "gone"  # applied already (a redelivered task)
     entry = json.loads(str(raw))
     call_id = str(entry["call_id"])
@@ -71,6 +102,7 @@ def apply(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str
     pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{result.why}")
     pipe.expire(keys.decided(run_id, decision_id), 300)
     pipe.hdel(keys.decide_inbox(run_id), decision_id)
+    pipe.lrem(keys.decide_order(run_id), 0, decision_id)
     pipe.execute()
     return outcome
 

@@ -248,7 +248,11 @@ def decide(sender: Sender, run_id: str, call_id: str, decision: Decision, wait_s
     decision_id = uuid.uuid4().hex
     entry = json.dumps({"call_id": call_id, "decision": decision.model_dump(mode="json"), "at": time.time()})
     send = sender.commands(DECIDE, [run_id, decision_id], f"{run_id}:decide:{decision_id}", "control")
-    yield Batch([("HSET", keys.decide_inbox(run_id), decision_id, entry), *send], transaction=True)
+    stored = [
+        ("HSET", keys.decide_inbox(run_id), decision_id, entry),
+        ("RPUSH", keys.decide_order(run_id), decision_id),
+    ]  # the send order: workers/approvals.py
+    yield Batch([*stored, *send], transaction=True)
     reply = yield Call("BLPOP", keys.decided(run_id, decision_id), max(1, round(wait_s)), blocking=True)
     if reply is None:
         raise TimeoutError(

@@ -18,9 +18,14 @@ and a sorted set of the calls in flight beside it, updated by one Lua script per
 - `concurrent`: at most that many calls in flight per (key, model); a holder's entry expires after a
   lease, so a killed worker frees its places; a call still running re-dates it every third of a
   lease (`RENEW`, also the account's reservation of the call: workers/flow.py).
-- The provider's answers teach the limiter (`learn`): `anthropic-ratelimit-*-remaining` lowers a
+- The provider's answers teach the limiter (`LEARN`): `anthropic-ratelimit-*-remaining` lowers a
   bucket to what the provider says is left, a remaining of 0 blocks until its `-reset`, and a
-  `retry-after` (a 429) blocks bookings until then.
+  `retry-after` (a 429) blocks bookings until then. `anthropic-ratelimit-*-limit` is kept as the
+  limit in force where none is configured (the lower of the two where both are): a provider in
+  `LEARNS` is booked with or without a TOOLLOOP_RATE_LIMITS entry. Until an answer has taught its
+  requests limit, one call of the (key, model) goes first (`probe`) and BOOK answers the others
+  `learning` until its answer (or its settle) is in; an answer that names no limit marks the
+  bucket `open`.
 """
 
 from __future__ import annotations
