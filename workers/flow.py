@@ -292,7 +292,10 @@ async def _limited(
     if booked and limits.concurrent > 0:
         flow.hold(keys[1], holder)
 
+    heard: list[bool] = []  # an HTTP answer was observed
+
     def learn(status: int, headers: Mapping[str, str]) -> None:
+        heard.append(True)
         lessons = ratelimit.lessons(status, headers, time.time())
         if lessons.limits or lessons.blocked:
             opened.pop(bucket, None)
@@ -316,6 +319,8 @@ async def _limited(
         usage = result.usage
         used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
         used_out = usage.completion_tokens
+        if learns and booked and not heard:  # answered with no HTTP answer seen (a scripted model,
+            _fire(process, ratelimit.LEARN, [bucket], [0, 1])  # another client): it names no limit
         return result
     finally:
         before_retry.reset(retrying)
