@@ -172,12 +172,14 @@ if learns and rpm == 0 and not taught then
   if state[9] then
     if itpm == 0 and otpm == 0 and concurrent == 0 and wait == 0 then return {0, 'open'} end
   else
-    -- nothing known of the requests limit yet: one call goes first, its answer teaches it
+    -- nothing known of the requests limit yet: one call goes first, its answer teaches it; an
+    -- answer slower than a second lets one more go each second (nobody waits on a call that
+    -- itself waits for another: a first answer never holds the rest longer than that)
     local until_ms = tonumber(state[11]) or 0
     if state[10] ~= holder and until_ms > now then
       return {math.min(100, math.max(10, until_ms - now)), 'learning'}
     end
-    redis.call('HSET', KEYS[1], 'probe', holder, 'probe_until', now + lease)
+    redis.call('HSET', KEYS[1], 'probe', holder, 'probe_until', now + math.min(lease, 1000))
   end
 end
 local at = tonumber(state[4]) or now
