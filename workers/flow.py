@@ -284,11 +284,12 @@ async def _limited(
     hashed = ratelimit.key_hash(provider, limits)
     bucket = ratelimit.bucket_key(hashed, model)
     keys = [bucket, f"{bucket}:inflight"]
-    holder = uuid.uuid4().hex
-    estimate = estimate_input_tokens(request)
-    batch = process.batch
     opened = process.open_buckets
-    booked = await _book(flow, keys, limits, estimate, holder, learns)
+    open_here = learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic()
+    holder = "" if open_here else uuid.uuid4().hex
+    estimate = 0 if open_here else estimate_input_tokens(request)  # not counted when nothing is booked
+    batch = process.batch
+    booked = not open_here and await _book(flow, keys, limits, estimate, holder, learns)
     if booked and limits.concurrent > 0:
         flow.hold(keys[1], holder)
 
@@ -336,9 +337,6 @@ async def _book(
     """BOOK until the bucket gives room (waiting as it says, the slot lent); False when nothing was
     booked: the provider names no limit for the key and none is configured (`open`)."""
     process, bucket = flow.process, keys[0]
-    opened = process.open_buckets
-    if learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic():
-        return False
     while True:
         wait_ms, why = await process.batch.script(
             ratelimit.BOOK, keys,
@@ -346,7 +344,7 @@ async def _book(
              process.settings.lease_ms, int(learns)],
         )  # fmt: skip
         if why == "open":  # not booked for a while
-            opened[bucket] = time.monotonic() + _OPEN_S
+            process.open_buckets[bucket] = time.monotonic() + _OPEN_S
             return False
         if int(wait_ms) > 0:
             await _wait(process, int(wait_ms) / 1000, flow.signal)
