@@ -43,7 +43,8 @@ def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> 
     is booked against that provider's own limits (`AROUND_ATTEMPT`); a plain generate is booked
     against the run's provider."""
     head = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
-    learned = ratelimit.LEARNS.intersection([head, *spec.fallback])
+    chain = [head, *(spec.fallback or getattr(process.prompt_gen, "fallback", []))]  # TOOLLOOP_FALLBACK's
+    learned = ratelimit.LEARNS.intersection(chain)
     if spec.account is None and not process.settings.rate_limits and not learned:
         return generate
     per_attempt = isinstance(process.prompt_gen, PromptGen)

@@ -420,3 +420,33 @@ def test_a_two_phase_tool_is_reserved_and_charged_against_the_account(
     assert 3 <= len(starts) <= 5, starts  # $0.10 each on $0.5, each start reserving its $0.15 first
     assert row.spent_usd == pytest.approx(total, abs=1e-6) and total > 0.3, (row, total)
     assert row.spent_usd <= 0.5 and row.reserved_usd == 0.0
+
+
+def test_a_learned_limit_holds_for_a_fallback_named_by_the_worker_not_the_run(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # The runs go to fal, which is overloaded; the worker's TOOLLOOP_FALLBACK sends each call on to
+    # Anthropic, whose key allows 240 a minute (its bucket: 8 requests). No limit is configured: the
+    # Anthropic attempts are booked against what its headers teach (fails before: the runs' chain
+    # was read from the run alone, nothing was booked, and 30 calls at once met 429s).
+    overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})
+
+    def policy(request: SimRequest) -> SimTurn:
+        return SimTurn(fault=overloaded) if request.wire != "anthropic" else SimTurn(text="Done.")
+
+    runs = 30
+    with SimServer(policy, rate_limits=SimRateLimits(rpm=240, burst_s=2)) as sim:
+        env = {"FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url, "TOOLLOOP_FALLBACK": "anthropic"}
+        workers = [start_sim_worker(own_redis.url, sim, tmp_path, **env) for _ in range(2)]
+        client = Client(own_redis.url)
+        try:
+            run_ids = [client.enqueue(run_spec(provider="fal", max_steps=2)) for _ in range(runs)]
+            statuses = wait_all(client, run_ids, timeout=60)
+        finally:
+            for worker in workers:
+                worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert [s.status for s in statuses] == ["done"] * runs
+    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]
+    assert stats["endpoints"] == {"fal": runs, "anthropic": runs}, stats["endpoints"]
