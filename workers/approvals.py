@@ -65,13 +65,13 @@ _CLAIM_S = 30
 
 def _apply_one(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, tools: Any) -> str:
     """Apply one decision, once: the task that claims it applies it; another (a later decision's
-    task applying it first, or this decision's own) waits until it is applied, then says "gone"."""
+    task applying it first, or this decision's own) waits until it is applied, then says "gone" (or
+    takes the claim when its holder died and the claim expired)."""
     claim = keys.decide_claim(run_id, decision_id)
-    if not client.set(claim, "1", nx=True, ex=_CLAIM_S):
-        deadline = time.monotonic() + _CLAIM_S
-        while client.hexists(keys.decide_inbox(run_id), decision_id) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return "gone"
+    while not client.set(claim, "1", nx=True, ex=_CLAIM_S):
+        if not client.hexists(keys.decide_inbox(run_id), decision_id):
+            return "gone"
+        time.sleep(0.02)
     try:
         return _decide(client, celery, run_id, decision_id, tools)
     finally:
