@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -329,12 +330,14 @@ def lessons(status: int, headers: Mapping[str, str], now: float) -> Lessons:
 
 
 def _number(raw: str | None) -> float | None:
+    """A header's finite number (None: absent, not a number, inf or nan)."""
     if raw is None:
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
 
 
 def _when(raw: str | None) -> float | None:

@@ -184,6 +184,10 @@ def test_a_provider_that_names_no_limit_is_open_and_a_lost_probe_lets_the_next_c
     assert book_learning(redis_client, bucket, "first") == (0, "")
     redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0)  # failed: no answer
     assert book_learning(redis_client, bucket, "second") == (0, "")  # the next call goes to learn it
+    odd = httpx.Headers(
+        {"anthropic-ratelimit-requests-limit": "inf", "anthropic-ratelimit-requests-remaining": "nan"}
+    )
+    assert ratelimit.lessons(200, odd, time.time()) == ratelimit.Lessons(0.0, [], [], True)  # not numbers
     taught = ratelimit.lessons(200, httpx.Headers({}), time.time())
     assert taught.open
     redis_client.eval(ratelimit.LEARN, 1, bucket, *taught.args())
