@@ -81,7 +81,9 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.05, help="the simulator's seconds per answer")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument(
-        "--no-limiter", action="store_true", help="the control: workers without TOOLLOOP_RATE_LIMITS"
+        "--no-limiter",
+        action="store_true",
+        help="workers without TOOLLOOP_RATE_LIMITS: they learn the limit from the simulator's headers",
     )
     args = parser.parse_args()
     runs = args.runs or (200 if args.quick else 1000)

@@ -87,14 +87,14 @@ return {verdict, tostring(spent), tostring(reserved + amount), tostring(limit), 
 """
 
 SETTLE = """
--- KEYS[1] the account, KEYS[2] held, KEYS[3] held amounts. ARGV: reservation id, real USD,
--- the period id of day, of month. The cost counts in every period (the day's, the month's and the
--- total), whichever the account's limit uses now: a limit moved to another period finds what was
--- spent in it already.
+-- KEYS[1] the account, KEYS[2] held, KEYS[3] held amounts. ARGV: reservation id, real USD (below 0:
+-- a correction, a two-phase tool's cost below the estimate charged at its start), the period id of
+-- day, of month. The cost counts in every period (the day's, the month's and the total), whichever
+-- the account's limit uses now: a limit moved to another period finds what was spent in it already.
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 local cost = tonumber(ARGV[2])
-if cost > 0 then
+if cost ~= 0 then
   redis.call('INCRBYFLOAT', KEYS[1] .. ':spent:total', ARGV[2])
   redis.call('INCRBYFLOAT', KEYS[1] .. ':spent:' .. ARGV[3], ARGV[2])
   redis.call('EXPIRE', KEYS[1] .. ':spent:' .. ARGV[3], 40 * 86400)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis as redis_lib
@@ -57,13 +58,54 @@ def apply(
     retention: float,
     early: int = 100,
 ) -> str:
-    """The `toolloop.decide` task: check an edit against the tool's schema, record the decision
-    (DECIDE), resume the run when every held call is decided, and tell the client. `tools(toolset)`
+    """The `toolloop.decide` task: apply the run's decisions in the order they were sent, up to and
+    including this one (its own first when it has no earlier one pending), so the first decision
+    sent wins however the control tasks' threads run (`tests/unit/test_races.py`). `tools(toolset)`
     gives the worker's tools of a toolset; a run that ends `expired` meanwhile starts its retention;
     `early`: the most decisions a segment keeps for calls it has not made yet
     (TOOLLOOP_MAX_EARLY_DECISIONS; the next is refused)."""
+    order: list[str] = client.lrange(keys.decide_order(run_id), 0, -1)  # type: ignore[assignment]
+    earlier = order[: order.index(decision_id)] if decision_id in order else []
+    for sent_before in earlier:
+        _apply_one(client, celery, run_id, sent_before, _Apply(tools, retention, early))
+    return _apply_one(client, celery, run_id, decision_id, _Apply(tools, retention, early))
+
+
+@dataclass(frozen=True, slots=True)
+class _Apply:
+    """What applying a decision needs besides the run: the worker's tools, the retention, the early cap."""
+
+    tools: Any
+    retention: float
+    early: int
+
+
+_CLAIM_S = 30
+"""How long the task applying a decision holds it (it takes milliseconds; a dead worker's frees)."""
+
+
+def _apply_one(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, how: _Apply) -> str:
+    """Apply one decision, once: the task that claims it applies it; another (a later decision's
+    task applying it first, or this decision's own) waits until it is applied, then says "gone" (or
+    takes the claim when its holder died and the claim expired)."""
+    claim = keys.decide_claim(run_id, decision_id)
+    while not client.set(claim, "1", nx=True, ex=_CLAIM_S):
+        if not client.hexists(keys.decide_inbox(run_id), decision_id):
+            return "gone"
+        time.sleep(0.02)
+    try:
+        return _decide(client, celery, run_id, decision_id, how)
+    finally:
+        client.delete(claim)
+
+
+def _decide(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, how: _Apply) -> str:
+    """Check an edit against the tool's schema, record the decision (DECIDE), resume the run when
+    every held call is decided, and tell the client."""
+    tools, retention, early = how.tools, how.retention, how.early
     raw = client.hget(keys.decide_inbox(run_id), decision_id)
     if raw is None:
+        client.lrem(keys.decide_order(run_id), 0, decision_id)
         return "gone"  # applied already (a redelivered task)
     entry = json.loads(str(raw))
     call_id = str(entry["call_id"])
@@ -86,6 +128,7 @@ def apply(
     pipe.expire(keys.decided(run_id, decision_id), 300)
     pipe.hset(keys.decide_outcomes(run_id), decision_id, kept)  # readable later (Client.decision)
     pipe.hdel(keys.decide_inbox(run_id), decision_id)
+    pipe.lrem(keys.decide_order(run_id), 0, decision_id)
     pipe.execute()
     return outcome
 

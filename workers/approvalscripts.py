@@ -217,7 +217,8 @@ DECIDE_SEND = with_prelude("""
 -- The client's decision, stored and sent in one step, unless the call has one already: recorded
 -- (this segment's, or the previous one's when the run has resumed since) or queued in the inbox for
 -- a worker. The first decision sent wins here; the worker's DECIDE_SCRIPT still checks the rest.
--- KEYS: 1 state 2 decisions 3 the decide inbox 4 the control queue's list
+-- KEYS: 1 state 2 decisions 3 the decide inbox 4 the control queue's list 5 the send order (a list:
+-- workers apply the decisions in it in the order they were sent, workers/approvals.py)
 -- ARGV: 1 decision id 2 call id 3 the inbox entry (JSON) 4 message 5 task-sent channel 6 payload
 -- -> {'sent'} | {'decided', decision JSON} | {'queued', inbox entry JSON} | {'ended', status}
 --    | {'missing'}
@@ -237,6 +238,7 @@ for i = 2, #inbox, 2 do
   if entry.call_id == call_id then return {'queued', inbox[i]} end
 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('RPUSH', KEYS[5], ARGV[1])
 redis.call('LPUSH', KEYS[4], ARGV[4])
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {'sent'}

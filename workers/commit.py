@@ -5,8 +5,9 @@ the successor in the outbox (routed by the next step's kind, workers/routing.py)
 final state, or its park. When the successor runs in this process's step consumer and the run's
 loop is paused here, the same script begins it (`go_on`): the successor's delivery is recorded and
 the lease handed over, with no RUN_BEGIN. A commit Redis refuses (OOM) or cannot take (a lost
-connection) is retried with backoff while the lease holds. The successor is sent the same way with
-or without hooks installed; the hooks only watch (workers/hooks.py).
+connection) is retried with backoff while no other copy took the step (the commit is fenced: it
+lands only while the run's fence is still the step's token), within the step timeout. The successor
+is sent the same way with or without hooks installed; the hooks only watch (workers/hooks.py).
 """
 
 from __future__ import annotations
@@ -291,6 +292,7 @@ class Commits:
         connection drops (nothing was written then); a retry drops `go_on` (it sends the successor)."""
         r = self.run_id
         attempt = 0
+        past = False  # the lease's deadline passed while the commit was retried (said once)
         while True:
             try:
                 reply = await self.batch.script(
@@ -315,6 +317,13 @@ class Commits:
                         "run %s: Redis did not take the commit of step %s (%s, cost $%.6f): %s: %s; "
                         "the result is kept and the commit retried while the lease holds.%s", r, self.n,
                         where, cost, type(error).__name__, error, _hint(error),
+                    )  # fmt: skip
+                elif not past and not self.held_now():
+                    past = True
+                    log.warning(
+                        "run %s: step %s (%s, cost $%.6f): its lease passed its deadline before Redis took "
+                        "the commit; nobody else took the step, so the result is kept and the commit "
+                        "retried while the fence holds", r, self.n, where, cost,
                     )  # fmt: skip
                 payload = dataclasses.replace(payload, go_on=None)
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
@@ -394,11 +403,17 @@ class Commits:
             metrics.run_ended(str(status))
 
     def may_retry_commit(self) -> bool:
-        """A refused commit is tried again while the lease is certainly ours, within the step timeout."""
+        """A refused commit is tried again, within the step timeout, until another copy is known to
+        have taken the step: past the lease's deadline too (a Redis outage longer than the lease),
+        since RUN_COMMIT lands only while the run's fence is still this step's token. So a paid
+        result is kept whenever nobody else began the step (tests/faults/test_lease_after_work.py)."""
         held = self.held
-        if held is None or not held.holds:
+        if held is None or held.elsewhere:
             return False
         return time.monotonic() - self.started < self.settings.step_timeout
+
+    def held_now(self) -> bool:
+        return self.held is not None and self.held.holds
 
     def totals(self) -> dict[str, Any]:
         """Spend and steps so far, for the status of a run between two steps."""

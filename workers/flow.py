@@ -23,11 +23,11 @@ from typing import Any
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult, UserMessage
 from toolloop.loop.run import BudgetStop
-from toolloop.loop.tools import as_output, call
-from toolloop.loop.types import AccountLimit, ToolSpec
+from toolloop.loop.tools import as_output, as_started, call
+from toolloop.loop.types import AccountLimit, Started, ToolSpec
 from toolloop.providers.common import estimate_input_tokens
 from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
-from toolloop.providers.http import observe_responses, race
+from toolloop.providers.http import before_retry, observe_responses, race
 from workers import accounts, ratelimit
 from workers.process import WorkerProcess
 from workers.spec import RunSpec
@@ -43,7 +43,9 @@ def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> 
     is booked against that provider's own limits (`AROUND_ATTEMPT`); a plain generate is booked
     against the run's provider."""
     head = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
-    if spec.account is None and not process.settings.rate_limits:
+    chain = [head, *(spec.fallback or getattr(process.prompt_gen, "fallback", []))]  # TOOLLOOP_FALLBACK's
+    learned = ratelimit.LEARNS.intersection(chain)
+    if spec.account is None and not process.settings.rate_limits and not learned:
         return generate
     per_attempt = isinstance(process.prompt_gen, PromptGen)
 
@@ -105,11 +107,13 @@ class _Flow:
         """`send(request)` to `provider` once its limits give room (facade.AroundAttempt)."""
         model = request.model or self.spec.model
         limits = ratelimit.limits_for(self.process.settings.rate_limits, provider, model)
-        if limits is None:
+        learns = provider in ratelimit.LEARNS
+        if limits is None and not learns:
             return await send(await self.reserved(provider, request))
         return await _limited(
-            self, send, request, lambda: self.reserved(provider, request), provider, model, limits
-        )
+            self, send, request, lambda: self.reserved(provider, request), provider, model,
+            limits or ratelimit.Limits(), learns,
+        )  # fmt: skip
 
     async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
         """`request` once the account holds its estimate at `provider`'s price (reserved after the
@@ -137,15 +141,19 @@ class _Flow:
 
 
 def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
-    """The run's tools, each one-phase tool reserving its estimate (`estimate_usd`, else 0) from the
-    run's account before it runs and settling its output's cost after."""
+    """The run's tools, each reserving its estimate (`estimate_usd`, else 0) from the run's account
+    before it runs: a one-phase tool settles its output's cost after `run`; a two-phase tool
+    (`reserved_two_phase`) is charged its estimate once `start` returned and corrected to its
+    output's cost when `wait` returns."""
     account = spec.account
     if account is None:
         return tools
 
     def wrapped(tool: ToolSpec) -> ToolSpec:
         run, estimate_usd = tool.run, tool.estimate_usd
-        if run is None or tool.start is not None:
+        if tool.start is not None and tool.wait is not None:
+            return reserved_two_phase(process, account, tool)
+        if run is None:
             return tool
 
         async def reserved_run(checked: Any, signal: AbortSignal) -> Any:
@@ -162,6 +170,45 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
         return tool.model_copy(update={"run": reserved_run})
 
     return [wrapped(tool) for tool in tools]
+
+
+_CHARGED = "toolloop_account_usd"
+"""The key of a two-phase tool's journaled handle that holds what `start` charged its account."""
+
+
+def reserved_two_phase(process: WorkerProcess, account: str, tool: ToolSpec) -> ToolSpec:
+    """A two-phase tool under the run's account. Its start and wait are two steps (a wait may outlast
+    any lease and run in another worker), so nothing is held between them: `start` reserves the
+    estimate first (past the limit the run stops `budget` and the start never runs; it waits for
+    room like any reservation), and once it returned the estimate is settled as spent, the job being
+    under way; `wait` settles the difference to its output's cost (below the estimate: given back).
+    The handle `wait` receives is the tool's own: what was charged travels beside it in the
+    journaled handle (`_CHARGED`)."""
+    start, wait, estimate_usd = tool.start, tool.wait, tool.estimate_usd
+    assert start is not None and wait is not None
+
+    async def reserved_start(checked: Any, signal: AbortSignal) -> Started:
+        estimate = float(await call(estimate_usd, checked)) if estimate_usd is not None else 0.0
+        reservation, _ = await reserve(process, account, estimate, signal)
+        charged = 0.0
+        try:
+            started = as_started(await call(start, checked, signal), tool.name)
+            charged = estimate
+        finally:
+            settle(process, account, reservation, charged)
+        return Started(started={_CHARGED: charged, "started": started.started}, rows=started.rows)
+
+    async def reserved_wait(handle: Any, signal: AbortSignal) -> Any:
+        charged = 0.0
+        if isinstance(handle, dict) and set(handle) == {_CHARGED, "started"}:
+            charged, handle = float(handle[_CHARGED]), handle["started"]
+        returned = await call(wait, handle, signal)
+        cost = as_output(returned, tool.name).cost_usd
+        if cost != charged:
+            settle(process, account, uuid.uuid4().hex, cost - charged)
+        return returned
+
+    return tool.model_copy(update={"start": reserved_start, "wait": reserved_wait})
 
 
 async def reserve(
@@ -236,45 +283,88 @@ async def _limited(
     provider: str,
     model: str,
     limits: ratelimit.Limits,
+    learns: bool,
 ) -> PromptGenResult:
+    """`send` once the (key, model) bucket gives room, under `limits` and, for a provider whose
+    answers name its limits (`learns`), the limits learned from them: until an answer has taught the
+    requests limit, one call goes first and the others wait for its answer ("learning"). Each retry
+    the provider makes of the call is booked as one more request (`before_retry`)."""
     process, signal = flow.process, flow.signal
     hashed = ratelimit.key_hash(provider, limits)
     bucket = ratelimit.bucket_key(hashed, model)
     keys = [bucket, f"{bucket}:inflight"]
-    holder = uuid.uuid4().hex
-    estimate = estimate_input_tokens(request)
+    opened = process.open_buckets
+    open_here = learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic()
+    holder = "" if open_here else uuid.uuid4().hex
+    estimate = 0 if open_here else estimate_input_tokens(request)  # not counted when nothing is booked
     batch = process.batch
-    while True:
-        wait_ms, why = await batch.script(
-            ratelimit.BOOK, keys,
-            [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
-             process.settings.lease_ms],
-        )  # fmt: skip
-        if int(wait_ms) > 0:
-            await _wait(process, int(wait_ms) / 1000, signal)
-        if why != "busy":
-            break
-    if limits.concurrent > 0:
+    booked = not open_here and await _book(flow, keys, limits, estimate, holder, learns)
+    if booked and limits.concurrent > 0:
         flow.hold(keys[1], holder)
 
+    heard: list[bool] = []  # an HTTP answer was observed
+
     def learn(status: int, headers: Mapping[str, str]) -> None:
-        blocked, remaining = ratelimit.lessons(status, headers, time.time(), process.settings.max_retry_after)
-        if blocked or remaining:
-            flat = [x for pair in remaining for x in pair]
-            _fire(process, ratelimit.LEARN, [bucket], [int(blocked * 1000), *flat])
+        heard.append(True)
+        lessons = ratelimit.lessons(status, headers, time.time(), process.settings.max_retry_after)
+        if lessons.limits or lessons.blocked:
+            opened.pop(bucket, None)
+        if lessons and (booked or lessons.limits or lessons.blocked):
+            _fire(process, ratelimit.LEARN, [bucket], lessons.args())
+
+    async def book_retry() -> None:
+        """One more request of this call (a provider retry), booked before it is sent."""
+        if limits == _NONE and opened.get(bucket, 0.0) > time.monotonic():
+            return
+        retry = [limits.rpm, limits.itpm, limits.otpm, 0, limits.burst_s, 0, holder, 0, 0]
+        wait_ms, _ = await batch.script(ratelimit.BOOK, keys, retry)
+        if int(wait_ms) > 0:
+            await _wait(process, int(wait_ms) / 1000, signal)
 
     token = observe_responses.set(learn)
+    retrying = before_retry.set(book_retry)
     used_in, used_out = estimate, 0
     try:
         result = await send(await reserved())
         usage = result.usage
         used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
         used_out = usage.completion_tokens
+        if learns and booked and not heard:  # answered with no HTTP answer seen (a scripted model,
+            _fire(process, ratelimit.LEARN, [bucket], [0, 1])  # another client): it names no limit
         return result
     finally:
+        before_retry.reset(retrying)
         observe_responses.reset(token)
         flow.held.pop(keys[1], None)
-        _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
+        if booked:
+            _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
+
+
+async def _book(
+    flow: _Flow, keys: list[str], limits: ratelimit.Limits, estimate: int, holder: str, learns: bool
+) -> bool:
+    """BOOK until the bucket gives room (waiting as it says, the slot lent); False when nothing was
+    booked: the provider names no limit for the key and none is configured (`open`)."""
+    process, bucket = flow.process, keys[0]
+    while True:
+        wait_ms, why = await process.batch.script(
+            ratelimit.BOOK, keys,
+            [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
+             process.settings.lease_ms, int(learns)],
+        )  # fmt: skip
+        if why == "open":  # not booked for a while
+            process.open_buckets[bucket] = time.monotonic() + _OPEN_S
+            return False
+        if int(wait_ms) > 0:
+            await _wait(process, int(wait_ms) / 1000, flow.signal)
+        if why not in ("busy", "learning"):
+            return True
+
+
+_NONE = ratelimit.Limits()
+_OPEN_S = 60.0
+"""How long a process books nothing for a (key, model) whose provider's answers name no limit (and
+none is configured); an answer that names one, or a 429, ends it at once."""
 
 
 async def _wait(process: WorkerProcess, seconds: float, signal: AbortSignal) -> None:

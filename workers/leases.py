@@ -48,9 +48,21 @@ class Held:
     """One lease this process holds: its run's keys (lease, fence, state) and value, the commit `n`
     its step makes, the deadline of its last confirmed renewal (monotonic), and the step's
     `on_lost(error)`. `working`: the step's work runs (its signal has the deadline); `lost`: the
-    lease is known gone."""
+    lease is known gone; `elsewhere`: gone to another copy of the step (it holds the lease, or began
+    the step since: the step's commit would be fenced), not merely past its deadline unconfirmed."""
 
-    __slots__ = ("controller", "deadline", "key", "keys", "lost", "n", "on_lost", "value", "working")
+    __slots__ = (
+        "controller",
+        "deadline",
+        "elsewhere",
+        "key",
+        "keys",
+        "lost",
+        "n",
+        "on_lost",
+        "value",
+        "working",
+    )
 
     def __init__(
         self, run_id: str, n: int, value: str, deadline: float, on_lost: Callable[[LeaseLostError], None]
@@ -64,6 +76,7 @@ class Held:
         self.controller: AbortController | None = None
         self.working = False
         self.lost = False
+        self.elsewhere = False
 
     @property
     def holds(self) -> bool:
@@ -151,6 +164,8 @@ class Leases:
         if self.held.get(held.key) is not held or held.lost:
             return
         kept = parse_keep(reply)
+        if kept in ("held elsewhere", "moved on"):
+            held.elsewhere = True
         if kept == "held elsewhere":
             self._lose(held, "another copy of the step holds it")
         elif kept == "moved on":

@@ -322,7 +322,13 @@ def decide(
     [(_, queue, message), (_, channel, payload)] = sender.commands(
         DECIDE, [run_id, decision_id], f"{run_id}:decide:{decision_id}", "control"
     )
-    where = [keys.state(run_id), keys.decisions(run_id), keys.decide_inbox(run_id), queue]
+    where = [
+        keys.state(run_id),
+        keys.decisions(run_id),
+        keys.decide_inbox(run_id),
+        queue,
+        keys.decide_order(run_id),
+    ]
     args = [decision_id, call_id, entry, message, channel, payload]
     sent = parse_decide_sent((yield Eval(DECIDE_SEND_SCRIPT, where, args)))
     if sent.what == "missing":

@@ -148,6 +148,9 @@ class WorkerProcess:
         self._owner_pid = 0
         self._owner_prefix = ""
         self._owners = itertools.count()
+        self.open_buckets: dict[str, float] = {}
+        """Rate-limit buckets (workers/flow.py) whose provider named no limit and none is configured
+        -> until when (monotonic) this process books nothing there."""
 
     def new_owner(self) -> str:
         """A lease owner no other step of any process has: this process's random prefix (16 hex

@@ -18,10 +18,15 @@ and a sorted set of the calls in flight beside it, updated by one Lua script per
 - `concurrent`: at most that many calls in flight per (key, model); a holder's entry expires after a
   lease, so a killed worker frees its places; a call still running re-dates it every third of a
   lease (`RENEW`, also the account's reservation of the call: workers/flow.py).
-- The provider's answers teach the limiter (`learn`): `anthropic-ratelimit-*-remaining` lowers a
+- The provider's answers teach the limiter (`LEARN`): `anthropic-ratelimit-*-remaining` lowers a
   bucket to what the provider says is left, a remaining of 0 blocks until its `-reset`, and a
   `retry-after` (a 429) blocks bookings until then; no header blocks longer than
   TOOLLOOP_MAX_RETRY_AFTER (300 s by default: a longer ask is logged and capped).
+  `anthropic-ratelimit-*-limit` is kept as the limit in force where none is configured (the lower of
+  the two where both are): a provider in `LEARNS` is booked with or without a TOOLLOOP_RATE_LIMITS
+  entry. Until an answer has taught its requests limit, one call of the (key, model) goes first
+  (`probe`) and BOOK answers the others `learning` until its answer (or its settle) is in; an answer
+  that names no limit marks the bucket `open`.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ ENV = "TOOLLOOP_RATE_LIMITS"
 
 KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "fal": "FAL_KEY", "openai": "OPENAI_API_KEY"}
 """The environment variable each provider's key is read from (only its hash is ever used)."""
+
+LEARNS = frozenset({"anthropic"})
+"""The providers whose answers name the key's limits (`anthropic-ratelimit-*-limit`): their calls are
+booked against the limits learned from them even when TOOLLOOP_RATE_LIMITS names none."""
 
 _FIELDS = {
     "requests_per_minute": "rpm",
@@ -164,14 +173,21 @@ def bucket_key(hashed: str, model: str) -> str:
 
 BOOK = """
 -- KEYS[1] the (key, model) hash, KEYS[2] its calls in flight (zset holder -> expiry ms)
--- ARGV: rpm, itpm, otpm, concurrent, burst_s, input tokens, holder, lease ms
+-- ARGV: rpm, itpm, otpm, concurrent, burst_s, input tokens, holder, lease ms, learns (1: the
+--       provider's answers carry its limits, `anthropic-ratelimit-*-limit`: LEARN keeps them)
+-- Each limit in force is the configured one, or the one the provider's answers taught ('lr', 'li',
+-- 'lo'), the lower of the two when both are known.
 -- -> {0, ""}: booked, send now; {ms, "rate"}: booked, send after ms; {ms, "busy"}: nothing booked,
---    every concurrent place is taken (ask again after ms)
+--    every concurrent place is taken (ask again after ms); {ms, "learning"}: nothing booked, the
+--    requests limit is neither configured nor learned and another call is out to learn it (ask
+--    again after ms); {0, "open"}: nothing to book, the provider's answers name no limit and none
+--    is configured
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rpm, itpm, otpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local concurrent, burst = tonumber(ARGV[4]), tonumber(ARGV[5])
 local input, holder, lease = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local learns = tonumber(ARGV[9] or '0') == 1
 if concurrent > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   if redis.call('ZCARD', KEYS[2]) >= concurrent then
@@ -179,17 +195,38 @@ if concurrent > 0 then
     return {math.min(250, math.max(10, tonumber(first[2]) - now)), 'busy'}
   end
 end
-local state = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'at', 'blocked')
+local state = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'at', 'blocked', 'lr', 'li', 'lo', 'open',
+  'probe', 'probe_until')
+local taught = state[6] or state[7] or state[8]
+local wait = math.max(0, (tonumber(state[5]) or 0) - now)
+if learns and rpm == 0 and not taught then
+  if state[9] then
+    if itpm == 0 and otpm == 0 and concurrent == 0 and wait == 0 then return {0, 'open'} end
+  else
+    -- nothing known of the requests limit yet: one call goes first, its answer teaches it; an
+    -- answer slower than a second lets one more go each second (nobody waits on a call that
+    -- itself waits for another: a first answer never holds the rest longer than that)
+    local until_ms = tonumber(state[11]) or 0
+    if state[10] ~= holder and until_ms > now then
+      return {math.min(100, math.max(10, until_ms - now)), 'learning'}
+    end
+    redis.call('HSET', KEYS[1], 'probe', holder, 'probe_until', now + math.min(lease, 1000))
+  end
+end
 local at = tonumber(state[4]) or now
 local elapsed = math.max(0, now - at)
-local wait = math.max(0, (tonumber(state[5]) or 0) - now)
 local function refill(level, limit)
   local cap = limit * burst / 60
   if level == nil then return cap end
   return math.min(cap, level + elapsed * limit / 60000)
 end
+local function in_force(configured, learned)
+  learned = tonumber(learned) or 0
+  if configured > 0 and learned > 0 then return math.min(configured, learned) end
+  return math.max(configured, learned)
+end
 local levels = {}
-local limits = {rpm, itpm, otpm}
+local limits = {in_force(rpm, state[6]), in_force(itpm, state[7]), in_force(otpm, state[8])}
 local wants = {1, input, 0}
 local names = {'r', 'i', 'o'}
 for n = 1, 3 do
@@ -219,13 +256,18 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBYFLOAT', KEYS[1], 'i', -tonumber(ARGV[2]))
   redis.call('HINCRBYFLOAT', KEYS[1], 'o', -tonumber(ARGV[3]))
+  if redis.call('HGET', KEYS[1], 'probe') == ARGV[1] then  -- the call out to learn the limit is back
+    redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
+  end
 end
 return 1
 """
 
 LEARN = """
--- KEYS[1] the (key, model) hash. ARGV: blocked until (ms, epoch; 0: none), then field, remaining
--- pairs: each bucket is lowered to what the provider says remains (never raised)
+-- KEYS[1] the (key, model) hash. ARGV: blocked until (ms, epoch; 0: none), open (1: a 2xx answer
+-- that names no limit), then field, value pairs: 'r', 'i', 'o' lower that bucket to what the
+-- provider says remains (never raise it); 'lr', 'li', 'lo' are the provider's limits per minute
+-- (requests, input tokens, output tokens), kept as the limits in force where none is configured
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_ms = tonumber(ARGV[1])
@@ -233,12 +275,20 @@ if until_ms > now then
   local blocked = tonumber(redis.call('HGET', KEYS[1], 'blocked')) or 0
   if until_ms > blocked then redis.call('HSET', KEYS[1], 'blocked', until_ms) end
 end
-local i = 2
+local i = 3
 while i < #ARGV do
-  local level = tonumber(redis.call('HGET', KEYS[1], ARGV[i]))
-  local remaining = tonumber(ARGV[i + 1])
-  if level ~= nil and remaining < level then redis.call('HSET', KEYS[1], ARGV[i], remaining) end
+  local field, value = ARGV[i], tonumber(ARGV[i + 1])
+  if string.sub(field, 1, 1) == 'l' then
+    if value > 0 then redis.call('HSET', KEYS[1], field, value) end
+  else
+    local level = tonumber(redis.call('HGET', KEYS[1], field))
+    if level == nil or value < level then redis.call('HSET', KEYS[1], field, value) end
+  end
   i = i + 2
+end
+if ARGV[2] == '1' and redis.call('HEXISTS', KEYS[1], 'lr') == 0 and redis.call('HEXISTS', KEYS[1], 'li') == 0
+    and redis.call('HEXISTS', KEYS[1], 'lo') == 0 then
+  redis.call('HSET', KEYS[1], 'open', 1)
 end
 redis.call('PEXPIRE', KEYS[1], 3600000)
 return 1
@@ -265,22 +315,40 @@ return 1
 _HEADER_FIELDS = {"requests": "r", "input-tokens": "i", "output-tokens": "o"}
 
 
-def lessons(
-    status: int, headers: Mapping[str, str], now: float, cap_s: float = MAX_RETRY_AFTER_S
-) -> tuple[float, list[tuple[str, float]]]:
-    """What an answer's headers teach: (blocked until, epoch seconds or 0; [(field, remaining)]).
-    A remaining of 0 blocks until its reset; a 429's `retry-after` blocks for that long. No header
-    blocks past `now + cap_s` (TOOLLOOP_MAX_RETRY_AFTER; a longer ask is logged and capped), and a
-    remaining that is not a finite number >= 0 is ignored."""
+@dataclass(frozen=True)
+class Lessons:
+    """What an answer's headers teach (`lessons`): `blocked` until (epoch seconds, 0: not blocked);
+    `remaining` [(field, left)] and `limits` [(field, per minute)] of the buckets it names; `open`:
+    a 2xx answer that names no limit (the provider publishes none for this key)."""
+
+    blocked: float
+    remaining: list[tuple[str, float]]
+    limits: list[tuple[str, float]]
+    open: bool
+
+    def args(self) -> list[Any]:
+        """LEARN's ARGV."""
+        pairs = [*self.remaining, *((f"l{field}", limit) for field, limit in self.limits)]
+        return [int(self.blocked * 1000), int(self.open), *(x for pair in pairs for x in pair)]
+
+    def __bool__(self) -> bool:
+        return bool(self.blocked or self.remaining or self.limits or self.open)
+
+
+def lessons(status: int, headers: Mapping[str, str], now: float, cap_s: float = MAX_RETRY_AFTER_S) -> Lessons:
+    """What an answer's headers teach. A remaining of 0 blocks until its reset; a 429's
+    `retry-after` blocks for that long; each `anthropic-ratelimit-*-limit` is the provider's limit.
+    No header blocks past `now + cap_s` (TOOLLOOP_MAX_RETRY_AFTER; a longer ask is logged and
+    capped), and a remaining that is not a finite number >= 0 is ignored."""
     blocked = 0.0
     remaining: list[tuple[str, float]] = []
+    limits: list[tuple[str, float]] = []
     for kind, field in _HEADER_FIELDS.items():
-        left = headers.get(f"anthropic-ratelimit-{kind}-remaining")
-        if left is None:
-            continue
-        try:
-            value = float(left)
-        except ValueError:
+        limit = _number(headers.get(f"anthropic-ratelimit-{kind}-limit"))
+        if limit is not None and limit > 0:
+            limits.append((field, limit))
+        value = _number(headers.get(f"anthropic-ratelimit-{kind}-remaining"))
+        if value is None:
             continue
         if not 0 <= value < math.inf:
             continue
@@ -294,7 +362,18 @@ def lessons(
     if status == 429:
         after = parse_retry_after(headers, cap_s)
         blocked = max(blocked, now + (after if after is not None else 1.0))
-    return blocked, remaining
+    return Lessons(blocked, remaining, limits, 200 <= status < 300 and not limits)
+
+
+def _number(raw: str | None) -> float | None:
+    """A header's finite number (None: absent, not a number, inf or nan)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _when(raw: str | None) -> float | None:

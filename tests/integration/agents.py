@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolloop import AbortSignal, PromptGenRequest, PromptGenResult, ToolOutput, ToolSpec
+from toolloop import AbortSignal, PromptGenRequest, PromptGenResult, Started, ToolOutput, ToolSpec
 from toolloop.contract import AssistantMessage, TextPart, ToolCall, ToolMessage, UserMessage
 from toolloop.testing import reply
 
@@ -56,6 +56,16 @@ def publish(input: AddInput, signal: AbortSignal) -> ToolOutput:
     """A tool that needs a person's approval: it logs the input it ran with."""
     _log("TOOLLOOP_TEST_TOOL_LOG", tool="publish", ran_with={"a": input.a, "b": input.b})
     return ToolOutput(value=input.a, content=[TextPart(text=f"published {input.a:g}+{input.b:g}")])
+
+
+def transcode_start(input: AddInput, signal: AbortSignal) -> Started:
+    """A two-phase tool (a paid job: $0.10 each, estimated at $0.15): start logs, wait bills."""
+    _log("TOOLLOOP_TEST_TOOL_LOG", tool="transcode", event="start", a=input.a)
+    return Started(started={"job": input.a})
+
+
+def transcode_wait(started: dict[str, Any], signal: AbortSignal) -> ToolOutput:
+    return ToolOutput(value=started["job"], content=[TextPart(text="transcoded")], cost_usd=0.1)
 
 
 def add(input: AddInput, signal: AbortSignal) -> ToolOutput:
@@ -126,6 +136,14 @@ TOOLS = [
     ToolSpec(name="render", description="Render on a GPU.", schema=AddInput, run=add, queue="gpu"),
     ToolSpec(name="meet", description="Wait for a partner.", schema=MeetInput, run=meet),
     ToolSpec(name="gate", description="Wait for the gate to open.", schema=GateInput, run=gate),
+    ToolSpec(
+        name="transcode",
+        description="Transcode a clip (a paid job).",
+        schema=AddInput,
+        start=transcode_start,
+        wait=transcode_wait,
+        estimate_usd=lambda _input: 0.15,
+    ),
     ToolSpec(
         name="publish",
         description="Publish a sum.",

@@ -331,3 +331,122 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
     assert reserved_late > 0  # the first call's reservation did not lapse a lease after it was made
     assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, starts  # one call at a time
     assert row.reserved_usd == 0.0 and row.spent_usd > 0
+
+
+def test_two_workers_that_learn_the_limit_from_the_headers_hold_it_in_a_burst_of_short_runs(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # No TOOLLOOP_RATE_LIMITS: the workers know the key's limit only from the simulator's
+    # `anthropic-ratelimit-requests-*` headers (240 a minute, 4 a second; its bucket holds 2 s of
+    # it, 8 requests). 30 one-call runs sent at once meet 22 429s unless the first call's answer
+    # teaches the limit before the others go (fails before: 429s, the calls past 8 refused).
+    rpm, runs = 240, 30
+
+    def policy(request: SimRequest) -> SimTurn:
+        return SimTurn(text="Done.")
+
+    with SimServer(policy, rate_limits=SimRateLimits(rpm=rpm, burst_s=2)) as sim:
+        workers = [start_sim_worker(own_redis.url, sim, tmp_path) for _ in range(2)]
+        client = Client(own_redis.url)
+        try:
+            started = time.monotonic()
+            run_ids = [client.enqueue(run_spec(max_steps=2)) for _ in range(runs)]
+            statuses = wait_all(client, run_ids, timeout=60)
+            took = time.monotonic() - started
+        finally:
+            for worker in workers:
+                worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert [s.status for s in statuses] == ["done"] * runs
+    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]  # none refused, so none retried
+    assert stats["requests"] == runs
+    assert took >= (runs - 8) / 4 * 0.8, took  # paced at the learned limit beyond the burst
+
+
+def test_a_provider_retry_is_booked_against_the_limit_as_one_more_request(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # 30 a minute, a bucket of 2 s (one request): the call goes at once and takes the bucket; the
+    # simulator answers it 500, which the provider retries after ~1 s of backoff. Booked, the retry
+    # waits for the bucket to hold a request again (2 s after the first); not booked, it goes after
+    # the backoff alone (fails before: ~1 s).
+    arrivals: list[float] = []
+
+    def policy(request: SimRequest) -> SimTurn:
+        arrivals.append(time.monotonic())
+        return SimTurn(fault=SimFault(status=500)) if len(arrivals) == 1 else SimTurn(text="Done.")
+
+    limits = json.dumps({"anthropic": {"*": {"requests_per_minute": 30, "burst_s": 2}}})
+    with SimServer(policy) as sim:
+        worker = start_sim_worker(own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits)
+        client = Client(own_redis.url)
+        try:
+            (status,) = wait_all(client, [client.enqueue(run_spec(max_steps=2))], timeout=30)
+        finally:
+            worker.stop()
+            client.close()
+    assert status.status == "done"
+    assert len(arrivals) == 2 and arrivals[1] - arrivals[0] >= 1.8, arrivals
+
+
+def test_a_two_phase_tool_is_reserved_and_charged_against_the_account(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # Each turn calls `transcode` (tests/integration/agents.py: two-phase, estimated $0.15, billed
+    # $0.10 by its wait). On a $0.5 account the run stops `budget` once the jobs took the room, and
+    # the account's spend is what the journal holds, tools included (fails before: the tool was not
+    # reserved nor charged, so the run went on to max_steps with the account all but unspent).
+    def policy(request: SimRequest) -> SimTurn:
+        n = request.assistant_turns + 1
+        return SimTurn(text=f"Job {n}.", tool_calls=[SimToolCall(name="transcode", input={"a": n, "b": 0})])
+
+    tool_log = tmp_path / "tools.log"
+    with SimServer(policy) as sim:
+        worker = Worker(own_redis.url, tmp_path / "worker.log", sim_env(sim, tool_log), concurrency=4)
+        worker.wait_ready()
+        client = Client(own_redis.url)
+        try:
+            client.set_account_limit("jobs", 0.5, period="total")
+            run_id = client.enqueue(run_spec(account="jobs", max_steps=30))
+            (status,) = wait_all(client, [run_id], timeout=60)
+            total = journal_total(client, [run_id])
+            (row,) = client.accounts()
+        finally:
+            worker.stop()
+            client.close()
+    starts = [line for line in tool_log.read_text().splitlines() if '"transcode"' in line]
+    assert status.status == "budget", status.status
+    assert 3 <= len(starts) <= 5, starts  # $0.10 each on $0.5, each start reserving its $0.15 first
+    assert row.spent_usd == pytest.approx(total, abs=1e-6) and total > 0.3, (row, total)
+    assert row.spent_usd <= 0.5 and row.reserved_usd == 0.0
+
+
+def test_a_learned_limit_holds_for_a_fallback_named_by_the_worker_not_the_run(
+    own_redis: EmbeddedServer, tmp_path: Path
+) -> None:
+    # The runs go to fal, which is overloaded; the worker's TOOLLOOP_FALLBACK sends each call on to
+    # Anthropic, whose key allows 240 a minute (its bucket: 8 requests). No limit is configured: the
+    # Anthropic attempts are booked against what its headers teach (fails before: the runs' chain
+    # was read from the run alone, nothing was booked, and 30 calls at once met 429s).
+    overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})
+
+    def policy(request: SimRequest) -> SimTurn:
+        return SimTurn(fault=overloaded) if request.wire != "anthropic" else SimTurn(text="Done.")
+
+    runs = 30
+    with SimServer(policy, rate_limits=SimRateLimits(rpm=240, burst_s=2)) as sim:
+        env = {"FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url, "TOOLLOOP_FALLBACK": "anthropic"}
+        workers = [start_sim_worker(own_redis.url, sim, tmp_path, **env) for _ in range(2)]
+        client = Client(own_redis.url)
+        try:
+            run_ids = [client.enqueue(run_spec(provider="fal", max_steps=2)) for _ in range(runs)]
+            statuses = wait_all(client, run_ids, timeout=60)
+        finally:
+            for worker in workers:
+                worker.stop()
+            client.close()
+        stats = sim.stats()
+    assert [s.status for s in statuses] == ["done"] * runs
+    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]
+    assert stats["endpoints"] == {"fal": runs, "anthropic": runs}, stats["endpoints"]

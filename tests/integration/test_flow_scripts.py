@@ -64,13 +64,13 @@ def test_a_429s_retry_after_and_an_empty_bucket_block_the_next_bookings(redis_cl
     limits = Limits(rpm=60_000)
     headers = httpx.Headers({"retry-after": "2", "anthropic-ratelimit-requests-remaining": "0",
                              "anthropic-ratelimit-requests-reset": "2000-01-01T00:00:00Z"})  # fmt: skip
-    blocked, remaining = ratelimit.lessons(429, headers, time.time())
-    assert remaining == [("r", 0.0)] and blocked == pytest.approx(time.time() + 2, abs=0.5)
-    redis_client.eval(ratelimit.LEARN, 1, bucket, int(blocked * 1000), *[x for p in remaining for x in p])
+    taught = ratelimit.lessons(429, headers, time.time())
+    assert taught.remaining == [("r", 0.0)] and taught.blocked == pytest.approx(time.time() + 2, abs=0.5)
+    redis_client.eval(ratelimit.LEARN, 1, bucket, *taught.args())
     wait, why = book(redis_client, bucket, limits)
     assert why == "rate" and 1500 <= wait <= 2000, wait
     ok = httpx.Headers({"anthropic-ratelimit-requests-remaining": "7"})
-    assert ratelimit.lessons(200, ok, time.time()) == (0.0, [("r", 7.0)])
+    assert ratelimit.lessons(200, ok, time.time()) == ratelimit.Lessons(0.0, [("r", 7.0)], [], True)
 
 
 def test_key_names_hold_the_keys_hash_never_the_key() -> None:
@@ -143,3 +143,52 @@ def test_bad_account_settings_say_what_is_allowed(redis_client: redis.Redis) -> 
         accounts.set_limit(redis_client, "a", 0)
     with pytest.raises(accounts.AccountError, match="without spaces"):
         accounts.set_limit(redis_client, "a b", 1)
+
+
+def book_learning(
+    client: redis.Redis, bucket: str, holder: str, limits: Limits | None = None
+) -> tuple[int, str]:
+    """BOOK for a provider whose answers name its limits (anthropic), no tokens."""
+    limits = limits or Limits()
+    wait, why = client.eval(
+        ratelimit.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
+        limits.concurrent, limits.burst_s, 0, holder, 5000, 1,
+    )  # fmt: skip
+    return int(wait), str(why)
+
+
+def test_before_an_answer_taught_the_limit_one_call_goes_and_the_rest_wait_for_it(
+    redis_client: redis.Redis,
+) -> None:
+    bucket = "tl:rl:test-probe:m"
+    assert book_learning(redis_client, bucket, "first") == (0, "")  # it goes, to learn the limit
+    wait, why = book_learning(redis_client, bucket, "second")
+    assert why == "learning" and 10 <= wait <= 100, (wait, why)  # nothing booked: it asks again
+    headers = httpx.Headers({"anthropic-ratelimit-requests-limit": "120",
+                             "anthropic-ratelimit-requests-remaining": "119"})  # fmt: skip
+    taught = ratelimit.lessons(200, headers, time.time())
+    assert taught.limits == [("r", 120.0)] and not taught.open
+    redis_client.eval(ratelimit.LEARN, 1, bucket, *taught.args())
+    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0)
+    # 120 a minute learned, a bucket of 1 s: 2 at once, then one every 0.5 s
+    waits = [book_learning(redis_client, bucket, f"next{i}") for i in range(3)]
+    assert [w for w, _ in waits[:2]] == [0, 0] and waits[2][1] == "rate" and 400 <= waits[2][0] <= 500, waits
+    # a configured limit lower than the learned one is the one in force
+    assert book_learning(redis_client, bucket, "low", Limits(rpm=6))[1] == "rate"
+
+
+def test_a_provider_that_names_no_limit_is_open_and_a_lost_probe_lets_the_next_call_go(
+    redis_client: redis.Redis,
+) -> None:
+    bucket = "tl:rl:test-open:m"
+    assert book_learning(redis_client, bucket, "first") == (0, "")
+    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0)  # failed: no answer
+    assert book_learning(redis_client, bucket, "second") == (0, "")  # the next call goes to learn it
+    odd = httpx.Headers(
+        {"anthropic-ratelimit-requests-limit": "inf", "anthropic-ratelimit-requests-remaining": "nan"}
+    )
+    assert ratelimit.lessons(200, odd, time.time()) == ratelimit.Lessons(0.0, [], [], True)  # not numbers
+    taught = ratelimit.lessons(200, httpx.Headers({}), time.time())
+    assert taught.open
+    redis_client.eval(ratelimit.LEARN, 1, bucket, *taught.args())
+    assert book_learning(redis_client, bucket, "third") == (0, "open")

@@ -5,6 +5,7 @@ or by a hook point of the process (workers/hooks.py), never by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from tests.support.harness import RecordingHooks, StepHarness
@@ -101,3 +102,37 @@ async def test_a_cancel_landing_after_the_model_step_began_and_before_its_call_s
     stopped = await asyncio.wait_for(h.run_to_end(run), timeout=10)
     assert stopped[-1] == "stop: cancel", stopped
     assert h.model.requests == []  # the model call was never sent
+
+
+def publish_then_note() -> ScriptedModel:
+    return ScriptedModel([reply("", tool_calls=[call("publish", {"a": 1, "b": 2}, id="p1")]),
+                          reply("Noted.")])  # fmt: skip
+
+
+async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_order_their_messages_run(
+    step_harness: StepHarness,
+) -> None:
+    # approve, then reject, on one held call: their `toolloop.decide` messages run in threads of
+    # the control queue, the reject's first here. The approve was sent first: it wins (fails
+    # before: "first applied wins", the reject won and the approve was ignored).
+    import contextlib
+
+    from workers import approvals
+
+    h = step_harness
+    h.model = publish_then_note()
+    run = h.enqueue()
+    assert str(await h.step(run)) == "park"
+    with contextlib.suppress(TimeoutError):  # no worker applies them: each only sends
+        h.client.approve(run, "p1", wait_s=0.1)
+    with contextlib.suppress(TimeoutError):
+        h.client.reject(run, "p1", "not now", wait_s=0.1)
+    inbox: dict[str, str] = h.redis.hgetall(keys.decide_inbox(run))  # type: ignore[assignment]
+    sent = sorted(inbox, key=lambda d: json.loads(inbox[d])["at"])
+    tools = h.process.toolsets.for_worker
+    applied = [approvals.apply(h.process.redis, h.process.celery, run, d, tools) for d in reversed(sent)]
+    assert applied == ["ignored", "gone"], applied  # the reject's task applied the approve first
+    outcomes = [h.redis.lrange(keys.decided(run, d), 0, -1) for d in sent]
+    assert outcomes == [["resumed|"], ["ignored|call p1 was decided already (approve)"]], outcomes
+    assert (await h.run_to_end(run))[-1] == "stop: done"
+    assert "published 1+2" in (h.model.requests[-1].messages or [])[-1].model_dump_json()  # approved: it ran

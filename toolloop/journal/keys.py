@@ -142,6 +142,17 @@ def decide_outcomes(run_id: str) -> str:
     return _run(run_id, "decide:outcomes")
 
 
+def decide_order(run_id: str) -> str:
+    """The ids of the decisions sent and not applied yet, in the order they were sent (a list: the
+    client's MULTI pushes its id beside its inbox entry; the worker applies them in that order)."""
+    return _run(run_id, "decide:order")
+
+
+def decide_claim(run_id: str, decision_id: str) -> str:
+    """Held by the control task applying a decision (a lease: it expires if that worker dies)."""
+    return _run(run_id, f"decide:claim:{decision_id}")
+
+
 def decided(run_id: str, decision_id: str) -> str:
     """The list a worker pushes a decision's outcome to, for the client that sent it."""
     return _run(run_id, f"decided:{decision_id}")

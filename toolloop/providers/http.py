@@ -73,6 +73,10 @@ observe_responses: ContextVar[ResponseObserver | None] = ContextVar("observe_res
 """Called with the status and headers of every HTTP answer of the model calls made in this context
 (a worker's rate limiter learns `anthropic-ratelimit-*` and `retry-after` from them; workers/ratelimit.py)."""
 
+before_retry: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("before_retry", default=None)
+"""Awaited before each retry of a model call made in this context, once its backoff is over (a
+worker's rate limiter books the retry as one more request: workers/flow.py)."""
+
 Flag = Callable[[str], PromptGenError | None]
 
 
@@ -222,6 +226,9 @@ async def call_json(
         if relay is not None:
             relay.discard()  # an earlier attempt's deltas, if any, are void
         reader = None if stream is None else stream(relay)
+        booking = before_retry.get() if attempt > 1 else None
+        if booking is not None:
+            await booking()
         error, wait, paid = await race(call.attempt(attempt, reader), signal)
         if error is None:
             return wait  # the parsed body / the reader's result
