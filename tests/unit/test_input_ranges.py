@@ -54,19 +54,18 @@ def test_a_wait_within_the_cap_is_kept_and_not_logged(caplog: pytest.LogCaptureF
 
 def test_the_rate_limit_key_is_never_blocked_past_the_cap() -> None:
     now = time.time()
-    blocked, _ = ratelimit.lessons(429, {"retry-after": "1000000000"}, now)
-    assert blocked == pytest.approx(now + CAP)
-    blocked, _ = ratelimit.lessons(429, {"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"}, now, 3.0)
-    assert blocked == pytest.approx(now + 3.0)
+    assert ratelimit.lessons(429, {"retry-after": "1000000000"}, now).blocked == pytest.approx(now + CAP)
+    dated = ratelimit.lessons(429, {"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"}, now, 3.0)
+    assert dated.blocked == pytest.approx(now + 3.0)
     reset = {
         "anthropic-ratelimit-requests-remaining": "0",
         "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z",
     }
-    blocked, remaining = ratelimit.lessons(200, reset, now)
-    assert blocked == pytest.approx(now + CAP) and remaining == [("r", 0.0)]
+    taught = ratelimit.lessons(200, reset, now)
+    assert taught.blocked == pytest.approx(now + CAP) and taught.remaining == [("r", 0.0)]
     for bad in ("nan", "inf", "-1"):
-        blocked, remaining = ratelimit.lessons(200, {"anthropic-ratelimit-input-tokens-remaining": bad}, now)
-        assert (blocked, remaining) == (0.0, [])
+        ignored = ratelimit.lessons(200, {"anthropic-ratelimit-input-tokens-remaining": bad}, now)
+        assert (ignored.blocked, ignored.remaining) == (0.0, [])
 
 
 def _limits(name: str, value: object) -> str:

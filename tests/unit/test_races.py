@@ -8,8 +8,11 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from tests.support.harness import RecordingHooks, StepHarness
 from toolloop.journal import keys
+from toolloop.loop.approvals import AlreadyDecidedError
 from toolloop.testing import ScriptedModel, call, reply
 
 
@@ -112,27 +115,25 @@ def publish_then_note() -> ScriptedModel:
 async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_order_their_messages_run(
     step_harness: StepHarness,
 ) -> None:
-    # approve, then reject, on one held call: their `toolloop.decide` messages run in threads of
-    # the control queue, the reject's first here. The approve was sent first: it wins (fails
-    # before: "first applied wins", the reject won and the approve was ignored).
-    import contextlib
-
+    # approve, then reject, on one held call: the reject is refused when it is sent (DECIDE_SEND:
+    # the approve is queued already), so whatever order their `toolloop.decide` messages would run
+    # in, the approve is the decision (fails before #31: "first applied wins", the reject won).
     from workers import approvals
 
     h = step_harness
     h.model = publish_then_note()
     run = h.enqueue()
     assert str(await h.step(run)) == "park"
-    with contextlib.suppress(TimeoutError):  # no worker applies them: each only sends
-        h.client.approve(run, "p1", wait_s=0.1)
-    with contextlib.suppress(TimeoutError):
+    assert h.client.approve(run, "p1", wait_s=0.1) == "queued"  # no worker applies it here
+    with pytest.raises(AlreadyDecidedError, match="queued already"):
         h.client.reject(run, "p1", "not now", wait_s=0.1)
     inbox: dict[str, str] = h.redis.hgetall(keys.decide_inbox(run))  # type: ignore[assignment]
-    sent = sorted(inbox, key=lambda d: json.loads(inbox[d])["at"])
+    assert [json.loads(entry)["decision"]["action"] for entry in inbox.values()] == ["approve"]
+    order = h.redis.lrange(keys.decide_order(run), 0, -1)
+    assert order == list(inbox)  # the send order the workers apply by (workers/approvals.py)
     tools = h.process.toolsets.for_worker
-    applied = [approvals.apply(h.process.redis, h.process.celery, run, d, tools) for d in reversed(sent)]
-    assert applied == ["ignored", "gone"], applied  # the reject's task applied the approve first
-    outcomes = [h.redis.lrange(keys.decided(run, d), 0, -1) for d in sent]
-    assert outcomes == [["resumed|"], ["ignored|call p1 was decided already (approve)"]], outcomes
+    applied = [approvals.apply(h.process.redis, h.process.celery, run, d, tools, 0) for d in order]
+    assert applied == ["resumed"], applied
+    assert h.redis.llen(keys.decide_order(run)) == 0
     assert (await h.run_to_end(run))[-1] == "stop: done"
     assert "published 1+2" in (h.model.requests[-1].messages or [])[-1].model_dump_json()  # approved: it ran
