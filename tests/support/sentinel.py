@@ -52,6 +52,7 @@ class SentinelSet:
         for n in range(3):
             self.sentinels.append(self._sentinel(f"sentinel-{n}", primary.port))
         self._wait(lambda: all(len(self._sentinel_replicas(s)) == self.replicas for s in self.sentinels), 30)
+        self.replicas_in_sync()  # the first full sync done: a WAIT from now on counts the replicas
         return self
 
     def _server(self, name: str, extra: list[str]) -> _Node:
