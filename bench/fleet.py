@@ -16,6 +16,12 @@ the llm queue; the clock starts when they take it. Reported per N:
 
     .venv/bin/python bench/fleet.py [--runs 200] [--turns 5] [--latency 1.0] [--trials 1]
 
+With `--shards N`: for 1..N shards (workers/shards.py `ShardedClient`), each shard a private Redis with
+one worker process, `--runs` runs per shard enqueued through one sharded client; per row the Redis
+CPU per step of each shard (the median shard) and the capacity the shards carry by that measure (N x
+one Redis core's ceiling). `--commit-wait` adds, per shard count, the same fleet with a replica per
+shard and `TOOLLOOP_COMMIT_WAIT=1` (every commit ends with WAIT 1): its cost per step.
+
 Machines here are shared and noisy: compare the rows of one run, not runs of different days.
 """
 
@@ -41,8 +47,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from _durable_runs import REGISTRY, TOOLSET, run_spec, sim_script, start_queue, step_worker, wait_all  # noqa: E402
 from _procs import ROOT, env_with  # noqa: E402
 
-from toolloop.embedded import start_server  # noqa: E402
+from toolloop.embedded import EmbeddedServer, free_port, ping, server_binary, start_server  # noqa: E402
 from workers.client import Client  # noqa: E402
+from workers.shards import ShardedClient  # noqa: E402
 
 
 class Simulator:
@@ -129,6 +136,92 @@ def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: f
     }  # fmt: skip
 
 
+def replica_of(primary: EmbeddedServer, tmp: Path) -> subprocess.Popen[bytes]:
+    """A redis-server replicating `primary` (for TOOLLOOP_COMMIT_WAIT=1), once it is in sync."""
+    port = free_port()
+    home = tmp / f"replica-{port}"
+    home.mkdir()
+    process = subprocess.Popen(
+        [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home), "--save", "",
+         "--appendonly", "yes", "--replicaof", "127.0.0.1", str(primary.port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis.from_url(primary.url)
+    deadline = time.monotonic() + 30
+    while not (ping("127.0.0.1", port) and int(client.wait(1, 500)) >= 1):  # its first full sync done
+        if time.monotonic() > deadline:
+            raise RuntimeError("the replica was not in sync within 30 s")
+        time.sleep(0.1)
+    return process
+
+
+def sharded(tmp: Path, shards: int, runs: int, turns: int, latency: float, wait: bool) -> dict[str, Any]:
+    """`shards` shards, a worker each, `runs` runs per shard through one ShardedClient; with `wait`, a
+    replica per shard and TOOLLOOP_COMMIT_WAIT=1."""
+    servers = [start_server(tmp / f"shard-{shards}-{i}-{int(wait)}") for i in range(shards)]
+    replicas = [replica_of(server, tmp) for server in servers] if wait else []
+    sim = Simulator(tmp, turns, latency)
+    extra = {"TOOLLOOP_COMMIT_WAIT": "1"} if wait else {}
+    plain = [redis.Redis.from_url(server.url) for server in servers]
+    workers = []
+    client = ShardedClient([server.url for server in servers], toolsets=[TOOLSET])
+    try:
+        for i, server in enumerate(servers):
+            env = env_with(REDIS_URL=server.url, **REGISTRY, ANTHROPIC_BASE_URL=sim.base_url,
+                           ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="", **extra)  # fmt: skip
+            worker = step_worker(
+                "consumer", ("threads", runs), env, tmp / f"shard-{shards}-{i}.log", held=("llm",)
+            )
+            worker.start(client.clients[i].celery)
+            workers.append(worker)
+        total = runs * shards
+        run_ids = client.enqueue_many([run_spec(turns, provider="anthropic")] * total)
+        worker0 = sum(w.cpu_seconds() for w in workers)
+        redis0 = [redis_cpu(p) for p in plain]
+        began = time.time()
+        for i, worker in enumerate(workers):
+            start_queue(client.clients[i], "consumer", [worker], "llm")
+        statuses = [
+            status
+            for i, shard in enumerate(client.clients)
+            for status in wait_all(shard, [r for r in run_ids if client.shard(r) is shard], timeout=600)
+        ]
+        redis_s = [redis_cpu(p) - r0 for p, r0 in zip(plain, redis0, strict=True)]
+        worker_s = sum(w.cpu_seconds() for w in workers) - worker0
+    finally:
+        for worker in workers:
+            worker.stop()
+        client.close()
+        sim.stop()
+        for replica in replicas:
+            replica.terminate()
+            replica.wait(10)
+        for server in servers:
+            server.stop()
+    steps_per_shard = runs * (2 * turns - 1)
+    per_step = statistics.median(1000 * r / steps_per_shard for r in redis_s)
+    wall = max(s.updated_at for s in statuses) - began
+    return {
+        "shards": shards, "wait": wait, "done": sum(s.status == "done" for s in statuses), "runs": total,
+        "wall_s": wall, "steps_s": shards * steps_per_shard / wall, "redis_ms": per_step,
+        "worker_ms": 1000 * worker_s / (shards * steps_per_shard),
+        "capacity": shards * 1000 / per_step if per_step > 0 else float("inf"),
+    }  # fmt: skip
+
+
+def print_shards(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"Sharded fleet: {args.runs} runs per shard, {args.turns} model turns each, {args.latency:g} s "
+          "model latency, one worker process per shard, simulator in its own process\n")  # fmt: skip
+    print("| Shards | Commit wait | Runs done | Wall | Steps/s | Worker CPU/step | Redis CPU/step per shard "
+          "| Capacity of the shards |")  # fmt: skip
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        waits = "WAIT 1" if r["wait"] else "off"
+        print(f"| {r['shards']} | {waits} | {r['done']}/{r['runs']} | {r['wall_s']:.1f} s "
+              f"| {r['steps_s']:.0f} | {r['worker_ms']:.2f} ms | {r['redis_ms']:.3f} ms "
+              f"| {r['capacity']:,.0f} steps/s |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -137,7 +230,18 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--trials", type=int, default=1, help="trials per fleet size (the median)")
+    parser.add_argument("--shards", type=int, default=0, help="sharded fleets of 1..N shards instead")
+    parser.add_argument("--commit-wait", action="store_true", help="with --shards: also WAIT 1 on a replica")
     args = parser.parse_args()
+    if args.shards:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-shards-"))
+        rows = [
+            sharded(tmp, n, args.runs, args.turns, args.latency, wait)
+            for n in range(1, args.shards + 1)
+            for wait in ((False, True) if args.commit_wait else (False,))
+        ]
+        print_shards(rows, args)
+        return
     cores = os.cpu_count() or 1
     sizes = sorted({1, 2, cores})
     tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
