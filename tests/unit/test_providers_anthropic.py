@@ -319,10 +319,13 @@ async def test_images_are_read_when_the_request_is_sent(png: Path) -> None:
         messages=[UserMessage(content=[ImagePart(path=str(png), mime_type="image/png", hash="h")])]
     )
     first = await send(request)
-    png.write_bytes(b"other bytes")
+    png.write_bytes(b"\x89PNG\r\n\x1a\nother bytes")
     second = await send(request)
     data = [b["messages"][0]["content"][0]["source"]["data"] for b in (first, second)]
-    assert base64.b64decode(data[1]) == b"other bytes" and data[0] != data[1]
+    assert base64.b64decode(data[1]) == b"\x89PNG\r\n\x1a\nother bytes" and data[0] != data[1]
+    png.write_text("ANTHROPIC_API_KEY=sk-secret\n")  # a file a spec names that is not an image
+    with pytest.raises(PromptGenError, match="not a PNG, JPEG, GIF or WebP image"):
+        await send(request)
     png.unlink()
     with pytest.raises(PromptGenError, match="cannot read the image"):
         await send(request)

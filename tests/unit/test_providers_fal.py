@@ -68,7 +68,7 @@ async def call(request: PromptGenRequest, answer: Any = None) -> tuple[Any, dict
 
 async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> None:
     png = tmp_path / "f.png"
-    png.write_bytes(b"png-bytes")
+    png.write_bytes(b"\x89PNG\r\n\x1a\npng-bytes")
     image = ImagePart(path=str(png), mime_type="image/png", hash="h")
     request = PromptGenRequest(
         system="Review.",
@@ -113,7 +113,7 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
                                           "parameters": {"type": "object"}}}
     ]  # fmt: skip
     assert body["tool_choice"] == {"type": "function", "function": {"name": "read_frame"}}
-    uri = "data:image/png;base64," + base64.b64encode(b"png-bytes").decode()
+    uri = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\npng-bytes").decode()
     assert body["messages"] == [
         {"role": "system", "content": [{"type": "text", "text": "Review.", "cache_control": EPHEMERAL}]},
         {"role": "user", "content": "Look at shot 3."},
@@ -295,7 +295,7 @@ def test_estimate_prices_input_and_max_tokens_without_network() -> None:
 async def test_tool_result_images_go_in_one_user_turn_and_the_body_is_byte_stable(tmp_path: Path) -> None:
     frames = []
     for n in (1, 2, 3):
-        (tmp_path / f"{n}.png").write_bytes(f"png-{n}".encode())
+        (tmp_path / f"{n}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + f"png-{n}".encode())
         frames.append(ImagePart(path=str(tmp_path / f"{n}.png"), mime_type="image/png", hash=str(n)))
     calls = [ToolCall(id=f"c{n}", name="read_frame", input={"shot": n}) for n in (1, 2)]
     step1 = [
@@ -310,7 +310,7 @@ async def test_tool_result_images_go_in_one_user_turn_and_the_body_is_byte_stabl
     _, second = await call(PromptGenRequest(messages=step2))
 
     def uri(n: int) -> dict[str, Any]:
-        data = base64.b64encode(f"png-{n}".encode()).decode()
+        data = base64.b64encode(b"\x89PNG\r\n\x1a\n" + f"png-{n}".encode()).decode()
         return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
 
     tool1, tool2, images = first["messages"][2:]

@@ -8,6 +8,8 @@ import asyncio
 import base64
 import json
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -74,13 +76,44 @@ async def read_images(provider: str, parts: list[ImagePart]) -> dict[str, str]:
 
 
 def _read_base64(provider: str, path: str) -> str:
+    return base64.b64encode(read_image(provider, path)).decode("ascii")
+
+
+def image_kind(data: bytes) -> str | None:
+    """The image type its first bytes say (png, jpeg, gif, webp), None for anything else."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+def read_image(provider: str, path: str) -> bytes:
+    """The bytes of the image file at `path`, refused unless it is a regular file whose bytes are a
+    PNG, JPEG, GIF or WebP image: a run spec can name any path, and this is what a provider would be
+    sent (a key file, /etc/passwd, a device that never ends are refused here, nothing is sent)."""
     try:
-        return base64.b64encode(Path(path).read_bytes()).decode("ascii")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise PromptGenError(
+                f"{provider} refuses the image {path!r}: it is not a regular file.\n"
+                "  Name image files (PNG, JPEG, GIF or WebP) only."
+            )
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise PromptGenError(
             f"{provider} cannot read the image {path!r} ({exc.strerror or exc}).\n"
             "  Keep every image file of a conversation at its path until the run ends."
         ) from None
+    if image_kind(data) is None:
+        raise PromptGenError(
+            f"{provider} refuses the image {path!r}: its bytes are not a PNG, JPEG, GIF or WebP image.\n"
+            "  Name image files only; nothing of this file was sent."
+        )
+    return data
 
 
 def estimate_tokens(text: str) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from toolloop.contract import ImagePart
-from toolloop.errors import PromptGenError
+from toolloop.providers.common import read_image
 from toolloop.providers.network import Network
 
 log = logging.getLogger("toolloop.providers.fal")
@@ -138,10 +138,4 @@ def _data_uri(mime: str, data: bytes) -> str:
 
 
 def _read(provider: str, path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise PromptGenError(
-            f"{provider} cannot read the image {path!r} ({exc.strerror or exc}).\n"
-            "  Keep every image file of a conversation at its path until the run ends."
-        ) from None
+    return read_image(provider, path)
