@@ -28,12 +28,15 @@ from toolloop.errors import (
 )
 from toolloop.journal import Journal, MemoryJournal, RedisJournal, idempotency_key
 from toolloop.loop.approvals import ApprovalError, input_digest
+from toolloop.loop.compaction import CompactionError
+from toolloop.loop.context import ContextPolicy
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Approval,
     Asked,
     Budget,
     BudgetEvent,
+    CompactionEvent,
     Decision,
     LoopEvent,
     ModelEvent,
@@ -59,7 +62,10 @@ __all__ = [
     "Budget",
     "BudgetEvent",
     "ChatMessage",
+    "CompactionError",
+    "CompactionEvent",
     "ContentPart",
+    "ContextPolicy",
     "Decision",
     "DeltaEvent",
     "ImagePart",

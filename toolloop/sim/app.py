@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from toolloop.providers.catalog import Catalog
 from toolloop.providers.models import default_catalog
-from toolloop.sim import anthropic_wire, fal_wire, stream
+from toolloop.sim import anthropic_wire, compaction, fal_wire, stream
 from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Parsed, Wire, fit_max_tokens
 from toolloop.sim.ratelimit import SimRateLimits
@@ -165,7 +165,7 @@ class Simulator:
     def reset(self) -> None:
         """Forget the stats, the fault counters and the prompt cache."""
         with self._lock:
-            kinds = ("endpoints", "conversations", "statuses", "faults", "uploads")
+            kinds = ("endpoints", "conversations", "statuses", "faults", "uploads", "compactions", "billed")
             self._counts = {key: Counter() for key in kinds}
             self._faults = Counter()
             self.files, self._pending, self.upload_failures = {}, {}, 0
@@ -218,6 +218,28 @@ class Simulator:
             return JSONResponse({"detail": "no such file"}, status_code=404)
         return Response(found[1], media_type=found[0])
 
+    def _bill(self, wire: str, model: str, usage: dict[str, Any]) -> None:
+        """Add an answer's billed tokens to `stats()["billed"]` (`<model>:<kind>`). Anthropic: every
+        entry of `usage.iterations` when the answer has them (a compaction's summary pass is billed
+        there, outside the top level), else the top level; fal: its prompt and completion tokens."""
+        with self._lock:
+            billed = self._counts["billed"]
+            if wire != "anthropic":
+                details = usage.get("prompt_tokens_details") or {}
+                cached = int(details.get("cached_tokens", 0) or 0)
+                written = int(details.get("cache_write_tokens", 0) or 0)
+                billed[f"{model}:input"] += int(usage.get("prompt_tokens", 0)) - cached - written
+                billed[f"{model}:cache_read"] += cached
+                billed[f"{model}:cache_write"] += written
+                billed[f"{model}:output"] += int(usage.get("completion_tokens", 0))
+                return
+            iterations = usage.get("iterations") or [usage]
+            for item in iterations:
+                billed[f"{model}:input"] += int(item.get("input_tokens", 0))
+                billed[f"{model}:cache_read"] += int(item.get("cache_read_input_tokens", 0))
+                billed[f"{model}:cache_write"] += int(item.get("cache_creation_input_tokens", 0))
+                billed[f"{model}:output"] += int(item.get("output_tokens", 0))
+
     def _count(self, kind: str, key: str) -> None:
         with self._lock:
             self._counts[kind][key] += 1
@@ -239,10 +261,14 @@ class Simulator:
         if isinstance(admitted, Response):
             return admitted
         parsed, plan, key, limit_headers = admitted
-        sim = parsed.request
+        sim = compaction.counted(parsed.request)
         self._count("conversations", sim.conversation_id)
         try:
-            turn = await answer(self.policy, sim)
+            if compaction.is_summary_request(sim):
+                self._count("compactions", sim.history_hash)
+                turn = compaction.summary_turn(sim)
+            else:
+                turn = await answer(self.policy, sim)
         except Exception as error:  # a user's policy: report it rather than hang the client
             log.exception("the simulator's policy raised")
             return self._error(wire, 500, f"The simulator's policy raised {error!r}.", request_id)
@@ -259,6 +285,7 @@ class Simulator:
         self.cache.commit(plan)
         refusal = fault is not None and fault.kind == "refusal"
         body = wire.module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
+        self._bill(wire.name, sim.model, body.get("usage", {}))
         limits = self._limits(wire)
         if limits.on:
             usage = body.get("usage", {})

@@ -1,0 +1,195 @@
+"""The compaction step of a run with a context policy (SPEC.md 5.2; the rules in context.py).
+
+`before(turn)` runs ahead of model step `turn`: when the next request's input tokens pass
+`compact_at_tokens`, it runs the journal step `compact:<turn>` (or replays it) and from then on
+`view` gives every request the summary and the turns from the cut on. A step whose compaction would
+cross the budget stores `{"skipped": "budget"}` (cost 0) and the model call goes ahead: the budget's
+own checks (finish mode, the stop) then decide, and a replay skips the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from toolloop.abort import AbortSignal
+from toolloop.contract import (
+    ChatMessage,
+    PromptGenRequest,
+    PromptGenResult,
+    TextPart,
+    ToolDefinition,
+    UserMessage,
+)
+from toolloop.loop.context import (
+    Compacted,
+    ContextPolicy,
+    choose_cut,
+    estimate_tokens,
+    message_tokens,
+    stored_value,
+    summary_message,
+)
+from toolloop.loop.history import History
+from toolloop.loop.tools import call
+from toolloop.loop.types import (
+    CompactionEvent,
+    LoopEvent,
+    RunToolLoopOptions,
+    StepResult,
+    StepWork,
+)
+
+
+class _Loop(Protocol):
+    """What a compaction reads of its run (toolloop/loop/run.py)."""
+
+    options: RunToolLoopOptions
+    history: History
+    definitions: list[ToolDefinition]
+    params: dict[str, Any] | None
+    cost: float
+
+    async def spent(self) -> float: ...
+
+    def emit(self, event: LoopEvent) -> None: ...
+
+    def signal_for(self, journal_signal: AbortSignal) -> AbortSignal: ...
+
+
+class CompactionError(RuntimeError):
+    """A compaction call answered without any summary text."""
+
+
+class Compaction:
+    """The compaction state of one run: what the requests carry, and the count that decides."""
+
+    def __init__(self, run: _Loop) -> None:
+        self.run = run
+        policy = run.options.context
+        assert policy is not None
+        self.policy: ContextPolicy = policy
+        self.state: Compacted | None = None
+        self.latest: tuple[int, int, int] | None = None
+        """(prompt tokens the provider billed, history length, cut) of the latest model request."""
+        self.latest_cost = 0.0
+
+    # -- the count ---------------------------------------------------------------------------------
+
+    def sized(self, result: PromptGenResult) -> None:
+        """Record the provider's count of the request model step just made (from its stored usage)."""
+        cut = self.state.cut if self.state is not None else 0
+        self.latest = (result.usage.prompt_tokens, len(self.run.history.messages), cut)
+        self.latest_cost = result.cost_usd
+
+    def input_tokens(self) -> tuple[int, str]:
+        """The input tokens of the next request and where the figure comes from."""
+        history = self.run.history
+        cut = self.state.cut if self.state is not None else 0
+        latest = self.latest
+        if latest is not None and latest[2] == cut and latest[0] > 0:
+            added = sum(message_tokens(m) for m in history.sent[latest[1] :])
+            return latest[0] + added, "usage+estimate"
+        run = self.run
+        head: list[ChatMessage] = list(self.state.head) if self.state is not None else []
+        messages = head + list(history.sent[cut:])
+        return estimate_tokens(run.options.system, run.definitions, messages), "estimate"
+
+    # -- the step ----------------------------------------------------------------------------------
+
+    async def before(self, turn: int) -> None:
+        limit = self.policy.compact_at_tokens
+        if limit is None:
+            return
+        history = self.run.history
+        history.trim_images()
+        counted, source = self.input_tokens()
+        if counted <= limit:
+            return
+        current = self.state.cut if self.state is not None else 0
+        cut = choose_cut(history.assistant_at, self.policy.keep_turns, len(history.messages), current)
+        if cut is None:
+            return
+        value = await self.run.options.step(f"compact:{turn}", self.work(cut, counted, source))
+        self.record(turn, value)
+
+    def work(self, cut: int, counted: int, source: str) -> StepWork:
+        async def work(signal: AbortSignal) -> StepResult:
+            run = self.run
+            budget = run.options.budget
+            spent = await run.spent()
+            if spent + self.latest_cost > budget.usd:
+                return StepResult(value={"skipped": "budget", "spent_usd": spent}, cost_usd=0.0)
+            request = self.request(cut)
+            result = await call(run.options.generate, request, run.signal_for(signal))
+            if not isinstance(result, PromptGenResult):
+                result = PromptGenResult.model_validate(result)
+            summary = result.text.strip()
+            if not summary:
+                raise CompactionError(
+                    "The compaction call answered without a summary (no text).\n"
+                    "  Check the model and the summary_prompt of the context policy; the run can be resumed."
+                )
+            covered = self.covered_turns(cut)
+            dumped = result.model_dump(mode="json")
+            return StepResult(
+                value=stored_value(summary, cut, covered, counted, source, dumped), cost_usd=result.cost_usd
+            )
+
+        return work
+
+    def covered_turns(self, cut: int) -> int:
+        return sum(1 for index in self.run.history.assistant_at if index < cut)
+
+    def request(self, cut: int) -> PromptGenRequest:
+        """The summary request: what the next request would carry up to the cut, then the prompt."""
+        run = self.run
+        history = run.history
+        current = self.state
+        head: list[ChatMessage] = list(current.head) if current is not None else []
+        start = current.cut if current is not None else 0
+        marked = run.options.cache == "conversation"
+        prompt = UserMessage(content=[TextPart(text=self.policy.prompt, cache=marked)])
+        messages = head + list(history.sent[start:cut]) + [prompt]
+        params: dict[str, Any] = dict(run.params or {})
+        params["max_tokens"] = self.policy.max_summary_tokens
+        return PromptGenRequest(
+            prompt="",
+            system=run.options.system,
+            model=run.options.model,
+            params=params,
+            messages=messages,
+            tools=run.definitions,
+            cache_system=None if run.options.cache == "off" else True,
+        )
+
+    def record(self, turn: int, value: Any) -> None:
+        if not isinstance(value, dict) or "skipped" in value:
+            return
+        result = PromptGenResult.model_validate(value["result"])
+        run = self.run
+        run.cost += result.cost_usd
+        covered = int(value["covered_turns"])
+        self.state = Compacted(
+            cut=int(value["cut"]),
+            covered_turns=covered,
+            head=[summary_message(str(value["summary"]), covered)],
+        )
+        run.emit(
+            CompactionEvent(
+                step=turn,
+                covered_turns=covered,
+                cost_usd=result.cost_usd,
+                input_tokens=int(value.get("input_tokens", 0)),
+                usage=result.usage,
+            )
+        )
+
+    # -- the request -------------------------------------------------------------------------------
+
+    def view(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """The messages of a model request after the latest compaction: the summary, then the
+        history from the cut on (`messages` is the whole history as the request would send it)."""
+        state = self.state
+        if state is None:
+            return messages
+        return [*state.head, *messages[state.cut :]]

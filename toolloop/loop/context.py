@@ -1,0 +1,175 @@
+"""Context management of a long run (SPEC.md section 5): the policy, the input-token count that
+decides a compaction, and the request a compaction step sends. docs/context.md explains it to users.
+
+A compaction is a journal step of its own, `compact:<n>` (n: the model turn it comes before). Its
+work sends the history the request would carry up to the cut (the previous summary, then the turns
+since it) followed by `COMPACT_PROMPT`, through the run's own `generate` (the same provider chain as
+every model call), and stores the summary text with the call's result (usage, cost). After it, each
+request carries `SUMMARY_HEADER` + the summary as its first (user) message, then the history from
+the cut on, unchanged. The cut is always at an assistant message, so a tool call and its result are
+never split. `result.messages` and the journal keep every turn.
+
+Replay contract: every decision here is made from journaled values (the history, the usage of the
+model steps, the stored compaction steps) and the options, so a replay decides the same: it reads
+the stored step and never summarizes again.
+
+Input tokens of the next request (`input_tokens`): the provider's count of the latest request
+(`usage.prompt_tokens` of the latest model step, journaled with it: input + cache reads + cache
+writes as the provider billed them), plus the estimate of what joined the history since; with no
+such step since the latest compaction, the estimate of the whole request. The estimate
+(`estimate_tokens`): 4 characters of a message's JSON per token (non-ASCII characters 1 each), an
+image 1,000 tokens: the simulator's own rule (toolloop/sim/tokens.py), close to Anthropic's count
+for English text and JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolloop.contract import (
+    AssistantMessage,
+    ChatMessage,
+    ImagePart,
+    TextPart,
+    ToolDefinition,
+    UserMessage,
+)
+
+COMPACT_PROMPT = (
+    "Summarize the conversation above for a continuation: it will be replaced by your summary, and "
+    "the work goes on from the turns that follow it. Do not call any tool. Keep: the task and its "
+    "success criteria as the user gave them; what has been done and what it found (names, paths, "
+    "numbers, decisions and their reasons); errors met and how they were resolved; what remains to "
+    "do, in order. Be concise and concrete. Write only the summary."
+)
+"""The last user message of a client-side compaction request (docs/context.md)."""
+
+SUMMARY_HEADER = "Summary of the first {turns} model turns of this conversation (they were compacted):\n\n"
+"""The head of the summary message that requests after a compaction start with."""
+
+IMAGE_TOKENS = 1000
+MIN_COMPACT_AT_TOKENS = 1024
+
+
+class ContextPolicy(BaseModel):
+    """How a long run keeps its requests small (SPEC.md 5.1). Every field off by default.
+
+    `compact_at_tokens`: before a model call whose input would pass it, the loop runs a compaction
+    step (`compact:<n>`). `keep_turns`: the most recent model turns (each with its tool results) a
+    compaction keeps verbatim after the summary. `summary_prompt`: replaces `COMPACT_PROMPT`.
+    `max_summary_tokens`: the output room of the summary call (`params["max_tokens"]`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compact_at_tokens: int | None = Field(default=None, ge=MIN_COMPACT_AT_TOKENS)
+    keep_turns: int = Field(default=2, ge=0)
+    clear_tool_results_at_tokens: int | None = Field(default=None, ge=1)
+    keep_tool_results: int = Field(default=3, ge=0)
+    clear_at_least: int | None = Field(default=None, ge=1)
+    exclude_tools: list[str] = Field(default_factory=list)
+    summary_prompt: str | None = None
+    max_summary_tokens: int = Field(default=4096, ge=256)
+
+    @model_validator(mode="after")
+    def _check(self) -> ContextPolicy:
+        if self.summary_prompt is not None and not self.summary_prompt.strip():
+            raise ValueError(
+                "summary_prompt is blank.\n  Leave it unset for the documented prompt, or write one."
+            )
+        return self
+
+    @property
+    def prompt(self) -> str:
+        return self.summary_prompt or COMPACT_PROMPT
+
+    def clear_floor(self) -> int:
+        """`clear_at_least`, or the default: half the clear trigger (docs/context.md: a clear
+        breaks the cached prefix from the first cleared result on; clearing at least half of the
+        context at once keeps those re-writes to one per half-context of growth)."""
+        if self.clear_at_least is not None:
+            return self.clear_at_least
+        assert self.clear_tool_results_at_tokens is not None
+        return max(1, self.clear_tool_results_at_tokens // 2)
+
+
+# -- the estimate ------------------------------------------------------------------------------
+
+
+def text_tokens(text: str) -> int:
+    """ceil(ASCII characters / 4) + the number of non-ASCII code points."""
+    if text.isascii():
+        return math.ceil(len(text) / 4)
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return math.ceil(ascii_chars / 4) + (len(text) - ascii_chars)
+
+
+def message_tokens(message: ChatMessage) -> int:
+    """The estimate of one message: its texts, tool-call inputs as JSON, images IMAGE_TOKENS each."""
+    total = 4
+    content = message.content
+    if isinstance(content, str):
+        total += text_tokens(content)
+    elif content is not None:
+        for part in content:
+            total += IMAGE_TOKENS if isinstance(part, ImagePart) else text_tokens(part.text)
+    if isinstance(message, AssistantMessage):
+        for call in message.tool_calls or ():
+            total += text_tokens(call.name) + text_tokens(json.dumps(call.input, separators=(",", ":")))
+        for block in message.reasoning or ():
+            total += text_tokens(json.dumps(block.data, separators=(",", ":")))
+    return total
+
+
+def estimate_tokens(system: str, tools: Sequence[ToolDefinition], messages: Sequence[ChatMessage]) -> int:
+    """The estimate of a whole request: system text, tool definitions as JSON, every message."""
+    total = text_tokens(system)
+    for tool in tools:
+        total += text_tokens(json.dumps(tool.model_dump(mode="json"), separators=(",", ":")))
+    return total + sum(message_tokens(m) for m in messages)
+
+
+# -- the compacted view ------------------------------------------------------------------------
+
+
+class Compacted(BaseModel):
+    """The state after the latest compaction: requests carry `head` then the history from `cut`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cut: int
+    covered_turns: int
+    head: list[UserMessage]
+
+
+def summary_message(summary: str, covered_turns: int) -> UserMessage:
+    return UserMessage(content=[TextPart(text=SUMMARY_HEADER.format(turns=covered_turns) + summary)])
+
+
+def choose_cut(assistant_at: Sequence[int], keep_turns: int, length: int, current: int) -> int | None:
+    """Where a compaction cuts the history: at the `keep_turns`-th most recent assistant message
+    (the end of the history for 0), never at or before the current cut; None when nothing new
+    would be covered."""
+    cut = length if keep_turns == 0 else (assistant_at[-keep_turns] if len(assistant_at) >= keep_turns else 0)
+    if cut <= current or cut <= 0:
+        return None
+    return cut
+
+
+def stored_value(
+    summary: str, cut: int, covered_turns: int, input_tokens: int, source: str, result: dict[str, Any]
+) -> dict[str, Any]:
+    """The value of a `compact:<n>` step."""
+    return {
+        "summary": summary,
+        "cut": cut,
+        "covered_turns": covered_turns,
+        "input_tokens": input_tokens,
+        "count": source,
+        "result": result,
+    }
