@@ -14,8 +14,9 @@ from workers.live import LiveLoop
 
 
 def route(live: LiveLoop | None, key: str) -> str:
-    """The queue of step `key`: model steps on "llm", tool steps on the tool's own queue or "tools"."""
-    if key.startswith("model:"):
+    """The queue of step `key`: model and compaction steps on "llm", tool steps on the tool's own
+    queue or "tools"."""
+    if key.startswith(("model:", "compact:")):
         return names.LLM
     tool = tool_of(live, key)
     return (tool.queue if tool else None) or names.TOOLS
@@ -26,6 +27,8 @@ def describe(live: LiveLoop | None, key: str) -> str:
     registered tool's name; "tool" alone for any other)."""
     if key.startswith("model:"):
         return f"model {key.removeprefix('model:')}"
+    if key.startswith("compact:"):
+        return f"compact {key.removeprefix('compact:')}"
     if not key.startswith("tool:"):
         return ""
     tool = tool_of(live, key)

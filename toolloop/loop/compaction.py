@@ -172,7 +172,7 @@ class Compaction:
         self.state = Compacted(
             cut=int(value["cut"]),
             covered_turns=covered,
-            head=[summary_message(str(value["summary"]), covered)],
+            head=[summary_message(str(value["summary"]), covered, run.history.messages[0])],
         )
         run.emit(
             CompactionEvent(

@@ -5,9 +5,10 @@ A compaction is a journal step of its own, `compact:<n>` (n: the model turn it c
 work sends the history the request would carry up to the cut (the previous summary, then the turns
 since it) followed by `COMPACT_PROMPT`, through the run's own `generate` (the same provider chain as
 every model call), and stores the summary text with the call's result (usage, cost). After it, each
-request carries `SUMMARY_HEADER` + the summary as its first (user) message, then the history from
-the cut on, unchanged. The cut is always at an assistant message, so a tool call and its result are
-never split. `result.messages` and the journal keep every turn.
+request's first (user) message is the conversation's first user message (the task, verbatim)
+followed by `SUMMARY_HEADER` + the summary, then comes the history from the cut on, unchanged.
+The cut is always at an assistant message, so a tool call and its result are never split.
+`result.messages` and the journal keep every turn.
 
 Replay contract: every decision here is made from journaled values (the history, the usage of the
 model steps, the stored compaction steps) and the options, so a replay decides the same: it reads
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from toolloop.contract import (
     AssistantMessage,
     ChatMessage,
+    ContentPart,
     ImagePart,
     TextPart,
     ToolDefinition,
@@ -147,8 +149,15 @@ class Compacted(BaseModel):
     head: list[UserMessage]
 
 
-def summary_message(summary: str, covered_turns: int) -> UserMessage:
-    return UserMessage(content=[TextPart(text=SUMMARY_HEADER.format(turns=covered_turns) + summary)])
+def summary_message(summary: str, covered_turns: int, first: ChatMessage | None) -> UserMessage:
+    """The first message of every request after a compaction: the conversation's first user message
+    (the task, kept verbatim), then the summary text."""
+    text = TextPart(text=SUMMARY_HEADER.format(turns=covered_turns) + summary)
+    if not isinstance(first, UserMessage):
+        return UserMessage(content=[text])
+    content = first.content
+    parts: list[ContentPart] = [TextPart(text=content)] if isinstance(content, str) else list(content)
+    return UserMessage(content=[*parts, text])
 
 
 def choose_cut(assistant_at: Sequence[int], keep_turns: int, length: int, current: int) -> int | None:

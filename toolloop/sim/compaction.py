@@ -5,9 +5,10 @@
   with a deterministic summary (`summary_text`): about one token per 50 of the request's message
   tokens, at least 40 and at most 1,500, made from the request's history hash. A run with its own
   `summary_prompt` gets its policy's answer instead.
-- A request whose first message starts with the loop's summary head (`SUMMARY_HEADER`, "Summary of
-  the first N model turns ...") continues a compacted conversation: its `assistant_turns` counts the
-  N covered turns too, so a script answers the turn it would have answered without the compaction.
+- A request whose first message has a text part that starts with the loop's summary head
+  (`SUMMARY_HEADER`, "Summary of the first N model turns ...") continues a compacted conversation:
+  its `assistant_turns` counts the N covered turns too, so a script answers the turn it would have
+  answered without the compaction.
 """
 
 from __future__ import annotations
@@ -44,13 +45,12 @@ def covered_turns(request: SimRequest) -> int:
     if not request.messages or not isinstance(request.messages[0], UserMessage):
         return 0
     content = request.messages[0].content
-    text = (
-        content
-        if isinstance(content, str)
-        else next((p.text for p in content if isinstance(p, TextPart)), "")
-    )
-    match = _HEAD.match(text)
-    return int(match.group(1)) if match else 0
+    texts = [content] if isinstance(content, str) else [p.text for p in content if isinstance(p, TextPart)]
+    for text in texts:
+        match = _HEAD.match(text)
+        if match:
+            return int(match.group(1))
+    return 0
 
 
 def counted(request: SimRequest) -> SimRequest:
