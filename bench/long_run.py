@@ -108,7 +108,7 @@ def policy(turns: int) -> Any:
     return answer
 
 
-async def run(sim: SimServer, turns: int) -> dict[str, Any]:
+async def run(sim: SimServer, turns: int, context: ContextPolicy | None = None) -> dict[str, Any]:
     handler = AnthropicHandler("sim-key", base_url=sim.base_url)
     models: list[ModelEvent] = []
     compactions: list[CompactionEvent] = []
@@ -131,7 +131,7 @@ async def run(sim: SimServer, turns: int) -> dict[str, Any]:
             max_steps=turns,
             step=MemoryJournal().step,
             on_step=on_step,
-            context=ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS),
+            context=context or ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS),
         )
     )
     elapsed = time.perf_counter() - started
@@ -184,33 +184,61 @@ def checks(row: dict[str, Any]) -> list[tuple[str, bool]]:
     ]
 
 
+MODES = {
+    "client": ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS),
+    "server": ContextPolicy(server_compact_at_tokens=COMPACT_AT),
+    "clear": ContextPolicy(clear_tool_results_at_tokens=100_000, keep_tool_results=2),
+}
+"""client: the loop's compaction step (the default, the issue's targets); server: Anthropic's threshold
+compaction (`compact_20260112`, the block sent back); clear: context editing alone
+(`clear_tool_uses_20250919`), shown for its cache cost: each clear breaks the cached prefix."""
+FIGURES = [
+    ("stopped_by", "ends", "{}"),
+    ("compactions", "compactions", "{}"),
+    ("largest_request_tokens", "largest req", "{:,}"),
+    ("cache_read_share", "cache read", "{:.1%}"),
+    ("spent_usd", "spent USD", "{:.4f}"),
+    ("billed_usd", "billed USD", "{:.4f}"),
+    ("spend_vs_billed", "diff", "{:.3%}"),
+    ("cost_per_turn_usd", "USD/turn", "{:.4f}"),
+    ("per_turn_ratio", "vs t1-20", "{:.2f}x"),
+    ("seconds", "seconds", "{}"),
+]
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    head = f"{'mode':<8}" + "".join(f"{title:>13}" for _, title, _ in FIGURES)
+    lines = [head, "-" * len(head)]
+    for mode, row in rows.items():
+        lines.append(f"{mode:<8}" + "".join(f"{fmt.format(row[key]):>13}" for key, _, fmt in FIGURES))
+    return "\n".join(lines)
+
+
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=1000, help="model turns of the run (default 1000)")
+    parser.add_argument(
+        "--modes", default="client", help=f"comma list of {', '.join(MODES)} (default client: the targets)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
-    if args.turns <= EARLY_TURNS:
-        parser.error(f"--turns must be more than {EARLY_TURNS}")
-    with SimServer(policy(args.turns)) as sim:
-        row = await run(sim, args.turns)
-    print(f"Long run, {row['turns']} turns, pages of {MIN_PAGE:,}-{MAX_PAGE:,} tokens, compact at "
-          f"{COMPACT_AT:,} keeping {KEEP_TURNS} turns, {MODEL} on the simulator")  # fmt: skip
-    print(f"{'figure':<34}{'value':>16}")
-    print("-" * 50)
-    for name in ("turns", "stopped_by", "compactions", "largest_request_tokens", "prompt_tokens"):
-        print(f"{name:<34}{row[name]!s:>16}")
-    print(f"{'cache_read_share':<34}{row['cache_read_share']:>16.1%}")
-    for name in ("spent_usd", "billed_usd", "cost_per_turn_usd", "cost_per_turn_1_20_usd"):
-        print(f"{name:<34}{row[name]:>16.4f}")
-    print(f"{'spend_vs_billed':<34}{row['spend_vs_billed']:>16.3%}")
-    print(f"{'per_turn_ratio':<34}{row['per_turn_ratio']:>15.2f}x")
-    print(f"{'seconds':<34}{row['seconds']:>16}")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if args.turns <= EARLY_TURNS or not modes or any(m not in MODES for m in modes):
+        parser.error(f"--turns must be more than {EARLY_TURNS}; --modes among {', '.join(MODES)}")
+    rows: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        with SimServer(policy(args.turns)) as sim:
+            rows[mode] = await run(sim, args.turns, MODES[mode])
+    print(f"Long run, {args.turns} turns, pages of {MIN_PAGE:,}-{MAX_PAGE:,} tokens, {MODEL} on the "
+          f"simulator; compact at {COMPACT_AT:,} (client keeps {KEEP_TURNS} turns)")  # fmt: skip
+    print(table(rows))
     failed = 0
-    for name, ok in checks(row):
-        print(f"{'met   ' if ok else 'MISSED'} {name}")
-        failed += not ok
+    if "client" in rows:
+        for name, ok in checks(rows["client"]):
+            print(f"client: {'met   ' if ok else 'MISSED'} {name}")
+            failed += not ok
     if args.json:
-        args.json.write_text(json.dumps(row, indent=2))
+        args.json.write_text(json.dumps({"turns": args.turns, "modes": rows}, indent=2))
     return 1 if failed else 0
 
 

@@ -1,5 +1,10 @@
 """The compaction step of a run with a context policy (SPEC.md 5.2; the rules in context.py).
 
+With server-side threshold compaction (`server_compact_at_tokens`), the compaction block comes back in
+a model answer (kept with its reasoning blocks, journaled with the step): every later request sends
+the conversation's first message, then the history from that answer on (the API ignores what comes
+before the block; its docs: "send it back").
+
 `before(turn)` runs ahead of model step `turn`: when the next request's input tokens pass
 `compact_at_tokens`, it runs the journal step `compact:<turn>` (or replays it) and from then on
 `view` gives every request the summary and the turns from the cut on. A step whose compaction would
@@ -72,14 +77,31 @@ class Compaction:
         self.latest: tuple[int, int, int] | None = None
         """(prompt tokens the provider billed, history length, cut) of the latest model request."""
         self.latest_cost = 0.0
+        self.server_cut = 0
+        """Index of the latest assistant message with a server-side compaction block (0: none)."""
 
     # -- the count ---------------------------------------------------------------------------------
 
-    def sized(self, result: PromptGenResult) -> None:
-        """Record the provider's count of the request model step just made (from its stored usage)."""
+    def sized(self, result: PromptGenResult, turn: int) -> None:
+        """Record the provider's count of the request model step `turn` just made (its stored usage);
+        an answer with a server-side compaction block gets its `CompactionEvent` (cost 0: the
+        summary pass is in the step's own cost, `usage.iterations`), before its `ModelEvent`."""
         cut = self.state.cut if self.state is not None else 0
         self.latest = (result.usage.prompt_tokens, len(self.run.history.messages), cut)
         self.latest_cost = result.cost_usd
+        if any(block.type == "compaction" for block in result.reasoning or ()):
+            history = self.run.history
+            self.server_cut = len(history.messages)  # where this answer's message goes
+            passes = [i for i in (result.meta or {}).get("iterations", []) if i.get("type") == "compaction"]
+            self.run.emit(
+                CompactionEvent(
+                    step=turn,
+                    covered_turns=len(history.assistant_at),
+                    cost_usd=0.0,
+                    input_tokens=sum(int(i.get("input_tokens", 0)) + int(i.get("cache_read_input_tokens", 0))
+                                     + int(i.get("cache_creation_input_tokens", 0)) for i in passes),
+                )
+            )  # fmt: skip
 
     def input_tokens(self) -> tuple[int, str]:
         """The input tokens of the next request and where the figure comes from."""
@@ -190,6 +212,8 @@ class Compaction:
         """The messages of a model request after the latest compaction: the summary, then the
         history from the cut on (`messages` is the whole history as the request would send it)."""
         state = self.state
-        if state is None:
-            return messages
-        return [*state.head, *messages[state.cut :]]
+        if state is not None:
+            return [*state.head, *messages[state.cut :]]
+        if self.server_cut > 1:  # the API drops what comes before the block: so does the request
+            return [messages[0], *messages[self.server_cut :]]
+        return messages

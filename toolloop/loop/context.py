@@ -56,6 +56,8 @@ SUMMARY_HEADER = "Summary of the first {turns} model turns of this conversation 
 
 IMAGE_TOKENS = 1000
 MIN_COMPACT_AT_TOKENS = 1024
+MIN_SERVER_COMPACT_AT_TOKENS = 50_000
+"""The least trigger of Anthropic's `compact_20260112` edit (its compaction docs: default 150,000)."""
 
 
 class ContextPolicy(BaseModel):
@@ -65,6 +67,14 @@ class ContextPolicy(BaseModel):
     step (`compact:<n>`). `keep_turns`: the most recent model turns (each with its tool results) a
     compaction keeps verbatim after the summary. `summary_prompt`: replaces `COMPACT_PROMPT`.
     `max_summary_tokens`: the output room of the summary call (`params["max_tokens"]`).
+
+    Server-side (Anthropic only; other providers ignore them, docs/context.md):
+    `clear_tool_results_at_tokens`: context editing `clear_tool_uses_20250919` with that input-token
+    trigger, `keep_tool_results` recent tool uses kept, `clear_at_least` (`clear_floor()`), and
+    `exclude_tools` never cleared. `server_compact_at_tokens`: threshold compaction
+    `compact_20260112` with that trigger (at least 50,000); the answer's compaction block is
+    journaled with the model step and sent back. It replaces the client-side compaction, so the
+    two cannot be asked for together: nothing is summarized twice.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -75,6 +85,7 @@ class ContextPolicy(BaseModel):
     keep_tool_results: int = Field(default=3, ge=0)
     clear_at_least: int | None = Field(default=None, ge=1)
     exclude_tools: list[str] = Field(default_factory=list)
+    server_compact_at_tokens: int | None = Field(default=None, ge=MIN_SERVER_COMPACT_AT_TOKENS)
     summary_prompt: str | None = None
     max_summary_tokens: int = Field(default=4096, ge=256)
 
@@ -84,7 +95,35 @@ class ContextPolicy(BaseModel):
             raise ValueError(
                 "summary_prompt is blank.\n  Leave it unset for the documented prompt, or write one."
             )
+        if self.compact_at_tokens is not None and self.server_compact_at_tokens is not None:
+            raise ValueError(
+                "compact_at_tokens and server_compact_at_tokens are both set: a run compacts one way.\n"
+                "  Keep server_compact_at_tokens for Anthropic's threshold compaction, or compact_at_tokens."
+            )
         return self
+
+    def edits(self) -> list[dict[str, Any]]:
+        """The `context_management.edits` of every model request (Anthropic's shape, as its SDK's
+        `BetaContextManagementConfigParam` types them); [] when the policy asks for none."""
+        edits: list[dict[str, Any]] = []
+        if self.clear_tool_results_at_tokens is not None:
+            edit: dict[str, Any] = {
+                "type": "clear_tool_uses_20250919",
+                "trigger": {"type": "input_tokens", "value": self.clear_tool_results_at_tokens},
+                "keep": {"type": "tool_uses", "value": self.keep_tool_results},
+                "clear_at_least": {"type": "input_tokens", "value": self.clear_floor()},
+            }
+            if self.exclude_tools:
+                edit["exclude_tools"] = list(self.exclude_tools)
+            edits.append(edit)
+        if self.server_compact_at_tokens is not None:
+            edits.append(
+                {
+                    "type": "compact_20260112",
+                    "trigger": {"type": "input_tokens", "value": self.server_compact_at_tokens},
+                }
+            )
+        return edits
 
     @property
     def prompt(self) -> str:

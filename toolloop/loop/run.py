@@ -80,6 +80,9 @@ class _Run(CallAnswers):
         params: dict[str, Any] = {} if options.reasoning is None else {"reasoning": options.reasoning}
         if options.cache_ttl != "5m":
             params["cache_ttl"] = options.cache_ttl
+        edits = options.context.edits() if options.context is not None else []
+        if edits:
+            params["context_management"] = {"edits": edits}
         self.params = params or None
         fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
         self.request_fields = fields
@@ -259,7 +262,7 @@ class _Run(CallAnswers):
         self.steps += 1
         self.cost += result.cost_usd
         if self.compaction is not None:
-            self.compaction.sized(result)
+            self.compaction.sized(result, turn)
         text = result.text or None
         message, event = derived(self.memo, result, turn, model_records, turn, result)
         retried, self.retry_max_tokens = self.retry_max_tokens, None

@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import math
+import secrets
 import threading
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ from toolloop.providers.models import default_catalog
 from toolloop.sim import anthropic_wire, compaction, fal_wire, stream
 from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Parsed, Wire, fit_max_tokens
+from toolloop.sim.context import ContextRules, Managed
 from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.rules import SimRefusal, check_anthropic, check_fal
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
@@ -99,6 +101,9 @@ class Simulator:
             )
         self.strict = self.validate is not None
         self._lock = threading.Lock()
+        self.context = ContextRules(secrets.token_bytes(32))
+        """Context management (toolloop/sim/context.py): its compaction blocks are signed with a key
+        of this server's own, so a block from another server (or tampered with) is refused."""
         self._ids = itertools.count(1)
         self._faults: Counter[str] = Counter()
         self._counts: dict[str, Counter[str]] = {}
@@ -260,7 +265,7 @@ class Simulator:
         admitted = await self._admit(wire, http, request_id)
         if isinstance(admitted, Response):
             return admitted
-        parsed, plan, key, limit_headers = admitted
+        parsed, plan, key, limit_headers, managed = admitted
         sim = compaction.counted(parsed.request)
         self._count("conversations", sim.conversation_id)
         try:
@@ -285,6 +290,8 @@ class Simulator:
         self.cache.commit(plan)
         refusal = fault is not None and fault.kind == "refusal"
         body = wire.module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
+        if managed is not None:
+            self.context.answer(managed, body, plan.usage, compaction.summary_text(sim))
         self._bill(wire.name, sim.model, body.get("usage", {}))
         limits = self._limits(wire)
         if limits.on:
@@ -301,7 +308,7 @@ class Simulator:
 
     async def _admit(
         self, wire: _Wire, http: Request, request_id: str
-    ) -> Response | tuple[Parsed, Any, str, dict[str, str]]:
+    ) -> Response | tuple[Parsed, Any, str, dict[str, str], Managed | None]:
         """The parsed request, its cache plan, key and rate-limit headers; or the error answer (a bad
         key, header or body, a rule the model breaks, the rate limit)."""
         module = wire.module
@@ -319,9 +326,14 @@ class Simulator:
                 if self.validate is not None and isinstance(raw, dict):
                     self.validate(raw)
                 check_anthropic(raw, self.catalog)
+                self.context.check(raw, http.headers)
             else:
                 check_fal(raw, self.catalog)
             parsed = module.parse(raw)
+            managed: Managed | None = None
+            if wire.name == "anthropic":
+                managed = self.context.apply(raw, parsed)
+                parsed = managed.parsed
             plan = self.cache.plan(parsed.request.model, parsed.blocks)
         except SimRefusal as refused:
             return self._error(wire, refused.status, refused.message, request_id)
@@ -340,7 +352,7 @@ class Simulator:
                 limit_headers["retry-after"] = str(max(1, math.ceil(wait)))
                 message = "This request would exceed your organization's rate limit. Please try again later."
                 return self._error(wire, 429, message, request_id, limit_headers)
-        return parsed, plan, key, limit_headers
+        return parsed, plan, key, limit_headers, managed
 
     def _limits(self, wire: _Wire) -> SimRateLimits:
         return self.rate_limits if wire.name == "anthropic" else self.fal_rate_limits

@@ -17,7 +17,7 @@ from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
-from toolloop.providers.anthropic.request import body_frame
+from toolloop.providers.anthropic.request import betas, body_frame
 from toolloop.providers.anthropic.response import cut_cost, parse_message
 from toolloop.providers.anthropic.stream import NON_STREAMING_MAX_TOKENS, MessageStream
 from toolloop.providers.base import Secret
@@ -115,6 +115,8 @@ class AnthropicHandler:
         notes: list[str] = []
         body = body_frame(request, model=model, reasoning=reasoning, info=info, notes=notes)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
+        if needed := betas(request):
+            headers["anthropic-beta"] = ",".join(needed)
         streams = on_delta is not None or int(body["max_tokens"]) > NON_STREAMING_MAX_TOKENS
         if streams:
             body["stream"] = True

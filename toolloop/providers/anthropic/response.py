@@ -120,6 +120,8 @@ def parse_message(
         "cost_source": "tokens",
         "partial": finish == "length",
     }
+    if isinstance(iterations, list) and iterations:
+        meta["iterations"] = [dict(item) for item in iterations if isinstance(item, dict)]
     if finish == "refusal":
         details = data.get("stop_details")
         details = details if isinstance(details, dict) else {}

@@ -200,6 +200,11 @@ class MessageStream(DeltaOut):
             self.inputs.setdefault(int(payload["index"]), []).append(str(delta.get("partial_json", "")))
         elif kind == "citations_delta" and block.get("type") == "text":
             block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "compaction_delta" and block.get("type") == "compaction":
+            # the SDK's BetaCompactionContentBlockDelta: the summary and its opaque metadata, whole
+            for field in ("content", "encrypted_content"):
+                if isinstance(delta.get(field), str):
+                    block[field] = delta[field]
 
     def _piece(self, payload: dict[str, Any], field: str, text: Any, *, thinking: bool) -> None:
         if not isinstance(text, str):
