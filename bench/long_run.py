@@ -186,10 +186,12 @@ def checks(row: dict[str, Any]) -> list[tuple[str, bool]]:
 
 MODES = {
     "client": ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS),
+    "demand": ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS, on_demand=True),
     "server": ContextPolicy(server_compact_at_tokens=COMPACT_AT),
     "clear": ContextPolicy(clear_tool_results_at_tokens=100_000, keep_tool_results=2),
 }
-"""client: the loop's compaction step (the default, the issue's targets); server: Anthropic's threshold
+"""client: the loop's compaction step (the default, the issue's targets); demand: the same step as
+Anthropic's on-demand compaction (its signed block sent back first); server: Anthropic's threshold
 compaction (`compact_20260112`, the block sent back); clear: context editing alone
 (`clear_tool_uses_20250919`), shown for its cache cost: each clear breaks the cached prefix."""
 FIGURES = [

@@ -235,3 +235,58 @@ def test_the_simulator_refuses_what_the_api_refuses(sim: SimServer) -> None:
     other = SimServer(lambda request: "hi")
     with other:  # a block another server signed is refused
         _refused(_post(other, _with_block(block), "compact-2026-01-12"), "encrypted_content")
+
+
+async def test_on_demand_compaction_sends_the_signed_block_first_in_place_of_the_turns_it_covers(
+    sim: SimServer,
+) -> None:
+    """`on_demand`: the compaction step is Anthropic's own compaction request (the SDK's
+    `BetaCompactionConfigParam`, beta compact-2026-09-04, never beside context_management); its block
+    (signed) is journaled and sent first, in the assistant message at the cut, by every later request."""
+    policy = ContextPolicy(
+        compact_at_tokens=40_000, keep_turns=1, on_demand=True, clear_tool_results_at_tokens=90_000
+    )
+    bodies: list[dict[str, Any]] = []
+    journal = MemoryJournal()
+    result, events = await run(sim, policy, journal, bodies)
+
+    assert result.stopped_by == "done" and result.steps == TURNS
+    compactions = [e for e in events if isinstance(e, CompactionEvent)]
+    asks = [b for b in bodies if "compaction" in b["body"]]
+    assert len(asks) == len(compactions) >= 2
+    for ask in asks:
+        assert ask["body"]["compaction"] == {"type": "summarize"} and "context_management" not in ask["body"]
+        assert "compact-2026-09-04" in (ask["beta"] or "")
+        assert ask["body"]["messages"][-1]["role"] == "user"  # the history up to the cut, no prompt of ours
+    stored = [json.loads(v)["value"] for k, v in journal.entries.items() if k.startswith("compact:")]
+    later = [
+        b["body"] for b in bodies if "compaction" not in b["body"] and _blocks_of(b["body"], "compaction")
+    ]
+    assert later
+    first = later[-1]["messages"][0]
+    assert first["role"] == "assistant" and first["content"][0] == stored[-1]["block"]["data"]
+    assert set(first["content"][0]) == {"type", "content", "encrypted_content", "signature"}
+    # the history keeps every turn and no block; the replay calls nothing
+    assert all(not m.reasoning for m in result.messages if isinstance(m, AssistantMessage))
+    requests = sim.stats()["requests"]
+    again, again_events = await run(sim, policy, journal)
+    assert sim.stats()["requests"] == requests and again == result and again_events == events
+
+
+def test_on_demand_compaction_is_refused_beside_context_management_or_without_its_header(
+    sim: SimServer,
+) -> None:
+    clear = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 1000}}
+    both = _body(compaction={"type": "summarize"}, context_management={"edits": [clear]})
+    _refused(_post(sim, both, "compact-2026-09-04,context-management-2025-06-27"), "cannot be combined")
+    _refused(_post(sim, _body(compaction={"type": "summarize"})), "compact-2026-09-04")
+    answer = _post(sim, _body(compaction={"type": "summarize"}), "compact-2026-09-04")
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert data["stop_reason"] == "compaction" and [b["type"] for b in data["content"]] == ["compaction"]
+    block = data["content"][0]
+    assert _post(sim, _with_block(block), "compact-2026-09-04").status_code == 200
+    _refused(
+        _post(sim, _with_block({**block, "signature": block["signature"][::-1]}), "compact-2026-09-04"),
+        "signature",
+    )

@@ -18,9 +18,11 @@ from typing import Any, Protocol
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import (
+    AssistantMessage,
     ChatMessage,
     PromptGenRequest,
     PromptGenResult,
+    ReasoningBlock,
     TextPart,
     ToolDefinition,
     UserMessage,
@@ -145,14 +147,25 @@ class Compaction:
             result = await call(run.options.generate, request, run.signal_for(signal))
             if not isinstance(result, PromptGenResult):
                 result = PromptGenResult.model_validate(result)
+            covered = self.covered_turns(cut)
+            dumped = result.model_dump(mode="json")
+            if self.policy.on_demand:
+                block = next((b for b in result.reasoning or () if b.type == "compaction"), None)
+                if block is None or not block.data.get("content"):
+                    raise CompactionError(
+                        "The on-demand compaction call answered without a compaction block with a summary.\n"
+                        "  Use a model and provider that have it (Anthropic, capabilities.compaction), or "
+                        "turn on_demand off."
+                    )
+                value = stored_value(str(block.data["content"]), cut, covered, counted, source, dumped)
+                value["block"] = block.model_dump(mode="json")
+                return StepResult(value=value, cost_usd=result.cost_usd)
             summary = result.text.strip()
             if not summary:
                 raise CompactionError(
                     "The compaction call answered without a summary (no text).\n"
                     "  Check the model and the summary_prompt of the context policy; the run can be resumed."
                 )
-            covered = self.covered_turns(cut)
-            dumped = result.model_dump(mode="json")
             return StepResult(
                 value=stored_value(summary, cut, covered, counted, source, dumped), cost_usd=result.cost_usd
             )
@@ -163,17 +176,25 @@ class Compaction:
         return sum(1 for index in self.run.history.assistant_at if index < cut)
 
     def request(self, cut: int) -> PromptGenRequest:
-        """The summary request: what the next request would carry up to the cut, then the prompt."""
+        """The summary request: what the next request would carry up to the cut, then the prompt
+        (on demand: no prompt, and `params["compaction"]` in place of any context edits, which the
+        API refuses beside it)."""
         run = self.run
         history = run.history
         current = self.state
-        head: list[ChatMessage] = list(current.head) if current is not None else []
         start = current.cut if current is not None else 0
-        marked = run.options.cache == "conversation"
-        prompt = UserMessage(content=[TextPart(text=self.policy.prompt, cache=marked)])
-        messages = head + list(history.sent[start:cut]) + [prompt]
+        messages = self.carried(list(history.sent[start:cut]))
         params: dict[str, Any] = dict(run.params or {})
         params["max_tokens"] = self.policy.max_summary_tokens
+        if self.policy.on_demand:
+            params.pop("context_management", None)
+            asked: dict[str, Any] = {"type": "summarize"}
+            if self.policy.summary_prompt is not None:
+                asked["instructions"] = self.policy.summary_prompt
+            params["compaction"] = asked
+        else:
+            marked = run.options.cache == "conversation"
+            messages.append(UserMessage(content=[TextPart(text=self.policy.prompt, cache=marked)]))
         return PromptGenRequest(
             prompt="",
             system=run.options.system,
@@ -191,10 +212,12 @@ class Compaction:
         run = self.run
         run.cost += result.cost_usd
         covered = int(value["covered_turns"])
+        block = value.get("block")
         self.state = Compacted(
             cut=int(value["cut"]),
             covered_turns=covered,
-            head=[summary_message(str(value["summary"]), covered, run.history.messages[0])],
+            head=[] if block else [summary_message(str(value["summary"]), covered, run.history.messages[0])],
+            block=ReasoningBlock.model_validate(block) if block else None,
         )
         run.emit(
             CompactionEvent(
@@ -208,12 +231,25 @@ class Compaction:
 
     # -- the request -------------------------------------------------------------------------------
 
+    def carried(self, tail: list[ChatMessage]) -> list[ChatMessage]:
+        """The history from the latest cut (`tail`) as a request carries it: the summary message
+        first, or (on demand) the provider's block first in the assistant message at the cut."""
+        state = self.state
+        if state is None:
+            return tail
+        if state.block is None:
+            return [*state.head, *tail]
+        first = tail[0]
+        assert isinstance(first, AssistantMessage)  # a cut is always at an assistant message
+        carrying = first.model_copy(update={"reasoning": [state.block, *(first.reasoning or [])]})
+        return [carrying, *tail[1:]]
+
     def view(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """The messages of a model request after the latest compaction: the summary, then the
         history from the cut on (`messages` is the whole history as the request would send it)."""
         state = self.state
         if state is not None:
-            return [*state.head, *messages[state.cut :]]
+            return self.carried(messages[state.cut :])
         if self.server_cut > 1:  # the API drops what comes before the block: so does the request
             return [messages[0], *messages[self.server_cut :]]
         return messages

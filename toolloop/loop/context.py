@@ -37,6 +37,7 @@ from toolloop.contract import (
     ChatMessage,
     ContentPart,
     ImagePart,
+    ReasoningBlock,
     TextPart,
     ToolDefinition,
     UserMessage,
@@ -86,6 +87,11 @@ class ContextPolicy(BaseModel):
     clear_at_least: int | None = Field(default=None, ge=1)
     exclude_tools: list[str] = Field(default_factory=list)
     server_compact_at_tokens: int | None = Field(default=None, ge=MIN_SERVER_COMPACT_AT_TOKENS)
+    on_demand: bool = False
+    """The compaction step asks the provider for its own summary (Anthropic on-demand compaction:
+    `compaction: {"type": "summarize"}`, beta `compact-2026-09-04`; the model must have it, the
+    Models API's `capabilities.compaction`) instead of sending `summary_prompt`; its signed block is
+    journaled and sent back first. Needs `compact_at_tokens`."""
     summary_prompt: str | None = None
     max_summary_tokens: int = Field(default=4096, ge=256)
 
@@ -99,6 +105,11 @@ class ContextPolicy(BaseModel):
             raise ValueError(
                 "compact_at_tokens and server_compact_at_tokens are both set: a run compacts one way.\n"
                 "  Keep server_compact_at_tokens for Anthropic's threshold compaction, or compact_at_tokens."
+            )
+        if self.on_demand and self.compact_at_tokens is None:
+            raise ValueError(
+                "on_demand is set without compact_at_tokens: nothing would ask for a compaction.\n"
+                "  Set compact_at_tokens (when to compact), or leave on_demand off."
             )
         return self
 
@@ -186,6 +197,9 @@ class Compacted(BaseModel):
     cut: int
     covered_turns: int
     head: list[UserMessage]
+    block: ReasoningBlock | None = None
+    """On-demand compaction: the provider's signed `compaction` block, sent first in the assistant
+    message at the cut (then `head` is empty)."""
 
 
 def summary_message(summary: str, covered_turns: int, first: ChatMessage | None) -> UserMessage:

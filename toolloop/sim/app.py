@@ -269,7 +269,10 @@ class Simulator:
         sim = compaction.counted(parsed.request)
         self._count("conversations", sim.conversation_id)
         try:
-            if compaction.is_summary_request(sim):
+            if managed is not None and managed.on_demand:  # the server's own summary, not the model's turn
+                self._count("compactions", sim.history_hash)
+                turn = SimTurn()
+            elif compaction.is_summary_request(sim):
                 self._count("compactions", sim.history_hash)
                 turn = compaction.summary_turn(sim)
             else:

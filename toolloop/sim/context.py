@@ -4,15 +4,21 @@ as their docs and the SDK's beta types say (PROVIDERS.md "Context management"; d
 Rules (each refused with a 400 `invalid_request_error`, the API's envelope):
 - `context_management` edits need their beta header in `anthropic-beta`: `clear_tool_uses_20250919`
   and `clear_thinking_20251015` `context-management-2025-06-27`, `compact_20260112`
-  `compact-2026-01-12`; a request that sends a `compaction` block back needs `compact-2026-01-12`.
+  `compact-2026-01-12`; on-demand compaction (the top-level `compaction: {"type": "summarize"}`)
+  `compact-2026-09-04`, and it cannot be combined with `context_management` (the SDK's
+  `MessageCreateParams` docstring); a request that sends a `compaction` block back needs one of the
+  two compaction headers (which one: unconfirmed).
   The body is checked against the SDK's beta types (toolloop/sim/sdk_check.py).
 - `compact_20260112`'s trigger is at least 50,000 input tokens (default 150,000).
-- A compaction block must come back as the simulator made it: its `encrypted_content` is this
-  server's HMAC over the summary (and the turns it covers); a tampered or missing one is refused. A
+- A compaction block must come back as the simulator made it: its `signature` is this server's HMAC
+  over the summary and `encrypted_content` (which holds the turns it covers); a tampered or missing
+  one is refused. A
   block whose `content` is null is a failed compaction, a no-op (the SDK's docstring); an empty
   string is refused.
 
 What it does:
+- On-demand compaction: the answer is the signed block alone (`stop_reason: "compaction"`), its
+  summary made as toolloop/sim/compaction.py makes one, billed as one sampling of the request.
 - The prompt of a request with a compaction block starts at the block: every block before it (the
   tools and system excepted) is dropped before the cache and the usage are computed, as the API
   drops what the block summarizes.
@@ -45,6 +51,7 @@ from toolloop.sim.tokens import text_tokens
 
 CONTEXT_BETA = "context-management-2025-06-27"
 COMPACT_BETA = "compact-2026-01-12"
+ON_DEMAND_BETA = "compact-2026-09-04"
 BETAS = {
     "clear_tool_uses_20250919": CONTEXT_BETA,
     "clear_thinking_20251015": CONTEXT_BETA,
@@ -69,6 +76,7 @@ class Managed:
     compact: dict[str, Any] | None = None
     head_tokens: int = 0
     beta: bool = False
+    on_demand: bool = False
 
 
 class ContextRules:
@@ -79,16 +87,18 @@ class ContextRules:
 
     # -- signing -----------------------------------------------------------------------------------
 
-    def sign(self, content: str, turns: int) -> str:
+    def sign(self, content: str, turns: int) -> dict[str, str]:
+        """The block's `encrypted_content` (the turns it covers, opaque to the client) and
+        `signature` (this server's HMAC over both and the summary)."""
         meta = base64.urlsafe_b64encode(json.dumps({"turns": turns}).encode()).decode()
         mac = hmac.new(self.secret, f"{meta}\x00{content}".encode(), hashlib.sha256).hexdigest()
-        return f"{meta}.{mac}"
+        return {"encrypted_content": meta, "signature": mac}
 
-    def verify(self, content: str, encrypted: Any) -> int | None:
-        """The turns a block covers, or None when its `encrypted_content` is not this server's."""
-        if not isinstance(encrypted, str) or "." not in encrypted:
+    def verify(self, content: str, block: dict[str, Any]) -> int | None:
+        """The turns a block covers, or None when it is not as this server signed it."""
+        meta, mac = block.get("encrypted_content"), block.get("signature")
+        if not isinstance(meta, str) or not isinstance(mac, str):
             return None
-        meta, mac = encrypted.rsplit(".", 1)
         good = hmac.new(self.secret, f"{meta}\x00{content}".encode(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(mac, good):
             return None
@@ -117,20 +127,31 @@ class ContextRules:
                         f"context_management.edits.{index}.trigger.value: must be at least "
                         f"{MIN_COMPACT_TRIGGER} input tokens, got {trigger}."
                     )
-        for where, block in _compaction_blocks(body):
-            if COMPACT_BETA not in betas:
+        self._check_blocks(body, betas)
+
+    def _check_blocks(self, body: dict[str, Any], betas: set[str]) -> None:
+        if isinstance(body.get("compaction"), dict):
+            if ON_DEMAND_BETA not in betas:
                 raise WireInputError(
-                    f"{where}: a compaction block requires the beta header '{COMPACT_BETA}'."
+                    f"compaction: requires the beta header 'anthropic-beta: {ON_DEMAND_BETA}'."
+                )
+            if "context_management" in body:
+                raise WireInputError("compaction: cannot be combined with context_management.")
+        for where, block in _compaction_blocks(body):
+            if not betas & {COMPACT_BETA, ON_DEMAND_BETA}:
+                raise WireInputError(
+                    f"{where}: a compaction block requires the beta header '{ON_DEMAND_BETA}' "
+                    f"(or '{COMPACT_BETA}')."
                 )
             content = block.get("content")
             if content is None:
                 continue  # a failed compaction: a no-op
             if not isinstance(content, str) or not content:
                 raise WireInputError(f"{where}.content: must be a non-empty string or null.")
-            if self.verify(content, block.get("encrypted_content")) is None:
+            if self.verify(content, block) is None:
                 raise WireInputError(
-                    f"{where}.encrypted_content: does not match the block's content; send compaction "
-                    "blocks back exactly as they were received."
+                    f"{where}.signature: does not match the block's content and encrypted_content; "
+                    "send compaction blocks back exactly as they were received."
                 )
 
     def covered(self, body: dict[str, Any]) -> tuple[int, int] | None:
@@ -139,14 +160,16 @@ class ContextRules:
         for index, turn in enumerate(body.get("messages") or []):
             for block in _content(turn):
                 if block.get("type") == "compaction" and isinstance(block.get("content"), str):
-                    turns = self.verify(block["content"], block.get("encrypted_content"))
+                    turns = self.verify(block["content"], block)
                     if turns is not None:
                         found = (index, turns)
         return found
 
     def apply(self, body: dict[str, Any], parsed: Parsed) -> Managed:
         """The request as the model sees it after the block and the edits (see the module doc)."""
-        managed = Managed(parsed, beta="context_management" in body or bool(_compaction_blocks(body)))
+        on_demand = isinstance(body.get("compaction"), dict)
+        beta = on_demand or "context_management" in body or bool(_compaction_blocks(body))
+        managed = Managed(parsed, beta=beta, on_demand=on_demand)
         if not managed.beta:
             return managed
         head = len(parsed.request.tools) + _system_blocks(body.get("system"))
@@ -183,12 +206,17 @@ class ContextRules:
             return
         if managed.applied or "context_management" in managed.parsed.request.body:
             body["context_management"] = {"applied_edits": managed.applied}
+        turns = managed.parsed.request.assistant_turns
+        if managed.on_demand:  # the answer is the block alone, billed as one sampling
+            body["content"] = [{"type": "compaction", "content": summary, **self.sign(summary, turns)}]
+            body["stop_reason"] = "compaction"
+            body["usage"]["output_tokens"] = text_tokens(summary)
+            return
         edit = managed.compact
         if edit is None:
             return
         top = body["usage"]
-        turns = managed.parsed.request.assistant_turns
-        block = {"type": "compaction", "content": summary, "encrypted_content": self.sign(summary, turns)}
+        block = {"type": "compaction", "content": summary, **self.sign(summary, turns)}
         summary_tokens = text_tokens(summary)
         compaction = {
             "type": "compaction",

@@ -44,7 +44,7 @@ def sdk_validator() -> Validator | None:
 def uses_beta(body: dict[str, Any]) -> bool:
     """The body uses a beta-only part (context management, a compaction block): it is checked
     against the SDK's beta types (`anthropic.types.beta`), and needs its `anthropic-beta` header."""
-    if "context_management" in body:
+    if "context_management" in body or "compaction" in body:
         return True
     for turn in body.get("messages") or []:
         content = turn.get("content") if isinstance(turn, dict) else None

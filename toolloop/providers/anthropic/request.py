@@ -43,8 +43,13 @@ CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
 """Beta header of context editing (`clear_tool_uses_20250919`, `clear_thinking_20251015`): the
 context-editing docs and the SDK's `AnthropicBetaParam`."""
 COMPACTION_BETA = "compact-2026-01-12"
-"""Beta header of compaction (`compact_20260112`, and a request that sends a compaction block back):
-the compaction docs (platform.claude.com/docs/en/build-with-claude/compaction)."""
+"""Beta header of threshold compaction (`compact_20260112`): the compaction docs
+(platform.claude.com/docs/en/build-with-claude/compaction)."""
+ON_DEMAND_BETA = "compact-2026-09-04"
+"""Beta header of on-demand compaction (the top-level `compaction` parameter): the SDK's
+`AnthropicBetaParam` and `BetaCompactionConfigParam` (anthropic 2.14.0). Which header a request that
+only sends a block back needs is unconfirmed: it gets this one, or compact-2026-01-12 beside a
+`compact_20260112` edit."""
 
 Block = dict[str, Any]
 PROVIDER = "anthropic"
@@ -101,6 +106,9 @@ def body_frame(
     managed = (request.params or {}).get("context_management")
     if isinstance(managed, dict) and managed.get("edits"):
         body["context_management"] = managed  # the loop's edits (toolloop/loop/context.py), as documented
+    compaction = (request.params or {}).get("compaction")
+    if isinstance(compaction, dict):
+        body["compaction"] = compaction  # an on-demand compaction request (the loop's compact:<n>)
     return with_ttl(body, cache_ttl_of(request))
 
 
@@ -121,8 +129,10 @@ def betas(request: PromptGenRequest) -> list[str]:
         if isinstance(message, AssistantMessage)
         for block in message.reasoning or []
     )
-    if "compact_20260112" in kinds or sends_block:
+    if "compact_20260112" in kinds:
         needed.append(COMPACTION_BETA)
+    elif sends_block or isinstance((request.params or {}).get("compaction"), dict):
+        needed.append(ON_DEMAND_BETA)
     return needed
 
 
