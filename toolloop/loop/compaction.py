@@ -20,6 +20,7 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import (
     AssistantMessage,
     ChatMessage,
+    ContentPart,
     PromptGenRequest,
     PromptGenResult,
     ReasoningBlock,
@@ -61,6 +62,29 @@ class _Loop(Protocol):
     def emit(self, event: LoopEvent) -> None: ...
 
     def signal_for(self, journal_signal: AbortSignal) -> AbortSignal: ...
+
+
+def mark_last(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The messages with a cache mark on the newest one that can carry it (as cache.py marks)."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, AssistantMessage):
+            continue
+        content = message.content
+        if isinstance(content, str):
+            parts: list[ContentPart] = [TextPart(text=content)] if content.strip() else []
+        else:
+            parts = list(content)
+        for position in range(len(parts) - 1, -1, -1):
+            part = parts[position]
+            if isinstance(part, TextPart) and part.text.strip():
+                parts[position] = TextPart(text=part.text, cache=True)
+                return [
+                    *messages[:index],
+                    message.model_copy(update={"content": parts}),
+                    *messages[index + 1 :],
+                ]
+    return messages
 
 
 class CompactionError(RuntimeError):
@@ -192,6 +216,8 @@ class Compaction:
             if self.policy.summary_prompt is not None:
                 asked["instructions"] = self.policy.summary_prompt
             params["compaction"] = asked
+            if run.options.cache == "conversation":  # the prefix the latest request cached ends here
+                messages = mark_last(messages)
         else:
             marked = run.options.cache == "conversation"
             messages.append(UserMessage(content=[TextPart(text=self.policy.prompt, cache=marked)]))

@@ -194,7 +194,7 @@ class MessageStream(DeltaOut):
             self._piece(payload, "text", delta["text"], thinking=False)
         elif kind == "thinking_delta" and block.get("type") == "thinking":
             self._piece(payload, "thinking", delta["thinking"], thinking=True)
-        elif kind == "signature_delta" and block.get("type") == "thinking":
+        elif kind == "signature_delta" and block.get("type") in ("thinking", "compaction"):
             block["signature"] = delta["signature"]
         elif kind == "input_json_delta":
             self.inputs.setdefault(int(payload["index"]), []).append(str(delta.get("partial_json", "")))
