@@ -34,4 +34,4 @@ def test_an_unknown_mode_is_refused() -> None:
         timeout=60,
         check=False,
     )
-    assert done.returncode == 2 and "--modes among client, server, clear" in done.stderr
+    assert done.returncode == 2 and "--modes among client, demand, server, clear" in done.stderr
