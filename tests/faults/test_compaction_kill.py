@@ -37,7 +37,7 @@ def compacting_shape(tag: str) -> Shape:
     return Shape(tag=tag, turns=turns, final=f"All {TURNS - 1} shots of {tag} reviewed.")
 
 
-@pytest.mark.timeout(1800 if FULL else 600)
+@pytest.mark.timeout(2400 if FULL else 600)
 def test_a_kill_at_every_step_boundary_makes_no_extra_compaction(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:
@@ -47,7 +47,9 @@ def test_a_kill_at_every_step_boundary_makes_no_extra_compaction(
     shape = compacting_shape("cmp1")
     plan = work / "plan.json"
     plan.write_text("[]")
-    spec = {"context": CONTEXT, "max_steps": TURNS + 2, "budget_usd": 50.0}
+    # 1-hour cache marks: the killed twin reaches its late turns minutes after the fault-free one, and
+    # a 5-minute entry gone by then would make its usage (and so its events) differ for no fault of ours
+    spec = {"context": CONTEXT, "max_steps": TURNS + 2, "budget_usd": 50.0, "cache_ttl": "1h"}
     with SimServer(policy) as sim:
         # the fault-free twin first, alone: its journal names every step boundary of the run
         ref = run_twins(
@@ -61,7 +63,8 @@ def test_a_kill_at_every_step_boundary_makes_no_extra_compaction(
         policy.counts.clear()  # the model calls of the twins below are counted afresh
         twins = run_twins(
             redis_server.url, sim.base_url, policy, work / "kills", [shape], spec=spec,
-            fault_env={"TOOLLOOP_KILL_PLAN": str(plan)}, pool={"size": 1, "concurrency": 1}, timeout=540,
+            fault_env={"TOOLLOOP_KILL_PLAN": str(plan)}, pool={"size": 2, "concurrency": 1},
+            timeout=2000 if FULL else 540,
         )  # fmt: skip
         compactions = sim.stats()["compactions"]
     fired = Path(f"{plan}.log").read_text().splitlines() if Path(f"{plan}.log").exists() else []
