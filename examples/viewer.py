@@ -29,6 +29,7 @@ and segment, `id:` the stream id, so a reconnect resumes after it). The kinds it
     tool       {step, name, call_id, cost_usd, summary}   a step row; the tool's summary
     budget     {spent_usd, limit_usd, mode, account?}   the gauge; `account` (name, period, limit):
                                                       the shared account whose limit stopped the run
+    compaction {step, covered_turns, cost_usd, input_tokens}  a step row: where requests start over
     parked     {asked: {question, ...}, spent_usd}     status "asked", the form, the conversation
                                                       reloaded (tool results with their images)
                {approvals: [{call_id, name, input, input_digest, ...}]}  the approvals section
@@ -80,6 +81,13 @@ def step_row(data: dict[str, Any], number: int = 0) -> str:
             f'<td class="n">{int(usage.get("completion_tokens", 0)):,}</td>'
             f'<td class="n">{money(float(data.get("cost_usd", 0)))}</td>'
             f"<td>{esc('→ ' + calls if calls else (data.get('text') or '')[:80])}</td></tr>"
+        )
+    if data.get("kind") == "compaction":  # docs/context.md: where the requests start over
+        return (
+            f'<tr class="compaction"><td>compaction</td>'
+            f'<td class="n">{int(data.get("input_tokens", 0)):,}</td><td></td><td></td>'
+            f'<td class="n">{money(float(data.get("cost_usd", 0)))}</td>'
+            f"<td>turns 1-{int(data.get('covered_turns', 0))} summarized</td></tr>"
         )
     return (
         f'<tr class="tool"><td>tool {esc(data.get("name", ""))}</td><td></td><td></td><td></td>'
@@ -147,7 +155,7 @@ def page(
     limit = float(queued.get("budget_usd") or 0)
     spent = float(status.get("spent_usd") or 0)
     state = str(status.get("status", ""))
-    shown = [e for e in events if e.get("kind") in ("model", "tool")]
+    shown = [e for e in events if e.get("kind") in ("model", "tool", "compaction")]
     numbers = itertools.accumulate(1 if e.get("kind") == "model" else 0 for e in shown)
     rows = "".join(step_row(e, n) for e, n in zip(shown, numbers, strict=True))
     asked = status.get("asked") or {}
@@ -273,6 +281,10 @@ function stepRow(d) {
       `<td class="n">${num(u.cached_tokens)}</td><td class="n">${num(u.completion_tokens)}</td>` +
       `<td class="n">${money(d.cost_usd)}</td><td>${esc(calls ? "→ " + calls : (d.text || "").slice(0, 80))}</td></tr>`;
   }
+  if (d.kind === "compaction") {
+    return `<tr class="compaction"><td>compaction</td><td class="n">${num(d.input_tokens)}</td><td></td><td></td>` +
+      `<td class="n">${money(d.cost_usd)}</td><td>turns 1-${num(d.covered_turns)} summarized</td></tr>`;
+  }
   return `<tr class="tool"><td>tool ${esc(d.name)}</td><td></td><td></td><td></td>` +
     `<td class="n">${money(d.cost_usd)}</td><td>${esc((d.summary || "").slice(0, 120))}</td></tr>`;
 }
@@ -308,6 +320,10 @@ const handlers = {
     gauge(spent + Number(d.cost_usd || 0));
   },
   budget: (d) => { limit = d.limit_usd || limit; gauge(d.spent_usd); if (d.account) accountStop = accountText(d.account); },
+  compaction: (d) => {
+    $("steps").querySelector("tbody").insertAdjacentHTML("beforeend", stepRow(d));
+    gauge(spent + Number(d.cost_usd || 0));
+  },
   parked: (d) => {
     if (d.approvals) {
       holding = true; $("held").innerHTML = d.approvals.map(heldRow).join(""); $("approvals").hidden = false;

@@ -28,12 +28,15 @@ from toolloop.errors import (
 )
 from toolloop.journal import Journal, MemoryJournal, RedisJournal, idempotency_key
 from toolloop.loop.approvals import AlreadyDecidedError, ApprovalError, input_digest
+from toolloop.loop.compaction import CompactionError
+from toolloop.loop.context import ContextPolicy
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Approval,
     Asked,
     Budget,
     BudgetEvent,
+    CompactionEvent,
     Decision,
     LoopEvent,
     ModelEvent,
@@ -60,7 +63,10 @@ __all__ = [
     "Budget",
     "BudgetEvent",
     "ChatMessage",
+    "CompactionError",
+    "CompactionEvent",
     "ContentPart",
+    "ContextPolicy",
     "Decision",
     "DeltaEvent",
     "ImagePart",

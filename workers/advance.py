@@ -267,6 +267,7 @@ class _Step(Commits):
             keep_images=spec.keep_images,
             cache=spec.cache,
             cache_ttl=spec.cache_ttl,
+            context=spec.context,
             max_tool_result_bytes=self.settings.max_tool_result_bytes,
             max_image_bytes=self.settings.max_image_bytes,
             decisions=decisions,

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolloop.contract import ChatMessage
+from toolloop.loop.context import ContextPolicy
 from toolloop.providers.env import PROVIDERS
 
 Reasoning = Literal["off", "low", "medium", "high"]
@@ -60,6 +61,9 @@ class RunSpec(BaseModel):
     stream: bool = False
     """Publish the model's text to the run's event stream as it arrives (`delta` entries, batched
     every 50 ms; docs/streaming.md). Off: the model is called without streaming."""
+    context: ContextPolicy | None = None
+    """Context management of a long run (docs/context.md): compaction and tool-result clearing
+    thresholds; None (the default) changes nothing."""
     approval_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """How long a held approval waits (a tool's own `approval_timeout_s` wins); then the tool's
     `approval_default` applies (`reject` with the reason `no decision before the deadline`)."""

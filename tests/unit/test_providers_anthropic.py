@@ -378,3 +378,48 @@ async def test_a_failed_tool_result_carries_is_error_and_a_good_one_does_not() -
         "is_error": True,
     }
     assert "is_error" not in good
+
+
+async def test_a_server_compaction_answer_costs_every_usage_iteration_and_keeps_its_block() -> None:
+    """An answer built with the SDK's beta models (`BetaMessage`, `BetaCompactionBlock`,
+    `usage.iterations`): the summary pass is billed in its own iteration, outside the top level, so
+    the cost sums the iterations; the compaction block is kept verbatim with the answer (SPEC 5.3,
+    docs/context.md). Sending it back needs the beta header, which this provider does not send yet."""
+    from anthropic.types import beta
+
+    block = beta.BetaCompactionBlock(
+        type="compaction", content="Turns 1-40: read logs.", encrypted_content="EpwB"
+    )
+    message = beta.BetaMessage.model_validate(
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": MODEL,
+            "content": [block.model_dump(), {"type": "text", "text": "Going on.", "citations": None}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "context_management": None,
+            "container": None,
+            "usage": {
+                "input_tokens": 23_000,
+                "output_tokens": 500,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "iterations": [
+                    {"type": "compaction", "input_tokens": 180_000, "output_tokens": 3_000,
+                     "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
+                    {"type": "message", "model": MODEL, "input_tokens": 23_000, "output_tokens": 500,
+                     "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
+                ],
+            },
+        }
+    )  # fmt: skip
+    recorder = Recorder(message.model_dump(mode="json", exclude_none=True))
+    result = await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
+
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (203_000, 3_500)
+    assert result.cost_usd == pytest.approx((203_000 * 3 + 3_500 * 15) / 1e6)  # not 23K + 500 alone
+    assert result.reasoning is not None
+    (kept,) = result.reasoning
+    assert kept.type == "compaction" and kept.data == block.model_dump(exclude_none=True)

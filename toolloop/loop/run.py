@@ -41,6 +41,7 @@ from toolloop.errors import PromptGenError
 from toolloop.loop.approvals import NOT_RUN_ASKED, ApprovalError
 from toolloop.loop.cache import request_messages
 from toolloop.loop.calls import BudgetStop, CallAnswers, _BudgetStop, _Cancel
+from toolloop.loop.compaction import Compaction
 from toolloop.loop.history import History
 from toolloop.loop.records import cut_off, derived, model_records, refusal_of, retry_room, validated
 from toolloop.loop.tools import call, tool_definitions
@@ -80,6 +81,9 @@ class _Run(CallAnswers):
         params: dict[str, Any] = {} if options.reasoning is None else {"reasoning": options.reasoning}
         if options.cache_ttl != "5m":
             params["cache_ttl"] = options.cache_ttl
+        edits = options.context.edits() if options.context is not None else []
+        if edits:
+            params["context_management"] = {"edits": edits}
         self.params = params or None
         fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
         self.request_fields = fields
@@ -92,6 +96,8 @@ class _Run(CallAnswers):
         """Set after an answer whose tool call was cut off: the output room of the repeated turn."""
         self.streams = options.on_step is not None and takes_on_delta(options.generate)
         """Whether model calls get an `on_delta` (only a generate that takes one, only with on_step)."""
+        self.compaction = Compaction(self) if options.context is not None else None
+        """Context management (SPEC 5; toolloop/loop/compaction.py); None without a policy."""
 
     # -- the turn ----------------------------------------------------------------------------------
 
@@ -122,6 +128,8 @@ class _Run(CallAnswers):
             return await self.stop("steps")
         turn = self.steps + 1
         try:
+            if self.compaction is not None:
+                await self.compaction.before(turn)
             value = await options.step(f"model:{turn}", self.model_work())
         except _BudgetStop as stop:
             return await self.budget_stop(stop.spent_usd, stop.account)
@@ -201,6 +209,8 @@ class _Run(CallAnswers):
                 )
             finally:
                 self.history.truncate(length)
+            if self.compaction is not None:
+                messages = self.compaction.view(messages)
             # Every field is built from validated values: the history is not validated again.
             request = PromptGenRequest.model_construct(
                 _fields_set=fields | {"cache_system"} if cache_system is not None else fields,
@@ -252,6 +262,8 @@ class _Run(CallAnswers):
                 self.history.append(UserMessage(content=str(self.options.finish_note)))
         self.steps += 1
         self.cost += result.cost_usd
+        if self.compaction is not None:
+            self.compaction.sized(result, turn)
         text = result.text or None
         message, event = derived(self.memo, result, turn, model_records, turn, result)
         retried, self.retry_max_tokens = self.retry_max_tokens, None

@@ -25,6 +25,7 @@ from toolloop.contract import (
     PromptGenUsage,
     ToolCall,
 )
+from toolloop.loop.context import ContextPolicy
 
 
 class _Value(BaseModel):
@@ -224,7 +225,24 @@ class BudgetEvent(_Value):
         return data
 
 
-LoopEvent = Annotated[ModelEvent | ToolEvent | BudgetEvent | DeltaEvent, Field(discriminator="kind")]
+class CompactionEvent(_Value):
+    """A compaction step (SPEC 5.2): before model turn `step`, the turns up to `covered_turns` (counted
+    from the start of the run's history) were summarized; `cost_usd` is what the summary call cost.
+    Emitted after the step, replayed ones too."""
+
+    kind: Literal["compaction"] = "compaction"
+    step: int
+    covered_turns: int
+    cost_usd: float
+    input_tokens: int = 0
+    """The input-token count of the request that would have been sent (what decided the compaction)."""
+    usage: PromptGenUsage = Field(default_factory=PromptGenUsage)
+    """The usage of the summary call."""
+
+
+LoopEvent = Annotated[
+    ModelEvent | ToolEvent | BudgetEvent | CompactionEvent | DeltaEvent, Field(discriminator="kind")
+]
 """`DeltaEvent` (SPEC 4.3; defined with the contract types, as providers make them): the text of a
 model step as it streams, before that step's `ModelEvent`. Never journaled; a replayed step has none."""
 LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
@@ -285,6 +303,8 @@ class RunToolLoopOptions(_Options):
     error instead (the tool's cost still counts); None: no limit."""
     max_image_bytes: int | None = None
     """A tool result with an image file larger than this is answered as an error; None: no limit."""
+    context: ContextPolicy | None = None
+    """Context management of a long run (SPEC 5, docs/context.md): None (the default) changes nothing."""
     decisions: dict[str, Decision] | None = None
     """Decisions on the calls the previous loop held (`result.approvals`), by call id: the loop answers
     those open calls first, then goes on (SPEC 4.4)."""

@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import math
+import secrets
 import threading
 import time
 from collections import Counter
@@ -33,12 +34,13 @@ from starlette.types import Receive, Scope, Send
 
 from toolloop.providers.catalog import Catalog
 from toolloop.providers.models import default_catalog
-from toolloop.sim import anthropic_wire, fal_wire, stream
+from toolloop.sim import anthropic_wire, compaction, fal_wire, stream
 from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Parsed, Wire, fit_max_tokens
+from toolloop.sim.context import ContextRules, Managed
 from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.rules import NEW_VERSION, SAMPLING, SimRefusal, check_anthropic, check_fal
-from toolloop.sim.script import Policy, SimFault, answer
+from toolloop.sim.script import Policy, SimFault, SimTurn, answer
 from toolloop.sim.sdk_check import sdk_validator
 
 log = logging.getLogger("toolloop.sim")
@@ -110,6 +112,9 @@ class Simulator:
             )
         self.strict = self.validate is not None
         self._lock = threading.Lock()
+        self.context = ContextRules(secrets.token_bytes(32))
+        """Context management (toolloop/sim/context.py): its compaction blocks are signed with a key
+        of this server's own, so a block from another server (or tampered with) is refused."""
         self._ids = itertools.count(1)
         self._faults: Counter[str] = Counter()
         self._counts: dict[str, Counter[str]] = {}
@@ -177,7 +182,8 @@ class Simulator:
     def reset(self) -> None:
         """Forget the stats, the fault counters and the prompt cache."""
         with self._lock:
-            kinds = ("endpoints", "conversations", "statuses", "faults", "uploads", "streamed")
+            kinds = ["endpoints", "conversations", "statuses", "faults", "uploads", "streamed"]
+            kinds += ["compactions", "billed"]
             self._counts = {key: Counter() for key in kinds}
             self._peers: set[Any] = set()
             self._faults = Counter()
@@ -231,6 +237,28 @@ class Simulator:
             return JSONResponse({"detail": "no such file"}, status_code=404)
         return Response(found[1], media_type=found[0])
 
+    def _bill(self, wire: str, model: str, usage: dict[str, Any]) -> None:
+        """Add an answer's billed tokens to `stats()["billed"]` (`<model>:<kind>`). Anthropic: every
+        entry of `usage.iterations` when the answer has them (a compaction's summary pass is billed
+        there, outside the top level), else the top level; fal: its prompt and completion tokens."""
+        with self._lock:
+            billed = self._counts["billed"]
+            if wire != "anthropic":
+                details = usage.get("prompt_tokens_details") or {}
+                cached = int(details.get("cached_tokens", 0) or 0)
+                written = int(details.get("cache_write_tokens", 0) or 0)
+                billed[f"{model}:input"] += int(usage.get("prompt_tokens", 0)) - cached - written
+                billed[f"{model}:cache_read"] += cached
+                billed[f"{model}:cache_write"] += written
+                billed[f"{model}:output"] += int(usage.get("completion_tokens", 0))
+                return
+            iterations = usage.get("iterations") or [usage]
+            for item in iterations:
+                billed[f"{model}:input"] += int(item.get("input_tokens", 0))
+                billed[f"{model}:cache_read"] += int(item.get("cache_read_input_tokens", 0))
+                billed[f"{model}:cache_write"] += int(item.get("cache_creation_input_tokens", 0))
+                billed[f"{model}:output"] += int(item.get("output_tokens", 0))
+
     def _count(self, kind: str, key: str) -> None:
         with self._lock:
             self._counts[kind][key] += 1
@@ -253,11 +281,18 @@ class Simulator:
         admitted = await self._admit(wire, http, request_id)
         if isinstance(admitted, Response):
             return admitted
-        parsed, plan, key, limit_headers = admitted
-        sim = parsed.request
+        parsed, plan, key, limit_headers, managed = admitted
+        sim = compaction.counted(parsed.request)
         self._count("conversations", sim.conversation_id)
         try:
-            turn = await answer(self.policy, sim)
+            if managed is not None and managed.on_demand:  # the server's own summary, not the model's turn
+                self._count("compactions", sim.history_hash)
+                turn = SimTurn()
+            elif compaction.is_summary_request(sim):
+                self._count("compactions", sim.history_hash)
+                turn = compaction.summary_turn(sim)
+            else:
+                turn = await answer(self.policy, sim)
         except Exception as error:  # a user's policy: report it rather than hang the client
             log.exception("the simulator's policy raised")
             return self._error(wire, 500, f"The simulator's policy raised {error!r}.", request_id)
@@ -276,6 +311,9 @@ class Simulator:
         self.cache.commit(plan)
         refusal = fault is not None and fault.kind == "refusal"
         body = wire.module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
+        if managed is not None:
+            self.context.answer(managed, body, plan.usage, compaction.summary_text(sim))
+        self._bill(wire.name, sim.model, body.get("usage", {}))
         limits = self._limits(wire)
         if limits.on:
             usage = body.get("usage", {})
@@ -292,7 +330,7 @@ class Simulator:
 
     async def _admit(
         self, wire: _Wire, http: Request, request_id: str
-    ) -> Response | tuple[Parsed, Any, str, dict[str, str]]:
+    ) -> Response | tuple[Parsed, Any, str, dict[str, str], Managed | None]:
         """The parsed request, its cache plan, key and rate-limit headers; or the error answer (a bad
         key, header or body, a rule the model breaks, the rate limit)."""
         module = wire.module
@@ -313,9 +351,14 @@ class Simulator:
                     old = version != NEW_VERSION
                     self.validate({k: v for k, v in raw.items() if not (old and k in SAMPLING)})
                 check_anthropic(raw, self.catalog, version)
+                self.context.check(raw, http.headers)
             else:
                 check_fal(raw, self.catalog)
             parsed = module.parse(raw)
+            managed: Managed | None = None
+            if wire.name == "anthropic":
+                managed = self.context.apply(raw, parsed)
+                parsed = managed.parsed
             plan = self.cache.plan(parsed.request.model, parsed.blocks)
         except SimRefusal as refused:
             return self._error(wire, refused.status, refused.message, request_id)
@@ -334,7 +377,7 @@ class Simulator:
                 limit_headers["retry-after"] = str(max(1, math.ceil(wait)))
                 message = "This request would exceed your organization's rate limit. Please try again later."
                 return self._error(wire, 429, message, request_id, limit_headers)
-        return parsed, plan, key, limit_headers
+        return parsed, plan, key, limit_headers, managed
 
     def _limits(self, wire: _Wire) -> SimRateLimits:
         return self.rate_limits if wire.name == "anthropic" else self.fal_rate_limits

@@ -1,6 +1,8 @@
 """Strict mode: every Anthropic request body is validated against the official `anthropic` SDK's
 request types (`MessageCreateParamsNonStreaming`, or `MessageCreateParamsStreaming` for a body with
-`"stream": true`, and each nested TypedDict), no unknown key anywhere.
+`"stream": true`, and each nested TypedDict), no unknown key anywhere. A body with a beta-only part
+(`context_management`, a `compaction` block: `uses_beta`) is checked against the beta namespace's
+types instead (`anthropic.types.beta`), its edits each against their own TypedDict.
 
 The SDK is a dev dependency only. `sdk_validator()` returns None when it is not installed; the
 simulator then serves without the check and says so in a warning and in `stats()["strict"]`.
@@ -8,12 +10,15 @@ simulator then serves without the check and says so in a warning and in `stats()
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic.warnings import TypedDictExtraConfigWarning as PydanticWarning
 
 Validator = Callable[[dict[str, Any]], None]
 
@@ -33,41 +38,95 @@ def sdk_validator() -> Validator | None:
     `MessageCreateParamsNonStreaming` (`stream` absent or false)."""
     if not sdk_available():
         return None
-    return _Checker()
+    return _Dispatch()
+
+
+def uses_beta(body: dict[str, Any]) -> bool:
+    """The body uses a beta-only part (context management, a compaction block): it is checked
+    against the SDK's beta types (`anthropic.types.beta`), and needs its `anthropic-beta` header."""
+    if "context_management" in body or "compaction" in body:
+        return True
+    for turn in body.get("messages") or []:
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(block, dict) and block.get("type") == "compaction" for block in content
+        ):
+            return True
+    return False
+
+
+class _Dispatch:
+    """The plain types for a plain body, the beta types (built on first use) for a beta one."""
+
+    def __init__(self) -> None:
+        self.plain = _Checker(beta=False)
+        self.beta: _Checker | None = None
+
+    def __call__(self, body: dict[str, Any]) -> None:
+        if not uses_beta(body):
+            self.plain(body)
+            return
+        if self.beta is None:
+            self.beta = _Checker(beta=True)
+        self.beta(body)
 
 
 class _Checker:
-    """The SDK's request types as pydantic adapters, and the walk of a body through them."""
+    """The SDK's request types as pydantic adapters, and the walk of a body through them. `beta`:
+    the beta namespace's (`BetaMessageCreateParams...`, `Beta<Block>Param`, the context-management
+    edits and `BetaCompactionBlockParam`)."""
 
-    def __init__(self) -> None:
-        import anthropic.types as sdk  # the SDK is a dev dependency: a strict simulator only
-        from anthropic.types import message_create_params as params  # (as above)
+    def __init__(self, beta: bool) -> None:
+        import anthropic.types as plain  # the SDK is a dev dependency: a strict simulator only
+        import anthropic.types.beta as beta_types  # (as above)
+        from anthropic.types import message_create_params as plain_params  # (as above)
+        from anthropic.types.beta import message_create_params as beta_params  # (as above)
 
+        sdk: Any = beta_types if beta else plain
+        params: Any = beta_params if beta else plain_params
+        prefix = "Beta" if beta else ""
         forbid = ConfigDict(extra="forbid")  # a config is taken by a union only: hence the `| None`
         streaming: Any = params.MessageCreateParamsStreaming | None
         whole: Any = params.MessageCreateParamsNonStreaming | None
-        self.streaming: TypeAdapter[Any] = TypeAdapter(streaming, config=forbid)
-        self.whole: TypeAdapter[Any] = TypeAdapter(whole, config=forbid)
+        with _quiet():  # a few beta TypedDicts allow extra keys: pydantic warns that forbid skips them
+            self.streaming: TypeAdapter[Any] = TypeAdapter(streaming, config=forbid)
+            self.whole: TypeAdapter[Any] = TypeAdapter(whole, config=forbid)
         self.sdk = sdk
+        self.prefix = prefix
+
+        def kind(name: str) -> Any:
+            return getattr(sdk, prefix + name)
+
         self.blocks: dict[str, Any] = {
-            "text": sdk.TextBlockParam,
-            "image": sdk.ImageBlockParam,
-            "tool_use": sdk.ToolUseBlockParam,
-            "tool_result": sdk.ToolResultBlockParam,
-            "thinking": sdk.ThinkingBlockParam,
-            "redacted_thinking": sdk.RedactedThinkingBlockParam,
+            "text": kind("TextBlockParam"),
+            "image": kind("ImageBlockParam"),
+            "tool_use": kind("ToolUseBlockParam"),
+            "tool_result": kind("ToolResultBlockParam"),
+            "thinking": kind("ThinkingBlockParam"),
+            "redacted_thinking": kind("RedactedThinkingBlockParam"),
         }
+        self.edits: dict[str, Any] = {}
+        if beta:
+            self.blocks["compaction"] = sdk.BetaCompactionBlockParam
+            self.edits = {
+                "clear_tool_uses_20250919": sdk.BetaClearToolUses20250919EditParam,
+                "clear_thinking_20251015": sdk.BetaClearThinking20251015EditParam,
+                "compact_20260112": sdk.BetaCompact20260112EditParam,
+            }
         self.thinking: dict[str, Any] = {
-            "adaptive": sdk.ThinkingConfigAdaptiveParam,
-            "enabled": sdk.ThinkingConfigEnabledParam,
-            "disabled": sdk.ThinkingConfigDisabledParam,
+            "adaptive": kind("ThinkingConfigAdaptiveParam"),
+            "enabled": kind("ThinkingConfigEnabledParam"),
+            "disabled": kind("ThinkingConfigDisabledParam"),
         }
         self.choices: dict[str, Any] = {
-            "auto": sdk.ToolChoiceAutoParam,
-            "any": sdk.ToolChoiceAnyParam,
-            "tool": sdk.ToolChoiceToolParam,
-            "none": sdk.ToolChoiceNoneParam,
+            "auto": kind("ToolChoiceAutoParam"),
+            "any": kind("ToolChoiceAnyParam"),
+            "tool": kind("ToolChoiceToolParam"),
+            "none": kind("ToolChoiceNoneParam"),
         }
+        self.text_block = kind("TextBlockParam")
+        self.tool = kind("ToolParam")
+        self.output_config = kind("OutputConfigParam")
         self.adapters: dict[Any, TypeAdapter[Any]] = {}
 
     def __call__(self, body: dict[str, Any]) -> None:
@@ -83,17 +142,21 @@ class _Checker:
             raise SdkValidationError(f"The body does not have the SDK's shape: {error!r}") from None
 
     def top_level(self, body: dict[str, Any]) -> None:
-        sdk = self.sdk
         for index, block in enumerate(body["system"] if isinstance(body.get("system"), list) else []):
-            self.strict(sdk.TextBlockParam, block, f"system.{index}")
+            self.strict(self.text_block, block, f"system.{index}")
         for index, tool in enumerate(body.get("tools") or []):
-            self.strict(sdk.ToolParam, tool, f"tools.{index}")
+            self.strict(self.tool, tool, f"tools.{index}")
+        managed = body.get("context_management")
+        edits = managed.get("edits") if isinstance(managed, dict) else None
+        for index, edit in enumerate(edits if isinstance(edits, list) else []):
+            kind = edit.get("type") if isinstance(edit, dict) else None
+            self.strict(self.edits.get(str(kind)), edit, f"context_management.edits.{index}")
         if isinstance(body.get("tool_choice"), dict):
             self.strict(self.choices.get(body["tool_choice"].get("type")), body["tool_choice"], "tool_choice")
         if isinstance(body.get("thinking"), dict):
             self.strict(self.thinking.get(body["thinking"].get("type")), body["thinking"], "thinking")
         if isinstance(body.get("output_config"), dict):
-            self.strict(sdk.OutputConfigParam, body["output_config"], "output_config")
+            self.strict(self.output_config, body["output_config"], "output_config")
 
     def message(self, index: int, turn: dict[str, Any]) -> None:
         extra = sorted(set(turn) - {"role", "content"})
@@ -112,7 +175,8 @@ class _Checker:
             raise SdkValidationError(f"{where}: unknown type {value.get('type')!r}")
         adapter = self.adapters.get(typed_dict)
         if adapter is None:  # kept alive: a lazily validated Iterable must not outlive its adapter
-            adapter = self.adapters[typed_dict] = TypeAdapter(typed_dict)
+            with _quiet():
+                adapter = self.adapters[typed_dict] = TypeAdapter(typed_dict)
         try:
             _consume(adapter.validate_python(value))
         except ValidationError as error:
@@ -121,6 +185,15 @@ class _Checker:
         extra = sorted(set(value) - known)
         if extra:
             raise SdkValidationError(f"{where}.{extra[0]}: Extra inputs are not permitted")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Building an adapter of a TypedDict that allows extra items (some beta types) warns that the
+    `forbid` config does not apply to it; the strict walk checks every block's keys itself."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PydanticWarning)
+        yield
 
 
 def _message(error: Any, where: str) -> str:

@@ -19,7 +19,7 @@ from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
-from toolloop.providers.anthropic.request import body_frame
+from toolloop.providers.anthropic.request import betas, body_frame
 from toolloop.providers.anthropic.response import cut_cost, parse_message
 from toolloop.providers.anthropic.stream import MessageStream
 from toolloop.providers.base import Secret
@@ -127,6 +127,8 @@ class AnthropicHandler:
         notes: list[str] = []
         body = body_frame(request, model=model, reasoning=reasoning, info=info, notes=notes)
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
+        if needed := betas(request):
+            headers["anthropic-beta"] = ",".join(needed)
         max_tokens = int(body["max_tokens"])
         timeouts = self.timeouts
         streams = on_delta is not None or timeouts.streams(max_tokens)

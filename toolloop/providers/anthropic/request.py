@@ -9,7 +9,10 @@ right after them joins that turn. Each assistant message is a message of its own
 and its continuation go back as two (the API reads consecutive assistant messages as one turn).
 Reasoning (SPEC 4.1): an assistant turn starts with its own `thinking` / `redacted_thinking` blocks,
 sent back exactly as the API gave them (signature included), before its text and tool use; blocks
-another provider produced are left out of this request (the history keeps them).
+another provider produced are left out of this request (the history keeps them). A `compaction`
+block (threshold compaction, SPEC 5.3) goes back the same way, `encrypted_content` verbatim.
+Context management (SPEC 5.3): `params["context_management"]` (the loop's edits) is sent as the
+body's `context_management`, with the `anthropic-beta` header `betas` names.
 
 Top-level parameters (`max_tokens`, `thinking`, `output_config`, `tool_choice`) come from the
 model's catalogue row (`params.py`: the same thinking setting on every step); `params["cache_ttl"]`
@@ -36,6 +39,17 @@ from toolloop.providers.common import CacheTtl, Reasoning, cache_ttl_of, ttl_blo
 from toolloop.providers.models import default_catalog
 
 EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
+CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
+"""Beta header of context editing (`clear_tool_uses_20250919`, `clear_thinking_20251015`): the
+context-editing docs and the SDK's `AnthropicBetaParam`."""
+COMPACTION_BETA = "compact-2026-01-12"
+"""Beta header of threshold compaction (`compact_20260112`): the compaction docs
+(platform.claude.com/docs/en/build-with-claude/compaction)."""
+ON_DEMAND_BETA = "compact-2026-09-04"
+"""Beta header of on-demand compaction (the top-level `compaction` parameter): the SDK's
+`AnthropicBetaParam` and `BetaCompactionConfigParam` (anthropic 2.14.0). Which header a request that
+only sends a block back needs is unconfirmed: it gets this one, or compact-2026-01-12 beside a
+`compact_20260112` edit."""
 
 Block = dict[str, Any]
 PROVIDER = "anthropic"
@@ -89,7 +103,37 @@ def body_frame(
     if tools:
         body["tools"] = tools
     body.update(top)
+    managed = (request.params or {}).get("context_management")
+    if isinstance(managed, dict) and managed.get("edits"):
+        body["context_management"] = managed  # the loop's edits (toolloop/loop/context.py), as documented
+    compaction = (request.params or {}).get("compaction")
+    if isinstance(compaction, dict):
+        body["compaction"] = compaction  # an on-demand compaction request (the loop's compact:<n>)
     return with_ttl(body, cache_ttl_of(request))
+
+
+def betas(request: PromptGenRequest) -> list[str]:
+    """The `anthropic-beta` values the request needs: context editing for a clear edit, compaction
+    for a compact edit or a compaction block sent back (the API refuses either without its header)."""
+    needed: list[str] = []
+    managed = (request.params or {}).get("context_management")
+    edits = managed.get("edits") if isinstance(managed, dict) else None
+    kinds = (
+        {edit.get("type") for edit in edits if isinstance(edit, dict)} if isinstance(edits, list) else set()
+    )
+    if kinds & {"clear_tool_uses_20250919", "clear_thinking_20251015"}:
+        needed.append(CONTEXT_MANAGEMENT_BETA)
+    sends_block = any(
+        block.provider == PROVIDER and block.type == "compaction"
+        for message in request.messages or []
+        if isinstance(message, AssistantMessage)
+        for block in message.reasoning or []
+    )
+    if "compact_20260112" in kinds:
+        needed.append(COMPACTION_BETA)
+    elif sends_block or isinstance((request.params or {}).get("compaction"), dict):
+        needed.append(ON_DEMAND_BETA)
+    return needed
 
 
 def turns(request: PromptGenRequest, images: Mapping[str, str], ttl: CacheTtl) -> list[dict[str, Any]]:

@@ -1,14 +1,17 @@
 """An Anthropic Messages API answer -> our `PromptGenResult`.
 
-content blocks   text -> `text` (joined in order); tool_use -> `tool_calls`; thinking and
-                 redacted_thinking -> `reasoning` (each block kept verbatim, in order)
+content blocks   text -> `text` (joined in order); tool_use -> `tool_calls`; thinking,
+                 redacted_thinking and compaction -> `reasoning` (each block kept verbatim, in
+                 order; a compaction block's `encrypted_content` is round-tripped as the SDK says)
 stop_reason      end_turn, stop_sequence -> stop; tool_use -> tool_calls; max_tokens -> length;
                  refusal -> refusal (meta category, explanation from `stop_details`);
                  pause_turn -> paused; model_context_window_exceeded -> PromptGenError;
                  anything else (missing included) -> other
 cut off          a max_tokens answer whose last block is a tool_use: that call's input was cut
                  short; meta["cut_off"] names it (else []), meta["max_tokens"] is the room it had
-usage            prompt_tokens = input + cache read + cache write; cached_tokens = cache read;
+usage            with `usage.iterations` (a server-side compaction's summary pass, billed outside the
+                 top level), every count is the sum over the iterations; else the top level:
+                 prompt_tokens = input + cache read + cache write; cached_tokens = cache read;
                  cache_write_tokens = cache write; cached_read/write_tokens only when reported;
                  cache_write_5m/1h_tokens from `usage.cache_creation.ephemeral_5m/1h_input_tokens`
                  (the SDK's `CacheCreation`), else every write at the request's TTL
@@ -37,7 +40,7 @@ _FINISH: dict[str, FinishReason] = {
     "refusal": "refusal",
     "pause_turn": "paused",
 }
-_REASONING = ("thinking", "redacted_thinking")
+_REASONING = ("thinking", "redacted_thinking", "compaction")
 
 
 def parse_message(
@@ -77,6 +80,9 @@ def parse_message(
             reasoning.append(ReasoningBlock(provider="anthropic", type=kind, data=block))
     raw_usage = data.get("usage")
     usage_data: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    iterations = usage_data.get("iterations")
+    if isinstance(iterations, list) and iterations and all(isinstance(i, dict) for i in iterations):
+        usage_data = _summed(iterations)
     uncached = _count(usage_data, "input_tokens") or 0
     output = _count(usage_data, "output_tokens") or 0
     read = _count(usage_data, "cache_read_input_tokens")
@@ -114,6 +120,8 @@ def parse_message(
         "cost_source": "tokens",
         "partial": finish == "length",
     }
+    if isinstance(iterations, list) and iterations:
+        meta["iterations"] = [dict(item) for item in iterations if isinstance(item, dict)]
     if finish == "refusal":
         details = data.get("stop_details")
         details = details if isinstance(details, dict) else {}
@@ -170,6 +178,23 @@ def _tool_call(block: dict[str, Any], cut: bool = False) -> ToolCall:
                 else:
                     raise ToolArgumentsError(name, value) from None
     return ToolCall(id=call_id, name=name, input={} if value is None else value)
+
+
+_SUMMED = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+_SPLIT = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+
+
+def _summed(iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The usage of an answer with `usage.iterations` (the SDK's `BetaIterationsUsage`: a server-side
+    compaction's summary pass is an iteration of its own, billed outside the top-level counts): every
+    count summed over the iterations, the cache-write split too when each iteration reports one."""
+    summed: dict[str, Any] = {key: sum(_count(item, key) or 0 for item in iterations) for key in _SUMMED}
+    splits = [item.get("cache_creation") for item in iterations]
+    if all(isinstance(split, dict) for split in splits):
+        summed["cache_creation"] = {
+            key: sum(_count(split, key) or 0 for split in splits if isinstance(split, dict)) for key in _SPLIT
+        }
+    return summed
 
 
 def _count(usage: dict[str, Any], key: str) -> int | None:

@@ -194,12 +194,17 @@ class MessageStream(DeltaOut):
             self._piece(payload, "text", delta["text"], thinking=False)
         elif kind == "thinking_delta" and block.get("type") == "thinking":
             self._piece(payload, "thinking", delta["thinking"], thinking=True)
-        elif kind == "signature_delta" and block.get("type") == "thinking":
+        elif kind == "signature_delta" and block.get("type") in ("thinking", "compaction"):
             block["signature"] = delta["signature"]
         elif kind == "input_json_delta":
             self.inputs.setdefault(int(payload["index"]), []).append(str(delta.get("partial_json", "")))
         elif kind == "citations_delta" and block.get("type") == "text":
             block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "compaction_delta" and block.get("type") == "compaction":
+            # the SDK's BetaCompactionContentBlockDelta: the summary and its opaque metadata, whole
+            for field in ("content", "encrypted_content"):
+                if isinstance(delta.get(field), str):
+                    block[field] = delta[field]
 
     def _piece(self, payload: dict[str, Any], field: str, text: Any, *, thinking: bool) -> None:
         if not isinstance(text, str):
