@@ -29,10 +29,15 @@ from workers.spec import RunSpec
 
 class AsyncClient:
     def __init__(
-        self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None, max_streams: int = 1000
+        self,
+        redis_url: str | None = None,
+        *,
+        toolsets: Iterable[str] | None = None,
+        max_streams: int = 1000,
+        run_prefix: str = "",
     ) -> None:
-        """As `Client(redis_url, toolsets=...)`; no connection is made until the first call.
-        `max_streams`: event streams read at once (each blocked read holds a connection of its own)."""
+        """As `Client(redis_url, toolsets=..., run_prefix=...)`; no connection is made until the first
+        call. `max_streams`: event streams read at once (each blocked read holds a connection of its own)."""
         self.settings = settings = settings_for(redis_url)
         self.toolsets = sorted(settings.toolset_names() if toolsets is None else toolsets)
         self._watcher = redisurl.watcher(settings.redis_url)
@@ -51,7 +56,7 @@ class AsyncClient:
         )  # fmt: skip
         self._streamer = AsyncDriver(self.redis, self._streams)
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
-        self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender)
+        self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender, run_prefix=run_prefix)
         self.catalog = self._prepare.catalog
         """The model catalogue in force (TOOLLOOP_MODELS laid over the built-in rows), read once."""
 

@@ -12,7 +12,8 @@ add shards when no keyed enqueue is being retried); without a key, the next shar
 `list_runs` merges the shards' pages, newest first: a cursor is a position in time (`created|run id`),
 valid on every shard. Accounts and rate limits are per shard (each shard's Redis holds its own):
 `set_account_limit` sets the limit on every shard, so an account may spend it once per shard;
-`accounts()` lists each shard's rows with the shard's index. docs/operations.md, "Shards".
+`accounts()` lists each shard's rows with the shard's index. `AsyncShardedClient` is the same over
+one `AsyncClient` per shard, for asyncio backends. docs/operations.md, "The ceiling of one Redis".
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import itertools
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 from workers import accounts, runlist
+from workers.async_client import AsyncClient
 from workers.client import Client
-from workers.records import RunEventRecord, RunStatus
+from workers.records import DecisionState, RunEventRecord, RunStatus
 from workers.spec import RunSpec
 
 ENV = "TOOLLOOP_REDIS_SHARDS"
@@ -61,17 +63,61 @@ def prefix(index: int) -> str:
     return f"s{index}-" if index else ""
 
 
+def shard_urls(shards: Sequence[str] | None) -> list[str]:
+    """`shards`, or TOOLLOOP_REDIS_SHARDS's; ValueError when there is none."""
+    urls = list(shards) if shards is not None else parse_shards(os.environ.get(ENV, ""))
+    if not urls:
+        raise ValueError(f"No shards: {ENV} is empty.\n  Set {ENV}=redis://a,redis://b or pass shards=[...].")
+    return urls
+
+
+class Placer:
+    """Where a new run goes: the next shard in turn, or `crc32(key) % N` for an idempotency key."""
+
+    def __init__(self, shards: int) -> None:
+        self.shards = shards
+        self._turn = itertools.cycle(range(shards))
+
+    def __call__(self, idempotency_key: str | None) -> int:
+        if idempotency_key is None:
+            return next(self._turn)
+        return zlib.crc32(idempotency_key.encode()) % self.shards
+
+    def batch(self, count: int, idempotency_keys: Sequence[str | None] | None) -> dict[int, list[int]]:
+        """The places (indexes into the batch) of each shard's runs."""
+        keys = list(idempotency_keys) if idempotency_keys is not None else [None] * count
+        if len(keys) != count:
+            raise ValueError(
+                f"{count} specs and {len(keys)} idempotency keys.\n  Give one key (or None) per spec."
+            )
+        placed: dict[int, list[int]] = {}
+        for i, key in enumerate(keys):
+            placed.setdefault(self(key), []).append(i)
+        return placed
+
+
+def merged(pages: list[runlist.RunPage], limit: int) -> runlist.RunPage:
+    """The shards' pages as one, newest first, `limit` runs; its `next` resumes on every shard."""
+    runs = list(
+        itertools.islice(
+            heapq.merge(*(p.runs for p in pages), key=lambda r: (r.created_at, r.run_id), reverse=True),
+            limit + 1,
+        )
+    )
+    more = len(runs) > limit or any(p.next is not None for p in pages)
+    runs = runs[:limit]
+    if not runs or not more:
+        return runlist.RunPage(runs, None)
+    return runlist.RunPage(runs, runlist.cursor_at(runs[-1].created_at, runs[-1].run_id))
+
+
 class ShardedClient:
     def __init__(self, shards: Sequence[str] | None = None, *, toolsets: Iterable[str] | None = None) -> None:
         """`shards`: the shards' Redis URLs, in the order they were added (default: TOOLLOOP_REDIS_SHARDS)."""
-        urls = list(shards) if shards is not None else parse_shards(os.environ.get(ENV, ""))
-        if not urls:
-            raise ValueError(
-                f"No shards: {ENV} is empty.\n  Set {ENV}=redis://a,redis://b or pass shards=[...]."
-            )
+        urls = shard_urls(shards)
         names = None if toolsets is None else list(toolsets)
         self.clients = [Client(url, toolsets=names, run_prefix=prefix(i)) for i, url in enumerate(urls)]
-        self._turn = itertools.cycle(range(len(urls)))
+        self._place = Placer(len(urls))
 
     def shard(self, run_id: str) -> Client:
         """The client of the shard the run lives on."""
@@ -89,11 +135,6 @@ class ShardedClient:
 
     # -- start ------------------------------------------------------------------------------------
 
-    def _place(self, idempotency_key: str | None) -> int:
-        if idempotency_key is None:
-            return next(self._turn)
-        return zlib.crc32(idempotency_key.encode()) % len(self.clients)
-
     def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
         """`Client.enqueue` on the run's shard (module doc); the run id names the shard."""
         return self.clients[self._place(idempotency_key)].enqueue(spec, idempotency_key=idempotency_key)
@@ -105,19 +146,11 @@ class ShardedClient:
         idempotency_keys: Sequence[str | None] | None = None,
     ) -> list[str]:
         """`Client.enqueue_many`, one round trip per shard that gets runs: the run ids, in order."""
-        keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(specs)
-        if len(keys) != len(specs):
-            raise ValueError(
-                f"{len(specs)} specs and {len(keys)} idempotency keys.\n  Give one key (or None) per spec."
-            )
-        placed: dict[int, list[int]] = {}
-        for i, key in enumerate(keys):
-            placed.setdefault(self._place(key), []).append(i)
         ids: list[str] = [""] * len(specs)
-        for shard, places in placed.items():
+        for shard, places in self._place.batch(len(specs), idempotency_keys).items():
             made = self.clients[shard].enqueue_many(
                 [specs[i] for i in places],
-                idempotency_keys=None if idempotency_keys is None else [keys[i] for i in places],
+                idempotency_keys=None if idempotency_keys is None else [idempotency_keys[i] for i in places],
             )
             for i, run_id in zip(places, made, strict=True):
                 ids[i] = run_id
@@ -130,6 +163,9 @@ class ShardedClient:
 
     def history(self, run_id: str) -> list[Any]:
         return self.shard(run_id).history(run_id)
+
+    def images(self, run_id: str) -> list[Any]:
+        return self.shard(run_id).images(run_id)
 
     def events(self, run_id: str, *args: Any, **kwargs: Any) -> Iterator[RunEventRecord]:
         return self.shard(run_id).events(run_id, *args, **kwargs)
@@ -149,6 +185,12 @@ class ShardedClient:
     def edit(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
         return self.shard(run_id).edit(run_id, *args, **kwargs)
 
+    def decision(self, run_id: str, call_id: str) -> DecisionState:
+        return self.shard(run_id).decision(run_id, call_id)
+
+    def decisions(self, run_id: str) -> dict[str, DecisionState]:
+        return self.shard(run_id).decisions(run_id)
+
     def cancel(self, run_id: str) -> None:
         self.shard(run_id).cancel(run_id)
 
@@ -164,15 +206,7 @@ class ShardedClient:
         self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
     ) -> runlist.RunPage:
         """Runs of every shard, newest first, `limit` per page; `next` resumes on every shard."""
-        pages = [c.list_runs(status=status, limit=limit, cursor=cursor) for c in self.clients]
-        merged = heapq.merge(*(p.runs for p in pages), key=lambda r: (r.created_at, r.run_id), reverse=True)
-        runs = list(itertools.islice(merged, limit + 1))
-        more = len(runs) > limit or any(p.next is not None for p in pages)
-        runs = runs[:limit]
-        if not runs or not more:
-            return runlist.RunPage(runs, None)
-        last = runs[-1]
-        return runlist.RunPage(runs, runlist.cursor_at(last.created_at, last.run_id))
+        return merged([c.list_runs(status=status, limit=limit, cursor=cursor) for c in self.clients], limit)
 
     def prune(self, older_than: float | None = None) -> list[runlist.Pruned]:
         """`Client.prune` on every shard, in shard order."""
@@ -188,3 +222,90 @@ class ShardedClient:
     def accounts(self) -> list[tuple[int, accounts.AccountSpend]]:
         """(shard index, row) for every account of every shard."""
         return [(i, row) for i, client in enumerate(self.clients) for row in client.accounts()]
+
+
+class AsyncShardedClient:
+    """`ShardedClient` for asyncio backends: the same routing over one `AsyncClient` per shard."""
+
+    def __init__(self, shards: Sequence[str] | None = None, *, toolsets: Iterable[str] | None = None) -> None:
+        urls = shard_urls(shards)
+        names = None if toolsets is None else list(toolsets)
+        self.clients = [AsyncClient(url, toolsets=names, run_prefix=prefix(i)) for i, url in enumerate(urls)]
+        self._place = Placer(len(urls))
+
+    def shard(self, run_id: str) -> AsyncClient:
+        return self.clients[shard_of(run_id, len(self.clients))]
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    async def __aenter__(self) -> AsyncShardedClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
+        return await self.clients[self._place(idempotency_key)].enqueue(spec, idempotency_key=idempotency_key)
+
+    async def enqueue_many(
+        self,
+        specs: Sequence[RunSpec | dict[str, Any]],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+    ) -> list[str]:
+        ids: list[str] = [""] * len(specs)
+        for shard, places in self._place.batch(len(specs), idempotency_keys).items():
+            made = await self.clients[shard].enqueue_many(
+                [specs[i] for i in places],
+                idempotency_keys=None if idempotency_keys is None else [idempotency_keys[i] for i in places],
+            )
+            for i, run_id in zip(places, made, strict=True):
+                ids[i] = run_id
+        return ids
+
+    async def status(self, run_id: str) -> RunStatus:
+        return await self.shard(run_id).status(run_id)
+
+    async def history(self, run_id: str) -> list[Any]:
+        return await self.shard(run_id).history(run_id)
+
+    async def images(self, run_id: str) -> list[Any]:
+        return await self.shard(run_id).images(run_id)
+
+    def events(self, run_id: str, *args: Any, **kwargs: Any) -> AsyncIterator[RunEventRecord]:
+        return self.shard(run_id).events(run_id, *args, **kwargs)
+
+    async def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
+        return await self.shard(run_id).wait(run_id, timeout, poll_s=poll_s)
+
+    async def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
+        return await self.shard(run_id).answer(run_id, content, segment=segment)
+
+    async def approve(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        return await self.shard(run_id).approve(run_id, *args, **kwargs)
+
+    async def reject(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        return await self.shard(run_id).reject(run_id, *args, **kwargs)
+
+    async def edit(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        return await self.shard(run_id).edit(run_id, *args, **kwargs)
+
+    async def decision(self, run_id: str, call_id: str) -> DecisionState:
+        return await self.shard(run_id).decision(run_id, call_id)
+
+    async def cancel(self, run_id: str) -> None:
+        await self.shard(run_id).cancel(run_id)
+
+    async def retry(self, run_id: str) -> None:
+        await self.shard(run_id).retry(run_id)
+
+    async def add_spend(self, run_id: str, usd: float) -> float:
+        return await self.shard(run_id).add_spend(run_id, usd)
+
+    async def list_runs(
+        self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> runlist.RunPage:
+        pages = [await c.list_runs(status=status, limit=limit, cursor=cursor) for c in self.clients]
+        return merged(pages, limit)

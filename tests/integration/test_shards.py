@@ -14,7 +14,7 @@ import redis
 from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import spec
 from toolloop.embedded import EmbeddedServer
-from workers.shards import ShardedClient, parse_shards, shard_of
+from workers.shards import AsyncShardedClient, ShardedClient, parse_shards, shard_of
 
 pytestmark = pytest.mark.integration
 
@@ -97,3 +97,19 @@ def _keys(server: EmbeddedServer, run_id: str) -> list[bytes]:
         return list(client.scan_iter(match=f"*{run_id}*", count=1000))
     finally:
         client.close()
+
+
+async def test_the_async_sharded_client_routes_and_lists_as_the_sync_one(
+    shards: list[EmbeddedServer], workers: list[Worker]
+) -> None:
+    async with AsyncShardedClient([s.url for s in shards]) as client:
+        made = [await client.enqueue(spec("tools", f"Add {i} and 2.")) for i in range(10)]
+        assert sorted(shard_of(r, 2) for r in made) == [0] * 5 + [1] * 5
+        keyed = await client.enqueue_many([spec("tools", "Add 1 and 1.")] * 2, idempotency_keys=["a1", "a1"])
+        assert keyed[0] == keyed[1]
+        for run_id in made:
+            assert (await client.wait(run_id, timeout=60)).status == "done"
+        listed = [run.run_id for run in (await client.list_runs(limit=1000)).runs]
+        assert set(made) <= set(listed) and len(listed) == len(set(listed))
+        events = [e.kind async for e in client.events(made[-1])]
+        assert events[-1] == "finished"
