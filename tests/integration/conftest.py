@@ -52,8 +52,10 @@ def redis_in(directory: Path) -> Iterator[EmbeddedServer]:
     """A Redis server of its own in `directory`, stopped after: `yield from` it in a fixture, so that
     no other test's workers take its runs."""
     server = start_server(directory)
-    yield server
-    server.stop()
+    try:
+        yield server
+    finally:  # also when a `for server in redis_in(...)` body raises and the generator is closed
+        server.stop()
 
 
 def own_redis(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedServer]:
