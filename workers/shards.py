@@ -83,17 +83,36 @@ class Placer:
             return next(self._turn)
         return zlib.crc32(idempotency_key.encode()) % self.shards
 
-    def batch(self, count: int, idempotency_keys: Sequence[str | None] | None) -> dict[int, list[int]]:
-        """The places (indexes into the batch) of each shard's runs."""
-        keys = list(idempotency_keys) if idempotency_keys is not None else [None] * count
-        if len(keys) != count:
+    def split(
+        self, specs: Sequence[Any], idempotency_keys: Sequence[str | None] | None
+    ) -> list[tuple[int, list[int], list[Any], list[str | None] | None]]:
+        """Each shard's part of a batch: (shard, places in the batch, its specs, its keys or None)."""
+        keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(specs)
+        if len(keys) != len(specs):
             raise ValueError(
-                f"{count} specs and {len(keys)} idempotency keys.\n  Give one key (or None) per spec."
+                f"{len(specs)} specs and {len(keys)} idempotency keys.\n  Give one key (or None) per spec."
             )
         placed: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             placed.setdefault(self(key), []).append(i)
-        return placed
+        return [
+            (
+                shard,
+                places,
+                [specs[i] for i in places],
+                None if idempotency_keys is None else [keys[i] for i in places],
+            )
+            for shard, places in placed.items()
+        ]
+
+
+def in_order(count: int, made: list[tuple[list[int], list[str]]]) -> list[str]:
+    """The run ids of a split batch back in the batch's order."""
+    ids = [""] * count
+    for places, run_ids in made:
+        for i, run_id in zip(places, run_ids, strict=True):
+            ids[i] = run_id
+    return ids
 
 
 def merged(pages: list[runlist.RunPage], limit: int) -> runlist.RunPage:
@@ -146,15 +165,11 @@ class ShardedClient:
         idempotency_keys: Sequence[str | None] | None = None,
     ) -> list[str]:
         """`Client.enqueue_many`, one round trip per shard that gets runs: the run ids, in order."""
-        ids: list[str] = [""] * len(specs)
-        for shard, places in self._place.batch(len(specs), idempotency_keys).items():
-            made = self.clients[shard].enqueue_many(
-                [specs[i] for i in places],
-                idempotency_keys=None if idempotency_keys is None else [idempotency_keys[i] for i in places],
-            )
-            for i, run_id in zip(places, made, strict=True):
-                ids[i] = run_id
-        return ids
+        made = [
+            (places, self.clients[shard].enqueue_many(part, idempotency_keys=keys))
+            for shard, places, part, keys in self._place.split(specs, idempotency_keys)
+        ]
+        return in_order(len(specs), made)
 
     # -- one run: its shard -----------------------------------------------------------------------
 
@@ -255,15 +270,11 @@ class AsyncShardedClient:
         *,
         idempotency_keys: Sequence[str | None] | None = None,
     ) -> list[str]:
-        ids: list[str] = [""] * len(specs)
-        for shard, places in self._place.batch(len(specs), idempotency_keys).items():
-            made = await self.clients[shard].enqueue_many(
-                [specs[i] for i in places],
-                idempotency_keys=None if idempotency_keys is None else [idempotency_keys[i] for i in places],
-            )
-            for i, run_id in zip(places, made, strict=True):
-                ids[i] = run_id
-        return ids
+        made = [
+            (places, await self.clients[shard].enqueue_many(part, idempotency_keys=keys))
+            for shard, places, part, keys in self._place.split(specs, idempotency_keys)
+        ]
+        return in_order(len(specs), made)
 
     async def status(self, run_id: str) -> RunStatus:
         return await self.shard(run_id).status(run_id)
