@@ -32,7 +32,7 @@ faults-full: $(STAMP)  ## the full crash matrix (>= 10 kill points x 20 runs); p
 	TOOLLOOP_FAULTS=full $(PY) -m pytest -q -s tests/faults
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
 
 types: $(STAMP)
 	$(VENV)/bin/mypy

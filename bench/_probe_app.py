@@ -20,7 +20,7 @@
 
 A reply is a small dict (Celery's pidbox carries it back as JSON). Two environment switches, for
 the garbage-collector experiments of bench/PROFILE-19.md, applied once the worker is ready (after
-workers/wiring.py's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
+workers/worker/bootsteps.py's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets other thresholds, and
 `BENCH_GC_EVERY=<s>` runs a full `gc.collect()` in a thread every that many seconds;
 `BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.memo.MAX`, per run);
 (`BENCH_BREAK_CYCLES=1`, PROFILE-19's M1 tried from outside, is gone: the worker does it itself now);
@@ -51,7 +51,7 @@ from celery.signals import worker_ready
 from celery.worker.control import control_command
 
 from workers.app import app
-from workers.process import process_of
+from workers.process.worker_process import process_of
 
 __all__ = ["app"]
 

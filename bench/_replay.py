@@ -3,7 +3,7 @@
 The journal is made the way a durable run makes it: `run_tool_loop` over the bench agent (100 model
 turns, each calling `note`: 200 steps) with a journal that stores each step's JSON text. The figure
 is what a worker's `advance` task does between loading that hash and running the next step:
-`run_tool_loop` over the worker's `SegmentJournal` (workers/segment.py) preloaded with the 200
+`run_tool_loop` over the worker's `SegmentJournal` (workers/process/segment.py) preloaded with the 200
 entries, which replays every stored step (JSON parsing, model validation, history, events) and
 stops at step 201 with `StepBoundary` before any work. Timed with `time.process_time()`, median of `trials`.
 """
@@ -19,7 +19,7 @@ from _durable_agent import TOOLS, make_generate
 
 from toolloop import Budget, MemoryJournal, RunToolLoopOptions
 from toolloop.loop.run import run_tool_loop
-from workers.segment import SegmentJournal, StepBoundary
+from workers.process.segment import SegmentJournal, StepBoundary
 
 
 def options(step: Any, turns: int, max_steps: int) -> RunToolLoopOptions:

@@ -18,19 +18,30 @@ from collections import Counter
 from pathlib import Path
 
 CONCERNS = [
-    ("step consumer: claim, dispatch, ack (workers/consumer.py)", ("workers/consumer.py",)),
-    ("Celery wire: message + task-event encode/decode (workers/wire.py)", ("workers/wire.py",)),
-    ("Redis batch and leases (workers/redisio.py)", ("workers/redisio.py", "workers/leases.py")),
+    ("step consumer: claim, dispatch, ack (workers/worker/consumer.py)", ("workers/worker/consumer.py",)),
+    (
+        "Celery wire: message + task-event encode/decode (workers/protocol/wire.py)",
+        ("workers/protocol/wire.py",),
+    ),
+    (
+        "Redis batch and leases (workers/process/redisio.py)",
+        ("workers/process/redisio.py", "workers/process/leases.py"),
+    ),
     ("task events and progress (advance publish, process.TaskEvents)", ("_Step.publish", "TaskEvents")),
     ("model call: provider request/response + HTTP (toolloop/providers/)", ("toolloop/providers/",)),
     (
-        "kept loop + journal (toolloop/loop/, toolloop/journal/, workers/live.py)",
-        ("toolloop/loop/", "toolloop/journal/", "workers/live.py", "toolloop/abort.py"),
+        "kept loop + journal (toolloop/loop/, toolloop/journal/, workers/process/live.py)",
+        ("toolloop/loop/", "toolloop/journal/", "workers/process/live.py", "toolloop/abort.py"),
     ),
-    ("tools in a thread (workers/toolsets.py)", ("workers/toolsets.py",)),
+    ("tools in a thread (workers/config/toolsets.py)", ("workers/config/toolsets.py",)),
     (
-        "advance: begin, commit, records (workers/advance.py, runs.py, records.py)",
-        ("workers/advance.py", "workers/runs.py", "workers/records.py", "workers/flow.py"),
+        "advance: begin, commit, records (workers/step/advance.py, runs.py, records.py)",
+        (
+            "workers/step/advance.py",
+            "workers/runs/lifecycle.py",
+            "workers/protocol/records.py",
+            "workers/flow/limiter.py",
+        ),
     ),
     ("other workers/ and toolloop/", ("workers/", "toolloop/")),
 ]

@@ -4,7 +4,7 @@ On a private Redis, median of trials, each row against the floor measured in the
 redis-py round trips (SET, and EVALSHA of a one-line script) from the same process, and N
 redis.asyncio EVALSHA round trips for the async rows ("x floor" is against the matching one). Rows:
 
-    Client.enqueue              one at a time (one round trip each: workers/enqueue.py)
+    Client.enqueue              one at a time (one round trip each: workers/client/enqueue.py)
     Client.enqueue_many         batches of --batch (one round trip per batch)
     AsyncClient.enqueue         one at a time, awaited; and --concurrency tasks at once
     AsyncClient.enqueue_many    batches of --batch
@@ -30,8 +30,7 @@ import redis
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 from toolloop.embedded import start_server  # noqa: E402
-from workers.async_client import AsyncClient  # noqa: E402
-from workers.client import Client  # noqa: E402
+from workers.client import AsyncClient, Client  # noqa: E402
 
 SPEC = {
     "model": "claude-sonnet-5-5",
@@ -69,8 +68,8 @@ def sync_rows(url: str, runs: int, batch: int) -> dict[str, Callable[[], Any]]:
             client.enqueue_many([SPEC] * batch)
 
     def before() -> None:  # what enqueue did before: the store script, then Celery's producer
-        from workers import runs as lifecycle
-        from workers.spec import RunSpec
+        from workers.protocol.spec import RunSpec
+        from workers.runs import lifecycle
 
         for _ in range(runs):
             lifecycle.create(client.redis, client.celery, RunSpec.model_validate(SPEC))

@@ -16,7 +16,7 @@ the llm queue; the clock starts when they take it. Reported per N:
 
     .venv/bin/python bench/fleet.py [--runs 200] [--turns 5] [--latency 1.0] [--trials 1]
 
-With `--shards N`: for 1..N shards (workers/shards.py `ShardedClient`), each shard a private Redis with
+With `--shards N`: for 1..N shards (workers/client/shards.py `ShardedClient`), each shard a private Redis with
 one worker process, `--runs` runs per shard enqueued through one sharded client; per row the Redis
 CPU per step of each shard (the median shard) and the capacity the shards carry by that measure (N x
 one Redis core's ceiling). `--commit-wait` adds, per shard count, the same fleet with a replica per
@@ -48,8 +48,7 @@ from _durable_runs import REGISTRY, TOOLSET, run_spec, sim_script, start_queue, 
 from _procs import ROOT, env_with  # noqa: E402
 
 from toolloop.embedded import EmbeddedServer, free_port, ping, server_binary, start_server  # noqa: E402
-from workers.client import Client  # noqa: E402
-from workers.shards import ShardedClient  # noqa: E402
+from workers.client import Client, ShardedClient  # noqa: E402
 
 
 class Simulator:

@@ -4,7 +4,8 @@ A tool step's work, as a worker runs it on its loop (uvloop): the input checked 
 schema, the tool run, its output bounded and dumped to the journal's JSON. The plain side is an async
 Python `add` tool; the MCP side is `add` of the counting server examples/mcp_counter.py, a local
 child process over stdio and a local streamable-HTTP server on 127.0.0.1, through the worker's own
-connection pool (workers/mcpservers.py) and tool wrapper (workers/mcptools.py). CPU is this process's
+connection pool (workers/process/mcpservers.py) and tool wrapper (workers/step/mcptools.py). CPU is this
+process's
 (the worker's): the server's own CPU is not counted. Blocks of each side alternate; the medians of
 the blocks are printed, per call.
 
@@ -34,11 +35,11 @@ from toolloop.abort import NEVER_ABORTED  # noqa: E402
 from toolloop.embedded import free_port  # noqa: E402
 from toolloop.loop.tools import as_output, bounded, validate_input  # noqa: E402
 from toolloop.loop.types import ToolOutput, ToolSpec  # noqa: E402
-from workers.hooks import NO_HOOKS  # noqa: E402
-from workers.mcpconfig import McpServer  # noqa: E402
-from workers.mcpservers import McpServers  # noqa: E402
-from workers.mcptools import specs_for, tool_record  # noqa: E402
-from workers.settings import Settings  # noqa: E402
+from workers.config.mcp import McpServer  # noqa: E402
+from workers.config.settings import Settings  # noqa: E402
+from workers.observe.hooks import NO_HOOKS  # noqa: E402
+from workers.process.mcpservers import McpServers  # noqa: E402
+from workers.step.mcptools import specs_for, tool_record  # noqa: E402
 
 COUNTER = [sys.executable, "-m", "examples.mcp_counter"]
 
@@ -55,7 +56,7 @@ async def add(checked: Add, signal: Any) -> ToolOutput:
 
 @dataclasses.dataclass
 class _Process:
-    """What an MCP tool reads of its worker process (workers/process.py WorkerProcess)."""
+    """What an MCP tool reads of its worker process (workers/process/worker_process.py WorkerProcess)."""
 
     mcp: McpServers
     settings: Settings

@@ -1,5 +1,5 @@
 """CPU to pack one loop turn's Redis pipeline: redis-py's asyncio packer (pure Python) against the
-hiredis packer the worker's connections use (`workers.redisio.PackedConnection`).
+hiredis packer the worker's connections use (`workers.process.redisio.PackedConnection`).
 
     .venv/bin/python bench/redis_packing.py [--rounds 2000] [--steps 10]
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis.asyncio as aredis
 
-from workers.redisio import PackedConnection
+from workers.process.redisio import PackedConnection
 
 
 def turn(steps: int) -> list[tuple[Any, ...]]:

@@ -335,7 +335,7 @@ def parked(
             run_ids, took = enqueue_all(url, [spec] * runs, 2)
             found += wait_settled(client, run_ids, timeout=120 + runs / 10)
             enqueue_s += took
-            rss_after.append(settled_rss_mb(pid))  # after the worker's idle trim (workers/trim.py)
+            rss_after.append(settled_rss_mb(pid))  # after the worker's idle trim (workers/worker/trim.py)
             print(f"  parked: RSS {rss_after[-1]:.0f} MB once settled after the last park", file=sys.stderr)
         rss1, peak, mappings = rss_after[0], proc_rss_mb(pid, "VmHWM"), rss_by_mapping(pid)
         threads = Counter(task.joinpath("comm").read_text().strip().rstrip("_0123456789")

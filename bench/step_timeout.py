@@ -1,5 +1,5 @@
 """What a step's timeout costs on the worker's loop (bench/PROFILE-19.md section 8, C7): an
-`asyncio.timeout` around the step's wait, against `workers.deadlines.StepDeadlines` (one timer for
+`asyncio.timeout` around the step's wait, against `workers.process.deadlines.StepDeadlines` (one timer for
 every step of the process), on uvloop as in the worker; thread CPU per await of a done future.
 
     .venv/bin/python bench/step_timeout.py
@@ -16,7 +16,7 @@ import uvloop
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from workers.deadlines import StepDeadlines  # noqa: E402
+from workers.process.deadlines import StepDeadlines  # noqa: E402
 
 N = 200_000
 

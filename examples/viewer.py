@@ -57,7 +57,7 @@ from typing import Any
 
 from toolloop.cli.render import account_text
 from toolloop.contract import AssistantMessage, ChatMessage, ImagePart, TextPart, ToolMessage, UserMessage
-from workers.records import FINAL
+from workers.protocol.records import FINAL
 
 
 def esc(value: Any) -> str:

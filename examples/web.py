@@ -24,7 +24,7 @@ status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}
 /runs/{id}/images/{hash} (an image of the run's conversation, below), POST /runs/{id}/answer, POST
 /runs/{id}/cancel (409 for a run that has ended); a `Last-Event-ID` (or `after`) that is not an id of
 the run's stream, or is past its end, is a 400 that says so. It only talks to Redis through
-`workers.async_client.AsyncClient` (redis.asyncio: no route holds a thread, an event stream is an
+`workers.client.aio.AsyncClient` (redis.asyncio: no route holds a thread, an event stream is an
 `async for`); the workers do the runs. It imports no toolset: a run naming a toolset
 that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the registered names; a
 spec over a limit is a 413 (docs/workers.md, "What is refused"). Without REDIS_URL it uses the
@@ -45,7 +45,7 @@ origin; TOOLLOOP_WEB_ORIGINS adds the public origins of a proxy in front, comma-
 only. A POST body must be `Content-Type: application/json` (415 otherwise), and every body is read
 with its limit counted as it arrives (413 the moment it passes, chunked bodies too): the run spec
 TOOLLOOP_MAX_SPEC_BYTES; an answer or a decision twice its field's limit plus 4 KiB (escapes), and
-the field itself its limit (TOOLLOOP_MAX_ANSWER_BYTES, _REASON_BYTES, _EDIT_BYTES: workers/limits.py).
+the field itself its limit (TOOLLOOP_MAX_ANSWER_BYTES, _REASON_BYTES, _EDIT_BYTES: workers/client/limits.py).
 
 Images: `GET /runs/{id}/images/{hash}` serves an image of that run's conversation that a tool result
 produced, or that the run's spec supplied from under TOOLLOOP_WEB_IMAGE_ROOT (unset: none is served,
@@ -85,9 +85,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from examples import viewer
 from toolloop.contract import CHAT_MESSAGES
 from toolloop.loop.approvals import ApprovalError
-from workers.async_client import AsyncClient
-from workers.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
-from workers.ops import EventIdError
+from workers.client import AsyncClient
+from workers.client.ops import EventIdError
+from workers.protocol.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
 
 
 def error(status: int, message: str) -> JSONResponse:

@@ -99,7 +99,7 @@ def running_embedded(state: Path | None = None) -> RedisChoice | None:
 
 NO_REDIS = "redis://127.0.0.1:6379/0"
 """The URL a Settings holds when neither REDIS_URL is set nor an embedded server runs (`redis_source`
-is then ""): `Client()` and the worker (workers/settings.py) refuse it with `no_redis_message()`
+is then ""): `Client()` and the worker (workers/config/settings.py) refuse it with `no_redis_message()`
 rather than use it."""
 
 

@@ -2,7 +2,7 @@
 
 `run_tool_loop` opens a span around every model call it makes (`chat <model>`) and every tool it runs
 (`execute_tool <name>`), as children of whatever span is current: the worker's step span
-(workers/tracing.py), or the caller's own. Replayed steps run nothing and open no span, so a run that
+(workers/observe/tracing.py), or the caller's own. Replayed steps run nothing and open no span, so a run that
 a crash made replay has still one span per model call and per tool execution that happened.
 
 Only `opentelemetry-api` is needed. With no tracer provider configured (the SDK absent or not set up)

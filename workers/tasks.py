@@ -1,8 +1,8 @@
-"""The Celery tasks: thin adapters, ids in, a call into `workers.advance` / `workers.runs`.
+"""The Celery tasks: thin adapters, ids in, a call into `workers.step.advance` / `workers.runs.lifecycle`.
 
-Task ids are readable: `<run_id>:<n>` for the n-th step of a run (workers/names.py). Arguments are
+Task ids are readable: `<run_id>:<n>` for the n-th step of a run (workers/protocol/names.py). Arguments are
 ids only, so no prompt, message or key ever appears in a broker message or in Flower. Each task
-finds the worker's `WorkerProcess` on its app (`process_of`, attached by workers/wiring.py).
+finds the worker's `WorkerProcess` on its app (`process_of`, attached by workers/worker/bootsteps.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import redis
 from celery import Task
 from celery.exceptions import Reject
 
-from workers import advance as advance_step
-from workers import approvals, runs
 from workers.app import app
-from workers.errors import OOM_HINT, REDIS_LOST, StepFailedError
-from workers.mcptools import journaled_tools
-from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP
-from workers.process import process_of
+from workers.process.worker_process import process_of
+from workers.protocol.errors import OOM_HINT, REDIS_LOST, StepFailedError
+from workers.protocol.names import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP
+from workers.runs import approvals
+from workers.runs import lifecycle as runs
+from workers.step import advance as advance_step
+from workers.step.mcptools import journaled_tools
 
 log = logging.getLogger("toolloop.workers")
 
@@ -28,7 +29,7 @@ log = logging.getLogger("toolloop.workers")
 @app.task(name=ADVANCE, bind=True)  # type: ignore[untyped-decorator]
 def advance(self: Task, run_id: str, n: int) -> str:
     """Run the n-th step of a run and send the next one (or finish, or park); the step runs on the
-    process's asyncio loop while this pool thread waits (workers/process.py)."""
+    process's asyncio loop while this pool thread waits (workers/process/worker_process.py)."""
     process = process_of(self.app)
     task = advance_step.Task(task_id=self.request.id, hostname=self.request.hostname)
     try:

@@ -32,7 +32,7 @@ from faults.table import format_table
 from faults.toolset import read_effects
 from faults.workerpool import WorkerPool
 from workers.client import Client
-from workers.killpoints import PLAN_ENV
+from workers.testing.killpoints import PLAN_ENV
 
 POINTS: dict[str, Need] = {
     "advance:begin": None,
@@ -49,7 +49,7 @@ POINTS: dict[str, Need] = {
 }
 MANY_SLOT_DELIVERIES = 100
 """TOOLLOOP_MAX_DELIVERIES in the many-slot matrix (5 by default). A crash charges a delivery only to
-the redelivered step that has its turn in the process then (workers/suspects.py), but every kill of
+the redelivered step that has its turn in the process then (workers/process/suspects.py), but every kill of
 this matrix is planned, about one every 2 s, many in first deliveries, and each of those charges the
 suspect whose turn it is: that is not the crash loop the limit stops. See docs/faults.md."""
 HEADERS = ["kill point", "runs", "kills", "in flight", "lost", "dup steps", "dup starts", "transcript diff",
@@ -262,7 +262,7 @@ def allowed_reruns(
     A kill ends every step in flight in the process it kills: its own, the others in the worker's
     step slots, the one beside a control task. The kill's log line lists them (`in_flight`: begun in
     that process at `advance:begin`, their commit not in Redis when the process died:
-    workers/killpoints.py `KillPlan`, `interrupted`); each may run again once, and its unit is the
+    workers/testing/killpoints.py `KillPlan`, `interrupted`); each may run again once, and its unit is the
     last effect of its run that process logged since the step began. A step whose commit landed
     (listed under `landed`, or gone from the list at `commit:after`) gets nothing, nor does a step
     with no effect yet. Anything else that runs twice is a duplicate finished step."""

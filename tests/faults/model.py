@@ -1,7 +1,7 @@
 """The fault suite's model in the worker: `providers.from_env()` (the simulator over real HTTP), wrapped.
 
 Loaded by the worker as TOOLLOOP_PROMPT_GEN="faults.model:make". The wrapper records one `model`
-effect line per call (faults.toolset.record) and holds two kill points (workers/killpoints.py):
+effect line per call (faults.toolset.record) and holds two kill points (workers/testing/killpoints.py):
 
     model:request   the simulator has received the request (it writes `arrived/<tag>` and holds its
                     answer), the worker dies while waiting for the answer: a model call in flight
@@ -29,7 +29,7 @@ from faults.shapes import first_text, run_tag
 from faults.toolset import record
 from toolloop.abort import AbortSignal
 from toolloop.contract import AssistantMessage, PromptGenRequest, PromptGenResult
-from workers.killpoints import kill_point, pending, stop_point
+from workers.testing.killpoints import kill_point, pending, stop_point
 
 
 def exec_tag(request: PromptGenRequest) -> str:

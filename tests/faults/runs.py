@@ -18,7 +18,7 @@ import redis
 from faults.shapes import Shape
 from toolloop.journal import keys
 from workers.client import Client
-from workers.records import FINAL, RunStatus
+from workers.protocol.records import FINAL, RunStatus
 
 MODEL = "claude-sonnet-5-5"
 SYSTEM = "You review storyboards for a film crew. Use the tools; ask when unsure."

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from toolloop.embedded import EmbeddedServer
 from workers.client import Client
-from workers.errors import ToolsetError
-from workers.spec import RunSpec
+from workers.protocol.errors import ToolsetError
+from workers.protocol.spec import RunSpec
 
 pytestmark = pytest.mark.faults
 

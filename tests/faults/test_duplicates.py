@@ -21,8 +21,8 @@ from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
-from workers.names import ADVANCE
-from workers.records import FINAL
+from workers.protocol.names import ADVANCE
+from workers.protocol.records import FINAL
 
 pytestmark = pytest.mark.faults
 

@@ -6,7 +6,7 @@
   worker's log names the run and the call (toolloop/loop/tools.py `call_tool`).
 - `os.abort()` in a registered tool, beside healthy runs in flight on the same worker: each crash
   redelivers them all, but the redelivered steps run one at a time per process and only the one
-  running when the process died is charged a delivery (workers/suspects.py): the crashing run fails
+  running when the process died is charged a delivery (workers/process/suspects.py): the crashing run fails
   with DeliveryLimitError and the runs beside it finish (before: each crash charged every step in
   flight, and they failed with it).
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 SCRIPT = """
 import sys
-from workers.killpoints import kill_point
+from workers.testing.killpoints import kill_point
 kill_point("commit:after", run="r1", key="s0/model:1")
 kill_point("commit:after", run="r1", key="s0/model:2")
 print("survived", flush=True)

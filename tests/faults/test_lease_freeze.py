@@ -1,6 +1,6 @@
 """Frozen past the lease: no paid work after the lease is lost, and `start` keyed for idempotency.
 
-A worker is frozen (it SIGSTOPs itself at a stop point, workers/killpoints.py) for longer than its
+A worker is frozen (it SIGSTOPs itself at a stop point, workers/testing/killpoints.py) for longer than its
 lease, at three places: just before a model call is sent (`model:send`), inside a one-phase tool
 before its effect (`tool:inside`), inside a two-phase `start` before its effect (`start:inside`).
 Another worker takes the step over (the frozen one's message comes back after the visibility

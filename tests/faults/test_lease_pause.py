@@ -1,9 +1,9 @@
 """Paused past the lease while a model call is in flight: the paid answer is kept when nobody took
 the step over, and thrown away when somebody did.
 
-A worker pauses (it SIGSTOPs itself at `model:inflight`, workers/killpoints.py: the simulator has
+A worker pauses (it SIGSTOPs itself at `model:inflight`, workers/testing/killpoints.py: the simulator has
 the call and holds its answer) for 3 times its lease, then the test sends SIGCONT. The lease lapsed
-in Redis meanwhile; on resuming, the worker's lease renewal (LEASE_KEEP, workers/scripts/lease.py)
+in Redis meanwhile; on resuming, the worker's lease renewal (LEASE_KEEP, workers/protocol/scripts/lease.py)
 finds out whether another copy began the step since:
 
 - nobody did (one worker, a visibility timeout far longer than the pause, as in production): the

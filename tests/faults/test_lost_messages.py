@@ -31,10 +31,10 @@ from faults.workerpool import WorkerPool
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
-from workers import runs
 from workers.client import Client
-from workers.names import LLM
-from workers.spec import RunSpec
+from workers.protocol.names import LLM
+from workers.protocol.spec import RunSpec
+from workers.runs import lifecycle as runs
 
 pytestmark = pytest.mark.faults
 

@@ -25,7 +25,7 @@ import redis
 from faults.matrix import allowed_reruns
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
-from workers.killpoints import PLAN_ENV, KillPlan, kill_point
+from workers.testing.killpoints import PLAN_ENV, KillPlan, kill_point
 
 RUN = "d27dd455b41c4cba80a2f06732e3d66f"
 OTHER = "5b0e61c2d8f34c9e8a7b2f1e0c4d6a93"

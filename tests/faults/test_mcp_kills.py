@@ -1,5 +1,5 @@
 """MCP kill points, crash-matrix style: a worker SIGKILLed after `tools/call` returned and before the
-step's commit (`mcp:called`, workers/killpoints.py), in two steps of one run.
+step's commit (`mcp:called`, workers/testing/killpoints.py), in two steps of one run.
 
 Real supervised workers (faults.workerpool), the provider simulator over HTTP, and the counting MCP
 server of examples/mcp_counter.py over stdio, deduping by toolloop's `_meta` idempotency key

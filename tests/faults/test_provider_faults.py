@@ -29,7 +29,7 @@ from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
-from workers.records import RunStatus
+from workers.protocol.records import RunStatus
 
 pytestmark = pytest.mark.faults
 

@@ -31,7 +31,7 @@ from faults.workerpool import WorkerPool
 from toolloop.embedded import start_server
 from toolloop.sim import SimServer
 from workers.client import Client
-from workers.records import FINAL
+from workers.protocol.records import FINAL
 
 pytestmark = pytest.mark.faults
 

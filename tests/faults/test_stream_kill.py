@@ -1,4 +1,4 @@
-"""A worker killed mid-stream (kill point `stream:write`, workers/deltas.py): a reader following the
+"""A worker killed mid-stream (kill point `stream:write`, workers/process/deltas.py): a reader following the
 run sees the killed attempt's deltas, then its `discarded` marker, then the re-run step's deltas, and
 the text it is left with is the journal's."""
 
@@ -15,7 +15,7 @@ from tests.integration.streamer import answer_words, worker_env
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from workers.client import Client
-from workers.records import RunEventRecord
+from workers.protocol.records import RunEventRecord
 
 WORDS = 80
 

@@ -4,7 +4,7 @@ Every tool writes one line to `$TOOLLOOP_FAULTS_DIR/effects.log` per outside eff
 `wait`), with the call's tag and the worker's pid: the suite counts these lines to prove that no
 finished step ran twice and no `start` ran twice. The lines are written with O_APPEND in one write
 each, so a SIGKILL leaves whole lines, and a line written is in the file even if the process dies
-the next instant. The kill points inside steps are here too (workers/killpoints.py):
+the next instant. The kill points inside steps are here too (workers/testing/killpoints.py):
 
     tool:before   a one-phase tool was called, before its effect
     tool:after    a one-phase tool made its effect, before it returns
@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from toolloop import AbortSignal, Started, TextPart, ToolOutput, ToolSpec, idempotency_key
-from workers.killpoints import kill_point, stop_point
+from workers.testing.killpoints import kill_point, stop_point
 
 EFFECTS = "effects.log"
 ATTEMPTS = "attempts.log"

@@ -28,8 +28,8 @@ from faults.toolset import read_effects
 from faults.workerpool import WorkerPool
 from toolloop import redisurl
 from toolloop.journal import keys
-from workers import names
 from workers.client import Client
+from workers.protocol import names
 
 Units = Counter[tuple[str, str]]
 During = Callable[[Client, dict[str, Shape], WorkerPool], None]

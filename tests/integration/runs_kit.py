@@ -14,13 +14,13 @@ import redis
 
 from toolloop.embedded import EmbeddedServer
 from workers.client import Client
-from workers.records import RunEventRecord
+from workers.protocol.records import RunEventRecord
 
 TOOLSET = "agents"
 
 
 def client_on(server: EmbeddedServer) -> Iterator[Client]:
-    """A `workers.client.Client` on `server`, closed after the test: `yield from` it in a fixture."""
+    """A `workers.client.sync.Client` on `server`, closed after the test: `yield from` it in a fixture."""
     made = Client(server.url)
     yield made
     made.close()

@@ -21,8 +21,7 @@ from tests.integration.runs_kit import eventually, spec
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
 from toolloop.sim.script import SimRequest, SimToolCall, SimTurn
-from workers.async_client import AsyncClient
-from workers.client import Client
+from workers.client import AsyncClient, Client
 
 pytestmark = pytest.mark.integration
 

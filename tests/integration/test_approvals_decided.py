@@ -23,8 +23,7 @@ from tests.integration.conftest import redis_in, start_worker
 from tests.integration.runs_kit import client_on, eventually, spec
 from toolloop import AlreadyDecidedError, ApprovalError
 from toolloop.embedded import EmbeddedServer
-from workers.async_client import AsyncClient
-from workers.client import Client
+from workers.client import AsyncClient, Client
 
 pytestmark = pytest.mark.integration
 

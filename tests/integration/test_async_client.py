@@ -12,9 +12,8 @@ import pytest
 from tests.integration.runs_kit import celery_events, client_on, eventually, kinds, logged, spec
 from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
-from workers.async_client import AsyncClient
-from workers.client import Client
-from workers.errors import LimitError, RunNotFoundError, RunStateError, ToolsetError
+from workers.client import AsyncClient, Client
+from workers.protocol.errors import LimitError, RunNotFoundError, RunStateError, ToolsetError
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""workers/redisio.py `Batch` against a real Redis whose script cache is emptied under it (SCRIPT
+"""workers/process/redisio.py `Batch` against a real Redis whose script cache is emptied under it (SCRIPT
 FLUSH on a live connection, or a restart): the effects of a batch land in the batch's order, each
 once, and every caller gets the reply its command would have had."""
 
@@ -16,10 +16,10 @@ import redis
 
 from tests.integration.conftest import own_redis
 from toolloop.embedded import EmbeddedServer
-from workers.config import make_app
-from workers.process import WorkerProcess
-from workers.redisio import Batch
-from workers.settings import Settings
+from workers.config.celery import make_app
+from workers.config.settings import Settings
+from workers.process.redisio import Batch
+from workers.process.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.timeout(60)
 

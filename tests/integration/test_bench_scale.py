@@ -48,7 +48,8 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     # CPU is read in 10 ms ticks: 18 steps at the 0.3 ms target may read 0
     assert trial["done"] == 6 and trial["cpu_s"] >= 0 and trial["steps"] == 6 * 3
     assert {"gen0", "gen1", "gen2"} <= set(trial["gc"]) and trial["sim_cpu_s"] >= 0  # 10 ms ticks
-    # the worker's collector thresholds (workers/wiring.py): 6 steps in flight keep the floor of 100,000
+    # the worker's collector thresholds (workers/worker/bootsteps.py): 6 steps in flight keep the floor of
+    # 100,000
     assert trial["gc"]["thresholds"] == [100_000, 50, 1000]
     kept = results["parked"]
     assert kept["statuses"] == {"asked": 24} and len(kept["rss_after_bursts_mb"]) == 2

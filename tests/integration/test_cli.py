@@ -18,7 +18,7 @@ import redis
 from toolloop.embedded import EmbeddedServer, free_port
 from toolloop.journal import keys
 from workers.client import Client
-from workers.scripts.deltas import DELTA_FLUSH
+from workers.protocol.scripts.deltas import DELTA_FLUSH
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLLOOP = str(Path(sys.executable).parent / "toolloop")

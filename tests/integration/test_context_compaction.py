@@ -35,7 +35,7 @@ from toolloop.loop.context import COMPACT_PROMPT, SUMMARY_HEADER
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.fal import FalHandler
 from toolloop.sim import SimRequest, SimServer
-from workers.spec import RunSpec
+from workers.protocol.spec import RunSpec
 
 TURNS = 14
 POLICY = ContextPolicy(compact_at_tokens=9000, keep_turns=2)

@@ -15,7 +15,7 @@ from tests.integration.runs_kit import client_on, spec
 from toolloop.embedded import EmbeddedServer, free_port
 from toolloop.journal import keys
 from workers.client import Client
-from workers.errors import EnqueueError, LimitError
+from workers.protocol.errors import EnqueueError, LimitError
 
 pytestmark = pytest.mark.integration
 

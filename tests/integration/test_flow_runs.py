@@ -22,8 +22,8 @@ from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.sim import SimServer
 from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.script import SimFault, SimRequest, SimToolCall, SimTurn
-from workers import accounts, ratelimit
-from workers.client import Client
+from workers.client import Client, accounts
+from workers.config import ratelimit
 
 TURNS = 5
 NOTE = "Budget nearly spent: answer now."

@@ -1,5 +1,5 @@
-"""The flow-control scripts on a real Redis: the rate limiter's bookings (workers/ratelimit.py) and
-the accounts' reservations (workers/accounts.py)."""
+"""The flow-control scripts on a real Redis: the rate limiter's bookings (workers/config/ratelimit.py) and
+the accounts' reservations (workers/client/accounts.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import httpx
 import pytest
 import redis
 
-from workers import accounts, ratelimit
-from workers.ratelimit import Limits
+from workers.client import accounts
+from workers.config import ratelimit
+from workers.config.ratelimit import Limits
 
 
 def book(

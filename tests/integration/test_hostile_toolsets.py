@@ -23,10 +23,10 @@ from tests.integration.runs_kit import spec
 from tests.support.procs import end
 from tests.support.web import AUTH, BIN, ROOT, WEB_TOKEN, start_web
 from toolloop.embedded import EmbeddedServer, free_port
-from workers import runs
 from workers.client import Client
-from workers.errors import ToolsetError
-from workers.spec import RunSpec
+from workers.protocol.errors import ToolsetError
+from workers.protocol.spec import RunSpec
+from workers.runs import lifecycle as runs
 
 pytestmark = pytest.mark.integration
 

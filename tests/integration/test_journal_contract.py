@@ -14,7 +14,7 @@ import redis
 from toolloop import AbortController, AbortError, MemoryJournal, StepResult, idempotency_key
 from toolloop.abort import AbortSignal
 from toolloop.journal.redis import RedisJournal
-from workers.segment import SegmentJournal, StepBoundary
+from workers.process.segment import SegmentJournal, StepBoundary
 
 MakeJournal = Callable[..., Any]
 

@@ -1,4 +1,4 @@
-"""workers/kombu_redis.py against a real Redis and kombu itself: what the step consumer's queue claims
+"""workers/worker/kombu_redis.py against a real Redis and kombu itself: what the step consumer's queue claims
 is recorded where kombu's own restore finds it (a dead consumer's step comes back through any Celery
 worker), and its ack, restore and restore_visible leave the queue and `unacked` as kombu would."""
 
@@ -12,9 +12,9 @@ import redis.asyncio as aredis
 from kombu import Connection
 
 from toolloop.embedded import EmbeddedServer
-from workers import names, wire
-from workers.kombu_redis import KombuRedisQueue
-from workers.redisio import Batch
+from workers.process.redisio import Batch
+from workers.protocol import names, wire
+from workers.worker.kombu_redis import KombuRedisQueue
 
 
 def _queue(url: str) -> tuple[KombuRedisQueue, aredis.Redis]:

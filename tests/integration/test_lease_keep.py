@@ -10,8 +10,8 @@ from typing import Any
 import redis
 
 from toolloop.journal import keys, scripts
-from workers.scripts.begin import RUN_BEGIN, Refused, Started, parse_begin
-from workers.scripts.lease import LEASE_KEEP, parse_keep
+from workers.protocol.scripts.begin import RUN_BEGIN, Refused, Started, parse_begin
+from workers.protocol.scripts.lease import LEASE_KEEP, parse_keep
 
 LEASE_MS = 60_000
 

@@ -33,7 +33,7 @@ from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
-from workers.errors import ToolsetError
+from workers.protocol.errors import ToolsetError
 
 GARBLED = Path(__file__).resolve().parents[1] / "support" / "mcp_garbled.py"
 TOKEN = f"mcp-token-{uuid.uuid4().hex}"

@@ -33,7 +33,7 @@ from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
-from workers.tracing import segment_ids
+from workers.observe.tracing import segment_ids
 
 pytestmark = pytest.mark.integration
 

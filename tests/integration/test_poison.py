@@ -21,9 +21,9 @@ import redis
 from tests.integration.conftest import redis_in, start_worker
 from tests.integration.runs_kit import client_on, eventually, redis_on, spec
 from toolloop.embedded import EmbeddedServer
-from workers import names, wire
 from workers.client import Client
-from workers.consumer import REJECTED
+from workers.protocol import names, wire
+from workers.worker.consumer import REJECTED
 
 pytestmark = pytest.mark.integration
 

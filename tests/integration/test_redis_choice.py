@@ -1,6 +1,6 @@
 """One way to find Redis for every entry point: `REDIS_URL`, else the embedded server of
 $TOOLLOOP_HOME (default ./.toolloop). The CLI (`toolloop up`), `Client()`, the web example, the
-worker's settings and Flower's (the same `workers.settings`) name the same server."""
+worker's settings and Flower's (the same `workers.config.settings`) name the same server."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.conftest import ROOT
 from workers.client import Client
-from workers.errors import NoRedisError
+from workers.protocol.errors import NoRedisError
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +28,8 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _settings_url(env: dict[str, str], cwd: Path) -> str:
-    """The URL `workers.settings` finds in a fresh process (what a worker, Flower and Client use)."""
-    code = "from workers.settings import Settings; print(Settings.from_env().redis_url)"
+    """The URL `workers.config.settings` finds in a fresh process (what a worker, Flower and Client use)."""
+    code = "from workers.config.settings import Settings; print(Settings.from_env().redis_url)"
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
                           check=True).stdout.strip()  # fmt: skip
 

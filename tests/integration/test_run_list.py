@@ -21,7 +21,7 @@ from tests.integration.runs_kit import eventually, spec
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from workers.client import Client
-from workers.errors import RunNotFoundError, RunStateError
+from workers.protocol.errors import RunNotFoundError, RunStateError
 
 pytestmark = pytest.mark.integration
 

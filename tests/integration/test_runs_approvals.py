@@ -186,7 +186,7 @@ def test_the_web_example_lists_and_decides_approvals(client: Client) -> None:
     from starlette.testclient import TestClient
 
     from examples.web import create_app
-    from workers.async_client import AsyncClient
+    from workers.client import AsyncClient
 
     app = create_app(AsyncClient(client.settings.redis_url), token="t0ken")
     with TestClient(app, headers={"Authorization": "Bearer t0ken"}) as http:

@@ -12,10 +12,10 @@ import pytest
 
 from tests.integration.runs_kit import client_on, kinds, logged, spec
 from toolloop.journal import keys
-from workers import runs
 from workers.client import Client
-from workers.names import ADVANCE
-from workers.spec import RunSpec
+from workers.protocol.names import ADVANCE
+from workers.protocol.spec import RunSpec
+from workers.runs import lifecycle as runs
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from tests.integration.runs_kit import client_on
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from workers.client import Client
-from workers.errors import RunNotFoundError, RunStateError
+from workers.protocol.errors import RunNotFoundError, RunStateError
 
 TOOLSET = "agents"
 
@@ -56,7 +56,7 @@ def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type
 def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> None:
     import pydantic
 
-    from workers.errors import ToolsetError
+    from workers.protocol.errors import ToolsetError
 
     before = client.redis.zcard("tl:runs:live")
     with pytest.raises(pydantic.ValidationError):

@@ -12,9 +12,9 @@ import pytest
 from tests.integration.conftest import Worker, own_redis, start_worker
 from tests.integration.runs_kit import client_on, kinds, spec
 from toolloop.embedded import EmbeddedServer
-from workers import runs
 from workers.client import Client
-from workers.spec import RunSpec
+from workers.protocol.spec import RunSpec
+from workers.runs import lifecycle as runs
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_a_step_delivered_too_often_fails_the_run(client: Client, impatient_work
     run_id = runs.create(
         client.redis, BrokerDown(), RunSpec.model_validate(spec("tools", user="Add 1 and 2."))
     )  # type: ignore[arg-type]
-    # five deliveries died before this one, four of them while it ran alone (workers/suspects.py)
+    # five deliveries died before this one, four of them while it ran alone (workers/process/suspects.py)
     client.redis.hset(f"tl:{{{run_id}}}:attempts", mapping={"1": 5, "1:alone": 4})
     status = client.wait(run_id, timeout=20)  # the sweeper sends it: the sixth delivery
     assert status.status == "failed"

@@ -10,7 +10,7 @@ import pytest
 from tests.integration.runs_kit import client_on, eventually, kinds, logged, spec
 from toolloop import AssistantMessage, TextPart, ToolMessage, UserMessage
 from workers.client import Client
-from workers.errors import RunStateError
+from workers.protocol.errors import RunStateError
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import client_on, spec
 from tests.integration.streamer import answer_words, worker_env
 from toolloop.embedded import EmbeddedServer
-from workers.async_client import AsyncClient
-from workers.client import Client
-from workers.records import RunEventRecord
+from workers.client import AsyncClient, Client
+from workers.protocol.records import RunEventRecord
 
 WORDS = 120
 TOOLLOOP = str(Path(sys.executable).parent / "toolloop")

@@ -17,7 +17,7 @@ from toolloop.embedded import EmbeddedServer
 from toolloop.providers.models import default_catalog
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
-from workers.records import RunEventRecord
+from workers.protocol.records import RunEventRecord
 
 ANSWER = "The sum is 42. " * 40  # 600 characters: 150 token pieces
 ADD = {"name": "add", "input": {"a": 20, "b": 22}}

@@ -1,4 +1,4 @@
-"""Sharded runs (workers/shards.py) on two real Redis servers, each with a real worker: 200 runs
+"""Sharded runs (workers/client/shards.py) on two real Redis servers, each with a real worker: 200 runs
 through one `ShardedClient` land each on exactly one shard, `list_runs` pages through all 200 once,
 newest first, every call by run id reaches the run's shard, and a keyed retry returns the same run."""
 
@@ -14,7 +14,7 @@ import redis
 from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import spec
 from toolloop.embedded import EmbeddedServer
-from workers.shards import AsyncShardedClient, ShardedClient, parse_shards, shard_of
+from workers.client.shards import AsyncShardedClient, ShardedClient, parse_shards, shard_of
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The step consumer (workers/consumer.py) against real worker processes on a private Redis: steps run
+"""The step consumer (workers/worker/consumer.py) against real worker processes on a private Redis: steps run
 on it by default and in Celery's pool with `--step-queues none`, with the same run; a message that is
 not a task is kept aside; a warm shutdown puts a running step back on its queue; the remote-control
 commands add and cancel its queues."""
@@ -19,9 +19,9 @@ from tests.integration.conftest import Worker, redis_in, start_worker
 from tests.integration.runs_kit import client_on, eventually, redis_on, spec
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from toolloop.embedded import EmbeddedServer
-from workers import names, wire
 from workers.client import Client
-from workers.consumer import REJECTED
+from workers.protocol import names, wire
+from workers.worker.consumer import REJECTED
 
 pytestmark = pytest.mark.integration
 

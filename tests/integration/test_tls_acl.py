@@ -25,8 +25,7 @@ import redis
 from tests.integration.conftest import start_worker
 from tests.integration.runs_kit import spec
 from toolloop.embedded import free_port
-from workers.async_client import AsyncClient
-from workers.client import Client
+from workers.client import AsyncClient, Client
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """A worker whose broker transport options move kombu's Redis layout does not start: it exits at
-once with what to change (workers/kombu_redis.py `check_transport_options`), before it takes a step."""
+once with what to change (workers/worker/kombu_redis.py `check_transport_options`), before it takes a step."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from tests.support.chromium import running_chromium
 from tests.support.web import AUTH, WEB_TOKEN, serve_app, serve_web, web_env
 from toolloop import ApprovalError
 from workers.client import Client
-from workers.errors import LimitError
-from workers.ops import EventIdError
+from workers.client.ops import EventIdError
+from workers.protocol.errors import LimitError
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +146,7 @@ def test_images_are_only_the_runs_own_and_only_images(site: Site, tmp_path: Path
     from starlette.testclient import TestClient
 
     from examples.web import create_app
-    from workers.async_client import AsyncClient
+    from workers.client import AsyncClient
 
     app = create_app(AsyncClient(site.client.settings.redis_url), token=WEB_TOKEN, image_root="")
     with TestClient(app, headers=AUTH) as http:

@@ -25,13 +25,14 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.journal import keys
-from workers import names, runs, wire
-from workers.advance import Outcome, Task, advance
 from workers.client import Client
-from workers.config import make_app
-from workers.hooks import Hooks
-from workers.process import WorkerProcess
-from workers.settings import Settings
+from workers.config.celery import make_app
+from workers.config.settings import Settings
+from workers.observe.hooks import Hooks
+from workers.process.worker_process import WorkerProcess
+from workers.protocol import names, wire
+from workers.runs import lifecycle as runs
+from workers.step.advance import Outcome, Task, advance
 
 HOSTNAME = "harness@test"
 

@@ -1,4 +1,4 @@
-"""`workers.advance` step by step, in-process (tests/support/harness.py): a real WorkerProcess on a
+"""`workers.step.advance` step by step, in-process (tests/support/harness.py): a real WorkerProcess on a
 private Redis, no worker subprocess. Each test reads what the step left in Redis: the run's state,
 journal, outbox, the queues and kombu's `unacked` hash."""
 
@@ -13,7 +13,7 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.journal import keys
 from toolloop.testing import ScriptedModel, call, reply
-from workers.consumer import StepConsumer
+from workers.worker.consumer import StepConsumer
 
 
 def add_then_answer() -> ScriptedModel:

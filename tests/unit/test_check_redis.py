@@ -1,4 +1,5 @@
-"""The worker's start-up check of its Redis (workers/wiring.py `check_redis`): a server older than the
+"""The worker's start-up check of its Redis (workers/worker/bootsteps.py `check_redis`): a server older
+than the
 commands the workers send is named in a warning, before the sweeper fails on it."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workers.wiring import check_redis, too_old
+from workers.worker.bootsteps import check_redis, too_old
 
 SAFE = {"appendonly": "yes", "maxmemory-policy": "noeviction", "maxmemory": "1000000"}
 

@@ -9,7 +9,7 @@ import pytest
 
 from toolloop import defaults
 from toolloop.cli.errors import DEBUG_HINT, explain, redact
-from workers.spec import RunSpec
+from workers.protocol.spec import RunSpec
 
 
 def test_redis_url_from_the_environment_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from toolloop.cli.errors import CliError
 from toolloop.cli.processes import QUEUES, load_policy, worker_argv, worker_env
-from workers.names import QUEUES as APP_QUEUES
+from workers.protocol.names import QUEUES as APP_QUEUES
 
 
 def test_the_worker_consumes_every_queue_with_a_threads_pool() -> None:

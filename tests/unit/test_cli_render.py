@@ -103,7 +103,7 @@ def test_progress_line_only_on_a_terminal() -> None:
 
 def test_status_block(capsys: pytest.CaptureFixture[str]) -> None:
     from toolloop.cli.follow import print_status
-    from workers.records import RunStatus
+    from workers.protocol.records import RunStatus
 
     class Stub:
         def status(self, run_id: str) -> RunStatus:

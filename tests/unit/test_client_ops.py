@@ -1,4 +1,5 @@
-"""The clients' pure request/reply layer (workers/ops.py, workers/enqueue.py), without Redis: what an
+"""The clients' pure request/reply layer (workers/client/ops.py, workers/client/enqueue.py), without Redis:
+what an
 enqueue request carries, that a client imports no Celery, and that the task names match the app's."""
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import sys
 
 import pytest
 
-from workers import enqueue, ops, wire
-from workers.errors import LimitError, ToolsetError
-from workers.settings import Settings
+from workers.client import enqueue, ops
+from workers.config.settings import Settings
+from workers.protocol import wire
+from workers.protocol.errors import LimitError, ToolsetError
 
 SPEC = {"model": "m", "toolset": "review", "messages": [{"role": "user", "content": "Go."}]}
 
@@ -23,8 +25,9 @@ def preparer() -> enqueue.Preparer:
 
 def test_a_client_module_imports_no_celery_and_no_worker_runtime() -> None:
     code = (
-        "import sys, workers.client, workers.async_client; "
-        "print(sorted(m for m in ('celery', 'workers.app', 'workers.consumer', 'workers.process') "
+        "import sys, workers.client.sync, workers.client.aio; "
+        "print(sorted(m for m in ('celery', 'workers.app', 'workers.worker.consumer', "
+        "'workers.process.worker_process') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -71,7 +74,7 @@ def test_an_event_id_is_a_stream_id_or_refused() -> None:
 
 def test_answers_and_decisions_are_refused_one_byte_over_their_limits() -> None:
     from toolloop.loop.types import Decision
-    from workers.limits import IDENT_BYTES, check_answer, check_decision
+    from workers.client.limits import IDENT_BYTES, check_answer, check_decision
 
     settings = Settings.from_env()
     check_answer("é" * (settings.max_answer_bytes // 2), settings)  # UTF-8 bytes, at the limit

@@ -1,4 +1,4 @@
-"""`StepDeadlines`: one timer times out every watched step of a process (workers/deadlines.py)."""
+"""`StepDeadlines`: one timer times out every watched step of a process (workers/process/deadlines.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from workers.deadlines import StepDeadlines, StepTimedOut
+from workers.process.deadlines import StepDeadlines, StepTimedOut
 
 
 async def test_a_watched_step_times_out_and_a_forgotten_one_does_not() -> None:

@@ -1,11 +1,11 @@
-"""`workers.ops.decision_states`: where each decision of a run stands, from what Redis holds (the
+"""`workers.client.ops.decision_states`: where each decision of a run stands, from what Redis holds (the
 held calls, recorded decisions, the inbox of decisions not applied yet, the workers' refusals)."""
 
 from __future__ import annotations
 
 import json
 
-from workers.ops import decision_states
+from workers.client.ops import decision_states
 
 HELD = [
     {"call_id": "a", "name": "send_cut"},

@@ -82,25 +82,25 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_walker_finds_a_cycle_through_a_function_level_import() -> None:
     graph = {"workers.a": {"workers.b"}, "workers.b": {"workers.c"}, "workers.c": {"workers.a"}}
     assert find_cycle(graph) == ["workers.a", "workers.b", "workers.c", "workers.a"]
-    source = "def f():\n    from workers import advance\n"
-    known = {"workers", "workers.advance", "workers.consumer"}
+    source = "def f():\n    from workers.step import advance\n"
+    known = {"workers", "workers.step", "workers.step.advance", "workers.worker.consumer"}
     path = ROOT / "tests" / "unit" / "_probe.py"
     path.write_text(source, encoding="utf-8")
     try:
-        assert _imports(path, "workers.consumer", known) == {"workers", "workers.advance"}
+        assert _imports(path, "workers.worker.consumer", known) == {"workers.step", "workers.step.advance"}
     finally:
         path.unlink()
 
 
 def test_no_import_cycle_in_toolloop_or_workers() -> None:
     graph = import_graph()
-    assert "workers.advance" in graph and "toolloop.loop.run" in graph
+    assert "workers.step.advance" in graph and "toolloop.loop.run" in graph
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_names_is_a_leaf() -> None:
-    assert {m for m in import_graph()["workers.names"] if m.startswith("workers")} == set()
+    assert {m for m in import_graph()["workers.protocol.names"] if m.startswith("workers")} == set()
 
 
 def test_importing_the_client_loads_no_worker_and_builds_no_celery_app() -> None:
@@ -117,8 +117,17 @@ def test_importing_the_client_loads_no_worker_and_builds_no_celery_app() -> None
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    worker_side = {"workers.app", "workers.consumer", "workers.process", "workers.advance", "workers.wiring",
-                   "workers.tasks", "workers.commit", "workers.live", "workers.redisio"}  # fmt: skip
+    worker_side = {
+        "workers.app",
+        "workers.worker.consumer",
+        "workers.process.worker_process",
+        "workers.step.advance",
+        "workers.worker.bootsteps",
+        "workers.tasks",
+        "workers.step.commit",
+        "workers.process.live",
+        "workers.process.redisio",
+    }
     assert worker_side.isdisjoint(seen["modules"]), worker_side & set(seen["modules"])
     assert "toolloop" not in seen["apps"] and not seen["built"]
     assert seen["after"] == "toolloop"  # built once a method needs it

@@ -12,8 +12,9 @@ import pytest
 
 from toolloop.cli import main
 from toolloop.providers.retry import MAX_RETRY_AFTER_S, parse_retry_after
-from workers import accounts, ops, ratelimit
-from workers.settings import Settings
+from workers.client import accounts, ops
+from workers.config import ratelimit
+from workers.config.settings import Settings
 
 CAP = MAX_RETRY_AFTER_S
 

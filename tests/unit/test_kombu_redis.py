@@ -1,4 +1,4 @@
-"""workers/kombu_redis.py: a worker refuses broker transport options that move kombu's Redis layout
+"""workers/worker/kombu_redis.py: a worker refuses broker transport options that move kombu's Redis layout
 (the step consumer and the event sender write it themselves), and says what to do."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from kombu.transport.redis import Channel
 
-from workers.config import make_app
-from workers.kombu_redis import _LAYOUT, UnsupportedTransportOption, check_transport_options
+from workers.config.celery import make_app
+from workers.worker.kombu_redis import _LAYOUT, UnsupportedTransportOption, check_transport_options
 
 
 def test_our_own_configuration_and_kombus_defaults_spelled_out_are_accepted() -> None:

@@ -1,4 +1,4 @@
-"""`workers.leases.Leases`: the local deadline of a step's lease, what aborts the step's signal, and
+"""`workers.process.leases.Leases`: the local deadline of a step's lease, what aborts the step's signal, and
 a lapsed lease taken again.
 
 The batch here answers each LEASE_KEEP as the test says (no Redis): 1 (renewed), 2 (it had lapsed
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from toolloop import AbortController, AbortError
-from workers.errors import LeaseLostError
-from workers.leases import Leases
+from workers.process.leases import Leases
+from workers.protocol.errors import LeaseLostError
 
 LEASE_MS = 300
 

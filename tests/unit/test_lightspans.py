@@ -1,4 +1,4 @@
-"""The worker's light tracer provider (workers/lightspans.py): its spans reach the SDK's span
+"""The worker's light tracer provider (workers/observe/lightspans.py): its spans reach the SDK's span
 processors and exporters as the SDK's ReadableSpans (resource, scope, parent, attributes, status),
 sampled as the parent was, within the span limits, their attributes cleaned as the SDK cleans
 them, and nest other instrumentation's spans; with the batch processor they are made ReadableSpans
@@ -30,8 +30,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
 
-from workers.lightspans import LightProvider, Materialize
-from workers.spanfile import EveryRun
+from workers.observe.lightspans import LightProvider, Materialize
+from workers.observe.spanfile import EveryRun
 
 RESOURCE = Resource.create({"service.name": "toolloop-worker"})
 
@@ -177,7 +177,7 @@ def test_the_workers_provider_takes_the_environments_sampler(tmp_path: Path) -> 
 from opentelemetry import trace
 from toolloop import telemetry
 from toolloop.contract import PromptGenRequest
-from workers import tracing
+from workers.observe import tracing
 assert tracing.configure()
 request = PromptGenRequest(prompt="", model="m")
 for state in ({}, {"traceparent": f"00-{7:032x}-{9:016x}-01"}):

@@ -1,4 +1,4 @@
-"""workers/live.py: a run's loop paused at every step boundary and resumed step by step (what a
+"""workers/process/live.py: a run's loop paused at every step boundary and resumed step by step (what a
 worker does while a run stays on it) ends exactly as the same loop run straight through; a kept
 loop past the limit is ended."""
 
@@ -14,14 +14,14 @@ from loop_kit import Counter, options, read_frame, run
 
 from toolloop.loop.types import RunToolLoopResult
 from toolloop.testing import ScriptedModel, call, reply
-from workers import live
-from workers.segment import SegmentJournal, StepBoundary
-from workers.settings import Settings
+from workers.config.settings import Settings
+from workers.process import live
+from workers.process.segment import SegmentJournal, StepBoundary
 
 
 @dataclass
 class Step:
-    """What the loop reads of the task running it (workers/advance.py's step)."""
+    """What the loop reads of the task running it (workers/step/advance.py's step)."""
 
     outside: float = 0.0
     state: dict[str, str] = field(default_factory=dict)

@@ -3,8 +3,9 @@
 tool error the model reads, journaled, and the loop goes on; in the main thread, where a signal
 lands, `KeyboardInterrupt` and `SystemExit` still stop the loop, and cancellation always does.
 
-The loop runs in a thread of its own here, as a durable worker runs it (workers/process.py), and a
-sync tool offloaded to a thread goes through `contained`, as the worker's do (workers/toolsets.py)."""
+The loop runs in a thread of its own here, as a durable worker runs it (workers/process/worker_process.py),
+and a
+sync tool offloaded to a thread goes through `contained`, as the worker's do (workers/config/toolsets.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from loop_kit import Exploding, Shot, options, run
 from toolloop import MemoryJournal, Started, TextPart, ToolMessage, ToolOutput, ToolSpec
 from toolloop.loop.tools import contained
 from toolloop.testing import ScriptedModel, call, reply
-from workers.live import _contained
+from workers.process.live import _contained
 
 
 def in_thread(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -47,7 +48,7 @@ def raising(error: BaseException, offload: bool = False) -> Any:
         raise error
 
     async def run_async(input: Shot, signal: object) -> ToolOutput:
-        if offload:  # a sync tool in a thread, as a worker runs one (workers/toolsets.py)
+        if offload:  # a sync tool in a thread, as a worker runs one (workers/config/toolsets.py)
             return await asyncio.to_thread(contained(run_sync), input, signal)
         raise error
 
@@ -140,7 +141,7 @@ def test_an_exception_still_ends_the_loop_with_that_error() -> None:
 
 
 async def test_a_worker_loop_fails_the_run_when_other_run_code_raises_system_exit() -> None:
-    """workers/live.py: a SystemExit from a model call (not a tool) fails the run with two lines;
+    """workers/process/live.py: a SystemExit from a model call (not a tool) fails the run with two lines;
     it does not leave the task to asyncio, which would raise it out of the worker's event loop."""
 
     async def exits(*_: object) -> None:

@@ -1,4 +1,4 @@
-"""Registering MCP servers (workers/mcpconfig.py, workers/toolsets.py): what the operator writes, read
+"""Registering MCP servers (workers/config/mcp.py, workers/config/toolsets.py): what the operator writes, read
 without importing or connecting; each mistake a two-line error saying what to do; `${VAR}` filled in
 from the worker's environment only, its value in no error; MCP input schemas checked like any tool's."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from toolloop.loop.tools import tool_definitions, validate_input
-from workers.errors import ToolsetError
-from workers.mcpconfig import McpServer, expand, read_file
-from workers.mcptools import input_model
-from workers.settings import Settings
-from workers.toolsets import Registry, parse
+from workers.config.mcp import McpServer, expand, read_file
+from workers.config.settings import Settings
+from workers.config.toolsets import Registry, parse
+from workers.protocol.errors import ToolsetError
+from workers.step.mcptools import input_model
 
 
 def _file(tmp_path: Path, text: str) -> str:

@@ -19,9 +19,9 @@ from tests.support.harness import StepHarness
 from toolloop.journal import keys
 from toolloop.testing import ScriptedModel, call, reply
 from workers.client import Client
-from workers.mcpconfig import McpServer
-from workers.mcpservers import McpServers
-from workers.toolsets import Registry
+from workers.config.mcp import McpServer
+from workers.config.toolsets import Registry
+from workers.process.mcpservers import McpServers
 
 
 class CountedServers(McpServers):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from workers.metrics import Metrics
+from workers.observe.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 NAME = re.compile(r"\btoolloop_[a-z_]+")

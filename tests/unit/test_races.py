@@ -1,6 +1,6 @@
 """Races seen under load, each made deterministic with the step harness (tests/support/harness.py): a
 real WorkerProcess on a private Redis, the interleaving forced by the order the test runs things in
-or by a hook point of the process (workers/hooks.py), never by sleeping."""
+or by a hook point of the process (workers/observe/hooks.py), never by sleeping."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ async def test_two_answers_count_in_the_order_sent_whatever_order_their_messages
     h.client.answer(run, "first")
     h.client.answer(run, "second")  # a double click: ignored when sent, nothing stored for it
     inbox: dict[str, str] = h.redis.hgetall(keys.inbox(run))  # type: ignore[assignment]
-    from workers import runs
+    from workers.runs import lifecycle as runs
 
     applied = [runs.answer(h.process.redis, h.process.celery, run, a) for a in reversed(list(inbox))]
     assert applied == ["resumed"]
@@ -118,7 +118,7 @@ async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_
     # approve, then reject, on one held call: the reject is refused when it is sent (DECIDE_SEND:
     # the approve is queued already), so whatever order their `toolloop.decide` messages would run
     # in, the approve is the decision (fails before #31: "first applied wins", the reject won).
-    from workers import approvals
+    from workers.runs import approvals
 
     h = step_harness
     h.model = publish_then_note()
@@ -130,7 +130,7 @@ async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_
     inbox: dict[str, str] = h.redis.hgetall(keys.decide_inbox(run))  # type: ignore[assignment]
     assert [json.loads(entry)["decision"]["action"] for entry in inbox.values()] == ["approve"]
     order = h.redis.lrange(keys.decide_order(run), 0, -1)
-    assert order == list(inbox)  # the send order the workers apply by (workers/approvals.py)
+    assert order == list(inbox)  # the send order the workers apply by (workers/runs/approvals.py)
     tools = h.process.toolsets.for_worker
     applied = [approvals.apply(h.process.redis, h.process.celery, run, d, tools, 0) for d in order]
     assert applied == ["resumed"], applied

@@ -1,4 +1,4 @@
-"""workers/redisio.py: the hiredis-packed connection sends the bytes redis-py's own packer sends."""
+"""workers/process/redisio.py: the hiredis-packed connection sends the bytes redis-py's own packer sends."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import redis.asyncio as aredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.redisio import PackedConnection, packed_pool
+from workers.process.redisio import PackedConnection, packed_pool
 
 COMMANDS: list[tuple[object, ...]] = [
     ("EVALSHA", "a" * 40, 2, "tl:{r1}:state", "tl:{r1}:lease", '{"ünïcode": "✓"}', 600000),

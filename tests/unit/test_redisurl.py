@@ -9,8 +9,8 @@ import ssl
 import pytest
 
 from toolloop import redisurl
-from workers.config import make_app, ssl_options
-from workers.settings import Settings
+from workers.config.celery import make_app, ssl_options
+from workers.config.settings import Settings
 
 
 def test_a_direct_url_is_passed_to_redis_py_as_is_and_valkey_is_read_as_redis() -> None:

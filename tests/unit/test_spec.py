@@ -11,9 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from toolloop import ToolOutput, ToolSpec, UserMessage
-from workers import toolsets
-from workers.errors import RunNotFoundError, ToolsetError
-from workers.spec import RunSpec
+from workers.config import toolsets
+from workers.protocol.errors import RunNotFoundError, ToolsetError
+from workers.protocol.spec import RunSpec
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -61,7 +61,7 @@ def test_a_bad_spec_names_the_bad_field(change: dict[str, object], where: str) -
 
 def test_the_providers_a_spec_may_name_are_those_the_workers_have() -> None:
     from toolloop.providers import from_env
-    from workers.spec import provider_names
+    from workers.protocol.spec import provider_names
 
     assert provider_names() == from_env({}).providers() and "anthropic" in provider_names()
     for name in provider_names():

@@ -139,7 +139,7 @@ async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
     spans: InMemorySpanExporter,
 ) -> None:
     from toolloop.contract import PromptGenResult
-    from workers.metrics import Metrics, counted
+    from workers.observe.metrics import Metrics, counted
 
     switched = PromptGenResult(
         text="Fine.", meta={"provider": "fal", "fallback_from": [{"provider": "anthropic", "reason": "529"}]}
@@ -157,10 +157,10 @@ async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
 
 
 def test_a_run_segment_span_has_ids_derived_from_the_run(spans: InMemorySpanExporter, tmp_path: Path) -> None:
-    """workers/tracing.py: every task of a segment finds the same parent from the run id alone; the
+    """workers/observe/tracing.py: every task of a segment finds the same parent from the run id alone; the
     task whose commit ends the segment exports its span (the worker's provider, `configure`), from
     the segment's recorded start; a caller's sampled-out trace stays sampled out."""
-    from workers.tracing import StepTrace, segment_ids
+    from workers.observe.tracing import StepTrace, segment_ids
 
     trace_id, span_id = segment_ids("run-a", 1)
     assert segment_ids("run-a", 1) == (trace_id, span_id) != segment_ids("run-b", 1)
@@ -178,7 +178,7 @@ def test_a_run_segment_span_has_ids_derived_from_the_run(spans: InMemorySpanExpo
 
     code = """
 from opentelemetry import trace
-from workers import tracing
+from workers.observe import tracing
 assert tracing.configure()
 step = tracing.StepTrace("run-a", 4, {"segment": "1", "trace_start": "1:1000"}, "task-1")
 step.end("next")

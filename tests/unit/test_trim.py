@@ -1,4 +1,4 @@
-"""workers/trim.py: an idle worker gives the C heap's free memory back to the OS (glibc's
+"""workers/worker/trim.py: an idle worker gives the C heap's free memory back to the OS (glibc's
 malloc_trim) and ends its sync-tool threads, once per idle spell and never while a step holds a
 lease."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from toolloop.embedded import EmbeddedServer
-from workers.config import make_app
-from workers.leases import Leases
-from workers.process import WorkerProcess
-from workers.settings import Settings
-from workers.trim import IdleTrim, malloc_trim
+from workers.config.celery import make_app
+from workers.config.settings import Settings
+from workers.process.leases import Leases
+from workers.process.worker_process import WorkerProcess
+from workers.worker.trim import IdleTrim, malloc_trim
 
 
 class Batch:

@@ -1,4 +1,4 @@
-"""workers/wire.py: a task message the step consumer writes reads back as the same delivery, and
+"""workers/protocol/wire.py: a task message the step consumer writes reads back as the same delivery, and
 the unacked value it records is what kombu's restore parses ([message, exchange, routing key])."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers import names, wire
+from workers.protocol import names, wire
 
 
 def test_a_task_message_parses_back_to_the_delivery_it_was_made_as() -> None:
@@ -70,8 +70,8 @@ def test_celerys_own_task_message_passes_the_poison_check() -> None:
 
     from kombu import Connection
 
-    from workers.config import make_app
-    from workers.names import ADVANCE, ANSWER, CANCEL, SWEEP
+    from workers.config.celery import make_app
+    from workers.protocol.names import ADVANCE, ANSWER, CANCEL, SWEEP
 
     app = make_app()
     sent: list[str] = []
@@ -144,12 +144,12 @@ def test_the_poison_check_never_raises(text: str, where: str | None, value: obje
 
 
 def test_a_runs_traceparent_rides_in_the_message_headers_and_parses_back() -> None:
-    """workers/tracing.py: successors carry the run's W3C trace context; the fast parse of a
+    """workers/observe/tracing.py: successors carry the run's W3C trace context; the fast parse of a
     `traceparent` gives the same span context as the propagator's, and a malformed one a new trace."""
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    from workers.tracing import parent_context
+    from workers.observe.tracing import parent_context
 
     value = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     message = wire.task_message("toolloop.advance", ["r", 2], "r:2", "llm", traceparent=value)

@@ -1,5 +1,5 @@
 """`toolloop accounts`: spend per budget account; `--set NAME USD` sets an account's limit (a finite
-amount above 0 and at most 1e9 USD, workers/accounts.py `check_usd`; else two lines, exit 1)."""
+amount above 0 and at most 1e9 USD, workers/client/accounts.py `check_usd`; else two lines, exit 1)."""
 
 from __future__ import annotations
 

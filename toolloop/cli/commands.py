@@ -1,5 +1,5 @@
 """The run commands: `run`, `status`, `events`, `answer`, `cancel`, `retry`, and `up` / `down` for the
-embedded Redis. Each is a thin adapter over `workers.client.Client`."""
+embedded Redis. Each is a thin adapter over `workers.client.sync.Client`."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoic
             "  Start the server or fix REDIS_URL: user, password, rediss:// and ?ssl_ca_certs= for TLS "
             "(unset it to use the embedded server)."
         )
-    return workers("client").Client(choice.url, toolsets=toolsets), choice
+    return workers("client.sync").Client(choice.url, toolsets=toolsets), choice
 
 
 def redact_text(text: str, url: str) -> str:
@@ -299,7 +299,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     older_than = None
     if args.older_than is not None:
         try:
-            older_than = workers("settings").duration(args.older_than)
+            older_than = workers("config.settings").duration(args.older_than)
         except ValueError as error:
             raise CliError(
                 str(error).replace("is not a duration", "is not a duration for --older-than")

@@ -95,7 +95,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             started.append(worker)
             print(f"worker   celery worker pid {worker.pid} (steps on its asyncio loop; log {log_path})")
-            spec = workers("spec").RunSpec(
+            spec = workers("protocol.spec").RunSpec(
                 model=MODEL,
                 system=SYSTEM,
                 messages=[{"role": "user", "content": PROMPT}],

@@ -60,9 +60,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def check_toolsets(say: Any) -> None:
     """Import each registered Python toolset and ask each MCP server for its tools."""
-    toolsets = workers("toolsets")
+    toolsets = workers("config.toolsets")
     try:
-        settings = workers("settings").Settings.from_env()
+        settings = workers("config.settings").Settings.from_env()
         registered = toolsets.registered(settings.toolsets, settings.toolsets_file)
     except ValueError as error:
         say("error", str(error).splitlines()[0])
@@ -81,7 +81,9 @@ def check_toolsets(say: Any) -> None:
                 listed = ", ".join(tool.name for tool in tools) or "no tools"
                 say("ok", f"toolset {name!r} = {path} ({listed})")
         servers = list(toolset.servers)
-        for server, answer in zip(servers, asyncio.run(workers("mcpservers").probe(servers)), strict=True):
+        for server, answer in zip(
+            servers, asyncio.run(workers("process.mcpservers").probe(servers)), strict=True
+        ):
             if isinstance(answer, Exception):
                 say("error", f"toolset {name!r}: {str(answer).splitlines()[0]}")
             else:

@@ -136,7 +136,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     extra: dict[str, str] = {}
     if args.toolsets is not None:  # checked before anything starts
         try:
-            workers("toolsets").parse(args.toolsets)
+            workers("config.toolsets").parse(args.toolsets)
         except ValueError as error:
             raise CliError(str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")) from None
         extra["TOOLLOOP_TOOLSETS"] = args.toolsets
@@ -160,7 +160,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     served = extra.get("TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")).strip()
     listed = [entry.split("=")[0].strip() for entry in served.split(",") if entry.strip()]
     try:  # and the MCP servers and toolsets of TOOLLOOP_TOOLSETS_FILE (read, not connected)
-        listed += sorted(workers("mcpconfig").read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip()))
+        listed += sorted(
+            workers("config.mcp").read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip())
+        )
     except ValueError as error:
         raise CliError(str(error)) from None
     names = ", ".join(listed)

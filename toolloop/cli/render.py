@@ -1,6 +1,6 @@
 """How the `toolloop` command shows runs: one line per event, a status block, a progress line.
 
-Events and statuses arrive from `workers.client` as pydantic models or dicts; `field()` reads
+Events and statuses arrive from `workers.client.sync` as pydantic models or dicts; `field()` reads
 either, so the renderer does not care which.
 """
 

@@ -94,18 +94,18 @@ def check_toolset(name: Any) -> None:
             "  Pass --toolset NAME (one registered in TOOLLOOP_TOOLSETS), or set toolset in the spec file."
         )
     try:
-        registered = workers("settings").Settings.from_env().toolset_names()
-        workers("toolsets").check_name(str(name), registered)
-    except ValueError as error:  # workers.errors.ToolsetError: two lines already
+        registered = workers("config.settings").Settings.from_env().toolset_names()
+        workers("config.toolsets").check_name(str(name), registered)
+    except ValueError as error:  # workers.protocol.errors.ToolsetError: two lines already
         raise CliError(str(error)) from None
 
 
 def build_spec(args: argparse.Namespace) -> Any:
-    """A validated `workers.spec.RunSpec`; a bad field or toolset is a CliError, nothing enqueued."""
+    """A validated `workers.protocol.spec.RunSpec`; a bad field or toolset is a CliError, nothing enqueued."""
     data = spec_data(args)
     check_toolset(data.get("toolset"))
     try:
-        return workers("spec").RunSpec.model_validate(data)
+        return workers("protocol.spec").RunSpec.model_validate(data)
     except pydantic.ValidationError as error:
         where = f"in {str(args.file)!r}" if args.file else "from the flags"
         raise CliError(f"The run spec {where} is invalid: {validation_lines(error)}.\n{SPEC_HINT}") from None

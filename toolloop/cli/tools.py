@@ -20,9 +20,9 @@ def add_command(sub: Any) -> None:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    settings = workers("settings").Settings.from_env()
+    settings = workers("config.settings").Settings.from_env()
     try:
-        registry = workers("toolsets").Registry(settings.toolsets, settings.toolsets_file)
+        registry = workers("config.toolsets").Registry(settings.toolsets, settings.toolsets_file)
         toolset = registry.toolset(args.name)
     except ValueError as error:  # ToolsetError: two lines already
         raise CliError(str(error)) from None
@@ -31,14 +31,14 @@ def cmd_tools(args: argparse.Namespace) -> int:
     failed = 0
     for path in toolset.python:
         try:
-            loaded = workers("toolsets").load(path, args.name)
+            loaded = workers("config.toolsets").load(path, args.name)
         except ValueError as error:
             print(f"error {path}: {str(error).splitlines()[0]}")
             failed += 1
             continue
         for tool in loaded:
             print(f"{tool.name:<28} {path:<32} {_first_line(tool.description)}")
-    listed = asyncio.run(workers("mcpservers").probe(list(toolset.servers)))
+    listed = asyncio.run(workers("process.mcpservers").probe(list(toolset.servers)))
     for server, tools in zip(toolset.servers, listed, strict=True):
         if isinstance(tools, Exception):
             print(f"error MCP server {server.label!r}: {str(tools).splitlines()[0]}")
@@ -51,7 +51,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def _held(server: Any, tool: Any) -> bool:
-    record = workers("mcptools").tool_record(tool)
+    record = workers("step.mcptools").tool_record(tool)
     destructive = not record["read_only"] and record["destructive"]
     return tool.name in server.needs_approval or (server.approve_destructive and destructive)
 

@@ -25,7 +25,7 @@ a superset of the live runs, never the source of truth.
                                        score = when it was recorded (unix seconds)
     tl:{<run>}:attempts        hash    field = n, value = deliveries of task n; field = "<n>:alone",
                                        value = deliveries of task n that ran alone among the
-                                       redelivered steps of their process (workers/suspects.py)
+                                       redelivered steps of their process (workers/process/suspects.py)
     tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
     tl:{<run>}:decisions       hash    the decisions on held calls (field "s<seg>:<call id>")
     tl:{<run>}:decide          hash    decisions sent, not applied yet (field = decision id)
@@ -40,7 +40,7 @@ a superset of the live runs, never the source of truth.
     tl:cancel                  channel pubsub: a run id whose live step must abort now
     toolloop:rejected          list    messages found on a toolloop queue that are not valid tasks,
                                        newest first: JSON {at, queue, reason, worker, size, truncated,
-                                       raw} (workers/consumer.py; the newest 10,000 are kept)
+                                       raw} (workers/worker/consumer.py; the newest 10,000 are kept)
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ def attempts(run_id: str) -> str:
 
 
 def alone_field(n: int) -> str:
-    """The field of `attempts(run)` counting task n's deliveries that ran alone (workers/suspects.py)."""
+    """The field of `attempts(run)` counting task n's deliveries that ran alone
+    (workers/process/suspects.py)."""
     return f"{n}:alone"
 
 
@@ -117,7 +118,7 @@ def spend(run_id: str) -> str:
 
 
 def mcp_tools(run_id: str) -> str:
-    """The MCP tool lists a run journaled (workers/mcptools.py): field = server label (HSETNX)."""
+    """The MCP tool lists a run journaled (workers/step/mcptools.py): field = server label (HSETNX)."""
     return _run(run_id, "mcptools")
 
 

@@ -8,7 +8,7 @@ what `step` returns: two copies of one step end with one stored value and both c
 Every live step is leased, run and committed at once; a step whose lease another process holds
 waits for that value (or for the lease to lapse). While the work runs, `idempotency_key()` is
 "<run id>/<prefix><key>". The durable worker reads and writes the same entries (`encode_entry`) one
-step per task, through its own segment journal (workers/segment.py), which commits with the run.
+step per task, through its own segment journal (workers/process/segment.py), which commits with the run.
 """
 
 from __future__ import annotations

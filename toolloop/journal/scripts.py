@@ -1,5 +1,5 @@
 """The Lua scripts of the leased journal (`RedisJournal`): its lease and its commit, each one atomic
-call. The scripts of a durable run's lifecycle are the worker's (workers/scripts/).
+call. The scripts of a durable run's lifecycle are the worker's (workers/protocol/scripts/).
 
 Invariants the scripts keep (keys in `keys.py`; every key of a call shares the run's hash tag):
 - A journal field is written with HSETNX only, and every script that writes one returns the STORED

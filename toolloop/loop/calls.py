@@ -55,7 +55,7 @@ class _BudgetStop(Exception):
 
 
 BudgetStop = _BudgetStop
-"""Raised by a model call or a tool's work (a durable worker's shared budget account, workers/flow.py)
+"""Raised by a model call or a tool's work (a durable worker's shared budget account, workers/flow/limiter.py)
 to stop the run `budget` as the breaker would: nothing is journaled."""
 
 

@@ -195,7 +195,7 @@ class ToolEvent(_Value):
 
 
 class AccountLimit(_Value):
-    """The shared budget account whose limit stopped a run (a durable worker's, workers/flow.py): its
+    """The shared budget account whose limit stopped a run (a durable worker's, workers/flow/limiter.py): its
     `name`, `period` ("day", "month" or "total") and that period's id (`2026-12-02`, `2026-12`,
     `total`), its `limit_usd`, and what the account had spent and reserved in it (`spent_usd`)."""
 

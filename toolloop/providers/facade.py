@@ -16,7 +16,7 @@ Streaming (SPEC 4.3): `on_delta` is passed to each handler whose `execute` takes
 to the next provider after deltas went out, a discard delta (`DeltaEvent(discard=True)`) says
 they are void.
 
-Flow control (workers/flow.py): while `AROUND_ATTEMPT` holds a hook, each provider the walk tries is
+Flow control (workers/flow/limiter.py): while `AROUND_ATTEMPT` holds a hook, each provider the walk tries is
 called through it, `await hook(provider, request, send)`, where `send(request)` makes that
 provider's call (with its own retries); the hook may wait before it sends, send a changed request
 (a finish note) and raise (a budget stop is raised at once, as any error that is not unavailable or

@@ -71,11 +71,12 @@ T = TypeVar("T")
 ResponseObserver = Callable[[int, Mapping[str, str]], None]
 observe_responses: ContextVar[ResponseObserver | None] = ContextVar("observe_responses", default=None)
 """Called with the status and headers of every HTTP answer of the model calls made in this context
-(a worker's rate limiter learns `anthropic-ratelimit-*` and `retry-after` from them; workers/ratelimit.py)."""
+(a worker's rate limiter learns `anthropic-ratelimit-*` and `retry-after` from them;
+workers/config/ratelimit.py)."""
 
 before_retry: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("before_retry", default=None)
 """Awaited before each retry of a model call made in this context, once its backoff is over (a
-worker's rate limiter books the retry as one more request: workers/flow.py)."""
+worker's rate limiter books the retry as one more request: workers/flow/limiter.py)."""
 
 Flag = Callable[[str], PromptGenError | None]
 

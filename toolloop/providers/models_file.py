@@ -1,6 +1,6 @@
 """The operator file: `TOOLLOOP_MODELS` names a JSON or YAML file that adds models to the catalogue
 or overrides a price or a status, without a release. Read by `from_env` (so by every worker), by
-`workers.client.Client` / `AsyncClient`, by the simulator (`SimServer`, `toolloop sim`) and by
+`workers.client.sync.Client` / `AsyncClient`, by the simulator (`SimServer`, `toolloop sim`) and by
 `toolloop models`, each once when it is made.
 
     models:

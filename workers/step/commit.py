@@ -1,0 +1,436 @@
+"""The commit of a step (workers/step/advance.py) and what follows it: the successor's send, its events.
+
+One script (RUN_COMMIT) writes the step's value, the events not yet in the stream, and what follows:
+the successor in the outbox (routed by the next step's kind, workers/step/routing.py), or the run's
+final state, or its park. When the successor runs in this process's step consumer and the run's
+loop is paused here, the same script begins it (`go_on`): the successor's delivery is recorded and
+the lease handed over, with no RUN_BEGIN. A commit Redis refuses (OOM) or cannot take (a lost
+connection) is retried with backoff while no other copy took the step (the commit is fenced: it
+lands only while the run's fence is still the step's token), within the step timeout. The successor
+is sent the same way with or without hooks installed; the hooks only watch (workers/observe/hooks.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+import redis as redis_lib
+
+from toolloop.journal import keys
+from toolloop.loop.types import AccountLimit, BudgetEvent, LoopEvent, RunToolLoopResult
+from workers.client import runlist
+from workers.config.settings import Settings
+from workers.observe.metrics import Metrics
+from workers.observe.tracing import StepTrace
+from workers.process.leases import Held
+from workers.process.live import Begun, LiveLoop
+from workers.process.redisio import Batch
+from workers.process.segment import SegmentJournal
+from workers.process.worker_process import WorkerProcess
+from workers.protocol import names, wire
+from workers.protocol.errors import OOM_HINT, REDIS_LOST
+from workers.protocol.scripts.commit import (
+    RUN_COMMIT,
+    Commit,
+    CommitOutcome,
+    Committed,
+    GoOn,
+    StepOutcome,
+    parse_commit,
+)
+from workers.protocol.spec import RunSpec
+from workers.runs import approvals
+from workers.runs.lifecycle import flush_outbox
+from workers.step import routing
+
+log = logging.getLogger("toolloop.workers")
+
+
+class Commits:
+    """The commit half of a step (mixed into advance's `_Step`, which sets these attributes)."""
+
+    process: WorkerProcess
+    batch: Batch
+    settings: Settings
+    metrics: Metrics | None
+    run_id: str
+    n: int
+    live: LiveLoop | None
+    kept: bool
+    state: dict[str, str]
+    segment: int
+    prefix: str
+    token: int
+    lease: str
+    outside: float
+    trace: StepTrace | None
+    task: Any
+    spec: RunSpec | None
+    failure: tuple[str, str] | None
+    stopped: str | None
+    outcome: StepOutcome | None
+    held: Held | None
+    started: float
+    replayed_before: int
+
+    @property
+    def events(self) -> list[LoopEvent]:
+        raise NotImplementedError
+
+    @property
+    def journal(self) -> SegmentJournal:
+        assert self.live is not None
+        return self.live.journal
+
+    @property
+    def steps_base(self) -> int:
+        return int(self.state.get("steps_base", 0))
+
+    @property
+    def queue(self) -> str:
+        """The queue this step's task came from (as the run's state records it)."""
+        return self.state.get("queue") or names.LLM
+
+    # -- what to commit -------------------------------------------------------------------------
+
+    async def commit_next(self, next_key: str) -> StepOutcome:
+        queue = routing.route(self.live, next_key)
+        return await self.commit("next", queue=queue, state=self.totals(), next_key=next_key)
+
+    async def commit_result(self, result: RunToolLoopResult) -> StepOutcome:
+        history = json.dumps([m.model_dump(mode="json") for m in result.messages])
+        steps = self.steps_base + result.steps
+        state: dict[str, Any] = {
+            "spent_usd": result.spent_usd,
+            "steps": steps,
+            "final_text": result.final_text or "",
+        }
+        if result.stopped_by == "asked":
+            asked = result.asked.input if result.asked else {}
+            state |= {"asked": json.dumps(asked), "carried_usd": result.spent_usd,
+                      "spend_base": self.outside, "steps_base": steps}  # fmt: skip
+            parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
+            spec = self.run_spec()
+            due: float | None = None
+            if spec is not None and spec.ask_timeout_s is not None:
+                due = time.time() + spec.ask_timeout_s
+                state |= {"ask_deadline": repr(due), "ask_default": spec.ask_default or ""}
+            return await self.commit("park", state=state, history=history, parked=parked, due=due)
+        if result.stopped_by == "approval":
+            return await self.park_for_approval(result, state, history, steps)
+        state["status"] = result.stopped_by
+        final: dict[str, Any] = {"stopped_by": result.stopped_by, "final_text": result.final_text,
+                                 "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
+        self.stopped = result.stopped_by
+        if result.refusal is not None:
+            state["refusal"] = result.refusal.model_dump_json()
+            final["refusal"] = result.refusal.model_dump(mode="json")
+            self.stopped += f" ({result.refusal.category or 'no category'})"
+        account = self.account_stop() if result.stopped_by == "budget" else None
+        if account is not None:  # the account's limit stopped it, not the run's: say which and how
+            state["account_stop"] = account.model_dump_json()
+            final["account"] = account.model_dump(mode="json")
+            self.stopped += f" (account {account.name})"
+        return await self.commit("stop", state=state, history=history, final=("finished", json.dumps(final)))
+
+    def account_stop(self) -> AccountLimit | None:
+        """The shared account whose limit stopped the run in this step (its `budget` stop event's)."""
+        committed = int(self.state.get(f"events:{self.segment}", 0))
+        fresh = self.live.events_past(committed) if self.live is not None else []
+        stops = [e.account for e in fresh if isinstance(e, BudgetEvent) and e.account is not None]
+        return stops[-1] if stops else None
+
+    def run_spec(self) -> RunSpec | None:
+        """The run's spec (None on a kept loop's path, which did not load it: read it then)."""
+        spec = self.spec
+        if spec is None and self.live is not None:
+            raw = self.process.redis.get(keys.spec(self.run_id))
+            spec = RunSpec.model_validate_json(str(raw)) if raw else None
+            self.spec = spec
+        return spec
+
+    async def park_for_approval(
+        self, result: RunToolLoopResult, state: dict[str, Any], history: str, steps: int
+    ) -> StepOutcome:
+        """Park with the held calls (status "asked", state `approvals`), an `approval_requested`
+        event each; then apply decisions sent before the park (settle)."""
+        spec = self.run_spec()
+        assert spec is not None and self.live is not None
+        held = approvals.pending_approvals(result.approvals or [], self.live.tools, spec, time.time())
+        state |= {"approvals": json.dumps(held), "carried_usd": result.spent_usd,
+                  "spend_base": self.outside, "steps_base": steps}  # fmt: skip
+        parked = json.dumps({"approvals": held, "spent_usd": result.spent_usd, "steps": steps})
+        requested = [json.dumps({k: h[k] for k in ("call_id", "name", "input", "input_digest", "estimate_usd",
+                                                    "deadline")}) for h in held]  # fmt: skip
+        deadlines = [h["deadline"] for h in held if h["deadline"] is not None]
+        due = min([time.time(), *deadlines])  # the sweeper looks at once: decisions sent early apply
+        outcome = await self.commit("park", state=state, history=history, parked=parked,
+                                    requested=requested, due=due)  # fmt: skip
+        if outcome == "park":
+            await asyncio.to_thread(
+                approvals.settle,
+                self.process.redis,
+                self.process.celery,
+                self.run_id,
+                self.settings.retention,
+            )
+        return outcome
+
+    async def commit_failure(self, error: BaseException) -> StepOutcome:
+        log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
+        message = str(error)
+        self.failure = (type(error).__name__, message)
+        state = {"status": "failed", "error_class": type(error).__name__, "error_message": message}
+        data = json.dumps({"error_class": type(error).__name__, "error_message": message})
+        return await self.commit("fail", state=state, final=("failed", data))
+
+    # -- the commit script ----------------------------------------------------------------------
+
+    async def commit(
+        self,
+        outcome: CommitOutcome,
+        *,
+        state: dict[str, Any],
+        next_key: str | None = None,
+        queue: str = names.LLM,
+        history: str | None = None,
+        final: tuple[str, str] | None = None,
+        parked: str | None = None,
+        requested: list[str] | None = None,
+        due: float | None = None,
+    ) -> StepOutcome:
+        pending = self.live.journal.pending if self.live is not None else []
+        field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
+        cost = pending[0][2] if pending else 0.0
+        committed = int(self.state.get(f"events:{self.segment}", 0))
+        successor, go_on = self._go_on(outcome, queue, next_key)
+        payload = Commit(
+            token=self.token, lease=self.lease, n=self.n, segment=self.segment, run=self.run_id,
+            outcome=outcome, now=time.time(), field=field, value=value, queue=queue,
+            state=self._state(state), events=self._fresh_events(committed), history=history,
+            final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
+            streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
+        )  # fmt: skip
+        where = self.prefix + (field or "-")
+        r = self.run_id
+        self.process.hooks.point("commit:before", run=r, key=where)
+        sent_at = time.monotonic()
+        reply = await self._run_commit(payload, where, cost)
+        if reply.begun is None:  # a retried commit (go_on dropped) sends its successor
+            successor = None
+        if not reply.landed:
+            log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
+            return "fenced"
+        self.process.hooks.point("commit:after", run=r, key=where)
+        if self.metrics is not None:
+            self.count_commit(outcome, field, cost, committed, state.get("status"))
+        live = self.live
+        if live is not None:
+            live.committed_events()  # before the successor may resume the loop (go_on)
+        here = self.process.consumer
+        if reply.begun and go_on and successor is not None and live is not None and here is not None:
+            live.tag = reply.begun.tag  # the run's tag now
+            self.kept = True
+            here.run_begun(queue, successor, Begun(go_on.owner, reply.begun, live, sent_at))
+            await self.publish(None, successor=(queue, successor), key=where, phase=outcome, next=next_key)
+            return outcome
+        fresh = not field or reply.stored == value  # our value is the one stored: the loop is current
+        if outcome == "next" and fresh and live is not None and live.keepable():
+            live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
+            self.process.kept.keep(r, live)
+            self.kept = True
+        await self.publish(reply.member, key=where, phase=outcome, next=next_key)
+        if outcome in ("stop", "fail"):
+            self.batch.send("ZREM", keys.LIVE_RUNS, r)
+            for command in runlist.expire_commands(r, self.segment, self.settings.retention):
+                self.batch.send(*command)  # retention starts (a lost EXPIRE: `toolloop prune`)
+        return outcome
+
+    def _state(self, state: dict[str, Any]) -> dict[str, str]:
+        """The state fields a commit sets, as text (with the segment's trace record:
+        workers/observe/tracing.py)."""
+        trace = self.trace
+        if trace is not None:  # the segment's start, at its first commit (workers/observe/tracing.py)
+            state = {**state, **trace.record()}
+        return {k: str(v) for k, v in state.items()}
+
+    def _fresh_events(self, committed: int) -> list[tuple[int, str, str]]:
+        """(index, kind, data) of the segment's loop events past the `committed` first."""
+        fresh = self.live.events_past(committed) if self.live is not None else []
+        return [(committed + i + 1, event.kind, event.model_dump_json()) for i, event in enumerate(fresh)]
+
+    def _go_on(
+        self, outcome: CommitOutcome, queue: str, next_key: str | None
+    ) -> tuple[wire.Delivery | None, GoOn | None]:
+        """When the successor can run here on the paused loop, the commit begins it (`go_on`: its
+        delivery record and its lease): its message and that `GoOn`, else (None, None)."""
+        live, here = self.live, self.process.consumer
+        if (
+            outcome != "next"
+            or live is None
+            or not live.keepable()
+            or here is None
+            or not here.can_go_on(queue)
+        ):
+            return None, None
+        successor = wire.task_message(
+            names.ADVANCE,
+            [self.run_id, self.n + 1],
+            names.step_id(self.run_id, self.n + 1),
+            queue,
+            routing.describe(live, next_key or "", self.steps_base),
+            traceparent=self.run_traceparent(),
+            tag=self.process.new_owner(),
+        )
+        go_on = GoOn(self.process.new_owner(), self.settings.lease_ms, successor.tag,
+                     wire.unacked_value(successor.raw, queue))  # fmt: skip
+        return successor, go_on
+
+    async def _run_commit(self, payload: Commit, where: str, cost: float) -> Committed:
+        """RUN_COMMIT, retried with backoff while the lease holds when Redis refuses it (OOM) or the
+        connection drops (nothing was written then); a retry drops `go_on` (it sends the successor)."""
+        r = self.run_id
+        attempt = 0
+        past = False  # the lease's deadline passed while the commit was retried (said once)
+        while True:
+            try:
+                reply = await self.batch.script(
+                    RUN_COMMIT,
+                    [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
+                     keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
+                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE],
+                    [payload.encode()], durable=True,
+                )  # fmt: skip
+                return parse_commit(reply)
+            except REDIS_LOST as error:  # refused (OOM) or not taken (connection): nothing was written
+                if not self.may_retry_commit():
+                    log.error(
+                        "run %s: step %s (%s, cost $%.6f) could not be committed before its lease ended "
+                        "(%s: %s); its result is lost and the step runs again.%s", r, self.n, where, cost,
+                        type(error).__name__, error, _hint(error),
+                    )  # fmt: skip
+                    raise
+                attempt += 1
+                if attempt == 1:
+                    log.warning(
+                        "run %s: Redis did not take the commit of step %s (%s, cost $%.6f): %s: %s; "
+                        "the result is kept and the commit retried while the lease holds.%s", r, self.n,
+                        where, cost, type(error).__name__, error, _hint(error),
+                    )  # fmt: skip
+                elif not past and not self.held_now():
+                    past = True
+                    log.warning(
+                        "run %s: step %s (%s, cost $%.6f): its lease passed its deadline before Redis took "
+                        "the commit; nobody else took the step, so the result is kept and the commit "
+                        "retried while the fence holds", r, self.n, where, cost,
+                    )  # fmt: skip
+                payload = dataclasses.replace(payload, go_on=None)
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+
+    # -- after the commit -----------------------------------------------------------------------
+
+    async def publish(
+        self, member: str | None, successor: tuple[str, wire.Delivery] | None = None, **progress: Any
+    ) -> None:
+        """Send the successor (`member` "<n>|<queue>", recorded in the outbox), its `task-sent` event and
+        this step's `task-progress` event in the process's next Redis batch, without waiting for it: a
+        failed send leaves the successor in the outbox (the sweeper sends it); RUN_BEGIN of that task
+        clears it. The commit came first, so the step is safe whatever happens to the send.
+        `successor`: (queue, delivery) of a successor the commit began here already (nothing to send
+        but its event)."""
+        events = self.process.events(self.task.hostname)
+        if member:
+            n, queue = names.parse_member(member)
+            message = wire.task_message(
+                names.ADVANCE,
+                [self.run_id, n],
+                names.step_id(self.run_id, n),
+                queue,
+                routing.describe(self.live, str(progress.get("next") or ""), self.steps_base),
+                traceparent=self.run_traceparent(),
+                tag=self.process.new_owner(),
+            )
+            here = self.process.consumer
+            if here is None or here.hand_off(queue, message) is None:  # it runs here next, if it can
+                self.batch.send("LPUSH", queue, message.raw)  # a failed send: the outbox repairs it
+            successor = (queue, message)
+        if successor is not None:
+            queue, message = successor
+            events.send("task-sent", {
+                "uuid": message.task_id, "root_id": message.task_id, "parent_id": None,
+                "name": names.ADVANCE, "args": message.argsrepr, "kwargs": message.kwargsrepr,
+                "retries": 0, "eta": None, "expires": None, "queue": queue, "exchange": "",
+                "routing_key": queue,
+            })  # fmt: skip
+        replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
+        fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, "replayed": replayed,
+                  **progress}  # fmt: skip
+        events.send("task-progress", fields)
+        if member:  # sent through the batch: a watcher may wait for the write
+            watching = self.process.hooks.sent(
+                "enqueue:after", self._flushed, run=self.run_id, key=progress["key"]
+            )
+            if watching is not None:
+                await watching
+        elif successor is not None:  # begun by the commit, its delivery recorded there: nothing to wait for
+            self.process.hooks.point("enqueue:after", run=self.run_id, key=progress["key"])
+
+    def _flushed(self) -> asyncio.Future[Any]:
+        """A future that resolves once the batch queued so far was written."""
+        return self.batch.call("PING")
+
+    def run_traceparent(self) -> str | None:
+        """The run's trace context for its successors' message headers (None when not traced)."""
+        trace = self.trace
+        if trace is None or not trace.valid:
+            return None
+        return trace.traceparent()
+
+    def count_commit(
+        self, outcome: CommitOutcome, field: str, cost: float, committed: int, status: Any
+    ) -> None:
+        """The metrics of a commit that landed (workers/observe/metrics.py)."""
+        metrics = self.metrics
+        assert metrics is not None
+        replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
+        fresh = self.live.events_past(committed) if self.live is not None else []
+        metrics.committed_step(field, self.queue, cost, self.started, replayed, fresh)
+        self.outcome = outcome
+        if outcome == "park":
+            metrics.parked.inc()
+        elif outcome in ("stop", "fail"):
+            metrics.run_ended(str(status))
+
+    def may_retry_commit(self) -> bool:
+        """A refused commit is tried again, within the step timeout, until another copy is known to
+        have taken the step: past the lease's deadline too (a Redis outage longer than the lease),
+        since RUN_COMMIT lands only while the run's fence is still this step's token. So a paid
+        result is kept whenever nobody else began the step (tests/faults/test_lease_after_work.py)."""
+        held = self.held
+        if held is None or held.elsewhere:
+            return False
+        return time.monotonic() - self.started < self.settings.step_timeout
+
+    def held_now(self) -> bool:
+        return self.held is not None and self.held.holds
+
+    def totals(self) -> dict[str, Any]:
+        """Spend and steps so far, for the status of a run between two steps."""
+        models = sum(1 for key in self.journal.entries if key.startswith("model:"))
+        spent = float(self.state.get("carried_usd", 0)) + self.journal.cost_usd
+        spent += self.outside - float(self.state.get("spend_base", 0))
+        return {"spent_usd": spent, "steps": self.steps_base + models}
+
+    def flush_outbox(self) -> None:
+        """Send again the run's successors older than TOOLLOOP_OUTBOX_AGE (a thread: sync Redis)."""
+        flush_outbox(self.process.redis, self.process.celery, self.run_id, self.settings.outbox_age,
+                     self.settings.redrive_age)  # fmt: skip
+
+
+def _hint(error: BaseException) -> str:
+    return "\n  " + OOM_HINT if isinstance(error, redis_lib.exceptions.OutOfMemoryError) else ""

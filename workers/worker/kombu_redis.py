@@ -1,0 +1,227 @@
+"""`KombuRedisQueue`: the step queues on kombu's Redis transport (the `StepQueue` of workers/worker/queue.py),
+and the check that the broker uses the layout it writes.
+
+The layout is kombu 5.7's (names from kombu itself: workers/protocol/names.py): a queue is a list (LPUSH by
+producers, RPOP/BRPOP by consumers; its priority lists `<queue><sep><n>`), a delivered message waits
+in the `unacked` hash (tag -> [message, exchange, routing key]) and the `unacked_index` zset (tag ->
+time delivered) until it is acked, and any Celery worker restores it once it is older than the
+visibility timeout. A stock Celery worker, Flower and `celery inspect` see what they always see.
+
+Transport options that change that layout (`sep`, `unacked_key`, `priority_steps`,
+`global_keyprefix`, ...) are refused when a worker starts (`check_transport_options`): the step
+consumer would read and write other keys than kombu.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis.asyncio as aredis
+from kombu.transport.redis import Channel
+
+from workers.process.redisio import Batch
+from workers.protocol import names, wire
+from workers.worker.queue import Claimed
+
+_SEP_LUA = "".join(f"\\{ord(c)}" for c in names.PRIORITY_SEP)
+
+CLAIM = """
+-- KEYS[1]=unacked KEYS[2]=unacked_index KEYS[3..]=queue list keys in consume order
+-- ARGV[1]=most messages to take ARGV[2]=now ARGV[3]=largest message to decode (bytes)
+-- -> {queue key, message, recorded tag or "", ...} (see `claimed`)
+-- Pops and records each message as delivered in one atomic call, so a consumer that dies at any
+-- point leaves every message either on its queue or in `unacked` (restored after the visibility
+-- timeout), never in neither. No message content can make it fail: only a JSON object whose
+-- properties.delivery_tag is a string of 1-200 characters is recorded (what the consumer cannot
+-- parse it moves to the rejected list, and forgets the record), anything else is just returned.
+local out = {}
+local left = tonumber(ARGV[1])
+local largest = tonumber(ARGV[3])
+for i = 3, #KEYS do
+  while left > 0 do
+    local raw = redis.call('RPOP', KEYS[i])
+    if not raw then break end
+    local tag = nil
+    if #raw <= largest then
+      local ok, message = pcall(cjson.decode, raw)
+      if ok and type(message) == 'table' and type(message.properties) == 'table' then
+        tag = message.properties.delivery_tag
+      end
+    end
+    if type(tag) == 'string' and #tag > 0 and #tag <= 200 then
+      local queue = string.match(KEYS[i], '^(.-)SEP') or KEYS[i]
+      redis.call('HSET', KEYS[1], tag, '[' .. raw .. ', "", ' .. cjson.encode(queue) .. ']')
+      redis.call('ZADD', KEYS[2], ARGV[2], tag)
+    else
+      tag = ''
+    end
+    out[#out + 1] = KEYS[i]
+    out[#out + 1] = raw
+    out[#out + 1] = tag
+    left = left - 1
+  end
+end
+return out
+""".replace("SEP", _SEP_LUA)
+
+RESTORE = """
+-- KEYS[1]=unacked KEYS[2]=unacked_index KEYS[3]=queue; ARGV[1]=delivery tag ARGV[2]=the message
+-- Puts a delivered message back at the consuming end of its queue (as kombu's restore does) unless
+-- it was acked or restored already -> 1 when restored, else 0.
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[3], ARGV[2])
+return 1
+"""
+
+RESTORE_VISIBLE = """
+-- KEYS[1]=unacked KEYS[2]=unacked_index; ARGV[1]=delivered before this time ARGV[2]=most to restore
+-- kombu's visibility timeout: messages delivered before ARGV[1] and never acked go back to the
+-- consuming end of their queue (the routing key: toolloop's queues are direct) -> how many.
+local tags = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local restored = 0
+for _, tag in ipairs(tags) do
+  local value = redis.call('HGET', KEYS[1], tag)
+  redis.call('ZREM', KEYS[2], tag)
+  redis.call('HDEL', KEYS[1], tag)
+  if value then
+    local message, _, queue = string.match(value, '^%[(.*),%s*"([^"]*)",%s*"([^"]*)"%]$')
+    if message then
+      redis.call('RPUSH', queue, message)
+      restored = restored + 1
+    end
+  end
+end
+return restored
+"""
+
+
+def claimed(reply: list[Any]) -> list[Claimed]:
+    """CLAIM's reply, parsed once."""
+    return [
+        Claimed(names.queue_of(str(reply[i])), str(reply[i + 1]), str(reply[i + 2]))
+        for i in range(0, len(reply) - 2, 3)
+    ]
+
+
+class KombuRedisQueue:
+    """The `StepQueue` on kombu's Redis transport. `batch`: the process's Redis batch (every
+    command but the blocking wait goes through it); `connect`: makes the client of the blocking
+    wait (BRPOP on the queues and `wake_key`, at most `block_s`); a message over `max_task_bytes`
+    is returned unrecorded (the consumer rejects it)."""
+
+    def __init__(
+        self,
+        batch: Batch,
+        connect: Callable[[], aredis.Redis],
+        wake_key: str,
+        max_task_bytes: int,
+        block_s: float = 1.0,
+    ) -> None:
+        self.batch = batch
+        self.connect = connect
+        self.wake_key = wake_key
+        self.max_task_bytes = max_task_bytes
+        self.block_s = block_s
+        self._blocking: aredis.Redis | None = None
+
+    async def claim(self, queues: list[str], most: int) -> list[Claimed]:
+        keys = wire.queue_keys(queues)
+        if not keys:
+            await asyncio.sleep(0.5)
+            return []
+        got = claimed(await self.batch.script(
+            CLAIM,
+            [names.UNACKED, names.UNACKED_INDEX, *keys],
+            [most, time.time(), self.max_task_bytes],
+        ))  # fmt: skip
+        return got or await self._wait_for_one(keys)
+
+    async def _wait_for_one(self, keys: list[str]) -> list[Claimed]:
+        """BRPOP one message when the queues are empty, and record it as delivered (as kombu does
+        after its BRPOP: a crash between the two leaves it to the run's outbox and the sweeper)."""
+        if self._blocking is None:
+            self._blocking = self.connect()
+        item = await self._blocking.brpop([*keys, self.wake_key], timeout=self.block_s)
+        if not item or item[0] == self.wake_key:
+            return []
+        queue, raw = names.queue_of(str(item[0])), str(item[1])  # the client decodes: both str
+        if len(raw) > self.max_task_bytes:
+            return [Claimed(queue, raw, "")]
+        try:
+            delivery = wire.parse(raw)
+        except wire.BadMessage:
+            return [Claimed(queue, raw, "")]
+        await self.record(queue, delivery)
+        return [Claimed(queue, raw, delivery.tag)]
+
+    def record(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any]:
+        index = self.batch.call("ZADD", names.UNACKED_INDEX, time.time(), delivery.tag)
+        value = self.batch.call("HSET", names.UNACKED, delivery.tag, wire.unacked_value(delivery.raw, queue))
+        return asyncio.gather(index, value)
+
+    def ack(self, tag: str) -> None:
+        if tag:
+            self.batch.send("ZREM", names.UNACKED_INDEX, tag)
+            self.batch.send("HDEL", names.UNACKED, tag)
+
+    async def restore(self, queue: str, delivery: wire.Delivery) -> bool:
+        keys = [names.UNACKED, names.UNACKED_INDEX, queue]
+        return int(await self.batch.script(RESTORE, keys, [delivery.tag, delivery.raw])) == 1
+
+    async def restore_visible(self, delivered_before: float, most: int) -> int:
+        keys = [names.UNACKED, names.UNACKED_INDEX]
+        return int(await self.batch.script(RESTORE_VISIBLE, keys, [delivered_before, most]))
+
+    def wake(self) -> None:
+        self.batch.send("LPUSH", self.wake_key, "1")
+
+    async def close(self) -> None:
+        if self._blocking is not None:
+            await self._blocking.aclose()
+        await self.batch.call("DEL", self.wake_key)
+
+
+# -- the transport options a worker accepts ---------------------------------------------------------
+
+_LAYOUT = (
+    "sep", "ack_emulation", "unacked_key", "unacked_index_key", "priority_steps", "global_keyprefix",
+    "fanout_prefix", "fanout_patterns",
+)  # fmt: skip
+"""kombu's Redis transport options that change where or how messages, deliveries and events lie in
+Redis: the step consumer and the event sender write that layout themselves (workers/protocol/wire.py)."""
+
+
+class UnsupportedTransportOption(ValueError):
+    """`broker_transport_options` changes kombu's Redis layout, which toolloop's worker writes itself."""
+
+
+def _as_default(name: str, value: Any) -> bool:
+    default = getattr(Channel, name)
+    if name == "priority_steps":
+        return isinstance(value, list | tuple) and [int(v) for v in value] == [int(v) for v in default]
+    if name == "fanout_prefix":  # True means kombu's prefix; the same prefix spelled out is the same
+        return value is True or value == Channel.keyprefix_fanout
+    return bool(value == default)
+
+
+def check_transport_options(options: Mapping[str, Any] | None) -> None:
+    """Refuse, with what to do, `broker_transport_options` this worker cannot honour (see _LAYOUT);
+    any other option (visibility_timeout, the restore cadence, socket and health settings) is kombu's."""
+    changed = {name: options[name] for name in _LAYOUT if options and name in options}
+    refused = {name: value for name, value in changed.items() if not _as_default(name, value)}
+    if not refused:
+        return
+    listed = ", ".join(f"{name}={value!r} (kombu's default: {getattr(Channel, name)!r})"
+                       for name, value in refused.items())  # fmt: skip
+    raise UnsupportedTransportOption(
+        f"broker_transport_options sets {listed}.\n"
+        "  toolloop's worker writes kombu's Redis layout itself (task messages, deliveries in "
+        "`unacked`, events) and supports only kombu's defaults for "
+        f"{', '.join(_LAYOUT)}.\n"
+        "  Remove these options from broker_transport_options (every worker, client and Flower on this "
+        "Redis must agree), or give toolloop a Redis database of its own instead of a key prefix."
+    )
