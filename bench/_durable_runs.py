@@ -22,9 +22,9 @@ from typing import Any
 
 from _procs import Worker, env_with
 
-from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
+from workers.protocol import keys
 
 TOOLSET = "durable"
 """The benchmark's toolset, registered for its workers and clients as `durable=_durable_agent:TOOLS`."""

@@ -42,8 +42,8 @@ from _durable_runs import run_spec, sim_script  # noqa: E402
 from _procs import ROOT, Worker, env_with, private_redis  # noqa: E402
 from durable import bare_hop_floor  # noqa: E402
 
-from toolloop.journal import keys  # noqa: E402
 from workers.client import Client  # noqa: E402
+from workers.protocol import keys  # noqa: E402
 
 TOOLSETS = "durable=_durable_agent:TOOLS,parking=_durable_agent:PARK_TOOLS"
 

@@ -16,8 +16,8 @@ from typing import Any
 import redis
 
 from faults.shapes import Shape
-from toolloop.journal import keys
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.records import FINAL, RunStatus
 
 MODEL = "claude-sonnet-5-5"

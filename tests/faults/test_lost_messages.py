@@ -29,9 +29,9 @@ from faults.shapes import Call, Shape
 from faults.twins import base_env
 from faults.workerpool import WorkerPool
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.names import LLM
 from workers.protocol.spec import RunSpec
 from workers.runs import lifecycle as runs

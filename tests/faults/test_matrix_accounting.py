@@ -24,7 +24,7 @@ import redis
 
 from faults.matrix import allowed_reruns
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
+from workers.protocol import keys
 from workers.testing.killpoints import PLAN_ENV, KillPlan, kill_point
 
 RUN = "d27dd455b41c4cba80a2f06732e3d66f"

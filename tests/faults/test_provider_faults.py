@@ -26,9 +26,9 @@ from faults.policy import FaultPolicy
 from faults.shapes import Shape, make_shape
 from faults.twins import run_twins
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.records import RunStatus
 
 pytestmark = pytest.mark.faults

@@ -13,8 +13,8 @@ from faults.workerpool import WorkerPool
 from tests.integration.runs_kit import spec
 from tests.integration.streamer import answer_words, worker_env
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.records import RunEventRecord
 
 WORDS = 80

@@ -27,9 +27,8 @@ from faults.shapes import Shape
 from faults.toolset import read_effects
 from faults.workerpool import WorkerPool
 from toolloop import redisurl
-from toolloop.journal import keys
 from workers.client import Client
-from workers.protocol import names
+from workers.protocol import keys, names
 
 Units = Counter[tuple[str, str]]
 During = Callable[[Client, dict[str, Shape], WorkerPool], None]

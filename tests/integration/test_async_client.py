@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from tests.integration.runs_kit import celery_events, client_on, eventually, kinds, logged, spec
-from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 from workers.client import AsyncClient, Client
+from workers.protocol import keys
 from workers.protocol.errors import LimitError, RunNotFoundError, RunStateError, ToolsetError
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from toolloop.embedded import EmbeddedServer, free_port
-from toolloop.journal import keys
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.scripts.deltas import DELTA_FLUSH
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import pytest
 from tests.integration.conftest import redis_in
 from tests.integration.runs_kit import client_on, spec
 from toolloop.embedded import EmbeddedServer, free_port
-from toolloop.journal import keys
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.errors import EnqueueError, LimitError
 
 pytestmark = pytest.mark.integration

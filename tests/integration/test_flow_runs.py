@@ -17,13 +17,13 @@ from tests.integration.runs_kit import eventually, spec
 from toolloop import UserMessage
 from toolloop.contract import PromptGenRequest
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.sim import SimServer
 from toolloop.sim.ratelimit import SimRateLimits
 from toolloop.sim.script import SimFault, SimRequest, SimToolCall, SimTurn
 from workers.client import Client, accounts
 from workers.config import ratelimit
+from workers.protocol import keys
 
 TURNS = 5
 NOTE = "Budget nearly spent: answer now."

@@ -9,7 +9,8 @@ from typing import Any
 
 import redis
 
-from toolloop.journal import keys, scripts
+from toolloop.journal import scripts
+from workers.protocol import keys
 from workers.protocol.scripts.begin import RUN_BEGIN, Refused, Started, parse_begin
 from workers.protocol.scripts.lease import LEASE_KEEP, parse_keep
 

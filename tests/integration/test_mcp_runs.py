@@ -30,9 +30,9 @@ from tests.support.mcp import (
     tool_results,
 )
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
 from toolloop.sim import SimServer
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.errors import ToolsetError
 
 GARBLED = Path(__file__).resolve().parents[1] / "support" / "mcp_garbled.py"

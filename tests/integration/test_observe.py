@@ -30,10 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import FAST_RECOVERY, Worker, sim_env, start_worker
 from tests.integration.runs_kit import eventually, logged, spec
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
 from workers.observe.tracing import segment_ids
+from workers.protocol import keys
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ import pytest
 from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import eventually, spec
 from toolloop.embedded import EmbeddedServer
-from toolloop.journal import keys
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.errors import RunNotFoundError, RunStateError
 
 pytestmark = pytest.mark.integration

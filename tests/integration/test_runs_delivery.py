@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tests.integration.runs_kit import client_on, kinds, logged, spec
-from toolloop.journal import keys
 from workers.client import Client
+from workers.protocol import keys
 from workers.protocol.names import ADVANCE
 from workers.protocol.spec import RunSpec
 from workers.runs import lifecycle as runs

@@ -24,13 +24,12 @@ import redis
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.embedded import EmbeddedServer, start_server
-from toolloop.journal import keys
 from workers.client import Client
 from workers.config.celery import make_app
 from workers.config.settings import Settings
 from workers.observe.hooks import Hooks
 from workers.process.worker_process import WorkerProcess
-from workers.protocol import names, wire
+from workers.protocol import keys, names, wire
 from workers.runs import lifecycle as runs
 from workers.step.advance import Outcome, Task, advance
 

@@ -11,8 +11,8 @@ import json
 from tests.support.harness import HOSTNAME, StepHarness
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
-from toolloop.journal import keys
 from toolloop.testing import ScriptedModel, call, reply
+from workers.protocol import keys
 from workers.worker.consumer import StepConsumer
 
 

@@ -16,12 +16,12 @@ import mcp_types
 import yaml
 
 from tests.support.harness import StepHarness
-from toolloop.journal import keys
 from toolloop.testing import ScriptedModel, call, reply
 from workers.client import Client
 from workers.config.mcp import McpServer
 from workers.config.toolsets import Registry
 from workers.process.mcpservers import McpServers
+from workers.protocol import keys
 
 
 class CountedServers(McpServers):

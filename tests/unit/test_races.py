@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.support.harness import RecordingHooks, StepHarness
-from toolloop.journal import keys
 from toolloop.loop.approvals import AlreadyDecidedError
 from toolloop.testing import ScriptedModel, call, reply
+from workers.protocol import keys
 
 
 def ask_then_echo() -> ScriptedModel:

@@ -24,7 +24,7 @@ import redis
 from toolloop import defaults, redisurl
 from toolloop.cli.errors import redact
 from toolloop.cli.spec import workers
-from toolloop.journal import keys
+from workers.protocol import keys
 
 
 def add_command(sub: Any) -> None:

@@ -1,175 +1,29 @@
-"""Every Redis key of toolloop, built here and nowhere else.
+"""The Redis keys the library's `RedisJournal` (toolloop/journal/redis.py) writes: a run's journal
+segment, its lease and its fence. The durable workers' keys, these three among them, are all in
+workers/protocol/keys.py with the table of what each holds.
 
 Every key of one run carries the hash tag `{<run_id>}`, so a run lives on one slot of a Redis
-Cluster and each Lua script touches one slot. (One script reads a key it does not declare:
-RUN_BEGIN builds the current segment's journal name from the run's state; it has the run's tag, so
-the same slot.) The one key outside a run is the index of live runs
-that the sweeper scans; it is only ever written on its own (never inside a run's script), so it is
-a superset of the live runs, never the source of truth.
-
-    tl:{<run>}:spec            string  the RunSpec (JSON), written once at enqueue
-    tl:{<run>}:state           hash    status, segment, n (commits so far), spent_usd, steps,
-                                       final_text, asked, ask_call_id, error_class, error_message,
-                                       spend_base, cancel, events:<seg>, seq
-    tl:{<run>}:journal:<seg>   hash    the journal of one segment (`s0`, `s1`, ...):
-                                       field = step key (`model:1`, `tool:<id>`), value = JSON
-                                       {"value": ..., "cost_usd": ...}; written with HSETNX only
-    tl:{<run>}:input           hash    field = segment, value = the segment's input messages (JSON)
-    tl:{<run>}:history         string  the last segment's result.messages (JSON), set at park/stop
-    tl:{<run>}:answers         hash    field = segment, value = the answer to its ask (HSETNX)
-    tl:{<run>}:inbox           hash    field = answer id, value = {"segment", "content"} (client side)
-    tl:{<run>}:events          stream  one entry per run event, each once, in order
-    tl:{<run>}:lease           string  "<owner>:<token>" of the task running the live step (PX)
-    tl:{<run>}:fence           string  INCR counter: the fencing token of every lease
-    tl:{<run>}:outbox          zset    member "<n>|<queue>" = a successor task to send,
-                                       score = when it was recorded (unix seconds)
-    tl:{<run>}:attempts        hash    field = n, value = deliveries of task n; field = "<n>:alone",
-                                       value = deliveries of task n that ran alone among the
-                                       redelivered steps of their process (workers/process/suspects.py)
-    tl:{<run>}:spend           string  outside spend in USD (INCRBYFLOAT), read by budget.spent()
-    tl:{<run>}:decisions       hash    the decisions on held calls (field "s<seg>:<call id>")
-    tl:{<run>}:decide          hash    decisions sent, not applied yet (field = decision id)
-    tl:{<run>}:decide:outcomes hash    what workers made of the decisions they applied
-    tl:{<run>}:mcptools        hash    field = MCP server label, value = the tools it listed when the
-                                       run first needed them (JSON list), written with HSETNX only
-    tl:runs:live               zset    run ids that may still need work, score = enqueue time
-    tl:runs:all                zset    every run id, score = enqueue time (`toolloop list`, newest
-                                       first); an id whose run expired is dropped when read or pruned
-    tl:runs:ended              zset    finished run ids, score = when they ended (retention, prune)
-    tl:sweep:lock              string  held (PX) by the worker sweeping now
-    tl:cancel                  channel pubsub: a run id whose live step must abort now
-    toolloop:rejected          list    messages found on a toolloop queue that are not valid tasks,
-                                       newest first: JSON {at, queue, reason, worker, size, truncated,
-                                       raw} (workers/worker/consumer.py; the newest 10,000 are kept)
+Cluster and each Lua script touches one slot.
 """
 
 from __future__ import annotations
 
 PREFIX = "tl:"
-LIVE_RUNS = f"{PREFIX}runs:live"
-ALL_RUNS = f"{PREFIX}runs:all"
-ENDED_RUNS = f"{PREFIX}runs:ended"
-CANCEL_CHANNEL = f"{PREFIX}cancel"
-SWEEP_LOCK = f"{PREFIX}sweep:lock"
-REJECTED = "toolloop:rejected"
 
 
-def _run(run_id: str, name: str) -> str:
+def run_key(run_id: str, name: str) -> str:
+    """The key `name` of run `run_id`: `tl:{<run_id>}:<name>`."""
     return f"{PREFIX}{{{run_id}}}:{name}"
-
-
-def spec(run_id: str) -> str:
-    return _run(run_id, "spec")
-
-
-def state(run_id: str) -> str:
-    return _run(run_id, "state")
 
 
 def journal(run_id: str, segment: str) -> str:
     """The hash of one segment's journal; `segment` is a key prefix like "s0/" or a name like "s0"."""
-    return _run(run_id, f"journal:{segment.rstrip('/')}")
-
-
-def inputs(run_id: str) -> str:
-    return _run(run_id, "input")
-
-
-def history(run_id: str) -> str:
-    return _run(run_id, "history")
-
-
-def answers(run_id: str) -> str:
-    return _run(run_id, "answers")
-
-
-def inbox(run_id: str) -> str:
-    return _run(run_id, "inbox")
-
-
-def events(run_id: str) -> str:
-    return _run(run_id, "events")
+    return run_key(run_id, f"journal:{segment.rstrip('/')}")
 
 
 def lease(run_id: str) -> str:
-    return _run(run_id, "lease")
+    return run_key(run_id, "lease")
 
 
 def fence(run_id: str) -> str:
-    return _run(run_id, "fence")
-
-
-def outbox(run_id: str) -> str:
-    return _run(run_id, "outbox")
-
-
-def attempts(run_id: str) -> str:
-    return _run(run_id, "attempts")
-
-
-def alone_field(n: int) -> str:
-    """The field of `attempts(run)` counting task n's deliveries that ran alone
-    (workers/process/suspects.py)."""
-    return f"{n}:alone"
-
-
-def spend(run_id: str) -> str:
-    return _run(run_id, "spend")
-
-
-def mcp_tools(run_id: str) -> str:
-    """The MCP tool lists a run journaled (workers/step/mcptools.py): field = server label (HSETNX)."""
-    return _run(run_id, "mcptools")
-
-
-def segment_name(index: int) -> str:
-    """The name of segment `index`: "s0", "s1", ... (its journal key prefix is this plus "/")."""
-    return f"s{index}"
-
-
-def decisions(run_id: str) -> str:
-    """Decisions on held calls: field "s<segment>:<call id>", value the decision (JSON, HSETNX)."""
-    return _run(run_id, "decisions")
-
-
-def decide_inbox(run_id: str) -> str:
-    """Decisions sent by clients, not applied yet: field = decision id, value = JSON."""
-    return _run(run_id, "decide")
-
-
-def decide_outcomes(run_id: str) -> str:
-    """What workers made of the decisions they applied: field = decision id, value = JSON {call_id,
-    outcome, why, at} (a refusal stays readable after its reply list expired)."""
-    return _run(run_id, "decide:outcomes")
-
-
-def decide_order(run_id: str) -> str:
-    """The ids of the decisions sent and not applied yet, in the order they were sent (a list: the
-    client's MULTI pushes its id beside its inbox entry; the worker applies them in that order)."""
-    return _run(run_id, "decide:order")
-
-
-def decide_claim(run_id: str, decision_id: str) -> str:
-    """Held by the control task applying a decision (a lease: it expires if that worker dies)."""
-    return _run(run_id, f"decide:claim:{decision_id}")
-
-
-def decided(run_id: str, decision_id: str) -> str:
-    """The list a worker pushes a decision's outcome to, for the client that sent it."""
-    return _run(run_id, f"decided:{decision_id}")
-
-
-WAITS_DUE = f"{PREFIX}waits:due"
-"""zset: run ids parked with a deadline (or an early decision to apply), score = when to look."""
-
-
-RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
-                 "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes",
-                 "mcptools")  # fmt: skip
-
-
-def run_keys(run_id: str, segments: int) -> list[str]:
-    """Every key of a run whose segments are 0..`segments` (what retention expires and prune deletes)."""
-    return [_run(run_id, name) for name in RUN_KEY_NAMES] + [
-        journal(run_id, segment_name(i)) for i in range(segments + 1)
-    ]
+    return run_key(run_id, "fence")

@@ -28,12 +28,6 @@ redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
 return {1, token}
 """
 
-LEASE_RENEW = """
--- KEYS[1]=lease; ARGV[1]=the lease value; ARGV[2]=ttl ms -> 1 when still held and renewed
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
 LEASE_RELEASE = """
 -- KEYS[1]=lease; ARGV[1]=the lease value -> 1 when it was ours and is gone
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

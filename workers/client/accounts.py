@@ -31,7 +31,7 @@ from typing import Any
 
 import redis as redis_lib
 
-from workers.protocol.names import ACCOUNT_PREFIX
+from workers.protocol.keys import ACCOUNT_PREFIX
 
 PERIODS = ("day", "month", "total")
 

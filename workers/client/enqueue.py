@@ -24,7 +24,6 @@ import orjson
 import redis as redis_lib
 
 from toolloop.contract import CHAT_MESSAGES
-from toolloop.journal import keys
 from toolloop.providers.catalog import Catalog
 from toolloop.providers.models_file import catalog_from_env
 from workers.client import limits
@@ -32,6 +31,7 @@ from workers.client.ops import Eval, Lua, Sender
 from workers.config import toolsets
 from workers.config.settings import Settings
 from workers.observe import tracing
+from workers.protocol import keys
 from workers.protocol.errors import EnqueueError
 from workers.protocol.names import ADVANCE
 from workers.protocol.spec import RunSpec

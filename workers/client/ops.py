@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from toolloop.contract import CHAT_MESSAGES, ChatMessage, ImagePart, ToolMessage, UserMessage
-from toolloop.journal import keys
 from toolloop.loop.approvals import AlreadyDecidedError, ApprovalError, DeadlineError
 from toolloop.loop.types import Decision
 from workers.client import accounts
-from workers.protocol import wire
+from workers.protocol import keys, wire
 from workers.protocol.errors import LimitError, RunNotFoundError, RunStateError
 from workers.protocol.names import ADVANCE, ANSWER, CANCEL, DECIDE
 from workers.protocol.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunStatus

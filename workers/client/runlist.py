@@ -21,8 +21,8 @@ from typing import Any
 
 import redis as redis_lib
 
-from toolloop.journal import keys
 from workers.client.ops import Batch, Call, Op
+from workers.protocol import keys
 from workers.protocol.records import FINAL
 
 _FIELDS = ("status", "created", "touched", "steps", "spent_usd", "segment")
@@ -146,16 +146,6 @@ def expire_commands(run_id: str, segments: int, retention: float) -> list[tuple[
         ttl = max(1, int(retention))
         commands += [("EXPIRE", key, ttl) for key in keys.run_keys(run_id, segments)]
     return commands
-
-
-def persist(client: redis_lib.Redis, run_id: str) -> None:
-    """A run that runs again (retry) keeps its keys until it ends again."""
-    segment = int(client.hget(keys.state(run_id), "segment") or 0)
-    pipe = client.pipeline(transaction=False)
-    for key in keys.run_keys(run_id, segment):
-        pipe.persist(key)
-    pipe.zrem(keys.ENDED_RUNS, run_id)
-    pipe.execute()
 
 
 @dataclass(frozen=True)

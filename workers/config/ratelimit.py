@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from toolloop.providers.retry import MAX_RETRY_AFTER_S, capped_wait, parse_retry_after
-from workers.protocol.names import RATE_PREFIX
+from workers.protocol.keys import RATE_PREFIX
 
 ENV = "TOOLLOOP_RATE_LIMITS"
 

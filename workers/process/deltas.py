@@ -37,10 +37,10 @@ from typing import Any
 
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.deltas import READ_HOLD, takes_on_delta
-from toolloop.journal import keys
 from toolloop.loop.tools import call
 from workers.observe.hooks import NO_HOOKS, Hooks
 from workers.process.redisio import Batch
+from workers.protocol import keys
 from workers.protocol.scripts.deltas import DELTA_FLUSH
 
 log = logging.getLogger("toolloop.workers")

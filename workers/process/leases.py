@@ -31,8 +31,8 @@ from typing import Any
 import redis as redis_lib
 
 from toolloop.abort import AbortController
-from toolloop.journal import keys
 from workers.process.redisio import Batch
+from workers.protocol import keys
 from workers.protocol.errors import LeaseLostError
 from workers.protocol.scripts.lease import LEASE_KEEP, parse_keep
 

@@ -2,7 +2,7 @@
 
 A leaf: it imports nothing from `workers/`, and every other module takes its names from here. The
 library's keys (a run's hash-tagged keys, the live index, the cancel channel) stay in
-`toolloop/journal/keys.py`; kombu's Redis layout comes from kombu itself.
+`workers/protocol/keys.py`; kombu's Redis layout comes from kombu itself.
 """
 
 from __future__ import annotations
@@ -68,20 +68,6 @@ def parse_member(text: str) -> tuple[int, str]:
 PROCESS_ATTR = "toolloop_process"
 """The attribute of a worker's Celery app that holds its `WorkerProcess`
 (workers/process/worker_process.py)."""
-
-# -- key prefixes of the workers ---------------------------------------------------------------------
-
-WAKE_PREFIX = "toolloop:wake:"
-"""`<prefix><hostname>`: a list only that worker's step consumer waits on beside its queues."""
-ACCOUNT_PREFIX = "tl:acct:"
-"""`<prefix><name>`: an account's spend (workers/client/accounts.py)."""
-RATE_PREFIX = "tl:rl:"
-"""`<prefix><key hash>:<model>`: a rate-limit bucket (workers/config/ratelimit.py)."""
-
-
-def wake_key(hostname: str) -> str:
-    return f"{WAKE_PREFIX}{hostname}"
-
 
 # -- kombu's Redis layout (read from kombu, never restated) ------------------------------------------
 

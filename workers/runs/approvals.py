@@ -31,12 +31,11 @@ import redis as redis_lib
 from celery import Celery
 
 from toolloop.contract import AssistantMessage, ChatMessage
-from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 from toolloop.loop.tools import validate_input
 from toolloop.loop.types import Decision, ToolSpec
 from workers.client import runlist
-from workers.protocol import names
+from workers.protocol import keys, names
 from workers.protocol.scripts.approvals import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE, Settled, parse_settled
 from workers.protocol.spec import RunSpec
 from workers.runs.lifecycle import script, send_member

@@ -21,13 +21,12 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from toolloop.contract import CHAT_MESSAGES, AssistantMessage, ChatMessage, ToolMessage
-from toolloop.journal import keys
 from workers.client.enqueue import run_id_for
 from workers.config.celery import send
 from workers.config.settings import Settings
 from workers.observe import tracing
 from workers.observe.hooks import NO_HOOKS, Hooks
-from workers.protocol import names
+from workers.protocol import keys, names
 from workers.protocol.names import ADVANCE, ANSWER
 from workers.protocol.records import FINAL
 from workers.protocol.scripts.commit import CANCEL_TEXT

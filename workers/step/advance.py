@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from toolloop.journal import keys, scripts
+from toolloop.journal import scripts
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers.flow import limiter as flow
 from workers.observe.metrics import counted
@@ -49,6 +49,7 @@ from workers.process.live import Outcome as LoopOutcome
 from workers.process.segment import SegmentJournal, StepBoundary
 from workers.process.suspects import limit_error
 from workers.process.worker_process import WorkerProcess
+from workers.protocol import keys
 from workers.protocol.errors import LeaseLostError
 from workers.protocol.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begin
 from workers.protocol.scripts.commit import StepOutcome

@@ -21,7 +21,6 @@ from typing import Any
 
 import redis as redis_lib
 
-from toolloop.journal import keys
 from toolloop.loop.types import AccountLimit, BudgetEvent, LoopEvent, RunToolLoopResult
 from workers.client import runlist
 from workers.config.settings import Settings
@@ -32,7 +31,7 @@ from workers.process.live import Begun, LiveLoop
 from workers.process.redisio import Batch
 from workers.process.segment import SegmentJournal
 from workers.process.worker_process import WorkerProcess
-from workers.protocol import names, wire
+from workers.protocol import keys, names, wire
 from workers.protocol.errors import OOM_HINT, REDIS_LOST
 from workers.protocol.scripts.commit import (
     RUN_COMMIT,

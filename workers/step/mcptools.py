@@ -2,7 +2,7 @@
 
 - The list: the first step of a run that needs a toolset with servers lists each server
   (`tools/list`, every page) and writes what it got to the run's `tl:{<run>}:mcptools` hash with
-  HSETNX (toolloop/journal/keys.py); every later step of the run, a replay or a redelivered one
+  HSETNX (workers/protocol/keys.py); every later step of the run, a replay or a redelivered one
   included, reads it from there and never lists again, so a server whose tools changed cannot
   change a running run. The tools keep the server's names, descriptions and input schemas; an input
   is checked against the schema (JSON Schema, `jsonschema`) like any tool's, and a bad one is
@@ -40,11 +40,11 @@ from pydantic_core import PydanticCustomError
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import ContentPart, ImagePart, TextPart
-from toolloop.journal import keys
 from toolloop.journal.base import idempotency_key
 from toolloop.loop.types import ToolOutput, ToolSpec
 from workers.config.mcp import McpServer, Toolset
 from workers.process.mcpservers import McpCallError
+from workers.protocol import keys
 from workers.protocol.errors import ToolsetError
 
 if TYPE_CHECKING:

@@ -61,8 +61,8 @@ from typing import Any
 import redis
 
 from toolloop import redisurl
-from toolloop.journal import keys
 from workers.observe.hooks import Hooks
+from workers.protocol import keys
 
 PLAN_ENV = "TOOLLOOP_KILL_PLAN"
 

@@ -36,11 +36,10 @@ import redis as redis_lib
 from celery import bootsteps
 
 from toolloop.defaults import no_redis_message
-from toolloop.journal import keys
 from workers.config.settings import Settings
 from workers.observe import tracing
 from workers.process.worker_process import WorkerProcess, attach, process_of
-from workers.protocol import names
+from workers.protocol import keys, names
 from workers.runs import approvals
 from workers.runs import lifecycle as runs
 from workers.worker import guard

@@ -44,10 +44,9 @@ from typing import Any
 
 import redis as redis_lib
 
-from toolloop.journal import keys as tl_keys
 from workers.process.live import Begun
 from workers.process.worker_process import WorkerProcess
-from workers.protocol import names, wire
+from workers.protocol import keys, names, wire
 from workers.protocol.errors import OOM_HINT, REDIS_LOST, failure_repr
 from workers.step import advance
 from workers.worker.kombu_redis import KombuRedisQueue
@@ -62,7 +61,7 @@ slot, so a decision reaches a worker whose steps fill every slot (`Client.approv
 _BLOCK_S = 1.0
 _OOM_PAUSE_S = 1.0
 """How long a step Redis refused for OOM waits before it goes back on its queue."""
-REJECTED = tl_keys.REJECTED
+REJECTED = keys.REJECTED
 """The rejected list (see the module docstring and docs/workers.md, "The rejected list")."""
 
 
@@ -92,7 +91,7 @@ class StepConsumer:
         (read from Celery's consumer thread: it copies the dict, never iterates it live)."""
         self.room: asyncio.Event | None = None
         self.main: asyncio.Future[None] | None = None
-        self.wake_key = names.wake_key(hostname)
+        self.wake_key = keys.wake_key(hostname)
         """A list only this consumer waits on, beside its queues: a push ends its BRPOP at once."""
         self.transport: StepQueue = transport or KombuRedisQueue(
             process.batch, process.async_client, self.wake_key, process.settings.max_task_bytes, _BLOCK_S

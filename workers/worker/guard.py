@@ -24,8 +24,7 @@ from kombu.transport.virtual import Empty
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
-from toolloop.journal import keys
-from workers.protocol import wire
+from workers.protocol import keys, wire
 
 log = logging.getLogger("toolloop.workers")
 

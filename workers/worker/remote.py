@@ -18,9 +18,8 @@ from celery.worker.control import Panel, control_command, inspect_command
 from kombu import Queue  # type: ignore[attr-defined]
 
 from toolloop import redisurl
-from toolloop.journal import keys
 from workers.config.celery import send
-from workers.protocol import names
+from workers.protocol import keys, names
 from workers.protocol.records import FINAL
 from workers.protocol.scripts.control import RUN_CANCEL, parse_cancel
 from workers.runs import lifecycle as runs

@@ -169,11 +169,6 @@ class CompletionStream(DeltaOut):
         return body  # every string came through event_json: no lone surrogate
 
 
-def _call_joined(call: dict[str, Any]) -> dict[str, Any]:
-    function = call["function"]
-    return {**call, "function": {**function, "arguments": "".join(function["arguments"])}}
-
-
 def _joined(entry: dict[str, Any]) -> dict[str, Any]:
     return {key: "".join(value) if key in _APPENDED and isinstance(value, list) else value
             for key, value in entry.items()}  # fmt: skip

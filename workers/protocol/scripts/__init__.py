@@ -12,7 +12,7 @@
 Each module documents its script's KEYS and ARGV at the top of the script and parses its reply
 once, into a typed value, next to it; nothing else reads a reply by position.
 
-Invariants the scripts keep (keys in toolloop/journal/keys.py; every key of a call shares the run's
+Invariants the scripts keep (keys in workers/protocol/keys.py; every key of a call shares the run's
 hash tag):
 - A journal field is written with HSETNX only, and every script that writes one returns the STORED
   value, so a caller always continues with what Redis holds (redis-py 8 retries commands itself: a
