@@ -12,13 +12,15 @@ import redis
 from workers.client import accounts
 from workers.config import ratelimit
 from workers.config.ratelimit import Limits
+from workers.protocol.scripts import accounts as account_scripts
+from workers.protocol.scripts import ratelimit as rate_scripts
 
 
 def book(
     client: redis.Redis, bucket: str, limits: Limits, tokens: int = 0, holder: str = "h", lease_ms: int = 5000
 ) -> tuple[int, str]:
     wait, why = client.eval(
-        ratelimit.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
+        rate_scripts.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
         limits.concurrent, limits.burst_s, tokens, holder, lease_ms,
     )  # fmt: skip
     return int(wait), str(why)
@@ -36,7 +38,7 @@ def test_input_tokens_are_booked_and_settled_to_the_real_count(redis_client: red
     bucket = "tl:rl:test-tokens:m"
     limits = Limits(itpm=60_000, burst_s=1)  # 1,000 tokens a second
     assert book(redis_client, bucket, limits, tokens=900)[0] == 0
-    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "h", 600, 0)  # it used 1,500
+    redis_client.eval(rate_scripts.SETTLE, 2, bucket, f"{bucket}:inflight", "h", 600, 0)  # it used 1,500
     wait, why = book(redis_client, bucket, limits, tokens=500)
     assert why == "rate" and 900 <= wait <= 1000, wait  # -1,000 left after this booking: ~1 s
 
@@ -47,7 +49,7 @@ def test_a_concurrency_limit_answers_busy_until_a_call_settles(redis_client: red
     assert book(redis_client, bucket, limits, holder="a")[1] == ""
     assert book(redis_client, bucket, limits, holder="b")[1] == ""
     assert book(redis_client, bucket, limits, holder="c")[1] == "busy"
-    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "a", 0, 0)
+    redis_client.eval(rate_scripts.SETTLE, 2, bucket, f"{bucket}:inflight", "a", 0, 0)
     assert book(redis_client, bucket, limits, holder="c")[1] == ""
 
 
@@ -67,7 +69,7 @@ def test_a_429s_retry_after_and_an_empty_bucket_block_the_next_bookings(redis_cl
                              "anthropic-ratelimit-requests-reset": "2000-01-01T00:00:00Z"})  # fmt: skip
     taught = ratelimit.lessons(429, headers, time.time())
     assert taught.remaining == [("r", 0.0)] and taught.blocked == pytest.approx(time.time() + 2, abs=0.5)
-    redis_client.eval(ratelimit.LEARN, 1, bucket, *taught.args())
+    redis_client.eval(rate_scripts.LEARN, 1, bucket, *taught.args())
     wait, why = book(redis_client, bucket, limits)
     assert why == "rate" and 1500 <= wait <= 2000, wait
     ok = httpx.Headers({"anthropic-ratelimit-requests-remaining": "7"})
@@ -98,13 +100,19 @@ def test_the_config_is_read_from_json_and_a_bad_one_says_how_to_fix_it(tmp_path)
 
 def reserve(client: redis.Redis, name: str, rid: str, usd: float, lease_ms: int = 5000) -> accounts.Verdict:
     reply = client.eval(
-        accounts.RESERVE, 3, *accounts.keys_of(name), rid, usd, lease_ms, *accounts.periods(time.time())
+        account_scripts.RESERVE,
+        3,
+        *accounts.keys_of(name),
+        rid,
+        usd,
+        lease_ms,
+        *accounts.periods(time.time()),
     )
     return accounts.Verdict.of(reply)
 
 
 def settle(client: redis.Redis, name: str, rid: str, usd: float) -> None:
-    client.eval(accounts.SETTLE, 3, *accounts.keys_of(name), rid, usd, *accounts.periods(time.time()))
+    client.eval(account_scripts.SETTLE, 3, *accounts.keys_of(name), rid, usd, *accounts.periods(time.time()))
 
 
 def test_reservations_hold_the_limit_and_settle_the_real_cost(redis_client: redis.Redis) -> None:
@@ -152,7 +160,7 @@ def book_learning(
     """BOOK for a provider whose answers name its limits (anthropic), no tokens."""
     limits = limits or Limits()
     wait, why = client.eval(
-        ratelimit.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
+        rate_scripts.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
         limits.concurrent, limits.burst_s, 0, holder, 5000, 1,
     )  # fmt: skip
     return int(wait), str(why)
@@ -169,8 +177,8 @@ def test_before_an_answer_taught_the_limit_one_call_goes_and_the_rest_wait_for_i
                              "anthropic-ratelimit-requests-remaining": "119"})  # fmt: skip
     taught = ratelimit.lessons(200, headers, time.time())
     assert taught.limits == [("r", 120.0)] and not taught.open
-    redis_client.eval(ratelimit.LEARN, 1, bucket, *taught.args())
-    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0)
+    redis_client.eval(rate_scripts.LEARN, 1, bucket, *taught.args())
+    redis_client.eval(rate_scripts.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0)
     # 120 a minute learned, a bucket of 1 s: 2 at once, then one every 0.5 s
     waits = [book_learning(redis_client, bucket, f"next{i}") for i in range(3)]
     assert [w for w, _ in waits[:2]] == [0, 0] and waits[2][1] == "rate" and 400 <= waits[2][0] <= 500, waits
@@ -183,7 +191,8 @@ def test_a_provider_that_names_no_limit_is_open_and_a_lost_probe_lets_the_next_c
 ) -> None:
     bucket = "tl:rl:test-open:m"
     assert book_learning(redis_client, bucket, "first") == (0, "")
-    redis_client.eval(ratelimit.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0)  # failed: no answer
+    redis_client.eval(rate_scripts.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0)  # failed
+
     assert book_learning(redis_client, bucket, "second") == (0, "")  # the next call goes to learn it
     odd = httpx.Headers(
         {"anthropic-ratelimit-requests-limit": "inf", "anthropic-ratelimit-requests-remaining": "nan"}
@@ -191,5 +200,5 @@ def test_a_provider_that_names_no_limit_is_open_and_a_lost_probe_lets_the_next_c
     assert ratelimit.lessons(200, odd, time.time()) == ratelimit.Lessons(0.0, [], [], True)  # not numbers
     taught = ratelimit.lessons(200, httpx.Headers({}), time.time())
     assert taught.open
-    redis_client.eval(ratelimit.LEARN, 1, bucket, *taught.args())
+    redis_client.eval(rate_scripts.LEARN, 1, bucket, *taught.args())
     assert book_learning(redis_client, bucket, "third") == (0, "open")

@@ -131,3 +131,35 @@ def test_importing_the_client_loads_no_worker_and_builds_no_celery_app() -> None
     assert worker_side.isdisjoint(seen["modules"]), worker_side & set(seen["modules"])
     assert "toolloop" not in seen["apps"] and not seen["built"]
     assert seen["after"] == "toolloop"  # built once a method needs it
+
+
+def _private_imports(path: Path, name: str) -> list[str]:
+    """`from <module> import _x` in the module `name` where <module> is in another room of workers/
+    (or in toolloop/ while `name` is in workers/): a private name reached across a boundary."""
+    room = ".".join(name.split(".")[:2])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
+            continue
+        source_room = ".".join(node.module.split(".")[:2])
+        if node.module.split(".")[0] in PACKAGES and source_room != room:
+            found += [
+                f"{name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")
+            ]
+    return found
+
+
+def test_no_module_reaches_into_another_rooms_private_names() -> None:
+    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    reached = [line for name, path in sorted(files.items()) for line in _private_imports(path, name)]
+    assert reached == [], "\n".join(reached)
+
+
+def test_no_folder_holds_more_than_twenty_modules() -> None:
+    folders: dict[Path, int] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            if path.name != "__init__.py":
+                folders[path.parent] = folders.get(path.parent, 0) + 1
+    crowded = {str(f.relative_to(ROOT)): n for f, n in folders.items() if n > 20}
+    assert crowded == {}, crowded

@@ -93,7 +93,7 @@ class AsyncClient:
         """See `Client.enqueue_many`: one round trip per batch."""
         made = enqueue.prepare_all(self._prepare, specs, idempotency_keys)
         try:
-            replies = await self._driver.batch(ops.Batch([m.request for m in made]))
+            replies = await self._driver.batch(ops.Pipeline([m.request for m in made]))
         except enqueue.REDIS_ERRORS as error:
             raise enqueue.failure(error, idempotency_keys is not None) from None
         return enqueue.batch_result(made, replies, idempotency_keys is not None)

@@ -1,6 +1,6 @@
 """The drivers that run the operations of workers/client/ops.py against Redis: `SyncDriver` (redis-py,
 for `Client`) and `AsyncDriver` (redis.asyncio, for `AsyncClient`). Each request is one round trip:
-a `Call` one command, a `Batch` one pipeline (MULTI when asked), an `Eval` one EVALSHA (a script
+a `Call` one command, a `Pipeline` one pipeline (MULTI when asked), an `Eval` one EVALSHA (a script
 Redis does not hold yet, after a restart or on a new server, is loaded and the call repeated once:
 a script that was not found never ran).
 """
@@ -17,30 +17,31 @@ import redis as redis_lib
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from workers.client.ops import Batch, Call, Emit, Eval, Lua, Op, Request, Stream
+from workers.client.ops import Call, Emit, Eval, Op, Pipeline, Request, Stream
 from workers.protocol.errors import replicated
+from workers.protocol.lua import Lua
 
 T = TypeVar("T")
 
 
-def _commands(batch: Batch) -> list[tuple[Any, ...]]:
+def _commands(batch: Pipeline) -> list[tuple[Any, ...]]:
     return [c.command() if isinstance(c, Eval) else c for c in batch.commands]
 
 
-def _missing(batch: Batch, replies: list[Any]) -> list[int]:
+def _missing(batch: Pipeline, replies: list[Any]) -> list[int]:
     """The places of the batch's scripts that Redis did not hold (not run: run them again)."""
     if batch.transaction and any(isinstance(r, NoScriptError) for r in replies):
         raise RuntimeError("A script in a MULTI batch was not loaded; load it before the batch.")
     return [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
 
 
-def _again(batch: Batch, places: list[int]) -> list[tuple[Any, ...]]:
+def _again(batch: Pipeline, places: list[int]) -> list[tuple[Any, ...]]:
     """The commands to send again, in order: those at `places` (scripts Redis had not loaded)."""
     commands = _commands(batch)
     return [commands[i] for i in places]
 
 
-def _scripts(batch: Batch, places: list[int]) -> list[Lua]:
+def _scripts(batch: Pipeline, places: list[int]) -> list[Lua]:
     found = {c.script.sha: c.script for i in places if isinstance(c := batch.commands[i], Eval)}
     return list(found.values())
 
@@ -74,19 +75,19 @@ def _raise_first(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def _waits(batch: Batch, wait: tuple[int, int]) -> bool:
+def _waits(batch: Pipeline, wait: tuple[int, int]) -> bool:
     """Whether `batch` is a write to confirm: `wait` asks for replicas, and it runs a script or says so."""
     return bool(wait[0]) and (batch.durable or any(isinstance(c, Eval) for c in batch.commands))
 
 
-def _waited(batch: Batch, wait: tuple[int, int]) -> Batch:
+def _waited(batch: Pipeline, wait: tuple[int, int]) -> Pipeline:
     """`batch` ending with WAIT when it is a write to confirm (`_waits`)."""
     if not _waits(batch, wait):
         return batch
-    return Batch([*batch.commands, ("WAIT", *wait)], batch.transaction, batch.durable)
+    return Pipeline([*batch.commands, ("WAIT", *wait)], batch.transaction, batch.durable)
 
 
-def _confirmed(replies: list[Any], batch: Batch, wait: tuple[int, int]) -> list[Any]:
+def _confirmed(replies: list[Any], batch: Pipeline, wait: tuple[int, int]) -> list[Any]:
     """The replies of a `_waited` batch without WAIT's, once it counted the replicas asked for."""
     if not _waits(batch, wait):
         return replies
@@ -123,19 +124,19 @@ class SyncDriver:
         if isinstance(request, Call):
             return (self.blocking if request.blocking else self.redis).execute_command(*request.args)  # type: ignore[no-untyped-call]
         if isinstance(request, Eval) and self.wait[0]:
-            return _raise_first(self.batch(Batch([request])))[0]
+            return _raise_first(self.batch(Pipeline([request])))[0]
         if isinstance(request, Eval):
             try:
                 return self.redis.execute_command(*request.command())  # type: ignore[no-untyped-call]
             except NoScriptError:
                 self.redis.script_load(request.script.source)
                 return self.redis.execute_command(*request.command())  # type: ignore[no-untyped-call]
-        if isinstance(request, Batch):
+        if isinstance(request, Pipeline):
             return _raise_first(self.batch(request))
         time.sleep(request.seconds)
         return None
 
-    def batch(self, request: Batch) -> list[Any]:
+    def batch(self, request: Pipeline) -> list[Any]:
         """The replies of the batch, errors in place (a lost connection raises)."""
         batch, waits = _waited(request, self.wait), _waits(request, self.wait)
         pipe = self.redis.pipeline(transaction=batch.transaction)
@@ -185,19 +186,19 @@ class AsyncDriver:
         if isinstance(request, Call):
             return await (self.blocking if request.blocking else self.redis).execute_command(*request.args)  # type: ignore[no-untyped-call]
         if isinstance(request, Eval) and self.wait[0]:
-            return _raise_first(await self.batch(Batch([request])))[0]
+            return _raise_first(await self.batch(Pipeline([request])))[0]
         if isinstance(request, Eval):
             try:
                 return await self.redis.execute_command(*request.command())  # type: ignore[no-untyped-call]
             except NoScriptError:
                 await self.redis.script_load(request.script.source)
                 return await self.redis.execute_command(*request.command())  # type: ignore[no-untyped-call]
-        if isinstance(request, Batch):
+        if isinstance(request, Pipeline):
             return _raise_first(await self.batch(request))
         await asyncio.sleep(request.seconds)
         return None
 
-    async def batch(self, request: Batch) -> list[Any]:
+    async def batch(self, request: Pipeline) -> list[Any]:
         """The replies of the batch, errors in place (a lost connection raises)."""
         batch, waits = _waited(request, self.wait), _waits(request, self.wait)
         async with self.redis.pipeline(transaction=batch.transaction) as pipe:

@@ -1,8 +1,8 @@
 """Enqueue in one round trip: the request that stores a run AND sends its first step (pure; both
 clients send it, workers/client/ops.py).
 
-One Lua script (ENQUEUE) writes what `runs.RUN_CREATE` writes (spec, state, first input, the
-`queued` event, the outbox record, the indexes), then LPUSHes the first `toolloop.advance` message
+One Lua script (ENQUEUE, workers/protocol/scripts/enqueue.py) writes the run (spec, state, first
+input, the `queued` event, the outbox record, the indexes), then LPUSHes the first `toolloop.advance` message
 (a Celery protocol-2 message built by `workers.protocol.wire`, as the worker's successors are) and PUBLISHes
 its `task-sent` event (Flower shows the step from the moment it is queued). It is atomic: a run is
 stored with its first step sent, or nothing is (Redis refuses a script for OOM at its first write,
@@ -27,34 +27,15 @@ from toolloop.contract import CHAT_MESSAGES
 from toolloop.providers.catalog import Catalog
 from toolloop.providers.models_file import catalog_from_env
 from workers.client import limits
-from workers.client.ops import Eval, Lua, Sender
+from workers.client.ops import Eval, Sender
 from workers.config import toolsets
 from workers.config.settings import Settings
 from workers.observe import tracing
 from workers.protocol import keys
 from workers.protocol.errors import EnqueueError
 from workers.protocol.names import ADVANCE
+from workers.protocol.scripts.enqueue import ENQUEUE
 from workers.protocol.spec import RunSpec
-
-ENQUEUE = Lua.of("""
--- KEYS: 1 spec 2 state 3 input 4 events 5 outbox 6 live runs 7 all runs 8 the llm queue
--- ARGV: 1 run id 2 spec JSON 3 now 4 first segment's messages 5 queued data 6 outbox score
---       7 the task message 8 its task-sent event's channel 9 the event 10 traceparent ("" none)
--- -> 1 stored and sent, 0 a run with this id exists (nothing written)
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[2], 'status', 'queued', 'segment', 0, 'n', 0, 'queue', 'llm', 'seq', 1,
-  'created', ARGV[3], 'touched', ARGV[3])
-if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'traceparent', ARGV[10]) end
-redis.call('HSET', KEYS[3], 's0', ARGV[4])
-redis.call('XADD', KEYS[4], '*', 'seq', 1, 'segment', 0, 'kind', 'queued', 'data', ARGV[5])
-redis.call('ZADD', KEYS[5], ARGV[6], '1|llm')
-redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
-redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
-redis.call('LPUSH', KEYS[8], ARGV[7])
-redis.call('PUBLISH', ARGV[8], ARGV[9])
-return 1
-""")
 
 
 def run_id_for(idempotency_key: str | None) -> str:

@@ -10,7 +10,7 @@ A driver (workers/client/drive.py) runs an operation: `SyncDriver` with redis-py
 clients share every check, every key and every error message. The requests:
 
     Call(*args, blocking=False)   one command; `blocking` goes to the connection with no read timeout
-    Batch(commands, transaction)  commands (tuples, or Eval) in one round trip (MULTI when asked)
+    Pipeline(commands, transaction)  commands (tuples, or Eval) in one round trip (MULTI when asked)
     Eval(script, keys, args)      a Lua script by its SHA1 (loaded once by the driver when missing)
     Sleep(seconds)                wait (a poll loop)
     Emit(value)                   not a request: an item a streaming operation (`events`) yields
@@ -22,7 +22,6 @@ no Celery producer is set up per call, and no Celery app exists in a client unti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -38,6 +37,7 @@ from toolloop.loop.types import Decision
 from workers.client import accounts
 from workers.protocol import keys, wire
 from workers.protocol.errors import LimitError, RunNotFoundError, RunStateError
+from workers.protocol.lua import Lua
 from workers.protocol.names import ADVANCE, ANSWER, CANCEL, DECIDE
 from workers.protocol.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunStatus
 from workers.protocol.scripts.approvals import DECIDE_SEND, DECISIONS_MARK, parse_decide_sent
@@ -53,18 +53,6 @@ from workers.protocol.scripts.control import (
 T = TypeVar("T")
 
 _TERMINAL_EVENTS = frozenset({"finished", "failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Lua:
-    """A Lua script and its SHA1 (what EVALSHA names)."""
-
-    source: str
-    sha: str = ""
-
-    @classmethod
-    def of(cls, source: str) -> Lua:
-        return cls(source, hashlib.sha1(source.encode()).hexdigest())  # (Redis names a script by its SHA1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +76,7 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class Pipeline:
     commands: Sequence[tuple[Any, ...] | Eval]
     transaction: bool = False
     durable: bool = False
@@ -105,14 +93,14 @@ class Emit:
     value: Any
 
 
-Request = Call | Batch | Eval | Sleep
+Request = Call | Pipeline | Eval | Sleep
 Op = Generator[Request, Any, T]
 Stream = Generator[Request | Emit, Any, None]
 
-ANSWER_SCRIPT = Lua.of(ANSWER_SEND)
-CANCEL_SCRIPT = Lua.of(RUN_CANCEL)
-RETRY_SCRIPT = Lua.of(RUN_RETRY)
-DECIDE_SEND_SCRIPT = Lua.of(DECIDE_SEND)
+ANSWER_SCRIPT = ANSWER_SEND
+CANCEL_SCRIPT = RUN_CANCEL
+RETRY_SCRIPT = RUN_RETRY
+DECIDE_SEND_SCRIPT = DECIDE_SEND
 
 
 @dataclass
@@ -162,12 +150,12 @@ def status(run_id: str) -> Op[RunStatus]:
 
 def snapshot(run_id: str) -> Op[tuple[RunStatus, int]]:
     """The status and the count of answers not applied yet, read at one instant (MULTI)."""
-    state, unapplied = yield Batch([("HGETALL", keys.state(run_id)), ("HLEN", keys.inbox(run_id))], True)
+    state, unapplied = yield Pipeline([("HGETALL", keys.state(run_id)), ("HLEN", keys.inbox(run_id))], True)
     return status_of(run_id, state), int(unapplied)
 
 
 def history(run_id: str) -> Op[list[ChatMessage]]:
-    stored, first = yield Batch([("GET", keys.history(run_id)), ("HGET", keys.inputs(run_id), "s0")])
+    stored, first = yield Pipeline([("GET", keys.history(run_id)), ("HGET", keys.inputs(run_id), "s0")])
     if stored is None and first is None:
         raise RunNotFoundError(run_id)
     return CHAT_MESSAGES.validate_json(stored or first)
@@ -185,7 +173,7 @@ class RunImage:
 def images(run_id: str) -> Op[list[RunImage]]:
     """The run's images in conversation order, each with where it came from: the spec's messages
     are the history's first ones, and only tool messages after them are a tool's."""
-    stored, first, spec = yield Batch(
+    stored, first, spec = yield Pipeline(
         [("GET", keys.history(run_id)), ("HGET", keys.inputs(run_id), "s0"), ("GET", keys.spec(run_id))]
     )
     if stored is None and first is None:
@@ -210,7 +198,7 @@ def events(run_id: str, after: str | None, block_ms: int | None, follow: bool, d
         found = yield Call("EXISTS", keys.state(run_id))
     else:  # and the last entry, to refuse an id past it
         last_entry = ("XREVRANGE", stream, "+", "-", "COUNT", 1)
-        found, last = yield Batch([("EXISTS", keys.state(run_id)), last_entry])
+        found, last = yield Pipeline([("EXISTS", keys.state(run_id)), last_entry])
     if not found:
         raise RunNotFoundError(run_id)
     end = last[0][0] if last else "0-0"
@@ -390,7 +378,7 @@ def already_decided(run_id: str, call_id: str, what: str, prior: dict[str, Any])
 def decisions(run_id: str) -> Op[dict[str, DecisionState]]:
     """Where the decision on each call of the run stands, by call id: the calls held now (pending or
     not), and every call with a decision recorded, queued or refused in the current or last segment."""
-    state, recorded, inbox, outcomes = yield Batch(
+    state, recorded, inbox, outcomes = yield Pipeline(
         [
             ("HMGET", keys.state(run_id), "status", "segment", "approvals"),
             ("HGETALL", keys.decisions(run_id)),
@@ -481,12 +469,12 @@ def cancel(sender: Sender, run_id: str) -> Op[None]:
             f"Run {run_id!r} has ended ({found}); there is nothing to cancel.\n"
             "  `toolloop status` shows how it ended."
         )
-    yield Batch(sender.commands(CANCEL, [run_id], f"{run_id}:cancel", "control"))
+    yield Pipeline(sender.commands(CANCEL, [run_id], f"{run_id}:cancel", "control"))
 
 
 def retry(sender: Sender, run_id: str) -> Op[None]:
     """Queue a failed run again (RUN_RETRY), make its keys persistent again, send its step."""
-    stored, segment = yield Batch([("GET", keys.spec(run_id)), ("HGET", keys.state(run_id), "segment")])
+    stored, segment = yield Pipeline([("GET", keys.spec(run_id)), ("HGET", keys.state(run_id), "segment")])
     spec = json.loads(stored or "{}")
     queued = {name: spec.get(name) for name in ("model", "toolset", "budget_usd")} | {"retry": True}
     result = parse_retry((yield Eval(
@@ -502,8 +490,14 @@ def retry(sender: Sender, run_id: str) -> Op[None]:
             "  Wait for it to end, or enqueue a new run."
         )
     persist = [("PERSIST", key) for key in keys.run_keys(run_id, int(segment or 0))]
-    yield Batch([("ZADD", keys.LIVE_RUNS, time.time(), run_id), *persist, ("ZREM", keys.ENDED_RUNS, run_id),
-                 *sender.member(run_id, result.member)])  # fmt: skip
+    yield Pipeline(
+        [
+            ("ZADD", keys.LIVE_RUNS, time.time(), run_id),
+            *persist,
+            ("ZREM", keys.ENDED_RUNS, run_id),
+            *sender.member(run_id, result.member),
+        ]
+    )
 
 
 def add_spend(run_id: str, usd: float) -> Op[float]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis as redis_lib
 
-from workers.client.ops import Batch, Call, Op
+from workers.client.ops import Call, Op, Pipeline
 from workers.protocol import keys
 from workers.protocol.records import FINAL
 
@@ -92,7 +92,7 @@ def page(*, status: str | None = None, limit: int = 50, cursor: str | None = Non
         offset += len(chunk)
         if after is not None:  # equal scores come in descending member order: skip those seen
             chunk = [(m, s) for m, s in chunk if not (s == after[0] and m >= after[1])]
-        states = yield Batch([("HMGET", keys.state(member), *_FIELDS) for member, _ in chunk])
+        states = yield Pipeline([("HMGET", keys.state(member), *_FIELDS) for member, _ in chunk])
         gone: list[str] = []
         for (member, score), values in zip(chunk, states, strict=True):
             state = dict(zip(_FIELDS, values, strict=True))
@@ -118,7 +118,7 @@ def _pairs(reply: list[Any]) -> list[tuple[str, float]]:
 
 def _dropped(members: list[str]) -> Op[None]:
     if members:
-        yield Batch([("ZREM", keys.ALL_RUNS, *members), ("ZREM", keys.ENDED_RUNS, *members)])
+        yield Pipeline([("ZREM", keys.ALL_RUNS, *members), ("ZREM", keys.ENDED_RUNS, *members)])
 
 
 def _drop(client: redis_lib.Redis, members: list[str]) -> None:

@@ -126,7 +126,7 @@ class Client:
         hit some runs only is an EnqueueError with `stored=None`: send the batch again with keys."""
         made = enqueue.prepare_all(self._prepare, specs, idempotency_keys)
         try:
-            replies = self._driver.batch(ops.Batch([m.request for m in made]))
+            replies = self._driver.batch(ops.Pipeline([m.request for m in made]))
         except enqueue.REDIS_ERRORS as error:
             raise enqueue.failure(error, idempotency_keys is not None) from None
         return enqueue.batch_result(made, replies, idempotency_keys is not None)

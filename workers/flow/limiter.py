@@ -31,6 +31,9 @@ from toolloop.providers.http import before_retry, observe_responses, race
 from workers.client import accounts
 from workers.config import ratelimit
 from workers.process.worker_process import WorkerProcess
+from workers.protocol.lua import Lua
+from workers.protocol.scripts import accounts as account_scripts
+from workers.protocol.scripts import ratelimit as rate_scripts
 from workers.protocol.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
@@ -98,7 +101,7 @@ class _Flow:
             await asyncio.sleep(lease_ms / 3000)
             if self.held:
                 zsets = list(self.held)
-                _fire(self.process, ratelimit.RENEW, zsets, [lease_ms, *(self.held[z] for z in zsets)])
+                _fire(self.process, rate_scripts.RENEW, zsets, [lease_ms, *(self.held[z] for z in zsets)])
 
     def release(self) -> None:
         if self.renewal is not None:
@@ -221,7 +224,7 @@ async def reserve(
     reservation = reservation or uuid.uuid4().hex
     while True:
         reply = await process.batch.script(
-            accounts.RESERVE, accounts.keys_of(account),
+            account_scripts.RESERVE, accounts.keys_of(account),
             [reservation, repr(float(usd)), process.settings.lease_ms, *accounts.periods(time.time())],
         )  # fmt: skip
         verdict = accounts.Verdict.of(reply)
@@ -242,14 +245,14 @@ async def reserve(
 
 
 def settle(process: WorkerProcess, account: str, reservation: str, usd: float) -> None:
-    _fire(process, accounts.SETTLE, accounts.keys_of(account),
+    _fire(process, account_scripts.SETTLE, accounts.keys_of(account),
           [reservation, repr(float(usd)), *accounts.periods(time.time())])  # fmt: skip
 
 
-def _fire(process: WorkerProcess, source: str, keys: list[str], args: list[Any]) -> None:
+def _fire(process: WorkerProcess, script: Lua, keys: list[str], args: list[Any]) -> None:
     """Run a script in this turn's batch without waiting for it (a failure is logged). Not
     `Batch.send`: its writes run inside one script, where a script cannot be called."""
-    done = process.batch.script(source, keys, args)
+    done = process.batch.script(script, keys, args)
     done.add_done_callback(_logged)
 
 
@@ -311,14 +314,14 @@ async def _limited(
         if lessons.limits or lessons.blocked:
             opened.pop(bucket, None)
         if lessons and (booked or lessons.limits or lessons.blocked):
-            _fire(process, ratelimit.LEARN, [bucket], lessons.args())
+            _fire(process, rate_scripts.LEARN, [bucket], lessons.args())
 
     async def book_retry() -> None:
         """One more request of this call (a provider retry), booked before it is sent."""
         if limits == _NONE and opened.get(bucket, 0.0) > time.monotonic():
             return
         retry = [limits.rpm, limits.itpm, limits.otpm, 0, limits.burst_s, 0, holder, 0, 0]
-        wait_ms, _ = await batch.script(ratelimit.BOOK, keys, retry)
+        wait_ms, _ = await batch.script(rate_scripts.BOOK, keys, retry)
         if int(wait_ms) > 0:
             await _wait(process, int(wait_ms) / 1000, signal)
 
@@ -331,14 +334,14 @@ async def _limited(
         used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
         used_out = usage.completion_tokens
         if learns and booked and not heard:  # answered with no HTTP answer seen (a scripted model,
-            _fire(process, ratelimit.LEARN, [bucket], [0, 1])  # another client): it names no limit
+            _fire(process, rate_scripts.LEARN, [bucket], [0, 1])  # another client): it names no limit
         return result
     finally:
         before_retry.reset(retrying)
         observe_responses.reset(token)
         flow.held.pop(keys[1], None)
         if booked:
-            _fire(process, ratelimit.SETTLE, keys, [holder, used_in - estimate, used_out])
+            _fire(process, rate_scripts.SETTLE, keys, [holder, used_in - estimate, used_out])
 
 
 async def _book(
@@ -349,7 +352,7 @@ async def _book(
     process, bucket = flow.process, keys[0]
     while True:
         wait_ms, why = await process.batch.script(
-            ratelimit.BOOK, keys,
+            rate_scripts.BOOK, keys,
             [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
              process.settings.lease_ms, int(learns)],
         )  # fmt: skip

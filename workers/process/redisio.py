@@ -19,7 +19,6 @@ The leases the steps hold are renewed by workers/process/leases.py `Leases`, thr
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 from collections.abc import Callable, Iterable
@@ -31,27 +30,13 @@ import redis.asyncio as aredis
 
 from toolloop.sentinel import AsyncFollowingConnection
 from workers.protocol.errors import NotReplicatedError, replicated
+from workers.protocol.lua import Lua
 from workers.protocol.scriptcache import ScriptCache, failed_from, name
+from workers.protocol.scripts.batch import SEND_MANY
 
 log = logging.getLogger("toolloop.workers")
 
 _Command = tuple[tuple[Any, ...], "asyncio.Future[Any] | None"]
-
-SEND_MANY = """
--- ARGV = n1, command, args..., n2, command, args...: the fire-and-forget writes of one loop turn
--- (events, acks, successors). Each runs on its own (pcall): one that fails does not stop the rest.
--- -> the error texts of those that failed.
-local failed = {}
-local i = 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local reply = redis.pcall(unpack(ARGV, i + 1, i + n))
-  if type(reply) == 'table' and reply.err then failed[#failed + 1] = reply.err end
-  i = i + n + 1
-end
-return failed
-"""
-_SEND_MANY_SHA = hashlib.sha1(SEND_MANY.encode()).hexdigest()
 
 
 class PackedConnection(aredis.Connection):
@@ -131,11 +116,11 @@ class Batch:
         self._schedule()
 
     def script(
-        self, source: str, keys: list[str], args: list[Any], *, durable: bool = False
+        self, script: Lua, keys: list[str], args: list[Any], *, durable: bool = False
     ) -> asyncio.Future[Any]:
         """Run a Lua script by its SHA (loaded again on NOSCRIPT, as after a Redis restart). `durable`:
         its reply counts only once `wait`'s replicas confirmed it (a step's commit)."""
-        future = self.call("EVALSHA", self.scripts.sha(source), len(keys), *keys, *args)
+        future = self.call("EVALSHA", self.scripts.sha(script), len(keys), *keys, *args)
         if durable and self.wait[0]:
             self.durable.add(future)
         return future
@@ -163,7 +148,7 @@ class Batch:
             for args in sends:
                 flat += [len(args), *args]
             commands = [c for c in commands if c[1] is not None]
-            commands.append((("EVALSHA", _SEND_MANY_SHA, 0, *flat), None))
+            commands.append((("EVALSHA", SEND_MANY.sha, 0, *flat), None))
         loop = asyncio.get_running_loop()
         if self.scripts.pending:  # every known script, ahead of the batch's first command
             loads = [(command, loop.create_future()) for command in self.scripts.loads()]
@@ -241,7 +226,7 @@ class Batch:
             if future is None:
                 if isinstance(reply, Exception):
                     log.warning("redis %s failed: %s: %s", name(args), type(reply).__name__, reply)
-                elif args[1] == _SEND_MANY_SHA and reply:
+                elif args[1] == SEND_MANY.sha and reply:
                     log.warning("redis: %d of the batch's writes failed: %s", len(reply), reply[0])
             elif not future.done():
                 if isinstance(reply, Exception):

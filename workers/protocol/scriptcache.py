@@ -33,21 +33,16 @@ connection fails from its first script onwards and is sent again, one round trip
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis.exceptions import NoScriptError
 
-log = logging.getLogger("toolloop.workers")
+from workers.protocol.lua import Lua
+from workers.protocol.scripts.batch import RUN_ONE
 
-RUN_ONE = """
--- ARGV = command, args...: a plain command queued after a script in the same batch, run as a
--- script so that it fails (NOSCRIPT) when the script before it does, and runs again after it.
-return redis.call(unpack(ARGV))
-"""
-_RUN_ONE_SHA = hashlib.sha1(RUN_ONE.encode()).hexdigest()
+log = logging.getLogger("toolloop.workers")
 
 Run = Callable[[list[tuple[Any, ...]]], Awaitable[list[Any]]]
 """Send commands in one pipeline -> their replies (an error reply, or the connection's, as a value)."""
@@ -58,7 +53,7 @@ AGAIN = 3
 
 def name(args: tuple[Any, ...]) -> str:
     """The name of the command `args` runs (the plain command inside a `RUN_ONE`)."""
-    if args[0] == "EVALSHA" and args[1] == _RUN_ONE_SHA:
+    if args[0] == "EVALSHA" and args[1] == RUN_ONE.sha:
         return str(args[3])
     return str(args[0])
 
@@ -75,20 +70,18 @@ class ScriptCache:
     """The scripts a batch has run (source by SHA), to load them ahead of a batch and again after a
     NOSCRIPT, and the batch's commands put in the shape the module docstring describes."""
 
-    def __init__(self, *sources: str) -> None:
+    def __init__(self, *scripts: Lua) -> None:
         self.sources: dict[str, str] = {}
-        self.shas: dict[str, str] = {}
         self.pending = True
         """A script is known that no batch has loaded yet."""
-        for source in (RUN_ONE, *sources):
-            self.sha(source)
+        for script in (RUN_ONE, *scripts):
+            self.sha(script)
 
-    def sha(self, source: str) -> str:
-        """The SHA of `source` (a new script is loaded ahead of the next batch)."""
-        sha = self.shas.get(source)
-        if sha is None:  # once per script: hashing a 2 KB source on every call is hot-path work
-            sha = self.shas[source] = hashlib.sha1(source.encode()).hexdigest()
-            self.sources[sha] = source
+    def sha(self, script: Lua) -> str:
+        """The SHA of `script` (a new script is loaded ahead of the next batch)."""
+        sha = script.sha
+        if sha not in self.sources:
+            self.sources[sha] = script.source
             self.pending = True
         return sha
 
@@ -102,7 +95,7 @@ class ScriptCache:
         for i, (args, _) in enumerate(commands):
             if args[0] == "EVALSHA":
                 return commands[: i + 1] + [
-                    (a if a[0] in ("EVALSHA", "SCRIPT") else ("EVALSHA", _RUN_ONE_SHA, 0, *a), f)
+                    (a if a[0] in ("EVALSHA", "SCRIPT") else ("EVALSHA", RUN_ONE.sha, 0, *a), f)
                     for a, f in commands[i + 1 :]
                 ]
         return commands

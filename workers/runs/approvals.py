@@ -35,10 +35,11 @@ from toolloop.loop.approvals import ApprovalError
 from toolloop.loop.tools import validate_input
 from toolloop.loop.types import Decision, ToolSpec
 from workers.client import runlist
-from workers.protocol import keys, names
+from workers.protocol import keys, lua, names
+from workers.protocol.lua import Lua
 from workers.protocol.scripts.approvals import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE, Settled, parse_settled
 from workers.protocol.spec import RunSpec
-from workers.runs.lifecycle import script, send_member
+from workers.runs.lifecycle import send_member
 
 
 def _script_keys(run_id: str) -> list[str]:
@@ -205,10 +206,9 @@ def _ended(client: redis_lib.Redis, run_id: str, retention: float) -> None:
     pipe.execute()
 
 
-def _run_script(client: redis_lib.Redis, source: str, run_id: str, args: list[str]) -> list[Any]:
-    result: list[Any] = script(client, source)(
-        keys=_script_keys(run_id), args=[run_id, DECISIONS_MARK, time.time(), *args]
-    )
+def _run_script(client: redis_lib.Redis, script: Lua, run_id: str, args: list[Any]) -> list[Any]:
+    args = [run_id, DECISIONS_MARK, time.time(), *args]
+    result: list[Any] = lua.run(client, script, _script_keys(run_id), args)
     return result
 
 

@@ -26,41 +26,17 @@ from workers.config.celery import send
 from workers.config.settings import Settings
 from workers.observe import tracing
 from workers.observe.hooks import NO_HOOKS, Hooks
-from workers.protocol import keys, names
+from workers.protocol import keys, lua, names
 from workers.protocol.names import ADVANCE, ANSWER
 from workers.protocol.records import FINAL
 from workers.protocol.scripts.commit import CANCEL_TEXT
 from workers.protocol.scripts.control import INDEX_DROP, RUN_ANSWER, parse_answer
+from workers.protocol.scripts.enqueue import ENQUEUE
 from workers.protocol.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
 
 CANCEL_ANSWER = CANCEL_TEXT
-
-
-def script(client: redis_lib.Redis, source: str) -> Any:
-    """The script `source` on `client` (EVALSHA, loaded again when Redis lost it)."""
-    return client.register_script(source)
-
-
-RUN_CREATE = """
--- KEYS[1]=spec KEYS[2]=state KEYS[3]=input KEYS[4]=events KEYS[5]=outbox KEYS[6]=live runs index
--- KEYS[7]=the index of all runs (toolloop list)
--- ARGV[1]=run id ARGV[2]=spec JSON ARGV[3]=now ARGV[4]=first segment's messages ARGV[5]=queued data
--- Stores a new run in one atomic call -> 1, or 0 when a run with this id exists already (an
--- idempotent enqueue retried: nothing is written). Redis refuses a script for OOM at its first write
--- only, so an enqueue under maxmemory stores the whole run or nothing of it.
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[2], 'status', 'queued', 'segment', 0, 'n', 0, 'queue', 'llm', 'seq', 1,
-  'created', ARGV[3], 'touched', ARGV[3])
-redis.call('HSET', KEYS[3], 's0', ARGV[4])
-redis.call('XADD', KEYS[4], '*', 'seq', 1, 'segment', 0, 'kind', 'queued', 'data', ARGV[5])
-redis.call('ZADD', KEYS[5], ARGV[3], '1|llm')
-redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
-redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
-return 1
-"""
 
 
 def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_key: str | None = None) -> str:
@@ -74,14 +50,14 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_k
     now = time.time()
     messages = json.dumps([m.model_dump(mode="json") for m in spec.messages])
     queued = json.dumps({"model": spec.model, "toolset": spec.toolset, "budget_usd": spec.budget_usd})
-    script(client, RUN_CREATE)(
-        keys=[keys.spec(run_id), keys.state(run_id), keys.inputs(run_id), keys.events(run_id),
-              keys.outbox(run_id), keys.LIVE_RUNS, keys.ALL_RUNS],
-        args=[run_id, spec.model_dump_json(), now, messages, queued],
+    parent = tracing.current_traceparent()  # the caller's span: the run's trace is part of it
+    lua.run(
+        client,
+        ENQUEUE,
+        [keys.spec(run_id), keys.state(run_id), keys.inputs(run_id), keys.events(run_id),
+         keys.outbox(run_id), keys.LIVE_RUNS, keys.ALL_RUNS, "llm"],
+        [run_id, spec.model_dump_json(), now, messages, queued, now, "", "", "", parent or ""],
     )  # fmt: skip
-    parent = tracing.current_traceparent()
-    if parent:  # the caller's span: the run's trace is part of the caller's (workers/observe/tracing.py)
-        client.hset(keys.state(run_id), "traceparent", parent)
     try:  # the run is stored: from here a failure is the sweeper's to repair, not the caller's
         flush_outbox(client, celery, run_id)
     except (OSError, redis_lib.RedisError) as error:
@@ -148,10 +124,11 @@ def answer(
 ) -> str:
     """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
     client.zadd(keys.LIVE_RUNS, {run_id: time.time()})  # first: the index stays a superset of live runs
-    result = parse_answer(script(client, RUN_ANSWER)(
-        keys=[keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.events(run_id),
-              keys.outbox(run_id)],
-        args=[answer_id, time.time()],
+    result = parse_answer(lua.run(
+        client, RUN_ANSWER,
+        [keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.events(run_id),
+         keys.outbox(run_id)],
+        [answer_id, time.time()],
     ))  # fmt: skip
     hooks.point("answer:after", run=run_id)
     if result.member is not None:
@@ -197,10 +174,9 @@ def sweep(client: redis_lib.Redis, celery: Celery, settings: Settings | None = N
     done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0, "skipped": 0}
     now = time.time()
     live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
-    drop = script(client, INDEX_DROP)
     for run_id, score in live:
         try:
-            _sweep_run(client, celery, settings, drop, run_id, score, now, done)
+            _sweep_run(client, celery, settings, run_id, score, now, done)
         except (redis_lib.ResponseError, ValueError, TypeError, KeyError) as error:
             # one run's keys holding what no worker wrote (a WRONGTYPE key, a bad number or answer)
             # must not stop the sweep of every run after it; a lost connection still ends the sweep
@@ -217,7 +193,6 @@ def _sweep_run(
     client: redis_lib.Redis,
     celery: Celery,
     settings: Settings,
-    drop: Any,
     run_id: str,
     score: float,
     now: float,
@@ -233,7 +208,7 @@ def _sweep_run(
     if inbox and status is not None and status not in FINAL:
         done["answers"] += resend_answers(celery, run_id, inbox, now - settings.outbox_age)
     if status is None or status in FINAL or (status == "asked" and not pending and not inbox):
-        drop(keys=[keys.LIVE_RUNS], args=[run_id, repr(score)])
+        lua.run(client, INDEX_DROP, [keys.LIVE_RUNS], [run_id, repr(score)])
         done["ended" if status != "asked" else "parked"] += 1
         return
     if pending:

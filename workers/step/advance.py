@@ -36,7 +36,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from toolloop.journal import scripts
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers.flow import limiter as flow
 from workers.observe.metrics import counted
@@ -53,6 +52,7 @@ from workers.protocol import keys
 from workers.protocol.errors import LeaseLostError
 from workers.protocol.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begin
 from workers.protocol.scripts.commit import StepOutcome
+from workers.protocol.scripts.lease import LEASE_RELEASE
 from workers.protocol.spec import RunSpec
 from workers.runs import approvals
 from workers.runs.lifecycle import segment_messages
@@ -365,7 +365,7 @@ class _Step(Commits):
         self.drop_lease()  # first: no renewal takes the lease again once it is freed
         if getattr(self, "lease", None):
             with contextlib.suppress(Exception):
-                await self.batch.script(scripts.LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease])
+                await self.batch.script(LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease])
 
     def drop_lease(self) -> None:
         if self.held is not None:

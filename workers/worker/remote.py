@@ -19,10 +19,9 @@ from kombu import Queue  # type: ignore[attr-defined]
 
 from toolloop import redisurl
 from workers.config.celery import send
-from workers.protocol import keys, names
+from workers.protocol import keys, lua, names
 from workers.protocol.records import FINAL
 from workers.protocol.scripts.control import RUN_CANCEL, parse_cancel
-from workers.runs import lifecycle as runs
 
 log = logging.getLogger("toolloop.workers")
 
@@ -115,7 +114,7 @@ def _cancel_run(state: Any, run_id: str) -> bool:
     client = redisurl.sync_client(state.app.conf.toolloop_redis_url, decode_responses=True)
     try:
         status = parse_cancel(
-            runs.script(client, RUN_CANCEL)(keys=[keys.state(run_id)], args=[keys.CANCEL_CHANNEL, run_id])
+            lua.run(client, RUN_CANCEL, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id])
         )
     finally:
         client.close()

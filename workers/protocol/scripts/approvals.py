@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workers.protocol.lua import Lua
 from workers.protocol.scripts.prelude import PRELUDE, with_prelude
 
 DECISIONS_MARK = "\x1eapprovals\x1e"
@@ -119,7 +120,7 @@ local function settle(now)
 end
 """
 
-SETTLE = (
+SETTLE = Lua(
     PRELUDE
     + _SETTLE
     + """
@@ -129,7 +130,7 @@ return settle(tonumber(ARGV[3]))
 """
 )
 
-DECIDE_SCRIPT = (
+DECIDE_SCRIPT = Lua(
     PRELUDE
     + _SETTLE
     + """

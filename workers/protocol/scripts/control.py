@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from workers.protocol.lua import Lua
 from workers.protocol.scripts.prelude import with_prelude
 
 ANSWER_SEND = with_prelude("""
@@ -101,14 +102,14 @@ redis.call('PUBLISH', ARGV[1], ARGV[2])
 return status
 """)
 
-INDEX_DROP = """
+INDEX_DROP = Lua("""
 -- Drop a run from the live-runs index only if its score is still the one the sweeper read.
 -- KEYS[1]=the index; ARGV[1]=run id ARGV[2]=score read -> 1 when dropped
 if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then
   return redis.call('ZREM', KEYS[1], ARGV[1])
 end
 return 0
-"""
+""")
 
 
 @dataclass(frozen=True, slots=True)

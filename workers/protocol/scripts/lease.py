@@ -1,11 +1,17 @@
 """LEASE_KEEP, what keeps a step's lease (`workers/process/leases.py` `Leases`), and its reply, typed
-(`parse_keep`)."""
+(`parse_keep`); LEASE_RELEASE, the library's release of a lease (toolloop/journal/scripts.py), as a
+`Lua` the worker's batch runs."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-LEASE_KEEP = """
+from toolloop.journal import scripts as journal_scripts
+from workers.protocol.lua import Lua
+
+LEASE_RELEASE = Lua(journal_scripts.LEASE_RELEASE)
+
+LEASE_KEEP = Lua("""
 -- Keep a step's lease: renew it, or take it again when it lapsed and nobody began the step since.
 -- KEYS: 1 lease 2 fence 3 state; ARGV: 1 the lease value "<owner>:<token>" 2 ttl ms
 --       3 n (the commit the step makes)
@@ -25,7 +31,7 @@ if tonumber(redis.call('HGET', KEYS[3], 'n') or '0') >= tonumber(ARGV[3]) then r
 if redis.call('HGET', KEYS[3], 'status') ~= 'running' then return -1 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 2
-"""
+""")
 
 Kept = Literal["renewed", "taken again", "held elsewhere", "moved on"]
 """LEASE_KEEP's answer: the lease is the step's (`renewed`, `taken again`), or it is not."""

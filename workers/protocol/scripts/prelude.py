@@ -6,6 +6,8 @@ KEYS[1] of a script that uses them is the run's state hash; the events stream is
 
 from __future__ import annotations
 
+from workers.protocol.lua import Lua
+
 PRELUDE = """
 local function emit(state, events_key, segment, kind, data)
   local seq = redis.call('HINCRBY', state, 'seq', 1)
@@ -30,10 +32,10 @@ end
 """
 
 
-def with_prelude(source: str) -> str:
+def with_prelude(source: str) -> Lua:
     """`source` with PRELUDE put in after its leading comment lines (its KEYS and ARGV stay on top)."""
     lines = source.lstrip("\n").splitlines(keepends=True)
     head = 0
     while head < len(lines) and lines[head].startswith("--"):
         head += 1
-    return "".join(lines[:head]) + PRELUDE + "".join(lines[head:])
+    return Lua("".join(lines[:head]) + PRELUDE + "".join(lines[head:]))

@@ -1,0 +1,73 @@
+"""The walk of a run id through one durable step (issue #26): from `advance` (what the Celery task
+and the step consumer call, workers/worker/) through the rooms of workers/, each function that
+takes the run id counted where it starts (a coroutine's resumptions are not new calls). Consecutive
+calls in one room are one stay; the walk enters each room at most twice, so a reader follows a step
+through the rooms in order instead of back and forth."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from types import FrameType
+from typing import Any
+
+from tests.support.harness import StepHarness
+from toolloop.testing import ScriptedModel, call, reply
+
+RUN_ID_ARGS = {"run_id", "run"}
+
+
+NAMES_ONLY = {"workers.protocol.keys", "workers.protocol.names"}
+"""Where a run id only becomes a key or a task id: a name, not a stay of the walk."""
+
+
+def _room(frame: FrameType) -> str | None:
+    module = frame.f_globals.get("__name__", "")
+    parts = module.split(".")
+    if parts[0] != "workers" or len(parts) < 2 or module in NAMES_ONLY:
+        return None
+    return parts[1] if len(parts) > 2 else module  # workers.tasks, workers.app are rooms of their own
+
+
+def _takes_run_id(frame: FrameType) -> bool:
+    code = frame.f_code
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return any(name in RUN_ID_ARGS for name in names)
+
+
+class Walk:
+    def __init__(self) -> None:
+        self.rooms: list[str] = []
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call" or frame.f_lasti > 0:  # f_lasti > 0: a coroutine or generator resumed
+            return
+        room = _room(frame)
+        if room is not None and _takes_run_id(frame) and (not self.rooms or self.rooms[-1] != room):
+            self.rooms.append(room)
+
+    def stays(self) -> Counter[str]:
+        return Counter(self.rooms)
+
+
+async def _walk_of(h: StepHarness, run: str) -> Walk:
+    walk = Walk()
+    sys.setprofile(walk)
+    try:
+        await h.step(run)
+    finally:
+        sys.setprofile(None)
+    return walk
+
+
+async def test_a_step_enters_each_room_at_most_twice(step_harness: StepHarness) -> None:
+    h = step_harness
+    adding = reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3}, id="c1")], cost_usd=0.01)
+    h.model = ScriptedModel([adding, reply("It is 5.", cost_usd=0.01)])
+    run = h.enqueue()
+    h.redis.delete("llm")
+    walks = [await _walk_of(h, run) for _ in range(3)]  # a model step, a tool step, the last model step
+    assert h.state(run)["status"] == "done"
+    for walk in walks:
+        assert walk.rooms and walk.rooms[0] == "step", walk.rooms
+        assert max(walk.stays().values()) <= 2, " -> ".join(walk.rooms)
