@@ -1,6 +1,6 @@
-"""CPU per model call at many calls in flight, on the two HTTP clients of toolloop.providers.client:
+"""CPU per model call at many calls in flight, on the two HTTP clients of toolloop.http:
 a fresh httpx client per call (`HttpxClient`, the library default) and the keep-alive connections
-(httptools, toolloop/providers/keepalive.py) a worker hands its providers (`KeepAliveClient`). The
+(httptools, toolloop/http/keepalive.py) a worker hands its providers (`KeepAliveClient`). The
 simulator answers every call after --latency s.
 
     .venv/bin/python bench/http_clients.py [--calls 500] [--rounds 3] [--latency 1]
@@ -23,9 +23,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolloop.abort import NEVER_ABORTED
+from toolloop.http import HttpClient, HttpxClient, KeepAliveClient
 from toolloop.providers import http
 from toolloop.providers.base import Secret
-from toolloop.providers.client import HttpClient, HttpxClient, KeepAliveClient
 from toolloop.sim import SimServer
 
 BODY = {

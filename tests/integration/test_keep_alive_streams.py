@@ -17,8 +17,8 @@ from toolloop import PromptGenRequest, UserMessage
 from toolloop.abort import NEVER_ABORTED
 from toolloop.contract import DeltaEvent
 from toolloop.embedded import EmbeddedServer
+from toolloop.http import KeepAliveClient
 from toolloop.providers import AnthropicHandler, FalHandler
-from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import SimServer
 from workers.client import Client
 

@@ -48,8 +48,8 @@ from toolloop.deltas import READ_HOLD
 from toolloop.deltas import relay as as_relay
 from toolloop.errors import PromptGenError, PromptGenTimeoutError
 from toolloop.fastjson import dumps, loads_exact
+from toolloop.http import Answer, HttpClient
 from toolloop.providers.base import Secret, redact
-from toolloop.providers.client import Answer, HttpClient
 from toolloop.providers.retry import (
     STREAM_ERROR_STATUS,
     Endpoint,

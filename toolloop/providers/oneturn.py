@@ -18,9 +18,9 @@ import httpx
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, PromptGenUsage
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelPrice, token_cost
-from toolloop.providers.client import HttpClient, HttpxClient
 from toolloop.providers.common import estimate_tokens, input_text, max_tokens_of, reasoning_of
 from toolloop.providers.fal.response import parse_completion
 from toolloop.providers.http import Endpoint, RetryPolicy, call_json, race

@@ -17,6 +17,7 @@ import httpx
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import betas, body_frame
@@ -24,7 +25,6 @@ from toolloop.providers.anthropic.response import cut_cost, parse_message
 from toolloop.providers.anthropic.stream import MessageStream
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
-from toolloop.providers.client import HttpClient, HttpxClient
 from toolloop.providers.common import (
     cache_ttl_of,
     check_request,

@@ -18,9 +18,9 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, ToolChoiceName
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.fastjson import dumps
+from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.base import Secret
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
-from toolloop.providers.client import HttpClient, HttpxClient
 from toolloop.providers.common import (
     cache_ttl_of,
     check_request,
