@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolloop.abort import NEVER_ABORTED
 from toolloop.http import HttpClient, HttpxClient, KeepAliveClient
-from toolloop.providers import http
 from toolloop.providers.base import Secret
+from toolloop.providers.call import call_json
+from toolloop.providers.retry import Endpoint, RetryPolicy
 from toolloop.sim import SimServer
 
 BODY = {
@@ -40,14 +41,15 @@ HEADERS = {"x-api-key": "sim-key", "anthropic-version": "2023-06-01"}
 async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
     """CPU µs per call of `count` rounds of `calls` concurrent POSTs (after one warm-up round)."""
     client: HttpClient = KeepAliveClient() if path == "keep-alive" else HttpxClient()
-    endpoint = http.Endpoint(provider="anthropic", url=url, key_env="ANTHROPIC_API_KEY", timeout_s=60,
-                             policy=http.RetryPolicy())  # fmt: skip
+    endpoint = Endpoint(
+        provider="anthropic", url=url, key_env="ANTHROPIC_API_KEY", timeout_s=60, policy=RetryPolicy()
+    )
     per_call: list[float] = []
     try:
         for index in range(count + 1):
             cpu = time.thread_time()
             await asyncio.gather(*[
-                http.call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
+                call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
                 for _ in range(calls)
             ])  # fmt: skip
             if index:

@@ -7,9 +7,9 @@ from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice, Source
 from toolloop.providers.env import from_env
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
-from toolloop.providers.http import RetryPolicy
 from toolloop.providers.models import default_catalog
 from toolloop.providers.oneturn import ClaudeHandler, CodexHandler, OpenAIHandler
+from toolloop.providers.retry import RetryPolicy
 
 __all__ = [
     "AnthropicHandler",

@@ -15,16 +15,17 @@ from typing import Any
 
 import httpx
 
-from toolloop.abort import AbortSignal
+from toolloop.abort import AbortSignal, race
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, PromptGenUsage
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.base import Secret
+from toolloop.providers.call import call_json
 from toolloop.providers.catalog import Catalog, ModelPrice, token_cost
 from toolloop.providers.common import estimate_tokens, input_text, max_tokens_of, reasoning_of
 from toolloop.providers.fal.response import parse_completion
-from toolloop.providers.http import Endpoint, RetryPolicy, call_json, race
 from toolloop.providers.models import default_catalog
+from toolloop.providers.retry import Endpoint, RetryPolicy
 
 _CLAUDE_ALIASES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-4-5"}
 

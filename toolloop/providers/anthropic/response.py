@@ -27,10 +27,10 @@ from typing import Any
 
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
+from toolloop.fastjson import valid_text
 from toolloop.providers.catalog import ModelPrice, token_cost
 from toolloop.providers.common import CacheTtl
 from toolloop.providers.cutcost import Cut, Partial
-from toolloop.providers.http import valid_text
 
 _FINISH: dict[str, FinishReason] = {
     "end_turn": "stop",

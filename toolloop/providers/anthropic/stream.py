@@ -31,8 +31,9 @@ from typing import Any, ClassVar
 
 from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.fastjson import event_json, valid_text
+from toolloop.providers.call import stream_failure
 from toolloop.providers.cutcost import Partial
-from toolloop.providers.http import event_json, stream_failure, valid_text
 from toolloop.providers.sse import DeltaOut, SseParser
 
 NON_STREAMING_MAX_TOKENS = 21_333
@@ -60,7 +61,7 @@ _USAGE_OVERWRITTEN = ("input_tokens", "cache_creation_input_tokens", "cache_read
 
 
 class MessageStream(DeltaOut):
-    """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
+    """The `StreamReader` of one streamed attempt (toolloop/providers/call.py)."""
 
     _handlers: ClassVar[dict[str, Callable[[MessageStream, dict[str, Any]], None]]]
 

@@ -20,6 +20,7 @@ from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.fastjson import dumps
 from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.base import Secret
+from toolloop.providers.call import Tally, call_json
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
 from toolloop.providers.common import (
     cache_ttl_of,
@@ -37,8 +38,8 @@ from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, promp
 from toolloop.providers.fal.response import cut_cost, flag, parse_completion
 from toolloop.providers.fal.storage import DEFAULT_UPLOAD_URL, UrlCache, image_urls
 from toolloop.providers.fal.stream import CompletionStream
-from toolloop.providers.http import Endpoint, RetryPolicy, Tally, call_json
 from toolloop.providers.models import default_catalog
+from toolloop.providers.retry import Endpoint, RetryPolicy
 from toolloop.providers.timeouts import SDK_TIMEOUT_S, Timeouts
 
 DEFAULT_RUN_URL = "https://fal.run"

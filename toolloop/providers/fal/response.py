@@ -29,10 +29,10 @@ from typing import Any
 
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
+from toolloop.fastjson import valid_text
 from toolloop.providers.catalog import ModelPrice, token_cost
 from toolloop.providers.common import CacheTtl, estimate_tokens
 from toolloop.providers.cutcost import Cut, Partial
-from toolloop.providers.http import valid_text
 
 _FLAGGED = re.compile(r"content_policy|sensitive|likeness|nsfw|moderation", re.IGNORECASE)
 

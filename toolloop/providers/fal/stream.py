@@ -24,15 +24,16 @@ from typing import Any
 
 from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.fastjson import event_json
+from toolloop.providers.call import StreamFailure
 from toolloop.providers.cutcost import Partial
-from toolloop.providers.http import StreamFailure, event_json
 from toolloop.providers.sse import DeltaOut, SseParser
 
 _APPENDED = ("text", "summary", "data")
 
 
 class CompletionStream(DeltaOut):
-    """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
+    """The `StreamReader` of one streamed attempt (toolloop/providers/call.py)."""
 
     def __init__(self, on_delta: OnDelta | None) -> None:
         super().__init__(on_delta)
