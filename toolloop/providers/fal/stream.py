@@ -1,6 +1,6 @@
 """A streamed fal router answer (`"stream": true`, OpenAI chat-completion chunks as OpenRouter sends
 them), read chunk by chunk into the completion the non-streamed answer would have been, so
-`parse_completion` maps both the same way.
+`parse_completion` (toolloop/providers/chat_completions.py) maps both the same way.
 
 Each SSE `data:` is one chunk `{id, model, provider, choices: [{index, delta, finish_reason,
 native_finish_reason}], usage}`; `data: [DONE]` ends the stream. Per delta:
