@@ -14,11 +14,13 @@ from urllib.parse import unquote, urlsplit
 from toolloop import defaults
 from toolloop.cli.errors import CliError, redact
 from toolloop.cli.follow import decision_text, follow, print_status
-from toolloop.cli.spec import build_spec, workers
+from toolloop.cli.spec import build_spec
 from toolloop.loop.approvals import ApprovalError
+from workers.client import Client
+from workers.settings import duration
 
 
-def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoice]:
+def connect(toolsets: list[str] | None = None) -> tuple[Client, defaults.RedisChoice]:
     """A client on REDIS_URL or on the embedded server (started when needed), after checking that
     Redis answers with the URL's credentials and TLS, exactly as the workers connect. `toolsets`:
     the registered toolset names (None: TOOLLOOP_TOOLSETS)."""
@@ -37,7 +39,7 @@ def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoic
             "  Start the server or fix REDIS_URL: user, password, rediss:// and ?ssl_ca_certs= for TLS "
             "(unset it to use the embedded server)."
         )
-    return workers("client").Client(choice.url, toolsets=toolsets), choice
+    return Client(choice.url, toolsets=toolsets), choice
 
 
 def redact_text(text: str, url: str) -> str:
@@ -299,7 +301,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     older_than = None
     if args.older_than is not None:
         try:
-            older_than = workers("settings").duration(args.older_than)
+            older_than = duration(args.older_than)
         except ValueError as error:
             raise CliError(
                 str(error).replace("is not a duration", "is not a duration for --older-than")

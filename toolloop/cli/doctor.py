@@ -23,8 +23,9 @@ import redis
 
 from toolloop import defaults, redisurl
 from toolloop.cli.errors import redact
-from toolloop.cli.spec import workers
 from toolloop.journal import keys
+from workers import toolsets
+from workers.settings import Settings
 
 
 def add_command(sub: Any) -> None:
@@ -60,17 +61,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def check_toolsets(say: Any) -> None:
     """Import each registered Python toolset and ask each MCP server for its tools."""
-    toolsets = workers("toolsets")
     try:
-        settings = workers("settings").Settings.from_env()
+        settings = Settings.from_env()
         registered = toolsets.registered(settings.toolsets, settings.toolsets_file)
     except ValueError as error:
         say("error", str(error).splitlines()[0])
         registered = {}
     if not registered:
         say("warn", "no toolsets are registered (TOOLLOOP_TOOLSETS): every run naming one is refused")
+        return
     if os.getcwd() not in sys.path:  # as a worker started here imports (its PYTHONPATH has the cwd)
         sys.path.insert(0, os.getcwd())
+    from workers.mcpservers import probe  # the MCP SDK: ~0.6 s of imports, for the MCP checks only
+
     for name, toolset in sorted(registered.items()):
         for path in toolset.python:
             try:
@@ -81,7 +84,7 @@ def check_toolsets(say: Any) -> None:
                 listed = ", ".join(tool.name for tool in tools) or "no tools"
                 say("ok", f"toolset {name!r} = {path} ({listed})")
         servers = list(toolset.servers)
-        for server, answer in zip(servers, asyncio.run(workers("mcpservers").probe(servers)), strict=True):
+        for server, answer in zip(servers, asyncio.run(probe(servers)), strict=True):
             if isinstance(answer, Exception):
                 say("error", f"toolset {name!r}: {str(answer).splitlines()[0]}")
             else:

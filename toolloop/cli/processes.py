@@ -16,7 +16,8 @@ from typing import IO, Any
 from toolloop import defaults
 from toolloop.cli.commands import connect
 from toolloop.cli.errors import CliError
-from toolloop.cli.spec import workers
+from toolloop.providers.models_file import catalog_from_env
+from workers import mcpconfig, toolsets
 
 QUEUES = "llm,tools,control"
 """Every queue a durable run uses (model steps, tool steps, answers and cancels)."""
@@ -136,7 +137,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     extra: dict[str, str] = {}
     if args.toolsets is not None:  # checked before anything starts
         try:
-            workers("toolsets").parse(args.toolsets)
+            toolsets.parse(args.toolsets)
         except ValueError as error:
             raise CliError(str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")) from None
         extra["TOOLLOOP_TOOLSETS"] = args.toolsets
@@ -144,8 +145,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if not 0 <= args.metrics_port <= 65535:
             raise CliError(f"--metrics-port must be a port number 1-65535 (0: off), not {args.metrics_port}.")
         extra["TOOLLOOP_METRICS_PORT"] = str(args.metrics_port)
-    from toolloop.providers.models_file import catalog_from_env
-
     try:  # a bad operator file is refused before anything starts
         catalog_from_env()
     except ValueError as error:
@@ -160,7 +159,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     served = extra.get("TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")).strip()
     listed = [entry.split("=")[0].strip() for entry in served.split(",") if entry.strip()]
     try:  # and the MCP servers and toolsets of TOOLLOOP_TOOLSETS_FILE (read, not connected)
-        listed += sorted(workers("mcpconfig").read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip()))
+        listed += sorted(mcpconfig.read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip()))
     except ValueError as error:
         raise CliError(str(error)) from None
     names = ", ".join(listed)
