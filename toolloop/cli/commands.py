@@ -72,18 +72,22 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--ask-timeout", dest="ask_timeout_s", type=float, help="seconds a question waits")
     run.add_argument("--ask-default", help="the answer a question gets at its deadline (else: stop, expired)")
     run.add_argument(
-        "--approval-timeout", dest="approval_timeout_s", type=float,
+        "--approval-timeout",
+        dest="approval_timeout_s",
+        type=float,
         help="seconds a held tool call waits for a decision (then its default: reject)",
-    )  # fmt: skip
+    )
     run.add_argument("--account", help="a shared budget account (toolloop accounts; docs/flow-control.md)")
     run.add_argument(
         "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
     )
     run.add_argument("--follow", action="store_true", help="print its events until it stops")
     run.add_argument(
-        "--stream", action=argparse.BooleanOptionalAction, default=None,
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="publish the model's text as it arrives (default: on with --follow)",
-    )  # fmt: skip
+    )
     run.set_defaults(handler=cmd_run)
 
     status = sub.add_parser("status", help="show a run's state")
@@ -235,10 +239,13 @@ def cmd_decide(args: argparse.Namespace) -> int:
     except ApprovalError as error:
         print(f"Refused: {error}", file=sys.stderr)
         return 1
-    said = {"resumed": "decided; the run goes on", "recorded": "decided; other calls still wait",
-            "kept": "kept; it applies when the run reaches that call",
-            "queued": "queued, applied when a worker runs (no worker applied it yet; "
-                      f"`toolloop decision {args.run_id} {args.call_id}` shows its outcome)"}  # fmt: skip
+    said = {
+        "resumed": "decided; the run goes on",
+        "recorded": "decided; other calls still wait",
+        "kept": "kept; it applies when the run reaches that call",
+        "queued": "queued, applied when a worker runs (no worker applied it yet; "
+        f"`toolloop decision {args.run_id} {args.call_id}` shows its outcome)",
+    }
     print(f"{args.action} {args.call_id}: {said.get(outcome, outcome)}.")
     return 0
 

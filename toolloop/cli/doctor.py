@@ -107,25 +107,37 @@ def check_config(url: str, say: Any) -> int:
             say("warn", f"cannot read Redis CONFIG ({error}); check maxmemory, AOF and eviction by hand")
         else:
             if config.get("maxmemory", "0") == "0":
-                say("warn", "Redis has no maxmemory: it grows until the OS kills it; set maxmemory "
-                    "(and watch used_memory)")  # fmt: skip
+                say(
+                    "warn",
+                    "Redis has no maxmemory: it grows until the OS kills it; set maxmemory "
+                    "(and watch used_memory)",
+                )
             else:
                 say("ok", f"maxmemory {int(config['maxmemory']):,} bytes")
             if config.get("appendonly") != "yes":
-                say("warn", "Redis runs without AOF (appendonly no): a restart can lose journal steps "
-                    "and queued tasks; set appendonly yes, appendfsync everysec")  # fmt: skip
+                say(
+                    "warn",
+                    "Redis runs without AOF (appendonly no): a restart can lose journal steps "
+                    "and queued tasks; set appendonly yes, appendfsync everysec",
+                )
             else:
                 say("ok", "AOF on (appendonly yes)")
             policy = config.get("maxmemory-policy")
             if policy != "noeviction":
-                say("warn", f"maxmemory-policy is {policy}: Redis may evict a journal or a queue "
-                    "silently; set maxmemory-policy noeviction")  # fmt: skip
+                say(
+                    "warn",
+                    f"maxmemory-policy is {policy}: Redis may evict a journal or a queue "
+                    "silently; set maxmemory-policy noeviction",
+                )
             else:
                 say("ok", "maxmemory-policy noeviction")
         rejected = int(client.llen(keys.REJECTED))
         if rejected:
-            say("warn", f"{rejected} messages in the rejected list {keys.REJECTED} "
-                f"(inspect: redis-cli LRANGE {keys.REJECTED} 0 9; clear: DEL {keys.REJECTED})")  # fmt: skip
+            say(
+                "warn",
+                f"{rejected} messages in the rejected list {keys.REJECTED} "
+                f"(inspect: redis-cli LRANGE {keys.REJECTED} 0 9; clear: DEL {keys.REJECTED})",
+            )
         else:
             say("ok", f"no rejected messages ({keys.REJECTED})")
     finally:

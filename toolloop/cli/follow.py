@@ -41,8 +41,10 @@ def print_status(client: Client, run_id: str, *, as_json: bool = False) -> None:
             waiting.append(approval["call_id"])
     if waiting:
         call = waiting[0]
-        print(f"decide with: toolloop approve {run_id} {call} | toolloop reject {run_id} {call} 'REASON' | "
-              f"toolloop edit {run_id} {call} '{{JSON}}'")  # fmt: skip
+        print(
+            f"decide with: toolloop approve {run_id} {call} | toolloop reject {run_id} {call} 'REASON' | "
+            f"toolloop edit {run_id} {call} '{{JSON}}'"
+        )
 
 
 def decision_text(state: dict[str, Any]) -> str:
@@ -64,9 +66,11 @@ def decision_text(state: dict[str, Any]) -> str:
 
 def approval_text(approval: dict[str, Any]) -> str:
     """One pending approval: call id, tool, input, digest, estimate and deadline."""
-    lines = [f"approval  {approval['call_id']}  {approval['name']}",
-             f"  input   {json.dumps(approval['input'], sort_keys=True)}",
-             f"  digest  {approval['input_digest']}"]  # fmt: skip
+    lines = [
+        f"approval  {approval['call_id']}  {approval['name']}",
+        f"  input   {json.dumps(approval['input'], sort_keys=True)}",
+        f"  digest  {approval['input_digest']}",
+    ]
     if approval.get("estimate_usd") is not None:
         lines.append(f"  estimate ${approval['estimate_usd']:.4f}")
     if approval.get("deadline"):
@@ -187,6 +191,7 @@ class _Watch:
         self.answered.add(key)
         for approval in field(status, "approvals"):
             print(approval_text(approval), flush=True)
-        print(f"The run waits for a decision: toolloop approve|reject|edit {self.run_id} CALL",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"The run waits for a decision: toolloop approve|reject|edit {self.run_id} CALL", file=sys.stderr
+        )
         return 0 if self.answerer is not None else None

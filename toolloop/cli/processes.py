@@ -109,9 +109,12 @@ def load_policy(path: str) -> Any:
 def add_commands(sub: Any) -> None:
     worker = sub.add_parser("worker", help="start a worker (every toolloop queue; see docs/workers.md)")
     worker.add_argument(
-        "-n", "--steps-in-flight", type=int, default=500,
+        "-n",
+        "--steps-in-flight",
+        type=int,
+        default=500,
         help="most llm/tools steps run at once on the worker's asyncio loop (default 500)",
-    )  # fmt: skip
+    )
     worker.add_argument(
         "-c", "--concurrency", type=int, default=8, help="threads of the pool for control tasks (default 8)"
     )
@@ -122,9 +125,11 @@ def add_commands(sub: Any) -> None:
         help='the toolsets the worker serves, "name=pkg.module:NAME,..." (default: TOOLLOOP_TOOLSETS)',
     )
     worker.add_argument(
-        "--metrics-port", type=int, default=None,
+        "--metrics-port",
+        type=int,
+        default=None,
         help="serve Prometheus metrics on this port, /metrics (default: TOOLLOOP_METRICS_PORT; off)",
-    )  # fmt: skip
+    )
     worker.add_argument("--sim-script", type=Path, help="turns file for the simulator (when no provider key)")
     worker.add_argument("--sim-policy", help='or a policy for it, "pkg.module:NAME"')
     worker.set_defaults(handler=cmd_worker)

@@ -77,8 +77,12 @@ class KeepAliveClient:
         conn = await pool.post(url, content, headers, timeout)
         log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, conn.status)  # as httpx logs it
         try:
-            yield Answer(conn.status, decoded_headers(conn.headers or {}), lambda: pool.chunks(conn, timeout),
-                         conn.hold)  # fmt: skip
+            yield Answer(
+                conn.status,
+                decoded_headers(conn.headers or {}),
+                lambda: pool.chunks(conn, timeout),
+                conn.hold,
+            )
         finally:
             pool.release(conn)
 

@@ -51,9 +51,25 @@ class _Stale(Exception):
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection: a request written, its answer parsed as the bytes arrive."""
 
-    __slots__ = ("_held", "_waiter", "body", "closed", "complete", "error", "gone", "headers", "idle_since",
-                 "keep_alive", "key", "loop", "parser", "raw_headers", "reused", "status",
-                 "transport")  # fmt: skip
+    __slots__ = (
+        "_held",
+        "_waiter",
+        "body",
+        "closed",
+        "complete",
+        "error",
+        "gone",
+        "headers",
+        "idle_since",
+        "keep_alive",
+        "key",
+        "loop",
+        "parser",
+        "raw_headers",
+        "reused",
+        "status",
+        "transport",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, key: _Key) -> None:
         self.loop = loop
@@ -214,8 +230,12 @@ class Pool:
         try:
             return await self._answer(key, request, timeout, pooled=True)
         except _Stale as stale:
-            log.info("POST %s: a kept-alive connection was closed under the request (%s); "
-                     "sending it again on a fresh connection", url, stale)  # fmt: skip
+            log.info(
+                "POST %s: a kept-alive connection was closed under the request (%s); "
+                "sending it again on a fresh connection",
+                url,
+                stale,
+            )
         return await self._answer(key, request, timeout, pooled=False)
 
     def release(self, conn: _Connection) -> None:

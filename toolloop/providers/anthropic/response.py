@@ -147,8 +147,9 @@ def cut_cost(partial: Partial, *, price: ModelPrice, model: str, ttl: CacheTtl =
     (toolloop/providers/cutcost.py)."""
     usage = dict(partial.usage or {})
     output, source = partial.output_tokens(_count(usage, "output_tokens") or 0)
-    priced = parse_message({"content": [], "usage": {**usage, "output_tokens": output}},
-                           price=price, model=model, ttl=ttl)  # fmt: skip
+    priced = parse_message(
+        {"content": [], "usage": {**usage, "output_tokens": output}}, price=price, model=model, ttl=ttl
+    )
     return Cut("anthropic", priced.cost_usd, priced.usage, source, "tokens")
 
 

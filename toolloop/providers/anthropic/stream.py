@@ -51,13 +51,20 @@ def _run_of(kind: bytes, field: bytes) -> tuple[re.Pattern[bytes], re.Pattern[by
     return run, re.compile(rb'"' + field + rb'":"([^"\\\x00-\x1f]*)"\}\}\n\n')
 
 
-_RUNS = ((*_run_of(b"text_delta", b"text"), "text", False),
-         (*_run_of(b"thinking_delta", b"thinking"), "thinking", True))  # fmt: skip
+_RUNS = (
+    (*_run_of(b"text_delta", b"text"), "text", False),
+    (*_run_of(b"thinking_delta", b"thinking"), "thinking", True),
+)
 """The fast path of `MessageStream.feed`: such runs are read without a JSON parse; the strings
 are the bytes between the quotes (what the JSON parse of that event gives)."""
 
-_USAGE_OVERWRITTEN = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
-                      "server_tool_use", "output_tokens_details")  # fmt: skip
+_USAGE_OVERWRITTEN = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "server_tool_use",
+    "output_tokens_details",
+)
 
 
 class MessageStream(DeltaOut):

@@ -124,8 +124,9 @@ class CompletionStream(DeltaOut):
 
     def _call(self, call: dict[str, Any]) -> None:
         index = call.get("index", len(self.calls))
-        found = self.calls.setdefault(index, {"id": None, "type": "function",
-                                              "function": {"name": None, "arguments": []}})  # fmt: skip
+        found = self.calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": None, "arguments": []}}
+        )
         for key in ("id", "type"):
             if call.get(key) is not None:
                 found[key] = call[key]
@@ -163,8 +164,11 @@ class CompletionStream(DeltaOut):
                 }
                 for call in (self.calls[i] for i in sorted(self.calls))
             ]
-        body = {**self.top, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, **self.finish}]}  # fmt: skip
+        body = {
+            **self.top,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, **self.finish}],
+        }
         if self.usage is not None:
             body["usage"] = self.usage
         return body  # every string came through event_json: no lone surrogate
@@ -176,8 +180,10 @@ def _call_joined(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def _joined(entry: dict[str, Any]) -> dict[str, Any]:
-    return {key: "".join(value) if key in _APPENDED and isinstance(value, list) else value
-            for key, value in entry.items()}  # fmt: skip
+    return {
+        key: "".join(value) if key in _APPENDED and isinstance(value, list) else value
+        for key, value in entry.items()
+    }
 
 
 def _broken(what: str) -> PromptGenError:
