@@ -17,17 +17,20 @@ import httpx
 from toolloop.http.client import Answer
 from toolloop.http.network import Network
 
+HTTPX_TIMEOUT = httpx.Timeout(5.0)
+"""httpx's own default timeout (5 s), which a request's `timeout=` overrides."""
+
 
 def open_httpx(
     network: Network,
     *,
     proxy: str | None,
     transport: httpx.AsyncBaseTransport | None = None,
-    timeout: float | httpx.Timeout = 5.0,
+    timeout: float | httpx.Timeout = HTTPX_TIMEOUT,
 ) -> httpx.AsyncClient:
     """An httpx client trusting `network`'s certificates, through `proxy` (None: direct) or over
-    `transport` (a test's `MockTransport`); `timeout`: its default (httpx's 5 s), which a request's
-    own `timeout=` overrides."""
+    `transport` (a test's `MockTransport`); `timeout`: its default for every request (httpx's 5 s),
+    which a request's own `timeout=` overrides."""
     return httpx.AsyncClient(
         transport=transport, verify=network.ssl_context(), trust_env=False, proxy=proxy, timeout=timeout
     )
