@@ -86,7 +86,7 @@ _ssl: ssl.SSLContext | None = None
 
 
 def _ssl_context() -> ssl.SSLContext:
-    """One SSL context for every fresh client (as providers.http keeps): building one costs ~10 ms."""
+    """One SSL context for every fresh client (as toolloop.http.HttpxClient keeps): one costs ~10 ms."""
     global _ssl
     if _ssl is None:
         _ssl = ssl.create_default_context()
@@ -101,7 +101,7 @@ def call_model() -> Any:
         loop, client = _thread_loop() if MODE == "threadloop" else _process_loop()
 
         async def post() -> Any:
-            if MODE == "loopfresh":  # a client per call, as toolloop.providers.http does
+            if MODE == "loopfresh":  # a client per call, as toolloop.http.HttpxClient does
                 async with httpx.AsyncClient(timeout=TIMEOUT, verify=_ssl_context()) as fresh:
                     response = await fresh.post(MODEL_URL, json=PAYLOAD)
             else:

@@ -25,7 +25,7 @@ workers/worker/bootsteps.py's own `gc.set_threshold`): `BENCH_GC=a,b,c` sets oth
 `BENCH_MEMO_MAX=<n>` bounds the loop's validated-value memos (`toolloop.memo.MAX`, per run);
 (`BENCH_BREAK_CYCLES=1`, PROFILE-19's M1 tried from outside, is gone: the worker does it itself now);
 `BENCH_FREE_BODY=1` tries C1's
-"do not keep the request body across the model call" (`toolloop.providers.http.dumps` patched to
+"do not keep the request body across the model call" (`toolloop.providers.call.dumps` patched to
 empty a request body dict once it is encoded).
 """
 
@@ -383,9 +383,9 @@ def _gc_switches(**_: Any) -> None:
 
 
 def _free_body() -> None:
-    from toolloop.providers import http
+    from toolloop.providers import call
 
-    encode = http.dumps
+    encode = call.dumps
 
     def dumps(value: Any) -> Any:
         content = encode(value)
@@ -393,7 +393,7 @@ def _free_body() -> None:
             value.clear()  # the nested tree dies now, not after the HTTP call
         return content
 
-    http.dumps = dumps
+    call.dumps = dumps
 
 
 def _collect_forever(every: float) -> None:

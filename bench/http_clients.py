@@ -1,6 +1,6 @@
-"""CPU per model call at many calls in flight, on the two HTTP clients of toolloop.providers.client:
+"""CPU per model call at many calls in flight, on the two HTTP clients of toolloop.http:
 a fresh httpx client per call (`HttpxClient`, the library default) and the keep-alive connections
-(httptools, toolloop/providers/keepalive.py) a worker hands its providers (`KeepAliveClient`). The
+(httptools, toolloop/http/keepalive.py) a worker hands its providers (`KeepAliveClient`). The
 simulator answers every call after --latency s.
 
     .venv/bin/python bench/http_clients.py [--calls 500] [--rounds 3] [--latency 1]
@@ -23,9 +23,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolloop.abort import NEVER_ABORTED
-from toolloop.providers import http
+from toolloop.http import HttpClient, HttpxClient, KeepAliveClient
 from toolloop.providers.base import Secret
-from toolloop.providers.client import HttpClient, HttpxClient, KeepAliveClient
+from toolloop.providers.call import call_json
+from toolloop.providers.retry import Endpoint, RetryPolicy
 from toolloop.sim import SimServer
 
 BODY = {
@@ -40,14 +41,15 @@ HEADERS = {"x-api-key": "sim-key", "anthropic-version": "2023-06-01"}
 async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
     """CPU µs per call of `count` rounds of `calls` concurrent POSTs (after one warm-up round)."""
     client: HttpClient = KeepAliveClient() if path == "keep-alive" else HttpxClient()
-    endpoint = http.Endpoint(provider="anthropic", url=url, key_env="ANTHROPIC_API_KEY", timeout_s=60,
-                             policy=http.RetryPolicy())  # fmt: skip
+    endpoint = Endpoint(
+        provider="anthropic", url=url, key_env="ANTHROPIC_API_KEY", timeout_s=60, policy=RetryPolicy()
+    )
     per_call: list[float] = []
     try:
         for index in range(count + 1):
             cpu = time.thread_time()
             await asyncio.gather(*[
-                http.call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
+                call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
                 for _ in range(calls)
             ])  # fmt: skip
             if index:

@@ -7,8 +7,8 @@ ideal wall time is steps x latency; "of ideal" = ideal wall / measured wall.
 
 Variants (see bench/_pool_app.py): threads pool + one asyncio loop per process with one shared
 AsyncClient (`threads+loop`) or a fresh client per call (`threads+loopfresh`, what
-workers/process/worker_process.py
-and providers/http.py do), threads pool + a loop and client per thread, threads pool + a shared sync
+workers/process/worker_process.py and providers/call.py do), threads pool + a loop and client per thread,
+threads pool + a shared sync
 httpx.Client, threads pool + `time.sleep` (Celery's own floor), gevent (when installed) + sync client,
 and prefork (one process per call in flight, at small concurrency, with its memory per child).
 Results and the choice: docs/operations.md.

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolloop.contract import DeltaEvent
 from toolloop.deltas import Relay
+from toolloop.fastjson import valid_text
 from toolloop.providers.anthropic.stream import MessageStream
-from toolloop.providers.http import valid_text
 from toolloop.sim.stream import anthropic_events, encode
 
 

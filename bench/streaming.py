@@ -119,8 +119,8 @@ def parse_cost(tokens: int, calls: int = 100, rounds: int = 3) -> dict[str, list
 
     from toolloop.contract import PromptGenRequest, UserMessage
     from toolloop.embedded import free_port
+    from toolloop.http import client_from_env
     from toolloop.providers import from_env
-    from toolloop.providers.client import client_from_env
 
     found: dict[str, list[float]] = {}
     request = PromptGenRequest(model="claude-sonnet-5-5", messages=[UserMessage(content="hi")])

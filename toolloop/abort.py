@@ -13,12 +13,15 @@ signal aborted the moment it runs again, before it can start anything (docs/work
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from toolloop.errors import AbortError
+
+T = TypeVar("T")
 
 
 class AbortSignal:
@@ -135,3 +138,40 @@ class AbortController:
 
 NEVER_ABORTED = AbortSignal()
 """A signal nobody can abort: the default of every `signal` option."""
+
+
+async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
+    """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts (the work is
+    cancelled then). The work runs in the calling task (no task of its own): the signal's callback
+    cancels that task, and the cancel is taken back (`uncancel`) once it has stopped the work."""
+    if signal.aborted:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()  # never started: close it so it is not reported as never awaited
+        signal.throw_if_aborted()
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    state = [False, False]  # [the work is over, the signal cancelled the task]
+
+    def fire() -> None:  # on the loop
+        if not state[0]:
+            state[1] = True
+            task.cancel()
+
+    def cancel() -> None:  # the signal may abort from another thread
+        loop.call_soon_threadsafe(fire)
+
+    signal.add_callback(cancel)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if state[1]:
+            state[1] = False
+            if task.uncancel() == 0:  # nobody else cancelled the task: the abort is what stopped it
+                signal.throw_if_aborted()
+        raise
+    finally:
+        state[0] = True
+        signal.remove_callback(cancel)
+        if state[1]:  # cancelled as the work ended: the cancel never reached it
+            task.uncancel()

@@ -23,7 +23,7 @@ comes as one read, parsed at once and passed on as one delta: a reader that publ
 N ms anyway (a durable worker, TOOLLOOP_DELTA_INTERVAL_MS) loses nothing by it, and the process
 wakes once per N ms per answer instead of once per TCP segment. The first text is passed on as it
 arrives; the answer's end comes up to one hold late. Only the keep-alive client
-(toolloop/providers/keepalive.py) can hold its reads; httpx reads as before."""
+(toolloop/http/pool.py) can hold its reads; httpx reads as before."""
 
 _CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
 

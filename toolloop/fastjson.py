@@ -1,6 +1,8 @@
 """JSON bytes for hot paths: orjson (several times faster than the standard library on the bodies
 and messages a step writes), falling back to the standard library for what orjson refuses (integers
-beyond 64 bits, which a hostile tool call can hold)."""
+beyond 64 bits, which a hostile tool call can hold). A model's answer is read with `loads_exact`
+(a whole body) or `event_json` (a stream event), and no string of it holds a lone surrogate
+(`valid_text`)."""
 
 from __future__ import annotations
 
@@ -50,3 +52,28 @@ def loads_exact(text: str | bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def event_json(data: str) -> Any:
+    """A stream event's JSON, parsed by orjson (which refuses lone surrogates), else by the
+    standard library and passed through `valid_text`: no string in it holds a lone surrogate."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return valid_text(json.loads(data))
+
+
+def valid_text(data: Any) -> Any:
+    """`data` (parsed JSON) with every lone surrogate replaced by U+FFFD. JSON may carry one as an
+    unpaired `\\ud800` escape; such a str cannot be encoded to UTF-8, so a model answer holding one
+    could not be journaled (Redis), dumped by pydantic, or sent back to the provider."""
+    if isinstance(data, str):
+        return data if data.isascii() else _LONE_SURROGATE.sub("\ufffd", data)
+    if isinstance(data, list):
+        return [valid_text(item) for item in data]
+    if isinstance(data, dict):
+        return {valid_text(key): valid_text(value) for key, value in data.items()}
+    return data

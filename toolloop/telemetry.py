@@ -101,9 +101,10 @@ def chat_span(request: PromptGenRequest, step: str) -> AbstractContextManager[Sp
     `chat_result` fills in what came back (and the content, when captured: the switch is read once
     per call, there; an environment lookup of an unset variable raises and catches a KeyError)."""
     span = _TRACER.start_span(
-        f"chat {request.model}", kind=SpanKind.CLIENT,
+        f"chat {request.model}",
+        kind=SpanKind.CLIENT,
         attributes={OPERATION: "chat", REQUEST_MODEL: request.model, STEP: step},
-    )  # fmt: skip
+    )
     return _Scope(span)
 
 
@@ -137,9 +138,10 @@ def chat_result(span: Span, request: PromptGenRequest, result: PromptGenResult) 
 def tool_span(name: str, call_id: str, step: str) -> AbstractContextManager[Span]:
     """A span around one tool execution (a one-phase run, a two-phase start or wait)."""
     span = _TRACER.start_span(
-        f"execute_tool {name}", kind=SpanKind.INTERNAL,
+        f"execute_tool {name}",
+        kind=SpanKind.INTERNAL,
         attributes={OPERATION: "execute_tool", TOOL_NAME: name, TOOL_CALL_ID: call_id, STEP: step},
-    )  # fmt: skip
+    )
     return _Scope(span)
 
 

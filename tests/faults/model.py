@@ -48,7 +48,7 @@ def _prompt_gen() -> Any:
     is that many seconds and whose retries back off fast (so timeouts are testable in seconds)."""
     from toolloop.providers import PromptGen, from_env
     from toolloop.providers.anthropic import AnthropicHandler
-    from toolloop.providers.http import RetryPolicy
+    from toolloop.providers.retry import RetryPolicy
 
     timeout = os.environ.get("TOOLLOOP_FAULTS_TIMEOUT")
     if not timeout:

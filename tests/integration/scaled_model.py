@@ -11,8 +11,8 @@ import os
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
+from toolloop.http import client_from_env
 from toolloop.providers import AnthropicHandler, PromptGen
-from toolloop.providers.client import client_from_env
 from toolloop.providers.timeouts import Timeouts
 
 SCALE = 0.01

@@ -1,5 +1,5 @@
 """Keep-alive connections the server closed while idle: a model call on one is retried once on a fresh
-connection, so it never fails for it (toolloop/providers/client.py, `KeepAliveClient`).
+connection, so it never fails for it (toolloop/http/keepalive.py, `KeepAliveClient`).
 
 The simulator closes a connection idle for more than 1 s when the next request arrives on it, before
 any response (`SimServer(idle_timeout_s=1.0)`: a request crossing a load balancer's close of an
@@ -18,8 +18,8 @@ import pytest
 
 from toolloop import PromptGenRequest, UserMessage
 from toolloop.abort import NEVER_ABORTED
+from toolloop.http import KeepAliveClient
 from toolloop.providers import AnthropicHandler, RetryPolicy
-from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import SimServer
 
 CONVERSATIONS = 50

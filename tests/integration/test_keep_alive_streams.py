@@ -1,5 +1,5 @@
 """A streamed answer is read to the end of its HTTP body, so its keep-alive connection goes back to
-the pool (toolloop/providers/http.py, `_drain`): three streamed model calls in a row use one
+the pool (toolloop/providers/call.py, `_drain`): three streamed model calls in a row use one
 connection, also when the body's last chunk comes 0.5, 5 or 50 ms after `message_stop`
 (`SimServer(stream_end_delay_s=...)`; the simulator counts the connections its requests came on).
 Before, the reader stopped at `message_stop` and each call opened a connection of its own.
@@ -17,8 +17,8 @@ from toolloop import PromptGenRequest, UserMessage
 from toolloop.abort import NEVER_ABORTED
 from toolloop.contract import DeltaEvent
 from toolloop.embedded import EmbeddedServer
+from toolloop.http import KeepAliveClient
 from toolloop.providers import AnthropicHandler, FalHandler
-from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import SimServer
 from workers.client import Client
 

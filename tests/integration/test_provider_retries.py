@@ -14,8 +14,8 @@ import pytest
 
 from toolloop import PromptGenRequest, UserMessage
 from toolloop.abort import NEVER_ABORTED
+from toolloop.http import KeepAliveClient
 from toolloop.providers import AnthropicHandler, FalHandler, PromptGen, RetryPolicy
-from toolloop.providers.client import KeepAliveClient
 from toolloop.providers.models import default_catalog
 from toolloop.providers.timeouts import Timeouts
 from toolloop.sim import SimRequest, SimServer, SimTurn

@@ -37,7 +37,7 @@ from toolloop.providers import (
     RetryPolicy,
     default_catalog,
 )
-from toolloop.providers.http import should_retry
+from toolloop.providers.retry import should_retry
 from toolloop.sim import SimFault, SimRequest, SimServer, SimTurn
 from toolloop.sim.sdk_check import SdkValidationError, sdk_validator
 

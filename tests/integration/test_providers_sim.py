@@ -37,8 +37,8 @@ from toolloop import (
     run_tool_loop,
 )
 from toolloop.errors import PromptGenTimeoutError
+from toolloop.http import KeepAliveClient
 from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPolicy
-from toolloop.providers.client import KeepAliveClient
 from toolloop.providers.timeouts import Timeouts
 from toolloop.sim import SimRequest, SimServer, SimTurn
 
@@ -56,8 +56,7 @@ CLIENT: dict[str, KeepAliveClient] = {}
 @pytest.fixture(params=["per-call client", "keep-alive client"], autouse=True)
 async def http_path(request: pytest.FixtureRequest) -> Any:
     """Every test runs on both HTTP paths: a client per call (a handler's own, the library's
-    default) and the keep-alive aiohttp client a worker hands its providers
-    (toolloop/providers/client.py)."""
+    default) and the keep-alive client a worker hands its providers (toolloop/http/keepalive.py)."""
     if request.param == "per-call client":
         yield
         return

@@ -1,4 +1,4 @@
-"""Proxies and private CAs on every HTTP path of the providers (toolloop/providers/network.py): a
+"""Proxies and private CAs on every HTTP path of the providers (toolloop/http/network.py): a
 real forward proxy (Debian's tinyproxy) in front of the simulator served over TLS with a
 certificate of a CA made here (openssl). HTTPS_PROXY sends each call through a CONNECT tunnel (the
 proxy's log names it), SSL_CERT_FILE makes the private CA trusted, NO_PROXY covering the host goes
@@ -20,9 +20,8 @@ from tests.support.proxy import Tinyproxy, certificates
 from toolloop import PromptGenError, PromptGenRequest, UserMessage
 from toolloop.abort import NEVER_ABORTED
 from toolloop.embedded import EmbeddedServer
+from toolloop.http import HttpClient, HttpxClient, KeepAliveClient, Network
 from toolloop.providers import AnthropicHandler, FalHandler, RetryPolicy
-from toolloop.providers.client import HttpClient, HttpxClient, KeepAliveClient
-from toolloop.providers.network import Network
 from toolloop.sim import SimServer
 from workers.client import Client
 

@@ -38,8 +38,8 @@ from toolloop import (
 )
 from toolloop.abort import NEVER_ABORTED
 from toolloop.deltas import READ_HOLD
+from toolloop.http import KeepAliveClient
 from toolloop.providers import AnthropicHandler, FalHandler, RetryPolicy
-from toolloop.providers.client import KeepAliveClient
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from toolloop.sim.stream import PIECE_CHARS
 

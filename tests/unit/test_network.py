@@ -1,4 +1,4 @@
-"""`Network` (toolloop/providers/network.py): which proxy a URL goes through, read from the
+"""`Network` (toolloop/http/network.py): which proxy a URL goes through, read from the
 environment as curl and the standard library read it or set in code, and the certificates trusted;
 `Timeouts` (toolloop/providers/timeouts.py): the anthropic SDK's rule for streaming and waits."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from toolloop import PromptGenError
-from toolloop.providers.network import Network
+from toolloop.http import Network
 from toolloop.providers.timeouts import Timeouts
 
 VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")

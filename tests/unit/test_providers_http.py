@@ -1,4 +1,4 @@
-"""The one HTTP path (toolloop/providers/http.py), seen through the Anthropic handler: status
+"""The one HTTP path (toolloop/providers/call.py), seen through the Anthropic handler: status
 mapping, bounded retries with backoff, retry-after, the caller's abort, and keys kept out of sight."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from providers_kit import FAKE_KEY, FAST, Recorder, sdk_message
 from toolloop import AbortController, AbortError, PromptGenError, PromptGenRequest, PromptGenUnavailableError
 from toolloop.errors import PromptGenTimeoutError
 from toolloop.providers import AnthropicHandler, PromptGen, RetryPolicy, Secret
-from toolloop.providers.http import classify, parse_retry_after
+from toolloop.providers.retry import classify, parse_retry_after
 
 REQUEST = PromptGenRequest(prompt="Go")
 OK = sdk_message([sdk.TextBlock(type="text", text="ok", citations=None)])
@@ -236,7 +236,7 @@ def test_retry_after_reads_seconds_milliseconds_and_dates() -> None:
 async def test_race_on_an_aborted_signal_closes_the_work_it_never_started() -> None:
     import inspect
 
-    from toolloop.providers.http import race
+    from toolloop.abort import race
 
     controller = AbortController()
     controller.abort("gone")

@@ -10,8 +10,8 @@ import pytest
 
 from toolloop import DeltaEvent, PromptGenError
 from toolloop.providers.anthropic.stream import MessageStream
+from toolloop.providers.call import StreamFailure, stream_failure
 from toolloop.providers.fal.stream import CompletionStream
-from toolloop.providers.http import StreamFailure, stream_failure
 from toolloop.providers.retry import Endpoint, RetryPolicy, classify, error_detail, error_fields
 from toolloop.providers.sse import SseParser
 from toolloop.sim.stream import anthropic_events, encode

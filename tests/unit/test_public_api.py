@@ -1,11 +1,14 @@
-"""The public API is what `toolloop.__all__` names: pinned here, so adding or dropping a name is a
-decision made in this file (extend the sorted list when you export something new)."""
+"""The public API is what `toolloop.__all__` names (and `toolloop.http.__all__`, the HTTP clients):
+pinned here, so adding or dropping a name is a decision made in this file (extend the sorted list
+when you export something new)."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
 import toolloop
+import toolloop.http
+import toolloop.providers
 
 PUBLIC = [
     "AbortController",
@@ -120,3 +123,14 @@ def test_every_public_name_resolves_and_nothing_else_leaks() -> None:
 
 def test_spec_names_are_exported() -> None:
     assert set(toolloop.__all__) >= SPEC_NAMES
+
+
+HTTP_PUBLIC = ["Answer", "HttpClient", "HttpxClient", "KeepAliveClient", "Network", "client_from_env"]
+
+
+def test_the_http_package_exports_its_clients_and_the_providers_keep_theirs() -> None:
+    """`toolloop.http` is the one home of the HTTP clients; `toolloop.providers` still re-exports
+    the clients its handlers take (`http_client=`), the same objects."""
+    assert sorted(toolloop.http.__all__) == HTTP_PUBLIC
+    for name in ("HttpClient", "HttpxClient", "KeepAliveClient", "client_from_env"):
+        assert getattr(toolloop.providers, name) is getattr(toolloop.http, name)

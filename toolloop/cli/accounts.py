@@ -14,10 +14,18 @@ from toolloop.cli.errors import CliError
 def add_command(sub: Any) -> None:
     accounts = sub.add_parser("accounts", help="show spend per budget account (RunSpec.account)")
     accounts.add_argument("--set", nargs=2, metavar=("NAME", "USD"), help="set an account's limit in USD")
-    accounts.add_argument("--period", choices=["day", "month", "total"], default="day",
-                          help="the limit's period with --set (default day)")  # fmt: skip
-    accounts.add_argument("--finish-at", type=float, default=0.9,
-                          help="share of the limit where runs go into finish mode (default 0.9)")  # fmt: skip
+    accounts.add_argument(
+        "--period",
+        choices=["day", "month", "total"],
+        default="day",
+        help="the limit's period with --set (default day)",
+    )
+    accounts.add_argument(
+        "--finish-at",
+        type=float,
+        default=0.9,
+        help="share of the limit where runs go into finish mode (default 0.9)",
+    )
     accounts.add_argument("--json", action="store_true", help="one JSON object per account")
     accounts.set_defaults(handler=cmd_accounts)
 
@@ -38,8 +46,10 @@ def cmd_accounts(args: argparse.Namespace) -> int:
     print(f"{'ACCOUNT':24} {'PERIOD':6} {'SPENT':>12} {'RESERVED':>12} {'LIMIT':>12}  USED")
     for row in rows:
         used = (row.spent_usd + row.reserved_usd) / row.limit_usd
-        print(f"{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
-              f"{row.limit_usd:12.4f}  {used:.0%}")  # fmt: skip
+        print(
+            f"{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
+            f"{row.limit_usd:12.4f}  {used:.0%}"
+        )
     return 0
 
 

@@ -14,11 +14,13 @@ from urllib.parse import unquote, urlsplit
 from toolloop import defaults
 from toolloop.cli.errors import CliError, redact
 from toolloop.cli.follow import decision_text, follow, print_status
-from toolloop.cli.spec import build_spec, workers
+from toolloop.cli.spec import build_spec
 from toolloop.loop.approvals import ApprovalError
+from workers.client import Client
+from workers.config.settings import duration
 
 
-def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoice]:
+def connect(toolsets: list[str] | None = None) -> tuple[Client, defaults.RedisChoice]:
     """A client on REDIS_URL or on the embedded server (started when needed), after checking that
     Redis answers with the URL's credentials and TLS, exactly as the workers connect. `toolsets`:
     the registered toolset names (None: TOOLLOOP_TOOLSETS)."""
@@ -37,7 +39,7 @@ def connect(toolsets: list[str] | None = None) -> tuple[Any, defaults.RedisChoic
             "  Start the server or fix REDIS_URL: user, password, rediss:// and ?ssl_ca_certs= for TLS "
             "(unset it to use the embedded server)."
         )
-    return workers("client.sync").Client(choice.url, toolsets=toolsets), choice
+    return Client(choice.url, toolsets=toolsets), choice
 
 
 def redact_text(text: str, url: str) -> str:
@@ -70,18 +72,22 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--ask-timeout", dest="ask_timeout_s", type=float, help="seconds a question waits")
     run.add_argument("--ask-default", help="the answer a question gets at its deadline (else: stop, expired)")
     run.add_argument(
-        "--approval-timeout", dest="approval_timeout_s", type=float,
+        "--approval-timeout",
+        dest="approval_timeout_s",
+        type=float,
         help="seconds a held tool call waits for a decision (then its default: reject)",
-    )  # fmt: skip
+    )
     run.add_argument("--account", help="a shared budget account (toolloop accounts; docs/flow-control.md)")
     run.add_argument(
         "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
     )
     run.add_argument("--follow", action="store_true", help="print its events until it stops")
     run.add_argument(
-        "--stream", action=argparse.BooleanOptionalAction, default=None,
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="publish the model's text as it arrives (default: on with --follow)",
-    )  # fmt: skip
+    )
     run.set_defaults(handler=cmd_run)
 
     status = sub.add_parser("status", help="show a run's state")
@@ -233,10 +239,13 @@ def cmd_decide(args: argparse.Namespace) -> int:
     except ApprovalError as error:
         print(f"Refused: {error}", file=sys.stderr)
         return 1
-    said = {"resumed": "decided; the run goes on", "recorded": "decided; other calls still wait",
-            "kept": "kept; it applies when the run reaches that call",
-            "queued": "queued, applied when a worker runs (no worker applied it yet; "
-                      f"`toolloop decision {args.run_id} {args.call_id}` shows its outcome)"}  # fmt: skip
+    said = {
+        "resumed": "decided; the run goes on",
+        "recorded": "decided; other calls still wait",
+        "kept": "kept; it applies when the run reaches that call",
+        "queued": "queued, applied when a worker runs (no worker applied it yet; "
+        f"`toolloop decision {args.run_id} {args.call_id}` shows its outcome)",
+    }
     print(f"{args.action} {args.call_id}: {said.get(outcome, outcome)}.")
     return 0
 
@@ -299,7 +308,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     older_than = None
     if args.older_than is not None:
         try:
-            older_than = workers("config.settings").duration(args.older_than)
+            older_than = duration(args.older_than)
         except ValueError as error:
             raise CliError(
                 str(error).replace("is not a duration", "is not a duration for --older-than")

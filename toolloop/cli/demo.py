@@ -20,7 +20,7 @@ from toolloop.cli.errors import CliError, redact
 from toolloop.cli.follow import follow
 from toolloop.cli.processes import start_simulator, start_worker, stop
 from toolloop.cli.render import Totals, field
-from toolloop.cli.spec import workers
+from workers.protocol.spec import RunSpec
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout toolloop runs from: the demo's toolset, frames and policy live in its examples/."""
@@ -95,7 +95,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             started.append(worker)
             print(f"worker   celery worker pid {worker.pid} (steps on its asyncio loop; log {log_path})")
-            spec = workers("protocol.spec").RunSpec(
+            spec = RunSpec(
                 model=MODEL,
                 system=SYSTEM,
                 messages=[{"role": "user", "content": PROMPT}],

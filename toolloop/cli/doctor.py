@@ -23,7 +23,8 @@ import redis
 
 from toolloop import defaults, redisurl
 from toolloop.cli.errors import redact
-from toolloop.cli.spec import workers
+from workers.config import toolsets
+from workers.config.settings import Settings
 from workers.protocol import keys
 
 
@@ -60,17 +61,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def check_toolsets(say: Any) -> None:
     """Import each registered Python toolset and ask each MCP server for its tools."""
-    toolsets = workers("config.toolsets")
     try:
-        settings = workers("config.settings").Settings.from_env()
+        settings = Settings.from_env()
         registered = toolsets.registered(settings.toolsets, settings.toolsets_file)
     except ValueError as error:
         say("error", str(error).splitlines()[0])
         registered = {}
     if not registered:
         say("warn", "no toolsets are registered (TOOLLOOP_TOOLSETS): every run naming one is refused")
+        return
     if os.getcwd() not in sys.path:  # as a worker started here imports (its PYTHONPATH has the cwd)
         sys.path.insert(0, os.getcwd())
+    from workers.process.mcpservers import probe  # the MCP SDK: ~0.6 s of imports, for the MCP checks only
+
     for name, toolset in sorted(registered.items()):
         for path in toolset.python:
             try:
@@ -81,9 +84,7 @@ def check_toolsets(say: Any) -> None:
                 listed = ", ".join(tool.name for tool in tools) or "no tools"
                 say("ok", f"toolset {name!r} = {path} ({listed})")
         servers = list(toolset.servers)
-        for server, answer in zip(
-            servers, asyncio.run(workers("process.mcpservers").probe(servers)), strict=True
-        ):
+        for server, answer in zip(servers, asyncio.run(probe(servers)), strict=True):
             if isinstance(answer, Exception):
                 say("error", f"toolset {name!r}: {str(answer).splitlines()[0]}")
             else:
@@ -106,25 +107,37 @@ def check_config(url: str, say: Any) -> int:
             say("warn", f"cannot read Redis CONFIG ({error}); check maxmemory, AOF and eviction by hand")
         else:
             if config.get("maxmemory", "0") == "0":
-                say("warn", "Redis has no maxmemory: it grows until the OS kills it; set maxmemory "
-                    "(and watch used_memory)")  # fmt: skip
+                say(
+                    "warn",
+                    "Redis has no maxmemory: it grows until the OS kills it; set maxmemory "
+                    "(and watch used_memory)",
+                )
             else:
                 say("ok", f"maxmemory {int(config['maxmemory']):,} bytes")
             if config.get("appendonly") != "yes":
-                say("warn", "Redis runs without AOF (appendonly no): a restart can lose journal steps "
-                    "and queued tasks; set appendonly yes, appendfsync everysec")  # fmt: skip
+                say(
+                    "warn",
+                    "Redis runs without AOF (appendonly no): a restart can lose journal steps "
+                    "and queued tasks; set appendonly yes, appendfsync everysec",
+                )
             else:
                 say("ok", "AOF on (appendonly yes)")
             policy = config.get("maxmemory-policy")
             if policy != "noeviction":
-                say("warn", f"maxmemory-policy is {policy}: Redis may evict a journal or a queue "
-                    "silently; set maxmemory-policy noeviction")  # fmt: skip
+                say(
+                    "warn",
+                    f"maxmemory-policy is {policy}: Redis may evict a journal or a queue "
+                    "silently; set maxmemory-policy noeviction",
+                )
             else:
                 say("ok", "maxmemory-policy noeviction")
         rejected = int(client.llen(keys.REJECTED))
         if rejected:
-            say("warn", f"{rejected} messages in the rejected list {keys.REJECTED} "
-                f"(inspect: redis-cli LRANGE {keys.REJECTED} 0 9; clear: DEL {keys.REJECTED})")  # fmt: skip
+            say(
+                "warn",
+                f"{rejected} messages in the rejected list {keys.REJECTED} "
+                f"(inspect: redis-cli LRANGE {keys.REJECTED} 0 9; clear: DEL {keys.REJECTED})",
+            )
         else:
             say("ok", f"no rejected messages ({keys.REJECTED})")
     finally:

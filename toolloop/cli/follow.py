@@ -11,13 +11,14 @@ from typing import Any
 
 from toolloop.cli.render import Progress, StepNumbers, Totals, account_text, as_dict, event_line, field
 from toolloop.cli.stream import STREAM_KINDS, TextView
+from workers.client import Client
 
 FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
 Answerer = Callable[[dict[str, Any]], str | None]
 """Given the held ask's input, the answer text; None to stop following instead."""
 
 
-def print_status(client: Any, run_id: str, *, as_json: bool = False) -> None:
+def print_status(client: Client, run_id: str, *, as_json: bool = False) -> None:
     status = as_dict(client.status(run_id))
     if as_json:
         print(json.dumps(status, default=str, indent=2))
@@ -40,8 +41,10 @@ def print_status(client: Any, run_id: str, *, as_json: bool = False) -> None:
             waiting.append(approval["call_id"])
     if waiting:
         call = waiting[0]
-        print(f"decide with: toolloop approve {run_id} {call} | toolloop reject {run_id} {call} 'REASON' | "
-              f"toolloop edit {run_id} {call} '{{JSON}}'")  # fmt: skip
+        print(
+            f"decide with: toolloop approve {run_id} {call} | toolloop reject {run_id} {call} 'REASON' | "
+            f"toolloop edit {run_id} {call} '{{JSON}}'"
+        )
 
 
 def decision_text(state: dict[str, Any]) -> str:
@@ -63,9 +66,11 @@ def decision_text(state: dict[str, Any]) -> str:
 
 def approval_text(approval: dict[str, Any]) -> str:
     """One pending approval: call id, tool, input, digest, estimate and deadline."""
-    lines = [f"approval  {approval['call_id']}  {approval['name']}",
-             f"  input   {json.dumps(approval['input'], sort_keys=True)}",
-             f"  digest  {approval['input_digest']}"]  # fmt: skip
+    lines = [
+        f"approval  {approval['call_id']}  {approval['name']}",
+        f"  input   {json.dumps(approval['input'], sort_keys=True)}",
+        f"  digest  {approval['input_digest']}",
+    ]
     if approval.get("estimate_usd") is not None:
         lines.append(f"  estimate ${approval['estimate_usd']:.4f}")
     if approval.get("deadline"):
@@ -93,7 +98,7 @@ def question_of(status: Any) -> dict[str, Any]:
 
 
 def follow(
-    client: Any,
+    client: Client,
     run_id: str,
     *,
     keep_following: bool = True,
@@ -127,7 +132,7 @@ class _Watch:
     """What `follow` keeps between reads: the last stream id, the totals, what it answered."""
 
     def __init__(
-        self, client: Any, run_id: str, as_json: bool, answerer: Answerer | None, totals: Totals
+        self, client: Client, run_id: str, as_json: bool, answerer: Answerer | None, totals: Totals
     ) -> None:
         self.client, self.run_id, self.as_json, self.answerer = client, run_id, as_json, answerer
         self.totals = totals
@@ -186,6 +191,7 @@ class _Watch:
         self.answered.add(key)
         for approval in field(status, "approvals"):
             print(approval_text(approval), flush=True)
-        print(f"The run waits for a decision: toolloop approve|reject|edit {self.run_id} CALL",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"The run waits for a decision: toolloop approve|reject|edit {self.run_id} CALL", file=sys.stderr
+        )
         return 0 if self.answerer is not None else None

@@ -16,7 +16,9 @@ from typing import IO, Any
 from toolloop import defaults
 from toolloop.cli.commands import connect
 from toolloop.cli.errors import CliError
-from toolloop.cli.spec import workers
+from toolloop.providers.models_file import catalog_from_env
+from workers.config import mcp as mcpconfig
+from workers.config import toolsets
 
 QUEUES = "llm,tools,control"
 """Every queue a durable run uses (model steps, tool steps, answers and cancels)."""
@@ -108,9 +110,12 @@ def load_policy(path: str) -> Any:
 def add_commands(sub: Any) -> None:
     worker = sub.add_parser("worker", help="start a worker (every toolloop queue; see docs/workers.md)")
     worker.add_argument(
-        "-n", "--steps-in-flight", type=int, default=500,
+        "-n",
+        "--steps-in-flight",
+        type=int,
+        default=500,
         help="most llm/tools steps run at once on the worker's asyncio loop (default 500)",
-    )  # fmt: skip
+    )
     worker.add_argument(
         "-c", "--concurrency", type=int, default=8, help="threads of the pool for control tasks (default 8)"
     )
@@ -121,9 +126,11 @@ def add_commands(sub: Any) -> None:
         help='the toolsets the worker serves, "name=pkg.module:NAME,..." (default: TOOLLOOP_TOOLSETS)',
     )
     worker.add_argument(
-        "--metrics-port", type=int, default=None,
+        "--metrics-port",
+        type=int,
+        default=None,
         help="serve Prometheus metrics on this port, /metrics (default: TOOLLOOP_METRICS_PORT; off)",
-    )  # fmt: skip
+    )
     worker.add_argument("--sim-script", type=Path, help="turns file for the simulator (when no provider key)")
     worker.add_argument("--sim-policy", help='or a policy for it, "pkg.module:NAME"')
     worker.set_defaults(handler=cmd_worker)
@@ -136,7 +143,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     extra: dict[str, str] = {}
     if args.toolsets is not None:  # checked before anything starts
         try:
-            workers("config.toolsets").parse(args.toolsets)
+            toolsets.parse(args.toolsets)
         except ValueError as error:
             raise CliError(str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")) from None
         extra["TOOLLOOP_TOOLSETS"] = args.toolsets
@@ -144,8 +151,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if not 0 <= args.metrics_port <= 65535:
             raise CliError(f"--metrics-port must be a port number 1-65535 (0: off), not {args.metrics_port}.")
         extra["TOOLLOOP_METRICS_PORT"] = str(args.metrics_port)
-    from toolloop.providers.models_file import catalog_from_env
-
     try:  # a bad operator file is refused before anything starts
         catalog_from_env()
     except ValueError as error:
@@ -160,9 +165,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     served = extra.get("TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")).strip()
     listed = [entry.split("=")[0].strip() for entry in served.split(",") if entry.strip()]
     try:  # and the MCP servers and toolsets of TOOLLOOP_TOOLSETS_FILE (read, not connected)
-        listed += sorted(
-            workers("config.mcp").read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip())
-        )
+        listed += sorted(mcpconfig.read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip()))
     except ValueError as error:
         raise CliError(str(error)) from None
     names = ", ".join(listed)

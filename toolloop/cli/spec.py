@@ -4,7 +4,6 @@ before enqueuing."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,9 @@ import pydantic
 import yaml
 
 from toolloop.cli.errors import CliError, validation_lines
+from workers.config.settings import Settings
+from workers.config.toolsets import check_name
+from workers.protocol.spec import RunSpec
 
 FLAG_FIELDS = (
     "model",
@@ -80,11 +82,6 @@ def spec_data(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
-def workers(module: str) -> Any:
-    """A module of the `workers` package (imported by name: the library's types stay Celery-free)."""
-    return importlib.import_module(f"workers.{module}")
-
-
 def check_toolset(name: Any) -> None:
     """Refuse a toolset the workers do not register (TOOLLOOP_TOOLSETS), importing nothing, so a bad
     name fails here and nothing is enqueued."""
@@ -94,18 +91,18 @@ def check_toolset(name: Any) -> None:
             "  Pass --toolset NAME (one registered in TOOLLOOP_TOOLSETS), or set toolset in the spec file."
         )
     try:
-        registered = workers("config.settings").Settings.from_env().toolset_names()
-        workers("config.toolsets").check_name(str(name), registered)
+        registered = Settings.from_env().toolset_names()
+        check_name(str(name), registered)
     except ValueError as error:  # workers.protocol.errors.ToolsetError: two lines already
         raise CliError(str(error)) from None
 
 
-def build_spec(args: argparse.Namespace) -> Any:
-    """A validated `workers.protocol.spec.RunSpec`; a bad field or toolset is a CliError, nothing enqueued."""
+def build_spec(args: argparse.Namespace) -> RunSpec:
+    """A validated `RunSpec`; a bad field or toolset is a CliError, nothing enqueued."""
     data = spec_data(args)
     check_toolset(data.get("toolset"))
     try:
-        return workers("protocol.spec").RunSpec.model_validate(data)
+        return RunSpec.model_validate(data)
     except pydantic.ValidationError as error:
         where = f"in {str(args.file)!r}" if args.file else "from the flags"
         raise CliError(f"The run spec {where} is invalid: {validation_lines(error)}.\n{SPEC_HINT}") from None

@@ -7,10 +7,15 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolloop.cli.errors import CliError
-from toolloop.cli.spec import workers
+from workers.config import toolsets
+from workers.config.mcp import McpServer
+from workers.config.settings import Settings
+
+if TYPE_CHECKING:
+    import mcp_types
 
 
 def add_command(sub: Any) -> None:
@@ -20,9 +25,11 @@ def add_command(sub: Any) -> None:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    settings = workers("config.settings").Settings.from_env()
+    from workers.process.mcpservers import probe  # the MCP SDK: ~0.6 s of imports, for this command only
+
+    settings = Settings.from_env()
     try:
-        registry = workers("config.toolsets").Registry(settings.toolsets, settings.toolsets_file)
+        registry = toolsets.Registry(settings.toolsets, settings.toolsets_file)
         toolset = registry.toolset(args.name)
     except ValueError as error:  # ToolsetError: two lines already
         raise CliError(str(error)) from None
@@ -31,14 +38,14 @@ def cmd_tools(args: argparse.Namespace) -> int:
     failed = 0
     for path in toolset.python:
         try:
-            loaded = workers("config.toolsets").load(path, args.name)
+            loaded = toolsets.load(path, args.name)
         except ValueError as error:
             print(f"error {path}: {str(error).splitlines()[0]}")
             failed += 1
             continue
-        for tool in loaded:
-            print(f"{tool.name:<28} {path:<32} {_first_line(tool.description)}")
-    listed = asyncio.run(workers("process.mcpservers").probe(list(toolset.servers)))
+        for spec in loaded:
+            print(f"{spec.name:<28} {path:<32} {_first_line(spec.description)}")
+    listed = asyncio.run(probe(list(toolset.servers)))
     for server, tools in zip(toolset.servers, listed, strict=True):
         if isinstance(tools, Exception):
             print(f"error MCP server {server.label!r}: {str(tools).splitlines()[0]}")
@@ -50,8 +57,10 @@ def cmd_tools(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _held(server: Any, tool: Any) -> bool:
-    record = workers("step.mcptools").tool_record(tool)
+def _held(server: McpServer, tool: mcp_types.Tool) -> bool:
+    from workers.step.mcptools import tool_record  # as probe above (it imports the MCP SDK's types)
+
+    record = tool_record(tool)
     destructive = not record["read_only"] and record["destructive"]
     return tool.name in server.needs_approval or (server.approve_destructive and destructive)
 

@@ -120,8 +120,13 @@ class CallAnswers:
 
     async def approval(self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel) -> Approval:
         estimate = None if spec.estimate_usd is None else float(await call(spec.estimate_usd, checked))
-        return Approval(call_id=tool_call.id, name=spec.name, input=checked.model_dump(mode="json"),
-                        input_digest=input_digest(checked), estimate_usd=estimate)  # fmt: skip
+        return Approval(
+            call_id=tool_call.id,
+            name=spec.name,
+            input=checked.model_dump(mode="json"),
+            input_digest=input_digest(checked),
+            estimate_usd=estimate,
+        )
 
     async def decided(
         self, spec: ToolSpec, tool_call: ToolCall, checked: BaseModel, decision: Decision

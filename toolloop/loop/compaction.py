@@ -124,10 +124,14 @@ class Compaction:
                     step=turn,
                     covered_turns=len(history.assistant_at),
                     cost_usd=0.0,
-                    input_tokens=sum(int(i.get("input_tokens", 0)) + int(i.get("cache_read_input_tokens", 0))
-                                     + int(i.get("cache_creation_input_tokens", 0)) for i in passes),
+                    input_tokens=sum(
+                        int(i.get("input_tokens", 0))
+                        + int(i.get("cache_read_input_tokens", 0))
+                        + int(i.get("cache_creation_input_tokens", 0))
+                        for i in passes
+                    ),
                 )
-            )  # fmt: skip
+            )
 
     def input_tokens(self) -> tuple[int, str]:
         """The input tokens of the next request and where the figure comes from."""

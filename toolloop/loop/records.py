@@ -104,10 +104,17 @@ def model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage,
     provider = meta.get("provider") if isinstance(meta.get("provider"), str) else None
     fallback = meta.get("fallback_from") if isinstance(meta.get("fallback_from"), list) else None
     finish: FinishReason = result.finish_reason
-    event = ModelEvent(step=turn, text=text, tool_calls=result.tool_calls, cost_usd=result.cost_usd,
-                       usage=result.usage, finish_reason=finish,
-                       refusal=refusal_of(result) if finish == "refusal" else None,
-                       provider=provider, fallback_from=fallback or None)  # fmt: skip
+    event = ModelEvent(
+        step=turn,
+        text=text,
+        tool_calls=result.tool_calls,
+        cost_usd=result.cost_usd,
+        usage=result.usage,
+        finish_reason=finish,
+        refusal=refusal_of(result) if finish == "refusal" else None,
+        provider=provider,
+        fallback_from=fallback or None,
+    )
     return message, event
 
 
@@ -117,6 +124,12 @@ def tool_records(
     message = ToolMessage(
         tool_call_id=tool_call.id, content=message_content(output), is_error=output.is_error
     )
-    event = ToolEvent(step=turn, name=tool_call.name, call_id=tool_call.id, cost_usd=output.cost_usd,
-                      summary=summary(output), rows=rows or output.rows or [])  # fmt: skip
+    event = ToolEvent(
+        step=turn,
+        name=tool_call.name,
+        call_id=tool_call.id,
+        cost_usd=output.cost_usd,
+        summary=summary(output),
+        rows=rows or output.rows or [],
+    )
     return message, event

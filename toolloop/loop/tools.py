@@ -102,8 +102,12 @@ async def call_tool(fn: Any, tool: str, call_id: str, *args: Any) -> Any:
     log.error(
         "tool %r (call %s, step %s) raised %r, which would stop the process: the call is answered "
         "as a tool error and the run goes on",
-        tool, call_id, idempotency_key() or "-", error, exc_info=error,
-    )  # fmt: skip
+        tool,
+        call_id,
+        idempotency_key() or "-",
+        error,
+        exc_info=error,
+    )
     text = (
         f"Tool {tool!r} failed: it raised {error!r} instead of returning a result. "
         "The call did not complete; try other input, or another way."

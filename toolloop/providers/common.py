@@ -152,9 +152,16 @@ def log_answer(provider: str, model: str, result: PromptGenResult) -> None:
     usage, source = result.usage, (result.meta or {}).get("cost_source")
     log.debug(
         "%s: %s answered %s (%d prompt tokens, %d cached, %d written; %d out) $%.6f from %s",
-        provider, model, result.finish_reason, usage.prompt_tokens, usage.cached_tokens,
-        usage.cache_write_tokens, usage.completion_tokens, result.cost_usd, source,
-    )  # fmt: skip
+        provider,
+        model,
+        result.finish_reason,
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.cache_write_tokens,
+        usage.completion_tokens,
+        result.cost_usd,
+        source,
+    )
     if result.finish_reason == "length":
         log.warning("%s: the answer of %s was cut at max_tokens (partial)", provider, model)
     elif result.finish_reason == "refusal":
@@ -187,7 +194,7 @@ def with_ttl(body: dict[str, Any], ttl: CacheTtl) -> dict[str, Any]:
         if isinstance(turn.get("content"), list)
         else turn
         for turn in body.get("messages", [])
-    ]  # fmt: skip
+    ]
     return out
 
 

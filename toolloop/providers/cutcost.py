@@ -2,7 +2,7 @@
 completed (docs/providers.md, "Usage and cost": cut streams).
 
 A stream cut mid-answer (the connection dropped, an `error` event such as `overloaded_error`, an
-idle timeout) is retried (toolloop/providers/http.py). Whether the provider bills the cut attempt
+idle timeout) is retried (toolloop/providers/call.py). Whether the provider bills the cut attempt
 is not documented; gateways that bill a cancelled Anthropic stream charge the input usage of its
 `message_start` and the output generated. So the budget counts it, conservatively:
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from toolloop.http import HttpClient
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.base import PromptGenHandler
 from toolloop.providers.catalog import Catalog, ModelPrice
-from toolloop.providers.client import HttpClient
 from toolloop.providers.facade import PromptGen
 from toolloop.providers.fal import FalHandler
 from toolloop.providers.models_file import catalog_from_env

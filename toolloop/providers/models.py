@@ -395,14 +395,13 @@ def long_context(info: ModelInfo) -> str:
     if tier is None:
         return "-"
     p = tier.price
-    cells = [
-        marked(info, "price.above.input", f"{p.input:g}")
-        + " / " + marked(info, "price.above.output", f"{p.output:g}"),
-        "read " + marked(info, "price.above.cache_read", f"{p.cache_read:g}"),
-        "writes " + marked(info, "price.above.cache_write", f"{p.cache_write:g}")
-        + " / " + marked(info, "price.above.cache_write_1h", f"{p.write_1h:g}"),
-    ]  # fmt: skip
-    return f"> {_size(tier.tokens)}: " + ", ".join(cells)
+
+    def cell(field: str, value: float) -> str:
+        return marked(info, f"price.above.{field}", f"{value:g}")
+
+    rates = f"{cell('input', p.input)} / {cell('output', p.output)}"
+    writes = f"{cell('cache_write', p.cache_write)} / {cell('cache_write_1h', p.write_1h)}"
+    return f"> {_size(tier.tokens)}: {rates}, read {cell('cache_read', p.cache_read)}, writes {writes}"
 
 
 def status_cell(info: ModelInfo, quote: str = "") -> str:
@@ -430,9 +429,12 @@ def price_cells(info: ModelInfo) -> list[str]:
 def markdown(catalog: Catalog) -> str:
     """The catalogue as the Markdown table of docs/providers.md (tests/unit/test_catalog.py keeps
     the page equal to it). (d) derived, (u) unconfirmed, (o) the operator file, ? unknown, else read."""
-    head = ("| Model | Status | $/MTok in / out | read | 5m write | 1h write | long context | thinking "
-            "| forced tool_choice | temperature | min cache | max out / context | fal slug |\n"
-            + "| --- " * 13 + "|")  # fmt: skip
+    head = (
+        "| Model | Status | $/MTok in / out | read | 5m write | 1h write | long context | thinking "
+        "| forced tool_choice | temperature | min cache | max out / context | fal slug |\n"
+        + "| --- " * 13
+        + "|"
+    )
     rows = [head]
     for info in catalog.models():
         status = status_cell(info, "`")

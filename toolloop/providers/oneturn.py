@@ -15,16 +15,17 @@ from typing import Any
 
 import httpx
 
-from toolloop.abort import AbortSignal
+from toolloop.abort import AbortSignal, race
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, PromptGenUsage
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.base import Secret
+from toolloop.providers.call import call_json
 from toolloop.providers.catalog import Catalog, ModelPrice, token_cost
-from toolloop.providers.client import HttpClient, HttpxClient
+from toolloop.providers.chat_completions import parse_completion
 from toolloop.providers.common import estimate_tokens, input_text, max_tokens_of, reasoning_of
-from toolloop.providers.fal.response import parse_completion
-from toolloop.providers.http import Endpoint, RetryPolicy, call_json, race
 from toolloop.providers.models import default_catalog
+from toolloop.providers.retry import Endpoint, RetryPolicy
 
 _CLAUDE_ALIASES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-4-5"}
 
@@ -93,8 +94,10 @@ class OpenAIHandler:
         messages = [{"role": "system", "content": request.system}] if request.system else []
         messages.append({"role": "user", "content": request.prompt})
         body: dict[str, Any] = {"model": model, "messages": messages}
-        if (request.params or {}).get("max_tokens") is not None:
-            body["max_completion_tokens"] = max_tokens_of(request, 4096)
+        given = (request.params or {}).get("max_tokens") is not None
+        max_tokens = max_tokens_of(request, 4096) if given else None  # None: the API's own default
+        if max_tokens is not None:
+            body["max_completion_tokens"] = max_tokens
         if request.temperature is not None:
             body["temperature"] = min(max(request.temperature, 0.0), 2.0)
         reasoning = reasoning_of(self.name, request, None)
@@ -103,7 +106,12 @@ class OpenAIHandler:
         headers = {"authorization": f"Bearer {key}"}
         data = await call_json(self.endpoint, body, headers, signal, client=self.http, secret=self._key)
         return parse_completion(
-            data, price=price, model=model, input_text=input_text(request), provider=self.name
+            data,
+            provider=self.name,
+            price=price,
+            model=model,
+            input_text=input_text(request),
+            max_tokens=max_tokens,
         )
 
 

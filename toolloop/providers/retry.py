@@ -238,8 +238,11 @@ def error_fields(text: str) -> dict[str, str]:
     if not isinstance(err, dict):
         return {}
     details = err.get("details")
-    found = {"type": err.get("type"), "message": err.get("message"),
-             "error_code": details.get("error_code") if isinstance(details, dict) else None}  # fmt: skip
+    found = {
+        "type": err.get("type"),
+        "message": err.get("message"),
+        "error_code": details.get("error_code") if isinstance(details, dict) else None,
+    }
     return {key: value for key, value in found.items() if isinstance(value, str)}
 
 
@@ -289,8 +292,12 @@ def capped_wait(seconds: float, cap_s: float, header: str, raw: str) -> float:
         log.warning(
             "the provider's %s header %r asks for a wait of %.6g s, longer than the cap of %g s "
             "(MAX_RETRY_AFTER_S; a worker's TOOLLOOP_MAX_RETRY_AFTER): waiting %g s",
-            header, raw[:64], seconds, cap_s, cap_s,
-        )  # fmt: skip
+            header,
+            raw[:64],
+            seconds,
+            cap_s,
+            cap_s,
+        )
         return cap_s
     return max(seconds, 0.0)
 

@@ -135,9 +135,13 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
         if cut and position == len(calls) - 1:
             tool_input = {}  # the answer stopped while this input was being written
         content.append(
-            {"type": "tool_use", "id": call_id(request.history_hash, position, "toolu_"), "name": call.name,
-             "input": tool_input}
-        )  # fmt: skip
+            {
+                "type": "tool_use",
+                "id": call_id(request.history_hash, position, "toolu_"),
+                "name": call.name,
+                "input": tool_input,
+            }
+        )
         output += json_tokens({"name": call.name, "input": tool_input})
     if refused:
         stop = "refusal"
@@ -149,10 +153,14 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
         stop = "tool_use" if turn.tool_calls else "end_turn"
     details = turn.refusal
     stop_details = (
-        {"type": "refusal", "category": details.category if details else None,
-         "explanation": details.explanation if details else None}
-        if refused else None
-    )  # fmt: skip
+        {
+            "type": "refusal",
+            "category": details.category if details else None,
+            "explanation": details.explanation if details else None,
+        }
+        if refused
+        else None
+    )
     body_usage: dict[str, Any] = {
         "input_tokens": usage.input_tokens,
         "cache_creation_input_tokens": usage.cache_creation_input_tokens,

@@ -176,8 +176,14 @@ class Simulator:
             counts = {name: dict(counter) for name, counter in self._counts.items()}
             connections = len(self._peers)
         requests = sum(counts["endpoints"].values())
-        return {"requests": requests, **counts, "cache_entries": len(self.cache), "strict": self.strict,
-                "files": len(self.files), "connections": connections}  # fmt: skip
+        return {
+            "requests": requests,
+            **counts,
+            "cache_entries": len(self.cache),
+            "strict": self.strict,
+            "files": len(self.files),
+            "connections": connections,
+        }
 
     def reset(self) -> None:
         """Forget the stats, the fault counters and the prompt cache."""

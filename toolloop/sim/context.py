@@ -228,8 +228,11 @@ class ContextRules:
         if edit.get("pause_after_compaction") is True:
             body["content"] = [block]
             body["stop_reason"] = "compaction"
-            body["usage"] = {**top, **{k: v for k, v in compaction.items() if k != "type"},
-                             "iterations": [compaction]}  # fmt: skip
+            body["usage"] = {
+                **top,
+                **{k: v for k, v in compaction.items() if k != "type"},
+                "iterations": [compaction],
+            }
             return
         message = {
             "type": "message",
@@ -341,5 +344,10 @@ def _clear(
         blocks[start] = Block(f"{context}cleared\x01{CLEARED}", placeholder, mark)
         for offset in range(1, count):
             blocks[start + offset] = Block(f"{context}cleared\x01{offset}", 0, None)
-    return [{"type": "clear_tool_uses_20250919", "cleared_tool_uses": len(old),
-             "cleared_input_tokens": cleared - placeholder * len(old)}]  # fmt: skip
+    return [
+        {
+            "type": "clear_tool_uses_20250919",
+            "cleared_tool_uses": len(old),
+            "cleared_input_tokens": cleared - placeholder * len(old),
+        }
+    ]

@@ -54,9 +54,16 @@ FINISH_REASONS = {
     "refusal": "content_filter",
 }
 
-ERROR_TYPES = {400: "bad_request", 401: "unauthorized", 402: "payment_required", 403: "forbidden",
-               404: "not_found_error", 429: "rate_limited", 500: "server_error",
-               529: "overloaded"}  # fmt: skip
+ERROR_TYPES = {
+    400: "bad_request",
+    401: "unauthorized",
+    402: "payment_required",
+    403: "forbidden",
+    404: "not_found_error",
+    429: "rate_limited",
+    500: "server_error",
+    529: "overloaded",
+}
 
 
 def error_body(status: int, message: str, request_id: str) -> dict[str, Any]:
@@ -135,9 +142,12 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
         if cut and position == len(scripted) - 1:
             arguments = arguments[: max(1, len(arguments) // 2)]  # stopped while writing them
         calls.append(
-            {"id": call_id(request.history_hash, position, "call_"), "type": "function",
-             "function": {"name": call.name, "arguments": arguments}}
-        )  # fmt: skip
+            {
+                "id": call_id(request.history_hash, position, "call_"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": arguments},
+            }
+        )
         completion += text_tokens(call.name) + text_tokens(arguments)
     if refused:
         finish, native = "content_filter", "refusal"

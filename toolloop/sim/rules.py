@@ -115,14 +115,20 @@ def _check_thinking(body: dict[str, Any], info: ModelInfo, max_tokens: Any) -> b
     model = info.id
     if kind is not None and kind not in info.thinking:
         if kind == "disabled":
-            message = (f"thinking.type: 'disabled' is not supported for {model}: thinking is always on. "
-                       "Use thinking.type 'adaptive' with output_config.effort.")  # fmt: skip
+            message = (
+                f"thinking.type: 'disabled' is not supported for {model}: thinking is always on. "
+                "Use thinking.type 'adaptive' with output_config.effort."
+            )
         elif kind == "adaptive":
-            message = (f"adaptive thinking is not supported on {model}. "
-                       "Use thinking.type 'enabled' with budget_tokens.")  # fmt: skip
+            message = (
+                f"adaptive thinking is not supported on {model}. "
+                "Use thinking.type 'enabled' with budget_tokens."
+            )
         elif kind == "enabled":
-            message = (f"thinking.type.enabled is not supported for {model}. Use thinking.type.adaptive "
-                       "and output_config.effort to control thinking behavior.")  # fmt: skip
+            message = (
+                f"thinking.type.enabled is not supported for {model}. Use thinking.type.adaptive "
+                "and output_config.effort to control thinking behavior."
+            )
         else:
             message = f"thinking.type: {kind!r} is not supported for {model}."
         raise SimRefusal(400, message)

@@ -33,8 +33,15 @@ _DELTA_USAGE = ("input_tokens", "cache_creation_input_tokens", "cache_read_input
 Event = tuple[str | None, Any, bool]
 """(SSE event name or None, data (JSON value or raw text), whether it carries one token)."""
 
-ERROR_TYPES = {529: "overloaded_error", 500: "api_error", 429: "rate_limit_error", 504: "timeout_error",
-               401: "authentication_error", 403: "permission_error", 402: "billing_error"}  # fmt: skip
+ERROR_TYPES = {
+    529: "overloaded_error",
+    500: "api_error",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    401: "authentication_error",
+    403: "permission_error",
+    402: "billing_error",
+}
 
 
 def pieces(text: str) -> list[str]:
@@ -44,8 +51,14 @@ def pieces(text: str) -> list[str]:
 def anthropic_events(body: dict[str, Any]) -> Iterator[Event]:
     usage = dict(body.get("usage") or {})
     start_usage = {**usage, "output_tokens": 1}
-    message = {**body, "content": [], "stop_reason": None, "stop_sequence": None, "stop_details": None,
-               "usage": start_usage}  # fmt: skip
+    message = {
+        **body,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "stop_details": None,
+        "usage": start_usage,
+    }
     yield "message_start", {"type": "message_start", "message": message}, False
     yield "ping", {"type": "ping"}, False
     for index, block in enumerate(body.get("content") or []):
@@ -84,8 +97,11 @@ def _anthropic_block(index: int, block: dict[str, Any]) -> Iterator[Event]:
         if "signature" in block:
             start["signature"] = block["signature"]
         yield _start(index, start)
-        whole = {"type": "compaction_delta", "content": block.get("content"),
-                 "encrypted_content": block.get("encrypted_content")}  # fmt: skip
+        whole = {
+            "type": "compaction_delta",
+            "content": block.get("content"),
+            "encrypted_content": block.get("encrypted_content"),
+        }
         yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": whole}, False
     else:  # redacted_thinking and anything else: whole in its start
         yield _start(index, block)
@@ -121,13 +137,19 @@ def fal_chunks(body: dict[str, Any]) -> Iterator[Event]:
         yield None, chunk({"content": piece}), True
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call["function"]
-        first = {"index": index, "id": call["id"], "type": call["type"],
-                 "function": {"name": function["name"], "arguments": ""}}  # fmt: skip
+        first = {
+            "index": index,
+            "id": call["id"],
+            "type": call["type"],
+            "function": {"name": function["name"], "arguments": ""},
+        }
         yield None, chunk({"tool_calls": [first]}), False
         for piece in pieces(function.get("arguments") or ""):
             yield None, chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}), True
-    ends = {"finish_reason": choice.get("finish_reason"),
-            "native_finish_reason": choice.get("native_finish_reason")}  # fmt: skip
+    ends = {
+        "finish_reason": choice.get("finish_reason"),
+        "native_finish_reason": choice.get("native_finish_reason"),
+    }
     yield None, chunk({}, **ends), False
     yield None, {**top, "choices": [], "usage": body.get("usage")}, False
     yield None, "[DONE]", False
@@ -140,13 +162,18 @@ def _fal_reasoning(message: dict[str, Any], chunk: Any) -> Iterator[Event]:
         delta: dict[str, Any] = {"reasoning": piece}
         if text_entry is not None:
             first = {**text_entry, "text": piece, "signature": None} if number == 0 else None
-            delta["reasoning_details"] = [first or {"type": "reasoning.text", "text": piece,
-                                                    "index": text_entry.get("index", 0)}]  # fmt: skip
+            delta["reasoning_details"] = [
+                first or {"type": "reasoning.text", "text": piece, "index": text_entry.get("index", 0)}
+            ]
         yield None, chunk(delta), True
     for entry in details:
         if text_entry is not None and entry is text_entry:
-            ending = {"type": entry["type"], "text": "", "signature": entry.get("signature"),
-                      "index": entry.get("index", 0)}  # fmt: skip
+            ending = {
+                "type": entry["type"],
+                "text": "",
+                "signature": entry.get("signature"),
+                "index": entry.get("index", 0),
+            }
             yield None, chunk({"reasoning_details": [ending]}), False
         else:
             yield None, chunk({"reasoning_details": [entry]}), False

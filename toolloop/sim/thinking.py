@@ -118,9 +118,13 @@ def fal_fields(turn: SimTurn, request: SimRequest) -> dict[str, Any]:
     ]
     if redacts(turn, request):
         details.append(
-            {"type": "reasoning.encrypted", "data": _redacted_data(request.history_hash),
-             "format": FORMAT, "index": 1}
-        )  # fmt: skip
+            {
+                "type": "reasoning.encrypted",
+                "data": _redacted_data(request.history_hash),
+                "format": FORMAT,
+                "index": 1,
+            }
+        )
     return {"reasoning": text, "reasoning_details": details}
 
 

@@ -20,14 +20,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from toolloop.abort import AbortSignal
+from toolloop.abort import AbortSignal, race
 from toolloop.contract import PromptGenRequest, PromptGenResult, UserMessage
 from toolloop.loop.run import BudgetStop
 from toolloop.loop.tools import as_output, as_started, call
 from toolloop.loop.types import AccountLimit, Started, ToolSpec
+from toolloop.providers.call import before_retry, observe_responses
 from toolloop.providers.common import estimate_input_tokens
 from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
-from toolloop.providers.http import before_retry, observe_responses, race
 from workers.client import accounts
 from workers.config import ratelimit
 from workers.process.worker_process import WorkerProcess

@@ -42,8 +42,8 @@ from redis.backoff import ExponentialWithJitterBackoff
 from toolloop import redisurl
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
+from toolloop.http import HttpClient, client_from_env
 from toolloop.providers import from_env
-from toolloop.providers.client import HttpClient, client_from_env
 from toolloop.providers.models_file import catalog_from_env
 from workers.config.settings import Settings
 from workers.config.toolsets import Registry

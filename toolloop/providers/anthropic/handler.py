@@ -17,14 +17,15 @@ import httpx
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
 from toolloop.providers.anthropic.request import betas, body_frame
 from toolloop.providers.anthropic.response import cut_cost, parse_message
 from toolloop.providers.anthropic.stream import MessageStream
 from toolloop.providers.base import Secret
+from toolloop.providers.call import Tally, call_json
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
-from toolloop.providers.client import HttpClient, HttpxClient
 from toolloop.providers.common import (
     cache_ttl_of,
     check_request,
@@ -36,8 +37,8 @@ from toolloop.providers.common import (
     reasoning_of,
 )
 from toolloop.providers.cutcost import Cut, Readers, carry, unanswered, with_cuts
-from toolloop.providers.http import Endpoint, RetryPolicy, Tally, call_json
 from toolloop.providers.models import default_catalog
+from toolloop.providers.retry import Endpoint, RetryPolicy
 from toolloop.providers.timeouts import SDK_TIMEOUT_S, Timeouts
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"

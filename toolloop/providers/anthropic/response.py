@@ -27,10 +27,10 @@ from typing import Any
 
 from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
 from toolloop.errors import PromptGenError, ToolArgumentsError
+from toolloop.fastjson import valid_text
 from toolloop.providers.catalog import ModelPrice, token_cost
 from toolloop.providers.common import CacheTtl
 from toolloop.providers.cutcost import Cut, Partial
-from toolloop.providers.http import valid_text
 
 _FINISH: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -147,8 +147,9 @@ def cut_cost(partial: Partial, *, price: ModelPrice, model: str, ttl: CacheTtl =
     (toolloop/providers/cutcost.py)."""
     usage = dict(partial.usage or {})
     output, source = partial.output_tokens(_count(usage, "output_tokens") or 0)
-    priced = parse_message({"content": [], "usage": {**usage, "output_tokens": output}},
-                           price=price, model=model, ttl=ttl)  # fmt: skip
+    priced = parse_message(
+        {"content": [], "usage": {**usage, "output_tokens": output}}, price=price, model=model, ttl=ttl
+    )
     return Cut("anthropic", priced.cost_usd, priced.usage, source, "tokens")
 
 

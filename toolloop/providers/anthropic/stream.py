@@ -31,8 +31,9 @@ from typing import Any, ClassVar
 
 from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.fastjson import event_json, valid_text
+from toolloop.providers.call import stream_failure
 from toolloop.providers.cutcost import Partial
-from toolloop.providers.http import event_json, stream_failure, valid_text
 from toolloop.providers.sse import DeltaOut, SseParser
 
 NON_STREAMING_MAX_TOKENS = 21_333
@@ -50,17 +51,24 @@ def _run_of(kind: bytes, field: bytes) -> tuple[re.Pattern[bytes], re.Pattern[by
     return run, re.compile(rb'"' + field + rb'":"([^"\\\x00-\x1f]*)"\}\}\n\n')
 
 
-_RUNS = ((*_run_of(b"text_delta", b"text"), "text", False),
-         (*_run_of(b"thinking_delta", b"thinking"), "thinking", True))  # fmt: skip
+_RUNS = (
+    (*_run_of(b"text_delta", b"text"), "text", False),
+    (*_run_of(b"thinking_delta", b"thinking"), "thinking", True),
+)
 """The fast path of `MessageStream.feed`: such runs are read without a JSON parse; the strings
 are the bytes between the quotes (what the JSON parse of that event gives)."""
 
-_USAGE_OVERWRITTEN = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
-                      "server_tool_use", "output_tokens_details")  # fmt: skip
+_USAGE_OVERWRITTEN = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "server_tool_use",
+    "output_tokens_details",
+)
 
 
 class MessageStream(DeltaOut):
-    """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
+    """The `StreamReader` of one streamed attempt (toolloop/providers/call.py)."""
 
     _handlers: ClassVar[dict[str, Callable[[MessageStream, dict[str, Any]], None]]]
 

@@ -18,9 +18,11 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, ToolChoiceName
 from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.fastjson import dumps
+from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.base import Secret
+from toolloop.providers.call import Tally, call_json
 from toolloop.providers.catalog import Catalog, ModelInfo, ModelPrice
-from toolloop.providers.client import HttpClient, HttpxClient
+from toolloop.providers.chat_completions import parse_completion
 from toolloop.providers.common import (
     cache_ttl_of,
     check_request,
@@ -34,11 +36,11 @@ from toolloop.providers.common import (
 )
 from toolloop.providers.cutcost import Cut, Readers, carry, unanswered, with_cuts
 from toolloop.providers.fal.request import DEFAULT_MAX_TOKENS, build_body, prompt_images
-from toolloop.providers.fal.response import cut_cost, flag, parse_completion
+from toolloop.providers.fal.response import cut_cost, flag
 from toolloop.providers.fal.storage import DEFAULT_UPLOAD_URL, UrlCache, image_urls
 from toolloop.providers.fal.stream import CompletionStream
-from toolloop.providers.http import Endpoint, RetryPolicy, Tally, call_json
 from toolloop.providers.models import default_catalog
+from toolloop.providers.retry import Endpoint, RetryPolicy
 from toolloop.providers.timeouts import SDK_TIMEOUT_S, Timeouts
 
 DEFAULT_RUN_URL = "https://fal.run"
@@ -192,6 +194,7 @@ class FalHandler:
             raise
         result = parse_completion(
             data,
+            provider=self.name,
             price=price,
             model=model,
             input_text=input_text(request),

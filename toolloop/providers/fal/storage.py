@@ -21,8 +21,9 @@ from pathlib import Path
 import httpx
 
 from toolloop.contract import ImagePart
+from toolloop.http.httpx_client import open_httpx
+from toolloop.http.network import Network
 from toolloop.providers.common import read_image
-from toolloop.providers.network import Network
 
 log = logging.getLogger("toolloop.providers.fal")
 
@@ -89,10 +90,7 @@ async def image_urls(
         limit = asyncio.Semaphore(CONCURRENT_UPLOADS)
         network = network or Network()
         proxy = None if transport is not None else network.proxy_for(upload_url)
-        tls = network.ssl_context()
-        async with httpx.AsyncClient(
-            timeout=timeout_s, transport=transport, verify=tls, trust_env=False, proxy=proxy
-        ) as client:
+        async with open_httpx(network, proxy=proxy, transport=transport, timeout=timeout_s) as client:
 
             async def one(path: str, cache_key: str, data: bytes) -> None:
                 async with limit:

@@ -1,6 +1,6 @@
 """A streamed fal router answer (`"stream": true`, OpenAI chat-completion chunks as OpenRouter sends
 them), read chunk by chunk into the completion the non-streamed answer would have been, so
-`parse_completion` maps both the same way.
+`parse_completion` (toolloop/providers/chat_completions.py) maps both the same way.
 
 Each SSE `data:` is one chunk `{id, model, provider, choices: [{index, delta, finish_reason,
 native_finish_reason}], usage}`; `data: [DONE]` ends the stream. Per delta:
@@ -24,15 +24,16 @@ from typing import Any
 
 from toolloop.contract import OnDelta
 from toolloop.errors import PromptGenError
+from toolloop.fastjson import event_json
+from toolloop.providers.call import StreamFailure
 from toolloop.providers.cutcost import Partial
-from toolloop.providers.http import StreamFailure, event_json
 from toolloop.providers.sse import DeltaOut, SseParser
 
 _APPENDED = ("text", "summary", "data")
 
 
 class CompletionStream(DeltaOut):
-    """The `StreamReader` of one streamed attempt (toolloop/providers/http.py)."""
+    """The `StreamReader` of one streamed attempt (toolloop/providers/call.py)."""
 
     def __init__(self, on_delta: OnDelta | None) -> None:
         super().__init__(on_delta)
@@ -123,8 +124,9 @@ class CompletionStream(DeltaOut):
 
     def _call(self, call: dict[str, Any]) -> None:
         index = call.get("index", len(self.calls))
-        found = self.calls.setdefault(index, {"id": None, "type": "function",
-                                              "function": {"name": None, "arguments": []}})  # fmt: skip
+        found = self.calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": None, "arguments": []}}
+        )
         for key in ("id", "type"):
             if call.get(key) is not None:
                 found[key] = call[key]
@@ -162,16 +164,21 @@ class CompletionStream(DeltaOut):
                 }
                 for call in (self.calls[i] for i in sorted(self.calls))
             ]
-        body = {**self.top, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, **self.finish}]}  # fmt: skip
+        body = {
+            **self.top,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, **self.finish}],
+        }
         if self.usage is not None:
             body["usage"] = self.usage
         return body  # every string came through event_json: no lone surrogate
 
 
 def _joined(entry: dict[str, Any]) -> dict[str, Any]:
-    return {key: "".join(value) if key in _APPENDED and isinstance(value, list) else value
-            for key, value in entry.items()}  # fmt: skip
+    return {
+        key: "".join(value) if key in _APPENDED and isinstance(value, list) else value
+        for key, value in entry.items()
+    }
 
 
 def _broken(what: str) -> PromptGenError:

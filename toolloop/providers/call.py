@@ -1,5 +1,6 @@
-"""The one HTTP path of every provider: POST a JSON body, read the answer whole or as a stream of
-Server-Sent Events, classify it (retry.py, pure functions), retry within bounds.
+"""One model call, the one HTTP path of every provider: POST a JSON body through the provider's
+`HttpClient` (toolloop/http/), read the answer whole or as a stream of Server-Sent Events, classify
+it (retry.py, pure functions), retry within bounds.
 
 `call_json` makes one model call of up to `RetryPolicy.attempts` attempts, bounded by
 `RetryPolicy.total_s` of wall time. Without `stream` it returns the parsed JSON of a 2xx answer;
@@ -22,51 +23,41 @@ Streaming, what differs:
   that ignored `stream`);
 - before a retry of an attempt that passed deltas on, `on_delta` gets a discard delta
   (`DeltaEvent(discard=True)`): what it showed of the answer is void, the answer starts again.
-The caller's abort is checked before each attempt and races every request, every read and every
-backoff sleep: it is raised unchanged (the signal's own `AbortError`) the moment it fires.
+The caller's abort is checked before each attempt and races (`toolloop.abort.race`) every request,
+every read and every backoff sleep: it is raised unchanged (the signal's own `AbortError`) the
+moment it fires.
 Keys: headers are built by the caller and never logged; every message is passed through `redact`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import httpx
-import orjson
 
-from toolloop.abort import AbortSignal
+from toolloop.abort import AbortSignal, race
 from toolloop.contract import OnDelta
 from toolloop.deltas import READ_HOLD
 from toolloop.deltas import relay as as_relay
 from toolloop.errors import PromptGenError, PromptGenTimeoutError
-from toolloop.fastjson import dumps, loads_exact
+from toolloop.fastjson import dumps, loads_exact, valid_text
+from toolloop.http import Answer, HttpClient
 from toolloop.providers.base import Secret, redact
-from toolloop.providers.client import Answer, HttpClient
 from toolloop.providers.retry import (
     STREAM_ERROR_STATUS,
     Endpoint,
-    RetryPolicy,
     classify,
     error_detail,
     error_fields,
     final_error,
-    parse_retry_after,
-    should_retry,
 )
 
-__all__ = ["Endpoint", "RetryPolicy", "classify", "parse_retry_after", "should_retry"]
-
 log = logging.getLogger("toolloop.providers")
-
-T = TypeVar("T")
 
 ResponseObserver = Callable[[int, Mapping[str, str]], None]
 observe_responses: ContextVar[ResponseObserver | None] = ContextVar("observe_responses", default=None)
@@ -140,43 +131,6 @@ async def _close(chunks: Any) -> None:
 
 class _Cut(Exception):
     """The stream broke after its answer began: retried like a 5xx."""
-
-
-async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
-    """Await `awaitable`, or raise the signal's `AbortError` as soon as it aborts (the work is
-    cancelled then). The work runs in the calling task (no task of its own): the signal's callback
-    cancels that task, and the cancel is taken back (`uncancel`) once it has stopped the work."""
-    if signal.aborted:
-        if inspect.iscoroutine(awaitable):
-            awaitable.close()  # never started: close it so it is not reported as never awaited
-        signal.throw_if_aborted()
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    state = [False, False]  # [the work is over, the signal cancelled the task]
-
-    def fire() -> None:  # on the loop
-        if not state[0]:
-            state[1] = True
-            task.cancel()
-
-    def cancel() -> None:  # the signal may abort from another thread
-        loop.call_soon_threadsafe(fire)
-
-    signal.add_callback(cancel)
-    try:
-        return await awaitable
-    except asyncio.CancelledError:
-        if state[1]:
-            state[1] = False
-            if task.uncancel() == 0:  # nobody else cancelled the task: the abort is what stopped it
-                signal.throw_if_aborted()
-        raise
-    finally:
-        state[0] = True
-        signal.remove_callback(cancel)
-        if state[1]:  # cancelled as the work ended: the cancel never reached it
-            task.uncancel()
 
 
 class Tally:
@@ -403,28 +357,3 @@ def _begun(reader: StreamReader | None) -> bool:
 def _is_stream(answer: Answer) -> bool:
     """The answer is an event stream (a server that ignored `stream` answers one JSON body)."""
     return str(answer.headers.get("content-type", "")).startswith("text/event-stream")
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def event_json(data: str) -> Any:
-    """A stream event's JSON, parsed by orjson (which refuses lone surrogates), else by the
-    standard library and passed through `valid_text`: no string in it holds a lone surrogate."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return valid_text(json.loads(data))
-
-
-def valid_text(data: Any) -> Any:
-    """`data` (parsed JSON) with every lone surrogate replaced by U+FFFD. JSON may carry one as an
-    unpaired `\\ud800` escape; such a str cannot be encoded to UTF-8, so a model answer holding one
-    could not be journaled (Redis), dumped by pydantic, or sent back to the provider."""
-    if isinstance(data, str):
-        return data if data.isascii() else _LONE_SURROGATE.sub("\ufffd", data)
-    if isinstance(data, list):
-        return [valid_text(item) for item in data]
-    if isinstance(data, dict):
-        return {valid_text(key): valid_text(value) for key, value in data.items()}
-    return data

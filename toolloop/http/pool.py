@@ -1,12 +1,11 @@
-"""`KeepAliveClient`: HTTP/1.1 keep-alive connections for one long-lived event loop (a worker's),
-on `asyncio.Protocol` and `httptools` (llhttp), with no per-request session, trace or header
-objects beyond one dict.
+"""The keep-alive client's connections (`KeepAliveClient`, keepalive.py): HTTP/1.1 on
+`asyncio.Protocol` and `httptools` (llhttp), one parser per connection, one dict of headers per
+answer.
 
-One pool of idle connections per (host, port, TLS), shared by every call made on the loop that
-first used the client; a call from another loop goes through a fresh httpx client instead
-(`HttpxClient`). A connection goes back to the pool only when its answer was read to the end and
-the server keeps it alive; an idle one is closed after `IDLE_S` (30 s). Measured at 500 calls in
-flight on one loop (`bench/http_clients.py`): see bench/PROFILE-19.md.
+`Pool` keeps the idle connections of one event loop by (host, port, TLS). A connection goes back
+to the pool only when its answer was read to the end and the server keeps it alive; an idle one is
+closed after `IDLE_S` (30 s). Measured at 500 calls in flight on one loop (`bench/http_clients.py`):
+see bench/PROFILE-19.md.
 
 Stale connections: a server closes keep-alive connections that sat idle, and a request sent on one
 as it closes finds it reset or closed before any response. Such a failure, on a REUSED connection
@@ -14,12 +13,12 @@ and before the first byte of the response, is the connection's, not the provider
 sent once more on a fresh connection. Every other failure comes out as the httpx error the per-call
 path gives for it (connect timeout `ConnectTimeout`, no connection `ConnectError`, a wait for bytes
 past `timeout.read` `ReadTimeout`, a connection closed or a malformed answer mid-way
-`RemoteProtocolError`, else `ReadError`), so classification (retry.py) is one.
+`RemoteProtocolError`, else `ReadError`), so classification (toolloop/providers/retry.py) is one.
 
 A streamed answer's reads can be held (`_Connection.hold`, `Answer.hold`: `pause_reading`, then a
 timer resumes): what the server sends meanwhile comes in one `data_received`, one chunk.
 
-TLS through `loop.create_connection(ssl=...)` with the certifi context of `HttpxClient.verify`.
+TLS through `loop.create_connection(ssl=...)` with the SSL context of `HttpxClient.verify`.
 The request asks for no content encoding; a gzip or deflate answer is decoded all the same.
 """
 
@@ -52,9 +51,25 @@ class _Stale(Exception):
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection: a request written, its answer parsed as the bytes arrive."""
 
-    __slots__ = ("_held", "_waiter", "body", "closed", "complete", "error", "gone", "headers", "idle_since",
-                 "keep_alive", "key", "loop", "parser", "raw_headers", "reused", "status",
-                 "transport")  # fmt: skip
+    __slots__ = (
+        "_held",
+        "_waiter",
+        "body",
+        "closed",
+        "complete",
+        "error",
+        "gone",
+        "headers",
+        "idle_since",
+        "keep_alive",
+        "key",
+        "loop",
+        "parser",
+        "raw_headers",
+        "reused",
+        "status",
+        "transport",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, key: _Key) -> None:
         self.loop = loop
@@ -215,8 +230,12 @@ class Pool:
         try:
             return await self._answer(key, request, timeout, pooled=True)
         except _Stale as stale:
-            log.info("POST %s: a kept-alive connection was closed under the request (%s); "
-                     "sending it again on a fresh connection", url, stale)  # fmt: skip
+            log.info(
+                "POST %s: a kept-alive connection was closed under the request (%s); "
+                "sending it again on a fresh connection",
+                url,
+                stale,
+            )
         return await self._answer(key, request, timeout, pooled=False)
 
     def release(self, conn: _Connection) -> None:
