@@ -89,29 +89,28 @@ def tier_of(nodeid: str) -> str:
 
 class TierLines:
     """One line as each tier begins (pytest -q prints only dots) and, in the summary, each tier's
-    time. State of this session only: an instance per pytest config, not module globals."""
+    time, from its first test's start to its last test's end. Under pytest-xdist the tiers overlap
+    where they meet: each line is printed once, when the tier's first test starts. State of this
+    session only: an instance per pytest config, not module globals."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.sizes: Counter[str] = Counter()
-        self.current: str | None = None
-        self.started = time.monotonic()
-        self.took: dict[str, float] = {}
+        self.spans: dict[str, list[float]] = {}  # tier: [first start, last end]
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.sizes = Counter(tier_of(item.nodeid) for item in session.items)
 
-    def _close(self) -> None:
-        if self.current is not None:
-            self.took[self.current] = time.monotonic() - self.started
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.sizes = Counter(tier_of(nodeid) for nodeid in ids)  # the controller collects nothing
 
     @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the file's name
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         tier = tier_of(nodeid)
-        if tier == self.current:
+        if tier in self.spans:
             return
-        self._close()
-        self.current, self.started = tier, time.monotonic()
+        self.spans[tier] = [time.monotonic()] * 2
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             if reporter._tw.width_of_current_line:  # end the line of the tier before's dots (pytest -q)
@@ -119,10 +118,13 @@ class TierLines:
             about = TIERS.get(tier)
             reporter.write_sep("-", f"{tier}: {self.sizes[tier]} tests" + (f" ({about})" if about else ""))
 
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        if (span := self.spans.get(tier_of(nodeid))) is not None:
+            span[1] = time.monotonic()
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        self._close()
-        if self.took:
-            times = ", ".join(f"{tier} {seconds(took)}" for tier, took in self.took.items())
+        if self.spans:
+            times = ", ".join(f"{tier} {seconds(end - start)}" for tier, (start, end) in self.spans.items())
             terminalreporter.write_line(f"tiers: {times}")
 
 
