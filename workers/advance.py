@@ -191,9 +191,9 @@ class _Step(Commits):
         )
         bind(live.deltas, self.batch, self.token, self.segment, self.process.hooks)
         self.spec = spec
-        return await self._until_boundary(
-            live.start(self, self._options(spec, live, tools, messages, decisions))
-        )
+        options = self._options(spec, live, tools, messages, decisions)
+        live.max_steps = options.max_steps
+        return await self._until_boundary(live.start(self, options))
 
     async def _begin(self) -> tuple[LiveLoop | None, Begin, float]:
         """RUN_BEGIN (lease, delivery count, and what of the run a kept loop lacks), or what the

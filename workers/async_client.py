@@ -152,10 +152,10 @@ class AsyncClient:
         )
         return await self._driver.run(op)
 
-    async def steer(self, run_id: str, content: str) -> str:
+    async def steer(self, run_id: str, content: str, *, steer_id: str | None = None) -> str:
         """See `Client.steer`."""
         talk.check_content(content, self.settings.max_answer_bytes, "steer")
-        return await self._driver.run(talk.steer(run_id, content))
+        return await self._driver.run(talk.steer(run_id, content, steer_id))
 
     async def interrupt(self, run_id: str) -> None:
         """See `Client.interrupt`."""

@@ -203,12 +203,14 @@ class Client:
         )
         return self._driver.run(op)
 
-    def steer(self, run_id: str, content: str) -> str:
+    def steer(self, run_id: str, content: str, *, steer_id: str | None = None) -> str:
         """Steer a running run (SPEC 6.1): it reads `content` as a user message at its next step
         boundary, exactly once (journal step `steer:<id>`), placed after the last complete turn.
-        Returns the steer id. A run that is not queued or running refuses it (`RunStateError`)."""
+        Returns the steer id (`steer_id`, 1-64 of [A-Za-z0-9_-], when given: one the run holds or
+        took in this segment already is refused). A run that is not queued or running refuses it
+        (`RunStateError`)."""
         talk.check_content(content, self.settings.max_answer_bytes, "steer")
-        return self._driver.run(talk.steer(run_id, content))
+        return self._driver.run(talk.steer(run_id, content, steer_id))
 
     def interrupt(self, run_id: str) -> None:
         """Stop the run's model call (or tool) in flight, as a cancel does, keep its journal, and leave

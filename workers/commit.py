@@ -139,8 +139,14 @@ class Commits:
             state=state,
             history=history,
             final=("finished", json.dumps(final)),
-            steerable=stopped_by == "done",
+            steerable=self.steerable(result),
         )
+
+    def steerable(self, result: RunToolLoopResult) -> bool:
+        """Whether a `done` stop may go on for a steer that waits (RUN_COMMIT's `steerable`): only
+        while a model call could follow (steps left), so a held stop always leads to a model call."""
+        live = self.live
+        return result.stopped_by == "done" and live is not None and result.steps < live.max_steps
 
     def account_stop(self) -> AccountLimit | None:
         """The shared account whose limit stopped the run in this step (its `budget` stop event's)."""

@@ -196,8 +196,8 @@ class ShardedClient:
         """`Client.send` on the run's shard (its keyed sends are kept there too)."""
         return self.shard(run_id).send(run_id, content, **options)
 
-    def steer(self, run_id: str, content: str) -> str:
-        return self.shard(run_id).steer(run_id, content)
+    def steer(self, run_id: str, content: str, **options: Any) -> str:
+        return self.shard(run_id).steer(run_id, content, **options)
 
     def interrupt(self, run_id: str) -> None:
         self.shard(run_id).interrupt(run_id)
@@ -309,8 +309,8 @@ class AsyncShardedClient:
         """`AsyncClient.send` on the run's shard."""
         return await self.shard(run_id).send(run_id, content, **options)
 
-    async def steer(self, run_id: str, content: str) -> str:
-        return await self.shard(run_id).steer(run_id, content)
+    async def steer(self, run_id: str, content: str, **options: Any) -> str:
+        return await self.shard(run_id).steer(run_id, content, **options)
 
     async def interrupt(self, run_id: str) -> None:
         await self.shard(run_id).interrupt(run_id)

@@ -15,6 +15,7 @@ Each is one script (workers/scripts/talk.py); what a script refuses is a `RunSta
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ FOLLOW_UP_SCRIPT = Lua.of(FOLLOW_UP)
 STEER_SCRIPT = Lua.of(STEER_SEND)
 INTERRUPT_SCRIPT = Lua.of(INTERRUPT_SEND)
 
+STEER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What a caller's own steer id may be (it becomes part of a journal key)."""
 MAX_KEY_CHARS = 200
 """The longest idempotency key a follow-up takes."""
 
@@ -162,17 +165,26 @@ def refusal(run_id: str, status: str, why: str) -> RunStateError | DeadlineError
     )
 
 
-def steer(run_id: str, content: str) -> Op[str]:
+def steer(run_id: str, content: str, steer_id: str | None = None) -> Op[str]:
     """A steer (see `Client.steer`): stored in the run's state for its next step boundary; the
     steer id (its journal step is `steer:<id>`)."""
     if not isinstance(content, str) or not content.strip():
         raise ValueError("A steer needs some text.\n  Pass what the run should read, as a string.")
-    steer_id = uuid.uuid4().hex
+    if steer_id is None:
+        steer_id = uuid.uuid4().hex
+    elif not (isinstance(steer_id, str) and STEER_ID.fullmatch(steer_id)):
+        raise ValueError(f"A steer id is 1 to 64 letters, digits, '-' or '_', not {steer_id!r}.")
     where = [keys.state(run_id), keys.events(run_id)]
-    done = parse_steer((yield Eval(STEER_SCRIPT, where, [steer_id, content, repr(time.time())])))
+    args = [steer_id, content, repr(time.time()), keys.journal(run_id, "")]
+    done = parse_steer((yield Eval(STEER_SCRIPT, where, args)))
     if done.what == "missing":
         raise RunNotFoundError(run_id)
     if done.what == "refused":
+        if done.why == "duplicate":
+            raise RunStateError(
+                f"Run {run_id!r} has a steer {steer_id!r} already (waiting, or taken in this segment).\n"
+                "  Give each steer its own id."
+            )
         if done.why in ("cancelled", "interrupted"):
             raise RunStateError(
                 f"Run {run_id!r} is stopping ({done.why}); it takes no steer.\n"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.integration.conftest import Worker
 from tests.integration.runs_kit import eventually, kinds
-from tests.support.chat import Chat, between_call_and_result, text_of
+from bench._chat import Chat, between_call_and_result, text_of
 from toolloop import UserMessage
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer

@@ -95,18 +95,25 @@ return {'continued', outcome, member}
 STEER_SEND = with_prelude("""
 -- A steer (`Client.steer`): a message for a running run, kept in its state until a step takes it
 -- (the step `steer:<id>` of the loop: RUN_COMMIT deletes it as that step lands).
--- KEYS: 1 state 2 events; ARGV: 1 steer id 2 content 3 now
+-- KEYS: 1 state 2 events; ARGV: 1 steer id 2 content 3 now 4 the run's journal key prefix (its
+--       current segment's journal is <prefix>s<segment>: a steer id taken there is refused)
 -- -> {'sent', seq} | {'refused', status, why} | {'missing'}
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing'} end
 if status ~= 'queued' and status ~= 'running' then return {'refused', status, 'status'} end
 if redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'refused', status, 'cancelled'} end
 if redis.call('HEXISTS', KEYS[1], 'interrupt') == 1 then return {'refused', status, 'interrupted'} end
+local field = 'steer:' .. ARGV[1]
+local segment = redis.call('HGET', KEYS[1], 'segment') or '0'
+if redis.call('HEXISTS', KEYS[1], field) == 1
+    or redis.call('HEXISTS', ARGV[4] .. 's' .. segment, field) == 1 then
+  return {'refused', status, 'duplicate'}
+end
 local seq = redis.call('HINCRBY', KEYS[1], 'steer_seq', 1)
-redis.call('HSET', KEYS[1], 'steer:' .. ARGV[1], cjson.encode({content = ARGV[2], at = tonumber(ARGV[3]),
+redis.call('HSET', KEYS[1], field, cjson.encode({content = ARGV[2], at = tonumber(ARGV[3]),
   seq = seq}))
 redis.call('HINCRBY', KEYS[1], 'steers_waiting', 1)
-emit(KEYS[1], KEYS[2], redis.call('HGET', KEYS[1], 'segment') or '0', 'steer_sent',
+emit(KEYS[1], KEYS[2], segment, 'steer_sent',
   cjson.encode({steer_id = ARGV[1], seq = seq}))
 return {'sent', seq}
 """)
@@ -155,7 +162,7 @@ def parse_follow_up(reply: list[Any]) -> FollowedUp:
 @dataclass(frozen=True, slots=True)
 class Steered:
     """STEER_SEND's reply: `sent` (`seq`: its place among the run's steers), `refused` (`status`,
-    `why`: 'status', 'cancelled', 'interrupted') or `missing`."""
+    `why`: 'status', 'cancelled', 'interrupted', 'duplicate') or `missing`."""
 
     what: Literal["sent", "refused", "missing"]
     seq: int = 0

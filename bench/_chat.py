@@ -1,6 +1,8 @@
-"""A simulator policy for conversations (follow-ups and steers, docs/conversations.md): it answers
-from the last message of each request and keeps every request, so a test counts at the simulator
-which requests carried a message and where.
+"""A simulator policy for conversations (follow-ups and steers, docs/conversations.md), and the
+toolset its runs use (`TOOLS`: `slow`, `ask`): the policy answers from the last message of each
+request and keeps every request, so a test or a benchmark counts at the simulator which requests
+carried a message and where (bench/conversations.py, tests/integration/test_conversations.py,
+tests/faults/test_steer_kill.py).
 
 - a user message `slow <seconds>` (or `slow <seconds> x<k>`): a call to the `slow` tool, k times in
   a row (each tool result is answered with the next call until k calls ran);
@@ -12,10 +14,39 @@ which requests carried a message and where.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
+from pydantic import BaseModel
+
+from toolloop import AbortSignal, ToolOutput, ToolSpec
 from toolloop.contract import AssistantMessage, ChatMessage, TextPart, ToolMessage, UserMessage
 from toolloop.sim import SimRequest, SimTurn
+
+
+class SlowInput(BaseModel):
+    seconds: float
+
+
+class AskInput(BaseModel):
+    question: str
+
+
+async def slow(input: SlowInput, signal: AbortSignal) -> ToolOutput:
+    """Wait `seconds` (less when the step is aborted)."""
+    waiter = asyncio.ensure_future(signal.wait())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=input.seconds)
+    finally:
+        waiter.cancel()
+    return ToolOutput(value=bool(done), content=[TextPart(text="stopped early" if done else "slept")])
+
+
+TOOLS = [
+    ToolSpec(name="slow", description="Wait a while.", schema=SlowInput, run=slow),
+    ToolSpec(name="ask", description="Ask the person.", schema=AskInput, run=lambda _input, _signal: None),
+]
+"""The toolset of the conversation benchmarks' workers (`chat=_chat:TOOLS`, bench/ on PYTHONPATH)."""
 
 
 def text_of(message: ChatMessage) -> str:
