@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench._chat import Chat, between_call_and_result, text_of
 from tests.integration.conftest import Worker
 from tests.integration.runs_kit import eventually, kinds
-from bench._chat import Chat, between_call_and_result, text_of
 from toolloop import UserMessage
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
