@@ -46,22 +46,39 @@ TOOLSETS = {"TOOLLOOP_TOOLSETS": "chat=_chat:TOOLS"}
 SYSTEM = "You are the assistant of a film editing team. Answer briefly and precisely. " * 120
 """~1,900 tokens: past the 1,024-token minimum cacheable prefix, as a real system prompt is."""
 FAST = {
-    "TOOLLOOP_VISIBILITY_TIMEOUT": "4", "TOOLLOOP_RESTORE_INTERVAL": "1", "TOOLLOOP_SWEEP_INTERVAL": "1",
-    "TOOLLOOP_OUTBOX_AGE": "1", "TOOLLOOP_LEASE_MS": "3000", "TOOLLOOP_REDRIVE_AGE": "6",
-}  # fmt: skip
+    "TOOLLOOP_VISIBILITY_TIMEOUT": "4",
+    "TOOLLOOP_RESTORE_INTERVAL": "1",
+    "TOOLLOOP_SWEEP_INTERVAL": "1",
+    "TOOLLOOP_OUTBOX_AGE": "1",
+    "TOOLLOOP_LEASE_MS": "3000",
+    "TOOLLOOP_REDRIVE_AGE": "6",
+}
 """Short delivery timers, so that a killed worker's step comes back within seconds (tests/faults)."""
 
 
 def worker(url: str, sim: SimServer, log: Path, **extra: str) -> Worker:
-    env = env_with(REDIS_URL=url, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
-                   TOOLLOOP_PROMPT_GEN="", **TOOLSETS, **extra)  # fmt: skip
-    return Worker("workers.app", pool="threads", concurrency=8, queues=["llm", "tools", "control"],
-                  env=env, log=log)  # fmt: skip
+    env = env_with(
+        REDIS_URL=url,
+        ANTHROPIC_BASE_URL=sim.base_url,
+        ANTHROPIC_API_KEY="sim-key",
+        TOOLLOOP_PROMPT_GEN="",
+        **TOOLSETS,
+        **extra,
+    )
+    return Worker(
+        "workers.app", pool="threads", concurrency=8, queues=["llm", "tools", "control"], env=env, log=log
+    )
 
 
 def spec(first: str, **fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "provider": "anthropic", "system": SYSTEM, "toolset": "chat",
-            "messages": [{"role": "user", "content": first}], **fields}  # fmt: skip
+    return {
+        "model": MODEL,
+        "provider": "anthropic",
+        "system": SYSTEM,
+        "toolset": "chat",
+        "messages": [{"role": "user", "content": first}],
+        **fields,
+    }
 
 
 def said(k: int) -> str:
@@ -103,10 +120,17 @@ def chat(messages: int, tmp: Path, url: str) -> dict[str, Any]:
             cached += usage.get("cached_tokens", 0)
     wanted = [text for k in range(messages + 1) for text in (said(k), f"echo: {said(k)}")]
     whole = [getattr(m, "content", None) for m in history] == wanted
-    return {"messages": messages + 1, "model_calls": len(events), "prompt_tokens_from_3": prompt,
-            "cached_tokens_from_3": cached, "cached_share_from_3": cached / max(1, prompt),
-            "per_message_share": per_message, "history_whole": whole, "history_messages": len(history),
-            "seconds_per_follow_up": elapsed / messages}  # fmt: skip
+    return {
+        "messages": messages + 1,
+        "model_calls": len(events),
+        "prompt_tokens_from_3": prompt,
+        "cached_tokens_from_3": cached,
+        "cached_share_from_3": cached / max(1, prompt),
+        "per_message_share": per_message,
+        "history_whole": whole,
+        "history_messages": len(history),
+        "seconds_per_follow_up": elapsed / messages,
+    }
 
 
 # -- 2. steers under kills ------------------------------------------------------------------------
@@ -191,9 +215,19 @@ def steers(runs: int, total: int, kill_every: float, tmp: Path, url: str, seed: 
         misplaced += wrong > 0
         once += len(turns) == 1 and copies == 1
         remade += len(first) > 1  # its model call was killed and made again, with a later steer beside
-    return {"runs": runs, "steers_sent": len(sent), "refused_after_end": refused, "kills": pool.kills,
-            "seen_once": once, "remade_with_a_later_steer": remade, "lost": lost, "duplicated": duplicated, "misplaced": misplaced,
-            "runs_done": sum(s.status == "done" for s in ended), "model_requests": len(policy.requests)}  # fmt: skip
+    return {
+        "runs": runs,
+        "steers_sent": len(sent),
+        "refused_after_end": refused,
+        "kills": pool.kills,
+        "seen_once": once,
+        "remade_with_a_later_steer": remade,
+        "lost": lost,
+        "duplicated": duplicated,
+        "misplaced": misplaced,
+        "runs_done": sum(s.status == "done" for s in ended),
+        "model_requests": len(policy.requests),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,24 +251,36 @@ def main(argv: list[str] | None = None) -> int:
             row = results["chat"] = chat(args.messages, tmp, url)
             met = row["cached_share_from_3"] >= 0.9 and row["history_whole"]
             ok &= met
-            print(f"chat session: {row['messages']} messages on one run, {row['model_calls']} model calls, "
-                  f"{row['seconds_per_follow_up']:.2f} s per follow-up")  # fmt: skip
-            print(f"  cached share of prompt tokens from the third message: {row['cached_share_from_3']:.1%} "
-                  f"(target >= 90%: {'met' if row['cached_share_from_3'] >= 0.9 else 'MISSED'})")  # fmt: skip
-            print(f"  history is the whole conversation: {row['history_whole']} "
-                  f"({row['history_messages']} messages; target: True)")  # fmt: skip
+            print(
+                f"chat session: {row['messages']} messages on one run, {row['model_calls']} model calls, "
+                f"{row['seconds_per_follow_up']:.2f} s per follow-up"
+            )
+            print(
+                f"  cached share of prompt tokens from the third message: {row['cached_share_from_3']:.1%} "
+                f"(target >= 90%: {'met' if row['cached_share_from_3'] >= 0.9 else 'MISSED'})"
+            )
+            print(
+                f"  history is the whole conversation: {row['history_whole']} "
+                f"({row['history_messages']} messages; target: True)"
+            )
         if "steers" in which:
             row = results["steers"] = steers(args.runs, args.steers, args.kill_every, tmp, url)
             met = row["seen_once"] == row["steers_sent"] == args.steers and row["lost"] == 0
             ok &= met
-            print(f"steers: {row['steers_sent']} sent to {row['runs']} running runs, {row['kills']} worker "
-                  f"kills, {row['model_requests']} model requests ({row['refused_after_end']} refused: "
-                  "the run had ended)")  # fmt: skip
-            print(f"  seen by exactly one model request: {row['seen_once']} of {row['steers_sent']} "
-                  f"(target {args.steers}); lost {row['lost']} (target 0), duplicated {row['duplicated']}, "
-                  f"between a call and its result {row['misplaced']}: {'met' if met else 'MISSED'}")  # fmt: skip
-            print(f"  (of those, {row['remade_with_a_later_steer']} were in a model call a kill cut short, "
-                  "made again with a later steer beside: the same model step, another request body)")  # fmt: skip
+            print(
+                f"steers: {row['steers_sent']} sent to {row['runs']} running runs, {row['kills']} worker "
+                f"kills, {row['model_requests']} model requests ({row['refused_after_end']} refused: "
+                "the run had ended)"
+            )
+            print(
+                f"  seen by exactly one model request: {row['seen_once']} of {row['steers_sent']} "
+                f"(target {args.steers}); lost {row['lost']} (target 0), duplicated {row['duplicated']}, "
+                f"between a call and its result {row['misplaced']}: {'met' if met else 'MISSED'}"
+            )
+            print(
+                f"  (of those, {row['remade_with_a_later_steer']} were in a model call a kill cut short, "
+                "made again with a later steer beside: the same model step, another request body)"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0 if ok else 1

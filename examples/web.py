@@ -24,12 +24,12 @@ status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}
 /runs/{id}/images/{hash} (an image of the run's conversation, below), POST /runs/{id}/answer, POST
 /runs/{id}/messages (a follow-up: {"content", "add_budget_usd", "add_max_steps"}, `Idempotency-Key`;
 docs/conversations.md), POST /runs/{id}/steer ({"content"}), POST /runs/{id}/interrupt, POST
-/runs/{id}/cancel (409 for a run that has ended, or that takes no follow-up or steer); a `Last-Event-ID` (or `after`) that is not an id of
-the run's stream, or is past its end, is a 400 that says so. It only talks to Redis through
-`workers.async_client.AsyncClient` (redis.asyncio: no route holds a thread, an event stream is an
-`async for`); the workers do the runs. It imports no toolset: a run naming a toolset
-that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the registered names; a
-spec over a limit is a 413 (docs/workers.md, "What is refused"). Without REDIS_URL it uses the
+/runs/{id}/cancel (409 for a run that has ended, or that takes no follow-up or steer); a
+`Last-Event-ID` (or `after`) that is not an id of the run's stream, or is past its end, is a 400
+that says so. It only talks to Redis through `workers.async_client.AsyncClient` (redis.asyncio: no
+route holds a thread, an event stream is an `async for`); the workers do the runs. It imports no
+toolset: a run naming a toolset that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422
+listing the registered names; a spec over a limit is a 413 (docs/workers.md, "What is refused"). Without REDIS_URL it uses the
 embedded server of $TOOLLOOP_HOME or the working directory, started when needed, as the `toolloop`
 command does.
 
