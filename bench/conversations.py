@@ -198,9 +198,9 @@ def steers(runs: int, total: int, kill_every: float, tmp: Path, url: str, seed: 
                     continue
                 sent[text] = run_id
                 time.sleep(rng.expovariate(total / 15.0))  # the steers spread over ~15 s
+            ended = [client.wait(run_id, timeout=600) for run_id in ids]  # kills go on meanwhile
             stop.set()
             killing.join()
-            ended = [client.wait(run_id, timeout=600) for run_id in ids]
             histories = {run_id: client.history(run_id) for run_id in ids}
         finally:
             pool.stop()

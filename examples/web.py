@@ -29,9 +29,9 @@ docs/conversations.md), POST /runs/{id}/steer ({"content"}), POST /runs/{id}/int
 that says so. It only talks to Redis through `workers.async_client.AsyncClient` (redis.asyncio: no
 route holds a thread, an event stream is an `async for`); the workers do the runs. It imports no
 toolset: a run naming a toolset that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422
-listing the registered names; a spec over a limit is a 413 (docs/workers.md, "What is refused"). Without REDIS_URL it uses the
-embedded server of $TOOLLOOP_HOME or the working directory, started when needed, as the `toolloop`
-command does.
+listing the registered names; a spec over a limit is a 413 (docs/workers.md, "What is refused").
+Without REDIS_URL it uses the embedded server of $TOOLLOOP_HOME or the working directory, started
+when needed, as the `toolloop` command does.
 
 Authentication: every request carries `Authorization: Bearer <TOOLLOOP_WEB_TOKEN>`, or the
 `toolloop_token` cookie that a page opened with `?token=<TOOLLOOP_WEB_TOKEN>` sets (a browser's
