@@ -22,13 +22,32 @@ A `done` stop is refused by RUN_COMMIT while a steer waits (the run goes on, tak
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from toolloop.journal.redis import decode_entry
 from toolloop.loop.types import Steer
 from workers.live import LiveLoop
 
 PREFIX = "steer:"
+
+
+class _Step(Protocol):
+    live: LiveLoop | None
+    state: dict[str, str]
+    segment: int
+
+
+def talk_attributes(step: _Step) -> dict[str, Any]:
+    """The segment span's attributes of a conversation (workers/tracing.py): `toolloop.follow_up`
+    when a follow-up began the segment (workers/talk.py), `toolloop.steers` the steers it took."""
+    live = step.live
+    if live is None or not hasattr(step, "state") or not hasattr(live, "journal"):
+        return {}
+    steers = sum(1 for key in live.journal.entries if key.startswith(PREFIX))
+    found: dict[str, Any] = {"toolloop.steers": steers} if steers else {}
+    if step.state.get("follow_up_segment") == str(step.segment):
+        found["toolloop.follow_up"] = True
+    return found
 
 
 class Steering:
