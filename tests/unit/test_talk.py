@@ -50,3 +50,12 @@ def test_the_segment_span_names_a_follow_up_and_its_steers() -> None:
     assert talk_attributes(step) == {"toolloop.steers": 2, "toolloop.follow_up": True}  # type: ignore[arg-type]
     step.segment = 3
     assert talk_attributes(step) == {"toolloop.steers": 2}  # type: ignore[arg-type]
+
+
+def test_toolloop_events_names_follow_ups_and_steers() -> None:
+    from toolloop.cli.render import talk_text
+
+    assert talk_text("follow_up", {"content": "And shot 5?"}) == "follow-up: And shot 5?"
+    assert talk_text("steer_sent", {"steer_id": "s1", "seq": 1}).startswith("steer sent (s1)")
+    taken = talk_text("steer", {"step": 3, "id_": "s1", "content": "Look at the config."})
+    assert taken == "steer taken before model turn 3: Look at the config."
