@@ -59,3 +59,12 @@ def test_toolloop_events_names_follow_ups_and_steers() -> None:
     assert talk_text("steer_sent", {"steer_id": "s1", "seq": 1}).startswith("steer sent (s1)")
     taken = talk_text("steer", {"step": 3, "id_": "s1", "content": "Look at the config."})
     assert taken == "steer taken before model turn 3: Look at the config."
+
+
+def test_a_steer_step_runs_on_llm_and_flower_shows_it_as_steer() -> None:
+    from workers import routing
+    from workers.metrics import kind_of
+
+    assert routing.route(None, "steer:abc") == "llm"
+    assert routing.describe(None, "steer:abc") == "steer"  # the task's kwargsrepr: Flower's row
+    assert kind_of("steer:abc") == "steer"  # the `kind` label of the step metrics
