@@ -29,6 +29,9 @@ from toolloop.loop.types import Steer
 from workers.live import LiveLoop
 
 PREFIX = "steer:"
+SENT = "steer_seq"
+"""The state field counting the steers sent to the run (workers/scripts/talk.py): absent, none was,
+so no journal step of the run is a steer and nothing waits (a run never steered looks no further)."""
 
 
 class _Step(Protocol):
@@ -59,6 +62,12 @@ class Steering:
     async def __call__(self, turn: int, ending: bool) -> list[Steer]:
         journal = self.live.journal
         entries = journal.entries
+        if SENT not in self.live.step.state:  # no steer was ever sent to the run as of this task
+            if ending or f"model:{turn}" in entries:
+                return []
+            await journal.boundary(f"model:{turn}")  # (free: the model step would reach it anyway)
+            if SENT not in self.live.step.state:
+                return []
         stored: list[tuple[int, str, str]] = []
         for key, text in entries.items():
             if key.startswith(PREFIX):
