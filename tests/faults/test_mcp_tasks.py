@@ -1,0 +1,160 @@
+"""MCP Tasks as two-phase tools against the real reference server, with workers SIGKILLed.
+
+The reference server `@modelcontextprotocol/server-everything` (2026.8.31, its MCP TypeScript SDK
+1.32's 2025-11-25 Tasks) over streamable HTTP, a process of its own that outlives the workers; its
+`simulate-research-query` tool is listed `taskSupport: "required"` and runs about 4 s through four
+stages. The server keeps each HTTP session's tasks apart (one task store per session), so a task is
+found again only on the session that started it: the worker journals that session id with the task.
+
+Real supervised workers (faults.workerpool) and the provider simulator over HTTP. Counted at the
+server (`tasks/list` on the journaled session, tests/support/mcp.py `session_tasks`):
+- a worker killed after the task-augmented `tools/call` returned (its task journaled, the start step
+  not committed: `mcp:task`), and again while polling it (`mcp:polled`): the session holds ONE task,
+  completed; the report reaches the model's next request; the record says `completed`.
+- a run cancelled while its task runs: the session's one task is `cancelled` (`tasks/cancel` sent),
+  and the record says so: 0 orphaned tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+
+from faults.workerpool import WorkerPool
+from tests.support.mcp import Scripts, everything_http, session_tasks, tool_results
+from toolloop.embedded import EmbeddedServer
+from toolloop.journal import keys
+from toolloop.sim import SimServer
+from workers.client import Client
+
+pytestmark = pytest.mark.faults
+
+RESEARCH = {"name": "simulate-research-query", "input": {"topic": "durable agents"}}
+SECOND = {"name": "simulate-research-query", "input": {"topic": "journals"}}
+SCRIPTS = {
+    "tasks-killed": [{"text": "Researching.", "tool_calls": [RESEARCH, SECOND]}, {"text": "Done."}],
+    "tasks-cancelled": [{"text": "Researching.", "tool_calls": [RESEARCH]}, {"text": "Done."}],
+}
+
+
+@pytest.fixture(scope="module")
+def policy() -> Scripts:
+    return Scripts(SCRIPTS)
+
+
+@pytest.fixture(scope="module")
+def sim(policy: Scripts) -> Iterator[SimServer]:
+    with SimServer(policy) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with everything_http(tmp_path_factory.mktemp("everything") / "server.log") as url:
+        yield url
+
+
+def _pool(
+    redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, url: str, plan: list[dict[str, Any]]
+) -> WorkerPool:
+    (work_dir / "toolsets.yaml").write_text(yaml.safe_dump({"everything": {"mcp": {"url": url}}}))
+    (work_dir / "plan.json").write_text(json.dumps(plan))
+    env = {
+        "ANTHROPIC_BASE_URL": sim.base_url,
+        "ANTHROPIC_API_KEY": "sk-ant-FAKE-mcp",
+        "TOOLLOOP_PROMPT_GEN": "",
+        "TOOLLOOP_TOOLSETS": "",
+        "TOOLLOOP_TOOLSETS_FILE": str(work_dir / "toolsets.yaml"),
+        "TOOLLOOP_KILL_PLAN": str(work_dir / "plan.json"),
+    }
+    return WorkerPool(redis_server.url, work_dir, env, size=1)
+
+
+def _spec(system: str) -> dict[str, Any]:
+    return {
+        "model": "claude-sonnet-5-5",
+        "provider": "anthropic",
+        "system": system,
+        "toolset": "everything",
+        "messages": [{"role": "user", "content": "Research durable agents."}],
+    }
+
+
+def _records(redis_url: str, run_id: str) -> list[dict[str, Any]]:
+    store = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        return [json.loads(value) for value in store.hgetall(keys.mcp_tasks(run_id)).values()]
+    finally:
+        store.close()
+
+
+def test_a_task_outlives_killed_workers_and_is_started_once_and_its_result_reaches_the_model(
+    redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, policy: Scripts, everything: str
+) -> None:
+    # The calls run in order. The first start is killed once its task is journaled (the redelivered
+    # start finds it; by then the 4 s task may be over); a first poll that sees a task `working` (the
+    # second's, or the first's if the redelivery beat it) is killed, and the poll runs again on the
+    # journaled session from a new worker process.
+    plan = [
+        {"point": "mcp:task", "tool": "simulate-research-query"},
+        {"point": "mcp:polled", "status": "working"},
+    ]
+    client = Client(redis_server.url, toolsets=["everything"])
+    try:
+        with _pool(redis_server, sim, work_dir, everything, plan) as pool:
+            run_id = client.enqueue(_spec("tasks-killed"))
+            status = client.wait(run_id, timeout=120)
+            deaths = list(pool.deaths)
+        assert status.status == "done", status
+        fired = [json.loads(line) for line in (work_dir / "plan.json.log").read_text().splitlines()]
+        assert [entry["point"] for entry in fired] == ["mcp:task", "mcp:polled"] and len(deaths) == 2
+        records = _records(redis_server.url, run_id)
+        assert len(records) == 2 and {record["ended"] for record in records} == {"completed"}
+        assert fired[1]["task"] in {record["task"] for record in records}  # the killed poll's task
+        sessions = {json.dumps(record["where"]) for record in records}  # the second: a new worker's
+        tasks = [task for where in sessions for task in session_tasks(everything, json.loads(where))]
+        started = sorted((task["taskId"], task["status"]) for task in tasks)
+        # each task once, none orphaned:
+        assert started == sorted((record["task"], "completed") for record in records)
+        last = policy.bodies("tasks-killed")[-1]
+        texts = ["".join(part["text"] for part in result["content"]) for result in tool_results(last)]
+        assert [text.splitlines()[0] for text in texts] == [
+            "# Research Report: durable agents",
+            "# Research Report: journals",
+        ]
+        assert not any(result.get("is_error") for result in tool_results(last))
+        assert len([m for m in client.history(run_id) if m.role == "tool"]) == 2
+    finally:
+        client.close()
+
+
+def test_a_cancelled_run_cancels_its_task_at_the_server(
+    redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, everything: str
+) -> None:
+    client = Client(redis_server.url, toolsets=["everything"])
+    try:
+        with _pool(redis_server, sim, work_dir, everything, []):
+            run_id = client.enqueue(_spec("tasks-cancelled"))
+            deadline = time.monotonic() + 60
+            while not _records(redis_server.url, run_id) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # the wait step is polling
+            client.cancel(run_id)
+            status = client.wait(run_id, timeout=60)
+            deadline = time.monotonic() + 10
+            while "ended" not in _records(redis_server.url, run_id)[0] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert status.status == "cancel", status
+        [record] = _records(redis_server.url, run_id)
+        assert record["ended"] == "cancelled"
+        tasks = session_tasks(everything, record["where"])
+        assert [(task["taskId"], task["status"]) for task in tasks] == [(record["task"], "cancelled")]
+    finally:
+        client.close()
