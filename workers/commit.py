@@ -27,6 +27,7 @@ from workers import approvals, names, routing, runlist, wire
 from workers.errors import OOM_HINT, REDIS_LOST
 from workers.leases import Held
 from workers.live import Begun, LiveLoop
+from workers.mcptasks import cancel_open
 from workers.metrics import Metrics
 from workers.process import WorkerProcess
 from workers.redisio import Batch
@@ -121,6 +122,8 @@ class Commits:
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
         state["status"] = result.stopped_by
+        if result.stopped_by == "cancel":  # its MCP tasks not cancelled by their wait (workers/mcptasks.py)
+            await cancel_open(self.process, self.run_id)
         final: dict[str, Any] = {"stopped_by": result.stopped_by, "final_text": result.final_text,
                                  "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
         self.stopped = result.stopped_by

@@ -222,6 +222,39 @@ async def _ended(process: WorkerProcess, run_id: str, start_key: str, how: str) 
     await client.hset(keys.mcp_tasks(run_id), start_key, json.dumps(record, separators=(",", ":")))
 
 
+async def cancel_open(process: WorkerProcess, run_id: str) -> int:
+    """A run stopped by a cancel: `tasks/cancel` for each task it started that has not ended (its
+    start committed, and the cancel came before its wait polled it). Returns how many it sent."""
+    client = process.batch.client
+    stored: dict[str, str] = await client.hgetall(keys.mcp_tasks(run_id))  # type: ignore[assignment]
+    sent = 0
+    for start_key, text in stored.items():
+        record = json.loads(text)
+        if "ended" in record or "task" not in record:
+            continue
+        server = _server(process, str(record["server"]))
+        if server is None:
+            continue
+        where = record.get("where")
+        await _cancel(
+            process, server, (str(where[0]), dict(where[1])) if where else None, str(record["task"])
+        )
+        await _ended(process, run_id, start_key, "cancelled")
+        task_id = record["task"]
+        log.info("run %s stopped by a cancel: MCP task %r of %r cancelled", run_id, task_id, server.label)
+        sent += 1
+    return sent
+
+
+def _server(process: WorkerProcess, label: str) -> McpServer | None:
+    """The registered server labelled `label` ("docs", "docs#2"), if this worker still has it."""
+    try:
+        toolset = process.toolsets.toolset(label.split("#", 1)[0])
+    except (KeyError, ValueError):
+        return None
+    return next((server for server in toolset.servers if server.label == label), None)
+
+
 async def _pause(signal: AbortSignal, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):

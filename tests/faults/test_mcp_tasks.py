@@ -11,8 +11,9 @@ server (`tasks/list` on the journaled session, tests/support/mcp.py `session_tas
 - a worker killed after the task-augmented `tools/call` returned (its task journaled, the start step
   not committed: `mcp:task`), and again while polling it (`mcp:polled`): the session holds ONE task,
   completed; the report reaches the model's next request; the record says `completed`.
-- a run cancelled while its task runs: the session's one task is `cancelled` (`tasks/cancel` sent),
-  and the record says so: 0 orphaned tasks.
+- a run cancelled as soon as its task is journaled (its start or its wait running): the session's
+  one task is `cancelled` (`tasks/cancel` sent by the wait, or by the cancel stop when the wait never
+  ran), and the record says so: 0 orphaned tasks.
 """
 
 from __future__ import annotations
@@ -138,23 +139,26 @@ def test_a_task_outlives_killed_workers_and_is_started_once_and_its_result_reach
 def test_a_cancelled_run_cancels_its_task_at_the_server(
     redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, everything: str
 ) -> None:
+    # Two runs: one cancelled as soon as its task is journaled (the cancel stop sends tasks/cancel:
+    # its wait never polls), one a second later (its wait is polling: the wait sends it).
     client = Client(redis_server.url, toolsets=["everything"])
     try:
         with _pool(redis_server, sim, work_dir, everything, []):
-            run_id = client.enqueue(_spec("tasks-cancelled"))
-            deadline = time.monotonic() + 60
-            while not _records(redis_server.url, run_id) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.5)  # the wait step is polling
-            client.cancel(run_id)
-            status = client.wait(run_id, timeout=60)
-            deadline = time.monotonic() + 10
-            while "ended" not in _records(redis_server.url, run_id)[0] and time.monotonic() < deadline:
-                time.sleep(0.05)
-        assert status.status == "cancel", status
-        [record] = _records(redis_server.url, run_id)
-        assert record["ended"] == "cancelled"
-        tasks = session_tasks(everything, record["where"])
-        assert [(task["taskId"], task["status"]) for task in tasks] == [(record["task"], "cancelled")]
+            runs = []
+            for delay in (0.0, 1.0):
+                run_id = client.enqueue(_spec("tasks-cancelled"))
+                deadline = time.monotonic() + 60
+                while not _records(redis_server.url, run_id) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                time.sleep(delay)
+                client.cancel(run_id)
+                runs.append((run_id, client.wait(run_id, timeout=60)))
+        for run_id, status in runs:
+            assert status.status == "cancel", status
+            [record] = _records(redis_server.url, run_id)
+            assert record["ended"] == "cancelled"
+            tasks = session_tasks(everything, record["where"])
+            assert (record["task"], "cancelled") in [(task["taskId"], task["status"]) for task in tasks]
+            assert {task["status"] for task in tasks} <= {"cancelled", "completed"}  # none left working
     finally:
         client.close()
