@@ -29,7 +29,7 @@ import redis
 import yaml
 
 from faults.workerpool import WorkerPool
-from tests.support.mcp import Scripts, everything_http, session_tasks, tool_results
+from tests.support.mcp import Scripts, everything_command, everything_http, session_tasks, tool_results
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
@@ -42,6 +42,7 @@ SECOND = {"name": "simulate-research-query", "input": {"topic": "journals"}}
 SCRIPTS = {
     "tasks-killed": [{"text": "Researching.", "tool_calls": [RESEARCH, SECOND]}, {"text": "Done."}],
     "tasks-cancelled": [{"text": "Researching.", "tool_calls": [RESEARCH]}, {"text": "Done."}],
+    "tasks-stdio": [{"text": "Researching.", "tool_calls": [RESEARCH]}, {"text": "Done."}],
 }
 
 
@@ -65,7 +66,8 @@ def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _pool(
     redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, url: str, plan: list[dict[str, Any]]
 ) -> WorkerPool:
-    (work_dir / "toolsets.yaml").write_text(yaml.safe_dump({"everything": {"mcp": {"url": url}}}))
+    servers = {"everything": {"mcp": {"url": url}}, "stdio": {"mcp": {"command": everything_command()}}}
+    (work_dir / "toolsets.yaml").write_text(yaml.safe_dump(servers))
     (work_dir / "plan.json").write_text(json.dumps(plan))
     env = {
         "ANTHROPIC_BASE_URL": sim.base_url,
@@ -78,12 +80,12 @@ def _pool(
     return WorkerPool(redis_server.url, work_dir, env, size=1)
 
 
-def _spec(system: str) -> dict[str, Any]:
+def _spec(system: str, toolset: str = "everything") -> dict[str, Any]:
     return {
         "model": "claude-sonnet-5-5",
         "provider": "anthropic",
         "system": system,
-        "toolset": "everything",
+        "toolset": toolset,
         "messages": [{"role": "user", "content": "Research durable agents."}],
     }
 
@@ -160,5 +162,31 @@ def test_a_cancelled_run_cancels_its_task_at_the_server(
             tasks = session_tasks(everything, record["where"])
             assert (record["task"], "cancelled") in [(task["taskId"], task["status"]) for task in tasks]
             assert {task["status"] for task in tasks} <= {"cancelled", "completed"}  # none left working
+    finally:
+        client.close()
+
+
+def test_a_stdio_task_dies_with_its_worker_and_is_not_started_again(
+    redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, policy: Scripts, everything: str
+) -> None:
+    # A stdio server is a child of the worker: the SIGKILL of the worker's process group ends it and
+    # its tasks. The redelivered wait asks the new server for the journaled task id, which it does
+    # not know (-32602): the model reads that the task is gone, and nothing is started again.
+    client = Client(redis_server.url, toolsets=["stdio"])
+    try:
+        plan = [{"point": "mcp:polled", "status": "working"}]
+        with _pool(redis_server, sim, work_dir, everything, plan) as pool:
+            run_id = client.enqueue(_spec("tasks-stdio", "stdio"))
+            status = client.wait(run_id, timeout=90)
+            deaths = list(pool.deaths)
+        assert status.status == "done", status
+        assert len(deaths) == 1
+        [record] = _records(redis_server.url, run_id)
+        assert record["ended"] == "gone" and record["where"] is None
+        [result] = tool_results(policy.bodies("tasks-stdio")[-1])
+        text = "".join(part["text"] for part in result["content"])
+        assert result.get("is_error") is True
+        assert f"task {record['task']!r} of 'stdio' is gone" in text and "not started again" in text
+        assert len([m for m in client.history(run_id) if m.role == "tool"]) == 1
     finally:
         client.close()

@@ -86,6 +86,13 @@ SCRIPTS = {
         },
         {"text": "Survived."},
     ],
+    "research": [
+        {
+            "text": "Researching.",
+            "tool_calls": [{"name": "simulate-research-query", "input": {"topic": "tasks"}}],
+        },
+        {"text": "Researched."},
+    ],
     "approved": [
         {"text": "Removing.", "tool_calls": [{"name": "remove", "input": {"path": "/tmp/old"}}]},
         {"text": "Removed."},
@@ -385,3 +392,24 @@ def test_an_mcp_url_a_run_names_is_refused_at_enqueue_without_a_connection(sim_r
             client.close()
         with pytest.raises(BlockingIOError):
             listener.accept()  # nothing ever connected
+
+
+def test_a_task_tool_over_stdio_is_two_phase_and_its_result_reaches_the_model(
+    sim_redis: EmbeddedServer, mcp_worker: Worker, policy: Scripts
+) -> None:
+    # server-everything's simulate-research-query is listed taskSupport "required": its call is a
+    # task (start: the task-augmented tools/call; wait: tasks/get until completed, then tasks/result)
+    client, run_id = _run(sim_redis, "research", "everything")
+    try:
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", status
+        store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
+        records = [json.loads(value) for value in store.hgetall(keys.mcp_tasks(run_id)).values()]
+        store.close()
+        assert [(r["tool"], r["ended"], r["where"]) for r in records] == [
+            ("simulate-research-query", "completed", None)
+        ]
+        [result] = tool_results(policy.bodies("research")[-1])
+        assert _text(result).startswith("# Research Report: tasks") and not result.get("is_error")
+    finally:
+        client.close()
