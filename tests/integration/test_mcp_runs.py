@@ -36,6 +36,7 @@ from workers.client import Client
 from workers.errors import ToolsetError
 
 GARBLED = Path(__file__).resolve().parents[1] / "support" / "mcp_garbled.py"
+ASKING = Path(__file__).resolve().parents[1] / "support" / "mcp_asking.py"
 TOKEN = f"mcp-token-{uuid.uuid4().hex}"
 AUTH = ("operator", f"pw-{uuid.uuid4().hex[:8]}")
 MODEL = "claude-sonnet-5-5"
@@ -92,6 +93,13 @@ SCRIPTS = {
             "tool_calls": [{"name": "simulate-research-query", "input": {"topic": "tasks"}}],
         },
         {"text": "Researched."},
+    ],
+    "asking": [
+        {
+            "text": "Two tasks.",
+            "tool_calls": [{"name": "confirm", "input": {}}, {"name": "doomed", "input": {}}],
+        },
+        {"text": "Both failed."},
     ],
     "approved": [
         {"text": "Removing.", "tool_calls": [{"name": "remove", "input": {"path": "/tmp/old"}}]},
@@ -155,6 +163,12 @@ def mcp_worker(
         },
         "guarded": {"mcp": {"url": guarded_url, "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"}}},
         "garbled": {"mcp": {"command": [sys.executable, str(GARBLED)], "timeout_s": 2}},
+        "asking": {
+            "mcp": {
+                "command": [sys.executable, str(ASKING)],
+                "env": {"MCP_ASKING_LOG": str(mcp_dir / "asking.jsonl")},
+            }
+        },
         "approving": {
             "mcp": {
                 "command": [*COUNTER, "stdio"],
@@ -411,5 +425,33 @@ def test_a_task_tool_over_stdio_is_two_phase_and_its_result_reaches_the_model(
         ]
         [result] = tool_results(policy.bodies("research")[-1])
         assert _text(result).startswith("# Research Report: tasks") and not result.get("is_error")
+    finally:
+        client.close()
+
+
+def test_a_task_that_asks_for_input_is_cancelled_and_a_failed_task_is_an_error_result(
+    sim_redis: EmbeddedServer, mcp_worker: Worker, policy: Scripts, mcp_dir: Path
+) -> None:
+    # toolloop gives MCP tasks no input (it advertises no elicitation): a task `input_required` is
+    # cancelled at the server and the model reads what it wanted; a `failed` task's result is an error
+    client, run_id = _run(sim_redis, "asking", "asking")
+    try:
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", status
+        asked, failed = tool_results(policy.bodies("asking")[-1])
+        assert asked.get("is_error") is True and failed.get("is_error") is True
+        assert "asked for input (Which account should be charged?)" in _text(asked)
+        assert "so it was cancelled" in _text(asked)
+        assert _text(failed) == "The disk is full."
+        seen = [json.loads(line) for line in (mcp_dir / "asking.jsonl").read_text().splitlines()]
+        assert [entry for entry in seen if entry["method"] in ("tasks/cancel", "tasks/result")] == [
+            {"method": "tasks/cancel", "task": "task-1"},
+            {"method": "tasks/result", "task": "task-2"},
+        ]
+        assert [entry["method"] for entry in seen].count("tools/call") == 2
+        store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
+        ended = sorted(json.loads(v)["ended"] for v in store.hgetall(keys.mcp_tasks(run_id)).values())
+        store.close()
+        assert ended == ["failed", "input_required"]
     finally:
         client.close()
