@@ -120,7 +120,7 @@ async def _wait(
     run_id = key.split("/", 1)[0]
     start_key = key.removesuffix(":wait") + ":start"
     label = f"task {task_id!r} of {server.label!r}"
-    failures = 0
+    failures, first = 0, True
     while True:
         if signal.aborted:
             if signal.reason == "cancel":  # the run was cancelled: so is its task
@@ -151,7 +151,9 @@ async def _wait(
             return error_output(
                 f"The MCP server {server.label!r} answered tasks/get with what is not a Task."
             )
-        failures = 0
+        if failures == 0 and first:
+            log.info("run %s: %s is %s (the first tasks/get of this wait)", run_id, label, task.status)
+        failures, first = 0, False
         process.hooks.point("mcp:polled", run=run_id, key=key, task=task_id, status=task.status)
         if task.status in ("completed", "failed"):
             return await _result(process, server, where, task, run_id, start_key, convert)
