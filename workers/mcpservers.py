@@ -336,7 +336,14 @@ class McpServers:
                 params,
                 {"timeout": server.timeout_s, "headers": {MCP_PROTOCOL_VERSION_HEADER: version}},
             )
-            task = CreatedTask.model_validate(raw).task
+            try:
+                task = CreatedTask.model_validate(raw).task
+            except ValidationError:  # the session is fine (its other tasks too): only this call failed
+                raise McpCallError(
+                    f"The MCP server {server.label!r} answered the task-augmented tools/call {name!r} "
+                    "with what is not a CreateTaskResult.\n"
+                    "  Check that the server implements MCP Tasks (2025-11-25) for this tool."
+                ) from None
             where: Bound | None = None
             if live.session_id is not None:  # kept so another process can reach the same session
                 kept = handshake.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -97,9 +97,13 @@ SCRIPTS = {
     "asking": [
         {
             "text": "Two tasks.",
-            "tool_calls": [{"name": "confirm", "input": {}}, {"name": "doomed", "input": {}}],
+            "tool_calls": [
+                {"name": "confirm", "input": {}},
+                {"name": "doomed", "input": {}},
+                {"name": "ignorant", "input": {}},
+            ],
         },
-        {"text": "Both failed."},
+        {"text": "All three failed."},
     ],
     "approved": [
         {"text": "Removing.", "tool_calls": [{"name": "remove", "input": {"path": "/tmp/old"}}]},
@@ -438,17 +442,21 @@ def test_a_task_that_asks_for_input_is_cancelled_and_a_failed_task_is_an_error_r
     try:
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", status
-        asked, failed = tool_results(policy.bodies("asking")[-1])
+        asked, failed, ignorant = tool_results(policy.bodies("asking")[-1])
         assert asked.get("is_error") is True and failed.get("is_error") is True
         assert "asked for input (Which account should be charged?)" in _text(asked)
         assert "so it was cancelled" in _text(asked)
         assert _text(failed) == "The disk is full."
+        assert ignorant.get("is_error") is True and "not a CreateTaskResult" in _text(ignorant)
         seen = [json.loads(line) for line in (mcp_dir / "asking.jsonl").read_text().splitlines()]
         assert [entry for entry in seen if entry["method"] in ("tasks/cancel", "tasks/result")] == [
             {"method": "tasks/cancel", "task": "task-1"},
             {"method": "tasks/result", "task": "task-2"},
         ]
-        assert [entry["method"] for entry in seen].count("tools/call") == 2
+        methods = [entry["method"] for entry in seen]
+        assert (
+            methods.count("tools/call") == 3 and methods.count("initialize") == 1
+        )  # one connection throughout
         store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
         ended = sorted(json.loads(v)["ended"] for v in store.hgetall(keys.mcp_tasks(run_id)).values())
         store.close()

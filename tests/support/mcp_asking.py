@@ -1,7 +1,8 @@
 """A hand-written stdio MCP server (no SDK) with 2025-11-25 Tasks, for the task states the reference
 server does not reach with toolloop: `confirm` (taskSupport "required") makes a task that is at once
 `input_required` (it wants a person's choice), `doomed` one that is `failed`, its `tasks/result` an
-`isError` result. Every request's method (and task id) is logged as a JSON line to MCP_ASKING_LOG, so
+`isError` result; `ignorant` is listed as a task tool but answers a plain CallToolResult. Every
+request's method (and task id) is logged as a JSON line to MCP_ASKING_LOG, so
 tests/integration/test_mcp_runs.py counts what reached the server."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ TOOLS = [
         "inputSchema": SCHEMA,
         "execution": {"taskSupport": "required"},
     }
-    for name in ("confirm", "doomed")
+    for name in ("confirm", "doomed", "ignorant")
 ]
 NOW = "2026-01-01T00:00:00Z"
 tasks: dict[str, dict[str, Any]] = {}
@@ -53,6 +54,8 @@ def answer(request: dict[str, Any]) -> Any:
         }
     if method == "tools/list":
         return {"tools": TOOLS}
+    if method == "tools/call" and params.get("name") == "ignorant":
+        return {"content": [{"type": "text", "text": "no task here"}]}
     if method == "tools/call" and "task" in params:
         ident = f"task-{len(tasks) + 1}"
         if params["name"] == "confirm":
