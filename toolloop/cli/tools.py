@@ -46,7 +46,11 @@ def cmd_tools(args: argparse.Namespace) -> int:
             continue
         for tool in tools:
             approval = " (needs approval)" if _held(server, tool) else ""
-            print(f"{tool.name:<28} mcp:{server.label:<28} {_first_line(tool.description or '')}{approval}")
+            task = (
+                " (task)" if workers("mcptools").tool_record(tool).get("task_support") == "required" else ""
+            )
+            about = _first_line(tool.description or "")
+            print(f"{tool.name:<28} mcp:{server.label:<28} {about}{task}{approval}")
     return 1 if failed else 0
 
 
