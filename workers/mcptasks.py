@@ -24,7 +24,8 @@ A server tool listed with `execution.taskSupport: "required"` is a two-phase too
 - A task the server no longer knows (`-32602`: expired, or its server restarted: a stdio server dies
   with the worker that started it) is an error result, never a second start.
 
-The record's `ended` field says how each task ended (completed, failed, cancelled, gone, ...).
+The record's `ended` field says how each task ended (completed, failed, cancelled, gone, ...;
+`cancel_failed`: the server did not answer `tasks/cancel`, the task may run until its ttl).
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ async def _wait(
     while True:
         if signal.aborted:
             if signal.reason == "cancel":  # the run was cancelled: so is its task
-                await _cancel(process, server, where, task_id)
-                await _ended(process, run_id, start_key, "cancelled")
+                cancelled = await _cancel(process, server, where, task_id)
+                await _ended(process, run_id, start_key, "cancelled" if cancelled else "cancel_failed")
             signal.throw_if_aborted()
         try:
             task = Task.model_validate(await process.mcp.task_request(server, where, "tasks/get", task_id))
@@ -140,9 +141,12 @@ async def _wait(
                 )
             failures += 1
             if failures >= FAILURES:
-                await _cancel(process, server, where, task_id)
+                cancelled = await _cancel(process, server, where, task_id)
                 await _ended(process, run_id, start_key, "unreachable")
-                return error_output(f"{error}\n  The {label} could not be polled; it was cancelled.")
+                after = "it was cancelled" if cancelled else "tasks/cancel failed too: it may still run"
+                return error_output(
+                    f"{error}\n  The {label} could not be polled {FAILURES} times in a row; {after}."
+                )
             await _pause(signal, 1.0)
             continue
         except ValidationError:
@@ -202,15 +206,19 @@ async def _result(
     return output
 
 
-async def _cancel(process: WorkerProcess, server: McpServer, where: Bound | None, task_id: str) -> None:
-    """`tasks/cancel`, once, best effort (a task already over answers an error: nothing to do)."""
+async def _cancel(process: WorkerProcess, server: McpServer, where: Bound | None, task_id: str) -> bool:
+    """`tasks/cancel`, once, best effort (a task already over answers an error: nothing to do).
+    True when the server answered it."""
     try:
         await process.mcp.task_request(server, where, "tasks/cancel", task_id)
     except McpCallError as error:
         log.warning(
             "tasks/cancel of MCP task %r of %r: %s", task_id, server.label, str(error).splitlines()[0]
         )
-    await process.mcp.release(server, where)
+        return False
+    finally:
+        await process.mcp.release(server, where)
+    return True
 
 
 async def _ended(process: WorkerProcess, run_id: str, start_key: str, how: str) -> None:
@@ -238,12 +246,12 @@ async def cancel_open(process: WorkerProcess, run_id: str) -> int:
         if server is None:
             continue
         where = record.get("where")
-        await _cancel(
-            process, server, (str(where[0]), dict(where[1])) if where else None, str(record["task"])
-        )
-        await _ended(process, run_id, start_key, "cancelled")
-        task_id = record["task"]
-        log.info("run %s stopped by a cancel: MCP task %r of %r cancelled", run_id, task_id, server.label)
+        bound = (str(where[0]), dict(where[1])) if where else None
+        task_id = str(record["task"])
+        cancelled = await _cancel(process, server, bound, task_id)
+        how = "cancelled" if cancelled else "cancel_failed"
+        await _ended(process, run_id, start_key, how)
+        log.info("run %s stopped by a cancel: MCP task %r of %r %s", run_id, task_id, server.label, how)
         sent += 1
     return sent
 
