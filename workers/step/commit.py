@@ -46,6 +46,7 @@ from workers.protocol.spec import RunSpec
 from workers.runs import approvals
 from workers.runs.lifecycle import flush_outbox
 from workers.step import routing
+from workers.step.mcptasks import cancel_open
 
 log = logging.getLogger("toolloop.workers")
 
@@ -124,6 +125,8 @@ class Commits:
             return await self.park_for_approval(result, state, history, steps)
         stopped_by = interrupted_or(result.stopped_by, self.live)
         state |= {"status": stopped_by, "spend_end": self.outside}
+        if result.stopped_by == "cancel":  # a cancel or an interrupt: the MCP tasks its waits left open
+            await cancel_open(self.process, self.run_id)  # (workers/step/mcptasks.py)
         final: dict[str, Any] = {"stopped_by": stopped_by, "final_text": result.final_text,
                                  "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
         self.stopped = stopped_by
