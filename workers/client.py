@@ -31,7 +31,7 @@ from workers import accounts, enqueue, ops, runlist
 from workers.drive import SyncDriver
 from workers.errors import NoRedisError
 from workers.limits import check_answer, check_decision
-from workers.records import DecisionState, RunEventRecord, RunStatus
+from workers.records import DecisionState, RunEventRecord, RunNode, RunStatus
 from workers.settings import Settings
 from workers.spec import RunSpec
 
@@ -171,7 +171,8 @@ class Client:
         yet). The first answer sent to a question wins; later ones are ignored (nothing is sent).
         Pass the `segment` of the status that showed the question to make a late duplicate (sent
         after the run resumed) count as a duplicate rather than as an early answer to the next
-        question. Returns the answer id."""
+        question. A run waiting on its child runs passes the answer to the first of its descendants
+        that asks (docs/children.md). Returns the answer id."""
         check_answer(content, self.settings)
         return self._driver.run(ops.answer(self._sender, run_id, content, segment))
 
@@ -247,9 +248,14 @@ class Client:
 
     def cancel(self, run_id: str) -> None:
         """Stop the run: its live step is aborted where it runs, open calls are answered
-        `Not run: cancel.`, and it ends with status "cancel". Survives worker restarts. A run that has
-        ended already raises `RunStateError`."""
+        `Not run: cancel.`, and it ends with status "cancel". Every run it spawned is cancelled with it
+        (docs/children.md). Survives worker restarts. A run that has ended already raises `RunStateError`."""
         self._driver.run(ops.cancel(self._sender, run_id))
+
+    def tree(self, run_id: str, *, most: int = 1000) -> list[RunNode]:
+        """The run and the child runs it spawned, and theirs, breadth first (each after its parent),
+        at most `most` of them (docs/children.md)."""
+        return self._driver.run(ops.tree(run_id, most))
 
     def retry(self, run_id: str) -> None:
         """Run a failed run again from its journal: finished steps replay, the failed one runs again."""

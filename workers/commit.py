@@ -23,7 +23,7 @@ import redis as redis_lib
 
 from toolloop.journal import keys
 from toolloop.loop.types import AccountLimit, BudgetEvent, LoopEvent, RunToolLoopResult
-from workers import approvals, names, routing, runlist, wire
+from workers import approvals, children, names, routing, runlist, wire
 from workers.errors import OOM_HINT, REDIS_LOST
 from workers.leases import Held
 from workers.live import Begun, LiveLoop
@@ -33,6 +33,7 @@ from workers.redisio import Batch
 from workers.runs import flush_outbox
 from workers.scripts.commit import (
     RUN_COMMIT,
+    Children,
     Commit,
     CommitOutcome,
     Committed,
@@ -206,12 +207,16 @@ class Commits:
         cost = pending[0][2] if pending else 0.0
         committed = int(self.state.get(f"events:{self.segment}", 0))
         successor, go_on = self._go_on(outcome, queue, next_key)
+        part = self._children_part(outcome, next_key, state)
+        if part is not None and part.wait_open is not None:
+            successor, go_on = None, None  # the run may park waiting on its children: nothing runs here
         payload = Commit(
             token=self.token, lease=self.lease, n=self.n, segment=self.segment, run=self.run_id,
             outcome=outcome, now=time.time(), field=field, value=value, queue=queue,
             state=self._state(state), events=self._fresh_events(committed), history=history,
             final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
             streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
+            children=part,
         )  # fmt: skip
         where = self.prefix + (field or "-")
         r = self.run_id
@@ -224,8 +229,13 @@ class Commits:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         self.process.hooks.point("commit:after", run=r, key=where)
-        if self.metrics is not None:
-            self.count_commit(outcome, field, cost, committed, state.get("status"))
+        if self.metrics is not None:  # a spawn wait's cost is its children's, counted as they spent
+            spent_here = (
+                0.0
+                if field.endswith(":wait") and children.is_spawn(routing.tool_of(self.live, field))
+                else cost
+            )
+            self.count_commit(outcome, field, spent_here, committed, state.get("status"))
         live = self.live
         if live is not None:
             live.committed_events()  # before the successor may resume the loop (go_on)
@@ -242,11 +252,57 @@ class Commits:
             self.process.kept.keep(r, live)
             self.kept = True
         await self.publish(reply.member, key=where, phase=outcome, next=next_key)
+        if reply.woke is not None:
+            self._wake_parent(reply.woke)
+        if reply.waiting:
+            return "park"
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
             for command in runlist.expire_commands(r, self.segment, self.settings.retention):
                 self.batch.send(*command)  # retention starts (a lost EXPIRE: `toolloop prune`)
         return outcome
+
+    def _children_part(
+        self, outcome: CommitOutcome, next_key: str | None, state: dict[str, Any]
+    ) -> Children | None:
+        """What child runs add to this commit (workers/children.py): a park on the children of a
+        `spawn` whose wait runs next; a child's end, for its parent; a child's question, for its
+        ancestors."""
+        if outcome == "next":
+            return children.waits_on(self.live, next_key, self.segment)
+        if outcome in ("stop", "fail"):
+            ended = children.ended(self.run_id, self.state, str(state.get("status")), state)
+            if ended is not None and self.metrics is not None:
+                self.metrics.child_ended(str(state.get("status")))
+            return ended
+        if "asked" in state:
+            return children.parked(self.run_id, json.loads(state["asked"]))
+        return None
+
+    def _wake_parent(self, member: str) -> None:
+        """Send the step of the parent this child's end woke (its outbox holds it: a lost send is the
+        sweeper's), with its `task-sent` event."""
+        parent = keys.parent_of(self.run_id)
+        assert parent is not None
+        queue, message = children.wake_message(parent, member)
+        self.batch.send("LPUSH", queue, message.raw)
+        self.process.events(self.task.hostname).send(
+            "task-sent",
+            {
+                "uuid": message.task_id,
+                "root_id": message.task_id,
+                "parent_id": None,
+                "name": names.ADVANCE,
+                "args": message.argsrepr,
+                "kwargs": message.kwargsrepr,
+                "retries": 0,
+                "eta": None,
+                "expires": None,
+                "queue": queue,
+                "exchange": "",
+                "routing_key": queue,
+            },
+        )
 
     def _state(self, state: dict[str, Any]) -> dict[str, str]:
         """The state fields a commit sets, as text (with the segment's trace record: workers/tracing.py)."""
@@ -299,7 +355,8 @@ class Commits:
                     RUN_COMMIT,
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE],
+                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE,
+                     keys.children(r)],
                     [payload.encode()], durable=True,
                 )  # fmt: skip
                 return parse_commit(reply)

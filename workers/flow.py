@@ -29,6 +29,7 @@ from toolloop.providers.common import estimate_input_tokens
 from toolloop.providers.facade import AROUND_ATTEMPT, PromptGen, Send
 from toolloop.providers.http import before_retry, observe_responses, race
 from workers import accounts, ratelimit
+from workers.children import is_spawn
 from workers.process import WorkerProcess
 from workers.spec import RunSpec
 
@@ -151,6 +152,8 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
 
     def wrapped(tool: ToolSpec) -> ToolSpec:
         run, estimate_usd = tool.run, tool.estimate_usd
+        if is_spawn(tool):  # its children reserve from the account themselves, as they spend
+            return tool
         if tool.start is not None and tool.wait is not None:
             return reserved_two_phase(process, account, tool)
         if run is None:

@@ -40,8 +40,9 @@ from workers import accounts, wire
 from workers.approvalscripts import DECIDE_SEND, DECISIONS_MARK, parse_decide_sent
 from workers.errors import LimitError, RunNotFoundError, RunStateError
 from workers.names import ADVANCE, ANSWER, CANCEL, DECIDE
-from workers.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunStatus
-from workers.scripts.control import ANSWER_SEND, RUN_CANCEL, RUN_RETRY, parse_cancel, parse_retry, parse_sent
+from workers.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunNode, RunStatus
+from workers.scripts.children import ASKING, CANCEL_TREE, TREE, parse_asking, parse_cancel_tree, parse_tree
+from workers.scripts.control import ANSWER_SEND, RUN_RETRY, parse_retry, parse_sent
 
 T = TypeVar("T")
 
@@ -103,7 +104,9 @@ Op = Generator[Request, Any, T]
 Stream = Generator[Request | Emit, Any, None]
 
 ANSWER_SCRIPT = Lua.of(ANSWER_SEND)
-CANCEL_SCRIPT = Lua.of(RUN_CANCEL)
+CANCEL_TREE_SCRIPT = Lua.of(CANCEL_TREE)
+TREE_SCRIPT = Lua.of(TREE)
+ASKING_SCRIPT = Lua.of(ASKING)
 RETRY_SCRIPT = Lua.of(RUN_RETRY)
 DECIDE_SEND_SCRIPT = Lua.of(DECIDE_SEND)
 
@@ -286,6 +289,14 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
     args = [run_id, answer_id, pinned, content, time.time(), message, channel, payload]
     where = [keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.LIVE_RUNS, queue]
     sent = parse_sent((yield Eval(ANSWER_SCRIPT, where, args)))
+    if sent.what == "waiting":  # the run waits on its children: the answer goes to the one that asks
+        asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+        if asking is None:
+            raise RunStateError(
+                f"Run {run_id!r} waits on its child runs, and none of them asks a question.\n"
+                f"  `toolloop status {run_id}` shows its children; answer when one asks."
+            )
+        return (yield from answer(sender, asking, content, None))
     if sent.what == "missing":
         raise RunNotFoundError(run_id)
     if sent.what == "ended":
@@ -466,15 +477,31 @@ def decision_states(
 
 
 def cancel(sender: Sender, run_id: str) -> Op[None]:
-    found = parse_cancel((yield Eval(CANCEL_SCRIPT, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id])))
+    """Cancel the run and every run it spawned (CANCEL_TREE: one atomic walk of its tree); a
+    `toolloop.cancel` task finishes the cancel of the run and of each parked descendant."""
+    where, args = [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id, keys.PREFIX]
+    found = parse_cancel_tree((yield Eval(CANCEL_TREE_SCRIPT, where, args)))
     if found is None:
         raise RunNotFoundError(run_id)
-    if found in FINAL:
+    status, marked = found
+    if status in FINAL:
         raise RunStateError(
-            f"Run {run_id!r} has ended ({found}); there is nothing to cancel.\n"
+            f"Run {run_id!r} has ended ({status}); there is nothing to cancel.\n"
             "  `toolloop status` shows how it ended."
         )
-    yield Batch(sender.commands(CANCEL, [run_id], f"{run_id}:cancel", "control"))
+    commands = []
+    for one, was in marked:
+        if one == run_id or was == "asked":
+            commands += sender.commands(CANCEL, [one], f"{one}:cancel", "control")
+    yield Batch(commands)
+
+
+def tree(run_id: str, most: int) -> Op[list[RunNode]]:
+    """The run and the runs it spawned, breadth first (TREE), at most `most` of them."""
+    nodes = parse_tree((yield Eval(TREE_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX, most])))
+    if not nodes:
+        raise RunNotFoundError(run_id)
+    return nodes
 
 
 def retry(sender: Sender, run_id: str) -> Op[None]:
@@ -536,6 +563,9 @@ def status_of(run_id: str, state: dict[str, str]) -> RunStatus:
         cancel_requested=state.get("cancel") == "1",
         created_at=float(state["created"]) if "created" in state else None,
         updated_at=float(state["touched"]) if "touched" in state else None,
+        parent=state.get("parent") or None,
+        depth=int(state.get("depth", 0)),
+        children=int(state.get("children", 0)),
     )
 
 

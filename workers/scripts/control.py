@@ -17,7 +17,8 @@ ANSWER_SEND = with_prelude("""
 -- KEYS: 1 state 2 answers 3 inbox 4 live-runs index 5 the control queue's list
 -- ARGV: 1 run id 2 answer id 3 segment ('' = the run's current one) 4 content 5 now 6 message
 --       7 task-sent channel 8 task-sent payload
--- -> {'sent', segment} | {'ignored', why} | {'ended', status} | {'late', status} | {'missing'}
+-- -> {'sent', segment} | {'ignored', why} | {'ended', status} | {'late', status} | {'waiting'}
+--    | {'missing'}
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing'} end
 local current = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
@@ -30,6 +31,7 @@ if status == 'expired' or (pinned and expired == pinned)
     or (status == 'asked' and deadline and now >= deadline) then
   return {'late', status}
 end
+if status == 'waiting' then return {'waiting'} end  -- on its children: the client asks the one that asks
 if pinned and pinned ~= current then return {'ignored', 'that question was already answered'} end
 if redis.call('HSETNX', KEYS[2], 's' .. current, ARGV[4]) == 0 then
   return {'ignored', 'that question was already answered'}
@@ -115,9 +117,10 @@ return 0
 class Sent:
     """ANSWER_SEND's reply: `sent` (claimed for `segment`, its message sent), `ignored` (`why`: the
     question has its answer already), `ended` or `late` (`status`: the run ended, or the question
-    passed its deadline), or `missing` (no such run). Nothing is stored unless `sent`."""
+    passed its deadline), `waiting` (the run waits on its child runs: the question is a child's), or
+    `missing` (no such run). Nothing is stored unless `sent`."""
 
-    what: Literal["sent", "ignored", "ended", "late", "missing"]
+    what: Literal["sent", "ignored", "ended", "late", "waiting", "missing"]
     detail: str = ""
 
 
@@ -125,7 +128,7 @@ def parse_sent(reply: list[Any]) -> Sent:
     """ANSWER_SEND's reply, parsed once."""
     what = str(reply[0])
     detail = str(reply[1]) if len(reply) > 1 else ""
-    if what in ("sent", "ignored", "ended", "late"):
+    if what in ("sent", "ignored", "ended", "late", "waiting"):
         return Sent(what, detail)  # type: ignore[arg-type]
     return Sent("missing")
 

@@ -1,0 +1,405 @@
+"""Child runs (SPEC 6.2, docs/children.md): the built-in two-phase tool `spawn`.
+
+A toolset that wants it lists `spawn_tool()` among its tools (the operator registers toolsets,
+workers/toolsets.py; a run never names code). In a durable worker its two phases are bound to the
+run (`bind`):
+
+- `start` stores the call's children and queues their first steps in one script (SPAWN,
+  workers/scripts/children.py). A child's id is `<parent id>.<digest of the call>-<i>`: a re-run of
+  the spawning step (a redelivery after a crash) finds the call's children stored and starts none.
+  A child's id begins with its parent's, so it lands on its parent's shard (workers/shards.py) and
+  its keys on its root's slot (toolloop/journal/keys.py). Each child holds a budget carved from
+  what the parent has left (its own `budget_usd`, or an even share of what is left, one share kept
+  for the parent); SPAWN refuses children that ask for more, and a parent being cancelled. A child
+  inherits the parent's spec (model, toolset, account, limits) but its messages, budget and, when
+  given, its system text and step limit; it is one level deeper (`max_depth` bounds the tree).
+- After `start` commits, the run does not send its wait step: RUN_COMMIT parks it `waiting` while
+  the call has children open, with no lease and no worker. The last child's end (RUN_COMMIT of its
+  stop, `child_ended`) records it in the parent, adds its spend in micro-dollars (integers, so the
+  rollup has no float drift) and queues the parent again, once: only a `waiting` parent moves.
+- `wait` then reads how each child ended: the model gets each child's status, spend and final text;
+  the step's cost is the children's spend, so the parent's spend includes its children's exactly
+  and what a child did not spend is the parent's again. A cancelled parent still runs this step
+  (it is not armed for the cancel: it only reads), so its children's spend is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from pydantic import BaseModel, Field
+
+from toolloop.abort import AbortSignal
+from toolloop.contract import CHAT_MESSAGES, TextPart, UserMessage
+from toolloop.journal import idempotency_key, keys
+from toolloop.loop.types import Started, ToolOutput, ToolSpec
+from workers import names, routing, wire
+from workers.live import LiveLoop
+from workers.process import WorkerProcess
+from workers.scripts.children import SPAWN, parse_spawn
+from workers.scripts.commit import Children
+from workers.spec import RunSpec
+
+SPAWN_NAME = "spawn"
+MICROS = 1_000_000
+FINAL_TEXT_CHARS = 4000
+"""How much of a child's final text its parent's model reads (and its record holds)."""
+
+DESCRIPTION = (
+    "Start child runs that work in parallel, each on its own task, and wait until every one has "
+    "finished; you get each child's status, spend and final answer. Give each child a self-contained "
+    "prompt. A child's budget comes out of yours: set budget_usd per child, or leave it out for an "
+    "even share of what you have left. Put every child you want to run at once in ONE call."
+)
+
+
+class ChildTask(BaseModel):
+    """One child of a `spawn` call."""
+
+    prompt: str = Field(min_length=1, max_length=100_000, description="The child's task, self-contained.")
+    budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="Its budget.")
+    system: str | None = Field(default=None, max_length=100_000, description="Its system text.")
+    max_steps: int | None = Field(default=None, ge=1, le=1000, description="Its step limit.")
+
+
+class SpawnInput(BaseModel):
+    children: list[ChildTask] = Field(min_length=1, max_length=100)
+
+
+@dataclass(frozen=True)
+class SpawnOptions:
+    """What the operator's `spawn_tool(...)` chose: the deepest level a child may be at, and the most
+    children one call may start."""
+
+    max_depth: int = 3
+    max_children: int = 20
+
+
+async def _unbound_start(checked: SpawnInput, signal: AbortSignal) -> Started:
+    return Started(started={"refused": "spawn starts child runs of a durable run; this run is not one."})
+
+
+async def _unbound_wait(handle: Any, signal: AbortSignal) -> ToolOutput:
+    return _refused(str((handle or {}).get("refused") or "spawn started nothing."))
+
+
+def spawn_tool(
+    *, max_depth: int = 3, max_children: int = 20, description: str = DESCRIPTION, queue: str | None = None
+) -> ToolSpec:
+    """The `spawn` tool, for a toolset's list (`TOOLS = [*MY_TOOLS, spawn_tool()]`). `max_depth`: how
+    deep a tree may grow (a root is depth 0; its children 1, ...); `max_children`: the most children
+    one call may start. Outside a durable worker it answers that it starts nothing."""
+    if not 1 <= max_depth <= 10 or not 1 <= max_children <= 100:
+        raise ValueError(
+            f"spawn_tool(max_depth={max_depth!r}, max_children={max_children!r}) is out of range.\n"
+            "  Use a max_depth from 1 to 10 and a max_children from 1 to 100."
+        )
+
+    async def start(checked: SpawnInput, signal: AbortSignal) -> Started:
+        return await _unbound_start(checked, signal)
+
+    start.__dict__["toolloop_spawn"] = SpawnOptions(max_depth, max_children)
+    return ToolSpec(
+        name=SPAWN_NAME,
+        description=description,
+        schema=SpawnInput,
+        start=start,
+        wait=_unbound_wait,
+        queue=queue,
+    )
+
+
+def options_of(tool: ToolSpec) -> SpawnOptions | None:
+    """The spawn options of a `spawn_tool()` (None for any other tool)."""
+    found = getattr(tool.start, "toolloop_spawn", None)
+    return found if isinstance(found, SpawnOptions) else None
+
+
+def is_spawn(tool: ToolSpec | None) -> bool:
+    return tool is not None and options_of(tool) is not None
+
+
+class _Step(Protocol):
+    """What `spawn` reads of the step running it (workers/advance.py's)."""
+
+    state: dict[str, str]
+    task: Any
+
+    def totals(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Spawner:
+    """A run's `spawn`, bound to its process, run and spec; `live` is set once the run's loop exists."""
+
+    process: WorkerProcess
+    run_id: str
+    spec: RunSpec
+    live: LiveLoop | None = None
+
+    def bind(self, tools: list[ToolSpec]) -> list[ToolSpec]:
+        """`tools` with each `spawn_tool()` bound to this run."""
+        bound = []
+        for tool in tools:
+            options = options_of(tool)
+            if options is None:
+                bound.append(tool)
+                continue
+            start, wait = self._start(options), self._wait
+            start.__dict__["toolloop_spawn"] = options
+            bound.append(tool.model_copy(update={"start": start, "wait": wait}))
+        return bound
+
+    def _start(self, options: SpawnOptions) -> Any:
+        async def start(checked: SpawnInput, signal: AbortSignal) -> Started:
+            return await self.start(options, checked)
+
+        return start
+
+    @property
+    def step(self) -> _Step:
+        assert self.live is not None
+        return cast(_Step, self.live.step)
+
+    async def start(self, options: SpawnOptions, checked: SpawnInput) -> Started:
+        call = _call_of(self.run_id, idempotency_key())
+        state = self.step.state
+        depth = int(state.get("depth", 0)) + 1
+        if depth > options.max_depth:
+            return _refusal(
+                f"This run is at depth {depth - 1}, the deepest that may spawn children is "
+                f"{options.max_depth - 1}. Do the work yourself."
+            )
+        if len(checked.children) > options.max_children:
+            return _refusal(
+                f"{len(checked.children)} children asked for; one call starts at most "
+                f"{options.max_children}. Ask for fewer."
+            )
+        budget = round(self.spec.budget_usd * MICROS)
+        spent = round(float(self.step.totals()["spent_usd"]) * MICROS)
+        slices = _slices([c.budget_usd for c in checked.children], budget - spent)
+        if slices is None or min(slices) <= 0:
+            return _refusal(
+                f"Your budget has ${max(0, budget - spent) / MICROS:.4f} left; the children ask for "
+                "more. Give them smaller budgets, or fewer children."
+            )
+        digest = hashlib.sha256(call.encode()).hexdigest()[:8]
+        ids = [f"{self.run_id}{keys.CHILD_SEP}{digest}-{i}" for i in range(len(checked.children))]
+        now = time.time()
+        script_keys = [
+            keys.state(self.run_id),
+            keys.children(self.run_id),
+            keys.events(self.run_id),
+            keys.LIVE_RUNS,
+            keys.ALL_RUNS,
+            names.LLM,
+        ]
+        args: list[Any] = [now, call, self.run_id, budget, spent, now + self.process.settings.redrive_age]
+        for child_id, task, micros in zip(ids, checked.children, slices, strict=True):
+            child = self._child_spec(task, micros)
+            message = wire.task_message(
+                names.ADVANCE, [child_id, 1], names.step_id(child_id, 1), names.LLM, "model 1"
+            )
+            queued = {
+                "model": child.model,
+                "toolset": child.toolset,
+                "budget_usd": child.budget_usd,
+                "parent": self.run_id,
+                "depth": depth,
+            }
+            script_keys += [
+                keys.spec(child_id),
+                keys.state(child_id),
+                keys.inputs(child_id),
+                keys.events(child_id),
+                keys.outbox(child_id),
+            ]
+            args += [
+                child_id,
+                child.model_dump_json(),
+                CHAT_MESSAGES.dump_json(child.messages).decode(),
+                json.dumps(queued),
+                micros,
+                message.raw,
+            ]
+        spawned = parse_spawn(await self.process.batch.script(SPAWN, script_keys, args))
+        self.process.hooks.point("spawn:after", run=self.run_id, key=call)
+        if spawned.what == "over":
+            return _refusal(
+                f"Your budget has ${spawned.remaining_micros / MICROS:.4f} left; the children ask "
+                "for more. Give them smaller budgets, or fewer children."
+            )
+        if spawned.what in ("ended", "cancelled"):
+            return _refusal(f"Not run: the run is {'cancelled' if spawned.what == 'cancelled' else 'ended'}.")
+        if spawned.what == "started" and self.process.metrics is not None:
+            self.process.metrics.children_started(len(spawned.ids))
+        self._sent_events(spawned.ids)
+        rows = [
+            f"child {child_id}: ${micros / MICROS:.4f}"
+            for child_id, micros in zip(spawned.ids, slices, strict=False)
+        ]
+        return Started(started={"call": call, "children": spawned.ids}, rows=rows)
+
+    def _child_spec(self, task: ChildTask, micros: int) -> RunSpec:
+        update: dict[str, Any] = {
+            "messages": [UserMessage(content=task.prompt)],
+            "budget_usd": micros / MICROS,
+        }
+        if task.system is not None:
+            update["system"] = task.system
+        if task.max_steps is not None:
+            update["max_steps"] = task.max_steps
+        return self.spec.model_copy(update=update)
+
+    def _sent_events(self, ids: list[str]) -> None:
+        """The children's first steps' `task-sent` events (Flower shows each child from its queue)."""
+        hostname = str(getattr(self.step.task, "hostname", "") or "")
+        if not hostname:
+            return
+        events = self.process.events(hostname)
+        for child_id in ids:
+            task_id = names.step_id(child_id, 1)
+            events.send(
+                "task-sent",
+                {
+                    "uuid": task_id,
+                    "root_id": task_id,
+                    "parent_id": None,
+                    "name": names.ADVANCE,
+                    "args": repr([child_id, 1]),
+                    "kwargs": "'model 1'",
+                    "retries": 0,
+                    "eta": None,
+                    "expires": None,
+                    "queue": names.LLM,
+                    "exchange": "",
+                    "routing_key": names.LLM,
+                },
+            )
+
+    async def _wait(self, handle: Any, signal: AbortSignal) -> ToolOutput:
+        if not isinstance(handle, dict) or "children" not in handle:
+            return _refused(
+                str((handle or {}).get("refused") if isinstance(handle, dict) else "")
+                or "spawn started nothing."
+            )
+        ids = [str(one) for one in handle["children"]]
+        records: list[Any] = []
+        for _ in range(50):  # woken by the last child's end: every record is there (a short grace else)
+            records = await self.process.batch.call("HMGET", keys.children(self.run_id), *ids)
+            if all(records):
+                break
+            await asyncio.sleep(0.1)
+        ended = [
+            json.loads(r) if r else {"child": i, "status": "running"}
+            for i, r in zip(ids, records, strict=True)
+        ]
+        micros = sum(int(e.get("spent_micros") or 0) for e in ended)
+        return ToolOutput(value=ended, content=[TextPart(text=_summary(ended))], cost_usd=micros / MICROS)
+
+
+def _call_of(run_id: str, scope: str | None) -> str:
+    """The spawning step of a start's journal scope ("<run>/<segment>/tool:<call id>:start"), as
+    "<segment>/<call id>"."""
+    if not scope or not scope.startswith(f"{run_id}/"):
+        raise RuntimeError(
+            "spawn's start ran outside its journal step.\n  Run it as a tool of a durable run."
+        )
+    segment, _, key = scope[len(run_id) + 1 :].partition("/")
+    return f"{segment}/{key.removeprefix('tool:').removesuffix(':start')}"
+
+
+def _slices(asked: list[float | None], remaining: int) -> list[int] | None:
+    """Each child's budget in micro-dollars: its own, or an even share of what is left once the given
+    ones are taken (one share kept for the parent). None when the given ones exceed `remaining`."""
+    given = [round(usd * MICROS) for usd in asked if usd is not None]
+    if sum(given) > remaining:
+        return None
+    unset = sum(1 for usd in asked if usd is None)
+    share = (remaining - sum(given)) // (unset + 1) if unset else 0
+    return [round(usd * MICROS) if usd is not None else share for usd in asked]
+
+
+def _refusal(text: str) -> Started:
+    return Started(started={"refused": text})
+
+
+def _refused(text: str) -> ToolOutput:
+    return ToolOutput(content=[TextPart(text=text)], is_error=True)
+
+
+def _summary(ended: list[dict[str, Any]]) -> str:
+    lines = [f"{len(ended)} child run{'s' if len(ended) != 1 else ''} finished:"]
+    for e in ended:
+        head = f"- {e.get('child')}: {e.get('status')}, ${float(e.get('spent_usd') or 0):.4f}"
+        body = e.get("final_text") or e.get("error") or ""
+        lines.append(f"{head}\n{body}" if body else head)
+    return "\n".join(lines)
+
+
+# -- what a commit adds (workers/commit.py) ---------------------------------------------------------
+
+
+def waits_on(live: LiveLoop | None, next_key: str | None, segment: int) -> Children | None:
+    """A 'next' commit whose next step is a `spawn` wait: the children field RUN_COMMIT checks."""
+    if not next_key or not next_key.endswith(":wait") or not is_spawn(routing.tool_of(live, next_key)):
+        return None
+    call_id = next_key.removeprefix("tool:").removesuffix(":wait")
+    call = f"{keys.segment_name(segment)}/{call_id}"
+    return Children(wait_open=f"open:{call}", waiting=json.dumps({"call": call}))
+
+
+def ended(run_id: str, state: dict[str, str], status: str, fields: dict[str, Any]) -> Children | None:
+    """A child's stop or failure: its parent's keys and the child's record (None for a root)."""
+    parent = keys.parent_of(run_id)
+    call = state.get("call")
+    if parent is None or not call:
+        return None
+    spent = float(fields.get("spent_usd", state.get("spent_usd", 0)) or 0)
+    micros = round(spent * MICROS)
+    record = {
+        "child": run_id,
+        "status": status,
+        "spent_usd": micros / MICROS,
+        "spent_micros": str(micros),
+        "final_text": str(fields.get("final_text") or "")[:FINAL_TEXT_CHARS],
+    }
+    if fields.get("error_message"):
+        record["error"] = f"{fields.get('error_class')}: {fields['error_message']}"[:FINAL_TEXT_CHARS]
+    return Children(
+        parent={
+            "state": keys.state(parent),
+            "children": keys.children(parent),
+            "events": keys.events(parent),
+            "outbox": keys.outbox(parent),
+            "open": f"open:{call}",
+            "record": json.dumps(record),
+            "micros": str(micros),
+        }
+    )
+
+
+def parked(run_id: str, asked: Any) -> Children | None:
+    """A child's park on a question: each ancestor's state and events keys, and the event's data."""
+    ancestors = []
+    parent = keys.parent_of(run_id)
+    while parent is not None:
+        ancestors.append([keys.state(parent), keys.events(parent)])
+        parent = keys.parent_of(parent)
+    if not ancestors:
+        return None
+    return Children(ancestors=ancestors, parked_child=json.dumps({"child": run_id, "asked": asked}))
+
+
+def wake_message(parent: str, member: str, traceparent: str | None = None) -> tuple[str, wire.Delivery]:
+    """The queue and task message of a parent woken by its last child (outbox member "<n>|<queue>")."""
+    n, queue = names.parse_member(member)
+    message = wire.task_message(
+        names.ADVANCE, [parent, n], names.step_id(parent, n), queue, "tool spawn", traceparent=traceparent
+    )
+    return queue, message
