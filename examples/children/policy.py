@@ -7,7 +7,8 @@ to child runs over `spawn`, read from each run's first user message.
     "Review the cut."             a leaf: answer at once
     "ask ..."                     a leaf that asks the person first, then answers "You said: ..."
     "spin ..."                    a leaf that calls `note` turn after turn (until its budget stops it)
-    "slow=0.5 ..."                every answer of this run takes 0.5 s longer
+    "slow=0.5 ..."                every answer of a leaf takes 0.5 s longer
+    "budget=0.02 ..."             each child spawned asks for a budget of $0.02 (else an even share)
 
 It answers from the request alone (the history), so a replayed or retried request gets the same turn.
 """
@@ -21,6 +22,7 @@ from toolloop.sim.script import SimRequest, SimToolCall, SimTurn
 
 _FAN = re.compile(r"\bfan=([\d,]+)\s*")
 _SLOW = re.compile(r"\bslow=([\d.]+)")
+_BUDGET = re.compile(r"\bbudget=([\d.]+)\s*")
 
 
 def _text(content: object) -> str:
@@ -37,15 +39,16 @@ def tree_policy(request: SimRequest) -> SimTurn:
     fan = _FAN.search(prompt)
     if fan is not None:
         if isinstance(last, ToolMessage):
-            return SimTurn(text=f"Collected: {_text(last.content).splitlines()[0]}", latency_s=slow)
+            return SimTurn(text=f"Collected: {_text(last.content).splitlines()[0]}")
         counts = [int(n) for n in fan.group(1).split(",") if n]
         rest = ",".join(str(n) for n in counts[1:])
-        task = _FAN.sub("", prompt)
+        task = _BUDGET.sub("", _FAN.sub("", prompt))
         child = f"fan={rest} {task}" if rest else task
-        children = [{"prompt": f"{child} (part {i + 1})"} for i in range(counts[0])]
+        children: list[dict[str, object]] = [{"prompt": f"{child} (part {i + 1})"} for i in range(counts[0])]
+        if (budget := _BUDGET.search(prompt)) is not None:
+            children = [{**one, "budget_usd": float(budget.group(1))} for one in children]
         return SimTurn(
             text=f"Splitting into {counts[0]}.",
-            latency_s=slow,
             tool_calls=[SimToolCall(name="spawn", input={"children": children})],
         )
     turns = sum(isinstance(m, AssistantMessage) for m in request.messages)

@@ -1,0 +1,189 @@
+"""Child runs (SPEC 6.2, docs/children.md): a run's `spawn` starts child runs, waits for them with no
+worker held, and rolls their spend up exactly; a cancel reaches the whole tree; a child's question is
+answered through its root. Real parts: a private Redis, a real worker process, the provider simulator
+over HTTP playing examples/children/policy.py, the toolset of examples/children/tools.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from examples.children.policy import tree_policy
+from tests.integration.conftest import Worker, own_redis, sim_env, start_worker
+from tests.integration.runs_kit import eventually
+from toolloop.embedded import EmbeddedServer
+from toolloop.journal import keys
+from toolloop.sim import SimServer
+from workers.client import Client
+from workers.records import FINAL, RunNode
+from workers.scripts.children import RUN_KEY
+
+TOOLSETS = "tree=examples.children.tools:TOOLS"
+
+
+@pytest.fixture(scope="module")
+def tree_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    yield from own_redis(tmp_path_factory, "tree-redis")
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimServer]:
+    with SimServer(tree_policy) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tree_worker(
+    tree_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    directory = tmp_path_factory.mktemp("tree-worker")
+    process = start_worker(tree_redis.url, directory, sim_env(sim, None, TOOLLOOP_TOOLSETS=TOOLSETS))
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(tree_redis: EmbeddedServer, tree_worker: Worker) -> Iterator[Client]:
+    made = Client(tree_redis.url, toolsets=["tree"])
+    yield made
+    made.close()
+
+
+def spec(prompt: str, **fields: object) -> dict[str, object]:
+    return {
+        "model": "claude-sonnet-5-5",
+        "provider": "anthropic",
+        "toolset": "tree",
+        "messages": [{"role": "user", "content": prompt}],
+        **fields,
+    }
+
+
+def own_cost(client: Client, run_id: str) -> float:
+    """What the run's own model calls cost (its `model` events)."""
+    return sum(float(e.data["cost_usd"]) for e in client.events(run_id) if e.kind == "model")
+
+
+def ended_tree(client: Client, run_id: str) -> list[RunNode] | None:
+    """The run's tree once every run of it has ended, else None."""
+    nodes = client.tree(run_id)
+    return nodes if all(node.status in FINAL for node in nodes) else None
+
+
+def children_of(nodes: list[RunNode], run_id: str) -> list[RunNode]:
+    return [node for node in nodes if node.parent == run_id]
+
+
+def test_a_parent_spawns_children_that_finish_and_its_spend_is_theirs_and_its_own(client: Client) -> None:
+    root = client.enqueue(spec("fan=3,2 Review the cut."))
+    status = client.wait(root, timeout=60)
+    assert status.status == "done", status
+    assert status.final_text == "Collected: 3 child runs finished:"
+    nodes = client.tree(root)
+    assert len(nodes) == 1 + 3 + 6 and all(node.status == "done" for node in nodes)
+    for node in nodes:  # each run's spend: its own calls and its children's, to the micro-dollar
+        below = sum(child.spent_usd for child in children_of(nodes, node.run_id))
+        assert node.spent_usd == pytest.approx(own_cost(client, node.run_id) + below, abs=1e-6)
+        assert round(node.spent_usd, 2) == round(own_cost(client, node.run_id) + below, 2)
+    first = children_of(nodes, root)[0]
+    assert first.run_id.startswith(f"{root}.") and first.budget_usd is not None  # a slice of the root's $1
+    assert client.status(first.run_id).parent == root and client.status(first.run_id).depth == 1
+    kinds = [e.kind for e in client.events(root)]
+    assert kinds == [
+        "queued",
+        "model",
+        *["child_started"] * 3,
+        "waiting",
+        *["child_finished"] * 3,
+        "woken",
+        "tool",
+        "model",
+        "finished",
+    ]
+    started = [e for e in client.events(root) if e.kind == "child_started"]
+    assert [e.data["child"] for e in started] == [n.run_id for n in children_of(nodes, root)]
+    spawn_result = next(m for m in client.history(root) if m.role == "tool")
+    assert "3 child runs finished" in str(spawn_result.content)
+
+
+def test_a_waiting_parent_holds_no_worker_and_no_lease(client: Client) -> None:
+    root = client.enqueue(spec("fan=2 slow=1.5 Review."))
+    eventually(lambda: client.status(root).status == "waiting", timeout=20)
+    assert client.redis.exists(keys.lease(root)) == 0
+    assert client.redis.zcard(keys.outbox(root)) == 0  # no step of it queued: only its last child wakes it
+    assert client.wait(root, timeout=30).status == "done"
+    assert [e.kind for e in client.events(root)].count("woken") == 1  # woken once, by the last child
+
+
+def test_cancel_of_the_root_reaches_every_descendant(client: Client) -> None:
+    root = client.enqueue(spec("fan=2,2 slow=5 Review."))
+    eventually(
+        lambda: (
+            len(client.tree(root)) == 7
+            and all(n.status == "running" for n in client.tree(root) if n.run_id.count(".") == 2)
+        ),
+        timeout=30,
+    )
+    asked = time.monotonic()
+    client.cancel(root)
+    nodes = eventually(lambda: ended_tree(client, root), timeout=10)
+    took = time.monotonic() - asked
+    assert [n.status for n in nodes] == ["cancel"] * 7, nodes
+    print(f"cancel reached the 7 runs of the tree in {took:.3f} s")
+    assert took < 3.0, took  # the bench (bench/children.py) measures it: under 1 s on a quiet machine
+    with pytest.raises(Exception, match="has ended"):
+        client.cancel(children_of(nodes, root)[0].run_id)
+
+
+def test_a_childs_question_is_answered_through_the_root(client: Client) -> None:
+    root = client.enqueue(spec("fan=2 ask Review."))
+    eventually(lambda: sum(n.asked is not None for n in client.tree(root)) == 2, timeout=30)
+    asked = [e for e in client.events(root) if e.kind == "child_asked"]
+    assert len(asked) == 2 and asked[0].data["asked"]["question"].startswith("Which take")
+    assert client.status(root).status == "waiting"
+    client.answer(root, "Take 2")  # to the first child that asks
+    eventually(lambda: sum(n.asked is not None for n in client.tree(root)) == 1, timeout=20)
+    client.answer(root, "Take 3")  # to the other one
+    assert client.wait(root, timeout=30).status == "done"
+    finals = sorted(n.final_text or "" for n in children_of(client.tree(root), root))
+    assert finals == ["You said: Take 2", "You said: Take 3"]
+
+
+def test_a_child_cannot_overspend_its_slice(client: Client) -> None:
+    root = client.enqueue(spec("fan=3 spin Review.", budget_usd=0.04))
+    status = client.wait(root, timeout=60)
+    nodes = client.tree(root)
+    leaves = children_of(nodes, root)
+    assert [leaf.status for leaf in leaves] == ["budget"] * 3
+    total_over = 0.0
+    for leaf in leaves:  # a leaf stops at its slice; it may pass it by the one call in flight
+        calls = [float(e.data["cost_usd"]) for e in client.events(leaf.run_id) if e.kind == "model"]
+        assert leaf.budget_usd is not None and leaf.spent_usd <= leaf.budget_usd + max(calls) + 1e-9
+        total_over += max(0.0, leaf.spent_usd - leaf.budget_usd)
+    assert sum(leaf.budget_usd or 0 for leaf in leaves) <= 0.04
+    below = sum(n.spent_usd for n in leaves)
+    assert status.spent_usd == pytest.approx(own_cost(client, root) + below, abs=1e-6)
+    calls = [float(e.data["cost_usd"]) for n in leaves for e in client.events(n.run_id) if e.kind == "model"]
+    assert max(0.0, status.spent_usd - 0.04) <= len(leaves) * max(calls) + 1e-9  # the tree's overshoot
+
+
+def test_children_asking_for_more_than_is_left_are_refused(client: Client) -> None:
+    root = client.enqueue(spec("fan=2 budget=0.6 Review."))  # 2 x $0.60 from a $1 budget
+    status = client.wait(root, timeout=30)
+    assert status.status == "done" and status.children == 0
+    assert status.final_text is not None and "Your budget has $0.9" in status.final_text
+    assert len(client.tree(root)) == 1
+
+
+def test_the_lua_key_of_a_tree_run_is_the_key_of_keys(tree_redis: EmbeddedServer) -> None:
+    plain = redis.Redis.from_url(tree_redis.url, decode_responses=True)
+    try:
+        for run_id in ("abc", "s2-abc", "abc.12ef-0", "s1-abc.12ef-0.99aa-3"):
+            script = RUN_KEY + "\nreturn run_key(ARGV[1], ARGV[2], 'state')"
+            assert plain.eval(script, 0, keys.PREFIX, run_id) == keys.state(run_id)
+        assert keys.state("abc.12ef-0").startswith("tl:{abc}.")  # the root's slot
+    finally:
+        plain.close()
