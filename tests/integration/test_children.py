@@ -187,3 +187,12 @@ def test_the_lua_key_of_a_tree_run_is_the_key_of_keys(tree_redis: EmbeddedServer
         assert keys.state("abc.12ef-0").startswith("tl:{abc}.")  # the root's slot
     finally:
         plain.close()
+
+
+def test_a_child_whose_question_expires_still_wakes_its_parent(client: Client) -> None:
+    root = client.enqueue(spec("fan=1 ask Review.", ask_timeout_s=1))  # children inherit the deadline
+    status = client.wait(root, timeout=30)
+    assert status.status == "done", status
+    (child,) = children_of(client.tree(root), root)
+    assert child.status == "expired"
+    assert [e.kind for e in client.events(root)].count("woken") == 1
