@@ -153,13 +153,23 @@ class Sender:
 
 def status(run_id: str) -> Op[RunStatus]:
     state = yield Call("HGETALL", keys.state(run_id))
-    return status_of(run_id, state)
+    return (yield from with_asking(run_id, status_of(run_id, state)))
 
 
 def snapshot(run_id: str) -> Op[tuple[RunStatus, int]]:
     """The status and the count of answers not applied yet, read at one instant (MULTI)."""
     state, unapplied = yield Batch([("HGETALL", keys.state(run_id)), ("HLEN", keys.inbox(run_id))], True)
-    return status_of(run_id, state), int(unapplied)
+    return (yield from with_asking(run_id, status_of(run_id, state))), int(unapplied)
+
+
+def with_asking(run_id: str, current: RunStatus) -> Op[RunStatus]:
+    """A run waiting on its children: the first descendant that asks and its question (ASKING)."""
+    if current.status != "waiting":
+        return current
+    asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+    if asking is None:
+        return current
+    return current.model_copy(update={"asking": asking[0], "asked": asking[1]})
 
 
 def history(run_id: str) -> Op[list[ChatMessage]]:
@@ -256,13 +266,16 @@ def _id_key(entry_id: str) -> tuple[int, int]:
 
 def wait(run_id: str, timeout: float, poll_s: float) -> Op[RunStatus]:
     """The status once the run has ended, or parked on a question that no sent answer or cancel is
-    on its way to; TimeoutError after `timeout` s."""
+    on its way to (its own, or a descendant's while it waits on its children: `asking`);
+    TimeoutError after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:
         current, unapplied = yield from snapshot(run_id)
         if current.status in FINAL:
             return current
         if current.status == "asked" and not (current.cancel_requested or unapplied):
+            return current
+        if current.asking is not None and not current.cancel_requested:  # a descendant's question
             return current
         if time.monotonic() >= deadline:
             raise TimeoutError(
@@ -296,7 +309,7 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
                 f"Run {run_id!r} waits on its child runs, and none of them asks a question.\n"
                 f"  `toolloop status {run_id}` shows its children; answer when one asks."
             )
-        return (yield from answer(sender, asking, content, None))
+        return (yield from answer(sender, asking[0], content, None))
     if sent.what == "missing":
         raise RunNotFoundError(run_id)
     if sent.what == "ended":

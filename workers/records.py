@@ -61,6 +61,9 @@ class RunStatus(BaseModel):
     """How deep in its tree: 0 for a root, 1 for its children, ..."""
     children: int = 0
     """How many child runs it has spawned (`Client.tree` lists them). `waiting`: it waits for them."""
+    asking: str | None = None
+    """While it waits on its children: the first descendant that asks a question (its id; `asked` is
+    that question). `Client.answer(run_id, ...)` answers it."""
 
     @property
     def finished(self) -> bool:

@@ -143,10 +143,12 @@ def test_a_childs_question_is_answered_through_the_root(client: Client) -> None:
     eventually(lambda: sum(n.asked is not None for n in client.tree(root)) == 2, timeout=30)
     asked = [e for e in client.events(root) if e.kind == "child_asked"]
     assert len(asked) == 2 and asked[0].data["asked"]["question"].startswith("Which take")
-    assert client.status(root).status == "waiting"
+    status = client.wait(root, timeout=10)  # the root waits on its children: it shows the question
+    assert status.status == "waiting" and status.asking == asked[0].data["child"]
+    assert status.asked == asked[0].data["asked"]
     client.answer(root, "Take 2")  # to the first child that asks
-    eventually(lambda: sum(n.asked is not None for n in client.tree(root)) == 1, timeout=20)
-    client.answer(root, "Take 3")  # to the other one
+    assert client.wait(root, timeout=20).asking == asked[1].data["child"]  # then the other one asks
+    client.answer(root, "Take 3")
     assert client.wait(root, timeout=30).status == "done"
     finals = sorted(n.final_text or "" for n in children_of(client.tree(root), root))
     assert finals == ["You said: Take 2", "You said: Take 3"]
@@ -191,7 +193,8 @@ def test_the_lua_key_of_a_tree_run_is_the_key_of_keys(tree_redis: EmbeddedServer
 
 def test_a_child_whose_question_expires_still_wakes_its_parent(client: Client) -> None:
     root = client.enqueue(spec("fan=1 ask Review.", ask_timeout_s=1))  # children inherit the deadline
-    status = client.wait(root, timeout=30)
+    assert client.wait(root, timeout=30).asking is not None  # the child asks; nobody answers
+    status = eventually(lambda: (found := client.status(root)).finished and found, timeout=30)
     assert status.status == "done", status
     (child,) = children_of(client.tree(root), root)
     assert child.status == "expired"

@@ -161,8 +161,9 @@ return found
 ASKING = (
     """
 -- The first run under a run (breadth first, spawn order) that is parked on a question (an `ask`,
--- not held approvals). KEYS: 1 state of the run; ARGV: 1 run id 2 key prefix ("tl:")
--- -> the asking run's id, or false
+-- not held approvals) with no answer on its way (its inbox empty, no cancel).
+-- KEYS: 1 state of the run; ARGV: 1 run id 2 key prefix ("tl:")
+-- -> {the asking run's id, its question (JSON)}, or false
 """
     + RUN_KEY
     + """
@@ -170,8 +171,11 @@ local queue, i = {ARGV[1]}, 1
 while i <= #queue do
   local id = queue[i]
   i = i + 1
-  local f = redis.call('HMGET', run_key(ARGV[2], id, 'state'), 'status', 'asked', 'approvals')
-  if i > 2 and f[1] == 'asked' and f[2] and not f[3] then return id end
+  local f = redis.call('HMGET', run_key(ARGV[2], id, 'state'), 'status', 'asked', 'approvals', 'cancel')
+  if i > 2 and f[1] == 'asked' and f[2] and not f[3] and f[4] ~= '1'
+      and redis.call('HLEN', run_key(ARGV[2], id, 'inbox')) == 0 then
+    return {id, f[2]}
+  end
   local ids = redis.call('HGET', run_key(ARGV[2], id, 'children'), 'ids')
   if ids then
     for child in string.gmatch(ids, '[^,]+') do queue[#queue + 1] = child end
@@ -237,6 +241,8 @@ def parse_tree(reply: list[Any]) -> list[RunNode]:
     return rows
 
 
-def parse_asking(reply: Any) -> str | None:
-    """ASKING's reply: the id of the run that asks, or None."""
-    return None if reply is None or reply is False else str(reply)
+def parse_asking(reply: Any) -> tuple[str, dict[str, Any]] | None:
+    """ASKING's reply: (the id of the run that asks, its question), or None."""
+    if not reply:
+        return None
+    return str(reply[0]), json.loads(reply[1])
