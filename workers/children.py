@@ -199,7 +199,17 @@ class Spawner:
             keys.ALL_RUNS,
             names.LLM,
         ]
-        args: list[Any] = [now, call, self.run_id, budget, spent, now + self.process.settings.redrive_age]
+        trace = getattr(self.step, "trace", None)  # the parent's segment span: the children's parent span
+        traceparent = trace.traceparent() if trace is not None and trace.valid else ""
+        args: list[Any] = [
+            now,
+            call,
+            self.run_id,
+            budget,
+            spent,
+            now + self.process.settings.redrive_age,
+            traceparent,
+        ]
         for child_id, task, micros in zip(ids, checked.children, slices, strict=True):
             child = self._child_spec(task, micros)
             message = wire.task_message(

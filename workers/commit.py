@@ -255,7 +255,7 @@ class Commits:
         if reply.woke is not None:
             self._wake_parent(reply.woke)
         if reply.waiting:
-            return "park"
+            return "wait"
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
             for command in runlist.expire_commands(r, self.segment, self.settings.retention):

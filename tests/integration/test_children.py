@@ -5,8 +5,13 @@ over HTTP playing examples/children/policy.py, the toolset of examples/children/
 
 from __future__ import annotations
 
+import json
+import socket
 import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -40,7 +45,14 @@ def tree_worker(
     tree_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     directory = tmp_path_factory.mktemp("tree-worker")
-    process = start_worker(tree_redis.url, directory, sim_env(sim, None, TOOLLOOP_TOOLSETS=TOOLSETS))
+    extra = {
+        "TOOLLOOP_TOOLSETS": TOOLSETS,
+        "TOOLLOOP_TRACES_FILE": str(directory / "traces.jsonl"),
+        "TOOLLOOP_METRICS_PORT": str(free_port()),
+    }
+    process = start_worker(tree_redis.url, directory, sim_env(sim, None, **extra))
+    process.traces = directory / "traces.jsonl"  # type: ignore[attr-defined]
+    process.metrics_port = int(extra["TOOLLOOP_METRICS_PORT"])  # type: ignore[attr-defined]
     yield process
     process.stop()
 
@@ -50,6 +62,12 @@ def client(tree_redis: EmbeddedServer, tree_worker: Worker) -> Iterator[Client]:
     made = Client(tree_redis.url, toolsets=["tree"])
     yield made
     made.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def spec(prompt: str, **fields: object) -> dict[str, object]:
@@ -199,3 +217,28 @@ def test_a_child_whose_question_expires_still_wakes_its_parent(client: Client) -
     (child,) = children_of(client.tree(root), root)
     assert child.status == "expired"
     assert [e.kind for e in client.events(root)].count("woken") == 1
+
+
+def run_spans(traces: Path, run_ids: list[str]) -> dict[str, dict[str, Any]] | None:
+    """The `toolloop.run` spans of the worker's traces file, by run id, once each of `run_ids` has one."""
+    spans = [json.loads(line) for line in traces.read_text().splitlines()] if traces.exists() else []
+    found = {s["attributes"]["toolloop.run_id"]: s for s in spans if s["name"] == "toolloop.run"}
+    return found if all(run_id in found for run_id in run_ids) else None
+
+
+def test_traces_and_metrics_name_the_children(client: Client, tree_worker: Worker) -> None:
+    root = client.enqueue(spec("fan=2 Review."))
+    assert client.wait(root, timeout=30).status == "done"
+    nodes = client.tree(root)
+    traces: Path = tree_worker.traces  # type: ignore[attr-defined]
+    runs = eventually(lambda: run_spans(traces, [n.run_id for n in nodes]))
+    parent = runs[root]
+    for child in children_of(nodes, root):  # a child's run span: in its parent's trace, under its span
+        span = runs[child.run_id]
+        assert span["attributes"]["toolloop.parent_run_id"] == root
+        assert span["trace_id"] == parent["trace_id"] and span["parent_id"] == parent["span_id"]
+    port = tree_worker.metrics_port  # type: ignore[attr-defined]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    started = [line for line in text.splitlines() if line.startswith("toolloop_children_started_total")]
+    assert started and float(started[0].split()[-1]) >= 2
+    assert 'toolloop_children_ended_total{status="done"}' in text

@@ -31,6 +31,7 @@ SPAWN = with_prelude("""
 --       then 5 per child: spec state input events outbox
 -- ARGV: 1 now 2 call ("<segment>/<call id>") 3 parent id 4 the parent's budget, micro-dollars
 --       5 the parent's spend so far, micro-dollars 6 the outbox score of the children's first steps
+--       7 the traceparent of the parent's segment span ('' none: the parent's own caller's, if any)
 --       then 6 per child: id, spec JSON, first messages JSON, queued data, budget micro-dollars,
 --       first step's task message
 -- -> {'started', ids} | {'again', ids} (ids: comma-separated) | {'over', remaining micro-dollars}
@@ -40,17 +41,17 @@ if known then return {'again', known} end
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status or terminal(status) then return {'ended', status or 'missing'} end
 if redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'cancelled'} end
-local count = (#ARGV - 6) / 6
+local count = (#ARGV - 7) / 6
 local total = 0
-for i = 0, count - 1 do total = total + tonumber(ARGV[7 + i * 6 + 4]) end
+for i = 0, count - 1 do total = total + tonumber(ARGV[8 + i * 6 + 4]) end
 local remaining = tonumber(ARGV[4]) - tonumber(ARGV[5])
 if total > remaining then return {'over', tostring(remaining)} end
 local segment = redis.call('HGET', KEYS[1], 'segment') or '0'
 local depth = tonumber(redis.call('HGET', KEYS[1], 'depth') or '0') + 1
-local traceparent = redis.call('HGET', KEYS[1], 'traceparent')
+local traceparent = ARGV[7] ~= '' and ARGV[7] or redis.call('HGET', KEYS[1], 'traceparent')
 local ids = {}
 for i = 0, count - 1 do
-  local a, k = 7 + i * 6, 7 + i * 5
+  local a, k = 8 + i * 6, 7 + i * 5
   local id = ARGV[a]
   ids[#ids + 1] = id
   if redis.call('EXISTS', KEYS[k]) == 0 then

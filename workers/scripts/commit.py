@@ -137,8 +137,9 @@ return {1, stored(), member, false, waiting, woke}
 
 CommitOutcome = Literal["next", "park", "stop", "fail"]
 """What a commit records: a successor, a park, the run's stop, or its failure."""
-StepOutcome = CommitOutcome | NotBegun | Literal["fenced"]
-"""What one `advance` task came to (`fenced`: a newer copy holds the run; it re-drives)."""
+StepOutcome = CommitOutcome | NotBegun | Literal["fenced", "wait"]
+"""What one `advance` task came to (`fenced`: a newer copy holds the run; it re-drives; `wait`: it
+parked waiting on its child runs, its segment going on when they end)."""
 CANCEL_TEXT = "Not run: cancel."
 
 
