@@ -18,7 +18,7 @@ import redis
 
 from examples.children.policy import tree_policy
 from tests.integration.conftest import Worker, own_redis, sim_env, start_worker
-from tests.integration.runs_kit import eventually
+from tests.integration.runs_kit import celery_events, eventually
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
@@ -242,3 +242,18 @@ def test_traces_and_metrics_name_the_children(client: Client, tree_worker: Worke
     started = [line for line in text.splitlines() if line.startswith("toolloop_children_started_total")]
     assert started and float(started[0].split()[-1]) >= 2
     assert 'toolloop_children_ended_total{status="done"}' in text
+
+
+def test_flower_sees_each_childs_steps_from_the_moment_they_are_sent(client: Client) -> None:
+    with celery_events(client, "task-sent") as sent:
+        root = client.enqueue(spec("fan=2 Review."))
+        assert client.wait(root, timeout=30).status == "done"
+        nodes = client.tree(root)
+        eventually(lambda: len(sent) >= 5, timeout=10)
+    by_id = {event["uuid"]: event for event in sent}
+    for child in children_of(nodes, root):  # each child's first step, named by its id and label
+        event = by_id[f"{child.run_id}:1"]
+        assert event["name"] == "toolloop.advance" and event["queue"] == "llm"
+        assert child.run_id in event["args"] and "model 1" in event["kwargs"]
+    woken = [e for e in sent if e["uuid"] == f"{root}:3"]  # 2 started them; 3 reads how they ended
+    assert len(woken) == 1 and "tool spawn" in woken[0]["kwargs"]  # sent once, by the last child's end
