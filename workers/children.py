@@ -10,7 +10,9 @@ run (`bind`):
   A child's id begins with its parent's, so it lands on its parent's shard (workers/shards.py) and
   its keys on its root's slot (toolloop/journal/keys.py). Each child holds a budget carved from
   what the parent has left (its own `budget_usd`, or an even share of what is left, one share kept
-  for the parent); SPAWN refuses children that ask for more, and a parent being cancelled. A child
+  for the parent); SPAWN refuses children that ask for more, and a parent being cancelled. With a
+  shared account, the children's budgets are held in it while they are stored (refused when it has
+  no room); each child then reserves from it as it spends, so its limit holds for the tree. A child
   inherits the parent's spec (model, toolset, account, limits) but its messages, budget and, when
   given, its system text and step limit; it is one level deeper (`max_depth` bounds the tree).
 - After `start` commits, the run does not send its wait step: RUN_COMMIT parks it `waiting` while
@@ -29,6 +31,7 @@ import asyncio
 import hashlib
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -38,7 +41,7 @@ from toolloop.abort import AbortSignal
 from toolloop.contract import CHAT_MESSAGES, TextPart, UserMessage
 from toolloop.journal import idempotency_key, keys
 from toolloop.loop.types import Started, ToolOutput, ToolSpec
-from workers import names, routing, wire
+from workers import accounts, names, routing, wire
 from workers.live import LiveLoop
 from workers.process import WorkerProcess
 from workers.scripts.children import SPAWN, parse_spawn
@@ -188,6 +191,44 @@ class Spawner:
                 f"Your budget has ${max(0, budget - spent) / MICROS:.4f} left; the children ask for "
                 "more. Give them smaller budgets, or fewer children."
             )
+        again = await self.process.batch.call("HEXISTS", keys.children(self.run_id), f"call:{call}")
+        held = None if int(again) else await self._account_room(sum(slices))  # a re-run: they exist
+        if isinstance(held, Started):
+            return held
+        try:
+            return await self._spawned(call, checked, slices, budget, spent, depth)
+        finally:
+            if held is not None:  # the children reserve from the account themselves, as they spend
+                settle_reservation(self.process, self.spec.account or "", held)
+
+    async def _account_room(self, micros: int) -> str | Started | None:
+        """With a shared account (RunSpec.account): hold the children's budgets in it while they are
+        stored (RESERVE, atomically against every run of the account) -> the reservation id; a
+        refusal when the account has no room for them; None without an account."""
+        account = self.spec.account
+        if account is None:
+            return None
+        reservation = uuid.uuid4().hex
+        args = [
+            reservation,
+            repr(micros / MICROS),
+            self.process.settings.lease_ms,
+            *accounts.periods(time.time()),
+        ]
+        verdict = accounts.Verdict.of(
+            await self.process.batch.script(accounts.RESERVE, accounts.keys_of(account), args)
+        )
+        if verdict.verdict in ("stop", "wait"):
+            left = max(0.0, verdict.limit_usd - verdict.spent_usd - verdict.reserved_usd)
+            return _refusal(
+                f"The account {account!r} has ${left:.4f} left now; the children ask for "
+                f"${micros / MICROS:.4f}. Give them smaller budgets, or fewer children."
+            )
+        return reservation
+
+    async def _spawned(
+        self, call: str, checked: SpawnInput, slices: list[int], budget: int, spent: int, depth: int
+    ) -> Started:
         digest = hashlib.sha256(call.encode()).hexdigest()[:8]
         ids = [f"{self.run_id}{keys.CHILD_SEP}{digest}-{i}" for i in range(len(checked.children))]
         now = time.time()
@@ -413,3 +454,10 @@ def wake_message(parent: str, member: str, traceparent: str | None = None) -> tu
         names.ADVANCE, [parent, n], names.step_id(parent, n), queue, "tool spawn", traceparent=traceparent
     )
     return queue, message
+
+
+def settle_reservation(process: WorkerProcess, account: str, reservation: str) -> None:
+    """Free an account reservation at no cost (SETTLE, in the process's next batch)."""
+    args = [reservation, "0.0", *accounts.periods(time.time())]
+    done = process.batch.script(accounts.SETTLE, accounts.keys_of(account), args)
+    done.add_done_callback(lambda settled: settled.cancelled() or settled.exception())  # a lost one expires

@@ -257,3 +257,18 @@ def test_flower_sees_each_childs_steps_from_the_moment_they_are_sent(client: Cli
         assert child.run_id in event["args"] and "model 1" in event["kwargs"]
     woken = [e for e in sent if e["uuid"] == f"{root}:3"]  # 2 started them; 3 reads how they ended
     assert len(woken) == 1 and "tool spawn" in woken[0]["kwargs"]  # sent once, by the last child's end
+
+
+def test_children_need_room_in_the_parents_account(client: Client) -> None:
+    client.set_account_limit("tree-team", 1.0, period="total")
+    asks = spec("fan=2 budget=0.6 Review.", account="tree-team", budget_usd=5.0)  # $1.20 > the account's $1
+    refused = client.enqueue(asks)
+    status = client.wait(refused, timeout=30)
+    assert status.status == "done" and status.children == 0, status
+    assert status.final_text is not None and "The account 'tree-team' has $0.99" in status.final_text
+    fits = client.enqueue(spec("fan=2 budget=0.01 Review.", account="tree-team", budget_usd=5.0))
+    assert client.wait(fits, timeout=30).status == "done"
+    (account,) = [a for a in client.accounts() if a.name == "tree-team"]
+    assert account.reserved_usd == pytest.approx(0, abs=1e-9)  # the hold freed once they were stored
+    total = client.status(refused).spent_usd + client.status(fits).spent_usd
+    assert account.spent_usd == pytest.approx(total, abs=1e-6)  # every call of both trees charged once
