@@ -1,6 +1,7 @@
 """The run scripts of clients, control tasks and the sweeper, each with its reply typed:
-ANSWER_SEND (`parse_sent`: the client's), RUN_ANSWER (`parse_answer`), RUN_RETRY (`parse_retry`),
-RUN_CANCEL (`parse_cancel`) and INDEX_DROP (its reply, 1 when dropped, is not read)."""
+ANSWER_SEND (`parse_sent`: the client's), RUN_ANSWER (`parse_answer`), RUN_RETRY (`parse_retry`)
+and INDEX_DROP (its reply, 1 when dropped, is not read). A cancel is CANCEL_TREE
+(workers/scripts/children.py): the run and every run it spawned."""
 
 from __future__ import annotations
 
@@ -92,17 +93,6 @@ redis.call('ZADD', KEYS[4], ARGV[1], member)
 return {'queued', member}
 """)
 
-RUN_CANCEL = with_prelude("""
--- Mark a run cancelled (kept across restarts). KEYS: 1 state; ARGV: 1 channel 2 run id
--- -> the status, or false when the run does not exist (an ended run is left as it is)
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return false end
-if terminal(status) then return status end
-redis.call('HSET', KEYS[1], 'cancel', '1')
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return status
-""")
-
 INDEX_DROP = """
 -- Drop a run from the live-runs index only if its score is still the one the sweeper read.
 -- KEYS[1]=the index; ARGV[1]=run id ARGV[2]=score read -> 1 when dropped
@@ -167,8 +157,3 @@ def parse_retry(reply: list[Any]) -> Retried:
     if str(reply[0]) == "queued":
         return Retried(str(reply[1]))
     return Retried(None, str(reply[1]))
-
-
-def parse_cancel(reply: Any) -> str | None:
-    """RUN_CANCEL's reply: the run's status before the cancel (None: no such run)."""
-    return None if reply is None else str(reply)
