@@ -5,6 +5,7 @@ over HTTP playing examples/children/policy.py, the toolset of examples/children/
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -22,6 +23,7 @@ from tests.integration.runs_kit import celery_events, eventually
 from toolloop.embedded import EmbeddedServer
 from toolloop.journal import keys
 from toolloop.sim import SimServer
+from workers.async_client import AsyncClient
 from workers.client import Client
 from workers.records import FINAL, RunNode
 from workers.scripts.children import RUN_KEY
@@ -125,6 +127,15 @@ def test_a_parent_spawns_children_that_finish_and_its_spend_is_theirs_and_its_ow
     assert [e.data["child"] for e in started] == [n.run_id for n in children_of(nodes, root)]
     spawn_result = next(m for m in client.history(root) if m.role == "tool")
     assert "3 child runs finished" in str(spawn_result.content)
+    assert asyncio.run(async_tree(client.settings.redis_url, root)) == nodes  # AsyncClient reads the same
+
+
+async def async_tree(url: str, run_id: str) -> list[RunNode]:
+    made = AsyncClient(url, toolsets=["tree"])
+    try:
+        return await made.tree(run_id)
+    finally:
+        await made.aclose()
 
 
 def test_a_waiting_parent_holds_no_worker_and_no_lease(client: Client) -> None:

@@ -9,8 +9,10 @@ import pytest
 
 from examples import viewer
 from toolloop.cli.follow import print_tree
+from toolloop.journal import keys
 from workers.children import SpawnInput, options_of, spawn_tool
 from workers.records import RunNode
+from workers.shards import shard_of
 
 ROOT = "r1"
 NODES = [
@@ -72,3 +74,12 @@ def test_spawn_outside_a_durable_run_starts_nothing() -> None:
     assert answer.is_error and "not one" in answer.content[0].text
     with pytest.raises(ValueError, match="max_depth"):
         spawn_tool(max_depth=0)
+
+
+def test_a_child_lives_on_its_parents_shard_and_its_roots_slot() -> None:
+    parent = "s2-0123456789abcdef0123456789abcdef"
+    child = f"{parent}.ab12cd34-0.ff00ee11-3"
+    assert shard_of(child, 3) == shard_of(parent, 3) == 2
+    assert keys.state(child) == f"tl:{{{parent}}}.ab12cd34-0.ff00ee11-3:state"  # the root's hash tag
+    assert keys.parent_of(child) == f"{parent}.ab12cd34-0" and keys.root_of(child) == parent
+    assert keys.parent_of(parent) is None
