@@ -294,6 +294,11 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
     nothing is sent): the answer id."""
     if content.startswith(DECISIONS_MARK):
         raise ValueError("An answer may not start with the record separator \\x1e.\n  Strip it.")
+    status, children = yield Call("HMGET", keys.state(run_id), "status", "children")
+    if status not in (None, "asked") and int(children or 0):  # a run with children: one of them may ask
+        asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+        if asking is not None:  # (also in the moment between its children's start and its park)
+            return (yield from answer(sender, asking[0], content, None))
     answer_id = uuid.uuid4().hex
     [(_, queue, message), (_, channel, payload)] = sender.commands(
         ANSWER, [run_id, answer_id], f"{run_id}:answer:{answer_id}", "control"
