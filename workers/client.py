@@ -171,8 +171,8 @@ class Client:
         yet). The first answer sent to a question wins; later ones are ignored (nothing is sent).
         Pass the `segment` of the status that showed the question to make a late duplicate (sent
         after the run resumed) count as a duplicate rather than as an early answer to the next
-        question. A run waiting on its child runs passes the answer to the first of its descendants
-        that asks (docs/children.md). Returns the answer id."""
+        question. A run that has child runs passes the answer to the first of its descendants that
+        asks, if one does (docs/children.md). Returns the answer id."""
         check_answer(content, self.settings)
         return self._driver.run(ops.answer(self._sender, run_id, content, segment))
 
