@@ -45,7 +45,7 @@ from workers.protocol.scripts.commit import (
 from workers.protocol.spec import RunSpec
 from workers.runs import approvals
 from workers.runs.lifecycle import flush_outbox
-from workers.step import routing
+from workers.step import children, routing
 from workers.step.mcptasks import cancel_open
 
 log = logging.getLogger("toolloop.workers")
@@ -225,6 +225,9 @@ class Commits:
         cost = pending[0][2] if pending else 0.0
         committed = int(self.state.get(f"events:{self.segment}", 0))
         successor, go_on = self._go_on(outcome, queue, next_key)
+        part = children.commit_part(self, outcome, next_key, state)
+        if part is not None and part.wait_open is not None:
+            successor, go_on = None, None  # the run may park waiting on its children: nothing runs here
         payload = Commit(
             token=self.token, lease=self.lease, n=self.n, segment=self.segment, run=self.run_id,
             outcome=outcome, now=time.time(), field=field, value=value, queue=queue,
@@ -232,6 +235,7 @@ class Commits:
             final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
             streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
             steerable=steerable,
+            children=part,
         )  # fmt: skip
         where = self.prefix + (field or "-")
         r = self.run_id
@@ -246,8 +250,9 @@ class Commits:
         self.process.hooks.point("commit:after", run=r, key=where)
         if outcome == "stop" and reply.member:  # a steer waited: the run goes on to take it (RUN_COMMIT)
             outcome, next_key, self.stopped = "next", "steer:", None
-        if self.metrics is not None:
-            self.count_commit(outcome, field, cost, committed, state.get("status"))
+        if self.metrics is not None:  # a spawn wait's cost is its children's, counted as they spent
+            spent_here = 0.0 if children.collects(self.live, field) else cost
+            self.count_commit(outcome, field, spent_here, committed, state.get("status"))
         live = self.live
         if live is not None:
             live.committed_events()  # before the successor may resume the loop (go_on)
@@ -264,9 +269,18 @@ class Commits:
             self.process.kept.keep(r, live)
             self.kept = True
         await self.publish(reply.member, key=where, phase=outcome, next=next_key)
+        return self._settled(reply, outcome)
+
+    def _settled(self, reply: Committed, outcome: CommitOutcome) -> StepOutcome:
+        """After a landed commit was published: the parent a child's end woke, a park `waiting` on
+        children, or the retention an ended run starts."""
+        if reply.woke is not None:
+            children.wake_parent(self, reply.woke)
+        if reply.waiting:
+            return "wait"
         if outcome in ("stop", "fail"):
-            self.batch.send("ZREM", keys.LIVE_RUNS, r)
-            for command in runlist.expire_commands(r, self.segment, self.settings.retention):
+            self.batch.send("ZREM", keys.LIVE_RUNS, self.run_id)
+            for command in runlist.expire_commands(self.run_id, self.segment, self.settings.retention):
                 self.batch.send(*command)  # retention starts (a lost EXPIRE: `toolloop prune`)
         return outcome
 
@@ -322,7 +336,8 @@ class Commits:
                     RUN_COMMIT,
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE],
+                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE,
+                     keys.children(r)],
                     [payload.encode()], durable=True,
                 )  # fmt: skip
                 return parse_commit(reply)
