@@ -7,7 +7,8 @@ are when it becomes shard 0). Every operation that takes a run id goes to that s
 shard at the end of the list moves no run. The shard of a new run: for an idempotency key,
 `crc32(key) % N` (the same key goes to the same shard while N is unchanged: a keyed retry finds its
 run; after a shard is added, a retry of a key first sent before may start its run on another shard:
-add shards when no keyed enqueue is being retried); without a key, the next shard in turn.
+add shards when no keyed enqueue is being retried); without a key, the next shard in turn, from a
+random first one (a process that enqueues one run, as `toolloop run` does, picks any shard).
 
 `list_runs` merges the shards' pages, newest first: a cursor is a position in time (`created|run id`),
 valid on every shard. Accounts and rate limits are per shard (each shard's Redis holds its own):
@@ -21,6 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import random
 import re
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -76,7 +78,8 @@ class Placer:
 
     def __init__(self, shards: int) -> None:
         self.shards = shards
-        self._turn = itertools.cycle(range(shards))
+        start = random.randrange(shards)  # a process that enqueues once (the CLI) lands on any shard
+        self._turn: Iterator[int] = itertools.cycle([*range(start, shards), *range(start)])
 
     def __call__(self, idempotency_key: str | None) -> int:
         if idempotency_key is None:

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from toolloop.cli.commands import connect
+from toolloop.cli.commands import connect_runs
 from toolloop.cli.errors import CliError
 
 
@@ -24,21 +24,24 @@ def add_command(sub: Any) -> None:
 
 def cmd_accounts(args: argparse.Namespace) -> int:
     amount = None if not args.set else _usd(*args.set)
-    client, _ = connect()
+    client, choice = connect_runs()
     if args.set and amount is not None:
         client.set_account_limit(args.set[0], amount, period=args.period, finish_at=args.finish_at)
-    rows = client.accounts()
+    # over shards (TOOLLOOP_REDIS_SHARDS): each shard keeps its own accounts, listed with its index
+    rows = [(None, row) for row in client.accounts()] if choice is not None else client.accounts()
     if args.json:
-        for row in rows:
-            print(json.dumps(row.__dict__))
+        for shard, row in rows:
+            print(json.dumps(row.__dict__ if shard is None else {"shard": shard, **row.__dict__}))
         return 0
     if not rows:
         print("No accounts have a limit (set one: toolloop accounts --set NAME USD).")
         return 0
-    print(f"{'ACCOUNT':24} {'PERIOD':6} {'SPENT':>12} {'RESERVED':>12} {'LIMIT':>12}  USED")
-    for row in rows:
+    column = "" if choice is not None else f"{'SHARD':>5} "
+    print(f"{column}{'ACCOUNT':24} {'PERIOD':6} {'SPENT':>12} {'RESERVED':>12} {'LIMIT':>12}  USED")
+    for shard, row in rows:
         used = (row.spent_usd + row.reserved_usd) / row.limit_usd
-        print(f"{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
+        where = "" if shard is None else f"{shard:>5} "
+        print(f"{where}{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
               f"{row.limit_usd:12.4f}  {used:.0%}")  # fmt: skip
     return 0
 
