@@ -53,6 +53,7 @@ from workers.leases import Leases
 from workers.live import Begun, KeptLoops
 from workers.mcpservers import McpServers
 from workers.metrics import Metrics
+from workers.queueage import OldestWaiting
 from workers.redisio import Batch, packed_pool
 from workers.settings import Settings
 from workers.suspects import Suspects
@@ -277,7 +278,7 @@ class WorkerProcess:
         """Count this process's metrics and serve them on `host`:`port` (once; TOOLLOOP_METRICS_HOST)."""
         with self._lock:
             if self.metrics is None:
-                self.metrics = Metrics(self.queue_depths, self.steps_in_flight)
+                self.metrics = Metrics(self.queue_depths, self.steps_in_flight, OldestWaiting(self.redis))
                 self.metrics.serve(port, host)
             return self.metrics
 
