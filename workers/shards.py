@@ -11,10 +11,13 @@ add shards when no keyed enqueue is being retried); without a key, the next shar
 random first one (a process that enqueues one run, as `toolloop run` does, picks any shard).
 
 `list_runs` merges the shards' pages, newest first: a cursor is a position in time (`created|run id`),
-valid on every shard. Accounts and rate limits are per shard (each shard's Redis holds its own):
+valid on every shard. Accounts and rate limits are per shard (each shard's Redis holds its own:
 `set_account_limit` sets the limit on every shard, so an account may spend it once per shard;
-`accounts()` lists each shard's rows with the shard's index. `AsyncShardedClient` is the same over
-one `AsyncClient` per shard, for asyncio backends. docs/operations.md, "The ceiling of one Redis".
+`accounts()` lists each shard's rows with the shard's index), or global when every worker and client
+has TOOLLOOP_FLOW_REDIS_URL naming one Redis for them (their scripts touch no run key: an account's
+limit holds across the shards, and one (key, model) rate limit is shared by all their workers).
+`AsyncShardedClient` is the same over one `AsyncClient` per shard, for asyncio backends.
+docs/operations.md, "The ceiling of one Redis".
 """
 
 from __future__ import annotations
@@ -230,15 +233,23 @@ class ShardedClient:
         """`Client.prune` on every shard, in shard order."""
         return [client.prune(older_than) for client in self.clients]
 
+    @property
+    def global_accounts(self) -> bool:
+        """True when TOOLLOOP_FLOW_REDIS_URL puts every shard's accounts and rate limits in one Redis."""
+        return bool(self.clients[0].settings.flow_redis_url)
+
     def set_account_limit(
         self, account: str, usd: float, *, period: str = "day", finish_at: float = 0.9
     ) -> None:
-        """The limit on every shard (per shard: the module doc)."""
-        for client in self.clients:
+        """The limit once, global (TOOLLOOP_FLOW_REDIS_URL), else on every shard (the module doc)."""
+        for client in self.clients[:1] if self.global_accounts else self.clients:
             client.set_account_limit(account, usd, period=period, finish_at=finish_at)
 
-    def accounts(self) -> list[tuple[int, accounts.AccountSpend]]:
-        """(shard index, row) for every account of every shard."""
+    def accounts(self) -> list[tuple[int | None, accounts.AccountSpend]]:
+        """(shard index, row) for every account of every shard; (None, row) once per account when
+        they are global (TOOLLOOP_FLOW_REDIS_URL)."""
+        if self.global_accounts:
+            return [(None, row) for row in self.clients[0].accounts()]
         return [(i, row) for i, client in enumerate(self.clients) for row in client.accounts()]
 
 

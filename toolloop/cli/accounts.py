@@ -36,11 +36,11 @@ def cmd_accounts(args: argparse.Namespace) -> int:
     if not rows:
         print("No accounts have a limit (set one: toolloop accounts --set NAME USD).")
         return 0
-    column = "" if choice is not None else f"{'SHARD':>5} "
+    column = "" if all(shard is None for shard, _ in rows) else f"{'SHARD':>5} "
     print(f"{column}{'ACCOUNT':24} {'PERIOD':6} {'SPENT':>12} {'RESERVED':>12} {'LIMIT':>12}  USED")
     for shard, row in rows:
         used = (row.spent_usd + row.reserved_usd) / row.limit_usd
-        where = "" if shard is None else f"{shard:>5} "
+        where = "" if not column else f"{shard:>5} "
         print(f"{where}{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
               f"{row.limit_usd:12.4f}  {used:.0%}")  # fmt: skip
     return 0
