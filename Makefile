@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-integration faults faults-full lint types bench clean
+.PHONY: setup demo prereqs test test-unit test-integration faults faults-full lint types bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,19 +16,22 @@ setup: $(STAMP)
 demo: $(STAMP)  ## a durable run end to end: embedded Redis, a worker, the simulator, an ask answered
 	$(VENV)/bin/toolloop demo --answer "Keep shot 3; trim shot 5 by a second."
 
-test: $(STAMP)  ## unit, replay, integration and the bounded fault suite
+prereqs:  ## the programs the suite runs (tests/prereqs.py): names what is missing and its install command
+	@python3 tests/prereqs.py
+
+test: prereqs $(STAMP)  ## unit, replay, integration and the bounded fault suite
 	$(PY) -m pytest -q -p no:cacheprovider
 
-test-unit: $(STAMP)
+test-unit: $(STAMP)  ## the unit and replay tiers: in-process, no outside program (under a minute)
 	$(PY) -m pytest -q tests/unit tests/replay
 
-test-integration: $(STAMP)
+test-integration: prereqs $(STAMP)
 	$(PY) -m pytest -q tests/integration
 
-faults: $(STAMP)  ## the bounded reliability suite (every kill point, 2 runs each; ~4 min); prints its tables
+faults: prereqs $(STAMP)  ## the bounded reliability suite (every kill point, 2 runs each; ~4 min); prints its tables
 	$(PY) -m pytest -q -s tests/faults
 
-faults-full: $(STAMP)  ## the full crash matrix (>= 10 kill points x 20 runs), Flower on Sentinel; prints its table
+faults-full: prereqs $(STAMP)  ## the full crash matrix (>= 10 kill points x 20 runs), Flower on Sentinel; prints its table
 	TOOLLOOP_FAULTS=full $(PY) -m pytest -q -s tests/faults tests/integration/test_flower_sentinel.py
 
 lint: $(STAMP)

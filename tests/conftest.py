@@ -6,13 +6,16 @@ Tests use `toolloop.sim` or a `ScriptedModel` instead (docs/testing.md). Every t
 registers the same toolsets (TEST_TOOLSETS); worker subprocesses inherit them. Every
 simulator a test starts is strict (TOOLLOOP_SIM_STRICT=1): each Anthropic body a provider
 sends is validated against the anthropic SDK's request types, and a body that does not
-validate is a 400.
+validate is a 400. Each tier of the suite (unit, replay, integration, faults) starts with a line naming
+it and its size, and the summary gives each tier's time (TierLines).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +28,14 @@ TEST_TOOLSETS = (
 """The toolsets every test process, worker and client registers (TOOLLOOP_TOOLSETS, as an operator
 configures workers and web backends alike); runs name them `agents`, `review` and `faults`."""
 os.environ["TOOLLOOP_TOOLSETS"] = TEST_TOOLSETS  # before any module reads the settings
+
+TIERS = {
+    "unit": "in-process: the loop, providers, workers' parts",
+    "replay": "recorded runs replayed",
+    "integration": "Redis servers, Celery worker processes, the simulator over HTTP",
+    "faults": "the bounded reliability suite: kills, restarts, bad input",
+}
+"""The tiers, in the order they run (pyproject's testpaths), and what each runs on."""
 
 PROVIDER_HOSTS = ("anthropic.com", "openai.com", "fal.run", "fal.ai", "fal.media", "openrouter.ai")
 
@@ -68,3 +79,61 @@ def _strict_simulator() -> Iterator[None]:
             os.environ.pop("TOOLLOOP_SIM_STRICT", None)
         else:
             os.environ["TOOLLOOP_SIM_STRICT"] = before
+
+
+def tier_of(nodeid: str) -> str:
+    """`unit` for tests/unit/test_x.py::test_y (the folder under tests/)."""
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+
+
+class TierLines:
+    """One line as each tier begins (pytest -q prints only dots) and, in the summary, each tier's
+    time, from its first test's start to its last test's end. Under pytest-xdist the tiers overlap
+    where they meet: each line is printed once, when the tier's first test starts. State of this
+    session only: an instance per pytest config, not module globals."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.sizes: Counter[str] = Counter()
+        self.spans: dict[str, list[float]] = {}  # tier: [first start, last end]
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.sizes = Counter(tier_of(item.nodeid) for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.sizes = Counter(tier_of(nodeid) for nodeid in ids)  # the controller collects nothing
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the file's name
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        tier = tier_of(nodeid)
+        if tier in self.spans:
+            return
+        self.spans[tier] = [time.monotonic()] * 2
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            if reporter._tw.width_of_current_line:  # end the line of the tier before's dots (pytest -q)
+                reporter.write("\n")
+            about = TIERS.get(tier)
+            reporter.write_sep("-", f"{tier}: {self.sizes[tier]} tests" + (f" ({about})" if about else ""))
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        if (span := self.spans.get(tier_of(nodeid))) is not None:
+            span[1] = time.monotonic()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.spans:
+            times = ", ".join(f"{tier} {seconds(end - start)}" for tier, (start, end) in self.spans.items())
+            terminalreporter.write_line(f"tiers: {times}")
+
+
+def seconds(took: float) -> str:
+    if took < 10:
+        return f"{took:.1f} s"
+    return f"{took:.0f} s" if took < 100 else f"{took // 60:.0f} min {took % 60:.0f} s"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller only, under pytest-xdist
+        config.pluginmanager.register(TierLines(config), "toolloop-tiers")

@@ -20,14 +20,15 @@ from workers.config.celery import make_app
 from workers.config.settings import Settings
 from workers.process.redisio import Batch
 from workers.process.worker_process import WorkerProcess
+from workers.protocol.lua import Lua
 
 pytestmark = pytest.mark.timeout(60)
 
-APPEND = "redis.call('XADD', KEYS[1], '*', 'e', ARGV[1]) return 1"
+APPEND = Lua("redis.call('XADD', KEYS[1], '*', 'e', ARGV[1]) return 1")
 """A script that writes one entry to a stream, as DELTA_FLUSH and RUN_COMMIT write a run's events."""
 AFTER = ["warm", "a", "b", "c", "d", "g", "e", "f"]
 """The entries after `_one_turn`: a turn's fire-and-forget writes go last (one SEND_MANY script)."""
-APPEND_TOO = "-- another script, first run after the flush\n" + APPEND
+APPEND_TOO = Lua("-- another script, first run after the flush\n" + APPEND)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ import yaml
 from tests.integration.test_cli import env_for, toolloop
 from toolloop.embedded import EmbeddedServer, free_port
 
+ASKING = Path(__file__).resolve().parents[1] / "support" / "mcp_asking.py"
+
 
 def _file(tmp_path: Path) -> str:
     toolsets = {
@@ -21,6 +23,7 @@ def _file(tmp_path: Path) -> str:
                 "needs_approval": ["remove"],
             },
         },
+        "asking": {"mcp": {"command": [sys.executable, str(ASKING)]}},
         "nobody": {"mcp": {"url": f"http://127.0.0.1:{free_port()}/mcp", "timeout_s": 5}},
         "secret": {
             "mcp": {
@@ -42,6 +45,8 @@ def test_tools_lists_python_tools_and_the_server_tools(tmp_path: Path) -> None:
     assert {"read_frame", "add", "shout", "remove"} <= set(rows)
     assert "mcp:counter" in rows["add"] and "Add two integers." in rows["add"]
     assert rows["remove"].endswith("(needs approval)") and not rows["add"].endswith("(needs approval)")
+    asking = {line.split()[0]: line for line in toolloop(env, "tools", "asking").stdout.splitlines()}
+    assert asking["confirm"].endswith("The confirm task. (task)")  # a two-phase MCP Tasks tool
     nobody = toolloop(env, "tools", "nobody")
     assert nobody.returncode == 1 and "error MCP server 'nobody'" in nobody.stdout
     assert "could not be reached" in nobody.stdout

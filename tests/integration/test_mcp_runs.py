@@ -36,6 +36,7 @@ from workers.protocol import keys
 from workers.protocol.errors import ToolsetError
 
 GARBLED = Path(__file__).resolve().parents[1] / "support" / "mcp_garbled.py"
+ASKING = Path(__file__).resolve().parents[1] / "support" / "mcp_asking.py"
 TOKEN = f"mcp-token-{uuid.uuid4().hex}"
 AUTH = ("operator", f"pw-{uuid.uuid4().hex[:8]}")
 MODEL = "claude-sonnet-5-5"
@@ -85,6 +86,24 @@ SCRIPTS = {
             ],
         },
         {"text": "Survived."},
+    ],
+    "research": [
+        {
+            "text": "Researching.",
+            "tool_calls": [{"name": "simulate-research-query", "input": {"topic": "tasks"}}],
+        },
+        {"text": "Researched."},
+    ],
+    "asking": [
+        {
+            "text": "Two tasks.",
+            "tool_calls": [
+                {"name": "confirm", "input": {}},
+                {"name": "doomed", "input": {}},
+                {"name": "ignorant", "input": {}},
+            ],
+        },
+        {"text": "All three failed."},
     ],
     "approved": [
         {"text": "Removing.", "tool_calls": [{"name": "remove", "input": {"path": "/tmp/old"}}]},
@@ -148,6 +167,12 @@ def mcp_worker(
         },
         "guarded": {"mcp": {"url": guarded_url, "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"}}},
         "garbled": {"mcp": {"command": [sys.executable, str(GARBLED)], "timeout_s": 2}},
+        "asking": {
+            "mcp": {
+                "command": [sys.executable, str(ASKING)],
+                "env": {"MCP_ASKING_LOG": str(mcp_dir / "asking.jsonl")},
+            }
+        },
         "approving": {
             "mcp": {
                 "command": [*COUNTER, "stdio"],
@@ -385,3 +410,56 @@ def test_an_mcp_url_a_run_names_is_refused_at_enqueue_without_a_connection(sim_r
             client.close()
         with pytest.raises(BlockingIOError):
             listener.accept()  # nothing ever connected
+
+
+def test_a_task_tool_over_stdio_is_two_phase_and_its_result_reaches_the_model(
+    sim_redis: EmbeddedServer, mcp_worker: Worker, policy: Scripts
+) -> None:
+    # server-everything's simulate-research-query is listed taskSupport "required": its call is a
+    # task (start: the task-augmented tools/call; wait: tasks/get until completed, then tasks/result)
+    client, run_id = _run(sim_redis, "research", "everything")
+    try:
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", status
+        store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
+        records = [json.loads(value) for value in store.hgetall(keys.mcp_tasks(run_id)).values()]
+        store.close()
+        assert [(r["tool"], r["ended"], r["where"]) for r in records] == [
+            ("simulate-research-query", "completed", None)
+        ]
+        [result] = tool_results(policy.bodies("research")[-1])
+        assert _text(result).startswith("# Research Report: tasks") and not result.get("is_error")
+    finally:
+        client.close()
+
+
+def test_a_task_that_asks_for_input_is_cancelled_and_a_failed_task_is_an_error_result(
+    sim_redis: EmbeddedServer, mcp_worker: Worker, policy: Scripts, mcp_dir: Path
+) -> None:
+    # toolloop gives MCP tasks no input (it advertises no elicitation): a task `input_required` is
+    # cancelled at the server and the model reads what it wanted; a `failed` task's result is an error
+    client, run_id = _run(sim_redis, "asking", "asking")
+    try:
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", status
+        asked, failed, ignorant = tool_results(policy.bodies("asking")[-1])
+        assert asked.get("is_error") is True and failed.get("is_error") is True
+        assert "asked for input (Which account should be charged?)" in _text(asked)
+        assert "so it was cancelled" in _text(asked)
+        assert _text(failed) == "The disk is full."
+        assert ignorant.get("is_error") is True and "not a CreateTaskResult" in _text(ignorant)
+        seen = [json.loads(line) for line in (mcp_dir / "asking.jsonl").read_text().splitlines()]
+        assert [entry for entry in seen if entry["method"] in ("tasks/cancel", "tasks/result")] == [
+            {"method": "tasks/cancel", "task": "task-1"},
+            {"method": "tasks/result", "task": "task-2"},
+        ]
+        methods = [entry["method"] for entry in seen]
+        assert (
+            methods.count("tools/call") == 3 and methods.count("initialize") == 1
+        )  # one connection throughout
+        store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
+        ended = sorted(json.loads(v)["ended"] for v in store.hgetall(keys.mcp_tasks(run_id)).values())
+        store.close()
+        assert ended == ["failed", "input_required"]
+    finally:
+        client.close()

@@ -65,7 +65,7 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
     assert "toolloop" not in (shutil.which("toolloop", path=env["PATH"]) or "")  # not on PATH yet
 
     make = [line.split("#")[0].strip() for line in setup.splitlines() if line.strip()]
-    assert make == ["make demo", "make test"]
+    assert make == ["make demo", "make test-unit", "make test"]
     demo = subprocess.run(["make", "demo"], cwd=copy, env=env, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)  # fmt: skip
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]

@@ -119,3 +119,31 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         block for block in last["content"] if isinstance(block, dict) and block.get("type") == "tool_result"
     ]
+
+
+def session_tasks(url: str, where: list[Any]) -> list[dict[str, Any]]:
+    """`tasks/list` on the server-side session `where` (a task record's journaled session id and
+    handshake, workers/step/mcptasks.py): every task that session holds, as the server says. Made with the
+    mcp SDK alone, as a second client of the same session would."""
+    import asyncio
+
+    import mcp_types
+    from mcp import ClientSession
+    from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+
+    from workers.process.mcpservers import AnyResult, TaskRequest
+
+    async def listed() -> list[dict[str, Any]]:
+        http = create_mcp_http_client(headers={MCP_SESSION_ID: where[0]})
+        async with (
+            http,
+            streamable_http_client(url, http_client=http, terminate_on_close=False) as (read, write),
+            ClientSession(dispatcher=JSONRPCDispatcher(read, write)) as session,
+        ):
+            session.adopt(mcp_types.InitializeResult.model_validate(where[1]))
+            found = await session.send_request(TaskRequest(method="tasks/list", params={}), AnyResult, 10)
+            return list(found.model_dump(by_alias=True)["tasks"])
+
+    return asyncio.run(listed())

@@ -26,6 +26,7 @@ def add_command(sub: Any) -> None:
 
 def cmd_tools(args: argparse.Namespace) -> int:
     from workers.process.mcpservers import probe  # the MCP SDK: ~0.6 s of imports, for this command only
+    from workers.step.mcptools import tool_record
 
     settings = Settings.from_env()
     try:
@@ -53,7 +54,9 @@ def cmd_tools(args: argparse.Namespace) -> int:
             continue
         for tool in tools:
             approval = " (needs approval)" if _held(server, tool) else ""
-            print(f"{tool.name:<28} mcp:{server.label:<28} {_first_line(tool.description or '')}{approval}")
+            task = " (task)" if tool_record(tool).get("task_support") == "required" else ""
+            about = _first_line(tool.description or "")
+            print(f"{tool.name:<28} mcp:{server.label:<28} {about}{task}{approval}")
     return 1 if failed else 0
 
 

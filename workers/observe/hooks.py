@@ -15,6 +15,9 @@ installed when TOOLLOOP_KILL_PLAN names a plan) crash or freeze the worker at th
     stream:write    a batch of a streaming model step's deltas is about to be queued (run, key, write)
     mcp:called      an MCP tool's `tools/call` returned, before its step is committed (run, key: the
                     call's idempotency key, tool: the MCP tool's name; workers/step/mcptools.py)
+    mcp:task        a task-augmented `tools/call` returned and its task was journaled, before the
+                    start step is committed (run, key, tool, task: the task id; workers/step/mcptasks.py)
+    mcp:polled      a two-phase MCP tool's wait read its task's status (run, key, task, status)
 """
 
 from __future__ import annotations

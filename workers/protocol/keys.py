@@ -34,6 +34,8 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:decide:outcomes hash    what workers made of the decisions they applied
     tl:{<run>}:mcptools        hash    field = MCP server label, value = the tools it listed when the
                                        run first needed them (JSON list), written with HSETNX only
+    tl:{<run>}:mcptasks        hash    field = a two-phase MCP tool's start step key, value = its task
+                                       (server, task id, session; how it ended: workers/step/mcptasks.py)
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
     tl:runs:all                zset    every run id, score = enqueue time (`toolloop list`, newest
                                        first); an id whose run expired is dropped when read or pruned
@@ -113,6 +115,11 @@ def mcp_tools(run_id: str) -> str:
     return run_key(run_id, "mcptools")
 
 
+def mcp_tasks(run_id: str) -> str:
+    """The MCP tasks a run started (workers/step/mcptasks.py): field = the start step's key."""
+    return run_key(run_id, "mcptasks")
+
+
 def segment_name(index: int) -> str:
     """The name of segment `index`: "s0", "s1", ... (its journal key prefix is this plus "/")."""
     return f"s{index}"
@@ -156,7 +163,7 @@ WAITS_DUE = f"{PREFIX}waits:due"
 
 RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
                  "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes",
-                 "mcptools")  # fmt: skip
+                 "mcptools", "mcptasks")  # fmt: skip
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:

@@ -46,6 +46,7 @@ from workers.protocol.spec import RunSpec
 from workers.runs import approvals
 from workers.runs.lifecycle import flush_outbox
 from workers.step import routing
+from workers.step.mcptasks import cancel_open
 
 log = logging.getLogger("toolloop.workers")
 
@@ -123,6 +124,8 @@ class Commits:
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
         state["status"] = result.stopped_by
+        if result.stopped_by == "cancel":  # MCP tasks its waits did not cancel (workers/step/mcptasks.py)
+            await cancel_open(self.process, self.run_id)
         final: dict[str, Any] = {"stopped_by": result.stopped_by, "final_text": result.final_text,
                                  "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
         self.stopped = result.stopped_by

@@ -46,12 +46,11 @@ from workers.config.mcp import McpServer, Toolset
 from workers.process.mcpservers import McpCallError
 from workers.protocol import keys
 from workers.protocol.errors import ToolsetError
+from workers.step.mcptasks import META_KEY, task_spec
 
 if TYPE_CHECKING:
     from workers.process.worker_process import WorkerProcess
 
-META_KEY = "toolloop/idempotency_key"
-"""The `_meta` field of every `tools/call` that carries the step's idempotency key."""
 IMAGE_DIR_ENV = "TOOLLOOP_IMAGE_DIR"
 _IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
 
@@ -155,13 +154,21 @@ def _spec(process: WorkerProcess, server: McpServer, record: dict[str, Any]) -> 
         return output_of(result, image_dir(process))
 
     destructive = not record.get("read_only") and bool(record.get("destructive", True))
-    return ToolSpec(
-        name=name,
-        description=str(record.get("description") or ""),
-        schema=input_model(name, record.get("input_schema") or {"type": "object"}),
-        run=run,
-        needs_approval=name in server.needs_approval or (server.approve_destructive and destructive),
-    )
+    description = str(record.get("description") or "")
+    schema = input_model(name, record.get("input_schema") or {"type": "object"})
+    needs_approval = name in server.needs_approval or (server.approve_destructive and destructive)
+    if record.get("task_support") == "required":  # its calls must be tasks: a two-phase tool
+        images = image_dir(process)
+        return task_spec(
+            process,
+            server,
+            name,
+            description,
+            schema,
+            needs_approval,
+            lambda result: output_of(result, images),
+        )
+    return ToolSpec(name=name, description=description, schema=schema, run=run, needs_approval=needs_approval)
 
 
 # -- input schemas --------------------------------------------------------------------------------
