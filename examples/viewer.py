@@ -140,6 +140,20 @@ def approval_html(call: dict[str, Any]) -> str:
 <p class="decided"></p></div>"""
 
 
+def child_row(node: dict[str, Any]) -> str:
+    """One run below the page's run: a link to its own page, its status, spend and budget slice."""
+    run_id = str(node.get("run_id", ""))
+    budget = node.get("budget_usd")
+    asked = node.get("asked") or {}
+    return (
+        f'<tr><td><a href="/runs/{esc(run_id)}"><code>{esc(run_id)}</code></a></td>'
+        f'<td><span class="badge {esc(node.get("status"))}">{esc(node.get("status"))}</span></td>'
+        f"<td>{money(float(node.get('spent_usd') or 0))}</td>"
+        f"<td>{money(float(budget)) if budget is not None else ''}</td>"
+        f"<td>{esc(asked.get('question', '')) if isinstance(asked, dict) else ''}</td></tr>"
+    )
+
+
 def page(
     run_id: str,
     status: dict[str, Any],
@@ -147,10 +161,12 @@ def page(
     messages: list[ChatMessage],
     *,
     csrf: str = "",
+    children: list[dict[str, Any]] | None = None,
 ) -> str:
     """The whole page: the run as it is now, and the script that keeps it live. `csrf`: the token its
     POSTs send as X-CSRF-Token (examples/web.py). The data the script boots from is a JSON block, not
-    code, so the script is the same on every page and `CSP` allows it by its hash."""
+    code, so the script is the same on every page and `CSP` allows it by its hash. `children`: the
+    runs below this one (`Client.tree` past its first row, docs/children.md), each a link to its page."""
     queued = next((e for e in events if e.get("kind") == "queued"), {})
     limit = float(queued.get("budget_usd") or 0)
     spent = float(status.get("spent_usd") or 0)
@@ -161,6 +177,7 @@ def page(
     asked = status.get("asked") or {}
     question = asked.get("question", json.dumps(asked)) if isinstance(asked, dict) else str(asked)
     held = status.get("approvals") or [] if state == "asked" else []
+    asks = (state == "asked" and not held) or bool(status.get("asking"))  # its own question, or a child's
     outcome = ""
     if state == "failed":
         outcome = f"{esc(status.get('error_class'))}: {esc(status.get('error_message'))}"
@@ -193,7 +210,10 @@ def page(
 <section id="steps"><h2>Steps</h2>
 <table><thead><tr><th>step</th><th>in</th><th>cache reads</th><th>out</th><th>cost</th><th></th></tr></thead>
 <tbody>{rows}</tbody></table></section>
-<section id="ask" {"" if state == "asked" and not held else "hidden"}><h2>The run asks</h2>
+<section id="children" {"" if children else "hidden"}><h2>Child runs</h2>
+<table><thead><tr><th>run</th><th>status</th><th>spent</th><th>budget</th><th></th></tr></thead>
+<tbody>{"".join(child_row(c) for c in children or [])}</tbody></table></section>
+<section id="ask" {"" if asks else "hidden"}><h2>{"A child run asks" if status.get("asking") else "The run asks"}</h2>
 <p id="question">{esc(question)}</p>
 <form id="answer-form"><input id="answer" name="content" autocomplete="off" size="60" required>
 <button type="submit">Answer</button></form></section>

@@ -283,7 +283,8 @@ async def status(request: Request) -> Response:
     history = await client.history(run_id)
     token: str = request.app.state.token
     csrf = csrf_token(token, token)  # the cookie holds the token (set below or before)
-    page = viewer.page(run_id, current.model_dump(mode="json"), events, history, csrf=csrf)
+    children = [n.model_dump(mode="json") for n in await client.tree(run_id)][1:] if current.children else []
+    page = viewer.page(run_id, current.model_dump(mode="json"), events, history, csrf=csrf, children=children)
     response = HTMLResponse(page, headers={"cache-control": "no-store"})
     if request.query_params.get("token"):  # the viewer's own requests carry the cookie
         response.set_cookie(

@@ -26,12 +26,17 @@ def print_status(client: Runs, run_id: str, *, as_json: bool = False) -> None:
         print(json.dumps(status, default=str, indent=2))
         return
     held = status.pop("approvals", None) or []
+    for tree_field in ("depth", "children"):  # a root without children shows neither
+        if not status.get(tree_field):
+            status.pop(tree_field, None)
     shown = {key: _shown(key, value) for key, value in status.items() if not _empty(value)}
     if status.get("account_stop"):
         shown["account_stop"] = account_text(status["account_stop"])
     width = max(map(len, shown), default=0)
     for key, value in shown.items():
         print(f"{key:<{width}}  {value}")
+    if status.get("children"):
+        print_tree(client.tree(run_id), run_id)
     states = client.decisions(run_id) if held else {}
     waiting = []
     for approval in held:
@@ -79,6 +84,30 @@ def approval_text(approval: dict[str, Any]) -> str:
         when = _shown("deadline_at", approval["deadline"])
         lines.append(f"  deadline {when} (then: {approval.get('default', 'reject')})")
     return "\n".join(lines)
+
+
+def print_tree(nodes: list[Any], run_id: str) -> None:
+    """The run's tree (docs/children.md): each run under its parent, its status, spend and budget
+    slice, the question of one that asks, and how to answer it through `run_id`."""
+    depth: dict[str | None, int] = {None: -1}
+    print("tree")
+    asking = None
+    for node in nodes:
+        depth[node.run_id] = depth.get(node.parent, 0) + 1
+        budget = f" of ${node.budget_usd:.4f}" if node.budget_usd is not None else ""
+        line = (
+            f"{'  ' * (depth[node.run_id] + 1)}{node.run_id}  {node.status:<8} ${node.spent_usd:.4f}{budget}"
+        )
+        if node.asked is not None:
+            line += f"  asks: {_short(json.dumps(node.asked), 60)}"
+            asking = asking or node.run_id
+        print(line)
+    if asking is not None and asking != run_id:
+        print(f"answer with: toolloop answer {run_id} 'TEXT'   (it goes to {asking}, the first that asks)")
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _empty(value: Any) -> bool:

@@ -23,7 +23,7 @@ from workers.client import enqueue, ops, runlist
 from workers.client.drive import AsyncDriver
 from workers.client.limits import check_answer, check_decision
 from workers.client.sync import settings_for
-from workers.protocol.records import DecisionState, RunEventRecord, RunStatus
+from workers.protocol.records import DecisionState, RunEventRecord, RunNode, RunStatus
 from workers.protocol.spec import RunSpec
 
 
@@ -172,6 +172,10 @@ class AsyncClient:
     async def cancel(self, run_id: str) -> None:
         """See `Client.cancel`."""
         await self._driver.run(ops.cancel(self._sender, run_id))
+
+    async def tree(self, run_id: str, *, most: int = 1000) -> list[RunNode]:
+        """See `Client.tree`."""
+        return await self._driver.run(ops.tree(run_id, most))
 
     async def retry(self, run_id: str) -> None:
         """See `Client.retry`."""

@@ -39,16 +39,17 @@ from workers.protocol import keys, wire
 from workers.protocol.errors import LimitError, RunNotFoundError, RunStateError
 from workers.protocol.lua import Lua
 from workers.protocol.names import ADVANCE, ANSWER, CANCEL, DECIDE
-from workers.protocol.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunStatus
+from workers.protocol.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunNode, RunStatus
 from workers.protocol.scripts.approvals import DECIDE_SEND, DECISIONS_MARK, parse_decide_sent
-from workers.protocol.scripts.control import (
-    ANSWER_SEND,
-    RUN_CANCEL,
-    RUN_RETRY,
-    parse_cancel,
-    parse_retry,
-    parse_sent,
+from workers.protocol.scripts.children import (
+    ASKING,
+    CANCEL_TREE,
+    TREE,
+    parse_asking,
+    parse_cancel_tree,
+    parse_tree,
 )
+from workers.protocol.scripts.control import ANSWER_SEND, RUN_RETRY, parse_retry, parse_sent
 
 T = TypeVar("T")
 
@@ -98,7 +99,9 @@ Op = Generator[Request, Any, T]
 Stream = Generator[Request | Emit, Any, None]
 
 ANSWER_SCRIPT = ANSWER_SEND
-CANCEL_SCRIPT = RUN_CANCEL
+CANCEL_TREE_SCRIPT = CANCEL_TREE
+TREE_SCRIPT = TREE
+ASKING_SCRIPT = ASKING
 RETRY_SCRIPT = RUN_RETRY
 DECIDE_SEND_SCRIPT = DECIDE_SEND
 
@@ -145,13 +148,23 @@ class Sender:
 
 def status(run_id: str) -> Op[RunStatus]:
     state = yield Call("HGETALL", keys.state(run_id))
-    return status_of(run_id, state)
+    return (yield from with_asking(run_id, status_of(run_id, state)))
 
 
 def snapshot(run_id: str) -> Op[tuple[RunStatus, int]]:
     """The status and the count of answers not applied yet, read at one instant (MULTI)."""
     state, unapplied = yield Pipeline([("HGETALL", keys.state(run_id)), ("HLEN", keys.inbox(run_id))], True)
-    return status_of(run_id, state), int(unapplied)
+    return (yield from with_asking(run_id, status_of(run_id, state))), int(unapplied)
+
+
+def with_asking(run_id: str, current: RunStatus) -> Op[RunStatus]:
+    """A run waiting on its children: the first descendant that asks and its question (ASKING)."""
+    if current.status != "waiting":
+        return current
+    asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+    if asking is None:
+        return current
+    return current.model_copy(update={"asking": asking[0], "asked": asking[1]})
 
 
 def history(run_id: str) -> Op[list[ChatMessage]]:
@@ -248,13 +261,16 @@ def _id_key(entry_id: str) -> tuple[int, int]:
 
 def wait(run_id: str, timeout: float, poll_s: float) -> Op[RunStatus]:
     """The status once the run has ended, or parked on a question that no sent answer or cancel is
-    on its way to; TimeoutError after `timeout` s."""
+    on its way to (its own, or a descendant's while it waits on its children: `asking`);
+    TimeoutError after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:
         current, unapplied = yield from snapshot(run_id)
         if current.status in FINAL:
             return current
         if current.status == "asked" and not (current.cancel_requested or unapplied):
+            return current
+        if current.asking is not None and not current.cancel_requested:  # a descendant's question
             return current
         if time.monotonic() >= deadline:
             raise TimeoutError(
@@ -273,6 +289,11 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
     nothing is sent): the answer id."""
     if content.startswith(DECISIONS_MARK):
         raise ValueError("An answer may not start with the record separator \\x1e.\n  Strip it.")
+    status, children = yield Call("HMGET", keys.state(run_id), "status", "children")
+    if status not in (None, "asked") and int(children or 0):  # a run with children: one of them may ask
+        asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+        if asking is not None:  # (also in the moment between its children's start and its park)
+            return (yield from answer(sender, asking[0], content, None))
     answer_id = uuid.uuid4().hex
     [(_, queue, message), (_, channel, payload)] = sender.commands(
         ANSWER, [run_id, answer_id], f"{run_id}:answer:{answer_id}", "control"
@@ -281,6 +302,14 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
     args = [run_id, answer_id, pinned, content, time.time(), message, channel, payload]
     where = [keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.LIVE_RUNS, queue]
     sent = parse_sent((yield Eval(ANSWER_SCRIPT, where, args)))
+    if sent.what == "waiting":  # the run waits on its children: the answer goes to the one that asks
+        asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+        if asking is None:
+            raise RunStateError(
+                f"Run {run_id!r} waits on its child runs, and none of them asks a question.\n"
+                f"  `toolloop status {run_id}` shows its children; answer when one asks."
+            )
+        return (yield from answer(sender, asking[0], content, None))
     if sent.what == "missing":
         raise RunNotFoundError(run_id)
     if sent.what == "ended":
@@ -461,15 +490,31 @@ def decision_states(
 
 
 def cancel(sender: Sender, run_id: str) -> Op[None]:
-    found = parse_cancel((yield Eval(CANCEL_SCRIPT, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id])))
+    """Cancel the run and every run it spawned (CANCEL_TREE: one atomic walk of its tree); a
+    `toolloop.cancel` task finishes the cancel of the run and of each parked descendant."""
+    where, args = [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id, keys.PREFIX]
+    found = parse_cancel_tree((yield Eval(CANCEL_TREE_SCRIPT, where, args)))
     if found is None:
         raise RunNotFoundError(run_id)
-    if found in FINAL:
+    status, marked = found
+    if status in FINAL:
         raise RunStateError(
-            f"Run {run_id!r} has ended ({found}); there is nothing to cancel.\n"
+            f"Run {run_id!r} has ended ({status}); there is nothing to cancel.\n"
             "  `toolloop status` shows how it ended."
         )
-    yield Pipeline(sender.commands(CANCEL, [run_id], f"{run_id}:cancel", "control"))
+    commands = []
+    for one, was in marked:
+        if one == run_id or was == "asked":
+            commands += sender.commands(CANCEL, [one], f"{one}:cancel", "control")
+    yield Pipeline(commands)
+
+
+def tree(run_id: str, most: int) -> Op[list[RunNode]]:
+    """The run and the runs it spawned, breadth first (TREE), at most `most` of them."""
+    nodes = parse_tree((yield Eval(TREE_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX, most])))
+    if not nodes:
+        raise RunNotFoundError(run_id)
+    return nodes
 
 
 def retry(sender: Sender, run_id: str) -> Op[None]:
@@ -537,6 +582,9 @@ def status_of(run_id: str, state: dict[str, str]) -> RunStatus:
         cancel_requested=state.get("cancel") == "1",
         created_at=float(state["created"]) if "created" in state else None,
         updated_at=float(state["touched"]) if "touched" in state else None,
+        parent=state.get("parent") or None,
+        depth=int(state.get("depth", 0)),
+        children=int(state.get("children", 0)),
     )
 
 

@@ -215,6 +215,9 @@ class ShardedClient:
     def cancel(self, run_id: str) -> None:
         self.shard(run_id).cancel(run_id)
 
+    def tree(self, run_id: str, *, most: int = 1000) -> list[Any]:
+        return self.shard(run_id).tree(run_id, most=most)  # a child's id begins with its parent's: one shard
+
     def retry(self, run_id: str) -> None:
         self.shard(run_id).retry(run_id)
 
@@ -322,6 +325,9 @@ class AsyncShardedClient:
 
     async def cancel(self, run_id: str) -> None:
         await self.shard(run_id).cancel(run_id)
+
+    async def tree(self, run_id: str, *, most: int = 1000) -> list[Any]:
+        return await self.shard(run_id).tree(run_id, most=most)
 
     async def retry(self, run_id: str) -> None:
         await self.shard(run_id).retry(run_id)

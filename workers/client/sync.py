@@ -32,7 +32,7 @@ from workers.client.drive import SyncDriver
 from workers.client.limits import check_answer, check_decision
 from workers.config.settings import Settings
 from workers.protocol.errors import NoRedisError
-from workers.protocol.records import DecisionState, RunEventRecord, RunStatus
+from workers.protocol.records import DecisionState, RunEventRecord, RunNode, RunStatus
 from workers.protocol.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -181,7 +181,8 @@ class Client:
         yet). The first answer sent to a question wins; later ones are ignored (nothing is sent).
         Pass the `segment` of the status that showed the question to make a late duplicate (sent
         after the run resumed) count as a duplicate rather than as an early answer to the next
-        question. Returns the answer id."""
+        question. A run that has child runs passes the answer to the first of its descendants that
+        asks, if one does (docs/children.md). Returns the answer id."""
         check_answer(content, self.settings)
         return self._driver.run(ops.answer(self._sender, run_id, content, segment))
 
@@ -257,9 +258,14 @@ class Client:
 
     def cancel(self, run_id: str) -> None:
         """Stop the run: its live step is aborted where it runs, open calls are answered
-        `Not run: cancel.`, and it ends with status "cancel". Survives worker restarts. A run that has
-        ended already raises `RunStateError`."""
+        `Not run: cancel.`, and it ends with status "cancel". Every run it spawned is cancelled with it
+        (docs/children.md). Survives worker restarts. A run that has ended already raises `RunStateError`."""
         self._driver.run(ops.cancel(self._sender, run_id))
+
+    def tree(self, run_id: str, *, most: int = 1000) -> list[RunNode]:
+        """The run and the child runs it spawned, and theirs, breadth first (each after its parent),
+        at most `most` of them (docs/children.md)."""
+        return self._driver.run(ops.tree(run_id, most))
 
     def retry(self, run_id: str) -> None:
         """Run a failed run again from its journal: finished steps replay, the failed one runs again."""

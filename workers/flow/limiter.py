@@ -35,6 +35,7 @@ from workers.protocol.lua import Lua
 from workers.protocol.scripts import accounts as account_scripts
 from workers.protocol.scripts import ratelimit as rate_scripts
 from workers.protocol.spec import RunSpec
+from workers.runs.children import is_spawn
 
 log = logging.getLogger("toolloop.workers")
 
@@ -155,6 +156,8 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
 
     def wrapped(tool: ToolSpec) -> ToolSpec:
         run, estimate_usd = tool.run, tool.estimate_usd
+        if is_spawn(tool):  # its children reserve from the account themselves, as they spend
+            return tool
         if tool.start is not None and tool.wait is not None:
             return reserved_two_phase(process, account, tool)
         if run is None:

@@ -25,6 +25,8 @@ one of LINDEX, nothing in between scrapes).
     toolloop_leases_lost_total                   steps stopped because their lease was lost
     toolloop_outbox_resent_total                 successors the sweeper sent again
     toolloop_sweeper_redrives_total              runs the sweeper re-drove
+    toolloop_children_started_total              child runs `spawn` started (workers/step/children.py)
+    toolloop_children_ended_total{status}        child runs this worker ended, by status
     toolloop_queue_depth{queue}                  messages waiting (all priorities), read on scrape
     toolloop_queue_oldest_seconds{queue}         how long the oldest of them has waited (0: none),
                                                  read on scrape (workers/observe/queueage.py)
@@ -108,6 +110,13 @@ class Metrics:
             "toolloop_outbox_resent", "Successors the sweeper sent again", registry=registry
         )
         self.redriven = Counter("toolloop_sweeper_redrives", "Runs the sweeper re-drove", registry=registry)
+        self.children = Counter("toolloop_children_started", "Child runs spawn started", registry=registry)
+        self.children_ended = Counter(
+            "toolloop_children_ended",
+            "Child runs ended by this worker, by status",
+            ["status"],
+            registry=registry,
+        )
         if depths is not None:
             registry.register(_PerQueue("toolloop_queue_depth", "Messages waiting on a step queue", depths))
         if oldest is not None:
@@ -172,6 +181,12 @@ class Metrics:
 
     def run_ended(self, status: str) -> None:
         self.child(self.runs, status).inc()
+
+    def children_started(self, count: int) -> None:
+        self.children.inc(count)
+
+    def child_ended(self, status: str) -> None:
+        self.child(self.children_ended, status).inc()
 
     def swept(self, done: dict[str, int]) -> None:
         self.resent.inc(done.get("resent", 0))

@@ -220,4 +220,6 @@ class StepTrace:
             return
         attributes = {"toolloop.run_id": self.run_id, "toolloop.segment": self.segment,
                       "toolloop.step.n": self.n, "toolloop.outcome": outcome, **attributes}  # fmt: skip
+        if self.state.get("parent"):  # a child run (workers/step/children.py): its span is under its parent's
+            attributes["toolloop.parent_run_id"] = self.state["parent"]
         segment_span(SEGMENT_SPAN, self.ids, self.caller, self.start_ns(), attributes)

@@ -5,7 +5,11 @@ re-exported here, so the workers name every key through this module).
 Every key of one run carries the hash tag `{<run_id>}`, so a run lives on one slot of a Redis
 Cluster and each Lua script touches one slot. (One script reads a key it does not declare:
 RUN_BEGIN builds the current segment's journal name from the run's state; it has the run's tag, so
-the same slot.) The one key outside a run is the index of live runs
+the same slot.) A child run (workers/step/children.py) has the id `<parent id>.<derived>`, and its
+keys carry the ROOT run's tag: `tl:{<root>}.<rest>:state` (toolloop/journal/keys.py run_key). So a
+whole tree of runs lives on one slot, and the scripts that spawn children, end a child and wake its
+parent, or cancel a tree touch that one slot.
+The one key outside a run is the index of live runs
 that the sweeper scans; it is only ever written on its own (never inside a run's script), so it is
 a superset of the live runs, never the source of truth.
 
@@ -34,6 +38,11 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:decide:outcomes hash    what workers made of the decisions they applied
     tl:{<run>}:mcptools        hash    field = MCP server label, value = the tools it listed when the
                                        run first needed them (JSON list), written with HSETNX only
+    tl:{<run>}:children        hash    the child runs it spawned (workers/step/children.py): field
+                                       "call:<seg>/<call id>" = JSON list of child ids, "open:<seg>/<call
+                                       id>" = how many of them have not ended, "<child id>" = the ended
+                                       child's record (HSETNX), "ids" = every child id (JSON list),
+                                       "spent_micros" = the ended children's spend in micro-dollars
     tl:{<run>}:mcptasks        hash    field = a two-phase MCP tool's start step key, value = its task
                                        (server, task id, session; how it ended: workers/step/mcptasks.py)
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
@@ -52,9 +61,9 @@ a superset of the live runs, never the source of truth.
 
 from __future__ import annotations
 
-from toolloop.journal.keys import PREFIX, fence, journal, lease, run_key
+from toolloop.journal.keys import CHILD_SEP, PREFIX, fence, journal, lease, run_key
 
-__all__ = ["PREFIX", "fence", "journal", "lease"]  # the library's three, re-exported
+__all__ = ["CHILD_SEP", "PREFIX", "fence", "journal", "lease"]  # the library's three, re-exported
 
 LIVE_RUNS = f"{PREFIX}runs:live"
 ALL_RUNS = f"{PREFIX}runs:all"
@@ -62,6 +71,17 @@ ENDED_RUNS = f"{PREFIX}runs:ended"
 CANCEL_CHANNEL = f"{PREFIX}cancel"
 SWEEP_LOCK = f"{PREFIX}sweep:lock"
 REJECTED = "toolloop:rejected"
+
+
+def root_of(run_id: str) -> str:
+    """The root run of `run_id`'s tree (itself for a run that is no run's child)."""
+    return run_id.partition(CHILD_SEP)[0]
+
+
+def parent_of(run_id: str) -> str | None:
+    """The parent run of a child run's id (None for a root)."""
+    parent, sep, _ = run_id.rpartition(CHILD_SEP)
+    return parent if sep else None
 
 
 def spec(run_id: str) -> str:
@@ -115,6 +135,11 @@ def mcp_tools(run_id: str) -> str:
     return run_key(run_id, "mcptools")
 
 
+def children(run_id: str) -> str:
+    """The child runs a run spawned and how each ended (workers/step/children.py)."""
+    return run_key(run_id, "children")
+
+
 def mcp_tasks(run_id: str) -> str:
     """The MCP tasks a run started (workers/step/mcptasks.py): field = the start step's key."""
     return run_key(run_id, "mcptasks")
@@ -163,7 +188,7 @@ WAITS_DUE = f"{PREFIX}waits:due"
 
 RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
                  "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes",
-                 "mcptools", "mcptasks")  # fmt: skip
+                 "mcptools", "mcptasks", "children")  # fmt: skip
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:

@@ -7,12 +7,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 Status = Literal[
-    "queued", "running", "asked", "done", "budget", "steps", "cancel", "refused", "failed", "expired"
+    "queued",
+    "running",
+    "asked",
+    "waiting",
+    "done",
+    "budget",
+    "steps",
+    "cancel",
+    "refused",
+    "failed",
+    "expired",
 ]
 FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "refused", "failed", "expired"})
 RUN_EVENT_KINDS: frozenset[str] = frozenset({
     "queued", "parked", "answered", "resumed", "finished", "failed",
     "approval_requested", "approval_decided", "approval_refused", "approval_expired", "expired",
+    "child_started", "waiting", "child_finished", "woken", "child_asked",
 })  # fmt: skip
 """Run-level events; the others are the loop's own (`model`, `tool`, `budget`)."""
 
@@ -44,10 +55,35 @@ class RunStatus(BaseModel):
     cancel_requested: bool = False
     created_at: float | None = None
     updated_at: float | None = None
+    parent: str | None = None
+    """The run that spawned this one (a child run, docs/children.md); None for a root."""
+    depth: int = 0
+    """How deep in its tree: 0 for a root, 1 for its children, ..."""
+    children: int = 0
+    """How many child runs it has spawned (`Client.tree` lists them). `waiting`: it waits for them."""
+    asking: str | None = None
+    """While it waits on its children: the first descendant that asks a question (its id; `asked` is
+    that question). `Client.answer(run_id, ...)` answers it."""
 
     @property
     def finished(self) -> bool:
         return self.status in FINAL
+
+
+class RunNode(BaseModel):
+    """One run of a tree (`Client.tree`): `parent` is None for the run asked about; `budget_usd` is a
+    child's budget slice (None for that run); `asked` its question while it asks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    parent: str | None
+    status: Status
+    spent_usd: float
+    steps: int
+    budget_usd: float | None = None
+    asked: dict[str, Any] | None = None
+    final_text: str | None = None
 
 
 class DecisionState(BaseModel):

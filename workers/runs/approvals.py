@@ -119,7 +119,10 @@ def _decide(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: s
     except ApprovalError as error:
         result = Settled("refused", why=str(error))
     outcome = result.what
-    if result.member is not None:
+    parent = keys.parent_of(run_id)
+    if outcome == "expired" and result.member is not None and parent is not None:
+        send_member(client, celery, parent, result.member)  # the expired child woke its parent
+    elif result.member is not None:
         _send_member(client, celery, run_id, result.member)
     kept = json.dumps({"call_id": call_id, "outcome": outcome, "why": result.why, "at": time.time()})
     if outcome == "expired":
@@ -180,10 +183,13 @@ def settle(client: redis_lib.Redis, celery: Celery, run_id: str, retention: floa
     """Apply early decisions and passed deadlines of a parked run; resume it when that decides it. A
     run that ends `expired` here starts its retention (`retention` s, TOOLLOOP_RETENTION)."""
     result = parse_settled(_run_script(client, SETTLE, run_id, []))
-    if result.member is not None:
-        _send_member(client, celery, run_id, result.member)
     if result.what == "expired":
         _ended(client, run_id, retention)
+        parent = keys.parent_of(run_id)
+        if result.member is not None and parent is not None:  # its end woke its parent (a child run)
+            send_member(client, celery, parent, result.member)
+    elif result.member is not None:
+        _send_member(client, celery, run_id, result.member)
     return result.what
 
 

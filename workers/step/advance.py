@@ -56,6 +56,8 @@ from workers.protocol.scripts.lease import LEASE_RELEASE
 from workers.protocol.spec import RunSpec
 from workers.runs import approvals
 from workers.runs.lifecycle import segment_messages
+from workers.step import children
+from workers.step.children import Spawner
 from workers.step.commit import Commits, log
 from workers.step.mcptools import run_tools
 
@@ -175,14 +177,15 @@ class _Step(Commits):
             if loaded is None or loaded.spec is None:
                 raise LookupError(f"Run {self.run_id!r} has no spec in Redis.\n  Enqueue it again.")
             spec, answer = RunSpec.model_validate_json(loaded.spec), loaded.answer
-            tools = flow.wrap_tools(
-                self.process, await run_tools(self.process, self.run_id, spec.toolset), spec
+            spawner = Spawner(self.process, spec)  # `spawn`, bound to this run (its loop's step names it)
+            tools = spawner.bind(
+                flow.wrap_tools(self.process, await run_tools(self.process, self.run_id, spec.toolset), spec)
             )
             decisions = approvals.decisions_of(answer)
             messages = segment_messages(loaded.input, None if decisions else answer)
         except Exception as error:
             return await self.commit_failure(error)
-        live = self.live = LiveLoop({tool.name: tool for tool in tools})
+        live = self.live = spawner.live = LiveLoop({tool.name: tool for tool in tools})
         live.held_names = approvals.held_names(messages, decisions)
         live.journal = SegmentJournal(
             self.run_id, self.prefix, loaded.journal, signal=live.controller.signal, live_steps=1,
@@ -321,12 +324,16 @@ class _Step(Commits):
         unless its deadline is near; an awaitable then, which the journal awaits)."""
         assert self.live is not None
         self.process.hooks.point("work:before", run=self.run_id, key=key)
-        self.process.arm(self.run_id, self.live.controller)
+        # a `spawn` wait only reads how its children ended: a cancel does not skip it (the children's
+        # spend is counted), the next step stops the run
+        collects = children.collects(self.live, key)
+        if not collects:
+            self.process.arm(self.run_id, self.live.controller)
         if self.trace is not None:
             self.trace.enter()
         if self.metrics is not None:
             self.metrics.work_began(key, self.queue, self.delivered)
-        if self.state.get("cancel") == "1":
+        if self.state.get("cancel") == "1" and not collects:
             self.live.controller.abort("cancel")
         if self.held is None:
             return None

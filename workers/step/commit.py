@@ -45,7 +45,7 @@ from workers.protocol.scripts.commit import (
 from workers.protocol.spec import RunSpec
 from workers.runs import approvals
 from workers.runs.lifecycle import flush_outbox
-from workers.step import routing
+from workers.step import children, routing
 from workers.step.mcptasks import cancel_open
 
 log = logging.getLogger("toolloop.workers")
@@ -211,12 +211,16 @@ class Commits:
         cost = pending[0][2] if pending else 0.0
         committed = int(self.state.get(f"events:{self.segment}", 0))
         successor, go_on = self._go_on(outcome, queue, next_key)
+        part = children.commit_part(self, outcome, next_key, state)
+        if part is not None and part.wait_open is not None:
+            successor, go_on = None, None  # the run may park waiting on its children: nothing runs here
         payload = Commit(
             token=self.token, lease=self.lease, n=self.n, segment=self.segment, run=self.run_id,
             outcome=outcome, now=time.time(), field=field, value=value, queue=queue,
             state=self._state(state), events=self._fresh_events(committed), history=history,
             final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
             streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
+            children=part,
         )  # fmt: skip
         where = self.prefix + (field or "-")
         r = self.run_id
@@ -229,8 +233,9 @@ class Commits:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         self.process.hooks.point("commit:after", run=r, key=where)
-        if self.metrics is not None:
-            self.count_commit(outcome, field, cost, committed, state.get("status"))
+        if self.metrics is not None:  # a spawn wait's cost is its children's, counted as they spent
+            spent_here = 0.0 if children.collects(self.live, field) else cost
+            self.count_commit(outcome, field, spent_here, committed, state.get("status"))
         live = self.live
         if live is not None:
             live.committed_events()  # before the successor may resume the loop (go_on)
@@ -247,6 +252,10 @@ class Commits:
             self.process.kept.keep(r, live)
             self.kept = True
         await self.publish(reply.member, key=where, phase=outcome, next=next_key)
+        if reply.woke is not None:
+            children.wake_parent(self, reply.woke)
+        if reply.waiting:
+            return "wait"
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, r)
             for command in runlist.expire_commands(r, self.segment, self.settings.retention):
@@ -305,7 +314,8 @@ class Commits:
                     RUN_COMMIT,
                     [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
                      keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE],
+                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE,
+                     keys.children(r)],
                     [payload.encode()], durable=True,
                 )  # fmt: skip
                 return parse_commit(reply)

@@ -21,7 +21,7 @@ from toolloop import redisurl
 from workers.config.celery import send
 from workers.protocol import keys, lua, names
 from workers.protocol.records import FINAL
-from workers.protocol.scripts.control import RUN_CANCEL, parse_cancel
+from workers.protocol.scripts.children import CANCEL_TREE, parse_cancel_tree
 
 log = logging.getLogger("toolloop.workers")
 
@@ -112,15 +112,17 @@ def _literal(text: str) -> Any:
 def _cancel_run(state: Any, run_id: str) -> bool:
     """Cancel a run as `Client.cancel` does (idempotent: every worker gets a broadcast revoke)."""
     client = redisurl.sync_client(state.app.conf.toolloop_redis_url, decode_responses=True)
-    try:
-        status = parse_cancel(
-            lua.run(client, RUN_CANCEL, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id])
+    try:  # the run and every run it spawned (docs/children.md)
+        found = parse_cancel_tree(
+            lua.run(client, CANCEL_TREE, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id, keys.PREFIX])
         )
     finally:
         client.close()
-    if status is None or status in FINAL:
+    if found is None or found[0] in FINAL:
         return False
-    send(state.app, names.CANCEL, [run_id], queue=names.CONTROL, task_id=names.cancel_task_id(run_id))
+    for one, was in found[1]:
+        if one == run_id or was == "asked":
+            send(state.app, names.CANCEL, [one], queue=names.CONTROL, task_id=names.cancel_task_id(one))
     log.warning("run %s cancelled: a step of it was revoked (celery control revoke)", run_id)
     return True
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.protocol.lua import Lua
+from workers.protocol.scripts.children import CHILD_ENDED
 from workers.protocol.scripts.prelude import PRELUDE, with_prelude
 
 DECISIONS_MARK = "\x1eapprovals\x1e"
@@ -26,6 +27,20 @@ DEADLINE_REASON = "no decision before the deadline"
 _SETTLE = """
 -- KEYS: 1 state 2 decisions 3 answers 4 events 5 outbox 6 waits-due; ARGV[1]=run id
 local RUN = ARGV[1]
+local function expired_child(now)
+  -- a child run (workers/runs/children.py) that ends `expired` here ends for its parent as RUN_COMMIT's
+  -- stop does: its parent's keys are its own with its last id part dropped (`tl:{root}.a.b:state`
+  -- -> `tl:{root}.a:*`, toolloop/journal/keys.py) -> the woken parent's outbox member, or false
+  local parent, call = redis.call('HGET', KEYS[1], 'parent'), redis.call('HGET', KEYS[1], 'call')
+  if not parent or not call then return false end
+  local base = string.match(string.sub(KEYS[1], 1, -7), '^(.*)%.[^.]*$')
+  local spent = tonumber(redis.call('HGET', KEYS[1], 'spent_usd') or '0')
+  local micros = string.format('%d', math.floor(spent * 1000000 + 0.5))
+  local record = cjson.encode({child = RUN, status = 'expired', spent_usd = tonumber(micros) / 1000000,
+    spent_micros = micros, final_text = redis.call('HGET', KEYS[1], 'final_text') or ''})
+  return child_ended({state = base .. ':state', children = base .. ':children', events = base .. ':events',
+    outbox = base .. ':outbox', open = 'open:' .. call, record = record, micros = micros}, RUN, now)
+end
 local function resume(segment, now, queue)
   queue = queue or 'llm'
   local next_segment = tonumber(segment) + 1
@@ -116,12 +131,13 @@ local function settle(now)
     final_text = redis.call('HGET', KEYS[1], 'final_text') or cjson.null,
     spent_usd = tonumber(redis.call('HGET', KEYS[1], 'spent_usd') or '0'),
     steps = tonumber(redis.call('HGET', KEYS[1], 'steps') or '0')}))
-  return {'expired'}
+  return {'expired', expired_child(now)}
 end
 """
 
 SETTLE = Lua(
     PRELUDE
+    + CHILD_ENDED
     + _SETTLE
     + """
 -- Apply what is due of a parked run: early decisions, expired deadlines. ARGV[2]=mark ARGV[3]=now
@@ -132,6 +148,7 @@ return settle(tonumber(ARGV[3]))
 
 DECIDE_SCRIPT = Lua(
     PRELUDE
+    + CHILD_ENDED
     + _SETTLE
     + """
 -- Record one decision. ARGV[2]=mark ARGV[3]=now ARGV[4]=call id ARGV[5]=decision JSON
@@ -265,8 +282,9 @@ def parse_decide_sent(reply: list[Any]) -> DecideSent:
 @dataclass(frozen=True, slots=True)
 class Settled:
     """SETTLE's or DECIDE_SCRIPT's reply: what happened (`resumed`, `waiting`, `expired`, `idle`;
-    `recorded`, `kept`, `ignored`, `refused`), the outbox member to send when `resumed`, and why a
-    decision was `ignored` or `refused`."""
+    `recorded`, `kept`, `ignored`, `refused`), the outbox member to send when `resumed` (when
+    `expired`: the member of the parent run the expired child woke, if any), and why a decision was
+    `ignored` or `refused`."""
 
     what: str
     member: str | None = None
@@ -277,6 +295,6 @@ def parse_settled(reply: list[Any]) -> Settled:
     """SETTLE's or DECIDE_SCRIPT's reply, parsed once."""
     what = str(reply[0])
     detail = str(reply[1]) if len(reply) > 1 and reply[1] is not None else None
-    if what == "resumed":
+    if what in ("resumed", "expired"):  # expired: the member of the parent it woke, if any
         return Settled(what, member=detail)
     return Settled(what, why=detail or "")

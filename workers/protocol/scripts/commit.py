@@ -9,13 +9,16 @@ from typing import Any, Literal
 
 from toolloop.fastjson import dumps
 from workers.protocol.scripts.begin import NotBegun, Started, pairs
+from workers.protocol.scripts.children import CHILD_ENDED
 from workers.protocol.scripts.prelude import with_prelude
 
-RUN_COMMIT = with_prelude("""
+RUN_COMMIT = with_prelude(
+    """
 -- End of an `advance` task: the step's value, its events, and what comes next, in one write.
 -- KEYS: 1 state 2 fence 3 lease 4 events 5 outbox 6 history 7 input 8 answers 9 journal (segment)
 --       10 attempts 11 spend 12 unacked 13 unacked_index (kombu's: only with go_on)
 --       14 the waits-due zset (a park with a deadline or held approvals: p.due, p.run)
+--       15 the run's children hash (child runs, below)
 -- ARGV[1]: JSON {token, lease, n, segment, field, value, events: [[index, kind, data]...],
 --   outcome: 'next'|'park'|'stop'|'fail', queue, now, state: {field: text}, history,
 --   final: [kind, data] (the run event of a stop or a failure), parked (data), cancel_text,
@@ -31,6 +34,16 @@ RUN_COMMIT = with_prelude("""
 -- caller (kombu's unacked, restored from there if the caller dies), its outbox entry is dropped,
 -- the run's lease goes to go_on.owner with a new token, and the delivery is counted.
 -- begun = {token, attempts, state (flat), outside spend, tag}, as RUN_BEGIN's 'run' reply has them.
+-- Child runs (workers/step/children.py, workers/runs/children.py; KEYS 15 the run's children hash):
+-- a 'next' commit with wait_open (the children field of the `spawn` call whose wait runs next) parks
+-- the run `waiting` instead, while that call has children open: no successor, no lease (the last
+-- child's end wakes it); a child's stop or failure (parent: its parent's keys, its record and spend)
+-- runs `child_ended`; a child's park on a question tells its ancestors (`child_asked` on each one's
+-- events). The reply
+-- then ends with {waiting (1 or 0), the woken parent's outbox member or false}.
+"""
+    + CHILD_ENDED
+    + """
 local p = cjson.decode(ARGV[1])
 local segment = tostring(p.segment)
 local function stored()
@@ -63,10 +76,15 @@ local function resume(next_segment)
   member = (p.n + 1) .. '|llm'
   redis.call('ZADD', KEYS[5], p.now, member)
 end
+local waiting, woke = 0, false
 if p.outcome == 'next' then
   member = (p.n + 1) .. '|' .. p.queue
   redis.call('HSET', KEYS[1], 'queue', p.queue)
-  if p.go_on then
+  if p.wait_open and tonumber(redis.call('HGET', KEYS[15], p.wait_open) or '0') > 0 then
+    redis.call('HSET', KEYS[1], 'status', 'waiting', 'wait_member', member)
+    emit(KEYS[1], KEYS[4], segment, 'waiting', p.waiting)
+    member, waiting = false, 1
+  elseif p.go_on then
     local g = p.go_on
     for _, old in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
       local m = tonumber(string.match(old, '^(%d+)|'))
@@ -83,7 +101,7 @@ if p.outcome == 'next' then
       {token, attempts, redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[11]) or '0',
        p.lease .. '|' .. segment}}
   end
-  redis.call('ZADD', KEYS[5], p.now, member)
+  if member then redis.call('ZADD', KEYS[5], p.now, member) end
 elseif p.outcome == 'park' then
   local next_segment = p.segment + 1
   redis.call('HSET', KEYS[7], 's' .. next_segment, p.history)
@@ -93,6 +111,9 @@ elseif p.outcome == 'park' then
     emit(KEYS[1], KEYS[4], segment, 'approval_requested', requested)
   end
   if p.due then redis.call('ZADD', KEYS[14], p.due, p.run) end
+  for _, a in ipairs(p.ancestors or {}) do
+    emit(a[1], a[2], redis.call('HGET', a[1], 'segment') or '0', 'child_asked', p.parked_child)
+  end
   local answer = redis.call('HGET', KEYS[8], 's' .. segment)
   if not answer and redis.call('HGET', KEYS[1], 'cancel') == '1' then
     answer = p.cancel_text
@@ -108,15 +129,18 @@ elseif p.outcome == 'park' then
 else
   if p.history then redis.call('SET', KEYS[6], p.history) end
   emit(KEYS[1], KEYS[4], segment, p.final[1], p.final[2])
+  if p.parent then woke = child_ended(p.parent, p.run, p.now) end
 end
 if redis.call('GET', KEYS[3]) == p.lease then redis.call('DEL', KEYS[3]) end
-return {1, stored(), member, false}
-""")
+return {1, stored(), member, false, waiting, woke}
+"""
+)
 
 CommitOutcome = Literal["next", "park", "stop", "fail"]
 """What a commit records: a successor, a park, the run's stop, or its failure."""
-StepOutcome = CommitOutcome | NotBegun | Literal["fenced"]
-"""What one `advance` task came to (`fenced`: a newer copy holds the run; it re-drives)."""
+StepOutcome = CommitOutcome | NotBegun | Literal["fenced", "wait"]
+"""What one `advance` task came to (`fenced`: a newer copy holds the run; it re-drives; `wait`: it
+parked waiting on its child runs, its segment going on when they end)."""
 CANCEL_TEXT = "Not run: cancel."
 
 
@@ -129,6 +153,31 @@ class GoOn:
     lease_ms: int
     tag: str
     unacked: str
+
+
+@dataclass(frozen=True, slots=True)
+class Children:
+    """The child-run part of a commit: `wait_open` / `waiting` (a 'next' commit whose next step is a
+    `spawn` wait: the children field to check, the `waiting` event's data); `parent` (a child's stop
+    or failure: its parent's state, children, events and outbox keys, the open field of its call,
+    its record JSON and its spend in micro-dollars as text); `ancestors` / `parked_child` (a child's
+    park: each ancestor's [state, events] keys and the `child_asked` event's data)."""
+
+    wait_open: str | None = None
+    waiting: str | None = None
+    parent: dict[str, str] | None = None
+    ancestors: list[list[str]] | None = None
+    parked_child: str | None = None
+
+    def payload(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        if self.wait_open is not None:
+            found |= {"wait_open": self.wait_open, "waiting": self.waiting or "{}"}
+        if self.parent is not None:
+            found["parent"] = self.parent
+        if self.ancestors:
+            found |= {"ancestors": self.ancestors, "parked_child": self.parked_child or "{}"}
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +209,8 @@ class Commit:
     streamed: str = ""
     """The attempt mark of the streamed model step whose event this commit carries
     (workers/process/deltas.py)."""
+    children: Children | None = None
+    """What a run with child runs adds to its commit (workers/step/children.py, workers/runs/children.py)."""
 
     def encode(self) -> bytes:
         """The JSON RUN_COMMIT decodes (absent fields are left out: Lua reads a JSON null as true)."""
@@ -175,6 +226,8 @@ class Commit:
             payload["requested"] = self.requested
         if self.streamed:
             payload["streamed"] = self.streamed
+        if self.children is not None:
+            payload.update(self.children.payload())
         if self.go_on is not None:
             g = self.go_on
             payload["go_on"] = {"owner": g.owner, "lease_ms": g.lease_ms, "tag": g.tag, "unacked": g.unacked}
@@ -190,15 +243,26 @@ class Committed:
     stored: str | None
     member: str | None
     begun: Started | None
+    waiting: bool = False
+    """The run parked `waiting` on its children (no successor recorded)."""
+    woke: str | None = None
+    """A child's end woke its parent: the parent's outbox member ("<n>|<queue>") to send."""
 
 
 def parse_commit(reply: list[Any]) -> Committed:
     """RUN_COMMIT's reply, parsed once."""
-    ok, stored, member, begun = reply
+    ok, stored, member, begun, *rest = reply
+    waiting = bool(rest and int(rest[0] or 0))
+    woke = str(rest[1]) if len(rest) > 1 and rest[1] else None
     started = None
     if begun:
         token, attempts, state, outside, tag = begun
         started = Started(int(token), int(attempts), pairs(state), float(outside), str(tag))
     return Committed(
-        int(ok) == 1, None if stored is None else str(stored), str(member) if member else None, started
+        int(ok) == 1,
+        None if stored is None else str(stored),
+        str(member) if member else None,
+        started,
+        waiting,
+        woke,
     )

@@ -1,6 +1,7 @@
 """The run scripts of clients, control tasks and the sweeper, each with its reply typed:
-ANSWER_SEND (`parse_sent`: the client's), RUN_ANSWER (`parse_answer`), RUN_RETRY (`parse_retry`),
-RUN_CANCEL (`parse_cancel`) and INDEX_DROP (its reply, 1 when dropped, is not read)."""
+ANSWER_SEND (`parse_sent`: the client's), RUN_ANSWER (`parse_answer`), RUN_RETRY (`parse_retry`)
+and INDEX_DROP (its reply, 1 when dropped, is not read). A cancel is CANCEL_TREE
+(workers/protocol/scripts/children.py): the run and every run it spawned."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ ANSWER_SEND = with_prelude("""
 -- KEYS: 1 state 2 answers 3 inbox 4 live-runs index 5 the control queue's list
 -- ARGV: 1 run id 2 answer id 3 segment ('' = the run's current one) 4 content 5 now 6 message
 --       7 task-sent channel 8 task-sent payload
--- -> {'sent', segment} | {'ignored', why} | {'ended', status} | {'late', status} | {'missing'}
+-- -> {'sent', segment} | {'ignored', why} | {'ended', status} | {'late', status} | {'waiting'}
+--    | {'missing'}
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing'} end
 local current = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
@@ -31,6 +33,7 @@ if status == 'expired' or (pinned and expired == pinned)
     or (status == 'asked' and deadline and now >= deadline) then
   return {'late', status}
 end
+if status == 'waiting' then return {'waiting'} end  -- on its children: the client asks the one that asks
 if pinned and pinned ~= current then return {'ignored', 'that question was already answered'} end
 if redis.call('HSETNX', KEYS[2], 's' .. current, ARGV[4]) == 0 then
   return {'ignored', 'that question was already answered'}
@@ -91,17 +94,6 @@ redis.call('ZADD', KEYS[4], ARGV[1], member)
 return {'queued', member}
 """)
 
-RUN_CANCEL = with_prelude("""
--- Mark a run cancelled (kept across restarts). KEYS: 1 state; ARGV: 1 channel 2 run id
--- -> the status, or false when the run does not exist (an ended run is left as it is)
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return false end
-if terminal(status) then return status end
-redis.call('HSET', KEYS[1], 'cancel', '1')
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return status
-""")
-
 INDEX_DROP = Lua("""
 -- Drop a run from the live-runs index only if its score is still the one the sweeper read.
 -- KEYS[1]=the index; ARGV[1]=run id ARGV[2]=score read -> 1 when dropped
@@ -116,9 +108,10 @@ return 0
 class Sent:
     """ANSWER_SEND's reply: `sent` (claimed for `segment`, its message sent), `ignored` (`why`: the
     question has its answer already), `ended` or `late` (`status`: the run ended, or the question
-    passed its deadline), or `missing` (no such run). Nothing is stored unless `sent`."""
+    passed its deadline), `waiting` (the run waits on its child runs: the question is a child's), or
+    `missing` (no such run). Nothing is stored unless `sent`."""
 
-    what: Literal["sent", "ignored", "ended", "late", "missing"]
+    what: Literal["sent", "ignored", "ended", "late", "waiting", "missing"]
     detail: str = ""
 
 
@@ -126,7 +119,7 @@ def parse_sent(reply: list[Any]) -> Sent:
     """ANSWER_SEND's reply, parsed once."""
     what = str(reply[0])
     detail = str(reply[1]) if len(reply) > 1 else ""
-    if what in ("sent", "ignored", "ended", "late"):
+    if what in ("sent", "ignored", "ended", "late", "waiting"):
         return Sent(what, detail)  # type: ignore[arg-type]
     return Sent("missing")
 
@@ -165,8 +158,3 @@ def parse_retry(reply: list[Any]) -> Retried:
     if str(reply[0]) == "queued":
         return Retried(str(reply[1]))
     return Retried(None, str(reply[1]))
-
-
-def parse_cancel(reply: Any) -> str | None:
-    """RUN_CANCEL's reply: the run's status before the cancel (None: no such run)."""
-    return None if reply is None else str(reply)
