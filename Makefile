@@ -31,8 +31,8 @@ test-integration: prereqs $(STAMP)
 faults: prereqs $(STAMP)  ## the bounded reliability suite (every kill point, 2 runs each; ~4 min); prints its tables
 	$(PY) -m pytest -q -s tests/faults
 
-faults-full: prereqs $(STAMP)  ## the full crash matrix (>= 10 kill points x 20 runs); prints its table
-	TOOLLOOP_FAULTS=full $(PY) -m pytest -q -s tests/faults
+faults-full: prereqs $(STAMP)  ## the full crash matrix (>= 10 kill points x 20 runs), Flower on Sentinel; prints its table
+	TOOLLOOP_FAULTS=full $(PY) -m pytest -q -s tests/faults tests/integration/test_flower_sentinel.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports

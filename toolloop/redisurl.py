@@ -27,8 +27,11 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import NoBackoff
 from redis.connection import parse_url
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from toolloop import sentinel as following
@@ -151,7 +154,10 @@ def _host_port(url: str, item: str) -> tuple[str, int]:
 
 def _timeouts(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The socket timeouts a sentinel lookup should use: the client's, bounded (a sentinel that does not
-    answer must not hold a step)."""
+    answer must not hold a step). The lookups are made without retries (the callers pass
+    `Retry(NoBackoff(), 0)`): redis-py 8 retries a command 10 times with backoff by default, so a
+    hung first sentinel held every new client's first command ~27 s before the next sentinel was
+    asked (tests/integration/test_flower_sentinel.py); without retries, one timeout."""
     found = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if kwargs.get(k)}
     return {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **found}
 
@@ -172,7 +178,8 @@ def sync_client(url: str, *, watcher: following.SwitchWatcher | None = None, **k
     if not target.is_sentinel:
         return redis.Redis.from_url(target.url, **kwargs)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        list(target.sentinels), sentinel_kwargs={**_timeouts(kwargs), **target.sentinel_kwargs}
+        list(target.sentinels),
+        sentinel_kwargs={**_timeouts(kwargs), "retry": Retry(NoBackoff(), 0), **target.sentinel_kwargs},
     )
     node = {**target.node_kwargs, **kwargs}
     tls = node.pop("ssl", False)
@@ -206,7 +213,8 @@ def async_client(
     if blocking_pool:
         kwargs["connection_pool_class"] = following.AsyncBlockingSentinelPool
     sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
-        list(target.sentinels), sentinel_kwargs={**_timeouts(kwargs), **target.sentinel_kwargs}
+        list(target.sentinels),
+        sentinel_kwargs={**_timeouts(kwargs), "retry": AsyncRetry(NoBackoff(), 0), **target.sentinel_kwargs},
     )
     node = {**target.node_kwargs, **kwargs}
     tls = node.pop("ssl", False)

@@ -145,6 +145,17 @@ class SentinelSet:
             time.sleep(0.1)
         raise RuntimeError(f"the sentinels named no new primary within {timeout} s")
 
+    def rejoined(self, port: int, timeout: float = 30) -> None:
+        """Wait until the node on `port` (a demoted primary) replicates the primary again."""
+
+        def replica() -> bool:
+            with contextlib.suppress(redis.RedisError):
+                info = self._client(port).info("replication")
+                return info.get("role") == "slave" and info.get("master_link_status") == "up"
+            return False
+
+        self._wait(replica, timeout)
+
     def replicas_in_sync(self, timeout: float = 30) -> None:
         """Wait until every replica has caught up with the primary (and is connected)."""
         primary = self._client(self.primary_port())

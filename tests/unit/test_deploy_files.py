@@ -111,3 +111,25 @@ def test_procfile_processes_parse() -> None:
     assert "--address=127.0.0.1" in entries["flower"]
     assert entries["web"][0] == "python"
     assert (ROOT / entries["web"][1]).is_file()
+
+
+def test_compose_scales_the_worker_as_written() -> None:
+    """`docker compose up --scale worker=N`, as the docs and the file's header write it: compose starts N
+    copies of a service only if none of them claims something one container can hold (a host port,
+    a container name, a hostname: N workers of one Celery node name would share its wake list); the
+    whole file's `${VAR:?}` are checked whatever is scaled, so the command carries them; the compose
+    stop grace covers the workers' own warm-shutdown grace (workers/config/settings.py)."""
+    from workers.config.settings import Settings
+
+    worker = compose()["services"]["worker"]
+    assert not {"ports", "container_name", "hostname", "volumes"} & set(worker), worker
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+    required = set(re.findall(r"\$\{(\w+):\?", (ROOT / "docker-compose.yml").read_text()))
+    assert required == {"FLOWER_BASIC_AUTH", "TOOLLOOP_WEB_TOKEN"}
+    texts = [(ROOT / "docker-compose.yml").read_text(), (ROOT / "docs" / "operations.md").read_text()]
+    lines = [line for text in texts for line in text.splitlines() if "docker compose up --scale" in line]
+    assert lines, "no `docker compose up --scale` command written"
+    for line in lines:
+        assert all(f"{name}=" in line for name in required), line
+    grace = float(worker["stop_grace_period"].removesuffix("s"))
+    assert grace > Settings.from_env().shutdown_grace

@@ -20,7 +20,7 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), 
 
 def exported() -> set[str]:
     """Every sample name a worker's /metrics can show (labelled series appear once used)."""
-    metrics = Metrics(lambda: {"llm": 0}, lambda: 0)
+    metrics = Metrics(lambda: {"llm": 0}, lambda: 0, lambda: {"llm": 0.0})
     return {family.name + suffix for family in metrics.registry.collect() for suffix in SUFFIXES[family.type]}
 
 
@@ -59,8 +59,10 @@ def test_the_keda_recipe_is_a_scaled_object_over_exported_metrics_and_the_llm_qu
         if "ScaledObject" in found
     )
     assert recipe["kind"] == "ScaledObject" and recipe["spec"]["minReplicaCount"] == 0
-    triggers = {trigger["type"]: trigger["metadata"] for trigger in recipe["spec"]["triggers"]}
-    assert triggers["redis"]["listName"] == "llm"
-    names = set(NAME.findall(triggers["prometheus"]["query"]))
-    assert names == {"toolloop_queue_depth", "toolloop_steps_in_flight"}
-    assert names <= exported(), names - exported()
+    triggers = recipe["spec"]["triggers"]
+    assert [t["metadata"]["listName"] for t in triggers if t["type"] == "redis"] == ["llm"]
+    queries = [t["metadata"]["query"] for t in triggers if t["type"] == "prometheus"]
+    names = [set(NAME.findall(query)) for query in queries]
+    assert names == [{"toolloop_queue_depth", "toolloop_steps_in_flight"}, {"toolloop_queue_oldest_seconds"}]
+    assert set().union(*names) <= exported(), set().union(*names) - exported()
+    assert [t.get("metricType") for t in triggers if t["type"] == "prometheus"] == [None, "Value"]

@@ -4,6 +4,7 @@ the unacked value it records is what kombu's restore parses ([message, exchange,
 from __future__ import annotations
 
 import json
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -195,6 +196,8 @@ def _decoded_body(message: dict) -> object:
 def test_a_task_message_is_celerys_own_encoding_of_the_same_task() -> None:
     ours = json.loads(wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "tools", "model 3").raw)
     theirs = _celerys_message("toolloop.advance", ["run1", 3], "run1:3", "tools", "{'step': 'model 3'}")
+    sent = ours["headers"].pop("sent_at")  # ours only: the time it was sent (workers/observe/queueage.py)
+    assert abs(sent - time.time()) < 60
     assert ours["headers"] == theirs["headers"]
     assert _decoded_body(ours) == _decoded_body(theirs)  # [args, kwargs, embed]; only the spacing differs
     tags = ours["properties"].pop("delivery_tag"), theirs["properties"].pop("delivery_tag")

@@ -7,8 +7,10 @@ import argparse
 import json
 from typing import Any
 
-from toolloop.cli.commands import connect
+from toolloop.cli.commands import connect_runs
 from toolloop.cli.errors import CliError
+from workers.client import ShardedClient
+from workers.client.accounts import AccountSpend
 
 
 def add_command(sub: Any) -> None:
@@ -32,22 +34,28 @@ def add_command(sub: Any) -> None:
 
 def cmd_accounts(args: argparse.Namespace) -> int:
     amount = None if not args.set else _usd(*args.set)
-    client, _ = connect()
+    client, _ = connect_runs()
     if args.set and amount is not None:
         client.set_account_limit(args.set[0], amount, period=args.period, finish_at=args.finish_at)
-    rows = client.accounts()
+    # over shards (TOOLLOOP_REDIS_SHARDS): each shard keeps its own accounts, listed with its index
+    # (once, index None, when TOOLLOOP_FLOW_REDIS_URL makes them global)
+    rows: list[tuple[int | None, AccountSpend]] = (
+        client.accounts() if isinstance(client, ShardedClient) else [(None, row) for row in client.accounts()]
+    )
     if args.json:
-        for row in rows:
-            print(json.dumps(row.__dict__))
+        for shard, row in rows:
+            print(json.dumps(row.__dict__ if shard is None else {"shard": shard, **row.__dict__}))
         return 0
     if not rows:
         print("No accounts have a limit (set one: toolloop accounts --set NAME USD).")
         return 0
-    print(f"{'ACCOUNT':24} {'PERIOD':6} {'SPENT':>12} {'RESERVED':>12} {'LIMIT':>12}  USED")
-    for row in rows:
+    column = "" if all(shard is None for shard, _ in rows) else f"{'SHARD':>5} "
+    print(f"{column}{'ACCOUNT':24} {'PERIOD':6} {'SPENT':>12} {'RESERVED':>12} {'LIMIT':>12}  USED")
+    for shard, row in rows:
         used = (row.spent_usd + row.reserved_usd) / row.limit_usd
+        where = "" if not column else f"{shard:>5} "
         print(
-            f"{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
+            f"{where}{row.name:24} {row.period:6} {row.spent_usd:12.4f} {row.reserved_usd:12.4f} "
             f"{row.limit_usd:12.4f}  {used:.0%}"
         )
     return 0

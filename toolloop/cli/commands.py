@@ -1,23 +1,31 @@
 """The run commands: `run`, `status`, `events`, `answer`, `send`, `steer`, `interrupt`, `cancel`,
-`retry`, and `up` / `down` for the embedded Redis. Each is a thin adapter over
-`workers.client.sync.Client`."""
+`retry`, and `up` / `down` for the embedded Redis. Each is a thin adapter over `workers.client.sync.Client`.
+
+Over shards: with `TOOLLOOP_REDIS_SHARDS="redis://a,redis://b"` set, every command that takes a run id
+or lists runs (`run`, `status`, `events`, `answer`, `approve`, `reject`, `edit`, `decision`, `cancel`,
+`retry`, `list`, `prune`, `accounts`) goes through one `workers.client.shards.ShardedClient`
+(`connect_runs`): a run id to the shard it names (`s<k>-...`; none: shard 0), a new run to the next
+shard in turn (or its idempotency key's), `list` merged newest first. A worker serves one shard:
+`toolloop worker`, `up` and `demo` read REDIS_URL only (tests/integration/test_cli_shards.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from toolloop import defaults
+from toolloop import defaults, redisurl
 from toolloop.cli.errors import CliError, redact
-from toolloop.cli.follow import decision_text, follow, print_status
+from toolloop.cli.follow import Runs, decision_text, follow, print_status
 from toolloop.cli.spec import build_spec
 from toolloop.loop.approvals import ApprovalError
-from workers.client import Client
+from workers.client import Client, ShardedClient
+from workers.client.shards import parse_shards
 from workers.config.settings import duration
 from workers.protocol import keys
 
@@ -34,14 +42,45 @@ def connect(toolsets: list[str] | None = None) -> tuple[Client, defaults.RedisCh
         raise CliError(
             f"Could not start the embedded Redis: {error}.\n  Set REDIS_URL to a running server."
         ) from None
-    problem = defaults.redis_problem(choice.url)
+    fix = "Start the server or fix REDIS_URL: user, password, rediss:// and ?ssl_ca_certs= for TLS "
+    _check(choice.url, "Redis", fix + "(unset it to use the embedded server).")
+    return Client(choice.url, toolsets=toolsets), choice
+
+
+SHARDS_ENV = "TOOLLOOP_REDIS_SHARDS"
+
+
+def connect_runs(
+    toolsets: list[str] | None = None,
+) -> tuple[Runs, defaults.RedisChoice | None]:
+    """For the commands that take a run id or list runs: `connect`, or with TOOLLOOP_REDIS_SHARDS set a
+    `ShardedClient` over its shards (each checked first as `connect` checks REDIS_URL) and no choice."""
+    text = os.environ.get(SHARDS_ENV, "").strip()
+    if not text:
+        return connect(toolsets)
+    try:
+        urls = parse_shards(text)
+        for url in urls:
+            redisurl.parse(url)
+    except ValueError as error:
+        first, _, second = str(error).partition("\n")
+        raise CliError(
+            f"{SHARDS_ENV}: {first}\n{second or '  Write it as redis://a:6379/0,redis://b:6379/0.'}"
+        ) from None
+    for index, url in enumerate(urls):
+        _check(
+            url, f"shard {index} of {SHARDS_ENV}", f"Start it or fix {SHARDS_ENV} (every shard, in order)."
+        )
+    return ShardedClient(urls, toolsets=toolsets), None
+
+
+def _check(url: str, what: str, fix: str) -> None:
+    """CliError unless Redis at `url` answers with the URL's credentials and TLS."""
+    problem = defaults.redis_problem(url)
     if problem is not None:
         raise CliError(
-            f"Cannot reach Redis at {redact(choice.url)}: {redact_text(problem, choice.url).rstrip('.')}.\n"
-            "  Start the server or fix REDIS_URL: user, password, rediss:// and ?ssl_ca_certs= for TLS "
-            "(unset it to use the embedded server)."
+            f"Cannot reach {what} at {redact(url)}: {redact_text(problem, url).rstrip('.')}.\n  {fix}"
         )
-    return Client(choice.url, toolsets=toolsets), choice
 
 
 def redact_text(text: str, url: str) -> str:
@@ -195,12 +234,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.stream is None and args.follow:
         args.stream = True  # a person watches: show the text as it comes
     spec = build_spec(args)
-    client, choice = connect()
+    client, choice = connect_runs()
     run_id = client.enqueue(spec, idempotency_key=args.idempotency_key)
     print(run_id)
     if args.follow:
         return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else not_a_terminal)
-    if choice.started:
+    if choice is not None and choice.started:
         # a note for the person, on stderr: stdout is the run id alone (RUN_ID=$(toolloop run ...))
         print(
             "Started the embedded Redis; start a worker here with `toolloop worker` to run it.",
@@ -229,7 +268,7 @@ def not_a_terminal(held: dict[str, Any]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    client, _ = connect()
+    client, _ = connect_runs()
     if args.wait:
         try:
             client.wait(args.run_id, timeout=60)
@@ -244,12 +283,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    client, _ = connect()
+    client, _ = connect_runs()
     return follow(client, args.run_id, keep_following=args.follow, as_json=args.json)
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
-    client, _ = connect()
+    client, _ = connect_runs()
     client.answer(args.run_id, args.text)
     print(f"Answered {args.run_id}.")
     return 0
@@ -280,7 +319,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def cmd_steer(args: argparse.Namespace) -> int:
-    client, _ = connect()
+    client, _ = connect_runs()
     try:
         steer_id = client.steer(args.run_id, args.text)
     except ValueError as error:
@@ -290,7 +329,7 @@ def cmd_steer(args: argparse.Namespace) -> int:
 
 
 def cmd_interrupt(args: argparse.Namespace) -> int:
-    client, _ = connect()
+    client, _ = connect_runs()
     client.interrupt(args.run_id)
     print(f"Interrupt sent to {args.run_id}: it stops its call in flight and waits for `toolloop send`.")
     return 0
@@ -298,7 +337,7 @@ def cmd_interrupt(args: argparse.Namespace) -> int:
 
 def cmd_decide(args: argparse.Namespace) -> int:
     """approve | reject | edit: the outcome, or the reason it was refused (exit code 1)."""
-    client, _ = connect()
+    client, _ = connect_runs()
     options: dict[str, Any] = {"digest": args.digest, "actor": args.actor}
     try:
         if args.action == "approve":
@@ -329,7 +368,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 def cmd_decision(args: argparse.Namespace) -> int:
     """Where the decision on one call stands (queued, decided, expired, refused, pending)."""
-    client, _ = connect()
+    client, _ = connect_runs()
     try:
         found = client.decision(args.run_id, args.call_id)
     except ApprovalError as error:
@@ -342,14 +381,14 @@ def cmd_decision(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    client, _ = connect()
+    client, _ = connect_runs()
     client.cancel(args.run_id)
     print(f"Cancel requested for {args.run_id}.")
     return 0
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    client, _ = connect()
+    client, _ = connect_runs()
     client.retry(args.run_id)
     print(f"Retrying {args.run_id}.")
     return 0
@@ -358,7 +397,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise CliError(f"--limit is {args.limit}.\n  Ask for at least 1 run per page.")
-    client, _ = connect()
+    client, _ = connect_runs()
     try:
         page = client.list_runs(status=args.status, limit=args.limit, cursor=args.cursor)
     except ValueError as error:
@@ -390,9 +429,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
             raise CliError(
                 str(error).replace("is not a duration", "is not a duration for --older-than")
             ) from None
-    client, _ = connect()
-    pruned = client.prune(older_than)
-    print(f"Deleted {pruned.deleted} finished runs; dropped {pruned.forgotten} expired runs from the index.")
+    client, _ = connect_runs()
+    found = client.prune(older_than)
+    for index, pruned in enumerate(found if isinstance(found, list) else [found]):
+        shard = f"Shard {index}: " if isinstance(found, list) else ""
+        counts = f"Deleted {pruned.deleted} finished runs; dropped {pruned.forgotten} expired runs"
+        print(f"{shard}{counts} from the index.")
     return 0
 
 

@@ -11,14 +11,16 @@ from typing import Any
 
 from toolloop.cli.render import Progress, StepNumbers, Totals, account_text, as_dict, event_line, field
 from toolloop.cli.stream import STREAM_KINDS, TextView
-from workers.client import Client
+from workers.client import Client, ShardedClient
 
 FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed", "interrupted"})
+Runs = Client | ShardedClient
+"""A client of the runs: one Redis, or every shard of TOOLLOOP_REDIS_SHARDS (commands.connect_runs)."""
 Answerer = Callable[[dict[str, Any]], str | None]
 """Given the held ask's input, the answer text; None to stop following instead."""
 
 
-def print_status(client: Client, run_id: str, *, as_json: bool = False) -> None:
+def print_status(client: Runs, run_id: str, *, as_json: bool = False) -> None:
     status = as_dict(client.status(run_id))
     if as_json:
         print(json.dumps(status, default=str, indent=2))
@@ -127,7 +129,7 @@ def question_of(status: Any) -> dict[str, Any]:
 
 
 def follow(
-    client: Client,
+    client: Runs,
     run_id: str,
     *,
     keep_following: bool = True,
@@ -163,7 +165,7 @@ class _Watch:
     """What `follow` keeps between reads: the last stream id, the totals, what it answered."""
 
     def __init__(
-        self, client: Client, run_id: str, as_json: bool, answerer: Answerer | None, totals: Totals
+        self, client: Runs, run_id: str, as_json: bool, answerer: Answerer | None, totals: Totals
     ) -> None:
         self.client, self.run_id, self.as_json, self.answerer = client, run_id, as_json, answerer
         self.totals = totals

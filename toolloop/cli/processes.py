@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from toolloop import defaults
-from toolloop.cli.commands import connect
+from toolloop.cli.commands import SHARDS_ENV, connect
 from toolloop.cli.errors import CliError
 from toolloop.providers.models_file import catalog_from_env
 from workers.config import mcp as mcpconfig
@@ -155,6 +155,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         catalog_from_env()
     except ValueError as error:
         raise CliError(str(error)) from None
+    if os.environ.get(SHARDS_ENV, "").strip() and not os.environ.get("REDIS_URL", "").strip():
+        raise CliError(
+            f"{SHARDS_ENV} is set and REDIS_URL is not: a worker serves one shard.\n"
+            "  Start a worker per shard with that shard's URL: REDIS_URL=redis://... toolloop worker."
+        )
     _, choice = connect()
     server = None
     if not defaults.has_provider_key():

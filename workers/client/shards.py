@@ -7,13 +7,17 @@ are when it becomes shard 0). Every operation that takes a run id goes to that s
 shard at the end of the list moves no run. The shard of a new run: for an idempotency key,
 `crc32(key) % N` (the same key goes to the same shard while N is unchanged: a keyed retry finds its
 run; after a shard is added, a retry of a key first sent before may start its run on another shard:
-add shards when no keyed enqueue is being retried); without a key, the next shard in turn.
+add shards when no keyed enqueue is being retried); without a key, the next shard in turn, from a
+random first one (a process that enqueues one run, as `toolloop run` does, picks any shard).
 
 `list_runs` merges the shards' pages, newest first: a cursor is a position in time (`created|run id`),
-valid on every shard. Accounts and rate limits are per shard (each shard's Redis holds its own):
+valid on every shard. Accounts and rate limits are per shard (each shard's Redis holds its own:
 `set_account_limit` sets the limit on every shard, so an account may spend it once per shard;
-`accounts()` lists each shard's rows with the shard's index. `AsyncShardedClient` is the same over
-one `AsyncClient` per shard, for asyncio backends. docs/operations.md, "The ceiling of one Redis".
+`accounts()` lists each shard's rows with the shard's index), or global when every worker and client
+has TOOLLOOP_FLOW_REDIS_URL naming one Redis for them (their scripts touch no run key: an account's
+limit holds across the shards, and one (key, model) rate limit is shared by all their workers).
+`AsyncShardedClient` is the same over one `AsyncClient` per shard, for asyncio backends.
+docs/operations.md, "The ceiling of one Redis".
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import random
 import re
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -77,7 +82,8 @@ class Placer:
 
     def __init__(self, shards: int) -> None:
         self.shards = shards
-        self._turn = itertools.cycle(range(shards))
+        start = random.randrange(shards)  # a process that enqueues once (the CLI) lands on any shard
+        self._turn: Iterator[int] = itertools.cycle([*range(start, shards), *range(start)])
 
     def __call__(self, idempotency_key: str | None) -> int:
         if idempotency_key is None:
@@ -241,15 +247,23 @@ class ShardedClient:
         """`Client.prune` on every shard, in shard order."""
         return [client.prune(older_than) for client in self.clients]
 
+    @property
+    def global_accounts(self) -> bool:
+        """True when TOOLLOOP_FLOW_REDIS_URL puts every shard's accounts and rate limits in one Redis."""
+        return bool(self.clients[0].settings.flow_redis_url)
+
     def set_account_limit(
         self, account: str, usd: float, *, period: str = "day", finish_at: float = 0.9
     ) -> None:
-        """The limit on every shard (per shard: the module doc)."""
-        for client in self.clients:
+        """The limit once, global (TOOLLOOP_FLOW_REDIS_URL), else on every shard (the module doc)."""
+        for client in self.clients[:1] if self.global_accounts else self.clients:
             client.set_account_limit(account, usd, period=period, finish_at=finish_at)
 
-    def accounts(self) -> list[tuple[int, accounts.AccountSpend]]:
-        """(shard index, row) for every account of every shard."""
+    def accounts(self) -> list[tuple[int | None, accounts.AccountSpend]]:
+        """(shard index, row) for every account of every shard; (None, row) once per account when
+        they are global (TOOLLOOP_FLOW_REDIS_URL)."""
+        if self.global_accounts:
+            return [(None, row) for row in self.clients[0].accounts()]
         return [(i, row) for i, client in enumerate(self.clients) for row in client.accounts()]
 
 

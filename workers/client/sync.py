@@ -68,6 +68,12 @@ class Client:
         self._driver = SyncDriver(
             self.redis, self._blocking, wait=(settings.commit_wait, settings.commit_wait_ms)
         )
+        self._flow = (
+            redisurl.sync_client(settings.flow_redis_url, decode_responses=True)
+            if settings.flow_redis_url
+            else self.redis
+        )
+        """The Redis of accounts (TOOLLOOP_FLOW_REDIS_URL, else REDIS_URL's)."""
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
         self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender, run_prefix=run_prefix)
         self.catalog = self._prepare.catalog
@@ -87,6 +93,8 @@ class Client:
         """Release the Redis connections (and the broker connection pool, when `celery` was used)."""
         self.redis.close()
         self._blocking.close()
+        if self._flow is not self.redis:
+            self._flow.close()
         if self._watcher is not None:
             self._watcher.close()
         if "celery" in self.__dict__:
@@ -330,8 +338,8 @@ class Client:
         """Limit what the runs naming `account` (RunSpec.account) spend together: `usd` per `period`
         ("day", "month" or "total", UTC). At `finish_at` of it their model calls carry the run's
         finish_note; past it their steps stop the run `budget` (docs/flow-control.md)."""
-        accounts.set_limit(self.redis, account, usd, period, finish_at)
+        accounts.set_limit(self._flow, account, usd, period, finish_at)
 
     def accounts(self) -> list[accounts.AccountSpend]:
         """Every account with a limit: spend in its current period, and what is reserved now."""
-        return accounts.spend(self.redis, time.time())
+        return accounts.spend(self._flow, time.time())

@@ -6,6 +6,7 @@ makes its own the first time it sends.
 from __future__ import annotations
 
 import ssl as ssl_lib
+import time
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -101,7 +102,16 @@ def send(
     `producer` when given (a step sends its successor and its progress event in one batch). `label`
     says what the step is (`model 1`): its kwargsrepr, shown by Flower and `celery inspect`."""
     kwargsrepr = repr({"step": label[:200]}) if label else None
-    celery.send_task(name, args=args, queue=queue, task_id=task_id, producer=producer, kwargsrepr=kwargsrepr)
+    celery.send_task(
+        name,
+        args=args,
+        queue=queue,
+        task_id=task_id,
+        producer=producer,
+        kwargsrepr=kwargsrepr,
+        # as workers/protocol/wire.py's messages: the queue's age (workers/observe/queueage.py)
+        headers={names.SENT_AT: time.time()},
+    )
 
 
 def worker_options(app: Celery) -> None:

@@ -35,6 +35,9 @@ TOOLLOOP_KILL_PLAN           unset   tests only: a kill plan (workers/testing/ki
 TOOLLOOP_COMMIT_WAIT         0       replicas a step's commit (and an enqueue, answer, decision) waits for
                                      (WAIT) before it counts: survives a failover (docs/operations.md)
 TOOLLOOP_COMMIT_WAIT_MS      1000    ms that wait may take; past it the write counts as not made
+TOOLLOOP_FLOW_REDIS_URL      unset   where budget accounts and provider rate limits live (their scripts
+                                     touch no run key); unset: REDIS_URL. One URL for every shard of
+                                     TOOLLOOP_REDIS_SHARDS makes them global (docs/operations.md)
 TOOLLOOP_RETENTION           7d      how long a finished run's keys stay (s, or 30m, 12h, 7d; 0: for
                                      ever); parked and running runs never expire (`toolloop prune`)
 Limits (docs/workers.md, "What is refused"):
@@ -171,6 +174,8 @@ class Settings:
     retention: float = 7 * 86400
     """Seconds a finished run's keys stay (TOOLLOOP_RETENTION; 0: for ever)."""
     redis_source: str = "REDIS_URL"
+    flow_redis_url: str = ""
+    """TOOLLOOP_FLOW_REDIS_URL: the Redis of accounts and rate limits ("": `redis_url`'s)."""
     kept_loops: int = 4096
     """Run loops kept paused between their steps per process (TOOLLOOP_KEPT_LOOPS)."""
     delta_interval: float = 0.05
@@ -189,12 +194,18 @@ class Settings:
         without importing or connecting anything; `ToolsetError` when the file is unusable."""
         return sorted(registered(self.toolsets, self.toolsets_file))
 
+    @property
+    def flow_url(self) -> str:
+        """The Redis of budget accounts and rate limits: TOOLLOOP_FLOW_REDIS_URL, else REDIS_URL's."""
+        return self.flow_redis_url or self.redis_url
+
     @classmethod
     def from_env(cls) -> Settings:
         redis_url, redis_source = find_redis_url()
         return cls(
             redis_url=redis_url,
             redis_source=redis_source,
+            flow_redis_url=os.environ.get("TOOLLOOP_FLOW_REDIS_URL", "").strip(),
             retention=duration(os.environ.get("TOOLLOOP_RETENTION", "") or "7d"),
             visibility_timeout=_float("TOOLLOOP_VISIBILITY_TIMEOUT", 3600),
             restore_interval=_float("TOOLLOOP_RESTORE_INTERVAL", 5),

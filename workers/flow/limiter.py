@@ -226,7 +226,7 @@ async def reserve(
     flight settle, wait (the step's slot lent meanwhile)."""
     reservation = reservation or uuid.uuid4().hex
     while True:
-        reply = await process.batch.script(
+        reply = await process.flow_batch.script(
             account_scripts.RESERVE, accounts.keys_of(account),
             [reservation, repr(float(usd)), process.settings.lease_ms, *accounts.periods(time.time())],
         )  # fmt: skip
@@ -255,7 +255,7 @@ def settle(process: WorkerProcess, account: str, reservation: str, usd: float) -
 def _fire(process: WorkerProcess, script: Lua, keys: list[str], args: list[Any]) -> None:
     """Run a script in this turn's batch without waiting for it (a failure is logged). Not
     `Batch.send`: its writes run inside one script, where a script cannot be called."""
-    done = process.batch.script(script, keys, args)
+    done = process.flow_batch.script(script, keys, args)
     done.add_done_callback(_logged)
 
 
@@ -304,7 +304,7 @@ async def _limited(
     open_here = learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic()
     holder = "" if open_here else uuid.uuid4().hex
     estimate = 0 if open_here else estimate_input_tokens(request)  # not counted when nothing is booked
-    batch = process.batch
+    batch = process.flow_batch
     booked = not open_here and await _book(flow, keys, limits, estimate, holder, learns)
     if booked and limits.concurrent > 0:
         flow.hold(keys[1], holder)
@@ -354,7 +354,7 @@ async def _book(
     booked: the provider names no limit for the key and none is configured (`open`)."""
     process, bucket = flow.process, keys[0]
     while True:
-        wait_ms, why = await process.batch.script(
+        wait_ms, why = await process.flow_batch.script(
             rate_scripts.BOOK, keys,
             [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
              process.settings.lease_ms, int(learns)],

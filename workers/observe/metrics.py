@@ -4,8 +4,9 @@
 
 Every metric lives in a registry of this process's `Metrics` (not prometheus_client's global one),
 created when the worker starts (`WorkerProcess.metrics`, workers/process/worker_process.py). What advance.py
-counts comes through its hooks (`step_began`, `work_began`, `committed` ...); the queue depths are
-read from Redis when the endpoint is scraped (one pipeline of LLEN, nothing in between scrapes).
+counts comes through its hooks (`step_began`, `work_began`, `committed` ...); the queue depths and
+the oldest waiting step's age are read from Redis when the endpoint is scraped (a pipeline of LLEN,
+one of LINDEX, nothing in between scrapes).
 
     toolloop_steps_started_total{kind,queue}     a step's live work began (kind: model, tool)
     toolloop_steps_committed_total{kind,queue}   a step's value was committed
@@ -27,6 +28,8 @@ read from Redis when the endpoint is scraped (one pipeline of LLEN, nothing in b
     toolloop_children_started_total              child runs `spawn` started (workers/step/children.py)
     toolloop_children_ended_total{status}        child runs this worker ended, by status
     toolloop_queue_depth{queue}                  messages waiting (all priorities), read on scrape
+    toolloop_queue_oldest_seconds{queue}         how long the oldest of them has waited (0: none),
+                                                 read on scrape (workers/observe/queueage.py)
     toolloop_steps_in_flight                     steps this process runs now (its step consumer),
                                                  read on scrape: with the depth, what an autoscaler
                                                  reads (docs/operations.md, "Autoscaling")
@@ -63,6 +66,7 @@ class Metrics:
         self,
         depths: Callable[[], dict[str, int]] | None = None,
         in_flight: Callable[[], int] | None = None,
+        oldest: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
         labels = ("kind", "queue")
@@ -114,7 +118,15 @@ class Metrics:
             registry=registry,
         )
         if depths is not None:
-            registry.register(_Depths(depths))
+            registry.register(_PerQueue("toolloop_queue_depth", "Messages waiting on a step queue", depths))
+        if oldest is not None:
+            registry.register(
+                _PerQueue(
+                    "toolloop_queue_oldest_seconds",
+                    "Seconds the oldest message on a step queue has waited",
+                    oldest,
+                )
+            )
         if in_flight is not None:
             registry.register(_InFlight(in_flight))
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -196,29 +208,26 @@ class _InFlight(Collector):
         return [GaugeMetricFamily("toolloop_steps_in_flight", "Steps this worker process runs now")]
 
 
-class _Depths(Collector):
-    """toolloop_queue_depth, read from Redis when scraped."""
+class _PerQueue(Collector):
+    """A gauge per step queue read from Redis when scraped: toolloop_queue_depth, and
+    toolloop_queue_oldest_seconds (workers/observe/queueage.py)."""
 
-    def __init__(self, depths: Callable[[], dict[str, int]]) -> None:
-        self.depths = depths
+    def __init__(self, name: str, text: str, read: Callable[[], dict[str, Any]]) -> None:
+        self.name, self.text, self.read = name, text, read
 
     def collect(self) -> Iterable[Any]:
-        family = GaugeMetricFamily(
-            "toolloop_queue_depth", "Messages waiting on a step queue", labels=["queue"]
-        )
+        family = GaugeMetricFamily(self.name, self.text, labels=["queue"])
         try:
-            depths = self.depths()
+            values = self.read()
         except Exception as error:  # a scrape must answer even when Redis does not
-            log.warning("metrics: queue depths not read: %s: %s", type(error).__name__, error)
-            depths = {}
-        for queue, depth in depths.items():
-            family.add_metric([queue], depth)
+            log.warning("metrics: %s not read: %s: %s", self.name, type(error).__name__, error)
+            values = {}
+        for queue, value in values.items():
+            family.add_metric([queue], value)
         yield family
 
     def describe(self) -> Iterable[Any]:
-        return [
-            GaugeMetricFamily("toolloop_queue_depth", "Messages waiting on a step queue", labels=["queue"])
-        ]
+        return [GaugeMetricFamily(self.name, self.text, labels=["queue"])]
 
 
 def counted(generate: Any, provider: str | None, metrics: Metrics) -> Any:

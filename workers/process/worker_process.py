@@ -40,6 +40,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from toolloop import redisurl
+from toolloop import sentinel as following
 from toolloop.abort import AbortController, AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.http import HttpClient, client_from_env
@@ -49,6 +50,7 @@ from workers.config.settings import Settings
 from workers.config.toolsets import Registry
 from workers.observe.hooks import NO_HOOKS, Hooks
 from workers.observe.metrics import Metrics
+from workers.observe.queueage import OldestWaiting
 from workers.process import deltas
 from workers.process.deadlines import StepDeadlines
 from workers.process.leases import Leases
@@ -128,6 +130,14 @@ class WorkerProcess:
         self.consumer: StepRunner | None = None
         self.loop = loop
         self.batch = Batch(self.async_client(), wait=(settings.commit_wait, settings.commit_wait_ms))
+        self.flow_watcher = redisurl.watcher(settings.flow_redis_url) if settings.flow_redis_url else None
+        self.flow_batch = (
+            Batch(self.async_client(settings.flow_redis_url, self.flow_watcher))
+            if settings.flow_redis_url
+            else self.batch
+        )
+        """Where accounts and rate limits are booked (workers/flow/limiter.py): TOOLLOOP_FLOW_REDIS_URL's
+        own batch, shared by every shard that names it, else the journal's."""
         self.leases = Leases(self.batch, settings.lease_ms)
         self.suspects = Suspects()
         self.db = int(self.redis.connection_pool.connection_kwargs.get("db", 0))
@@ -191,13 +201,17 @@ class WorkerProcess:
         """Run `coro` on the process loop from another thread (a Celery pool thread) and wait for it."""
         return asyncio.run_coroutine_threadsafe(coro, self.start_loop()).result()
 
-    def async_client(self) -> aredis.Redis:
-        """An asyncio Redis client for the process loop. A cut connection is retried within ~2 s in
-        all (redis-py's default backoff waits up to 1, 2 and 4 s), well inside a step's lease: a step
-        stuck in its client's backoff would let its lease lapse under it while it still runs."""
+    def async_client(
+        self, url: str | None = None, watcher: following.SwitchWatcher | None = None
+    ) -> aredis.Redis:
+        """An asyncio Redis client for the process loop (on REDIS_URL unless `url`). A cut connection is
+        retried within ~2 s in all (redis-py's default backoff waits up to 1, 2 and 4 s), well inside a
+        step's lease: a step stuck in its client's backoff would let its lease lapse under it while it
+        still runs."""
         retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=6)
         client = redisurl.async_client(
-            self.settings.redis_url, watcher=self.watcher, decode_responses=True, retry=retry,
+            url or self.settings.redis_url, watcher=watcher if url else self.watcher,
+            decode_responses=True, retry=retry,
             retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
             encoding_errors="replace",  # a message that is not UTF-8 is rejected, not a decode error
         )  # fmt: skip
@@ -305,7 +319,7 @@ class WorkerProcess:
         """Count this process's metrics and serve them on `host`:`port` (once; TOOLLOOP_METRICS_HOST)."""
         with self._lock:
             if self.metrics is None:
-                self.metrics = Metrics(self.queue_depths, self.steps_in_flight)
+                self.metrics = Metrics(self.queue_depths, self.steps_in_flight, OldestWaiting(self.redis))
                 self.metrics.serve(port, host)
             return self.metrics
 
@@ -338,6 +352,10 @@ class WorkerProcess:
             with contextlib.suppress(BaseException):
                 await task
         await self.batch.client.aclose()
+        if self.flow_batch is not self.batch:
+            await self.flow_batch.client.aclose()
+        if self.flow_watcher is not None:
+            self.flow_watcher.close()
         self.redis.close()
         if self.watcher is not None:
             self.watcher.close()

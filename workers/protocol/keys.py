@@ -38,13 +38,13 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:decide:outcomes hash    what workers made of the decisions they applied
     tl:{<run>}:mcptools        hash    field = MCP server label, value = the tools it listed when the
                                        run first needed them (JSON list), written with HSETNX only
-    tl:{<run>}:mcptasks        hash    field = a two-phase MCP tool's start step key, value = its task
-                                       (server, task id, session; how it ended: workers/step/mcptasks.py)
     tl:{<run>}:children        hash    the child runs it spawned (workers/step/children.py): field
                                        "call:<seg>/<call id>" = JSON list of child ids, "open:<seg>/<call
                                        id>" = how many of them have not ended, "<child id>" = the ended
                                        child's record (HSETNX), "ids" = every child id (JSON list),
                                        "spent_micros" = the ended children's spend in micro-dollars
+    tl:{<run>}:mcptasks        hash    field = a two-phase MCP tool's start step key, value = its task
+                                       (server, task id, session; how it ended: workers/step/mcptasks.py)
     tl:runs:live               zset    run ids that may still need work, score = enqueue time
     tl:runs:all                zset    every run id, score = enqueue time (`toolloop list`, newest
                                        first); an id whose run expired is dropped when read or pruned

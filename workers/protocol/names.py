@@ -65,6 +65,10 @@ def parse_member(text: str) -> tuple[int, str]:
     return int(n), queue
 
 
+SENT_AT = "sent_at"
+"""The task message header with the time it was sent (Unix seconds), which Celery's own messages lack:
+the age of the oldest waiting step (workers/observe/queueage.py) is read from it."""
+
 PROCESS_ATTR = "toolloop_process"
 """The attribute of a worker's Celery app that holds its `WorkerProcess`
 (workers/process/worker_process.py)."""

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from kombu.transport.redis import Channel
 
-from workers.protocol.names import PRIORITY_SEP, PRIORITY_STEPS
+from workers.protocol.names import PRIORITY_SEP, PRIORITY_STEPS, SENT_AT
 
 _FANOUT_PREFIX = str(Channel.keyprefix_fanout)
 """kombu's prefix of a fanout exchange's PUB/SUB channels ('/{db}.'); events go to `celeryev`."""
@@ -64,6 +64,8 @@ def task_message(
         "origin": _ORIGIN, "ignore_result": True, "replaced_task_nesting": 0,
         "stamped_headers": None, "stamps": {},
     }  # fmt: skip
+    # not Celery's: the oldest waiting step's age (workers/observe/queueage.py)
+    headers[SENT_AT] = time.time()
     if traceparent:
         headers["traceparent"] = traceparent
     tag = tag or _tag()

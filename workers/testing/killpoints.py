@@ -32,11 +32,11 @@ worker process installs a `KillPlan` as its hooks (the step's code is the same e
     work:before     a step's model call or tool is about to begin (its state read, its cancel not armed)
     answer:after    an answer was stored, before the resume is enqueued (field `run` only)
     mcp:called      an MCP tool's `tools/call` returned, before its step is committed (run, key, tool)
+    spawn:after     `spawn`'s start stored its children and queued them, before its step is committed
+                    (run, key = "<segment>/<call id>"; workers/step/children.py): a fan-out cut short
     mcp:task        an MCP task was created and journaled, before its start step is committed (run,
                     key, tool, task)
     mcp:polled      an MCP task's wait read its status from `tasks/get` (run, key, task, status)
-    spawn:after     `spawn`'s start stored its children and queued them, before its step is committed
-                    (run, key = "<segment>/<call id>"; workers/step/children.py): a fan-out cut short
     stream:write    a streaming run queues its `write`-th delta write of a step (workers/process/deltas.py;
                     the writes before it reached Redis in earlier loop turns): a worker dying mid-stream
 Points called from the fault suite's own tools and model wrapper (field `tag`): see tests/faults/.
