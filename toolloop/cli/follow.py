@@ -13,7 +13,7 @@ from toolloop.cli.render import Progress, StepNumbers, Totals, account_text, as_
 from toolloop.cli.stream import STREAM_KINDS, TextView
 from workers.client import Client, ShardedClient
 
-FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
+FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed", "interrupted"})
 Runs = Client | ShardedClient
 """A client of the runs: one Redis, or every shard of TOOLLOOP_REDIS_SHARDS (commands.connect_runs)."""
 Answerer = Callable[[dict[str, Any]], str | None]
@@ -137,12 +137,14 @@ def follow(
     answerer: Answerer | None = None,
     totals: Totals | None = None,
     check: Callable[[], None] | None = None,
+    after: str | None = None,
 ) -> int:
     """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 1
     when it followed the run to a failure, else 0 (a budget, steps, cancel or refused stop is an outcome).
     `check` is called before every read (the demo raises from it when its worker died). A streaming
     run's text is printed as it arrives (toolloop/cli/stream.py)."""
     watch = _Watch(client, run_id, as_json, answerer, totals if totals is not None else Totals())
+    watch.after = after  # the events after this id only (`toolloop send -f`: from the follow-up on)
     while True:
         if check is not None:
             check()

@@ -50,7 +50,10 @@ a superset of the live runs, never the source of truth.
                                        first); an id whose run expired is dropped when read or pruned
     tl:runs:ended              zset    finished run ids, score = when they ended (retention, prune)
     tl:sweep:lock              string  held (PX) by the worker sweeping now
+    tl:{<run>}:sends           hash    field = a follow-up's idempotency key, value = its outcome
+                                       (JSON {what, segment}): workers/protocol/scripts/talk.py
     tl:cancel                  channel pubsub: a run id whose live step must abort now
+    tl:interrupt               channel pubsub: "<run id>|<segment>" whose live step must stop now
     tl:acct:<name>             hash    an account's limit and spend per period (workers/client/accounts.py)
     tl:rl:<key hash>:<model>   hash    a provider rate-limit bucket (workers/config/ratelimit.py)
     toolloop:wake:<hostname>   list    only that worker's step consumer waits on it beside its queues
@@ -69,6 +72,7 @@ LIVE_RUNS = f"{PREFIX}runs:live"
 ALL_RUNS = f"{PREFIX}runs:all"
 ENDED_RUNS = f"{PREFIX}runs:ended"
 CANCEL_CHANNEL = f"{PREFIX}cancel"
+INTERRUPT_CHANNEL = f"{PREFIX}interrupt"
 SWEEP_LOCK = f"{PREFIX}sweep:lock"
 REJECTED = "toolloop:rejected"
 
@@ -126,6 +130,11 @@ def alone_field(n: int) -> str:
     return f"{n}:alone"
 
 
+def sends(run_id: str) -> str:
+    """The follow-ups sent with an idempotency key: field = key, value = outcome (workers/client/talk.py)."""
+    return run_key(run_id, "sends")
+
+
 def spend(run_id: str) -> str:
     return run_key(run_id, "spend")
 
@@ -135,14 +144,14 @@ def mcp_tools(run_id: str) -> str:
     return run_key(run_id, "mcptools")
 
 
-def children(run_id: str) -> str:
-    """The child runs a run spawned and how each ended (workers/step/children.py)."""
-    return run_key(run_id, "children")
-
-
 def mcp_tasks(run_id: str) -> str:
     """The MCP tasks a run started (workers/step/mcptasks.py): field = the start step's key."""
     return run_key(run_id, "mcptasks")
+
+
+def children(run_id: str) -> str:
+    """The child runs a run spawned and how each ended (workers/step/children.py)."""
+    return run_key(run_id, "children")
 
 
 def segment_name(index: int) -> str:
@@ -188,7 +197,7 @@ WAITS_DUE = f"{PREFIX}waits:due"
 
 RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
                  "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes",
-                 "mcptools", "mcptasks", "children")  # fmt: skip
+                 "mcptools", "mcptasks", "sends", "children")  # fmt: skip
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:
