@@ -14,16 +14,18 @@ holds a thread and a followed event stream is an `async for`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from toolloop import redisurl
 from toolloop.contract import ChatMessage
 from toolloop.loop.types import Decision
-from workers import enqueue, ops, runlist
+from workers import enqueue, ops, runlist, schedule_ops
 from workers.client import settings_for
 from workers.drive import AsyncDriver
 from workers.limits import check_answer, check_decision
 from workers.records import DecisionState, RunEventRecord, RunStatus
+from workers.schedules import ScheduleInfo
 from workers.spec import RunSpec
 
 
@@ -97,6 +99,54 @@ class AsyncClient:
         except enqueue.REDIS_ERRORS as error:
             raise enqueue.failure(error, idempotency_keys is not None) from None
         return enqueue.batch_result(made, replies, idempotency_keys is not None)
+
+    async def schedule(
+        self,
+        spec: RunSpec | dict[str, Any] | None = None,
+        *,
+        cron: str | None = None,
+        every_s: float | None = None,
+        at: float | datetime | None = None,
+        timezone: str = "UTC",
+        start: float | None = None,
+        send_to: str | None = None,
+        content: str | None = None,
+        if_busy: str = "skip",
+        catch_up: str = "latest",
+        grace_s: float = 60.0,
+        name: str = "",
+        idempotency_key: str | None = None,
+    ) -> str:
+        """See `Client.schedule`."""
+        request = schedule_ops.Request(
+            spec,
+            cron,
+            every_s,
+            at,
+            timezone,
+            start,
+            send_to,
+            content,
+            if_busy,
+            catch_up,
+            grace_s,
+            name,
+            idempotency_key,
+        )
+        made, first = schedule_ops.build(request, self._prepare)
+        return await self._driver.run(schedule_ops.add(made, first, send_to))
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """See `Client.get_schedule`."""
+        return await self._driver.run(schedule_ops.get(schedule_id))
+
+    async def list_schedules(self, *, limit: int = 1000) -> list[ScheduleInfo]:
+        """See `Client.list_schedules`."""
+        return await self._driver.run(schedule_ops.listing(limit))
+
+    async def remove_schedule(self, schedule_id: str) -> None:
+        """See `Client.remove_schedule`."""
+        await self._driver.run(schedule_ops.remove(schedule_id))
 
     async def status(self, run_id: str) -> RunStatus:
         return await self._driver.run(ops.status(run_id))
