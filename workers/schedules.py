@@ -58,7 +58,7 @@ CATCH_UP_SCAN = 10_000
 
 BusyPolicy = Literal["skip", "queue", "steer"]
 CatchUp = Literal["latest", "skip"]
-_ID = re.compile(r"^(s\d{1,3}-)?sched-[0-9a-f]{24}$")
+_ID = re.compile(r"(s\d{1,3}-)?sched-[0-9a-f]{24}")
 _ZONE = re.compile(r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,3}$")
 HINT = "  See docs/schedules.md, or `toolloop schedule add --help`."
 
@@ -126,7 +126,7 @@ SCHEDULE: TypeAdapter[Schedule] = TypeAdapter(Schedule)
 
 def check_id(schedule_id: str) -> str:
     """`schedule_id` when it has a schedule id's form, else ScheduleNotFoundError (nothing is read)."""
-    if not isinstance(schedule_id, str) or not _ID.match(schedule_id):
+    if not isinstance(schedule_id, str) or not _ID.fullmatch(schedule_id):
         raise ScheduleNotFoundError(str(schedule_id))
     return schedule_id
 
@@ -151,7 +151,7 @@ def _number(value: Any, what: str) -> float:
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone `name` ("UTC", "Europe/Paris"); ScheduleError for anything else (no path
     is read for a name that is not a zone's)."""
-    if not isinstance(name, str) or len(name) > 64 or not _ZONE.match(name):
+    if not isinstance(name, str) or len(name) > 64 or not _ZONE.fullmatch(name):
         raise ScheduleError(
             f"The time zone {str(name)[:64]!r} is not an IANA zone name.\n"
             "  Use one like UTC, Europe/Paris or America/New_York."
