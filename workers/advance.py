@@ -54,6 +54,7 @@ from workers.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begi
 from workers.scripts.commit import StepOutcome
 from workers.segment import SegmentJournal, StepBoundary
 from workers.spec import RunSpec
+from workers.steering import Steering
 from workers.suspects import limit_error
 from workers.tracing import StepTrace
 
@@ -190,9 +191,9 @@ class _Step(Commits):
         )
         bind(live.deltas, self.batch, self.token, self.segment, self.process.hooks)
         self.spec = spec
-        return await self._until_boundary(
-            live.start(self, self._options(spec, live, tools, messages, decisions))
-        )
+        options = self._options(spec, live, tools, messages, decisions)
+        live.max_steps = options.max_steps
+        return await self._until_boundary(live.start(self, options))
 
     async def _begin(self) -> tuple[LiveLoop | None, Begin, float]:
         """RUN_BEGIN (lease, delivery count, and what of the run a kept loop lacks), or what the
@@ -253,12 +254,12 @@ class _Step(Commits):
             messages=messages,
             tools=tools,
             budget=Budget(
-                usd=spec.budget_usd,
+                usd=spec.budget_usd + float(self.state.get("budget_added", 0)),  # follow-ups' top-ups
                 finish_at=spec.finish_at,
                 spent_usd=float(self.state.get("carried_usd", 0)),
                 spent=live.spent_outside,
             ),
-            max_steps=max(0, spec.max_steps - self.steps_base),
+            max_steps=max(0, spec.max_steps + int(self.state.get("steps_added", 0)) - self.steps_base),
             step=live.journal.step,
             signal=live.controller.signal,
             reasoning=spec.reasoning,
@@ -271,6 +272,7 @@ class _Step(Commits):
             max_tool_result_bytes=self.settings.max_tool_result_bytes,
             max_image_bytes=self.settings.max_image_bytes,
             decisions=decisions,
+            steers=Steering(live),
         )
 
     async def _until_boundary(self, outcome_future: LoopOutcome) -> StepOutcome:
@@ -325,6 +327,8 @@ class _Step(Commits):
             self.metrics.work_began(key, self.queue, self.delivered)
         if self.state.get("cancel") == "1":
             self.live.controller.abort("cancel")
+        elif self.process.interrupt_heard(self.run_id, self.segment, self.state):
+            self.live.controller.abort("interrupt")  # the run ends `interrupted` (workers/talk.py)
         if self.held is None:
             return None
         return self.process.leases.begin_work(self.held, self.live.controller)

@@ -20,7 +20,7 @@ from typing import Any
 from toolloop import redisurl
 from toolloop.contract import ChatMessage
 from toolloop.loop.types import Decision
-from workers import enqueue, ops, runlist, schedule_ops
+from workers import enqueue, ops, runlist, schedule_ops, talk
 from workers.client import settings_for
 from workers.drive import AsyncDriver
 from workers.limits import check_answer, check_decision
@@ -180,6 +180,36 @@ class AsyncClient:
         """See `Client.answer`."""
         check_answer(content, self.settings)
         return await self._driver.run(ops.answer(self._sender, run_id, content, segment))
+
+    async def send(
+        self,
+        run_id: str,
+        content: str,
+        *,
+        idempotency_key: str | None = None,
+        add_budget_usd: float = 0.0,
+        add_max_steps: int = 0,
+    ) -> talk.Sent:
+        """See `Client.send`."""
+        talk.check_content(content, self.settings.max_answer_bytes, "follow-up")
+        op = talk.send(
+            self._sender,
+            run_id,
+            content,
+            idempotency_key=idempotency_key,
+            add_budget_usd=add_budget_usd,
+            add_max_steps=add_max_steps,
+        )
+        return await self._driver.run(op)
+
+    async def steer(self, run_id: str, content: str, *, steer_id: str | None = None) -> str:
+        """See `Client.steer`."""
+        talk.check_content(content, self.settings.max_answer_bytes, "steer")
+        return await self._driver.run(talk.steer(run_id, content, steer_id))
+
+    async def interrupt(self, run_id: str) -> None:
+        """See `Client.interrupt`."""
+        await self._driver.run(talk.interrupt(run_id))
 
     async def approve(
         self, run_id: str, call_id: str, *, digest: str | None = None, actor: str | None = None,

@@ -28,7 +28,7 @@ from toolloop import redisurl
 from toolloop.contract import ChatMessage
 from toolloop.defaults import no_redis_message
 from toolloop.loop.types import Decision
-from workers import accounts, enqueue, ops, runlist, schedule_ops
+from workers import accounts, enqueue, ops, runlist, schedule_ops, talk
 from workers.drive import SyncDriver
 from workers.errors import NoRedisError
 from workers.limits import check_answer, check_decision
@@ -234,6 +234,49 @@ class Client:
         question. Returns the answer id."""
         check_answer(content, self.settings)
         return self._driver.run(ops.answer(self._sender, run_id, content, segment))
+
+    def send(
+        self,
+        run_id: str,
+        content: str,
+        *,
+        idempotency_key: str | None = None,
+        add_budget_usd: float = 0.0,
+        add_max_steps: int = 0,
+    ) -> talk.Sent:
+        """A follow-up (SPEC 6.1, docs/conversations.md): the person's next message. A run that ended
+        `done` (or `interrupted`) goes on as its next segment, with its whole history, its prompt
+        cache and its journal; a run parked on its question takes it as the answer. The run's budget
+        and step limit grow by `add_budget_usd` and `add_max_steps` (its spend and steps so far
+        carry over). Any other run refuses it (`RunStateError`: queued or running, steer it; budget,
+        steps, cancel, refused, failed, expired: nothing continues). With `idempotency_key`, a send
+        repeated with the same key returns the first one's `Sent` and does nothing. ValueError for
+        an empty text or a bad top-up, LimitError over TOOLLOOP_MAX_ANSWER_BYTES."""
+        talk.check_content(content, self.settings.max_answer_bytes, "follow-up")
+        op = talk.send(
+            self._sender,
+            run_id,
+            content,
+            idempotency_key=idempotency_key,
+            add_budget_usd=add_budget_usd,
+            add_max_steps=add_max_steps,
+        )
+        return self._driver.run(op)
+
+    def steer(self, run_id: str, content: str, *, steer_id: str | None = None) -> str:
+        """Steer a running run (SPEC 6.1): it reads `content` as a user message at its next step
+        boundary, exactly once (journal step `steer:<id>`), placed after the last complete turn.
+        Returns the steer id (`steer_id`, 1-64 of [A-Za-z0-9_-], when given: one the run holds or
+        took in this segment already is refused). A run that is not queued or running refuses it
+        (`RunStateError`)."""
+        talk.check_content(content, self.settings.max_answer_bytes, "steer")
+        return self._driver.run(talk.steer(run_id, content, steer_id))
+
+    def interrupt(self, run_id: str) -> None:
+        """Stop the run's model call (or tool) in flight, as a cancel does, keep its journal, and leave
+        it `interrupted`: waiting for a follow-up (`send`) to continue. Only a queued or running run
+        can be interrupted (`RunStateError`)."""
+        self._driver.run(talk.interrupt(run_id))
 
     def approve(
         self,

@@ -120,10 +120,11 @@ class Commits:
             return await self.commit("park", state=state, history=history, parked=parked, due=due)
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
-        state["status"] = result.stopped_by
-        final: dict[str, Any] = {"stopped_by": result.stopped_by, "final_text": result.final_text,
+        stopped_by = interrupted_or(result.stopped_by, self.live)
+        state |= {"status": stopped_by, "spend_end": self.outside}
+        final: dict[str, Any] = {"stopped_by": stopped_by, "final_text": result.final_text,
                                  "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
-        self.stopped = result.stopped_by
+        self.stopped = stopped_by
         if result.refusal is not None:
             state["refusal"] = result.refusal.model_dump_json()
             final["refusal"] = result.refusal.model_dump(mode="json")
@@ -133,7 +134,19 @@ class Commits:
             state["account_stop"] = account.model_dump_json()
             final["account"] = account.model_dump(mode="json")
             self.stopped += f" (account {account.name})"
-        return await self.commit("stop", state=state, history=history, final=("finished", json.dumps(final)))
+        return await self.commit(
+            "stop",
+            state=state,
+            history=history,
+            final=("finished", json.dumps(final)),
+            steerable=self.steerable(result),
+        )
+
+    def steerable(self, result: RunToolLoopResult) -> bool:
+        """Whether a `done` stop may go on for a steer that waits (RUN_COMMIT's `steerable`): only
+        while a model call could follow (steps left), so a held stop always leads to a model call."""
+        live = self.live
+        return result.stopped_by == "done" and live is not None and result.steps < live.max_steps
 
     def account_stop(self) -> AccountLimit | None:
         """The shared account whose limit stopped the run in this step (its `budget` stop event's)."""
@@ -200,6 +213,7 @@ class Commits:
         parked: str | None = None,
         requested: list[str] | None = None,
         due: float | None = None,
+        steerable: bool = False,
     ) -> StepOutcome:
         pending = self.live.journal.pending if self.live is not None else []
         field, value = (pending[0][0], pending[0][1]) if pending else ("", "")
@@ -212,6 +226,7 @@ class Commits:
             state=self._state(state), events=self._fresh_events(committed), history=history,
             final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
             streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
+            steerable=steerable,
         )  # fmt: skip
         where = self.prefix + (field or "-")
         r = self.run_id
@@ -224,6 +239,8 @@ class Commits:
             log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
             return "fenced"
         self.process.hooks.point("commit:after", run=r, key=where)
+        if outcome == "stop" and reply.member:  # a steer waited: the run goes on to take it (RUN_COMMIT)
+            outcome, next_key, self.stopped = "next", "steer:", None
         if self.metrics is not None:
             self.count_commit(outcome, field, cost, committed, state.get("status"))
         live = self.live
@@ -426,6 +443,14 @@ class Commits:
         """Send again the run's successors older than TOOLLOOP_OUTBOX_AGE (a thread: sync Redis)."""
         flush_outbox(self.process.redis, self.process.celery, self.run_id, self.settings.outbox_age,
                      self.settings.redrive_age)  # fmt: skip
+
+
+def interrupted_or(stopped_by: str, live: LiveLoop | None) -> str:
+    """The status a stop gives the run: `interrupted` for a cancel stop that an interrupt caused
+    (the step's abort reason; workers/talk.py), else the loop's `stopped_by`."""
+    if stopped_by == "cancel" and live is not None and live.controller.signal.reason == "interrupt":
+        return "interrupted"
+    return stopped_by
 
 
 def _hint(error: BaseException) -> str:

@@ -67,6 +67,8 @@ class LiveLoop:
         self.resume: asyncio.Future[None] | None = None
         self.deltas: DeltaStream | None = None
         """The run's model text on its way to the event stream (RunSpec.stream), else None."""
+        self.max_steps = 0
+        """The segment's `RunToolLoopOptions.max_steps` (a `done` stop with steps left can take a steer)."""
         self.held_names: dict[str, str] = {}
         """Tool names of the calls decided at the start of this segment (an approval resume), by id."""
 

@@ -132,6 +132,8 @@ class WorkerProcess:
         self.db = int(self.redis.connection_pool.connection_kwargs.get("db", 0))
         self._events: dict[str, TaskEvents] = {}
         self._armed: dict[str, AbortController] = {}
+        self._interrupts: OrderedDict[str, int] = OrderedDict()
+        """Runs whose interrupt this process heard, with the segment it stops (newest last)."""
         self._cancels: OrderedDict[str, None] = OrderedDict()
         """Runs whose cancel this process heard, newest last (at most CANCELS_HEARD): a step of one
         is aborted when it arms, though the state it read at its begin had no cancel yet."""
@@ -256,6 +258,30 @@ class WorkerProcess:
         with self._lock:
             if self._armed.get(run_id) is controller:
                 del self._armed[run_id]
+
+    def interrupt_heard(self, run_id: str, segment: int, state: dict[str, str]) -> bool:
+        """Whether segment `segment` of the run was interrupted: its state says so (read when the step
+        began), or this process heard it since (workers/talk.py)."""
+        if state.get("interrupt") == str(segment):
+            return True
+        with self._lock:
+            return self._interrupts.get(run_id) == segment
+
+    def interrupted(self, message: str) -> None:
+        """An interrupt ("<run id>|<segment>") was published: abort that run's live step here with the
+        reason "interrupt" (it stops as a cancel would, and the run ends `interrupted`), and note it
+        for a step of that segment that arms later. A kept loop stays: its next step stops there."""
+        run_id, _, segment = message.rpartition("|")
+        if not segment.isdigit():
+            return
+        with self._lock:
+            controller = self._armed.get(run_id)
+            self._interrupts[run_id] = int(segment)
+            self._interrupts.move_to_end(run_id)
+            while len(self._interrupts) > CANCELS_HEARD:
+                self._interrupts.popitem(last=False)
+        if controller is not None:
+            controller.abort("interrupt")
 
     def cancelled(self, run_id: str) -> None:
         """A cancel of `run_id` was published: abort its live step here (or the next one it arms), and

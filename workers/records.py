@@ -7,12 +7,26 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 Status = Literal[
-    "queued", "running", "asked", "done", "budget", "steps", "cancel", "refused", "failed", "expired"
+    "queued",
+    "running",
+    "asked",
+    "done",
+    "budget",
+    "steps",
+    "cancel",
+    "refused",
+    "failed",
+    "expired",
+    "interrupted",
 ]
-FINAL: frozenset[str] = frozenset({"done", "budget", "steps", "cancel", "refused", "failed", "expired"})
+FINAL: frozenset[str] = frozenset(
+    {"done", "budget", "steps", "cancel", "refused", "failed", "expired", "interrupted"}
+)
+"""A run in one of these has stopped; `done` and `interrupted` ones take a follow-up (workers/talk.py)."""
 RUN_EVENT_KINDS: frozenset[str] = frozenset({
     "queued", "parked", "answered", "resumed", "finished", "failed",
     "approval_requested", "approval_decided", "approval_refused", "approval_expired", "expired",
+    "follow_up", "steer_sent",
 })  # fmt: skip
 """Run-level events; the others are the loop's own (`model`, `tool`, `budget`)."""
 

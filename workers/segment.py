@@ -99,6 +99,17 @@ class SegmentJournal:
         self.entries[key] = text
         return self._returned(text, key)
 
+    async def boundary(self, key: str) -> None:
+        """Reach the boundary before step `key` now, as `step(key, ...)` would (the pending step is
+        committed: a `pause`, or `StepBoundary`), so that what is read next is read by the task that
+        runs `key`. Nothing happens when `key` is stored or no live step is pending."""
+        if key in self.entries or len(self.pending) < self.live_steps:
+            return
+        if self.pause is None:
+            raise StepBoundary(key)
+        await self.pause(key)
+        self.pending.clear()
+
     def _returned(self, stored: str, key: str) -> Any:
         """The value of a stored entry (its cost counted). The latest model entry's stays in `parsed`
         (a model value goes to the loop, which only reads it)."""

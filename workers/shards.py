@@ -35,6 +35,7 @@ from workers.client import Client
 from workers.records import DecisionState, RunEventRecord, RunStatus
 from workers.schedules import ScheduleInfo
 from workers.spec import RunSpec
+from workers.talk import Sent
 
 ENV = "TOOLLOOP_REDIS_SHARDS"
 _PREFIX = re.compile(r"^s(\d{1,3})-")
@@ -195,6 +196,16 @@ class ShardedClient:
     def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
         return self.shard(run_id).answer(run_id, content, segment=segment)
 
+    def send(self, run_id: str, content: str, **options: Any) -> Sent:
+        """`Client.send` on the run's shard (its keyed sends are kept there too)."""
+        return self.shard(run_id).send(run_id, content, **options)
+
+    def steer(self, run_id: str, content: str, **options: Any) -> str:
+        return self.shard(run_id).steer(run_id, content, **options)
+
+    def interrupt(self, run_id: str) -> None:
+        self.shard(run_id).interrupt(run_id)
+
     def approve(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
         return self.shard(run_id).approve(run_id, *args, **kwargs)
 
@@ -316,6 +327,16 @@ class AsyncShardedClient:
 
     async def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
         return await self.shard(run_id).answer(run_id, content, segment=segment)
+
+    async def send(self, run_id: str, content: str, **options: Any) -> Sent:
+        """`AsyncClient.send` on the run's shard."""
+        return await self.shard(run_id).send(run_id, content, **options)
+
+    async def steer(self, run_id: str, content: str, **options: Any) -> str:
+        return await self.shard(run_id).steer(run_id, content, **options)
+
+    async def interrupt(self, run_id: str) -> None:
+        await self.shard(run_id).interrupt(run_id)
 
     async def approve(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
         return await self.shard(run_id).approve(run_id, *args, **kwargs)

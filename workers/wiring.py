@@ -185,11 +185,14 @@ def _listen_for_cancels(process: WorkerProcess) -> None:
     while True:
         try:
             pubsub = process.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            pubsub.subscribe(keys.CANCEL_CHANNEL)
+            pubsub.subscribe(keys.CANCEL_CHANNEL, keys.INTERRUPT_CHANNEL)
             while True:
                 message = pubsub.get_message(timeout=1.0)
                 if message and message.get("type") == "message":
-                    process.cancelled(str(message["data"]))
+                    if str(message.get("channel")) == keys.INTERRUPT_CHANNEL:
+                        process.interrupted(str(message["data"]))
+                    else:
+                        process.cancelled(str(message["data"]))
         except redis_lib.RedisError as error:
             log.warning("cancel listener lost Redis (%s); reconnecting", error)
             time.sleep(1.0)

@@ -1,4 +1,5 @@
-"""The run commands: `run`, `status`, `events`, `answer`, `cancel`, `retry`, and `up` / `down` for the
+"""The run commands: `run`, `status`, `events`, `answer`, `send`, `steer`, `interrupt`, `cancel`,
+`retry`, and `up` / `down` for the
 embedded Redis. Each is a thin adapter over `workers.client.Client`."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from toolloop import defaults
 from toolloop.cli.errors import CliError, redact
 from toolloop.cli.follow import decision_text, follow, print_status
 from toolloop.cli.spec import build_spec, workers
+from toolloop.journal import keys
 from toolloop.loop.approvals import ApprovalError
 
 
@@ -112,6 +114,40 @@ def add_commands(sub: Any) -> None:
     run_id_arg(answer)
     answer.add_argument("text")
     answer.set_defaults(handler=cmd_answer)
+
+    send = sub.add_parser("send", help="a follow-up: continue a run that ended done (or answer its question)")
+    run_id_arg(send)
+    send.add_argument("text")
+    send.add_argument(
+        "--key", dest="idempotency_key", help="an idempotency key: a second send with it does nothing"
+    )
+    send.add_argument(
+        "--add-budget",
+        dest="add_budget_usd",
+        type=float,
+        default=0.0,
+        metavar="USD",
+        help="USD added to the run's budget (default 0)",
+    )
+    send.add_argument(
+        "--add-steps",
+        dest="add_max_steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="model steps added to the run's max_steps (default 0)",
+    )
+    send.add_argument("--follow", "-f", action="store_true", help="print the run's events until it stops")
+    send.set_defaults(handler=cmd_send)
+
+    steer = sub.add_parser("steer", help="a message a running run reads at its next step")
+    run_id_arg(steer)
+    steer.add_argument("text")
+    steer.set_defaults(handler=cmd_steer)
+
+    interrupt = sub.add_parser("interrupt", help="stop a run's call in flight; it waits for `send`")
+    run_id_arg(interrupt)
+    interrupt.set_defaults(handler=cmd_interrupt)
 
     approve = sub.add_parser("approve", help="approve a held tool call (it runs with its input)")
     reject = sub.add_parser("reject", help="reject a held tool call (the model reads the reason)")
@@ -217,6 +253,47 @@ def cmd_answer(args: argparse.Namespace) -> int:
     client, _ = connect()
     client.answer(args.run_id, args.text)
     print(f"Answered {args.run_id}.")
+    return 0
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    """A follow-up (docs/conversations.md); with --follow, the run's events from the follow-up on."""
+    client, _ = connect()
+    after = None
+    if args.follow:  # the events from here on: the last id before the send
+        last = client.redis.xrevrange(keys.events(args.run_id), count=1)
+        after = last[0][0] if last else None
+    try:
+        sent = client.send(
+            args.run_id,
+            args.text,
+            idempotency_key=args.idempotency_key,
+            add_budget_usd=args.add_budget_usd,
+            add_max_steps=args.add_max_steps,
+        )
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    what = "answered its question" if sent.what == "answered" else "continues"
+    print(f"Sent to {args.run_id}: it {what} (segment {sent.segment}).")
+    if args.follow:
+        return follow(client, args.run_id, keep_following=True, after=after)
+    return 0
+
+
+def cmd_steer(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    try:
+        steer_id = client.steer(args.run_id, args.text)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    print(f"Steer {steer_id} sent to {args.run_id}: it reads it at its next step.")
+    return 0
+
+
+def cmd_interrupt(args: argparse.Namespace) -> int:
+    client, _ = connect()
+    client.interrupt(args.run_id)
+    print(f"Interrupt sent to {args.run_id}: it stops its call in flight and waits for `toolloop send`.")
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from toolloop.cli.render import Progress, StepNumbers, Totals, account_text, as_dict, event_line, field
 from toolloop.cli.stream import STREAM_KINDS, TextView
 
-FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed"})
+FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed", "interrupted"})
 Answerer = Callable[[dict[str, Any]], str | None]
 """Given the held ask's input, the answer text; None to stop following instead."""
 
@@ -101,12 +101,14 @@ def follow(
     answerer: Answerer | None = None,
     totals: Totals | None = None,
     check: Callable[[], None] | None = None,
+    after: str | None = None,
 ) -> int:
     """Print the run's events; with `keep_following`, until it reaches a final state. Exit code 1
     when it followed the run to a failure, else 0 (a budget, steps, cancel or refused stop is an outcome).
     `check` is called before every read (the demo raises from it when its worker died). A streaming
     run's text is printed as it arrives (toolloop/cli/stream.py)."""
     watch = _Watch(client, run_id, as_json, answerer, totals if totals is not None else Totals())
+    watch.after = after  # the events after this id only (`toolloop send -f`: from the follow-up on)
     while True:
         if check is not None:
             check()

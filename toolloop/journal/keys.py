@@ -44,7 +44,10 @@ a superset of the live runs, never the source of truth.
     tl:sched:<id>:def          string  the schedule's definition (JSON), written once when added
     tl:sched:due               zset    schedule ids, score = when the sweeper next looks at it
     tl:sched:all               zset    every schedule id, score = when it was added (listing)
+    tl:{<run>}:sends           hash    field = a follow-up's idempotency key, value = its outcome
+                                       (JSON {what, segment}): workers/scripts/talk.py
     tl:cancel                  channel pubsub: a run id whose live step must abort now
+    tl:interrupt               channel pubsub: "<run id>|<segment>" whose live step must stop now
     toolloop:rejected          list    messages found on a toolloop queue that are not valid tasks,
                                        newest first: JSON {at, queue, reason, worker, size, truncated,
                                        raw} (workers/consumer.py; the newest 10,000 are kept)
@@ -57,6 +60,7 @@ LIVE_RUNS = f"{PREFIX}runs:live"
 ALL_RUNS = f"{PREFIX}runs:all"
 ENDED_RUNS = f"{PREFIX}runs:ended"
 CANCEL_CHANNEL = f"{PREFIX}cancel"
+INTERRUPT_CHANNEL = f"{PREFIX}interrupt"
 SWEEP_LOCK = f"{PREFIX}sweep:lock"
 REJECTED = "toolloop:rejected"
 SCHEDULES_DUE = f"{PREFIX}sched:due"
@@ -131,6 +135,11 @@ def alone_field(n: int) -> str:
     return f"{n}:alone"
 
 
+def sends(run_id: str) -> str:
+    """The follow-ups sent with an idempotency key: field = key, value = outcome (workers/talk.py)."""
+    return _run(run_id, "sends")
+
+
 def spend(run_id: str) -> str:
     return _run(run_id, "spend")
 
@@ -183,7 +192,7 @@ WAITS_DUE = f"{PREFIX}waits:due"
 
 RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
                  "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes",
-                 "mcptools")  # fmt: skip
+                 "mcptools", "sends")  # fmt: skip
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:

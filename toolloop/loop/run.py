@@ -53,6 +53,8 @@ from toolloop.loop.types import (
     Refusal,
     RunToolLoopOptions,
     RunToolLoopResult,
+    Steer,
+    SteerEvent,
     StepResult,
     StepWork,
     StoppedBy,
@@ -60,6 +62,16 @@ from toolloop.loop.types import (
 from toolloop.memo import memo_of, run_memo
 
 __all__ = ["BudgetStop", "run_tool_loop"]
+
+
+def _steer_work(steer: Steer, turn: int, index: int) -> StepWork:
+    """The work of step `steer:<id>`: the message as taken, before model turn `turn`, the `index`-th
+    taken at that boundary (what a replay orders by). Costs nothing."""
+
+    async def work(signal: AbortSignal) -> StepResult:
+        return StepResult(value={"content": steer.content, "turn": turn, "index": index}, cost_usd=0.0)
+
+    return work
 
 
 async def run_tool_loop(options: RunToolLoopOptions | Mapping[str, Any]) -> RunToolLoopResult:
@@ -98,6 +110,8 @@ class _Run(CallAnswers):
         """Whether model calls get an `on_delta` (only a generate that takes one, only with on_step)."""
         self.compaction = Compaction(self) if options.context is not None else None
         """Context management (SPEC 5; toolloop/loop/compaction.py); None without a policy."""
+        self.steered: set[str] = set()
+        """The ids of the steers this loop took (SPEC 6.1), replayed ones included."""
 
     # -- the turn ----------------------------------------------------------------------------------
 
@@ -128,6 +142,7 @@ class _Run(CallAnswers):
             return await self.stop("steps")
         turn = self.steps + 1
         try:
+            await self.take_steers(turn)
             if self.compaction is not None:
                 await self.compaction.before(turn)
             value = await options.step(f"model:{turn}", self.model_work())
@@ -145,8 +160,44 @@ class _Run(CallAnswers):
         if result.finish_reason == "paused" or self.retry_max_tokens is not None:
             return None  # sent back as the next model call / the cut-off turn asked again
         if not result.tool_calls:
+            if await self.steered_before_done(turn + 1):
+                return None  # a steer came: the model answers it in the next turn
             return await self.finish("done")
         return await self.answer_turn(turn, result.tool_calls)
+
+    # -- steering (SPEC 6.1) ---------------------------------------------------------------------
+
+    async def take_steers(self, turn: int, ending: bool = False) -> int:
+        """Take what `options.steers` has for the boundary before model turn `turn`: each one a
+        journal step `steer:<id>`, then a user message at the end of the history (every call of the
+        last turn is answered by now) and a `SteerEvent`. Asks again until nothing new comes."""
+        steers = self.options.steers
+        if steers is None:
+            return 0
+        taken = 0
+        while True:
+            fresh = [steer for steer in await steers(turn, ending) if steer.id not in self.steered]
+            if not fresh:
+                return taken
+            for steer in fresh:
+                value = await self.options.step(f"steer:{steer.id}", _steer_work(steer, turn, taken))
+                self.steered.add(steer.id)
+                content = str(value["content"])
+                self.history.append(UserMessage(content=content))
+                self.emit(SteerEvent(step=turn, id=steer.id, content=content))
+                taken += 1
+
+    async def steered_before_done(self, turn: int) -> bool:
+        """Before a `done` stop: True when steers were taken (the loop goes on to model turn `turn`).
+        None are taken when no model call could follow (aborted, or no step left)."""
+        if self.options.steers is None or self.options.signal.aborted or self.steps >= self.options.max_steps:
+            return False
+        try:
+            return await self.take_steers(turn, ending=True) > 0
+        except Exception:
+            if self.options.signal.aborted:
+                return False
+            raise
 
     async def answer_turn(self, turn: int, calls: list[ToolCall]) -> RunToolLoopResult | None:
         """Answer a turn's calls; the result when the loop stops there (a held ask or approval, the

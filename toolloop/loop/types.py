@@ -147,6 +147,22 @@ StepFn = Callable[[str, StepWork], Awaitable[Any]]
 """The journal: `await step(key, work)` runs `work` once per key and returns the stored value."""
 
 Generate = Callable[..., Awaitable[PromptGenResult]]
+
+
+class Steer(_Value):
+    """A user message for a running loop (SPEC 6.1, docs/conversations.md): `id` names its journal
+    step (`steer:<id>`), so it must be unique within the loop's journal; `content` is what the model
+    reads, as a user message placed after the last complete turn."""
+
+    id: str = Field(min_length=1, max_length=200)
+    content: str
+
+
+Steers = Callable[[int, bool], Awaitable[list[Steer]]]
+"""`RunToolLoopOptions.steers(turn, ending)`: called with the model turn about to be asked for, returns
+the steers to take before it that this loop has not taken yet ([] when none). `ending` is True when
+the loop stops `done` unless a steer comes (a durable caller may answer from what it has at hand
+there and hold the stop itself while one waits, as workers/steering.py does)."""
 """`generate(request, signal)`, or `generate(request, signal, on_delta=None)` for a model that streams
 (SPEC 4.3): the loop passes `on_delta` only to a callable that takes it, and only with an `on_step`."""
 
@@ -240,8 +256,20 @@ class CompactionEvent(_Value):
     """The usage of the summary call."""
 
 
+class SteerEvent(_Value):
+    """A steer was taken (SPEC 6.1): before model turn `step`, the message `content` (steer `id`)
+    joined the history after the last complete turn. Emitted after its `steer:<id>` step, replayed
+    ones too."""
+
+    kind: Literal["steer"] = "steer"
+    step: int
+    id: str
+    content: str
+
+
 LoopEvent = Annotated[
-    ModelEvent | ToolEvent | BudgetEvent | CompactionEvent | DeltaEvent, Field(discriminator="kind")
+    ModelEvent | ToolEvent | BudgetEvent | CompactionEvent | SteerEvent | DeltaEvent,
+    Field(discriminator="kind"),
 ]
 """`DeltaEvent` (SPEC 4.3; defined with the contract types, as providers make them): the text of a
 model step as it streams, before that step's `ModelEvent`. Never journaled; a replayed step has none."""
@@ -305,6 +333,13 @@ class RunToolLoopOptions(_Options):
     """A tool result with an image file larger than this is answered as an error; None: no limit."""
     context: ContextPolicy | None = None
     """Context management of a long run (SPEC 5, docs/context.md): None (the default) changes nothing."""
+    steers: Steers | None = None
+    """Steering (SPEC 6.1): before each model call, and before stopping `done`, the loop asks
+    `steers(turn, ending)` for messages to take; each becomes journal step `steer:<id>` (value
+    `{"content", "turn", "index"}`, cost 0), a `UserMessage` at the end of the history (never
+    between a tool call and its result: every call of the last turn is answered by then) and a
+    `SteerEvent`; then it asks again, until none comes. A steer taken before `done` gets a model call
+    of its own: the loop goes on. None (the default): no steering."""
     decisions: dict[str, Decision] | None = None
     """Decisions on the calls the previous loop held (`result.approvals`), by call id: the loop answers
     those open calls first, then goes on (SPEC 4.4)."""

@@ -22,7 +22,10 @@ RUN_COMMIT = with_prelude("""
 --   requested (optional): [data...] an `approval_requested` event each, due/run (optional),
 --   go_on (optional): {owner, lease_ms, tag, unacked}: the caller runs the successor itself, now,
 --   streamed (optional): "<segment>|<step>|<attempt>", the streamed step whose model event this
---   commit carries (workers/deltas.py); any other streamed attempt gets a `discarded` marker}
+--   commit carries (workers/deltas.py); any other streamed attempt gets a `discarded` marker,
+--   steerable (optional): a `done` stop that becomes a 'next' (model step on llm) while a steer waits
+--   in the state (workers/scripts/talk.py): the run goes on and takes it}
+-- A step `steer:<id>` that lands deletes the steer from the state (it is the journal's now).
 --   (`Commit.encode` in workers/scripts/commit.py writes it)
 -- -> {1, stored value or false, outbox member to send or false, begun or false}
 --    | {0, stored or false, false, false} (fenced)
@@ -45,6 +48,14 @@ if tonumber(redis.call('HGET', KEYS[1], 'n') or '0') >= p.n then
   return {1, stored(), pending[1] or false, false}
 end
 if p.field ~= '' then redis.call('HSETNX', KEYS[9], p.field, p.value) end
+local steer = string.match(p.field, '^steer:(.+)$')
+if steer and redis.call('HDEL', KEYS[1], 'steer:' .. steer) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'steers_waiting', -1)
+end
+if p.steerable and p.outcome == 'stop'
+    and tonumber(redis.call('HGET', KEYS[1], 'steers_waiting') or '0') > 0 then
+  p.outcome, p.queue, p.state.status = 'next', 'llm', nil
+end
 discard_stream(KEYS[1], KEYS[4], p.streamed or '')  -- before the events: a page drops the text first
 local count_field = 'events:' .. segment
 local count = tonumber(redis.call('HGET', KEYS[1], count_field) or '0')
@@ -159,6 +170,8 @@ class Commit:
     go_on: GoOn | None = None
     streamed: str = ""
     """The attempt mark of the streamed model step whose event this commit carries (workers/deltas.py)."""
+    steerable: bool = False
+    """A `done` stop that goes on instead while a steer waits (the reply then has a member)."""
 
     def encode(self) -> bytes:
         """The JSON RUN_COMMIT decodes (absent fields are left out: Lua reads a JSON null as true)."""
@@ -174,6 +187,8 @@ class Commit:
             payload["requested"] = self.requested
         if self.streamed:
             payload["streamed"] = self.streamed
+        if self.steerable:
+            payload["steerable"] = True
         if self.go_on is not None:
             g = self.go_on
             payload["go_on"] = {"owner": g.owner, "lease_ms": g.lease_ms, "tag": g.tag, "unacked": g.unacked}

@@ -25,7 +25,7 @@ local function discard_stream(state, events_key, backed)
 end
 local function terminal(status)
   return status == 'done' or status == 'budget' or status == 'steps' or status == 'cancel'
-    or status == 'refused' or status == 'failed' or status == 'expired'
+    or status == 'refused' or status == 'failed' or status == 'expired' or status == 'interrupted'
 end
 """
 

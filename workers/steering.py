@@ -1,0 +1,62 @@
+"""The steers a durable run's loop takes (`RunToolLoopOptions.steers`, SPEC 6.1).
+
+A steer sent to a running run waits in the run's state hash (`steer:<id>`, workers/scripts/talk.py),
+which every task reads as it begins (RUN_BEGIN, or the predecessor's commit when it goes on in the
+same process): so asking costs no round trip. At the boundary before model turn `turn`:
+
+- the segment's journal holds steps `steer:<id>` taken before that turn: a replay, they come back
+  in the order they were taken, and nothing else is taken there once `model:<turn>` is journaled
+  (a replay decides as the first run did);
+- else the steers waiting in the state of the task that makes that model call (the boundary is
+  reached first: the step before commits, and the next task's state is read) that the journal has
+  no step for; before a `done` stop (`ending`), those of the task running now, and RUN_COMMIT holds
+  the stop for any steer that came since.
+
+Each one the loop takes is its own journal step, `steer:<id>`, run as the step of one task (it is
+the first step that is not stored: the boundary before it commits the step before, the boundary
+after it commits it). Its commit deletes it from the state (RUN_COMMIT), so it is taken once: a task
+killed before that commit leaves it waiting and the step runs again; after it, the journal holds it.
+A `done` stop is refused by RUN_COMMIT while a steer waits (the run goes on, takes it, and answers).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolloop.journal.redis import decode_entry
+from toolloop.loop.types import Steer
+from workers.live import LiveLoop
+
+PREFIX = "steer:"
+
+
+class Steering:
+    """`steers` of one run's loop: reads the loop's journal and the state of the task running it."""
+
+    def __init__(self, live: LiveLoop) -> None:
+        self.live = live
+
+    async def __call__(self, turn: int, ending: bool) -> list[Steer]:
+        journal = self.live.journal
+        entries = journal.entries
+        stored: list[tuple[int, str, str]] = []
+        for key, text in entries.items():
+            if key.startswith(PREFIX):
+                value: Any = decode_entry(text)[1]
+                if int(value.get("turn", 0)) == turn:
+                    stored.append(
+                        (int(value.get("index", 0)), key.removeprefix(PREFIX), str(value["content"]))
+                    )
+        if f"model:{turn}" in entries:  # a replay past this boundary: what was taken there, no more
+            return [Steer(id=steer_id, content=content) for _, steer_id, content in sorted(stored)]
+        if not ending:  # the state read next is the one of the task that makes the model call
+            await journal.boundary(f"model:{turn}")
+        waiting: list[tuple[int, str, str]] = []
+        for field, raw in self.live.step.state.items():
+            if field.startswith(PREFIX) and field not in entries:
+                sent = json.loads(raw)
+                waiting.append((int(sent.get("seq", 0)), field.removeprefix(PREFIX), str(sent["content"])))
+        taken = [(steer_id, content) for _, steer_id, content in sorted(stored)]
+        taken += [(steer_id, content) for _, steer_id, content in sorted(waiting)]
+        return [Steer(id=steer_id, content=content) for steer_id, content in taken]
