@@ -116,6 +116,8 @@ class AsyncClient:
         grace_s: float = 60.0,
         name: str = "",
         idempotency_key: str | None = None,
+        add_budget_usd: float = 0.0,
+        add_max_steps: int = 0,
     ) -> str:
         """See `Client.schedule`."""
         request = schedule_ops.Request(
@@ -132,6 +134,8 @@ class AsyncClient:
             grace_s,
             name,
             idempotency_key,
+            add_budget_usd,
+            add_max_steps,
         )
         made, first = schedule_ops.build(request, self._prepare)
         return await self._driver.run(schedule_ops.add(made, first, send_to))

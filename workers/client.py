@@ -149,13 +149,17 @@ class Client:
         grace_s: float = 60.0,
         name: str = "",
         idempotency_key: str | None = None,
+        add_budget_usd: float = 0.0,
+        add_max_steps: int = 0,
     ) -> str:
         """Add a schedule; its id. One trigger: `cron` (5 fields, or 6 with seconds first, in
         `timezone`), `every_s` (from `start`, default now + every_s) or `at` (unix seconds or an aware
         datetime). One target: `spec`, a run to enqueue at each tick (checked now exactly as
         `enqueue` checks it: ValidationError, ToolsetError, LimitError), or `send_to` a run with
-        `content` (a follow-up). `if_busy`: "skip", "queue" or "steer" (follow-ups) while the target
-        is busy; `catch_up`: "latest" or "skip" for ticks missed past `grace_s`. With
+        `content` (a follow-up: `Client.send` at each tick, keyed by the schedule and the tick, its
+        budget and step limit topped up by `add_budget_usd` and `add_max_steps`). `if_busy`: "skip",
+        "queue" or "steer" (follow-ups: `Client.steer` while the run is queued or running) while the
+        target is busy; `catch_up`: "latest" or "skip" for ticks missed past `grace_s`. With
         `idempotency_key`, adding again returns the same id and changes nothing. ScheduleError
         (two lines) for anything bad; nothing is stored then."""
         request = schedule_ops.Request(
@@ -172,6 +176,8 @@ class Client:
             grace_s,
             name,
             idempotency_key,
+            add_budget_usd,
+            add_max_steps,
         )
         made, first = schedule_ops.build(request, self._prepare)
         return self._driver.run(schedule_ops.add(made, first, send_to))

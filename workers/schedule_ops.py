@@ -21,10 +21,9 @@ from typing import Any
 import orjson
 
 from toolloop.journal import keys
-from workers import schedules
+from workers import schedules, talk
 from workers.enqueue import Preparer
 from workers.errors import RunNotFoundError, ScheduleError, ScheduleNotFoundError
-from workers.limits import check_answer
 from workers.ops import Batch, Call, Eval, Op
 from workers.schedules import Enqueue, Schedule, ScheduleInfo, Send
 from workers.scripts.schedules import SCHEDULE_ADD, SCHEDULE_REMOVE
@@ -61,6 +60,8 @@ class Request:
     grace_s: float = 60.0
     name: str = ""
     idempotency_key: str | None = None
+    add_budget_usd: float = 0.0
+    add_max_steps: int = 0
 
 
 def _trigger(request: Request, now: float) -> schedules.Cron | schedules.Every | schedules.Once:
@@ -92,9 +93,21 @@ def _target(request: Request, prepare: Preparer) -> Enqueue | Send:
             raise ScheduleError("content= goes with send_to=.\n  Put the message in the spec's messages.")
         checked, _ = prepare.check(request.spec)  # exactly as an enqueue checks it
         return Enqueue(kind="enqueue", spec=checked, run_prefix=prepare.run_prefix)
-    raise ScheduleError(
-        "Follow-up schedules (send_to=) need Client.send, which this build does not have yet.\n"
-        "  Schedule a spec to enqueue instead (docs/schedules.md)."
+    if not isinstance(request.send_to, str) or not 0 < len(request.send_to) <= 200:
+        raise ScheduleError("send_to= names a run by its id.\n  Pass the id Client.enqueue returned.")
+    if not isinstance(request.content, str) or not request.content.strip():
+        raise ScheduleError(
+            "A follow-up schedule needs content=, the message each tick sends.\n"
+            "  Pass what the run should read, e.g. content='Check the queue again.'"
+        )
+    talk.check_content(request.content, prepare.settings.max_answer_bytes, "follow-up")
+    talk.check_top_ups(request.add_budget_usd, request.add_max_steps)
+    return Send(
+        kind="send",
+        run_id=request.send_to,
+        content=request.content,
+        add_budget_usd=request.add_budget_usd,
+        add_max_steps=request.add_max_steps,
     )
 
 
@@ -105,8 +118,6 @@ def build(request: Request, prepare: Preparer, now: float | None = None) -> tupl
     trigger = _trigger(request, now)
     target = _target(request, prepare)
     grace = schedules.check_policy(target, request.if_busy, request.catch_up, request.grace_s)
-    if isinstance(target, Send) and target.content is not None:
-        check_answer(target.content, prepare.settings)
     made = Schedule(
         id=schedule_id(prepare.run_prefix, request.idempotency_key),
         name=schedules.check_name(request.name),

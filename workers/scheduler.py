@@ -9,6 +9,14 @@ the catch-up policy says, and sends one script per schedule, pipelined (500 a ro
 schedule and the tick) and sends the run's first step, all or nothing. Two sweepers that read the
 same tick send the same claim; one finds the tick moved on (`taken`) and writes nothing.
 
+A `Send` target (a follow-up) is applied by workers/talk.py's own operations, keyed by the schedule
+and the tick, BEFORE its tick is claimed: `send(idempotency_key=fire_key)` while the run is free
+(done, interrupted, or parked on its question), `steer(steer_id=...)` while it runs and if_busy is
+"steer"; then FIRE claims the tick. A sweeper that dies between the two leaves the tick due, and
+the next sweep sends it again with the same key, which the run applies once; two sweepers that
+race both send with that key, one applies it, and one claims the tick. The sends of a sweep run
+in lockstep, one pipeline per round trip of theirs (`run_many`).
+
 A run a fire makes names the schedule and the tick in its `queued` event (`schedule`, `tick`) and in
 its first step's label in Flower (`model 1 (schedule <id>)`); each fire is a span
 `toolloop.schedule.fire` (when tracing is on), the parent of the run's trace; the worker's metrics
@@ -20,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import redis as redis_lib
@@ -27,12 +36,13 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from toolloop.journal import keys
-from workers import ops, schedules
+from toolloop.loop.approvals import DeadlineError
+from workers import ops, schedules, talk
 from workers.drive import SyncDriver
 from workers.enqueue import Preparer
 from workers.errors import WorkersError
-from workers.ops import Batch, Eval
-from workers.schedules import Enqueue, Schedule
+from workers.ops import Batch, Call, Eval, Op
+from workers.schedules import Enqueue, Schedule, Send
 from workers.scripts.schedules import FIRE, FIRE_ENQUEUE, parse_fire
 from workers.settings import Settings
 
@@ -45,6 +55,22 @@ HELD_RETRY_S = 1.0
 """How soon the sweeper looks again at a tick held for a busy target."""
 BAD_DEF_RETRY_S = 60.0
 _TRACER = trace.get_tracer("toolloop.workers.scheduler")
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """One due schedule as a sweep found it: the field it claims and its value as read (the fence),
+    the tick it fires, the ticks before it missed, its next tick, what the catch-up policy says."""
+
+    sid: str
+    schedule: Schedule
+    field: str
+    read: str
+    tick: float
+    missed: int
+    after: float | None
+    wanted: str
+    last_run: str
 
 
 class Scheduler:
@@ -68,12 +94,13 @@ class Scheduler:
         """The most schedules one `fire_due` looks at (the rest: the next second's)."""
         self.driver = SyncDriver(client, client)
         db = int(client.connection_pool.connection_kwargs.get("db", 0))
-        self.prepare = Preparer(settings, settings.toolset_names(), ops.Sender(db))
+        self.sender = ops.Sender(db)
+        self.prepare = Preparer(settings, settings.toolset_names(), self.sender)
         self._defs: dict[str, tuple[str, Schedule]] = {}
 
     def fire_due(self, now: float | None = None) -> dict[str, int]:
-        """Fire (or settle) every schedule due at `now`; counts by outcome ("fired", "skipped",
-        "held", "missed", "failed", "taken" by another sweeper, "error": the script failed)."""
+        """Fire (or settle) every schedule due at `now`; counts by outcome ("fired", "steer",
+        "skipped", "held", "missed", "failed", "taken" by another sweeper, "error": the script failed)."""
         now = time.time() if now is None else now
         due: list[str] = self.redis.zrangebyscore(keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most)  # type: ignore[assignment]
         done: Counter[str] = Counter()
@@ -89,11 +116,13 @@ class Scheduler:
             pipe.get(keys.schedule_def(sid))
             pipe.hmget(keys.schedule(sid), "next", "held", "last_run")
         read = pipe.execute()
-        planned: list[tuple[str, Eval, Any]] = []
-        for sid, raw, (nxt, held, last_run) in zip(ids, read[0::2], read[1::2], strict=True):
-            plan = self._plan(sid, raw, nxt, held, last_run, now)
-            if plan is not None:
-                planned.append((sid, *plan))
+        found = [
+            self._due(sid, raw, nxt, held, last_run, now)
+            for sid, raw, (nxt, held, last_run) in zip(ids, read[0::2], read[1::2], strict=True)
+        ]
+        dues = [due for due in found if due is not None]
+        planned = [self._enqueue(due, now) for due in dues if isinstance(due.schedule.target, Enqueue)]
+        planned += self._follow_ups([due for due in dues if isinstance(due.schedule.target, Send)], now)
         if not planned:
             return
         replies = self.driver.batch(Batch([request for _, request, _ in planned]))
@@ -117,10 +146,10 @@ class Scheduler:
         except ValidationError as error:
             log.warning(
                 "schedule %r skipped: its definition is not one toolloop wrote (%s)\n  Look at it "
-                "(redis-cli HGETALL %s), then remove it: toolloop schedule remove %s",
+                "(redis-cli GET %s), then remove it: toolloop schedule remove %s",
                 sid,
                 error.errors()[0]["msg"],
-                keys.schedule(sid),
+                keys.schedule_def(sid),
                 sid,
             )
             self.redis.zadd(keys.SCHEDULES_DUE, {sid: time.time() + BAD_DEF_RETRY_S}, xx=True)
@@ -130,10 +159,10 @@ class Scheduler:
         self._defs[sid] = (raw, schedule)
         return schedule
 
-    def _plan(
+    def _due(
         self, sid: str, raw: str | None, nxt: str | None, held: str | None, last_run: str | None, now: float
-    ) -> tuple[Eval, Any] | None:
-        """The fire script of one due schedule and its span; None when there is nothing to send."""
+    ) -> Due | None:
+        """What is due of one schedule; None when nothing is (the index is put right)."""
         if raw is None:  # removed meanwhile: its index entry goes too
             self.redis.zrem(keys.SCHEDULES_DUE, sid)
             return None
@@ -142,62 +171,204 @@ class Scheduler:
             return None
         trigger = schedule.trigger
         if nxt and float(nxt) <= now:
-            field, read = "next", nxt
             tick, missed = schedules.latest_due(trigger, float(nxt), now)
             after = schedules.tick_after(trigger, max(tick, now))
             late = now - tick > schedule.grace_s
             wanted = "miss" if late and schedule.catch_up == "skip" else "fire"
-        elif held:
-            field, read, tick, missed, after, wanted = "held", held, float(held), 0, None, "fire"
-        else:  # the index is ahead of the hash (a fire settled it meanwhile): put it right
-            score = float(nxt) if nxt else None
-            if score is None:
-                self.redis.zrem(keys.SCHEDULES_DUE, sid)
-            else:
-                self.redis.zadd(keys.SCHEDULES_DUE, {sid: score})
-            return None
-        target = schedule.target
-        busy_key = keys.state(last_run) if last_run else NO_RUN
-        claim = [
-            sid,
-            field,
-            read,
-            now,
-            "" if after is None else repr(after),
-            missed,
-            wanted,
-            schedule.if_busy,
-            "",
-            "",
-            now + HELD_RETRY_S,
-            "unended",
-            repr(tick),
-        ]
-        span = _TRACER.start_span(
-            FIRE_SPAN, attributes={"toolloop.schedule.id": sid, "toolloop.schedule.tick": tick}
+            return Due(sid, schedule, "next", nxt, tick, missed, after, wanted, last_run or "")
+        if held:
+            return Due(sid, schedule, "held", held, float(held), 0, None, "fire", last_run or "")
+        if nxt:  # the index is behind the hash (a fire settled it meanwhile): put it right
+            self.redis.zadd(keys.SCHEDULES_DUE, {sid: float(nxt)})
+        else:
+            self.redis.zrem(keys.SCHEDULES_DUE, sid)
+        return None
+
+    def _span(self, due: Due) -> Any:
+        return _TRACER.start_span(
+            FIRE_SPAN, attributes={"toolloop.schedule.id": due.sid, "toolloop.schedule.tick": due.tick}
         )
-        if wanted == "fire" and isinstance(target, Enqueue):
-            try:
-                with trace.use_span(span, end_on_exit=False):  # the run's trace is the fire's
-                    made = self.prepare(
-                        target.spec,
-                        schedules.fire_key(sid, tick),
-                        run_prefix=target.run_prefix,
-                        fired={"schedule": sid, "tick": tick},
-                    )
-            except (WorkersError, ValidationError, ValueError) as error:  # refused now (a toolset gone)
-                first = str(error).splitlines()[0][:300]
-                claim[6], claim[9] = "fail", first
-                log.warning("schedule %s: tick %s not fired: %s", sid, schedules.iso(tick), first)
+
+    def _claim(
+        self,
+        due: Due,
+        now: float,
+        *,
+        wanted: str = "",
+        run_id: str = "",
+        error: str = "",
+        mode: str = "unended",
+    ) -> list[Any]:
+        """FIRE's (and FIRE_ENQUEUE's) claim arguments (workers/scripts/schedules.py)."""
+        after = "" if due.after is None else repr(due.after)
+        return [
+            due.sid,
+            due.field,
+            due.read,
+            now,
+            after,
+            due.missed,
+            wanted or due.wanted,
+            due.schedule.if_busy,
+            run_id,
+            error,
+            now + HELD_RETRY_S,
+            mode,
+            repr(due.tick),
+        ]
+
+    def _fire(self, due: Due, claim: list[Any], span: Any) -> tuple[str, Eval, Any]:
+        return due.sid, Eval(FIRE, [keys.schedule(due.sid), keys.SCHEDULES_DUE, NO_RUN], claim), span
+
+    def _enqueue(self, due: Due, now: float) -> tuple[str, Eval, Any]:
+        """FIRE_ENQUEUE for a tick that fires (its run built here), else FIRE."""
+        target = due.schedule.target
+        assert isinstance(target, Enqueue)
+        span = self._span(due)
+        busy_key = keys.state(due.last_run) if due.last_run else NO_RUN
+        if due.wanted != "fire":
+            return (
+                due.sid,
+                Eval(FIRE, [keys.schedule(due.sid), keys.SCHEDULES_DUE, busy_key], self._claim(due, now)),
+                span,
+            )
+        try:
+            with trace.use_span(span, end_on_exit=False):  # the run's trace is the fire's
+                made = self.prepare(
+                    target.spec,
+                    schedules.fire_key(due.sid, due.tick),
+                    run_prefix=target.run_prefix,
+                    fired={"schedule": due.sid, "tick": due.tick},
+                )
+        except (WorkersError, ValidationError, ValueError) as error:  # refused now (a toolset gone)
+            first = str(error).splitlines()[0][:300]
+            log.warning("schedule %s: tick %s not fired: %s", due.sid, schedules.iso(due.tick), first)
+            return self._fire(due, self._claim(due, now, wanted="fail", error=first), span)
+        span.set_attribute("toolloop.run_id", made.run_id)
+        request = made.request
+        claim = self._claim(due, now, run_id=made.run_id)
+        where = [*request.keys, keys.schedule(due.sid), keys.SCHEDULES_DUE, busy_key]
+        return due.sid, Eval(FIRE_ENQUEUE, where, [*request.args, *claim]), span
+
+    def _follow_ups(self, dues: list[Due], now: float) -> list[tuple[str, Eval, Any]]:
+        """The claims of follow-up ticks, after their sends (or steers) are applied."""
+        if not dues:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for due in dues:
+            assert isinstance(due.schedule.target, Send)
+            pipe.hget(keys.state(due.schedule.target.run_id), "status")
+        statuses = pipe.execute()
+        planned: list[tuple[str, Eval, Any]] = []
+        applying: list[tuple[Due, Any, str]] = []
+        operations: list[Op[Any]] = []
+        for due, status in zip(dues, statuses, strict=True):
+            target = due.schedule.target
+            assert isinstance(target, Send)
+            span = self._span(due)
+            span.set_attribute("toolloop.run_id", target.run_id)
+            busy = status in ("queued", "running")
+            if due.wanted != "fire" or (busy and due.schedule.if_busy != "steer"):
+                planned.append(self._fire(due, self._claim(due, now, mode="busy" if busy else "free"), span))
+                continue
+            if busy:
+                operations.append(
+                    talk.steer(target.run_id, target.content, schedules.steer_id(due.sid, due.tick))
+                )
             else:
-                claim[8] = made.run_id
-                span.set_attribute("toolloop.run_id", made.run_id)
-                request = made.request
-                return Eval(
-                    FIRE_ENQUEUE,
-                    [*request.keys, keys.schedule(sid), keys.SCHEDULES_DUE, busy_key],
-                    [*request.args, *claim],
-                ), span
-        elif wanted == "fire":  # a follow-up: not in this build (refused when added, too)
-            claim[6], claim[9] = "fail", "follow-up schedules need Client.send, which this build lacks"
-        return Eval(FIRE, [keys.schedule(sid), keys.SCHEDULES_DUE, busy_key], claim), span
+                key = schedules.fire_key(due.sid, due.tick)
+                operations.append(
+                    talk.send(
+                        self.sender,
+                        target.run_id,
+                        target.content,
+                        idempotency_key=key,
+                        add_budget_usd=target.add_budget_usd,
+                        add_max_steps=target.add_max_steps,
+                    )
+                )
+            applying.append((due, span, "busy" if busy else "free"))
+        for (due, span, mode), result in zip(applying, run_many(self.driver, operations), strict=True):
+            if isinstance(result, Exception) and not _steered_already(result):
+                first = str(result).splitlines()[0][:300]
+                log.warning("schedule %s: tick %s not sent: %s", due.sid, schedules.iso(due.tick), first)
+                planned.append(
+                    self._fire(due, self._claim(due, now, wanted="fail", error=first, mode=mode), span)
+                )
+            else:
+                planned.append(self._fire(due, self._claim(due, now, mode=mode), span))
+        return planned
+
+
+FOLLOW_UP_ERRORS = (WorkersError, ValueError, DeadlineError)
+"""What a follow-up or steer is refused with (the run ended, is gone, waits on approvals...)."""
+
+
+def _steered_already(error: BaseException) -> bool:
+    """A steer refused as a duplicate of its id: this tick's steer, sent by another sweeper (or by
+    this one before it died)."""
+    return "has a steer" in str(error)
+
+
+def run_many(driver: SyncDriver, operations: list[Op[Any]]) -> list[Any]:
+    """Run `operations` (workers/ops.py) in lockstep: each round sends the request every one of them
+    waits on in one pipeline. Each one's result, or the error it raised (a refusal, or a Redis error
+    in its reply)."""
+    results: list[Any] = [None] * len(operations)
+    waiting: dict[int, Any] = {}
+    for i in range(len(operations)):
+        _advance(operations, i, None, waiting, results)
+    while waiting:
+        flat: list[Any] = []
+        shape: list[tuple[int, int | None]] = []
+        for i, request in waiting.items():
+            if isinstance(request, Batch):
+                shape.append((i, len(request.commands)))
+                flat.extend(request.commands)
+            else:
+                shape.append((i, None))
+                flat.append(request.args if isinstance(request, Call) else request)
+        replies = driver.batch(Batch(flat))
+        waiting, at = {}, 0
+        for i, size in shape:
+            if size is None:
+                reply, at = replies[at], at + 1
+                failed = reply if isinstance(reply, Exception) else None
+            else:
+                reply, at = replies[at : at + size], at + size
+                failed = next((r for r in reply if isinstance(r, Exception)), None)
+            failed = (
+                reply
+                if isinstance(reply, Exception)
+                else next((r for r in reply if isinstance(r, Exception)), None)
+                if size is not None
+                else None
+            )
+            _advance(operations, i, reply, waiting, results, failed)
+    return results
+
+
+def _advance(
+    operations: list[Op[Any]],
+    i: int,
+    reply: Any,
+    waiting: dict[int, Any],
+    results: list[Any],
+    failed: Any = None,
+) -> None:
+    """Give operation i its reply (or throw its error into it); note its next request or its end."""
+    try:
+        request = operations[i].throw(failed) if failed is not None else operations[i].send(reply)
+    except StopIteration as stop:
+        results[i] = stop.value
+        return
+    except FOLLOW_UP_ERRORS as error:
+        results[i] = error
+        return
+    except redis_lib.RedisError as error:
+        results[i] = error
+        return
+    if not isinstance(request, Call | Eval | Batch) or (isinstance(request, Batch) and request.transaction):
+        results[i] = TypeError(f"a schedule's operation asked for {type(request).__name__}")
+        return
+    waiting[i] = request

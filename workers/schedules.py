@@ -31,6 +31,7 @@ id and the tick (`fire_key`), so a tick can never make two runs.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -101,6 +102,9 @@ class Send(BaseModel):
     kind: Literal["send"]
     run_id: str
     content: str
+    add_budget_usd: float = 0.0
+    """What each fire adds to the run's budget (Client.send's top-up)."""
+    add_max_steps: int = 0
 
 
 Target = Annotated[Enqueue | Send, Field(discriminator="kind")]
@@ -134,6 +138,11 @@ def check_id(schedule_id: str) -> str:
 def fire_key(schedule_id: str, tick: float) -> str:
     """The idempotency key of the fire of `tick`: the one run (or follow-up) that tick makes."""
     return f"schedule:{schedule_id}:{tick!r}"
+
+
+def steer_id(schedule_id: str, tick: float) -> str:
+    """The steer id of the fire of `tick` (if_busy="steer"): a second send of it is refused."""
+    return "sched-" + hashlib.sha256(fire_key(schedule_id, tick).encode()).hexdigest()[:32]
 
 
 # -- building and checking a trigger ---------------------------------------------------------------

@@ -157,3 +157,52 @@ def test_two_workers_sweeping_fire_each_tick_once_with_traces_and_metrics(
         run = runs.get(fire["attributes"]["toolloop.run_id"])
         if run is not None:  # exported by this worker: the run's trace is the fire's
             assert run["trace_id"] == fire["trace_id"]
+
+
+def user_texts(client: Client, run_id: str) -> list[str]:
+    return [m.content for m in client.history(run_id) if m.role == "user" and isinstance(m.content, str)]
+
+
+def test_a_follow_up_schedule_wakes_a_run_that_ended_done(
+    client: Client, sim_worker: Worker, model: Model
+) -> None:
+    """send_to=: each tick is a follow-up (Client.send keyed by the schedule and the tick): the run
+    goes on as its next segment with its whole conversation, once per fire."""
+    system = "You are woken each second."
+    run_id = client.enqueue(sim_spec(system))
+    assert client.wait(run_id, timeout=30).status == "done"
+    sid = client.schedule(send_to=run_id, content="Wake up.", every_s=1, add_max_steps=1, add_budget_usd=0.1)
+    eventually(lambda: client.get_schedule(sid).fired >= 3, timeout=30)
+    client.remove_schedule(sid)
+    fired = eventually(
+        lambda: (s := client.wait(run_id, timeout=30)) and s.status == "done" and s, timeout=30
+    )
+    texts = user_texts(client, run_id)
+    assert texts[0] == "Go." and set(texts[1:]) == {"Wake up."}
+    assert fired.segment == len(texts) - 1 == model.seen[system] - 1  # one segment, one model call per fire
+
+
+def test_a_follow_up_schedule_steers_a_running_run(client: Client, sim_worker: Worker) -> None:
+    """if_busy="steer": a tick that finds its run running reaches it as a steer, read once."""
+    run_id = client.enqueue(sim_spec(SLOW))
+    eventually(lambda: client.status(run_id).status == "running", timeout=20)
+    sid = client.schedule(send_to=run_id, content="Mind the budget.", at=time.time() + 0.5, if_busy="steer")
+    eventually(lambda: client.get_schedule(sid).status == "done", timeout=20)
+    info = client.get_schedule(sid)
+    assert (info.fired, info.last_outcome) == (1, "steer")
+    assert client.wait(run_id, timeout=30).status == "done"
+    assert user_texts(client, run_id).count("Mind the budget.") == 1
+
+
+def test_a_follow_up_to_a_run_that_cannot_take_one_is_recorded_failed(
+    client: Client, sim_worker: Worker
+) -> None:
+    run_id = client.enqueue(sim_spec(SLOW))
+    eventually(lambda: client.status(run_id).status == "running", timeout=20)
+    client.cancel(run_id)
+    assert client.wait(run_id, timeout=30).status == "cancel"
+    sid = client.schedule(send_to=run_id, content="Are you there?", at=time.time() + 0.3)
+    eventually(lambda: client.get_schedule(sid).status == "done", timeout=20)
+    info = client.get_schedule(sid)
+    assert (info.fired, info.failed, info.last_outcome) == (0, 1, "failed")
+    assert "cancelled" in info.last_error

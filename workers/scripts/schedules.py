@@ -47,8 +47,9 @@ _CLAIM = """
 -- o+6 ticks missed before it, o+7 what the sweeper asks: 'fire', 'miss' (past its grace, catch_up
 -- skip) or 'fail' (the target was refused: o+10 says why), o+8 if_busy (skip, queue, steer),
 -- o+9 the run id a fire makes ('' for a follow-up), o+10 the error, o+11 when to look again at a
--- held tick, o+12 what makes lk's run busy: 'unended' (any status but a final one) or 'running'
--- (queued or running), o+13 the tick this fires (with catch-up, the latest due: after o+3)
+-- held tick, o+12 what makes lk's run busy: 'unended' (any status but a final one), 'running'
+-- (queued or running), or the sweeper's own finding: 'busy' or 'free' (a follow-up's target),
+-- o+13 the tick this fires (with catch-up, the latest due: after o+3)
 -- -> {'taken'} another sweeper claimed it, or the schedule is gone | {'fire'} | {'steer'}
 --    | {'held'} | {'skipped'} | {'missed'} | {'failed'}
 local function claim(sk, dk, lk, o)
@@ -81,9 +82,10 @@ local function claim(sk, dk, lk, o)
     return settle('missed', 'missed')
   end
   local status = redis.call('HGET', lk, 'status')
-  local busy
-  if ARGV[o+12] == 'running' then busy = status == 'queued' or status == 'running'
-  else busy = status and not terminal(status) end
+  local busy, mode = false, ARGV[o+12]
+  if mode == 'busy' then busy = true
+  elseif mode == 'running' then busy = status == 'queued' or status == 'running'
+  elseif mode == 'unended' then busy = status and not terminal(status) end
   if busy and ARGV[o+8] == 'queue' then
     if field == 'next' and held then redis.call('HINCRBY', sk, 'skipped', 1) end
     redis.call('HSET', sk, 'held', tick)
