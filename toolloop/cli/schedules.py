@@ -7,7 +7,8 @@
     toolloop schedule remove SCHEDULE_ID
 
 `add` takes the flags of `toolloop run` for the spec (checked as `run` checks it: nothing is stored
-for a bad one) and one trigger: --cron (with --tz), --every (with --start), --at or --in. It prints
+for a bad one), or `--send-to RUN_ID --message TEXT` for a follow-up, and one trigger: --cron (with
+--tz), --every (with --start), --at or --in. It prints
 the schedule's id on stdout, and when it first fires on stderr.
 """
 
@@ -33,8 +34,14 @@ def add_command(sub: Any) -> None:
     )
     actions = schedule.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    add = actions.add_parser("add", help="add a schedule that enqueues a run (the flags of `toolloop run`)")
+    add = actions.add_parser(
+        "add", help="add a schedule that enqueues a run (the flags of `toolloop run`) or sends a follow-up"
+    )
     add_spec_flags(add)
+    add.add_argument("--send-to", metavar="RUN_ID", help="instead of a new run: a follow-up to this run")
+    add.add_argument("--message", help="with --send-to: the text each tick sends")
+    add.add_argument("--add-budget", type=float, default=0.0, help="with --send-to: USD each tick adds")
+    add.add_argument("--add-steps", type=int, default=0, help="with --send-to: steps each tick adds")
     when = add.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", help="5 fields (minute hour day month weekday), or 6 with seconds first")
     when.add_argument("--every", help="an interval: 90, 90s, 30m, 12h, 7d (at least 1 s)")
@@ -44,9 +51,10 @@ def add_command(sub: Any) -> None:
     add.add_argument("--start", help="the first tick of --every (ISO 8601; default: now + the interval)")
     add.add_argument(
         "--if-busy",
-        choices=["skip", "queue"],
+        choices=["skip", "queue", "steer"],
         default="skip",
-        help="a tick while the last fire's run has not ended: skip it (default), or queue it until it has",
+        help="a tick while its target is busy: skip it (default), queue it until it is free, or steer "
+        "the running run (--send-to only)",
     )
     add.add_argument(
         "--catch-up",
@@ -95,7 +103,21 @@ def _time(text: str, what: str) -> float:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    spec = build_spec(args)
+    target: dict[str, Any] = {}
+    if args.send_to:
+        if args.prompt or args.file:
+            raise CliError(
+                "--send-to sends a follow-up; a prompt or spec file is for a new run.\n"
+                "  Give the text with --message, or drop --send-to."
+            )
+        target = {
+            "send_to": args.send_to,
+            "content": args.message,
+            "add_budget_usd": args.add_budget,
+            "add_max_steps": args.add_steps,
+        }
+    else:
+        target = {"spec": build_spec(args)}
     trigger: dict[str, Any] = {}
     if args.cron is not None:
         trigger = {"cron": args.cron, "timezone": args.tz}
@@ -111,7 +133,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         raise CliError("--tz applies to --cron only.\n  Drop it, or give the time with its zone.")
     client, _ = connect()
     schedule_id = client.schedule(
-        spec,
+        **target,
         **trigger,
         if_busy=args.if_busy,
         catch_up=args.catch_up,
