@@ -15,7 +15,9 @@ and the tick, BEFORE its tick is claimed: `send(idempotency_key=fire_key)` while
 "steer"; then FIRE claims the tick. A sweeper that dies between the two leaves the tick due, and
 the next sweep sends it again with the same key, which the run applies once; two sweepers that
 race both send with that key, one applies it, and one claims the tick. The sends of a sweep run
-in lockstep, one pipeline per round trip of theirs (`run_many`).
+in lockstep, one pipeline per round trip of theirs (`run_many`). A sweeper that finds the run busy
+with this very tick's follow-up (its key among the run's sends: another sweeper sent it first)
+claims the tick as fired, not skipped.
 
 A run a fire makes names the schedule and the tick in its `queued` event (`schedule`, `tick`) and in
 its first step's label in Flower (`model 1 (schedule <id>)`); each fire is a span
@@ -254,19 +256,24 @@ class Scheduler:
         """The claims of follow-up ticks, after their sends (or steers) are applied."""
         if not dues:
             return []
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)  # one moment: a send sets both at once
         for due in dues:
             assert isinstance(due.schedule.target, Send)
             pipe.hget(keys.state(due.schedule.target.run_id), "status")
-        statuses = pipe.execute()
+            pipe.hexists(keys.sends(due.schedule.target.run_id), schedules.fire_key(due.sid, due.tick))
+        read = pipe.execute()
         planned: list[tuple[str, Eval, Any]] = []
         applying: list[tuple[Due, Any, str]] = []
         operations: list[Op[Any]] = []
-        for due, status in zip(dues, statuses, strict=True):
+        for due, status, sent in zip(dues, read[0::2], read[1::2], strict=True):
             target = due.schedule.target
             assert isinstance(target, Send)
             span = self._span(due)
             span.set_attribute("toolloop.run_id", target.run_id)
+            if sent and due.wanted == "fire":  # this tick's follow-up is in (another sweeper sent it, or
+                # this one before it died): the run is busy with it, and the tick fired
+                planned.append(self._fire(due, self._claim(due, now, mode="free"), span))
+                continue
             busy = status in ("queued", "running")
             if due.wanted != "fire" or (busy and due.schedule.if_busy != "steer"):
                 planned.append(self._fire(due, self._claim(due, now, mode="busy" if busy else "free"), span))
