@@ -154,14 +154,15 @@ def definition(schedule: Schedule) -> str:
 def add(schedule: Schedule, first: float, run_check: str | None = None) -> Op[str]:
     """Store `schedule` (nothing when its id exists: an add with the same idempotency key); its id.
     `run_check`: a run that must exist (a follow-up's target)."""
-    if run_check is not None and not (yield Call("EXISTS", keys.state(run_check))):
-        raise RunNotFoundError(run_check)
     sid = schedule.id
-    yield Eval(
+    run = keys.state(run_check) if run_check is not None else keys.schedule("-")
+    added = yield Eval(
         SCHEDULE_ADD,
-        [keys.schedule(sid), keys.SCHEDULES_DUE, keys.SCHEDULES_ALL, keys.schedule_def(sid)],
-        [sid, definition(schedule), repr(first), repr(schedule.created)],
+        [keys.schedule(sid), keys.SCHEDULES_DUE, keys.SCHEDULES_ALL, keys.schedule_def(sid), run],
+        [sid, definition(schedule), repr(first), repr(schedule.created), "1" if run_check else ""],
     )
+    if added == -1 and run_check is not None:
+        raise RunNotFoundError(run_check)
     return sid
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from tests.integration.runs_kit import spec
 from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.journal import keys
 from workers.client import Client
-from workers.errors import LimitError, ScheduleError, ScheduleNotFoundError, ToolsetError
+from workers.errors import LimitError, RunNotFoundError, ScheduleError, ScheduleNotFoundError, ToolsetError
 from workers.metrics import Metrics
 from workers.scheduler import Scheduler
 
@@ -92,6 +93,7 @@ def test_two_sweepers_racing_never_fire_a_tick_twice(client: Client, server: Emb
     start = time.time() + 1.0
     once = [client.schedule(spec("You race once."), at=start + i * 0.0125) for i in range(200)]
     every = [client.schedule(spec("You race."), every_s=1, start=start) for _ in range(100)]
+    first = {sid: client.get_schedule(sid).next_at or 0 for sid in every}  # past `start` on a slow machine
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     racers = [
         subprocess.Popen(
@@ -111,7 +113,7 @@ def test_two_sweepers_racing_never_fire_a_tick_twice(client: Client, server: Emb
         assert [run["tick"] for run in made[sid]] == [info.last_tick]
     for sid in every:
         info = client.get_schedule(sid)
-        ticks = round((info.last_tick or 0) - start) + 1
+        ticks = round((info.last_tick or 0) - first[sid]) + 1
         assert ticks >= 3 and info.fired == 1
         assert info.fired + info.skipped + info.missed == ticks, info  # each tick settled once
 
@@ -237,6 +239,12 @@ def test_a_schedules_spec_is_checked_as_an_enqueue_checks_it(client: Client) -> 
         client.schedule(spec("x" * 70_000), every_s=5)
     with pytest.raises(ScheduleNotFoundError):
         client.get_schedule("tl:runs:all")
+    with pytest.raises(RunNotFoundError):
+        client.schedule(send_to="0" * 32, content="Wake up.", every_s=5)
+    with pytest.raises(ScheduleError, match="needs content"):
+        client.schedule(send_to="0" * 32, content="  ", every_s=5)
+    with pytest.raises(LimitError, match="TOOLLOOP_MAX_ANSWER_BYTES"):
+        client.schedule(send_to="0" * 32, content="x" * 200_000, every_s=5)
     assert client.redis.dbsize() == 0
 
 
@@ -271,64 +279,50 @@ def test_a_removed_schedule_fires_no_more(client: Client) -> None:
         client.remove_schedule(sid)
 
 
-def toolloop(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "REDIS_URL": url}
+def toolloop(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "REDIS_URL": url, **env}
     command = [str(Path(sys.executable).parent / "toolloop"), *args]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
+
+
+def shell_block(path: Path) -> list[str]:
+    """The commands of the page's ```shell block (the schedule commands)."""
+    found = re.search(r"```shell\n(.*?)```", path.read_text(), re.DOTALL)
+    assert found is not None, f"no ```shell block in {path}"
+    return [line for line in found.group(1).splitlines() if line.strip()]
 
 
 def test_the_schedule_commands(client: Client, server: EmbeddedServer) -> None:
-    """`toolloop schedule add | list | show | remove` as the README and docs/schedules.md show them."""
-    added = toolloop(
-        server.url,
-        "schedule",
-        "add",
-        "Summarize today's errors.",
-        "--toolset",
-        "agents",
-        "--model",
-        "claude-sonnet-5-5",
-        "--cron",
-        "0 18 * * 1-5",
-        "--tz",
-        "Europe/Paris",
-        "--name",
-        "daily summary",
-    )
-    assert added.returncode == 0, added.stderr
-    sid = added.stdout.strip()
-    assert client.get_schedule(sid).trigger == "cron '0 18 * * 1-5' (Europe/Paris)"
-    assert "first fires at" in added.stderr
-    every = toolloop(
-        server.url,
-        "schedule",
-        "add",
-        "Ping.",
-        "--toolset",
-        "agents",
-        "--model",
-        "m",
-        "--every",
-        "30m",
-        "--if-busy",
-        "queue",
-    )
-    assert every.returncode == 0, every.stderr
-    listed = toolloop(server.url, "schedule", "list")
-    assert listed.returncode == 0 and sid in listed.stdout and "daily summary" in listed.stdout
-    assert "every 1800 s" in listed.stdout
-    shown = toolloop(server.url, "schedule", "show", sid)
+    """`toolloop schedule add | list | show | remove`, exactly as the README and docs/schedules.md
+    show them (the same block in both), run in order with RUN_ID a run and SCHEDULE_ID the id the
+    first `add` printed; then a bad one."""
+    lines = shell_block(ROOT / "README.md")
+    assert lines == shell_block(ROOT / "docs" / "schedules.md")
+    run_id = client.enqueue(spec("You are woken."))
+    env = {"TOOLLOOP_TOOLSETS": "review=examples.storyboard.tools:REVIEW_TOOLS", "RUN_ID": run_id}
+    said: list[subprocess.CompletedProcess[str]] = []
+    for line in lines:
+        done = subprocess.run(
+            ["bash", "-c", line.replace("toolloop ", f"{Path(sys.executable).parent / 'toolloop'} ", 1)],
+            cwd=ROOT,
+            env={**os.environ, "REDIS_URL": server.url, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (line, done.stderr)
+        said.append(done)
+        env.setdefault("SCHEDULE_ID", done.stdout.strip())
+    daily, nudge, listed, shown, removed = said
+    sid = daily.stdout.strip()
+    assert "cron '0 18 * * 1-5' (Europe/Paris): first fires at" in daily.stderr
+    assert "daily summary" in listed.stdout and "every 86400 s" in listed.stdout
+    assert "target      enqueue model claude-sonnet-5-5, toolset review" in shown.stdout
     assert "fired 0, skipped 0, missed 0, failed 0" in shown.stdout
-    as_json = json.loads(toolloop(server.url, "schedule", "show", sid, "--json").stdout)
-    assert as_json["definition"]["trigger"] == {
-        "kind": "cron",
-        "expr": "0 18 * * 1-5",
-        "timezone": "Europe/Paris",
-    }
+    assert removed.stdout.startswith(f"Removed {sid}")
+    (left,) = client.list_schedules()
+    assert (left.id, left.target, left.if_busy) == (nudge.stdout.strip(), f"send to run {run_id}", "steer")
     bad = toolloop(
         server.url, "schedule", "add", "x", "--toolset", "agents", "--model", "m", "--cron", "99 * * * *"
     )
     assert bad.returncode == 1 and bad.stderr.count("\n") == 2 and "Bad minute" in bad.stderr
-    removed = toolloop(server.url, "schedule", "remove", sid)
-    assert removed.returncode == 0 and "Removed" in removed.stdout
-    assert [s.id for s in client.list_schedules()] == [every.stdout.strip()]

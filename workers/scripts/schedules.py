@@ -19,8 +19,11 @@ from workers.scripts.prelude import PRELUDE, with_prelude
 
 SCHEDULE_ADD = Lua.of("""
 -- KEYS: 1 the schedule's hash 2 the due index 3 the index of all schedules 4 its definition
--- ARGV: 1 id 2 definition (JSON) 3 first tick 4 now
--- -> 1 added, 0 a schedule with this id exists (an add with the same idempotency key: nothing written)
+--       5 the state hash of the run a follow-up goes to (a key that never exists: none)
+-- ARGV: 1 id 2 definition (JSON) 3 first tick 4 now 5 '1' when KEYS[5] must exist
+-- -> 1 added, 0 a schedule with this id exists (an add with the same idempotency key: nothing
+--    written), -1 the follow-up's run does not exist (nothing written)
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[5]) == 0 then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[4], ARGV[2])
 redis.call('HSET', KEYS[1], 'next', ARGV[3], 'fired', 0)
