@@ -1,5 +1,5 @@
 """Issue #29's schedule figure: `--runs` runs (default 10,000) that ended `done` are woken by ONE
-cron tick (one follow-up schedule per run, all on the same 6-field cron second), with two worker
+cron tick (one follow-up schedule per run, all on the same 6-field cron second of the hour), with two worker
 processes sweeping the same Redis (two sweepers racing for every tick), the provider simulator in
 a process of its own over real HTTP.
 
@@ -82,17 +82,48 @@ def fires(port: int) -> dict[str, float]:
     return found
 
 
-def statuses(client: Client, run_ids: list[str]) -> list[str]:
+def progress(client: Client, run_ids: list[str]) -> list[tuple[int, str]]:
+    """(segment, status) of each run: segment 1 once its follow-up is in; then `queued` until a
+    worker begins the segment (`running`, and `done` again once its 30 s model call answers)."""
     pipe = client.redis.pipeline(transaction=False)
     for run_id in run_ids:
-        pipe.hget(keys.state(run_id), "status")
-    return [str(status) for status in pipe.execute()]
+        pipe.hmget(keys.state(run_id), "segment", "status")
+    return [(int(segment or 0), str(status)) for segment, status in pipe.execute()]
 
 
 def tick_second(lead: float) -> tuple[str, float]:
-    """A 6-field cron expression that fires once a minute, `lead` s or more from now, and its tick."""
+    """A 6-field cron expression that fires once an hour, `lead` s or more from now, and its tick."""
     tick = float(int(time.time() + lead) + 1)
-    return f"{int(tick) % 60} * * * * *", tick
+    return f"{int(tick) % 60} {int(tick) // 60 % 60} * * * *", tick
+
+
+def watch(
+    client: Client, run_ids: list[str], tick: float
+) -> tuple[dict[str, float], dict[str, float], tuple[int, int]]:
+    """When each run was first seen followed up (segment 1) and begun (not `queued` any more), and
+    how many of each by WAKE_S after the tick; polls every 100 ms, up to 120 s after the tick."""
+    woken: dict[str, float] = {}
+    began: dict[str, float] = {}
+    at_target = (0, 0)
+    while time.time() < tick + 120 and len(began) < len(run_ids):
+        seen = progress(client, run_ids)
+        now = time.time()
+        for run_id, (segment, status) in zip(run_ids, seen, strict=True):
+            if segment >= 1:
+                woken.setdefault(run_id, now)
+                if status != "queued":
+                    began.setdefault(run_id, now)
+        if now <= tick + WAKE_S:
+            at_target = (len(woken), len(began))
+        time.sleep(0.1)
+    return woken, began, at_target
+
+
+def when(seen: dict[str, float], runs: int, tick: float, share: float) -> str:
+    """Seconds after the tick by which `share` of the runs were seen ("-": not that many)."""
+    times = sorted(seen.values())
+    need = max(1, int(runs * share))
+    return f"{times[need - 1] - tick:.2f} s" if len(times) >= need else "-"
 
 
 def main() -> int:
@@ -167,16 +198,8 @@ def main() -> int:
                 f"{runs:,} schedules added in {added_s:.1f} s; the tick is in {tick - time.time():.1f} s",
                 file=sys.stderr,
             )
-            woken_at = running_at = None
-            while time.time() < tick + 60 and running_at is None:
-                seen = statuses(client, run_ids)
-                now = time.time()
-                if woken_at is None and "done" not in seen and now >= tick:
-                    woken_at = now
-                if woken_at is not None and all(status == "running" for status in seen):
-                    running_at = now
-                time.sleep(0.1)
-            time.sleep(2.0)  # another tick would come only in a minute: let both sweepers settle
+            woken, began, at_target = watch(client, run_ids, tick)
+            time.sleep(2.0)  # the next tick is an hour away: let both sweepers settle
             pipe = client.redis.pipeline(transaction=False)
             for sid in ids:
                 pipe.hget(keys.schedule(sid), "fired")
@@ -195,11 +218,14 @@ def main() -> int:
     double = sum(f > 1 for f in fired) + sum(s > 1 for s in segments) + sum(n > 1 for n in sends)
     total_fired = sum(c.get("fired", 0) for c in counted)
     taken = sum(c.get("taken", 0) for c in counted)
-    woke = None if woken_at is None else woken_at - tick
-    ran = None if running_at is None else running_at - tick
+
+    ran = None if len(began) < runs else max(began.values()) - tick
     print(f"schedules: {runs:,} runs parked `done`, woken by one cron tick ({cron!r}), two workers sweeping")
-    print(f"  all followed up   {_s(woke)} after the tick")
-    print(f"  all running       {_s(ran)} after the tick      target <= {WAKE_S:g} s")
+    for label, seen in (("followed up", woken), ("running", began)):
+        shares = ", ".join(f"{share:.0%} {when(seen, runs, tick, share)}" for share in (0.5, 0.9, 1.0))
+        target = f"      target 100% <= {WAKE_S:g} s" if seen is began else ""
+        print(f"  {label:17} {shares} after the tick{target}")
+    print(f"  within {WAKE_S:g} s       {at_target[0]:,} followed up, {at_target[1]:,} running")
     print(f"  double fires      {double}   (schedules fired twice, runs continued twice)      target 0")
     print(
         f"  fires counted     {total_fired:,.0f} of {runs:,} (worker 1 {counted[0].get('fired', 0):,.0f}, "
@@ -212,10 +238,6 @@ def main() -> int:
     )
     ok = ran is not None and ran <= WAKE_S and double == 0 and max(usage) <= BYTES and grown <= BYTES
     return 0 if ok else 1
-
-
-def _s(seconds: float | None) -> str:
-    return "not within 60 s" if seconds is None else f"{seconds:.2f} s"
 
 
 if __name__ == "__main__":

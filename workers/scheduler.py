@@ -28,6 +28,7 @@ count `toolloop_schedule_fires_total{outcome}`.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -105,6 +106,8 @@ class Scheduler:
         "skipped", "held", "missed", "failed", "taken" by another sweeper, "error": the script failed)."""
         now = time.time() if now is None else now
         due: list[str] = self.redis.zrangebyscore(keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most)  # type: ignore[assignment]
+        random.shuffle(due)  # sweepers that race start on different batches: the second finds most of
+        # the first's follow-ups sent (their keys among the runs' sends) and only claims them
         done: Counter[str] = Counter()
         for first in range(0, len(due), self.batch):
             self._fire_some([str(sid) for sid in due[first : first + self.batch]], now, done)
