@@ -105,14 +105,16 @@ def watch(
     woken: dict[str, float] = {}
     began: dict[str, float] = {}
     at_target = (0, 0)
-    while time.time() < tick + 120 and len(began) < len(run_ids):
-        seen = progress(client, run_ids)
+    left = list(run_ids)
+    while time.time() < tick + 120 and left:
+        seen = progress(client, left)  # only the runs not begun yet: the poll shrinks as they wake
         now = time.time()
-        for run_id, (segment, status) in zip(run_ids, seen, strict=True):
+        for run_id, (segment, status) in zip(left, seen, strict=True):
             if segment >= 1:
                 woken.setdefault(run_id, now)
                 if status != "queued":
                     began.setdefault(run_id, now)
+        left = [run_id for run_id in left if run_id not in began]
         if now <= tick + WAKE_S:
             at_target = (len(woken), len(began))
         time.sleep(0.1)
