@@ -9,7 +9,8 @@ tests/faults/test_steer_kill.py).
 - a user message `think <seconds>`: the answer `thought`, that long in coming;
 - a user message `ask`: a call to the `ask` tool; `fail`: a call of `flaky` that raises (the run fails);
 - any other user message `<text>`: the answer `echo: <text>`;
-- a tool result after the last call: `tool done`.
+- a tool result after the last call: `tool done`;
+- a user message `steer <...>` (a steer of the benchmarks): as a tool result (the chain goes on).
 """
 
 from __future__ import annotations
@@ -65,6 +66,25 @@ def last_text(message: ChatMessage) -> str:
     return texts[-1] if texts else ""
 
 
+STEER = "steer "
+"""A user message beginning with this is a steer of the chain (the policy goes on with the chain)."""
+
+
+def _steer(message: ChatMessage) -> bool:
+    """A steer alone: its first text is one (a turn that begins with the person's own text is not)."""
+    texts = user_texts(message)
+    return bool(texts) and texts[0].startswith(STEER)
+
+
+def user_texts(message: ChatMessage) -> list[str]:
+    """The texts of a user message: its string, or each of its text parts."""
+    if not isinstance(message, UserMessage):
+        return []
+    if isinstance(message.content, str):
+        return [message.content]
+    return [part.text for part in message.content if isinstance(part, TextPart)]
+
+
 def has_text(message: ChatMessage, text: str) -> bool:
     """Whether `message` is a user message with `text` as its text or as one of its text parts
     (consecutive user messages reach the Anthropic wire as one turn, and come back as one)."""
@@ -90,7 +110,7 @@ class Chat:
 
     def turn(self, messages: list[ChatMessage]) -> dict[str, object]:
         last = messages[-1]
-        if isinstance(last, UserMessage):
+        if isinstance(last, UserMessage) and not last_text(last).startswith(STEER):
             text = last_text(last)
             words = text.split()
             if words[:1] == ["think"] and len(words) >= 2:  # a model call that takes that long
@@ -102,14 +122,38 @@ class Chat:
             if words == ["ask"]:
                 return {"tool_calls": [{"name": "ask", "input": {"question": "Which one?"}}]}
             return {"text": f"echo: {text}"}
-        # a tool result: another slow call while the request that started them asks for more
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        words = text_of(messages[start]).split()
+        # a tool result or a `steer ...` message: another slow call while the request that began
+        # the chain asks for more
+        starts = [i for i, m in enumerate(messages) if isinstance(m, UserMessage) and not _steer(m)]
+        start = starts[-1] if starts else 0
+        words = (user_texts(messages[start]) or [""])[0].split()
         calls = sum(1 for m in messages[start:] if isinstance(m, AssistantMessage) and m.tool_calls)
         wanted = int(words[2][1:]) if len(words) >= 3 and words[0] == "slow" and words[2][:1] == "x" else 1
         if words[:1] == ["slow"] and calls < wanted:
             return {"tool_calls": [{"name": "slow", "input": {"seconds": float(words[1])}}]}
         return {"text": "tool done"}
+
+    def index(self) -> dict[str, tuple[set[str], set[int], int, int]]:
+        """For every user text of every request: (the distinct requests in which it is new, after
+        the last assistant message, by history hash; the model turns of those requests, by the
+        assistant messages before them: a turn asked again after a kill is the same turn, even when
+        its request carries a later steer beside; how many requests carried it; how many of those had
+        a user message between a tool call and its result), in one pass over the requests."""
+        found: dict[str, tuple[set[str], set[int], int, int]] = {}
+        with self.lock:
+            requests = list(self.requests)
+        for request in requests:
+            answers = [i for i, m in enumerate(request.messages) if isinstance(m, AssistantMessage)]
+            last_assistant = answers[-1] if answers else -1
+            bad = between_call_and_result(request.messages)
+            for i, message in enumerate(request.messages):
+                for text in user_texts(message):
+                    first, turns, carried, wrong = found.get(text, (set(), set(), 0, 0))
+                    if i > last_assistant:
+                        first.add(request.history_hash)
+                        turns.add(len(answers))
+                    found[text] = (first, turns, carried + 1, wrong + bad)
+        return found
 
     def carrying(self, text: str) -> list[SimRequest]:
         """The requests with a user message whose text is `text`."""

@@ -77,6 +77,8 @@ class Worker:
         self.process = subprocess.Popen(
             self.args, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+        if self.log:
+            out.close()  # type: ignore[union-attr]  # the child holds its own copy
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -22,14 +22,16 @@ status as JSON; the run viewer for a browser, Accept: text/html), GET /runs/{id}
 /runs/{id}/events (server-sent events, one `id:` each; resumes after the `Last-Event-ID` header or
 `?after=`; a run enqueued with `"stream": true` sends its model text as `delta` events), GET
 /runs/{id}/images/{hash} (an image of the run's conversation, below), POST /runs/{id}/answer, POST
-/runs/{id}/cancel (409 for a run that has ended); a `Last-Event-ID` (or `after`) that is not an id of
-the run's stream, or is past its end, is a 400 that says so. It only talks to Redis through
-`workers.async_client.AsyncClient` (redis.asyncio: no route holds a thread, an event stream is an
-`async for`); the workers do the runs. It imports no toolset: a run naming a toolset
-that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422 listing the registered names; a
-spec over a limit is a 413 (docs/workers.md, "What is refused"). Without REDIS_URL it uses the
-embedded server of $TOOLLOOP_HOME or the working directory, started when needed, as the `toolloop`
-command does.
+/runs/{id}/messages (a follow-up: {"content", "add_budget_usd", "add_max_steps"}, `Idempotency-Key`;
+docs/conversations.md), POST /runs/{id}/steer ({"content"}), POST /runs/{id}/interrupt, POST
+/runs/{id}/cancel (409 for a run that has ended, or that takes no follow-up or steer); a
+`Last-Event-ID` (or `after`) that is not an id of the run's stream, or is past its end, is a 400
+that says so. It only talks to Redis through `workers.async_client.AsyncClient` (redis.asyncio: no
+route holds a thread, an event stream is an `async for`); the workers do the runs. It imports no
+toolset: a run naming a toolset that is not registered (TOOLLOOP_TOOLSETS, names only) is a 422
+listing the registered names; a spec over a limit is a 413 (docs/workers.md, "What is refused").
+Without REDIS_URL it uses the embedded server of $TOOLLOOP_HOME or the working directory, started
+when needed, as the `toolloop` command does.
 
 Authentication: every request carries `Authorization: Bearer <TOOLLOOP_WEB_TOKEN>`, or the
 `toolloop_token` cookie that a page opened with `?token=<TOOLLOOP_WEB_TOKEN>` sets (a browser's
@@ -37,7 +39,8 @@ EventSource cannot send headers); anything else is a 401. The app refuses to sta
 token. `authorized()` is the one place to plug a real authentication (sessions, OAuth, per-user
 access to runs) in a real backend.
 
-Cross-site requests (`Guard`): a POST (enqueue, answer, cancel, decisions) is refused (403) when its
+Cross-site requests (`Guard`): a POST (enqueue, answer, follow-up, steer, interrupt, cancel,
+decisions) is refused (403) when its
 `Origin` is not this app's own (scheme, host and port: another port of the same host is another
 origin; TOOLLOOP_WEB_ORIGINS adds the public origins of a proxy in front, comma-separated) or its
 `Sec-Fetch-Site` is not `same-origin`; a POST authenticated by the cookie alone must also carry
@@ -84,7 +87,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from examples import viewer
 from toolloop.contract import CHAT_MESSAGES
-from toolloop.loop.approvals import ApprovalError
+from toolloop.loop.approvals import ApprovalError, DeadlineError
 from workers.async_client import AsyncClient
 from workers.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
 from workers.ops import EventIdError
@@ -410,6 +413,58 @@ async def answer(request: Request) -> Response:
     return JSONResponse({"answer_id": answer_id}, status_code=202)
 
 
+async def send(request: Request) -> Response:
+    """A follow-up (docs/conversations.md): {"content", "add_budget_usd"?, "add_max_steps"?}, with an
+    optional `Idempotency-Key` header (a repeat returns the first one's outcome, nothing is sent);
+    202 {"what": "continued"|"answered", "segment"}; 409 for a run that takes no follow-up."""
+    client = _client(request)
+    limit = client.settings.max_answer_bytes
+    body = await json_of(request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB")
+    if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+        return error(
+            400, 'Send {"content": "the message"} (and "add_budget_usd", "add_max_steps" to top up).'
+        )
+    try:
+        sent = await client.send(
+            request.path_params["run_id"],
+            body["content"],
+            idempotency_key=request.headers.get("idempotency-key") or None,
+            add_budget_usd=body.get("add_budget_usd", 0.0),
+            add_max_steps=body.get("add_max_steps", 0),
+        )
+    except LimitError:
+        raise
+    except DeadlineError as late:
+        return error(409, str(late))
+    except ValueError as bad:  # an empty text, a bad top-up or key
+        return error(400, str(bad))
+    return JSONResponse({"what": sent.what, "segment": sent.segment}, status_code=202)
+
+
+async def steer(request: Request) -> Response:
+    """A steer: {"content"}; 202 {"steer_id"}; 409 for a run that is not queued or running."""
+    client = _client(request)
+    limit = client.settings.max_answer_bytes
+    body = await json_of(request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB")
+    if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+        return error(400, 'Send {"content": "what the run should read"}.')
+    try:
+        steer_id = await client.steer(request.path_params["run_id"], body["content"])
+    except LimitError:
+        raise
+    except ValueError as bad:
+        return error(400, str(bad))
+    return JSONResponse({"steer_id": steer_id}, status_code=202)
+
+
+async def interrupt(request: Request) -> Response:
+    """Stop the run's call in flight; it waits for a follow-up (409 unless queued or running)."""
+    client = _client(request)
+    await json_of(request, 4096, "4 KiB: interrupt takes no body")
+    await client.interrupt(request.path_params["run_id"])
+    return JSONResponse({"interrupt": "sent"}, status_code=202)
+
+
 async def approvals(request: Request) -> Response:
     client = _client(request)
     current = await client.status(request.path_params["run_id"])
@@ -525,6 +580,9 @@ def create_app(
             Route("/runs/{run_id}", status),
             Route("/runs/{run_id}/images/{digest}", image),
             Route("/runs/{run_id}/messages", messages),
+            Route("/runs/{run_id}/messages", send, methods=["POST"]),
+            Route("/runs/{run_id}/steer", steer, methods=["POST"]),
+            Route("/runs/{run_id}/interrupt", interrupt, methods=["POST"]),
             Route("/runs/{run_id}/events", events),
             Route("/runs/{run_id}/answer", answer, methods=["POST"]),
             Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),

@@ -54,7 +54,7 @@ from workers.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begi
 from workers.scripts.commit import StepOutcome
 from workers.segment import SegmentJournal, StepBoundary
 from workers.spec import RunSpec
-from workers.steering import Steering
+from workers.steering import Steering, talk_attributes
 from workers.suspects import limit_error
 from workers.tracing import StepTrace
 
@@ -382,7 +382,7 @@ class _Step(Commits):
             self.end_turn()
             self.end_turn = None
         if self.trace is not None:
-            self.trace.end(outcome if self.outcome is None else self.outcome)
+            self.trace.end(outcome if self.outcome is None else self.outcome, **talk_attributes(self))
         if self.live is not None and not self.kept:
             self.live.close()
         self.live = self.held = self.begun = self.trace = None

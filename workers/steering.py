@@ -22,13 +22,35 @@ A `done` stop is refused by RUN_COMMIT while a steer waits (the run goes on, tak
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from toolloop.journal.redis import decode_entry
 from toolloop.loop.types import Steer
 from workers.live import LiveLoop
 
 PREFIX = "steer:"
+SENT = "steer_seq"
+"""The state field counting the steers sent to the run (workers/scripts/talk.py): absent, none was,
+so no journal step of the run is a steer and nothing waits (a run never steered looks no further)."""
+
+
+class _Step(Protocol):
+    live: LiveLoop | None
+    state: dict[str, str]
+    segment: int
+
+
+def talk_attributes(step: _Step) -> dict[str, Any]:
+    """The segment span's attributes of a conversation (workers/tracing.py): `toolloop.follow_up`
+    when a follow-up began the segment (workers/talk.py), `toolloop.steers` the steers it took."""
+    live = step.live
+    if live is None or not hasattr(step, "state") or not hasattr(live, "journal"):
+        return {}
+    steers = sum(1 for key in live.journal.entries if key.startswith(PREFIX))
+    found: dict[str, Any] = {"toolloop.steers": steers} if steers else {}
+    if step.state.get("follow_up_segment") == str(step.segment):
+        found["toolloop.follow_up"] = True
+    return found
 
 
 class Steering:
@@ -40,6 +62,12 @@ class Steering:
     async def __call__(self, turn: int, ending: bool) -> list[Steer]:
         journal = self.live.journal
         entries = journal.entries
+        if SENT not in self.live.step.state:  # no steer was ever sent to the run as of this task
+            if ending or f"model:{turn}" in entries:
+                return []
+            await journal.boundary(f"model:{turn}")  # (free: the model step would reach it anyway)
+            if SENT not in self.live.step.state:
+                return []
         stored: list[tuple[int, str, str]] = []
         for key, text in entries.items():
             if key.startswith(PREFIX):

@@ -51,7 +51,7 @@ def clean_env(home: Path) -> dict[str, str]:
 
 
 def test_the_readme_blocks_are_the_ones_this_test_runs() -> None:
-    assert [kind for kind, _ in BLOCKS] == ["sh", "python", "sh", "python", "sh", "sh"]
+    assert [kind for kind, _ in BLOCKS] == ["sh", "python", "sh", "python", "sh", "sh", "sh"]
     quickstart = BLOCKS[1][1]
     shipped = ast.parse((ROOT / "examples" / "quickstart.py").read_text()).body[1:]  # past its docstring
     assert [ast.dump(node) for node in ast.parse(quickstart).body] == [ast.dump(node) for node in shipped]
@@ -61,7 +61,7 @@ def test_the_readme_blocks_are_the_ones_this_test_runs() -> None:
 def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -> None:
     copy = fresh_copy(tmp_path)
     env = clean_env(tmp_path)
-    (setup,), (cli, client, teardown, approvals) = [BLOCKS[0][1]], [b for _, b in BLOCKS[2:]]
+    (setup,), (cli, client, teardown, approvals, talk) = [BLOCKS[0][1]], [b for _, b in BLOCKS[2:]]
     assert "toolloop" not in (shutil.which("toolloop", path=env["PATH"]) or "")  # not on PATH yet
 
     make = [line.split("#")[0].strip() for line in setup.splitlines() if line.strip()]
@@ -88,13 +88,13 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
 
     snippet = "python - <<'README_PYTHON'\n" + client + "README_PYTHON\n"
     # the Client snippet twice, as a reader runs it again: a fresh run each time, not the first one's end
-    script = "set -euo pipefail\n" + cli + snippet + snippet + teardown + approvals
+    script = "set -euo pipefail\n" + cli + snippet + snippet + teardown + approvals + talk
     (tmp_path / "readme.sh").write_text(script)
     shell = subprocess.Popen(["bash", "-x", str(tmp_path / "readme.sh")], cwd=copy, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                              start_new_session=True)  # fmt: skip
     try:
-        stdout, stderr = shell.communicate(timeout=240)
+        stdout, stderr = shell.communicate(timeout=400)
     except subprocess.TimeoutExpired:
         os.killpg(shell.pid, signal.SIGKILL)  # the worker too, if the script left it behind
         stdout, stderr = shell.communicate()
@@ -113,7 +113,13 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
     assert re.search(r"approve toolu_\w+: decided; other calls still wait\.", out)
     assert re.search(r"reject toolu_\w+: decided; other calls still wait\.", out)
     assert re.search(r"edit toolu_\w+: decided; the run goes on\.", out)
-    assert "Rejected by the person: not this cut." in out and out.count("run      finished: done") == 2
+    assert "Rejected by the person: not this cut." in out and out.count("run      finished: done") == 3
+    # the conversations: follow-ups on one run, a keyed repeat, a steer, an interrupt then a send
+    assert re.search(r"Sent to \w+: it continues \(segment 1\)\.", out)
+    assert len(re.findall(r"Sent to \w+: it continues \(segment 2\)\.", out)) == 2  # the keyed repeat
+    assert "final_text  You said: “Stop reading: sum up what you saw so far.”" in out
+    assert re.search(r"status +interrupted", out)
+    assert "final_text  You said: “Just tell me about shot 3.”" in out
     assert re.search(r"Stopped the embedded Redis \(pid \d+\)\.", out.splitlines()[-1])
     assert "Traceback" not in done.stderr, done.stderr
     leftover = subprocess.run(["pgrep", "-f", str(copy)], capture_output=True, text=True)

@@ -113,3 +113,37 @@ async def test_the_async_sharded_client_routes_and_lists_as_the_sync_one(
         assert set(made) <= set(listed) and len(listed) == len(set(listed))
         events = [e.kind async for e in client.events(made[-1])]
         assert events[-1] == "finished"
+
+
+def test_follow_ups_steers_and_interrupts_reach_the_runs_shard(
+    shards: list[EmbeddedServer], workers: list[Worker]
+) -> None:
+    from workers.errors import RunStateError
+
+    with ShardedClient([s.url for s in shards]) as client:
+        made = [client.enqueue(spec("tools", f"Add {i} and 5.")) for i in range(4)]
+        assert sorted(shard_of(r, 2) for r in made) == [0, 0, 1, 1]
+        for run_id in made:
+            assert client.wait(run_id, timeout=60).status == "done"
+            sent = client.send(run_id, "Add 1 and 1.", idempotency_key=f"more-{run_id}")
+            assert (sent.run_id, sent.what, sent.segment) == (run_id, "continued", 1)
+            assert client.send(run_id, "Add 1 and 1.", idempotency_key=f"more-{run_id}") == sent
+        for run_id in made:
+            status = client.wait(run_id, timeout=60)
+            assert (status.status, status.segment) == ("done", 1)
+            with pytest.raises(RunStateError, match="has ended \\(done\\)"):
+                client.steer(run_id, "too late")
+            with pytest.raises(RunStateError, match="only a queued or running run can be interrupted"):
+                client.interrupt(run_id)
+
+
+async def test_the_async_sharded_client_sends_follow_ups_to_the_runs_shard(
+    shards: list[EmbeddedServer], workers: list[Worker]
+) -> None:
+    async with AsyncShardedClient([s.url for s in shards]) as client:
+        made = [await client.enqueue(spec("tools", f"Add {i} and 6.")) for i in range(2)]
+        for run_id in made:
+            assert (await client.wait(run_id, timeout=60)).status == "done"
+            sent = await client.send(run_id, "Add 2 and 2.", add_max_steps=2)
+            assert (sent.what, sent.segment) == ("continued", 1)
+            assert (await client.wait(run_id, timeout=60)).segment == 1

@@ -4,6 +4,7 @@ does the run."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +79,15 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
         assert cancel.status_code == 409 and "has ended (done)" in cancel.json()["error"]
         listed = http.get("/runs", params={"status": "done", "limit": 5}).json()
         assert run_id in [run["run_id"] for run in listed["runs"]]
+        # a follow-up continues the ended run (docs/conversations.md); then it ends again
+        followed = http.post(f"/runs/{run_id}/messages", json={"content": "Thanks. Anything else?"})
+        assert followed.status_code == 202 and followed.json() == {"what": "continued", "segment": 2}
+        deadline = time.monotonic() + 60
+        while http.get(f"/runs/{run_id}").json()["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        said = [m["content"] for m in http.get(f"/runs/{run_id}/messages").json() if m["role"] == "user"]
+        assert said[-1] == "Thanks. Anything else?" or "Thanks. Anything else?" in said
         # the conversation's images (the frames read_frame returned) are served to the viewer
         parts = [p for m in http.get(f"/runs/{run_id}/messages").json() if m["role"] == "tool"
                  for p in (m["content"] if isinstance(m["content"], list) else [])]  # fmt: skip

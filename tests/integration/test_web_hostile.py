@@ -186,6 +186,38 @@ def test_state_changes_need_a_header_token_or_the_cookies_csrf_token(site: Site)
     assert site.client.wait(run_id, timeout=30).status == "cancel"
 
 
+def test_the_follow_up_steer_and_interrupt_routes_are_guarded_as_the_others(site: Site) -> None:
+    run_id = site.client.enqueue(spec("ask"))
+    asked(site.client, run_id)
+    cookie = {COOKIE: WEB_TOKEN}
+    paths = [f"{site.url}/runs/{run_id}/{name}" for name in ("messages", "steer", "interrupt")]
+    with httpx.Client(timeout=10) as http, httpx.Client(timeout=10, cookies=cookie) as browser:
+        for path in paths:
+            body = {"content": "the blue one"}
+            assert browser.post(path, json=body).status_code == 403  # the cookie alone: no CSRF token
+            assert (
+                http.post(path, json=body, headers={**AUTH, "origin": "http://127.0.0.1:1"}).status_code
+                == 403
+            )
+            assert (
+                http.post(path, json=body, headers={**AUTH, "sec-fetch-site": "cross-site"}).status_code
+                == 403
+            )
+            plain = http.post(path, headers={**AUTH, "content-type": "text/plain"}, content=b"{}")
+            assert plain.status_code == 415
+        assert site.client.status(run_id).status == "asked"  # nothing above reached the run
+        steer = http.post(paths[1], json={"content": "x"}, headers=AUTH)
+        assert steer.status_code == 409 and "waits for an answer" in steer.json()["error"]
+        sent = http.post(
+            paths[0], json={"content": "the blue one"}, headers={**AUTH, "idempotency-key": "m1"}
+        )
+        assert sent.status_code == 202 and sent.json() == {"what": "answered", "segment": 1}
+        again = http.post(
+            paths[0], json={"content": "the blue one"}, headers={**AUTH, "idempotency-key": "m1"}
+        )
+        assert again.json() == sent.json()  # a keyed repeat: the first one's outcome, nothing sent
+
+
 ATTACK = """(async () => {
   const post = async (path, body, type, mode) => {
     try {

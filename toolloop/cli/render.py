@@ -141,7 +141,23 @@ def event_line(event: Any, step: int | None = None) -> str:
             return f"budget   budget stop: {account_text(account)} ({run})"
         what = "finish mode starts" if field(event, "mode") == "finish" else "budget stop"
         return f"budget   {what} at ${spent:.4f} of ${limit:.2f}"
-    return f"run      {run_event_text(str(kind), as_dict(event) or {})}"
+    data = as_dict(event) or {}
+    return (
+        f"run      {talk_text(str(kind), data) if kind in TALK_EVENTS else run_event_text(str(kind), data)}"
+    )
+
+
+TALK_EVENTS = frozenset({"follow_up", "steer_sent", "steer"})
+"""The events of a run you talk to (docs/conversations.md)."""
+
+
+def talk_text(kind: str, data: dict[str, Any]) -> str:
+    """A follow-up, a steer sent, a steer taken, in a few words."""
+    if kind == "follow_up":
+        return f"follow-up: {_short(data.get('content'), 60)}"
+    if kind == "steer_sent":
+        return f"steer sent ({data.get('steer_id')}): read before the next model call"
+    return f"steer taken before model turn {data.get('step')}: {_short(data.get('content'), 60)}"
 
 
 def run_event_text(kind: str, data: dict[str, Any]) -> str:

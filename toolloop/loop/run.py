@@ -142,9 +142,9 @@ class _Run(CallAnswers):
             return await self.stop("steps")
         turn = self.steps + 1
         try:
-            await self.take_steers(turn)
             if self.compaction is not None:
                 await self.compaction.before(turn)
+            await self.take_steers(turn)  # after a compaction step: the steer's boundary is the model call's
             value = await options.step(f"model:{turn}", self.model_work())
         except _BudgetStop as stop:
             return await self.budget_stop(stop.spent_usd, stop.account)

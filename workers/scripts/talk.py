@@ -13,6 +13,7 @@ State fields they keep (toolloop/journal/keys.py has the rest of the state hash)
     steps_added      model steps added to RunSpec.max_steps by follow-ups (HINCRBY)
     spend_end        the run's outside spend when its last segment stopped (RUN_COMMIT), so a
                      follow-up carries exactly the spend the run had
+    follow_up_segment  the last segment a follow-up began (its trace span says so)
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue'
   'touched', now, 'carried_usd', redis.call('HGET', KEYS[1], 'spent_usd') or '0',
   'spend_base', outside, 'steps_base', redis.call('HGET', KEYS[1], 'steps') or '0')
 redis.call('HDEL', KEYS[1], 'final_text', 'interrupt', 'spend_end')
+redis.call('HSET', KEYS[1], 'follow_up_segment', next_segment)
 top_up()
 local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
 redis.call('ZADD', KEYS[5], now, member)
