@@ -24,6 +24,9 @@ read from Redis when the endpoint is scraped (one pipeline of LLEN, nothing in b
     toolloop_leases_lost_total                   steps stopped because their lease was lost
     toolloop_outbox_resent_total                 successors the sweeper sent again
     toolloop_sweeper_redrives_total              runs the sweeper re-drove
+    toolloop_schedule_fires_total{outcome}       schedule ticks this worker's sweeper settled: fired,
+                                                 skipped, held, missed, failed, taken (another
+                                                 worker claimed it), error (workers/runs/scheduler.py)
     toolloop_queue_depth{queue}                  messages waiting (all priorities), read on scrape
     toolloop_steps_in_flight                     steps this process runs now (its step consumer),
                                                  read on scrape: with the depth, what an autoscaler
@@ -104,6 +107,12 @@ class Metrics:
             "toolloop_outbox_resent", "Successors the sweeper sent again", registry=registry
         )
         self.redriven = Counter("toolloop_sweeper_redrives", "Runs the sweeper re-drove", registry=registry)
+        self.schedule_fires = Counter(
+            "toolloop_schedule_fires",
+            "Schedule ticks settled by this worker's sweeper, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
         if depths is not None:
             registry.register(_Depths(depths))
         if in_flight is not None:
@@ -164,6 +173,11 @@ class Metrics:
     def swept(self, done: dict[str, int]) -> None:
         self.resent.inc(done.get("resent", 0))
         self.redriven.inc(done.get("redriven", 0))
+
+    def fires(self, done: dict[str, int]) -> None:
+        """Schedule ticks settled by one `Scheduler.fire_due`, by outcome."""
+        for outcome, count in done.items():
+            self.child(self.schedule_fires, outcome).inc(count)
 
 
 class _InFlight(Collector):
