@@ -20,6 +20,7 @@ from workers.protocol.errors import OOM_HINT, REDIS_LOST, StepFailedError
 from workers.protocol.names import ADVANCE, ANSWER, CANCEL, DECIDE, SWEEP
 from workers.runs import approvals
 from workers.runs import lifecycle as runs
+from workers.runs.scheduler import Scheduler
 from workers.step import advance as advance_step
 from workers.step.mcptools import journaled_tools
 
@@ -76,9 +77,10 @@ def cancel(self: Task, run_id: str) -> str:
 
 @app.task(name=SWEEP, bind=True)  # type: ignore[untyped-decorator]
 def sweep(self: Task) -> dict[str, int]:
-    """Re-send lost successors and re-drive stalled runs, settle due waits (each worker also sweeps
-    on a timer)."""
+    """Re-send lost successors and re-drive stalled runs, settle due waits, fire due schedules (each
+    worker also sweeps on a timer)."""
     process = process_of(self.app)
     settled = approvals.sweep_due(process.redis, self.app, process.settings.retention)
     done = runs.sweep(process.redis, self.app, process.settings)
-    return {**done, "settled": settled}
+    fires = Scheduler(process.redis, process.settings, process.metrics).fire_due()
+    return {**done, "settled": settled, "fired": fires.get("fired", 0)}

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from toolloop.cli import accounts, commands, demo, doctor, models, processes, tools
+from toolloop.cli import accounts, commands, demo, doctor, models, processes, schedules, tools
 from toolloop.cli.errors import CliError, explain
 
 __all__ = ["main"]
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     accounts.add_command(sub)
     models.add_command(sub)
     tools.add_command(sub)
+    schedules.add_command(sub)
     return parser
 
 

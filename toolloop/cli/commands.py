@@ -93,8 +93,8 @@ def run_id_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", metavar="RUN_ID")
 
 
-def add_commands(sub: Any) -> None:
-    run = sub.add_parser("run", help="enqueue a run (from flags or a JSON/YAML file)")
+def add_spec_flags(run: argparse.ArgumentParser) -> None:
+    """The flags of a run spec (`toolloop run`, `toolloop schedule add`): toolloop/cli/spec.py reads them."""
     run.add_argument("prompt", nargs="?", help="the user's first message")
     run.add_argument("-f", "--file", type=Path, help="a run spec as JSON or YAML; flags override it")
     run.add_argument("--model")
@@ -119,6 +119,11 @@ def add_commands(sub: Any) -> None:
         help="seconds a held tool call waits for a decision (then its default: reject)",
     )
     run.add_argument("--account", help="a shared budget account (toolloop accounts; docs/flow-control.md)")
+
+
+def add_commands(sub: Any) -> None:
+    run = sub.add_parser("run", help="enqueue a run (from flags or a JSON/YAML file)")
+    add_spec_flags(run)
     run.add_argument(
         "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
     )

@@ -14,16 +14,18 @@ holds a thread and a followed event stream is an `async for`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from toolloop import redisurl
 from toolloop.contract import ChatMessage
 from toolloop.loop.types import Decision
-from workers.client import enqueue, ops, runlist, talk
+from workers.client import enqueue, ops, runlist, schedules, talk
 from workers.client.drive import AsyncDriver
 from workers.client.limits import check_answer, check_decision
 from workers.client.sync import settings_for
 from workers.protocol.records import DecisionState, RunEventRecord, RunNode, RunStatus
+from workers.protocol.schedules import ScheduleInfo
 from workers.protocol.spec import RunSpec
 
 
@@ -97,6 +99,58 @@ class AsyncClient:
         except enqueue.REDIS_ERRORS as error:
             raise enqueue.failure(error, idempotency_keys is not None) from None
         return enqueue.batch_result(made, replies, idempotency_keys is not None)
+
+    async def schedule(
+        self,
+        spec: RunSpec | dict[str, Any] | None = None,
+        *,
+        cron: str | None = None,
+        every_s: float | None = None,
+        at: float | datetime | None = None,
+        timezone: str = "UTC",
+        start: float | None = None,
+        send_to: str | None = None,
+        content: str | None = None,
+        if_busy: str = "skip",
+        catch_up: str = "latest",
+        grace_s: float = 60.0,
+        name: str = "",
+        idempotency_key: str | None = None,
+        add_budget_usd: float = 0.0,
+        add_max_steps: int = 0,
+    ) -> str:
+        """See `Client.schedule`."""
+        request = schedules.Request(
+            spec,
+            cron,
+            every_s,
+            at,
+            timezone,
+            start,
+            send_to,
+            content,
+            if_busy,
+            catch_up,
+            grace_s,
+            name,
+            idempotency_key,
+            add_budget_usd,
+            add_max_steps,
+        )
+        made, first = schedules.build(request, self._prepare)
+        return await self._driver.run(schedules.add(made, first, send_to))
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """See `Client.get_schedule`."""
+        return await self._driver.run(schedules.get(schedule_id))
+
+    async def list_schedules(self, *, limit: int = 1000) -> list[ScheduleInfo]:
+        """See `Client.list_schedules`."""
+        return await self._driver.run(schedules.listing(limit))
+
+    async def remove_schedule(self, schedule_id: str) -> None:
+        """See `Client.remove_schedule`."""
+        await self._driver.run(schedules.remove(schedule_id))
 
     async def status(self, run_id: str) -> RunStatus:
         return await self._driver.run(ops.status(run_id))

@@ -77,27 +77,45 @@ class Preparer:
         self.sender = sender
         self.catalog = catalog or catalog_from_env()
 
-    def __call__(self, spec: RunSpec | dict[str, Any], idempotency_key: str | None) -> Enqueue:
-        """Validate `spec` (pydantic.ValidationError; ToolsetError; LimitError; ValueError for a bad
-        key) and build the request that stores the run and sends its first step."""
+    def check(self, spec: RunSpec | dict[str, Any]) -> tuple[RunSpec, str]:
+        """The checked spec and its JSON: pydantic.ValidationError, ToolsetError or LimitError when
+        an enqueue would refuse it (a schedule's spec is checked here too: workers/client/schedules.py)."""
         checked = spec if isinstance(spec, RunSpec) else RunSpec.model_validate(spec)
         if checked.toolset is not None and checked.toolset not in self.names:
             raise toolsets.not_registered(checked.toolset, self.names)
         spec_json = checked.model_dump_json()
         limits.check_spec(checked, self.settings, size=len(spec_json))
-        run_id = self.run_prefix + run_id_for(idempotency_key)
+        return checked, spec_json
+
+    def __call__(
+        self,
+        spec: RunSpec | dict[str, Any],
+        idempotency_key: str | None,
+        *,
+        run_prefix: str | None = None,
+        fired: dict[str, Any] | None = None,
+    ) -> Enqueue:
+        """Validate `spec` (pydantic.ValidationError; ToolsetError; LimitError; ValueError for a bad
+        key) and build the request that stores the run and sends its first step. `run_prefix`
+        overrides the preparer's; `fired` (a schedule's fire: its id and tick) goes in the run's
+        `queued` event and in its first step's label (Flower)."""
+        checked, spec_json = self.check(spec)
+        run_id = (self.run_prefix if run_prefix is None else run_prefix) + run_id_for(idempotency_key)
         now = time.time()
-        queued = orjson.dumps({"model": checked.model, "toolset": checked.toolset,
-                               "budget_usd": checked.budget_usd})  # fmt: skip
+        queued = {"model": checked.model, "toolset": checked.toolset, "budget_usd": checked.budget_usd}
+        label = "model 1"
+        if fired:
+            queued.update(fired)
+            label = f"model 1 (schedule {fired.get('schedule', '')})"
         parent = tracing.current_traceparent()  # the caller's span: the run's trace is part of it
         message, channel, event = self.sender.message(
-            ADVANCE, [run_id, 1], f"{run_id}:1", "llm", "model 1", parent
+            ADVANCE, [run_id, 1], f"{run_id}:1", "llm", label, parent
         )
         request = Eval(
             ENQUEUE,
             [keys.spec(run_id), keys.state(run_id), keys.inputs(run_id), keys.events(run_id),
              keys.outbox(run_id), keys.LIVE_RUNS, keys.ALL_RUNS, "llm"],
-            [run_id, spec_json, now, CHAT_MESSAGES.dump_json(checked.messages), queued,
+            [run_id, spec_json, now, CHAT_MESSAGES.dump_json(checked.messages), orjson.dumps(queued),
              now + self.settings.redrive_age, message.raw, channel, event, parent],
         )  # fmt: skip
         return Enqueue(run_id, request)

@@ -16,8 +16,11 @@ valid on every shard. Accounts and rate limits are per shard (each shard's Redis
 `accounts()` lists each shard's rows with the shard's index), or global when every worker and client
 has TOOLLOOP_FLOW_REDIS_URL naming one Redis for them (their scripts touch no run key: an account's
 limit holds across the shards, and one (key, model) rate limit is shared by all their workers).
-`AsyncShardedClient` is the same over one `AsyncClient` per shard, for asyncio backends.
-docs/operations.md, "The ceiling of one Redis".
+A schedule lives on one shard, named by its id's prefix as a run's is (`s<k>-sched-...`), and its
+runs start there: a follow-up schedule on its run's shard, an enqueueing one placed as a run is (by
+its idempotency key, else in turn); `list_schedules` lists every shard's. `AsyncShardedClient` is
+the same over one `AsyncClient` per shard, for asyncio backends. docs/operations.md, "The ceiling
+of one Redis".
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from workers.client.aio import AsyncClient
 from workers.client.sync import Client
 from workers.client.talk import Sent
 from workers.protocol.records import DecisionState, RunEventRecord, RunStatus
+from workers.protocol.schedules import ScheduleInfo
 from workers.protocol.spec import RunSpec
 
 ENV = "TOOLLOOP_REDIS_SHARDS"
@@ -235,6 +239,25 @@ class ShardedClient:
     def add_spend(self, run_id: str, usd: float) -> float:
         return self.shard(run_id).add_spend(run_id, usd)
 
+    # -- schedules: one shard each ----------------------------------------------------------------
+
+    def schedule(self, spec: Any = None, **kwargs: Any) -> str:
+        """`Client.schedule` on the shard of its target run (`send_to`), else placed as a run is."""
+        target = kwargs.get("send_to")
+        client = self.shard(target) if target else self.clients[self._place(kwargs.get("idempotency_key"))]
+        return client.schedule(spec, **kwargs)
+
+    def get_schedule(self, schedule_id: str) -> ScheduleInfo:
+        return self.shard(schedule_id).get_schedule(schedule_id)
+
+    def remove_schedule(self, schedule_id: str) -> None:
+        self.shard(schedule_id).remove_schedule(schedule_id)
+
+    def list_schedules(self, *, limit: int = 1000) -> list[ScheduleInfo]:
+        """Every shard's schedules, newest first (at most `limit`)."""
+        found = [s for c in self.clients for s in c.list_schedules(limit=limit)]
+        return sorted(found, key=lambda s: s.created, reverse=True)[:limit]
+
     # -- every shard ------------------------------------------------------------------------------
 
     def list_runs(
@@ -355,6 +378,21 @@ class AsyncShardedClient:
 
     async def add_spend(self, run_id: str, usd: float) -> float:
         return await self.shard(run_id).add_spend(run_id, usd)
+
+    async def schedule(self, spec: Any = None, **kwargs: Any) -> str:
+        target = kwargs.get("send_to")
+        client = self.shard(target) if target else self.clients[self._place(kwargs.get("idempotency_key"))]
+        return await client.schedule(spec, **kwargs)
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleInfo:
+        return await self.shard(schedule_id).get_schedule(schedule_id)
+
+    async def remove_schedule(self, schedule_id: str) -> None:
+        await self.shard(schedule_id).remove_schedule(schedule_id)
+
+    async def list_schedules(self, *, limit: int = 1000) -> list[ScheduleInfo]:
+        found = [s for c in self.clients for s in await c.list_schedules(limit=limit)]
+        return sorted(found, key=lambda s: s.created, reverse=True)[:limit]
 
     async def list_runs(
         self, *, status: str | None = None, limit: int = 50, cursor: str | None = None

@@ -21,18 +21,20 @@ import dataclasses
 import functools
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from toolloop import redisurl
 from toolloop.contract import ChatMessage
 from toolloop.defaults import no_redis_message
 from toolloop.loop.types import Decision
-from workers.client import accounts, enqueue, ops, runlist, talk
+from workers.client import accounts, enqueue, ops, runlist, schedules, talk
 from workers.client.drive import SyncDriver
 from workers.client.limits import check_answer, check_decision
 from workers.config.settings import Settings
 from workers.protocol.errors import NoRedisError
 from workers.protocol.records import DecisionState, RunEventRecord, RunNode, RunStatus
+from workers.protocol.schedules import ScheduleInfo
 from workers.protocol.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -138,6 +140,70 @@ class Client:
         except enqueue.REDIS_ERRORS as error:
             raise enqueue.failure(error, idempotency_keys is not None) from None
         return enqueue.batch_result(made, replies, idempotency_keys is not None)
+
+    # -- schedules (docs/schedules.md) ------------------------------------------------------------
+
+    def schedule(
+        self,
+        spec: RunSpec | dict[str, Any] | None = None,
+        *,
+        cron: str | None = None,
+        every_s: float | None = None,
+        at: float | datetime | None = None,
+        timezone: str = "UTC",
+        start: float | None = None,
+        send_to: str | None = None,
+        content: str | None = None,
+        if_busy: str = "skip",
+        catch_up: str = "latest",
+        grace_s: float = 60.0,
+        name: str = "",
+        idempotency_key: str | None = None,
+        add_budget_usd: float = 0.0,
+        add_max_steps: int = 0,
+    ) -> str:
+        """Add a schedule; its id. One trigger: `cron` (5 fields, or 6 with seconds first, in
+        `timezone`), `every_s` (from `start`, default now + every_s) or `at` (unix seconds or an aware
+        datetime). One target: `spec`, a run to enqueue at each tick (checked now exactly as
+        `enqueue` checks it: ValidationError, ToolsetError, LimitError), or `send_to` a run with
+        `content` (a follow-up: `Client.send` at each tick, keyed by the schedule and the tick, its
+        budget and step limit topped up by `add_budget_usd` and `add_max_steps`). `if_busy`: "skip",
+        "queue" or "steer" (follow-ups: `Client.steer` while the run is queued or running) while the
+        target is busy; `catch_up`: "latest" or "skip" for ticks missed past `grace_s`. With
+        `idempotency_key`, adding again returns the same id and changes nothing. ScheduleError
+        (two lines) for anything bad; nothing is stored then."""
+        request = schedules.Request(
+            spec,
+            cron,
+            every_s,
+            at,
+            timezone,
+            start,
+            send_to,
+            content,
+            if_busy,
+            catch_up,
+            grace_s,
+            name,
+            idempotency_key,
+            add_budget_usd,
+            add_max_steps,
+        )
+        made, first = schedules.build(request, self._prepare)
+        return self._driver.run(schedules.add(made, first, send_to))
+
+    def get_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """The schedule and where it stands (next tick, counts, its last fire); ScheduleNotFoundError."""
+        return self._driver.run(schedules.get(schedule_id))
+
+    def list_schedules(self, *, limit: int = 1000) -> list[ScheduleInfo]:
+        """Schedules, newest first (at most `limit`)."""
+        return self._driver.run(schedules.listing(limit))
+
+    def remove_schedule(self, schedule_id: str) -> None:
+        """Remove the schedule: no tick fires after this returns (the runs it made stay);
+        ScheduleNotFoundError."""
+        self._driver.run(schedules.remove(schedule_id))
 
     # -- read -------------------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ one of LINDEX, nothing in between scrapes).
     toolloop_sweeper_redrives_total              runs the sweeper re-drove
     toolloop_children_started_total              child runs `spawn` started (workers/step/children.py)
     toolloop_children_ended_total{status}        child runs this worker ended, by status
+    toolloop_schedule_fires_total{outcome}       schedule ticks this worker's sweeper settled: fired,
+                                                 skipped, held, missed, failed, taken (another
+                                                 worker claimed it), error (workers/runs/scheduler.py)
     toolloop_queue_depth{queue}                  messages waiting (all priorities), read on scrape
     toolloop_queue_oldest_seconds{queue}         how long the oldest of them has waited (0: none),
                                                  read on scrape (workers/observe/queueage.py)
@@ -117,6 +120,12 @@ class Metrics:
             ["status"],
             registry=registry,
         )
+        self.schedule_fires = Counter(
+            "toolloop_schedule_fires",
+            "Schedule ticks settled by this worker's sweeper, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
         if depths is not None:
             registry.register(_PerQueue("toolloop_queue_depth", "Messages waiting on a step queue", depths))
         if oldest is not None:
@@ -191,6 +200,11 @@ class Metrics:
     def swept(self, done: dict[str, int]) -> None:
         self.resent.inc(done.get("resent", 0))
         self.redriven.inc(done.get("redriven", 0))
+
+    def fires(self, done: dict[str, int]) -> None:
+        """Schedule ticks settled by one `Scheduler.fire_due`, by outcome."""
+        for outcome, count in done.items():
+            self.child(self.schedule_fires, outcome).inc(count)
 
 
 class _InFlight(Collector):

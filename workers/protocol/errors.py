@@ -7,6 +7,8 @@
     │                          import to a list of ToolSpec
     ├── LimitError             a run spec is over a limit (size, messages, an image): refused at enqueue
     ├── EnqueueError           Redis refused or lost an enqueue (out of memory, unreachable)
+    ├── ScheduleError          a schedule's trigger, target or policy is bad: refused when added
+    ├── ScheduleNotFoundError  no schedule has this id (never added, removed, or not a schedule id)
     ├── NoRedisError           no REDIS_URL and no embedded server running (nothing to connect to)
     ├── DeliveryLimitError     one step was delivered too many times (its worker keeps dying)
     ├── LeaseLostError         a step's lease is no longer certainly its own (the reason its abort
@@ -118,6 +120,22 @@ class EnqueueError(WorkersError):
     def __init__(self, message: str, stored: bool | None = False) -> None:
         super().__init__(message, stored)
         self.stored = stored
+
+
+class ScheduleError(WorkersError, ValueError):
+    """A schedule that cannot be added (workers/protocol/schedules.py): the message names the bad value."""
+
+
+class ScheduleNotFoundError(WorkersError, KeyError):
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(
+            f"No schedule has the id {schedule_id[:80]!r}.\n"
+            "  List them with `toolloop schedule list` (Client.schedule returns the id)."
+        )
+        self.schedule_id = schedule_id
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return (type(self), (self.schedule_id,))
 
 
 class StepFailedError(WorkersError):

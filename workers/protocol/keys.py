@@ -50,6 +50,13 @@ a superset of the live runs, never the source of truth.
                                        first); an id whose run expired is dropped when read or pruned
     tl:runs:ended              zset    finished run ids, score = when they ended (retention, prune)
     tl:sweep:lock              string  held (PX) by the worker sweeping now
+    tl:sched:<id>              hash    a schedule's state (workers/protocol/schedules.py): `next`
+                                       (its next tick, unix seconds; "" once it has no more), `held`,
+                                       the counts fired/skipped/missed/failed, its last fire; every
+                                       value short, so Redis keeps it packed (listpack)
+    tl:sched:<id>:def          string  the schedule's definition (JSON), written once when added
+    tl:sched:due               zset    schedule ids, score = when the sweeper next looks at it
+    tl:sched:all               zset    every schedule id, score = when it was added (listing)
     tl:{<run>}:sends           hash    field = a follow-up's idempotency key, value = its outcome
                                        (JSON {what, segment}): workers/protocol/scripts/talk.py
     tl:cancel                  channel pubsub: a run id whose live step must abort now
@@ -75,6 +82,18 @@ CANCEL_CHANNEL = f"{PREFIX}cancel"
 INTERRUPT_CHANNEL = f"{PREFIX}interrupt"
 SWEEP_LOCK = f"{PREFIX}sweep:lock"
 REJECTED = "toolloop:rejected"
+SCHEDULES_DUE = f"{PREFIX}sched:due"
+SCHEDULES_ALL = f"{PREFIX}sched:all"
+
+
+def schedule(schedule_id: str) -> str:
+    """The hash of one schedule (`tl:sched:<id>`; an id never reads "due" or "all")."""
+    return f"{PREFIX}sched:{schedule_id}"
+
+
+def schedule_def(schedule_id: str) -> str:
+    """The definition of one schedule (`tl:sched:<id>:def`, JSON)."""
+    return f"{PREFIX}sched:{schedule_id}:def"
 
 
 def root_of(run_id: str) -> str:

@@ -17,7 +17,8 @@ Threads of a worker process:
   run's live step if this process runs it, and drops its kept loop;
 - the sweeper runs `runs.sweep` every TOOLLOOP_SWEEP_INTERVAL s, one worker at a time (a Redis lock),
   so recorded successors are re-sent and stalled runs re-driven without a beat process; once a
-  second it also settles the parked runs whose deadline is due (workers/runs/approvals.py).
+  second it also settles the parked runs whose deadline is due (workers/runs/approvals.py) and fires the
+  due schedules (workers/runs/scheduler.py: in every worker, fenced per tick, no lock).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from workers.process.worker_process import WorkerProcess, attach, process_of
 from workers.protocol import keys, names
 from workers.runs import approvals
 from workers.runs import lifecycle as runs
+from workers.runs.scheduler import Scheduler
 from workers.worker import guard
 from workers.worker.consumer import StepConsumer
 from workers.worker.kombu_redis import check_transport_options
@@ -208,12 +210,15 @@ def _sweep_forever(process: WorkerProcess) -> None:
     tick = min(1.0, settings.sweep_interval)
     last = time.monotonic()
     idle = IdleTrim(process.leases, shed=process.shed_tool_threads)
+    scheduler: Scheduler | None = None  # made in the loop: a failure to make it is logged, and tried again
     while True:
         time.sleep(tick)
         try:
             idle.tick()
             client = process.redis
             approvals.sweep_due(client, process.celery, settings.retention)
+            scheduler = scheduler or Scheduler(client, settings, process.metrics)
+            scheduler.fire_due()
             if time.monotonic() - last < settings.sweep_interval:
                 continue
             last = time.monotonic()

@@ -1,0 +1,160 @@
+"""The schedule scripts (workers/protocol/schedules.py), each with its reply typed: SCHEDULE_ADD and
+SCHEDULE_REMOVE (1 or 0), FIRE and FIRE_ENQUEUE (`parse_fire`).
+
+The fence: a tick is claimed by comparing the schedule's `next` (or `held`) field with the tick the
+sweeper read, and moving it on, in one script, so of two sweepers that read the same tick one claims
+it and the other finds it `taken`. FIRE_ENQUEUE is that claim followed, in the same script, by the
+ENQUEUE of workers/protocol/scripts/enqueue.py (the run stored and its first step sent): a tick's
+run exists if and only if its claim was made, whatever dies when.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from workers.protocol.lua import Lua
+from workers.protocol.scripts.enqueue import ENQUEUE
+from workers.protocol.scripts.prelude import PRELUDE, with_prelude
+
+SCHEDULE_ADD = Lua("""
+-- KEYS: 1 the schedule's hash 2 the due index 3 the index of all schedules 4 its definition
+--       5 the state hash of the run a follow-up goes to (a key that never exists: none)
+-- ARGV: 1 id 2 definition (JSON) 3 first tick 4 now 5 '1' when KEYS[5] must exist
+-- -> 1 added, 0 a schedule with this id exists (an add with the same idempotency key: nothing
+--    written), -1 the follow-up's run does not exist (nothing written)
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[5]) == 0 then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[4], ARGV[2])
+redis.call('HSET', KEYS[1], 'next', ARGV[3], 'fired', 0)
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+return 1
+""")
+
+SCHEDULE_REMOVE = Lua("""
+-- KEYS: 1 the schedule's hash 2 the due index 3 the index of all schedules 4 its definition
+-- ARGV: 1 id -> 1 removed, 0 no such schedule. A fire under way either ran before (its run stays)
+-- or finds the hash gone and claims nothing.
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[4])
+return redis.call('DEL', KEYS[1])
+""")
+
+_CLAIM = """
+-- claim(sk, dk, lk, o): sk the schedule's hash, dk the due index, lk the state hash of the run that
+-- decides whether the target is busy (a key that never exists when none), o the offset of the claim's
+-- ARGV: o+1 id, o+2 field read ('next' or 'held'), o+3 the field's value as read (the fence),
+-- o+4 now, o+5 the next tick after it ('' none: the schedule ends; with field 'next' only),
+-- o+6 ticks missed before it, o+7 what the sweeper asks: 'fire', 'miss' (past its grace, catch_up
+-- skip) or 'fail' (the target was refused: o+10 says why), o+8 if_busy (skip, queue, steer),
+-- o+9 the run id a fire makes ('' for a follow-up), o+10 the error, o+11 when to look again at a
+-- held tick, o+12 what makes lk's run busy: 'unended' (any status but a final one), 'running'
+-- (queued or running), or the sweeper's own finding: 'busy' or 'free' (a follow-up's target),
+-- o+13 the tick this fires (with catch-up, the latest due: after o+3)
+-- -> {'taken'} another sweeper claimed it, or the schedule is gone | {'fire'} | {'steer'}
+--    | {'held'} | {'skipped'} | {'missed'} | {'failed'}
+local function claim(sk, dk, lk, o)
+  local id, field, tick, now = ARGV[o+1], ARGV[o+2], ARGV[o+13], ARGV[o+4]
+  if redis.call('HGET', sk, field) ~= ARGV[o+3] then return {'taken'} end
+  local held = redis.call('HGET', sk, 'held')
+  if field == 'next' then
+    redis.call('HSET', sk, 'next', ARGV[o+5])
+    if tonumber(ARGV[o+6]) > 0 then redis.call('HINCRBY', sk, 'missed', ARGV[o+6]) end
+  end
+  local function settle(outcome, counter)
+    if counter then redis.call('HINCRBY', sk, counter, 1) end
+    redis.call('HSET', sk, 'last_outcome', outcome == 'fire' and 'fired' or outcome, 'last_at', now)
+    local score = tonumber(redis.call('HGET', sk, 'next'))
+    if redis.call('HEXISTS', sk, 'held') == 1 then
+      local again = tonumber(ARGV[o+11])
+      if not score or again < score then score = again end
+    end
+    if score then redis.call('ZADD', dk, score, id) else redis.call('ZREM', dk, id) end
+    return {outcome}
+  end
+  local wanted = ARGV[o+7]
+  if wanted ~= 'fire' then
+    if field == 'held' then redis.call('HDEL', sk, 'held') end
+    redis.call('HSET', sk, 'last_tick', tick)
+    if wanted == 'fail' then
+      redis.call('HSET', sk, 'last_error', ARGV[o+10])
+      return settle('failed', 'failed')
+    end
+    return settle('missed', 'missed')
+  end
+  local status = redis.call('HGET', lk, 'status')
+  local busy, mode = false, ARGV[o+12]
+  if mode == 'busy' then busy = true
+  elseif mode == 'running' then busy = status == 'queued' or status == 'running'
+  elseif mode == 'unended' then busy = status and not terminal(status) end
+  if busy and ARGV[o+8] == 'queue' then
+    if field == 'next' and held then redis.call('HINCRBY', sk, 'skipped', 1) end
+    redis.call('HSET', sk, 'held', tick)
+    return settle('held')
+  end
+  if busy and ARGV[o+8] ~= 'steer' then
+    redis.call('HSET', sk, 'last_tick', tick)
+    return settle('skipped', 'skipped')
+  end
+  if held and field == 'next' then redis.call('HINCRBY', sk, 'skipped', 1) end
+  redis.call('HDEL', sk, 'held')
+  redis.call('HSET', sk, 'last_tick', tick, 'last_run', ARGV[o+9])
+  if busy then return settle('steer', 'fired') end
+  return settle('fire', 'fired')
+end
+"""
+
+FIRE = with_prelude(
+    """
+-- Claim a tick (or settle it as missed or failed) without a run to store: a follow-up's, or a
+-- tick the sweeper will not fire. KEYS: 1 the schedule's hash 2 the due index 3 the state hash
+-- that says whether the target is busy; ARGV: the claim's (below), from 1
+-- -> the claim's reply
+"""
+    + _CLAIM
+    + "return claim(KEYS[1], KEYS[2], KEYS[3], 0)\n"
+)
+
+FIRE_ENQUEUE = with_prelude(
+    """
+-- Claim a tick and, when it fires, store its run and send the run's first step: ENQUEUE's KEYS
+-- 1-8 and ARGV 1-10 (workers/protocol/scripts/enqueue.py), then KEYS 9 the schedule's hash 10 the due index
+-- 11 the state hash of the schedule's last run, ARGV 11- the claim's (below).
+-- -> the claim's reply when it does not fire | 1 fired: the run stored and sent | 0 fired, and a run
+--    with this id existed already (nothing written for it)
+"""
+    + _CLAIM
+    + """
+local claimed = claim(KEYS[9], KEYS[10], KEYS[11], 10)
+if claimed[1] ~= 'fire' then return claimed end
+"""
+    + ENQUEUE.source
+)
+assert PRELUDE in FIRE.source and PRELUDE in FIRE_ENQUEUE.source
+
+Outcome = Literal["fired", "steer", "held", "skipped", "missed", "failed", "taken"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """FIRE's or FIRE_ENQUEUE's reply: `fired` (the target applied: for FIRE_ENQUEUE the run was
+    stored with its first step sent, `new` False when a run with its id existed already), `steer`
+    (claimed; the target is running and the policy steers it), `held` (waits for a busy target),
+    `skipped` (the target was busy), `missed` (past its grace), `failed` (the target was refused),
+    `taken` (another sweeper claimed the tick, or the schedule was removed: nothing written)."""
+
+    what: Outcome
+    new: bool = False
+
+
+def parse_fire(reply: Any) -> Fired:
+    if isinstance(reply, int):
+        return Fired("fired", new=reply == 1)
+    what = str(reply[0])
+    if what == "fire":
+        return Fired("fired")
+    if what not in ("steer", "held", "skipped", "missed", "failed", "taken"):
+        raise ValueError(f"unexpected reply of a schedule's fire: {reply!r}")
+    return Fired(what)  # type: ignore[arg-type]
