@@ -1,5 +1,5 @@
-"""The README's child-runs block (its only ```shell block, the same as docs/children.md's), run as
-written on a fresh copy of the repository: a worker on the simulator playing examples/children/policy.py,
+"""The README's child-runs block (the ```shell block of examples/children, the same as
+docs/children.md's), run as written on a fresh copy of the repository: a worker on the simulator playing examples/children/policy.py,
 a tree that finishes, a child's question answered through the root, a tree cancelled from its root."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 from tests.integration.conftest import ROOT
 from tests.integration.test_readme import README, clean_env, fresh_copy
 
-BLOCK = re.findall(r"```shell\n(.*?)```", README, re.DOTALL)
+BLOCK = [b for b in re.findall(r"```shell\n(.*?)```", README, re.DOTALL) if "examples.children" in b]
+"""The README's child-runs block: its ```shell block that runs examples/children (the schedules' is
+another, tests/integration/test_schedules.py)."""
 
 
 def test_the_docs_and_the_readme_show_the_same_block() -> None:
