@@ -1,6 +1,7 @@
 """The README's child-runs block (the ```shell block of examples/children, the same as
 docs/children.md's), run as written on a fresh copy of the repository: a worker on the simulator
-playing examples/children/policy.py, a tree that finishes, a child's question answered through the root, a tree cancelled from its root."""
+playing examples/children/policy.py, a tree that finishes, a child's question answered through the
+root, a tree cancelled from its root."""
 
 from __future__ import annotations
 
