@@ -137,12 +137,19 @@ class Simulator:
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry; it keeps the server's own `send` so a "drop" fault can reach the socket."""
-        if scope["type"] == "http":
-            scope[_SEND_KEY] = send
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        scope[_SEND_KEY] = send
+        try:
             if self.idle_timeout_s is not None:
                 await self._idle_checked(scope, receive, send)
-                return
-        await self._app(scope, receive, send)
+            else:
+                await self._app(scope, receive, send)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs once its graceful shutdown is over (a call whose client
+            # was interrupted and left): the request ends here, with nothing to answer and no traceback
+            return
 
     async def _idle_checked(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`idle_timeout_s`: a request on a keep-alive connection idle longer than that finds the
