@@ -46,8 +46,12 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
     usage = PromptGenUsage(prompt_tokens=1200 + 150 * turn, completion_tokens=80)
     if turn < turns:
         calls = [call("note", {"shot": turn, "text": PARAGRAPH[:120]}, id=f"call_{turn}")]
-        return reply(f"Turn {turn}: looking at shot {turn}. {PARAGRAPH[:160]}", tool_calls=calls,
-                     cost_usd=0.0001, usage=usage)  # fmt: skip
+        return reply(
+            f"Turn {turn}: looking at shot {turn}. {PARAGRAPH[:160]}",
+            tool_calls=calls,
+            cost_usd=0.0001,
+            usage=usage,
+        )
     if " ask" in (request.system or ""):
         asked = [call("ask", {"question": f"Keep shot {turn}?"}, id=f"call_{turn}")]
         return reply(f"Turn {turn}: one question.", tool_calls=asked, cost_usd=0.0001, usage=usage)

@@ -35,8 +35,15 @@ AGENT = {"TOOLLOOP_PROMPT_GEN": "_durable_agent:make_generate", **REGISTRY}
 def run_spec(turns: int, **extra: Any) -> dict[str, Any]:
     user = {"role": "user", "content": "Review the rough cut, shot by shot."}
     system = f"You review storyboards. turns={turns}"
-    return {"model": "claude-sonnet-5-5", "system": system, "toolset": TOOLSET, "max_steps": turns + 1,
-            "budget_usd": 100.0, "messages": [user], **extra}  # fmt: skip
+    return {
+        "model": "claude-sonnet-5-5",
+        "system": system,
+        "toolset": TOOLSET,
+        "max_steps": turns + 1,
+        "budget_usd": 100.0,
+        "messages": [user],
+        **extra,
+    }
 
 
 def wait_all(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
@@ -81,8 +88,9 @@ def step_worker(
 def start_queue(client: Client, mode: str, workers: list[Worker], queue: str) -> None:
     names = [worker.name for worker in workers]
     if mode == "consumer":
-        client.celery.control.broadcast("add_step_queue", arguments={"queue": queue}, destination=names,
-                                        reply=True, timeout=10)  # fmt: skip
+        client.celery.control.broadcast(
+            "add_step_queue", arguments={"queue": queue}, destination=names, reply=True, timeout=10
+        )
     else:
         client.celery.control.add_consumer(queue, destination=names, reply=True, timeout=10)
 
@@ -115,15 +123,22 @@ def sim_script(turns: int, answer_tokens: int = 0) -> list[dict[str, Any]]:
     each text `answer_tokens` 4-character pieces longer (a streamed answer's length)."""
     more = " ok." * answer_tokens
     note = [{"name": "note", "input": {"shot": 1, "text": "ok"}}]
-    calls = [{"text": f"Shot {n}.{more}", "tool_calls": [{**note[0], "input": {"shot": n, "text": "ok"}}]}
-             for n in range(1, turns)]  # fmt: skip
+    calls = [
+        {"text": f"Shot {n}.{more}", "tool_calls": [{**note[0], "input": {"shot": n, "text": "ok"}}]}
+        for n in range(1, turns)
+    ]
     return [*calls, {"text": f"Reviewed.{more}"}]
 
 
 def sim_env(url: str, sim: SimServer) -> dict[str, str]:
     """A worker's environment whose model is the anthropic provider pointed at `sim`."""
-    return env_with(REDIS_URL=url, **REGISTRY, ANTHROPIC_BASE_URL=sim.base_url, ANTHROPIC_API_KEY="sim-key",
-                    TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+    return env_with(
+        REDIS_URL=url,
+        **REGISTRY,
+        ANTHROPIC_BASE_URL=sim.base_url,
+        ANTHROPIC_API_KEY="sim-key",
+        TOOLLOOP_PROMPT_GEN="",
+    )
 
 
 def in_flight(
@@ -148,14 +163,20 @@ def in_flight(
     with SimServer(sim_script(turns, answer_tokens), latency_s=latency, **sim_kwargs) as sim:
         env = {**sim_env(url, sim), **(extra_env or {})}
         slots = -(-runs // processes)
-        workers = [step_worker(mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log",
-                               held=("llm",)) for i in range(processes)]  # fmt: skip
+        workers = [
+            step_worker(
+                mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log", held=("llm",)
+            )
+            for i in range(processes)
+        ]
         client = Client(url, toolsets=[TOOLSET])
         try:
             for worker in workers:
                 worker.start(client.celery)
-            run_ids = [client.enqueue(run_spec(turns, provider="anthropic", **(spec_extra or {})))
-                       for _ in range(runs)]  # fmt: skip
+            run_ids = [
+                client.enqueue(run_spec(turns, provider="anthropic", **(spec_extra or {})))
+                for _ in range(runs)
+            ]
             cpu0 = sum(worker.cpu_seconds() for worker in workers)
             own0 = time.process_time()
             start = time.time()
@@ -175,9 +196,19 @@ def in_flight(
         requests = sim.stats()["requests"]
     done = [s for s in statuses if s.status == "done"]
     wall = max(s.updated_at for s in statuses) - start
-    return {"runs": runs, "done": len(done), "wall_s": wall, "ideal_s": turns * latency, "cpu_s": cpu,
-            "rss_mb": rss, "model_calls": requests, "tasks": runs * (2 * turns - 1),
-            "processes": processes, "mode": mode, "sim_cpu_s": own}  # fmt: skip
+    return {
+        "runs": runs,
+        "done": len(done),
+        "wall_s": wall,
+        "ideal_s": turns * latency,
+        "cpu_s": cpu,
+        "rss_mb": rss,
+        "model_calls": requests,
+        "tasks": runs * (2 * turns - 1),
+        "processes": processes,
+        "mode": mode,
+        "sim_cpu_s": own,
+    }
 
 
 def streamed(
@@ -192,17 +223,33 @@ def streamed(
         for where, stream in ((off, False), (on, True)):
             if spy:  # one profile per side: <file>.off, <file>.on (the last trial's)
                 os.environ["BENCH_PYSPY"] = f"{spy}.{'on' if stream else 'off'}"
-            got = in_flight(url, tmp, runs, turns, latency, spec_extra={"stream": stream},
-                            answer_tokens=tokens, tokens_per_s=rate)  # fmt: skip
+            got = in_flight(
+                url,
+                tmp,
+                runs,
+                turns,
+                latency,
+                spec_extra={"stream": stream},
+                answer_tokens=tokens,
+                tokens_per_s=rate,
+            )
             if got["done"] != runs:
                 raise RuntimeError(f"streaming bench: {got['done']}/{runs} runs done (stream={stream})")
             where.append(got["cpu_s"] / got["tasks"])
     if spy:
         os.environ["BENCH_PYSPY"] = spy
     per_off, per_on = statistics.median(off), statistics.median(on)
-    return {"runs": runs, "turns": turns, "tokens": tokens, "rate": rate, "off_cpu_per_step_s": per_off,
-            "on_cpu_per_step_s": per_on, "ratio": per_on / per_off, "trials_off": off,
-            "trials_on": on}  # fmt: skip
+    return {
+        "runs": runs,
+        "turns": turns,
+        "tokens": tokens,
+        "rate": rate,
+        "off_cpu_per_step_s": per_off,
+        "on_cpu_per_step_s": per_on,
+        "ratio": per_on / per_off,
+        "trials_off": off,
+        "trials_on": on,
+    }
 
 
 def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int) -> dict[str, Any]:
@@ -224,9 +271,13 @@ def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials:
             traces = tmp / f"observe-spans-{trial}-{len(sampler)}.jsonl"
             port = _free_port()
             scraper = _Scraper(port)
-            extra = {"TOOLLOOP_TRACES_FILE": str(traces), "TOOLLOOP_TRACES_FILE_BATCH": "1",
-                     "OTEL_BSP_SCHEDULE_DELAY": str(_BATCH_DELAY_MS), "TOOLLOOP_METRICS_PORT": str(port),
-                     **sampler}  # fmt: skip
+            extra = {
+                "TOOLLOOP_TRACES_FILE": str(traces),
+                "TOOLLOOP_TRACES_FILE_BATCH": "1",
+                "OTEL_BSP_SCHEDULE_DELAY": str(_BATCH_DELAY_MS),
+                "TOOLLOOP_METRICS_PORT": str(port),
+                **sampler,
+            }
             try:
                 got = in_flight(url, tmp, runs, turns, latency, extra_env=extra, settle=_SETTLE)
             finally:
@@ -239,10 +290,19 @@ def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials:
             if not sampler:
                 spans = len(traces.read_text().splitlines())
     per_off, per_on, per_sampled = statistics.median(off), statistics.median(on), statistics.median(sampled)
-    return {"runs": runs, "turns": turns, "off_cpu_per_step_s": per_off, "on_cpu_per_step_s": per_on,
-            "ratio": per_on / per_off, "trials_off": off, "trials_on": on,
-            "sampled_cpu_per_step_s": per_sampled, "sampled_ratio": per_sampled / per_off,
-            "trials_sampled": sampled, "spans_last_trial": spans}  # fmt: skip
+    return {
+        "runs": runs,
+        "turns": turns,
+        "off_cpu_per_step_s": per_off,
+        "on_cpu_per_step_s": per_on,
+        "ratio": per_on / per_off,
+        "trials_off": off,
+        "trials_on": on,
+        "sampled_cpu_per_step_s": per_sampled,
+        "sampled_ratio": per_sampled / per_off,
+        "trials_sampled": sampled,
+        "spans_last_trial": spans,
+    }
 
 
 _BATCH_DELAY_MS = 200
@@ -321,7 +381,15 @@ def steady(
     end = min(s.updated_at for s in statuses)
     committed = sum(begin < t <= end for times in models for t in times)
     window = max(end - begin, 1e-9)
-    return {"runs": runs, "done": len(done), "turns": turns, "window_s": window,
-            "model_calls_s": committed / window, "ideal_calls_s": runs / latency, "cpu_s": cpu,
-            "tasks": runs * (2 * turns - 1), "mode": mode,
-            "wall_s": max(s.updated_at for s in statuses) - start}  # fmt: skip
+    return {
+        "runs": runs,
+        "done": len(done),
+        "turns": turns,
+        "window_s": window,
+        "model_calls_s": committed / window,
+        "ideal_calls_s": runs / latency,
+        "cpu_s": cpu,
+        "tasks": runs * (2 * turns - 1),
+        "mode": mode,
+        "wall_s": max(s.updated_at for s in statuses) - start,
+    }

@@ -131,9 +131,16 @@ def _counts() -> dict[str, Any]:
     types = Counter(type(obj).__name__ for obj in gc.get_objects())
     process = process_of(app)
     tasks = len(asyncio.all_tasks(process.start_loop()))
-    return {"rss_kb": _rss_kb(), "collected": collected, "objects": sum(types.values()),
-            "top": types.most_common(25), "kept_loops": len(process.kept), "loop_tasks": tasks,
-            "frozen": gc.get_freeze_count(), "blocks": sys.getallocatedblocks()}  # fmt: skip
+    return {
+        "rss_kb": _rss_kb(),
+        "collected": collected,
+        "objects": sum(types.values()),
+        "top": types.most_common(25),
+        "kept_loops": len(process.kept),
+        "loop_tasks": tasks,
+        "frozen": gc.get_freeze_count(),
+        "blocks": sys.getallocatedblocks(),
+    }
 
 
 def _trace_diff() -> dict[str, Any]:
@@ -186,16 +193,23 @@ def _peak_diff() -> dict[str, Any]:
     peak = peak.filter_traces(skip)
     total = sum(stat.size_diff for stat in peak.compare_to(first, "filename"))
     blocks = sum(stat.count_diff for stat in peak.compare_to(first, "filename"))
-    lines = [f"{stat.size_diff / running:+.0f} B {stat.count_diff / running:+.1f} blocks per step: "
-             f"{stat.traceback[0].filename.split('site-packages/')[-1]}:{stat.traceback[0].lineno}"
-             for stat in peak.compare_to(first, "lineno")[:60]]  # fmt: skip
+    lines = [
+        f"{stat.size_diff / running:+.0f} B {stat.count_diff / running:+.1f} blocks per step: "
+        f"{stat.traceback[0].filename.split('site-packages/')[-1]}:{stat.traceback[0].lineno}"
+        for stat in peak.compare_to(first, "lineno")[:60]
+    ]
     traces = []
     for stat in peak.compare_to(first, "traceback")[:40]:
         frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(stat.traceback)[::-1][:14])
         per_step = f"{stat.size_diff / running:+.0f} B {stat.count_diff / running:+.1f}"
         traces.append(f"{per_step} per step: {frames}")
-    return {"running": running, "bytes_per_step": total / running, "blocks_per_step": blocks / running,
-            "by_line": lines, "by_trace": traces}  # fmt: skip
+    return {
+        "running": running,
+        "bytes_per_step": total / running,
+        "blocks_per_step": blocks / running,
+        "by_line": lines,
+        "by_trace": traces,
+    }
 
 
 def _pymalloc() -> dict[str, int]:
@@ -220,8 +234,13 @@ def _pymalloc() -> dict[str, int]:
         name = name.strip().lstrip("# ")
         if "unused pools" in name:
             found["unused_pools"] = int(name.split()[0])
-        for key in ("arenas allocated current", "arenas highwater mark", "arenas reclaimed",
-                    "bytes in allocated blocks", "bytes in available blocks"):  # fmt: skip
+        for key in (
+            "arenas allocated current",
+            "arenas highwater mark",
+            "arenas reclaimed",
+            "bytes in allocated blocks",
+            "bytes in available blocks",
+        ):
             if name == key:
                 found[key.replace(" ", "_")] = int(number)
     return found
@@ -245,8 +264,13 @@ def _glibc() -> dict[str, Any]:
         heaps.append({"nr": int(heap.get("nr", -1)), "system_kb": system // 1024, "free_kb": free // 1024})
     mmapped = sum(int(e.get("size", 0)) for e in root.findall("total") if e.get("type") == "mmap")
     system, free = sum(h["system_kb"] for h in heaps), sum(h["free_kb"] for h in heaps)
-    return {"arenas": len(heaps), "heaps": heaps, "mmap_kb": mmapped // 1024, "system_kb": system,
-            "free_kb": free}  # fmt: skip
+    return {
+        "arenas": len(heaps),
+        "heaps": heaps,
+        "mmap_kb": mmapped // 1024,
+        "system_kb": system,
+        "free_kb": free,
+    }
 
 
 _ARENA = 1 << 20  # pymalloc's arena size on 64-bit CPython 3.10+
@@ -282,8 +306,14 @@ def _pins() -> dict[str, Any]:
                 sites[" <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(trace)[-1:-7:-1])] += 1
     per_arena = sorted(len(objs) for objs in arenas.values())
     samples = [[_describe(obj) for obj in objs[:4]] for objs in sorted(arenas.values(), key=len)[:12]]
-    return {"new_arenas": len(arenas), "objects": sum(per_arena), "per_arena": per_arena,
-            "types": kinds.most_common(30), "sites": sites.most_common(30), "samples": samples}  # fmt: skip
+    return {
+        "new_arenas": len(arenas),
+        "objects": sum(per_arena),
+        "per_arena": per_arena,
+        "types": kinds.most_common(30),
+        "sites": sites.most_common(30),
+        "samples": samples,
+    }
 
 
 def _describe(obj: Any) -> str:
@@ -300,8 +330,14 @@ def _alloc() -> dict[str, Any]:
     return {"rss_kb": _rss_kb(), "blocks": blocks, "pymalloc": _pymalloc(), "glibc": _glibc()}
 
 
-_ACTIONS = {"counts": _counts, "trace_diff": _trace_diff, "peak_start": _peak_start, "peak_diff": _peak_diff,
-            "alloc": _alloc, "pins": _pins}  # fmt: skip
+_ACTIONS = {
+    "counts": _counts,
+    "trace_diff": _trace_diff,
+    "peak_start": _peak_start,
+    "peak_diff": _peak_diff,
+    "alloc": _alloc,
+    "pins": _pins,
+}
 
 
 @control_command(args=[("action", str)], signature="<action>")  # type: ignore[untyped-decorator]

@@ -63,11 +63,27 @@ class Worker:
     ) -> None:
         self.name = f"bench-{uuid.uuid4().hex[:8]}@localhost"
         self.args = [
-            sys.executable, "-m", "celery", "-A", app_path, "worker",
-            "-P", pool, "-c", str(concurrency), "-n", self.name,
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "-E", "-l", "WARNING",
-            *(["-Q", ",".join(queues)] if queues else []), *extra,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app_path,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            self.name,
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-E",
+            "-l",
+            "WARNING",
+            *(["-Q", ",".join(queues)] if queues else []),
+            *extra,
+        ]
         self.env = env or env_with()
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
@@ -127,8 +143,23 @@ class Worker:
         if not out or not self.process:
             return None
         py_spy = Path(sys.executable).with_name("py-spy")
-        args = [str(py_spy), "record", "-p", str(self.process.pid), "-d", str(int(seconds)), "-f", "raw",
-                "-o", out, "--nonblocking", "--threads", "--subprocesses", "--rate", "250"]  # fmt: skip
+        args = [
+            str(py_spy),
+            "record",
+            "-p",
+            str(self.process.pid),
+            "-d",
+            str(int(seconds)),
+            "-f",
+            "raw",
+            "-o",
+            out,
+            "--nonblocking",
+            "--threads",
+            "--subprocesses",
+            "--rate",
+            "250",
+        ]
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self, grace: float = 10.0) -> None:

@@ -81,8 +81,11 @@ def main(path: str, thread: str = "toolloop-asyncio") -> None:
         for func in {f for f in frames[1:] if "workers/" in f or "toolloop/" in f}:
             ours[re.sub(r":\d+\)$", ")", func)] += n
     print(f"{total} samples of {thread}")
-    for title, table, limit in (("by concern", concerns, 20), ("by leaf library", leaves, 25),
-                                ("by our function, inclusive", ours, 45)):  # fmt: skip
+    for title, table, limit in (
+        ("by concern", concerns, 20),
+        ("by leaf library", leaves, 25),
+        ("by our function, inclusive", ours, 45),
+    ):
         print(f"\n{title}:")
         for key, n in table.most_common(limit):
             print(f"  {n / total:6.1%}  {key}")

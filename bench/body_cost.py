@@ -76,10 +76,16 @@ def measure(rounds: int, runs: int) -> list[float]:
                 messages, cache_system = request_messages(history, "conversation", TURNS + 1, memo)
                 request = PromptGenRequest.model_construct(
                     _fields_set={"prompt", "system", "model", "messages", "tools", "cache_system"},
-                    prompt="", system=f"You review storyboards. turns={TURNS}", model="claude-sonnet-5-5",
-                    temperature=None, params=None, messages=messages, tools=definitions, tool_choice=None,
+                    prompt="",
+                    system=f"You review storyboards. turns={TURNS}",
+                    model="claude-sonnet-5-5",
+                    temperature=None,
+                    params=None,
+                    messages=messages,
+                    tools=definitions,
+                    tool_choice=None,
                     cache_system=cache_system,
-                )  # fmt: skip
+                )
                 began = time.thread_time_ns()
                 body(request, info)
                 times[turn].append((time.thread_time_ns() - began) / 1000)

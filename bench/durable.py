@@ -110,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         "--skip", default="", help="comma-separated: floor,step,replay,steady,flight,observe,stream"
     )
     parser.add_argument(
-        "--modes", default="consumer,celery",
+        "--modes",
+        default="consumer,celery",
         help="how steps run, comma-separated: consumer (the step consumer, production default), celery "
         "(Celery tasks in the threads pool)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     skip = set(args.skip.split(","))
     results: dict[str, Any] = {}
@@ -130,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             results["replay"] = measure_replay(200, trials=20)
             print(f"  replay: {results['replay']['cpu_s'] * 1000:.2f} ms", file=sys.stderr)
         for mode in modes if "steady" not in skip else []:
-            trials = [steady(url, tmp, args.runs, args.steady_turns, args.latency, mode)
-                      for _ in range(args.steady_trials)]  # fmt: skip
+            trials = [
+                steady(url, tmp, args.runs, args.steady_turns, args.latency, mode)
+                for _ in range(args.steady_trials)
+            ]
             trials.sort(key=lambda kept: kept["model_calls_s"])
             rates = [kept["model_calls_s"] for kept in trials]
             results[f"steady:{mode}"] = {**trials[len(trials) // 2], "trials_calls_s": rates}
@@ -148,9 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  observe: {results['observe']}", file=sys.stderr)
         if "stream" not in skip:
             results["stream"] = streamed(
-                url, tmp, args.stream_runs, args.stream_turns, args.latency, args.stream_trials,
-                args.stream_tokens, args.stream_rate,
-            )  # fmt: skip
+                url,
+                tmp,
+                args.stream_runs,
+                args.stream_turns,
+                args.latency,
+                args.stream_trials,
+                args.stream_tokens,
+                args.stream_rate,
+            )
             print(f"  stream: {results['stream']}", file=sys.stderr)
     print_table(results, args, load)
     return 0
@@ -163,14 +172,22 @@ def stream_rows(streaming: dict[str, Any] | None) -> list[tuple[str, str, str, f
     """The streaming figure's row (none when it was skipped)."""
     if not streaming:
         return []
-    return [(f"streaming on vs off, {streaming['runs']} in flight, CPU per step",
-             ms(streaming["on_cpu_per_step_s"]), "<= 1.10 x off", streaming["ratio"],
-             streaming["ratio"] <= 1.10)]  # fmt: skip
+    return [
+        (
+            f"streaming on vs off, {streaming['runs']} in flight, CPU per step",
+            ms(streaming["on_cpu_per_step_s"]),
+            "<= 1.10 x off",
+            streaming["ratio"],
+            streaming["ratio"] <= 1.10,
+        )
+    ]
 
 
 def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) -> None:
-    print(f"\ndurable runs, one worker process, private Redis on loopback, "
-          f"{os.cpu_count()} CPUs, load average {load:.1f} at start")  # fmt: skip
+    print(
+        f"\ndurable runs, one worker process, private Redis on loopback, "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} at start"
+    )
     print(f"{'figure':<52} {'ours':>10} {'floor/target':>14} {'ratio':>7}  verdict")
     rows: list[tuple[str, str, str, float, bool]] = []
     floor = results.get("floor")
@@ -180,46 +197,92 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
         step = results.get(f"step:{mode}")
         if floor and step:
             ratio = step["per_step_s"] / floor["per_hop_s"]
-            rows.append((f"durable step, {how}, per step", ms(step["per_step_s"]),
-                         "<= 1.5 x floor", ratio, ratio <= 1.5))  # fmt: skip
+            rows.append(
+                (
+                    f"durable step, {how}, per step",
+                    ms(step["per_step_s"]),
+                    "<= 1.5 x floor",
+                    ratio,
+                    ratio <= 1.5,
+                )
+            )
     replay = results.get("replay")
     if replay:
-        rows.append(("replay 200-step journal to next live step, CPU", ms(replay["cpu_s"]), "<= 20 ms",
-                     replay["cpu_s"] / 0.020, replay["cpu_s"] <= 0.020))  # fmt: skip
+        rows.append(
+            (
+                "replay 200-step journal to next live step, CPU",
+                ms(replay["cpu_s"]),
+                "<= 20 ms",
+                replay["cpu_s"] / 0.020,
+                replay["cpu_s"] <= 0.020,
+            )
+        )
     steadies = [(MODES[mode], results[f"steady:{mode}"]) for mode in MODES if f"steady:{mode}" in results]
     for how, kept in steadies:
         share = kept["model_calls_s"] / kept["ideal_calls_s"] if kept["done"] == kept["runs"] else 0.0
-        rows.append((f"{kept['runs']} kept in flight at {args.latency:g} s, {how}", f"{share:.0%}",
-                     ">= 80 % ideal", share / 0.8, share >= 0.8))  # fmt: skip
+        rows.append(
+            (
+                f"{kept['runs']} kept in flight at {args.latency:g} s, {how}",
+                f"{share:.0%}",
+                ">= 80 % ideal",
+                share / 0.8,
+                share >= 0.8,
+            )
+        )
     flights = [(MODES[mode], results[f"flight:{mode}"]) for mode in MODES if f"flight:{mode}" in results]
     for how, flight in flights:
         share = flight["ideal_s"] / flight["wall_s"] if flight["done"] == flight["runs"] else 0.0
         where = "" if flight["processes"] == 1 else f" ({flight['processes']} processes)"
-        rows.append((f"{flight['runs']} started at once, {how}{where}", f"{share:.0%}",
-                     "(makespan)", float("nan"), True))  # fmt: skip
+        rows.append(
+            (
+                f"{flight['runs']} started at once, {how}{where}",
+                f"{share:.0%}",
+                "(makespan)",
+                float("nan"),
+                True,
+            )
+        )
     seen = results.get("observe")
     if seen:
-        rows.append(("tracing + metrics on vs off, worker CPU per step", ms(seen["on_cpu_per_step_s"]),
-                     "<= 1.15 x off", seen["ratio"], seen["ratio"] <= 1.15))  # fmt: skip
-        rows.append(("  the same, 10 % of runs' traces sampled", ms(seen["sampled_cpu_per_step_s"]),
-                     "<= 1.15 x off", seen["sampled_ratio"], seen["sampled_ratio"] <= 1.15))  # fmt: skip
+        rows.append(
+            (
+                "tracing + metrics on vs off, worker CPU per step",
+                ms(seen["on_cpu_per_step_s"]),
+                "<= 1.15 x off",
+                seen["ratio"],
+                seen["ratio"] <= 1.15,
+            )
+        )
+        rows.append(
+            (
+                "  the same, 10 % of runs' traces sampled",
+                ms(seen["sampled_cpu_per_step_s"]),
+                "<= 1.15 x off",
+                seen["sampled_ratio"],
+                seen["sampled_ratio"] <= 1.15,
+            )
+        )
     rows += stream_rows(results.get("stream"))
     for name, ours, target, ratio, ok in rows:
         shown = "" if ratio != ratio else f"{ratio:.2f}"
         verdict = "-" if target in ("-", "(makespan)") else ("met" if ok else "MISSED")
         print(f"{name:<52} {ours:>10} {target:>14} {shown:>7}  {verdict}")
     for how, kept in steadies:
-        print(f"  kept in flight, {how}: {kept['done']}/{kept['runs']} done, {kept['turns']} turns each; "
-              f"{kept['model_calls_s']:.0f} model calls/s over {kept['window_s']:.1f} s with all "
-              f"{kept['runs']} in flight (ideal {kept['ideal_calls_s']:.0f}/s); "
-              f"{kept['cpu_s'] * 1000 / kept['tasks']:.1f} ms worker CPU per step; median of "
-              f"{', '.join(f'{c:.0f}' for c in kept['trials_calls_s'])} calls/s")  # fmt: skip
+        print(
+            f"  kept in flight, {how}: {kept['done']}/{kept['runs']} done, {kept['turns']} turns each; "
+            f"{kept['model_calls_s']:.0f} model calls/s over {kept['window_s']:.1f} s with all "
+            f"{kept['runs']} in flight (ideal {kept['ideal_calls_s']:.0f}/s); "
+            f"{kept['cpu_s'] * 1000 / kept['tasks']:.1f} ms worker CPU per step; median of "
+            f"{', '.join(f'{c:.0f}' for c in kept['trials_calls_s'])} calls/s"
+        )
     for how, flight in flights:
         steps_per_s = flight["tasks"] / flight["wall_s"]
         cpu_ms = flight["cpu_s"] * 1000 / flight["tasks"]
-        print(f"  in flight, {how}: {flight['done']}/{flight['runs']} done in {flight['wall_s']:.1f} s "
-              f"(ideal {flight['ideal_s']:.1f} s), {flight['model_calls']} model calls, {steps_per_s:.0f} "
-              f"steps/s, {cpu_ms:.1f} ms worker CPU per step, {flight['rss_mb']:.0f} MB")  # fmt: skip
+        print(
+            f"  in flight, {how}: {flight['done']}/{flight['runs']} done in {flight['wall_s']:.1f} s "
+            f"(ideal {flight['ideal_s']:.1f} s), {flight['model_calls']} model calls, {steps_per_s:.0f} "
+            f"steps/s, {cpu_ms:.1f} ms worker CPU per step, {flight['rss_mb']:.0f} MB"
+        )
 
     if seen:
         print(

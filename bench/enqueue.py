@@ -145,8 +145,10 @@ def main() -> None:
             for name, fn in loops.items():
                 seconds[name].append(fn())  # the loop's own timing, without asyncio.run's start
                 plain.flushdb()
-        floors = {name: statistics.median(seconds[f"floor: {lib} EVALSHA 'return 1'"])
-                  for name, lib in (("sync", "redis-py"), ("async", "redis.asyncio"))}  # fmt: skip
+        floors = {
+            name: statistics.median(seconds[f"floor: {lib} EVALSHA 'return 1'"])
+            for name, lib in (("sync", "redis-py"), ("async", "redis.asyncio"))
+        }
         print(f"{args.runs:,} enqueues from one process, median of {args.trials} trials, private Redis\n")
         print(f"| {'What':44} | {'s for ' + format(args.runs, ','):>10} | {'runs/s':>8} | {'x floor':>7} |")
         print(f"| {'-' * 44} | {'-' * 10}: | {'-' * 7}: | {'-' * 6}: |")
@@ -157,8 +159,10 @@ def main() -> None:
         best_sync = statistics.median(seconds["Client.enqueue"])
         best_async = statistics.median(seconds["AsyncClient.enqueue"])
         verdict = "meets" if max(best_sync, best_async) < 1.0 else "misses"
-        print(f"\nOne at a time: sync {best_sync:.3f} s, async {best_async:.3f} s for {args.runs:,} "
-              f"({verdict} the target: under 1 s).")  # fmt: skip
+        print(
+            f"\nOne at a time: sync {best_sync:.3f} s, async {best_async:.3f} s for {args.runs:,} "
+            f"({verdict} the target: under 1 s)."
+        )
     finally:
         server.stop()
 

@@ -58,11 +58,22 @@ class Simulator:
         script = tmp / "fleet-script.json"
         script.write_text(json.dumps(sim_script(turns)))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "toolloop.sim", "--port", "0", "--script", str(script),
-             "--latency", str(latency)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=(tmp / "fleet-sim.log").open("wb"),
+            [
+                sys.executable,
+                "-m",
+                "toolloop.sim",
+                "--port",
+                "0",
+                "--script",
+                str(script),
+                "--latency",
+                str(latency),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=(tmp / "fleet-sim.log").open("wb"),
             start_new_session=True,
-        )  # fmt: skip
+        )
         assert self.process.stdout is not None
         self.base_url = self.process.stdout.readline().decode().strip()
         if not self.base_url.startswith("http"):
@@ -91,8 +102,13 @@ def redis_cpu(client: redis.Redis) -> float:
 def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: float) -> dict[str, Any]:
     """One fleet of `processes` workers, `runs` runs each; the figures of the module docstring."""
     sim = Simulator(tmp, turns, latency)
-    env = env_with(REDIS_URL=url, **REGISTRY, ANTHROPIC_BASE_URL=sim.base_url,
-                   ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+    env = env_with(
+        REDIS_URL=url,
+        **REGISTRY,
+        ANTHROPIC_BASE_URL=sim.base_url,
+        ANTHROPIC_API_KEY="sim-key",
+        TOOLLOOP_PROMPT_GEN="",
+    )
     logs = [tmp / f"fleet-{processes}-{i}.log" for i in range(processes)]
     workers = [step_worker("consumer", ("threads", runs), env, log, held=("llm",)) for log in logs]
     client = Client(url, toolsets=[TOOLSET])
@@ -127,12 +143,21 @@ def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: f
     wall = max(s.updated_at for s in statuses) - began
     steps = total * (2 * turns - 1)
     return {
-        "processes": processes, "runs": total, "done": done, "wall_s": wall, "ideal_s": turns * latency,
-        "calls_per_process_s": calls / wall / processes, "ideal_calls_per_process_s": runs / latency,
-        "worker_cpu_per_step_ms": 1000 * worker_s / steps, "redis_cpu_per_step_ms": 1000 * redis_s / steps,
-        "sim_cpu_s": sim_s, "steps": steps, "steps_s": steps / wall,
-        "redis_ceiling_steps_s": steps / redis_s if redis_s > 0 else float("inf"), "run_bytes": run_bytes,
-    }  # fmt: skip
+        "processes": processes,
+        "runs": total,
+        "done": done,
+        "wall_s": wall,
+        "ideal_s": turns * latency,
+        "calls_per_process_s": calls / wall / processes,
+        "ideal_calls_per_process_s": runs / latency,
+        "worker_cpu_per_step_ms": 1000 * worker_s / steps,
+        "redis_cpu_per_step_ms": 1000 * redis_s / steps,
+        "sim_cpu_s": sim_s,
+        "steps": steps,
+        "steps_s": steps / wall,
+        "redis_ceiling_steps_s": steps / redis_s if redis_s > 0 else float("inf"),
+        "run_bytes": run_bytes,
+    }
 
 
 def replica_of(primary: EmbeddedServer, tmp: Path) -> subprocess.Popen[bytes]:
@@ -141,10 +166,25 @@ def replica_of(primary: EmbeddedServer, tmp: Path) -> subprocess.Popen[bytes]:
     home = tmp / f"replica-{port}"
     home.mkdir()
     process = subprocess.Popen(
-        [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home), "--save", "",
-         "--appendonly", "yes", "--replicaof", "127.0.0.1", str(primary.port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(home),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--replicaof",
+            "127.0.0.1",
+            str(primary.port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = redis.Redis.from_url(primary.url)
     deadline = time.monotonic() + 30
     while not (ping("127.0.0.1", port) and int(client.wait(1, 500)) >= 1):  # its first full sync done
@@ -166,8 +206,14 @@ def sharded(tmp: Path, shards: int, runs: int, turns: int, latency: float, wait:
     client = ShardedClient([server.url for server in servers], toolsets=[TOOLSET])
     try:
         for i, server in enumerate(servers):
-            env = env_with(REDIS_URL=server.url, **REGISTRY, ANTHROPIC_BASE_URL=sim.base_url,
-                           ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="", **extra)  # fmt: skip
+            env = env_with(
+                REDIS_URL=server.url,
+                **REGISTRY,
+                ANTHROPIC_BASE_URL=sim.base_url,
+                ANTHROPIC_API_KEY="sim-key",
+                TOOLLOOP_PROMPT_GEN="",
+                **extra,
+            )
             worker = step_worker(
                 "consumer", ("threads", runs), env, tmp / f"shard-{shards}-{i}.log", held=("llm",)
             )
@@ -201,24 +247,35 @@ def sharded(tmp: Path, shards: int, runs: int, turns: int, latency: float, wait:
     per_step = statistics.median(1000 * r / steps_per_shard for r in redis_s)
     wall = max(s.updated_at for s in statuses) - began
     return {
-        "shards": shards, "wait": wait, "done": sum(s.status == "done" for s in statuses), "runs": total,
-        "wall_s": wall, "steps_s": shards * steps_per_shard / wall, "redis_ms": per_step,
+        "shards": shards,
+        "wait": wait,
+        "done": sum(s.status == "done" for s in statuses),
+        "runs": total,
+        "wall_s": wall,
+        "steps_s": shards * steps_per_shard / wall,
+        "redis_ms": per_step,
         "worker_ms": 1000 * worker_s / (shards * steps_per_shard),
         "capacity": shards * 1000 / per_step if per_step > 0 else float("inf"),
-    }  # fmt: skip
+    }
 
 
 def print_shards(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"Sharded fleet: {args.runs} runs per shard, {args.turns} model turns each, {args.latency:g} s "
-          "model latency, one worker process per shard, simulator in its own process\n")  # fmt: skip
-    print("| Shards | Commit wait | Runs done | Wall | Steps/s | Worker CPU/step | Redis CPU/step per shard "
-          "| Capacity of the shards |")  # fmt: skip
+    print(
+        f"Sharded fleet: {args.runs} runs per shard, {args.turns} model turns each, {args.latency:g} s "
+        "model latency, one worker process per shard, simulator in its own process\n"
+    )
+    print(
+        "| Shards | Commit wait | Runs done | Wall | Steps/s | Worker CPU/step | Redis CPU/step per shard "
+        "| Capacity of the shards |"
+    )
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         waits = "WAIT 1" if r["wait"] else "off"
-        print(f"| {r['shards']} | {waits} | {r['done']}/{r['runs']} | {r['wall_s']:.1f} s "
-              f"| {r['steps_s']:.0f} | {r['worker_ms']:.2f} ms | {r['redis_ms']:.3f} ms "
-              f"| {r['capacity']:,.0f} steps/s |")  # fmt: skip
+        print(
+            f"| {r['shards']} | {waits} | {r['done']}/{r['runs']} | {r['wall_s']:.1f} s "
+            f"| {r['steps_s']:.0f} | {r['worker_ms']:.2f} ms | {r['redis_ms']:.3f} ms "
+            f"| {r['capacity']:,.0f} steps/s |"
+        )
 
 
 def main() -> None:
@@ -257,16 +314,22 @@ def main() -> None:
             )
     finally:
         server.stop()
-    print(f"Fleet on one Redis: {args.runs} runs per process, {args.turns} model turns each, "
-          f"{args.latency:g} s model latency, simulator in its own process, {cores} cores\n")  # fmt: skip
-    print("| Worker processes | Runs done | Wall (ideal) | Model calls/s per process (ideal) | "
-          "Steps/s | Worker CPU/step | Redis CPU/step | One Redis core carries | Redis KB/run |")  # fmt: skip
+    print(
+        f"Fleet on one Redis: {args.runs} runs per process, {args.turns} model turns each, "
+        f"{args.latency:g} s model latency, simulator in its own process, {cores} cores\n"
+    )
+    print(
+        "| Worker processes | Runs done | Wall (ideal) | Model calls/s per process (ideal) | "
+        "Steps/s | Worker CPU/step | Redis CPU/step | One Redis core carries | Redis KB/run |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['processes']} | {r['done']}/{r['runs']} | {r['wall_s']:.1f} s ({r['ideal_s']:.1f} s) | "
-              f"{r['calls_per_process_s']:.0f} ({r['ideal_calls_per_process_s']:.0f}) | {r['steps_s']:.0f} | "
-              f"{r['worker_cpu_per_step_ms']:.2f} ms | {r['redis_cpu_per_step_ms']:.3f} ms | "
-              f"{r['redis_ceiling_steps_s']:,.0f} steps/s | {r['run_bytes'] / 1024:.1f} |")  # fmt: skip
+        print(
+            f"| {r['processes']} | {r['done']}/{r['runs']} | {r['wall_s']:.1f} s ({r['ideal_s']:.1f} s) | "
+            f"{r['calls_per_process_s']:.0f} ({r['ideal_calls_per_process_s']:.0f}) | {r['steps_s']:.0f} | "
+            f"{r['worker_cpu_per_step_ms']:.2f} ms | {r['redis_cpu_per_step_ms']:.3f} ms | "
+            f"{r['redis_ceiling_steps_s']:,.0f} steps/s | {r['run_bytes'] / 1024:.1f} |"
+        )
     ceiling = statistics.median(r["redis_ceiling_steps_s"] for r in rows)
     per_worker = statistics.median(r["worker_cpu_per_step_ms"] for r in rows)
     print(

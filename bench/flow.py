@@ -64,12 +64,20 @@ def flow(
     served_429 = stats["statuses"].get("429", 0)
     rate = calls / wall * 60
     return {
-        "limiter": limiter, "runs": runs, "turns": turns, "processes": processes, "limit_rpm": rpm,
-        "done": sum(s.status == "done" for s in statuses), "model_calls": calls,
-        "served_429": served_429, "wall_s": round(wall, 2), "ideal_s": round(calls / rpm * 60, 2),
-        "calls_per_min": round(rate, 1), "of_limit": round(rate / rpm, 3),
+        "limiter": limiter,
+        "runs": runs,
+        "turns": turns,
+        "processes": processes,
+        "limit_rpm": rpm,
+        "done": sum(s.status == "done" for s in statuses),
+        "model_calls": calls,
+        "served_429": served_429,
+        "wall_s": round(wall, 2),
+        "ideal_s": round(calls / rpm * 60, 2),
+        "calls_per_min": round(rate, 1),
+        "of_limit": round(rate / rpm, 3),
         "pass": served_429 == 0 and abs(rate / rpm - 1) <= 0.10 and calls == runs * turns,
-    }  # fmt: skip
+    }
 
 
 def main() -> int:

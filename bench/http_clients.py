@@ -48,10 +48,12 @@ async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
     try:
         for index in range(count + 1):
             cpu = time.thread_time()
-            await asyncio.gather(*[
-                call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
-                for _ in range(calls)
-            ])  # fmt: skip
+            await asyncio.gather(
+                *[
+                    call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
+                    for _ in range(calls)
+                ]
+            )
             if index:
                 per_call.append((time.thread_time() - cpu) * 1e6 / calls)
     finally:

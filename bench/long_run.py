@@ -231,8 +231,10 @@ async def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         with SimServer(policy(args.turns)) as sim:
             rows[mode] = await run(sim, args.turns, MODES[mode])
-    print(f"Long run, {args.turns} turns, pages of {MIN_PAGE:,}-{MAX_PAGE:,} tokens, {MODEL} on the "
-          f"simulator; compact at {COMPACT_AT:,} (client keeps {KEEP_TURNS} turns)")  # fmt: skip
+    print(
+        f"Long run, {args.turns} turns, pages of {MIN_PAGE:,}-{MAX_PAGE:,} tokens, {MODEL} on the "
+        f"simulator; compact at {COMPACT_AT:,} (client keeps {KEEP_TURNS} turns)"
+    )
     print(table(rows))
     failed = 0
     if "client" in rows:

@@ -196,15 +196,19 @@ async def main(argv: list[str] | None = None) -> int:
     print(f"Prompt cache, {args.turns}-turn tool conversation, anthropic provider on the simulator")
     price = default_catalog().price(MODEL)
     assert price is not None
-    print(f"model {MODEL} (${price.input:g}/M input, cache read ${price.cache_read:g}/M, "
-          f"5-minute cache write ${price.cache_write:g}/M, output ${price.output:g}/M)")  # fmt: skip
+    print(
+        f"model {MODEL} (${price.input:g}/M input, cache read ${price.cache_read:g}/M, "
+        f"5-minute cache write ${price.cache_write:g}/M, output ${price.output:g}/M)"
+    )
     print(table(rows))
     conversation = next((r for r in rows if r["mode"] == "conversation"), None)
     if conversation is not None:
         share = conversation["cached_share_from_turn_3"]
         verdict = "met" if share >= TARGET else "MISSED"
-        print(f"conversation: cached reads are {share:.1%} of prompt tokens from turn {FROM_TURN} on "
-              f"(target >= {TARGET:.0%}: {verdict})")  # fmt: skip
+        print(
+            f"conversation: cached reads are {share:.1%} of prompt tokens from turn {FROM_TURN} on "
+            f"(target >= {TARGET:.0%}: {verdict})"
+        )
     if args.json:
         args.json.write_text(json.dumps({"model": MODEL, "turns": args.turns, "modes": rows}, indent=2))
     return 0

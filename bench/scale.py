@@ -53,8 +53,17 @@ def sim_process(tmp: Path, turns: int, latency: float) -> Iterator[tuple[str, in
     """`python -m toolloop.sim` in its own process group; yields its base URL and pid."""
     script = tmp / "sim-script.json"
     script.write_text(json.dumps(sim_script(turns)))
-    args = [sys.executable, "-m", "toolloop.sim", "--port", "0", "--script", str(script),
-            "--latency", str(latency)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "toolloop.sim",
+        "--port",
+        "0",
+        "--script",
+        str(script),
+        "--latency",
+        str(latency),
+    ]
     sim = subprocess.Popen(args, cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert sim.stdout is not None
@@ -121,11 +130,21 @@ def rss_by_mapping(pid: int) -> dict[str, float]:
             kind = "heap"
         elif path:
             kind = "files"
-        elif before and before[1] == start and before[2] == "---p" and before[1] - before[0] == 4096 \
-                and end - start == 8 << 20:  # fmt: skip
+        elif (
+            before
+            and before[1] == start
+            and before[2] == "---p"
+            and before[1] - before[0] == 4096
+            and end - start == 8 << 20
+        ):
             kind = "stacks"
-        elif start % (64 << 20) == 0 and after and after[0] == end and after[2] == "---p" \
-                and after[1] - start == 64 << 20:  # fmt: skip
+        elif (
+            start % (64 << 20) == 0
+            and after
+            and after[0] == end
+            and after[2] == "---p"
+            and after[1] - start == 64 << 20
+        ):
             kind = "arenas"
         else:
             kind = "anon"
@@ -138,8 +157,15 @@ def worker(
 ) -> Worker:
     """The bench worker; `pin`: the CPUs it may run on (`taskset -c`), else any."""
     extra = ["--step-queues", step_queues, "--steps-in-flight", str(in_flight)]
-    who = Worker("_probe_app", pool="threads", concurrency=8, queues=["control"], env=env,
-                 log=tmp / f"{name}.log", extra=extra)  # fmt: skip
+    who = Worker(
+        "_probe_app",
+        pool="threads",
+        concurrency=8,
+        queues=["control"],
+        env=env,
+        log=tmp / f"{name}.log",
+        extra=extra,
+    )
     if pin:
         who.args = ["taskset", "-c", pin, *who.args]
     return who
@@ -158,8 +184,9 @@ def pin_others(pin: str) -> str:
 
 
 def control(client: Client, who: Worker, command: str, **arguments: Any) -> Any:
-    replies = client.celery.control.broadcast(command, arguments=arguments, destination=[who.name],
-                                              reply=True, timeout=60)  # fmt: skip
+    replies = client.celery.control.broadcast(
+        command, arguments=arguments, destination=[who.name], reply=True, timeout=60
+    )
     return replies[0][who.name] if replies else None
 
 
@@ -206,10 +233,25 @@ def profiled(how: str, client: Client, who: Worker, seconds: float) -> Iterator[
         assert who.process is not None
         form = "speedscope" if path.endswith(".json") else "raw"
         spy = subprocess.Popen(
-            [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(who.process.pid), "-d",
-             str(int(seconds)), "-f", form, "-o", path, "--nonblocking", "--threads", "--rate", "200"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                str(Path(sys.executable).with_name("py-spy")),
+                "record",
+                "-p",
+                str(who.process.pid),
+                "-d",
+                str(int(seconds)),
+                "-f",
+                form,
+                "-o",
+                path,
+                "--nonblocking",
+                "--threads",
+                "--rate",
+                "200",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     elif kind == "cprofile":
         control(client, who, "bench_cprofile", action="start", path=path)
     try:
@@ -228,8 +270,13 @@ def flight(
     started at once; model calls/s counted while all are in flight (from the moment every run made
     its first model call to the moment the first run finished)."""
     with sim_process(tmp, turns, latency) as (sim_url, sim_pid):
-        env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, ANTHROPIC_BASE_URL=sim_url,
-                       ANTHROPIC_API_KEY="sim-key", TOOLLOOP_PROMPT_GEN="")  # fmt: skip
+        env = env_with(
+            REDIS_URL=url,
+            TOOLLOOP_TOOLSETS=TOOLSETS,
+            ANTHROPIC_BASE_URL=sim_url,
+            ANTHROPIC_API_KEY="sim-key",
+            TOOLLOOP_PROMPT_GEN="",
+        )
         who = worker(tmp, f"flight-{runs}", env, "tools", runs, pin)
         client = Client(url, toolsets=["durable"])
         try:
@@ -261,19 +308,35 @@ def flight(
     window = max(end - begin, 1e-9)
     committed = sum(begin < t <= end for run in times for t in run)
     steps = runs * (2 * turns - 1)
-    return {"runs": runs, "turns": turns, "done": found["done"], "statuses": dict(found),
-            "window_s": window, "model_calls_s": committed / window, "ideal_calls_s": runs / latency,
-            "wall_s": max(ended) - start, "ideal_s": turns * latency, "cpu_s": cpu, "steps": steps,
-            "cpu_per_step_ms": cpu * 1000 / steps, "rss_before_mb": rss0, "rss_after_mb": rss,
-            "sim_cpu_s": sim_cpu, "redis_cpu_s": redis_used, "gc": collector}  # fmt: skip
+    return {
+        "runs": runs,
+        "turns": turns,
+        "done": found["done"],
+        "statuses": dict(found),
+        "window_s": window,
+        "model_calls_s": committed / window,
+        "ideal_calls_s": runs / latency,
+        "wall_s": max(ended) - start,
+        "ideal_s": turns * latency,
+        "cpu_s": cpu,
+        "steps": steps,
+        "cpu_per_step_ms": cpu * 1000 / steps,
+        "rss_before_mb": rss0,
+        "rss_after_mb": rss,
+        "sim_cpu_s": sim_cpu,
+        "redis_cpu_s": redis_used,
+        "gc": collector,
+    }
 
 
 def model_times(client: Client, run_ids: list[str]) -> list[list[float]]:
     pipe = client.redis.pipeline(transaction=False)
     for run_id in run_ids:
         pipe.xrange(keys.events(run_id))
-    return [[int(str(eid).split("-")[0]) / 1000 for eid, f in events if f["kind"] == "model"]
-            for events in pipe.execute()]  # fmt: skip
+    return [
+        [int(str(eid).split("-")[0]) / 1000 for eid, f in events if f["kind"] == "model"]
+        for events in pipe.execute()
+    ]
 
 
 def _field_of(client: Client, run_ids: list[str], field: str) -> list[Any]:
@@ -338,8 +401,10 @@ def parked(
             rss_after.append(settled_rss_mb(pid))  # after the worker's idle trim (workers/worker/trim.py)
             print(f"  parked: RSS {rss_after[-1]:.0f} MB once settled after the last park", file=sys.stderr)
         rss1, peak, mappings = rss_after[0], proc_rss_mb(pid, "VmHWM"), rss_by_mapping(pid)
-        threads = Counter(task.joinpath("comm").read_text().strip().rstrip("_0123456789")
-                          for task in Path(f"/proc/{pid}/task").iterdir())  # fmt: skip
+        threads = Counter(
+            task.joinpath("comm").read_text().strip().rstrip("_0123456789")
+            for task in Path(f"/proc/{pid}/task").iterdir()
+        )
         alloc1 = control(client, who, "bench_probe", action="alloc")
         pins = control(client, who, "bench_probe", action="pins")
         garbage = control(client, who, "bench_probe", action="garbage")
@@ -352,14 +417,34 @@ def parked(
         who.stop()
         client.close()
     parked_runs = runs * bursts
-    return {"runs": runs, "bursts": bursts, "turns": turns, "statuses": dict(found), "enqueue_s": enqueue_s,
-            "rss_before_mb": rss0, "rss_after_mb": rss1, "rss_growth_mb": rss1 - rss0,
-            "rss_after_bursts_mb": rss_after, "rss_trimmed_mb": trimmed, "rss_collected_mb": collected,
-            "rss_peak_mb": peak, "rss_by_mapping_before": mappings0, "rss_by_mapping_after": mappings,
-            "threads": threads, "garbage_per_run": garbage["objects"] / parked_runs,
-            "held_per_run": (after["objects"] - before["objects"]) / parked_runs,
-            "probe_before": before, "probe_after": after, "alloc_before": alloc0, "alloc_after": alloc1,
-            "pins": pins, "garbage": garbage, "trace": grown, "peak": at_peak, "warm": warm}  # fmt: skip
+    return {
+        "runs": runs,
+        "bursts": bursts,
+        "turns": turns,
+        "statuses": dict(found),
+        "enqueue_s": enqueue_s,
+        "rss_before_mb": rss0,
+        "rss_after_mb": rss1,
+        "rss_growth_mb": rss1 - rss0,
+        "rss_after_bursts_mb": rss_after,
+        "rss_trimmed_mb": trimmed,
+        "rss_collected_mb": collected,
+        "rss_peak_mb": peak,
+        "rss_by_mapping_before": mappings0,
+        "rss_by_mapping_after": mappings,
+        "threads": threads,
+        "garbage_per_run": garbage["objects"] / parked_runs,
+        "held_per_run": (after["objects"] - before["objects"]) / parked_runs,
+        "probe_before": before,
+        "probe_after": after,
+        "alloc_before": alloc0,
+        "alloc_after": alloc1,
+        "pins": pins,
+        "garbage": garbage,
+        "trace": grown,
+        "peak": at_peak,
+        "warm": warm,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,22 +454,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=1.0, help="simulated model latency, s")
     parser.add_argument("--trials", type=int, default=1, help="trials of the in-flight figure (median)")
     parser.add_argument("--parked", type=int, default=10000, help="runs parked on an ask")
-    parser.add_argument("--bursts", type=int, default=2,
-                        help="bursts of --parked runs, RSS after each")  # fmt: skip
-    parser.add_argument("--warm", type=int, default=2000,
-                        help="runs that end done at full steps in flight before the parked row's "
-                        "baseline (0: a cold worker, the burst's high-water counted)")  # fmt: skip
+    parser.add_argument("--bursts", type=int, default=2, help="bursts of --parked runs, RSS after each")
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=2000,
+        help="runs that end done at full steps in flight before the parked row's "
+        "baseline (0: a cold worker, the burst's high-water counted)",
+    )
     parser.add_argument("--park-turns", type=int, default=3, help="model turns before the ask")
     parser.add_argument("--hops", type=int, default=200)
     parser.add_argument("--floor-trials", type=int, default=5)
     parser.add_argument("--skip", default="", help="comma-separated: floor,flight,parked")
     parser.add_argument("--profile", default="", help="pyspy:<file> or cprofile:<file> (1st in-flight trial)")
     parser.add_argument("--trace", action="store_true", help="tracemalloc in the parked worker")
-    parser.add_argument("--peak", action="store_true",
-                        help="tracemalloc in the parked worker: what a step in flight holds")  # fmt: skip
+    parser.add_argument(
+        "--peak", action="store_true", help="tracemalloc in the parked worker: what a step in flight holds"
+    )
     parser.add_argument("--json", default="", help="write every figure to this file")
-    parser.add_argument("--pin", default="", help="CPUs of the in-flight worker (taskset -c, e.g. 0); "
-                        "Redis, the simulator and the clients get the others")  # fmt: skip
+    parser.add_argument(
+        "--pin",
+        default="",
+        help="CPUs of the in-flight worker (taskset -c, e.g. 0); "
+        "Redis, the simulator and the clients get the others",
+    )
     args = parser.parse_args(argv)
     skip = set(args.skip.split(","))
     load = os.getloadavg()[0]
@@ -398,14 +491,22 @@ def main(argv: list[str] | None = None) -> int:
         if "flight" not in skip:
             trials = []
             for trial in range(args.trials):
-                got = flight(url, tmp, args.runs, args.turns, args.latency,
-                             args.profile if trial == 0 else "", args.pin)  # fmt: skip
+                got = flight(
+                    url,
+                    tmp,
+                    args.runs,
+                    args.turns,
+                    args.latency,
+                    args.profile if trial == 0 else "",
+                    args.pin,
+                )
                 print(f"  flight: {got}", file=sys.stderr)
                 trials.append(got)
             results["flight"] = trials
         if "parked" not in skip:
-            results["parked"] = parked(url, tmp, args.parked, args.park_turns, args.trace, args.bursts,
-                                        args.peak, args.warm)  # fmt: skip
+            results["parked"] = parked(
+                url, tmp, args.parked, args.park_turns, args.trace, args.bursts, args.peak, args.warm
+            )
             print(f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
@@ -414,42 +515,59 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) -> None:
-    print(f"\nscale of one worker process, private Redis on loopback, simulator in its own process, "
-          f"{os.cpu_count()} CPUs, load average {load:.1f} at start")  # fmt: skip
+    print(
+        f"\nscale of one worker process, private Redis on loopback, simulator in its own process, "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} at start"
+    )
     floor = results.get("floor")
     if floor:
-        print(f"bare Celery hop (floor): {floor['per_hop_s'] * 1000:.2f} ms per hop (median of "
-              f"{', '.join(f'{t * 1000:.2f}' for t in floor['trials'])})")  # fmt: skip
+        print(
+            f"bare Celery hop (floor): {floor['per_hop_s'] * 1000:.2f} ms per hop (median of "
+            f"{', '.join(f'{t * 1000:.2f}' for t in floor['trials'])})"
+        )
     trials = results.get("flight")
     if trials:
         rate = statistics.median(t["model_calls_s"] for t in trials)
         cpu = statistics.median(t["cpu_per_step_ms"] for t in trials)
         ideal = trials[0]["ideal_calls_s"]
-        print(f"{args.runs} runs in flight x {args.turns} turns at {args.latency:g} s: {rate:.0f} calls/s "
-              f"= {rate / ideal:.0%} of ideal {ideal:.0f}/s (target >= 90 %); worker CPU per step "
-              f"{cpu:.3f} ms (target <= 0.3)")  # fmt: skip
+        print(
+            f"{args.runs} runs in flight x {args.turns} turns at {args.latency:g} s: {rate:.0f} calls/s "
+            f"= {rate / ideal:.0%} of ideal {ideal:.0f}/s (target >= 90 %); worker CPU per step "
+            f"{cpu:.3f} ms (target <= 0.3)"
+        )
         for t in trials:
-            print(f"  trial: {t['done']}/{t['runs']} done, {t['model_calls_s']:.0f} calls/s over "
-                  f"{t['window_s']:.1f} s, makespan {t['wall_s']:.1f} s (ideal {t['ideal_s']:.0f} s), "
-                  f"{t['cpu_s']:.1f} s worker CPU for {t['steps']} steps = {t['cpu_per_step_ms']:.3f} ms, "
-                  f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB; simulator CPU "
-                  f"{t['sim_cpu_s']:.1f} s, Redis CPU {t['redis_cpu_s']:.1f} s")  # fmt: skip
+            print(
+                f"  trial: {t['done']}/{t['runs']} done, {t['model_calls_s']:.0f} calls/s over "
+                f"{t['window_s']:.1f} s, makespan {t['wall_s']:.1f} s (ideal {t['ideal_s']:.0f} s), "
+                f"{t['cpu_s']:.1f} s worker CPU for {t['steps']} steps = {t['cpu_per_step_ms']:.3f} ms, "
+                f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB; simulator CPU "
+                f"{t['sim_cpu_s']:.1f} s, Redis CPU {t['redis_cpu_s']:.1f} s"
+            )
             need = t["ideal_calls_s"] * t["steps"] / (t["runs"] * t["turns"]) * t["cpu_per_step_ms"] / 1000
             busy = t["cpu_s"] / t["wall_s"]
-            print(f"    the worker used {busy:.2f} of a core over the makespan; the ideal rate needs "
-                  f"{need:.2f} cores of worker CPU at this CPU per step")  # fmt: skip
+            print(
+                f"    the worker used {busy:.2f} of a core over the makespan; the ideal rate needs "
+                f"{need:.2f} cores of worker CPU at this CPU per step"
+            )
     kept = results.get("parked")
     if kept:
-        warmed = (f"after {kept['warm']} runs at full steps in flight" if kept["warm"]
-                  else "on a cold worker (the burst's in-flight high-water counted)")  # fmt: skip
-        print(f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB {warmed} "
-              f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB; "
-              f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim; peak "
-              f"{kept['rss_peak_mb']:.0f} MB); statuses {kept['statuses']}, enqueued in "
-              f"{kept['enqueue_s']:.1f} s")  # fmt: skip
-        print(f"  cyclic garbage per parked run: {kept['garbage_per_run']:.2f} objects "
-              f"({kept['garbage']['objects']} in all, target 0); GC-tracked objects held per parked run: "
-              f"{kept['held_per_run']:.2f}")  # fmt: skip
+        warmed = (
+            f"after {kept['warm']} runs at full steps in flight"
+            if kept["warm"]
+            else "on a cold worker (the burst's in-flight high-water counted)"
+        )
+        print(
+            f"{kept['runs']} parked runs raise the worker's RSS by {kept['rss_growth_mb']:.0f} MB {warmed} "
+            f"({kept['rss_before_mb']:.0f} -> {kept['rss_after_mb']:.0f} MB; target < 20 MB; "
+            f"{kept['rss_trimmed_mb']:.0f} MB after gc.collect + malloc_trim; peak "
+            f"{kept['rss_peak_mb']:.0f} MB); statuses {kept['statuses']}, enqueued in "
+            f"{kept['enqueue_s']:.1f} s"
+        )
+        print(
+            f"  cyclic garbage per parked run: {kept['garbage_per_run']:.2f} objects "
+            f"({kept['garbage']['objects']} in all, target 0); GC-tracked objects held per parked run: "
+            f"{kept['held_per_run']:.2f}"
+        )
         print_memory(kept)
 
 
@@ -458,12 +576,16 @@ def print_memory(kept: dict[str, Any]) -> None:
     later = kept["rss_after_bursts_mb"]
     if len(later) > 1:
         steps = ", ".join(f"+{b - a:.1f}" for a, b in itertools.pairwise(later))
-        print(f"  RSS after each burst of {kept['runs']}: {', '.join(f'{mb:.0f}' for mb in later)} MB "
-              f"(each further burst: {steps} MB)")  # fmt: skip
+        print(
+            f"  RSS after each burst of {kept['runs']}: {', '.join(f'{mb:.0f}' for mb in later)} MB "
+            f"(each further burst: {steps} MB)"
+        )
     one, two = kept["rss_by_mapping_before"], kept["rss_by_mapping_after"]
     kinds = sorted(set(one) | set(two))
-    print("  RSS by mapping, before -> after, MB: " + "; ".join(
-        f"{kind} {one.get(kind, 0):.1f} -> {two.get(kind, 0):.1f}" for kind in kinds))  # fmt: skip
+    print(
+        "  RSS by mapping, before -> after, MB: "
+        + "; ".join(f"{kind} {one.get(kind, 0):.1f} -> {two.get(kind, 0):.1f}" for kind in kinds)
+    )
     first, last = kept["alloc_before"], kept["alloc_after"]
     stats = "arenas_allocated_current"  # absent when tracemalloc runs (--peak, --trace)
     if first and last and stats in first["pymalloc"] and stats in last["pymalloc"]:
@@ -474,14 +596,18 @@ def print_memory(kept: dict[str, Any]) -> None:
         used = f"{used_a:.1f} -> {used_b:.1f}"
         unused = f"{pool_a['unused_pools'] / 64:.1f} -> {pool_b['unused_pools'] / 64:.1f}"
         pins = kept["pins"]
-        print(f"  pymalloc: arenas {arenas} (1 MiB each; peak {pool_b['arenas_highwater_mark']}), in "
-              f"allocated blocks {used} MiB, unused pools {unused} MiB; the {pins['new_arenas']} arenas "
-              f"the bursts added are kept by {pins['objects']} objects the collector sees")  # fmt: skip
+        print(
+            f"  pymalloc: arenas {arenas} (1 MiB each; peak {pool_b['arenas_highwater_mark']}), in "
+            f"allocated blocks {used} MiB, unused pools {unused} MiB; the {pins['new_arenas']} arenas "
+            f"the bursts added are kept by {pins['objects']} objects the collector sees"
+        )
         libc_a, libc_b = first["glibc"], last["glibc"]
         system = f"{libc_a['system_kb'] / 1024:.1f} -> {libc_b['system_kb'] / 1024:.1f}"
         free = f"{libc_a['free_kb'] / 1024:.1f} -> {libc_b['free_kb'] / 1024:.1f}"
-        print(f"  glibc: arenas {libc_a['arenas']} -> {libc_b['arenas']}, from the OS {system} MiB, of it "
-              f"free {free} MiB (free pages are not resident once trimmed)")  # fmt: skip
+        print(
+            f"  glibc: arenas {libc_a['arenas']} -> {libc_b['arenas']}, from the OS {system} MiB, of it "
+            f"free {free} MiB (free pages are not resident once trimmed)"
+        )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ async def rounds() -> None:
     loop = asyncio.get_running_loop()
     deadlines = StepDeadlines(900)
     for _ in range(3):
-        print(f"bare await {await bare(loop):.2f} us; asyncio.timeout {await with_timeout(loop):.2f} us; "
-              f"StepDeadlines {await with_deadlines(loop, deadlines):.2f} us")  # fmt: skip
+        print(
+            f"bare await {await bare(loop):.2f} us; asyncio.timeout {await with_timeout(loop):.2f} us; "
+            f"StepDeadlines {await with_deadlines(loop, deadlines):.2f} us"
+        )
 
 
 if __name__ == "__main__":

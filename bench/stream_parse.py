@@ -32,10 +32,17 @@ from toolloop.sim.stream import anthropic_events, encode
 
 
 def answer(tokens: int) -> dict[str, Any]:
-    return {"id": "msg_bench", "type": "message", "role": "assistant", "model": "claude-sonnet-5-5",
-            "content": [{"type": "text", "text": "word" * tokens}], "stop_reason": "end_turn",
-            "stop_sequence": None, "stop_details": None,
-            "usage": {"input_tokens": 1200, "output_tokens": tokens}}  # fmt: skip
+    return {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": "word" * tokens}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "stop_details": None,
+        "usage": {"input_tokens": 1200, "output_tokens": tokens},
+    }
 
 
 def streamed(raw: bytes, on_delta: Any) -> Any:

@@ -80,15 +80,23 @@ class EmbeddedServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             server_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.directory),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction",
-            "--logfile", str(self.directory / "server.log"),
-        ]  # fmt: skip
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(self.directory / "server.log"),
+        ]
         if self.maxmemory is not None:
             args += ["--maxmemory", str(self.maxmemory)]
         self.process = subprocess.Popen(

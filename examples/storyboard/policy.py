@@ -100,8 +100,10 @@ def final_notes(board: list[dict[str, Any]], long: list[dict[str, Any]], answer:
         if n in kept:  # the question's "keep": one second over the board, not the whole rough cut
             new = min(cut, shot["board"] + KEEP_EXTRA_S)
             after -= cut - new
-            notes.append(f"trim shot {n} ({shot['title']}) from {cut:.1f} s to {new:.1f} s, keeping "
-                         f"one second over the board's {shot['board']:.1f} s as you asked")  # fmt: skip
+            notes.append(
+                f"trim shot {n} ({shot['title']}) from {cut:.1f} s to {new:.1f} s, keeping "
+                f"one second over the board's {shot['board']:.1f} s as you asked"
+            )
             continue
         new = cut - trims[n] if n in trims else shot["board"]
         after -= cut - new

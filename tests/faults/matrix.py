@@ -52,8 +52,18 @@ MANY_SLOT_DELIVERIES = 100
 the redelivered step that has its turn in the process then (workers/process/suspects.py), but every kill of
 this matrix is planned, about one every 2 s, many in first deliveries, and each of those charges the
 suspect whose turn it is: that is not the crash loop the limit stops. See docs/faults.md."""
-HEADERS = ["kill point", "runs", "kills", "in flight", "lost", "dup steps", "dup starts", "transcript diff",
-           "events diff", "re-run in flight"]  # fmt: skip
+HEADERS = [
+    "kill point",
+    "runs",
+    "kills",
+    "in flight",
+    "lost",
+    "dup steps",
+    "dup starts",
+    "transcript diff",
+    "events diff",
+    "re-run in flight",
+]
 """`in flight`: the steps its kills interrupted (listed `in_flight` in their log lines, the killed
 run's own step among them); `re-run in flight`: the re-runs of those the matrix allowed and saw."""
 
@@ -130,9 +140,18 @@ def run_phase(
 
 
 def run_matrix(
-    redis_url: str, sim_url: str, policy: FaultPolicy, work: Path, points: list[str], runs: int, seed: int,
-    *, workers: int = 2, slots: int = 1, timeout: float = 240.0,
-) -> Report:  # fmt: skip
+    redis_url: str,
+    sim_url: str,
+    policy: FaultPolicy,
+    work: Path,
+    points: list[str],
+    runs: int,
+    seed: int,
+    *,
+    workers: int = 2,
+    slots: int = 1,
+    timeout: float = 240.0,
+) -> Report:
     """`workers` supervised workers of `slots` step slots each (`--steps-in-flight`) run the fault
     phase, every run at once: with more than one slot, a kill interrupts every step its worker had
     in flight."""

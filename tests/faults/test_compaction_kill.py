@@ -72,10 +72,16 @@ def test_a_kill_at_every_step_boundary_makes_no_extra_compaction(
         before = dict(sim.stats()["compactions"])
         policy.counts.clear()  # the model calls of the twins below are counted afresh
         twins = run_twins(
-            redis_server.url, sim.base_url, policy, work / "kills", [shape], spec=spec,
-            fault_env={"TOOLLOOP_KILL_PLAN": str(plan)}, pool={"size": 2, "concurrency": 1},
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work / "kills",
+            [shape],
+            spec=spec,
+            fault_env={"TOOLLOOP_KILL_PLAN": str(plan)},
+            pool={"size": 2, "concurrency": 1},
             timeout=2000 if FULL else 540,
-        )  # fmt: skip
+        )
         compactions = sim.stats()["compactions"]
     fired = Path(f"{plan}.log").read_text().splitlines() if Path(f"{plan}.log").exists() else []
     print(

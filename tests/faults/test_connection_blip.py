@@ -60,9 +60,15 @@ def test_connection_blips_never_run_a_step_twice_at_once(
     policy = FaultPolicy(work_dir / "blip")
     with SimServer(policy) as sim:
         twins = run_twins(
-            redis_server.url, sim.base_url, policy, work_dir / "blip", shapes,
-            pool={"size": 2, "concurrency": 2}, during=cut, timeout=240,
-        )  # fmt: skip
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work_dir / "blip",
+            shapes,
+            pool={"size": 2, "concurrency": 2},
+            during=cut,
+            timeout=240,
+        )
     effects = read_effects(work_dir / "blip" / "fault")
     allowed: Counter[tuple[str, str]] = Counter()
     for at in blips:  # a step that began shortly before a cut may have been in flight at it

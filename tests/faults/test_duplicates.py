@@ -70,9 +70,16 @@ def test_each_step_runs_once_under_duplicate_and_late_deliveries(
     calm = {"TOOLLOOP_VISIBILITY_TIMEOUT": "60", "TOOLLOOP_LEASE_MS": "30000"}
     with SimServer(policy) as sim:
         twins = run_twins(
-            redis_server.url, sim.base_url, policy, work_dir, shapes,
-            ref_env=calm, pool={"size": 2, "concurrency": 4}, during=duplicate_every_step, timeout=180,
-        )  # fmt: skip
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work_dir,
+            shapes,
+            ref_env=calm,
+            pool={"size": 2, "concurrency": 4},
+            during=duplicate_every_step,
+            timeout=180,
+        )
     assert twins.pool is not None
     logs = "".join(path.read_text(errors="replace") for path in twins.pool.logs)
     # a copy is turned away by the lease (busy), by the commit it would make being made (stale, early),

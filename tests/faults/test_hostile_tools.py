@@ -40,10 +40,16 @@ def _env(directory: Path, **extra: str) -> dict[str, str]:
 
 
 def _run(client: Client, text: str) -> str:
-    return client.enqueue({
-        "model": "m", "system": "hostile", "messages": [{"role": "user", "content": text}],
-        "toolset": "hostile", "budget_usd": 1.0, "max_steps": 10,
-    })  # fmt: skip
+    return client.enqueue(
+        {
+            "model": "m",
+            "system": "hostile",
+            "messages": [{"role": "user", "content": text}],
+            "toolset": "hostile",
+            "budget_usd": 1.0,
+            "max_steps": 10,
+        }
+    )
 
 
 @pytest.mark.timeout(180)

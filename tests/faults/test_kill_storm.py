@@ -57,9 +57,15 @@ def test_runs_survive_a_kill_storm(redis_server: EmbeddedServer, work_dir: Path)
     policy = FaultPolicy(work_dir / "storm")
     with SimServer(policy) as sim:
         twins = run_twins(
-            redis_server.url, sim.base_url, policy, work_dir / "storm", shapes,
-            pool={"size": 2, "concurrency": 1}, during=storm, timeout=300,
-        )  # fmt: skip
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work_dir / "storm",
+            shapes,
+            pool={"size": 2, "concurrency": 1},
+            during=storm,
+            timeout=300,
+        )
     effects = read_effects(work_dir / "storm" / "fault")
     allowed: Counter[tuple[str, str]] = Counter()
     for pid, at in kills:

@@ -39,8 +39,11 @@ def test_a_lease_lost_after_the_work_keeps_the_paid_result_while_the_fence_holds
     ]
     for shape in shapes:
         policy.add(shape)
-    timers = {"TOOLLOOP_LEASE_MS": str(LEASE_MS), "TOOLLOOP_VISIBILITY_TIMEOUT": "120",
-              "TOOLLOOP_REDRIVE_AGE": "120"}  # fmt: skip
+    timers = {
+        "TOOLLOOP_LEASE_MS": str(LEASE_MS),
+        "TOOLLOOP_VISIBILITY_TIMEOUT": "120",
+        "TOOLLOOP_REDRIVE_AGE": "120",
+    }
     try:
         with SimServer(policy) as sim:
             env = {**base_env(sim.base_url), **timers, "TOOLLOOP_FAULTS_DIR": str(tmp_path)}

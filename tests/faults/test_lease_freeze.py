@@ -81,14 +81,20 @@ def test_a_worker_frozen_past_its_lease_does_no_paid_work_after_it(
     work = work_dir / "lease"
     work.mkdir()
     policy = LoggedPolicy(work)
-    trials = [(path, point, f"lf{i}{path[:2]}{point[:2]}") for path in PATHS for point in POINTS
-              for i in range(TRIALS)]  # fmt: skip
+    trials = [
+        (path, point, f"lf{i}{path[:2]}{point[:2]}")
+        for path in PATHS
+        for point in POINTS
+        for i in range(TRIALS)
+    ]
     for _, _, tag in trials:
         policy.add(_shape(tag))
     plan = work / "plan.json"
-    plan.write_text(json.dumps([
-        {"point": point, "action": "stop", "tag": _target(point, tag)} for _, point, tag in trials
-    ]))  # fmt: skip
+    plan.write_text(
+        json.dumps(
+            [{"point": point, "action": "stop", "tag": _target(point, tag)} for _, point, tag in trials]
+        )
+    )
     rows: list[list[object]] = []
     problems: list[str] = []
     with SimServer(policy) as sim:
@@ -101,9 +107,13 @@ def test_a_worker_frozen_past_its_lease_does_no_paid_work_after_it(
         client = Client(redis_server.url)
         for path in PATHS:
             pool = WorkerPool(
-                redis_server.url, work, env, size=2, concurrency=2,
+                redis_server.url,
+                work,
+                env,
+                size=2,
+                concurrency=2,
                 step_queues="none" if path == "celery" else None,
-            )  # fmt: skip
+            )
             with pool:
                 for point in POINTS:
                     tags = [tag for p, q, tag in trials if p == path and q == point]
@@ -121,19 +131,34 @@ def test_a_worker_frozen_past_its_lease_does_no_paid_work_after_it(
                         [path, point, len(tags), late_calls, late_effects, twice, keys_differ, not_done]
                     )
     table = format_table(
-        ["path", "frozen at", "trials", "late model calls", "late tools/starts", "paid/run twice",
-         "start keys differ", "not done"],
-        rows, title=f"Workers frozen past a {LEASE_MS} ms lease (SIGSTOP, another takes over, SIGCONT)",
-    )  # fmt: skip
+        [
+            "path",
+            "frozen at",
+            "trials",
+            "late model calls",
+            "late tools/starts",
+            "paid/run twice",
+            "start keys differ",
+            "not done",
+        ],
+        rows,
+        title=f"Workers frozen past a {LEASE_MS} ms lease (SIGSTOP, another takes over, SIGCONT)",
+    )
     print("\n" + table)
     assert not problems, table + "\n" + "\n".join(problems)
     assert all(row[3:] == [0, 0, 0, 0, 0] for row in rows), table
 
 
 def _trial(
-    client: Client, pool: WorkerPool, policy: LoggedPolicy, work: Path, plan: Path, index: int, point: str,
+    client: Client,
+    pool: WorkerPool,
+    policy: LoggedPolicy,
+    work: Path,
+    plan: Path,
+    index: int,
+    point: str,
     tag: str,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     run_id = client.enqueue(spec_for(_shape(tag)))
     target = _target(point, tag)
     stop = wait_for(f"the stop at {point} in {tag}", lambda: _stops(plan).get(index), 60)
@@ -144,10 +169,15 @@ def _trial(
             wait_for(f"the new holder's call {target}", lambda: policy.arrived(target), 60)
         else:
             kind = "run" if point == "tool:inside" else "start"
-            wait_for(f"the new holder's {kind} of {target}", lambda: [
-                e for e in read_effects(work)
-                if e["tag"] == target and e["kind"] == kind and e["pid"] != frozen
-            ], 60)  # fmt: skip
+            wait_for(
+                f"the new holder's {kind} of {target}",
+                lambda: [
+                    e
+                    for e in read_effects(work)
+                    if e["tag"] == target and e["kind"] == kind and e["pid"] != frozen
+                ],
+                60,
+            )
         time.sleep(0.3)
     finally:
         resumed_at = time.time()
@@ -160,8 +190,11 @@ def _trial(
     effects = [e for e in read_effects(work) if e["tag"].startswith(f"{tag}.")]
     # the frozen step's own effect (its `run` or `start`): a later step of the run, a `wait` of the
     # same call included, may run on the resumed worker under a lease of its own (the Celery path)
-    found["late_effects"] = sum(1 for e in effects if e["pid"] == frozen and e["at"] > frozen_at
-                                and e["tag"] == target and e["kind"] in ("run", "start"))  # fmt: skip
+    found["late_effects"] = sum(
+        1
+        for e in effects
+        if e["pid"] == frozen and e["at"] > frozen_at and e["tag"] == target and e["kind"] in ("run", "start")
+    )
     counts: dict[tuple[str, str], int] = {}
     for effect in effects:
         counts[(effect["kind"], effect["tag"])] = counts.get((effect["kind"], effect["tag"]), 0) + 1

@@ -88,9 +88,15 @@ def _log_of(pool: WorkerPool, pid: int) -> str:
 
 
 def _paused(
-    redis_server: EmbeddedServer, work: Path, path: str, tag: str, holds: tuple[float, ...], size: int,
-    env: dict[str, str], until: str,
-) -> dict[str, Any]:  # fmt: skip
+    redis_server: EmbeddedServer,
+    work: Path,
+    path: str,
+    tag: str,
+    holds: tuple[float, ...],
+    size: int,
+    env: dict[str, str],
+    until: str,
+) -> dict[str, Any]:
     """One run of `_shape(tag)` whose turn-1 call pauses its worker; SIGCONT once `until` holds
     ("paused": after PAUSE_S; "taken": the second worker's call arrived; "done": the run ended on
     the second worker). What the test reads: the target's arrivals, the paused pid's calls of the
@@ -102,10 +108,20 @@ def _paused(
     plan = work / "plan.json"
     plan.write_text(json.dumps([{"point": "model:inflight", "action": "stop", "tag": target}]))
     with SimServer(policy) as sim:
-        env = {**base_env(sim.base_url), **env, "TOOLLOOP_FAULTS_DIR": str(work),
-               "TOOLLOOP_KILL_PLAN": str(plan)}  # fmt: skip
-        pool = WorkerPool(redis_server.url, work, env, size=size, concurrency=2,
-                          step_queues="none" if path == "celery" else None)  # fmt: skip
+        env = {
+            **base_env(sim.base_url),
+            **env,
+            "TOOLLOOP_FAULTS_DIR": str(work),
+            "TOOLLOOP_KILL_PLAN": str(plan),
+        }
+        pool = WorkerPool(
+            redis_server.url,
+            work,
+            env,
+            size=size,
+            concurrency=2,
+            step_queues="none" if path == "celery" else None,
+        )
         with pool:
             client = Client(redis_server.url)
             run_id = client.enqueue(spec_for(_shape(tag)))
@@ -117,8 +133,11 @@ def _paused(
                     wait_for("the second worker's call", lambda: len(policy.arrived(target)) >= 2, 60)
                     time.sleep(0.5)  # its call is held: it holds the lease now
                 elif until == "done":
-                    wait_for("the run to end on the second worker",
-                          lambda: client.status(run_id).status == "done", 60)  # fmt: skip
+                    wait_for(
+                        "the run to end on the second worker",
+                        lambda: client.status(run_id).status == "done",
+                        60,
+                    )
             finally:
                 resumed_at = time.time()
                 os.kill(paused, signal.SIGCONT)
@@ -155,8 +174,16 @@ def test_a_worker_paused_past_its_lease_with_nobody_to_take_over_keeps_its_paid_
     redis_server: EmbeddedServer, work_dir: Path, path: str
 ) -> None:
     tag = f"lp1{path[:2]}"
-    found = _paused(redis_server, work_dir / f"alone-{path}", path, tag, holds=(PAUSE_S + 1.0,), size=1,
-                    env=_env(visibility_s=120, redrive_s=120), until="paused")  # fmt: skip
+    found = _paused(
+        redis_server,
+        work_dir / f"alone-{path}",
+        path,
+        tag,
+        holds=(PAUSE_S + 1.0,),
+        size=1,
+        env=_env(visibility_s=120, redrive_s=120),
+        until="paused",
+    )
     assert found["status"] == "done"
     assert found["calls"] == {0: 1, 1: 1, 2: 1}, found["calls"]  # the paused call paid once, and kept
     kinds = sorted((e["kind"], e["tag"]) for e in found["effects"])
@@ -171,8 +198,16 @@ def test_a_worker_paused_past_its_lease_whose_step_another_took_over_stops(
     redis_server: EmbeddedServer, work_dir: Path, path: str
 ) -> None:
     tag = f"lp2{path[:2]}"
-    found = _paused(redis_server, work_dir / f"taken-{path}", path, tag, holds=(20.0, 4.0), size=2,
-                    env=_env(visibility_s=3, redrive_s=6), until="taken")  # fmt: skip
+    found = _paused(
+        redis_server,
+        work_dir / f"taken-{path}",
+        path,
+        tag,
+        holds=(20.0, 4.0),
+        size=2,
+        env=_env(visibility_s=3, redrive_s=6),
+        until="taken",
+    )
     assert found["status"] == "done"
     assert found["calls"][1] == 2, found["calls"]  # the paused one's (thrown away) and the new holder's
     assert found["late_calls"] == [] and found["begun_after"] == [], found
@@ -188,8 +223,16 @@ def test_a_worker_paused_while_another_took_over_committed_and_let_go_does_not_t
     redis_server: EmbeddedServer, work_dir: Path, path: str
 ) -> None:
     tag = f"lp3{path[:2]}"
-    found = _paused(redis_server, work_dir / f"moved-{path}", path, tag, holds=(20.0, 0.0), size=2,
-                    env=_env(visibility_s=3, redrive_s=6), until="done")  # fmt: skip
+    found = _paused(
+        redis_server,
+        work_dir / f"moved-{path}",
+        path,
+        tag,
+        holds=(20.0, 0.0),
+        size=2,
+        env=_env(visibility_s=3, redrive_s=6),
+        until="done",
+    )
     assert found["status"] == "done"
     assert found["calls"] == {0: 1, 1: 2, 2: 1}, found["calls"]
     assert found["late_calls"] == [] and found["begun_after"] == [], found

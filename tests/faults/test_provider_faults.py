@@ -102,10 +102,16 @@ def test_provider_faults_are_retried_within_bounds_or_fail_cleanly(
     policy = FaultPolicy(work_dir)
     with SimServer(policy) as sim:
         twins = run_twins(
-            redis_server.url, sim.base_url, policy, work_dir, list(shapes.values()),
-            fault_env={"TOOLLOOP_FAULTS_TIMEOUT": "1.0"}, pool={"size": 1, "concurrency": 8},
-            on_failed=on_failed, timeout=180,
-        )  # fmt: skip
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work_dir,
+            list(shapes.values()),
+            fault_env={"TOOLLOOP_FAULTS_TIMEOUT": "1.0"},
+            pool={"size": 1, "concurrency": 8},
+            on_failed=on_failed,
+            timeout=180,
+        )
 
     # Transient faults never reach the run.
     for tag in ("pf429", "pf500", "pf529", "pftimeout"):
@@ -144,9 +150,17 @@ def _fallback_twins(
     with SimServer(policy) as sim:
         env = {"TOOLLOOP_PROMPT_GEN": prompt_gen, "FAL_KEY": "fal-FAKE-key", "FAL_RUN_URL": sim.base_url}
         twins = run_twins(
-            redis_server.url, sim.base_url, policy, work, shapes, ref_env=env, fault_env=env,
-            spec={"fallback": ["fal"]}, pool={"size": 1, "concurrency": 4}, timeout=120,
-        )  # fmt: skip
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work,
+            shapes,
+            ref_env=env,
+            fault_env=env,
+            spec={"fallback": ["fal"]},
+            pool={"size": 1, "concurrency": 4},
+            timeout=120,
+        )
         stats = sim.stats()
     assert stats["endpoints"].get("fal", 0) >= sum(shape.model_turns for shape in shapes), stats
     assert stats["statuses"].get("401", 0) >= 1 and stats["statuses"].get("403", 0) >= 1, stats

@@ -68,10 +68,15 @@ def test_every_run_finishes_across_a_redis_restart(
 
     with SimServer(policy) as sim:
         twins = run_twins(
-            redis_server.url, sim.base_url, policy, work_dir, shapes,
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work_dir,
+            shapes,
             pool={"size": 1, "concurrency": THREADS, "step_queues": STEP_QUEUES[steps]},
-            during=during, timeout=180,
-        )  # fmt: skip
+            during=during,
+            timeout=180,
+        )
     assert restarted.is_set()
     assert len(going) >= 4, f"only {len(going)} runs were still going when Redis died"
     print(

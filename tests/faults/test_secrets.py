@@ -70,8 +70,14 @@ def _found(text: str) -> list[str]:
 
 @pytest.fixture
 def flower(redis_server: EmbeddedServer, work_dir: Path) -> Iterator[str]:
-    env = {**os.environ, **FAST, "REDIS_URL": redis_server.url, "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
-           "FAL_KEY": FAL_KEY, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}  # fmt: skip
+    env = {
+        **os.environ,
+        **FAST,
+        "REDIS_URL": redis_server.url,
+        "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
+        "FAL_KEY": FAL_KEY,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+    }
     with running_flower(env, work_dir / "flower.log", AUTH) as url:
         yield url
 
@@ -91,8 +97,13 @@ def test_keys_appear_nowhere(redis_server: EmbeddedServer, work_dir: Path, flowe
     client = Client(redis_server.url)
     seen: dict[str, Any] = {}
     with SimServer(policy) as sim:
-        env = {**base_env(sim.base_url, ANTHROPIC_KEY), "TOOLLOOP_PROMPT_GEN": "", "FAL_KEY": FAL_KEY,
-               "FAL_RUN_URL": sim.base_url, "TOOLLOOP_FAULTS_DIR": str(work_dir / "secrets")}  # fmt: skip
+        env = {
+            **base_env(sim.base_url, ANTHROPIC_KEY),
+            "TOOLLOOP_PROMPT_GEN": "",
+            "FAL_KEY": FAL_KEY,
+            "FAL_RUN_URL": sim.base_url,
+            "TOOLLOOP_FAULTS_DIR": str(work_dir / "secrets"),
+        }
         with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=4, loglevel="DEBUG") as pool:
             runs = {client.enqueue(spec_for(shape)): shape for shape in shapes}
             last = drive(client, runs, timeout=120)

@@ -66,12 +66,17 @@ def test_runs_survive_failovers_and_a_kill_with_commit_wait(
         with SimServer(policy) as sim:
             started = time.monotonic()
             twins = run_twins(
-                deployment.url, sim.base_url, policy, tmp_path, shapes,
+                deployment.url,
+                sim.base_url,
+                policy,
+                tmp_path,
+                shapes,
                 pool={"size": WORKERS, "concurrency": THREADS},
                 fault_env={"TOOLLOOP_COMMIT_WAIT": "1", "TOOLLOOP_COMMIT_WAIT_MS": "2000"},
                 ref_env={"TOOLLOOP_COMMIT_WAIT": "1"},
-                during=during, timeout=240,
-            )  # fmt: skip
+                during=during,
+                timeout=240,
+            )
             phase_time["all"] = time.monotonic() - started
         stalled = twins.stalled(deployment.url)
     finally:

@@ -91,9 +91,11 @@ class Twins:
         lengths: the failure message of a run left stalled."""
         client = redisurl.sync_client(redis_url, decode_responses=True)
         try:
-            return "\n".join(_stalled_run(client, shape.tag, self.results[shape.tag].run_id)
-                             for shape in self.shapes if not self.results[shape.tag].status.finished) + (
-                f"\nqueues: {_queues(client)}")  # fmt: skip
+            return "\n".join(
+                _stalled_run(client, shape.tag, self.results[shape.tag].run_id)
+                for shape in self.shapes
+                if not self.results[shape.tag].status.finished
+            ) + (f"\nqueues: {_queues(client)}")
         except redis.RedisError as error:
             return f"(Redis state not read: {error})"
         finally:
@@ -186,9 +188,15 @@ def base_env(sim_url: str, key: str = "sk-ant-FAKE-faults") -> dict[str, str]:
 
 
 def _phase(
-    client: Client, redis_client: redis.Redis, shapes: list[Shape], pool: WorkerPool, timeout: float,
-    during: During | None, spec: dict[str, Any], on_failed: OnFailed | None = None,
-) -> dict[str, Snapshot]:  # fmt: skip
+    client: Client,
+    redis_client: redis.Redis,
+    shapes: list[Shape],
+    pool: WorkerPool,
+    timeout: float,
+    during: During | None,
+    spec: dict[str, Any],
+    on_failed: OnFailed | None = None,
+) -> dict[str, Snapshot]:
     runs = {client.enqueue(spec_for(shape, **spec)): shape for shape in shapes}
     with pool:
         thread = None
@@ -204,11 +212,20 @@ def _phase(
 
 
 def run_twins(
-    redis_url: str, sim_url: str, policy: FaultPolicy, work: Path, shapes: list[Shape], *,
-    fault_env: dict[str, str] | None = None, pool: dict[str, Any] | None = None,
-    during: During | None = None, timeout: float = 120.0, ref_env: dict[str, str] | None = None,
-    spec: dict[str, Any] | None = None, on_failed: OnFailed | None = None,
-) -> Twins:  # fmt: skip
+    redis_url: str,
+    sim_url: str,
+    policy: FaultPolicy,
+    work: Path,
+    shapes: list[Shape],
+    *,
+    fault_env: dict[str, str] | None = None,
+    pool: dict[str, Any] | None = None,
+    during: During | None = None,
+    timeout: float = 120.0,
+    ref_env: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+    on_failed: OnFailed | None = None,
+) -> Twins:
     for shape in shapes:
         policy.add(shape)
     twins = Twins(shapes)
@@ -227,9 +244,15 @@ def run_twins(
             )
             faulty = phase == "fault"
             snaps = _phase(
-                client, redis_client, shapes, workers, timeout,
-                during if faulty else None, spec or {}, on_failed if faulty else None,
-            )  # fmt: skip
+                client,
+                redis_client,
+                shapes,
+                workers,
+                timeout,
+                during if faulty else None,
+                spec or {},
+                on_failed if faulty else None,
+            )
             counted = units(shapes, policy, phase, read_effects(directory))
             if phase == "ref":
                 twins.refs, twins.ref_units = snaps, counted

@@ -85,11 +85,29 @@ class WorkerPool:
         name = f"faults-{uuid.uuid4().hex[:8]}"
         log = self.log_dir / f"{name}.log"
         args = [
-            sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-            "-P", "threads", "-c", str(self.concurrency), "-Q", self.queues,
-            "--step-queues", self.step_queues, "--steps-in-flight", str(self.concurrency), "-n", f"{name}@%h",
-            "--without-mingle", "--without-gossip", "-l", self.loglevel,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "-P",
+            "threads",
+            "-c",
+            str(self.concurrency),
+            "-Q",
+            self.queues,
+            "--step-queues",
+            self.step_queues,
+            "--steps-in-flight",
+            str(self.concurrency),
+            "-n",
+            f"{name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "-l",
+            self.loglevel,
+        ]
         if self.events:
             args.append("-E")
         with log.open("wb") as out:

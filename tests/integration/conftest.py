@@ -97,15 +97,35 @@ class Worker:
         paths = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
         full_env = {**os.environ, **WORKER_ENV, **env, "REDIS_URL": url, "PYTHONPATH": os.pathsep.join(paths)}
         args = [
-            sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-            "-P", "threads", "-c", str(concurrency), "-Q", queues,
-            "-n", self.name, "--without-mingle", "--without-gossip", "-E", "-l", "INFO",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "-P",
+            "threads",
+            "-c",
+            str(concurrency),
+            "-Q",
+            queues,
+            "-n",
+            self.name,
+            "--without-mingle",
+            "--without-gossip",
+            "-E",
+            "-l",
+            "INFO",
+        ]
         self._file = log.open("wb")
         self.process = subprocess.Popen(
-            args, cwd=ROOT, env=full_env, stdout=self._file, stderr=subprocess.STDOUT,
+            args,
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def wait_ready(self, timeout: float = 30.0) -> Worker:
         deadline = time.monotonic() + timeout

@@ -34,8 +34,13 @@ def redis_on(server: EmbeddedServer) -> Iterator[redis.Redis]:
 
 
 def spec(system: str, user: str = "Go.", **fields: Any) -> dict[str, Any]:
-    return {"model": "scripted", "system": system, "toolset": TOOLSET,
-            "messages": [{"role": "user", "content": user}], **fields}  # fmt: skip
+    return {
+        "model": "scripted",
+        "system": system,
+        "toolset": TOOLSET,
+        "messages": [{"role": "user", "content": user}],
+        **fields,
+    }
 
 
 def logged(path: Path | None) -> list[dict[str, Any]]:

@@ -90,8 +90,15 @@ async def test_the_async_client_answers_and_cancels(runs_redis, worker, client: 
         await aclient.answer(run_id, "Shot 3")
         status = await aclient.wait(run_id, timeout=20)
         assert status.status == "done" and status.final_text == "You said: Shot 3"
-        assert kinds(client, run_id) == ["queued", "model", "parked", "answered", "resumed", "model",
-                                         "finished"]  # fmt: skip
+        assert kinds(client, run_id) == [
+            "queued",
+            "model",
+            "parked",
+            "answered",
+            "resumed",
+            "model",
+            "finished",
+        ]
         starts = len([e for e in logged(worker.tool_log) if e.get("event") == "start"])
         slow = await aclient.enqueue(spec("slow"))  # a tool that sleeps 30 s unless cancelled
         for _ in range(400):  # cancel the tool where it runs (its abort), within 20 s

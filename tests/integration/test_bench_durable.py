@@ -15,11 +15,38 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "durable.py"
 
 
 def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
-    args = ["--hops", "10", "--turns", "3", "--trials", "1", "--runs", "4", "--flight-turns", "2",
-            "--steady-turns", "3", "--steady-trials", "1", "--latency", "0.2",
-            "--observe-runs", "4", "--observe-turns", "2", "--observe-trials", "1",
-            "--stream-runs", "4", "--stream-turns", "2", "--stream-trials", "1",
-            "--stream-tokens", "20"]  # fmt: skip
+    args = [
+        "--hops",
+        "10",
+        "--turns",
+        "3",
+        "--trials",
+        "1",
+        "--runs",
+        "4",
+        "--flight-turns",
+        "2",
+        "--steady-turns",
+        "3",
+        "--steady-trials",
+        "1",
+        "--latency",
+        "0.2",
+        "--observe-runs",
+        "4",
+        "--observe-turns",
+        "2",
+        "--observe-trials",
+        "1",
+        "--stream-runs",
+        "4",
+        "--stream-turns",
+        "2",
+        "--stream-trials",
+        "1",
+        "--stream-tokens",
+        "20",
+    ]
     done = subprocess.run(
         [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=110, check=False
     )

@@ -19,9 +19,28 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
 @pytest.mark.timeout(360)  # ~40 s at a load average of 12 on 2 cores; the suite's 120 s cut it short
 def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
-    args = ["--hops", "10", "--floor-trials", "1", "--runs", "6", "--turns", "2", "--latency", "0.2",
-            "--parked", "12", "--bursts", "2", "--park-turns", "2", "--warm", "12",
-            "--json", str(out)]  # fmt: skip
+    args = [
+        "--hops",
+        "10",
+        "--floor-trials",
+        "1",
+        "--runs",
+        "6",
+        "--turns",
+        "2",
+        "--latency",
+        "0.2",
+        "--parked",
+        "12",
+        "--bursts",
+        "2",
+        "--park-turns",
+        "2",
+        "--warm",
+        "12",
+        "--json",
+        str(out),
+    ]
     try:
         done = subprocess.run(
             [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, check=False

@@ -70,8 +70,7 @@ def test_malformed_file(env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_invalid_spec_field(env: dict[str, str]) -> None:
-    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "review",
-                    "--max-steps", "0")  # fmt: skip
+    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "review", "--max-steps", "0")
     assert_clean_error(done, "max_steps")
 
 
@@ -122,8 +121,9 @@ def test_redis_unreachable(tmp_path: Path) -> None:
         ("nope", "The toolset 'nope' is not registered"),
     ],
 )
-def test_bad_toolset_enqueues_nothing(env: dict[str, str], redis_client: redis.Redis, toolset: str | None,
-                                      first_line: str) -> None:  # fmt: skip
+def test_bad_toolset_enqueues_nothing(
+    env: dict[str, str], redis_client: redis.Redis, toolset: str | None, first_line: str
+) -> None:
     before = set(redis_client.keys())
     args = ["run", "Hi", "--model", "m"] + (["--toolset", toolset] if toolset else [])
     assert_clean_error(toolloop(env, *args), first_line)
@@ -172,8 +172,12 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
     unregistered = {k: v for k, v in env.items() if k != "TOOLLOOP_TOOLSETS"}
     worker = subprocess.Popen(  # the worker's toolsets from its flag, the run's names from the env
         [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY, "--toolsets", REGISTERED],
-        cwd=ROOT, env=unregistered, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=unregistered,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         done = toolloop(
             {**unregistered, "TOOLLOOP_TOOLSETS": REGISTERED}, "run", "-f", "examples/storyboard/run.yaml"
@@ -222,8 +226,15 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
         assert len(requeued) == 2 and requeued[0] == requeued[1]  # the retry's names model and toolset
         assert "None" not in requeued[1] and "toolset review" in requeued[1], requeued
         # a reader that stops early: no BrokenPipeError, no traceback
-        piped = subprocess.run(f"'{TOOLLOOP}' events {run_id} | head -1", shell=True, cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        piped = subprocess.run(
+            f"'{TOOLLOOP}' events {run_id} | head -1",
+            shell=True,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert piped.stdout.startswith("run      queued") and piped.stderr == "", piped.stderr
         ended = toolloop(env, "answer", run_id, "Again.")
         assert_clean_error(ended, f"Run {run_id!r} has ended (done); it takes no answer.")
@@ -253,8 +264,19 @@ def _late_delta(redis_url: str, run_id: str, text: str) -> None:
     segment, step, attempt = last.segment, last.step, last.attempt  # the delta's own fields (extra)
     raw = redis.Redis.from_url(redis_url, decode_responses=True)
     r = run_id
-    written = raw.eval(DELTA_FLUSH, 3, keys.state(r), keys.fence(r), keys.events(r),
-                       attempt.split(".")[0], attempt, segment, step, text, "")  # fmt: skip
+    written = raw.eval(
+        DELTA_FLUSH,
+        3,
+        keys.state(r),
+        keys.fence(r),
+        keys.events(r),
+        attempt.split(".")[0],
+        attempt,
+        segment,
+        step,
+        text,
+        "",
+    )
     raw.close()
     assert written == 1
 
@@ -269,12 +291,17 @@ def test_a_streamed_steps_text_and_model_lines_have_one_number(env: dict[str, st
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
         [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         # two segments: four steps, the question, then the step after the answer
-        started = toolloop(env, "run", "Review the cut.", "--model", "claude-sonnet-5-5", "--toolset",
-                           TOOLSET, "--stream")  # fmt: skip
+        started = toolloop(
+            env, "run", "Review the cut.", "--model", "claude-sonnet-5-5", "--toolset", TOOLSET, "--stream"
+        )
         run_id = started.stdout.strip()
         client = Client(env["REDIS_URL"])
         asked = client.wait(run_id, timeout=60).status
@@ -282,8 +309,17 @@ def test_a_streamed_steps_text_and_model_lines_have_one_number(env: dict[str, st
         assert toolloop(env, "answer", run_id, ANSWER).returncode == 0
         assert client.wait(run_id, timeout=60).status == "done"
         # a run that fails at its first step, retried (its step runs again, streamed)
-        failing = toolloop(env, "run", FAIL_ONCE, "--model", "claude-sonnet-5-5", "--toolset", TOOLSET,
-                           "--follow", timeout=90)  # fmt: skip
+        failing = toolloop(
+            env,
+            "run",
+            FAIL_ONCE,
+            "--model",
+            "claude-sonnet-5-5",
+            "--toolset",
+            TOOLSET,
+            "--follow",
+            timeout=90,
+        )
         failed_id = failing.stdout.splitlines()[0]
         assert toolloop(env, "retry", failed_id).returncode == 0
         assert client.wait(failed_id, timeout=60).status == "done"
@@ -337,9 +373,14 @@ def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
 def test_demo_without_an_answer_or_a_terminal_stops_cleanly(tmp_path: Path) -> None:
     env = env_for(tmp_path, None)
     done = subprocess.run(
-        [TOOLLOOP, "demo"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        [TOOLLOOP, "demo"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
         timeout=150,
-    )  # fmt: skip
+    )
     assert_clean_error(done, "The agent asked a question and stdin is not a terminal.")
     assert not (tmp_path / "state" / "redis" / "server.json").exists()
     worker_pid = int(done.stdout.split("celery worker pid ")[1].split()[0])
@@ -354,7 +395,15 @@ def test_accounts_sets_a_limit_and_shows_spend(env: dict[str, str]) -> None:
     listed = toolloop(env, "accounts", "--json")
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     mine = [row for row in rows if row["name"] == "cli-tenant"]
-    assert mine == [{"name": "cli-tenant", "limit_usd": 5.0, "period": "month", "finish_at": 0.9,
-                     "spent_usd": 0.0, "reserved_usd": 0.0}]  # fmt: skip
+    assert mine == [
+        {
+            "name": "cli-tenant",
+            "limit_usd": 5.0,
+            "period": "month",
+            "finish_at": 0.9,
+            "spent_usd": 0.0,
+            "reserved_usd": 0.0,
+        }
+    ]
     bad = toolloop(env, "accounts", "--set", "cli-tenant", "-1")
     assert bad.returncode == 1 and "must be a finite number more than 0" in bad.stderr

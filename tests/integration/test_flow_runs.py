@@ -31,8 +31,10 @@ NOTE = "Budget nearly spent: answer now."
 
 def script(output_tokens: int = 0) -> list[dict[str, Any]]:
     usage = {"usage": {"output_tokens": output_tokens}} if output_tokens else {}
-    calls = [{"text": f"Step {n}.", "tool_calls": [{"name": "add", "input": {"a": n, "b": 1}}], **usage}
-             for n in range(1, TURNS)]  # fmt: skip
+    calls = [
+        {"text": f"Step {n}.", "tool_calls": [{"name": "add", "input": {"a": n, "b": 1}}], **usage}
+        for n in range(1, TURNS)
+    ]
     return [*calls, {"text": "Done.", **usage}]
 
 
@@ -229,10 +231,12 @@ def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
         return SimTurn(text=f"Step {n}.", tool_calls=[SimToolCall(name="add", input={"a": n, "b": 1})])
 
     runs, fal_rpm = 20, 300  # 100 model calls, each refused by Anthropic, then sent to fal: 5 a second
-    limits = json.dumps({
-        "anthropic": {"*": {"requests_per_minute": 6000, "output_tokens_per_minute": 60000}},
-        "fal": {"*": {"requests_per_minute": fal_rpm}},
-    })  # fmt: skip
+    limits = json.dumps(
+        {
+            "anthropic": {"*": {"requests_per_minute": 6000, "output_tokens_per_minute": 60000}},
+            "fal": {"*": {"requests_per_minute": fal_rpm}},
+        }
+    )
     # fal's own side holds 4 s of its limit (20 calls): unpaced, 100 calls in a few seconds meet 429s.
     with SimServer(policy, fal_rate_limits=SimRateLimits(rpm=fal_rpm, burst_s=4)) as sim:
         env = {"TOOLLOOP_RATE_LIMITS": limits, "FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url}

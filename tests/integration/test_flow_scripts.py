@@ -20,9 +20,19 @@ def book(
     client: redis.Redis, bucket: str, limits: Limits, tokens: int = 0, holder: str = "h", lease_ms: int = 5000
 ) -> tuple[int, str]:
     wait, why = client.eval(
-        rate_scripts.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
-        limits.concurrent, limits.burst_s, tokens, holder, lease_ms,
-    )  # fmt: skip
+        rate_scripts.BOOK,
+        2,
+        bucket,
+        f"{bucket}:inflight",
+        limits.rpm,
+        limits.itpm,
+        limits.otpm,
+        limits.concurrent,
+        limits.burst_s,
+        tokens,
+        holder,
+        lease_ms,
+    )
     return int(wait), str(why)
 
 
@@ -65,8 +75,13 @@ def test_a_killed_callers_place_frees_after_its_lease(redis_client: redis.Redis)
 def test_a_429s_retry_after_and_an_empty_bucket_block_the_next_bookings(redis_client: redis.Redis) -> None:
     bucket = "tl:rl:test-learn:m"
     limits = Limits(rpm=60_000)
-    headers = httpx.Headers({"retry-after": "2", "anthropic-ratelimit-requests-remaining": "0",
-                             "anthropic-ratelimit-requests-reset": "2000-01-01T00:00:00Z"})  # fmt: skip
+    headers = httpx.Headers(
+        {
+            "retry-after": "2",
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "2000-01-01T00:00:00Z",
+        }
+    )
     taught = ratelimit.lessons(429, headers, time.time())
     assert taught.remaining == [("r", 0.0)] and taught.blocked == pytest.approx(time.time() + 2, abs=0.5)
     redis_client.eval(rate_scripts.LEARN, 1, bucket, *taught.args())
@@ -160,9 +175,20 @@ def book_learning(
     """BOOK for a provider whose answers name its limits (anthropic), no tokens."""
     limits = limits or Limits()
     wait, why = client.eval(
-        rate_scripts.BOOK, 2, bucket, f"{bucket}:inflight", limits.rpm, limits.itpm, limits.otpm,
-        limits.concurrent, limits.burst_s, 0, holder, 5000, 1,
-    )  # fmt: skip
+        rate_scripts.BOOK,
+        2,
+        bucket,
+        f"{bucket}:inflight",
+        limits.rpm,
+        limits.itpm,
+        limits.otpm,
+        limits.concurrent,
+        limits.burst_s,
+        0,
+        holder,
+        5000,
+        1,
+    )
     return int(wait), str(why)
 
 
@@ -173,8 +199,9 @@ def test_before_an_answer_taught_the_limit_one_call_goes_and_the_rest_wait_for_i
     assert book_learning(redis_client, bucket, "first") == (0, "")  # it goes, to learn the limit
     wait, why = book_learning(redis_client, bucket, "second")
     assert why == "learning" and 10 <= wait <= 100, (wait, why)  # nothing booked: it asks again
-    headers = httpx.Headers({"anthropic-ratelimit-requests-limit": "120",
-                             "anthropic-ratelimit-requests-remaining": "119"})  # fmt: skip
+    headers = httpx.Headers(
+        {"anthropic-ratelimit-requests-limit": "120", "anthropic-ratelimit-requests-remaining": "119"}
+    )
     taught = ratelimit.lessons(200, headers, time.time())
     assert taught.limits == [("r", 120.0)] and not taught.open
     redis_client.eval(rate_scripts.LEARN, 1, bucket, *taught.args())

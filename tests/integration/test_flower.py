@@ -87,9 +87,10 @@ def test_flower_lists_each_step_as_a_task_with_ids_only(
     assert sorted(tasks) == [f"{run_id}:{n}" for n in (1, 2, 3)]
     labels = {task_id: ast.literal_eval(t["kwargs"]) for task_id, t in tasks.items()}
     assert labels == {  # each row says what the step is; the arguments stay ids
-        f"{run_id}:1": {"step": "model 1"}, f"{run_id}:2": {"step": "tool add"},
+        f"{run_id}:1": {"step": "model 1"},
+        f"{run_id}:2": {"step": "tool add"},
         f"{run_id}:3": {"step": "model 2"},
-    }  # fmt: skip
+    }
     for task_id, task in tasks.items():
         assert task["name"] == "toolloop.advance"
         assert ast.literal_eval(task["args"]) == [run_id, int(task_id.rsplit(":", 1)[1])]

@@ -107,8 +107,12 @@ def test_the_cli_refuses_unregistered_toolsets_and_imports_nothing(
     for name in HOSTILE:
         done = subprocess.run(
             [str(BIN / "toolloop"), "run", "Hi", "--model", "m", "--toolset", name],
-            cwd=modules, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            cwd=modules,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
         assert f"The toolset {name!r} is not registered" in done.stderr, done.stderr
         assert len(done.stderr.splitlines()) == 2

@@ -178,9 +178,15 @@ async def test_a_loop_run_again_over_its_journal_calls_nothing(make_journal: Mak
 
     async def run() -> Any:
         options = RunToolLoopOptions(
-            generate=model, model="m", system="s", messages=[{"role": "user", "content": "Go."}],
-            tools=[tool], budget=Budget(usd=10), max_steps=5, step=make_journal().step,
-        )  # fmt: skip
+            generate=model,
+            model="m",
+            system="s",
+            messages=[{"role": "user", "content": "Go."}],
+            tools=[tool],
+            budget=Budget(usd=10),
+            max_steps=5,
+            step=make_journal().step,
+        )
         return await run_tool_loop(options)
 
     first = await run()

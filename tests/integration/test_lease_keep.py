@@ -26,9 +26,25 @@ def _run(client: redis.Redis) -> str:
 def _run_begin(client: redis.Redis, run: str, owner: str) -> Any:
     """RUN_BEGIN of task 1 of `run` in `owner`, parsed."""
     r = run
-    reply = client.eval(RUN_BEGIN, 9, keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r),
-                        keys.attempts(r), keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r),
-                        owner, LEASE_MS, 1, 0, keys.journal(r, ""), "")  # fmt: skip
+    reply = client.eval(
+        RUN_BEGIN,
+        9,
+        keys.state(r),
+        keys.spec(r),
+        keys.lease(r),
+        keys.fence(r),
+        keys.attempts(r),
+        keys.spend(r),
+        keys.inputs(r),
+        keys.answers(r),
+        keys.outbox(r),
+        owner,
+        LEASE_MS,
+        1,
+        0,
+        keys.journal(r, ""),
+        "",
+    )
     return parse_begin(reply)
 
 

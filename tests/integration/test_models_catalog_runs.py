@@ -190,9 +190,18 @@ CITED = [
     {"role": "user", "content": [{"type": "text", "text": "a", "citations": [{"type": "char_location"}]}]}
 ]
 SEARCH = [
-    {"role": "user", "content": [{"type": "search_result", "source": "s", "title": "t",
-                                  "content": [{"type": "text", "text": "a", "citations": [{"x": 1}]}]}]}
-]  # fmt: skip
+    {
+        "role": "user",
+        "content": [
+            {
+                "type": "search_result",
+                "source": "s",
+                "title": "t",
+                "content": [{"type": "text", "text": "a", "citations": [{"x": 1}]}],
+            }
+        ],
+    }
+]
 DOCUMENT = [
     {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": [{"type": "document", "source": {"type": "text", "data": "d"}}]},

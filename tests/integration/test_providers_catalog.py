@@ -246,8 +246,14 @@ def test_should_retry_is_the_sdks_rule() -> None:
     assert should_retry(503, {"x-should-retry": "false"}) is False
     assert should_retry(400, {"x-should-retry": "true"}) is True
     assert [should_retry(s, {}) for s in (400, 404, 408, 409, 429, 500, 529)] == [
-        False, False, True, True, True, True, True,
-    ]  # fmt: skip
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+        True,
+    ]
 
 
 @pytest.mark.parametrize("code", ["contract_spend_limit_reached", "enforced_spend_limit_reached"])
@@ -329,24 +335,46 @@ TOOL = {"name": "read_frame", "description": "Read.", "input_schema": {"type": "
         ({"model": "claude-haiku-4-5", "thinking": {"type": "adaptive"}}, "adaptive thinking is not"),
         ({"model": "claude-opus-4-5", "thinking": {"type": "adaptive"}}, "adaptive thinking is not"),
         ({"model": "claude-haiku-4-5", "output_config": {"effort": "low"}}, "effort is not supported"),
-        ({"model": "claude-opus-5-5", "thinking": {"type": "enabled", "budget_tokens": 2048}},
-         "thinking.type.enabled is not supported"),
-        ({"model": "claude-haiku-4-5", "max_tokens": 2000,
-          "thinking": {"type": "enabled", "budget_tokens": 4096}},
-         "must be greater than `thinking.budget_tokens`"),
+        (
+            {"model": "claude-opus-5-5", "thinking": {"type": "enabled", "budget_tokens": 2048}},
+            "thinking.type.enabled is not supported",
+        ),
+        (
+            {
+                "model": "claude-haiku-4-5",
+                "max_tokens": 2000,
+                "thinking": {"type": "enabled", "budget_tokens": 4096},
+            },
+            "must be greater than `thinking.budget_tokens`",
+        ),
         ({"model": "claude-sonnet-5-5", "tools": [TOOL], "tool_choice": {"type": "any"}}, "forced tool use"),
-        ({"model": "claude-haiku-4-5", "tools": [TOOL], "tool_choice": {"type": "any"},
-          "thinking": {"type": "enabled", "budget_tokens": 1024}}, "Thinking may not be enabled"),
+        (
+            {
+                "model": "claude-haiku-4-5",
+                "tools": [TOOL],
+                "tool_choice": {"type": "any"},
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+            },
+            "Thinking may not be enabled",
+        ),
         ({"model": "claude-opus-5-5", "temperature": 0.5}, "temperature: is not supported"),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "must be non-empty"),
         ({"messages": [{"role": "user", "content": ""}]}, "must have non-empty content"),
-        ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x"}]}]},
-         "unexpected `tool_use_id`"),
-        ({"system": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
-                     {"type": "text", "text": "b", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
-         "ttl '1h' may not come after one with ttl '5m'"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x"}]}]},
+            "unexpected `tool_use_id`",
+        ),
+        (
+            {
+                "system": [
+                    {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+                    {"type": "text", "text": "b", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+                ]
+            },
+            "ttl '1h' may not come after one with ttl '5m'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_simulator_refuses_what_each_model_refuses(body: dict[str, Any], message: str) -> None:
     full = {"model": "claude-sonnet-5-5", "max_tokens": 10_000, "messages": HI, **body}
     with SimServer(["Hi."], strict=False) as sim:  # the catalogue's own messages, not the SDK check's

@@ -100,8 +100,12 @@ async def execute(handler: Any, request: PromptGenRequest) -> Any:
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png: Path) -> None:
-    policy = Recording([{"text": "Looking.", "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]},
-                        {"text": "Shot 3 is fine."}])  # fmt: skip
+    policy = Recording(
+        [
+            {"text": "Looking.", "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]},
+            {"text": "Shot 3 is fine."},
+        ]
+    )
     image = ImagePart(path=str(png), mime_type="image/png", hash="h")
     with serve(policy) as sim:
         handler = anthropic(sim) if wire == "anthropic" else fal(sim)
@@ -178,8 +182,12 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
         uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
         # claude-sonnet-5-5 (the default): $2/M input, $10/M output, read $0.10/M (its migration
         # guide), 5m write $2.50/M
-        expected = (uncached * 2 + usage.completion_tokens * 10 + usage.cached_tokens * 0.1
-                    + usage.cache_write_tokens * 2.5) / 1e6  # fmt: skip
+        expected = (
+            uncached * 2
+            + usage.completion_tokens * 10
+            + usage.cached_tokens * 0.1
+            + usage.cache_write_tokens * 2.5
+        ) / 1e6
         assert result.cost_usd == pytest.approx(expected)
         assert result.meta is not None and result.meta["cost_source"] == "tokens"
     assert second.cost_usd < first.cost_usd / 3  # reads cost a tenth of input, writes more than input

@@ -41,8 +41,16 @@ def fresh_copy(tmp_path: Path) -> Path:
 
 
 def clean_env(home: Path) -> dict[str, str]:
-    drop = {"REDIS_URL", "TOOLLOOP_TOOLSETS", "TOOLLOOP_HOME", "ANTHROPIC_API_KEY", "FAL_KEY",
-            "OPENAI_API_KEY", "VIRTUAL_ENV", "PYTHONPATH"}  # fmt: skip
+    drop = {
+        "REDIS_URL",
+        "TOOLLOOP_TOOLSETS",
+        "TOOLLOOP_HOME",
+        "ANTHROPIC_API_KEY",
+        "FAL_KEY",
+        "OPENAI_API_KEY",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+    }
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("TOOLLOOP_")}
     venv_bin = str(ROOT / ".venv" / "bin")
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
@@ -66,8 +74,15 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
 
     make = [line.split("#")[0].strip() for line in setup.splitlines() if line.strip()]
     assert make == ["make demo", "make test-unit", "make test"]
-    demo = subprocess.run(["make", "demo"], cwd=copy, env=env, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    demo = subprocess.run(
+        ["make", "demo"],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "answer   Keep shot 3; trim shot 5 by a second." in demo.stdout
     assert "spent    $" in demo.stdout
@@ -78,8 +93,15 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
         if line != "…":
             assert any(p.startswith(line.removesuffix("…")) for p in printed), (line, demo.stdout)
 
-    quick = subprocess.run([".venv/bin/python", "examples/quickstart.py"], cwd=copy, env=env,
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    quick = subprocess.run(
+        [".venv/bin/python", "examples/quickstart.py"],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert quick.returncode == 0, quick.stderr
     assert quick.stdout.splitlines() == [
         "done 'Trim 2 s.' $0.01 ['model:1', 'tool:call_1', 'model:2']",
@@ -90,9 +112,16 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
     # the Client snippet twice, as a reader runs it again: a fresh run each time, not the first one's end
     script = "set -euo pipefail\n" + cli + snippet + snippet + teardown + approvals + talk
     (tmp_path / "readme.sh").write_text(script)
-    shell = subprocess.Popen(["bash", "-x", str(tmp_path / "readme.sh")], cwd=copy, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             start_new_session=True)  # fmt: skip
+    shell = subprocess.Popen(
+        ["bash", "-x", str(tmp_path / "readme.sh")],
+        cwd=copy,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = shell.communicate(timeout=400)
     except subprocess.TimeoutExpired:

@@ -30,8 +30,9 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 def _settings_url(env: dict[str, str], cwd: Path) -> str:
     """The URL `workers.config.settings` finds in a fresh process (what a worker, Flower and Client use)."""
     code = "from workers.config.settings import Settings; print(Settings.from_env().redis_url)"
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_every_entry_point_finds_the_same_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,9 +66,23 @@ def test_every_entry_point_finds_the_same_redis(tmp_path: Path, monkeypatch: pyt
 
 def test_a_worker_without_redis_says_what_to_do(tmp_path: Path) -> None:
     worker = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-P", "threads",
-         "-Q", "llm,tools,control"],
-        env=_env(tmp_path / "none"), cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "-P",
+            "threads",
+            "-Q",
+            "llm,tools,control",
+        ],
+        env=_env(tmp_path / "none"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert worker.returncode != 0
     assert "REDIS_URL is not set and no embedded Redis runs" in worker.stdout + worker.stderr

@@ -73,8 +73,10 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
                 "document.getElementById('answer-form').requestSubmit(); true"
             )
             page.wait_for("document.getElementById('status').textContent === 'done'", timeout=60)
-            final = page.wait_for("!document.getElementById('outcome').hidden && "
-                                  "document.getElementById('final').textContent", timeout=20)  # fmt: skip
+            final = page.wait_for(
+                "!document.getElementById('outcome').hidden && document.getElementById('final').textContent",
+                timeout=20,
+            )
             assert "Keep shot 3; trim shot 5 by a second." in final
             assert "from 6.0 s to 5.0 s" in final
             conversation = page.evaluate("document.getElementById('messages').innerText")

@@ -43,9 +43,17 @@ def test_approve_runs_the_tool_and_the_model_reads_its_result(client: Client, wo
     assert status.final_text == "Model read: published 2+3"
     assert len(published(worker)) == before + 1
     assert kinds(client, run_id) == [
-        "queued", "model", "tool", "parked", "approval_requested", "approval_decided", "resumed", "tool",
-        "model", "finished",
-    ]  # fmt: skip
+        "queued",
+        "model",
+        "tool",
+        "parked",
+        "approval_requested",
+        "approval_decided",
+        "resumed",
+        "tool",
+        "model",
+        "finished",
+    ]
     [decided] = [e for e in client.events(run_id) if e.kind == "approval_decided"]
     assert (decided.data["call_id"], decided.data["action"], decided.data["actor"]) == (
         held["call_id"],
@@ -255,8 +263,9 @@ def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(client: 
     run_id = client.enqueue(spec("approve2"))
     status = client.wait(run_id, timeout=20)
     assert status.approvals is not None and [a["input"] for a in status.approvals] == [
-        {"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0},
-    ]  # fmt: skip
+        {"a": 1.0, "b": 2.0},
+        {"a": 3.0, "b": 4.0},
+    ]
     first, second = (a["call_id"] for a in status.approvals)
     assert client.approve(run_id, first) == "recorded"
     assert client.wait(run_id, timeout=5).status == "asked"  # the other call still waits

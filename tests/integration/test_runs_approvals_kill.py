@@ -32,9 +32,12 @@ def client(redis_server: EmbeddedServer) -> Iterator[Client]:
 
 
 def worker(redis_server: EmbeddedServer, tmp_path: Path, plan: Path | None = None) -> Worker:
-    env = {**FAST_RECOVERY, "TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
-           "TOOLLOOP_TEST_TOOL_LOG": str(tmp_path / "tools.jsonl"),
-           "TOOLLOOP_KILL_PLAN": str(plan) if plan else ""}  # fmt: skip
+    env = {
+        **FAST_RECOVERY,
+        "TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
+        "TOOLLOOP_TEST_TOOL_LOG": str(tmp_path / "tools.jsonl"),
+        "TOOLLOOP_KILL_PLAN": str(plan) if plan else "",
+    }
     return start_worker(redis_server.url, tmp_path, env)
 
 

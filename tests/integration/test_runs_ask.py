@@ -38,8 +38,14 @@ def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
     assert ask_call.name == "ask"
     assert history[2] == ToolMessage(tool_call_id=ask_call.id, content="Shot 3")
     assert kinds(client, run_id) == [
-        "queued", "model", "parked", "answered", "resumed", "model", "finished",
-    ]  # fmt: skip
+        "queued",
+        "model",
+        "parked",
+        "answered",
+        "resumed",
+        "model",
+        "finished",
+    ]
 
 
 def test_an_answer_sent_twice_counts_once(client: Client, tmp_path: Path) -> None:
@@ -69,8 +75,16 @@ def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client, tm
     assert status.status == "done", status
     assert status.final_text == "You said: early"
     assert kinds(client, run_id) == [
-        "queued", "model", "tool", "model", "parked", "answered", "resumed", "model", "finished",
-    ]  # fmt: skip
+        "queued",
+        "model",
+        "tool",
+        "model",
+        "parked",
+        "answered",
+        "resumed",
+        "model",
+        "finished",
+    ]
 
 
 def test_a_late_duplicate_pinned_to_its_question_does_not_answer_the_next_one(client: Client) -> None:

@@ -64,9 +64,12 @@ def test_steps_alternating_between_two_workers_replay_what_the_other_committed(
     second = start_worker(
         runs_redis.url,
         tmp_path,
-        {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
-         "TOOLLOOP_TEST_TOOL_LOG": str(worker.tool_log), "TOOLLOOP_TEST_MODEL_LOG": str(worker.model_log)},
-    )  # fmt: skip
+        {
+            "TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
+            "TOOLLOOP_TEST_TOOL_LOG": str(worker.tool_log),
+            "TOOLLOOP_TEST_MODEL_LOG": str(worker.model_log),
+        },
+    )
     try:
         user = f"count {random.randint(0, 10**9)}"
         run_ids = [client.enqueue(spec("count", user=f"{user} {i}")) for i in range(3)]

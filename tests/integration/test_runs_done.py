@@ -29,9 +29,13 @@ def client(runs_redis) -> Client:  # type: ignore[no-untyped-def]
 
 def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
     run_id = client.enqueue(
-        {"model": "scripted", "system": "tools", "toolset": TOOLSET,
-         "messages": [{"role": "user", "content": "Add 2 and 3."}]}
-    )  # fmt: skip
+        {
+            "model": "scripted",
+            "system": "tools",
+            "toolset": TOOLSET,
+            "messages": [{"role": "user", "content": "Add 2 and 3."}],
+        }
+    )
     status = client.wait(run_id, timeout=30)
     assert status.status == "done", status
     assert status.final_text == "The sum is 5."
@@ -63,9 +67,12 @@ def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> No
         client.enqueue({"model": "scripted", "messages": []})
     with pytest.raises(ToolsetError, match=r"'tests\.integration\.nowhere:TOOLS' is not registered"):
         client.enqueue(
-            {"model": "m", "toolset": "tests.integration.nowhere:TOOLS",
-             "messages": [{"role": "user", "content": "hi"}]}
-        )  # fmt: skip
+            {
+                "model": "m",
+                "toolset": "tests.integration.nowhere:TOOLS",
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+        )
     assert client.redis.zcard("tl:runs:live") == before
 
 
@@ -76,9 +83,13 @@ def test_an_unknown_run_id_is_a_clear_error(client: Client) -> None:
 
 def test_events_follow_a_run_to_its_end_and_resume_after_an_id(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
     run_id = client.enqueue(
-        {"model": "scripted", "system": "tools", "toolset": TOOLSET,
-         "messages": [{"role": "user", "content": "Add 7 and 8."}]}
-    )  # fmt: skip
+        {
+            "model": "scripted",
+            "system": "tools",
+            "toolset": TOOLSET,
+            "messages": [{"role": "user", "content": "Add 7 and 8."}],
+        }
+    )
     followed = list(client.events(run_id, follow=True))  # blocks until the terminal event
     assert [e.kind for e in followed] == ["queued", "model", "tool", "model", "finished"]
     rest = list(client.events(run_id, after=followed[1].id))

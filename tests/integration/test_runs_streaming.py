@@ -126,12 +126,18 @@ def test_an_answer_begun_again_within_a_step_voids_its_first_attempt(client: Cli
 def test_toolloop_follow_prints_the_text_as_it_streams_and_says_what_was_discarded(
     client: Client, stream_redis: EmbeddedServer, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"REDIS_URL": stream_redis.url,
-           "TOOLLOOP_HOME": str(tmp_path)}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
+        "REDIS_URL": stream_redis.url,
+        "TOOLLOOP_HOME": str(tmp_path),
+    }
     done = subprocess.run(
         [TOOLLOOP, "run", "redo", "--model", "scripted", "--toolset", "agents", "--follow"],
-        env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     texts = [line for line in lines if line.startswith("step  1  text ") and "(discarded" not in line]

@@ -20,11 +20,16 @@ TOOLS = [
     }
 ]
 SCRIPT = [
-    {"text": "Let me look.", "tool_calls": [{"name": "read_frame", "input": {"shot": 3}},
-                                            {"name": "read_frame", "input": {"shot": 5}}]},
+    {
+        "text": "Let me look.",
+        "tool_calls": [
+            {"name": "read_frame", "input": {"shot": 3}},
+            {"name": "read_frame", "input": {"shot": 5}},
+        ],
+    },
     {"tool_calls": [{"name": "read_frame", "input": {"shot": 7}}]},
     {"text": "Shot 3 is fine."},
-]  # fmt: skip
+]
 LONG_SYSTEM = "You review storyboards. " * 400  # 2400 tokens by the simulator's estimate
 
 
@@ -106,18 +111,30 @@ def test_a_policy_sees_the_request_parsed_back_to_contract_types() -> None:
     with SimServer(policy) as sim:
         history: list[dict[str, Any]] = [
             {"role": "user", "content": "Look."},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "read_frame",
-                                               "input": {"shot": 1}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": "ok"},
-                                         {"type": "text", "text": "Now decide."}]},
-        ]  # fmt: skip
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "toolu_a", "name": "read_frame", "input": {"shot": 1}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_a", "content": "ok"},
+                    {"type": "text", "text": "Now decide."},
+                ],
+            },
+        ]
         answer = create(sim, history, system="Be brief.")
     assert answer.content[0].type == "text" and answer.content[0].text == "1 turns, tools ['read_frame']"
     request = seen[0]
     assert (request.wire, request.model, request.system) == ("anthropic", "claude-sonnet-5-5", "Be brief.")
     assert [type(message) for message in request.messages] == [
-        UserMessage, AssistantMessage, ToolMessage, UserMessage
-    ]  # fmt: skip
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        UserMessage,
+    ]
     assistant = request.messages[1]
     assert isinstance(assistant, AssistantMessage) and assistant.tool_calls
     assert assistant.tool_calls[0].input == {"shot": 1}
@@ -194,10 +211,17 @@ def test_a_streamed_answer_read_by_the_sdk_is_the_non_streamed_message(sim: SimS
     messages = [{"role": "user", "content": "Review shots 3 and 5."}]
     whole = create(sim, messages, **extra)
     sim.reset()
-    with client(sim) as sdk, sdk.messages.stream(
-        model="claude-sonnet-5-5", max_tokens=1000, tools=TOOLS, messages=messages,
-        system=[{"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}], **extra,
-    ) as stream:  # fmt: skip
+    with (
+        client(sim) as sdk,
+        sdk.messages.stream(
+            model="claude-sonnet-5-5",
+            max_tokens=1000,
+            tools=TOOLS,
+            messages=messages,
+            system=[{"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}],
+            **extra,
+        ) as stream,
+    ):
         texts = list(stream.text_stream)
         streamed = stream.get_final_message()
     assert streamed.to_dict() == whole.to_dict()

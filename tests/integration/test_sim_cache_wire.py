@@ -105,9 +105,14 @@ def test_a_turn_of_more_than_20_blocks_after_the_only_mark_misses_the_conversati
 
 
 def test_a_mark_inside_a_tool_result_is_a_breakpoint(sim: Sim) -> None:
-    result = {"type": "tool_result", "tool_use_id": "toolu_x",
-              "content": [{"type": "text", "text": "frame", "cache_control": MARK},
-                          {"type": "text", "text": "trailing note"}]}  # fmt: skip
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "toolu_x",
+        "content": [
+            {"type": "text", "text": "frame", "cache_control": MARK},
+            {"type": "text", "text": "trailing note"},
+        ],
+    }
     history = [
         {"role": "user", "content": "Look."},
         {

@@ -205,11 +205,13 @@ def _signed(sim: SimServer) -> dict[str, Any]:
 
 
 def _with_block(block: dict[str, Any]) -> dict[str, Any]:
-    return _body(messages=[
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": [block, {"type": "text", "text": "Going on."}]},
-        {"role": "user", "content": "Next."},
-    ])  # fmt: skip
+    return _body(
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [block, {"type": "text", "text": "Going on."}]},
+            {"role": "user", "content": "Next."},
+        ]
+    )
 
 
 def test_the_simulator_refuses_what_the_api_refuses(sim: SimServer) -> None:

@@ -16,8 +16,12 @@ from toolloop.sim.tokens import IMAGE_TOKENS, text_tokens
 PATH = "/openrouter/router/openai/v1/chat/completions"
 MODEL = "anthropic/claude-opus-5.5"  # $4 / $20 per million tokens
 SYSTEM = "You review storyboards. " * 400  # 2400 tokens
-TOOLS = [{"type": "function", "function": {"name": "read_frame", "description": "Read a frame.",
-                                           "parameters": {"type": "object"}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "read_frame", "description": "Read a frame.", "parameters": {"type": "object"}},
+    }
+]
 SCRIPT = [
     {"tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]},
     {"text": "Shot 3 is fine."},

@@ -58,8 +58,13 @@ def handler(wire: str, sim: SimServer, timeout_s: float = 30.0) -> AnthropicHand
 
 
 def prompt() -> PromptGenRequest:
-    return PromptGenRequest(model=MODEL, system=SYSTEM, cache_system=True, params={"reasoning": "off"},
-                            messages=[UserMessage(content="Review the storyboard.")])  # fmt: skip
+    return PromptGenRequest(
+        model=MODEL,
+        system=SYSTEM,
+        cache_system=True,
+        params={"reasoning": "off"},
+        messages=[UserMessage(content="Review the storyboard.")],
+    )
 
 
 def faulted(kind: str, turn: dict[str, Any] | None = None, times: int | None = 1) -> dict[str, Any]:
@@ -126,15 +131,28 @@ SCRIPT = [
 ]
 
 
-def options(wire: str, sim: SimServer, journal: MemoryJournal | RedisJournal, events: list[Any], usd: float,
-            max_steps: int = 2) -> RunToolLoopOptions:  # fmt: skip
+def options(
+    wire: str,
+    sim: SimServer,
+    journal: MemoryJournal | RedisJournal,
+    events: list[Any],
+    usd: float,
+    max_steps: int = 2,
+) -> RunToolLoopOptions:
     gen = PromptGen({wire: handler(wire, sim)}, wire)
     tool = ToolSpec(name="read_frame", description="Read one frame.", schema=Shot, run=read_frame)
     return RunToolLoopOptions(
-        generate=gen.as_generate(), model=MODEL, system=SYSTEM, messages=[UserMessage(content="Shot 3?")],
-        tools=[tool], budget=Budget(usd=usd), max_steps=max_steps, step=journal.step, on_step=events.append,
+        generate=gen.as_generate(),
+        model=MODEL,
+        system=SYSTEM,
+        messages=[UserMessage(content="Shot 3?")],
+        tools=[tool],
+        budget=Budget(usd=usd),
+        max_steps=max_steps,
+        step=journal.step,
+        on_step=events.append,
         reasoning="off",
-    )  # fmt: skip
+    )
 
 
 def journals(kind: str, request: pytest.FixtureRequest) -> Callable[[], MemoryJournal | RedisJournal]:

@@ -62,14 +62,30 @@ TOOL = {"name": "read_frame", "description": "Read one frame.", "input_schema": 
 LONG = "The third shot holds too long on the empty corridor; cut it by a second. " * 6
 SCENARIOS: dict[str, list[Any]] = {
     "text": [{"text": LONG}],
-    "tool calls": [{"text": "Looking at both.", "tool_calls": [
-        {"name": "read_frame", "input": {"shot": 3, "note": "ünïcode \u2014 ok"}},
-        {"name": "read_frame", "input": {}}]}],
-    "thinking": [{"text": "Shot 3 is fine.", "thinking": "Check the corridor shot first. " * 5,
-                  "redacted_thinking": True}],
-    "cut tool call": [{"text": "Writing.", "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}],
-                       "max_tokens_needed": 100_000}],
-}  # fmt: skip
+    "tool calls": [
+        {
+            "text": "Looking at both.",
+            "tool_calls": [
+                {"name": "read_frame", "input": {"shot": 3, "note": "ünïcode \u2014 ok"}},
+                {"name": "read_frame", "input": {}},
+            ],
+        }
+    ],
+    "thinking": [
+        {
+            "text": "Shot 3 is fine.",
+            "thinking": "Check the corridor shot first. " * 5,
+            "redacted_thinking": True,
+        }
+    ],
+    "cut tool call": [
+        {
+            "text": "Writing.",
+            "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}],
+            "max_tokens_needed": 100_000,
+        }
+    ],
+}
 
 
 def handler(wire: str, sim: SimServer, **options: Any) -> AnthropicHandler | FalHandler:
@@ -86,8 +102,14 @@ def request(scenario: str, turn: int = 0) -> PromptGenRequest:
     if scenario == "cut tool call":
         params["max_tokens"] = 2000
     messages = [UserMessage(content=f"Review the storyboard, pass {turn}.")]
-    return PromptGenRequest(model="claude-sonnet-5-5", system=SYSTEM, cache_system=True, params=params,
-                            messages=messages, tools=[TOOL])  # fmt: skip
+    return PromptGenRequest(
+        model="claude-sonnet-5-5",
+        system=SYSTEM,
+        cache_system=True,
+        params=params,
+        messages=messages,
+        tools=[TOOL],
+    )
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
@@ -98,8 +120,9 @@ async def test_a_streamed_answer_is_the_same_result_as_the_whole_one(wire: str, 
         whole = [await model.execute(request(scenario, turn), NEVER_ABORTED) for turn in (1, 2)]
         sim.reset()  # an empty prompt cache again: the streamed calls write, then read, the same
         deltas: list[DeltaEvent] = []
-        streamed = [await model.execute(request(scenario, t), NEVER_ABORTED, on_delta=deltas.append)
-                    for t in (1, 2)]  # fmt: skip
+        streamed = [
+            await model.execute(request(scenario, t), NEVER_ABORTED, on_delta=deltas.append) for t in (1, 2)
+        ]
     for one, other in zip(whole, streamed, strict=True):
         assert other.model_dump_json() == one.model_dump_json()
     first, second = whole
@@ -120,10 +143,17 @@ async def test_a_streamed_answer_is_the_same_result_as_the_whole_one(wire: str, 
 def loop_options(wire: str, sim: SimServer, journal: MemoryJournal, events: list[Any]) -> RunToolLoopOptions:
     gen = PromptGen({wire: handler(wire, sim)}, wire)
     return RunToolLoopOptions(
-        generate=gen.as_generate(), model="claude-sonnet-5-5", system=SYSTEM,
-        messages=[UserMessage(content="Review shot 3.")], tools=[read_frame_spec()], budget=Budget(usd=5.0),
-        max_steps=5, step=journal.step, on_step=events.append, reasoning="off",
-    )  # fmt: skip
+        generate=gen.as_generate(),
+        model="claude-sonnet-5-5",
+        system=SYSTEM,
+        messages=[UserMessage(content="Review shot 3.")],
+        tools=[read_frame_spec()],
+        budget=Budget(usd=5.0),
+        max_steps=5,
+        step=journal.step,
+        on_step=events.append,
+        reasoning="off",
+    )
 
 
 LOOP_SCRIPT = [
@@ -219,8 +249,9 @@ async def test_the_timeout_is_idle_between_events_not_a_cap_on_the_answer(
     assert result.text == LONG
     stalled = faulted("stall", seconds=1.0, times=None)
     with SimServer(stalled, strict=True) as sim:
-        model = handler(wire, sim, timeout_s=0.3, retry=RetryPolicy(attempts=2, base_delay_s=0.01),
-                        keep_alive=keep_alive)  # fmt: skip
+        model = handler(
+            wire, sim, timeout_s=0.3, retry=RetryPolicy(attempts=2, base_delay_s=0.01), keep_alive=keep_alive
+        )
         with pytest.raises(PromptGenError, match=r"sent nothing for 0\.3 s in the middle of its streamed"):
             await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
         assert sim.stats()["faults"] == {"stall": 2}
@@ -307,8 +338,9 @@ async def test_a_stream_cut_or_failed_while_reads_are_held_is_retried_the_same(w
 async def test_held_reads_keep_the_idle_timeout_between_events(wire: str) -> None:
     stall = {"kind": "stall", "seconds": 1.2, "after": 20, "times": None}
     with SimServer([{"text": LONG, "tokens_per_s": 200, "fault": stall}], strict=True) as sim, held(0.05):
-        model = handler(wire, sim, timeout_s=0.5, retry=RetryPolicy(attempts=2, base_delay_s=0.01),
-                        keep_alive=True)  # fmt: skip
+        model = handler(
+            wire, sim, timeout_s=0.5, retry=RetryPolicy(attempts=2, base_delay_s=0.01), keep_alive=True
+        )
         try:
             with pytest.raises(PromptGenError, match=r"sent nothing for 0\.5 s in the middle of its"):
                 await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)

@@ -39,13 +39,56 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _certificates(directory: Path) -> None:
-    _openssl("req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", "ca.key", "-out", "ca.pem",
-             "-days", "2", "-subj", "/CN=toolloop test CA", cwd=directory)  # fmt: skip
-    _openssl("req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", "server.key", "-out", "server.csr",
-             "-subj", "/CN=127.0.0.1", cwd=directory)  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-nodes",
+        "-newkey",
+        "rsa:2048",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=toolloop test CA",
+        cwd=directory,
+    )
+    _openssl(
+        "req",
+        "-new",
+        "-nodes",
+        "-newkey",
+        "rsa:2048",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+        cwd=directory,
+    )
     (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "server.pem", "-days", "2", "-extfile", "san.ext", cwd=directory)  # fmt: skip
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        cwd=directory,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +104,43 @@ def tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = (directory / "redis.log").open("wb")
     process = subprocess.Popen(
-        [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-         "--tls-cert-file", "server.pem", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.pem",
-         "--tls-auth-clients", "no", "--dir", str(directory), "--save", "", "--appendonly", "yes",
-         "--maxmemory", "200mb", "--maxmemory-policy", "noeviction",
-         "--aclfile", str(directory / "users.acl")],
-        cwd=directory, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = (f"rediss://toolloop:{quote(PASSWORD)}@127.0.0.1:{port}/0"
-           f"?ssl_cert_reqs=required&ssl_ca_certs={directory / 'ca.pem'}")  # fmt: skip
+        [
+            binary,
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            "server.pem",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.pem",
+            "--tls-auth-clients",
+            "no",
+            "--dir",
+            str(directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--maxmemory",
+            "200mb",
+            "--maxmemory-policy",
+            "noeviction",
+            "--aclfile",
+            str(directory / "users.acl"),
+        ],
+        cwd=directory,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = (
+        f"rediss://toolloop:{quote(PASSWORD)}@127.0.0.1:{port}/0"
+        f"?ssl_cert_reqs=required&ssl_ca_certs={directory / 'ca.pem'}"
+    )
     deadline = time.monotonic() + 15
     while True:
         if process.poll() is not None:
@@ -148,15 +219,41 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(  # `toolloop worker` itself: its start check speaks TLS too
         [TOOLLOOP, "worker", "-c", "2", "--toolsets", "agents=tests.integration.agents:TOOLS"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
-        queued = _toolloop(env, "run", "Add 2 and 3.", "--model", "scripted", "--system", "tools",
-                           "--toolset", "agents", "--idempotency-key", "cli-1")  # fmt: skip
+        queued = _toolloop(
+            env,
+            "run",
+            "Add 2 and 3.",
+            "--model",
+            "scripted",
+            "--system",
+            "tools",
+            "--toolset",
+            "agents",
+            "--idempotency-key",
+            "cli-1",
+        )
         assert queued.returncode == 0, queued.stderr
         run_id = queued.stdout.split()[0]
-        repeat = _toolloop(env, "run", "Add 2 and 3.", "--model", "scripted", "--system", "tools",
-                           "--toolset", "agents", "--idempotency-key", "cli-1")  # fmt: skip
+        repeat = _toolloop(
+            env,
+            "run",
+            "Add 2 and 3.",
+            "--model",
+            "scripted",
+            "--system",
+            "tools",
+            "--toolset",
+            "agents",
+            "--idempotency-key",
+            "cli-1",
+        )
         assert repeat.stdout.split()[0] == run_id
         followed = _toolloop(env, "events", run_id, "--follow")
         assert followed.returncode == 0 and "finished" in followed.stdout, followed.stdout + followed.stderr

@@ -22,13 +22,37 @@ def test_a_worker_with_another_priority_separator_refuses_to_start(
     redis_server: EmbeddedServer, tmp_path: Path
 ) -> None:
     (tmp_path / "moved_layout.py").write_text(APP)
-    env = {**os.environ, **WORKER_ENV, "REDIS_URL": redis_server.url,
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}  # fmt: skip
+    env = {
+        **os.environ,
+        **WORKER_ENV,
+        "REDIS_URL": redis_server.url,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "moved_layout", "worker", "-P", "threads", "-c", "1",
-         "-Q", "llm,tools,control", "--without-mingle", "--without-gossip", "-n", "layout@%h"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "moved_layout",
+            "worker",
+            "-P",
+            "threads",
+            "-c",
+            "1",
+            "-Q",
+            "llm,tools,control",
+            "--without-mingle",
+            "--without-gossip",
+            "-n",
+            "layout@%h",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     out = done.stdout + done.stderr
     assert done.returncode != 0, out[-2000:]
     assert "broker_transport_options sets sep=':'" in out, out[-2000:]

@@ -27,11 +27,23 @@ from toolloop.embedded import free_port
 pytestmark = pytest.mark.integration
 
 HELD = [
-    {"call_id": "call_a", "name": "render_preview", "input": {"shots": [3, 5]},
-     "input_digest": "sha256:aaa", "estimate_usd": 0.05, "deadline": None},
-    {"call_id": "call_b", "name": "publish", "input": {"channel": "main"},
-     "input_digest": "sha256:bbb", "estimate_usd": 0.0, "deadline": None},
-]  # fmt: skip
+    {
+        "call_id": "call_a",
+        "name": "render_preview",
+        "input": {"shots": [3, 5]},
+        "input_digest": "sha256:aaa",
+        "estimate_usd": 0.05,
+        "deadline": None,
+    },
+    {
+        "call_id": "call_b",
+        "name": "publish",
+        "input": {"channel": "main"},
+        "input_digest": "sha256:bbb",
+        "estimate_usd": 0.0,
+        "deadline": None,
+    },
+]
 STATUS = {"run_id": "r1", "status": "asked", "spent_usd": 0.01, "approvals": HELD, "asked": {}}
 
 
@@ -45,15 +57,22 @@ def site() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         )
 
     async def decide(request: Request) -> Response:
-        posted.append({"call": request.path_params["call"], "action": request.path_params["action"],
-                       "body": await request.json()})  # fmt: skip
+        posted.append(
+            {
+                "call": request.path_params["call"],
+                "action": request.path_params["action"],
+                "body": await request.json(),
+            }
+        )
         return JSONResponse({"outcome": "recorded"})
 
-    app = Starlette(routes=[
-        Route("/runs/r1", page),
-        Route("/runs/r1/events", lambda request: Response(status_code=204)),
-        Route("/runs/r1/approvals/{call}/{action}", decide, methods=["POST"]),
-    ])  # fmt: skip
+    app = Starlette(
+        routes=[
+            Route("/runs/r1", page),
+            Route("/runs/r1/events", lambda request: Response(status_code=204)),
+            Route("/runs/r1/approvals/{call}/{action}", decide, methods=["POST"]),
+        ]
+    )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -83,16 +102,22 @@ def test_the_viewer_shows_held_calls_and_sends_each_decision(
         assert len(rows) == 2 and "render_preview" in rows[0] and '{"shots":[3,5]}' in rows[0]
         row = "document.querySelector('#held .held[data-call=\"call_a\"]')"
         # an edit that is not JSON is refused in the page; nothing is sent
-        page.evaluate(f"{row}.querySelector('.edit').value = '{{shots: 3'; "
-                      f"{row}.querySelector('[data-action=edit]').click(); true")  # fmt: skip
+        page.evaluate(
+            f"{row}.querySelector('.edit').value = '{{shots: 3'; "
+            f"{row}.querySelector('[data-action=edit]').click(); true"
+        )
         assert "not JSON" in page.wait_for(f"{row}.querySelector('.decided').textContent", timeout=10)
         assert posted == []
-        page.evaluate(f"{row}.querySelector('.edit').value = '{{\"shots\": [3]}}'; "
-                      f"{row}.querySelector('[data-action=edit]').click(); true")  # fmt: skip
+        page.evaluate(
+            f"{row}.querySelector('.edit').value = '{{\"shots\": [3]}}'; "
+            f"{row}.querySelector('[data-action=edit]').click(); true"
+        )
         page.wait_for(f"{row}.querySelector('.decided').textContent.startsWith('edit')", timeout=10)
         other = "document.querySelector('#held .held[data-call=\"call_b\"]')"
-        page.evaluate(f"{other}.querySelector('.reason').value = 'not today'; "
-                      f"{other}.querySelector('[data-action=reject]').click(); true")  # fmt: skip
+        page.evaluate(
+            f"{other}.querySelector('.reason').value = 'not today'; "
+            f"{other}.querySelector('[data-action=reject]').click(); true"
+        )
         page.wait_for(f"{other}.querySelector('.decided').textContent.startsWith('reject')", timeout=10)
         # a decided call offers no more decisions: its buttons and fields are gone, the outcome stays
         assert page.evaluate(f"{other}.querySelectorAll('button, input, textarea').length") == 0

@@ -89,8 +89,12 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
         said = [m["content"] for m in http.get(f"/runs/{run_id}/messages").json() if m["role"] == "user"]
         assert said[-1] == "Thanks. Anything else?" or "Thanks. Anything else?" in said
         # the conversation's images (the frames read_frame returned) are served to the viewer
-        parts = [p for m in http.get(f"/runs/{run_id}/messages").json() if m["role"] == "tool"
-                 for p in (m["content"] if isinstance(m["content"], list) else [])]  # fmt: skip
+        parts = [
+            p
+            for m in http.get(f"/runs/{run_id}/messages").json()
+            if m["role"] == "tool"
+            for p in (m["content"] if isinstance(m["content"], list) else [])
+        ]
         image = next(p for p in parts if p["type"] == "image")
         served = http.get(f"/runs/{run_id}/images/{image['hash']}")
         assert served.status_code == 200 and served.headers["content-type"] == "image/png"

@@ -33,8 +33,12 @@ def web(web_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def test_sse_resumes_after_last_event_id_with_every_delta_once(web: str) -> None:
-    spec = {"model": "scripted", "toolset": "agents", "stream": True,
-            "messages": [{"role": "user", "content": "Add."}]}  # fmt: skip
+    spec = {
+        "model": "scripted",
+        "toolset": "agents",
+        "stream": True,
+        "messages": [{"role": "user", "content": "Add."}],
+    }
     run_id = httpx.post(f"{web}/runs", json=spec, headers=AUTH, timeout=10).json()["run_id"]
     url = f"{web}/runs/{run_id}/events"
     first: list[tuple[str, str, dict[str, object]]] = []

@@ -82,10 +82,18 @@ def running_chromium(directory: Path, width: int = 1100, height: int = 1400) -> 
     if binary is None:
         pytest.fail(f"No chromium on PATH: the run viewer test needs it.\n  {INSTALL}")
     port = free_port()
-    args = [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--no-proxy-server", f"--remote-debugging-port={port}",
-            f"--user-data-dir={directory / 'profile'}", f"--window-size={width},{height}",
-            "about:blank"]  # fmt: skip
+    args = [
+        binary,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--no-proxy-server",
+        f"--remote-debugging-port={port}",
+        f"--user-data-dir={directory / 'profile'}",
+        f"--window-size={width},{height}",
+        "about:blank",
+    ]
     log = (directory / "chromium.log").open("wb")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -105,8 +113,13 @@ def running_chromium(directory: Path, width: int = 1100, height: int = 1400) -> 
             tab = Page(socket)
             tab.call("Page.enable")
             tab.call("Runtime.enable")
-            tab.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                     mobile=False)  # fmt: skip
+            tab.call(
+                "Emulation.setDeviceMetricsOverride",
+                width=width,
+                height=height,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             yield tab
     finally:  # its own process group: the renderer and GPU helpers end with it
         end(process, 10, group=True)

@@ -28,9 +28,18 @@ def running_flower(
     port = free_port()
     env = {**env}
     env.pop("FLOWER_UNAUTHENTICATED_API", None)
-    args = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", "--address=127.0.0.1",
-            f"--port={port}", f"--basic_auth={auth[0]}:{auth[1]}",
-            f"--read_only={str(read_only).lower()}"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "flower",
+        "--address=127.0.0.1",
+        f"--port={port}",
+        f"--basic_auth={auth[0]}:{auth[1]}",
+        f"--read_only={str(read_only).lower()}",
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

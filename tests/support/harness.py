@@ -71,8 +71,13 @@ class StepHarness:
         return result
 
     def enqueue(self, system: str = "You test.", user: str = "Go.", **fields: Any) -> str:
-        spec = {"model": "scripted", "system": system, "toolset": "agents",
-                "messages": [{"role": "user", "content": user}], **fields}  # fmt: skip
+        spec = {
+            "model": "scripted",
+            "system": system,
+            "toolset": "agents",
+            "messages": [{"role": "user", "content": user}],
+            **fields,
+        }
         return self.client.enqueue(spec)
 
     def next_n(self, run_id: str) -> int:
@@ -140,9 +145,12 @@ async def step_harness(harness_redis: EmbeddedServer) -> AsyncIterator[StepHarne
     plain = redis.Redis.from_url(harness_redis.url, decode_responses=True)
     plain.flushall()
     settings = dataclasses.replace(
-        Settings.from_env(), redis_url=harness_redis.url, redis_source="harness", sweep_interval=0,
+        Settings.from_env(),
+        redis_url=harness_redis.url,
+        redis_source="harness",
+        sweep_interval=0,
         kill_plan="",
-    )  # fmt: skip
+    )
     hooks = RecordingHooks()
     holder: list[StepHarness] = []
 

@@ -40,8 +40,15 @@ def logged(request: dict[str, Any]) -> None:
 
 
 def task(ident: str, status: str, message: str) -> dict[str, Any]:
-    return {"taskId": ident, "status": status, "statusMessage": message, "createdAt": NOW,
-            "lastUpdatedAt": NOW, "ttl": 60000, "pollInterval": 200}  # fmt: skip
+    return {
+        "taskId": ident,
+        "status": status,
+        "statusMessage": message,
+        "createdAt": NOW,
+        "lastUpdatedAt": NOW,
+        "ttl": 60000,
+        "pollInterval": 200,
+    }
 
 
 def answer(request: dict[str, Any]) -> Any:

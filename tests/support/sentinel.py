@@ -61,10 +61,25 @@ class SentinelSet:
         home.mkdir()
         log = home / "server.log"
         args = [
-            server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
-            "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-            "--maxmemory-policy", "noeviction", "--logfile", str(log), *extra,
-        ]  # fmt: skip
+            server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(home),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(log),
+            *extra,
+        ]
         process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait(lambda: ping("127.0.0.1", port), 10)
         return _Node(port, process, log)
@@ -127,10 +142,25 @@ class SentinelSet:
         after = self._moved_from(before, timeout)
         home = node.log.parent
         args = [
-            server_binary(), "--port", str(node.port), "--bind", "127.0.0.1", "--dir", str(home),
-            "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-            "--logfile", str(node.log), "--replicaof", "127.0.0.1", str(after),
-        ]  # fmt: skip
+            server_binary(),
+            "--port",
+            str(node.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(home),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--logfile",
+            str(node.log),
+            "--replicaof",
+            "127.0.0.1",
+            str(after),
+        ]
         node.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait(lambda: ping("127.0.0.1", node.port), 10)
         return after

@@ -48,10 +48,19 @@ def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 def review_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """`toolloop worker` whose model is the storyboard review's simulated one."""
     return spawn(
-        [str(BIN / "toolloop"), "worker", "-c", "4", "-l", "WARNING",
-         "--sim-policy", "examples.storyboard.policy:review_policy"],
-        env, log,
-    )  # fmt: skip
+        [
+            str(BIN / "toolloop"),
+            "worker",
+            "-c",
+            "4",
+            "-l",
+            "WARNING",
+            "--sim-policy",
+            "examples.storyboard.policy:review_policy",
+        ],
+        env,
+        log,
+    )
 
 
 def start_web(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

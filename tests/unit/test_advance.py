@@ -33,9 +33,16 @@ async def test_a_run_steps_to_its_end_with_the_hooks_at_every_point(step_harness
     assert h.events(run)[-1] == "finished" and h.outbox(run) == []
     sent = sorted(h.queued(), key=lambda d: d.task_id)  # each successor was sent, on its queue
     assert [(d.task_id, d.kwargsrepr) for d in sent] == [
-        (f"{run}:2", "{'step': 'tool add'}"), (f"{run}:3", "{'step': 'model 2'}")]  # fmt: skip
-    assert h.hooks.names()[:5] == ["advance:begin", "work:before", "commit:before", "commit:after",
-                                   "enqueue:after"]  # fmt: skip
+        (f"{run}:2", "{'step': 'tool add'}"),
+        (f"{run}:3", "{'step': 'model 2'}"),
+    ]
+    assert h.hooks.names()[:5] == [
+        "advance:begin",
+        "work:before",
+        "commit:before",
+        "commit:after",
+        "enqueue:after",
+    ]
     assert [f["key"] for n, f in h.hooks.points if n == "work:before"] == ["model:1", "tool:c1", "model:2"]
     assert h.hooks.names().count("enqueue:after") == 2  # the last step sends nothing
     assert run not in h.process.kept  # a finished run keeps no loop
@@ -111,8 +118,9 @@ async def test_a_copy_whose_lease_was_taken_over_is_fenced_at_its_commit(step_ha
 
 async def test_an_answer_sent_before_the_park_resumes_the_run_at_its_park(step_harness: StepHarness) -> None:
     h = step_harness
-    h.model = ScriptedModel([reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]),
-                             reply("Shot 3 it is.")])  # fmt: skip
+    h.model = ScriptedModel(
+        [reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]), reply("Shot 3 it is.")]
+    )
     run = h.enqueue()
     h.client.answer(run, "Shot 3.")
     assert h.apply_answers(run) == ["kept"]  # not parked yet: kept for the segment

@@ -148,10 +148,16 @@ async def test_the_sent_body_is_the_body_built_from_nothing_at_every_turn(
     extra: dict[str, Any] = {"messages": given_history()} if given else {}
     result = await run_tool_loop(
         options(
-            model, MemoryJournal(), tools=[read_frame(image=True)], cache=cache, keep_images=keep_images,
-            cache_ttl=ttl, max_steps=turns + 1, **extra,
+            model,
+            MemoryJournal(),
+            tools=[read_frame(image=True)],
+            cache=cache,
+            keep_images=keep_images,
+            cache_ttl=ttl,
+            max_steps=turns + 1,
+            **extra,
         )
-    )  # fmt: skip
+    )
     assert result.stopped_by == "done"
     assert len(model.sent) == turns + 1
     if ttl == "1h" and cache != "off":

@@ -27,8 +27,10 @@ class _Server:
         return {name: SAFE[name]}
 
 
-@pytest.mark.parametrize(("version", "old"), [("6.0.16", True), ("5.0.7", True), ("6.2.0", False),
-                                              ("7.2.4", False), ("10.0.1", False), ("", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("version", "old"),
+    [("6.0.16", True), ("5.0.7", True), ("6.2.0", False), ("7.2.4", False), ("10.0.1", False), ("", False)],
+)
 def test_versions_older_than_6_2_are_too_old(version: str, old: bool) -> None:
     assert too_old(version) is old
 

@@ -107,8 +107,14 @@ def test_status_block(capsys: pytest.CaptureFixture[str]) -> None:
 
     class Stub:
         def status(self, run_id: str) -> RunStatus:
-            return RunStatus(run_id=run_id, status="asked", steps=4, spent_usd=0.0262,
-                             asked={"question": "Keep shot 3?"}, created_at=0.0)  # fmt: skip
+            return RunStatus(
+                run_id=run_id,
+                status="asked",
+                steps=4,
+                spent_usd=0.0262,
+                asked={"question": "Keep shot 3?"},
+                created_at=0.0,
+            )
 
     print_status(Stub(), "r1")
     assert capsys.readouterr().out.splitlines() == [

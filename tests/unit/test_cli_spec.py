@@ -25,8 +25,21 @@ def test_flags_build_a_spec() -> None:
 
 
 def test_deadline_flags() -> None:
-    spec = build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--ask-timeout", "30",
-                            "--ask-default", "Go on.", "--approval-timeout", "600"))  # fmt: skip
+    spec = build_spec(
+        parse(
+            "Hi",
+            "--model",
+            "m",
+            "--toolset",
+            TOOLSET,
+            "--ask-timeout",
+            "30",
+            "--ask-default",
+            "Go on.",
+            "--approval-timeout",
+            "600",
+        )
+    )
     assert (spec.ask_timeout_s, spec.ask_default, spec.approval_timeout_s) == (30, "Go on.", 600)
 
 

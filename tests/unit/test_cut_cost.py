@@ -21,14 +21,21 @@ from toolloop.sim.stream import anthropic_events, encode, fal_chunks
 
 TRICKY = 'He said "cut it" \\ twice: é, 🎬.'
 MESSAGE = {
-    "id": "msg_c", "type": "message", "role": "assistant", "model": "claude-sonnet-5-5",
-    "content": [{"type": "thinking", "thinking": "Check shot 3. " * 3, "signature": "sig"},
-                {"type": "text", "text": "Reading it. " + TRICKY},
-                {"type": "tool_use", "id": "t1", "name": "note", "input": {"shot": 3, "text": TRICKY}},
-                {"type": "tool_use", "id": "t2", "name": "note", "input": {}}],
-    "stop_reason": "tool_use", "stop_sequence": None, "stop_details": None,
+    "id": "msg_c",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-5-5",
+    "content": [
+        {"type": "thinking", "thinking": "Check shot 3. " * 3, "signature": "sig"},
+        {"type": "text", "text": "Reading it. " + TRICKY},
+        {"type": "tool_use", "id": "t1", "name": "note", "input": {"shot": 3, "text": TRICKY}},
+        {"type": "tool_use", "id": "t2", "name": "note", "input": {}},
+    ],
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
+    "stop_details": None,
     "usage": {"input_tokens": 120, "cache_read_input_tokens": 2000, "output_tokens": 90},
-}  # fmt: skip
+}
 PRICE = default_catalog().require("anthropic", "claude-sonnet-5-5").price
 assert (
     PRICE is not None
@@ -67,11 +74,19 @@ def test_a_fal_stream_cut_anywhere_says_what_it_received() -> None:
         "type": "function",
         "function": {"name": "note", "arguments": json.dumps({"t": TRICKY})},
     }
-    message = {"role": "assistant", "content": "Reading it. " + TRICKY, "reasoning": "Check shot 3. " * 3,
-               "tool_calls": [call]}  # fmt: skip
+    message = {
+        "role": "assistant",
+        "content": "Reading it. " + TRICKY,
+        "reasoning": "Check shot 3. " * 3,
+        "tool_calls": [call],
+    }
     choice = {"message": message, "finish_reason": "tool_calls"}
-    body = {"id": "gen-1", "model": "anthropic/claude-sonnet-5.5", "choices": [choice],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 4}}  # fmt: skip
+    body = {
+        "id": "gen-1",
+        "model": "anthropic/claude-sonnet-5.5",
+        "choices": [choice],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+    }
     chunks = list(fal_chunks(body))
     assert CompletionStream(None).partial() is None
     for cut in range(1, len(chunks)):  # after the first chunk, before [DONE]
@@ -87,8 +102,12 @@ def test_a_fal_stream_cut_anywhere_says_what_it_received() -> None:
 def test_an_anthropic_cut_costs_its_message_start_input_and_the_larger_output(
     reported: int, output: int, source: str
 ) -> None:
-    usage = {"input_tokens": 1000, "cache_read_input_tokens": 2000, "cache_creation_input_tokens": 300,
-             "output_tokens": reported}  # fmt: skip
+    usage = {
+        "input_tokens": 1000,
+        "cache_read_input_tokens": 2000,
+        "cache_creation_input_tokens": 300,
+        "output_tokens": reported,
+    }
     cut = anthropic_cut(Partial(usage, "x" * 40 + "é"), price=PRICE, model="claude-sonnet-5-5")
     assert cut.usd == pytest.approx((1000 * 2 + 2000 * 0.10 + 300 * 2.50 + output * 10) / 1e6, abs=1e-12)
     assert (cut.usage.prompt_tokens, cut.usage.completion_tokens, cut.output_from) == (3300, output, source)
@@ -103,8 +122,12 @@ def test_a_fal_cut_without_usage_costs_the_character_estimate_of_request_and_pie
     assert cut.usd == pytest.approx((100 * 2 + 10 * 10) / 1e6, abs=1e-12)
     assert (cut.usage.prompt_tokens, cut.usage.completion_tokens) == (100, 10)
     assert (cut.cost_source, cut.output_from, cut.provider) == ("chars", "chars", "fal")
-    reported = fal_cut(Partial({"prompt_tokens": 900, "completion_tokens": 3, "cost": 0.5}, "y" * 40),
-                       price=PRICE, model="m", input_text="x")  # fmt: skip
+    reported = fal_cut(
+        Partial({"prompt_tokens": 900, "completion_tokens": 3, "cost": 0.5}, "y" * 40),
+        price=PRICE,
+        model="m",
+        input_text="x",
+    )
     assert reported.usd == 0.5 and reported.cost_source == "usage"
 
 

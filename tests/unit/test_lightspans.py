@@ -67,9 +67,12 @@ def test_a_span_reaches_the_sdks_exporter_as_a_readable_span() -> None:
     assert done.resource.attributes["service.name"] == "toolloop-worker"
     assert done.instrumentation_scope is not None and done.instrumentation_scope.name == "toolloop"
     assert dict(done.attributes or {}) == {
-        "gen_ai.operation.name": "chat", "toolloop.step": "model:1", "gen_ai.usage.input_tokens": 1500,
-        "gen_ai.response.finish_reasons": ("stop",), "toolloop.fallback_from": ("anthropic",),
-    }  # fmt: skip
+        "gen_ai.operation.name": "chat",
+        "toolloop.step": "model:1",
+        "gen_ai.usage.input_tokens": 1500,
+        "gen_ai.response.finish_reasons": ("stop",),
+        "toolloop.fallback_from": ("anthropic",),
+    }
     assert done.start_time is not None and done.end_time is not None and done.start_time <= done.end_time
     assert done.status.status_code is StatusCode.UNSET
 
@@ -189,8 +192,12 @@ for state in ({}, {"traceparent": f"00-{7:032x}-{9:016x}-01"}):
 trace.get_tracer_provider().force_flush()
 """
     out = tmp_path / "spans.jsonl"
-    env = {**os.environ, "TOOLLOOP_TRACES_FILE": str(out), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-           "OTEL_TRACES_SAMPLER_ARG": "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "TOOLLOOP_TRACES_FILE": str(out),
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+    }
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]

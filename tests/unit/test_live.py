@@ -42,9 +42,14 @@ def turns() -> list[object]:
 def paused_loop(counter: Counter | None = None) -> tuple[live.LiveLoop, SegmentJournal]:
     loop = live.LiveLoop({"read_frame": read_frame(counter)})
     journal = SegmentJournal(
-        "run1", "s0/", {}, live_steps=1, pause=loop.pause, before_live=loop.before_live,
+        "run1",
+        "s0/",
+        {},
+        live_steps=1,
+        pause=loop.pause,
+        before_live=loop.before_live,
         signal=loop.controller.signal,
-    )  # fmt: skip
+    )
     loop.journal = journal
     return loop, journal
 
@@ -54,8 +59,13 @@ async def test_a_loop_resumed_step_by_step_ends_as_one_run_straight_through() ->
     model, counter = ScriptedModel(turns()), Counter()
     loop, journal = paused_loop(counter)
     steps = [Step() for _ in range(5)]
-    opts = options(model, tools=[read_frame(counter)], step=journal.step, on_step=loop.events.append,
-                   signal=loop.controller.signal)  # fmt: skip
+    opts = options(
+        model,
+        tools=[read_frame(counter)],
+        step=journal.step,
+        on_step=loop.events.append,
+        signal=loop.controller.signal,
+    )
     outcome = await loop.start(steps[0], opts)
     boundaries, pending = [], []
     for step in steps[1:]:
@@ -82,8 +92,9 @@ async def test_past_the_limit_the_oldest_kept_loop_ends() -> None:
     loops, tasks = [], []
     for i in range(3):
         loop, journal = paused_loop()
-        opts = options(ScriptedModel(turns()), tools=[read_frame()], step=journal.step,
-                       signal=loop.controller.signal)  # fmt: skip
+        opts = options(
+            ScriptedModel(turns()), tools=[read_frame()], step=journal.step, signal=loop.controller.signal
+        )
         assert isinstance(await loop.start(Step(), opts), StepBoundary)
         tasks.append(loop.task)
         kept.keep(f"run{i}", loop)
@@ -107,8 +118,9 @@ async def test_an_ended_or_closed_loop_dies_by_refcount(how: str) -> None:
     try:
         loop, journal = paused_loop()
         script = turns()[2:] if how == "ended" else turns()  # one answer, or a tool call first
-        opts = options(ScriptedModel(script), tools=[read_frame()], step=journal.step,
-                       signal=loop.controller.signal)  # fmt: skip
+        opts = options(
+            ScriptedModel(script), tools=[read_frame()], step=journal.step, signal=loop.controller.signal
+        )
         step = Step()
         outcome = await loop.start(step, opts)
         if how == "ended":

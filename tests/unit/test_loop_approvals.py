@@ -26,8 +26,14 @@ def publish(counter: Counter, needs: Any = True) -> ToolSpec:
         counter.inputs.append(input.shot)
         return ToolOutput(value=input.shot, content=[TextPart(text=f"published shot {input.shot:g}")])
 
-    return ToolSpec(name="publish", description="Publish a shot.", schema=Shot, run=run_it,
-                    needs_approval=needs, estimate_usd=lambda input: 0.25)  # fmt: skip
+    return ToolSpec(
+        name="publish",
+        description="Publish a shot.",
+        schema=Shot,
+        run=run_it,
+        needs_approval=needs,
+        estimate_usd=lambda input: 0.25,
+    )
 
 
 def counter() -> Counter:
@@ -41,9 +47,13 @@ def texts(message: Any) -> list[str]:
 
 
 async def held(tools: list[ToolSpec], journal: MemoryJournal) -> Any:
-    model = ScriptedModel([
-        reply(tool_calls=[call("publish", {"shot": 3}, id="p1"), call("read_frame", {"shot": 1}, id="r1")]),
-    ])  # fmt: skip
+    model = ScriptedModel(
+        [
+            reply(
+                tool_calls=[call("publish", {"shot": 3}, id="p1"), call("read_frame", {"shot": 1}, id="r1")]
+            ),
+        ]
+    )
     result, events = await run(model, journal, tools=tools)
     return result, events
 
@@ -62,8 +72,12 @@ async def test_a_held_call_waits_after_the_other_calls_of_the_turn() -> None:
 
 async def test_a_callable_decides_which_calls_wait() -> None:
     c = counter()
-    model = ScriptedModel([reply(tool_calls=[call("publish", {"shot": 3}, id="p1")]),
-                           reply(tool_calls=[call("publish", {"shot": 8}, id="p2")])])  # fmt: skip
+    model = ScriptedModel(
+        [
+            reply(tool_calls=[call("publish", {"shot": 3}, id="p1")]),
+            reply(tool_calls=[call("publish", {"shot": 8}, id="p2")]),
+        ]
+    )
     result, _ = await run(model, tools=[publish(c, needs=lambda input: input.shot > 5)])
     assert result.stopped_by == "approval" and [a.call_id for a in result.approvals] == ["p2"]
     assert c.inputs == [3]  # type: ignore[attr-defined]
@@ -71,8 +85,9 @@ async def test_a_callable_decides_which_calls_wait() -> None:
 
 async def resume(first: Any, decision: Decision, c: Counter, journal: MemoryJournal) -> Any:
     model = ScriptedModel([reply("ok")])
-    result, events = await run(model, journal, tools=[publish(c), read_frame(c)], messages=first.messages,
-                               decisions={"p1": decision})  # fmt: skip
+    result, events = await run(
+        model, journal, tools=[publish(c), read_frame(c)], messages=first.messages, decisions={"p1": decision}
+    )
     return result, events, model
 
 
@@ -81,11 +96,16 @@ async def resume(first: Any, decision: Decision, c: Counter, journal: MemoryJour
     [
         (Decision(action="approve"), [3], ["published shot 3"]),
         (Decision(action="reject", reason="not now"), [], ["Rejected by the person: not now."]),
-        (Decision(action="edit", input={"shot": 4}),
-         [4], ['The person edited the input before the tool ran; it ran with: {"shot":4.0,"take":1.0}',
-               "published shot 4"]),
+        (
+            Decision(action="edit", input={"shot": 4}),
+            [4],
+            [
+                'The person edited the input before the tool ran; it ran with: {"shot":4.0,"take":1.0}',
+                "published shot 4",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 async def test_each_decision_reaches_the_model_as_documented(
     decision: Decision, runs: list[float], answer: list[str]
 ) -> None:
@@ -116,8 +136,16 @@ async def test_a_stale_digest_or_a_bad_edit_is_refused_before_any_work() -> None
 
 async def test_an_ask_in_the_same_turn_wins_over_a_held_approval() -> None:
     c = counter()
-    model = ScriptedModel([reply(tool_calls=[call("publish", {"shot": 3}, id="p1"),
-                                             call("ask", {"question": "Sure?"}, id="a1")])])  # fmt: skip
+    model = ScriptedModel(
+        [
+            reply(
+                tool_calls=[
+                    call("publish", {"shot": 3}, id="p1"),
+                    call("ask", {"question": "Sure?"}, id="a1"),
+                ]
+            )
+        ]
+    )
     result, _ = await run(model, tools=[publish(c), ask_tool()])
     assert result.stopped_by == "asked" and result.approvals is None
     assert result.messages[-1] == ToolMessage(tool_call_id="p1", content="Not run: asked.")

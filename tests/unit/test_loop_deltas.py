@@ -26,8 +26,11 @@ from toolloop.testing import ScriptedModel, call, reply
 
 
 def script() -> ScriptedModel:
-    thought = ReasoningBlock(provider="anthropic", type="thinking", data={"type": "thinking",
-                             "thinking": "Look at it first.", "signature": "sig"})  # fmt: skip
+    thought = ReasoningBlock(
+        provider="anthropic",
+        type="thinking",
+        data={"type": "thinking", "thinking": "Look at it first.", "signature": "sig"},
+    )
     return ScriptedModel(
         [
             reply("Reading the frame.", tool_calls=[call("read_frame", {"shot": 3}, id="c1")]),
@@ -42,9 +45,14 @@ async def test_deltas_reach_on_step_in_order_before_their_model_event() -> None:
     assert result.final_text == "Shot 3 is fine."
     kinds = [(e.kind, getattr(e, "step", None)) for e in events.events]
     assert kinds == [
-        ("delta", 1), ("delta", 1), ("delta", 1), ("model", 1), ("tool", 1),
-        *[("delta", 2)] * 8, ("model", 2),
-    ]  # fmt: skip
+        ("delta", 1),
+        ("delta", 1),
+        ("delta", 1),
+        ("model", 1),
+        ("tool", 1),
+        *[("delta", 2)] * 8,
+        ("model", 2),
+    ]
     deltas = [e for e in events.events if isinstance(e, DeltaEvent)]
     assert "".join(d.text for d in deltas if d.step == 1) == "Reading the frame."
     assert "".join(d.text for d in deltas if d.step == 2 and d.thinking) == "Look at it first."
@@ -135,10 +143,17 @@ async def test_the_facade_discards_the_deltas_of_a_provider_it_falls_back_from()
     gen = PromptGen({"a": Streaming("x y", overloaded), "b": Streaming("b c")}, "a", ["b"])
     got: list[DeltaEvent] = []
     result = await gen.generate(PromptGenRequest(prompt="Hi"), on_delta=got.append)
-    assert result.text == "bc" and result.meta == {"provider": "b", "fallback_from": [
-        {"provider": "a", "reason": "HTTP 529"}]}  # fmt: skip
-    assert got == [DeltaEvent(text="x"), DeltaEvent(text="y"), DeltaEvent(discard=True),
-                   DeltaEvent(text="b"), DeltaEvent(text="c")]  # fmt: skip
+    assert result.text == "bc" and result.meta == {
+        "provider": "b",
+        "fallback_from": [{"provider": "a", "reason": "HTTP 529"}],
+    }
+    assert got == [
+        DeltaEvent(text="x"),
+        DeltaEvent(text="y"),
+        DeltaEvent(discard=True),
+        DeltaEvent(text="b"),
+        DeltaEvent(text="c"),
+    ]
 
 
 async def test_the_facade_calls_a_handler_without_on_delta_as_before() -> None:

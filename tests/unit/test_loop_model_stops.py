@@ -186,8 +186,14 @@ async def test_reasoning_blocks_join_the_history_the_next_request_and_replay_unc
 
 
 async def test_a_journal_written_before_reasoning_existed_replays_with_reasoning_none() -> None:
-    old_result = {"text": "Old.", "cost_usd": 0.01, "tool_calls": [], "finish_reason": "stop",
-                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}, "meta": None}  # fmt: skip
+    old_result = {
+        "text": "Old.",
+        "cost_usd": 0.01,
+        "tool_calls": [],
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+        "meta": None,
+    }
     journal = MemoryJournal(
         entries={"model:1": json.dumps({"value": {"result": old_result}, "cost_usd": 0.01})}
     )

@@ -105,10 +105,12 @@ def test_a_two_phase_tool_whose_start_or_wait_crashes_is_answered_with_the_error
         raise KeyboardInterrupt
 
     render = ToolSpec(name="render", description="Render.", schema=Shot, start=start, wait=wait)
-    model = ScriptedModel([
-        reply(tool_calls=[call("render", {"shot": 1}, id="r1"), call("render", {"shot": 2}, id="r2")]),
-        reply("Both failed."),
-    ])  # fmt: skip
+    model = ScriptedModel(
+        [
+            reply(tool_calls=[call("render", {"shot": 1}, id="r1"), call("render", {"shot": 2}, id="r2")]),
+            reply("Both failed."),
+        ]
+    )
     journal = MemoryJournal()
     result, _ = in_thread(lambda: run(model, journal, tools=[render]))
     assert result.stopped_by == "done"

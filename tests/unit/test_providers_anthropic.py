@@ -347,10 +347,13 @@ async def test_each_answer_logs_one_debug_line_and_a_cut_answer_a_warning(
         await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "toolloop.providers"]
     assert lines == [
-        ("DEBUG", "anthropic: claude-sonnet-4-6 answered length "
-                  "(100 prompt tokens, 0 cached, 0 written; 20 out) $0.000600 from tokens"),
+        (
+            "DEBUG",
+            "anthropic: claude-sonnet-4-6 answered length "
+            "(100 prompt tokens, 0 cached, 0 written; 20 out) $0.000600 from tokens",
+        ),
         ("WARNING", "anthropic: the answer of claude-sonnet-4-6 was cut at max_tokens (partial)"),
-    ]  # fmt: skip
+    ]
 
 
 async def test_a_failed_tool_result_carries_is_error_and_a_good_one_does_not() -> None:
@@ -407,14 +410,25 @@ async def test_a_server_compaction_answer_costs_every_usage_iteration_and_keeps_
                 "cache_read_input_tokens": 0,
                 "cache_creation_input_tokens": 0,
                 "iterations": [
-                    {"type": "compaction", "input_tokens": 180_000, "output_tokens": 3_000,
-                     "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
-                    {"type": "message", "model": MODEL, "input_tokens": 23_000, "output_tokens": 500,
-                     "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
+                    {
+                        "type": "compaction",
+                        "input_tokens": 180_000,
+                        "output_tokens": 3_000,
+                        "cache_read_input_tokens": 0,
+                        "cache_creation_input_tokens": 0,
+                    },
+                    {
+                        "type": "message",
+                        "model": MODEL,
+                        "input_tokens": 23_000,
+                        "output_tokens": 500,
+                        "cache_read_input_tokens": 0,
+                        "cache_creation_input_tokens": 0,
+                    },
                 ],
             },
         }
-    )  # fmt: skip
+    )
     recorder = Recorder(message.model_dump(mode="json", exclude_none=True))
     result = await handler(recorder).execute(PromptGenRequest(prompt="Go"), AbortController().signal)
 

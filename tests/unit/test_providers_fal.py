@@ -109,9 +109,15 @@ async def test_a_tool_conversation_maps_to_the_router_body(tmp_path: Path) -> No
     assert body["model"] == "anthropic/claude-haiku-4.5" and body["max_tokens"] == 32000
     assert body["temperature"] == 2.0 and body["reasoning"] == {"effort": "medium"}
     assert body["tools"] == [
-        {"type": "function", "function": {"name": "read_frame", "description": "Read one frame.",
-                                          "parameters": {"type": "object"}}}
-    ]  # fmt: skip
+        {
+            "type": "function",
+            "function": {
+                "name": "read_frame",
+                "description": "Read one frame.",
+                "parameters": {"type": "object"},
+            },
+        }
+    ]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "read_frame"}}
     uri = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\npng-bytes").decode()
     assert body["messages"] == [
@@ -229,8 +235,13 @@ async def test_text_tool_calls_usage_and_cost_with_cache_rates() -> None:
 
 
 async def test_a_reported_cost_wins_and_top_level_cache_fields_are_read() -> None:
-    usage = {"prompt_tokens": 2000, "completion_tokens": 100, "cost": 0.0123,
-             "cache_read_input_tokens": 1200, "cache_creation_input_tokens": 50}  # fmt: skip
+    usage = {
+        "prompt_tokens": 2000,
+        "completion_tokens": 100,
+        "cost": 0.0123,
+        "cache_read_input_tokens": 1200,
+        "cache_creation_input_tokens": 50,
+    }
     result, _ = await call(PromptGenRequest(prompt="Go"), completion(usage=usage))
     assert result.cost_usd == 0.0123 and result.meta is not None and result.meta["cost_source"] == "usage"
     assert (result.usage.cached_read_tokens, result.usage.cached_write_tokens) == (1200, 50)

@@ -99,10 +99,17 @@ async def test_a_missing_binary_is_unavailable_missing() -> None:
 
 async def test_claude_cli_answer_cost_and_usage(tmp_path: Path) -> None:
     answer = {
-        "type": "result", "is_error": False, "result": "Hello there.", "total_cost_usd": 0.0042,
-        "usage": {"input_tokens": 10, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5,
-                  "output_tokens": 7},
-    }  # fmt: skip
+        "type": "result",
+        "is_error": False,
+        "result": "Hello there.",
+        "total_cost_usd": 0.0042,
+        "usage": {
+            "input_tokens": 10,
+            "cache_read_input_tokens": 100,
+            "cache_creation_input_tokens": 5,
+            "output_tokens": 7,
+        },
+    }
     binary = cli(tmp_path, "claude", f"assert stdin == 'Say hi.'\nprint(json.dumps({answer!r}))")
     handler = ClaudeHandler(binary=str(binary), default_model="haiku")
     result = await handler.execute(

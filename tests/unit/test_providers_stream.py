@@ -23,8 +23,12 @@ RAW = (
     b"data: line one\ndata: line two \xc3\xa9\n\n"
     b"data: [DONE]\n\n"
 )
-EVENTS = [("message_start", '{"a": 1}'), ("ping", "{}"), ("message", "line one\nline two é"),
-          ("message", "[DONE]")]  # fmt: skip
+EVENTS = [
+    ("message_start", '{"a": 1}'),
+    ("ping", "{}"),
+    ("message", "line one\nline two é"),
+    ("message", "[DONE]"),
+]
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64, len(RAW)])
@@ -60,30 +64,48 @@ def test_anthropic_text_and_thinking_deltas_go_to_on_delta_and_into_the_message(
     got: list[DeltaEvent] = []
     reader = MessageStream(got.append)
     events = [
-        {"type": "message_start", "message": {"id": "m", "content": [], "usage": {"input_tokens": 3,
-                                                                                   "output_tokens": 1}}},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "",
-                                                                      "signature": ""}},
+        {
+            "type": "message_start",
+            "message": {"id": "m", "content": [], "usage": {"input_tokens": 3, "output_tokens": 1}},
+        },
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        },
         {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hm."}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s"}},
-        {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t",
-                                                                      "name": "f", "input": {}}},
-        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta",
-                                                              "partial_json": '{"a": '}},
-        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta",
-                                                              "partial_json": "1}"}},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"a": '},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "1}"},
+        },
         {"type": "content_block_stop", "index": 1},
         {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}},
         {"type": "message_stop"},
-    ]  # fmt: skip
+    ]
     for event in events:
         reader.event(event["type"], json.dumps(event))
     assert reader.done and got == [DeltaEvent(text="Hm.", thinking=True)]
     assert reader.result() == {
-        "id": "m", "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 9},
-        "content": [{"type": "thinking", "thinking": "Hm.", "signature": "s"},
-                    {"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}}],
-    }  # fmt: skip
+        "id": "m",
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 3, "output_tokens": 9},
+        "content": [
+            {"type": "thinking", "thinking": "Hm.", "signature": "s"},
+            {"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}},
+        ],
+    }
 
 
 def args(piece: str) -> dict[str, object]:
@@ -99,13 +121,31 @@ def test_a_fal_error_chunk_is_a_failure_with_its_code_and_tool_calls_merge_by_in
     assert caught.value.status == 502
     reader = CompletionStream(None)
     chunks = [
-        {"id": "g", "choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": [
-            {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}]}}]},
+        {
+            "id": "g",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": ""},
+                            }
+                        ],
+                    },
+                }
+            ],
+        },
         args('{"a"'),
         args(":1}"),
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
         {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}},
-    ]  # fmt: skip
+    ]
     for chunk in chunks:
         reader.event("message", json.dumps(chunk))
     reader.event("message", "[DONE]")
@@ -120,14 +160,21 @@ def test_a_fal_error_chunk_is_a_failure_with_its_code_and_tool_calls_merge_by_in
 
 TRICKY = 'He said "cut it" \\ twice.\nThen: é, 🎬, \u2028 and a tab\t.'
 ANSWER = {
-    "id": "msg_t", "type": "message", "role": "assistant", "model": "claude-sonnet-5-5",
-    "content": [{"type": "thinking", "thinking": "Hm, " * 30 + TRICKY, "signature": "sig"},
-                {"type": "text", "text": "plain words " * 40 + TRICKY + " done"},
-                {"type": "tool_use", "id": "t1", "name": "note", "input": {"shot": 3, "text": TRICKY}},
-                {"type": "text", "text": "after the call"}],
-    "stop_reason": "tool_use", "stop_sequence": None, "stop_details": None,
+    "id": "msg_t",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-5-5",
+    "content": [
+        {"type": "thinking", "thinking": "Hm, " * 30 + TRICKY, "signature": "sig"},
+        {"type": "text", "text": "plain words " * 40 + TRICKY + " done"},
+        {"type": "tool_use", "id": "t1", "name": "note", "input": {"shot": 3, "text": TRICKY}},
+        {"type": "text", "text": "after the call"},
+    ],
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
+    "stop_details": None,
     "usage": {"input_tokens": 120, "output_tokens": 90},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("size", [1, 5, 64, 333, 1400, 100_000])

@@ -17,8 +17,9 @@ from workers.protocol import keys
 
 
 def ask_then_echo() -> ScriptedModel:
-    return ScriptedModel([reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]),
-                          reply("Noted.")])  # fmt: skip
+    return ScriptedModel(
+        [reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]), reply("Noted.")]
+    )
 
 
 async def test_two_answers_count_in_the_order_sent_whatever_order_their_messages_run(
@@ -108,8 +109,9 @@ async def test_a_cancel_landing_after_the_model_step_began_and_before_its_call_s
 
 
 def publish_then_note() -> ScriptedModel:
-    return ScriptedModel([reply("", tool_calls=[call("publish", {"a": 1, "b": 2}, id="p1")]),
-                          reply("Noted.")])  # fmt: skip
+    return ScriptedModel(
+        [reply("", tool_calls=[call("publish", {"a": 1, "b": 2}, id="p1")]), reply("Noted.")]
+    )
 
 
 async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_order_their_messages_run(

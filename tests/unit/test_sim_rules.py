@@ -51,8 +51,11 @@ def test_retired_and_unknown_models_are_404s_unless_registered() -> None:
 def test_a_tool_result_needs_its_tool_use_in_the_previous_assistant_turn() -> None:
     use = {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}
     result = {"type": "tool_result", "tool_use_id": "toolu_1"}
-    paired = [{"role": "user", "content": "Go"}, {"role": "assistant", "content": [use]},
-              {"role": "user", "content": [result]}]  # fmt: skip
+    paired = [
+        {"role": "user", "content": "Go"},
+        {"role": "assistant", "content": [use]},
+        {"role": "user", "content": [result]},
+    ]
     check_anthropic({**GOOD, "messages": paired}, default_catalog())
     late = [*paired, {"role": "assistant", "content": "ok"}, {"role": "user", "content": [result]}]
     with pytest.raises(SimRefusal, match=r"messages\.4\.content\.0: unexpected `tool_use_id`"):

@@ -69,8 +69,12 @@ def test_changed_blocks_are_refused_anywhere_in_the_history() -> None:
 def test_fal_reasoning_details_are_checked_when_they_come_back() -> None:
     body = {"model": "anthropic/claude-opus-5.5", "reasoning": {"effort": "medium"}}
     details = thinking.fal_fields(SimTurn(), request(body))["reasoning_details"]
-    sent = {"messages": [{"role": "user", "content": "Go."}, {"role": "assistant", "content": None,
-            "reasoning_details": details}]}  # fmt: skip
+    sent = {
+        "messages": [
+            {"role": "user", "content": "Go."},
+            {"role": "assistant", "content": None, "reasoning_details": details},
+        ]
+    }
     assert thinking.check_fal(sent) is None
     sent["messages"][1]["reasoning_details"] = [{**details[0], "text": details[0]["text"] + "."}]
     assert "Invalid `signature`" in str(thinking.check_fal(sent))

@@ -30,8 +30,12 @@ def test_a_spec_is_validated_and_gets_defaults() -> None:
     spec = RunSpec.model_validate({"model": "m", "messages": MESSAGES, "toolset": "review"})
     assert spec.messages == [UserMessage(content="Hi")]
     assert (spec.budget_usd, spec.finish_at, spec.max_steps, spec.keep_images, spec.cache) == (
-        1.0, 1.0, 20, 2, "conversation",
-    )  # fmt: skip
+        1.0,
+        1.0,
+        20,
+        2,
+        "conversation",
+    )
     assert RunSpec.model_validate_json(spec.model_dump_json()) == spec
 
 

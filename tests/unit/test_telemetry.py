@@ -49,12 +49,20 @@ def script() -> ScriptedModel:
     usage = PromptGenUsage(
         prompt_tokens=1500, completion_tokens=40, cached_tokens=1200, cache_write_tokens=200
     )
-    return ScriptedModel([
-        reply(tool_calls=[call("read_frame", {"shot": 3}, id="c1"), call("render", {"shot": 3}, id="c2")],
-              cost_usd=0.002, usage=usage),
-        reply(f"Shot 3 is fine. {SECRET}", cost_usd=0.001,
-              usage=PromptGenUsage(prompt_tokens=1600, completion_tokens=9, cached_tokens=1400)),
-    ])  # fmt: skip
+    return ScriptedModel(
+        [
+            reply(
+                tool_calls=[call("read_frame", {"shot": 3}, id="c1"), call("render", {"shot": 3}, id="c2")],
+                cost_usd=0.002,
+                usage=usage,
+            ),
+            reply(
+                f"Shot 3 is fine. {SECRET}",
+                cost_usd=0.001,
+                usage=PromptGenUsage(prompt_tokens=1600, completion_tokens=9, cached_tokens=1400),
+            ),
+        ]
+    )
 
 
 def attributes(span: ReadableSpan) -> dict[str, object]:
@@ -78,19 +86,27 @@ async def test_one_span_per_model_call_and_tool_execution(spans: InMemorySpanExp
     assert {s.parent.span_id for s in finished if s.parent} == {parent.get_span_context().span_id}
     first = attributes(finished[0])
     assert first == {
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": "test-model",
-        "gen_ai.response.model": "test-model", "toolloop.step": "model:1",
-        "gen_ai.usage.input_tokens": 1500, "gen_ai.usage.output_tokens": 40,
-        "gen_ai.usage.cache_read.input_tokens": 1200, "gen_ai.usage.cache_creation.input_tokens": 200,
-        "gen_ai.response.finish_reasons": ("tool_calls",), "toolloop.cost_usd": 0.002,
-    }  # fmt: skip
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "test-model",
+        "gen_ai.response.model": "test-model",
+        "toolloop.step": "model:1",
+        "gen_ai.usage.input_tokens": 1500,
+        "gen_ai.usage.output_tokens": 40,
+        "gen_ai.usage.cache_read.input_tokens": 1200,
+        "gen_ai.usage.cache_creation.input_tokens": 200,
+        "gen_ai.response.finish_reasons": ("tool_calls",),
+        "toolloop.cost_usd": 0.002,
+    }
     assert attributes(finished[4])["gen_ai.usage.cache_read.input_tokens"] == 1400
     assert attributes(finished[4])["gen_ai.response.finish_reasons"] == ("stop",)
     tool = attributes(finished[1])
     assert tool == {
-        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "read_frame",
-        "gen_ai.tool.call.id": "c1", "toolloop.step": "tool:c1", "toolloop.cost_usd": 0.01,
-    }  # fmt: skip
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "read_frame",
+        "gen_ai.tool.call.id": "c1",
+        "toolloop.step": "tool:c1",
+        "toolloop.cost_usd": 0.01,
+    }
     assert [attributes(s)["toolloop.step"] for s in finished[2:4]] == ["tool:c2:start", "tool:c2:wait"]
     assert SECRET not in json.dumps([attributes(s) for s in finished], default=str)  # no content by default
 

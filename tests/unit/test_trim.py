@@ -39,8 +39,9 @@ def _rss_kb() -> int:
 async def test_it_trims_once_the_worker_is_idle_and_never_while_a_step_runs() -> None:
     leases = Leases(Batch(), 60_000)  # type: ignore[arg-type]
     trims: list[int] = []
-    idle = IdleTrim(leases, idle_ticks=2, trim=lambda: trims.append(len(leases.held)),
-                    shed=lambda: trims.append(-1))  # fmt: skip
+    idle = IdleTrim(
+        leases, idle_ticks=2, trim=lambda: trims.append(len(leases.held)), shed=lambda: trims.append(-1)
+    )
     assert [idle.tick() for _ in range(3)] == [False, False, False]  # no step ran yet: nothing to give back
     held = leases.hold("a", 1, "me:1", time.monotonic(), lambda error: None)
     assert [idle.tick() for _ in range(3)] == [False, False, False]  # a step holds a lease
@@ -70,8 +71,9 @@ def test_malloc_trim_gives_freed_heap_pages_back() -> None:
 def test_the_idle_process_ends_its_tool_threads_and_starts_new_ones_on_demand(
     harness_redis: EmbeddedServer,
 ) -> None:
-    settings = dataclasses.replace(Settings.from_env(), redis_url=harness_redis.url, sweep_interval=0,
-                                   kill_plan="")  # fmt: skip
+    settings = dataclasses.replace(
+        Settings.from_env(), redis_url=harness_redis.url, sweep_interval=0, kill_plan=""
+    )
     process = WorkerProcess(make_app(settings), settings)
     loop = process.start_loop()
 

@@ -82,11 +82,21 @@ def test_celerys_own_task_message_passes_the_poison_check() -> None:
         queue = connection.SimpleQueue("control")
         for _ in range(4):
             message = queue.get(timeout=1)
-            sent.append(json.dumps({
-                "body": base64.b64encode(message.body).decode(), "content-type": message.content_type,
-                "content-encoding": message.content_encoding, "headers": message.headers,
-                "properties": {**message.properties, "body_encoding": "base64", "delivery_tag": "t-1"},
-            }))  # fmt: skip
+            sent.append(
+                json.dumps(
+                    {
+                        "body": base64.b64encode(message.body).decode(),
+                        "content-type": message.content_type,
+                        "content-encoding": message.content_encoding,
+                        "headers": message.headers,
+                        "properties": {
+                            **message.properties,
+                            "body_encoding": "base64",
+                            "delivery_tag": "t-1",
+                        },
+                    }
+                )
+            )
             message.ack()
         queue.close()
     assert [wire.problem(raw, 262_144) for raw in sent] == [None] * 4
@@ -174,14 +184,26 @@ def _celerys_message(name: str, args: list[object], task_id: str, queue: str, kw
 
     app = Celery("wire-test", broker="memory://", set_as_current=False)
     made = app.amqp.as_task_v2(
-        task_id, name, args=args, kwargs={}, root_id=task_id, ignore_result=True,
-        argsrepr=repr(args), kwargsrepr=kwargsrepr, origin=wire._ORIGIN,
-    )  # fmt: skip
+        task_id,
+        name,
+        args=args,
+        kwargs={},
+        root_id=task_id,
+        ignore_result=True,
+        argsrepr=repr(args),
+        kwargsrepr=kwargsrepr,
+        origin=wire._ORIGIN,
+    )
     with app.connection_for_write() as connection:
         connection.Producer().publish(
-            made.body, exchange="", routing_key=queue, serializer="json", headers=made.headers,
-            delivery_mode=2, **made.properties,
-        )  # fmt: skip
+            made.body,
+            exchange="",
+            routing_key=queue,
+            serializer="json",
+            headers=made.headers,
+            delivery_mode=2,
+            **made.properties,
+        )
         message: dict = connection.default_channel._get(queue)
     return message
 

@@ -28,12 +28,28 @@ def worker_argv(
     concurrency: int = 8, queues: str = QUEUES, loglevel: str = "INFO", steps_in_flight: int = 500
 ) -> list[str]:
     return [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-        "-P", "threads", "-c", str(concurrency), "-Q", queues,
-        "--steps-in-flight", str(steps_in_flight), "-E",
-        "--without-gossip", "--without-mingle", "-l", loglevel,
-        "-n", f"toolloop-{os.getpid()}@%h",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "-P",
+        "threads",
+        "-c",
+        str(concurrency),
+        "-Q",
+        queues,
+        "--steps-in-flight",
+        str(steps_in_flight),
+        "-E",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        loglevel,
+        "-n",
+        f"toolloop-{os.getpid()}@%h",
+    ]
 
 
 def worker_env(

@@ -145,11 +145,16 @@ def spend(client: redis_lib.Redis, now: float) -> list[AccountSpend]:
         expiry_ms = now * 1000
         live = {_s(m) for m in client.zrangebyscore(f"{name}:held", expiry_ms, "+inf")}
         held = {_s(k): float(_s(v)) for k, v in client.hgetall(f"{name}:held:usd").items()}
-        found.append(AccountSpend(
-            rest, float(conf["limit_usd"]), period, float(conf.get("finish_at", 0.9)),
-            float(_s(spent)) if spent is not None else 0.0,
-            sum(v for k, v in held.items() if k in live),
-        ))  # fmt: skip
+        found.append(
+            AccountSpend(
+                rest,
+                float(conf["limit_usd"]),
+                period,
+                float(conf.get("finish_at", 0.9)),
+                float(_s(spent)) if spent is not None else 0.0,
+                sum(v for k, v in held.items() if k in live),
+            )
+        )
     return sorted(found, key=lambda a: a.name)
 
 

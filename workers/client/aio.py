@@ -53,9 +53,12 @@ class AsyncClient:
         # `max_streams`, then a stream waits for one): many open streams never take the connections
         # the commands and a decision's BLPOP need (redis.asyncio's pools refuse past 100).
         self._streams = redisurl.async_client(
-            settings.redis_url, watcher=self._watcher, blocking_pool=max_streams,
-            decode_responses=True, socket_timeout=None,
-        )  # fmt: skip
+            settings.redis_url,
+            watcher=self._watcher,
+            blocking_pool=max_streams,
+            decode_responses=True,
+            socket_timeout=None,
+        )
         self._streamer = AsyncDriver(self.redis, self._streams)
         self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
         self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender, run_prefix=run_prefix)
@@ -216,25 +219,42 @@ class AsyncClient:
         await self._driver.run(talk.interrupt(run_id))
 
     async def approve(
-        self, run_id: str, call_id: str, *, digest: str | None = None, actor: str | None = None,
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        digest: str | None = None,
+        actor: str | None = None,
         wait_s: float = 10.0,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """See `Client.approve`."""
         decision = Decision(action="approve", input_digest=digest, actor=actor)
         return await self.decide(run_id, call_id, decision, wait_s)
 
     async def reject(
-        self, run_id: str, call_id: str, reason: str, *, digest: str | None = None,
-        actor: str | None = None, wait_s: float = 10.0,
-    ) -> str:  # fmt: skip
+        self,
+        run_id: str,
+        call_id: str,
+        reason: str,
+        *,
+        digest: str | None = None,
+        actor: str | None = None,
+        wait_s: float = 10.0,
+    ) -> str:
         """See `Client.reject`."""
         decision = Decision(action="reject", reason=reason, input_digest=digest, actor=actor)
         return await self.decide(run_id, call_id, decision, wait_s)
 
     async def edit(
-        self, run_id: str, call_id: str, input: dict[str, Any], *, digest: str | None = None,
-        actor: str | None = None, wait_s: float = 10.0,
-    ) -> str:  # fmt: skip
+        self,
+        run_id: str,
+        call_id: str,
+        input: dict[str, Any],
+        *,
+        digest: str | None = None,
+        actor: str | None = None,
+        wait_s: float = 10.0,
+    ) -> str:
         """See `Client.edit`."""
         decision = Decision(action="edit", input=input, input_digest=digest, actor=actor)
         return await self.decide(run_id, call_id, decision, wait_s)

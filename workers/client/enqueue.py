@@ -113,11 +113,29 @@ class Preparer:
         )
         request = Eval(
             ENQUEUE,
-            [keys.spec(run_id), keys.state(run_id), keys.inputs(run_id), keys.events(run_id),
-             keys.outbox(run_id), keys.LIVE_RUNS, keys.ALL_RUNS, "llm"],
-            [run_id, spec_json, now, CHAT_MESSAGES.dump_json(checked.messages), orjson.dumps(queued),
-             now + self.settings.redrive_age, message.raw, channel, event, parent],
-        )  # fmt: skip
+            [
+                keys.spec(run_id),
+                keys.state(run_id),
+                keys.inputs(run_id),
+                keys.events(run_id),
+                keys.outbox(run_id),
+                keys.LIVE_RUNS,
+                keys.ALL_RUNS,
+                "llm",
+            ],
+            [
+                run_id,
+                spec_json,
+                now,
+                CHAT_MESSAGES.dump_json(checked.messages),
+                orjson.dumps(queued),
+                now + self.settings.redrive_age,
+                message.raw,
+                channel,
+                event,
+                parent,
+            ],
+        )
         return Enqueue(run_id, request)
 
 

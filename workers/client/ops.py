@@ -122,11 +122,23 @@ class Sender:
     ) -> tuple[wire.Delivery, str, bytes]:
         """The message, and the channel and payload of its `task-sent` event."""
         delivery = wire.task_message(name, args, task_id, queue, label, traceparent or None)
-        self.events.add("task-sent", {
-            "uuid": task_id, "root_id": task_id, "parent_id": None, "name": name,
-            "args": delivery.argsrepr, "kwargs": delivery.kwargsrepr, "retries": 0, "eta": None,
-            "expires": None, "queue": queue, "exchange": "", "routing_key": queue,
-        })  # fmt: skip
+        self.events.add(
+            "task-sent",
+            {
+                "uuid": task_id,
+                "root_id": task_id,
+                "parent_id": None,
+                "name": name,
+                "args": delivery.argsrepr,
+                "kwargs": delivery.kwargsrepr,
+                "retries": 0,
+                "eta": None,
+                "expires": None,
+                "queue": queue,
+                "exchange": "",
+                "routing_key": queue,
+            },
+        )
         ((channel, payload),) = self.events.drain()
         return delivery, channel, payload
 
@@ -522,11 +534,15 @@ def retry(sender: Sender, run_id: str) -> Op[None]:
     stored, segment = yield Pipeline([("GET", keys.spec(run_id)), ("HGET", keys.state(run_id), "segment")])
     spec = json.loads(stored or "{}")
     queued = {name: spec.get(name) for name in ("model", "toolset", "budget_usd")} | {"retry": True}
-    result = parse_retry((yield Eval(
-        RETRY_SCRIPT,
-        [keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
-        [time.time(), json.dumps(queued)],
-    )))  # fmt: skip
+    result = parse_retry(
+        (
+            yield Eval(
+                RETRY_SCRIPT,
+                [keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
+                [time.time(), json.dumps(queued)],
+            )
+        )
+    )
     if result.member is None:
         if result.refused == "missing":
             raise RunNotFoundError(run_id)
@@ -599,9 +615,14 @@ def _pending(state: dict[str, str]) -> list[dict[str, Any]] | None:
 def record_of(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
     if "seq" not in fields:  # a delta or a discarded marker (workers/process/deltas.py)
         return RunEventRecord(
-            id=entry_id, seq=None, segment=int(fields["segment"]), kind=fields["kind"],
-            step=int(fields["step"]), attempt=fields["attempt"], **_stream_fields(fields),
-        )  # fmt: skip
+            id=entry_id,
+            seq=None,
+            segment=int(fields["segment"]),
+            kind=fields["kind"],
+            step=int(fields["step"]),
+            attempt=fields["attempt"],
+            **_stream_fields(fields),
+        )
     data = json.loads(fields.get("data") or "{}")
     data.pop("kind", None)
     for reserved in ("id", "seq", "segment"):

@@ -116,13 +116,20 @@ def send(
 
 def worker_options(app: Celery) -> None:
     """Give `app`'s worker command the --step-queues and --steps-in-flight options."""
-    app.user_options["worker"].add(click.Option(
-        ["--step-queues"], default=None,
-        help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop (env "
-             "TOOLLOOP_STEP_QUEUES; default: llm,tools,control when -Q has them; none: every queue through "
-             "Celery's pool).",
-    ))  # fmt: skip
-    app.user_options["worker"].add(click.Option(
-        ["--steps-in-flight"], type=int, default=None,
-        help="Most steps the step consumer runs at once (env TOOLLOOP_STEPS_IN_FLIGHT, default 500).",
-    ))  # fmt: skip
+    app.user_options["worker"].add(
+        click.Option(
+            ["--step-queues"],
+            default=None,
+            help="Queues whose toolloop steps this worker runs as coroutines on its asyncio loop (env "
+            "TOOLLOOP_STEP_QUEUES; default: llm,tools,control when -Q has them; none: every queue through "
+            "Celery's pool).",
+        )
+    )
+    app.user_options["worker"].add(
+        click.Option(
+            ["--steps-in-flight"],
+            type=int,
+            default=None,
+            help="Most steps the step consumer runs at once (env TOOLLOOP_STEPS_IN_FLIGHT, default 500).",
+        )
+    )

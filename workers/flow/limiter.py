@@ -116,9 +116,15 @@ class _Flow:
         if limits is None and not learns:
             return await send(await self.reserved(provider, request))
         return await _limited(
-            self, send, request, lambda: self.reserved(provider, request), provider, model,
-            limits or ratelimit.Limits(), learns,
-        )  # fmt: skip
+            self,
+            send,
+            request,
+            lambda: self.reserved(provider, request),
+            provider,
+            model,
+            limits or ratelimit.Limits(),
+            learns,
+        )
 
     async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
         """`request` once the account holds its estimate at `provider`'s price (reserved after the
@@ -227,9 +233,10 @@ async def reserve(
     reservation = reservation or uuid.uuid4().hex
     while True:
         reply = await process.flow_batch.script(
-            account_scripts.RESERVE, accounts.keys_of(account),
+            account_scripts.RESERVE,
+            accounts.keys_of(account),
             [reservation, repr(float(usd)), process.settings.lease_ms, *accounts.periods(time.time())],
-        )  # fmt: skip
+        )
         verdict = accounts.Verdict.of(reply)
         if verdict.verdict != "wait":
             break
@@ -248,8 +255,12 @@ async def reserve(
 
 
 def settle(process: WorkerProcess, account: str, reservation: str, usd: float) -> None:
-    _fire(process, account_scripts.SETTLE, accounts.keys_of(account),
-          [reservation, repr(float(usd)), *accounts.periods(time.time())])  # fmt: skip
+    _fire(
+        process,
+        account_scripts.SETTLE,
+        accounts.keys_of(account),
+        [reservation, repr(float(usd)), *accounts.periods(time.time())],
+    )
 
 
 def _fire(process: WorkerProcess, script: Lua, keys: list[str], args: list[Any]) -> None:
@@ -355,10 +366,20 @@ async def _book(
     process, bucket = flow.process, keys[0]
     while True:
         wait_ms, why = await process.flow_batch.script(
-            rate_scripts.BOOK, keys,
-            [limits.rpm, limits.itpm, limits.otpm, limits.concurrent, limits.burst_s, estimate, holder,
-             process.settings.lease_ms, int(learns)],
-        )  # fmt: skip
+            rate_scripts.BOOK,
+            keys,
+            [
+                limits.rpm,
+                limits.itpm,
+                limits.otpm,
+                limits.concurrent,
+                limits.burst_s,
+                estimate,
+                holder,
+                process.settings.lease_ms,
+                int(learns),
+            ],
+        )
         if why == "open":  # not booked for a while
             process.open_buckets[bucket] = time.monotonic() + _OPEN_S
             return False

@@ -82,8 +82,15 @@ class LightProvider(trace_api.TracerProvider):
         remote = trace_api.get_current_span(parent).get_span_context()
         state = remote.trace_state if remote.is_valid else None
         context = SpanContext(ids[0], ids[1], False, _SAMPLED, state)
-        span = LightSpan(self.segments, name, context, remote if remote.is_valid else None, SpanKind.INTERNAL,
-                         attributes, start_ns)  # fmt: skip
+        span = LightSpan(
+            self.segments,
+            name,
+            context,
+            remote if remote.is_valid else None,
+            SpanKind.INTERNAL,
+            attributes,
+            start_ns,
+        )
         span.end()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -126,16 +133,28 @@ class LightTracer(trace_api.Tracer):
             flags = TraceFlags(TraceFlags.DEFAULT)
             return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False, flags, state))
         own = SpanContext(trace_id, span_id, False, _SAMPLED, state)
-        span = LightSpan(self, name, own, parent if parent.is_valid else None, kind,
-                         dict(attributes) if attributes else {}, start_time or time_ns())  # fmt: skip
+        span = LightSpan(
+            self,
+            name,
+            own,
+            parent if parent.is_valid else None,
+            kind,
+            dict(attributes) if attributes else {},
+            start_time or time_ns(),
+        )
         if links:
             span.links = [Link(link.context, link.attributes) for link in links]
         return span
 
     def _decide(
-        self, context: Context | None, trace_id: int, name: str, kind: SpanKind, attributes: types.Attributes,
+        self,
+        context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind,
+        attributes: types.Attributes,
         links: trace_api._Links,
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         decision = self.provider.sampler.should_sample(context, trace_id, name, kind, attributes, links)
         return decision.decision is Decision.RECORD_AND_SAMPLE
 
@@ -154,9 +173,11 @@ class LightTracer(trace_api.Tracer):
     ) -> Iterator[trace_api.Span]:
         span = self.start_span(name, context, kind, attributes, links, start_time)
         with trace_api.use_span(
-            span, end_on_exit=end_on_exit, record_exception=record_exception,
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
             set_status_on_exception=set_status_on_exception,
-        ) as current:  # fmt: skip
+        ) as current:
             yield current
 
 
@@ -164,13 +185,30 @@ class LightSpan(trace_api.Span):
     """A sampled span while it runs, and what the span processors queue once it ended (`Materialize`
     makes the SDK's ReadableSpan of it for the exporter)."""
 
-    __slots__ = ("attributes", "context", "end_time", "events", "kind", "links", "name", "parent",
-                 "start_time", "status", "tracer")  # fmt: skip
+    __slots__ = (
+        "attributes",
+        "context",
+        "end_time",
+        "events",
+        "kind",
+        "links",
+        "name",
+        "parent",
+        "start_time",
+        "status",
+        "tracer",
+    )
 
     def __init__(
-        self, tracer: LightTracer, name: str, context: SpanContext, parent: SpanContext | None,
-        kind: SpanKind, attributes: dict[str, Any], start_time: int,
-    ) -> None:  # fmt: skip
+        self,
+        tracer: LightTracer,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        start_time: int,
+    ) -> None:
         self.tracer = tracer
         self.name = name
         self.context = context
@@ -219,9 +257,12 @@ class LightSpan(trace_api.Span):
             self.status = status
 
     def record_exception(
-        self, exception: BaseException, attributes: types.Attributes = None, timestamp: int | None = None,
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
         escaped: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The SDK's `exception` event (type, message, stack trace, escaped)."""
         kind = type(exception)
         module = kind.__module__
@@ -264,9 +305,20 @@ class Materialize(SpanExporter):
         if links:
             links = BoundedList.from_seq(limits.max_links, links)
         return ReadableSpan(
-            span.name, span.context, span.parent, self.resource, self.attributes(span.attributes), events,
-            links, span.kind, None, span.status, span.start_time, span.end_time, span.tracer.scope,
-        )  # fmt: skip
+            span.name,
+            span.context,
+            span.parent,
+            self.resource,
+            self.attributes(span.attributes),
+            events,
+            links,
+            span.kind,
+            None,
+            span.status,
+            span.start_time,
+            span.end_time,
+            span.tracer.scope,
+        )
 
     def attributes(self, attributes: dict[str, Any]) -> Mapping[str, Any]:
         """The span's attributes as they are when all are valid and within the limits (the loop's are:

@@ -81,26 +81,37 @@ class Metrics:
             "toolloop_steps_replayed", "Stored steps replayed instead of run", ["queue"], registry=registry
         )
         self.rerun = Counter(
-            "toolloop_steps_rerun", "Live work begun by a task delivered more than once", labels,
+            "toolloop_steps_rerun",
+            "Live work begun by a task delivered more than once",
+            labels,
             registry=registry,
-        )  # fmt: skip
+        )
         self.latency = Histogram(
-            "toolloop_step_seconds", "A step from its task's begin to its commit", labels,
-            buckets=_BUCKETS, registry=registry,
-        )  # fmt: skip
-        self.model_calls = Counter(
-            "toolloop_model_calls", "Model calls by provider and status", ["provider", "status"],
+            "toolloop_step_seconds",
+            "A step from its task's begin to its commit",
+            labels,
+            buckets=_BUCKETS,
             registry=registry,
-        )  # fmt: skip
+        )
+        self.model_calls = Counter(
+            "toolloop_model_calls",
+            "Model calls by provider and status",
+            ["provider", "status"],
+            registry=registry,
+        )
         self.fallbacks = Counter(
-            "toolloop_model_fallbacks", "Model calls answered by another provider than the one tried first",
-            ["from_provider", "to_provider"], registry=registry,
-        )  # fmt: skip
+            "toolloop_model_fallbacks",
+            "Model calls answered by another provider than the one tried first",
+            ["from_provider", "to_provider"],
+            registry=registry,
+        )
         self.spend = Counter("toolloop_spend_usd", "Cost of committed steps, USD", registry=registry)
         self.prompt_tokens = Counter(
-            "toolloop_prompt_tokens", "Prompt tokens of committed model calls by cache use", ["cache"],
+            "toolloop_prompt_tokens",
+            "Prompt tokens of committed model calls by cache use",
+            ["cache"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.completion_tokens = Counter(
             "toolloop_completion_tokens", "Completion tokens of committed model calls", registry=registry
         )

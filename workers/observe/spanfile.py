@@ -32,16 +32,23 @@ class JsonLinesExporter(SpanExporter):
         for span in spans:
             ctx = span.get_span_context()
             parent = span.parent
-            lines.append(orjson.dumps({
-                "name": span.name,
-                "trace_id": f"{ctx.trace_id:032x}" if ctx is not None else None,
-                "span_id": f"{ctx.span_id:016x}" if ctx is not None else None,
-                "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
-                "start": span.start_time, "end": span.end_time,
-                "status": span.status.status_code.name,
-                "attributes": dict(span.attributes or {}),
-                "pid": pid,
-            }, default=str, option=orjson.OPT_APPEND_NEWLINE))  # fmt: skip
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": span.name,
+                        "trace_id": f"{ctx.trace_id:032x}" if ctx is not None else None,
+                        "span_id": f"{ctx.span_id:016x}" if ctx is not None else None,
+                        "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
+                        "start": span.start_time,
+                        "end": span.end_time,
+                        "status": span.status.status_code.name,
+                        "attributes": dict(span.attributes or {}),
+                        "pid": pid,
+                    },
+                    default=str,
+                    option=orjson.OPT_APPEND_NEWLINE,
+                )
+            )
         with self.lock:
             os.write(self.fd, b"".join(lines))  # one write: lines of processes sharing the file never mix
         return SpanExportResult.SUCCESS

@@ -218,8 +218,13 @@ class StepTrace:
         segment_span = getattr(trace.get_tracer_provider(), "segment_span", None)
         if segment_span is None:  # not the worker's provider (`configure`): the ids are not ours to give
             return
-        attributes = {"toolloop.run_id": self.run_id, "toolloop.segment": self.segment,
-                      "toolloop.step.n": self.n, "toolloop.outcome": outcome, **attributes}  # fmt: skip
+        attributes = {
+            "toolloop.run_id": self.run_id,
+            "toolloop.segment": self.segment,
+            "toolloop.step.n": self.n,
+            "toolloop.outcome": outcome,
+            **attributes,
+        }
         if self.state.get("parent"):  # a child run (workers/step/children.py): its span is under its parent's
             attributes["toolloop.parent_run_id"] = self.state["parent"]
         segment_span(SEGMENT_SPAN, self.ids, self.caller, self.start_ns(), attributes)

@@ -130,8 +130,24 @@ def streamed_from(prompt_gen: Any, provider: str | None, fallback: list[str]) ->
 class DeltaStream:
     """One run's deltas, kept with its loop across the steps this process runs (`bind` each step)."""
 
-    __slots__ = ("attempt", "backed", "batch", "hooks", "interval", "keep", "last", "parts", "redo",
-                 "run_id", "segment", "step", "thinking", "timer", "token", "writes")  # fmt: skip
+    __slots__ = (
+        "attempt",
+        "backed",
+        "batch",
+        "hooks",
+        "interval",
+        "keep",
+        "last",
+        "parts",
+        "redo",
+        "run_id",
+        "segment",
+        "step",
+        "thinking",
+        "timer",
+        "token",
+        "writes",
+    )
 
     def __init__(self, run_id: str, keep: Callable[[Any], Any], interval: float = INTERVAL) -> None:
         self.run_id = run_id

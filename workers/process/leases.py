@@ -178,8 +178,9 @@ class Leases:
             if kept == "taken again":
                 log.warning(
                     "lease %s had lapsed (the process was paused, or Redis did not answer in time) and "
-                    "nobody began the step since: taken again; the step's work goes on", held.key,
-                )  # fmt: skip
+                    "nobody began the step since: taken again; the step's work goes on",
+                    held.key,
+                )
             if deadline <= held.deadline or deadline <= time.monotonic():
                 return  # an older answer, or one too late to trust: the next round asks again
             held.deadline = deadline
@@ -229,6 +230,7 @@ class Leases:
             elif now >= lease.deadline and self.held.get(lease.key) is lease and not lease.lost:
                 self._lose(lease, "its deadline passed without a confirmed renewal")
         if failed:
-            log.warning("lease renewal failed for %d of %d steps (%s); retrying", len(failed), len(held),
-                        failed[0])  # fmt: skip
+            log.warning(
+                "lease renewal failed for %d of %d steps (%s); retrying", len(failed), len(held), failed[0]
+            )
         return bool(failed)

@@ -102,8 +102,10 @@ class LiveLoop:
         commit left the run, so `committed` is never below `events_base`."""
         start = committed - self.events_base
         if start < 0:
-            raise RuntimeError(f"The stream holds {committed} events of the segment, this loop committed "
-                               f"{self.events_base}; the step runs again.")  # fmt: skip
+            raise RuntimeError(
+                f"The stream holds {committed} events of the segment, this loop committed "
+                f"{self.events_base}; the step runs again."
+            )
         return self.events[start:]
 
     def committed_events(self) -> None:

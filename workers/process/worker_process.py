@@ -210,11 +210,13 @@ class WorkerProcess:
         still runs."""
         retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=6)
         client = redisurl.async_client(
-            url or self.settings.redis_url, watcher=watcher if url else self.watcher,
-            decode_responses=True, retry=retry,
+            url or self.settings.redis_url,
+            watcher=watcher if url else self.watcher,
+            decode_responses=True,
+            retry=retry,
             retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
             encoding_errors="replace",  # a message that is not UTF-8 is rejected, not a decode error
-        )  # fmt: skip
+        )
         packed_pool(client.connection_pool)
         return client
 

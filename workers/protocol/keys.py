@@ -214,9 +214,27 @@ WAITS_DUE = f"{PREFIX}waits:due"
 """zset: run ids parked with a deadline (or an early decision to apply), score = when to look."""
 
 
-RUN_KEY_NAMES = ("spec", "state", "input", "history", "answers", "inbox", "events", "lease", "fence",
-                 "outbox", "attempts", "spend", "decisions", "decide", "decide:outcomes",
-                 "mcptools", "mcptasks", "sends", "children")  # fmt: skip
+RUN_KEY_NAMES = (
+    "spec",
+    "state",
+    "input",
+    "history",
+    "answers",
+    "inbox",
+    "events",
+    "lease",
+    "fence",
+    "outbox",
+    "attempts",
+    "spend",
+    "decisions",
+    "decide",
+    "decide:outcomes",
+    "mcptools",
+    "mcptasks",
+    "sends",
+    "children",
+)
 
 
 def run_keys(run_id: str, segments: int) -> list[str]:

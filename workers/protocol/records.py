@@ -25,12 +25,28 @@ FINAL: frozenset[str] = frozenset(
 )
 """A run in one of these has stopped; `done` and `interrupted` ones take a follow-up
 (workers/client/talk.py)."""
-RUN_EVENT_KINDS: frozenset[str] = frozenset({
-    "queued", "parked", "answered", "resumed", "finished", "failed",
-    "approval_requested", "approval_decided", "approval_refused", "approval_expired", "expired",
-    "follow_up", "steer_sent",
-    "child_started", "waiting", "child_finished", "woken", "child_asked",
-})  # fmt: skip
+RUN_EVENT_KINDS: frozenset[str] = frozenset(
+    {
+        "queued",
+        "parked",
+        "answered",
+        "resumed",
+        "finished",
+        "failed",
+        "approval_requested",
+        "approval_decided",
+        "approval_refused",
+        "approval_expired",
+        "expired",
+        "follow_up",
+        "steer_sent",
+        "child_started",
+        "waiting",
+        "child_finished",
+        "woken",
+        "child_asked",
+    }
+)
 """Run-level events; the others are the loop's own (`model`, `tool`, `budget`)."""
 
 

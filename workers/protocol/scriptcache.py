@@ -104,11 +104,17 @@ class ScriptCache:
         """`replies` of `commands`, those that are NOSCRIPT replaced by the replies of their commands
         sent again with `run`, in their order, behind SCRIPT LOAD of every known script."""
         first = failed_from(replies) or 0
-        ahead = [name(a) for a, r in zip(commands[first:], replies[first:], strict=True)
-                 if not isinstance(r, Exception)]  # fmt: skip
+        ahead = [
+            name(a)
+            for a, r in zip(commands[first:], replies[first:], strict=True)
+            if not isinstance(r, Exception)
+        ]
         if ahead:  # the residual case of the module docstring: they ran, ahead of the failed one
-            log.error("redis: %s ran ahead of a command that failed (NOSCRIPT) before them in the batch: "
-                      "the scripts were loaded again while the batch ran", ", ".join(ahead))  # fmt: skip
+            log.error(
+                "redis: %s ran ahead of a command that failed (NOSCRIPT) before them in the batch: "
+                "the scripts were loaded again while the batch ran",
+                ", ".join(ahead),
+            )
         replies = list(replies)
         for _ in range(AGAIN):  # the cache flushed again meanwhile: again
             again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]

@@ -58,28 +58,48 @@ def task_message(
     argsrepr = repr(args)
     kwargsrepr = step_kwargsrepr(label)
     headers: dict[str, Any] = {
-        "lang": "py", "task": name, "id": task_id, "shadow": None, "eta": None, "expires": None,
-        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
-        "root_id": task_id, "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": kwargsrepr,
-        "origin": _ORIGIN, "ignore_result": True, "replaced_task_nesting": 0,
-        "stamped_headers": None, "stamps": {},
-    }  # fmt: skip
+        "lang": "py",
+        "task": name,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": task_id,
+        "parent_id": None,
+        "argsrepr": argsrepr,
+        "kwargsrepr": kwargsrepr,
+        "origin": _ORIGIN,
+        "ignore_result": True,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
     # not Celery's: the oldest waiting step's age (workers/observe/queueage.py)
     headers[SENT_AT] = time.time()
     if traceparent:
         headers["traceparent"] = traceparent
     tag = tag or _tag()
-    raw = orjson.dumps({
-        "body": base64.b64encode(body).decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": headers,
-        "properties": {
-            "correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0, "body_encoding": "base64", "delivery_tag": tag,
-        },
-    }).decode()  # fmt: skip
+    raw = orjson.dumps(
+        {
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "correlation_id": task_id,
+                "reply_to": "",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": tag,
+            },
+        }
+    ).decode()
     return Delivery(
         tag=tag,
         name=name,
@@ -200,16 +220,32 @@ def _arguments(message: dict[str, Any], properties: dict[str, Any]) -> tuple[lis
 
 
 _HEADER_TYPES: dict[str, tuple[type, ...]] = {
-    "lang": (str,), "shadow": (str,), "root_id": (str,), "parent_id": (str,), "group": (str,),
-    "group_index": (int,), "retries": (int,), "argsrepr": (str,), "kwargsrepr": (str,),
-    "origin": (str,), "ignore_result": (bool,), "replaced_task_nesting": (int,),
-    "stamped_headers": (list,), "stamps": (dict,), "eta": (str,), "expires": (str,),
+    "lang": (str,),
+    "shadow": (str,),
+    "root_id": (str,),
+    "parent_id": (str,),
+    "group": (str,),
+    "group_index": (int,),
+    "retries": (int,),
+    "argsrepr": (str,),
+    "kwargsrepr": (str,),
+    "origin": (str,),
+    "ignore_result": (bool,),
+    "replaced_task_nesting": (int,),
+    "stamped_headers": (list,),
+    "stamps": (dict,),
+    "eta": (str,),
+    "expires": (str,),
     "timelimit": (list,),
-}  # fmt: skip
+}
 _PROPERTY_TYPES: dict[str, tuple[type, ...]] = {
-    "delivery_info": (dict,), "priority": (int,), "correlation_id": (str,), "reply_to": (str,),
-    "delivery_mode": (int,), "body_encoding": (str,),
-}  # fmt: skip
+    "delivery_info": (dict,),
+    "priority": (int,),
+    "correlation_id": (str,),
+    "reply_to": (str,),
+    "delivery_mode": (int,),
+    "body_encoding": (str,),
+}
 
 
 def _check_fields(headers: dict[str, Any], properties: dict[str, Any]) -> None:
@@ -285,10 +321,17 @@ def problem(raw: str, max_bytes: int) -> str | None:
 
 def rejected_entry(queue: str, raw: str, reason: str, worker: str) -> str:
     """One entry of the rejected list (keys.REJECTED): JSON with the reason and the raw message."""
-    return orjson.dumps({
-        "at": time.time(), "queue": queue, "reason": reason, "worker": worker,
-        "size": len(raw), "truncated": len(raw) > REJECTED_RAW, "raw": raw[:REJECTED_RAW],
-    }).decode()  # fmt: skip
+    return orjson.dumps(
+        {
+            "at": time.time(),
+            "queue": queue,
+            "reason": reason,
+            "worker": worker,
+            "size": len(raw),
+            "truncated": len(raw) > REJECTED_RAW,
+            "raw": raw[:REJECTED_RAW],
+        }
+    ).decode()
 
 
 def unacked_value(raw: str, queue: str) -> str:
@@ -320,10 +363,17 @@ class Events:
     def add(self, type_: str, fields: dict[str, Any]) -> bool:
         """Buffer event `type_` with `fields`; True when the buffer was empty before (drain it)."""
         self.clock += 1
-        self.buffer.append({
-            "hostname": self.hostname, "utcoffset": self.utcoffset, "pid": self.pid, "clock": self.clock,
-            **fields, "timestamp": time.time(), "type": type_,
-        })  # fmt: skip
+        self.buffer.append(
+            {
+                "hostname": self.hostname,
+                "utcoffset": self.utcoffset,
+                "pid": self.pid,
+                "clock": self.clock,
+                **fields,
+                "timestamp": time.time(),
+                "type": type_,
+            }
+        )
         return len(self.buffer) == 1
 
     def drain(self) -> list[tuple[str, bytes]]:
@@ -339,14 +389,19 @@ class Events:
             routing_key = body["type"].replace("-", ".")
         else:
             routing_key = "task.multi"
-        payload = orjson.dumps({
-            "body": base64.b64encode(orjson.dumps(body)).decode(),
-            "content-encoding": "utf-8",
-            "content-type": "application/json",
-            "headers": {"hostname": self.hostname},
-            "properties": {
-                "delivery_mode": 1, "delivery_info": {"exchange": "celeryev", "routing_key": routing_key},
-                "priority": 0, "body_encoding": "base64", "delivery_tag": _tag(),
-            },
-        })  # fmt: skip
+        payload = orjson.dumps(
+            {
+                "body": base64.b64encode(orjson.dumps(body)).decode(),
+                "content-encoding": "utf-8",
+                "content-type": "application/json",
+                "headers": {"hostname": self.hostname},
+                "properties": {
+                    "delivery_mode": 1,
+                    "delivery_info": {"exchange": "celeryev", "routing_key": routing_key},
+                    "priority": 0,
+                    "body_encoding": "base64",
+                    "delivery_tag": _tag(),
+                },
+            }
+        )
         return self.prefix + routing_key, payload

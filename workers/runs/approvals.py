@@ -43,8 +43,14 @@ from workers.runs.lifecycle import send_member
 
 
 def _script_keys(run_id: str) -> list[str]:
-    return [keys.state(run_id), keys.decisions(run_id), keys.answers(run_id), keys.events(run_id),
-            keys.outbox(run_id), keys.WAITS_DUE]  # fmt: skip
+    return [
+        keys.state(run_id),
+        keys.decisions(run_id),
+        keys.answers(run_id),
+        keys.events(run_id),
+        keys.outbox(run_id),
+        keys.WAITS_DUE,
+    ]
 
 
 # -- the worker side --------------------------------------------------------------------------------
@@ -257,6 +263,7 @@ def pending_approvals(
         deadline = None if timeout is None else now + timeout
         default = tool.approval_default if tool else "reject"
         queue = (tool.queue if tool else None) or names.TOOLS
-        held.append({**approval.model_dump(mode="json"), "deadline": deadline, "default": default,
-                     "queue": queue})  # fmt: skip
+        held.append(
+            {**approval.model_dump(mode="json"), "deadline": deadline, "default": default, "queue": queue}
+        )
     return held

@@ -54,15 +54,26 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_k
     lua.run(
         client,
         ENQUEUE,
-        [keys.spec(run_id), keys.state(run_id), keys.inputs(run_id), keys.events(run_id),
-         keys.outbox(run_id), keys.LIVE_RUNS, keys.ALL_RUNS, "llm"],
+        [
+            keys.spec(run_id),
+            keys.state(run_id),
+            keys.inputs(run_id),
+            keys.events(run_id),
+            keys.outbox(run_id),
+            keys.LIVE_RUNS,
+            keys.ALL_RUNS,
+            "llm",
+        ],
         [run_id, spec.model_dump_json(), now, messages, queued, now, "", "", "", parent or ""],
-    )  # fmt: skip
+    )
     try:  # the run is stored: from here a failure is the sweeper's to repair, not the caller's
         flush_outbox(client, celery, run_id)
     except (OSError, redis_lib.RedisError) as error:
-        log.warning("run %s: stored, but sending its first step failed (%s); the sweeper will send it",
-                    run_id, type(error).__name__)  # fmt: skip
+        log.warning(
+            "run %s: stored, but sending its first step failed (%s); the sweeper will send it",
+            run_id,
+            type(error).__name__,
+        )
     return run_id
 
 
@@ -80,8 +91,15 @@ def send_member(
             label = "model 1"
         elif queue == names.LLM:  # after an answer, a decision or a lost send: the run's next model step
             label = f"model {int(client.hget(keys.state(run_id), 'steps') or 0) + 1}"
-        send(celery, ADVANCE, [run_id, n], queue=queue, task_id=names.step_id(run_id, n), producer=producer,
-             label=label)  # fmt: skip
+        send(
+            celery,
+            ADVANCE,
+            [run_id, n],
+            queue=queue,
+            task_id=names.step_id(run_id, n),
+            producer=producer,
+            label=label,
+        )
     except (OSError, OperationalError, redis_lib.RedisError) as error:
         log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
         return False
@@ -124,12 +142,20 @@ def answer(
 ) -> str:
     """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
     client.zadd(keys.LIVE_RUNS, {run_id: time.time()})  # first: the index stays a superset of live runs
-    result = parse_answer(lua.run(
-        client, RUN_ANSWER,
-        [keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.events(run_id),
-         keys.outbox(run_id)],
-        [answer_id, time.time()],
-    ))  # fmt: skip
+    result = parse_answer(
+        lua.run(
+            client,
+            RUN_ANSWER,
+            [
+                keys.state(run_id),
+                keys.answers(run_id),
+                keys.inbox(run_id),
+                keys.events(run_id),
+                keys.outbox(run_id),
+            ],
+            [answer_id, time.time()],
+        )
+    )
     hooks.point("answer:after", run=run_id)
     if result.member is not None:
         send_member(client, celery, run_id, result.member)
@@ -184,8 +210,12 @@ def sweep(client: redis_lib.Redis, celery: Celery, settings: Settings | None = N
             log.warning(
                 "sweep: run %r skipped: %s: %s\n  Its keys tl:{%s}:* hold something the workers did not "
                 "write; look at them (redis-cli --scan --pattern 'tl:{%s}:*'), then delete or fix them.",
-                run_id, type(error).__name__, error, run_id, run_id,
-            )  # fmt: skip
+                run_id,
+                type(error).__name__,
+                error,
+                run_id,
+                run_id,
+            )
     return done
 
 
@@ -217,8 +247,13 @@ def _sweep_run(
         idle = now - float(touched or 0)
         if idle > settings.redrive_age:
             next_n = int(n or 0) + 1
-            send(celery, ADVANCE, [run_id, next_n], queue=queue or names.LLM,
-                 task_id=names.step_id(run_id, next_n))  # fmt: skip
+            send(
+                celery,
+                ADVANCE,
+                [run_id, next_n],
+                queue=queue or names.LLM,
+                task_id=names.step_id(run_id, next_n),
+            )
             client.hset(keys.state(run_id), "touched", now)
             done["redriven"] += 1
 
@@ -229,8 +264,13 @@ def resend_answers(celery: Celery, run_id: str, inbox: dict[str, str], before: f
     sent = 0
     for answer_id, raw in inbox.items():
         if float(json.loads(raw).get("at", 0)) < before:
-            send(celery, ANSWER, [run_id, answer_id], queue=names.CONTROL,
-                 task_id=names.answer_task_id(run_id, answer_id))  # fmt: skip
+            send(
+                celery,
+                ANSWER,
+                [run_id, answer_id],
+                queue=names.CONTROL,
+                task_id=names.answer_task_id(run_id, answer_id),
+            )
             sent += 1
     return sent
 

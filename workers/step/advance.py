@@ -189,9 +189,15 @@ class _Step(Commits):
         live = self.live = spawner.live = LiveLoop({tool.name: tool for tool in tools})
         live.held_names = approvals.held_names(messages, decisions)
         live.journal = SegmentJournal(
-            self.run_id, self.prefix, loaded.journal, signal=live.controller.signal, live_steps=1,
-            before_live=live.before_live, after_live=live.after_live, pause=live.pause,
-        )  # fmt: skip
+            self.run_id,
+            self.prefix,
+            loaded.journal,
+            signal=live.controller.signal,
+            live_steps=1,
+            before_live=live.before_live,
+            after_live=live.after_live,
+            pause=live.pause,
+        )
         live.deltas = DeltaStream.of(  # None unless it streams
             spec.stream, self.run_id, live.events.append, self.settings.delta_interval
         )
@@ -209,13 +215,30 @@ class _Step(Commits):
         r = self.run_id
         kept = self.process.kept.take(r)
         sent_at = time.monotonic()
-        begin = parse_begin(await self.batch.script(
-            RUN_BEGIN,
-            [keys.state(r), keys.spec(r), keys.lease(r), keys.fence(r), keys.attempts(r),
-             keys.spend(r), keys.inputs(r), keys.answers(r), keys.outbox(r)],
-            [self.owner, self.settings.lease_ms, self.n, time.time(), keys.journal(r, ""),
-             kept.tag if kept else ""],
-        ))  # fmt: skip
+        begin = parse_begin(
+            await self.batch.script(
+                RUN_BEGIN,
+                [
+                    keys.state(r),
+                    keys.spec(r),
+                    keys.lease(r),
+                    keys.fence(r),
+                    keys.attempts(r),
+                    keys.spend(r),
+                    keys.inputs(r),
+                    keys.answers(r),
+                    keys.outbox(r),
+                ],
+                [
+                    self.owner,
+                    self.settings.lease_ms,
+                    self.n,
+                    time.time(),
+                    keys.journal(r, ""),
+                    kept.tag if kept else "",
+                ],
+            )
+        )
         return kept, begin, sent_at
 
     async def _suspect_turn(self) -> int:
@@ -293,11 +316,13 @@ class _Step(Commits):
             outcome = await outcome_future
         except StepTimedOut:
             timed_out = True
-            return await self.commit_failure(TimeoutError(
-                f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
-                "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
-                "then retry the run."
-            ))  # fmt: skip
+            return await self.commit_failure(
+                TimeoutError(
+                    f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
+                    "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
+                    "then retry the run."
+                )
+            )
         except LeaseLostError as error:
             return await self.lost_lease(error)
         except Exception as error:
@@ -363,8 +388,11 @@ class _Step(Commits):
         what = ", ".join(f"{self.prefix}{key} (${cost:.6f})" for key, _, cost in pending)
         log.warning(
             "run %s: step %s stopped: %s.\n  Not committed: %s; the step runs again under a live lease.",
-            self.run_id, self.n, error, what or "no finished work",
-        )  # fmt: skip
+            self.run_id,
+            self.n,
+            error,
+            what or "no finished work",
+        )
         if self.live is not None and self.live.deltas is not None:
             self.live.deltas.drop()
         await self.release()

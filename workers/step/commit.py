@@ -112,8 +112,12 @@ class Commits:
         }
         if result.stopped_by == "asked":
             asked = result.asked.input if result.asked else {}
-            state |= {"asked": json.dumps(asked), "carried_usd": result.spent_usd,
-                      "spend_base": self.outside, "steps_base": steps}  # fmt: skip
+            state |= {
+                "asked": json.dumps(asked),
+                "carried_usd": result.spent_usd,
+                "spend_base": self.outside,
+                "steps_base": steps,
+            }
             parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
             spec = self.run_spec()
             due: float | None = None
@@ -127,8 +131,12 @@ class Commits:
         state |= {"status": stopped_by, "spend_end": self.outside}
         if result.stopped_by == "cancel":  # a cancel or an interrupt: the MCP tasks its waits left open
             await cancel_open(self.process, self.run_id)  # (workers/step/mcptasks.py)
-        final: dict[str, Any] = {"stopped_by": stopped_by, "final_text": result.final_text,
-                                 "spent_usd": result.spent_usd, "steps": steps}  # fmt: skip
+        final: dict[str, Any] = {
+            "stopped_by": stopped_by,
+            "final_text": result.final_text,
+            "spent_usd": result.spent_usd,
+            "steps": steps,
+        }
         self.stopped = stopped_by
         if result.refusal is not None:
             state["refusal"] = result.refusal.model_dump_json()
@@ -177,15 +185,24 @@ class Commits:
         spec = self.run_spec()
         assert spec is not None and self.live is not None
         held = approvals.pending_approvals(result.approvals or [], self.live.tools, spec, time.time())
-        state |= {"approvals": json.dumps(held), "carried_usd": result.spent_usd,
-                  "spend_base": self.outside, "steps_base": steps}  # fmt: skip
+        state |= {
+            "approvals": json.dumps(held),
+            "carried_usd": result.spent_usd,
+            "spend_base": self.outside,
+            "steps_base": steps,
+        }
         parked = json.dumps({"approvals": held, "spent_usd": result.spent_usd, "steps": steps})
-        requested = [json.dumps({k: h[k] for k in ("call_id", "name", "input", "input_digest", "estimate_usd",
-                                                    "deadline")}) for h in held]  # fmt: skip
+        requested = [
+            json.dumps(
+                {k: h[k] for k in ("call_id", "name", "input", "input_digest", "estimate_usd", "deadline")}
+            )
+            for h in held
+        ]
         deadlines = [h["deadline"] for h in held if h["deadline"] is not None]
         due = min([time.time(), *deadlines])  # the sweeper looks at once: decisions sent early apply
-        outcome = await self.commit("park", state=state, history=history, parked=parked,
-                                    requested=requested, due=due)  # fmt: skip
+        outcome = await self.commit(
+            "park", state=state, history=history, parked=parked, requested=requested, due=due
+        )
         if outcome == "park":
             await asyncio.to_thread(
                 approvals.settle,
@@ -229,14 +246,28 @@ class Commits:
         if part is not None and part.wait_open is not None:
             successor, go_on = None, None  # the run may park waiting on its children: nothing runs here
         payload = Commit(
-            token=self.token, lease=self.lease, n=self.n, segment=self.segment, run=self.run_id,
-            outcome=outcome, now=time.time(), field=field, value=value, queue=queue,
-            state=self._state(state), events=self._fresh_events(committed), history=history,
-            final=final, parked=parked, requested=requested or [], due=due, go_on=go_on,
+            token=self.token,
+            lease=self.lease,
+            n=self.n,
+            segment=self.segment,
+            run=self.run_id,
+            outcome=outcome,
+            now=time.time(),
+            field=field,
+            value=value,
+            queue=queue,
+            state=self._state(state),
+            events=self._fresh_events(committed),
+            history=history,
+            final=final,
+            parked=parked,
+            requested=requested or [],
+            due=due,
+            go_on=go_on,
             streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
             steerable=steerable,
             children=part,
-        )  # fmt: skip
+        )
         where = self.prefix + (field or "-")
         r = self.run_id
         self.process.hooks.point("commit:before", run=r, key=where)
@@ -320,8 +351,12 @@ class Commits:
             traceparent=self.run_traceparent(),
             tag=self.process.new_owner(),
         )
-        go_on = GoOn(self.process.new_owner(), self.settings.lease_ms, successor.tag,
-                     wire.unacked_value(successor.raw, queue))  # fmt: skip
+        go_on = GoOn(
+            self.process.new_owner(),
+            self.settings.lease_ms,
+            successor.tag,
+            wire.unacked_value(successor.raw, queue),
+        )
         return successor, go_on
 
     async def _run_commit(self, payload: Commit, where: str, cost: float) -> Committed:
@@ -334,35 +369,65 @@ class Commits:
             try:
                 reply = await self.batch.script(
                     RUN_COMMIT,
-                    [keys.state(r), keys.fence(r), keys.lease(r), keys.events(r), keys.outbox(r),
-                     keys.history(r), keys.inputs(r), keys.answers(r), keys.journal(r, self.prefix),
-                     keys.attempts(r), keys.spend(r), names.UNACKED, names.UNACKED_INDEX, keys.WAITS_DUE,
-                     keys.children(r)],
-                    [payload.encode()], durable=True,
-                )  # fmt: skip
+                    [
+                        keys.state(r),
+                        keys.fence(r),
+                        keys.lease(r),
+                        keys.events(r),
+                        keys.outbox(r),
+                        keys.history(r),
+                        keys.inputs(r),
+                        keys.answers(r),
+                        keys.journal(r, self.prefix),
+                        keys.attempts(r),
+                        keys.spend(r),
+                        names.UNACKED,
+                        names.UNACKED_INDEX,
+                        keys.WAITS_DUE,
+                        keys.children(r),
+                    ],
+                    [payload.encode()],
+                    durable=True,
+                )
                 return parse_commit(reply)
             except REDIS_LOST as error:  # refused (OOM) or not taken (connection): nothing was written
                 if not self.may_retry_commit():
                     log.error(
                         "run %s: step %s (%s, cost $%.6f) could not be committed before its lease ended "
-                        "(%s: %s); its result is lost and the step runs again.%s", r, self.n, where, cost,
-                        type(error).__name__, error, _hint(error),
-                    )  # fmt: skip
+                        "(%s: %s); its result is lost and the step runs again.%s",
+                        r,
+                        self.n,
+                        where,
+                        cost,
+                        type(error).__name__,
+                        error,
+                        _hint(error),
+                    )
                     raise
                 attempt += 1
                 if attempt == 1:
                     log.warning(
                         "run %s: Redis did not take the commit of step %s (%s, cost $%.6f): %s: %s; "
-                        "the result is kept and the commit retried while the lease holds.%s", r, self.n,
-                        where, cost, type(error).__name__, error, _hint(error),
-                    )  # fmt: skip
+                        "the result is kept and the commit retried while the lease holds.%s",
+                        r,
+                        self.n,
+                        where,
+                        cost,
+                        type(error).__name__,
+                        error,
+                        _hint(error),
+                    )
                 elif not past and not self.held_now():
                     past = True
                     log.warning(
                         "run %s: step %s (%s, cost $%.6f): its lease passed its deadline before Redis took "
                         "the commit; nobody else took the step, so the result is kept and the commit "
-                        "retried while the fence holds", r, self.n, where, cost,
-                    )  # fmt: skip
+                        "retried while the fence holds",
+                        r,
+                        self.n,
+                        where,
+                        cost,
+                    )
                 payload = dataclasses.replace(payload, go_on=None)
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
 
@@ -395,15 +460,31 @@ class Commits:
             successor = (queue, message)
         if successor is not None:
             queue, message = successor
-            events.send("task-sent", {
-                "uuid": message.task_id, "root_id": message.task_id, "parent_id": None,
-                "name": names.ADVANCE, "args": message.argsrepr, "kwargs": message.kwargsrepr,
-                "retries": 0, "eta": None, "expires": None, "queue": queue, "exchange": "",
-                "routing_key": queue,
-            })  # fmt: skip
+            events.send(
+                "task-sent",
+                {
+                    "uuid": message.task_id,
+                    "root_id": message.task_id,
+                    "parent_id": None,
+                    "name": names.ADVANCE,
+                    "args": message.argsrepr,
+                    "kwargs": message.kwargsrepr,
+                    "retries": 0,
+                    "eta": None,
+                    "expires": None,
+                    "queue": queue,
+                    "exchange": "",
+                    "routing_key": queue,
+                },
+            )
         replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
-        fields = {"uuid": self.task.task_id, "run_id": self.run_id, "n": self.n, "replayed": replayed,
-                  **progress}  # fmt: skip
+        fields = {
+            "uuid": self.task.task_id,
+            "run_id": self.run_id,
+            "n": self.n,
+            "replayed": replayed,
+            **progress,
+        }
         events.send("task-progress", fields)
         if member:  # sent through the batch: a watcher may wait for the write
             watching = self.process.hooks.sent(
@@ -462,8 +543,13 @@ class Commits:
 
     def flush_outbox(self) -> None:
         """Send again the run's successors older than TOOLLOOP_OUTBOX_AGE (a thread: sync Redis)."""
-        flush_outbox(self.process.redis, self.process.celery, self.run_id, self.settings.outbox_age,
-                     self.settings.redrive_age)  # fmt: skip
+        flush_outbox(
+            self.process.redis,
+            self.process.celery,
+            self.run_id,
+            self.settings.outbox_age,
+            self.settings.redrive_age,
+        )
 
 
 def interrupted_or(stopped_by: str, live: LiveLoop | None) -> str:

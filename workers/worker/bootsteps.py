@@ -252,8 +252,9 @@ def check_redis(client: redis_lib.Redis) -> None:
             log.warning(
                 "Redis %s is older than %d.%d, which toolloop needs (ZADD LT): sweeps can fail, and lost "
                 "steps then are not sent again.\n  Run Redis >= 6.2 or Valkey (docs/operations.md).",
-                version, *MIN_REDIS,
-            )  # fmt: skip
+                version,
+                *MIN_REDIS,
+            )
     try:
         config: dict[str, str] = client.config_get("appendonly")  # type: ignore[assignment]
         config.update(client.config_get("maxmemory-policy"))  # type: ignore[arg-type]

@@ -152,8 +152,10 @@ class StepConsumer:
                 if restored:
                     log.warning(
                         "step consumer: %d unacked steps were older than the visibility timeout (%g s) "
-                        "and went back on their queues", restored, settings.visibility_timeout,
-                    )  # fmt: skip
+                        "and went back on their queues",
+                        restored,
+                        settings.visibility_timeout,
+                    )
             except (OSError, redis_lib.RedisError) as error:
                 log.warning("step consumer: restoring unacked steps failed (%s)", error)
 
@@ -239,8 +241,12 @@ class StepConsumer:
         log.error(
             "step consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
             "  Only toolloop tasks belong on toolloop queues; inspect it with "
-            "`redis-cli LRANGE %s 0 9`.", one.queue, reason, REJECTED, REJECTED,
-        )  # fmt: skip
+            "`redis-cli LRANGE %s 0 9`.",
+            one.queue,
+            reason,
+            REJECTED,
+            REJECTED,
+        )
         batch = self.process.batch
         batch.send("LPUSH", REJECTED, wire.rejected_entry(one.queue, one.raw, reason, self.hostname))
         batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
@@ -258,10 +264,20 @@ class StepConsumer:
     async def _handle(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
         events = self.process.events(self.hostname)
         task_id = delivery.task_id
-        events.send("task-received", {
-            "uuid": task_id, "name": delivery.name, "args": delivery.argsrepr, "kwargs": delivery.kwargsrepr,
-            "root_id": task_id, "parent_id": None, "retries": 0, "eta": None, "expires": None,
-        })  # fmt: skip
+        events.send(
+            "task-received",
+            {
+                "uuid": task_id,
+                "name": delivery.name,
+                "args": delivery.argsrepr,
+                "kwargs": delivery.kwargsrepr,
+                "root_id": task_id,
+                "parent_id": None,
+                "retries": 0,
+                "eta": None,
+                "expires": None,
+            },
+        )
         events.send("task-started", {"uuid": task_id, "pid": os.getpid()})
         started = time.monotonic()
         chatty = log.isEnabledFor(logging.INFO)
@@ -280,22 +296,38 @@ class StepConsumer:
             events.send("task-rejected", {"uuid": task_id, "requeue": True})
         except Exception as error:  # a bug: acked, as Celery acks a failed task
             log.exception("step %s failed", task_id)
-            events.send("task-failed", {
-                "uuid": task_id, "exception": repr(error), "traceback": "",
-            })  # fmt: skip
+            events.send(
+                "task-failed",
+                {
+                    "uuid": task_id,
+                    "exception": repr(error),
+                    "traceback": "",
+                },
+            )
             self._ack(delivery)
         else:
             took = time.monotonic() - started
             failure = getattr(result, "failure", None)
             if failure is not None:  # the step ended its run `failed`: committed, acked, reported failed
-                events.send("task-failed", {
-                    "uuid": task_id, "exception": failure_repr(*failure), "traceback": "", "runtime": took,
-                })  # fmt: skip
+                events.send(
+                    "task-failed",
+                    {
+                        "uuid": task_id,
+                        "exception": failure_repr(*failure),
+                        "traceback": "",
+                        "runtime": took,
+                    },
+                )
                 self._ack(delivery)
                 return
-            events.send("task-succeeded", {
-                "uuid": task_id, "result": repr(result), "runtime": took,
-            })  # fmt: skip
+            events.send(
+                "task-succeeded",
+                {
+                    "uuid": task_id,
+                    "result": repr(result),
+                    "runtime": took,
+                },
+            )
             self._ack(delivery)
             if chatty:
                 log.info("Task %s[%s] succeeded in %ss: %r", delivery.name, task_id, round(took, 6), result)
@@ -341,8 +373,11 @@ class StepConsumer:
                 return
             except (OSError, redis_lib.RedisError) as error:
                 if attempt == 29 or self.stopping:
-                    log.warning("step %s stays in unacked (%s): restored after the visibility timeout",
-                                delivery.task_id, error)  # fmt: skip
+                    log.warning(
+                        "step %s stays in unacked (%s): restored after the visibility timeout",
+                        delivery.task_id,
+                        error,
+                    )
                     return
                 await asyncio.sleep(1.0)
 

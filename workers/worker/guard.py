@@ -71,8 +71,11 @@ def reject(client: redis_lib.Redis, queue: str, raw: str, reason: str, hostname:
     log.error(
         "celery consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
         "  Only toolloop tasks belong on toolloop queues; inspect it with `redis-cli LRANGE %s 0 9`.",
-        queue, reason, keys.REJECTED, keys.REJECTED,
-    )  # fmt: skip
+        queue,
+        reason,
+        keys.REJECTED,
+        keys.REJECTED,
+    )
     try:
         pipe = client.pipeline(transaction=False)
         pipe.lpush(keys.REJECTED, wire.rejected_entry(queue, raw, reason, hostname))

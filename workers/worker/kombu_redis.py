@@ -62,11 +62,13 @@ class KombuRedisQueue:
         if not keys:
             await asyncio.sleep(0.5)
             return []
-        got = claimed(await self.batch.script(
-            CLAIM,
-            [names.UNACKED, names.UNACKED_INDEX, *keys],
-            [most, time.time(), self.max_task_bytes],
-        ))  # fmt: skip
+        got = claimed(
+            await self.batch.script(
+                CLAIM,
+                [names.UNACKED, names.UNACKED_INDEX, *keys],
+                [most, time.time(), self.max_task_bytes],
+            )
+        )
         return got or await self._wait_for_one(keys)
 
     async def _wait_for_one(self, keys: list[str]) -> list[Claimed]:
@@ -117,9 +119,15 @@ class KombuRedisQueue:
 # -- the transport options a worker accepts ---------------------------------------------------------
 
 _LAYOUT = (
-    "sep", "ack_emulation", "unacked_key", "unacked_index_key", "priority_steps", "global_keyprefix",
-    "fanout_prefix", "fanout_patterns",
-)  # fmt: skip
+    "sep",
+    "ack_emulation",
+    "unacked_key",
+    "unacked_index_key",
+    "priority_steps",
+    "global_keyprefix",
+    "fanout_prefix",
+    "fanout_patterns",
+)
 """kombu's Redis transport options that change where or how messages, deliveries and events lie in
 Redis: the step consumer and the event sender write that layout themselves (workers/protocol/wire.py)."""
 
@@ -144,8 +152,9 @@ def check_transport_options(options: Mapping[str, Any] | None) -> None:
     refused = {name: value for name, value in changed.items() if not _as_default(name, value)}
     if not refused:
         return
-    listed = ", ".join(f"{name}={value!r} (kombu's default: {getattr(Channel, name)!r})"
-                       for name, value in refused.items())  # fmt: skip
+    listed = ", ".join(
+        f"{name}={value!r} (kombu's default: {getattr(Channel, name)!r})" for name, value in refused.items()
+    )
     raise UnsupportedTransportOption(
         f"broker_transport_options sets {listed}.\n"
         "  toolloop's worker writes kombu's Redis layout itself (task messages, deliveries in "

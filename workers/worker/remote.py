@@ -59,15 +59,20 @@ def active(state: Any, safe: bool = False, **kwargs: Any) -> list[dict[str, Any]
     if steps is None:
         return found
     for queue, delivery, started in dict(steps.in_flight).values():
-        found.append({
-            "id": delivery.task_id, "name": delivery.name,
-            "args": delivery.argsrepr if safe else delivery.args,
-            "kwargs": delivery.kwargsrepr if safe else _literal(delivery.kwargsrepr),
-            "type": delivery.name, "hostname": steps.hostname, "time_start": started,
-            "acknowledged": False, "delivery_info": {"exchange": "", "routing_key": queue,
-                                                     "priority": 0, "redelivered": None},
-            "worker_pid": os.getpid(),
-        })  # fmt: skip
+        found.append(
+            {
+                "id": delivery.task_id,
+                "name": delivery.name,
+                "args": delivery.argsrepr if safe else delivery.args,
+                "kwargs": delivery.kwargsrepr if safe else _literal(delivery.kwargsrepr),
+                "type": delivery.name,
+                "hostname": steps.hostname,
+                "time_start": started,
+                "acknowledged": False,
+                "delivery_info": {"exchange": "", "routing_key": queue, "priority": 0, "redelivered": None},
+                "worker_pid": os.getpid(),
+            }
+        )
     return found
 
 

@@ -104,8 +104,12 @@ class Refused:
 Begin = Started | Refused
 
 _REFUSED: dict[str, NotBegun] = {
-    "missing": "missing", "idle": "idle", "stale": "stale", "early": "early", "busy": "busy",
-}  # fmt: skip
+    "missing": "missing",
+    "idle": "idle",
+    "stale": "stale",
+    "early": "early",
+    "busy": "busy",
+}
 
 
 def parse_begin(reply: list[Any]) -> Begin:

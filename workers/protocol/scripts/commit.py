@@ -228,11 +228,20 @@ class Commit:
     def encode(self) -> bytes:
         """The JSON RUN_COMMIT decodes (absent fields are left out: Lua reads a JSON null as true)."""
         payload: dict[str, Any] = {
-            "token": self.token, "lease": self.lease, "n": self.n, "segment": self.segment,
-            "run": self.run, "outcome": self.outcome, "now": self.now, "field": self.field,
-            "value": self.value, "queue": self.queue, "state": self.state, "events": self.events,
+            "token": self.token,
+            "lease": self.lease,
+            "n": self.n,
+            "segment": self.segment,
+            "run": self.run,
+            "outcome": self.outcome,
+            "now": self.now,
+            "field": self.field,
+            "value": self.value,
+            "queue": self.queue,
+            "state": self.state,
+            "events": self.events,
             "cancel_text": CANCEL_TEXT,
-        }  # fmt: skip
+        }
         optional = {"history": self.history, "final": self.final, "parked": self.parked, "due": self.due}
         payload.update((k, v) for k, v in optional.items() if v is not None)
         if self.requested:
