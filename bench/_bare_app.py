@@ -31,7 +31,14 @@ FALLBACK_CONF: dict[str, Any] = {
     "broker_connection_retry_on_startup": True,
     "broker_transport_options": {"visibility_timeout": 3600},
 }
-_NOT_COPIED = {"broker_url", "result_backend", "task_routes", "include", "imports", "task_default_queue"}
+_NOT_COPIED = {
+    "broker_url",
+    "result_backend",
+    "task_routes",
+    "include",
+    "imports",
+    "task_default_queue",
+}
 
 
 def production_conf() -> tuple[dict[str, Any], str]:
@@ -40,7 +47,11 @@ def production_conf() -> tuple[dict[str, Any], str]:
         from workers.app import app as production
     except ImportError:
         return dict(FALLBACK_CONF), "fallback (workers.app not importable)"
-    changes = {key: value for key, value in production.conf.changes.items() if key not in _NOT_COPIED}
+    changes = {
+        key: value
+        for key, value in production.conf.changes.items()
+        if key not in _NOT_COPIED
+    }
     return changes, "workers.app"
 
 
@@ -52,14 +63,18 @@ def make_app(name: str, url: str) -> Celery:
     return app
 
 
-URL = os.environ["BENCH_REDIS_URL"]  # set by bench/durable.py: a private server, never the shared one
+URL = os.environ[
+    "BENCH_REDIS_URL"
+]  # set by bench/durable.py: a private server, never the shared one
 app = make_app("bench_bare", URL)
 _redis = redis.Redis.from_url(URL)
 
 
 @app.task(name="bench.hop")
 def hop(chain_id: str, n: int, total: int, extra_round_trips: int = 0) -> None:
-    for _ in range(extra_round_trips):  # what-if: a hop that also makes k Redis round trips
+    for _ in range(
+        extra_round_trips
+    ):  # what-if: a hop that also makes k Redis round trips
         _redis.ping()
     if n >= total:
         _redis.rpush(f"bench:done:{chain_id}", repr(time.time()))

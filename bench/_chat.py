@@ -21,7 +21,13 @@ import threading
 from pydantic import BaseModel
 
 from toolloop import AbortSignal, ToolOutput, ToolSpec
-from toolloop.contract import AssistantMessage, ChatMessage, TextPart, ToolMessage, UserMessage
+from toolloop.contract import (
+    AssistantMessage,
+    ChatMessage,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+)
 from toolloop.sim import SimRequest, SimTurn
 
 
@@ -40,12 +46,19 @@ async def slow(input: SlowInput, signal: AbortSignal) -> ToolOutput:
         done, _ = await asyncio.wait({waiter}, timeout=input.seconds)
     finally:
         waiter.cancel()
-    return ToolOutput(value=bool(done), content=[TextPart(text="stopped early" if done else "slept")])
+    return ToolOutput(
+        value=bool(done), content=[TextPart(text="stopped early" if done else "slept")]
+    )
 
 
 TOOLS = [
     ToolSpec(name="slow", description="Wait a while.", schema=SlowInput, run=slow),
-    ToolSpec(name="ask", description="Ask the person.", schema=AskInput, run=lambda _input, _signal: None),
+    ToolSpec(
+        name="ask",
+        description="Ask the person.",
+        schema=AskInput,
+        run=lambda _input, _signal: None,
+    ),
 ]
 """The toolset of the conversation benchmarks' workers (`chat=_chat:TOOLS`, bench/ on PYTHONPATH)."""
 
@@ -92,7 +105,9 @@ def has_text(message: ChatMessage, text: str) -> bool:
         return False
     if isinstance(message.content, str):
         return message.content == text
-    return any(isinstance(part, TextPart) and part.text == text for part in message.content)
+    return any(
+        isinstance(part, TextPart) and part.text == text for part in message.content
+    )
 
 
 class Chat:
@@ -106,31 +121,61 @@ class Chat:
     def __call__(self, request: SimRequest) -> SimTurn:
         with self.lock:
             self.requests.append(request)
-        return SimTurn.model_validate({"generation_s": self.generation_s, **self.turn(request.messages)})
+        return SimTurn.model_validate(
+            {"generation_s": self.generation_s, **self.turn(request.messages)}
+        )
 
     def turn(self, messages: list[ChatMessage]) -> dict[str, object]:
         last = messages[-1]
         if isinstance(last, UserMessage) and not last_text(last).startswith(STEER):
             text = last_text(last)
             words = text.split()
-            if words[:1] == ["think"] and len(words) >= 2:  # a model call that takes that long
+            if (
+                words[:1] == ["think"] and len(words) >= 2
+            ):  # a model call that takes that long
                 return {"text": "thought", "generation_s": float(words[1])}
             if words[:1] == ["slow"] and len(words) >= 2:
-                return {"tool_calls": [{"name": "slow", "input": {"seconds": float(words[1])}}]}
-            if words[:1] == ["fail"]:  # the `flaky` tool raises for a file that is not there
-                return {"tool_calls": [{"name": "flaky", "input": {"path": "/nonexistent/toolloop"}}]}
+                return {
+                    "tool_calls": [
+                        {"name": "slow", "input": {"seconds": float(words[1])}}
+                    ]
+                }
+            if words[:1] == [
+                "fail"
+            ]:  # the `flaky` tool raises for a file that is not there
+                return {
+                    "tool_calls": [
+                        {"name": "flaky", "input": {"path": "/nonexistent/toolloop"}}
+                    ]
+                }
             if words == ["ask"]:
-                return {"tool_calls": [{"name": "ask", "input": {"question": "Which one?"}}]}
+                return {
+                    "tool_calls": [{"name": "ask", "input": {"question": "Which one?"}}]
+                }
             return {"text": f"echo: {text}"}
         # a tool result or a `steer ...` message: another slow call while the request that began
         # the chain asks for more
-        starts = [i for i, m in enumerate(messages) if isinstance(m, UserMessage) and not _steer(m)]
+        starts = [
+            i
+            for i, m in enumerate(messages)
+            if isinstance(m, UserMessage) and not _steer(m)
+        ]
         start = starts[-1] if starts else 0
         words = (user_texts(messages[start]) or [""])[0].split()
-        calls = sum(1 for m in messages[start:] if isinstance(m, AssistantMessage) and m.tool_calls)
-        wanted = int(words[2][1:]) if len(words) >= 3 and words[0] == "slow" and words[2][:1] == "x" else 1
+        calls = sum(
+            1
+            for m in messages[start:]
+            if isinstance(m, AssistantMessage) and m.tool_calls
+        )
+        wanted = (
+            int(words[2][1:])
+            if len(words) >= 3 and words[0] == "slow" and words[2][:1] == "x"
+            else 1
+        )
         if words[:1] == ["slow"] and calls < wanted:
-            return {"tool_calls": [{"name": "slow", "input": {"seconds": float(words[1])}}]}
+            return {
+                "tool_calls": [{"name": "slow", "input": {"seconds": float(words[1])}}]
+            }
         return {"text": "tool done"}
 
     def index(self) -> dict[str, tuple[set[str], set[int], int, int]]:
@@ -143,7 +188,11 @@ class Chat:
         with self.lock:
             requests = list(self.requests)
         for request in requests:
-            answers = [i for i, m in enumerate(request.messages) if isinstance(m, AssistantMessage)]
+            answers = [
+                i
+                for i, m in enumerate(request.messages)
+                if isinstance(m, AssistantMessage)
+            ]
             last_assistant = answers[-1] if answers else -1
             bad = between_call_and_result(request.messages)
             for i, message in enumerate(request.messages):
@@ -158,7 +207,9 @@ class Chat:
     def carrying(self, text: str) -> list[SimRequest]:
         """The requests with a user message whose text is `text`."""
         with self.lock:
-            return [r for r in self.requests if any(has_text(m, text) for m in r.messages)]
+            return [
+                r for r in self.requests if any(has_text(m, text) for m in r.messages)
+            ]
 
     def first_seen(self, text: str) -> set[str]:
         """The distinct requests (by history, without cache marks: a request made again after a
@@ -166,7 +217,11 @@ class Chat:
         assistant message."""
         found = set()
         for request in self.carrying(text):
-            answers = [i for i, m in enumerate(request.messages) if isinstance(m, AssistantMessage)]
+            answers = [
+                i
+                for i, m in enumerate(request.messages)
+                if isinstance(m, AssistantMessage)
+            ]
             last_assistant = answers[-1] if answers else -1
             newer = request.messages[last_assistant + 1 :]
             if any(has_text(m, text) for m in newer):

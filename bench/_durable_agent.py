@@ -15,11 +15,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolloop import AbortSignal, PromptGenRequest, PromptGenResult, TextPart, ToolOutput, ToolSpec
+from toolloop import (
+    AbortSignal,
+    PromptGenRequest,
+    PromptGenResult,
+    TextPart,
+    ToolOutput,
+    ToolSpec,
+)
 from toolloop.contract import AssistantMessage, PromptGenUsage
 from toolloop.testing import call, reply
 
-PARAGRAPH = "Shot 3 holds on the door a beat too long; the cut to the hallway lands late. " * 3
+PARAGRAPH = (
+    "Shot 3 holds on the door a beat too long; the cut to the hallway lands late. " * 3
+)
 
 
 class NoteInput(BaseModel):
@@ -29,15 +38,27 @@ class NoteInput(BaseModel):
 
 def note(input: NoteInput, signal: AbortSignal) -> ToolOutput:
     text = f"Noted for shot {input.shot}: {input.text[:60]}. " + PARAGRAPH
-    return ToolOutput(value={"shot": input.shot}, content=[TextPart(text=text)], cost_usd=0.0)
+    return ToolOutput(
+        value={"shot": input.shot}, content=[TextPart(text=text)], cost_usd=0.0
+    )
 
 
 class AskInput(BaseModel):
     question: str
 
 
-TOOLS = [ToolSpec(name="note", description="Write a review note on a shot.", schema=NoteInput, run=note)]
-PARK_TOOLS = [*TOOLS, ToolSpec(name="ask", description="Ask the person.", schema=AskInput, run=None)]
+TOOLS = [
+    ToolSpec(
+        name="note",
+        description="Write a review note on a shot.",
+        schema=NoteInput,
+        run=note,
+    )
+]
+PARK_TOOLS = [
+    *TOOLS,
+    ToolSpec(name="ask", description="Ask the person.", schema=AskInput, run=None),
+]
 
 
 def answer(request: PromptGenRequest) -> PromptGenResult:
@@ -45,7 +66,9 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
     turn = 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
     usage = PromptGenUsage(prompt_tokens=1200 + 150 * turn, completion_tokens=80)
     if turn < turns:
-        calls = [call("note", {"shot": turn, "text": PARAGRAPH[:120]}, id=f"call_{turn}")]
+        calls = [
+            call("note", {"shot": turn, "text": PARAGRAPH[:120]}, id=f"call_{turn}")
+        ]
         return reply(
             f"Turn {turn}: looking at shot {turn}. {PARAGRAPH[:160]}",
             tool_calls=calls,
@@ -54,12 +77,19 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         )
     if " ask" in (request.system or ""):
         asked = [call("ask", {"question": f"Keep shot {turn}?"}, id=f"call_{turn}")]
-        return reply(f"Turn {turn}: one question.", tool_calls=asked, cost_usd=0.0001, usage=usage)
+        return reply(
+            f"Turn {turn}: one question.",
+            tool_calls=asked,
+            cost_usd=0.0001,
+            usage=usage,
+        )
     return reply(f"Reviewed {turns} turns. {PARAGRAPH}", cost_usd=0.0001, usage=usage)
 
 
 def make_generate() -> Any:
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         signal.throw_if_aborted()
         return answer(request)
 

@@ -58,12 +58,18 @@ def wait_all(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
         if not pending:
             return [client.status(run_id) for run_id in run_ids]
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{pending} of {len(run_ids)} runs still running after {timeout:.0f} s")
+            raise TimeoutError(
+                f"{pending} of {len(run_ids)} runs still running after {timeout:.0f} s"
+            )
         time.sleep(0.5 if len(run_ids) > 1 else 0.05)
 
 
 def step_worker(
-    mode: str, pool: tuple[str, int], env: dict[str, str], log: Path, held: tuple[str, ...] = ()
+    mode: str,
+    pool: tuple[str, int],
+    env: dict[str, str],
+    log: Path,
+    held: tuple[str, ...] = (),
 ) -> Worker:
     """A `workers.app` worker whose steps run on the step consumer (`mode` "consumer", the production
     default) or as Celery tasks in its pool ("celery"); `held` step queues are left out until the
@@ -72,7 +78,13 @@ def step_worker(
     if mode == "consumer":
         extra = ["--step-queues", ",".join(steps), "--steps-in-flight", str(pool[1])]
         return Worker(
-            "workers.app", pool=pool[0], concurrency=8, queues=["control"], env=env, log=log, extra=extra
+            "workers.app",
+            pool=pool[0],
+            concurrency=8,
+            queues=["control"],
+            env=env,
+            log=log,
+            extra=extra,
         )
     return Worker(
         "workers.app",
@@ -89,10 +101,16 @@ def start_queue(client: Client, mode: str, workers: list[Worker], queue: str) ->
     names = [worker.name for worker in workers]
     if mode == "consumer":
         client.celery.control.broadcast(
-            "add_step_queue", arguments={"queue": queue}, destination=names, reply=True, timeout=10
+            "add_step_queue",
+            arguments={"queue": queue},
+            destination=names,
+            reply=True,
+            timeout=10,
         )
     else:
-        client.celery.control.add_consumer(queue, destination=names, reply=True, timeout=10)
+        client.celery.control.add_consumer(
+            queue, destination=names, reply=True, timeout=10
+        )
 
 
 def per_step(
@@ -105,11 +123,15 @@ def per_step(
     per: list[float] = []
     try:
         worker.start(client.celery)
-        for trial in range(trials + 1):  # the first run warms the worker up and is not counted
+        for trial in range(
+            trials + 1
+        ):  # the first run warms the worker up and is not counted
             run_id = client.enqueue(run_spec(turns))
             (status,) = wait_all(client, [run_id], timeout=120)
             if status.status != "done":
-                raise RuntimeError(f"bench run ended {status.status}: {status.error_message}")
+                raise RuntimeError(
+                    f"bench run ended {status.status}: {status.error_message}"
+                )
             if trial:
                 per.append((status.updated_at - status.created_at) / steps)
     finally:
@@ -124,7 +146,10 @@ def sim_script(turns: int, answer_tokens: int = 0) -> list[dict[str, Any]]:
     more = " ok." * answer_tokens
     note = [{"name": "note", "input": {"shot": 1, "text": "ok"}}]
     calls = [
-        {"text": f"Shot {n}.{more}", "tool_calls": [{**note[0], "input": {"shot": n, "text": "ok"}}]}
+        {
+            "text": f"Shot {n}.{more}",
+            "tool_calls": [{**note[0], "input": {"shot": n, "text": "ok"}}],
+        }
         for n in range(1, turns)
     ]
     return [*calls, {"text": f"Reviewed.{more}"}]
@@ -160,12 +185,18 @@ def in_flight(
     worker's CPU keeps being counted after the last run ended (work its threads finish then, such
     as a span processor's last batch)."""
     sim_kwargs = {} if tokens_per_s is None else {"tokens_per_s": tokens_per_s}
-    with SimServer(sim_script(turns, answer_tokens), latency_s=latency, **sim_kwargs) as sim:
+    with SimServer(
+        sim_script(turns, answer_tokens), latency_s=latency, **sim_kwargs
+    ) as sim:
         env = {**sim_env(url, sim), **(extra_env or {})}
         slots = -(-runs // processes)
         workers = [
             step_worker(
-                mode, ("threads", slots), env, tmp / f"in-flight-worker-{mode}-{i}.log", held=("llm",)
+                mode,
+                ("threads", slots),
+                env,
+                tmp / f"in-flight-worker-{mode}-{i}.log",
+                held=("llm",),
             )
             for i in range(processes)
         ]
@@ -174,7 +205,9 @@ def in_flight(
             for worker in workers:
                 worker.start(client.celery)
             run_ids = [
-                client.enqueue(run_spec(turns, provider="anthropic", **(spec_extra or {})))
+                client.enqueue(
+                    run_spec(turns, provider="anthropic", **(spec_extra or {}))
+                )
                 for _ in range(runs)
             ]
             cpu0 = sum(worker.cpu_seconds() for worker in workers)
@@ -182,7 +215,9 @@ def in_flight(
             start = time.time()
             start_queue(client, mode, workers, "llm")
             profiler = workers[0].spy(turns * latency * 3)
-            statuses = wait_all(client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50))
+            statuses = wait_all(
+                client, run_ids, timeout=60 + 30 * turns * latency * max(1, runs / 50)
+            )
             time.sleep(settle)
             cpu = sum(worker.cpu_seconds() for worker in workers) - cpu0
             own = time.process_time() - own0
@@ -212,7 +247,14 @@ def in_flight(
 
 
 def streamed(
-    url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int, tokens: int, rate: float
+    url: str,
+    tmp: Path,
+    runs: int,
+    turns: int,
+    latency: float,
+    trials: int,
+    tokens: int,
+    rate: float,
 ) -> dict[str, Any]:
     """Worker CPU per step with `stream` off, then on (the same simulator answers, `tokens` long,
     streamed at `rate` tokens/s when asked to), alternating, `trials` pairs; the medians."""
@@ -234,7 +276,9 @@ def streamed(
                 tokens_per_s=rate,
             )
             if got["done"] != runs:
-                raise RuntimeError(f"streaming bench: {got['done']}/{runs} runs done (stream={stream})")
+                raise RuntimeError(
+                    f"streaming bench: {got['done']}/{runs} runs done (stream={stream})"
+                )
             where.append(got["cpu_s"] / got["tasks"])
     if spy:
         os.environ["BENCH_PYSPY"] = spy
@@ -252,7 +296,9 @@ def streamed(
     }
 
 
-def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int) -> dict[str, Any]:
+def observed(
+    url: str, tmp: Path, runs: int, turns: int, latency: float, trials: int
+) -> dict[str, Any]:
     """Worker CPU per step with tracing and metrics off, then on (TOOLLOOP_TRACES_FILE with
     TOOLLOOP_TRACES_FILE_BATCH=1: every span sampled, queued by the OpenTelemetry SDK's
     BatchSpanProcessor and encoded as JSON lines by its exporter on the processor's thread, in the
@@ -263,7 +309,10 @@ def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials:
     on: list[float] = []
     sampled: list[float] = []
     spans = 0
-    ratio_sampler = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    ratio_sampler = {
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    }
     for trial in range(trials):
         got = in_flight(url, tmp, runs, turns, latency, settle=_SETTLE)
         off.append(got["cpu_s"] / got["tasks"])
@@ -279,7 +328,9 @@ def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials:
                 **sampler,
             }
             try:
-                got = in_flight(url, tmp, runs, turns, latency, extra_env=extra, settle=_SETTLE)
+                got = in_flight(
+                    url, tmp, runs, turns, latency, extra_env=extra, settle=_SETTLE
+                )
             finally:
                 scraper.stop()
             if got["done"] != runs or not scraper.scrapes:
@@ -289,7 +340,11 @@ def observed(url: str, tmp: Path, runs: int, turns: int, latency: float, trials:
             where.append(got["cpu_s"] / got["tasks"])
             if not sampler:
                 spans = len(traces.read_text().splitlines())
-    per_off, per_on, per_sampled = statistics.median(off), statistics.median(on), statistics.median(sampled)
+    per_off, per_on, per_sampled = (
+        statistics.median(off),
+        statistics.median(on),
+        statistics.median(sampled),
+    )
     return {
         "runs": runs,
         "turns": turns,
@@ -331,7 +386,9 @@ class _Scraper:
     def loop(self) -> None:
         while not self.done.wait(1.0):
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read()
+                urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/metrics", timeout=5
+                ).read()
                 self.scrapes += 1
             except OSError:
                 pass  # the worker is not up yet
@@ -352,7 +409,9 @@ def steady(
 
     with SimServer(sim_script(turns), latency_s=latency) as sim:
         env = sim_env(url, sim)
-        worker = step_worker(mode, ("threads", runs), env, tmp / f"steady-worker-{mode}.log")
+        worker = step_worker(
+            mode, ("threads", runs), env, tmp / f"steady-worker-{mode}.log"
+        )
         client = Client(url, toolsets=[TOOLSET])
         try:
             worker.start(client.celery)
@@ -363,7 +422,9 @@ def steady(
             for i in range(runs):
                 time.sleep(max(0.0, start + i * latency / runs - time.time()))
                 run_ids.append(client.enqueue(run_spec(turns, provider="anthropic")))
-            statuses = wait_all(client, run_ids, timeout=120 + 30 * turns * latency * max(1, runs / 50))
+            statuses = wait_all(
+                client, run_ids, timeout=120 + 30 * turns * latency * max(1, runs / 50)
+            )
             cpu = worker.cpu_seconds() - cpu0
             if profiler:
                 profiler.wait(timeout=120)
@@ -371,7 +432,11 @@ def steady(
             for run_id in run_ids:
                 events = client.redis.xrange(keys.events(run_id))
                 models.append(
-                    [int(str(eid).split("-")[0]) / 1000 for eid, f in events if f["kind"] == "model"]
+                    [
+                        int(str(eid).split("-")[0]) / 1000
+                        for eid, f in events
+                        if f["kind"] == "model"
+                    ]
                 )
         finally:
             worker.stop()

@@ -87,18 +87,23 @@ def _ours(script: Script) -> Callable[[], Awaitable[str]]:
         text = script.echo(input.text)
         return ToolOutput(value=text, content=[TextPart(text=text)])
 
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         turn = script.next_turn()
         if turn is None:
             return PromptGenResult(text=FINAL, finish_reason="stop")
         tool, args, call_id = turn
         return PromptGenResult(
-            tool_calls=[ToolCall(id=call_id, name=tool, input=args)], finish_reason="tool_calls"
+            tool_calls=[ToolCall(id=call_id, name=tool, input=args)],
+            finish_reason="tool_calls",
         )
 
     tools = [
         ToolSpec(name="add", description="Add two integers.", schema=AddInput, run=add),
-        ToolSpec(name="echo", description="Echo a text back.", schema=EchoInput, run=echo),
+        ToolSpec(
+            name="echo", description="Echo a text back.", schema=EchoInput, run=echo
+        ),
     ]
     messages = [UserMessage(content=USER)]
 
@@ -154,7 +159,12 @@ def _pydantic_ai(script: Script) -> Callable[[], Awaitable[str]]:
 
 def _langgraph(script: Script) -> Callable[[], Awaitable[str]]:
     from langchain_core.language_models import BaseChatModel
-    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        HumanMessage,
+        SystemMessage,
+    )
     from langchain_core.outputs import ChatGeneration, ChatResult
     from langchain_core.tools import tool
     from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -171,18 +181,23 @@ def _langgraph(script: Script) -> Callable[[], Awaitable[str]]:
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
             return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
 
-        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        def _generate(
+            self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+        ) -> ChatResult:
             turn = script.next_turn()
             if turn is None:
                 message = AIMessage(content=FINAL)
             else:
                 tool_name, args_, call_id = turn
                 message = AIMessage(
-                    content="", tool_calls=[{"name": tool_name, "args": args_, "id": call_id}]
+                    content="",
+                    tool_calls=[{"name": tool_name, "args": args_, "id": call_id}],
                 )
             return ChatResult(generations=[ChatGeneration(message=message)])
 
-        async def _agenerate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        async def _agenerate(
+            self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+        ) -> ChatResult:
             return self._generate(messages)
 
     @tool
@@ -199,7 +214,11 @@ def _langgraph(script: Script) -> Callable[[], Awaitable[str]]:
     model = ScriptedChatModel().bind_tools(tools)
 
     async def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke([SystemMessage(SYSTEM), *state["messages"]])]}
+        return {
+            "messages": [
+                await model.ainvoke([SystemMessage(SYSTEM), *state["messages"]])
+            ]
+        }
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)

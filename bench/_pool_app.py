@@ -52,7 +52,9 @@ def _process_loop() -> tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]:
     with _lock:
         if _loop is None:
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="model-loop", daemon=True).start()
+            threading.Thread(
+                target=loop.run_forever, name="model-loop", daemon=True
+            ).start()
 
             async def make() -> httpx.AsyncClient:
                 return httpx.AsyncClient(limits=LIMITS, timeout=TIMEOUT)
@@ -101,8 +103,12 @@ def call_model() -> Any:
         loop, client = _thread_loop() if MODE == "threadloop" else _process_loop()
 
         async def post() -> Any:
-            if MODE == "loopfresh":  # a client per call, as toolloop.http.HttpxClient does
-                async with httpx.AsyncClient(timeout=TIMEOUT, verify=_ssl_context()) as fresh:
+            if (
+                MODE == "loopfresh"
+            ):  # a client per call, as toolloop.http.HttpxClient does
+                async with httpx.AsyncClient(
+                    timeout=TIMEOUT, verify=_ssl_context()
+                ) as fresh:
                     response = await fresh.post(MODEL_URL, json=PAYLOAD)
             else:
                 response = await client.post(MODEL_URL, json=PAYLOAD)
@@ -113,7 +119,9 @@ def call_model() -> Any:
             return loop.run_until_complete(post())
         return asyncio.run_coroutine_threadsafe(post(), loop).result(timeout=60)
     response = _client().post(
-        MODEL_URL, content=json.dumps(PAYLOAD).encode(), headers={"content-type": "application/json"}
+        MODEL_URL,
+        content=json.dumps(PAYLOAD).encode(),
+        headers={"content-type": "application/json"},
     )
     response.raise_for_status()
     return response.json()

@@ -105,7 +105,9 @@ def _young_sample() -> None:
     _young_runs[1] += len(young)
     _young.update(_kind(obj) for obj in young)
     del young
-    older = gc.get_objects(1)  # the survivors of earlier generation-0 collections, still alive
+    older = gc.get_objects(
+        1
+    )  # the survivors of earlier generation-0 collections, still alive
     if len(older) > _young_runs[2]:
         _young_runs[2] = len(older)
         _older.clear()
@@ -148,14 +150,23 @@ def _trace_diff() -> dict[str, Any]:
     if first is None:
         return {"error": "send bench_probe action=trace_start first"}
     gc.collect()
-    second = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    second = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__)]
+    )
     lines = [str(stat) for stat in second.compare_to(first, "lineno")[:25]]
     traces = []
     for stat in second.compare_to(first, "traceback")[:8]:
         frames = "\n    ".join(stat.traceback.format(limit=12, most_recent_first=True))
-        traces.append(f"{stat.size_diff / 1024:+.1f} KiB, {stat.count_diff:+d} blocks:\n    {frames}")
+        traces.append(
+            f"{stat.size_diff / 1024:+.1f} KiB, {stat.count_diff:+d} blocks:\n    {frames}"
+        )
     total = sum(stat.size_diff for stat in second.compare_to(first, "filename"))
-    return {"rss_kb": _rss_kb(), "traced_growth_kb": total // 1024, "by_line": lines, "by_trace": traces}
+    return {
+        "rss_kb": _rss_kb(),
+        "traced_growth_kb": total // 1024,
+        "by_line": lines,
+        "by_trace": traces,
+    }
 
 
 def _running() -> int:
@@ -187,9 +198,14 @@ def _peak_diff() -> dict[str, Any]:
     """What the peak snapshot holds beyond the first, per step running then, by traceback and line."""
     first, peak = _held.get("peak0"), _held.get("peak")
     if first is None or peak is None:
-        return {"error": "no peak snapshot (send peak_start before a burst of >= 400 steps)"}
+        return {
+            "error": "no peak snapshot (send peak_start before a burst of >= 400 steps)"
+        }
     running = (_held["peak_running"] + _held["peak_running_after"]) / 2
-    skip = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)]
+    skip = [
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, __file__),
+    ]
     peak = peak.filter_traces(skip)
     total = sum(stat.size_diff for stat in peak.compare_to(first, "filename"))
     blocks = sum(stat.count_diff for stat in peak.compare_to(first, "filename"))
@@ -200,7 +216,10 @@ def _peak_diff() -> dict[str, Any]:
     ]
     traces = []
     for stat in peak.compare_to(first, "traceback")[:40]:
-        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(stat.traceback)[::-1][:14])
+        frames = " <- ".join(
+            f"{Path(f.filename).name}:{f.lineno}"
+            for f in list(stat.traceback)[::-1][:14]
+        )
         per_step = f"{stat.size_diff / running:+.0f} B {stat.count_diff / running:+.1f}"
         traces.append(f"{per_step} per step: {frames}")
     return {
@@ -250,8 +269,14 @@ def _glibc() -> dict[str, Any]:
     """glibc's `malloc_info`: per arena (heap 0 is the main one, the others threads'), the bytes it
     has from the OS and the free bytes in it; mmapped chunks apart."""
     libc = ctypes.CDLL("libc.so.6")
-    libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
-    libc.fclose.argtypes, libc.malloc_info.argtypes = [ctypes.c_void_p], [ctypes.c_int, ctypes.c_void_p]
+    libc.fopen.restype, libc.fopen.argtypes = (
+        ctypes.c_void_p,
+        [ctypes.c_char_p, ctypes.c_char_p],
+    )
+    libc.fclose.argtypes, libc.malloc_info.argtypes = (
+        [ctypes.c_void_p],
+        [ctypes.c_int, ctypes.c_void_p],
+    )
     with tempfile.NamedTemporaryFile(suffix=".xml") as out:
         handle = libc.fopen(out.name.encode(), b"w")
         libc.malloc_info(0, handle)
@@ -259,10 +284,26 @@ def _glibc() -> dict[str, Any]:
         root = ElementTree.parse(out.name).getroot()
     heaps = []
     for heap in root.findall("heap"):
-        system = sum(int(e.get("size", 0)) for e in heap.findall("system") if e.get("type") == "current")
-        free = sum(int(e.get("size", 0)) for e in heap.findall("total") if e.get("type") in ("fast", "rest"))
-        heaps.append({"nr": int(heap.get("nr", -1)), "system_kb": system // 1024, "free_kb": free // 1024})
-    mmapped = sum(int(e.get("size", 0)) for e in root.findall("total") if e.get("type") == "mmap")
+        system = sum(
+            int(e.get("size", 0))
+            for e in heap.findall("system")
+            if e.get("type") == "current"
+        )
+        free = sum(
+            int(e.get("size", 0))
+            for e in heap.findall("total")
+            if e.get("type") in ("fast", "rest")
+        )
+        heaps.append(
+            {
+                "nr": int(heap.get("nr", -1)),
+                "system_kb": system // 1024,
+                "free_kb": free // 1024,
+            }
+        )
+    mmapped = sum(
+        int(e.get("size", 0)) for e in root.findall("total") if e.get("type") == "mmap"
+    )
     system, free = sum(h["system_kb"] for h in heaps), sum(h["free_kb"] for h in heaps)
     return {
         "arenas": len(heaps),
@@ -301,11 +342,23 @@ def _pins() -> dict[str, Any]:
     for objs in arenas.values():
         for obj in objs:
             kinds[type(obj).__qualname__] += 1
-            trace = tracemalloc.get_object_traceback(obj) if tracemalloc.is_tracing() else None
+            trace = (
+                tracemalloc.get_object_traceback(obj)
+                if tracemalloc.is_tracing()
+                else None
+            )
             if trace is not None:
-                sites[" <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(trace)[-1:-7:-1])] += 1
+                sites[
+                    " <- ".join(
+                        f"{Path(f.filename).name}:{f.lineno}"
+                        for f in list(trace)[-1:-7:-1]
+                    )
+                ] += 1
     per_arena = sorted(len(objs) for objs in arenas.values())
-    samples = [[_describe(obj) for obj in objs[:4]] for objs in sorted(arenas.values(), key=len)[:12]]
+    samples = [
+        [_describe(obj) for obj in objs[:4]]
+        for objs in sorted(arenas.values(), key=len)[:12]
+    ]
     return {
         "new_arenas": len(arenas),
         "objects": sum(per_arena),
@@ -327,7 +380,12 @@ def _alloc() -> dict[str, Any]:
     part, glibc's arenas and their free part, after a `gc.collect()`."""
     gc.collect()
     blocks = sys.getallocatedblocks()
-    return {"rss_kb": _rss_kb(), "blocks": blocks, "pymalloc": _pymalloc(), "glibc": _glibc()}
+    return {
+        "rss_kb": _rss_kb(),
+        "blocks": blocks,
+        "pymalloc": _pymalloc(),
+        "glibc": _glibc(),
+    }
 
 
 _ACTIONS = {
@@ -352,7 +410,10 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
         return {"rss_kb": _rss_kb()}
     if action == "gcstats":
         fields = ("collections", "seconds", "collected", "cpu_s")
-        found = {f"gen{gen}": dict(zip(fields, counts, strict=True)) for gen, counts in enumerate(_gc_times)}
+        found = {
+            f"gen{gen}": dict(zip(fields, counts, strict=True))
+            for gen, counts in enumerate(_gc_times)
+        }
         return {**found, "thresholds": gc.get_threshold()}
     if action == "gcyoung":
         return {
@@ -362,7 +423,9 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
             "older": _young_runs[2],
             "older_top": _older.most_common(60),
         }
-    if action == "garbage":  # what the cyclic garbage is made of: collected into gc.garbage, counted
+    if (
+        action == "garbage"
+    ):  # what the cyclic garbage is made of: collected into gc.garbage, counted
         gc.set_debug(gc.DEBUG_SAVEALL)
         try:
             gc.collect()
@@ -372,7 +435,9 @@ def bench_probe(state: Any, action: str) -> dict[str, Any]:
             gc.garbage.clear()
             gc.set_debug(0)
         return found
-    if action == "arenas":  # remember which pymalloc arenas hold objects now (before a burst)
+    if (
+        action == "arenas"
+    ):  # remember which pymalloc arenas hold objects now (before a burst)
         _held["arenas"] = set(_by_arena())
         return {"arenas": len(_held["arenas"])}
     if action == "trim":  # what glibc gives back to the OS once asked (malloc_trim)
@@ -415,7 +480,9 @@ def _gc_switches(**_: Any) -> None:
         _free_body()
     every = float(os.environ.get("BENCH_GC_EVERY", "0"))
     if every > 0:
-        threading.Thread(target=_collect_forever, args=(every,), name="bench-gc", daemon=True).start()
+        threading.Thread(
+            target=_collect_forever, args=(every,), name="bench-gc", daemon=True
+        ).start()
 
 
 def _free_body() -> None:

@@ -91,7 +91,12 @@ class Worker:
     def start(self, app: Any, timeout: float = 60.0) -> Worker:
         out = self.log.open("ab") if self.log else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            self.args, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.args,
+            env=self.env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         if self.log:
             out.close()  # type: ignore[union-attr]  # the child holds its own copy
@@ -160,7 +165,9 @@ class Worker:
             "--rate",
             "250",
         ]
-        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     def stop(self, grace: float = 10.0) -> None:
         if not self.process or self.process.poll() is not None:

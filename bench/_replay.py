@@ -41,7 +41,9 @@ async def _replay(entries: dict[str, str], turns: int) -> str:
         await run_tool_loop(options(journal.step, turns, turns + 1))
     except StepBoundary as boundary:
         return boundary.key
-    raise AssertionError("the replay ran past the journal instead of stopping at the next live step")
+    raise AssertionError(
+        "the replay ran past the journal instead of stopping at the next live step"
+    )
 
 
 def measure_replay(steps: int = 200, trials: int = 20) -> dict[str, Any]:
@@ -49,10 +51,16 @@ def measure_replay(steps: int = 200, trials: int = 20) -> dict[str, Any]:
     journal = MemoryJournal()
     loop = asyncio.new_event_loop()
     try:
-        first = loop.run_until_complete(run_tool_loop(options(journal.step, turns, turns)))
-        assert first.stopped_by == "steps" and len(journal.entries) == steps, first.stopped_by
+        first = loop.run_until_complete(
+            run_tool_loop(options(journal.step, turns, turns))
+        )
+        assert first.stopped_by == "steps" and len(journal.entries) == steps, (
+            first.stopped_by
+        )
         cpu: list[float] = []
-        for _ in range(trials + 1):  # the first replay warms caches up and is not counted
+        for _ in range(
+            trials + 1
+        ):  # the first replay warms caches up and is not counted
             start = time.process_time()
             next_key = loop.run_until_complete(_replay(dict(journal.entries), turns))
             cpu.append(time.process_time() - start)
@@ -60,4 +68,9 @@ def measure_replay(steps: int = 200, trials: int = 20) -> dict[str, Any]:
     finally:
         loop.close()
     size = sum(len(text) for text in journal.entries.values())
-    return {"cpu_s": statistics.median(cpu[1:]), "trials": cpu[1:], "steps": steps, "journal_bytes": size}
+    return {
+        "cpu_s": statistics.median(cpu[1:]),
+        "trials": cpu[1:],
+        "steps": steps,
+        "journal_bytes": size,
+    }

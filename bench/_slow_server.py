@@ -18,7 +18,9 @@ RESPONSE = (
 )
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: float) -> None:
+async def handle(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: float
+) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -38,7 +40,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lat
 
 
 async def serve(port: int, latency: float) -> None:
-    server = await asyncio.start_server(lambda r, w: handle(r, w, latency), "127.0.0.1", port, backlog=4096)
+    server = await asyncio.start_server(
+        lambda r, w: handle(r, w, latency), "127.0.0.1", port, backlog=4096
+    )
     async with server:
         await server.serve_forever()
 

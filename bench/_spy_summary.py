@@ -18,7 +18,10 @@ from collections import Counter
 from pathlib import Path
 
 CONCERNS = [
-    ("step consumer: claim, dispatch, ack (workers/worker/consumer.py)", ("workers/worker/consumer.py",)),
+    (
+        "step consumer: claim, dispatch, ack (workers/worker/consumer.py)",
+        ("workers/worker/consumer.py",),
+    ),
     (
         "Celery wire: message + task-event encode/decode (workers/protocol/wire.py)",
         ("workers/protocol/wire.py",),
@@ -27,11 +30,22 @@ CONCERNS = [
         "Redis batch and leases (workers/process/redisio.py)",
         ("workers/process/redisio.py", "workers/process/leases.py"),
     ),
-    ("task events and progress (advance publish, process.TaskEvents)", ("_Step.publish", "TaskEvents")),
-    ("model call: provider request/response + HTTP (toolloop/providers/)", ("toolloop/providers/",)),
+    (
+        "task events and progress (advance publish, process.TaskEvents)",
+        ("_Step.publish", "TaskEvents"),
+    ),
+    (
+        "model call: provider request/response + HTTP (toolloop/providers/)",
+        ("toolloop/providers/",),
+    ),
     (
         "kept loop + journal (toolloop/loop/, toolloop/journal/, workers/process/live.py)",
-        ("toolloop/loop/", "toolloop/journal/", "workers/process/live.py", "toolloop/abort.py"),
+        (
+            "toolloop/loop/",
+            "toolloop/journal/",
+            "workers/process/live.py",
+            "toolloop/abort.py",
+        ),
     ),
     ("tools in a thread (workers/config/toolsets.py)", ("workers/config/toolsets.py",)),
     (
@@ -69,7 +83,9 @@ def main(path: str, thread: str = "toolloop-asyncio") -> None:
     for line in Path(path).read_text().splitlines():
         stack, _, count = line.rstrip().rpartition(" ")
         frames = stack.split(";")
-        if frames[0].startswith("process "):  # py-spy --subprocesses puts the process first
+        if frames[0].startswith(
+            "process "
+        ):  # py-spy --subprocesses puts the process first
             frames = frames[1:]
         if not frames or thread not in frames[0]:
             continue

@@ -29,21 +29,33 @@ SHOWN = (1, 10, 30)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tree", type=Path, default=HERE.parent, help="the tree whose toolloop to time")
+    parser.add_argument(
+        "--tree", type=Path, default=HERE.parent, help="the tree whose toolloop to time"
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=300, help="runs in flight, each called in turn")
+    parser.add_argument(
+        "--runs", type=int, default=300, help="runs in flight, each called in turn"
+    )
     args = parser.parse_args()
     sys.path[:0] = [str(args.tree.resolve()), str(HERE)]
     figures = measure(args.rounds, args.runs)
     shown = ", ".join(f"call {t}: {figures[t - 1]:.1f} us" for t in SHOWN)
-    print(f"{args.tree.resolve()}: {shown} (median of {args.rounds} x {args.runs} runs, thread CPU)")
+    print(
+        f"{args.tree.resolve()}: {shown} (median of {args.rounds} x {args.runs} runs, thread CPU)"
+    )
 
 
 def measure(rounds: int, runs: int) -> list[float]:
     # imported here: the tree to time is put on sys.path first
     from _durable_agent import PARAGRAPH, TOOLS
 
-    from toolloop.contract import AssistantMessage, PromptGenRequest, TextPart, ToolMessage, UserMessage
+    from toolloop.contract import (
+        AssistantMessage,
+        PromptGenRequest,
+        TextPart,
+        ToolMessage,
+        UserMessage,
+    )
     from toolloop.loop.cache import request_messages
     from toolloop.loop.history import History
     from toolloop.loop.tools import tool_definitions
@@ -56,12 +68,16 @@ def measure(rounds: int, runs: int) -> list[float]:
     user = UserMessage(content="Review the rough cut, shot by shot.")
     answers = [
         AssistantMessage(
-            content=f"Shot {n}.", tool_calls=[call("note", {"shot": n, "text": "ok"}, id=f"c{n}")]
+            content=f"Shot {n}.",
+            tool_calls=[call("note", {"shot": n, "text": "ok"}, id=f"c{n}")],
         )
         for n in range(1, TURNS + 1)
     ]
     results = [
-        ToolMessage(tool_call_id=f"c{n}", content=[TextPart(text=f"Noted for shot {n}: ok. " + PARAGRAPH)])
+        ToolMessage(
+            tool_call_id=f"c{n}",
+            content=[TextPart(text=f"Noted for shot {n}: ok. " + PARAGRAPH)],
+        )
         for n in range(1, TURNS + 1)
     ]
     info = default_catalog().find("claude-sonnet-5-5")
@@ -71,11 +87,22 @@ def measure(rounds: int, runs: int) -> list[float]:
         memos = [RunMemo(replays=False) for _ in range(runs)]
         histories = [History([user], keep_images=2) for _ in range(runs)]
         for turn in range(TURNS):
-            for memo, history in zip(memos, histories, strict=True):  # each run's data cold, as in a worker
+            for memo, history in zip(
+                memos, histories, strict=True
+            ):  # each run's data cold, as in a worker
                 token = run_memo.set(memo)
-                messages, cache_system = request_messages(history, "conversation", TURNS + 1, memo)
+                messages, cache_system = request_messages(
+                    history, "conversation", TURNS + 1, memo
+                )
                 request = PromptGenRequest.model_construct(
-                    _fields_set={"prompt", "system", "model", "messages", "tools", "cache_system"},
+                    _fields_set={
+                        "prompt",
+                        "system",
+                        "model",
+                        "messages",
+                        "tools",
+                        "cache_system",
+                    },
                     prompt="",
                     system=f"You review storyboards. turns={TURNS}",
                     model="claude-sonnet-5-5",
@@ -108,12 +135,18 @@ def body_of() -> Any:
     except ImportError:
 
         def old(request: Any, info: Any) -> bytes:
-            return dumps(built.build_body(request, model=request.model, reasoning=None, images={}, info=info))
+            return dumps(
+                built.build_body(
+                    request, model=request.model, reasoning=None, images={}, info=info
+                )
+            )
 
         return old
 
     def new(request: Any, info: Any) -> bytes:
-        frame = built.body_frame(request, model=request.model, reasoning=None, info=info)
+        frame = built.body_frame(
+            request, model=request.model, reasoning=None, info=info
+        )
         return encode.encode_body(request, frame, {})
 
     return new

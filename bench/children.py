@@ -23,7 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[1]),
+    str(Path(__file__).resolve().parents[1] / "tests"),
+]
 
 from faults.workerpool import WorkerPool  # noqa: E402
 
@@ -49,7 +52,9 @@ def spec(prompt: str, budget_usd: float = 20.0) -> dict[str, object]:
 
 
 def own_cost(client: Client, run_id: str) -> float:
-    return sum(float(e.data["cost_usd"]) for e in client.events(run_id) if e.kind == "model")
+    return sum(
+        float(e.data["cost_usd"]) for e in client.events(run_id) if e.kind == "model"
+    )
 
 
 def wait_tree(client: Client, root: str, timeout: float) -> list[RunNode]:
@@ -62,14 +67,20 @@ def wait_tree(client: Client, root: str, timeout: float) -> list[RunNode]:
     raise TimeoutError(f"The tree of {root} did not end within {timeout:.0f} s.")
 
 
-def fan_out_under_kill(client: Client, url: str, work: Path, env: dict[str, str]) -> None:
+def fan_out_under_kill(
+    client: Client, url: str, work: Path, env: dict[str, str]
+) -> None:
     key = f"bench-tree-{time.time()}"
     root = run_id_for(key)
     plan = [{"point": "spawn:after", "run": root}, {"point": "spawn:after"}]
     (work / "plan.json").write_text(json.dumps(plan))
     began = time.monotonic()
     with WorkerPool(
-        url, work, {**env, "TOOLLOOP_KILL_PLAN": str(work / "plan.json")}, size=2, concurrency=32
+        url,
+        work,
+        {**env, "TOOLLOOP_KILL_PLAN": str(work / "plan.json")},
+        size=2,
+        concurrency=32,
     ):
         client.enqueue(spec(f"{FAN} Review the cut."), idempotency_key=key)
         status = client.wait(root, timeout=300)
@@ -77,14 +88,19 @@ def fan_out_under_kill(client: Client, url: str, work: Path, env: dict[str, str]
     nodes = client.tree(root, most=500)
     kills = len((work / "plan.json.log").read_text().splitlines())
     runs = client.redis.zcard(keys.ALL_RUNS)
-    started = sum(1 for n in nodes for e in client.events(n.run_id) if e.kind == "child_started")
+    started = sum(
+        1 for n in nodes for e in client.events(n.run_id) if e.kind == "child_started"
+    )
     duplicates = max(0, runs - len(nodes)) + max(0, started - (len(nodes) - 1))
     worst_cents = 0.0
     for node in nodes:
         below = sum(n.spent_usd for n in nodes if n.parent == node.run_id)
         worst_cents = max(
             worst_cents,
-            abs(round(node.spent_usd * 100) - round((own_cost(client, node.run_id) + below) * 100)),
+            abs(
+                round(node.spent_usd * 100)
+                - round((own_cost(client, node.run_id) + below) * 100)
+            ),
         )
     root_node = nodes[0]
     print(
@@ -113,7 +129,9 @@ def cancel_tree(client: Client, url: str, work: Path, env: dict[str, str]) -> No
         nodes = wait_tree(client, root, 60)
         took = time.monotonic() - asked
     cancelled = sum(n.status == "cancel" for n in nodes)
-    print(f"cancel   {cancelled} of {len(nodes)} runs ended cancel, the last {took:.3f} s after the cancel")
+    print(
+        f"cancel   {cancelled} of {len(nodes)} runs ended cancel, the last {took:.3f} s after the cancel"
+    )
     print(f"         cancel reaches all (s)  ours {took:>8.3f}        target <= 1")
 
 
@@ -124,7 +142,10 @@ def budget_tree(client: Client, url: str, work: Path, env: dict[str, str]) -> No
         nodes = wait_tree(client, root, 300)
     leaves = [n for n in nodes if n.run_id.count(keys.CHILD_SEP) == 3]
     per_call = max(
-        float(e.data["cost_usd"]) for n in leaves for e in client.events(n.run_id) if e.kind == "model"
+        float(e.data["cost_usd"])
+        for n in leaves
+        for e in client.events(n.run_id)
+        if e.kind == "model"
     )
     over = max(0.0, nodes[0].spent_usd - budget)
     leaf_over = sum(max(0.0, n.spent_usd - (n.budget_usd or 0)) for n in leaves)
@@ -137,11 +158,16 @@ def budget_tree(client: Client, url: str, work: Path, env: dict[str, str]) -> No
         f"         overshoot (USD)         ours {over:>8.4f}        target <= {allowed:.4f} "
         f"(one in-flight call per leaf: {len(leaves)} x ${per_call:.4f})"
     )
-    print(f"         leaves past their slice ours {leaf_over:>8.4f}        target <= {allowed:.4f} (summed)")
+    print(
+        f"         leaves past their slice ours {leaf_over:>8.4f}        target <= {allowed:.4f} (summed)"
+    )
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="bench-children-") as tmp, SimServer(tree_policy) as sim:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-children-") as tmp,
+        SimServer(tree_policy) as sim,
+    ):
         work = Path(tmp)
         server = start_server(work / "redis")
         env = {

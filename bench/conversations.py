@@ -32,7 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
 from _chat import Chat, has_text  # noqa: E402
 from _procs import Worker, env_with, private_redis  # noqa: E402
@@ -43,7 +46,9 @@ from workers.protocol.errors import RunStateError  # noqa: E402
 
 MODEL = "claude-sonnet-5-5"
 TOOLSETS = {"TOOLLOOP_TOOLSETS": "chat=_chat:TOOLS"}
-SYSTEM = "You are the assistant of a film editing team. Answer briefly and precisely. " * 120
+SYSTEM = (
+    "You are the assistant of a film editing team. Answer briefly and precisely. " * 120
+)
 """~1,900 tokens: past the 1,024-token minimum cacheable prefix, as a real system prompt is."""
 FAST = {
     "TOOLLOOP_VISIBILITY_TIMEOUT": "4",
@@ -66,7 +71,12 @@ def worker(url: str, sim: SimServer, log: Path, **extra: str) -> Worker:
         **extra,
     )
     return Worker(
-        "workers.app", pool="threads", concurrency=8, queues=["llm", "tools", "control"], env=env, log=log
+        "workers.app",
+        pool="threads",
+        concurrency=8,
+        queues=["llm", "tools", "control"],
+        env=env,
+        log=log,
     )
 
 
@@ -82,7 +92,10 @@ def spec(first: str, **fields: Any) -> dict[str, Any]:
 
 
 def said(k: int) -> str:
-    return f"Message {k}: check the cut of scene {k}, the pacing of the dialogue and the music cue. " * 3
+    return (
+        f"Message {k}: check the cut of scene {k}, the pacing of the dialogue and the music cue. "
+        * 3
+    )
 
 
 # -- 1. a chat session ----------------------------------------------------------------------------
@@ -102,7 +115,9 @@ def chat(messages: int, tmp: Path, url: str) -> dict[str, Any]:
                 client.send(run_id, said(k), idempotency_key=f"message-{k}")
                 status = client.wait(run_id, timeout=120)
                 if status.status != "done":
-                    raise RuntimeError(f"the chat run ended {status.status} at message {k}")
+                    raise RuntimeError(
+                        f"the chat run ended {status.status} at message {k}"
+                    )
             elapsed = time.monotonic() - began
             events = [e for e in client.events(run_id) if e.kind == "model"]
             history = client.history(run_id)
@@ -118,7 +133,9 @@ def chat(messages: int, tmp: Path, url: str) -> dict[str, Any]:
         if event.segment >= 2:  # the third message (segment 2) on
             prompt += usage.get("prompt_tokens", 0)
             cached += usage.get("cached_tokens", 0)
-    wanted = [text for k in range(messages + 1) for text in (said(k), f"echo: {said(k)}")]
+    wanted = [
+        text for k in range(messages + 1) for text in (said(k), f"echo: {said(k)}")
+    ]
     whole = [getattr(m, "content", None) for m in history] == wanted
     return {
         "messages": messages + 1,
@@ -165,7 +182,9 @@ class Pool:
             one.stop()
 
 
-def steers(runs: int, total: int, kill_every: float, tmp: Path, url: str, seed: int = 29) -> dict[str, Any]:
+def steers(
+    runs: int, total: int, kill_every: float, tmp: Path, url: str, seed: int = 29
+) -> dict[str, Any]:
     policy = Chat()
     rng = random.Random(seed)
     sent: dict[str, str] = {}  # steer text -> run id
@@ -176,7 +195,10 @@ def steers(runs: int, total: int, kill_every: float, tmp: Path, url: str, seed: 
         try:
             pool.start(client.celery)
             chain = 30  # ~30 s of tool calls per run: longer than the ~15 s the steers are sent over
-            ids = [client.enqueue(spec(f"slow 1 x{chain}", max_steps=3 * chain)) for _ in range(runs)]
+            ids = [
+                client.enqueue(spec(f"slow 1 x{chain}", max_steps=3 * chain))
+                for _ in range(runs)
+            ]
             stop = threading.Event()
 
             def killer() -> None:
@@ -191,14 +213,20 @@ def steers(runs: int, total: int, kill_every: float, tmp: Path, url: str, seed: 
                 text = f"steer {len(sent)}: look at reel {rng.randrange(1000)} instead"
                 try:
                     client.steer(run_id, text)
-                except RunStateError:  # the run ended already: refused, said so (not lost)
+                except (
+                    RunStateError
+                ):  # the run ended already: refused, said so (not lost)
                     refused += 1
                     if refused > 20 * total:
                         break
                     continue
                 sent[text] = run_id
-                time.sleep(rng.expovariate(total / 15.0))  # the steers spread over ~15 s
-            ended = [client.wait(run_id, timeout=600) for run_id in ids]  # kills go on meanwhile
+                time.sleep(
+                    rng.expovariate(total / 15.0)
+                )  # the steers spread over ~15 s
+            ended = [
+                client.wait(run_id, timeout=600) for run_id in ids
+            ]  # kills go on meanwhile
             stop.set()
             killing.join()
             histories = {run_id: client.history(run_id) for run_id in ids}
@@ -214,7 +242,9 @@ def steers(runs: int, total: int, kill_every: float, tmp: Path, url: str, seed: 
         duplicated += copies > 1
         misplaced += wrong > 0
         once += len(turns) == 1 and copies == 1
-        remade += len(first) > 1  # its model call was killed and made again, with a later steer beside
+        remade += (
+            len(first) > 1
+        )  # its model call was killed and made again, with a later steer beside
     return {
         "runs": runs,
         "steers_sent": len(sent),
@@ -235,15 +265,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("which", nargs="*", help="chat, steers (default: both)")
-    parser.add_argument("--messages", type=int, default=20, help="follow-ups of the chat session")
+    parser.add_argument(
+        "--messages", type=int, default=20, help="follow-ups of the chat session"
+    )
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--steers", type=int, default=1000)
-    parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between worker kills")
+    parser.add_argument(
+        "--kill-every", type=float, default=4.0, help="seconds between worker kills"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     which = args.which or ["chat", "steers"]
     if not set(which) <= {"chat", "steers"}:
-        parser.error(f"unknown figure(s) {sorted(set(which) - {'chat', 'steers'})}: pick chat, steers")
+        parser.error(
+            f"unknown figure(s) {sorted(set(which) - {'chat', 'steers'})}: pick chat, steers"
+        )
     results: dict[str, Any] = {}
     ok = True
     with private_redis("conversations-") as (tmp, url):
@@ -264,8 +300,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"({row['history_messages']} messages; target: True)"
             )
         if "steers" in which:
-            row = results["steers"] = steers(args.runs, args.steers, args.kill_every, tmp, url)
-            met = row["seen_once"] == row["steers_sent"] == args.steers and row["lost"] == 0
+            row = results["steers"] = steers(
+                args.runs, args.steers, args.kill_every, tmp, url
+            )
+            met = (
+                row["seen_once"] == row["steers_sent"] == args.steers
+                and row["lost"] == 0
+            )
             ok &= met
             print(
                 f"steers: {row['steers_sent']} sent to {row['runs']} running runs, {row['kills']} worker "

@@ -25,7 +25,10 @@ from typing import Any
 
 import redis
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
 from _durable_runs import in_flight, observed, per_step, steady, streamed  # noqa: E402
 from _procs import Worker, env_with, private_redis, running  # noqa: E402
@@ -42,7 +45,9 @@ def wait_done(client: redis.Redis, key: str, count: int, timeout: float) -> list
     while len(times) < count:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"{len(times)}/{count} chains finished within {timeout:.0f} s")
+            raise TimeoutError(
+                f"{len(times)}/{count} chains finished within {timeout:.0f} s"
+            )
         item = client.blpop([key], timeout=min(left, 1.0))
         if item:
             times.append(float(item[1]))
@@ -66,7 +71,9 @@ def bare_hop_floor(url: str, tmp: Path, hops: int, trials: int) -> dict[str, Any
     )
     per_hop: list[float] = []
     with running(worker, app):
-        for trial in range(trials + 1):  # the first chain warms the worker up and is not counted
+        for trial in range(
+            trials + 1
+        ):  # the first chain warms the worker up and is not counted
             chain = uuid.uuid4().hex
             start = time.time()
             _bare_app.hop.apply_async((chain, 0, hops))
@@ -74,7 +81,11 @@ def bare_hop_floor(url: str, tmp: Path, hops: int, trials: int) -> dict[str, Any
             if trial:
                 per_hop.append((end - start) / hops)
     _, source = _bare_app.production_conf()
-    return {"per_hop_s": statistics.median(per_hop), "trials": per_hop, "settings_from": source}
+    return {
+        "per_hop_s": statistics.median(per_hop),
+        "trials": per_hop,
+        "settings_from": source,
+    }
 
 
 def ms(seconds: float) -> str:
@@ -84,30 +95,71 @@ def ms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hops", type=int, default=200, help="hops per bare chain")
-    parser.add_argument("--turns", type=int, default=20, help="model turns per durable run (2N-1 steps)")
+    parser.add_argument(
+        "--turns", type=int, default=20, help="model turns per durable run (2N-1 steps)"
+    )
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=500, help="runs in flight for the last figure")
-    parser.add_argument("--flight-turns", type=int, default=3, help="model turns of each run in a burst")
-    parser.add_argument("--steady-turns", type=int, default=10, help="model turns of each run kept in flight")
     parser.add_argument(
-        "--steady-trials", type=int, default=3, help="trials of the runs kept in flight (median)"
+        "--runs", type=int, default=500, help="runs in flight for the last figure"
     )
-    parser.add_argument("--latency", type=float, default=1.0, help="simulated model latency, s")
     parser.add_argument(
-        "--processes", type=int, default=1, help="worker processes sharing the runs in flight"
+        "--flight-turns", type=int, default=3, help="model turns of each run in a burst"
     )
-    parser.add_argument("--observe-runs", type=int, default=100, help="runs in flight for the on/off figure")
-    parser.add_argument("--observe-turns", type=int, default=5, help="model turns of each of those runs")
-    parser.add_argument("--observe-trials", type=int, default=3, help="off/on pairs (median)")
     parser.add_argument(
-        "--stream-runs", type=int, default=500, help="runs in flight for the streaming figure"
+        "--steady-turns",
+        type=int,
+        default=10,
+        help="model turns of each run kept in flight",
     )
-    parser.add_argument("--stream-turns", type=int, default=3, help="model turns of each of those runs")
-    parser.add_argument("--stream-trials", type=int, default=3, help="off/on pairs (median)")
-    parser.add_argument("--stream-tokens", type=int, default=200, help="tokens of each streamed answer")
-    parser.add_argument("--stream-rate", type=float, default=200.0, help="the simulator's tokens/s")
     parser.add_argument(
-        "--skip", default="", help="comma-separated: floor,step,replay,steady,flight,observe,stream"
+        "--steady-trials",
+        type=int,
+        default=3,
+        help="trials of the runs kept in flight (median)",
+    )
+    parser.add_argument(
+        "--latency", type=float, default=1.0, help="simulated model latency, s"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="worker processes sharing the runs in flight",
+    )
+    parser.add_argument(
+        "--observe-runs",
+        type=int,
+        default=100,
+        help="runs in flight for the on/off figure",
+    )
+    parser.add_argument(
+        "--observe-turns", type=int, default=5, help="model turns of each of those runs"
+    )
+    parser.add_argument(
+        "--observe-trials", type=int, default=3, help="off/on pairs (median)"
+    )
+    parser.add_argument(
+        "--stream-runs",
+        type=int,
+        default=500,
+        help="runs in flight for the streaming figure",
+    )
+    parser.add_argument(
+        "--stream-turns", type=int, default=3, help="model turns of each of those runs"
+    )
+    parser.add_argument(
+        "--stream-trials", type=int, default=3, help="off/on pairs (median)"
+    )
+    parser.add_argument(
+        "--stream-tokens", type=int, default=200, help="tokens of each streamed answer"
+    )
+    parser.add_argument(
+        "--stream-rate", type=float, default=200.0, help="the simulator's tokens/s"
+    )
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated: floor,step,replay,steady,flight,observe,stream",
     )
     parser.add_argument(
         "--modes",
@@ -125,11 +177,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  floor: {results['floor']}", file=sys.stderr)
         modes = [m for m in args.modes.split(",") if m]
         for mode in modes if "step" not in skip else []:
-            results[f"step:{mode}"] = per_step(url, tmp, POOL, args.turns, args.trials, mode)
+            results[f"step:{mode}"] = per_step(
+                url, tmp, POOL, args.turns, args.trials, mode
+            )
             print(f"  step ({mode}): {results[f'step:{mode}']}", file=sys.stderr)
         if "replay" not in skip:
             results["replay"] = measure_replay(200, trials=20)
-            print(f"  replay: {results['replay']['cpu_s'] * 1000:.2f} ms", file=sys.stderr)
+            print(
+                f"  replay: {results['replay']['cpu_s'] * 1000:.2f} ms", file=sys.stderr
+            )
         for mode in modes if "steady" not in skip else []:
             trials = [
                 steady(url, tmp, args.runs, args.steady_turns, args.latency, mode)
@@ -137,16 +193,30 @@ def main(argv: list[str] | None = None) -> int:
             ]
             trials.sort(key=lambda kept: kept["model_calls_s"])
             rates = [kept["model_calls_s"] for kept in trials]
-            results[f"steady:{mode}"] = {**trials[len(trials) // 2], "trials_calls_s": rates}
+            results[f"steady:{mode}"] = {
+                **trials[len(trials) // 2],
+                "trials_calls_s": rates,
+            }
             print(f"  steady ({mode}): {results[f'steady:{mode}']}", file=sys.stderr)
         for mode in modes if "flight" not in skip else []:
             results[f"flight:{mode}"] = in_flight(
-                url, tmp, args.runs, args.flight_turns, args.latency, args.processes, mode
+                url,
+                tmp,
+                args.runs,
+                args.flight_turns,
+                args.latency,
+                args.processes,
+                mode,
             )
             print(f"  flight ({mode}): {results[f'flight:{mode}']}", file=sys.stderr)
         if "observe" not in skip:
             results["observe"] = observed(
-                url, tmp, args.observe_runs, args.observe_turns, args.latency, args.observe_trials
+                url,
+                tmp,
+                args.observe_runs,
+                args.observe_turns,
+                args.latency,
+                args.observe_trials,
             )
             print(f"  observe: {results['observe']}", file=sys.stderr)
         if "stream" not in skip:
@@ -168,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
 MODES = {"consumer": "step consumer", "celery": "Celery threads pool"}
 
 
-def stream_rows(streaming: dict[str, Any] | None) -> list[tuple[str, str, str, float, bool]]:
+def stream_rows(
+    streaming: dict[str, Any] | None,
+) -> list[tuple[str, str, str, float, bool]]:
     """The streaming figure's row (none when it was skipped)."""
     if not streaming:
         return []
@@ -192,7 +264,15 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
     rows: list[tuple[str, str, str, float, bool]] = []
     floor = results.get("floor")
     if floor:
-        rows.append(("bare Celery hop (floor), per hop", ms(floor["per_hop_s"]), "-", float("nan"), True))
+        rows.append(
+            (
+                "bare Celery hop (floor), per hop",
+                ms(floor["per_hop_s"]),
+                "-",
+                float("nan"),
+                True,
+            )
+        )
     for mode, how in MODES.items():
         step = results.get(f"step:{mode}")
         if floor and step:
@@ -217,9 +297,17 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
                 replay["cpu_s"] <= 0.020,
             )
         )
-    steadies = [(MODES[mode], results[f"steady:{mode}"]) for mode in MODES if f"steady:{mode}" in results]
+    steadies = [
+        (MODES[mode], results[f"steady:{mode}"])
+        for mode in MODES
+        if f"steady:{mode}" in results
+    ]
     for how, kept in steadies:
-        share = kept["model_calls_s"] / kept["ideal_calls_s"] if kept["done"] == kept["runs"] else 0.0
+        share = (
+            kept["model_calls_s"] / kept["ideal_calls_s"]
+            if kept["done"] == kept["runs"]
+            else 0.0
+        )
         rows.append(
             (
                 f"{kept['runs']} kept in flight at {args.latency:g} s, {how}",
@@ -229,10 +317,20 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
                 share >= 0.8,
             )
         )
-    flights = [(MODES[mode], results[f"flight:{mode}"]) for mode in MODES if f"flight:{mode}" in results]
+    flights = [
+        (MODES[mode], results[f"flight:{mode}"])
+        for mode in MODES
+        if f"flight:{mode}" in results
+    ]
     for how, flight in flights:
-        share = flight["ideal_s"] / flight["wall_s"] if flight["done"] == flight["runs"] else 0.0
-        where = "" if flight["processes"] == 1 else f" ({flight['processes']} processes)"
+        share = (
+            flight["ideal_s"] / flight["wall_s"]
+            if flight["done"] == flight["runs"]
+            else 0.0
+        )
+        where = (
+            "" if flight["processes"] == 1 else f" ({flight['processes']} processes)"
+        )
         rows.append(
             (
                 f"{flight['runs']} started at once, {how}{where}",

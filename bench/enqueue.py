@@ -36,7 +36,9 @@ SPEC = {
     "model": "claude-sonnet-5-5",
     "system": "You review storyboards.",
     "toolset": "review",
-    "messages": [{"role": "user", "content": "Review the rough cut of scene 12, shots 1 to 9."}],
+    "messages": [
+        {"role": "user", "content": "Review the rough cut of scene 12, shots 1 to 9."}
+    ],
 }
 
 
@@ -67,7 +69,9 @@ def sync_rows(url: str, runs: int, batch: int) -> dict[str, Callable[[], Any]]:
         for _ in range(0, runs, batch):
             client.enqueue_many([SPEC] * batch)
 
-    def before() -> None:  # what enqueue did before: the store script, then Celery's producer
+    def before() -> (
+        None
+    ):  # what enqueue did before: the store script, then Celery's producer
         from workers.protocol.spec import RunSpec
         from workers.runs import lifecycle
 
@@ -84,7 +88,9 @@ def sync_rows(url: str, runs: int, batch: int) -> dict[str, Callable[[], Any]]:
     }
 
 
-def async_rows(url: str, runs: int, batch: int, concurrency: int) -> dict[str, Callable[[], Any]]:
+def async_rows(
+    url: str, runs: int, batch: int, concurrency: int
+) -> dict[str, Callable[[], Any]]:
     async def one_by_one(client: AsyncClient) -> None:
         for _ in range(runs):
             await client.enqueue(SPEC)
@@ -138,24 +144,34 @@ def main() -> None:
         rows = sync_rows(server.url, args.runs, args.batch)
         loops = async_rows(server.url, args.runs, args.batch, args.concurrency)
         seconds: dict[str, list[float]] = {name: [] for name in [*rows, *loops]}
-        for _ in range(args.trials):  # rows interleaved: a noisy moment hits every row alike
+        for _ in range(
+            args.trials
+        ):  # rows interleaved: a noisy moment hits every row alike
             for name, fn in rows.items():
                 seconds[name].append(timed(fn))
                 plain.flushdb()
             for name, fn in loops.items():
-                seconds[name].append(fn())  # the loop's own timing, without asyncio.run's start
+                seconds[name].append(
+                    fn()
+                )  # the loop's own timing, without asyncio.run's start
                 plain.flushdb()
         floors = {
             name: statistics.median(seconds[f"floor: {lib} EVALSHA 'return 1'"])
             for name, lib in (("sync", "redis-py"), ("async", "redis.asyncio"))
         }
-        print(f"{args.runs:,} enqueues from one process, median of {args.trials} trials, private Redis\n")
-        print(f"| {'What':44} | {'s for ' + format(args.runs, ','):>10} | {'runs/s':>8} | {'x floor':>7} |")
+        print(
+            f"{args.runs:,} enqueues from one process, median of {args.trials} trials, private Redis\n"
+        )
+        print(
+            f"| {'What':44} | {'s for ' + format(args.runs, ','):>10} | {'runs/s':>8} | {'x floor':>7} |"
+        )
         print(f"| {'-' * 44} | {'-' * 10}: | {'-' * 7}: | {'-' * 6}: |")
         for name, trials in seconds.items():
             median = statistics.median(trials)
             floor = floors["async" if name in loops else "sync"]
-            print(f"| {name:44} | {median:10.3f} | {args.runs / median:8,.0f} | {median / floor:7.2f} |")
+            print(
+                f"| {name:44} | {median:10.3f} | {args.runs / median:8,.0f} | {median / floor:7.2f} |"
+            )
         best_sync = statistics.median(seconds["Client.enqueue"])
         best_async = statistics.median(seconds["AsyncClient.enqueue"])
         verdict = "meets" if max(best_sync, best_async) < 1.0 else "misses"

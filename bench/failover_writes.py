@@ -38,7 +38,9 @@ def lost_writes(following: bool) -> tuple[int, int]:
             client = Sentinel(sentinels).master_for(SERVICE)
         client.set("n", 0)
         time.sleep(1)
-        redis.Redis(port=deployment.sentinels[0].port).execute_command("SENTINEL", "FAILOVER", SERVICE)
+        redis.Redis(port=deployment.sentinels[0].port).execute_command(
+            "SENTINEL", "FAILOVER", SERVICE
+        )
         acked, until = 0, time.monotonic() + 20
         while time.monotonic() < until:
             try:
@@ -57,7 +59,10 @@ def lost_writes(following: bool) -> tuple[int, int]:
 
 def main() -> None:
     print("| Writer | Acknowledged | Lost in the failover |\n| --- | ---: | ---: |")
-    for following, name in ((False, "redis-py master_for"), (True, "toolloop.redisurl + watcher")):
+    for following, name in (
+        (False, "redis-py master_for"),
+        (True, "toolloop.redisurl + watcher"),
+    ):
         acked, lost = lost_writes(following)
         print(f"| {name} | {acked:,} | {lost:,} |")
 

@@ -42,12 +42,29 @@ from typing import Any
 
 import redis
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
-from _durable_runs import REGISTRY, TOOLSET, run_spec, sim_script, start_queue, step_worker, wait_all  # noqa: E402
+from _durable_runs import (  # noqa: E402
+    REGISTRY,
+    TOOLSET,
+    run_spec,
+    sim_script,
+    start_queue,
+    step_worker,
+    wait_all,
+)
 from _procs import ROOT, env_with  # noqa: E402
 
-from toolloop.embedded import EmbeddedServer, free_port, ping, server_binary, start_server  # noqa: E402
+from toolloop.embedded import (  # noqa: E402
+    EmbeddedServer,
+    free_port,
+    ping,
+    server_binary,
+    start_server,
+)
 from workers.client import Client, ShardedClient  # noqa: E402
 
 
@@ -78,14 +95,18 @@ class Simulator:
         self.base_url = self.process.stdout.readline().decode().strip()
         if not self.base_url.startswith("http"):
             self.stop()
-            raise RuntimeError(f"The simulator did not start; see {tmp / 'fleet-sim.log'}.")
+            raise RuntimeError(
+                f"The simulator did not start; see {tmp / 'fleet-sim.log'}."
+            )
 
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.base_url}/_sim/stats", timeout=10) as reply:
             return json.loads(reply.read())  # type: ignore[no-any-return]
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = (
+            Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        )
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
@@ -99,7 +120,9 @@ def redis_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: float) -> dict[str, Any]:
+def fleet(
+    url: str, tmp: Path, processes: int, runs: int, turns: int, latency: float
+) -> dict[str, Any]:
     """One fleet of `processes` workers, `runs` runs each; the figures of the module docstring."""
     sim = Simulator(tmp, turns, latency)
     env = env_with(
@@ -110,7 +133,10 @@ def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: f
         TOOLLOOP_PROMPT_GEN="",
     )
     logs = [tmp / f"fleet-{processes}-{i}.log" for i in range(processes)]
-    workers = [step_worker("consumer", ("threads", runs), env, log, held=("llm",)) for log in logs]
+    workers = [
+        step_worker("consumer", ("threads", runs), env, log, held=("llm",))
+        for log in logs
+    ]
     client = Client(url, toolsets=[TOOLSET])
     plain = redis.Redis.from_url(url)
     try:
@@ -121,13 +147,17 @@ def fleet(url: str, tmp: Path, processes: int, runs: int, turns: int, latency: f
         run_ids: list[str] = []
         for start in range(0, total, 500):
             count = min(500, total - start)
-            run_ids += client.enqueue_many([run_spec(turns, provider="anthropic")] * count)
+            run_ids += client.enqueue_many(
+                [run_spec(turns, provider="anthropic")] * count
+            )
         calls0 = sim.stats()["requests"]
         worker0 = sum(w.cpu_seconds() for w in workers)
         redis0, sim0 = redis_cpu(plain), sim.cpu_seconds()
         began = time.time()
         start_queue(client, "consumer", workers, "llm")
-        statuses = wait_all(client, run_ids, timeout=120 + 30 * turns * latency * max(1, total / 200))
+        statuses = wait_all(
+            client, run_ids, timeout=120 + 30 * turns * latency * max(1, total / 200)
+        )
         redis_s = redis_cpu(plain) - redis0
         worker_s = sum(w.cpu_seconds() for w in workers) - worker0
         sim_s = sim.cpu_seconds() - sim0
@@ -187,17 +217,23 @@ def replica_of(primary: EmbeddedServer, tmp: Path) -> subprocess.Popen[bytes]:
     )
     client = redis.Redis.from_url(primary.url)
     deadline = time.monotonic() + 30
-    while not (ping("127.0.0.1", port) and int(client.wait(1, 500)) >= 1):  # its first full sync done
+    while not (
+        ping("127.0.0.1", port) and int(client.wait(1, 500)) >= 1
+    ):  # its first full sync done
         if time.monotonic() > deadline:
             raise RuntimeError("the replica was not in sync within 30 s")
         time.sleep(0.1)
     return process
 
 
-def sharded(tmp: Path, shards: int, runs: int, turns: int, latency: float, wait: bool) -> dict[str, Any]:
+def sharded(
+    tmp: Path, shards: int, runs: int, turns: int, latency: float, wait: bool
+) -> dict[str, Any]:
     """`shards` shards, a worker each, `runs` runs per shard through one ShardedClient; with `wait`, a
     replica per shard and TOOLLOOP_COMMIT_WAIT=1."""
-    servers = [start_server(tmp / f"shard-{shards}-{i}-{int(wait)}") for i in range(shards)]
+    servers = [
+        start_server(tmp / f"shard-{shards}-{i}-{int(wait)}") for i in range(shards)
+    ]
     replicas = [replica_of(server, tmp) for server in servers] if wait else []
     sim = Simulator(tmp, turns, latency)
     extra = {"TOOLLOOP_COMMIT_WAIT": "1"} if wait else {}
@@ -215,7 +251,11 @@ def sharded(tmp: Path, shards: int, runs: int, turns: int, latency: float, wait:
                 **extra,
             )
             worker = step_worker(
-                "consumer", ("threads", runs), env, tmp / f"shard-{shards}-{i}.log", held=("llm",)
+                "consumer",
+                ("threads", runs),
+                env,
+                tmp / f"shard-{shards}-{i}.log",
+                held=("llm",),
             )
             worker.start(client.clients[i].celery)
             workers.append(worker)
@@ -229,7 +269,9 @@ def sharded(tmp: Path, shards: int, runs: int, turns: int, latency: float, wait:
         statuses = [
             status
             for i, shard in enumerate(client.clients)
-            for status in wait_all(shard, [r for r in run_ids if client.shard(r) is shard], timeout=600)
+            for status in wait_all(
+                shard, [r for r in run_ids if client.shard(r) is shard], timeout=600
+            )
         ]
         redis_s = [redis_cpu(p) - r0 for p, r0 in zip(plain, redis0, strict=True)]
         worker_s = sum(w.cpu_seconds() for w in workers) - worker0
@@ -285,9 +327,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200, help="runs per worker process")
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--latency", type=float, default=1.0)
-    parser.add_argument("--trials", type=int, default=1, help="trials per fleet size (the median)")
-    parser.add_argument("--shards", type=int, default=0, help="sharded fleets of 1..N shards instead")
-    parser.add_argument("--commit-wait", action="store_true", help="with --shards: also WAIT 1 on a replica")
+    parser.add_argument(
+        "--trials", type=int, default=1, help="trials per fleet size (the median)"
+    )
+    parser.add_argument(
+        "--shards", type=int, default=0, help="sharded fleets of 1..N shards instead"
+    )
+    parser.add_argument(
+        "--commit-wait",
+        action="store_true",
+        help="with --shards: also WAIT 1 on a replica",
+    )
     args = parser.parse_args()
     if args.shards:
         tmp = Path(tempfile.mkdtemp(prefix="bench-shards-"))
@@ -307,10 +357,17 @@ def main() -> None:
         for size in sizes:
             trials = []
             for _ in range(args.trials):
-                trials.append(fleet(server.url, tmp, size, args.runs, args.turns, args.latency))
+                trials.append(
+                    fleet(server.url, tmp, size, args.runs, args.turns, args.latency)
+                )
                 redis.Redis.from_url(server.url).flushdb()
             rows.append(
-                min(trials, key=lambda r: abs(r["wall_s"] - statistics.median(t["wall_s"] for t in trials)))
+                min(
+                    trials,
+                    key=lambda r: abs(
+                        r["wall_s"] - statistics.median(t["wall_s"] for t in trials)
+                    ),
+                )
             )
     finally:
         server.stop()

@@ -21,9 +21,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
-from _durable_runs import TOOLSET, run_spec, sim_env, sim_script, start_queue, step_worker, wait_all  # noqa: E402
+from _durable_runs import (  # noqa: E402
+    TOOLSET,
+    run_spec,
+    sim_env,
+    sim_script,
+    start_queue,
+    step_worker,
+    wait_all,
+)
 
 from toolloop.embedded import start_server  # noqa: E402
 from toolloop.sim import SimServer  # noqa: E402
@@ -32,22 +43,36 @@ from workers.client import Client  # noqa: E402
 
 
 def flow(
-    runs: int, turns: int, rpm: int, latency: float, processes: int, tmp: Path, limiter: bool = True
+    runs: int,
+    turns: int,
+    rpm: int,
+    latency: float,
+    processes: int,
+    tmp: Path,
+    limiter: bool = True,
 ) -> dict[str, Any]:
     server = start_server(tmp / "redis")
     limits = json.dumps({"anthropic": {"*": {"requests_per_minute": rpm}}})
     try:
-        with SimServer(sim_script(turns), latency_s=latency, rate_limits=SimRateLimits(rpm=rpm)) as sim:
+        with SimServer(
+            sim_script(turns), latency_s=latency, rate_limits=SimRateLimits(rpm=rpm)
+        ) as sim:
             env = {**sim_env(server.url, sim), "TOOLLOOP_RATE_LIMITS": limits}
             if not limiter:
                 del env["TOOLLOOP_RATE_LIMITS"]
             logs = [tmp / f"flow-worker-{i}.log" for i in range(processes)]
-            workers = [step_worker("consumer", ("threads", 500), env, log, held=("llm",)) for log in logs]
+            workers = [
+                step_worker("consumer", ("threads", 500), env, log, held=("llm",))
+                for log in logs
+            ]
             client = Client(server.url, toolsets=[TOOLSET])
             try:
                 for worker in workers:
                     worker.start(client.celery)
-                run_ids = [client.enqueue(run_spec(turns, provider="anthropic")) for _ in range(runs)]
+                run_ids = [
+                    client.enqueue(run_spec(turns, provider="anthropic"))
+                    for _ in range(runs)
+                ]
                 start = time.time()
                 start_queue(client, "consumer", workers, "llm")
                 expected = runs * turns / rpm * 60
@@ -76,17 +101,25 @@ def flow(
         "ideal_s": round(calls / rpm * 60, 2),
         "calls_per_min": round(rate, 1),
         "of_limit": round(rate / rpm, 3),
-        "pass": served_429 == 0 and abs(rate / rpm - 1) <= 0.10 and calls == runs * turns,
+        "pass": served_429 == 0
+        and abs(rate / rpm - 1) <= 0.10
+        and calls == runs * turns,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="200 runs at 2,400 rpm (the same 10-turn runs)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="200 runs at 2,400 rpm (the same 10-turn runs)",
+    )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--rpm", type=int, default=None)
-    parser.add_argument("--latency", type=float, default=0.05, help="the simulator's seconds per answer")
+    parser.add_argument(
+        "--latency", type=float, default=0.05, help="the simulator's seconds per answer"
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument(
         "--no-limiter",
@@ -97,7 +130,15 @@ def main() -> int:
     runs = args.runs or (200 if args.quick else 1000)
     rpm = args.rpm or (2400 if args.quick else 600)
     with tempfile.TemporaryDirectory() as tmp:
-        result = flow(runs, args.turns, rpm, args.latency, args.processes, Path(tmp), not args.no_limiter)
+        result = flow(
+            runs,
+            args.turns,
+            rpm,
+            args.latency,
+            args.processes,
+            Path(tmp),
+            not args.no_limiter,
+        )
     print(json.dumps(result, indent=2))
     return 0 if result["pass"] else 1
 

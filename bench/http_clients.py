@@ -42,7 +42,11 @@ async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
     """CPU µs per call of `count` rounds of `calls` concurrent POSTs (after one warm-up round)."""
     client: HttpClient = KeepAliveClient() if path == "keep-alive" else HttpxClient()
     endpoint = Endpoint(
-        provider="anthropic", url=url, key_env="ANTHROPIC_API_KEY", timeout_s=60, policy=RetryPolicy()
+        provider="anthropic",
+        url=url,
+        key_env="ANTHROPIC_API_KEY",
+        timeout_s=60,
+        policy=RetryPolicy(),
     )
     per_call: list[float] = []
     try:
@@ -50,7 +54,14 @@ async def rounds(path: str, url: str, calls: int, count: int) -> list[float]:
             cpu = time.thread_time()
             await asyncio.gather(
                 *[
-                    call_json(endpoint, BODY, HEADERS, NEVER_ABORTED, client=client, secret=KEY)
+                    call_json(
+                        endpoint,
+                        BODY,
+                        HEADERS,
+                        NEVER_ABORTED,
+                        client=client,
+                        secret=KEY,
+                    )
                     for _ in range(calls)
                 ]
             )
@@ -82,14 +93,19 @@ def on_own_loop(path: str, url: str, calls: int, count: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=500, help="calls in flight at once")
+    parser.add_argument(
+        "--calls", type=int, default=500, help="calls in flight at once"
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--latency", type=float, default=1.0, help="the simulator's answer time, s")
+    parser.add_argument(
+        "--latency", type=float, default=1.0, help="the simulator's answer time, s"
+    )
     args = parser.parse_args(argv)
     with SimServer([{"text": "ok"}], latency_s=args.latency) as sim:
         url = f"{sim.base_url}/v1/messages"
         measured = {
-            path: on_own_loop(path, url, args.calls, args.rounds) for path in ("per-call", "keep-alive")
+            path: on_own_loop(path, url, args.calls, args.rounds)
+            for path in ("per-call", "keep-alive")
         }
     print(
         f"\nCPU per model call, {args.calls} in flight at {args.latency:g} s (median of {args.rounds} rounds)"
@@ -97,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     for path, values in measured.items():
         shown = ", ".join(f"{v:.0f}" for v in values)
         print(f"{path:<12} {statistics.median(values):7.0f} µs   ({shown})")
-    ratio = statistics.median(measured["keep-alive"]) / statistics.median(measured["per-call"])
+    ratio = statistics.median(measured["keep-alive"]) / statistics.median(
+        measured["per-call"]
+    )
     print(f"keep-alive / per-call: {ratio:.2f}")
     return 0
 

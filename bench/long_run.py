@@ -86,11 +86,18 @@ def page_text(page: int) -> str:
 
 
 def _read(input: Page, signal: Any) -> ToolOutput:
-    return ToolOutput(value={"page": input.page}, content=[TextPart(text=page_text(input.page))])
+    return ToolOutput(
+        value={"page": input.page}, content=[TextPart(text=page_text(input.page))]
+    )
 
 
 TOOLS = [
-    ToolSpec(name="read_page", description="Read one page of the service's logs.", schema=Page, run=_read)
+    ToolSpec(
+        name="read_page",
+        description="Read one page of the service's logs.",
+        schema=Page,
+        run=_read,
+    )
 ]
 
 
@@ -100,15 +107,20 @@ def policy(turns: int) -> Any:
     def answer(request: SimRequest) -> SimTurn:
         n = request.assistant_turns
         if n >= turns - 1:
-            return SimTurn(text=f"Read {n} pages: the outage began when api-3 lost its database pool.")
+            return SimTurn(
+                text=f"Read {n} pages: the outage began when api-3 lost its database pool."
+            )
         return SimTurn(
-            text=f"Page {n} read.", tool_calls=[SimToolCall(name="read_page", input={"page": n + 1})]
+            text=f"Page {n} read.",
+            tool_calls=[SimToolCall(name="read_page", input={"page": n + 1})],
         )
 
     return answer
 
 
-async def run(sim: SimServer, turns: int, context: ContextPolicy | None = None) -> dict[str, Any]:
+async def run(
+    sim: SimServer, turns: int, context: ContextPolicy | None = None
+) -> dict[str, Any]:
     handler = AnthropicHandler("sim-key", base_url=sim.base_url)
     models: list[ModelEvent] = []
     compactions: list[CompactionEvent] = []
@@ -125,13 +137,19 @@ async def run(sim: SimServer, turns: int, context: ContextPolicy | None = None) 
             generate=PromptGen({"anthropic": handler}, "anthropic").as_generate(),
             model=MODEL,
             system=SYSTEM,
-            messages=[{"role": "user", "content": "Find the cause of last night's outage in the api logs."}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": "Find the cause of last night's outage in the api logs.",
+                }
+            ],
             tools=TOOLS,
             budget=Budget(usd=10_000.0),
             max_steps=turns,
             step=MemoryJournal().step,
             on_step=on_step,
-            context=context or ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS),
+            context=context
+            or ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS),
         )
     )
     elapsed = time.perf_counter() - started
@@ -145,24 +163,34 @@ async def run(sim: SimServer, turns: int, context: ContextPolicy | None = None) 
         cache_read=billed.get(f"{MODEL}:cache_read", 0),
         cache_write=billed.get(f"{MODEL}:cache_write", 0),
     )
-    prompt = sum(billed.get(f"{MODEL}:{kind}", 0) for kind in ("input", "cache_read", "cache_write"))
+    prompt = sum(
+        billed.get(f"{MODEL}:{kind}", 0)
+        for kind in ("input", "cache_read", "cache_write")
+    )
     early = [e for e in models if e.step <= EARLY_TURNS]
     early_cost = sum(e.cost_usd for e in early) + sum(
         c.cost_usd for c in compactions if c.step <= EARLY_TURNS
     )
     per_turn = result.spent_usd / max(1, result.steps)
     early_per_turn = early_cost / max(1, len(early))
-    largest = max([e.usage.prompt_tokens for e in models] + [c.usage.prompt_tokens for c in compactions])
+    largest = max(
+        [e.usage.prompt_tokens for e in models]
+        + [c.usage.prompt_tokens for c in compactions]
+    )
     return {
         "turns": result.steps,
         "stopped_by": result.stopped_by,
         "compactions": len(compactions),
         "largest_request_tokens": largest,
         "prompt_tokens": prompt,
-        "cache_read_share": billed.get(f"{MODEL}:cache_read", 0) / prompt if prompt else 0.0,
+        "cache_read_share": billed.get(f"{MODEL}:cache_read", 0) / prompt
+        if prompt
+        else 0.0,
         "spent_usd": round(result.spent_usd, 6),
         "billed_usd": round(billed_usd, 6),
-        "spend_vs_billed": abs(result.spent_usd - billed_usd) / billed_usd if billed_usd else 0.0,
+        "spend_vs_billed": abs(result.spent_usd - billed_usd) / billed_usd
+        if billed_usd
+        else 0.0,
         "cost_per_turn_usd": round(per_turn, 6),
         "cost_per_turn_1_20_usd": round(early_per_turn, 6),
         "per_turn_ratio": per_turn / early_per_turn if early_per_turn else 0.0,
@@ -174,9 +202,18 @@ async def run(sim: SimServer, turns: int, context: ContextPolicy | None = None) 
 def checks(row: dict[str, Any]) -> list[tuple[str, bool]]:
     return [
         ("ends done", row["stopped_by"] == "done"),
-        (f"largest request < {MAX_REQUEST:,} tokens", row["largest_request_tokens"] < MAX_REQUEST),
-        (f"cache reads >= {CACHED_TARGET:.0%} of prompt tokens", row["cache_read_share"] >= CACHED_TARGET),
-        (f"spend = billed within {SPEND_TOLERANCE:.1%}", row["spend_vs_billed"] <= SPEND_TOLERANCE),
+        (
+            f"largest request < {MAX_REQUEST:,} tokens",
+            row["largest_request_tokens"] < MAX_REQUEST,
+        ),
+        (
+            f"cache reads >= {CACHED_TARGET:.0%} of prompt tokens",
+            row["cache_read_share"] >= CACHED_TARGET,
+        ),
+        (
+            f"spend = billed within {SPEND_TOLERANCE:.1%}",
+            row["spend_vs_billed"] <= SPEND_TOLERANCE,
+        ),
         (
             f"cost per turn within {PER_TURN_TARGET}x of turns 1-{EARLY_TURNS}",
             row["per_turn_ratio"] <= PER_TURN_TARGET,
@@ -186,7 +223,9 @@ def checks(row: dict[str, Any]) -> list[tuple[str, bool]]:
 
 MODES = {
     "client": ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS),
-    "demand": ContextPolicy(compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS, on_demand=True),
+    "demand": ContextPolicy(
+        compact_at_tokens=COMPACT_AT, keep_turns=KEEP_TURNS, on_demand=True
+    ),
     "server": ContextPolicy(server_compact_at_tokens=COMPACT_AT),
     "clear": ContextPolicy(clear_tool_results_at_tokens=100_000, keep_tool_results=2),
 }
@@ -212,21 +251,30 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     head = f"{'mode':<8}" + "".join(f"{title:>13}" for _, title, _ in FIGURES)
     lines = [head, "-" * len(head)]
     for mode, row in rows.items():
-        lines.append(f"{mode:<8}" + "".join(f"{fmt.format(row[key]):>13}" for key, _, fmt in FIGURES))
+        lines.append(
+            f"{mode:<8}"
+            + "".join(f"{fmt.format(row[key]):>13}" for key, _, fmt in FIGURES)
+        )
     return "\n".join(lines)
 
 
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=1000, help="model turns of the run (default 1000)")
     parser.add_argument(
-        "--modes", default="client", help=f"comma list of {', '.join(MODES)} (default client: the targets)"
+        "--turns", type=int, default=1000, help="model turns of the run (default 1000)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="client",
+        help=f"comma list of {', '.join(MODES)} (default client: the targets)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if args.turns <= EARLY_TURNS or not modes or any(m not in MODES for m in modes):
-        parser.error(f"--turns must be more than {EARLY_TURNS}; --modes among {', '.join(MODES)}")
+        parser.error(
+            f"--turns must be more than {EARLY_TURNS}; --modes among {', '.join(MODES)}"
+        )
     rows: dict[str, dict[str, Any]] = {}
     for mode in modes:
         with SimServer(policy(args.turns)) as sim:

@@ -41,7 +41,11 @@ from _overhead_sides import FINAL, TOOL_CALLS, TURNS, Script, build_side
 SIDES = ("ours", "pydantic-ai", "langgraph")
 TARGET = 1 / 3
 MIN_REPS = 10
-PACKAGES = {"ours": "toolloop", "pydantic-ai": "pydantic-ai-slim", "langgraph": "langgraph"}
+PACKAGES = {
+    "ours": "toolloop",
+    "pydantic-ai": "pydantic-ai-slim",
+    "langgraph": "langgraph",
+}
 
 Conversation = Callable[[], Awaitable[str]]
 
@@ -96,7 +100,9 @@ def us_per_turn(samples: list[float]) -> float:
     return statistics.median(samples) / TURNS * 1e6
 
 
-def report(sides: list[str], wall: Samples, cpu: Samples, scripts: dict[str, Script]) -> dict[str, Any]:
+def report(
+    sides: list[str], wall: Samples, cpu: Samples, scripts: dict[str, Script]
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for name in sides:
         figures[name] = {
@@ -110,14 +116,22 @@ def report(sides: list[str], wall: Samples, cpu: Samples, scripts: dict[str, Scr
     ratios: dict[str, Any] = {}
     if "ours" in figures:
         for peer in (name for name in sides if name != "ours"):
-            wall_ratio = figures["ours"]["wall_us_per_turn"] / figures[peer]["wall_us_per_turn"]
-            cpu_ratio = figures["ours"]["cpu_us_per_turn"] / figures[peer]["cpu_us_per_turn"]
+            wall_ratio = (
+                figures["ours"]["wall_us_per_turn"] / figures[peer]["wall_us_per_turn"]
+            )
+            cpu_ratio = (
+                figures["ours"]["cpu_us_per_turn"] / figures[peer]["cpu_us_per_turn"]
+            )
             ratios[peer] = {
                 "wall": round(wall_ratio, 3),
                 "cpu": round(cpu_ratio, 3),
                 "meets_target": wall_ratio <= TARGET and cpu_ratio <= TARGET,
             }
-    return {"sides": figures, "ratios_ours_over_peer": ratios, "target_ratio": round(TARGET, 4)}
+    return {
+        "sides": figures,
+        "ratios_ours_over_peer": ratios,
+        "target_ratio": round(TARGET, 4),
+    }
 
 
 def quantile(samples: list[float], q: float) -> float:
@@ -133,8 +147,12 @@ def version(name: str) -> str:
 
 
 def print_table(results: dict[str, Any], reps: int) -> None:
-    print(f"Loop overhead per model turn: {TURNS} turns, {TOOL_CALLS} tool calls, medians of {reps} reps")
-    print(f"{'side':<12} {'version':<9} {'wall us/turn':>13} {'cpu us/turn':>12} {'wall p90':>9}")
+    print(
+        f"Loop overhead per model turn: {TURNS} turns, {TOOL_CALLS} tool calls, medians of {reps} reps"
+    )
+    print(
+        f"{'side':<12} {'version':<9} {'wall us/turn':>13} {'cpu us/turn':>12} {'wall p90':>9}"
+    )
     for name, fig in results["sides"].items():
         print(
             f"{name:<12} {fig['version']:<9} {fig['wall_us_per_turn']:>13.1f} {fig['cpu_us_per_turn']:>12.1f}"
@@ -150,10 +168,16 @@ def print_table(results: dict[str, Any], reps: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=60, help="measured conversations per side")
-    parser.add_argument("--warmup", type=int, default=5, help="unmeasured conversations per side first")
     parser.add_argument(
-        "--sides", default=",".join(SIDES), help=f"comma-separated subset of {', '.join(SIDES)}"
+        "--reps", type=int, default=60, help="measured conversations per side"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="unmeasured conversations per side first"
+    )
+    parser.add_argument(
+        "--sides",
+        default=",".join(SIDES),
+        help=f"comma-separated subset of {', '.join(SIDES)}",
     )
     parser.add_argument(
         "--max-seconds",
@@ -161,13 +185,19 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help=f"stop early past this time once {MIN_REPS} reps are measured (the table says how many ran)",
     )
-    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--json", type=Path, help="also write the results to this JSON file"
+    )
     args = parser.parse_args(argv)
     sides = [name.strip() for name in args.sides.split(",") if name.strip()]
     unknown = sorted(set(sides) - set(SIDES))
     if unknown or not sides or args.reps < 1 or args.warmup < 0:
-        parser.error(f"--sides takes some of {', '.join(SIDES)} (got {args.sides!r}); --reps >= 1")
-    wall, cpu, scripts = asyncio.run(measure(sides, args.reps, args.warmup, args.max_seconds))
+        parser.error(
+            f"--sides takes some of {', '.join(SIDES)} (got {args.sides!r}); --reps >= 1"
+        )
+    wall, cpu, scripts = asyncio.run(
+        measure(sides, args.reps, args.warmup, args.max_seconds)
+    )
     results = report(sides, wall, cpu, scripts)
     reps = len(wall[sides[0]])
     results.update(reps=reps, warmup=args.warmup, python=platform.python_version())

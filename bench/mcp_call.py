@@ -51,7 +51,9 @@ class Add(BaseModel):
 
 async def add(checked: Add, signal: Any) -> ToolOutput:
     total = str(checked.a + checked.b)
-    return ToolOutput.model_validate({"value": total, "content": [{"type": "text", "text": total}]})
+    return ToolOutput.model_validate(
+        {"value": total, "content": [{"type": "text", "text": total}]}
+    )
 
 
 @dataclasses.dataclass
@@ -68,7 +70,12 @@ async def step_work(spec: ToolSpec, raw: dict[str, Any]) -> dict[str, Any]:
     checked = validate_input(spec, raw)
     assert not isinstance(checked, str), checked
     assert spec.run is not None
-    output = bounded(as_output(await spec.run(checked, NEVER_ABORTED), spec.name), spec.name, 1_000_000, None)
+    output = bounded(
+        as_output(await spec.run(checked, NEVER_ABORTED), spec.name),
+        spec.name,
+        1_000_000,
+        None,
+    )
     dumped: dict[str, Any] = output.model_dump(mode="json")
     return dumped
 
@@ -78,12 +85,16 @@ async def block(spec: ToolSpec, calls: int) -> tuple[float, float]:
     for i in range(calls):
         dumped = await step_work(spec, {"a": i, "b": 1})
         assert dumped["content"][0]["text"] == str(i + 1), dumped
-    return (time.process_time() - cpu) / calls * 1e6, (time.perf_counter() - wall) / calls * 1e6
+    return (time.process_time() - cpu) / calls * 1e6, (
+        time.perf_counter() - wall
+    ) / calls * 1e6
 
 
 async def mcp_spec(process: _Process, server: McpServer) -> ToolSpec:
     records = [tool_record(tool) for tool in await process.mcp.list_tools(server)]
-    return next(spec for spec in specs_for(process, server, records) if spec.name == "add")  # type: ignore[arg-type]
+    return next(
+        spec for spec in specs_for(process, server, records) if spec.name == "add"
+    )  # type: ignore[arg-type]
 
 
 async def main(calls: int, blocks: int) -> dict[str, Any]:
@@ -97,7 +108,9 @@ async def main(calls: int, blocks: int) -> dict[str, Any]:
     )
     process = _Process(mcp=McpServers(), settings=Settings.from_env())
     try:
-        stdio = await mcp_spec(process, McpServer(label="stdio", command=(*COUNTER, "stdio")))
+        stdio = await mcp_spec(
+            process, McpServer(label="stdio", command=(*COUNTER, "stdio"))
+        )
         for _ in range(100):
             try:
                 over_http = await mcp_spec(
@@ -123,7 +136,9 @@ async def main(calls: int, blocks: int) -> dict[str, Any]:
         }
         base = result["python"]["cpu_us_per_call"]
         for name in ("mcp-stdio", "mcp-http"):
-            result[name]["extra_cpu_us_per_call"] = result[name]["cpu_us_per_call"] - base
+            result[name]["extra_cpu_us_per_call"] = (
+                result[name]["cpu_us_per_call"] - base
+            )
         return result
     finally:
         await process.mcp.aclose()
@@ -132,15 +147,25 @@ async def main(calls: int, blocks: int) -> dict[str, Any]:
 
 
 def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--calls", type=int, default=200, help="calls per block (default 200)")
-    parser.add_argument("--blocks", type=int, default=5, help="blocks per side, alternated (default 5)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--calls", type=int, default=200, help="calls per block (default 200)"
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=5, help="blocks per side, alternated (default 5)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     result = uvloop.run(main(args.calls, args.blocks))
     for name, figures in result.items():
         extra = figures.get("extra_cpu_us_per_call")
-        more = f"  (+{extra:,.0f} µs CPU over the Python tool)" if extra is not None else ""
+        more = (
+            f"  (+{extra:,.0f} µs CPU over the Python tool)"
+            if extra is not None
+            else ""
+        )
         cpu, wall = figures["cpu_us_per_call"], figures["wall_us_per_call"]
         print(f"{name:<10} {cpu:>8,.0f} µs CPU/call {wall:>8,.0f} µs wall/call{more}")
     if args.json:

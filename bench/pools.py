@@ -32,7 +32,10 @@ from typing import Any
 
 import redis
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
 from _procs import Worker, env_with  # noqa: E402
 
@@ -40,7 +43,10 @@ from toolloop.embedded import free_port, start_server  # noqa: E402
 
 
 def listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+    with (
+        contextlib.suppress(OSError),
+        socket.create_connection(("127.0.0.1", port), timeout=0.2),
+    ):
         return True
     return False
 
@@ -50,7 +56,9 @@ def slow_server(latency: float) -> Iterator[str]:
     """`bench/_slow_server.py` as a child process; yields its URL."""
     port = free_port()
     script = Path(__file__).resolve().parent / "_slow_server.py"
-    process = subprocess.Popen([sys.executable, str(script), str(port), str(latency)], start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(port), str(latency)], start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 10
         while not listening(port):
@@ -74,7 +82,10 @@ def measure(
         group = uuid.uuid4().hex
         task.apply_async((f"{group}:warm", 0, 1))
         deadline = time.monotonic() + 60
-        while not client.blpop([f"bench:done:{group}"], timeout=1) and time.monotonic() < deadline:
+        while (
+            not client.blpop([f"bench:done:{group}"], timeout=1)
+            and time.monotonic() < deadline
+        ):
             pass
         cpu0 = worker.cpu_seconds()
         profiler = worker.spy(steps * 3)
@@ -104,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--latency", type=float, default=1.0)
-    parser.add_argument("--prefork", type=int, default=8, help="prefork children (runs in flight)")
+    parser.add_argument(
+        "--prefork", type=int, default=8, help="prefork children (runs in flight)"
+    )
     parser.add_argument("--only", default="", help="comma-separated variant names")
     args = parser.parse_args(argv)
     variants = [
@@ -121,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         variants = [v for v in variants if v[0] in args.only.split(",")]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="toolloop-pools-") as tmp_dir, slow_server(args.latency) as model:
+    with (
+        tempfile.TemporaryDirectory(prefix="toolloop-pools-") as tmp_dir,
+        slow_server(args.latency) as model,
+    ):
         tmp = Path(tmp_dir)
         server = start_server(tmp / "redis")
         try:
@@ -130,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
 
             client = redis.Redis.from_url(server.url)
             for name, pool, concurrency, mode, runs in variants:
-                env = env_with(BENCH_REDIS_URL=server.url, BENCH_MODEL_URL=model, BENCH_CALL_MODE=mode)
+                env = env_with(
+                    BENCH_REDIS_URL=server.url,
+                    BENCH_MODEL_URL=model,
+                    BENCH_CALL_MODE=mode,
+                )
                 worker = Worker(
                     "_pool_app",
                     pool=pool,
@@ -139,7 +159,14 @@ def main(argv: list[str] | None = None) -> int:
                     env=env,
                     log=tmp / f"{name}.log",
                 )
-                result = measure(_pool_app.app, _pool_app.model_step, worker, client, runs, args.steps)
+                result = measure(
+                    _pool_app.app,
+                    _pool_app.model_step,
+                    worker,
+                    client,
+                    runs,
+                    args.steps,
+                )
                 rows.append((name, concurrency, result))
                 print(f"  {name}: {result}", file=sys.stderr)
         finally:

@@ -61,7 +61,9 @@ _RULES = [
     "Report sound cues the board implies (door slam, phone ring) so the editor can temp them.",
 ]
 SYSTEM = "You are a storyboard reviewer for a film production.\n\n" + "\n".join(
-    f"Rule {section}.{n}: {rule}" for section in range(1, 9) for n, rule in enumerate(_RULES, 1)
+    f"Rule {section}.{n}: {rule}"
+    for section in range(1, 9)
+    for n, rule in enumerate(_RULES, 1)
 )
 
 
@@ -72,7 +74,9 @@ class Frame(BaseModel):
 
 class Trim(BaseModel):
     shot: int
-    frames: int = Field(description="How many frames to remove from the end of the shot.")
+    frames: int = Field(
+        description="How many frames to remove from the end of the shot."
+    )
 
 
 class Note(BaseModel):
@@ -97,10 +101,23 @@ def _none(input: BaseModel, signal: Any) -> ToolOutput:
 
 TOOLS = [
     ToolSpec(
-        name="read_frame", description="Read one storyboard frame as a description.", schema=Frame, run=_frame
+        name="read_frame",
+        description="Read one storyboard frame as a description.",
+        schema=Frame,
+        run=_frame,
     ),
-    ToolSpec(name="trim", description="Propose a trim at the end of a shot.", schema=Trim, run=_none),
-    ToolSpec(name="note", description="Record a review note on a shot.", schema=Note, run=_none),
+    ToolSpec(
+        name="trim",
+        description="Propose a trim at the end of a shot.",
+        schema=Trim,
+        run=_none,
+    ),
+    ToolSpec(
+        name="note",
+        description="Record a review note on a shot.",
+        schema=Note,
+        run=_none,
+    ),
 ]
 
 
@@ -110,8 +127,12 @@ def policy(turns: int) -> Any:
     def answer(request: SimRequest) -> SimTurn:
         n = request.assistant_turns
         if n >= turns - 1:
-            return SimTurn(text=f"Reviewed {n} frames: trim shot 3 by 12 frames, pick up shot 7.")
-        return SimTurn(text="", tool_calls=[{"name": "read_frame", "input": {"shot": n + 1}}])  # type: ignore[list-item]
+            return SimTurn(
+                text=f"Reviewed {n} frames: trim shot 3 by 12 frames, pick up shot 7."
+            )
+        return SimTurn(
+            text="", tool_calls=[{"name": "read_frame", "input": {"shot": n + 1}}]
+        )  # type: ignore[list-item]
 
     return answer
 
@@ -133,7 +154,12 @@ async def run_mode(sim: SimServer, mode: str, turns: int) -> dict[str, Any]:
             generate=PromptGen({"anthropic": handler}, "anthropic").as_generate(),
             model=MODEL,
             system=SYSTEM,
-            messages=[{"role": "user", "content": "Review the storyboard of scene 12, frame by frame."}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": "Review the storyboard of scene 12, frame by frame.",
+                }
+            ],
             tools=TOOLS,
             budget=Budget(usd=100.0),
             max_steps=turns,
@@ -152,7 +178,9 @@ async def run_mode(sim: SimServer, mode: str, turns: int) -> dict[str, Any]:
     return {
         "mode": mode,
         "turns": len(usages),
-        "input_tokens": sum(u.prompt_tokens - u.cached_tokens - u.cache_write_tokens for u in usages),
+        "input_tokens": sum(
+            u.prompt_tokens - u.cached_tokens - u.cache_write_tokens for u in usages
+        ),
         "cache_read_tokens": sum(u.cached_tokens for u in usages),
         "cache_write_tokens": sum(u.cache_write_tokens for u in usages),
         "prompt_tokens": sum(u.prompt_tokens for u in usages),
@@ -183,17 +211,28 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=30, help="model turns per conversation (default 30)")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma list of cache modes")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=30,
+        help="model turns per conversation (default 30)",
+    )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma list of cache modes"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown or args.turns < FROM_TURN:
-        parser.error(f"modes must be among {', '.join(MODES)} (got {unknown}); --turns at least {FROM_TURN}")
+        parser.error(
+            f"modes must be among {', '.join(MODES)} (got {unknown}); --turns at least {FROM_TURN}"
+        )
     with SimServer(policy(args.turns)) as sim:
         rows = [await run_mode(sim, mode, args.turns) for mode in modes]
-    print(f"Prompt cache, {args.turns}-turn tool conversation, anthropic provider on the simulator")
+    print(
+        f"Prompt cache, {args.turns}-turn tool conversation, anthropic provider on the simulator"
+    )
     price = default_catalog().price(MODEL)
     assert price is not None
     print(
@@ -210,7 +249,9 @@ async def main(argv: list[str] | None = None) -> int:
             f"(target >= {TARGET:.0%}: {verdict})"
         )
     if args.json:
-        args.json.write_text(json.dumps({"model": MODEL, "turns": args.turns, "modes": rows}, indent=2))
+        args.json.write_text(
+            json.dumps({"model": MODEL, "turns": args.turns, "modes": rows}, indent=2)
+        )
     return 0
 
 

@@ -39,7 +39,9 @@ def turn(steps: int) -> list[tuple[Any, ...]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2000)
-    parser.add_argument("--steps", type=int, default=10, help="steps whose commands share the turn")
+    parser.add_argument(
+        "--steps", type=int, default=10, help="steps whose commands share the turn"
+    )
     args = parser.parse_args(argv)
     commands = turn(args.steps)
     sides = {"redis-py": aredis.Connection(), "hiredis": PackedConnection()}
@@ -48,9 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     measured = {}
     for name, connection in sides.items():
-        times = timeit.repeat(lambda c=connection: c.pack_commands(commands), number=args.rounds, repeat=5)
+        times = timeit.repeat(
+            lambda c=connection: c.pack_commands(commands), number=args.rounds, repeat=5
+        )
         measured[name] = statistics.median(times) / args.rounds * 1e6
-    print(f"\nCPU to pack one turn's pipeline ({args.steps} commits + one SEND_MANY), median of 5")
+    print(
+        f"\nCPU to pack one turn's pipeline ({args.steps} commits + one SEND_MANY), median of 5"
+    )
     for name, us in measured.items():
         print(f"{name:<9} {us:8.1f} µs")
     print(f"hiredis / redis-py: {measured['hiredis'] / measured['redis-py']:.2f}")

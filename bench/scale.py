@@ -36,7 +36,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
 from _durable_runs import run_spec, sim_script  # noqa: E402
 from _procs import ROOT, Worker, env_with, private_redis  # noqa: E402
@@ -64,7 +67,9 @@ def sim_process(tmp: Path, turns: int, latency: float) -> Iterator[tuple[str, in
         "--latency",
         str(latency),
     ]
-    sim = subprocess.Popen(args, cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, start_new_session=True)
+    sim = subprocess.Popen(
+        args, cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
         assert sim.stdout is not None
         yield sim.stdout.readline().decode().strip(), sim.pid
@@ -117,7 +122,9 @@ def rss_by_mapping(pid: int) -> dict[str, float]:
     maps: list[tuple[int, int, str, str, float]] = []
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split()
-        if "-" in head[0] and len(head) >= 5:  # a mapping's first line: range perms offset dev inode [path]
+        if (
+            "-" in head[0] and len(head) >= 5
+        ):  # a mapping's first line: range perms offset dev inode [path]
             start, end = (int(part, 16) for part in head[0].split("-"))
             maps.append((start, end, head[1], head[5] if len(head) > 5 else "", 0.0))
         elif head[0] == "Rss:":
@@ -153,7 +160,12 @@ def rss_by_mapping(pid: int) -> dict[str, float]:
 
 
 def worker(
-    tmp: Path, name: str, env: dict[str, str], step_queues: str, in_flight: int, pin: str = ""
+    tmp: Path,
+    name: str,
+    env: dict[str, str],
+    step_queues: str,
+    in_flight: int,
+    pin: str = "",
 ) -> Worker:
     """The bench worker; `pin`: the CPUs it may run on (`taskset -c`), else any."""
     extra = ["--step-queues", step_queues, "--steps-in-flight", str(in_flight)]
@@ -178,7 +190,9 @@ def pin_others(pin: str) -> str:
     taken = set(range(int(first), int(last or first) + 1))
     rest = os.sched_getaffinity(0) - taken
     if not rest:
-        raise SystemExit(f"--pin {pin} leaves no CPU for Redis, the simulator and the clients.")
+        raise SystemExit(
+            f"--pin {pin} leaves no CPU for Redis, the simulator and the clients."
+        )
     os.sched_setaffinity(0, rest)
     return ",".join(str(cpu) for cpu in sorted(rest))
 
@@ -215,12 +229,16 @@ def _enqueue_chunk(job: tuple[str, list[dict[str, Any]]]) -> list[str]:
         return [client.enqueue(spec) for spec in specs]
 
 
-def enqueue_all(url: str, specs: list[dict[str, Any]], processes: int) -> tuple[list[str], float]:
+def enqueue_all(
+    url: str, specs: list[dict[str, Any]], processes: int
+) -> tuple[list[str], float]:
     """Enqueue `specs` from `processes` client processes; the run ids and the seconds it took."""
     start = time.monotonic()
     chunks = [(url, specs[i::processes]) for i in range(processes)]
     with multiprocessing.get_context("fork").Pool(processes) as pool:
-        run_ids = [run_id for chunk in pool.map(_enqueue_chunk, chunks) for run_id in chunk]
+        run_ids = [
+            run_id for chunk in pool.map(_enqueue_chunk, chunks) for run_id in chunk
+        ]
     return run_ids, time.monotonic() - start
 
 
@@ -264,7 +282,13 @@ def profiled(how: str, client: Client, who: Worker, seconds: float) -> Iterator[
 
 
 def flight(
-    url: str, tmp: Path, runs: int, turns: int, latency: float, profile: str, pin: str = ""
+    url: str,
+    tmp: Path,
+    runs: int,
+    turns: int,
+    latency: float,
+    profile: str,
+    pin: str = "",
 ) -> dict[str, Any]:
     """`runs` runs enqueued while the worker does not take `llm` (after 20 warm-up runs), then all
     started at once; model calls/s counted while all are in flight (from the moment every run made
@@ -283,20 +307,28 @@ def flight(
             who.start(client.celery)
             assert who.process is not None
             pid = who.process.pid
-            control(client, who, "add_step_queue", queue="llm")  # a warm-up: imports, connections
+            control(
+                client, who, "add_step_queue", queue="llm"
+            )  # a warm-up: imports, connections
             warm, _ = enqueue_all(url, [run_spec(2, provider="anthropic")] * 20, 1)
             wait_settled(client, warm, timeout=60)
             control(client, who, "cancel_step_queue", queue="llm")
-            run_ids, _ = enqueue_all(url, [run_spec(turns, provider="anthropic")] * runs, 2)
+            run_ids, _ = enqueue_all(
+                url, [run_spec(turns, provider="anthropic")] * runs, 2
+            )
             rss0, cpu0, start = proc_rss_mb(pid), proc_cpu(pid), time.time()
             sim0, redis0 = proc_cpu(sim_pid), redis_cpu(client)
             with profiled(profile, client, who, turns * latency * 4):
                 control(client, who, "add_step_queue", queue="llm")
-                found = wait_settled(client, run_ids, timeout=120 + 10 * turns * latency * runs / 100)
+                found = wait_settled(
+                    client, run_ids, timeout=120 + 10 * turns * latency * runs / 100
+                )
             cpu, rss = proc_cpu(pid) - cpu0, proc_rss_mb(pid)
             collector = control(client, who, "bench_probe", action="gcstats")
             if os.environ.get("BENCH_GC_YOUNG") == "1":
-                collector["young"] = control(client, who, "bench_probe", action="gcyoung")
+                collector["young"] = control(
+                    client, who, "bench_probe", action="gcyoung"
+                )
             sim_cpu, redis_used = proc_cpu(sim_pid) - sim0, redis_cpu(client) - redis0
             times = model_times(client, run_ids)
             ended = [float(t) for t in _field_of(client, run_ids, "touched")]
@@ -334,7 +366,11 @@ def model_times(client: Client, run_ids: list[str]) -> list[list[float]]:
     for run_id in run_ids:
         pipe.xrange(keys.events(run_id))
     return [
-        [int(str(eid).split("-")[0]) / 1000 for eid, f in events if f["kind"] == "model"]
+        [
+            int(str(eid).split("-")[0]) / 1000
+            for eid, f in events
+            if f["kind"] == "model"
+        ]
         for events in pipe.execute()
     ]
 
@@ -370,7 +406,9 @@ def parked(
     env = env_with(REDIS_URL=url, TOOLLOOP_TOOLSETS=TOOLSETS, TOOLLOOP_PROMPT_GEN=gen)
     who = worker(tmp, f"parked-{runs}", env, "llm,tools", 500)
     client = Client(url, toolsets=["parking"])
-    spec = run_spec(turns, toolset="parking", system=f"You review storyboards. turns={turns} ask")
+    spec = run_spec(
+        turns, toolset="parking", system=f"You review storyboards. turns={turns} ask"
+    )
     try:
         who.start(client.celery)
         assert who.process is not None
@@ -378,11 +416,19 @@ def parked(
         warm_ids, _ = enqueue_all(url, [spec] * 20, 1)
         wait_settled(client, warm_ids, timeout=60)
         if warm:
-            done_spec = run_spec(turns, toolset="parking", system=f"You review storyboards. turns={turns}")
+            done_spec = run_spec(
+                turns,
+                toolset="parking",
+                system=f"You review storyboards. turns={turns}",
+            )
             warm_ids, _ = enqueue_all(url, [done_spec] * warm, 2)
             warmed = wait_settled(client, warm_ids, timeout=120 + warm / 10)
-            assert warmed["done"] == warm, f"the warm-up runs did not all end done: {dict(warmed)}"
-            settled_rss_mb(pid)  # the idle trim after the warm-up burst, before the baseline
+            assert warmed["done"] == warm, (
+                f"the warm-up runs did not all end done: {dict(warmed)}"
+            )
+            settled_rss_mb(
+                pid
+            )  # the idle trim after the warm-up burst, before the baseline
         time.sleep(2)
         if trace:
             control(client, who, "bench_probe", action="trace_start")
@@ -398,9 +444,18 @@ def parked(
             run_ids, took = enqueue_all(url, [spec] * runs, 2)
             found += wait_settled(client, run_ids, timeout=120 + runs / 10)
             enqueue_s += took
-            rss_after.append(settled_rss_mb(pid))  # after the worker's idle trim (workers/worker/trim.py)
-            print(f"  parked: RSS {rss_after[-1]:.0f} MB once settled after the last park", file=sys.stderr)
-        rss1, peak, mappings = rss_after[0], proc_rss_mb(pid, "VmHWM"), rss_by_mapping(pid)
+            rss_after.append(
+                settled_rss_mb(pid)
+            )  # after the worker's idle trim (workers/worker/trim.py)
+            print(
+                f"  parked: RSS {rss_after[-1]:.0f} MB once settled after the last park",
+                file=sys.stderr,
+            )
+        rss1, peak, mappings = (
+            rss_after[0],
+            proc_rss_mb(pid, "VmHWM"),
+            rss_by_mapping(pid),
+        )
         threads = Counter(
             task.joinpath("comm").read_text().strip().rstrip("_0123456789")
             for task in Path(f"/proc/{pid}/task").iterdir()
@@ -411,8 +466,12 @@ def parked(
         after = control(client, who, "bench_probe", action="counts")
         trim = control(client, who, "bench_probe", action="trim")
         trimmed, collected = trim["rss_kb"] / 1024, trim["collected_rss_kb"] / 1024
-        grown = control(client, who, "bench_probe", action="trace_diff") if trace else None
-        at_peak = control(client, who, "bench_probe", action="peak_diff") if peak else None
+        grown = (
+            control(client, who, "bench_probe", action="trace_diff") if trace else None
+        )
+        at_peak = (
+            control(client, who, "bench_probe", action="peak_diff") if peak else None
+        )
     finally:
         who.stop()
         client.close()
@@ -449,12 +508,24 @@ def parked(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2000, help="runs in flight on the one worker")
-    parser.add_argument("--turns", type=int, default=10, help="model turns per run in flight")
-    parser.add_argument("--latency", type=float, default=1.0, help="simulated model latency, s")
-    parser.add_argument("--trials", type=int, default=1, help="trials of the in-flight figure (median)")
-    parser.add_argument("--parked", type=int, default=10000, help="runs parked on an ask")
-    parser.add_argument("--bursts", type=int, default=2, help="bursts of --parked runs, RSS after each")
+    parser.add_argument(
+        "--runs", type=int, default=2000, help="runs in flight on the one worker"
+    )
+    parser.add_argument(
+        "--turns", type=int, default=10, help="model turns per run in flight"
+    )
+    parser.add_argument(
+        "--latency", type=float, default=1.0, help="simulated model latency, s"
+    )
+    parser.add_argument(
+        "--trials", type=int, default=1, help="trials of the in-flight figure (median)"
+    )
+    parser.add_argument(
+        "--parked", type=int, default=10000, help="runs parked on an ask"
+    )
+    parser.add_argument(
+        "--bursts", type=int, default=2, help="bursts of --parked runs, RSS after each"
+    )
     parser.add_argument(
         "--warm",
         type=int,
@@ -462,14 +533,26 @@ def main(argv: list[str] | None = None) -> int:
         help="runs that end done at full steps in flight before the parked row's "
         "baseline (0: a cold worker, the burst's high-water counted)",
     )
-    parser.add_argument("--park-turns", type=int, default=3, help="model turns before the ask")
+    parser.add_argument(
+        "--park-turns", type=int, default=3, help="model turns before the ask"
+    )
     parser.add_argument("--hops", type=int, default=200)
     parser.add_argument("--floor-trials", type=int, default=5)
-    parser.add_argument("--skip", default="", help="comma-separated: floor,flight,parked")
-    parser.add_argument("--profile", default="", help="pyspy:<file> or cprofile:<file> (1st in-flight trial)")
-    parser.add_argument("--trace", action="store_true", help="tracemalloc in the parked worker")
     parser.add_argument(
-        "--peak", action="store_true", help="tracemalloc in the parked worker: what a step in flight holds"
+        "--skip", default="", help="comma-separated: floor,flight,parked"
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="pyspy:<file> or cprofile:<file> (1st in-flight trial)",
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="tracemalloc in the parked worker"
+    )
+    parser.add_argument(
+        "--peak",
+        action="store_true",
+        help="tracemalloc in the parked worker: what a step in flight holds",
     )
     parser.add_argument("--json", default="", help="write every figure to this file")
     parser.add_argument(
@@ -483,7 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     results: dict[str, Any] = {}
     if args.pin:
-        print(f"  pinned: the worker on CPU {args.pin}, the rest on {pin_others(args.pin)}", file=sys.stderr)
+        print(
+            f"  pinned: the worker on CPU {args.pin}, the rest on {pin_others(args.pin)}",
+            file=sys.stderr,
+        )
     with private_redis("toolloop-scale-") as (tmp, url):
         if "floor" not in skip:
             results["floor"] = bare_hop_floor(url, tmp, args.hops, args.floor_trials)
@@ -505,9 +591,18 @@ def main(argv: list[str] | None = None) -> int:
             results["flight"] = trials
         if "parked" not in skip:
             results["parked"] = parked(
-                url, tmp, args.parked, args.park_turns, args.trace, args.bursts, args.peak, args.warm
+                url,
+                tmp,
+                args.parked,
+                args.park_turns,
+                args.trace,
+                args.bursts,
+                args.peak,
+                args.warm,
             )
-            print(f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr)
+            print(
+                f"  parked: {json.dumps(results['parked'], indent=1)}", file=sys.stderr
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print_table(results, args, load)
@@ -543,7 +638,13 @@ def print_table(results: dict[str, Any], args: argparse.Namespace, load: float) 
                 f"RSS {t['rss_before_mb']:.0f} -> {t['rss_after_mb']:.0f} MB; simulator CPU "
                 f"{t['sim_cpu_s']:.1f} s, Redis CPU {t['redis_cpu_s']:.1f} s"
             )
-            need = t["ideal_calls_s"] * t["steps"] / (t["runs"] * t["turns"]) * t["cpu_per_step_ms"] / 1000
+            need = (
+                t["ideal_calls_s"]
+                * t["steps"]
+                / (t["runs"] * t["turns"])
+                * t["cpu_per_step_ms"]
+                / 1000
+            )
             busy = t["cpu_s"] / t["wall_s"]
             print(
                 f"    the worker used {busy:.2f} of a core over the makespan; the ideal rate needs "
@@ -584,7 +685,9 @@ def print_memory(kept: dict[str, Any]) -> None:
     kinds = sorted(set(one) | set(two))
     print(
         "  RSS by mapping, before -> after, MB: "
-        + "; ".join(f"{kind} {one.get(kind, 0):.1f} -> {two.get(kind, 0):.1f}" for kind in kinds)
+        + "; ".join(
+            f"{kind} {one.get(kind, 0):.1f} -> {two.get(kind, 0):.1f}" for kind in kinds
+        )
     )
     first, last = kept["alloc_before"], kept["alloc_after"]
     stats = "arenas_allocated_current"  # absent when tracemalloc runs (--peak, --trace)
@@ -592,9 +695,14 @@ def print_memory(kept: dict[str, Any]) -> None:
         pool_a, pool_b = first["pymalloc"], last["pymalloc"]
         mib = 1 << 20
         arenas = f"{pool_a['arenas_allocated_current']} -> {pool_b['arenas_allocated_current']}"
-        used_a, used_b = pool_a["bytes_in_allocated_blocks"] / mib, pool_b["bytes_in_allocated_blocks"] / mib
+        used_a, used_b = (
+            pool_a["bytes_in_allocated_blocks"] / mib,
+            pool_b["bytes_in_allocated_blocks"] / mib,
+        )
         used = f"{used_a:.1f} -> {used_b:.1f}"
-        unused = f"{pool_a['unused_pools'] / 64:.1f} -> {pool_b['unused_pools'] / 64:.1f}"
+        unused = (
+            f"{pool_a['unused_pools'] / 64:.1f} -> {pool_b['unused_pools'] / 64:.1f}"
+        )
         pins = kept["pins"]
         print(
             f"  pymalloc: arenas {arenas} (1 MiB each; peak {pool_b['arenas_highwater_mark']}), in "

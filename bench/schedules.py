@@ -35,7 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
 from _durable_runs import REGISTRY, run_spec, wait_all  # noqa: E402
 from _procs import ROOT, Worker, env_with, private_redis  # noqa: E402
@@ -53,9 +56,23 @@ def sim_process(tmp: Path) -> Iterator[str]:
     """`python -m toolloop.sim` in its own process group: the first turn answers at once, the second
     (the follow-up's) after 30 s. Yields its base URL."""
     script = tmp / "sim-script.json"
-    script.write_text(json.dumps([{"text": "Parked for the night."}, {"text": "Woken.", "latency_s": 30}]))
-    args = [sys.executable, "-m", "toolloop.sim", "--port", "0", "--script", str(script)]
-    sim = subprocess.Popen(args, cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, start_new_session=True)
+    script.write_text(
+        json.dumps(
+            [{"text": "Parked for the night."}, {"text": "Woken.", "latency_s": 30}]
+        )
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "toolloop.sim",
+        "--port",
+        "0",
+        "--script",
+        str(script),
+    ]
+    sim = subprocess.Popen(
+        args, cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
         assert sim.stdout is not None
         yield sim.stdout.readline().decode().strip()
@@ -73,7 +90,11 @@ def free_port() -> int:
 
 def fires(port: int) -> dict[str, float]:
     """toolloop_schedule_fires_total by outcome, scraped from a worker's /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        .read()
+        .decode()
+    )
     found: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("toolloop_schedule_fires_total{"):
@@ -107,7 +128,9 @@ def watch(
     at_target = (0, 0)
     left = list(run_ids)
     while time.time() < tick + 120 and left:
-        seen = progress(client, left)  # only the runs not begun yet: the poll shrinks as they wake
+        seen = progress(
+            client, left
+        )  # only the runs not begun yet: the poll shrinks as they wake
         now = time.time()
         for run_id, (segment, status) in zip(left, seen, strict=True):
             if segment >= 1:
@@ -172,11 +195,15 @@ def main() -> int:
             assert {s.status for s in ended} == {"done"}, {s.status for s in ended}
 
             def add(run_id: str, cron: str) -> str:
-                return client.schedule(send_to=run_id, content=MESSAGE, cron=cron, add_max_steps=1)
+                return client.schedule(
+                    send_to=run_id, content=MESSAGE, cron=cron, add_max_steps=1
+                )
 
             with ThreadPoolExecutor(8) as pool:  # the adds' round trips overlap
                 started = time.monotonic()
-                list(pool.map(add, run_ids[:200], ["0 0 1 1 *"] * 200))  # a sample, removed after
+                list(
+                    pool.map(add, run_ids[:200], ["0 0 1 1 *"] * 200)
+                )  # a sample, removed after
                 per_add = (time.monotonic() - started) / 200
                 for sid in client.redis.zrange(keys.SCHEDULES_ALL, 0, -1):
                     client.remove_schedule(str(sid))
@@ -217,18 +244,30 @@ def main() -> int:
             for worker in workers:
                 worker.stop()
             client.close()
-    double = sum(f > 1 for f in fired) + sum(s > 1 for s in segments) + sum(n > 1 for n in sends)
+    double = (
+        sum(f > 1 for f in fired)
+        + sum(s > 1 for s in segments)
+        + sum(n > 1 for n in sends)
+    )
     total_fired = sum(c.get("fired", 0) for c in counted)
     taken = sum(c.get("taken", 0) for c in counted)
 
     ran = None if len(began) < runs else max(began.values()) - tick
-    print(f"schedules: {runs:,} runs parked `done`, woken by one cron tick ({cron!r}), two workers sweeping")
+    print(
+        f"schedules: {runs:,} runs parked `done`, woken by one cron tick ({cron!r}), two workers sweeping"
+    )
     for label, seen in (("followed up", woken), ("running", began)):
-        shares = ", ".join(f"{share:.0%} {when(seen, runs, tick, share)}" for share in (0.5, 0.9, 1.0))
+        shares = ", ".join(
+            f"{share:.0%} {when(seen, runs, tick, share)}" for share in (0.5, 0.9, 1.0)
+        )
         target = f"      target 100% <= {WAKE_S:g} s" if seen is began else ""
         print(f"  {label:17} {shares} after the tick{target}")
-    print(f"  within {WAKE_S:g} s       {at_target[0]:,} followed up, {at_target[1]:,} running")
-    print(f"  double fires      {double}   (schedules fired twice, runs continued twice)      target 0")
+    print(
+        f"  within {WAKE_S:g} s       {at_target[0]:,} followed up, {at_target[1]:,} running"
+    )
+    print(
+        f"  double fires      {double}   (schedules fired twice, runs continued twice)      target 0"
+    )
     print(
         f"  fires counted     {total_fired:,.0f} of {runs:,} (worker 1 {counted[0].get('fired', 0):,.0f}, "
         f"worker 2 {counted[1].get('fired', 0):,.0f}; taken by the other first: {taken:,.0f})"
@@ -238,7 +277,13 @@ def main() -> int:
         f"  Redis/schedule    {max(usage):,} B MEMORY USAGE (hash + definition, max of {len(usage)}), "
         f"{grown:,.0f} B used_memory growth (with its index entries)      target <= {BYTES:,} B"
     )
-    ok = ran is not None and ran <= WAKE_S and double == 0 and max(usage) <= BYTES and grown <= BYTES
+    ok = (
+        ran is not None
+        and ran <= WAKE_S
+        and double == 0
+        and max(usage) <= BYTES
+        and grown <= BYTES
+    )
     return 0 if ok else 1
 
 

@@ -40,7 +40,9 @@ async def with_timeout(loop: asyncio.AbstractEventLoop) -> float:
     return (time.thread_time() - began) / N * 1e6
 
 
-async def with_deadlines(loop: asyncio.AbstractEventLoop, deadlines: StepDeadlines) -> float:
+async def with_deadlines(
+    loop: asyncio.AbstractEventLoop, deadlines: StepDeadlines
+) -> float:
     began = time.thread_time()
     for _ in range(N):
         future = loop.create_future()

@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     shown: list[DeltaEvent] = []
 
     def stamped(event: DeltaEvent) -> None:
-        shown.append(DeltaEvent(step=1, text=event.text, thinking=event.thinking, discard=event.discard))
+        shown.append(
+            DeltaEvent(
+                step=1, text=event.text, thinking=event.thinking, discard=event.discard
+            )
+        )
 
     sides: dict[str, Callable[[], Any]] = {
         "whole": lambda: valid_text(json.loads(whole)),
@@ -86,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in median.items():
         ratio = value / median["whole"]
         per_token = value * 1000 / args.tokens
-        print(f"  {name:9s} {value:7.2f} ms CPU  ({per_token:5.2f} us per token, {ratio:5.1f}x whole)")
+        print(
+            f"  {name:9s} {value:7.2f} ms CPU  ({per_token:5.2f} us per token, {ratio:5.1f}x whole)"
+        )
     return 0
 
 

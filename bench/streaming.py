@@ -30,7 +30,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1]),
+]
 
 from _durable_runs import TOOLSET, run_spec, sim_env, step_worker  # noqa: E402
 
@@ -53,7 +56,9 @@ class SendTimes:
     def install(self) -> None:
         original = self.original
 
-        async def timed(events: Iterator[Any], *args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
+        async def timed(
+            events: Iterator[Any], *args: Any, **kwargs: Any
+        ) -> AsyncIterator[bytes]:
             first = None
             async for chunk in original(events, *args, **kwargs):
                 texty = b"text_delta" in chunk
@@ -85,18 +90,27 @@ def measure(url: str, tmp: Path, runs: int, tokens: int, rate: float) -> dict[st
     try:
         with SimServer(lambda request: SimTurn(text=text), tokens_per_s=rate) as sim:
             env = sim_env(url, sim)
-            worker = step_worker("consumer", ("threads", 16), env, tmp / "streaming-worker.log")
+            worker = step_worker(
+                "consumer", ("threads", 16), env, tmp / "streaming-worker.log"
+            )
             client = Client(url, toolsets=[TOOLSET])
             try:
                 worker.start(client.celery)
-                for trial in range(runs + 1):  # the first run warms the worker and its connections up
-                    run_id = client.enqueue(run_spec(1, provider="anthropic", stream=True))
+                for trial in range(
+                    runs + 1
+                ):  # the first run warms the worker and its connections up
+                    run_id = client.enqueue(
+                        run_spec(1, provider="anthropic", stream=True)
+                    )
                     got: list[tuple[float, Any]] = []
                     for event in client.events(run_id, follow=True):
                         got.append((time.time(), event))
                     deltas = [(at, e) for at, e in got if e.kind == "delta"]
                     model = next(e for _, e in got if e.kind == "model")
-                    if "".join(e.text for _, e in deltas) != model.text or model.text != text:
+                    if (
+                        "".join(e.text for _, e in deltas) != model.text
+                        or model.text != text
+                    ):
                         raise RuntimeError("the streamed text is not the answer")
                     if trial:
                         firsts.append(deltas[0][0] - times.first[-1])
@@ -118,7 +132,9 @@ def measure(url: str, tmp: Path, runs: int, tokens: int, rate: float) -> dict[st
     }
 
 
-def parse_cost(tokens: int, calls: int = 100, rounds: int = 3) -> dict[str, list[float]]:
+def parse_cost(
+    tokens: int, calls: int = 100, rounds: int = 3
+) -> dict[str, list[float]]:
     """CPU per provider call (s), not streamed and streamed, for a short answer and a long one."""
     import asyncio
     import json
@@ -130,24 +146,44 @@ def parse_cost(tokens: int, calls: int = 100, rounds: int = 3) -> dict[str, list
     from toolloop.providers import from_env
 
     found: dict[str, list[float]] = {}
-    request = PromptGenRequest(model="claude-sonnet-5-5", messages=[UserMessage(content="hi")])
+    request = PromptGenRequest(
+        model="claude-sonnet-5-5", messages=[UserMessage(content="hi")]
+    )
     with tempfile.TemporaryDirectory(prefix="toolloop-bench-") as tmp:
-        for name, text in (("short", "Reviewed."), (f"{tokens} pieces", PIECE * tokens)):
+        for name, text in (
+            ("short", "Reviewed."),
+            (f"{tokens} pieces", PIECE * tokens),
+        ):
             script = Path(tmp) / "script.json"
             script.write_text(json.dumps([{"text": text}]))
             port = free_port()
-            args = [sys.executable, "-m", "toolloop.sim", "--port", str(port), "--script", str(script)]
-            sim = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            args = [
+                sys.executable,
+                "-m",
+                "toolloop.sim",
+                "--port",
+                str(port),
+                "--script",
+                str(script),
+            ]
+            sim = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             try:
                 time.sleep(2)
-                os.environ.update(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}", ANTHROPIC_API_KEY="sim-key")
+                os.environ.update(
+                    ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}",
+                    ANTHROPIC_API_KEY="sim-key",
+                )
                 prompt_gen = from_env(http_client=client_from_env())
 
                 async def go(streamed: bool, n: int, gen: Any = prompt_gen) -> None:
                     sink: list[Any] = []
                     for _ in range(n):
                         await gen.generate(
-                            request, provider="anthropic", on_delta=sink.append if streamed else None
+                            request,
+                            provider="anthropic",
+                            on_delta=sink.append if streamed else None,
                         )
 
                 async def measure_all(name: str = name) -> None:
@@ -157,7 +193,9 @@ def parse_cost(tokens: int, calls: int = 100, rounds: int = 3) -> dict[str, list
                         start = time.process_time()
                         await go(streamed, calls)
                         key = f"{name}, {'streamed' if streamed else 'one body'}"
-                        found.setdefault(key, []).append((time.process_time() - start) / calls)
+                        found.setdefault(key, []).append(
+                            (time.process_time() - start) / calls
+                        )
 
                 asyncio.run(measure_all())
             finally:
@@ -168,15 +206,25 @@ def parse_cost(tokens: int, calls: int = 100, rounds: int = 3) -> dict[str, list
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs measured, one after another")
+    parser.add_argument(
+        "--runs", type=int, default=5, help="runs measured, one after another"
+    )
     parser.add_argument("--tokens", type=int, default=2000, help="tokens of the answer")
-    parser.add_argument("--rate", type=float, default=200.0, help="the simulator's tokens per second")
-    parser.add_argument("--parse", action="store_true", help="only the provider's CPU per call")
-    parser.add_argument("--parse-tokens", type=int, default=200, help="pieces of the long answer")
+    parser.add_argument(
+        "--rate", type=float, default=200.0, help="the simulator's tokens per second"
+    )
+    parser.add_argument(
+        "--parse", action="store_true", help="only the provider's CPU per call"
+    )
+    parser.add_argument(
+        "--parse-tokens", type=int, default=200, help="pieces of the long answer"
+    )
     args = parser.parse_args(argv)
     if args.parse:
         for key, values in parse_cost(args.parse_tokens).items():
-            print(f"provider CPU per call, {key:<28} {statistics.median(values) * 1e6:>8.0f} µs")
+            print(
+                f"provider CPU per call, {key:<28} {statistics.median(values) * 1e6:>8.0f} µs"
+            )
         return 0
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="toolloop-bench-") as tmp_dir:
@@ -199,12 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{'  worst of the runs':<58} {worst * 1000:>7.1f} ms {'':>10}")
     last = statistics.median(got["last_s"])
-    print(f"{'last delta: simulator send -> reader, median':<58} {last * 1000:>7.1f} ms")
+    print(
+        f"{'last delta: simulator send -> reader, median':<58} {last * 1000:>7.1f} ms"
+    )
     print(
         f"{'delta entries per run (batched, <= 1 per 50 ms)':<58} "
         f"{statistics.median(got['writes']):>10.0f} {got['answer_s'] / 0.05 + 2:>10.0f}"
     )
-    print("  first-delta lags (ms): " + ", ".join(f"{s * 1000:.1f}" for s in got["first_s"]))
+    print(
+        "  first-delta lags (ms): "
+        + ", ".join(f"{s * 1000:.1f}" for s in got["first_s"])
+    )
     return 0
 
 

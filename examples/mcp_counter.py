@@ -38,13 +38,21 @@ server = MCPServer("toolloop-counter")
 def _seen(ctx: Context[Any, Any]) -> tuple[str, dict[str, Any]]:
     request = ctx.request_context
     meta = request.meta or {}
-    key = str(meta.get("toolloop/idempotency_key", "")) if isinstance(meta, dict) else ""
+    key = (
+        str(meta.get("toolloop/idempotency_key", "")) if isinstance(meta, dict) else ""
+    )
     http = request.request
-    auth = http.headers.get("authorization", "") if http is not None and hasattr(http, "headers") else ""
+    auth = (
+        http.headers.get("authorization", "")
+        if http is not None and hasattr(http, "headers")
+        else ""
+    )
     return key, {"auth": auth}
 
 
-def _log(tool: str, arguments: dict[str, Any], ctx: Context[Any, Any], answer: Any) -> Any:
+def _log(
+    tool: str, arguments: dict[str, Any], ctx: Context[Any, Any], answer: Any
+) -> Any:
     """Log the call (once per idempotency key with MCP_COUNTER_DEDUPE=1) and return its answer: the
     first answer under the same key when it was seen before."""
     path = os.environ.get("MCP_COUNTER_LOG")
@@ -54,12 +62,30 @@ def _log(tool: str, arguments: dict[str, Any], ctx: Context[Any, Any], answer: A
     with open(path, "a+", encoding="utf-8") as file:
         fcntl.flock(file, fcntl.LOCK_EX)
         file.seek(0)
-        earlier = [json.loads(line) for line in file.read().splitlines() if line.strip()]
-        first = next((e for e in earlier if key and e["key"] == key and not e.get("replayed")), None)
+        earlier = [
+            json.loads(line) for line in file.read().splitlines() if line.strip()
+        ]
+        first = next(
+            (e for e in earlier if key and e["key"] == key and not e.get("replayed")),
+            None,
+        )
         replayed = first is not None and os.environ.get("MCP_COUNTER_DEDUPE") == "1"
-        entry = {"tool": tool, "arguments": arguments, "key": key, "pid": os.getpid(), **extra}
+        entry = {
+            "tool": tool,
+            "arguments": arguments,
+            "key": key,
+            "pid": os.getpid(),
+            **extra,
+        }
         file.write(
-            json.dumps({**entry, "replayed": replayed, "answer": answer if not replayed else None}) + "\n"
+            json.dumps(
+                {
+                    **entry,
+                    "replayed": replayed,
+                    "answer": answer if not replayed else None,
+                }
+            )
+            + "\n"
         )
     return first["answer"] if replayed and first is not None else answer
 
@@ -79,20 +105,30 @@ def pixel(ctx: Context[Any, Any]) -> CallToolResult:
     _log("pixel", {}, ctx, "pixel")
     data = base64.b64encode(PIXEL).decode()
     return CallToolResult(
-        content=[TextContent(text="One pixel:"), ImageContent(data=data, mime_type="image/png")]
+        content=[
+            TextContent(text="One pixel:"),
+            ImageContent(data=data, mime_type="image/png"),
+        ]
     )
 
 
-@server.tool(description="Today's weather in a city, as structured content.", structured_output=True)
+@server.tool(
+    description="Today's weather in a city, as structured content.",
+    structured_output=True,
+)
 def weather(city: str, ctx: Context[Any, Any]) -> dict[str, Any]:
-    answer: dict[str, Any] = _log("weather", {"city": city}, ctx, {"city": city, "celsius": 21})
+    answer: dict[str, Any] = _log(
+        "weather", {"city": city}, ctx, {"city": city, "celsius": 21}
+    )
     return answer
 
 
 @server.tool(description="Always fails, saying why.")
 def fail(why: str, ctx: Context[Any, Any]) -> CallToolResult:
     _log("fail", {"why": why}, ctx, why)
-    return CallToolResult(content=[TextContent(text=f"It failed: {why}")], is_error=True)
+    return CallToolResult(
+        content=[TextContent(text=f"It failed: {why}")], is_error=True
+    )
 
 
 @server.tool(description="Answers after some seconds.", structured_output=False)
@@ -107,7 +143,10 @@ def big(size: int, ctx: Context[Any, Any]) -> str:
     return "x" * size
 
 
-@server.tool(description="The server process exits in the middle of the call.", structured_output=False)
+@server.tool(
+    description="The server process exits in the middle of the call.",
+    structured_output=False,
+)
 def die(ctx: Context[Any, Any]) -> str:
     _log("die", {}, ctx, "died")
     os._exit(3)
@@ -123,7 +162,9 @@ def remove(path: str, ctx: Context[Any, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="A counting MCP server (examples/mcp_counter.py).")
+    parser = argparse.ArgumentParser(
+        description="A counting MCP server (examples/mcp_counter.py)."
+    )
     parser.add_argument("transport", choices=["stdio", "http"])
     parser.add_argument("--port", type=int, default=3011)
     args = parser.parse_args(argv)
@@ -148,13 +189,15 @@ def serve_with_token(port: int, token: str) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
             if headers.get(b"authorization", b"").decode() != f"Bearer {token}":
-                await PlainTextResponse("missing or wrong bearer token", status_code=401)(
-                    scope, receive, send
-                )
+                await PlainTextResponse(
+                    "missing or wrong bearer token", status_code=401
+                )(scope, receive, send)
                 return
         await app(scope, receive, send)
 
-    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    uvicorn.run(
+        guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
 
 
 if __name__ == "__main__":

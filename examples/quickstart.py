@@ -4,7 +4,15 @@ import asyncio
 
 from pydantic import BaseModel
 
-from toolloop import Budget, MemoryJournal, RunToolLoopOptions, TextPart, ToolOutput, ToolSpec, run_tool_loop
+from toolloop import (
+    Budget,
+    MemoryJournal,
+    RunToolLoopOptions,
+    TextPart,
+    ToolOutput,
+    ToolSpec,
+    run_tool_loop,
+)
 from toolloop.testing import ScriptedModel, call, reply
 
 
@@ -13,22 +21,45 @@ class Shot(BaseModel):
 
 
 def read_note(input: Shot, signal: object) -> ToolOutput:
-    return ToolOutput(content=[TextPart(text=f"Shot {input.shot} runs 2.0 s over the board.")])
+    return ToolOutput(
+        content=[TextPart(text=f"Shot {input.shot} runs 2.0 s over the board.")]
+    )
 
 
-model = ScriptedModel([reply(tool_calls=[call("read_note", {"shot": 3})], cost_usd=0.01), reply("Trim 2 s.")])
-journal = MemoryJournal()  # RedisJournal in a durable run: every step stored once, replayed after a crash
+model = ScriptedModel(
+    [
+        reply(tool_calls=[call("read_note", {"shot": 3})], cost_usd=0.01),
+        reply("Trim 2 s."),
+    ]
+)
+journal = (
+    MemoryJournal()
+)  # RedisJournal in a durable run: every step stored once, replayed after a crash
 options = RunToolLoopOptions(
     generate=model,
     model="claude-sonnet-5-5",
     system="You review storyboards.",
     messages=[{"role": "user", "content": "Review shot 3."}],
-    tools=[ToolSpec(name="read_note", description="The note on a shot.", schema=Shot, run=read_note)],
+    tools=[
+        ToolSpec(
+            name="read_note",
+            description="The note on a shot.",
+            schema=Shot,
+            run=read_note,
+        )
+    ],
     budget=Budget(usd=1.0),
     max_steps=5,
     step=journal.step,
 )
 result = asyncio.run(run_tool_loop(options))
-print(result.stopped_by, repr(result.final_text), f"${result.spent_usd:.2f}", journal.keys())
-again = asyncio.run(run_tool_loop(options))  # a replay: every step comes from the journal
+print(
+    result.stopped_by,
+    repr(result.final_text),
+    f"${result.spent_usd:.2f}",
+    journal.keys(),
+)
+again = asyncio.run(
+    run_tool_loop(options)
+)  # a replay: every step comes from the journal
 print("replayed:", again.final_text == result.final_text, "model calls:", model.calls)

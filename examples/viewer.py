@@ -56,7 +56,14 @@ import json
 from typing import Any
 
 from toolloop.cli.render import account_text
-from toolloop.contract import AssistantMessage, ChatMessage, ImagePart, TextPart, ToolMessage, UserMessage
+from toolloop.contract import (
+    AssistantMessage,
+    ChatMessage,
+    ImagePart,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+)
 from workers.protocol.records import FINAL
 
 
@@ -73,7 +80,9 @@ def step_row(data: dict[str, Any], number: int = 0) -> str:
     numbered across the run's segments (`number`), as `toolloop events` numbers them."""
     if data.get("kind") == "model":
         usage = data.get("usage") or {}
-        calls = ", ".join(call.get("name", "?") for call in data.get("tool_calls") or [])
+        calls = ", ".join(
+            call.get("name", "?") for call in data.get("tool_calls") or []
+        )
         return (
             f'<tr class="model"><td>model {number or esc(data.get("step", ""))}</td>'
             f'<td class="n">{int(usage.get("prompt_tokens", 0)):,}</td>'
@@ -82,7 +91,9 @@ def step_row(data: dict[str, Any], number: int = 0) -> str:
             f'<td class="n">{money(float(data.get("cost_usd", 0)))}</td>'
             f"<td>{esc('→ ' + calls if calls else (data.get('text') or '')[:80])}</td></tr>"
         )
-    if data.get("kind") == "compaction":  # docs/context.md: where the requests start over
+    if (
+        data.get("kind") == "compaction"
+    ):  # docs/context.md: where the requests start over
         return (
             f'<tr class="compaction"><td>compaction</td>'
             f'<td class="n">{int(data.get("input_tokens", 0)):,}</td><td></td><td></td>'
@@ -115,16 +126,24 @@ def messages_html(run_id: str, messages: list[ChatMessage]) -> str:
     out = []
     for message in messages:
         if isinstance(message, UserMessage):
-            out.append(f'<div class="msg user"><b>user</b>{_parts(run_id, message.content)}</div>')
+            out.append(
+                f'<div class="msg user"><b>user</b>{_parts(run_id, message.content)}</div>'
+            )
         elif isinstance(message, AssistantMessage):
             calls = "".join(
                 f'<div class="call"><code>{esc(call.name)}</code> <code>{esc(json.dumps(call.input, separators=(",", ":")))}</code></div>'
                 for call in message.tool_calls or []
             )
-            text = f'<p class="text">{esc(message.content)}</p>' if message.content else ""
-            out.append(f'<div class="msg assistant"><b>assistant</b>{text}{calls}</div>')
+            text = (
+                f'<p class="text">{esc(message.content)}</p>' if message.content else ""
+            )
+            out.append(
+                f'<div class="msg assistant"><b>assistant</b>{text}{calls}</div>'
+            )
         elif isinstance(message, ToolMessage):
-            out.append(f'<div class="msg tool"><b>tool result</b>{_parts(run_id, message.content)}</div>')
+            out.append(
+                f'<div class="msg tool"><b>tool result</b>{_parts(run_id, message.content)}</div>'
+            )
     return "".join(out)
 
 
@@ -175,18 +194,26 @@ def page(
     numbers = itertools.accumulate(1 if e.get("kind") == "model" else 0 for e in shown)
     rows = "".join(step_row(e, n) for e, n in zip(shown, numbers, strict=True))
     asked = status.get("asked") or {}
-    question = asked.get("question", json.dumps(asked)) if isinstance(asked, dict) else str(asked)
+    question = (
+        asked.get("question", json.dumps(asked))
+        if isinstance(asked, dict)
+        else str(asked)
+    )
     held = status.get("approvals") or [] if state == "asked" else []
-    asks = (state == "asked" and not held) or bool(status.get("asking"))  # its own question, or a child's
+    asks = (state == "asked" and not held) or bool(
+        status.get("asking")
+    )  # its own question, or a child's
     outcome = ""
     if state == "failed":
-        outcome = f"{esc(status.get('error_class'))}: {esc(status.get('error_message'))}"
+        outcome = (
+            f"{esc(status.get('error_class'))}: {esc(status.get('error_message'))}"
+        )
     elif state in FINAL:
         outcome = esc(status.get("final_text") or f"stopped: {state}")
-        if status.get("account_stop"):  # the shared account's limit stopped it: say which and how
-            outcome = (
-                f'{outcome}<br><span id="account-stop">{esc(account_text(status["account_stop"]))}</span>'
-            )
+        if status.get(
+            "account_stop"
+        ):  # the shared account's limit stopped it: say which and how
+            outcome = f'{outcome}<br><span id="account-stop">{esc(account_text(status["account_stop"]))}</span>'
     boot = {
         "runId": run_id,
         "after": events[-1]["id"] if events else "",
@@ -195,7 +222,12 @@ def page(
         "final": sorted(FINAL),
         "csrf": csrf,
     }
-    data = json.dumps(boot).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    data = (
+        json.dumps(boot)
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>run {esc(run_id[:12])} · toolloop</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -413,7 +445,11 @@ if (!BOOT.final.includes(BOOT.status)) {
 
 
 def _sha256(text: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+    return (
+        "'sha256-"
+        + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+        + "'"
+    )
 
 
 CSP = (

@@ -74,7 +74,9 @@ from pathlib import Path
 from typing import Any
 
 if not __package__ and str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python examples/web.py`: the checkout
+    sys.path.insert(
+        0, str(Path(__file__).resolve().parents[1])
+    )  # `python examples/web.py`: the checkout
 
 import pydantic
 from starlette.applications import Starlette
@@ -90,7 +92,13 @@ from toolloop.contract import CHAT_MESSAGES
 from toolloop.loop.approvals import ApprovalError, DeadlineError
 from workers.client import AsyncClient
 from workers.client.ops import EventIdError
-from workers.protocol.errors import EnqueueError, LimitError, RunNotFoundError, RunStateError, ToolsetError
+from workers.protocol.errors import (
+    EnqueueError,
+    LimitError,
+    RunNotFoundError,
+    RunStateError,
+    ToolsetError,
+)
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -101,7 +109,9 @@ def sse(event: Any) -> str:
     """One server-sent event: the stream id (for Last-Event-ID), the kind, the event as JSON. A
     streaming run's text comes as `delta` events (`step`, `attempt`, `text`, `seq` null) before its
     `model` event; a `discarded` event voids the text of that step's `attempt` (docs/streaming.md)."""
-    data = json.dumps({"seq": event.seq, "segment": event.segment, **event.data}, default=str)
+    data = json.dumps(
+        {"seq": event.seq, "segment": event.segment, **event.data}, default=str
+    )
     return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
 
 
@@ -144,7 +154,9 @@ def authorized(request: Request, token: str) -> str | None:
 
 def csrf_token(cookie: str, token: str) -> str:
     """The CSRF token bound to the viewer's cookie: only a page this app served knows it."""
-    return hmac.new(token.encode(), b"csrf\0" + cookie.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(
+        token.encode(), b"csrf\0" + cookie.encode(), hashlib.sha256
+    ).hexdigest()
 
 
 def _same(given: str, token: str) -> bool:
@@ -180,11 +192,20 @@ class Guard:
         how = authorized(request, self.token)
         safe = request.method in SAFE_METHODS
         if how is None or (how == "query" and not safe):
-            return error(401, f"Send Authorization: Bearer <{TOKEN_ENV}> (a ?token= opens pages only).")
+            return error(
+                401,
+                f"Send Authorization: Bearer <{TOKEN_ENV}> (a ?token= opens pages only).",
+            )
         site = request.headers.get("sec-fetch-site")
-        if safe:  # a page of another site may not read through the cookie (an <img>, a fetch)
+        if (
+            safe
+        ):  # a page of another site may not read through the cookie (an <img>, a fetch)
             navigating = request.headers.get("sec-fetch-mode") == "navigate"
-            if how == "cookie" and site in ("same-site", "cross-site") and not navigating:
+            if (
+                how == "cookie"
+                and site in ("same-site", "cross-site")
+                and not navigating
+            ):
                 return error(
                     403,
                     f"A request from another site ({site}) is refused.\n"
@@ -200,7 +221,10 @@ class Guard:
                 f"  Send it from the app's own pages, or add the origin to {ORIGINS_ENV}.",
             )
         if site is not None and site not in ("same-origin", "none"):
-            return error(403, f"A request from another site (Sec-Fetch-Site: {site[:20]}) is refused.")
+            return error(
+                403,
+                f"A request from another site (Sec-Fetch-Site: {site[:20]}) is refused.",
+            )
         if how == "cookie":
             sent = request.headers.get(CSRF_HEADER, "")
             if not _same(sent, csrf_token(request.cookies[COOKIE], self.token)):
@@ -217,12 +241,18 @@ async def body_of(request: Request, limit: int, setting: str) -> bytes:
     is read, a chunked one while it is read (nothing past the limit is kept)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise Refused(413, f"The body is {int(declared):,} bytes; the limit is {limit:,} ({setting}).")
+        raise Refused(
+            413,
+            f"The body is {int(declared):,} bytes; the limit is {limit:,} ({setting}).",
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise Refused(413, f"The body is over {limit:,} bytes, the limit ({setting}); it was not read.")
+            raise Refused(
+                413,
+                f"The body is over {limit:,} bytes, the limit ({setting}); it was not read.",
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -231,12 +261,16 @@ async def json_of(request: Request, limit: int, setting: str) -> Any:
     """The JSON body (None when empty), read with `body_of`: 415 unless it is application/json."""
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media and media != "application/json":
-        raise Refused(415, f"The body is {media[:60]}; send Content-Type: application/json.")
+        raise Refused(
+            415, f"The body is {media[:60]}; send Content-Type: application/json."
+        )
     body = await body_of(request, limit, setting)
     if not body:
         return None
     if not media:
-        raise Refused(415, "The body has no Content-Type; send Content-Type: application/json.")
+        raise Refused(
+            415, "The body has no Content-Type; send Content-Type: application/json."
+        )
     try:
         return json.loads(body)
     except (ValueError, RecursionError):
@@ -256,15 +290,21 @@ def _field_body(limit: int) -> int:
 
 async def enqueue(request: Request) -> Response:
     client = _client(request)
-    spec = await json_of(request, client.settings.max_spec_bytes, "TOOLLOOP_MAX_SPEC_BYTES")
+    spec = await json_of(
+        request, client.settings.max_spec_bytes, "TOOLLOOP_MAX_SPEC_BYTES"
+    )
     if spec is None:
         return error(400, "Send the run spec as JSON.")
     key = request.headers.get("idempotency-key") or None
     try:
         run_id = await client.enqueue(spec, idempotency_key=key)
     except pydantic.ValidationError as invalid:
-        details = invalid.errors(include_url=False, include_input=False, include_context=False)
-        return JSONResponse({"error": "invalid run spec", "details": details}, status_code=422)
+        details = invalid.errors(
+            include_url=False, include_input=False, include_context=False
+        )
+        return JSONResponse(
+            {"error": "invalid run spec", "details": details}, status_code=422
+        )
     except ToolsetError as bad:
         return error(422, str(bad))
     except EnqueueError as failed:
@@ -286,12 +326,27 @@ async def status(request: Request) -> Response:
     history = await client.history(run_id)
     token: str = request.app.state.token
     csrf = csrf_token(token, token)  # the cookie holds the token (set below or before)
-    children = [n.model_dump(mode="json") for n in await client.tree(run_id)][1:] if current.children else []
-    page = viewer.page(run_id, current.model_dump(mode="json"), events, history, csrf=csrf, children=children)
+    children = (
+        [n.model_dump(mode="json") for n in await client.tree(run_id)][1:]
+        if current.children
+        else []
+    )
+    page = viewer.page(
+        run_id,
+        current.model_dump(mode="json"),
+        events,
+        history,
+        csrf=csrf,
+        children=children,
+    )
     response = HTMLResponse(page, headers={"cache-control": "no-store"})
     if request.query_params.get("token"):  # the viewer's own requests carry the cookie
         response.set_cookie(
-            COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+            COOKIE,
+            token,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
         )
     return response
 
@@ -301,7 +356,9 @@ async def list_runs(request: Request) -> Response:
     query = request.query_params
     try:
         limit = int(query.get("limit", "50"))
-        found = await client.list_runs(status=query.get("status"), limit=limit, cursor=query.get("cursor"))
+        found = await client.list_runs(
+            status=query.get("status"), limit=limit, cursor=query.get("cursor")
+        )
     except ValueError as bad:
         return error(400, str(bad))
     runs = [vars(run) for run in found.runs]
@@ -320,7 +377,9 @@ def sniffed(data: bytes) -> str | None:
     """The image type the bytes show (PNG, JPEG, GIF, WebP), else None: never the type a message names."""
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "image/webp"
-    return next((kind for magic, kind in IMAGE_TYPES.items() if data.startswith(magic)), None)
+    return next(
+        (kind for magic, kind in IMAGE_TYPES.items() if data.startswith(magic)), None
+    )
 
 
 def read_image(path: str, limit: int) -> bytes | None:
@@ -352,10 +411,14 @@ async def image(request: Request) -> Response:
         path = os.path.realpath(img.part.path)
         if img.supplied and (root is None or not Path(path).is_relative_to(root)):
             continue
-        data = await run_in_threadpool(read_image, path, client.settings.max_image_bytes)
+        data = await run_in_threadpool(
+            read_image, path, client.settings.max_image_bytes
+        )
         kind = sniffed(data or b"")
         if data is not None and kind is not None:
-            return Response(data, media_type=kind, headers={"cache-control": "private, max-age=300"})
+            return Response(
+                data, media_type=kind, headers={"cache-control": "private, max-age=300"}
+            )
     if all(img.supplied for img in found) and root is None:
         return error(
             403,
@@ -380,7 +443,9 @@ async def events(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     finished = (await client.status(run_id)).finished  # 404 before the stream starts
     after = request.headers.get("last-event-id") or request.query_params.get("after")
-    if finished:  # what is left, then the end (204 stops an EventSource from reconnecting)
+    if (
+        finished
+    ):  # what is left, then the end (204 stops an EventSource from reconnecting)
         rest = [sse(event) async for event in client.events(run_id, after=after)]
         return (
             StreamingResponse(iter(rest), media_type="text/event-stream")
@@ -392,17 +457,23 @@ async def events(request: Request) -> Response:
         async for _ in check:
             break
 
-    async def stream() -> AsyncIterator[str]:  # awaited blocking reads: no thread per stream
+    async def stream() -> AsyncIterator[
+        str
+    ]:  # awaited blocking reads: no thread per stream
         async for event in client.events(run_id, after=after, follow=True):
             yield sse(event)
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+    )
 
 
 async def answer(request: Request) -> Response:
     client = _client(request)
     limit = client.settings.max_answer_bytes
-    body = await json_of(request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB")
+    body = await json_of(
+        request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB"
+    )
     if not isinstance(body, dict) or not isinstance(body.get("content"), str):
         return error(400, 'Send {"content": "the answer"}.')
     try:
@@ -420,10 +491,13 @@ async def send(request: Request) -> Response:
     202 {"what": "continued"|"answered", "segment"}; 409 for a run that takes no follow-up."""
     client = _client(request)
     limit = client.settings.max_answer_bytes
-    body = await json_of(request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB")
+    body = await json_of(
+        request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB"
+    )
     if not isinstance(body, dict) or not isinstance(body.get("content"), str):
         return error(
-            400, 'Send {"content": "the message"} (and "add_budget_usd", "add_max_steps" to top up).'
+            400,
+            'Send {"content": "the message"} (and "add_budget_usd", "add_max_steps" to top up).',
         )
     try:
         sent = await client.send(
@@ -446,7 +520,9 @@ async def steer(request: Request) -> Response:
     """A steer: {"content"}; 202 {"steer_id"}; 409 for a run that is not queued or running."""
     client = _client(request)
     limit = client.settings.max_answer_bytes
-    body = await json_of(request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB")
+    body = await json_of(
+        request, _field_body(limit), "twice TOOLLOOP_MAX_ANSWER_BYTES + 4 KiB"
+    )
     if not isinstance(body, dict) or not isinstance(body.get("content"), str):
         return error(400, 'Send {"content": "what the run should read"}.')
     try:
@@ -474,19 +550,24 @@ async def approvals(request: Request) -> Response:
 
 async def decide(request: Request) -> Response:
     client = _client(request)
-    run_id, call_id, action = (request.path_params[k] for k in ("run_id", "call_id", "action"))
+    run_id, call_id, action = (
+        request.path_params[k] for k in ("run_id", "call_id", "action")
+    )
     if action not in ("approve", "reject", "edit"):
         return error(404, f"No decision {action[:40]!r}: use approve, reject or edit.")
     settings = client.settings
     limit = _field_body(max(settings.max_edit_bytes, settings.max_reason_bytes))
-    body = await json_of(request, limit, "twice TOOLLOOP_MAX_EDIT_BYTES or _REASON_BYTES + 4 KiB")
+    body = await json_of(
+        request, limit, "twice TOOLLOOP_MAX_EDIT_BYTES or _REASON_BYTES + 4 KiB"
+    )
     body = {} if body is None else body
     shape = 'Send a JSON object: {"digest": "...", "actor": "...", "reason": "...", "input": {...}}.'
     if not isinstance(body, dict):
         return error(400, shape)
     options = {"digest": body.get("digest"), "actor": body.get("actor")}
     if any(
-        value is not None and not isinstance(value, str) for value in (*options.values(), body.get("reason"))
+        value is not None and not isinstance(value, str)
+        for value in (*options.values(), body.get("reason"))
     ):
         return error(400, f"digest, actor and reason are strings. {shape}")
     try:
@@ -499,11 +580,16 @@ async def decide(request: Request) -> Response:
             if not isinstance(body.get("input"), dict):
                 return error(400, 'Send the new input as {"input": {...}}.')
             outcome = await client.edit(run_id, call_id, body["input"], **options)
-    except ApprovalError as refused:  # a repeated decision (AlreadyDecidedError) too: the first one wins
+    except (
+        ApprovalError
+    ) as refused:  # a repeated decision (AlreadyDecidedError) too: the first one wins
         return error(409, str(refused))
-    if outcome == "queued":  # stored; no worker applied it yet: GET .../approvals/CALL reads it later
+    if (
+        outcome == "queued"
+    ):  # stored; no worker applied it yet: GET .../approvals/CALL reads it later
         return JSONResponse(
-            {"outcome": outcome, "state": "queued, applied when a worker runs"}, status_code=202
+            {"outcome": outcome, "state": "queued, applied when a worker runs"},
+            status_code=202,
         )
     return JSONResponse({"outcome": outcome})
 
@@ -512,7 +598,9 @@ async def decision(request: Request) -> Response:
     """Where the decision on one call stands: pending, queued, decided, expired or refused."""
     client = _client(request)
     try:
-        found = await client.decision(request.path_params["run_id"], request.path_params["call_id"])
+        found = await client.decision(
+            request.path_params["run_id"], request.path_params["call_id"]
+        )
     except ApprovalError as unknown:
         return error(404, str(unknown))
     return JSONResponse(found.model_dump(mode="json"))
@@ -565,9 +653,15 @@ def create_app(
         )
     if origins is None:
         origins = tuple(
-            o.strip().rstrip("/") for o in os.environ.get(ORIGINS_ENV, "").split(",") if o.strip()
+            o.strip().rstrip("/")
+            for o in os.environ.get(ORIGINS_ENV, "").split(",")
+            if o.strip()
         )
-    root = image_root if image_root is not None else os.environ.get(IMAGE_ROOT_ENV, "").strip()
+    root = (
+        image_root
+        if image_root is not None
+        else os.environ.get(IMAGE_ROOT_ENV, "").strip()
+    )
     if root and not Path(root).is_dir():
         raise SystemExit(
             f"{IMAGE_ROOT_ENV}={root!r} is not a directory.\n"
@@ -589,7 +683,11 @@ def create_app(
             Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
             Route("/runs/{run_id}/approvals", approvals),
             Route("/runs/{run_id}/approvals/{call_id}", decision),
-            Route("/runs/{run_id}/approvals/{call_id}/{action:str}", decide, methods=["POST"]),
+            Route(
+                "/runs/{run_id}/approvals/{call_id}/{action:str}",
+                decide,
+                methods=["POST"],
+            ),
         ],
         exception_handlers={
             RunNotFoundError: not_found,
@@ -618,5 +716,8 @@ def _default_redis() -> str:
 if __name__ == "__main__":
     import uvicorn
 
-    host, port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
+    host, port = (
+        os.environ.get("HOST", "127.0.0.1"),
+        int(os.environ.get("PORT", "8000")),
+    )
     uvicorn.run(create_app(), host=host, port=port, log_level="warning")

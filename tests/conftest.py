@@ -37,7 +37,14 @@ TIERS = {
 }
 """The tiers, in the order they run (pyproject's testpaths), and what each runs on."""
 
-PROVIDER_HOSTS = ("anthropic.com", "openai.com", "fal.run", "fal.ai", "fal.media", "openrouter.ai")
+PROVIDER_HOSTS = (
+    "anthropic.com",
+    "openai.com",
+    "fal.run",
+    "fal.ai",
+    "fal.media",
+    "openrouter.ai",
+)
 
 
 def _is_provider(host: Any) -> bool:
@@ -46,7 +53,9 @@ def _is_provider(host: Any) -> bool:
     if not isinstance(host, str):
         return False
     host = host.lower().rstrip(".")
-    return any(host == suffix or host.endswith("." + suffix) for suffix in PROVIDER_HOSTS)
+    return any(
+        host == suffix or host.endswith("." + suffix) for suffix in PROVIDER_HOSTS
+    )
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -103,28 +112,44 @@ class TierLines:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        self.sizes = Counter(tier_of(nodeid) for nodeid in ids)  # the controller collects nothing
+        self.sizes = Counter(
+            tier_of(nodeid) for nodeid in ids
+        )  # the controller collects nothing
 
-    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the file's name
-    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+    @pytest.hookimpl(
+        tryfirst=True
+    )  # before the terminal reporter writes the file's name
+    def pytest_runtest_logstart(
+        self, nodeid: str, location: tuple[str, int | None, str]
+    ) -> None:
         tier = tier_of(nodeid)
         if tier in self.spans:
             return
         self.spans[tier] = [time.monotonic()] * 2
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            if reporter._tw.width_of_current_line:  # end the line of the tier before's dots (pytest -q)
+            if (
+                reporter._tw.width_of_current_line
+            ):  # end the line of the tier before's dots (pytest -q)
                 reporter.write("\n")
             about = TIERS.get(tier)
-            reporter.write_sep("-", f"{tier}: {self.sizes[tier]} tests" + (f" ({about})" if about else ""))
+            reporter.write_sep(
+                "-",
+                f"{tier}: {self.sizes[tier]} tests" + (f" ({about})" if about else ""),
+            )
 
-    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+    def pytest_runtest_logfinish(
+        self, nodeid: str, location: tuple[str, int | None, str]
+    ) -> None:
         if (span := self.spans.get(tier_of(nodeid))) is not None:
             span[1] = time.monotonic()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.spans:
-            times = ", ".join(f"{tier} {seconds(end - start)}" for tier, (start, end) in self.spans.items())
+            times = ", ".join(
+                f"{tier} {seconds(end - start)}"
+                for tier, (start, end) in self.spans.items()
+            )
             terminalreporter.write_line(f"tiers: {times}")
 
 

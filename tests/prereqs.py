@@ -23,8 +23,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MCP_PREFIX = "tests/.mcp"
 MCP_PACKAGE = "@modelcontextprotocol/server-everything@2026.8.31"
-MCP_SERVER = ROOT / MCP_PREFIX / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
-NPM_INSTALL = ["npm", "install", "--prefix", MCP_PREFIX, "--no-audit", "--no-fund", MCP_PACKAGE]
+MCP_SERVER = (
+    ROOT
+    / MCP_PREFIX
+    / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
+NPM_INSTALL = [
+    "npm",
+    "install",
+    "--prefix",
+    MCP_PREFIX,
+    "--no-audit",
+    "--no-fund",
+    MCP_PACKAGE,
+]
 
 
 @dataclass(frozen=True)
@@ -42,13 +54,21 @@ PROGRAMS = (
         "redis-server",
         "every integration and fault test starts its own Redis (TLS: test_tls_acl.py)",
     ),
-    Program(("openssl",), "openssl", "test_tls_acl.py and test_proxy_tls.py make their certificates"),
+    Program(
+        ("openssl",),
+        "openssl",
+        "test_tls_acl.py and test_proxy_tls.py make their certificates",
+    ),
     Program(
         ("chromium", "chromium-browser"),
         "chromium",
         "test_run_viewer.py, test_viewer_approvals.py, test_web_hostile.py drive headless Chromium",
     ),
-    Program(("tinyproxy",), "tinyproxy", "test_proxy_tls.py sends through a real forward proxy"),
+    Program(
+        ("tinyproxy",),
+        "tinyproxy",
+        "test_proxy_tls.py sends through a real forward proxy",
+    ),
     Program(("curl",), "curl", "test_web_curl.py runs the web example's curl lines"),
     Program(("git",), "git", "test_readme.py copies the tracked files (git ls-files)"),
     Program(("node",), "nodejs", "the MCP tests run the MCP reference server"),
@@ -64,16 +84,33 @@ def redis_without_tls(binary: str) -> str | None:
     key; a TLS build refuses the missing key, a build without TLS refuses TLS itself."""
     with tempfile.TemporaryDirectory() as directory:
         try:
-            args = [binary, "--port", "0", "--tls-port", "1", "--bind", "127.0.0.1", "--dir", directory]
+            args = [
+                binary,
+                "--port",
+                "0",
+                "--tls-port",
+                "1",
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                directory,
+            ]
             done = subprocess.run(
-                args, cwd=directory, capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL
+                args,
+                cwd=directory,
+                capture_output=True,
+                text=True,
+                timeout=5,
+                stdin=subprocess.DEVNULL,
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"{binary} did not answer: {error}"
     out = (done.stdout + done.stderr).lower()
     if "tls-key-file" in out or "tls-cert-file" in out:
         return None
-    return f"{binary} was built without TLS: {(done.stdout + done.stderr).strip()[-160:]}"
+    return (
+        f"{binary} was built without TLS: {(done.stdout + done.stderr).strip()[-160:]}"
+    )
 
 
 def missing() -> tuple[list[tuple[str, str, str]], bool]:
@@ -84,11 +121,15 @@ def missing() -> tuple[list[tuple[str, str, str]], bool]:
         binary = found(program)
         if binary is None:
             lacking.append((program.names[0], program.package, program.needed_by))
-        elif program.package == "redis-server" and (reason := redis_without_tls(binary)):
+        elif program.package == "redis-server" and (
+            reason := redis_without_tls(binary)
+        ):
             lacking.append(("redis-server with TLS", program.package, reason))
     npm = not MCP_SERVER.exists()
     if npm and shutil.which("npm") is None:
-        lacking.append(("npm", "npm", f"installs the MCP reference server into {MCP_PREFIX}"))
+        lacking.append(
+            ("npm", "npm", f"installs the MCP reference server into {MCP_PREFIX}")
+        )
     return lacking, npm
 
 
@@ -101,7 +142,10 @@ def commands(lacking: list[tuple[str, str, str]], npm: bool) -> list[list[str]]:
     steps = []
     packages = sorted({package for _, package, _ in lacking})
     if packages:
-        steps += [[*sudo(), "apt-get", "update", "-qq"], [*sudo(), "apt-get", "install", "-y", *packages]]
+        steps += [
+            [*sudo(), "apt-get", "update", "-qq"],
+            [*sudo(), "apt-get", "install", "-y", *packages],
+        ]
     if npm:
         steps.append(NPM_INSTALL)
     return steps
@@ -111,7 +155,9 @@ def report(lacking: list[tuple[str, str, str]], npm: bool) -> str:
     lines = ["The test suite needs programs this machine lacks:"]
     lines += [f"  {name:<22} {why}" for name, _, why in lacking]
     if npm:
-        lines.append(f"  {'MCP reference server':<22} the MCP tests run it from {MCP_PREFIX} (npm install)")
+        lines.append(
+            f"  {'MCP reference server':<22} the MCP tests run it from {MCP_PREFIX} (npm install)"
+        )
     steps = commands(lacking, npm)
     lines.append("Install them (Debian, Ubuntu), from the repository root:")
     lines.append("  " + " && ".join(shlex.join(step) for step in steps))

@@ -25,7 +25,15 @@ T = TypeVar("T")
 
 
 class AbortSignal:
-    __slots__ = ("_aborted", "_callbacks", "_deadline", "_deadline_reason", "_lock", "_reason", "_waiters")
+    __slots__ = (
+        "_aborted",
+        "_callbacks",
+        "_deadline",
+        "_deadline_reason",
+        "_lock",
+        "_reason",
+        "_waiters",
+    )
 
     def __init__(self) -> None:
         self._aborted = False
@@ -167,7 +175,9 @@ async def race(awaitable: Awaitable[T], signal: AbortSignal) -> T:
     except asyncio.CancelledError:
         if state[1]:
             state[1] = False
-            if task.uncancel() == 0:  # nobody else cancelled the task: the abort is what stopped it
+            if (
+                task.uncancel() == 0
+            ):  # nobody else cancelled the task: the abort is what stopped it
                 signal.throw_if_aborted()
         raise
     finally:

@@ -94,7 +94,9 @@ class ToolMessage(_Value):
     stored before the field existed reads the same."""
 
 
-ChatMessage = Annotated[UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+ChatMessage = Annotated[
+    UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
 
 CHAT_MESSAGE: TypeAdapter[ChatMessage] = TypeAdapter(ChatMessage)
 CHAT_MESSAGES: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])
@@ -140,9 +142,13 @@ class PromptGenUsage(_Value):
     cache_write_tokens: int = 0
     cached_read_tokens: int | None = None
     cached_write_tokens: int | None = None
-    cache_write_5m_tokens: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    cache_write_5m_tokens: int | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
     """Of the cache writes, those with the 5-minute TTL (None unless the provider's TTL is known)."""
-    cache_write_1h_tokens: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    cache_write_1h_tokens: int | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
     """Of the cache writes, those with the 1-hour TTL, priced at the model's 1-hour write rate."""
 
 

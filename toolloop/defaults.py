@@ -93,7 +93,9 @@ def running_embedded(state: Path | None = None) -> RedisChoice | None:
     """The embedded server of this state directory when it is running, else None."""
     record = _read_record((state or state_dir()) / "redis" / "server.json")
     if record and _pid_alive(record["pid"]) and ping("127.0.0.1", record["port"]):
-        return RedisChoice(f"redis://127.0.0.1:{record['port']}/0", embedded=True, pid=record["pid"])
+        return RedisChoice(
+            f"redis://127.0.0.1:{record['port']}/0", embedded=True, pid=record["pid"]
+        )
     return None
 
 
@@ -194,12 +196,16 @@ def redis_problem(url: str, timeout: float = 2.0) -> str | None:
     """Why Redis at `url` cannot be used (None: it answered PING). It connects exactly as the
     workers and `Client` do: redis-py on the same URL, so a password, an ACL user and TLS
     (`rediss://...?ssl_ca_certs=/path/ca.pem`) are checked here as they will be used."""
-    client = redisurl.sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    client = redisurl.sync_client(
+        url, socket_connect_timeout=timeout, socket_timeout=timeout
+    )
     try:
         client.ping()
     except redis.AuthenticationError as error:
         return f"it refused the credentials ({error})"
-    except redis.ResponseError as error:  # NOAUTH, NOPERM: an ACL user without the right
+    except (
+        redis.ResponseError
+    ) as error:  # NOAUTH, NOPERM: an ACL user without the right
         return f"it refused the connection ({error})"
     except (redis.RedisError, OSError, ValueError) as error:
         return f"{type(error).__name__}: {error}"

@@ -33,7 +33,11 @@ def takes_on_delta(fn: Any) -> bool:
     function's (or method's) answer comes from its code object (a closure made per call, as the
     worker's are, costs no `inspect.signature`)."""
     code = getattr(fn, "__code__", None)
-    if isinstance(code, CodeType) and not hasattr(fn, "__wrapped__") and not hasattr(fn, "__signature__"):
+    if (
+        isinstance(code, CodeType)
+        and not hasattr(fn, "__wrapped__")
+        and not hasattr(fn, "__signature__")
+    ):
         return _code_takes_on_delta(code)
     try:
         parameters = inspect.signature(fn).parameters.values()
@@ -47,7 +51,9 @@ def takes_on_delta(fn: Any) -> bool:
 
 
 def _code_takes_on_delta(code: CodeType) -> bool:
-    named = code.co_varnames[code.co_posonlyargcount : code.co_argcount + code.co_kwonlyargcount]
+    named = code.co_varnames[
+        code.co_posonlyargcount : code.co_argcount + code.co_kwonlyargcount
+    ]
     return "on_delta" in named or bool(code.co_flags & _CO_VARKEYWORDS)
 
 

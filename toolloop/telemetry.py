@@ -56,7 +56,11 @@ STEP = "toolloop.step"
 
 def capture_content() -> bool:
     """True when the operator opted in to prompts and outputs in spans (read per call: cheap)."""
-    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
+    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+    )
 
 
 _TRACER = trace.get_tracer(TRACER_NAME)
@@ -86,13 +90,17 @@ class _Scope:
             self.token = context.attach(trace.set_span_in_context(self.span))
         return self.span
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _tb: object
+    ) -> None:
         if self.token is None:
             return
         context.detach(self.token)  # type: ignore[arg-type]
         if error is not None:
             self.span.record_exception(error)
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            self.span.set_status(
+                Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            )
         self.span.end()
 
 
@@ -125,12 +133,19 @@ def chat_result(span: Span, request: PromptGenRequest, result: PromptGenResult) 
     }
     if meta.get("provider"):
         attributes[PROVIDER] = str(meta["provider"])
-    if meta.get("fallback_from"):  # a capacity/unavailable switch between providers (providers/facade.py)
-        attributes[FALLBACK_FROM] = [str(f.get("provider")) for f in meta["fallback_from"]]
+    if meta.get(
+        "fallback_from"
+    ):  # a capacity/unavailable switch between providers (providers/facade.py)
+        attributes[FALLBACK_FROM] = [
+            str(f.get("provider")) for f in meta["fallback_from"]
+        ]
     if capture_content():
         messages = [m.model_dump(mode="json") for m in request.messages or []]
         attributes[INPUT_MESSAGES] = json.dumps(messages, ensure_ascii=False)
-        output = {"text": result.text, "tool_calls": [c.model_dump(mode="json") for c in result.tool_calls]}
+        output = {
+            "text": result.text,
+            "tool_calls": [c.model_dump(mode="json") for c in result.tool_calls],
+        }
         attributes[OUTPUT_MESSAGES] = json.dumps(output, ensure_ascii=False)
     span.set_attributes(attributes)
 
@@ -140,7 +155,12 @@ def tool_span(name: str, call_id: str, step: str) -> AbstractContextManager[Span
     span = _TRACER.start_span(
         f"execute_tool {name}",
         kind=SpanKind.INTERNAL,
-        attributes={OPERATION: "execute_tool", TOOL_NAME: name, TOOL_CALL_ID: call_id, STEP: step},
+        attributes={
+            OPERATION: "execute_tool",
+            TOOL_NAME: name,
+            TOOL_CALL_ID: call_id,
+            STEP: step,
+        },
     )
     return _Scope(span)
 

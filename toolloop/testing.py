@@ -35,14 +35,20 @@ from toolloop.contract import (
     ToolCall,
 )
 
-Turn = PromptGenResult | dict[str, Any] | Callable[[PromptGenRequest], "PromptGenResult | dict[str, Any]"]
+Turn = (
+    PromptGenResult
+    | dict[str, Any]
+    | Callable[[PromptGenRequest], "PromptGenResult | dict[str, Any]"]
+)
 
 _ids = itertools.count(1)
 
 
 def call(name: str, input: Any = None, id: str | None = None) -> ToolCall:
     """A tool call; the id is unique in this process when not given."""
-    return ToolCall(id=id or f"call_{next(_ids)}", name=name, input={} if input is None else input)
+    return ToolCall(
+        id=id or f"call_{next(_ids)}", name=name, input={} if input is None else input
+    )
 
 
 def reply(
@@ -71,7 +77,9 @@ def reply(
 class ScriptedModel:
     """A `generate` callable. `requests` holds every request it received; `calls` counts them."""
 
-    def __init__(self, turns: Sequence[Turn], *, repeat_last: bool = False, stream: bool = False) -> None:
+    def __init__(
+        self, turns: Sequence[Turn], *, repeat_last: bool = False, stream: bool = False
+    ) -> None:
         self.turns = list(turns)
         self.repeat_last = repeat_last
         self.stream = stream
@@ -82,12 +90,17 @@ class ScriptedModel:
         return len(self.requests)
 
     async def __call__(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         result = self.answer(request, signal)
         if self.stream and on_delta is not None:
             for block in result.reasoning or []:
-                if block.type == "thinking" and isinstance(block.data.get("thinking"), str):
+                if block.type == "thinking" and isinstance(
+                    block.data.get("thinking"), str
+                ):
                     for piece in words(block.data["thinking"]):
                         on_delta(DeltaEvent(text=piece, thinking=True))
             for piece in words(result.text):

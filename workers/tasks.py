@@ -35,13 +35,22 @@ def advance(self: Task, run_id: str, n: int) -> str:
     task = advance_step.Task(task_id=self.request.id, hostname=self.request.hostname)
     try:
         outcome = process.run(advance_step.advance(process, run_id, int(n), task))
-    except REDIS_LOST as error:  # Redis or the network went away: back on the queue, not acked
-        log.warning("step %s goes back on its queue: %s: %s", self.request.id, type(error).__name__, error)
+    except (
+        REDIS_LOST
+    ) as error:  # Redis or the network went away: back on the queue, not acked
+        log.warning(
+            "step %s goes back on its queue: %s: %s",
+            self.request.id,
+            type(error).__name__,
+            error,
+        )
         if isinstance(error, redis.exceptions.OutOfMemoryError):
             log.error("%s", OOM_HINT)
             time.sleep(1.0)  # not at once: Redis refuses it again until memory is freed
         raise Reject(f"{type(error).__name__}: {error}", requeue=True) from error
-    if outcome.failure is not None:  # committed as `failed`: Celery acks it and reports FAILURE
+    if (
+        outcome.failure is not None
+    ):  # committed as `failed`: Celery acks it and reports FAILURE
         raise StepFailedError(*outcome.failure)
     return str(outcome)
 

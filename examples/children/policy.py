@@ -44,9 +44,13 @@ def tree_policy(request: SimRequest) -> SimTurn:
         rest = ",".join(str(n) for n in counts[1:])
         task = _BUDGET.sub("", _FAN.sub("", prompt))
         child = f"fan={rest} {task}" if rest else task
-        children: list[dict[str, object]] = [{"prompt": f"{child} (part {i + 1})"} for i in range(counts[0])]
+        children: list[dict[str, object]] = [
+            {"prompt": f"{child} (part {i + 1})"} for i in range(counts[0])
+        ]
         if (budget := _BUDGET.search(prompt)) is not None:
-            children = [{**one, "budget_usd": float(budget.group(1))} for one in children]
+            children = [
+                {**one, "budget_usd": float(budget.group(1))} for one in children
+            ]
         return SimTurn(
             text=f"Splitting into {counts[0]}.",
             tool_calls=[SimToolCall(name="spawn", input={"children": children})],
@@ -64,6 +68,8 @@ def tree_policy(request: SimRequest) -> SimTurn:
         return SimTurn(
             text="One question.",
             latency_s=slow,
-            tool_calls=[SimToolCall(name="ask", input={"question": f"Which take for {prompt}?"})],
+            tool_calls=[
+                SimToolCall(name="ask", input={"question": f"Which take for {prompt}?"})
+            ],
         )
     return SimTurn(text=f"Done: {prompt}", latency_s=slow)

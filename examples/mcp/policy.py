@@ -23,7 +23,10 @@ def mcp_policy(request: SimRequest) -> SimTurn:
             total = done["add"][0].strip()
             return SimTurn(
                 text=f"The sum is {total}.",
-                tool_calls=[call("shout", text=f"the sum is {total}"), call("weather", city="Oslo")],
+                tool_calls=[
+                    call("shout", text=f"the sum is {total}"),
+                    call("weather", city="Oslo"),
+                ],
             )
         return SimTurn(text=f"{done['shout'][0]}; Oslo: {done['weather'][0]}")
     if {"echo", "get-sum"} <= tools:

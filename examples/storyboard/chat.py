@@ -38,11 +38,17 @@ def chat_policy(request: SimRequest) -> SimTurn:
                 tool_calls=[SimToolCall(name="read_frame", input={"shot": 1})],
                 generation_s=READ_S,
             )
-        return SimTurn(text=f"You said: “{text}”. Shot 3 runs 1.2 s past the board; trim it to 4.0 s.")
+        return SimTurn(
+            text=f"You said: “{text}”. Shot 3 runs 1.2 s past the board; trim it to 4.0 s."
+        )
     if isinstance(last, ToolMessage):
-        read = sum(1 for m in messages if isinstance(m, AssistantMessage) and m.tool_calls)
+        read = sum(
+            1 for m in messages if isinstance(m, AssistantMessage) and m.tool_calls
+        )
         if read < SHOTS:
             call = SimToolCall(name="read_frame", input={"shot": read + 1})
-            return SimTurn(text=f"Reading shot {read + 1}.", tool_calls=[call], generation_s=READ_S)
+            return SimTurn(
+                text=f"Reading shot {read + 1}.", tool_calls=[call], generation_s=READ_S
+            )
         return SimTurn(text=f"Read all {SHOTS} frames: shot 3 runs long.")
     return SimTurn(text="Go on.")

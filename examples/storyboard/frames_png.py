@@ -20,10 +20,17 @@ Pixel = tuple[int, int, int]
 def png_bytes(rows: list[list[Pixel]]) -> bytes:
     """An 8-bit RGB PNG of `rows` (each a list of (r, g, b))."""
     height, width = len(rows), len(rows[0])
-    raw = b"".join(b"\x00" + bytes(channel for pixel in row for channel in pixel) for row in rows)
+    raw = b"".join(
+        b"\x00" + bytes(channel for pixel in row for channel in pixel) for row in rows
+    )
 
     def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+        return (
+            struct.pack(">I", len(data))
+            + tag
+            + data
+            + struct.pack(">I", zlib.crc32(tag + data))
+        )
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (
@@ -57,7 +64,13 @@ def draw(shot: int) -> list[list[Pixel]]:
                 row.append(subject)
             elif y < horizon:
                 shade = y * 40 // horizon
-                row.append((min(255, sky[0] + shade), min(255, sky[1] + shade), min(255, sky[2] + shade)))
+                row.append(
+                    (
+                        min(255, sky[0] + shade),
+                        min(255, sky[1] + shade),
+                        min(255, sky[2] + shade),
+                    )
+                )
             else:
                 row.append(ground)
         rows.append(row)

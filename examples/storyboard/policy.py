@@ -17,7 +17,9 @@ from typing import Any
 from toolloop import AssistantMessage, ToolMessage, UserMessage
 from toolloop.sim.script import SimRequest, SimToolCall, SimTurn
 
-SHOT_LINE = re.compile(r"^(\d+)\. (.+): ([\d.]+) s \(board says ([\d.]+) s\)$", re.MULTILINE)
+SHOT_LINE = re.compile(
+    r"^(\d+)\. (.+): ([\d.]+) s \(board says ([\d.]+) s\)$", re.MULTILINE
+)
 
 
 def text_of(message: ToolMessage) -> str:
@@ -34,7 +36,9 @@ def results_by_tool(request: SimRequest) -> dict[str, list[str]]:
         if isinstance(message, AssistantMessage):
             names.update({call.id: call.name for call in message.tool_calls or []})
         elif isinstance(message, ToolMessage):
-            results.setdefault(names.get(message.tool_call_id, "?"), []).append(text_of(message))
+            results.setdefault(names.get(message.tool_call_id, "?"), []).append(
+                text_of(message)
+            )
     return results
 
 
@@ -52,11 +56,16 @@ def call(name: str, **input: Any) -> SimToolCall:
 def review_policy(request: SimRequest) -> SimTurn:
     done = results_by_tool(request)
     if "list_shots" in request.tool_names and "list_shots" not in done:
-        return SimTurn(text="Let me compare the cut with the board first.", tool_calls=[call("list_shots")])
+        return SimTurn(
+            text="Let me compare the cut with the board first.",
+            tool_calls=[call("list_shots")],
+        )
     board = shots(done.get("list_shots", [""])[0])
     long = [shot for shot in board if shot["cut"] > shot["board"]]
     if long and "read_frame" not in done:
-        names = ", ".join(f"shot {shot['n']} (+{shot['cut'] - shot['board']:.1f} s)" for shot in long)
+        names = ", ".join(
+            f"shot {shot['n']} (+{shot['cut'] - shot['board']:.1f} s)" for shot in long
+        )
         return SimTurn(
             text=f"Two shots run over the board: {names}. I'll look at their key frames.",
             tool_calls=[call("read_frame", shot=shot["n"]) for shot in long],
@@ -69,7 +78,9 @@ def review_policy(request: SimRequest) -> SimTurn:
         )
     if "ask" in request.tool_names and "ask" not in done:
         hero = next((shot for shot in board if shot["n"] == 3), None)
-        kept, target = (hero["board"] + KEEP_EXTRA_S, hero["board"]) if hero else (5.0, 4.0)
+        kept, target = (
+            (hero["board"] + KEEP_EXTRA_S, hero["board"]) if hero else (5.0, 4.0)
+        )
         return SimTurn(
             text="Shot 5's trim is clear. Shot 3 is a matter of taste.",
             tool_calls=[
@@ -80,7 +91,9 @@ def review_policy(request: SimRequest) -> SimTurn:
                 )
             ],
         )
-    return SimTurn(text=final_notes(board, long, (done.get("ask") or ["(no answer)"])[0]))
+    return SimTurn(
+        text=final_notes(board, long, (done.get("ask") or ["(no answer)"])[0])
+    )
 
 
 KEEP_EXTRA_S = 1.0
@@ -89,15 +102,22 @@ TRIM_BY = re.compile(r"trim shot (\d+) by (a|one|[\d.]+) seconds?", re.IGNORECAS
 KEEP = re.compile(r"keep shot (\d+)", re.IGNORECASE)
 
 
-def final_notes(board: list[dict[str, Any]], long: list[dict[str, Any]], answer: str) -> str:
+def final_notes(
+    board: list[dict[str, Any]], long: list[dict[str, Any]], answer: str
+) -> str:
     """The notes: every long shot trimmed to the board, unless the director kept it or named a trim."""
     kept = {int(n) for n in KEEP.findall(answer)}
-    trims = {int(n): 1.0 if by.lower() in ("a", "one") else float(by) for n, by in TRIM_BY.findall(answer)}
+    trims = {
+        int(n): 1.0 if by.lower() in ("a", "one") else float(by)
+        for n, by in TRIM_BY.findall(answer)
+    }
     notes = []
     after = sum(shot["cut"] for shot in board)
     for shot in long:
         n, cut = shot["n"], shot["cut"]
-        if n in kept:  # the question's "keep": one second over the board, not the whole rough cut
+        if (
+            n in kept
+        ):  # the question's "keep": one second over the board, not the whole rough cut
             new = min(cut, shot["board"] + KEEP_EXTRA_S)
             after -= cut - new
             notes.append(
@@ -129,11 +149,20 @@ def publish_policy(request: SimRequest) -> SimTurn:
     if "send_cut" in request.tool_names and "send_cut" not in done:
         first = next((m for m in request.messages if isinstance(m, UserMessage)), None)
         content = first.content if first is not None else ""
-        text = content if isinstance(content, str) else " ".join(getattr(p, "text", "") for p in content)
-        named = list(dict.fromkeys(match.lower() for match in SEND_TO.findall(text))) or ["dailies"]
+        text = (
+            content
+            if isinstance(content, str)
+            else " ".join(getattr(p, "text", "") for p in content)
+        )
+        named = list(
+            dict.fromkeys(match.lower() for match in SEND_TO.findall(text))
+        ) or ["dailies"]
         return SimTurn(
             text=f"Sending the trimmed cut to {', '.join(named)}; each send waits for your approval.",
-            tool_calls=[call("send_cut", to=to, note="Rooftop sequence, trimmed.") for to in named],
+            tool_calls=[
+                call("send_cut", to=to, note="Rooftop sequence, trimmed.")
+                for to in named
+            ],
         )
     outcomes = done.get("send_cut", [])
     return SimTurn(text="What came of each send: " + " | ".join(outcomes))

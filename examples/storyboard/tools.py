@@ -55,7 +55,9 @@ class FrameInput(BaseModel):
 
 
 class PreviewInput(BaseModel):
-    shots: list[int] = Field(min_length=1, description="Shot numbers to cut together, in order.")
+    shots: list[int] = Field(
+        min_length=1, description="Shot numbers to cut together, in order."
+    )
 
 
 class AskInput(BaseModel):
@@ -64,7 +66,8 @@ class AskInput(BaseModel):
 
 def list_shots(_input: NoInput, _signal: AbortSignal) -> ToolOutput:
     lines = [
-        f"{n}. {s['title']}: {s['duration_s']} s (board says {s['target_s']} s)" for n, s in SHOTS.items()
+        f"{n}. {s['title']}: {s['duration_s']} s (board says {s['target_s']} s)"
+        for n, s in SHOTS.items()
     ]
     return ToolOutput(value=SHOTS, content=[TextPart(text="\n".join(lines))])
 
@@ -72,9 +75,15 @@ def list_shots(_input: NoInput, _signal: AbortSignal) -> ToolOutput:
 def read_frame(input: FrameInput, _signal: AbortSignal) -> ToolOutput:
     path = frame_path(input.shot)
     data = path.read_bytes()
-    image = ImagePart(path=str(path), mime_type="image/png", hash=hashlib.sha256(data).hexdigest())
-    caption = TextPart(text=f"Key frame of shot {input.shot} ({SHOTS[input.shot]['title']}).")
-    return ToolOutput(value={"shot": input.shot, "path": str(path)}, content=[caption, image])
+    image = ImagePart(
+        path=str(path), mime_type="image/png", hash=hashlib.sha256(data).hexdigest()
+    )
+    caption = TextPart(
+        text=f"Key frame of shot {input.shot} ({SHOTS[input.shot]['title']})."
+    )
+    return ToolOutput(
+        value={"shot": input.shot, "path": str(path)}, content=[caption, image]
+    )
 
 
 def _preview_seconds(shots: list[int]) -> float:
@@ -88,7 +97,9 @@ def estimate_preview(input: PreviewInput) -> float:
 def start_preview(input: PreviewInput, _signal: AbortSignal) -> Started:
     unknown = [n for n in input.shots if n not in SHOTS]
     job = "preview-" + hashlib.sha256(repr(input.shots).encode()).hexdigest()[:10]
-    return Started(started={"job": job, "shots": input.shots, "unknown": unknown}, rows=[job])
+    return Started(
+        started={"job": job, "shots": input.shots, "unknown": unknown}, rows=[job]
+    )
 
 
 def wait_preview(started: dict[str, object], signal: AbortSignal) -> ToolOutput:
@@ -96,7 +107,9 @@ def wait_preview(started: dict[str, object], signal: AbortSignal) -> ToolOutput:
     signal.throw_if_aborted()
     shots = [int(n) for n in started["shots"]]  # type: ignore[attr-defined]
     if started.get("unknown"):
-        text = f"Render failed: no shot {started['unknown']}. Shots are 1 to {len(SHOTS)}."
+        text = (
+            f"Render failed: no shot {started['unknown']}. Shots are 1 to {len(SHOTS)}."
+        )
         return ToolOutput(value=started, content=[TextPart(text=text)])
     seconds = _preview_seconds(shots)
     job = started["job"]
@@ -117,19 +130,29 @@ class SendInput(BaseModel):
     to: Literal["dailies", "director", "studio", "studio-review", "editor"] = Field(
         description="Who gets the cut: dailies, director, studio, studio-review or editor."
     )
-    note: str = Field(default="", max_length=200, description="A line sent with the cut.")
+    note: str = Field(
+        default="", max_length=200, description="A line sent with the cut."
+    )
 
 
 def send_cut(input: SendInput, _signal: AbortSignal) -> ToolOutput:
     """Send the trimmed cut (a link) to one recipient: held for a person's decision first."""
     link = "cuts/rooftop-v2.mp4"
-    text = f"Sent {link} to {input.to}" + (f" with the note {input.note!r}." if input.note else ".")
-    return ToolOutput(value={"to": input.to, "link": link}, content=[TextPart(text=text)], cost_usd=0.0)
+    text = f"Sent {link} to {input.to}" + (
+        f" with the note {input.note!r}." if input.note else "."
+    )
+    return ToolOutput(
+        value={"to": input.to, "link": link},
+        content=[TextPart(text=text)],
+        cost_usd=0.0,
+    )
 
 
 def ask(input: AskInput, _signal: AbortSignal) -> ToolOutput:
     """Never called: on a valid `ask` the loop parks the run and the person's answer is the result."""
-    raise RuntimeError(f"ask {input.question!r} reached the tool; the loop should have parked the run.")
+    raise RuntimeError(
+        f"ask {input.question!r} reached the tool; the loop should have parked the run."
+    )
 
 
 REVIEW_TOOLS = [

@@ -24,7 +24,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from faults.toolset import record
-from toolloop import AbortSignal, PromptGenRequest, PromptGenResult, TextPart, ToolOutput, ToolSpec
+from toolloop import (
+    AbortSignal,
+    PromptGenRequest,
+    PromptGenResult,
+    TextPart,
+    ToolOutput,
+    ToolSpec,
+)
 from toolloop.contract import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from toolloop.testing import reply
 
@@ -42,7 +49,9 @@ def parse(item: Args, _signal: Any) -> ToolOutput:
     parser = argparse.ArgumentParser(prog="frames")
     parser.add_argument("--count", type=int, required=True)
     parsed = parser.parse_args(item.args)
-    return ToolOutput(value=parsed.count, content=[TextPart(text=f"count={parsed.count}")])
+    return ToolOutput(
+        value=parsed.count, content=[TextPart(text=f"count={parsed.count}")]
+    )
 
 
 async def interrupt(item: Args, _signal: Any) -> ToolOutput:
@@ -62,7 +71,9 @@ def work(item: Work, _signal: Any) -> ToolOutput:
 
 
 TOOLS = [
-    ToolSpec(name="parse", description="Count frames (argparse).", schema=Args, run=parse),
+    ToolSpec(
+        name="parse", description="Count frames (argparse).", schema=Args, run=parse
+    ),
     ToolSpec(name="interrupt", description="Interrupt.", schema=Args, run=interrupt),
     ToolSpec(name="crash", description="Crash natively.", schema=Args, run=crash),
     ToolSpec(name="work", description="Work a while.", schema=Work, run=work),
@@ -83,11 +94,15 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
     if words[0] == "call":
         if turn == 1:
             return reply(tool_calls=[_call(words[1], {"args": words[2:]})])
-        last = next(_text(m.content) for m in reversed(messages) if isinstance(m, ToolMessage))
+        last = next(
+            _text(m.content) for m in reversed(messages) if isinstance(m, ToolMessage)
+        )
         return reply(f"Read: {last}")
     tag, seconds, turns = words[1], float(words[2]), int(words[3])
     if turn <= turns:
-        return reply(tool_calls=[_call("work", {"tag": f"{tag}.{turn}", "seconds": seconds})])
+        return reply(
+            tool_calls=[_call("work", {"tag": f"{tag}.{turn}", "seconds": seconds})]
+        )
     return reply("Worked.")
 
 
@@ -96,7 +111,9 @@ def _call(name: str, input: dict[str, Any]) -> ToolCall:
 
 
 def make_generate() -> Any:
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         signal.throw_if_aborted()
         return answer(request)
 

@@ -115,14 +115,20 @@ def choose_target(case: Case, rng: random.Random) -> dict[str, Any]:
         return {"tag": rng.choice(shape.calls("note")).tag}
     if point in ("start:after", "wait:inside"):
         return {"tag": rng.choice(shape.calls("render")).tag}
-    if point == "advance:begin":  # task n makes commit n; every journal field is one commit
+    if (
+        point == "advance:begin"
+    ):  # task n makes commit n; every journal field is one commit
         return {"run": case.run_id, "n": rng.randint(1, len(case.ref.journal))}
     if point == "answer:after":
         return {"run": case.run_id}
     keys = case.ref.journal
-    if point == "enqueue:after":  # only a commit with a successor to send reaches this point
+    if (
+        point == "enqueue:after"
+    ):  # only a commit with a successor to send reaches this point
         turns = model_keys(shape)
-        keys = [k for k in keys if k.endswith(":start")] + [  # a wait may be followed by a park
+        keys = [
+            k for k in keys if k.endswith(":start")
+        ] + [  # a wait may be followed by a park
             k
             for k, t in turns.items()
             if t < len(shape.turns) and any(c.tool != "ask" for c in shape.turns[t])
@@ -131,12 +137,19 @@ def choose_target(case: Case, rng: random.Random) -> dict[str, Any]:
 
 
 def run_phase(
-    client: Client, redis_client: redis.Redis, cases: list[Case], pool: WorkerPool, timeout: float
+    client: Client,
+    redis_client: redis.Redis,
+    cases: list[Case],
+    pool: WorkerPool,
+    timeout: float,
 ) -> dict[str, Snapshot]:
     runs = {case.run_id: case.shape for case in cases}
     with pool:
         last = drive(client, runs, timeout)
-    return {run_id: snapshot(client, redis_client, run_id, status) for run_id, status in last.items()}
+    return {
+        run_id: snapshot(client, redis_client, run_id, status)
+        for run_id, status in last.items()
+    }
 
 
 def run_matrix(
@@ -174,7 +187,11 @@ def run_matrix(
         for case in cases:
             case.run_id = client.enqueue(spec_for(case.shape))
         pool = WorkerPool(
-            redis_url, work, {**env, "TOOLLOOP_FAULTS_DIR": str(work / "ref")}, size=1, concurrency=4
+            redis_url,
+            work,
+            {**env, "TOOLLOOP_FAULTS_DIR": str(work / "ref")},
+            size=1,
+            concurrency=4,
         )
         refs = run_phase(client, redis_client, cases, pool, timeout)
         for case in cases:
@@ -188,10 +205,20 @@ def run_matrix(
             case.run_id = client.enqueue(spec_for(case.shape))
             case.target = choose_target(case, rng)
         plan = work / "plan.json"
-        plan.write_text(json.dumps([{"point": case.point, **case.target} for case in cases]))
-        (work / "runs.json").write_text(json.dumps({case.run_id: case.shape.tag for case in cases}))
-        policy.hold = {case.target["tag"] for case in cases if case.point == "model:request"}
-        fault_env = {**env, "TOOLLOOP_FAULTS_DIR": str(work / "fault"), PLAN_ENV: str(plan)}
+        plan.write_text(
+            json.dumps([{"point": case.point, **case.target} for case in cases])
+        )
+        (work / "runs.json").write_text(
+            json.dumps({case.run_id: case.shape.tag for case in cases})
+        )
+        policy.hold = {
+            case.target["tag"] for case in cases if case.point == "model:request"
+        }
+        fault_env = {
+            **env,
+            "TOOLLOOP_FAULTS_DIR": str(work / "fault"),
+            PLAN_ENV: str(plan),
+        }
         if slots > 1:  # see MANY_SLOT_DELIVERIES
             fault_env["TOOLLOOP_MAX_DELIVERIES"] = str(MANY_SLOT_DELIVERIES)
         pool = WorkerPool(redis_url, work, fault_env, size=workers, concurrency=slots)
@@ -205,10 +232,19 @@ def run_matrix(
 
 
 def analyse(
-    cases: list[Case], policy: FaultPolicy, work: Path, plan: Path, pool: WorkerPool, slots: int = 1
+    cases: list[Case],
+    policy: FaultPolicy,
+    work: Path,
+    plan: Path,
+    pool: WorkerPool,
+    slots: int = 1,
 ) -> Report:
     log_path = Path(f"{plan}.log")
-    kills = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+    kills = (
+        [json.loads(line) for line in log_path.read_text().splitlines()]
+        if log_path.exists()
+        else []
+    )
     effects = read_effects(work / "fault")
     ref_effects = read_effects(work / "ref")
     tags = {case.run_id: case.shape.tag for case in cases}
@@ -241,15 +277,21 @@ def analyse(
             )
         if got.history != ref.history:
             row["transcript diff"] += 1
-            problems.append(f"{case.point}: run {case.shape.tag} has a different transcript")
+            problems.append(
+                f"{case.point}: run {case.shape.tag} has a different transcript"
+            )
         if got.events != ref.events:
             row["events diff"] += 1
-            problems.append(f"{case.point}: run {case.shape.tag} has a different event stream")
+            problems.append(
+                f"{case.point}: run {case.shape.tag} has a different event stream"
+            )
         units = _units(case.shape, policy, "fault", effects)
         ref_units = _units(case.shape, policy, "ref", ref_effects)
         for unit, count in ref_units.items():
             if count != 1:
-                problems.append(f"{case.point}: fault-free run: {unit[0]} {unit[1]} ran {count} times")
+                problems.append(
+                    f"{case.point}: fault-free run: {unit[0]} {unit[1]} ran {count} times"
+                )
         for unit, count in units.items():
             extra = count - ref_units.get(unit, 0)
             free = min(max(extra, 0), allowed[unit])
@@ -269,7 +311,9 @@ def analyse(
     rows.append(["total", *(sum(r[i] for r in rows) for i in range(1, len(HEADERS)))])
     unplanned = len(pool.deaths) - len(kills)
     if unplanned > 0:
-        problems.append(f"{unplanned} worker deaths were not planned kills: {pool.deaths}")
+        problems.append(
+            f"{unplanned} worker deaths were not planned kills: {pool.deaths}"
+        )
     return Report(rows, problems, len(pool.deaths), len(kills), slots)
 
 
@@ -290,7 +334,11 @@ def allowed_reruns(
         mine = [e for e in effects if e["pid"] == kill["pid"] and e["at"] <= kill["at"]]
         for run_id, since in (kill.get("in_flight") or {}).items():
             tag = tags.get(run_id, "")
-            its = [e for e in mine if e["at"] >= since and e["tag"].startswith((f"{tag}.", f"{tag}#"))]
+            its = [
+                e
+                for e in mine
+                if e["at"] >= since and e["tag"].startswith((f"{tag}.", f"{tag}#"))
+            ]
             if tag and its:
                 allowed[(its[-1]["kind"], its[-1]["tag"])] += 1
     return allowed

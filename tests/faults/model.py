@@ -76,7 +76,9 @@ def make() -> Any:
     prompt_gen = _prompt_gen()
     directory = os.environ.get("TOOLLOOP_FAULTS_DIR", "")
 
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         tag = exec_tag(request)
         record("model", tag)
         stop_point("model:send", tag=tag)
@@ -101,7 +103,8 @@ def make_fallback() -> Any:
 
     handlers = {
         "anthropic": AnthropicHandler(
-            os.environ.get("ANTHROPIC_API_KEY"), base_url=os.environ.get("ANTHROPIC_BASE_URL")
+            os.environ.get("ANTHROPIC_API_KEY"),
+            base_url=os.environ.get("ANTHROPIC_BASE_URL"),
         ),
         "fal": FalHandler(
             os.environ.get("FAL_KEY"),

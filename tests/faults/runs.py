@@ -54,7 +54,10 @@ OnFailed = Callable[[Client, str, Shape, RunStatus], bool]
 
 
 def drive(
-    client: Client, runs: dict[str, Shape], timeout: float, on_failed: OnFailed | None = None
+    client: Client,
+    runs: dict[str, Shape],
+    timeout: float,
+    on_failed: OnFailed | None = None,
 ) -> dict[str, RunStatus]:
     """Answer every ask of `runs` as it parks, until each has ended or `timeout` s have passed.
     A failed run is passed to `on_failed`, which may retry it (returns True: keep waiting for it).
@@ -67,7 +70,10 @@ def drive(
         for run_id in sorted(pending):
             try:
                 status = client.status(run_id)
-            except (redis.ConnectionError, redis.TimeoutError):  # Redis restarting (test_redis_restart)
+            except (
+                redis.ConnectionError,
+                redis.TimeoutError,
+            ):  # Redis restarting (test_redis_restart)
                 time.sleep(0.2)
                 continue
             last[run_id] = status
@@ -91,10 +97,13 @@ def drive(
     return last
 
 
-def snapshot(client: Client, redis_client: redis.Redis, run_id: str, status: RunStatus) -> Snapshot:
+def snapshot(
+    client: Client, redis_client: redis.Redis, run_id: str, status: RunStatus
+) -> Snapshot:
     history = [message.model_dump(mode="json") for message in client.history(run_id)]
     events = [
-        (record.seq, record.segment, record.kind, _stable(record.data)) for record in client.events(run_id)
+        (record.seq, record.segment, record.kind, _stable(record.data))
+        for record in client.events(run_id)
     ]
     journal: list[str] = []
     for segment in range(status.segment + 1):
@@ -116,7 +125,9 @@ def model_keys(shape: Shape) -> dict[str, int]:
     for turn in range(shape.model_turns):
         found[f"s{segment}/model:{k}"] = turn
         k += 1
-        if turn < len(shape.turns) and any(call.tool == "ask" for call in shape.turns[turn]):
+        if turn < len(shape.turns) and any(
+            call.tool == "ask" for call in shape.turns[turn]
+        ):
             segment, k = segment + 1, 1
     return found
 

@@ -64,19 +64,27 @@ class Shape:
         that are not JSON), `raw: {turn: text}` (the first call's arguments are always this text),
         `refuse: {wire: status}` (every request on that wire is refused)."""
         if index < len(self.turns):
-            calls = [{"name": call.tool, "input": call.input} for call in self.turns[index]]
+            calls = [
+                {"name": call.tool, "input": call.input} for call in self.turns[index]
+            ]
             answer = {
                 "text": f"Turn {index} of {self.tag}.",
                 "tool_calls": calls,
                 "latency_s": self.latency_s,
             }
         else:
-            answer = {"text": self.final or f"Done with {self.tag}.", "latency_s": self.latency_s}
+            answer = {
+                "text": self.final or f"Done with {self.tag}.",
+                "latency_s": self.latency_s,
+            }
         if not faults:
             return answer
         refuse = self.extra.get("refuse", {}).get(wire)
         if refuse:
-            return {**answer, "fault": {"kind": "error", "status": refuse, "times": None}}
+            return {
+                **answer,
+                "fault": {"kind": "error", "status": refuse, "times": None},
+            }
         fault = self.extra.get("faults", {}).get(index)
         if fault:
             answer["fault"] = fault
@@ -86,9 +94,15 @@ class Shape:
                 {**answer["tool_calls"][0], "raw_arguments": raw},
                 *answer["tool_calls"][1:],
             ]
-        if index in self.extra.get("raw_once", ()) and attempt == 1 and answer.get("tool_calls"):
+        if (
+            index in self.extra.get("raw_once", ())
+            and attempt == 1
+            and answer.get("tool_calls")
+        ):
             first = dict(answer["tool_calls"][0])
-            first["raw_arguments"] = '{"tag": "' + first["input"].get("tag", "") + '", "text": oops'
+            first["raw_arguments"] = (
+                '{"tag": "' + first["input"].get("tag", "") + '", "text": oops'
+            )
             answer["tool_calls"] = [first, *answer["tool_calls"][1:]]
         return answer
 
@@ -112,14 +126,19 @@ def run_tag(first_message: str) -> str | None:
     return match.group(1) if match else None
 
 
-def make_shape(tag: str, rng: random.Random, need: Need = None, max_turns: int = 4) -> Shape:
+def make_shape(
+    tag: str, rng: random.Random, need: Need = None, max_turns: int = 4
+) -> Shape:
     """A random shape that contains at least one call of the `need`ed kind."""
     turns: list[tuple[Call, ...]] = []
     count = rng.randint(1, max_turns)
     needed_at = rng.randrange(count)
     asked = False
     for index in range(count):
-        kinds = [rng.choice(["note", "note", "render"]) for _ in range(rng.choice([1, 1, 2, 3]))]
+        kinds = [
+            rng.choice(["note", "note", "render"])
+            for _ in range(rng.choice([1, 1, 2, 3]))
+        ]
         if index == needed_at and need is not None and need not in kinds:
             kinds[rng.randrange(len(kinds))] = need
         if not asked and "ask" not in kinds and need is None and rng.random() < 0.2:
@@ -128,14 +147,21 @@ def make_shape(tag: str, rng: random.Random, need: Need = None, max_turns: int =
             kinds = [kind for kind in kinds if kind != "ask"] + ["ask"]
         asked = asked or "ask" in kinds
         turns.append(
-            tuple(_call(kind, f"{tag}.{index}.{position}", rng) for position, kind in enumerate(kinds))
+            tuple(
+                _call(kind, f"{tag}.{index}.{position}", rng)
+                for position, kind in enumerate(kinds)
+            )
         )
-    return Shape(tag=tag, turns=tuple(turns), final=f"All {count} turns of {tag} reviewed.")
+    return Shape(
+        tag=tag, turns=tuple(turns), final=f"All {count} turns of {tag} reviewed."
+    )
 
 
 def _call(kind: str, call_tag: str, rng: random.Random) -> Call:
     if kind == "note":
-        return Call("note", {"tag": call_tag, "text": f"shot {rng.randint(1, 9)} looks fine"})
+        return Call(
+            "note", {"tag": call_tag, "text": f"shot {rng.randint(1, 9)} looks fine"}
+        )
     if kind == "render":
         return Call("render", {"tag": call_tag, "frames": rng.randint(1, 48)})
     if kind == "ask":

@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str = "") -> str:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], title: str = ""
+) -> str:
     cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
 
     def line(row: Sequence[str]) -> str:
         first = row[0].ljust(widths[0])
-        rest = [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        rest = [
+            cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)
+        ]
         return "  ".join([first, *rest]).rstrip()
 
     rule = "  ".join("-" * width for width in widths)

@@ -60,12 +60,15 @@ class Ask(BaseModel):
 
 def _frame(item: Frame, _signal: Any) -> ToolOutput:
     return ToolOutput(
-        value=item.model_dump(mode="json"), content=[TextPart(text=f"shot {item.shot}: {item.note}")]
+        value=item.model_dump(mode="json"),
+        content=[TextPart(text=f"shot {item.shot}: {item.note}")],
     )
 
 
 def _anything(item: Anything, _signal: Any) -> ToolOutput:
-    return ToolOutput(value=item.data, content=[TextPart(text=json.dumps(item.data)[:300])])
+    return ToolOutput(
+        value=item.data, content=[TextPart(text=json.dumps(item.data)[:300])]
+    )
 
 
 def _start(item: Render, _signal: Any) -> Started:
@@ -73,7 +76,9 @@ def _start(item: Render, _signal: Any) -> Started:
 
 
 def _wait(handle: Any, _signal: Any) -> ToolOutput:
-    return ToolOutput(value=handle, content=[TextPart(text=f"rendered {handle['label']}")])
+    return ToolOutput(
+        value=handle, content=[TextPart(text=f"rendered {handle['label']}")]
+    )
 
 
 def _never(*_: Any) -> ToolOutput:
@@ -82,8 +87,16 @@ def _never(*_: Any) -> ToolOutput:
 
 TOOLS = [
     ToolSpec(name="frame", description="Read a frame.", schema=Frame, run=_frame),
-    ToolSpec(name="render", description="Render a preview.", schema=Render, start=_start, wait=_wait),
-    ToolSpec(name="anything", description="Store any data.", schema=Anything, run=_anything),
+    ToolSpec(
+        name="render",
+        description="Render a preview.",
+        schema=Render,
+        start=_start,
+        wait=_wait,
+    ),
+    ToolSpec(
+        name="anything", description="Store any data.", schema=Anything, run=_anything
+    ),
     ToolSpec(name="ask", description="Ask the person.", schema=Ask, run=_never),
 ]
 
@@ -101,7 +114,9 @@ scalars = st.one_of(
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(hostile_text, inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(hostile_text, inner, max_size=4)
+    ),
     max_leaves=16,
 )
 shaped_inputs = st.one_of(
@@ -110,8 +125,12 @@ shaped_inputs = st.one_of(
     st.fixed_dictionaries({"data": json_values}),
     st.fixed_dictionaries({"question": json_values}),
 )
-tool_names = st.sampled_from(["frame", "render", "anything", "ask", "ask", "Frame", "", "tool:x", "💥"])
-calls = st.lists(st.tuples(tool_names, st.one_of(json_values, shaped_inputs)), min_size=1, max_size=5)
+tool_names = st.sampled_from(
+    ["frame", "render", "anything", "ask", "ask", "Frame", "", "tool:x", "💥"]
+)
+calls = st.lists(
+    st.tuples(tool_names, st.one_of(json_values, shaped_inputs)), min_size=1, max_size=5
+)
 
 
 def _options(turns: list[Any], step: Any) -> RunToolLoopOptions:
@@ -130,7 +149,8 @@ def _options(turns: list[Any], step: Any) -> RunToolLoopOptions:
 def _script(drawn: list[tuple[str, Any]]) -> list[Any]:
     prefix = uuid.uuid4().hex[:8]
     tool_calls = [
-        ToolCall(id=f"call_{prefix}_{i}", name=name, input=value) for i, (name, value) in enumerate(drawn)
+        ToolCall(id=f"call_{prefix}_{i}", name=name, input=value)
+        for i, (name, value) in enumerate(drawn)
     ]
     return [reply("Looking.", tool_calls=tool_calls), reply("Done.")]
 
@@ -140,7 +160,12 @@ async def _check(turns: list[Any], make_journal: Any) -> None:
     result = await run_tool_loop(_options(turns, journal.step))
     assert result.stopped_by in ("done", "asked")
     answered = {m.tool_call_id for m in result.messages if isinstance(m, ToolMessage)}
-    opened = [c for m in result.messages if isinstance(m, AssistantMessage) for c in m.tool_calls or []]
+    opened = [
+        c
+        for m in result.messages
+        if isinstance(m, AssistantMessage)
+        for c in m.tool_calls or []
+    ]
     unanswered = [c for c in opened if c.id not in answered]
     if result.stopped_by == "asked":
         assert [c.name for c in unanswered] == ["ask"]
@@ -158,7 +183,9 @@ async def _check(turns: list[Any], make_journal: Any) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=calls)
-async def test_hostile_inputs_never_crash_the_loop_memory(drawn: list[tuple[str, Any]]) -> None:
+async def test_hostile_inputs_never_crash_the_loop_memory(
+    drawn: list[tuple[str, Any]],
+) -> None:
     await _check(_script(drawn), MemoryJournal)
 
 

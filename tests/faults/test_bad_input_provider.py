@@ -32,7 +32,12 @@ ANTHROPIC_BODY: dict[str, Any] = {
     "model": "claude-sonnet-5-5",
     "content": [
         {"type": "text", "text": "Looking at shot 3."},
-        {"type": "tool_use", "id": "toolu_01", "name": "note", "input": {"tag": "a", "text": "ok"}},
+        {
+            "type": "tool_use",
+            "id": "toolu_01",
+            "name": "note",
+            "input": {"tag": "a", "text": "ok"},
+        },
     ],
     "stop_reason": "tool_use",
     "stop_sequence": None,
@@ -52,7 +57,10 @@ FAL_BODY: dict[str, Any] = {
                     {
                         "id": "call_01",
                         "type": "function",
-                        "function": {"name": "note", "arguments": '{"tag": "a", "text": "ok"}'},
+                        "function": {
+                            "name": "note",
+                            "arguments": '{"tag": "a", "text": "ok"}',
+                        },
                     }
                 ],
             },
@@ -68,10 +76,14 @@ junk = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=20),
-    st.sampled_from(["\ud800", "ok\udfff", "{not json", "", "tool_use", "text", "[]", "{}"]),
+    st.sampled_from(
+        ["\ud800", "ok\udfff", "{not json", "", "tool_use", "text", "[]", "{}"]
+    ),
     st.lists(st.integers(), max_size=2),
     st.dictionaries(
-        st.sampled_from(["type", "id", "name", "input", "text"]), st.text(max_size=5), max_size=3
+        st.sampled_from(["type", "id", "name", "input", "text"]),
+        st.text(max_size=5),
+        max_size=3,
     ),
 )
 
@@ -90,7 +102,11 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 @st.composite
 def broken_bodies(draw: st.DrawFn, skeleton: dict[str, Any]) -> bytes:
     if draw(st.integers(0, 9)) == 0:
-        return draw(st.sampled_from([b"", b"<html>502 Bad Gateway</html>", b"{", b"null", b"[]", b'"text"']))
+        return draw(
+            st.sampled_from(
+                [b"", b"<html>502 Bad Gateway</html>", b"{", b"null", b"[]", b'"text"']
+            )
+        )
     body = copy.deepcopy(skeleton)
     for _ in range(draw(st.integers(1, 3))):
         paths = _paths(body)
@@ -104,21 +120,29 @@ def broken_bodies(draw: st.DrawFn, skeleton: dict[str, Any]) -> bytes:
             del parent[path[-1]]
         else:
             parent[path[-1]] = draw(junk)
-    return json.dumps(body).encode()  # ensure_ascii: surrogates travel as \ud800 escapes, as on the wire
+    return json.dumps(
+        body
+    ).encode()  # ensure_ascii: surrogates travel as \ud800 escapes, as on the wire
 
 
 REQUEST = PromptGenRequest(
     model="claude-sonnet-5-5",
     system="You review storyboards.",
     messages=[UserMessage(content="Review shot 3.")],
-    tools=[ToolDefinition(name="note", description="Write a note.", input_schema={"type": "object"})],
+    tools=[
+        ToolDefinition(
+            name="note", description="Write a note.", input_schema={"type": "object"}
+        )
+    ],
 )
 FAST = RetryPolicy(attempts=1)
 
 
 def _transport(body: bytes) -> httpx.MockTransport:
     return httpx.MockTransport(
-        lambda _: httpx.Response(200, content=body, headers={"content-type": "application/json"})
+        lambda _: httpx.Response(
+            200, content=body, headers={"content-type": "application/json"}
+        )
     )
 
 
@@ -127,9 +151,13 @@ async def _check(handler: Any, request: PromptGenRequest) -> None:
         result = await handler.execute(request, NEVER_ABORTED)
     except ToolloopError as error:
         lines = str(error).splitlines()
-        assert len(lines) >= 2 and lines[1].startswith("  "), f"not the two-line style: {error!r}"
+        assert len(lines) >= 2 and lines[1].startswith("  "), (
+            f"not the two-line style: {error!r}"
+        )
         return
-    stored = json.dumps(result.model_dump(mode="json"), ensure_ascii=False, allow_nan=False)
+    stored = json.dumps(
+        result.model_dump(mode="json"), ensure_ascii=False, allow_nan=False
+    )
     stored.encode("utf-8")  # what Redis does with a journal entry
 
 
@@ -137,7 +165,10 @@ async def _check(handler: Any, request: PromptGenRequest) -> None:
 @given(body=broken_bodies(ANTHROPIC_BODY))
 async def test_malformed_anthropic_bodies_never_crash(body: bytes) -> None:
     handler = AnthropicHandler(
-        "sk-ant-FAKE-bodies", base_url="http://sim.invalid", retry=FAST, transport=_transport(body)
+        "sk-ant-FAKE-bodies",
+        base_url="http://sim.invalid",
+        retry=FAST,
+        transport=_transport(body),
     )
     await _check(handler, REQUEST)
 
@@ -146,9 +177,14 @@ async def test_malformed_anthropic_bodies_never_crash(body: bytes) -> None:
 @given(body=broken_bodies(FAL_BODY))
 async def test_malformed_fal_bodies_never_crash(body: bytes) -> None:
     handler = FalHandler(
-        "fal-FAKE-bodies", run_url="http://sim.invalid", retry=FAST, transport=_transport(body)
+        "fal-FAKE-bodies",
+        run_url="http://sim.invalid",
+        retry=FAST,
+        transport=_transport(body),
     )
-    await _check(handler, REQUEST.model_copy(update={"model": "anthropic/claude-sonnet-5"}))
+    await _check(
+        handler, REQUEST.model_copy(update={"model": "anthropic/claude-sonnet-5"})
+    )
 
 
 async def test_lone_surrogates_from_the_wire_become_replacement_characters() -> None:
@@ -173,7 +209,10 @@ async def test_lone_surrogates_from_the_wire_become_replacement_characters() -> 
         ),
         (
             FalHandler(
-                "k", run_url="http://sim.invalid", retry=FAST, transport=_transport(json.dumps(fal).encode())
+                "k",
+                run_url="http://sim.invalid",
+                retry=FAST,
+                transport=_transport(json.dumps(fal).encode()),
             ),
             REQUEST.model_copy(update={"model": "anthropic/claude-sonnet-5"}),
         ),

@@ -86,7 +86,9 @@ def client(redis_server: EmbeddedServer) -> Any:
     made.close()
 
 
-def _refused(client: Client, redis_client: redis.Redis, spec: dict[str, Any], broken: list[str]) -> None:
+def _refused(
+    client: Client, redis_client: redis.Redis, spec: dict[str, Any], broken: list[str]
+) -> None:
     before = _keys(redis_client)
     with pytest.raises((pydantic.ValidationError, ToolsetError)) as caught:
         run_id = client.enqueue(spec)
@@ -95,31 +97,45 @@ def _refused(client: Client, redis_client: redis.Redis, spec: dict[str, Any], br
     message = str(caught.value)
     if isinstance(caught.value, ToolsetError):
         lines = message.splitlines()
-        assert len(lines) == 2 and lines[1].startswith("  ") and repr(spec["toolset"]) in lines[0], message
+        assert (
+            len(lines) == 2
+            and lines[1].startswith("  ")
+            and repr(spec["toolset"]) in lines[0]
+        ), message
     else:
         assert any(name in message for name in broken), message
 
 
-@pytest.mark.parametrize(("name", "value"), SINGLE, ids=[f"{n}={v!r}" for n, v in SINGLE])
+@pytest.mark.parametrize(
+    ("name", "value"), SINGLE, ids=[f"{n}={v!r}" for n, v in SINGLE]
+)
 def test_each_bad_field_is_refused_and_nothing_is_enqueued(
     name: str, value: Any, client: Client, redis_client: redis.Redis
 ) -> None:
     _refused(client, redis_client, {**VALID, name: value}, [name])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_bad_fields_together_are_refused_and_nothing_is_enqueued(
     data: st.DataObject, client: Client, redis_client: redis.Redis
 ) -> None:
-    broken = data.draw(st.lists(st.sampled_from(sorted(BAD)), min_size=1, max_size=3, unique=True))
+    broken = data.draw(
+        st.lists(st.sampled_from(sorted(BAD)), min_size=1, max_size=3, unique=True)
+    )
     spec = dict(VALID)
     for name in broken:
         spec[name] = data.draw(BAD[name], label=name)
     _refused(client, redis_client, spec, broken)
 
 
-def test_an_accepted_spec_reads_back_as_given(client: Client, redis_client: redis.Redis) -> None:
+def test_an_accepted_spec_reads_back_as_given(
+    client: Client, redis_client: redis.Redis
+) -> None:
     run_id = client.enqueue(VALID)
     stored = redis_client.get(f"tl:{{{run_id}}}:spec")
     assert stored is not None

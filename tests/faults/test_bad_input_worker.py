@@ -56,16 +56,28 @@ def _hostile_shape(tag: str, rng: random.Random) -> Shape:
     for index in range(rng.randint(2, 3)):
         picks = rng.sample(HOSTILE, rng.randint(1, 4))
         turns.append(tuple(Call(name, value) for name, value in picks))  # type: ignore[arg-type]
-        if index == 0 and rng.random() < 0.5:  # two valid asks in one turn: one waits, one is refused
-            turns[-1] += (Call("ask", {"question": "first?"}), Call("ask", {"question": "second?"}))
+        if (
+            index == 0 and rng.random() < 0.5
+        ):  # two valid asks in one turn: one waits, one is refused
+            turns[-1] += (
+                Call("ask", {"question": "first?"}),
+                Call("ask", {"question": "second?"}),
+            )
     shape = Shape(tag=tag, turns=tuple(turns), final=f"Survived {tag}.")
     # The first call of the last turn: valid JSON whose string holds an unpaired surrogate escape.
     last = len(turns) - 1
-    return Shape(**{**shape.__dict__, "extra": {"raw": {last: '{"tag": "sur\\ud800", "text": "x\\udfff"}'}}})
+    return Shape(
+        **{
+            **shape.__dict__,
+            "extra": {"raw": {last: '{"tag": "sur\\ud800", "text": "x\\udfff"}'}},
+        }
+    )
 
 
 @pytest.mark.timeout(300)
-def test_hostile_tool_calls_never_crash_the_worker(redis_server: EmbeddedServer, work_dir: Path) -> None:
+def test_hostile_tool_calls_never_crash_the_worker(
+    redis_server: EmbeddedServer, work_dir: Path
+) -> None:
     rng = random.Random(61)
     shapes = [_hostile_shape(f"hostile{i}", rng) for i in range(6)]
     policy = FaultPolicy(work_dir / "hostile")
@@ -74,7 +86,10 @@ def test_hostile_tool_calls_never_crash_the_worker(redis_server: EmbeddedServer,
         policy.add(shape)
     client = Client(redis_server.url)
     with SimServer(policy) as sim:
-        env = {**base_env(sim.base_url), "TOOLLOOP_FAULTS_DIR": str(work_dir / "hostile")}
+        env = {
+            **base_env(sim.base_url),
+            "TOOLLOOP_FAULTS_DIR": str(work_dir / "hostile"),
+        }
         with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=4) as pool:
             runs = {client.enqueue(spec_for(shape)): shape for shape in shapes}
             last = drive(client, runs, timeout=150)
@@ -87,7 +102,9 @@ def test_hostile_tool_calls_never_crash_the_worker(redis_server: EmbeddedServer,
     assert deaths == [], f"worker processes died: {deaths}"
     for run_id in runs:
         history = client.history(run_id)
-        calls = {c.id for m in history if m.role == "assistant" for c in m.tool_calls or []}
+        calls = {
+            c.id for m in history if m.role == "assistant" for c in m.tool_calls or []
+        }
         answered = {m.tool_call_id for m in history if m.role == "tool"}
         assert calls == answered, f"unanswered calls in {runs[run_id].tag}"
     client.close()

@@ -36,7 +36,9 @@ def test_a_kill_during_the_fan_out_starts_no_second_child(
 ) -> None:
     key = f"tree-{work_dir.name}"
     root = run_id_for(key)
-    plan: list[dict[str, str]] = [{"point": "spawn:after", "run": root}]  # the root's fan-out
+    plan: list[dict[str, str]] = [
+        {"point": "spawn:after", "run": root}
+    ]  # the root's fan-out
     if faults_full:  # and a second one, wherever it lands (TOOLLOOP_FAULTS=full)
         plan.append({"point": "spawn:after"})
     (work_dir / "plan.json").write_text(json.dumps(plan))
@@ -60,18 +62,43 @@ def test_a_kill_during_the_fan_out_starts_no_second_child(
             status = client.wait(root, timeout=90)
             deaths = list(pool.deaths)
         assert status.status == "done", status
-        fired = [json.loads(line) for line in (work_dir / "plan.json.log").read_text().splitlines()]
-        assert [entry["point"] for entry in fired] == ["spawn:after"] * len(plan) and len(deaths) == len(plan)
+        fired = [
+            json.loads(line)
+            for line in (work_dir / "plan.json.log").read_text().splitlines()
+        ]
+        assert [entry["point"] for entry in fired] == ["spawn:after"] * len(
+            plan
+        ) and len(deaths) == len(plan)
         nodes = client.tree(root)
-        assert len(nodes) == 1 + 3 + 9 and all(node.status == "done" for node in nodes), nodes
-        assert client.redis.zcard(keys.ALL_RUNS) == 13  # no run but the tree's: 0 duplicate children
+        assert len(nodes) == 1 + 3 + 9 and all(
+            node.status == "done" for node in nodes
+        ), nodes
+        assert (
+            client.redis.zcard(keys.ALL_RUNS) == 13
+        )  # no run but the tree's: 0 duplicate children
         for node in nodes:
             below = [n for n in nodes if n.parent == node.run_id]
-            started = [e for e in client.events(node.run_id) if e.kind == "child_started"]
-            assert len(started) == len(below)  # each child started once, whatever was killed
-            calls = [f for f in client.redis.hkeys(keys.children(node.run_id)) if f.startswith("call:")]
-            assert len(calls) == (1 if below else 0)  # one spawn call, its children stored once
-            own = sum(float(e.data["cost_usd"]) for e in client.events(node.run_id) if e.kind == "model")
-            assert node.spent_usd == pytest.approx(own + sum(n.spent_usd for n in below), abs=1e-6)
+            started = [
+                e for e in client.events(node.run_id) if e.kind == "child_started"
+            ]
+            assert len(started) == len(
+                below
+            )  # each child started once, whatever was killed
+            calls = [
+                f
+                for f in client.redis.hkeys(keys.children(node.run_id))
+                if f.startswith("call:")
+            ]
+            assert len(calls) == (
+                1 if below else 0
+            )  # one spawn call, its children stored once
+            own = sum(
+                float(e.data["cost_usd"])
+                for e in client.events(node.run_id)
+                if e.kind == "model"
+            )
+            assert node.spent_usd == pytest.approx(
+                own + sum(n.spent_usd for n in below), abs=1e-6
+            )
     finally:
         client.close()

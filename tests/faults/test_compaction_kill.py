@@ -34,11 +34,17 @@ CONTEXT = {"compact_at_tokens": 3000, "keep_turns": 2}
 
 
 def compacting_shape(tag: str) -> Shape:
-    text = "the framing holds, the key light stays left, the eyeline matches the reverse; " * 16
-    turns = tuple(
-        (Call("note", {"tag": f"{tag}.{i}.0", "text": f"shot {i}: {text}"}),) for i in range(TURNS - 1)
+    text = (
+        "the framing holds, the key light stays left, the eyeline matches the reverse; "
+        * 16
     )
-    return Shape(tag=tag, turns=turns, final=f"All {TURNS - 1} shots of {tag} reviewed.")
+    turns = tuple(
+        (Call("note", {"tag": f"{tag}.{i}.0", "text": f"shot {i}: {text}"}),)
+        for i in range(TURNS - 1)
+    )
+    return Shape(
+        tag=tag, turns=turns, final=f"All {TURNS - 1} shots of {tag} reviewed."
+    )
 
 
 def kill_keys(journal: list[str]) -> list[str]:
@@ -58,17 +64,30 @@ def test_a_kill_at_every_step_boundary_makes_no_extra_compaction(
     plan.write_text("[]")
     # 1-hour cache marks: the killed twin reaches its late turns minutes after the fault-free one, and
     # a 5-minute entry gone by then would make its usage (and so its events) differ for no fault of ours
-    spec = {"context": CONTEXT, "max_steps": TURNS + 2, "budget_usd": 50.0, "cache_ttl": "1h"}
+    spec = {
+        "context": CONTEXT,
+        "max_steps": TURNS + 2,
+        "budget_usd": 50.0,
+        "cache_ttl": "1h",
+    }
     with SimServer(policy) as sim:
         # the fault-free twin first, alone: its journal names every step boundary of the run
         ref = run_twins(
-            redis_server.url, sim.base_url, policy, work / "probe", [shape], spec=spec, timeout=240
+            redis_server.url,
+            sim.base_url,
+            policy,
+            work / "probe",
+            [shape],
+            spec=spec,
+            timeout=240,
         )
         journal = ref.refs[shape.tag].journal
         compact_keys = [key for key in journal if "/compact:" in key]
         assert len(compact_keys) >= 2, journal
         kills = kill_keys(journal)
-        plan.write_text(json.dumps([{"point": "commit:after", "key": key} for key in kills]))
+        plan.write_text(
+            json.dumps([{"point": "commit:after", "key": key} for key in kills])
+        )
         before = dict(sim.stats()["compactions"])
         policy.counts.clear()  # the model calls of the twins below are counted afresh
         twins = run_twins(
@@ -83,16 +102,26 @@ def test_a_kill_at_every_step_boundary_makes_no_extra_compaction(
             timeout=2000 if FULL else 540,
         )
         compactions = sim.stats()["compactions"]
-    fired = Path(f"{plan}.log").read_text().splitlines() if Path(f"{plan}.log").exists() else []
+    fired = (
+        Path(f"{plan}.log").read_text().splitlines()
+        if Path(f"{plan}.log").exists()
+        else []
+    )
     print(
         f"\ncompacting run: {len(journal)} step boundaries, {len(fired)} kills, "
         f"{len(compact_keys)} compactions"
     )
     assert len(fired) == len(kills), f"{len(fired)} of {len(kills)} kills fired"
     # every summary request was made once by each of the two twins: no extra call
-    made = {digest: count - before.get(digest, 0) for digest, count in compactions.items()}
+    made = {
+        digest: count - before.get(digest, 0) for digest, count in compactions.items()
+    }
     assert sorted(made.values()) == [2] * len(compact_keys), made
     assert twins.results[shape.tag].journal == journal
-    assert twins.results[shape.tag].history == twins.refs[shape.tag].history == ref.refs[shape.tag].history
+    assert (
+        twins.results[shape.tag].history
+        == twins.refs[shape.tag].history
+        == ref.refs[shape.tag].history
+    )
     problems = twins.compare(what="compaction kills: ")
     assert not problems, "\n".join(problems)

@@ -42,17 +42,26 @@ def test_connection_blips_never_run_a_step_twice_at_once(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:
     rng = random.Random(83)
-    shapes = [dataclasses.replace(make_shape(f"blip{i}", rng), latency_s=0.5) for i in range(8)]
+    shapes = [
+        dataclasses.replace(make_shape(f"blip{i}", rng), latency_s=0.5)
+        for i in range(8)
+    ]
     blips: list[float] = []
     cut_clients: list[int] = []
 
     def cut(client: Client, runs: dict[str, Shape], pool: WorkerPool) -> None:
         admin = redis.Redis.from_url(redis_server.url)
         time.sleep(1.0)
-        while len(blips) < BLIPS and not all(client.status(r).status in FINAL for r in runs):
+        while len(blips) < BLIPS and not all(
+            client.status(r).status in FINAL for r in runs
+        ):
             blips.append(time.time())
             cut_clients.append(
-                int(admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+                int(
+                    admin.execute_command(
+                        "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"
+                    )
+                )
             )
             time.sleep(rng.uniform(0.3, 0.8))
         admin.close()
@@ -71,7 +80,9 @@ def test_connection_blips_never_run_a_step_twice_at_once(
         )
     effects = read_effects(work_dir / "blip" / "fault")
     allowed: Counter[tuple[str, str]] = Counter()
-    for at in blips:  # a step that began shortly before a cut may have been in flight at it
+    for (
+        at
+    ) in blips:  # a step that began shortly before a cut may have been in flight at it
         for effect in effects:
             if at - IN_FLIGHT_S <= effect["at"] <= at:
                 allowed[(effect["kind"], effect["tag"])] += 1
@@ -79,7 +90,11 @@ def test_connection_blips_never_run_a_step_twice_at_once(
         f"\nconnection blips: {len(blips)} cuts of {sum(cut_clients)} connections, "
         f"{twins.duplicates()} steps ran again"
     )
-    hits = sum(count >= 3 for count in cut_clients)  # a cut between reconnects can find few to cut
-    assert len(blips) >= 4 and hits >= 4, f"too few cuts to prove anything: {cut_clients}"
+    hits = sum(
+        count >= 3 for count in cut_clients
+    )  # a cut between reconnects can find few to cut
+    assert len(blips) >= 4 and hits >= 4, (
+        f"too few cuts to prove anything: {cut_clients}"
+    )
     problems = twins.compare(allowed=allowed, what="connection blip: ")
     assert not problems, "\n".join(problems)

@@ -44,7 +44,9 @@ def test_crash_matrix_many_slots(redis_server: EmbeddedServer, work_dir: Path) -
     assert report.interrupted >= 2 * report.kills, report.table
 
 
-def _matrix(redis_server: EmbeddedServer, work_dir: Path, *, runs: int, slots: int) -> Report:
+def _matrix(
+    redis_server: EmbeddedServer, work_dir: Path, *, runs: int, slots: int
+) -> Report:
     work_dir.mkdir(parents=True, exist_ok=True)
     policy = FaultPolicy(work_dir)
     with SimServer(policy) as sim:

@@ -41,7 +41,9 @@ def duplicate_every_step(client: Client, runs: dict[str, Shape], _pool: object) 
     while time.monotonic() < deadline:
         live = 0
         for run_id in runs:
-            status, n, queue = client.redis.hmget(keys.state(run_id), "status", "n", "queue")  # type: ignore[misc]
+            status, n, queue = client.redis.hmget(
+                keys.state(run_id), "status", "n", "queue"
+            )  # type: ignore[misc]
             if status in FINAL:
                 continue
             live += 1
@@ -49,7 +51,10 @@ def duplicate_every_step(client: Client, runs: dict[str, Shape], _pool: object) 
             if status in ("queued", "running") and sent.get(run_id) != due:
                 for _ in range(2):
                     client.celery.send_task(
-                        ADVANCE, args=[run_id, due], queue=queue or "llm", task_id=f"{run_id}:{due}"
+                        ADVANCE,
+                        args=[run_id, due],
+                        queue=queue or "llm",
+                        task_id=f"{run_id}:{due}",
                     )
                 sent[run_id] = due
         if not live:
@@ -64,7 +69,9 @@ def test_each_step_runs_once_under_duplicate_and_late_deliveries(
     rng = random.Random(31)
     # model calls of 0.2 s: each step stays due long enough for its copies to reach a worker while it
     # runs (a step that runs on the worker that committed its predecessor begins within a millisecond)
-    dups = [dataclasses.replace(make_shape(f"dup{i}", rng), latency_s=0.2) for i in range(6)]
+    dups = [
+        dataclasses.replace(make_shape(f"dup{i}", rng), latency_s=0.2) for i in range(6)
+    ]
     shapes = [*dups, _slow_shape("slow0"), _slow_shape("slow1")]
     policy = FaultPolicy(work_dir)
     calm = {"TOOLLOOP_VISIBILITY_TIMEOUT": "60", "TOOLLOOP_LEASE_MS": "30000"}
@@ -84,16 +91,24 @@ def test_each_step_runs_once_under_duplicate_and_late_deliveries(
     logs = "".join(path.read_text(errors="replace") for path in twins.pool.logs)
     # a copy is turned away by the lease (busy), by the commit it would make being made (stale, early),
     # or by the run no longer running (idle: it parked on its question, or ended)
-    turned_away = len(re.findall(r"succeeded in [0-9.e-]+s: '(?:busy|stale|early|idle)'", logs))
+    turned_away = len(
+        re.findall(r"succeeded in [0-9.e-]+s: '(?:busy|stale|early|idle)'", logs)
+    )
     slow_redelivered = sum(
         len(re.findall(rf"advance\[{run}:2\] received", logs)) > 3
-        for run in [r.run_id for tag, r in twins.results.items() if tag.startswith("slow")]
+        for run in [
+            r.run_id for tag, r in twins.results.items() if tag.startswith("slow")
+        ]
     )
     print(
         f"\nduplicates: {turned_away} extra copies turned away; slow steps re-delivered: {slow_redelivered}"
     )
-    assert turned_away > len(shapes), "the duplicate copies were never delivered: the test proves nothing"
-    assert slow_redelivered >= 1, "no slow step was re-delivered by the visibility timeout"
+    assert turned_away > len(shapes), (
+        "the duplicate copies were never delivered: the test proves nothing"
+    )
+    assert slow_redelivered >= 1, (
+        "no slow step was re-delivered by the visibility timeout"
+    )
     problems = twins.compare(what="duplicates: ")
     assert not problems, "\n".join(problems)
     assert twins.duplicates() == 0

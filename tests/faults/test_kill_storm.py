@@ -36,9 +36,14 @@ KILLS = 20 if FULL else 6
 
 
 @pytest.mark.timeout(600)
-def test_runs_survive_a_kill_storm(redis_server: EmbeddedServer, work_dir: Path) -> None:
+def test_runs_survive_a_kill_storm(
+    redis_server: EmbeddedServer, work_dir: Path
+) -> None:
     rng = random.Random(71)
-    shapes = [dataclasses.replace(make_shape(f"storm{i}", rng), latency_s=0.3) for i in range(8)]
+    shapes = [
+        dataclasses.replace(make_shape(f"storm{i}", rng), latency_s=0.3)
+        for i in range(8)
+    ]
     kills: list[tuple[int, float]] = []
 
     def storm(client: Client, runs: dict[str, Shape], pool: WorkerPool) -> None:

@@ -32,13 +32,17 @@ def _run(plan: Path) -> subprocess.CompletedProcess[str]:
 
 def test_an_entry_kills_once_then_lets_a_restart_pass(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([{"point": "commit:after", "run": "r1", "key": "s0/model:2"}]))
+    plan.write_text(
+        json.dumps([{"point": "commit:after", "run": "r1", "key": "s0/model:2"}])
+    )
 
     first = _run(plan)
     assert first.returncode == -signal.SIGKILL
     assert "survived" not in first.stdout
     log = [json.loads(line) for line in Path(f"{plan}.log").read_text().splitlines()]
-    assert [(r["point"], r["run"], r["key"]) for r in log] == [("commit:after", "r1", "s0/model:2")]
+    assert [(r["point"], r["run"], r["key"]) for r in log] == [
+        ("commit:after", "r1", "s0/model:2")
+    ]
 
     second = _run(plan)
     assert second.returncode == 0, second.stderr

@@ -30,11 +30,17 @@ AWAY_S = 3 * LEASE_MS / 1000
 
 
 @pytest.mark.timeout(240)
-def test_a_lease_lost_after_the_work_keeps_the_paid_result_while_the_fence_holds(tmp_path: Path) -> None:
+def test_a_lease_lost_after_the_work_keeps_the_paid_result_while_the_fence_holds(
+    tmp_path: Path,
+) -> None:
     server = start_server(tmp_path / "redis")
     policy = FaultPolicy(tmp_path / "sim")
     shapes = [
-        Shape(tag=f"kept{i}", turns=((Call("note", {"tag": f"kept{i}.0.0", "text": "ok"}),),), latency_s=0.4)
+        Shape(
+            tag=f"kept{i}",
+            turns=((Call("note", {"tag": f"kept{i}.0.0", "text": "ok"}),),),
+            latency_s=0.4,
+        )
         for i in range(8)
     ]
     for shape in shapes:
@@ -46,15 +52,26 @@ def test_a_lease_lost_after_the_work_keeps_the_paid_result_while_the_fence_holds
     }
     try:
         with SimServer(policy) as sim:
-            env = {**base_env(sim.base_url), **timers, "TOOLLOOP_FAULTS_DIR": str(tmp_path)}
+            env = {
+                **base_env(sim.base_url),
+                **timers,
+                "TOOLLOOP_FAULTS_DIR": str(tmp_path),
+            }
             with WorkerPool(server.url, tmp_path, env, size=1, concurrency=16) as pool:
                 client = Client(server.url)
                 run_ids = [client.enqueue(spec_for(shape)) for shape in shapes]
                 deadline = time.monotonic() + 30
-                while sum(policy.counts.values()) < len(shapes) and time.monotonic() < deadline:
-                    time.sleep(0.02)  # every run's first call is in flight (answered after 0.4 s)
+                while (
+                    sum(policy.counts.values()) < len(shapes)
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(
+                        0.02
+                    )  # every run's first call is in flight (answered after 0.4 s)
                 server.kill()
-                time.sleep(AWAY_S)  # the answers come back; the leases pass their deadline
+                time.sleep(
+                    AWAY_S
+                )  # the answers come back; the leases pass their deadline
                 server.start()
                 statuses: dict[str, str] = {}
                 ends = time.monotonic() + 90

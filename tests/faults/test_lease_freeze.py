@@ -64,14 +64,20 @@ def _shape(tag: str) -> Shape:
 
 def _target(point: str, tag: str) -> str:
     """The tag the stop point of `point` is called with in run `tag`."""
-    return {"model:send": f"{tag}#1", "tool:inside": f"{tag}.0.0", "start:inside": f"{tag}.1.0"}[point]
+    return {
+        "model:send": f"{tag}#1",
+        "tool:inside": f"{tag}.0.0",
+        "start:inside": f"{tag}.1.0",
+    }[point]
 
 
 def _stops(plan: Path) -> dict[int, dict[str, Any]]:
     log = Path(f"{plan}.log")
     if not log.exists():
         return {}
-    return {entry["index"]: entry for entry in map(json.loads, log.read_text().splitlines())}
+    return {
+        entry["index"]: entry for entry in map(json.loads, log.read_text().splitlines())
+    }
 
 
 @pytest.mark.timeout(3600 if FULL else 600)
@@ -92,7 +98,10 @@ def test_a_worker_frozen_past_its_lease_does_no_paid_work_after_it(
     plan = work / "plan.json"
     plan.write_text(
         json.dumps(
-            [{"point": point, "action": "stop", "tag": _target(point, tag)} for _, point, tag in trials]
+            [
+                {"point": point, "action": "stop", "tag": _target(point, tag)}
+                for _, point, tag in trials
+            ]
         )
     )
     rows: list[list[object]] = []
@@ -119,16 +128,31 @@ def test_a_worker_frozen_past_its_lease_does_no_paid_work_after_it(
                     tags = [tag for p, q, tag in trials if p == path and q == point]
                     late_calls = late_effects = twice = keys_differ = not_done = 0
                     for tag in tags:
-                        index = next(i for i, (_, _, t) in enumerate(trials) if t == tag)
-                        found = _trial(client, pool, policy, work, plan, index, point, tag)
+                        index = next(
+                            i for i, (_, _, t) in enumerate(trials) if t == tag
+                        )
+                        found = _trial(
+                            client, pool, policy, work, plan, index, point, tag
+                        )
                         late_calls += found["late_calls"]
                         late_effects += found["late_effects"]
                         twice += found["twice"]
                         keys_differ += found["keys_differ"]
                         not_done += found["status"] != "done"
-                        problems += [f"{path} {point} {tag}: {p}" for p in found["problems"]]
+                        problems += [
+                            f"{path} {point} {tag}: {p}" for p in found["problems"]
+                        ]
                     rows.append(
-                        [path, point, len(tags), late_calls, late_effects, twice, keys_differ, not_done]
+                        [
+                            path,
+                            point,
+                            len(tags),
+                            late_calls,
+                            late_effects,
+                            twice,
+                            keys_differ,
+                            not_done,
+                        ]
                     )
     table = format_table(
         [
@@ -161,12 +185,16 @@ def _trial(
 ) -> dict[str, Any]:
     run_id = client.enqueue(spec_for(_shape(tag)))
     target = _target(point, tag)
-    stop = wait_for(f"the stop at {point} in {tag}", lambda: _stops(plan).get(index), 60)
+    stop = wait_for(
+        f"the stop at {point} in {tag}", lambda: _stops(plan).get(index), 60
+    )
     frozen, frozen_at = int(stop["pid"]), float(stop["at"])
     try:
         # another worker takes the step over and makes the call or the effect the frozen one was about to
         if point == "model:send":
-            wait_for(f"the new holder's call {target}", lambda: policy.arrived(target), 60)
+            wait_for(
+                f"the new holder's call {target}", lambda: policy.arrived(target), 60
+            )
         else:
             kind = "run" if point == "tool:inside" else "start"
             wait_for(
@@ -183,7 +211,9 @@ def _trial(
         resumed_at = time.time()
         os.kill(frozen, signal.SIGCONT)
     status = client.wait(run_id, timeout=60).status
-    time.sleep(LEASE_MS / 1000 + 1.0)  # room for whatever the resumed worker would still do
+    time.sleep(
+        LEASE_MS / 1000 + 1.0
+    )  # room for whatever the resumed worker would still do
     found: dict[str, Any] = {"status": status, "problems": []}
     calls = policy.arrived(target) if point == "model:send" else []
     found["late_calls"] = sum(1 for at in policy.arrived(target) if at > resumed_at)
@@ -193,11 +223,16 @@ def _trial(
     found["late_effects"] = sum(
         1
         for e in effects
-        if e["pid"] == frozen and e["at"] > frozen_at and e["tag"] == target and e["kind"] in ("run", "start")
+        if e["pid"] == frozen
+        and e["at"] > frozen_at
+        and e["tag"] == target
+        and e["kind"] in ("run", "start")
     )
     counts: dict[tuple[str, str], int] = {}
     for effect in effects:
-        counts[(effect["kind"], effect["tag"])] = counts.get((effect["kind"], effect["tag"]), 0) + 1
+        counts[(effect["kind"], effect["tag"])] = (
+            counts.get((effect["kind"], effect["tag"]), 0) + 1
+        )
     twice = [key for key, count in counts.items() if count > 1]
     twice += [("model", target)] * (len(calls) > 1)
     found["twice"] = len(twice)
@@ -205,18 +240,24 @@ def _trial(
     keys = {a["key"] for a in attempts}
     found["keys_differ"] = int(len(keys) != 1 or None in keys)
     if point == "start:inside" and len(attempts) < 2:
-        found["problems"].append(f"expected the frozen and the new holder's start attempts, saw {attempts}")
+        found["problems"].append(
+            f"expected the frozen and the new holder's start attempts, saw {attempts}"
+        )
     if status != "done":
         found["problems"].append(f"the run ended {status!r}")
     if twice:
         found["problems"].append(f"ran or paid twice: {twice}")
     if found["late_calls"] or found["late_effects"]:
-        found["problems"].append(f"late work: calls {found['late_calls']}, effects {found['late_effects']}")
+        found["problems"].append(
+            f"late work: calls {found['late_calls']}, effects {found['late_effects']}"
+        )
     return found
 
 
 @pytest.mark.timeout(180)
-def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_holder(tmp_path: Path) -> None:
+def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_holder(
+    tmp_path: Path,
+) -> None:
     """Redis stalls (its process SIGSTOPped for 3 s) under a 6 s tool, with a 1.5 s lease: the lease
     expires in Redis meanwhile, and the step's message comes back (visibility timeout 3 s) to the same
     worker, which runs the step again. The old holder's renewals could not be confirmed before the
@@ -227,7 +268,11 @@ def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_hol
     work.mkdir()
     policy = FaultPolicy(work)
     tag = "stall0"
-    shape = Shape(tag=tag, turns=((Call("vigil", {"tag": f"{tag}.0.0", "seconds": 6.0}),),), final="Done.")
+    shape = Shape(
+        tag=tag,
+        turns=((Call("vigil", {"tag": f"{tag}.0.0", "seconds": 6.0}),),),
+        final="Done.",
+    )
     policy.add(shape)
     try:
         with SimServer(policy) as sim:
@@ -235,7 +280,9 @@ def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_hol
             with WorkerPool(server.url, work, env, size=1, concurrency=4) as pool:
                 client = Client(server.url)
                 run_id = client.enqueue(spec_for(shape))
-                wait_for("the tool's first attempt", lambda: read_effects(work, ATTEMPTS), 30)
+                wait_for(
+                    "the tool's first attempt", lambda: read_effects(work, ATTEMPTS), 30
+                )
                 time.sleep(0.5)
                 stalled_at = time.time()
                 os.kill(server.process.pid, signal.SIGSTOP)
@@ -253,9 +300,14 @@ def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_hol
     runs = [e for e in read_effects(work) if e["tag"] == f"{tag}.0.0"]
     assert status == "done"
     assert len(begins) == 2 and len(aborts) == 1, attempts
-    assert begins[0]["at"] < stalled_at < aborts[0]["at"] < begins[1]["at"], attempts  # never both at once
+    assert begins[0]["at"] < stalled_at < aborts[0]["at"] < begins[1]["at"], (
+        attempts
+    )  # never both at once
     assert aborts[0]["at"] < stalled_at + 3.0, "the old holder ran on through the stall"
     assert "lease" in aborts[0]["reason"], aborts[0]
     assert len(runs) == 1 and runs[0]["at"] > begins[1]["at"], runs
     assert begins[0]["key"] == begins[1]["key"]
-    assert "Not committed: no finished work; the step runs again under a live lease" in logs
+    assert (
+        "Not committed: no finished work; the step runs again under a live lease"
+        in logs
+    )

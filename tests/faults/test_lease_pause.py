@@ -60,11 +60,17 @@ class PausePolicy(LoggedPolicy):
 
     def __call__(self, request: SimRequest) -> dict[str, Any]:
         answer = super().__call__(request)
-        if f"{run_tag(first_text(request.messages))}#{request.assistant_turns}" == self.target:
+        if (
+            f"{run_tag(first_text(request.messages))}#{request.assistant_turns}"
+            == self.target
+        ):
             seen = len(self.arrived(self.target))
             if seen == 1:
                 Path(arrived_path(str(self.directory), self.target)).touch()
-            answer["latency_s"] = answer.get("latency_s", 0.0) + self.holds[min(seen, len(self.holds)) - 1]
+            answer["latency_s"] = (
+                answer.get("latency_s", 0.0)
+                + self.holds[min(seen, len(self.holds)) - 1]
+            )
         return answer
 
 
@@ -84,7 +90,9 @@ def _stopped(plan: Path) -> dict[str, Any] | None:
 
 
 def _log_of(pool: WorkerPool, pid: int) -> str:
-    return "".join(w.log.read_text(errors="replace") for w in pool.workers if w.process.pid == pid)
+    return "".join(
+        w.log.read_text(errors="replace") for w in pool.workers if w.process.pid == pid
+    )
 
 
 def _paused(
@@ -106,7 +114,9 @@ def _paused(
     policy = PausePolicy(work, target, holds)
     policy.add(_shape(tag))
     plan = work / "plan.json"
-    plan.write_text(json.dumps([{"point": "model:inflight", "action": "stop", "tag": target}]))
+    plan.write_text(
+        json.dumps([{"point": "model:inflight", "action": "stop", "tag": target}])
+    )
     with SimServer(policy) as sim:
         env = {
             **base_env(sim.base_url),
@@ -130,7 +140,11 @@ def _paused(
             try:
                 time.sleep(max(0.0, paused_at + PAUSE_S - time.time()))
                 if until == "taken":
-                    wait_for("the second worker's call", lambda: len(policy.arrived(target)) >= 2, 60)
+                    wait_for(
+                        "the second worker's call",
+                        lambda: len(policy.arrived(target)) >= 2,
+                        60,
+                    )
                     time.sleep(0.5)  # its call is held: it holds the lease now
                 elif until == "done":
                     wait_for(
@@ -142,11 +156,15 @@ def _paused(
                 resumed_at = time.time()
                 os.kill(paused, signal.SIGCONT)
             status = client.wait(run_id, timeout=60).status
-            time.sleep(LEASE_MS / 1000 + 1.0)  # room for whatever the resumed worker would still do
+            time.sleep(
+                LEASE_MS / 1000 + 1.0
+            )  # room for whatever the resumed worker would still do
             log = _log_of(pool, paused)
     # the paused step's model calls begun by the paused worker (the run's later steps may run on it)
     models = [
-        e for e in read_effects(work) if e["kind"] == "model" and e["pid"] == paused and e["tag"] == target
+        e
+        for e in read_effects(work)
+        if e["kind"] == "model" and e["pid"] == paused and e["tag"] == target
     ]
     return {
         "status": status,
@@ -185,9 +203,15 @@ def test_a_worker_paused_past_its_lease_with_nobody_to_take_over_keeps_its_paid_
         until="paused",
     )
     assert found["status"] == "done"
-    assert found["calls"] == {0: 1, 1: 1, 2: 1}, found["calls"]  # the paused call paid once, and kept
+    assert found["calls"] == {0: 1, 1: 1, 2: 1}, found[
+        "calls"
+    ]  # the paused call paid once, and kept
     kinds = sorted((e["kind"], e["tag"]) for e in found["effects"])
-    assert kinds == [("run", f"{tag}.0.0"), ("start", f"{tag}.1.0"), ("wait", f"{tag}.1.0")], kinds
+    assert kinds == [
+        ("run", f"{tag}.0.0"),
+        ("start", f"{tag}.1.0"),
+        ("wait", f"{tag}.1.0"),
+    ], kinds
     assert "taken again; the step's work goes on" in found["log"], found["log"][-3000:]
     assert "Not committed" not in found["log"], found["log"][-3000:]
 
@@ -209,7 +233,9 @@ def test_a_worker_paused_past_its_lease_whose_step_another_took_over_stops(
         until="taken",
     )
     assert found["status"] == "done"
-    assert found["calls"][1] == 2, found["calls"]  # the paused one's (thrown away) and the new holder's
+    assert found["calls"][1] == 2, found[
+        "calls"
+    ]  # the paused one's (thrown away) and the new holder's
     assert found["late_calls"] == [] and found["begun_after"] == [], found
     assert "another copy of the step holds it" in found["log"], found["log"][-3000:]
     assert f"run {found['run_id']}: step" in found["log"], found["log"][-3000:]

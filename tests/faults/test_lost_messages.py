@@ -51,7 +51,9 @@ def _shape(tag: str, ask: bool) -> Shape:
     if ask:
         first += (Call("ask", {"question": f"Go on with {tag}?"}),)
     return Shape(
-        tag=tag, turns=(first, (Call("note", {"tag": f"{tag}.1.0", "text": "ok"}),)), final=f"{tag} done."
+        tag=tag,
+        turns=(first, (Call("note", {"tag": f"{tag}.1.0", "text": "ok"}),)),
+        final=f"{tag} done.",
     )
 
 
@@ -72,8 +74,12 @@ def test_a_lost_advance_message_is_redriven(setup: Any) -> None:
     client, policy, _ = setup
     shape = _shape("lostadv", ask=False)
     policy.add(shape)
-    run_id = runs.create(client.redis, LostOnTheWay(), RunSpec.model_validate(spec_for(shape)))  # type: ignore[arg-type]
-    client.redis.delete(keys.outbox(run_id))  # sent, popped, gone: nothing left to re-send
+    run_id = runs.create(
+        client.redis, LostOnTheWay(), RunSpec.model_validate(spec_for(shape))
+    )  # type: ignore[arg-type]
+    client.redis.delete(
+        keys.outbox(run_id)
+    )  # sent, popped, gone: nothing left to re-send
     status = client.wait(run_id, timeout=60)
     assert status.status == "done", status
 
@@ -89,11 +95,17 @@ def test_a_lost_answer_message_is_still_applied(setup: Any) -> None:
     runs.store_answer(
         client.redis, run_id, status.segment, "Yes, go on."
     )  # Client.answer minus its lost task
-    deadline = time.monotonic() + 20  # sweeps every 1 s; outbox age 1 s, re-drive age 6 s
-    while (status := client.status(run_id)).status == "asked" and time.monotonic() < deadline:
+    deadline = (
+        time.monotonic() + 20
+    )  # sweeps every 1 s; outbox age 1 s, re-drive age 6 s
+    while (
+        status := client.status(run_id)
+    ).status == "asked" and time.monotonic() < deadline:
         time.sleep(0.2)
     status = client.wait(run_id, timeout=max(1.0, deadline - time.monotonic()))
-    assert status.status == "done", f"the answer in the inbox was never applied: {status}"
+    assert status.status == "done", (
+        f"the answer in the inbox was never applied: {status}"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -104,7 +116,9 @@ def test_a_lost_first_step_is_sent_again_after_the_workers_redrive_age(
     off the queue and lost before any worker ran it (what kombu's BRPOP does when Redis dies before
     the pop is recorded in `unacked`). The workers (TOOLLOOP_REDRIVE_AGE 6 s, outbox age 1 s, a sweep
     every 1 s) send it again within their re-drive age, and the run finishes."""
-    monkeypatch.setenv("TOOLLOOP_REDRIVE_AGE", "300")  # the enqueuing process: the default
+    monkeypatch.setenv(
+        "TOOLLOOP_REDRIVE_AGE", "300"
+    )  # the enqueuing process: the default
     shape = _shape("lostfirst", ask=False)
     policy = FaultPolicy(work_dir / "lostfirst")
     policy.phase = "fault"
@@ -112,11 +126,25 @@ def test_a_lost_first_step_is_sent_again_after_the_workers_redrive_age(
     client = Client(redis_server.url)
     try:
         run_id = client.enqueue(spec_for(shape))
-        popped = client.redis.rpop(LLM)  # the worker's BRPOP took it; Redis died before `unacked`
-        assert popped is not None and run_id in str(popped), "the first step was not on the llm queue"
+        popped = client.redis.rpop(
+            LLM
+        )  # the worker's BRPOP took it; Redis died before `unacked`
+        assert popped is not None and run_id in str(popped), (
+            "the first step was not on the llm queue"
+        )
         with SimServer(policy) as sim:
-            env = {**base_env(sim.base_url), "TOOLLOOP_FAULTS_DIR": str(work_dir / "lostfirst")}
-            with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=2, step_queues="none"):
+            env = {
+                **base_env(sim.base_url),
+                "TOOLLOOP_FAULTS_DIR": str(work_dir / "lostfirst"),
+            }
+            with WorkerPool(
+                redis_server.url,
+                work_dir,
+                env,
+                size=1,
+                concurrency=2,
+                step_queues="none",
+            ):
                 started = time.monotonic()
                 status = client.wait(run_id, timeout=30)
                 took = time.monotonic() - started

@@ -34,7 +34,9 @@ TAGS = {RUN: "p1r0s7", OTHER: "p2r0s7"}
 Step = tuple[str, dict[str, Any]]
 
 
-def _child(plan: str, redis_url: str, steps: list[Step], kill: Step, thread: bool) -> None:
+def _child(
+    plan: str, redis_url: str, steps: list[Step], kill: Step, thread: bool
+) -> None:
     os.environ[PLAN_ENV] = plan
     os.setpgid(0, 0)  # its own group: the kill takes this child, never the test runner
     hooks = KillPlan(plan, redis_url)
@@ -52,7 +54,12 @@ def _child(plan: str, redis_url: str, steps: list[Step], kill: Step, thread: boo
 
 
 def _kill_line(
-    tmp_path: Path, steps: list[Step], kill: Step, *, redis_url: str = "", thread: bool = False
+    tmp_path: Path,
+    steps: list[Step],
+    kill: Step,
+    *,
+    redis_url: str = "",
+    thread: bool = False,
 ) -> dict[str, Any]:
     """The log line of a real KillPlan killed at `kill` after the hook points `steps`."""
     plan = tmp_path / "plan.json"
@@ -81,19 +88,34 @@ def _begin(run: str, n: int) -> Step:
 
 
 def _committed(run: str, key: str) -> list[Step]:
-    return [("commit:before", {"run": run, "key": key}), ("commit:after", {"run": run, "key": key})]
+    return [
+        ("commit:before", {"run": run, "key": key}),
+        ("commit:after", {"run": run, "key": key}),
+    ]
 
 
-def test_a_kill_in_a_control_task_allows_a_rerun_of_the_step_beside_it(tmp_path: Path) -> None:
+def test_a_kill_in_a_control_task_allows_a_rerun_of_the_step_beside_it(
+    tmp_path: Path,
+) -> None:
     before = time.time()
-    kill = _kill_line(tmp_path, [_begin(RUN, 13)], ("answer:after", {"run": "another-run"}))
+    kill = _kill_line(
+        tmp_path, [_begin(RUN, 13)], ("answer:after", {"run": "another-run"})
+    )
     in_flight = kill["in_flight"]
-    assert isinstance(in_flight, dict) and list(in_flight) == [RUN] and in_flight[RUN] >= before
+    assert (
+        isinstance(in_flight, dict)
+        and list(in_flight) == [RUN]
+        and in_flight[RUN] >= before
+    )
     kill["at"] = in_flight[RUN] + 0.04
-    assert allowed_reruns([kill], _effects(in_flight[RUN]), TAGS) == {("model", "p1r0s7#3"): 1}
+    assert allowed_reruns([kill], _effects(in_flight[RUN]), TAGS) == {
+        ("model", "p1r0s7#3"): 1
+    }
 
 
-def test_a_step_whose_commit_landed_before_the_kill_gets_no_rerun(tmp_path: Path) -> None:
+def test_a_step_whose_commit_landed_before_the_kill_gets_no_rerun(
+    tmp_path: Path,
+) -> None:
     before = time.time()
     steps = [_begin(RUN, 13), *_committed(RUN, "s0/model:3")]
     kill = _kill_line(tmp_path, steps, ("answer:after", {"run": "another-run"}))
@@ -104,27 +126,50 @@ def test_a_step_whose_commit_landed_before_the_kill_gets_no_rerun(tmp_path: Path
 
 def test_an_effect_from_before_the_step_began_is_not_its_unit() -> None:
     since = time.time()
-    kill = {"index": 0, "point": "answer:after", "pid": PID, "at": since + 0.04, "in_flight": {RUN: since}}
+    kill = {
+        "index": 0,
+        "point": "answer:after",
+        "pid": PID,
+        "at": since + 0.04,
+        "in_flight": {RUN: since},
+    }
     effects = [{"kind": "model", "tag": "p1r0s7#2", "pid": PID, "at": since - 0.5}]
     assert not allowed_reruns([kill], effects, TAGS)
 
 
-def test_a_kill_in_a_tool_thread_allows_its_own_step_and_each_step_beside_it(tmp_path: Path) -> None:
+def test_a_kill_in_a_tool_thread_allows_its_own_step_and_each_step_beside_it(
+    tmp_path: Path,
+) -> None:
     """Many slots: the kill at `tool:after` of OTHER's note also ends RUN's model call; a third run,
     committed before the kill, gets nothing."""
     third = "0c0ffee0c0ffee0c0ffee0c0ffee0c0f"
-    steps = [_begin(third, 2), _begin(RUN, 4), _begin(OTHER, 7), *_committed(third, "s0/model:2")]
-    kill = _kill_line(tmp_path, steps, ("tool:after", {"tag": "p2r0s7.1.0"}), thread=True)
+    steps = [
+        _begin(third, 2),
+        _begin(RUN, 4),
+        _begin(OTHER, 7),
+        *_committed(third, "s0/model:2"),
+    ]
+    kill = _kill_line(
+        tmp_path, steps, ("tool:after", {"tag": "p2r0s7.1.0"}), thread=True
+    )
     assert set(kill["in_flight"]) == {RUN, OTHER}
     since = max(kill["in_flight"].values())
     effects = [
-        {"kind": "model", "tag": "p3r0s7#1", "pid": PID, "at": since + 0.001},  # the committed run's
+        {
+            "kind": "model",
+            "tag": "p3r0s7#1",
+            "pid": PID,
+            "at": since + 0.001,
+        },  # the committed run's
         {"kind": "model", "tag": "p1r0s7#3", "pid": PID, "at": since + 0.002},
         {"kind": "run", "tag": "p2r0s7.1.0", "pid": PID, "at": since + 0.003},
     ]
     kill["at"] = since + 0.04
     tags = {**TAGS, third: "p3r0s7"}
-    assert allowed_reruns([kill], effects, tags) == {("model", "p1r0s7#3"): 1, ("run", "p2r0s7.1.0"): 1}
+    assert allowed_reruns([kill], effects, tags) == {
+        ("model", "p1r0s7#3"): 1,
+        ("run", "p2r0s7.1.0"): 1,
+    }
 
 
 def test_a_commit_redis_holds_before_commit_after_is_landed_not_in_flight(
@@ -136,9 +181,17 @@ def test_a_commit_redis_holds_before_commit_after_is_landed_not_in_flight(
     client.hset(keys.state(RUN), mapping={"n": 4, "status": "running"})
     client.hset(keys.state(OTHER), mapping={"n": 6, "status": "running"})
     try:
-        steps = [_begin(RUN, 4), ("commit:before", {"run": RUN, "key": "s0/model:3"}), _begin(OTHER, 7)]
+        steps = [
+            _begin(RUN, 4),
+            ("commit:before", {"run": RUN, "key": "s0/model:3"}),
+            _begin(OTHER, 7),
+        ]
         kill = _kill_line(
-            tmp_path, steps, ("tool:after", {"tag": "p2r0s7.1.0"}), redis_url=redis_server.url, thread=True
+            tmp_path,
+            steps,
+            ("tool:after", {"tag": "p2r0s7.1.0"}),
+            redis_url=redis_server.url,
+            thread=True,
         )
     finally:
         client.delete(keys.state(RUN), keys.state(OTHER))
@@ -164,13 +217,20 @@ def test_a_stale_copy_of_a_committed_task_does_not_hide_the_task_beside_it(
     before = time.time()
     try:
         steps = [_begin(RUN, 3), ("sleep", {"s": 0.3}), _begin(RUN, 2), _begin(RUN, 3)]
-        kill = _kill_line(tmp_path, steps, ("wait:inside", {"tag": "p1r0s7.0.0"}), redis_url=redis_server.url)
+        kill = _kill_line(
+            tmp_path,
+            steps,
+            ("wait:inside", {"tag": "p1r0s7.0.0"}),
+            redis_url=redis_server.url,
+        )
     finally:
         client.delete(keys.state(RUN))
         client.close()
     assert kill["landed"] == {RUN: [2]} and list(kill["in_flight"]) == [RUN]
     since = kill["in_flight"][RUN]
-    assert before <= since < kill["at"] - 0.25  # the first copy's begin, before the sleep
+    assert (
+        before <= since < kill["at"] - 0.25
+    )  # the first copy's begin, before the sleep
     effects = [{"kind": "wait", "tag": "p1r0s7.0.0", "pid": PID, "at": since + 0.003}]
     kill["at"] = since + 0.04
     assert allowed_reruns([kill], effects, TAGS) == {("wait", "p1r0s7.0.0"): 1}

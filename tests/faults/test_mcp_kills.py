@@ -35,7 +35,10 @@ TURNS = [
             {"name": "shout", "input": {"text": "hi"}},
         ],
     },
-    {"text": "A third.", "tool_calls": [{"name": "remove", "input": {"path": "/tmp/x"}}]},
+    {
+        "text": "A third.",
+        "tool_calls": [{"name": "remove", "input": {"path": "/tmp/x"}}],
+    },
     {"text": "Done."},
 ]
 
@@ -52,7 +55,10 @@ def sim(policy: Scripts) -> Iterator[SimServer]:
 
 
 def _pool(
-    redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, plan: list[dict[str, Any]]
+    redis_server: EmbeddedServer,
+    sim: SimServer,
+    work_dir: Path,
+    plan: list[dict[str, Any]],
 ) -> WorkerPool:
     log = work_dir / "counted.jsonl"
     toolsets = {
@@ -80,7 +86,10 @@ def test_a_kill_after_tools_call_returned_resends_the_same_key_and_finishes_each
     redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, policy: Scripts
 ) -> None:
     plan = [
-        {"point": "mcp:called", "tool": "add"},  # tools/call returned, the step not committed
+        {
+            "point": "mcp:called",
+            "tool": "add",
+        },  # tools/call returned, the step not committed
         {"point": "mcp:called", "tool": "remove"},
     ]
     client = Client(redis_server.url, toolsets=["counter"])
@@ -97,18 +106,43 @@ def test_a_kill_after_tools_call_returned_resends_the_same_key_and_finishes_each
             status = client.wait(run_id, timeout=90)
             deaths = list(pool.deaths)
         assert status.status == "done", status
-        fired = [json.loads(line) for line in (work_dir / "plan.json.log").read_text().splitlines()]
-        assert [entry["point"] for entry in fired] == ["mcp:called", "mcp:called"] and len(deaths) == 2
-        made = [call for call in calls(work_dir / "counted.jsonl") if call["key"].startswith(f"{run_id}/")]
+        fired = [
+            json.loads(line)
+            for line in (work_dir / "plan.json.log").read_text().splitlines()
+        ]
+        assert [entry["point"] for entry in fired] == [
+            "mcp:called",
+            "mcp:called",
+        ] and len(deaths) == 2
+        made = [
+            call
+            for call in calls(work_dir / "counted.jsonl")
+            if call["key"].startswith(f"{run_id}/")
+        ]
         done = [call for call in made if not call["replayed"]]
-        assert sorted(call["tool"] for call in done) == ["add", "remove", "shout"]  # each effect once
+        assert sorted(call["tool"] for call in done) == [
+            "add",
+            "remove",
+            "shout",
+        ]  # each effect once
         assert len({call["key"] for call in done}) == 3  # 0 duplicate finished calls
         again = [call for call in made if call["replayed"]]
-        assert sorted(call["tool"] for call in again) == ["add", "remove"]  # the killed calls, resent
-        assert {call["key"] for call in again} <= {call["key"] for call in done}  # with the same key
+        assert sorted(call["tool"] for call in again) == [
+            "add",
+            "remove",
+        ]  # the killed calls, resent
+        assert {call["key"] for call in again} <= {
+            call["key"] for call in done
+        }  # with the same key
         tools = [m for m in client.history(run_id) if m.role == "tool"]
         assert len(tools) == 3 and len({m.tool_call_id for m in tools}) == 3
-        second = next(body for body in reversed(policy.bodies(SYSTEM)) if len(tool_results(body)) == 2)
-        assert ["".join(p["text"] for p in r["content"]) for r in tool_results(second)] == ["42", "HI"]
+        second = next(
+            body
+            for body in reversed(policy.bodies(SYSTEM))
+            if len(tool_results(body)) == 2
+        )
+        assert [
+            "".join(p["text"] for p in r["content"]) for r in tool_results(second)
+        ] == ["42", "HI"]
     finally:
         client.close()

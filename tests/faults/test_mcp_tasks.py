@@ -31,7 +31,13 @@ import yaml
 
 from faults.conftest import FULL
 from faults.workerpool import WorkerPool
-from tests.support.mcp import Scripts, everything_command, everything_http, session_tasks, tool_results
+from tests.support.mcp import (
+    Scripts,
+    everything_command,
+    everything_http,
+    session_tasks,
+    tool_results,
+)
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
 from workers.client import Client
@@ -42,9 +48,18 @@ pytestmark = pytest.mark.faults
 RESEARCH = {"name": "simulate-research-query", "input": {"topic": "durable agents"}}
 SECOND = {"name": "simulate-research-query", "input": {"topic": "journals"}}
 SCRIPTS = {
-    "tasks-killed": [{"text": "Researching.", "tool_calls": [RESEARCH, SECOND]}, {"text": "Done."}],
-    "tasks-cancelled": [{"text": "Researching.", "tool_calls": [RESEARCH]}, {"text": "Done."}],
-    "tasks-stdio": [{"text": "Researching.", "tool_calls": [RESEARCH]}, {"text": "Done."}],
+    "tasks-killed": [
+        {"text": "Researching.", "tool_calls": [RESEARCH, SECOND]},
+        {"text": "Done."},
+    ],
+    "tasks-cancelled": [
+        {"text": "Researching.", "tool_calls": [RESEARCH]},
+        {"text": "Done."},
+    ],
+    "tasks-stdio": [
+        {"text": "Researching.", "tool_calls": [RESEARCH]},
+        {"text": "Done."},
+    ],
 }
 
 
@@ -66,9 +81,16 @@ def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _pool(
-    redis_server: EmbeddedServer, sim: SimServer, work_dir: Path, url: str, plan: list[dict[str, Any]]
+    redis_server: EmbeddedServer,
+    sim: SimServer,
+    work_dir: Path,
+    url: str,
+    plan: list[dict[str, Any]],
 ) -> WorkerPool:
-    servers = {"everything": {"mcp": {"url": url}}, "stdio": {"mcp": {"command": everything_command()}}}
+    servers = {
+        "everything": {"mcp": {"url": url}},
+        "stdio": {"mcp": {"command": everything_command()}},
+    }
     (work_dir / "toolsets.yaml").write_text(yaml.safe_dump(servers))
     (work_dir / "plan.json").write_text(json.dumps(plan))
     env = {
@@ -95,7 +117,10 @@ def _spec(system: str, toolset: str = "everything") -> dict[str, Any]:
 def _records(redis_url: str, run_id: str) -> list[dict[str, Any]]:
     store = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        return [json.loads(value) for value in store.hgetall(keys.mcp_tasks(run_id)).values()]
+        return [
+            json.loads(value)
+            for value in store.hgetall(keys.mcp_tasks(run_id)).values()
+        ]
     finally:
         store.close()
 
@@ -118,7 +143,11 @@ def _resumed_in(log: Path, run_id: str, task_id: str) -> float | None:
 
 
 def test_a_task_outlives_killed_workers_and_is_started_once_and_its_result_reaches_the_model(
-    redis_server: EmbeddedServer, sim: SimServer, tmp_path: Path, policy: Scripts, everything: str
+    redis_server: EmbeddedServer,
+    sim: SimServer,
+    tmp_path: Path,
+    policy: Scripts,
+    everything: str,
 ) -> None:
     # The calls run in order. The first start is killed once its task is journaled (the redelivered
     # start finds it; by then the 4 s task may be over); a first poll that sees a task `working` (the
@@ -135,18 +164,37 @@ def test_a_task_outlives_killed_workers_and_is_started_once_and_its_result_reach
             status = client.wait(run_id, timeout=120)
             deaths = list(pool.deaths)
         assert status.status == "done", status
-        fired = [json.loads(line) for line in (tmp_path / "plan.json.log").read_text().splitlines()]
-        assert [entry["point"] for entry in fired] == ["mcp:task", "mcp:polled"] and len(deaths) == 2
+        fired = [
+            json.loads(line)
+            for line in (tmp_path / "plan.json.log").read_text().splitlines()
+        ]
+        assert [entry["point"] for entry in fired] == [
+            "mcp:task",
+            "mcp:polled",
+        ] and len(deaths) == 2
         records = _records(redis_server.url, run_id)
-        assert len(records) == 2 and {record["ended"] for record in records} == {"completed"}
-        assert fired[1]["task"] in {record["task"] for record in records}  # the killed poll's task
-        sessions = {json.dumps(record["where"]) for record in records}  # the second: a new worker's
-        tasks = [task for where in sessions for task in session_tasks(everything, json.loads(where))]
+        assert len(records) == 2 and {record["ended"] for record in records} == {
+            "completed"
+        }
+        assert fired[1]["task"] in {
+            record["task"] for record in records
+        }  # the killed poll's task
+        sessions = {
+            json.dumps(record["where"]) for record in records
+        }  # the second: a new worker's
+        tasks = [
+            task
+            for where in sessions
+            for task in session_tasks(everything, json.loads(where))
+        ]
         started = sorted((task["taskId"], task["status"]) for task in tasks)
         # each task once, none orphaned:
         assert started == sorted((record["task"], "completed") for record in records)
         last = policy.bodies("tasks-killed")[-1]
-        texts = ["".join(part["text"] for part in result["content"]) for result in tool_results(last)]
+        texts = [
+            "".join(part["text"] for part in result["content"])
+            for result in tool_results(last)
+        ]
         assert [text.splitlines()[0] for text in texts] == [
             "# Research Report: durable agents",
             "# Research Report: journals",
@@ -155,9 +203,15 @@ def test_a_task_outlives_killed_workers_and_is_started_once_and_its_result_reach
         assert len([m for m in client.history(run_id) if m.role == "tool"]) == 2
         # the worker started after the poll's kill (the last log that polls the task; the killed
         # worker's log is before it) polls that task within a second of receiving the redelivered step
-        gaps = [gap for log in pool.logs if (gap := _resumed_in(log, run_id, fired[1]["task"])) is not None]
+        gaps = [
+            gap
+            for log in pool.logs
+            if (gap := _resumed_in(log, run_id, fired[1]["task"])) is not None
+        ]
         assert len(gaps) == 2 and gaps[-1] < 1.0, gaps
-        print(f"polling resumed {gaps[-1] * 1000:.0f} ms after the redelivered step was received")
+        print(
+            f"polling resumed {gaps[-1] * 1000:.0f} ms after the redelivered step was received"
+        )
     finally:
         client.close()
 
@@ -174,7 +228,10 @@ def test_a_cancelled_run_cancels_its_task_at_the_server(
             for delay in (0.0, 1.0):
                 run_id = client.enqueue(_spec("tasks-cancelled"))
                 deadline = time.monotonic() + 60
-                while not _records(redis_server.url, run_id) and time.monotonic() < deadline:
+                while (
+                    not _records(redis_server.url, run_id)
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.005)
                 time.sleep(delay)
                 client.cancel(run_id)
@@ -184,15 +241,26 @@ def test_a_cancelled_run_cancels_its_task_at_the_server(
             [record] = _records(redis_server.url, run_id)
             assert record["ended"] == "cancelled"
             tasks = session_tasks(everything, record["where"])
-            assert (record["task"], "cancelled") in [(task["taskId"], task["status"]) for task in tasks]
-            assert {task["status"] for task in tasks} <= {"cancelled", "completed"}  # none left working
+            assert (record["task"], "cancelled") in [
+                (task["taskId"], task["status"]) for task in tasks
+            ]
+            assert {task["status"] for task in tasks} <= {
+                "cancelled",
+                "completed",
+            }  # none left working
     finally:
         client.close()
 
 
-@pytest.mark.skipif(not FULL, reason="about 25 s: with TOOLLOOP_FAULTS=full (make faults-full)")
+@pytest.mark.skipif(
+    not FULL, reason="about 25 s: with TOOLLOOP_FAULTS=full (make faults-full)"
+)
 def test_a_stdio_task_dies_with_its_worker_and_is_not_started_again(
-    redis_server: EmbeddedServer, sim: SimServer, tmp_path: Path, policy: Scripts, everything: str
+    redis_server: EmbeddedServer,
+    sim: SimServer,
+    tmp_path: Path,
+    policy: Scripts,
+    everything: str,
 ) -> None:
     # A stdio server is a child of the worker: the SIGKILL of the worker's process group ends it and
     # its tasks. The redelivered wait asks the new server for the journaled task id, which it does
@@ -211,7 +279,10 @@ def test_a_stdio_task_dies_with_its_worker_and_is_not_started_again(
         [result] = tool_results(policy.bodies("tasks-stdio")[-1])
         text = "".join(part["text"] for part in result["content"])
         assert result.get("is_error") is True
-        assert f"task {record['task']!r} of 'stdio' is gone" in text and "not started again" in text
+        assert (
+            f"task {record['task']!r} of 'stdio' is gone" in text
+            and "not started again" in text
+        )
         assert len([m for m in client.history(run_id) if m.role == "tool"]) == 1
     finally:
         client.close()

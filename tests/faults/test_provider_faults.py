@@ -66,10 +66,14 @@ def test_provider_faults_are_retried_within_bounds_or_fail_cleanly(
 ) -> None:
     rng = random.Random(41)
     shapes = {
-        "pf429": _shape("pf429", rng, faults={0: _fault(status=429, retry_after=0.2, times=1)}),
+        "pf429": _shape(
+            "pf429", rng, faults={0: _fault(status=429, retry_after=0.2, times=1)}
+        ),
         "pf500": _shape("pf500", rng, faults={1: _fault(status=500, times=2)}),
         "pf529": _shape("pf529", rng, faults={0: _fault(status=529, times=2)}),
-        "pftimeout": _shape("pftimeout", rng, faults={1: _fault("timeout", seconds=3.0, times=1)}),
+        "pftimeout": _shape(
+            "pftimeout", rng, faults={1: _fault("timeout", seconds=3.0, times=1)}
+        ),
         "pfdrop": _shape("pfdrop", rng, faults={1: _fault("drop", times=1)}),
         "pfraw": _shape("pfraw", rng, raw_once=[1]),
         "pfhard": _shape("pfhard", rng, faults={1: _fault(status=500, times=None)}),
@@ -93,7 +97,9 @@ def test_provider_faults_are_retried_within_bounds_or_fail_cleanly(
         if shape.tag in failures:
             return False
         failures[shape.tag] = status
-        journal_at_failure[shape.tag] = sorted(client.redis.hkeys(keys.journal(run_id, "s0")))  # type: ignore[arg-type]
+        journal_at_failure[shape.tag] = sorted(
+            client.redis.hkeys(keys.journal(run_id, "s0"))
+        )  # type: ignore[arg-type]
         if shape.tag == "pfhard":
             return False
         client.retry(run_id)
@@ -129,7 +135,9 @@ def test_provider_faults_are_retried_within_bounds_or_fail_cleanly(
     assert hard.status == "failed" and hard.error_class == "PromptGenError", hard
     assert policy.calls("fault", "pfhard#1") == ATTEMPTS
     assert len((hard.error_message or "").splitlines()) == 2, hard.error_message
-    assert _turn0_steps(twins.refs["pfhard"].history) <= set(journal_at_failure["pfhard"])
+    assert _turn0_steps(twins.refs["pfhard"].history) <= set(
+        journal_at_failure["pfhard"]
+    )
     # Everything else ends like its twin, and no step beyond the faulted turns ran twice.
     twins.shapes = [shape for shape in twins.shapes if shape.tag != "pfhard"]
     retried = frozenset(failures) - {"pfhard"}
@@ -148,7 +156,11 @@ def _fallback_twins(
     ]
     policy = FaultPolicy(work)
     with SimServer(policy) as sim:
-        env = {"TOOLLOOP_PROMPT_GEN": prompt_gen, "FAL_KEY": "fal-FAKE-key", "FAL_RUN_URL": sim.base_url}
+        env = {
+            "TOOLLOOP_PROMPT_GEN": prompt_gen,
+            "FAL_KEY": "fal-FAKE-key",
+            "FAL_RUN_URL": sim.base_url,
+        }
         twins = run_twins(
             redis_server.url,
             sim.base_url,
@@ -162,13 +174,26 @@ def _fallback_twins(
             timeout=120,
         )
         stats = sim.stats()
-    assert stats["endpoints"].get("fal", 0) >= sum(shape.model_turns for shape in shapes), stats
-    assert stats["statuses"].get("401", 0) >= 1 and stats["statuses"].get("403", 0) >= 1, stats
-    allowed = Counter({("model", f"{s.tag}#{t}"): 1 for s in shapes for t in range(s.model_turns)})
+    assert stats["endpoints"].get("fal", 0) >= sum(
+        shape.model_turns for shape in shapes
+    ), stats
+    assert (
+        stats["statuses"].get("401", 0) >= 1 and stats["statuses"].get("403", 0) >= 1
+    ), stats
+    allowed = Counter(
+        {("model", f"{s.tag}#{t}"): 1 for s in shapes for t in range(s.model_turns)}
+    )
     problems = twins.compare(allowed=allowed, what="fallback: ", other_provider=True)
     assert not problems, "\n".join(problems)
-    for shape, status in ((shapes[0], 401), (shapes[1], 403)):  # the switch shows on every model event
-        model = [data for _seq, _segment, kind, data in twins.results[shape.tag].events if kind == "model"]
+    for shape, status in (
+        (shapes[0], 401),
+        (shapes[1], 403),
+    ):  # the switch shows on every model event
+        model = [
+            data
+            for _seq, _segment, kind, data in twins.results[shape.tag].events
+            if kind == "model"
+        ]
         assert model and all(data["provider"] == "fal" for data in model), model
         switch = [{"provider": "anthropic", "reason": f"auth (HTTP {status})"}]
         assert all(data["fallback_from"] == switch for data in model), model
@@ -176,9 +201,13 @@ def _fallback_twins(
 
 
 @pytest.mark.timeout(300)
-def test_auth_refusals_fall_back_to_the_next_provider(redis_server: EmbeddedServer, work_dir: Path) -> None:
+def test_auth_refusals_fall_back_to_the_next_provider(
+    redis_server: EmbeddedServer, work_dir: Path
+) -> None:
     """401/403 from anthropic: every turn is served by fal (a durable run with `fallback: ["fal"]`)."""
-    _fallback_twins(redis_server, work_dir / "fallback", "faults.model:make_fallback", 43)
+    _fallback_twins(
+        redis_server, work_dir / "fallback", "faults.model:make_fallback", 43
+    )
 
 
 @pytest.mark.timeout(300)

@@ -36,14 +36,18 @@ from workers.protocol.records import FINAL
 pytestmark = pytest.mark.faults
 
 MAXMEMORY = 20 * 1024 * 1024
-PADDING = "Frame notes: " + "the light falls left to right, " * 600  # ~18 KB per run's prompt
+PADDING = (
+    "Frame notes: " + "the light falls left to right, " * 600
+)  # ~18 KB per run's prompt
 FULL_FOR_S = 4.0
 
 
 def _shape(tag: str) -> Shape:
     note = Call("note", {"tag": f"{tag}.0.0", "text": "shot 4 is too dark"})
     render = Call("render", {"tag": f"{tag}.1.0", "frames": 8})
-    return Shape(tag=tag, turns=((note,), (render,)), final=f"Reviewed {tag}.", latency_s=0.2)
+    return Shape(
+        tag=tag, turns=((note,), (render,)), final=f"Reviewed {tag}.", latency_s=0.2
+    )
 
 
 def _spec(shape: Shape) -> dict[str, object]:
@@ -53,7 +57,10 @@ def _spec(shape: Shape) -> dict[str, object]:
 
 
 def _run_ids(client: redis.Redis) -> set[str]:
-    return {key.split("{", 1)[1].split("}", 1)[0] for key in client.scan_iter("tl:{*", count=1000)}
+    return {
+        key.split("{", 1)[1].split("}", 1)[0]
+        for key in client.scan_iter("tl:{*", count=1000)
+    }
 
 
 @pytest.mark.timeout(420)
@@ -71,29 +78,41 @@ def test_a_full_redis_loses_no_run_and_pays_no_model_call_twice(tmp_path: Path) 
                 accepted, refusal = _fill(admin, client, policy)
                 time.sleep(FULL_FOR_S)  # full: commits and starts are refused meanwhile
                 stored = _run_ids(admin)
-                for key in list(admin.scan_iter("filler:*", count=1000)):  # the operator frees memory
+                for key in list(
+                    admin.scan_iter("filler:*", count=1000)
+                ):  # the operator frees memory
                     admin.delete(key)
                 statuses = _wait_all(client, accepted, timeout=180)
                 logs = "".join(path.read_text(errors="replace") for path in pool.logs)
     finally:
         admin.close()
         server.stop()
-    assert refusal is not None, "Redis never refused an enqueue: the test did not fill it"
+    assert refusal is not None, (
+        "Redis never refused an enqueue: the test did not fill it"
+    )
     assert "OOM" in refusal or "memory" in refusal.lower(), refusal
     assert stored == set(accepted), (
         f"runs in Redis that enqueue did not accept: {sorted(stored - set(accepted))}"
     )
     ended = Counter(status for status in statuses.values())
     assert ended == {"done": len(accepted)}, ended
-    calls = {tag: count for (phase, tag), count in policy.counts.items() if phase == "ref"}
+    calls = {
+        tag: count for (phase, tag), count in policy.counts.items() if phase == "ref"
+    }
     twice = {tag: count for tag, count in calls.items() if count > 1}
     assert not twice, f"model calls paid more than once: {twice}"
     assert len(calls) == 3 * len(accepted) >= 150, (len(calls), len(accepted))
-    assert "Redis is out of memory" in logs and "Raise maxmemory" in logs, "no worker said what to do"
-    assert "the commit retried while the lease holds" in logs, "no commit was refused: Redis was not full"
+    assert "Redis is out of memory" in logs and "Raise maxmemory" in logs, (
+        "no worker said what to do"
+    )
+    assert "the commit retried while the lease holds" in logs, (
+        "no commit was refused: Redis was not full"
+    )
 
 
-def _fill(admin: redis.Redis, client: Client, policy: FaultPolicy) -> tuple[list[str], str | None]:
+def _fill(
+    admin: redis.Redis, client: Client, policy: FaultPolicy
+) -> tuple[list[str], str | None]:
     """Filler keys to ~4 MB under maxmemory, then runs until an enqueue is refused."""
     index = 0
     while int(admin.info("memory")["used_memory"]) < MAXMEMORY - 4_000_000:
@@ -106,7 +125,9 @@ def _fill(admin: redis.Redis, client: Client, policy: FaultPolicy) -> tuple[list
         policy.add(shape)
         try:
             accepted.append(client.enqueue(_spec(shape)))
-        except Exception as error:  # the refusal: what the caller sees is checked by the test
+        except (
+            Exception
+        ) as error:  # the refusal: what the caller sees is checked by the test
             refusal = f"{type(error).__name__}: {error}"
             break
         time.sleep(0.01)
@@ -132,7 +153,9 @@ def _wait_all(client: Client, run_ids: list[str], timeout: float) -> dict[str, s
 
 
 @pytest.mark.timeout(240)
-def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(tmp_path: Path) -> None:
+def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(
+    tmp_path: Path,
+) -> None:
     """Redis is killed while model calls are in flight and comes back (AOF) 3 s later: longer than the
     workers' Redis clients retry a lost connection (~2 s), shorter than the lease (10 s here). Each step
     whose call came back meanwhile keeps its result and retries its commit until Redis answers: every
@@ -140,7 +163,11 @@ def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(tmp_pat
     server = start_server(tmp_path / "redis")
     policy = FaultPolicy(tmp_path / "sim")
     shapes = [
-        Shape(tag=f"away{i}", turns=((Call("note", {"tag": f"away{i}.0.0", "text": "ok"}),),), latency_s=1.0)
+        Shape(
+            tag=f"away{i}",
+            turns=((Call("note", {"tag": f"away{i}.0.0", "text": "ok"}),),),
+            latency_s=1.0,
+        )
         for i in range(12)
     ]
     for shape in shapes:
@@ -148,13 +175,22 @@ def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(tmp_pat
     timers = {"TOOLLOOP_LEASE_MS": "10000", "TOOLLOOP_VISIBILITY_TIMEOUT": "15"}
     try:
         with SimServer(policy) as sim:
-            env = {**base_env(sim.base_url), **timers, "TOOLLOOP_FAULTS_DIR": str(tmp_path)}
+            env = {
+                **base_env(sim.base_url),
+                **timers,
+                "TOOLLOOP_FAULTS_DIR": str(tmp_path),
+            }
             with WorkerPool(server.url, tmp_path, env, size=2, concurrency=16) as pool:
                 client = Client(server.url)
                 run_ids = [client.enqueue(spec_for(shape)) for shape in shapes]
                 deadline = time.monotonic() + 30
-                while sum(policy.counts.values()) < len(shapes) and time.monotonic() < deadline:
-                    time.sleep(0.02)  # every run's first call is in flight (answered after 1 s)
+                while (
+                    sum(policy.counts.values()) < len(shapes)
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(
+                        0.02
+                    )  # every run's first call is in flight (answered after 1 s)
                 server.kill()
                 time.sleep(3.0)
                 server.start()

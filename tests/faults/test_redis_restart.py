@@ -41,9 +41,14 @@ def test_every_run_finishes_across_a_redis_restart(
     (`--step-queues none`), where a step that fails on the lost connection is rejected back onto its
     queue rather than acked."""
     rng = random.Random(23)
-    work_dir = work_dir / steps  # the module's server and directory are shared: own tags, own files
+    work_dir = (
+        work_dir / steps
+    )  # the module's server and directory are shared: own tags, own files
     work_dir.mkdir()
-    shapes = [dataclasses.replace(make_shape(f"rr{steps[0]}{i}", rng), latency_s=0.4) for i in range(8)]
+    shapes = [
+        dataclasses.replace(make_shape(f"rr{steps[0]}{i}", rng), latency_s=0.4)
+        for i in range(8)
+    ]
     policy = FaultPolicy(work_dir)
     # everysec lets a busy disk hold the AOF write back for ~2 s while Redis still replies, and a
     # SIGKILL then drops acknowledged writes (a whole enqueued run once, in a clean CI: docs/faults.md);
@@ -93,6 +98,8 @@ def test_every_run_finishes_across_a_redis_restart(
         first_seen.setdefault((effect["kind"], effect["tag"]), effect["at"])
     rerun = [u for u, count in twins.units.items() if count > twins.ref_units.get(u, 0)]
     in_flight = [u for u in rerun if first_seen.get(u, float("inf")) < back_at[0]]
-    assert len(in_flight) <= THREADS, f"more re-runs than steps that can be in flight: {in_flight}"
+    assert len(in_flight) <= THREADS, (
+        f"more re-runs than steps that can be in flight: {in_flight}"
+    )
     problems = twins.compare(allowed={u: 1 for u in in_flight}, what="redis restart: ")  # type: ignore[arg-type]
     assert not problems, "\n".join(problems)

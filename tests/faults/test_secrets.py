@@ -83,12 +83,21 @@ def flower(redis_server: EmbeddedServer, work_dir: Path) -> Iterator[str]:
 
 
 @pytest.mark.timeout(300)
-def test_keys_appear_nowhere(redis_server: EmbeddedServer, work_dir: Path, flower: str) -> None:
+def test_keys_appear_nowhere(
+    redis_server: EmbeddedServer, work_dir: Path, flower: str
+) -> None:
     rng = random.Random(53)
-    echo = {"kind": "error", "status": 401, "times": None, "message": f"invalid x-api-key {ANTHROPIC_KEY}"}
+    echo = {
+        "kind": "error",
+        "status": 401,
+        "times": None,
+        "message": f"invalid x-api-key {ANTHROPIC_KEY}",
+    }
     shapes = [make_shape(f"sec{i}", rng) for i in range(3)] + [
         dataclasses.replace(make_shape("secauth", rng), extra={"faults": {0: echo}}),
-        dataclasses.replace(make_shape("secraw", rng, need="note"), extra={"raw_once": [0]}),
+        dataclasses.replace(
+            make_shape("secraw", rng, need="note"), extra={"raw_once": [0]}
+        ),
     ]
     policy = FaultPolicy(work_dir / "secrets")
     policy.phase = "fault"
@@ -104,32 +113,51 @@ def test_keys_appear_nowhere(redis_server: EmbeddedServer, work_dir: Path, flowe
             "FAL_RUN_URL": sim.base_url,
             "TOOLLOOP_FAULTS_DIR": str(work_dir / "secrets"),
         }
-        with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=4, loglevel="DEBUG") as pool:
+        with WorkerPool(
+            redis_server.url, work_dir, env, size=1, concurrency=4, loglevel="DEBUG"
+        ) as pool:
             runs = {client.enqueue(spec_for(shape)): shape for shape in shapes}
             last = drive(client, runs, timeout=120)
             time.sleep(1.0)  # let Flower take in the last events
             auth = httpx.BasicAuth(*AUTH)
-            tasks = httpx.get(f"{flower}/api/tasks", params={"limit": 1000}, auth=auth, timeout=10)
+            tasks = httpx.get(
+                f"{flower}/api/tasks", params={"limit": 1000}, auth=auth, timeout=10
+            )
             assert tasks.status_code == 200, tasks.text
             seen["tasks"] = tasks.text
             task_ids = list(tasks.json())
-            assert any(run_id in task_id for task_id in task_ids for run_id in runs), "Flower saw no step"
+            assert any(run_id in task_id for task_id in task_ids for run_id in runs), (
+                "Flower saw no step"
+            )
             seen["infos"] = [
-                httpx.get(f"{flower}/api/task/info/{task_id}", auth=auth, timeout=10).text
+                httpx.get(
+                    f"{flower}/api/task/info/{task_id}", auth=auth, timeout=10
+                ).text
                 for task_id in task_ids[:50]
             ]
             seen["workers"] = httpx.get(
                 f"{flower}/api/workers", params={"refresh": 1}, auth=auth, timeout=20
             ).text
-            seen["types"] = httpx.get(f"{flower}/api/task/types", auth=auth, timeout=10).text
+            seen["types"] = httpx.get(
+                f"{flower}/api/task/types", auth=auth, timeout=10
+            ).text
             logs = "\n".join(path.read_text(errors="replace") for path in pool.logs)
     statuses = {runs[run_id].tag: status for run_id, status in last.items()}
     print("\nsecrets: refused run says:", statuses["secauth"].error_message)
-    assert statuses["secauth"].status == "failed" and "401" in (statuses["secauth"].error_message or "")
-    assert statuses["secraw"].status == "failed" and statuses["secraw"].error_class == "ToolArgumentsError"
+    assert statuses["secauth"].status == "failed" and "401" in (
+        statuses["secauth"].error_message or ""
+    )
+    assert (
+        statuses["secraw"].status == "failed"
+        and statuses["secraw"].error_class == "ToolArgumentsError"
+    )
     assert all(statuses[f"sec{i}"].status == "done" for i in range(3)), statuses
-    assert "HTTP Request: POST" in logs, "the worker log is not the one that made the calls"
-    events = [record.model_dump_json() for run_id in runs for record in client.events(run_id)]
+    assert "HTTP Request: POST" in logs, (
+        "the worker log is not the one that made the calls"
+    )
+    events = [
+        record.model_dump_json() for run_id in runs for record in client.events(run_id)
+    ]
     places = {
         "redis": _redis_dump(client.redis),
         "events": "\n".join(events),

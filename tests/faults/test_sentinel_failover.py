@@ -32,7 +32,11 @@ pytestmark = pytest.mark.faults
 
 WORKERS, THREADS = 2, 4
 RUNS = 20 if FULL else 6
-MOVES = ("failover", "failover", "kill", "failover", "failover") if FULL else ("failover", "kill")
+MOVES = (
+    ("failover", "failover", "kill", "failover", "failover")
+    if FULL
+    else ("failover", "kill")
+)
 """The issue's drill under TOOLLOOP_FAULTS=full: 20 runs, four graceful failovers and a SIGKILL; the
 bounded one (CI) keeps one of each kind with 6 runs."""
 
@@ -41,17 +45,26 @@ bounded one (CI) keeps one of each kind with 6 runs."""
 def test_runs_survive_failovers_and_a_kill_with_commit_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TOOLLOOP_COMMIT_WAIT", "1")  # the test's Client too: its answers wait for a replica
+    monkeypatch.setenv(
+        "TOOLLOOP_COMMIT_WAIT", "1"
+    )  # the test's Client too: its answers wait for a replica
     rng = random.Random(31)
-    shapes = [dataclasses.replace(make_shape(f"sf{i}", rng), latency_s=0.3) for i in range(RUNS)]
+    shapes = [
+        dataclasses.replace(make_shape(f"sf{i}", rng), latency_s=0.3)
+        for i in range(RUNS)
+    ]
     policy = FaultPolicy(tmp_path)
     deployment = SentinelSet(tmp_path / "redis").start()
-    moves: list[tuple[str, float, float]] = []  # (how, began, primary takes writes again)
+    moves: list[
+        tuple[str, float, float]
+    ] = []  # (how, began, primary takes writes again)
     phase_time: dict[str, float] = {}
 
     def during(client: Client, runs: dict[str, Shape], _pool: object) -> None:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and sum(client.status(r).steps > 0 for r in runs) < min(5, RUNS):
+        while time.monotonic() < deadline and sum(
+            client.status(r).steps > 0 for r in runs
+        ) < min(5, RUNS):
             time.sleep(0.05)
         for how in MOVES:
             if all(client.status(r).finished for r in runs):
@@ -72,7 +85,10 @@ def test_runs_survive_failovers_and_a_kill_with_commit_wait(
                 tmp_path,
                 shapes,
                 pool={"size": WORKERS, "concurrency": THREADS},
-                fault_env={"TOOLLOOP_COMMIT_WAIT": "1", "TOOLLOOP_COMMIT_WAIT_MS": "2000"},
+                fault_env={
+                    "TOOLLOOP_COMMIT_WAIT": "1",
+                    "TOOLLOOP_COMMIT_WAIT_MS": "2000",
+                },
                 ref_env={"TOOLLOOP_COMMIT_WAIT": "1"},
                 during=during,
                 timeout=240,
@@ -81,7 +97,10 @@ def test_runs_survive_failovers_and_a_kill_with_commit_wait(
         stalled = twins.stalled(deployment.url)
     finally:
         deployment.stop()
-    slower = {s.tag: _took(twins.results[s.tag].status) / _took(twins.refs[s.tag].status) for s in shapes}
+    slower = {
+        s.tag: _took(twins.results[s.tag].status) / _took(twins.refs[s.tag].status)
+        for s in shapes
+    }
     print(
         f"\nsentinel drill: {RUNS} runs, {len(moves)} failovers "
         f"({', '.join(f'{how} {end - began:.1f} s' for how, began, end in moves)}); "
@@ -89,9 +108,13 @@ def test_runs_survive_failovers_and_a_kill_with_commit_wait(
         f"against its fault-free twin's: median {sorted(slower.values())[len(slower) // 2]:.2f}x, "
         f"max {max(slower.values()):.2f}x"
     )
-    assert [how for how, _, _ in moves] == list(MOVES), f"the runs ended after {moves}: make them longer"
+    assert [how for how, _, _ in moves] == list(MOVES), (
+        f"the runs ended after {moves}: make them longer"
+    )
     unfinished = [s.tag for s in shapes if not twins.results[s.tag].status.finished]
-    assert unfinished == [], f"runs not finished after the failovers: {unfinished}\n{stalled}"
+    assert unfinished == [], (
+        f"runs not finished after the failovers: {unfinished}\n{stalled}"
+    )
     # a step may run again only when its first run began before a failover's end
     first_seen: dict[tuple[str, str], float] = {}
     for effect in read_effects(tmp_path / "fault"):
@@ -100,7 +123,9 @@ def test_runs_survive_failovers_and_a_kill_with_commit_wait(
     last_end = max(end for _, _, end in moves)
     late = [u for u in rerun if first_seen.get(u, float("inf")) > last_end]
     assert late == [], f"steps first run after the last failover ran again: {late}"
-    assert len(rerun) <= len(moves) * WORKERS * THREADS, f"more re-runs than steps in flight: {rerun}"
+    assert len(rerun) <= len(moves) * WORKERS * THREADS, (
+        f"more re-runs than steps in flight: {rerun}"
+    )
     problems = twins.compare(allowed={u: 1 for u in rerun}, what="sentinel drill: ")  # type: ignore[arg-type]
     assert not problems, "\n".join(problems)
 

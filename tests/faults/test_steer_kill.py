@@ -37,7 +37,9 @@ def steer_ids(run: int) -> list[str]:
 
 
 @pytest.mark.timeout(900 if FULL else 240)
-def test_a_steer_is_seen_once_across_worker_kills(redis_server: EmbeddedServer, work_dir: Path) -> None:
+def test_a_steer_is_seen_once_across_worker_kills(
+    redis_server: EmbeddedServer, work_dir: Path
+) -> None:
     work = work_dir / "steers"
     work.mkdir(parents=True, exist_ok=True)
     plan = work / "plan.json"
@@ -57,7 +59,8 @@ def test_a_steer_is_seen_once_across_worker_kills(redis_server: EmbeddedServer, 
             "ANTHROPIC_BASE_URL": sim.base_url,
             "ANTHROPIC_API_KEY": "sim-key",
             "TOOLLOOP_PROMPT_GEN": "",
-            "TOOLLOOP_TOOLSETS": os.environ.get("TOOLLOOP_TOOLSETS", "") + ",chat=bench._chat:TOOLS",
+            "TOOLLOOP_TOOLSETS": os.environ.get("TOOLLOOP_TOOLSETS", "")
+            + ",chat=bench._chat:TOOLS",
             "TOOLLOOP_KILL_PLAN": str(plan),
         }
         client = Client(redis_server.url, toolsets=["chat"])
@@ -70,7 +73,9 @@ def test_a_steer_is_seen_once_across_worker_kills(redis_server: EmbeddedServer, 
                         "system": "You chat.",
                         "toolset": "chat",
                         "max_steps": 40,
-                        "messages": [{"role": "user", "content": f"slow 0.3 x{3 + STEERS}"}],
+                        "messages": [
+                            {"role": "user", "content": f"slow 0.3 x{3 + STEERS}"}
+                        ],
                     }
                 )
                 for _ in range(RUNS)
@@ -87,7 +92,10 @@ def test_a_steer_is_seen_once_across_worker_kills(redis_server: EmbeddedServer, 
                     time.sleep(rng.uniform(0.2, 0.8))
 
             deadline = time.monotonic() + 60
-            while any(client.status(r).status != "running" for r in runs) and time.monotonic() < deadline:
+            while (
+                any(client.status(r).status != "running" for r in runs)
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.05)
             sender = threading.Thread(target=steer_all)
             sender.start()
@@ -103,8 +111,12 @@ def test_a_steer_is_seen_once_across_worker_kills(redis_server: EmbeddedServer, 
     for steer_id, (run_id, text) in sent.items():
         history = client.history(run_id)
         assert sum(has_text(m, text) for m in history) == 1, (steer_id, history)
-        assert len(policy.first_seen(text)) == 1, steer_id  # one model request saw it first
-        assert not any(between_call_and_result(r.messages) for r in policy.carrying(text))
+        assert len(policy.first_seen(text)) == 1, (
+            steer_id
+        )  # one model request saw it first
+        assert not any(
+            between_call_and_result(r.messages) for r in policy.carrying(text)
+        )
     client.close()
     print(
         f"\nsteers across kills: {len(sent)} steers, {RUNS} runs, {len(fired) + FULL} kills, each seen once"

@@ -37,13 +37,17 @@ def test_a_worker_killed_mid_stream_leaves_a_discard_marker_then_the_rerun_text(
     redis_server: EmbeddedServer, redis_client: redis.Redis, work_dir: Path
 ) -> None:
     plan = work_dir / "stream-plan.json"
-    plan.write_text(json.dumps([{"point": "stream:write", "key": "s0/model:1", "write": 3}]))
+    plan.write_text(
+        json.dumps([{"point": "stream:write", "key": "s0/model:1", "write": 3}])
+    )
     env = worker_env(WORDS, 10, TOOLLOOP_KILL_PLAN=str(plan))
     with WorkerPool(redis_server.url, work_dir, env, size=1, concurrency=4) as pool:
         client = Client(redis_server.url)
         try:
             run_id = client.enqueue(spec("You add numbers.", stream=True))
-            seen = list(client.events(run_id, follow=True))  # one reader, across the kill
+            seen = list(
+                client.events(run_id, follow=True)
+            )  # one reader, across the kill
             status = client.wait(run_id, timeout=60)
         finally:
             client.close()
@@ -56,11 +60,24 @@ def test_a_worker_killed_mid_stream_leaves_a_discard_marker_then_the_rerun_text(
     mark = marks[0]
     before = [e for e in seen[:mark] if e.kind == "delta"]
     after = [e for e in seen[mark:] if e.kind == "delta" and e.step == 1]
-    assert before and {e.attempt for e in before} == {first}  # the killed attempt's text, then its marker
-    assert after and first not in {e.attempt for e in after}  # then the re-run's, under a new attempt
+    assert before and {e.attempt for e in before} == {
+        first
+    }  # the killed attempt's text, then its marker
+    assert after and first not in {
+        e.attempt for e in after
+    }  # then the re-run's, under a new attempt
     model = next(e for e in seen if e.kind == "model" and e.step == 1)
     assert seen.index(model) > seen.index(after[-1])
-    stored = json.loads(redis_client.hget(keys.journal(run_id, "s0"), "model:1") or "{}")
+    stored = json.loads(
+        redis_client.hget(keys.journal(run_id, "s0"), "model:1") or "{}"
+    )
     journal_text = stored["value"]["result"]["text"]
-    assert shown_text(seen, 1) == journal_text == model.text == "".join(answer_words(1, WORDS))
-    assert "".join(e.text for e in before) != journal_text  # the page did show text it had to drop
+    assert (
+        shown_text(seen, 1)
+        == journal_text
+        == model.text
+        == "".join(answer_words(1, WORDS))
+    )
+    assert (
+        "".join(e.text for e in before) != journal_text
+    )  # the page did show text it had to drop

@@ -26,7 +26,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolloop import AbortSignal, Started, TextPart, ToolOutput, ToolSpec, idempotency_key
+from toolloop import (
+    AbortSignal,
+    Started,
+    TextPart,
+    ToolOutput,
+    ToolSpec,
+    idempotency_key,
+)
 from workers.testing.killpoints import kill_point, stop_point
 
 EFFECTS = "effects.log"
@@ -38,15 +45,24 @@ def record(kind: str, tag: str, file: str = EFFECTS, **extra: Any) -> None:
     directory = os.environ.get("TOOLLOOP_FAULTS_DIR")
     if not directory:
         return
-    line = json.dumps({"kind": kind, "tag": tag, "pid": os.getpid(), "at": time.time(), **extra}) + "\n"
-    descriptor = os.open(os.path.join(directory, file), os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+    line = (
+        json.dumps(
+            {"kind": kind, "tag": tag, "pid": os.getpid(), "at": time.time(), **extra}
+        )
+        + "\n"
+    )
+    descriptor = os.open(
+        os.path.join(directory, file), os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644
+    )
     try:
         os.write(descriptor, line.encode())
     finally:
         os.close(descriptor)
 
 
-def read_effects(directory: str | os.PathLike[str], file: str = EFFECTS) -> list[dict[str, Any]]:
+def read_effects(
+    directory: str | os.PathLike[str], file: str = EFFECTS
+) -> list[dict[str, Any]]:
     path = os.path.join(directory, file)
     if not os.path.exists(path):
         return []
@@ -85,7 +101,9 @@ def note(item: Note, signal: AbortSignal) -> ToolOutput:
     record("run", item.tag)
     kill_point("tool:after", tag=item.tag)
     return ToolOutput(
-        value={"noted": item.tag}, content=[TextPart(text=f"Noted {item.tag}: {item.text}")], cost_usd=0.001
+        value={"noted": item.tag},
+        content=[TextPart(text=f"Noted {item.tag}: {item.text}")],
+        cost_usd=0.001,
     )
 
 
@@ -96,7 +114,9 @@ def render_start(item: Render, signal: AbortSignal) -> Started:
     signal.throw_if_aborted()
     record("start", item.tag, key=key)
     kill_point("start:after", tag=item.tag)
-    return Started(started={"job": item.tag, "frames": item.frames}, rows=[f"job-{item.tag}"])
+    return Started(
+        started={"job": item.tag, "frames": item.frames}, rows=[f"job-{item.tag}"]
+    )
 
 
 def render_wait(handle: Any, _signal: Any) -> ToolOutput:
@@ -112,7 +132,8 @@ def slow(item: Slow, _signal: Any) -> ToolOutput:
     record("run", item.tag)
     time.sleep(item.seconds)
     return ToolOutput(
-        value={"slept": item.seconds}, content=[TextPart(text=f"Slept {item.seconds} s ({item.tag}).")]
+        value={"slept": item.seconds},
+        content=[TextPart(text=f"Slept {item.seconds} s ({item.tag}).")],
     )
 
 
@@ -127,7 +148,9 @@ def vigil(item: Vigil, signal: AbortSignal) -> ToolOutput:
             signal.throw_if_aborted()
         time.sleep(0.02)
     record("run", item.tag)
-    return ToolOutput(value={"watched": item.seconds}, content=[TextPart(text=f"Watched {item.tag}.")])
+    return ToolOutput(
+        value={"watched": item.seconds}, content=[TextPart(text=f"Watched {item.tag}.")]
+    )
 
 
 def _ask(*_: Any) -> ToolOutput:
@@ -135,7 +158,12 @@ def _ask(*_: Any) -> ToolOutput:
 
 
 TOOLS = [
-    ToolSpec(name="note", description="Write a review note about a shot.", schema=Note, run=note),
+    ToolSpec(
+        name="note",
+        description="Write a review note about a shot.",
+        schema=Note,
+        run=note,
+    ),
     ToolSpec(
         name="render",
         description="Render a preview of some frames (two-phase).",
@@ -144,6 +172,13 @@ TOOLS = [
         wait=render_wait,
     ),
     ToolSpec(name="slow", description="Work for a while.", schema=Slow, run=slow),
-    ToolSpec(name="vigil", description="Watch for a while (stops when aborted).", schema=Vigil, run=vigil),
-    ToolSpec(name="ask", description="Ask the person a question.", schema=Ask, run=_ask),
+    ToolSpec(
+        name="vigil",
+        description="Watch for a while (stops when aborted).",
+        schema=Vigil,
+        run=vigil,
+    ),
+    ToolSpec(
+        name="ask", description="Ask the person a question.", schema=Ask, run=_ask
+    ),
 ]

@@ -76,7 +76,9 @@ class Twins:
                 problems.append(f"{what}run {shape.tag} has a different event stream")
         for unit, count in self.ref_units.items():
             if count != 1:
-                problems.append(f"{what}fault-free: {unit[0]} {unit[1]} ran {count} times")
+                problems.append(
+                    f"{what}fault-free: {unit[0]} {unit[1]} ran {count} times"
+                )
         for unit, count in self.units.items():
             extra = count - self.ref_units.get(unit, 0) - allowed.get(unit, 0)
             if extra > 0:
@@ -102,7 +104,10 @@ class Twins:
             client.close()
 
     def duplicates(self) -> int:
-        return sum(max(0, count - self.ref_units.get(unit, 0)) for unit, count in self.units.items())
+        return sum(
+            max(0, count - self.ref_units.get(unit, 0))
+            for unit, count in self.units.items()
+        )
 
 
 _CALL_ID = re.compile(r"\b(?:toolu|call)_[0-9a-f]{24}\b")
@@ -114,11 +119,20 @@ def _loose(snap: Snapshot) -> Snapshot:
     (usage, costs, who answered, and the reasoning blocks each wire returns in its own shape)."""
     text = json.dumps([snap.history, snap.events])
     order: dict[str, str] = {}
-    text = _CALL_ID.sub(lambda m: order.setdefault(m.group(0), f"call#{len(order)}"), text)
+    text = _CALL_ID.sub(
+        lambda m: order.setdefault(m.group(0), f"call#{len(order)}"), text
+    )
     history, events = json.loads(text)
-    history = [{k: v for k, v in m.items() if k != "reasoning"} for m in history]  # each wire's own
-    events = [(e[0], e[1], e[2], {k: v for k, v in e[3].items() if k not in _FIGURES}) for e in events]
-    return Snapshot(snap.run_id, snap.status, history, [tuple(e) for e in events], snap.journal)
+    history = [
+        {k: v for k, v in m.items() if k != "reasoning"} for m in history
+    ]  # each wire's own
+    events = [
+        (e[0], e[1], e[2], {k: v for k, v in e[3].items() if k not in _FIGURES})
+        for e in events
+    ]
+    return Snapshot(
+        snap.run_id, snap.status, history, [tuple(e) for e in events], snap.journal
+    )
 
 
 def _without_retries(events: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -133,7 +147,9 @@ def _stalled_run(client: redis.Redis, tag: str, run_id: str) -> str:
     """One unfinished run as Redis holds it (ages in seconds before now; negative: dated ahead)."""
     now = time.time()
     state: dict[str, str] = client.hgetall(keys.state(run_id))  # type: ignore[assignment]
-    outbox: list[tuple[str, float]] = client.zrange(keys.outbox(run_id), 0, -1, withscores=True)  # type: ignore[assignment]
+    outbox: list[tuple[str, float]] = client.zrange(
+        keys.outbox(run_id), 0, -1, withscores=True
+    )  # type: ignore[assignment]
     unacked: dict[str, str] = client.hgetall(names.UNACKED)  # type: ignore[assignment]
     queued = {}
     for queue in _queue_keys(client):
@@ -153,7 +169,9 @@ def _stalled_run(client: redis.Redis, tag: str, run_id: str) -> str:
 
 
 def _queue_keys(client: redis.Redis) -> list[str]:
-    return sorted(str(k) for queue in names.QUEUES for k in client.scan_iter(f"{queue}*"))
+    return sorted(
+        str(k) for queue in names.QUEUES for k in client.scan_iter(f"{queue}*")
+    )
 
 
 def _queues(client: redis.Redis) -> dict[str, int]:
@@ -162,7 +180,9 @@ def _queues(client: redis.Redis) -> dict[str, int]:
     return found
 
 
-def units(shapes: list[Shape], policy: FaultPolicy, phase: str, effects: list[dict[str, Any]]) -> Units:
+def units(
+    shapes: list[Shape], policy: FaultPolicy, phase: str, effects: list[dict[str, Any]]
+) -> Units:
     """How often each step did its work: model calls as the simulator saw them (what a provider
     bills), tool effects (run, start, wait) as the tools logged them."""
     found: Units = Counter()
@@ -201,13 +221,16 @@ def _phase(
     with pool:
         thread = None
         if during is not None:
-            thread = threading.Thread(target=during, args=(client, runs, pool), daemon=True)
+            thread = threading.Thread(
+                target=during, args=(client, runs, pool), daemon=True
+            )
             thread.start()
         last = drive(client, runs, timeout, on_failed)
         if thread is not None:
             thread.join(timeout=30)
     return {
-        runs[run_id].tag: snapshot(client, redis_client, run_id, status) for run_id, status in last.items()
+        runs[run_id].tag: snapshot(client, redis_client, run_id, status)
+        for run_id, status in last.items()
     }
 
 
@@ -240,7 +263,10 @@ def run_twins(
             extra = (ref_env or {}) if phase == "ref" else (fault_env or {})
             kwargs = {"size": 1, "concurrency": 4} if phase == "ref" else (pool or {})
             workers = WorkerPool(
-                redis_url, work, {**env, **extra, "TOOLLOOP_FAULTS_DIR": str(directory)}, **kwargs
+                redis_url,
+                work,
+                {**env, **extra, "TOOLLOOP_FAULTS_DIR": str(directory)},
+                **kwargs,
             )
             faulty = phase == "fault"
             snaps = _phase(

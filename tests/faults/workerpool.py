@@ -72,7 +72,13 @@ class WorkerPool:
         """The queues of the step consumer; "none" runs every task in Celery's threads pool."""
         self.events = events
         pythonpath = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
-        self.env = {**os.environ, **FAST, **env, "REDIS_URL": redis_url, "PYTHONPATH": pythonpath}
+        self.env = {
+            **os.environ,
+            **FAST,
+            **env,
+            "REDIS_URL": redis_url,
+            "PYTHONPATH": pythonpath,
+        }
         self.workers: list[Incarnation] = []
         self.logs: list[Path] = []
         self.deaths: list[tuple[int, int]] = []
@@ -112,7 +118,12 @@ class WorkerPool:
             args.append("-E")
         with log.open("wb") as out:
             process = subprocess.Popen(
-                args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                args,
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.logs.append(log)
         return Incarnation(process, log)
@@ -126,13 +137,17 @@ class WorkerPool:
             for worker in self.workers:
                 while " ready." not in worker.log.read_text(errors="replace"):
                     if worker.process.poll() is not None:
-                        raise RuntimeError(f"A worker exited at start:\n{worker.log.read_text()[-3000:]}")
+                        raise RuntimeError(
+                            f"A worker exited at start:\n{worker.log.read_text()[-3000:]}"
+                        )
                     if time.monotonic() > deadline:
                         raise RuntimeError(
                             f"A worker was not ready in {timeout} s:\n{worker.log.read_text()[-3000:]}"
                         )
                     time.sleep(0.1)
-        self._thread = threading.Thread(target=self._supervise, name="faults-supervisor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._supervise, name="faults-supervisor", daemon=True
+        )
         self._thread.start()
         return self
 

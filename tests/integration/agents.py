@@ -18,8 +18,21 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolloop import AbortSignal, PromptGenRequest, PromptGenResult, Started, ToolOutput, ToolSpec
-from toolloop.contract import AssistantMessage, TextPart, ToolCall, ToolMessage, UserMessage
+from toolloop import (
+    AbortSignal,
+    PromptGenRequest,
+    PromptGenResult,
+    Started,
+    ToolOutput,
+    ToolSpec,
+)
+from toolloop.contract import (
+    AssistantMessage,
+    TextPart,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
 from toolloop.testing import reply
 
 
@@ -54,8 +67,12 @@ class FlakyInput(BaseModel):
 
 def publish(input: AddInput, signal: AbortSignal) -> ToolOutput:
     """A tool that needs a person's approval: it logs the input it ran with."""
-    _log("TOOLLOOP_TEST_TOOL_LOG", tool="publish", ran_with={"a": input.a, "b": input.b})
-    return ToolOutput(value=input.a, content=[TextPart(text=f"published {input.a:g}+{input.b:g}")])
+    _log(
+        "TOOLLOOP_TEST_TOOL_LOG", tool="publish", ran_with={"a": input.a, "b": input.b}
+    )
+    return ToolOutput(
+        value=input.a, content=[TextPart(text=f"published {input.a:g}+{input.b:g}")]
+    )
 
 
 def transcode_start(input: AddInput, signal: AbortSignal) -> Started:
@@ -65,7 +82,9 @@ def transcode_start(input: AddInput, signal: AbortSignal) -> Started:
 
 
 def transcode_wait(started: dict[str, Any], signal: AbortSignal) -> ToolOutput:
-    return ToolOutput(value=started["job"], content=[TextPart(text="transcoded")], cost_usd=0.1)
+    return ToolOutput(
+        value=started["job"], content=[TextPart(text="transcoded")], cost_usd=0.1
+    )
 
 
 def add(input: AddInput, signal: AbortSignal) -> ToolOutput:
@@ -82,8 +101,14 @@ async def slow(input: SlowInput, signal: AbortSignal) -> ToolOutput:
     finally:  # also when the step itself is cancelled (a shutdown): no task left pending
         waiter.cancel()
     aborted = bool(done)
-    _log("TOOLLOOP_TEST_TOOL_LOG", tool="slow", event="aborted" if aborted else "finished")
-    return ToolOutput(value=aborted, content=[TextPart(text="stopped early" if aborted else "slept")])
+    _log(
+        "TOOLLOOP_TEST_TOOL_LOG",
+        tool="slow",
+        event="aborted" if aborted else "finished",
+    )
+    return ToolOutput(
+        value=aborted, content=[TextPart(text="stopped early" if aborted else "slept")]
+    )
 
 
 def flaky(input: FlakyInput, signal: AbortSignal) -> ToolOutput:
@@ -101,10 +126,16 @@ async def gate(input: GateInput, signal: AbortSignal) -> ToolOutput:
     """Wait until the test opens the gate (creates the file at `path`), up to 60 s: the run holds
     here, before its park, for as long as the test needs, whatever the machine's load."""
     deadline = time.monotonic() + 60
-    while not Path(input.path).exists() and time.monotonic() < deadline and not signal.aborted:
+    while (
+        not Path(input.path).exists()
+        and time.monotonic() < deadline
+        and not signal.aborted
+    ):
         await asyncio.sleep(0.02)
     opened = Path(input.path).exists()
-    return ToolOutput(value=opened, content=[TextPart(text="opened" if opened else "still shut")])
+    return ToolOutput(
+        value=opened, content=[TextPart(text="opened" if opened else "still shut")]
+    )
 
 
 class MeetInput(BaseModel):
@@ -117,7 +148,10 @@ def meet(input: MeetInput, signal: AbortSignal) -> ToolOutput:
     directory = Path(os.environ.get("TOOLLOOP_TEST_TOOL_LOG", "/tmp/x")).parent
     (directory / f"meet-{input.me}").touch()
     deadline = time.monotonic() + 10
-    while not (directory / f"meet-{input.partner}").exists() and time.monotonic() < deadline:
+    while (
+        not (directory / f"meet-{input.partner}").exists()
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     met = (directory / f"meet-{input.partner}").exists()
     return ToolOutput(value=met, content=[TextPart(text="met" if met else "alone")])
@@ -131,11 +165,30 @@ TOOLS = [
         schema=AskInput,
         run=lambda _input, _signal: None,
     ),
-    ToolSpec(name="slow", description="Wait a while.", schema=SlowInput, run=slow, queue="tools"),
+    ToolSpec(
+        name="slow",
+        description="Wait a while.",
+        schema=SlowInput,
+        run=slow,
+        queue="tools",
+    ),
     ToolSpec(name="flaky", description="Check a file.", schema=FlakyInput, run=flaky),
-    ToolSpec(name="render", description="Render on a GPU.", schema=AddInput, run=add, queue="gpu"),
-    ToolSpec(name="meet", description="Wait for a partner.", schema=MeetInput, run=meet),
-    ToolSpec(name="gate", description="Wait for the gate to open.", schema=GateInput, run=gate),
+    ToolSpec(
+        name="render",
+        description="Render on a GPU.",
+        schema=AddInput,
+        run=add,
+        queue="gpu",
+    ),
+    ToolSpec(
+        name="meet", description="Wait for a partner.", schema=MeetInput, run=meet
+    ),
+    ToolSpec(
+        name="gate",
+        description="Wait for the gate to open.",
+        schema=GateInput,
+        run=gate,
+    ),
     ToolSpec(
         name="transcode",
         description="Transcode a clip (a paid job).",
@@ -174,7 +227,9 @@ TOOLS = [
 
 def _text(content: str | list[Any]) -> str:
     return (
-        content if isinstance(content, str) else "".join(p.text for p in content if isinstance(p, TextPart))
+        content
+        if isinstance(content, str)
+        else "".join(p.text for p in content if isinstance(p, TextPart))
     )
 
 
@@ -202,20 +257,31 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
     if scenario == "tools":  # adds the first two numbers of the user's text
         if turn == 1:
             a, b = (float(word) for word in re.findall(r"\d+", _user_text(request))[:2])
-            return reply("Adding.", tool_calls=[call("add", {"a": a, "b": b})], cost_usd=0.01)
+            return reply(
+                "Adding.", tool_calls=[call("add", {"a": a, "b": b})], cost_usd=0.01
+            )
         return reply(f"The sum is {_last_tool_text(request)}.", cost_usd=0.01)
     if scenario == "ask":
         if turn == 1:
-            return reply(tool_calls=[call("ask", {"question": "Which shot?"})], cost_usd=0.01)
+            return reply(
+                tool_calls=[call("ask", {"question": "Which shot?"})], cost_usd=0.01
+            )
         return reply(f"You said: {_last_tool_text(request)}", cost_usd=0.01)
     if scenario == "ask2":  # two questions, one after the other
         if turn <= 2:
             return reply(tool_calls=[call("ask", {"question": f"Question {turn}?"})])
-        answers = [_text(m.content) for m in request.messages if isinstance(m, ToolMessage)]
+        answers = [
+            _text(m.content) for m in request.messages if isinstance(m, ToolMessage)
+        ]
         return reply(f"You said: {', then '.join(answers)}")
     if scenario == "slow":
         if turn == 1:
-            return reply(tool_calls=[call("slow", {"seconds": 30}), call("add", {"a": 1, "b": 1})])
+            return reply(
+                tool_calls=[
+                    call("slow", {"seconds": 30}),
+                    call("add", {"a": 1, "b": 1}),
+                ]
+            )
         return reply("Slept.")
     if scenario == "budget":
         return reply(tool_calls=[call("slow", {"seconds": 0.3})], cost_usd=0.4)
@@ -225,16 +291,22 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         if turn == 2:
             return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
         return reply(f"You said: {_last_tool_text(request)}")
-    if scenario == "ask_gated":  # the question, then a gate (the user text is its path), then the answer
+    if (
+        scenario == "ask_gated"
+    ):  # the question, then a gate (the user text is its path), then the answer
         if turn == 1:
             return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
         if turn == 2:
             return reply(tool_calls=[call("gate", {"path": _user_text(request)})])
-        answers = [_text(m.content) for m in request.messages if isinstance(m, ToolMessage)]
+        answers = [
+            _text(m.content) for m in request.messages if isinstance(m, ToolMessage)
+        ]
         return reply(f"You said: {answers[0]}")
     if scenario == "count":  # eleven tool turns, then an answer
         if turn <= 11:
-            return reply(tool_calls=[call("add", {"a": turn, "b": 1000})], cost_usd=0.001)
+            return reply(
+                tool_calls=[call("add", {"a": turn, "b": 1000})], cost_usd=0.001
+            )
         return reply("Counted.", cost_usd=0.001)
     if scenario == "meet":  # the user text is "<me> <partner>"
         if turn == 1:
@@ -247,7 +319,12 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
         return reply(f"Rendered {_last_tool_text(request)}.")
     if scenario == "approve2":  # two held calls in one turn
         if turn == 1:
-            return reply(tool_calls=[call("publish", {"a": 1, "b": 2}), call("publish", {"a": 3, "b": 4})])
+            return reply(
+                tool_calls=[
+                    call("publish", {"a": 1, "b": 2}),
+                    call("publish", {"a": 3, "b": 4}),
+                ]
+            )
         return reply(f"Model read: {_last_tool_text(request)}")
     if scenario in (
         "approve",
@@ -261,26 +338,38 @@ def answer(request: PromptGenRequest) -> PromptGenResult:
                 if scenario == "approve_gated"
                 else [call("add", {"a": 1, "b": 1})]
             )
-            name = {"approve_yes": "publish_yes", "approve_gpu": "publish_gpu"}.get(scenario, "publish")
-            return reply(tool_calls=[*first, call(name, {"a": 2, "b": 3})], cost_usd=0.01)
+            name = {"approve_yes": "publish_yes", "approve_gpu": "publish_gpu"}.get(
+                scenario, "publish"
+            )
+            return reply(
+                tool_calls=[*first, call(name, {"a": 2, "b": 3})], cost_usd=0.01
+            )
         return reply(f"Model read: {_last_tool_text(request)}", cost_usd=0.01)
     if scenario == "refuse":  # one addition, then a refusal with its details
         if turn == 1:
-            return reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3})], cost_usd=0.01)
+            return reply(
+                "Adding.", tool_calls=[call("add", {"a": 2, "b": 3})], cost_usd=0.01
+            )
         details = {"category": "cyber", "explanation": "Exploit development."}
         return reply("", finish_reason="refusal", meta=details, cost_usd=0.01)
     if scenario == "flaky":
         if turn == 1:
-            return reply(tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01)
+            return reply(
+                tool_calls=[call("flaky", {"path": _user_text(request)})], cost_usd=0.01
+            )
         return reply("Found it.", cost_usd=0.01)
     raise AssertionError(f"No scripted scenario {scenario!r}.")
 
 
 def make_generate() -> Any:
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         signal.throw_if_aborted()
         _log("TOOLLOOP_TEST_MODEL_LOG", system=request.system, user=_user_text(request))
-        if request.system == "slow_model_ask":  # a model call that takes a while, deaf to aborts
+        if (
+            request.system == "slow_model_ask"
+        ):  # a model call that takes a while, deaf to aborts
             await asyncio.sleep(1.5)
             return reply(tool_calls=[call("ask", {"question": "Which shot?"})])
         return answer(request)

@@ -14,8 +14,13 @@ def policy(request: SimRequest) -> SimTurn:
     first = request.messages[0]
     content = first.content if isinstance(first, UserMessage) else None
     text = (
-        content if isinstance(content, str) else "".join(getattr(part, "text", "") for part in content or [])
+        content
+        if isinstance(content, str)
+        else "".join(getattr(part, "text", "") for part in content or [])
     )
     if text == FAIL_ONCE:
-        return SimTurn(text="Answered after a retry.", fault=SimFault(kind="error", status=401, times=1))
+        return SimTurn(
+            text="Answered after a retry.",
+            fault=SimFault(kind="error", status=401, times=1),
+        )
     return review_policy(request)

@@ -26,7 +26,9 @@ from toolloop.embedded import EmbeddedServer, start_server
 from toolloop.sim import SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the toolsets of these tests are imported by path, as a worker does
+if (
+    str(ROOT) not in sys.path
+):  # the toolsets of these tests are imported by path, as a worker does
     sys.path.insert(0, str(ROOT))
 
 # Small delivery timers so that lost messages come back within seconds in tests.
@@ -58,7 +60,9 @@ def redis_in(directory: Path) -> Iterator[EmbeddedServer]:
         server.stop()
 
 
-def own_redis(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedServer]:
+def own_redis(
+    tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[EmbeddedServer]:
     """`redis_in` a fresh directory `name` (for a module- or session-scoped fixture)."""
     yield from redis_in(tmp_path_factory.mktemp(name))
 
@@ -95,7 +99,13 @@ class Worker:
         self.model_log: Path | None = None
         self.name = f"test-{uuid.uuid4().hex[:8]}@%h"
         paths = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-        full_env = {**os.environ, **WORKER_ENV, **env, "REDIS_URL": url, "PYTHONPATH": os.pathsep.join(paths)}
+        full_env = {
+            **os.environ,
+            **WORKER_ENV,
+            **env,
+            "REDIS_URL": url,
+            "PYTHONPATH": os.pathsep.join(paths),
+        }
         args = [
             sys.executable,
             "-m",
@@ -131,12 +141,16 @@ class Worker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"The worker exited at start:\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"The worker exited at start:\n{self.log.read_text()[-3000:]}"
+                )
             if " ready." in self.log.read_text(errors="replace"):
                 return self
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"The worker was not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
+        raise RuntimeError(
+            f"The worker was not ready in {timeout} s:\n{self.log.read_text()[-3000:]}"
+        )
 
     def stop(self) -> None:
         end(self.process, 15)
@@ -150,7 +164,10 @@ class Worker:
 
 
 def start_worker(
-    url: str, log_dir: Path, env: dict[str, str] | None = None, queues: str = "llm,tools,control"
+    url: str,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    queues: str = "llm,tools,control",
 ) -> Worker:
     log = log_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
     return Worker(url, log, env or {}, queues=queues).wait_ready()
@@ -164,7 +181,9 @@ def worker_on(url: str, directory: Path, env: dict[str, str]) -> Iterator[Worker
 
 
 @pytest.fixture(scope="session")
-def worker(runs_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+def worker(
+    runs_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
     """A worker whose model is the scripted one of tests/integration/agents.py. Its tools and model
     log what they run to `worker.tool_log` / `worker.model_log`."""
     directory = tmp_path_factory.mktemp("worker")
@@ -180,10 +199,16 @@ def worker(runs_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory)
     process.stop()
 
 
-def sim_env(sim: SimServer, tool_log: Path | None = None, **extra: str) -> dict[str, str]:
+def sim_env(
+    sim: SimServer, tool_log: Path | None = None, **extra: str
+) -> dict[str, str]:
     """The environment of a worker whose model is `sim` over real HTTP (providers.from_env on the
     Anthropic wire, no scripted model), its tools logging to `tool_log`, with `extra` on top."""
-    env = {"ANTHROPIC_BASE_URL": sim.base_url, "ANTHROPIC_API_KEY": "sim-key", "TOOLLOOP_PROMPT_GEN": ""}
+    env = {
+        "ANTHROPIC_BASE_URL": sim.base_url,
+        "ANTHROPIC_API_KEY": "sim-key",
+        "TOOLLOOP_PROMPT_GEN": "",
+    }
     if tool_log is not None:
         env["TOOLLOOP_TEST_TOOL_LOG"] = str(tool_log)
     return {**env, **extra}
@@ -203,7 +228,9 @@ def sim_worker(
     """A worker on `sim_redis` whose model is the module's `sim` fixture; its tools log what they run
     to `sim_worker.tool_log`."""
     directory = tmp_path_factory.mktemp("sim-worker")
-    process = start_worker(sim_redis.url, directory, sim_env(sim, directory / "tools.jsonl"))
+    process = start_worker(
+        sim_redis.url, directory, sim_env(sim, directory / "tools.jsonl")
+    )
     process.tool_log = directory / "tools.jsonl"
     yield process
     process.stop()

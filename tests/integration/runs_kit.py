@@ -74,8 +74,12 @@ def celery_events(client: Client, kind: str) -> Iterator[list[dict[str, Any]]]:
     the block runs, in a list that fills as they arrive (a receiver thread, stopped at the end)."""
     seen: list[dict[str, Any]] = []
     with client.celery.connection_for_read() as connection:
-        receiver = client.celery.events.Receiver(connection, handlers={kind: seen.append}, app=client.celery)
-        listening = threading.Thread(target=receiver.capture, kwargs={"wakeup": False}, daemon=True)
+        receiver = client.celery.events.Receiver(
+            connection, handlers={kind: seen.append}, app=client.celery
+        )
+        listening = threading.Thread(
+            target=receiver.capture, kwargs={"wakeup": False}, daemon=True
+        )
         listening.start()
         time.sleep(0.5)  # the receiver's queue is bound
         try:

@@ -22,7 +22,10 @@ class LongAnswers(AnthropicHandler):
     """The anthropic handler, every request with TOOLLOOP_TEST_MAX_TOKENS as its max_tokens."""
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         room = os.environ.get("TOOLLOOP_TEST_MAX_TOKENS", "").strip()
         if room:

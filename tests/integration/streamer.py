@@ -37,7 +37,11 @@ def worker_env(words: int, word_ms: int, **more: str) -> dict[str, str]:
 
 
 def answer_words(turn: int, count: int | None = None) -> list[str]:
-    count = int(os.environ.get("TOOLLOOP_TEST_STREAM_WORDS", "60")) if count is None else count
+    count = (
+        int(os.environ.get("TOOLLOOP_TEST_STREAM_WORDS", "60"))
+        if count is None
+        else count
+    )
     return [f"t{turn}w{i} " for i in range(count)]
 
 
@@ -48,7 +52,9 @@ def make() -> Any:
     async def generate(
         request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
     ) -> PromptGenResult:
-        turn = 1 + sum(1 for m in request.messages or [] if isinstance(m, AssistantMessage))
+        turn = 1 + sum(
+            1 for m in request.messages or [] if isinstance(m, AssistantMessage)
+        )
         words = answer_words(turn)
         said = str(getattr((request.messages or [None])[0], "content", ""))
         if on_delta is not None and "think" in said:
@@ -66,12 +72,16 @@ def make() -> Any:
             if on_delta is not None:
                 if index == 0 and log:
                     with open(log, "a", encoding="utf-8") as out:
-                        out.write(json.dumps({"turn": turn, "sent": time.time()}) + "\n")
+                        out.write(
+                            json.dumps({"turn": turn, "sent": time.time()}) + "\n"
+                        )
                 on_delta(DeltaEvent(text=word))
         calls = []
         if turn == 1 and any(tool.name == "add" for tool in request.tools or []):
             calls = [ToolCall(id="call-1", name="add", input={"a": 20, "b": 22})]
         usage = PromptGenUsage(prompt_tokens=10, completion_tokens=len(words))
-        return PromptGenResult(text="".join(words), tool_calls=calls, usage=usage, cost_usd=0.0001)
+        return PromptGenResult(
+            text="".join(words), tool_calls=calls, usage=usage, cost_usd=0.0001
+        )
 
     return generate

@@ -33,21 +33,31 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedServer]:
 
 def policy(request: SimRequest) -> SimTurn:
     call = SimToolCall(name="add", input={"a": 1, "b": 2})
-    return SimTurn(text="More.", tool_calls=[call], usage={"output_tokens": 4000})  # ~$0.02 a call
+    return SimTurn(
+        text="More.", tool_calls=[call], usage={"output_tokens": 4000}
+    )  # ~$0.02 a call
 
 
 def test_an_account_stop_names_the_account_its_period_and_limit_everywhere(
     own_redis: EmbeddedServer, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLOOP_") and k != "REDIS_URL"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TOOLLOOP_") and k != "REDIS_URL"
+    }
     env |= {"REDIS_URL": own_redis.url, "TOOLLOOP_HOME": str(tmp_path / "state")}
 
     def toolloop(*args: str) -> subprocess.CompletedProcess[str]:
         tool = str(Path(sys.executable).parent / "toolloop")
-        return subprocess.run([tool, *args], env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [tool, *args], env=env, capture_output=True, text=True, timeout=60
+        )
 
     with SimServer(policy) as sim:
-        worker = Worker(own_redis.url, tmp_path / "worker.log", sim_env(sim), concurrency=4).wait_ready()
+        worker = Worker(
+            own_redis.url, tmp_path / "worker.log", sim_env(sim), concurrency=4
+        ).wait_ready()
         client = Client(own_redis.url)
         try:
             client.set_account_limit("studio-a", 0.05, period="day", finish_at=1.0)
@@ -61,7 +71,9 @@ def test_an_account_stop_names_the_account_its_period_and_limit_everywhere(
                     account="studio-a",
                 )
             )
-            status = eventually(lambda: (s := client.status(run_id)).finished and s, timeout=60)
+            status = eventually(
+                lambda: (s := client.status(run_id)).finished and s, timeout=60
+            )
             events = list(client.events(run_id))
             (row,) = client.accounts()
         finally:
@@ -71,13 +83,20 @@ def test_an_account_stop_names_the_account_its_period_and_limit_everywhere(
     assert status.status == "budget", status
     (stop,) = [e for e in events if e.kind == "budget"]
     account = stop.data["account"]
-    assert (account["name"], account["period"], account["period_id"], account["limit_usd"]) == (
+    assert (
+        account["name"],
+        account["period"],
+        account["period_id"],
+        account["limit_usd"],
+    ) == (
         "studio-a",
         "day",
         today,
         0.05,
     )
-    assert stop.data["limit_usd"] == 1.0  # the run's own budget and spend, beside the account's
+    assert (
+        stop.data["limit_usd"] == 1.0
+    )  # the run's own budget and spend, beside the account's
     assert (
         stop.data["spent_usd"] == pytest.approx(status.spent_usd)
         and status.spent_usd < account["spent_usd"] + 1e-9

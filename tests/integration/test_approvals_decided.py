@@ -45,13 +45,17 @@ def cli(url: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLOOP_")}
     env |= {"REDIS_URL": url, "TOOLLOOP_HOME": str(home)}
     tool = str(Path(sys.executable).parent / "toolloop")
-    return subprocess.run([tool, *args], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [tool, *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def two_held(client: Client) -> tuple[str, str, str]:
     run_id = client.enqueue(spec("approve2"))
     status = client.wait(run_id, timeout=30)
-    assert status.status == "asked" and status.approvals and len(status.approvals) == 2, status
+    assert (
+        status.status == "asked" and status.approvals and len(status.approvals) == 2
+    ), status
     first, second = (held["call_id"] for held in status.approvals)
     return run_id, first, second
 
@@ -68,30 +72,47 @@ def test_a_decided_call_leaves_the_pending_list_everywhere_and_a_second_decision
 
         shown = cli(redis_server.url, tmp_path, "status", run_id)
         assert shown.returncode == 0, shown.stderr
-        assert f"approval  {first}" not in shown.stdout and f"approval  {second}" in shown.stdout
+        assert (
+            f"approval  {first}" not in shown.stdout
+            and f"approval  {second}" in shown.stdout
+        )
         assert f"decide with: toolloop approve {run_id} {second} |" in shown.stdout
         calls = cli(redis_server.url, tmp_path, "status", run_id, "--calls")
         assert calls.stdout.split() == [second]
 
         app = create_app(AsyncClient(redis_server.url), token="t0ken")
         with TestClient(app, headers={"Authorization": "Bearer t0ken"}) as http:
-            assert [a["call_id"] for a in http.get(f"/runs/{run_id}/approvals").json()["approvals"]] == [
-                second
-            ]
+            assert [
+                a["call_id"]
+                for a in http.get(f"/runs/{run_id}/approvals").json()["approvals"]
+            ] == [second]
             page = http.get(f"/runs/{run_id}", headers={"Accept": "text/html"}).text
-            assert f'data-call="{first}"' not in page and f'data-call="{second}"' in page
+            assert (
+                f'data-call="{first}"' not in page and f'data-call="{second}"' in page
+            )
             again = http.post(f"/runs/{run_id}/approvals/{first}/approve", json={})
-            assert again.status_code == 409 and "decided already (reject by ana)" in again.json()["error"]
+            assert (
+                again.status_code == 409
+                and "decided already (reject by ana)" in again.json()["error"]
+            )
             state = http.get(f"/runs/{run_id}/approvals/{first}").json()
-            assert (state["state"], state["action"], state["actor"]) == ("decided", "reject", "ana")
+            assert (state["state"], state["action"], state["actor"]) == (
+                "decided",
+                "reject",
+                "ana",
+            )
 
         with pytest.raises(
-            AlreadyDecidedError, match=r"decided already \(reject by ana\); the first decision"
+            AlreadyDecidedError,
+            match=r"decided already \(reject by ana\); the first decision",
         ):
             client.approve(run_id, first)
         repeated = cli(redis_server.url, tmp_path, "approve", run_id, first)
         assert repeated.returncode == 1 and "Refused:" in repeated.stderr, repeated
-        assert "decided already (reject by ana)" in repeated.stderr and repeated.stdout == ""
+        assert (
+            "decided already (reject by ana)" in repeated.stderr
+            and repeated.stdout == ""
+        )
         assert client.status(run_id).approvals == [left]  # the refusals changed nothing
 
         # a refused edit is readable later as the call's state; the call still waits
@@ -101,7 +122,9 @@ def test_a_decided_call_leaves_the_pending_list_everywhere_and_a_second_decision
         assert refused.state == "refused" and "valid number" in (refused.why or "")
         assert client.approve(run_id, second) == "resumed"
         status = client.wait(run_id, timeout=30)
-        assert status.status == "done" and status.final_text == "Model read: published 3+4", status
+        assert (
+            status.status == "done" and status.final_text == "Model read: published 3+4"
+        ), status
     finally:
         worker.stop()
 
@@ -116,15 +139,27 @@ def test_a_decision_with_no_worker_is_queued_at_once_and_its_outcome_is_readable
 
     app = create_app(AsyncClient(redis_server.url), token="t0ken")
     with TestClient(app, headers={"Authorization": "Bearer t0ken"}) as http:
-        sent = http.post(f"/runs/{other}/approvals/{other_call}/approve", json={"actor": "web"})
+        sent = http.post(
+            f"/runs/{other}/approvals/{other_call}/approve", json={"actor": "web"}
+        )
         assert sent.status_code == 202 and sent.json()["outcome"] == "queued", sent.text
-        again = http.post(f"/runs/{other}/approvals/{other_call}/reject", json={"reason": "no"})
-        assert again.status_code == 409 and "queued already (approve by web)" in again.json()["error"]
-        assert http.get(f"/runs/{other}/approvals/{other_call}").json()["state"] == "queued"
+        again = http.post(
+            f"/runs/{other}/approvals/{other_call}/reject", json={"reason": "no"}
+        )
+        assert (
+            again.status_code == 409
+            and "queued already (approve by web)" in again.json()["error"]
+        )
+        assert (
+            http.get(f"/runs/{other}/approvals/{other_call}").json()["state"]
+            == "queued"
+        )
 
     started = time.monotonic()
     assert client.approve(run_id, first, actor="ana") == "queued"
-    assert time.monotonic() - started < 3  # not the 10 s wait for a worker that is not there
+    assert (
+        time.monotonic() - started < 3
+    )  # not the 10 s wait for a worker that is not there
     queued = client.decision(run_id, first)
     assert (queued.state, queued.action, queued.actor) == ("queued", "approve", "ana")
     assert asyncio.run(_async_decision(redis_server.url, run_id, first)) == "queued"
@@ -136,23 +171,32 @@ def test_a_decision_with_no_worker_is_queued_at_once_and_its_outcome_is_readable
     assert "queued, applied when a worker runs" in sent.stdout
     read = cli(redis_server.url, tmp_path, "decision", run_id, second)
     assert (
-        read.returncode == 0 and "reject (one is enough): queued, applied when a worker runs" in read.stdout
+        read.returncode == 0
+        and "reject (one is enough): queued, applied when a worker runs" in read.stdout
     )
     shown = cli(redis_server.url, tmp_path, "status", run_id)
     assert "decision approve by ana: queued, applied when a worker runs" in shown.stdout
-    assert "decide with" not in shown.stdout  # every held call has its decision on the way
+    assert (
+        "decide with" not in shown.stdout
+    )  # every held call has its decision on the way
 
     again = start_worker(redis_server.url, tmp_path, WORKER_ENV)
     try:
         status = client.wait(run_id, timeout=30)
         assert (
             status.status == "done"
-            and status.final_text == "Model read: Rejected by the person: one is enough."
+            and status.final_text
+            == "Model read: Rejected by the person: one is enough."
         )
-        decided = eventually(lambda: (d := client.decision(run_id, first)).state == "decided" and d)
+        decided = eventually(
+            lambda: (d := client.decision(run_id, first)).state == "decided" and d
+        )
         assert (decided.action, decided.actor) == ("approve", "ana")
         read = cli(redis_server.url, tmp_path, "decision", run_id, second)
-        assert read.returncode == 0 and "decision reject (one is enough): decided" in read.stdout, read
+        assert (
+            read.returncode == 0
+            and "decision reject (one is enough): decided" in read.stdout
+        ), read
     finally:
         again.stop()
 

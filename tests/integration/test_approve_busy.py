@@ -19,10 +19,15 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    yield from own_redis(tmp_path_factory, "approve-busy-redis")  # no other worker takes its runs
+    yield from own_redis(
+        tmp_path_factory, "approve-busy-redis"
+    )  # no other worker takes its runs
 
 
-ENV = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate", "TOOLLOOP_STEPS_IN_FLIGHT": "1"}
+ENV = {
+    "TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
+    "TOOLLOOP_STEPS_IN_FLIGHT": "1",
+}
 """The scripted model, and one step slot: a run's gate tool takes it."""
 
 
@@ -36,7 +41,9 @@ def test_approve_returns_at_once_while_every_step_slot_is_taken(
         held_run = client.enqueue(spec("approve"))
         status = client.wait(held_run, timeout=20)
         assert status.approvals, status
-        busy = client.enqueue(spec("gated_ask", str(gate)))  # its gate tool holds the one slot
+        busy = client.enqueue(
+            spec("gated_ask", str(gate))
+        )  # its gate tool holds the one slot
         eventually(lambda: "model" in kinds(client, busy))
         time.sleep(0.5)  # the gate step is running
         started = time.monotonic()
@@ -45,7 +52,9 @@ def test_approve_returns_at_once_while_every_step_slot_is_taken(
         assert outcome == "resumed"
         assert took < 2.0, f"approve took {took:.2f} s with the step slot taken"
         gate.touch()  # the slot is free again: the approved run's next step runs
-        assert client.wait(held_run, timeout=20).final_text == "Model read: published 2+3"
+        assert (
+            client.wait(held_run, timeout=20).final_text == "Model read: published 2+3"
+        )
         assert client.wait(busy, timeout=20).asked == {"question": "Which shot?"}
     finally:
         gate.touch()

@@ -9,11 +9,23 @@ from typing import Any
 
 import pytest
 
-from tests.integration.runs_kit import celery_events, client_on, eventually, kinds, logged, spec
+from tests.integration.runs_kit import (
+    celery_events,
+    client_on,
+    eventually,
+    kinds,
+    logged,
+    spec,
+)
 from toolloop.loop.approvals import ApprovalError
 from workers.client import AsyncClient, Client
 from workers.protocol import keys
-from workers.protocol.errors import LimitError, RunNotFoundError, RunStateError, ToolsetError
+from workers.protocol.errors import (
+    LimitError,
+    RunNotFoundError,
+    RunStateError,
+    ToolsetError,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,33 +43,53 @@ def test_enqueue_many_makes_the_runs_enqueue_makes(client: Client) -> None:
     batch = client.enqueue_many([spec("tools", f"Add {n} and 13.") for n in range(5)])
     assert len(set(batch)) == 5 and single not in batch
     for run_id, total in zip([single, *batch], [9, 13, 14, 15, 16, 17], strict=True):
-        status = client.wait(run_id, timeout=30)  # the scripted model adds the numbers it is given
-        assert status.status == "done" and status.final_text == f"The sum is {total}.", status
+        status = client.wait(
+            run_id, timeout=30
+        )  # the scripted model adds the numbers it is given
+        assert (
+            status.status == "done" and status.final_text == f"The sum is {total}."
+        ), status
         assert kinds(client, run_id) == TOOLS_RUN
-    assert [client.history(r)[0].content for r in batch] == [f"Add {n} and 13." for n in range(5)]
+    assert [client.history(r)[0].content for r in batch] == [
+        f"Add {n} and 13." for n in range(5)
+    ]
 
 
-def test_enqueue_many_keeps_idempotency_and_checks_every_spec_first(client: Client) -> None:
+def test_enqueue_many_keeps_idempotency_and_checks_every_spec_first(
+    client: Client,
+) -> None:
     keyed = client.enqueue_many(
         [spec("tools", ADD), spec("tools", ADD)], idempotency_keys=["many-1", "many-2"]
     )
     again = client.enqueue_many([spec("tools", "Other.")], idempotency_keys=["many-1"])
-    assert again == keyed[:1] and client.enqueue(spec("tools", ADD), idempotency_key="many-2") == keyed[1]
+    assert (
+        again == keyed[:1]
+        and client.enqueue(spec("tools", ADD), idempotency_key="many-2") == keyed[1]
+    )
     assert kinds(client, keyed[0]).count("queued") == 1
     stored = client.redis.zcard(keys.ALL_RUNS)
     with pytest.raises(ToolsetError):
         client.enqueue_many([spec("tools", ADD), spec("tools", ADD, toolset="nosuch")])
     with pytest.raises(ValueError, match="one key"):
         client.enqueue_many([spec("tools", ADD)], idempotency_keys=["a", "b"])
-    assert client.redis.zcard(keys.ALL_RUNS) == stored  # nothing of a refused batch was stored
+    assert (
+        client.redis.zcard(keys.ALL_RUNS) == stored
+    )  # nothing of a refused batch was stored
     for run_id in keyed:
         assert client.wait(run_id, timeout=30).status == "done"
 
 
-async def test_the_async_client_runs_a_run_as_the_client_does(runs_redis, client: Client) -> None:  # type: ignore[no-untyped-def]
+async def test_the_async_client_runs_a_run_as_the_client_does(
+    runs_redis, client: Client
+) -> None:  # type: ignore[no-untyped-def]
     async with AsyncClient(runs_redis.url) as aclient:
-        run_id = await aclient.enqueue(spec("tools", "Add 4 and 5."), idempotency_key="async-1")
-        assert await aclient.enqueue(spec("tools", "Else."), idempotency_key="async-1") == run_id
+        run_id = await aclient.enqueue(
+            spec("tools", "Add 4 and 5."), idempotency_key="async-1"
+        )
+        assert (
+            await aclient.enqueue(spec("tools", "Else."), idempotency_key="async-1")
+            == run_id
+        )
         followed = [event async for event in aclient.events(run_id, follow=True)]
         assert [e.kind for e in followed] == TOOLS_RUN
         status = await aclient.wait(run_id, timeout=10)
@@ -65,11 +97,17 @@ async def test_the_async_client_runs_a_run_as_the_client_does(runs_redis, client
         assert await aclient.history(run_id) == client.history(run_id)
         assert [e.id for e in followed] == [e.id for e in client.events(run_id)]
         page = await aclient.list_runs(status="done", limit=5)
-        assert page == client.list_runs(status="done", limit=5) and run_id in [r.run_id for r in page.runs]
+        assert page == client.list_runs(status="done", limit=5) and run_id in [
+            r.run_id for r in page.runs
+        ]
         many = await aclient.enqueue_many([spec("tools", ADD), spec("tools", ADD)])
         done = await asyncio.gather(*(aclient.wait(r, timeout=30) for r in many))
         assert [s.status for s in done] == ["done", "done"]
-        assert await aclient.add_spend(run_id, 0.25) == client.add_spend(run_id, 0.0) == 0.25
+        assert (
+            await aclient.add_spend(run_id, 0.25)
+            == client.add_spend(run_id, 0.0)
+            == 0.25
+        )
         with pytest.raises(RunStateError):
             await aclient.cancel(run_id)
         with pytest.raises(RunStateError):
@@ -82,7 +120,9 @@ async def test_the_async_client_runs_a_run_as_the_client_does(runs_redis, client
             await aclient.enqueue(spec("tools", "x" * 1_000_001))
 
 
-async def test_the_async_client_answers_and_cancels(runs_redis, worker, client: Client) -> None:  # type: ignore[no-untyped-def]
+async def test_the_async_client_answers_and_cancels(
+    runs_redis, worker, client: Client
+) -> None:  # type: ignore[no-untyped-def]
     async with AsyncClient(runs_redis.url) as aclient:
         run_id = await aclient.enqueue(spec("ask"))
         parked = await aclient.wait(run_id, timeout=20)
@@ -100,9 +140,14 @@ async def test_the_async_client_answers_and_cancels(runs_redis, worker, client: 
             "finished",
         ]
         starts = len([e for e in logged(worker.tool_log) if e.get("event") == "start"])
-        slow = await aclient.enqueue(spec("slow"))  # a tool that sleeps 30 s unless cancelled
+        slow = await aclient.enqueue(
+            spec("slow")
+        )  # a tool that sleeps 30 s unless cancelled
         for _ in range(400):  # cancel the tool where it runs (its abort), within 20 s
-            if len([e for e in logged(worker.tool_log) if e.get("event") == "start"]) > starts:
+            if (
+                len([e for e in logged(worker.tool_log) if e.get("event") == "start"])
+                > starts
+            ):
                 break
             await asyncio.sleep(0.05)
         await aclient.cancel(slow)
@@ -118,17 +163,28 @@ async def test_the_async_client_decides_held_calls(runs_redis, client: Client) -
         [held] = parked.approvals
         with pytest.raises(ApprovalError):
             await aclient.approve(run_id, held["call_id"], digest="sha256:another")
-        outcome = await aclient.approve(run_id, held["call_id"], digest=held["input_digest"], actor="ana")
+        outcome = await aclient.approve(
+            run_id, held["call_id"], digest=held["input_digest"], actor="ana"
+        )
         assert outcome == "resumed"
         status = await aclient.wait(run_id, timeout=20)
-        assert status.status == "done" and status.final_text == "Model read: published 2+3"
-        decided: list[Any] = [e for e in client.events(run_id) if e.kind == "approval_decided"]
+        assert (
+            status.status == "done" and status.final_text == "Model read: published 2+3"
+        )
+        decided: list[Any] = [
+            e for e in client.events(run_id) if e.kind == "approval_decided"
+        ]
         assert [e.data["actor"] for e in decided] == ["ana"]
 
 
-def test_every_enqueue_sends_the_task_sent_event_flower_reads(runs_redis, client: Client) -> None:  # type: ignore[no-untyped-def]
+def test_every_enqueue_sends_the_task_sent_event_flower_reads(
+    runs_redis, client: Client
+) -> None:  # type: ignore[no-untyped-def]
     with celery_events(client, "task-sent") as seen:
-        run_ids = [client.enqueue(spec("tools", ADD)), *client.enqueue_many([spec("tools", ADD)])]
+        run_ids = [
+            client.enqueue(spec("tools", ADD)),
+            *client.enqueue_many([spec("tools", ADD)]),
+        ]
 
         async def through_the_async_client() -> list[str]:
             async with AsyncClient(runs_redis.url) as aclient:

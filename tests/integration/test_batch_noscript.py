@@ -39,8 +39,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
 @contextlib.asynccontextmanager
 async def _batch(server: EmbeddedServer) -> AsyncIterator[Batch]:
     """A worker process's own batch (its client: retried connections, hiredis packing)."""
-    settings = dataclasses.replace(Settings.from_env(), redis_url=server.url, sweep_interval=0, kill_plan="")
-    process = WorkerProcess(make_app(settings), settings, loop=asyncio.get_running_loop())
+    settings = dataclasses.replace(
+        Settings.from_env(), redis_url=server.url, sweep_interval=0, kill_plan=""
+    )
+    process = WorkerProcess(
+        make_app(settings), settings, loop=asyncio.get_running_loop()
+    )
     try:
         yield process.batch
     finally:
@@ -70,11 +74,15 @@ async def _one_turn(batch: Batch, stream: str, box: str) -> list[Any]:
     return out
 
 
-async def test_a_flushed_script_cache_keeps_the_batchs_order(server: EmbeddedServer) -> None:
+async def test_a_flushed_script_cache_keeps_the_batchs_order(
+    server: EmbeddedServer,
+) -> None:
     raw = redis.Redis.from_url(server.url, decode_responses=True)
     stream, box = f"s:{uuid.uuid4().hex}", f"h:{uuid.uuid4().hex}"
     async with _batch(server) as batch:
-        assert await batch.script(APPEND, [stream], ["warm"]) == 1  # the batch knows it is loaded
+        assert (
+            await batch.script(APPEND, [stream], ["warm"]) == 1
+        )  # the batch knows it is loaded
         raw.script_flush()  # as a Redis restart behind a proxy, or an operator: the connection stays
         replies = await _one_turn(batch, stream, box)
         assert not [r for r in replies if isinstance(r, BaseException)], replies
@@ -97,7 +105,9 @@ async def test_a_redis_restart_keeps_the_batchs_order(server: EmbeddedServer) ->
     raw.close()
 
 
-async def test_batches_in_flight_together_run_again_in_their_order(server: EmbeddedServer) -> None:
+async def test_batches_in_flight_together_run_again_in_their_order(
+    server: EmbeddedServer,
+) -> None:
     """The first batch is large (Redis reads it in pieces, and answers the second one first): its
     command runs again before the second batch's all the same."""
     raw = redis.Redis.from_url(server.url, decode_responses=True)
@@ -105,11 +115,15 @@ async def test_batches_in_flight_together_run_again_in_their_order(server: Embed
     async with _batch(server) as batch:
         warm = [batch.script(APPEND, [stream], ["w"])]
         await asyncio.sleep(0)
-        warm.append(batch.script(APPEND, [stream], ["w"]))  # two batches at once: two connections
+        warm.append(
+            batch.script(APPEND, [stream], ["w"])
+        )  # two batches at once: two connections
         assert await asyncio.gather(*warm) == [1, 1]
         raw.script_flush()
         first = batch.script(APPEND, [stream], ["a" * 8_000_000])
-        await asyncio.sleep(0)  # the first batch is taken: the next command goes in a batch of its own
+        await asyncio.sleep(
+            0
+        )  # the first batch is taken: the next command goes in a batch of its own
         second = batch.script(APPEND, [stream], ["b"])
         assert await asyncio.gather(first, second) == [1, 1]
         assert [e[:1] for e in _entries(raw, stream)] == ["w", "w", "a", "b"]

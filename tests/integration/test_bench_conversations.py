@@ -20,5 +20,9 @@ def test_the_chat_session_benchmark_runs_and_meets_its_target(
     out = tmp_path / "chat.json"
     assert main(["chat", "--messages", "5", "--json", str(out)]) == 0
     row = json.loads(out.read_text())["chat"]
-    assert row["cached_share_from_3"] >= 0.9 and row["history_whole"] and row["messages"] == 6
+    assert (
+        row["cached_share_from_3"] >= 0.9
+        and row["history_whole"]
+        and row["messages"] == 6
+    )
     assert "(target >= 90%: met)" in capsys.readouterr().out

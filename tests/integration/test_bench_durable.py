@@ -48,22 +48,44 @@ def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
         "20",
     ]
     done = subprocess.run(
-        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=110, check=False
+        [sys.executable, str(BENCH), *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert any(line.startswith("bare Celery hop (floor)") for line in lines)
     for how in ("step consumer", "Celery threads pool"):
-        step = next(line for line in lines if line.startswith(f"durable step, {how}, per step"))
+        step = next(
+            line for line in lines if line.startswith(f"durable step, {how}, per step")
+        )
         assert "x floor" in step and ("met" in step or "MISSED" in step)
-        assert any(line.startswith(f"  in flight, {how}: 4/4 done") for line in lines), done.stdout
-        kept = next(line for line in lines if line.startswith(f"4 kept in flight at 0.2 s, {how}"))
+        assert any(
+            line.startswith(f"  in flight, {how}: 4/4 done") for line in lines
+        ), done.stdout
+        kept = next(
+            line
+            for line in lines
+            if line.startswith(f"4 kept in flight at 0.2 s, {how}")
+        )
         assert ">= 80 % ideal" in kept and ("met" in kept or "MISSED" in kept)
-        assert any(line.startswith(f"  kept in flight, {how}: 4/4 done") for line in lines), done.stdout
-    observed = next(line for line in lines if line.startswith("tracing + metrics on vs off"))
+        assert any(
+            line.startswith(f"  kept in flight, {how}: 4/4 done") for line in lines
+        ), done.stdout
+    observed = next(
+        line for line in lines if line.startswith("tracing + metrics on vs off")
+    )
     assert "<= 1.15 x off" in observed and ("met" in observed or "MISSED" in observed)
-    assert any(line.startswith("  tracing + metrics: 4 runs x 2 turns") for line in lines), done.stdout
-    streaming = next(line for line in lines if line.startswith("streaming on vs off, 4 in flight"))
-    assert "<= 1.10 x off" in streaming and ("met" in streaming or "MISSED" in streaming)
+    assert any(
+        line.startswith("  tracing + metrics: 4 runs x 2 turns") for line in lines
+    ), done.stdout
+    streaming = next(
+        line for line in lines if line.startswith("streaming on vs off, 4 in flight")
+    )
+    assert "<= 1.10 x off" in streaming and (
+        "met" in streaming or "MISSED" in streaming
+    )
     replay = next(line for line in lines if line.startswith("replay 200-step journal"))
     assert "<= 20 ms" in replay

@@ -20,7 +20,13 @@ async def test_the_prompt_cache_benchmark_runs_and_meets_its_target(
     out = tmp_path / "cache.json"
     assert await main(["--turns", "8", "--json", str(out)]) == 0
     rows = {row["mode"]: row for row in json.loads(out.read_text())["modes"]}
-    assert rows["off"]["cache_read_tokens"] == 0 and rows["off"]["cache_write_tokens"] == 0
+    assert (
+        rows["off"]["cache_read_tokens"] == 0 and rows["off"]["cache_write_tokens"] == 0
+    )
     assert rows["conversation"]["cached_share_from_turn_3"] >= 0.9
-    assert rows["conversation"]["cost_usd"] < rows["system"]["cost_usd"] < rows["off"]["cost_usd"]
+    assert (
+        rows["conversation"]["cost_usd"]
+        < rows["system"]["cost_usd"]
+        < rows["off"]["cost_usd"]
+    )
     assert "target >= 90%: met" in capsys.readouterr().out

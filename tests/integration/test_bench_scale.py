@@ -16,7 +16,9 @@ pytestmark = pytest.mark.integration
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
 
 
-@pytest.mark.timeout(360)  # ~40 s at a load average of 12 on 2 cores; the suite's 120 s cut it short
+@pytest.mark.timeout(
+    360
+)  # ~40 s at a load average of 12 on 2 cores; the suite's 120 s cut it short
 def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     args = [
@@ -43,22 +45,52 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     ]
     try:
         done = subprocess.run(
-            [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, check=False
+            [sys.executable, str(BENCH), *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
-    except subprocess.TimeoutExpired as late:  # say where it was: its own progress lines
-        so_far = late.stderr.decode(errors="replace") if isinstance(late.stderr, bytes) else late.stderr or ""
-        pytest.fail(f"bench/scale.py ran over 300 s; its stderr so far:\n{so_far[-3000:]}")
+    except (
+        subprocess.TimeoutExpired
+    ) as late:  # say where it was: its own progress lines
+        so_far = (
+            late.stderr.decode(errors="replace")
+            if isinstance(late.stderr, bytes)
+            else late.stderr or ""
+        )
+        pytest.fail(
+            f"bench/scale.py ran over 300 s; its stderr so far:\n{so_far[-3000:]}"
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert any(line.startswith("bare Celery hop (floor):") for line in lines), done.stdout
-    flight = next(line for line in lines if line.startswith("6 runs in flight x 2 turns at 0.2 s:"))
+    assert any(line.startswith("bare Celery hop (floor):") for line in lines), (
+        done.stdout
+    )
+    flight = next(
+        line
+        for line in lines
+        if line.startswith("6 runs in flight x 2 turns at 0.2 s:")
+    )
     assert "of ideal" in flight and "worker CPU per step" in flight
     assert any(line.startswith("  trial: 6/6 done") for line in lines), done.stdout
-    parked = next(line for line in lines if line.startswith("12 parked runs raise the worker's RSS by"))
+    parked = next(
+        line
+        for line in lines
+        if line.startswith("12 parked runs raise the worker's RSS by")
+    )
     assert "{'asked': 24}" in parked  # two bursts of 12
-    assert "after 12 runs at full steps in flight" in parked  # the warm-up before the baseline
-    assert any(line.startswith("  RSS after each burst of 12: ") for line in lines), done.stdout
-    by_mapping = next(line for line in lines if line.startswith("  RSS by mapping, before -> after, MB: "))
+    assert (
+        "after 12 runs at full steps in flight" in parked
+    )  # the warm-up before the baseline
+    assert any(line.startswith("  RSS after each burst of 12: ") for line in lines), (
+        done.stdout
+    )
+    by_mapping = next(
+        line
+        for line in lines
+        if line.startswith("  RSS by mapping, before -> after, MB: ")
+    )
     assert "heap" in by_mapping and "anon" in by_mapping, by_mapping
     assert any(line.startswith("  pymalloc: arenas ") for line in lines), done.stdout
     assert any(line.startswith("  glibc: arenas ") for line in lines), done.stdout
@@ -66,18 +98,42 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     (trial,) = results["flight"]
     # CPU is read in 10 ms ticks: 18 steps at the 0.3 ms target may read 0
     assert trial["done"] == 6 and trial["cpu_s"] >= 0 and trial["steps"] == 6 * 3
-    assert {"gen0", "gen1", "gen2"} <= set(trial["gc"]) and trial["sim_cpu_s"] >= 0  # 10 ms ticks
+    assert {"gen0", "gen1", "gen2"} <= set(trial["gc"]) and trial[
+        "sim_cpu_s"
+    ] >= 0  # 10 ms ticks
     # the worker's collector thresholds (workers/worker/bootsteps.py): 6 steps in flight keep the floor of
     # 100,000
     assert trial["gc"]["thresholds"] == [100_000, 50, 1000]
     kept = results["parked"]
     assert kept["statuses"] == {"asked": 24} and len(kept["rss_after_bursts_mb"]) == 2
-    assert kept["warm"] == 12  # the bench asserts that every warm-up run ended done, none parked
-    pools = kept["alloc_after"]["pymalloc"]  # sys._debugmallocstats() read in the worker
-    assert pools["arenas_allocated_current"] > 0 and pools["bytes_in_allocated_blocks"] > 1 << 20, pools
-    assert kept["alloc_after"]["glibc"]["arenas"] >= 1  # malloc_info: the main arena at least
-    assert kept["probe_after"]["kept_loops"] == 0  # a parked run keeps no loop on its worker
+    assert (
+        kept["warm"] == 12
+    )  # the bench asserts that every warm-up run ended done, none parked
+    pools = kept["alloc_after"][
+        "pymalloc"
+    ]  # sys._debugmallocstats() read in the worker
+    assert (
+        pools["arenas_allocated_current"] > 0
+        and pools["bytes_in_allocated_blocks"] > 1 << 20
+    ), pools
+    assert (
+        kept["alloc_after"]["glibc"]["arenas"] >= 1
+    )  # malloc_info: the main arena at least
+    assert (
+        kept["probe_after"]["kept_loops"] == 0
+    )  # a parked run keeps no loop on its worker
     assert "top" in kept["garbage"] and kept["rss_after_mb"] > kept["rss_before_mb"] / 2
-    assert any(line.startswith("  cyclic garbage per parked run:") for line in lines), done.stdout
-    left = {name for name, _ in kept["garbage"]["top"]}  # no step's or ended loop's objects in cycles
-    assert not left & {"_Step", "Held", "LiveLoop", "Begun", "SegmentJournal", "StepTrace"}, kept["garbage"]
+    assert any(line.startswith("  cyclic garbage per parked run:") for line in lines), (
+        done.stdout
+    )
+    left = {
+        name for name, _ in kept["garbage"]["top"]
+    }  # no step's or ended loop's objects in cycles
+    assert not left & {
+        "_Step",
+        "Held",
+        "LiveLoop",
+        "Begun",
+        "SegmentJournal",
+        "StepTrace",
+    }, kept["garbage"]

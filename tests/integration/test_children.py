@@ -83,7 +83,9 @@ def spec(prompt: str, **fields: object) -> dict[str, object]:
 
 def own_cost(client: Client, run_id: str) -> float:
     """What the run's own model calls cost (its `model` events)."""
-    return sum(float(e.data["cost_usd"]) for e in client.events(run_id) if e.kind == "model")
+    return sum(
+        float(e.data["cost_usd"]) for e in client.events(run_id) if e.kind == "model"
+    )
 
 
 def ended_tree(client: Client, run_id: str) -> list[RunNode] | None:
@@ -96,20 +98,33 @@ def children_of(nodes: list[RunNode], run_id: str) -> list[RunNode]:
     return [node for node in nodes if node.parent == run_id]
 
 
-def test_a_parent_spawns_children_that_finish_and_its_spend_is_theirs_and_its_own(client: Client) -> None:
+def test_a_parent_spawns_children_that_finish_and_its_spend_is_theirs_and_its_own(
+    client: Client,
+) -> None:
     root = client.enqueue(spec("fan=3,2 Review the cut."))
     status = client.wait(root, timeout=60)
     assert status.status == "done", status
     assert status.final_text == "Collected: 3 child runs finished:"
     nodes = client.tree(root)
     assert len(nodes) == 1 + 3 + 6 and all(node.status == "done" for node in nodes)
-    for node in nodes:  # each run's spend: its own calls and its children's, to the micro-dollar
+    for node in (
+        nodes
+    ):  # each run's spend: its own calls and its children's, to the micro-dollar
         below = sum(child.spent_usd for child in children_of(nodes, node.run_id))
-        assert node.spent_usd == pytest.approx(own_cost(client, node.run_id) + below, abs=1e-6)
-        assert round(node.spent_usd, 2) == round(own_cost(client, node.run_id) + below, 2)
+        assert node.spent_usd == pytest.approx(
+            own_cost(client, node.run_id) + below, abs=1e-6
+        )
+        assert round(node.spent_usd, 2) == round(
+            own_cost(client, node.run_id) + below, 2
+        )
     first = children_of(nodes, root)[0]
-    assert first.run_id.startswith(f"{root}.") and first.budget_usd is not None  # a slice of the root's $1
-    assert client.status(first.run_id).parent == root and client.status(first.run_id).depth == 1
+    assert (
+        first.run_id.startswith(f"{root}.") and first.budget_usd is not None
+    )  # a slice of the root's $1
+    assert (
+        client.status(first.run_id).parent == root
+        and client.status(first.run_id).depth == 1
+    )
     kinds = [e.kind for e in client.events(root)]
     assert kinds == [
         "queued",
@@ -123,10 +138,14 @@ def test_a_parent_spawns_children_that_finish_and_its_spend_is_theirs_and_its_ow
         "finished",
     ]
     started = [e for e in client.events(root) if e.kind == "child_started"]
-    assert [e.data["child"] for e in started] == [n.run_id for n in children_of(nodes, root)]
+    assert [e.data["child"] for e in started] == [
+        n.run_id for n in children_of(nodes, root)
+    ]
     spawn_result = next(m for m in client.history(root) if m.role == "tool")
     assert "3 child runs finished" in str(spawn_result.content)
-    assert asyncio.run(async_tree(client.settings.redis_url, root)) == nodes  # AsyncClient reads the same
+    assert (
+        asyncio.run(async_tree(client.settings.redis_url, root)) == nodes
+    )  # AsyncClient reads the same
 
 
 async def async_tree(url: str, run_id: str) -> list[RunNode]:
@@ -141,9 +160,13 @@ def test_a_waiting_parent_holds_no_worker_and_no_lease(client: Client) -> None:
     root = client.enqueue(spec("fan=2 slow=1.5 Review."))
     eventually(lambda: client.status(root).status == "waiting", timeout=20)
     assert client.redis.exists(keys.lease(root)) == 0
-    assert client.redis.zcard(keys.outbox(root)) == 0  # no step of it queued: only its last child wakes it
+    assert (
+        client.redis.zcard(keys.outbox(root)) == 0
+    )  # no step of it queued: only its last child wakes it
     assert client.wait(root, timeout=30).status == "done"
-    assert [e.kind for e in client.events(root)].count("woken") == 1  # woken once, by the last child
+    assert [e.kind for e in client.events(root)].count(
+        "woken"
+    ) == 1  # woken once, by the last child
 
 
 def test_cancel_of_the_root_reaches_every_descendant(client: Client) -> None:
@@ -151,7 +174,11 @@ def test_cancel_of_the_root_reaches_every_descendant(client: Client) -> None:
     eventually(
         lambda: (
             len(client.tree(root)) == 7
-            and all(n.status == "running" for n in client.tree(root) if n.run_id.count(".") == 2)
+            and all(
+                n.status == "running"
+                for n in client.tree(root)
+                if n.run_id.count(".") == 2
+            )
         ),
         timeout=30,
     )
@@ -161,22 +188,37 @@ def test_cancel_of_the_root_reaches_every_descendant(client: Client) -> None:
     took = time.monotonic() - asked
     assert [n.status for n in nodes] == ["cancel"] * 7, nodes
     print(f"cancel reached the 7 runs of the tree in {took:.3f} s")
-    assert took < 3.0, took  # the bench (bench/children.py) measures it: under 1 s on a quiet machine
+    assert took < 3.0, (
+        took
+    )  # the bench (bench/children.py) measures it: under 1 s on a quiet machine
     with pytest.raises(Exception, match="has ended"):
         client.cancel(children_of(nodes, root)[0].run_id)
 
 
 def test_a_childs_question_is_answered_through_the_root(client: Client) -> None:
     root = client.enqueue(spec("fan=2 ask Review."))
-    eventually(lambda: sum(n.asked is not None for n in client.tree(root)) == 2, timeout=30)
+    eventually(
+        lambda: sum(n.asked is not None for n in client.tree(root)) == 2, timeout=30
+    )
     asked = [e for e in client.events(root) if e.kind == "child_asked"]
-    assert len(asked) == 2 and asked[0].data["asked"]["question"].startswith("Which take")
-    first, second = children_of(client.tree(root), root)  # in spawn order, whichever asked first
-    status = client.wait(root, timeout=10)  # the root waits on its children: it shows the question
+    assert len(asked) == 2 and asked[0].data["asked"]["question"].startswith(
+        "Which take"
+    )
+    first, second = children_of(
+        client.tree(root), root
+    )  # in spawn order, whichever asked first
+    status = client.wait(
+        root, timeout=10
+    )  # the root waits on its children: it shows the question
     assert status.status == "waiting" and status.asking == first.run_id
-    assert status.asked == first.asked and {e.data["child"] for e in asked} == {first.run_id, second.run_id}
+    assert status.asked == first.asked and {e.data["child"] for e in asked} == {
+        first.run_id,
+        second.run_id,
+    }
     client.answer(root, "Take 2")  # to the first child that asks
-    assert client.wait(root, timeout=20).asking == second.run_id  # then the other one asks
+    assert (
+        client.wait(root, timeout=20).asking == second.run_id
+    )  # then the other one asks
     client.answer(root, "Take 3")
     assert client.wait(root, timeout=30).status == "done"
     finals = [n.final_text for n in children_of(client.tree(root), root)]
@@ -190,26 +232,46 @@ def test_a_child_cannot_overspend_its_slice(client: Client) -> None:
     leaves = children_of(nodes, root)
     assert [leaf.status for leaf in leaves] == ["budget"] * 3
     total_over = 0.0
-    for leaf in leaves:  # a leaf stops at its slice; it may pass it by the one call in flight
-        calls = [float(e.data["cost_usd"]) for e in client.events(leaf.run_id) if e.kind == "model"]
-        assert leaf.budget_usd is not None and leaf.spent_usd <= leaf.budget_usd + max(calls) + 1e-9
+    for (
+        leaf
+    ) in leaves:  # a leaf stops at its slice; it may pass it by the one call in flight
+        calls = [
+            float(e.data["cost_usd"])
+            for e in client.events(leaf.run_id)
+            if e.kind == "model"
+        ]
+        assert (
+            leaf.budget_usd is not None
+            and leaf.spent_usd <= leaf.budget_usd + max(calls) + 1e-9
+        )
         total_over += max(0.0, leaf.spent_usd - leaf.budget_usd)
     assert sum(leaf.budget_usd or 0 for leaf in leaves) <= 0.04
     below = sum(n.spent_usd for n in leaves)
     assert status.spent_usd == pytest.approx(own_cost(client, root) + below, abs=1e-6)
-    calls = [float(e.data["cost_usd"]) for n in leaves for e in client.events(n.run_id) if e.kind == "model"]
-    assert max(0.0, status.spent_usd - 0.04) <= len(leaves) * max(calls) + 1e-9  # the tree's overshoot
+    calls = [
+        float(e.data["cost_usd"])
+        for n in leaves
+        for e in client.events(n.run_id)
+        if e.kind == "model"
+    ]
+    assert (
+        max(0.0, status.spent_usd - 0.04) <= len(leaves) * max(calls) + 1e-9
+    )  # the tree's overshoot
 
 
 def test_children_asking_for_more_than_is_left_are_refused(client: Client) -> None:
-    root = client.enqueue(spec("fan=2 budget=0.6 Review."))  # 2 x $0.60 from a $1 budget
+    root = client.enqueue(
+        spec("fan=2 budget=0.6 Review.")
+    )  # 2 x $0.60 from a $1 budget
     status = client.wait(root, timeout=30)
     assert status.status == "done" and status.children == 0
     assert status.final_text is not None and "Your budget has $0.9" in status.final_text
     assert len(client.tree(root)) == 1
 
 
-def test_the_lua_key_of_a_tree_run_is_the_key_of_keys(tree_redis: EmbeddedServer) -> None:
+def test_the_lua_key_of_a_tree_run_is_the_key_of_keys(
+    tree_redis: EmbeddedServer,
+) -> None:
     plain = redis.Redis.from_url(tree_redis.url, decode_responses=True)
     try:
         for run_id in ("abc", "s2-abc", "abc.12ef-0", "s1-abc.12ef-0.99aa-3"):
@@ -221,9 +283,15 @@ def test_the_lua_key_of_a_tree_run_is_the_key_of_keys(tree_redis: EmbeddedServer
 
 
 def test_a_child_whose_question_expires_still_wakes_its_parent(client: Client) -> None:
-    root = client.enqueue(spec("fan=1 ask Review.", ask_timeout_s=1))  # children inherit the deadline
-    assert client.wait(root, timeout=30).asking is not None  # the child asks; nobody answers
-    status = eventually(lambda: (found := client.status(root)).finished and found, timeout=30)
+    root = client.enqueue(
+        spec("fan=1 ask Review.", ask_timeout_s=1)
+    )  # children inherit the deadline
+    assert (
+        client.wait(root, timeout=30).asking is not None
+    )  # the child asks; nobody answers
+    status = eventually(
+        lambda: (found := client.status(root)).finished and found, timeout=30
+    )
     assert status.status == "done", status
     (child,) = children_of(client.tree(root), root)
     assert child.status == "expired"
@@ -232,54 +300,96 @@ def test_a_child_whose_question_expires_still_wakes_its_parent(client: Client) -
 
 def run_spans(traces: Path, run_ids: list[str]) -> dict[str, dict[str, Any]] | None:
     """The `toolloop.run` spans of the worker's traces file, by run id, once each of `run_ids` has one."""
-    spans = [json.loads(line) for line in traces.read_text().splitlines()] if traces.exists() else []
-    found = {s["attributes"]["toolloop.run_id"]: s for s in spans if s["name"] == "toolloop.run"}
+    spans = (
+        [json.loads(line) for line in traces.read_text().splitlines()]
+        if traces.exists()
+        else []
+    )
+    found = {
+        s["attributes"]["toolloop.run_id"]: s
+        for s in spans
+        if s["name"] == "toolloop.run"
+    }
     return found if all(run_id in found for run_id in run_ids) else None
 
 
-def test_traces_and_metrics_name_the_children(client: Client, tree_worker: Worker) -> None:
+def test_traces_and_metrics_name_the_children(
+    client: Client, tree_worker: Worker
+) -> None:
     root = client.enqueue(spec("fan=2 Review."))
     assert client.wait(root, timeout=30).status == "done"
     nodes = client.tree(root)
     traces: Path = tree_worker.traces  # type: ignore[attr-defined]
     runs = eventually(lambda: run_spans(traces, [n.run_id for n in nodes]))
     parent = runs[root]
-    for child in children_of(nodes, root):  # a child's run span: in its parent's trace, under its span
+    for child in children_of(
+        nodes, root
+    ):  # a child's run span: in its parent's trace, under its span
         span = runs[child.run_id]
         assert span["attributes"]["toolloop.parent_run_id"] == root
-        assert span["trace_id"] == parent["trace_id"] and span["parent_id"] == parent["span_id"]
+        assert (
+            span["trace_id"] == parent["trace_id"]
+            and span["parent_id"] == parent["span_id"]
+        )
     port = tree_worker.metrics_port  # type: ignore[attr-defined]
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    started = [line for line in text.splitlines() if line.startswith("toolloop_children_started_total")]
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
+    started = [
+        line
+        for line in text.splitlines()
+        if line.startswith("toolloop_children_started_total")
+    ]
     assert started and float(started[0].split()[-1]) >= 2
     assert 'toolloop_children_ended_total{status="done"}' in text
 
 
-def test_flower_sees_each_childs_steps_from_the_moment_they_are_sent(client: Client) -> None:
+def test_flower_sees_each_childs_steps_from_the_moment_they_are_sent(
+    client: Client,
+) -> None:
     with celery_events(client, "task-sent") as sent:
         root = client.enqueue(spec("fan=2 Review."))
         assert client.wait(root, timeout=30).status == "done"
         nodes = client.tree(root)
         eventually(lambda: len(sent) >= 5, timeout=10)
     by_id = {event["uuid"]: event for event in sent}
-    for child in children_of(nodes, root):  # each child's first step, named by its id and label
+    for child in children_of(
+        nodes, root
+    ):  # each child's first step, named by its id and label
         event = by_id[f"{child.run_id}:1"]
         assert event["name"] == "toolloop.advance" and event["queue"] == "llm"
         assert child.run_id in event["args"] and "model 1" in event["kwargs"]
-    woken = [e for e in sent if e["uuid"] == f"{root}:3"]  # 2 started them; 3 reads how they ended
-    assert len(woken) == 1 and "tool spawn" in woken[0]["kwargs"]  # sent once, by the last child's end
+    woken = [
+        e for e in sent if e["uuid"] == f"{root}:3"
+    ]  # 2 started them; 3 reads how they ended
+    assert (
+        len(woken) == 1 and "tool spawn" in woken[0]["kwargs"]
+    )  # sent once, by the last child's end
 
 
 def test_children_need_room_in_the_parents_account(client: Client) -> None:
     client.set_account_limit("tree-team", 1.0, period="total")
-    asks = spec("fan=2 budget=0.6 Review.", account="tree-team", budget_usd=5.0)  # $1.20 > the account's $1
+    asks = spec(
+        "fan=2 budget=0.6 Review.", account="tree-team", budget_usd=5.0
+    )  # $1.20 > the account's $1
     refused = client.enqueue(asks)
     status = client.wait(refused, timeout=30)
     assert status.status == "done" and status.children == 0, status
-    assert status.final_text is not None and "The account 'tree-team' has $0.99" in status.final_text
-    fits = client.enqueue(spec("fan=2 budget=0.01 Review.", account="tree-team", budget_usd=5.0))
+    assert (
+        status.final_text is not None
+        and "The account 'tree-team' has $0.99" in status.final_text
+    )
+    fits = client.enqueue(
+        spec("fan=2 budget=0.01 Review.", account="tree-team", budget_usd=5.0)
+    )
     assert client.wait(fits, timeout=30).status == "done"
     (account,) = [a for a in client.accounts() if a.name == "tree-team"]
-    assert account.reserved_usd == pytest.approx(0, abs=1e-9)  # the hold freed once they were stored
+    assert account.reserved_usd == pytest.approx(
+        0, abs=1e-9
+    )  # the hold freed once they were stored
     total = client.status(refused).spent_usd + client.status(fits).spent_usd
-    assert account.spent_usd == pytest.approx(total, abs=1e-6)  # every call of both trees charged once
+    assert account.spent_usd == pytest.approx(
+        total, abs=1e-6
+    )  # every call of both trees charged once

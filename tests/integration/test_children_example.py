@@ -17,16 +17,20 @@ import pytest
 from tests.integration.conftest import ROOT
 from tests.integration.test_readme import README, clean_env, fresh_copy
 
-BLOCK = [b for b in re.findall(r"```shell\n(.*?)```", README, re.DOTALL) if "examples.children" in b]
+BLOCK = [
+    b
+    for b in re.findall(r"```shell\n(.*?)```", README, re.DOTALL)
+    if "examples.children" in b
+]
 """The README's child-runs block: its ```shell block that runs examples/children (the schedules' is
 another, tests/integration/test_schedules.py)."""
 
 
 def test_the_docs_and_the_readme_show_the_same_block() -> None:
     (block,) = BLOCK
-    assert re.findall(r"```shell\n(.*?)```", (ROOT / "docs" / "children.md").read_text(), re.DOTALL) == [
-        block
-    ]
+    assert re.findall(
+        r"```shell\n(.*?)```", (ROOT / "docs" / "children.md").read_text(), re.DOTALL
+    ) == [block]
 
 
 @pytest.mark.timeout(300)
@@ -53,12 +57,16 @@ def test_the_readme_children_block_works_as_written(tmp_path: Path) -> None:
         pytest.fail(f"The README's children block did not end:\n{out}\n{err}"[-6000:])
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(shell.pid, signal.SIGKILL)  # nothing of a failed block outlives the test
+            os.killpg(
+                shell.pid, signal.SIGKILL
+            )  # nothing of a failed block outlives the test
     assert shell.returncode == 0, (out + err)[-4000:]
     print(out)
     statuses = re.findall(r"^status\s+(\S+)", out, re.MULTILINE)
     assert statuses == ["done", "waiting", "waiting", "done", "cancel"], out
-    assert len(re.findall(r"^      \S+\.\S+\.\S+  done", out, re.MULTILINE)) == 6  # the 6 grandchildren
+    assert (
+        len(re.findall(r"^      \S+\.\S+\.\S+  done", out, re.MULTILINE)) == 6
+    )  # the 6 grandchildren
     assert out.count("answer with: toolloop answer") == 2
     cancelled = out.rsplit("tree", 1)[1]
     assert len(re.findall(r"  cancel ", cancelled)) == 7, cancelled

@@ -30,16 +30,27 @@ ANSWER = "Keep shot 3; trim shot 5 by a second."
 
 
 def env_for(tmp_path: Path, redis_url: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ANTHROPIC_API_KEY", "FAL_KEY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "ANTHROPIC_API_KEY", "FAL_KEY")
+    }
     env["TOOLLOOP_HOME"] = str(tmp_path / "state")
     if redis_url:
         env["REDIS_URL"] = redis_url
     return env
 
 
-def toolloop(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def toolloop(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [TOOLLOOP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [TOOLLOOP, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -66,11 +77,15 @@ def test_unknown_run_id(env: dict[str, str], command: str) -> None:
 def test_malformed_file(env: dict[str, str], tmp_path: Path) -> None:
     bad = tmp_path / "run.json"
     bad.write_text('{"model": "m", "messages": [')
-    assert_clean_error(toolloop(env, "run", "-f", str(bad)), "is not valid JSON or YAML")
+    assert_clean_error(
+        toolloop(env, "run", "-f", str(bad)), "is not valid JSON or YAML"
+    )
 
 
 def test_invalid_spec_field(env: dict[str, str]) -> None:
-    done = toolloop(env, "run", "Hi", "--model", "m", "--toolset", "review", "--max-steps", "0")
+    done = toolloop(
+        env, "run", "Hi", "--model", "m", "--toolset", "review", "--max-steps", "0"
+    )
     assert_clean_error(done, "max_steps")
 
 
@@ -91,25 +106,45 @@ def test_bad_provider_or_keep_images_are_refused_at_enqueue(
     assert redis_client.zcard("tl:runs:all") == before  # nothing enqueued
 
 
-def test_doctor_warns_about_redis_and_fails_on_a_broken_toolset(env: dict[str, str], tmp_path: Path) -> None:
+def test_doctor_warns_about_redis_and_fails_on_a_broken_toolset(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     served = {**env, "TOOLLOOP_TOOLSETS": REGISTERED}
     done = toolloop(served, "doctor")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "warn  Redis has no maxmemory" in done.stdout  # the test server runs without one
+    assert (
+        "warn  Redis has no maxmemory" in done.stdout
+    )  # the test server runs without one
     assert "ok    AOF on" in done.stdout
-    assert "ok    toolset 'review' = examples.storyboard.tools:REVIEW_TOOLS (list_shots" in done.stdout
-    broken = toolloop(
-        {**env, "TOOLLOOP_TOOLSETS": f"{REGISTERED},broken=tests.integration.nowhere:TOOLS"}, "doctor"
+    assert (
+        "ok    toolset 'review' = examples.storyboard.tools:REVIEW_TOOLS (list_shots"
+        in done.stdout
     )
-    assert broken.returncode == 1 and "error toolset 'broken': Cannot import" in broken.stdout, broken.stdout
-    gone = toolloop({**served, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, "doctor")
-    assert gone.returncode == 1 and gone.stdout.startswith("error Redis at redis://127.0.0.1:"), gone.stdout
+    broken = toolloop(
+        {
+            **env,
+            "TOOLLOOP_TOOLSETS": f"{REGISTERED},broken=tests.integration.nowhere:TOOLS",
+        },
+        "doctor",
+    )
+    assert (
+        broken.returncode == 1
+        and "error toolset 'broken': Cannot import" in broken.stdout
+    ), broken.stdout
+    gone = toolloop(
+        {**served, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, "doctor"
+    )
+    assert gone.returncode == 1 and gone.stdout.startswith(
+        "error Redis at redis://127.0.0.1:"
+    ), gone.stdout
 
 
 def test_redis_unreachable(tmp_path: Path) -> None:
     env = env_for(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
     started = time.monotonic()
-    assert_clean_error(toolloop(env, "status", "some-run"), "Cannot reach Redis at redis://127.0.0.1:")
+    assert_clean_error(
+        toolloop(env, "status", "some-run"), "Cannot reach Redis at redis://127.0.0.1:"
+    )
     assert time.monotonic() - started < 20
 
 
@@ -117,7 +152,10 @@ def test_redis_unreachable(tmp_path: Path) -> None:
     ("toolset", "first_line"),
     [
         (None, "The run has no toolset."),
-        ("examples.storyboard.tools:REVIEW_TOOLS", "is not registered; the registered toolsets are"),
+        (
+            "examples.storyboard.tools:REVIEW_TOOLS",
+            "is not registered; the registered toolsets are",
+        ),
         ("nope", "The toolset 'nope' is not registered"),
     ],
 )
@@ -127,11 +165,15 @@ def test_bad_toolset_enqueues_nothing(
     before = set(redis_client.keys())
     args = ["run", "Hi", "--model", "m"] + (["--toolset", toolset] if toolset else [])
     assert_clean_error(toolloop(env, *args), first_line)
-    assert set(redis_client.keys()) - before == set()  # no new key (old ones may expire meanwhile)
+    assert (
+        set(redis_client.keys()) - before == set()
+    )  # no new key (old ones may expire meanwhile)
 
 
 def test_sim_bad_script_is_two_lines(env: dict[str, str], tmp_path: Path) -> None:
-    done = toolloop(env, "sim", "--port", "0", "--script", str(tmp_path / "missing.yaml"))
+    done = toolloop(
+        env, "sim", "--port", "0", "--script", str(tmp_path / "missing.yaml")
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "Cannot read the script" in done.stderr
 
@@ -145,7 +187,9 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         assert first["url"] == second["url"] and first["pid"] == second["pid"]
         assert first["url"] != "redis://127.0.0.1:6379/0"
         assert (tmp_path / "state" / "redis" / "appendonlydir").exists()  # AOF is on
-        queued = toolloop(env, "run", "Hi", "--model", "claude-sonnet-5-5", "--toolset", TOOLSET)
+        queued = toolloop(
+            env, "run", "Hi", "--model", "claude-sonnet-5-5", "--toolset", TOOLSET
+        )
         run_id = queued.stdout.splitlines()[0]  # no worker: it stays queued
     finally:
         down = toolloop(env, "down")
@@ -159,9 +203,13 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
     finally:
         toolloop(env, "down")
     # a `run` that starts the server prints the run id alone on stdout (RUN_ID=$(toolloop run ...))
-    started = toolloop(env, "run", "Hi", "--model", "claude-sonnet-4-5", "--toolset", TOOLSET)
+    started = toolloop(
+        env, "run", "Hi", "--model", "claude-sonnet-4-5", "--toolset", TOOLSET
+    )
     try:
-        assert started.returncode == 0 and len(started.stdout.split()) == 1, started.stdout
+        assert started.returncode == 0 and len(started.stdout.split()) == 1, (
+            started.stdout
+        )
         assert "Started the embedded Redis" in started.stderr
     finally:
         toolloop(env, "down")
@@ -171,7 +219,18 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
     log = (tmp_path / "worker.log").open("wb")
     unregistered = {k: v for k, v in env.items() if k != "TOOLLOOP_TOOLSETS"}
     worker = subprocess.Popen(  # the worker's toolsets from its flag, the run's names from the env
-        [TOOLLOOP, "worker", "-c", "4", "-l", "WARNING", "--sim-policy", POLICY, "--toolsets", REGISTERED],
+        [
+            TOOLLOOP,
+            "worker",
+            "-c",
+            "4",
+            "-l",
+            "WARNING",
+            "--sim-policy",
+            POLICY,
+            "--toolsets",
+            REGISTERED,
+        ],
         cwd=ROOT,
         env=unregistered,
         stdout=log,
@@ -180,7 +239,10 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
     )
     try:
         done = toolloop(
-            {**unregistered, "TOOLLOOP_TOOLSETS": REGISTERED}, "run", "-f", "examples/storyboard/run.yaml"
+            {**unregistered, "TOOLLOOP_TOOLSETS": REGISTERED},
+            "run",
+            "-f",
+            "examples/storyboard/run.yaml",
         )
         assert done.returncode == 0, done.stderr
         run_id = done.stdout.splitlines()[0]
@@ -188,7 +250,9 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
         client.wait(run_id, timeout=60)  # until it parks on its question
         client.close()
         status = json.loads(toolloop(env, "status", run_id, "--json").stdout)
-        assert status["status"] == "asked", (tmp_path / "worker.log").read_text()[-2000:]
+        assert status["status"] == "asked", (tmp_path / "worker.log").read_text()[
+            -2000:
+        ]
         assert "Shot 3" in status["asked"]["question"]
         assert toolloop(env, "answer", run_id, ANSWER).returncode == 0
         events = toolloop(env, "events", run_id, "--follow", timeout=90)
@@ -196,9 +260,13 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
         lines = events.stdout.splitlines()
         assert lines[0].startswith("run      queued (model claude-sonnet-5-5")
         assert (
-            "step  2  model" in events.stdout and "→ read_frame(shot=3), read_frame(shot=5)" in events.stdout
+            "step  2  model" in events.stdout
+            and "→ read_frame(shot=3), read_frame(shot=5)" in events.stdout
         )
-        assert any(line.startswith("step  3  tool   render_preview   $0.0055") for line in lines)
+        assert any(
+            line.startswith("step  3  tool   render_preview   $0.0055")
+            for line in lines
+        )
         assert lines[-1] == "run      finished: done"
         final = json.loads(toolloop(env, "status", run_id, "--json").stdout)
         assert final["status"] == "done" and ANSWER in final["final_text"]
@@ -216,14 +284,26 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
             timeout=90,
         )
         assert failing.returncode == 1, failing.stdout + failing.stderr
-        assert failing.stdout.splitlines()[-1].startswith("run      failed: PromptGenUnavailableError")
+        assert failing.stdout.splitlines()[-1].startswith(
+            "run      failed: PromptGenUnavailableError"
+        )
         failed_id = failing.stdout.splitlines()[0]
-        assert toolloop(env, "retry", failed_id).stdout.strip() == f"Retrying {failed_id}."
+        assert (
+            toolloop(env, "retry", failed_id).stdout.strip() == f"Retrying {failed_id}."
+        )
         retried = toolloop(env, "events", failed_id, "--follow", timeout=90)
         assert retried.returncode == 0, retried.stdout + retried.stderr
-        assert retried.stdout.splitlines()[-1] == "run      finished: done", retried.stdout
-        requeued = [line for line in retried.stdout.splitlines() if line.startswith("run      queued")]
-        assert len(requeued) == 2 and requeued[0] == requeued[1]  # the retry's names model and toolset
+        assert retried.stdout.splitlines()[-1] == "run      finished: done", (
+            retried.stdout
+        )
+        requeued = [
+            line
+            for line in retried.stdout.splitlines()
+            if line.startswith("run      queued")
+        ]
+        assert (
+            len(requeued) == 2 and requeued[0] == requeued[1]
+        )  # the retry's names model and toolset
         assert "None" not in requeued[1] and "toolset review" in requeued[1], requeued
         # a reader that stops early: no BrokenPipeError, no traceback
         piped = subprocess.run(
@@ -235,15 +315,24 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
             text=True,
             timeout=60,
         )
-        assert piped.stdout.startswith("run      queued") and piped.stderr == "", piped.stderr
-        ended = toolloop(env, "answer", run_id, "Again.")
-        assert_clean_error(ended, f"Run {run_id!r} has ended (done); it takes no answer.")
-        assert_clean_error(toolloop(env, "cancel", run_id), "has ended (done); there is nothing to cancel")
-        assert json.loads(toolloop(env, "status", failed_id, "--json").stdout)["final_text"] == (
-            "Answered after a retry."
+        assert piped.stdout.startswith("run      queued") and piped.stderr == "", (
+            piped.stderr
         )
+        ended = toolloop(env, "answer", run_id, "Again.")
+        assert_clean_error(
+            ended, f"Run {run_id!r} has ended (done); it takes no answer."
+        )
+        assert_clean_error(
+            toolloop(env, "cancel", run_id),
+            "has ended (done); there is nothing to cancel",
+        )
+        assert json.loads(toolloop(env, "status", failed_id, "--json").stdout)[
+            "final_text"
+        ] == ("Answered after a retry.")
     finally:
-        os.kill(worker.pid, signal.SIGTERM)  # the command forwards it to its Celery worker
+        os.kill(
+            worker.pid, signal.SIGTERM
+        )  # the command forwards it to its Celery worker
         try:
             worker.wait(timeout=30)
         finally:
@@ -261,7 +350,11 @@ def _late_delta(redis_url: str, run_id: str, text: str) -> None:
     client = Client(redis_url)
     last = [e for e in client.events(run_id) if e.kind == "delta"][-1]
     client.close()
-    segment, step, attempt = last.segment, last.step, last.attempt  # the delta's own fields (extra)
+    segment, step, attempt = (
+        last.segment,
+        last.step,
+        last.attempt,
+    )  # the delta's own fields (extra)
     raw = redis.Redis.from_url(redis_url, decode_responses=True)
     r = run_id
     written = raw.eval(
@@ -282,10 +375,15 @@ def _late_delta(redis_url: str, run_id: str, text: str) -> None:
 
 
 def _numbers(out: str, kind: str) -> list[int]:
-    return [int(m.group(1)) for m in re.finditer(rf"^step +(\d+)  {kind}", out, re.MULTILINE)]
+    return [
+        int(m.group(1))
+        for m in re.finditer(rf"^step +(\d+)  {kind}", out, re.MULTILINE)
+    ]
 
 
-def test_a_streamed_steps_text_and_model_lines_have_one_number(env: dict[str, str], tmp_path: Path) -> None:
+def test_a_streamed_steps_text_and_model_lines_have_one_number(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     """`toolloop events` numbers a step's text line as its model line, across the run's segments
     (after an answer) and in a retried run, whatever order their entries arrive in."""
     log = (tmp_path / "worker.log").open("wb")
@@ -300,7 +398,14 @@ def test_a_streamed_steps_text_and_model_lines_have_one_number(env: dict[str, st
     try:
         # two segments: four steps, the question, then the step after the answer
         started = toolloop(
-            env, "run", "Review the cut.", "--model", "claude-sonnet-5-5", "--toolset", TOOLSET, "--stream"
+            env,
+            "run",
+            "Review the cut.",
+            "--model",
+            "claude-sonnet-5-5",
+            "--toolset",
+            TOOLSET,
+            "--stream",
         )
         run_id = started.stdout.strip()
         client = Client(env["REDIS_URL"])
@@ -345,8 +450,12 @@ def test_a_streamed_steps_text_and_model_lines_have_one_number(env: dict[str, st
 def test_a_bad_toolsets_flag_is_refused_before_anything_starts(tmp_path: Path) -> None:
     env = env_for(tmp_path, None)
     done = toolloop(env, "worker", "--toolsets", "review=os")
-    assert_clean_error(done, "--toolsets has the entry 'review=os', which is not name=pkg.module:NAME")
-    assert not (tmp_path / "state" / "redis" / "server.json").exists()  # no Redis was started
+    assert_clean_error(
+        done, "--toolsets has the entry 'review=os', which is not name=pkg.module:NAME"
+    )
+    assert not (
+        tmp_path / "state" / "redis" / "server.json"
+    ).exists()  # no Redis was started
 
 
 def test_demo_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
@@ -391,7 +500,11 @@ def test_demo_without_an_answer_or_a_terminal_stops_cleanly(tmp_path: Path) -> N
 def test_accounts_sets_a_limit_and_shows_spend(env: dict[str, str]) -> None:
     done = toolloop(env, "accounts", "--set", "cli-tenant", "5", "--period", "month")
     assert done.returncode == 0, done.stderr
-    assert "cli-tenant" in done.stdout and "month" in done.stdout and "5.0000" in done.stdout
+    assert (
+        "cli-tenant" in done.stdout
+        and "month" in done.stdout
+        and "5.0000" in done.stdout
+    )
     listed = toolloop(env, "accounts", "--json")
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     mine = [row for row in rows if row["name"] == "cli-tenant"]

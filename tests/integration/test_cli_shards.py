@@ -31,17 +31,23 @@ TOOLLOOP = str(Path(sys.executable).parent / "toolloop")
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedServer]]:
-    first, second = own_redis(tmp_path_factory, "cli-shard-0"), own_redis(tmp_path_factory, "cli-shard-1")
+    first, second = (
+        own_redis(tmp_path_factory, "cli-shard-0"),
+        own_redis(tmp_path_factory, "cli-shard-1"),
+    )
     yield [next(first), next(second)]
     for server in (first, second):
         next(server, None)
 
 
 @pytest.fixture(scope="module")
-def workers(shards: list[EmbeddedServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
+def workers(
+    shards: list[EmbeddedServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Worker]]:
     env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}
     made = [
-        worker_on(s.url, tmp_path_factory.mktemp(f"cli-shard-worker-{i}"), env) for i, s in enumerate(shards)
+        worker_on(s.url, tmp_path_factory.mktemp(f"cli-shard-worker-{i}"), env)
+        for i, s in enumerate(shards)
     ]
     yield [next(w) for w in made]
     for w in made:
@@ -49,11 +55,15 @@ def workers(shards: list[EmbeddedServer], tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture
-def sharded(shards: list[EmbeddedServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+def sharded(
+    shards: list[EmbeddedServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> str:
     value = ",".join(s.url for s in shards)
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("TOOLLOOP_REDIS_SHARDS", value)
-    monkeypatch.setenv("TOOLLOOP_HOME", str(tmp_path / "state"))  # no embedded Redis is started
+    monkeypatch.setenv(
+        "TOOLLOOP_HOME", str(tmp_path / "state")
+    )  # no embedded Redis is started
     return value
 
 
@@ -66,14 +76,29 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 def key_on(shard: int, name: str) -> str:
     """An idempotency key that ShardedClient places on `shard` of 2 (crc32(key) % 2)."""
-    return next(f"{name}-{i}" for i in range(100) if zlib.crc32(f"{name}-{i}".encode()) % 2 == shard)
+    return next(
+        f"{name}-{i}"
+        for i in range(100)
+        if zlib.crc32(f"{name}-{i}".encode()) % 2 == shard
+    )
 
 
-def enqueue(capsys: pytest.CaptureFixture[str], tmp_path: Path, system: str, user: str, shard: int) -> str:
+def enqueue(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    system: str,
+    user: str,
+    shard: int,
+) -> str:
     path = tmp_path / f"{system}-{shard}.json"
     path.write_text(json.dumps(spec(system, user)))
     code, out, err = cli(
-        capsys, "run", "-f", str(path), "--idempotency-key", key_on(shard, f"{system}{user}")
+        capsys,
+        "run",
+        "-f",
+        str(path),
+        "--idempotency-key",
+        key_on(shard, f"{system}{user}"),
     )
     assert code == 0, err
     run_id = out.strip()
@@ -96,18 +121,26 @@ def test_every_run_command_reaches_the_runs_shard(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    added = [enqueue(capsys, tmp_path, "tools", "Add 20 and 22.", shard) for shard in (0, 1)]
+    added = [
+        enqueue(capsys, tmp_path, "tools", "Add 20 and 22.", shard) for shard in (0, 1)
+    ]
     asked = enqueue(capsys, tmp_path, "ask", "Pick one.", 1)
     held = enqueue(capsys, tmp_path, "approve", "Publish it.", 1)
     assert added[1].startswith("s1-") and not added[0].startswith("s")
     for run_id in (*added, asked, held):  # each run's keys on its own shard only
         here = [bool(keys_of(server, run_id)) for server in shards]
-        assert here == [shard_of(run_id, 2) == 0, shard_of(run_id, 2) == 1], (run_id, here)
+        assert here == [shard_of(run_id, 2) == 0, shard_of(run_id, 2) == 1], (
+            run_id,
+            here,
+        )
 
     for run_id in added:
         code, out, err = cli(capsys, "status", run_id, "--wait", "--json")
         assert code == 0, err
-        assert json.loads(out)["status"] == "done" and json.loads(out)["final_text"] == "The sum is 42."
+        assert (
+            json.loads(out)["status"] == "done"
+            and json.loads(out)["final_text"] == "The sum is 42."
+        )
     code, out, _ = cli(capsys, "events", added[1], "--json")
     assert code == 0 and json.loads(out.splitlines()[-1])["kind"] == "finished"
 
@@ -129,10 +162,16 @@ def test_every_run_command_reaches_the_runs_shard(
 
     # a command that needs a run in another state: the refusal comes from the run's shard, not "no run"
     code, _, err = cli(capsys, "retry", added[1])
-    assert code == 1 and f"Run {added[1]!r} is 'done'; only a failed run can be retried." in err
+    assert (
+        code == 1
+        and f"Run {added[1]!r} is 'done'; only a failed run can be retried." in err
+    )
     cancelled = enqueue(capsys, tmp_path, "ask", "Cancel me.", 1)
     cli(capsys, "status", cancelled, "--wait")
-    assert cli(capsys, "cancel", cancelled)[:2] == (0, f"Cancel requested for {cancelled}.\n")
+    assert cli(capsys, "cancel", cancelled)[:2] == (
+        0,
+        f"Cancel requested for {cancelled}.\n",
+    )
     code, out, _ = cli(capsys, "status", cancelled, "--wait", "--json")
     assert json.loads(out)["status"] == "cancel"
 
@@ -140,9 +179,16 @@ def test_every_run_command_reaches_the_runs_shard(
     code, out, _ = cli(capsys, "list", "--json", "-n", "100")
     listed = [json.loads(line)["run_id"] for line in out.splitlines()[:-1]]
     assert sorted(listed) == sorted(made) and len(listed) == len(set(listed))
-    created = {json.loads(line)["run_id"]: json.loads(line)["created_at"] for line in out.splitlines()[:-1]}
-    assert [created[r] for r in listed] == sorted(created.values(), reverse=True)  # newest first
-    code, out, _ = cli(capsys, "list", "-n", "3")  # a page of 3 of 5, and the cursor to the rest
+    created = {
+        json.loads(line)["run_id"]: json.loads(line)["created_at"]
+        for line in out.splitlines()[:-1]
+    }
+    assert [created[r] for r in listed] == sorted(
+        created.values(), reverse=True
+    )  # newest first
+    code, out, _ = cli(
+        capsys, "list", "-n", "3"
+    )  # a page of 3 of 5, and the cursor to the rest
     assert out.splitlines()[-1].startswith("more: toolloop list --cursor ")
     cursor = out.splitlines()[-1].split("'")[1]
     code, rest, _ = cli(capsys, "list", "--json", "--cursor", cursor)
@@ -153,12 +199,17 @@ def test_every_run_command_reaches_the_runs_shard(
     assert sorted(json.loads(line)["shard"] for line in out.splitlines()) == [0, 1]
     code, out, _ = cli(capsys, "prune", "--older-than", "1d")
     assert out.splitlines() == [
-        f"Shard {i}: Deleted 0 finished runs; dropped 0 expired runs from the index." for i in (0, 1)
+        f"Shard {i}: Deleted 0 finished runs; dropped 0 expired runs from the index."
+        for i in (0, 1)
     ]
 
     # the installed command, as a user runs it: the same shards from the environment
     done = subprocess.run(
-        [TOOLLOOP, "status", added[1]], env={**os.environ}, capture_output=True, text=True, timeout=60
+        [TOOLLOOP, "status", added[1]],
+        env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0 and "The sum is 42." in done.stdout, done.stderr
 
@@ -170,17 +221,27 @@ def test_sharded_commands_refuse_bad_shards_in_two_lines(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     code, _, err = cli(capsys, "status", "s7-" + "0" * 32)
-    assert code == 1 and err.splitlines()[0].startswith(f"Run 's7-{'0' * 32}' lives on shard 7, and 2 shards")
+    assert code == 1 and err.splitlines()[0].startswith(
+        f"Run 's7-{'0' * 32}' lives on shard 7, and 2 shards"
+    )
     assert len(err.splitlines()) == 2 and err.splitlines()[1].startswith("  ")
     code, _, err = cli(capsys, "status", "0" * 32)
     assert code == 1 and err.splitlines()[0] == f"No run has the id '{'0' * 32}'."
 
-    monkeypatch.setenv("TOOLLOOP_REDIS_SHARDS", f"{shards[0].url},redis://127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv(
+        "TOOLLOOP_REDIS_SHARDS", f"{shards[0].url},redis://127.0.0.1:{free_port()}/0"
+    )
     code, _, err = cli(capsys, "list")
-    assert code == 1 and err.startswith("Cannot reach shard 1 of TOOLLOOP_REDIS_SHARDS at redis://127.0.0.1:")
+    assert code == 1 and err.startswith(
+        "Cannot reach shard 1 of TOOLLOOP_REDIS_SHARDS at redis://127.0.0.1:"
+    )
     assert len(err.splitlines()) == 2
     monkeypatch.setenv("TOOLLOOP_REDIS_SHARDS", "redis://a:6379/0,http://b/0")
     code, _, err = cli(capsys, "list")
-    assert code == 1 and err.startswith("TOOLLOOP_REDIS_SHARDS: REDIS_URL 'http://b/0' has the scheme 'http'")
+    assert code == 1 and err.startswith(
+        "TOOLLOOP_REDIS_SHARDS: REDIS_URL 'http://b/0' has the scheme 'http'"
+    )
     code, _, err = cli(capsys, "worker")
-    assert code == 1 and err.startswith("TOOLLOOP_REDIS_SHARDS is set and REDIS_URL is not: a worker serves")
+    assert code == 1 and err.startswith(
+        "TOOLLOOP_REDIS_SHARDS is set and REDIS_URL is not: a worker serves"
+    )

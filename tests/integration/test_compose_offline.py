@@ -37,13 +37,17 @@ def offline_line() -> dict[str, str]:
     """The host variables of the offline command written in the file's header comment (its lines
     joined where they end with a backslash)."""
     header = [
-        line.removeprefix("#").strip() for line in COMPOSE.read_text().splitlines() if line.startswith("#")
+        line.removeprefix("#").strip()
+        for line in COMPOSE.read_text().splitlines()
+        if line.startswith("#")
     ]
     last = next(i for i, line in enumerate(header) if "--profile offline up" in line)
     first = last
     while first > 0 and header[first - 1].endswith("\\"):
         first -= 1
-    words = shlex.split(" ".join(line.removesuffix("\\") for line in header[first : last + 1]))
+    words = shlex.split(
+        " ".join(line.removesuffix("\\") for line in header[first : last + 1])
+    )
     return dict(word.split("=", 1) for word in words[: words.index("docker")])
 
 
@@ -55,15 +59,21 @@ def interpolate(value: Any, host: dict[str, str]) -> str:
         if name in host and host[name] != "":
             return host[name]
         if default is None and ":?" in match.group(0):
-            raise AssertionError(f"compose refuses to start: {name} is not set ({match.group(0)})")
+            raise AssertionError(
+                f"compose refuses to start: {name} is not set ({match.group(0)})"
+            )
         return default or ""
 
     return _VARIABLE.sub(one, str(value))
 
 
-def service(name: str, host: dict[str, str], names: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def service(
+    name: str, host: dict[str, str], names: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
     """A service's command and environment as compose would run them, service names resolved."""
-    data = yaml.safe_load(COMPOSE.read_text())  # (`<<: *app` merges x-app as compose does)
+    data = yaml.safe_load(
+        COMPOSE.read_text()
+    )  # (`<<: *app` merges x-app as compose does)
     spec = data["services"][name]
 
     def resolved(text: str) -> str:
@@ -71,19 +81,31 @@ def service(name: str, host: dict[str, str], names: dict[str, str]) -> tuple[lis
             text = text.replace(f"//{service_name}:", f"//{where}:")
         return text
 
-    env = {key: resolved(interpolate(value, host)) for key, value in (spec.get("environment") or {}).items()}
+    env = {
+        key: resolved(interpolate(value, host))
+        for key, value in (spec.get("environment") or {}).items()
+    }
     command = [interpolate(word, host) for word in spec["command"]]
     return command, env
 
 
-def started(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def started(
+    command: list[str], env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
     """The service's process: its program from this install, the image's WORKDIR /app being ROOT."""
     full = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env}
-    full["PYTHONPATH"] = str(ROOT) if env.get("PYTHONPATH") == "/app" else full.get("PYTHONPATH", "")
+    full["PYTHONPATH"] = (
+        str(ROOT) if env.get("PYTHONPATH") == "/app" else full.get("PYTHONPATH", "")
+    )
     program = [str(BIN / command[0]), *command[1:]]
     with log.open("wb") as out:
         return subprocess.Popen(
-            program, cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            program,
+            cwd=ROOT,
+            env=full,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -106,28 +128,44 @@ def test_the_compose_offline_path_runs_the_storyboard_review_to_done(
     assert sim_command[:2] == ["toolloop", "sim"]
     port_at = sim_command.index("--port") + 1
     compose_sim_port = sim_command[port_at]
-    sim_command[port_at] = str(sim_port)  # compose publishes it on its own network; here a free port
+    sim_command[port_at] = str(
+        sim_port
+    )  # compose publishes it on its own network; here a free port
     sim_command[sim_command.index("--host") + 1] = "127.0.0.1"
     worker_command, worker_env = service("worker", host, names)
     assert worker_command[:3] == ["celery", "-A", "workers.app"]
-    worker_env["REDIS_URL"] = worker_env["REDIS_URL"].replace(":6379/", f":{redis_port}/")
+    worker_env["REDIS_URL"] = worker_env["REDIS_URL"].replace(
+        ":6379/", f":{redis_port}/"
+    )
     worker_env["ANTHROPIC_BASE_URL"] = worker_env["ANTHROPIC_BASE_URL"].replace(
         f":{compose_sim_port}", f":{sim_port}"
     )
-    assert worker_env["ANTHROPIC_API_KEY"], "the offline line gives the worker no key: it reports no API key"
+    assert worker_env["ANTHROPIC_API_KEY"], (
+        "the offline line gives the worker no key: it reports no API key"
+    )
 
     sim = started(sim_command, sim_env, tmp_path / "sim.log")
     worker = started(worker_command, worker_env, tmp_path / "worker.log")
     client = Client(redis_server.url, toolsets=["review"])
     try:
-        eventually(lambda: " ready." in (tmp_path / "worker.log").read_text(errors="replace"), timeout=60)
-        run = yaml.safe_load((ROOT / "examples" / "storyboard" / "run.yaml").read_text())
+        eventually(
+            lambda: " ready." in (tmp_path / "worker.log").read_text(errors="replace"),
+            timeout=60,
+        )
+        run = yaml.safe_load(
+            (ROOT / "examples" / "storyboard" / "run.yaml").read_text()
+        )
         run_id = client.enqueue(run)
         asked = client.wait(run_id, timeout=90)
-        assert asked.status == "asked", (asked, (tmp_path / "worker.log").read_text()[-3000:])
+        assert asked.status == "asked", (
+            asked,
+            (tmp_path / "worker.log").read_text()[-3000:],
+        )
         assert "Shot 3" in str(asked.asked)
         client.answer(run_id, "Keep shot 3; trim shot 5 by a second.")
-        done = eventually(lambda: (s := client.status(run_id)).finished and s, timeout=90)
+        done = eventually(
+            lambda: (s := client.status(run_id)).finished and s, timeout=90
+        )
     finally:
         client.close()
         for process in (worker, sim):
@@ -135,4 +173,6 @@ def test_the_compose_offline_path_runs_the_storyboard_review_to_done(
             process.wait(timeout=60)
     assert done.status == "done", (done, (tmp_path / "worker.log").read_text()[-3000:])
     assert "script has ended" not in (done.final_text or "")
-    assert (done.final_text or "").startswith('You said: "Keep shot 3; trim shot 5 by a second."'), done
+    assert (done.final_text or "").startswith(
+        'You said: "Keep shot 3; trim shot 5 by a second."'
+    ), done

@@ -47,11 +47,21 @@ class Page(BaseModel):
 
 
 def read_page(input: Page, signal: AbortSignal) -> ToolOutput:
-    text = f"Page {input.page}: 03:0{input.page % 10} api-2 GET /orders 200 in 31 ms. " * 140  # ~2.5K tokens
+    text = (
+        f"Page {input.page}: 03:0{input.page % 10} api-2 GET /orders 200 in 31 ms. "
+        * 140
+    )  # ~2.5K tokens
     return ToolOutput(value=input.page, content=[TextPart(text=text)])
 
 
-TOOLS = [ToolSpec(name="read_page", description="Read one page of the log.", schema=Page, run=read_page)]
+TOOLS = [
+    ToolSpec(
+        name="read_page",
+        description="Read one page of the log.",
+        schema=Page,
+        run=read_page,
+    )
+]
 
 
 @pytest.fixture()
@@ -66,7 +76,10 @@ def sim(seen: list[SimRequest]) -> Iterator[SimServer]:
         n = request.assistant_turns
         if n >= TURNS - 1:
             return {"text": f"Read {n} pages: api-2 lost its pool."}
-        return {"text": f"Page {n}.", "tool_calls": [{"name": "read_page", "input": {"page": n + 1}}]}
+        return {
+            "text": f"Page {n}.",
+            "tool_calls": [{"name": "read_page", "input": {"page": n + 1}}],
+        }
 
     with SimServer(policy) as server:
         yield server
@@ -89,7 +102,9 @@ async def run(
     handler, model = handler_for(sim, wire)
     events: list[LoopEvent] = []
 
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         if calls is not None:
             calls.append(request)
         return await handler.execute(request, signal)
@@ -121,35 +136,55 @@ async def test_requests_after_a_compaction_carry_the_summary_then_the_recent_tur
     assert result.stopped_by == "done" and result.steps == TURNS
     compactions = [e for e in events if isinstance(e, CompactionEvent)]
     assert len(compactions) >= 2
-    assert sim.stats()["compactions"] and sum(sim.stats()["compactions"].values()) == len(compactions)
+    assert sim.stats()["compactions"] and sum(
+        sim.stats()["compactions"].values()
+    ) == len(compactions)
     # result.messages keeps every turn: the task, then one assistant message and one tool result per turn
     assert len(result.messages) == 1 + TURNS + (TURNS - 1)
     assert sum(isinstance(m, AssistantMessage) for m in result.messages) == TURNS
     summaries = [c for c in calls if _last_text(c) == COMPACT_PROMPT]
     assert len(summaries) == len(compactions)
-    later = [c for c in calls if _last_text(c) != COMPACT_PROMPT and _summary_head(c) is not None]
+    later = [
+        c
+        for c in calls
+        if _last_text(c) != COMPACT_PROMPT and _summary_head(c) is not None
+    ]
     assert later, "no request after a compaction"
     for request in later:
         messages = request.messages or []
         head = messages[0]
         assert isinstance(head, UserMessage) and not isinstance(head.content, str)
-        assert head.content[0] == TextPart(text=TASK)  # the task verbatim, then the summary
+        assert head.content[0] == TextPart(
+            text=TASK
+        )  # the task verbatim, then the summary
         assert messages[1].role == "assistant"  # the cut is at an assistant message
-        opened = {c.id for m in messages if isinstance(m, AssistantMessage) for c in m.tool_calls or []}
+        opened = {
+            c.id
+            for m in messages
+            if isinstance(m, AssistantMessage)
+            for c in m.tool_calls or []
+        }
         answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
         assert answered <= opened  # no tool result without its call
     for index, request in enumerate(calls[:-1]):
-        if _last_text(request) == COMPACT_PROMPT:  # right after it: the head and the kept turns
+        if (
+            _last_text(request) == COMPACT_PROMPT
+        ):  # right after it: the head and the kept turns
             assert len(calls[index + 1].messages or []) == 1 + 2 * POLICY.keep_turns
     # every request stays near the threshold (decided on the provider's count plus the estimate)
     limit = POLICY.compact_at_tokens or 0
-    assert max(e.usage.prompt_tokens for e in events if isinstance(e, ModelEvent)) < 1.05 * limit
+    assert (
+        max(e.usage.prompt_tokens for e in events if isinstance(e, ModelEvent))
+        < 1.05 * limit
+    )
     # the model saw each turn once and in order, compacted ones counted (the simulator's turn count)
     turns = [r.assistant_turns for r in seen]
     assert turns == list(range(TURNS))
     # the cost counts the summary calls
     model_cost = sum(e.cost_usd for e in events if isinstance(e, ModelEvent))
-    assert result.spent_usd == pytest.approx(model_cost + sum(c.cost_usd for c in compactions))
+    assert result.spent_usd == pytest.approx(
+        model_cost + sum(c.cost_usd for c in compactions)
+    )
     assert all(c.cost_usd > 0 and c.covered_turns > 0 for c in compactions)
 
 
@@ -166,13 +201,19 @@ async def test_a_replay_of_a_finished_compacting_run_calls_no_model_and_returns_
     assert sim.stats()["requests"] == requests  # no model call, no summary call
     assert again == first
     assert again_events == first_events
-    assert [k for k in journal.entries if k.startswith("compact:")]  # the steps are in the journal
+    assert [
+        k for k in journal.entries if k.startswith("compact:")
+    ]  # the steps are in the journal
 
 
-async def test_a_compaction_that_would_cross_the_budget_is_not_started(sim: SimServer) -> None:
+async def test_a_compaction_that_would_cross_the_budget_is_not_started(
+    sim: SimServer,
+) -> None:
     _, probe = await run(sim, "anthropic", MemoryJournal())
     first = next(e for e in probe if isinstance(e, CompactionEvent))
-    before = [e.cost_usd for e in probe if isinstance(e, ModelEvent) and e.step < first.step]
+    before = [
+        e.cost_usd for e in probe if isinstance(e, ModelEvent) and e.step < first.step
+    ]
     # the run can pay its next model call, not a summary call (about as dear as the latest call) on top
     usd = sum(before) + before[-1] / 2
     sim.reset()
@@ -180,13 +221,21 @@ async def test_a_compaction_that_would_cross_the_budget_is_not_started(sim: SimS
 
     result, events = await run(sim, "anthropic", journal, usd=usd)
 
-    stored = {k: json.loads(v)["value"] for k, v in journal.entries.items() if k.startswith("compact:")}
-    assert stored and all(value.get("skipped") == "budget" for value in stored.values()), stored
+    stored = {
+        k: json.loads(v)["value"]
+        for k, v in journal.entries.items()
+        if k.startswith("compact:")
+    }
+    assert stored and all(
+        value.get("skipped") == "budget" for value in stored.values()
+    ), stored
     assert f"compact:{first.step}" in stored
     assert not any(isinstance(e, CompactionEvent) for e in events)
     assert not sim.stats()["compactions"]
     assert result.stopped_by == "budget"
-    assert result.steps == first.step  # the model call after the skipped compaction went ahead
+    assert (
+        result.steps == first.step
+    )  # the model call after the skipped compaction went ahead
 
 
 def test_a_bad_policy_is_refused_before_any_work() -> None:
@@ -194,7 +243,11 @@ def test_a_bad_policy_is_refused_before_any_work() -> None:
         ContextPolicy(compact_at_tokens=10)
     with pytest.raises(ValidationError, match="summary_prompt is blank"):
         ContextPolicy(compact_at_tokens=50_000, summary_prompt="  ")
-    spec = RunSpec(model="m", messages=[UserMessage(content="hi")], context={"compact_at_tokens": 50_000})
+    spec = RunSpec(
+        model="m",
+        messages=[UserMessage(content="hi")],
+        context={"compact_at_tokens": 50_000},
+    )
     assert spec.context == ContextPolicy(compact_at_tokens=50_000)
     assert RunSpec(model="m", messages=[UserMessage(content="hi")]).context is None
 
@@ -212,5 +265,10 @@ def _summary_head(request: PromptGenRequest) -> str | None:
         return None
     prefix = SUMMARY_HEADER.split("{turns}")[0]
     return next(
-        (p.text for p in first.content if isinstance(p, TextPart) and p.text.startswith(prefix)), None
+        (
+            p.text
+            for p in first.content
+            if isinstance(p, TextPart) and p.text.startswith(prefix)
+        ),
+        None,
     )

@@ -49,7 +49,9 @@ def chat_spec(first: str, **fields: object) -> dict[str, object]:
     }
 
 
-def test_a_send_after_done_continues_the_run_with_its_history(client: Client, policy: Chat) -> None:
+def test_a_send_after_done_continues_the_run_with_its_history(
+    client: Client, policy: Chat
+) -> None:
     run_id = client.enqueue(chat_spec("hello"))
     assert client.wait(run_id, timeout=30).final_text == "echo: hello"
     sent = client.send(run_id, "and again")
@@ -69,9 +71,21 @@ def test_a_send_after_done_continues_the_run_with_its_history(client: Client, po
         ("AssistantMessage", "echo: and again"),
     ]
     second = policy.carrying("and again")
-    assert len(second) == 1 and [text_of(m) for m in second[0].messages][:2] == ["hello", "echo: hello"]
-    assert kinds(client, run_id) == ["queued", "model", "finished", "follow_up", "model", "finished"]
-    assert status.spent_usd > client.status(run_id).spent_usd / 2 > 0  # the spend carries over
+    assert len(second) == 1 and [text_of(m) for m in second[0].messages][:2] == [
+        "hello",
+        "echo: hello",
+    ]
+    assert kinds(client, run_id) == [
+        "queued",
+        "model",
+        "finished",
+        "follow_up",
+        "model",
+        "finished",
+    ]
+    assert (
+        status.spent_usd > client.status(run_id).spent_usd / 2 > 0
+    )  # the spend carries over
 
 
 def test_a_send_to_a_failed_or_cancelled_run_is_refused(client: Client) -> None:
@@ -79,11 +93,16 @@ def test_a_send_to_a_failed_or_cancelled_run_is_refused(client: Client) -> None:
     eventually(lambda: client.status(run_id).status == "running")
     client.cancel(run_id)
     assert client.wait(run_id, timeout=30).status == "cancel"
-    with pytest.raises(RunStateError, match="was cancelled \\(cancel\\); it takes no follow-up"):
+    with pytest.raises(
+        RunStateError, match="was cancelled \\(cancel\\); it takes no follow-up"
+    ):
         client.send(run_id, "more")
     failed = client.enqueue(chat_spec("fail"))
     assert client.wait(failed, timeout=30).status == "failed"
-    with pytest.raises(RunStateError, match=r"(?s)ended 'failed'; only a run that ended `done`.*Retry it"):
+    with pytest.raises(
+        RunStateError,
+        match=r"(?s)ended 'failed'; only a run that ended `done`.*Retry it",
+    ):
         client.send(failed, "more")
     steps = client.enqueue(chat_spec("slow 0.1", max_steps=1))
     assert client.wait(steps, timeout=30).status == "steps"
@@ -95,11 +114,17 @@ def test_a_send_to_a_failed_or_cancelled_run_is_refused(client: Client) -> None:
 def test_a_keyed_send_is_applied_once(client: Client, policy: Chat) -> None:
     run_id = client.enqueue(chat_spec("one"))
     client.wait(run_id, timeout=30)
-    first = client.send(run_id, "two", idempotency_key="msg-2", add_budget_usd=1.0, add_max_steps=3)
-    again = client.send(run_id, "two", idempotency_key="msg-2", add_budget_usd=1.0, add_max_steps=3)
+    first = client.send(
+        run_id, "two", idempotency_key="msg-2", add_budget_usd=1.0, add_max_steps=3
+    )
+    again = client.send(
+        run_id, "two", idempotency_key="msg-2", add_budget_usd=1.0, add_max_steps=3
+    )
     assert first == again
     client.wait(run_id, timeout=30)
-    assert client.send(run_id, "two", idempotency_key="msg-2") == first  # after it ran, too
+    assert (
+        client.send(run_id, "two", idempotency_key="msg-2") == first
+    )  # after it ran, too
     assert len(policy.carrying("two")) == 1
     assert [text_of(m) for m in client.history(run_id)].count("two") == 1
     state = client.redis.hmget(f"tl:{{{run_id}}}:state", "budget_added", "steps_added")
@@ -109,7 +134,9 @@ def test_a_keyed_send_is_applied_once(client: Client, policy: Chat) -> None:
 def test_a_send_to_a_running_run_says_to_steer_it(client: Client) -> None:
     run_id = client.enqueue(chat_spec("slow 3"))
     eventually(lambda: client.status(run_id).status == "running")
-    with pytest.raises(RunStateError, match="is running; a follow-up continues a run that ended `done`"):
+    with pytest.raises(
+        RunStateError, match="is running; a follow-up continues a run that ended `done`"
+    ):
         client.send(run_id, "now?")
     client.cancel(run_id)
 
@@ -142,15 +169,29 @@ def test_a_steer_is_seen_by_exactly_one_model_request_after_the_tool_result(
         "AssistantMessage",
     ]
     events = list(client.events(run_id))
-    assert [e.kind for e in events] == ["queued", "model", "steer_sent", "tool", "steer", "model", "finished"]
-    assert events[4].id_ == steer_id  # the steer event carries its id (`id` is the stream entry's)
+    assert [e.kind for e in events] == [
+        "queued",
+        "model",
+        "steer_sent",
+        "tool",
+        "steer",
+        "model",
+        "finished",
+    ]
+    assert (
+        events[4].id_ == steer_id
+    )  # the steer event carries its id (`id` is the stream entry's)
     journal = client.redis.hkeys(f"tl:{{{run_id}}}:journal:s0")
     assert f"steer:{steer_id}" in journal
-    with pytest.raises(RunStateError, match="has ended \\(done\\); a steer reaches a running run only"):
+    with pytest.raises(
+        RunStateError, match="has ended \\(done\\); a steer reaches a running run only"
+    ):
         client.steer(run_id, "too late")
 
 
-def test_a_steer_that_comes_as_the_model_finishes_is_answered(client: Client, policy: Chat) -> None:
+def test_a_steer_that_comes_as_the_model_finishes_is_answered(
+    client: Client, policy: Chat
+) -> None:
     run_id = client.enqueue(chat_spec("slow 1"))
     eventually(lambda: client.status(run_id).status == "running")
     client.steer(run_id, "first")
@@ -158,18 +199,28 @@ def test_a_steer_that_comes_as_the_model_finishes_is_answered(client: Client, po
     status = client.wait(run_id, timeout=30)
     assert status.status == "done"
     texts = [text_of(m) for m in client.history(run_id) if isinstance(m, UserMessage)]
-    assert texts == ["slow 1", "first", "second"]  # in the order they were sent, each once
-    assert len(policy.first_seen("first")) == 1 and len(policy.first_seen("second")) == 1
+    assert texts == [
+        "slow 1",
+        "first",
+        "second",
+    ]  # in the order they were sent, each once
+    assert (
+        len(policy.first_seen("first")) == 1 and len(policy.first_seen("second")) == 1
+    )
 
 
-def test_interrupt_stops_the_model_call_in_flight_then_a_send_continues(client: Client, policy: Chat) -> None:
+def test_interrupt_stops_the_model_call_in_flight_then_a_send_continues(
+    client: Client, policy: Chat
+) -> None:
     run_id = client.enqueue(chat_spec("think 30"))
     eventually(lambda: policy.carrying("think 30"))  # the model call is in flight
     began = time.monotonic()
     client.interrupt(run_id)
     status = client.wait(run_id, timeout=10)
     assert status.status == "interrupted" and time.monotonic() - began < 10
-    assert [text_of(m) for m in client.history(run_id)] == ["think 30"]  # nothing of the call is kept
+    assert [text_of(m) for m in client.history(run_id)] == [
+        "think 30"
+    ]  # nothing of the call is kept
     assert list(client.events(run_id))[-1].stopped_by == "interrupted"
     sent = client.send(run_id, "never mind, say hi")
     assert sent.segment == 1
@@ -180,7 +231,9 @@ def test_interrupt_stops_the_model_call_in_flight_then_a_send_continues(client: 
         "never mind, say hi",
         status.final_text,
     ]
-    with pytest.raises(RunStateError, match="only a queued or running run can be interrupted"):
+    with pytest.raises(
+        RunStateError, match="only a queued or running run can be interrupted"
+    ):
         client.interrupt(run_id)
 
 
@@ -190,6 +243,10 @@ def test_interrupt_stops_a_tool_in_flight_and_keeps_its_turn(client: Client) -> 
     client.interrupt(run_id)
     assert client.wait(run_id, timeout=10).status == "interrupted"
     history = client.history(run_id)
-    assert [type(m).__name__ for m in history] == ["UserMessage", "AssistantMessage", "ToolMessage"]
+    assert [type(m).__name__ for m in history] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolMessage",
+    ]
     client.send(run_id, "and now?")
     assert client.wait(run_id, timeout=30).final_text == "echo: and now?"

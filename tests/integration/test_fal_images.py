@@ -45,9 +45,13 @@ async def run(sim: SimServer, png: Path) -> RunToolLoopResult:
     image = ImagePart(path=str(png), mime_type="image/png", hash="frame")
 
     def read_frame(input: Shot, signal: AbortSignal) -> ToolOutput:
-        return ToolOutput(value=input.shot, content=[TextPart(text=f"Frame {input.shot}:"), image])
+        return ToolOutput(
+            value=input.shot, content=[TextPart(text=f"Frame {input.shot}:"), image]
+        )
 
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         return await handler.execute(request, signal)
 
     return await run_tool_loop(
@@ -56,7 +60,14 @@ async def run(sim: SimServer, png: Path) -> RunToolLoopResult:
             model="anthropic/claude-opus-5.5",
             system="You review storyboards.",
             messages=[UserMessage(content="Review the board.")],
-            tools=[ToolSpec(name="read_frame", description="Read one frame.", schema=Shot, run=read_frame)],
+            tools=[
+                ToolSpec(
+                    name="read_frame",
+                    description="Read one frame.",
+                    schema=Shot,
+                    run=read_frame,
+                )
+            ],
             budget=Budget(usd=10.0),
             max_steps=5,
             step=MemoryJournal().step,
@@ -71,25 +82,39 @@ def image_urls(body: dict[str, Any]) -> list[str]:
         if message["role"] == "tool":
             assert all(part["type"] == "text" for part in message["content"])
         if message["role"] == "user" and previous["role"] == "tool":
-            urls += [part["image_url"]["url"] for part in message["content"] if part["type"] == "image_url"]
+            urls += [
+                part["image_url"]["url"]
+                for part in message["content"]
+                if part["type"] == "image_url"
+            ]
     return urls
 
 
-async def test_a_tool_image_is_uploaded_once_and_shown_in_a_user_turn(tmp_path: Path) -> None:
+async def test_a_tool_image_is_uploaded_once_and_shown_in_a_user_turn(
+    tmp_path: Path,
+) -> None:
     png = tmp_path / "frame.png"
     png.write_bytes(PNG)
     policy = Recording(SCRIPT)
     with SimServer(policy) as sim:
         result = await run(sim, png)
         uploads = sim.stats()["uploads"]
-        (file_url,) = [f"{sim.base_url}/storage/files/{token}" for token in sim.simulator.files]
+        (file_url,) = [
+            f"{sim.base_url}/storage/files/{token}" for token in sim.simulator.files
+        ]
         assert sim.simulator.files[file_url.rsplit("/", 1)[1]] == ("image/png", PNG)
     assert (result.stopped_by, result.final_text) == ("done", "Both frames are fine.")
     assert uploads == {"initiate": 1, "put": 1}  # three requests, one upload
-    assert [image_urls(body) for body in policy.bodies] == [[], [file_url], [file_url, file_url]]
+    assert [image_urls(body) for body in policy.bodies] == [
+        [],
+        [file_url],
+        [file_url, file_url],
+    ]
 
 
-async def test_a_failed_upload_falls_back_to_a_data_uri_and_the_run_finishes(tmp_path: Path) -> None:
+async def test_a_failed_upload_falls_back_to_a_data_uri_and_the_run_finishes(
+    tmp_path: Path,
+) -> None:
     png = tmp_path / "frame.png"
     png.write_bytes(PNG)
     policy = Recording(SCRIPT)
@@ -99,6 +124,9 @@ async def test_a_failed_upload_falls_back_to_a_data_uri_and_the_run_finishes(tmp
         uploads = sim.stats()["uploads"]
         files = len(sim.simulator.files)
     assert (result.stopped_by, result.final_text) == ("done", "Both frames are fine.")
-    assert (uploads, files) == ({"initiate": 1, "failed": 1}, 0)  # not retried on the next step
+    assert (uploads, files) == (
+        {"initiate": 1, "failed": 1},
+        0,
+    )  # not retried on the next step
     uri = "data:image/png;base64," + base64.b64encode(PNG).decode()
     assert [image_urls(body) for body in policy.bodies] == [[], [uri], [uri, uri]]

@@ -32,7 +32,11 @@ NOTE = "Budget nearly spent: answer now."
 def script(output_tokens: int = 0) -> list[dict[str, Any]]:
     usage = {"usage": {"output_tokens": output_tokens}} if output_tokens else {}
     calls = [
-        {"text": f"Step {n}.", "tool_calls": [{"name": "add", "input": {"a": n, "b": 1}}], **usage}
+        {
+            "text": f"Step {n}.",
+            "tool_calls": [{"name": "add", "input": {"a": n, "b": 1}}],
+            **usage,
+        }
         for n in range(1, TURNS)
     ]
     return [*calls, {"text": "Done.", **usage}]
@@ -50,7 +54,13 @@ def start_sim_worker(url: str, sim: SimServer, log_dir: Path, **env: str) -> Wor
 
 def run_spec(**fields: Any) -> dict[str, Any]:
     return spec(
-        "You add.", **{"model": "claude-haiku-4-5", "provider": "anthropic", "max_steps": TURNS + 1, **fields}
+        "You add.",
+        **{
+            "model": "claude-haiku-4-5",
+            "provider": "anthropic",
+            "max_steps": TURNS + 1,
+            **fields,
+        },
     )
 
 
@@ -77,7 +87,9 @@ def test_runs_under_a_rate_limit_meet_no_429_and_go_at_the_limit(
     rpm, runs = 600, 12  # 10 calls a second, at most 10 at once; 60 model calls
     limits = json.dumps({"anthropic": {"*": {"requests_per_minute": rpm}}})
     with SimServer(script(), rate_limits=SimRateLimits(rpm=rpm)) as sim:
-        worker = start_sim_worker(own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits)
+        worker = start_sim_worker(
+            own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits
+        )
         client = Client(own_redis.url)
         try:
             started = time.monotonic()
@@ -90,8 +102,12 @@ def test_runs_under_a_rate_limit_meet_no_429_and_go_at_the_limit(
         stats = sim.stats()
     assert [s.status for s in statuses] == ["done"] * runs
     assert stats["requests"] == runs * TURNS
-    assert stats["statuses"].get("429", 0) == 0  # no call was refused, so none was retried
-    assert took >= (runs * TURNS - 10) / 10 * 0.9  # paced: beyond the burst, 10 a second
+    assert (
+        stats["statuses"].get("429", 0) == 0
+    )  # no call was refused, so none was retried
+    assert (
+        took >= (runs * TURNS - 10) / 10 * 0.9
+    )  # paced: beyond the burst, 10 a second
 
 
 def test_200_runs_on_one_account_never_spend_past_its_limit(
@@ -104,7 +120,10 @@ def test_200_runs_on_one_account_never_spend_past_its_limit(
         client = Client(own_redis.url)
         try:
             client.set_account_limit("tenant-1", limit, period="day", finish_at=0.8)
-            run_ids = [client.enqueue(run_spec(account="tenant-1", finish_note=NOTE)) for _ in range(runs)]
+            run_ids = [
+                client.enqueue(run_spec(account="tenant-1", finish_note=NOTE))
+                for _ in range(runs)
+            ]
             statuses = wait_all(client, run_ids, timeout=180)
             total = journal_total(client, run_ids)
             (row,) = client.accounts()
@@ -113,19 +132,26 @@ def test_200_runs_on_one_account_never_spend_past_its_limit(
             client.close()
     # Above the largest single estimate: the provider's own estimate of a 5,000-token prompt (every
     # request here is smaller) with the default max_tokens.
-    padded = PromptGenRequest(model="claude-haiku-4-5", messages=[UserMessage(content="word " * 4000)])
+    padded = PromptGenRequest(
+        model="claude-haiku-4-5", messages=[UserMessage(content="word " * 4000)]
+    )
     largest_estimate = AnthropicHandler("k").estimate(padded)
     assert 0.01 < largest_estimate < 0.2
     assert total <= limit + largest_estimate, total
     assert total > 0.8 * limit  # the account was spent, not refused from the start
     stops = [s.status for s in statuses]
     assert stops.count("budget") > 0 and set(stops) <= {"done", "budget"}, set(stops)
-    assert row.spent_usd == pytest.approx(total, abs=1e-6)  # `toolloop accounts` says what the journals say
+    assert row.spent_usd == pytest.approx(
+        total, abs=1e-6
+    )  # `toolloop accounts` says what the journals say
     assert row.reserved_usd == 0.0
 
 
 def held(client: redis.Redis, name: str) -> float:
-    return next((a.reserved_usd for a in accounts.spend(client, time.time()) if a.name == name), 0.0)
+    return next(
+        (a.reserved_usd for a in accounts.spend(client, time.time()) if a.name == name),
+        0.0,
+    )
 
 
 def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
@@ -140,13 +166,19 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
         try:
             client.set_account_limit("tenant-2", 5.0, period="total")
             run_ids = [client.enqueue(run_spec(account="tenant-2")) for _ in range(5)]
-            eventually(lambda: held(plain, "tenant-2") > 0, timeout=20)  # the calls hang at the simulator
+            eventually(
+                lambda: held(plain, "tenant-2") > 0, timeout=20
+            )  # the calls hang at the simulator
             time.sleep(1.2)  # the AOF (fsync every second) has the reservations
             worker.kill()
             killed = time.monotonic()
             own_redis.restart()
-            assert held(plain, "tenant-2") > 0  # kept across the restart: nobody settled them
-            eventually(lambda: held(plain, "tenant-2") == 0, timeout=lease_ms / 1000 + 2)
+            assert (
+                held(plain, "tenant-2") > 0
+            )  # kept across the restart: nobody settled them
+            eventually(
+                lambda: held(plain, "tenant-2") == 0, timeout=lease_ms / 1000 + 2
+            )
             assert time.monotonic() - killed <= lease_ms / 1000 + 2
             again = start_sim_worker(own_redis.url, fast, tmp_path, **timers)
             try:
@@ -161,7 +193,9 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
             plain.close()
     assert [s.status for s in statuses] == ["done"] * 5
     assert row.reserved_usd == 0.0
-    assert row.spent_usd == pytest.approx(total, abs=1e-6)  # the killed calls were never answered, nor billed
+    assert row.spent_usd == pytest.approx(
+        total, abs=1e-6
+    )  # the killed calls were never answered, nor billed
 
 
 def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_budget(
@@ -172,22 +206,31 @@ def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_bud
     def policy(request: SimRequest) -> SimTurn:
         seen.append(request)
         call = SimToolCall(name="add", input={"a": 1, "b": 2})
-        return SimTurn(text="More.", tool_calls=[call], usage={"output_tokens": 4000})  # ~$0.02 a call
+        return SimTurn(
+            text="More.", tool_calls=[call], usage={"output_tokens": 4000}
+        )  # ~$0.02 a call
 
     with SimServer(policy) as sim:
         worker = start_sim_worker(own_redis.url, sim, tmp_path)
         client = Client(own_redis.url)
         try:
             client.set_account_limit("tenant-3", 0.1, period="month", finish_at=0.5)
-            run_id = client.enqueue(run_spec(account="tenant-3", finish_note=NOTE, max_steps=50))
+            run_id = client.enqueue(
+                run_spec(account="tenant-3", finish_note=NOTE, max_steps=50)
+            )
             (status,) = wait_all(client, [run_id], timeout=60)
             (row,) = client.accounts()
         finally:
             worker.stop()
             client.close()
     assert status.status == "budget"
-    notes = [NOTE in repr(r.messages[-1]) and isinstance(r.messages[-1], UserMessage) for r in seen]
-    assert notes[0] is False and notes[-1] is True  # finish mode once the account neared its limit
+    notes = [
+        NOTE in repr(r.messages[-1]) and isinstance(r.messages[-1], UserMessage)
+        for r in seen
+    ]
+    assert (
+        notes[0] is False and notes[-1] is True
+    )  # finish mode once the account neared its limit
     assert row.spent_usd <= 0.1 and row.period == "month"
 
 
@@ -195,14 +238,22 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
     own_redis: EmbeddedServer, tmp_path: Path
 ) -> None:
     # claude-haiku-4-5 is limited to one call every 2 s; claude-sonnet-5-5 is not limited at all.
-    limits = json.dumps({"anthropic": {"claude-haiku-4-5": {"requests_per_minute": 30}}})
+    limits = json.dumps(
+        {"anthropic": {"claude-haiku-4-5": {"requests_per_minute": 30}}}
+    )
     with SimServer(script()) as sim:
         worker = start_sim_worker(
-            own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits, TOOLLOOP_STEPS_IN_FLIGHT="2"
+            own_redis.url,
+            sim,
+            tmp_path,
+            TOOLLOOP_RATE_LIMITS=limits,
+            TOOLLOOP_STEPS_IN_FLIGHT="2",
         )
         client = Client(own_redis.url)
         try:
-            waiting = [client.enqueue(run_spec()) for _ in range(4)]  # 20 calls: 40 s at the limit
+            waiting = [
+                client.enqueue(run_spec()) for _ in range(4)
+            ]  # 20 calls: 40 s at the limit
             time.sleep(1.0)  # they hold both slots of the worker, waiting their turn
             started = time.monotonic()
             free = client.enqueue(run_spec(model="claude-sonnet-5-5"))
@@ -213,14 +264,18 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
             worker.kill()
             client.close()
     assert status.status == "done"
-    assert took < 10, took  # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)
+    assert took < 10, (
+        took
+    )  # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
     own_redis: EmbeddedServer, tmp_path: Path, stream: bool
 ) -> None:
-    overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})  # falls over at once
+    overloaded = SimFault(
+        status=529, times=None, headers={"x-should-retry": "false"}
+    )  # falls over at once
 
     def policy(request: SimRequest) -> SimTurn:
         if request.wire == "anthropic":
@@ -228,37 +283,60 @@ def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
         n = request.assistant_turns + 1
         if n >= TURNS:
             return SimTurn(text="Done.")
-        return SimTurn(text=f"Step {n}.", tool_calls=[SimToolCall(name="add", input={"a": n, "b": 1})])
+        return SimTurn(
+            text=f"Step {n}.",
+            tool_calls=[SimToolCall(name="add", input={"a": n, "b": 1})],
+        )
 
-    runs, fal_rpm = 20, 300  # 100 model calls, each refused by Anthropic, then sent to fal: 5 a second
+    runs, fal_rpm = (
+        20,
+        300,
+    )  # 100 model calls, each refused by Anthropic, then sent to fal: 5 a second
     limits = json.dumps(
         {
-            "anthropic": {"*": {"requests_per_minute": 6000, "output_tokens_per_minute": 60000}},
+            "anthropic": {
+                "*": {"requests_per_minute": 6000, "output_tokens_per_minute": 60000}
+            },
             "fal": {"*": {"requests_per_minute": fal_rpm}},
         }
     )
     # fal's own side holds 4 s of its limit (20 calls): unpaced, 100 calls in a few seconds meet 429s.
-    with SimServer(policy, fal_rate_limits=SimRateLimits(rpm=fal_rpm, burst_s=4)) as sim:
-        env = {"TOOLLOOP_RATE_LIMITS": limits, "FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url}
+    with SimServer(
+        policy, fal_rate_limits=SimRateLimits(rpm=fal_rpm, burst_s=4)
+    ) as sim:
+        env = {
+            "TOOLLOOP_RATE_LIMITS": limits,
+            "FAL_KEY": "fal-sim-key",
+            "FAL_RUN_URL": sim.base_url,
+        }
         worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
         client = Client(own_redis.url)
         try:
             started = time.monotonic()
-            run_ids = [client.enqueue(run_spec(fallback=["fal"], stream=stream)) for _ in range(runs)]
+            run_ids = [
+                client.enqueue(run_spec(fallback=["fal"], stream=stream))
+                for _ in range(runs)
+            ]
             statuses = wait_all(client, run_ids, timeout=90)
             took = time.monotonic() - started
             plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
-            anthropic = plain.hgetall(bucket_of("anthropic", "ANTHROPIC_API_KEY", "sim-key"))
+            anthropic = plain.hgetall(
+                bucket_of("anthropic", "ANTHROPIC_API_KEY", "sim-key")
+            )
             fal = plain.hgetall(bucket_of("fal", "FAL_KEY", "fal-sim-key"))
             plain.close()
         finally:
             worker.stop()
             client.close()
         stats = sim.stats()
-    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]  # fal was never sent past its limit
+    assert stats["statuses"].get("429", 0) == 0, stats[
+        "statuses"
+    ]  # fal was never sent past its limit
     assert [s.status for s in statuses] == ["done"] * runs
     assert stats["endpoints"] == {"anthropic": runs * TURNS, "fal": runs * TURNS}
-    assert took >= (runs * TURNS - 5) / 5 * 0.9  # paced at fal's limit, beyond its 1 s burst
+    assert (
+        took >= (runs * TURNS - 5) / 5 * 0.9
+    )  # paced at fal's limit, beyond its 1 s burst
     assert fal  # fal's calls were booked in fal's own bucket ...
     # ... and not in Anthropic's: no output tokens were settled there (its 529s have none), nor a
     # fal 429 learned
@@ -277,7 +355,11 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
     overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})
 
     def policy(request: SimRequest) -> SimTurn:
-        return SimTurn(fault=overloaded) if request.wire == "anthropic" else SimTurn(text="Done.")
+        return (
+            SimTurn(fault=overloaded)
+            if request.wire == "anthropic"
+            else SimTurn(text="Done.")
+        )
 
     # The call's estimate: ~$0.04 at Anthropic, ~$0.16 at fal (default max_tokens 32,000, not 8,192).
     with SimServer(policy) as sim:
@@ -285,8 +367,12 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
         worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
         client = Client(own_redis.url)
         try:
-            client.set_account_limit("narrow", 0.10, period="total")  # room for Anthropic's only
-            client.set_account_limit("wide", 0.18, period="total")  # fal's fits, not beside its own $0.04
+            client.set_account_limit(
+                "narrow", 0.10, period="total"
+            )  # room for Anthropic's only
+            client.set_account_limit(
+                "wide", 0.18, period="total"
+            )  # fal's fits, not beside its own $0.04
             narrow = client.enqueue(run_spec(account="narrow", fallback=["fal"]))
             wide = client.enqueue(run_spec(account="wide", fallback=["fal"]))
             # less than a lease (20 s): the dearer estimate does not wait for the call's own reservation
@@ -297,7 +383,10 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
             client.close()
         stats = sim.stats()
     assert [s.status for s in statuses] == ["budget", "done"]
-    assert stats["endpoints"] == {"anthropic": 2, "fal": 1}  # the narrow run's call never went to fal
+    assert stats["endpoints"] == {
+        "anthropic": 2,
+        "fal": 1,
+    }  # the narrow run's call never went to fal
     assert rows["narrow"].spent_usd == 0.0 and rows["wide"].spent_usd > 0
     assert rows["narrow"].reserved_usd == rows["wide"].reserved_usd == 0.0
 
@@ -310,7 +399,9 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
 
     def policy(request: SimRequest) -> SimTurn:
         starts.append(time.monotonic())
-        return SimTurn(text="Done.", latency_s=latency)  # one call, over two leases long
+        return SimTurn(
+            text="Done.", latency_s=latency
+        )  # one call, over two leases long
 
     limits = json.dumps({"anthropic": {"*": {"concurrent": 1}}})
     plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
@@ -324,7 +415,10 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
             eventually(lambda: starts or None, timeout=20)
             time.sleep(lease_ms / 1000 * 1.7)  # past a lease into the first call
             reserved_late = held(plain, "long")
-            run_ids = [first, client.enqueue(run_spec(account="long"))]  # it waits for the place
+            run_ids = [
+                first,
+                client.enqueue(run_spec(account="long")),
+            ]  # it waits for the place
             statuses = wait_all(client, run_ids, timeout=60)
             (row,) = client.accounts()
         finally:
@@ -332,8 +426,12 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
             client.close()
             plain.close()
     assert [s.status for s in statuses] == ["done", "done"]
-    assert reserved_late > 0  # the first call's reservation did not lapse a lease after it was made
-    assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, starts  # one call at a time
+    assert (
+        reserved_late > 0
+    )  # the first call's reservation did not lapse a lease after it was made
+    assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, (
+        starts
+    )  # one call at a time
     assert row.reserved_usd == 0.0 and row.spent_usd > 0
 
 
@@ -363,9 +461,13 @@ def test_two_workers_that_learn_the_limit_from_the_headers_hold_it_in_a_burst_of
             client.close()
         stats = sim.stats()
     assert [s.status for s in statuses] == ["done"] * runs
-    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]  # none refused, so none retried
+    assert stats["statuses"].get("429", 0) == 0, stats[
+        "statuses"
+    ]  # none refused, so none retried
     assert stats["requests"] == runs
-    assert took >= (runs - 8) / 4 * 0.8, took  # paced at the learned limit beyond the burst
+    assert took >= (runs - 8) / 4 * 0.8, (
+        took
+    )  # paced at the learned limit beyond the burst
 
 
 def test_a_provider_retry_is_booked_against_the_limit_as_one_more_request(
@@ -379,14 +481,22 @@ def test_a_provider_retry_is_booked_against_the_limit_as_one_more_request(
 
     def policy(request: SimRequest) -> SimTurn:
         arrivals.append(time.monotonic())
-        return SimTurn(fault=SimFault(status=500)) if len(arrivals) == 1 else SimTurn(text="Done.")
+        return (
+            SimTurn(fault=SimFault(status=500))
+            if len(arrivals) == 1
+            else SimTurn(text="Done.")
+        )
 
     limits = json.dumps({"anthropic": {"*": {"requests_per_minute": 30, "burst_s": 2}}})
     with SimServer(policy) as sim:
-        worker = start_sim_worker(own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits)
+        worker = start_sim_worker(
+            own_redis.url, sim, tmp_path, TOOLLOOP_RATE_LIMITS=limits
+        )
         client = Client(own_redis.url)
         try:
-            (status,) = wait_all(client, [client.enqueue(run_spec(max_steps=2))], timeout=30)
+            (status,) = wait_all(
+                client, [client.enqueue(run_spec(max_steps=2))], timeout=30
+            )
         finally:
             worker.stop()
             client.close()
@@ -403,11 +513,19 @@ def test_a_two_phase_tool_is_reserved_and_charged_against_the_account(
     # reserved nor charged, so the run went on to max_steps with the account all but unspent).
     def policy(request: SimRequest) -> SimTurn:
         n = request.assistant_turns + 1
-        return SimTurn(text=f"Job {n}.", tool_calls=[SimToolCall(name="transcode", input={"a": n, "b": 0})])
+        return SimTurn(
+            text=f"Job {n}.",
+            tool_calls=[SimToolCall(name="transcode", input={"a": n, "b": 0})],
+        )
 
     tool_log = tmp_path / "tools.log"
     with SimServer(policy) as sim:
-        worker = Worker(own_redis.url, tmp_path / "worker.log", sim_env(sim, tool_log), concurrency=4)
+        worker = Worker(
+            own_redis.url,
+            tmp_path / "worker.log",
+            sim_env(sim, tool_log),
+            concurrency=4,
+        )
         worker.wait_ready()
         client = Client(own_redis.url)
         try:
@@ -419,9 +537,13 @@ def test_a_two_phase_tool_is_reserved_and_charged_against_the_account(
         finally:
             worker.stop()
             client.close()
-    starts = [line for line in tool_log.read_text().splitlines() if '"transcode"' in line]
+    starts = [
+        line for line in tool_log.read_text().splitlines() if '"transcode"' in line
+    ]
     assert status.status == "budget", status.status
-    assert 3 <= len(starts) <= 5, starts  # $0.10 each on $0.5, each start reserving its $0.15 first
+    assert 3 <= len(starts) <= 5, (
+        starts
+    )  # $0.10 each on $0.5, each start reserving its $0.15 first
     assert row.spent_usd == pytest.approx(total, abs=1e-6) and total > 0.3, (row, total)
     assert row.spent_usd <= 0.5 and row.reserved_usd == 0.0
 
@@ -436,15 +558,28 @@ def test_a_learned_limit_holds_for_a_fallback_named_by_the_worker_not_the_run(
     overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})
 
     def policy(request: SimRequest) -> SimTurn:
-        return SimTurn(fault=overloaded) if request.wire != "anthropic" else SimTurn(text="Done.")
+        return (
+            SimTurn(fault=overloaded)
+            if request.wire != "anthropic"
+            else SimTurn(text="Done.")
+        )
 
     runs = 30
     with SimServer(policy, rate_limits=SimRateLimits(rpm=240, burst_s=2)) as sim:
-        env = {"FAL_KEY": "fal-sim-key", "FAL_RUN_URL": sim.base_url, "TOOLLOOP_FALLBACK": "anthropic"}
-        workers = [start_sim_worker(own_redis.url, sim, tmp_path, **env) for _ in range(2)]
+        env = {
+            "FAL_KEY": "fal-sim-key",
+            "FAL_RUN_URL": sim.base_url,
+            "TOOLLOOP_FALLBACK": "anthropic",
+        }
+        workers = [
+            start_sim_worker(own_redis.url, sim, tmp_path, **env) for _ in range(2)
+        ]
         client = Client(own_redis.url)
         try:
-            run_ids = [client.enqueue(run_spec(provider="fal", max_steps=2)) for _ in range(runs)]
+            run_ids = [
+                client.enqueue(run_spec(provider="fal", max_steps=2))
+                for _ in range(runs)
+            ]
             statuses = wait_all(client, run_ids, timeout=60)
         finally:
             for worker in workers:

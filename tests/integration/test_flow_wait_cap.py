@@ -16,7 +16,12 @@ import pytest
 import redis
 
 from tests.integration.conftest import redis_in
-from tests.integration.test_flow_runs import bucket_of, run_spec, start_sim_worker, wait_all
+from tests.integration.test_flow_runs import (
+    bucket_of,
+    run_spec,
+    start_sim_worker,
+    wait_all,
+)
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
 from toolloop.sim.script import SimFault, SimRequest, SimTurn
@@ -54,7 +59,10 @@ def test_an_absurd_retry_after_blocks_the_model_for_at_most_the_cap(
         try:
             (first,) = wait_all(client, [client.enqueue(run_spec())], timeout=30)
             blocked = float(
-                plain.hget(bucket_of("anthropic", "ANTHROPIC_API_KEY", "sim-key"), "blocked") or 0
+                plain.hget(
+                    bucket_of("anthropic", "ANTHROPIC_API_KEY", "sim-key"), "blocked"
+                )
+                or 0
             )
             started = time.monotonic()
             (fresh,) = wait_all(client, [client.enqueue(run_spec())], timeout=30)
@@ -66,7 +74,10 @@ def test_an_absurd_retry_after_blocks_the_model_for_at_most_the_cap(
         log = worker.log.read_text(errors="replace")
     assert refused, "the simulator never refused a call"
     assert first.status == "failed" and "HTTP 429" in (first.error_message or ""), first
-    assert 0 < blocked / 1000 - refused[0] <= CAP_S + 1, (blocked, refused)  # not 31 years
+    assert 0 < blocked / 1000 - refused[0] <= CAP_S + 1, (
+        blocked,
+        refused,
+    )  # not 31 years
     assert "longer than the cap of 3 s" in log
     assert fresh.status == "done" and fresh.final_text == "Done.", fresh
     assert took < CAP_S + 10, took

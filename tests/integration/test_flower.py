@@ -34,10 +34,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS
 
 
 @pytest.fixture(scope="module")
-def flower(redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def flower(
+    redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """`celery -A workers.app flower` on a free loopback port with basic auth; yields its URL."""
     log = tmp_path_factory.mktemp("flower") / "flower.log"
-    env = {**os.environ, **WORKER_ENV, "REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        **WORKER_ENV,
+        "REDIS_URL": redis_server.url,
+        "PYTHONPATH": str(ROOT),
+    }
     with running_flower(env, log, AUTH, timeout_s=30) as url:
         yield url
 
@@ -48,7 +55,9 @@ def worker(
 ) -> Iterator[Worker]:
     """Started after Flower: Flower only knows the events it heard."""
     env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}
-    process = start_worker(redis_server.url, tmp_path_factory.mktemp("flower-worker"), env)
+    process = start_worker(
+        redis_server.url, tmp_path_factory.mktemp("flower-worker"), env
+    )
     yield process
     process.stop()
 
@@ -61,14 +70,21 @@ def api(url: str, path: str, **params: Any) -> Any:
 
 def test_flower_api_needs_the_password(flower: str) -> None:
     assert httpx.get(f"{flower}/api/tasks", timeout=10).status_code == 401
-    assert httpx.get(f"{flower}/api/tasks", auth=(AUTH[0], "wrong"), timeout=10).status_code == 401
+    assert (
+        httpx.get(
+            f"{flower}/api/tasks", auth=(AUTH[0], "wrong"), timeout=10
+        ).status_code
+        == 401
+    )
 
 
 def test_flower_lists_each_step_as_a_task_with_ids_only(
     redis_server: EmbeddedServer, flower: str, worker: Worker
 ) -> None:
     prefix = worker.name.split("@")[0]
-    eventually(lambda: any(prefix in name for name in api(flower, "/api/workers", refresh=1)))
+    eventually(
+        lambda: any(prefix in name for name in api(flower, "/api/workers", refresh=1))
+    )
     client = Client(redis_server.url)
     try:
         run_id = client.enqueue(spec(SYSTEM, USER_TEXT))
@@ -93,9 +109,14 @@ def test_flower_lists_each_step_as_a_task_with_ids_only(
     }
     for task_id, task in tasks.items():
         assert task["name"] == "toolloop.advance"
-        assert ast.literal_eval(task["args"]) == [run_id, int(task_id.rsplit(":", 1)[1])]
+        assert ast.literal_eval(task["args"]) == [
+            run_id,
+            int(task_id.rsplit(":", 1)[1]),
+        ]
         assert task["worker"].startswith(worker.name.split("@")[0])
-        assert "19" not in f"{task['args']}{task['kwargs']}{task['result']}".replace(run_id, "")
+        assert "19" not in f"{task['args']}{task['kwargs']}{task['result']}".replace(
+            run_id, ""
+        )
     assert "privately" not in json.dumps(tasks)  # no prompt reaches Flower
     info = api(flower, f"/api/task/info/{run_id}:1")
     assert info["name"] == "toolloop.advance" and info["state"] == "SUCCESS"
@@ -120,14 +141,20 @@ def test_flower_reports_the_step_that_failed_its_run_as_failure(
     assert task["exception"] == "AssertionError(\"No scripted scenario 'nosuch'.\")"
     assert ast.literal_eval(task["kwargs"]) == {"step": "model 1"}
     assert "privately" not in json.dumps(task)
-    dashboard = api(flower, "/api/workers")  # the worker's counters (Flower's dashboard) count it
+    dashboard = api(
+        flower, "/api/workers"
+    )  # the worker's counters (Flower's dashboard) count it
     assert any(name.startswith(worker.name.split("@")[0]) for name in dashboard)
 
 
 def test_flower_lists_the_step_queues_with_their_lengths(
     redis_server: EmbeddedServer, flower: str, worker: Worker
 ) -> None:
-    eventually(lambda: any("llm" in str(w) for w in api(flower, "/api/workers", refresh=1).values()))
+    eventually(
+        lambda: any(
+            "llm" in str(w) for w in api(flower, "/api/workers", refresh=1).values()
+        )
+    )
     queues = {q["name"]: q for q in api(flower, "/api/queues/length")["active_queues"]}
     assert {"llm", "tools", "control"} <= set(queues)
     assert all(isinstance(q["messages"], int) for q in queues.values())
@@ -142,11 +169,17 @@ def test_celery_inspect_shows_the_steps_in_flight_and_the_step_queues(
         declared = eventually(lambda: inspect.active_queues(), timeout=10)
         names = {q["name"] for queues in declared.values() for q in queues}
         assert {"llm", "tools", "control"} <= names
-        run_id = client.enqueue(spec("slow"))  # a tool that sleeps 30 s unless the run is cancelled
+        run_id = client.enqueue(
+            spec("slow")
+        )  # a tool that sleeps 30 s unless the run is cancelled
 
         def in_flight() -> Any:
             found = [t for tasks in (inspect.active() or {}).values() for t in tasks]
-            return [t for t in found if t["id"].startswith(run_id) and t["kwargs"] == {"step": "tool slow"}]
+            return [
+                t
+                for t in found
+                if t["id"].startswith(run_id) and t["kwargs"] == {"step": "tool slow"}
+            ]
 
         [task] = eventually(in_flight, timeout=20)
         assert task["name"] == "toolloop.advance" and task["args"] == [run_id, 2]
@@ -160,8 +193,15 @@ def test_celery_inspect_shows_the_steps_in_flight_and_the_step_queues(
 def test_flower_started_as_compose_and_the_procfile_do_is_read_only(
     redis_server: EmbeddedServer, worker: Worker, tmp_path: Path
 ) -> None:
-    env = {**os.environ, **WORKER_ENV, "REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
-    with running_flower(env, tmp_path / "flower.log", AUTH, timeout_s=30, read_only=True) as url:
+    env = {
+        **os.environ,
+        **WORKER_ENV,
+        "REDIS_URL": redis_server.url,
+        "PYTHONPATH": str(ROOT),
+    }
+    with running_flower(
+        env, tmp_path / "flower.log", AUTH, timeout_s=30, read_only=True
+    ) as url:
         for path in (
             "/api/task/revoke/x:1",
             f"/api/worker/shutdown/{worker.name}",
@@ -169,7 +209,9 @@ def test_flower_started_as_compose_and_the_procfile_do_is_read_only(
         ):
             refused = httpx.post(f"{url}{path}", auth=AUTH, timeout=10)
             assert refused.status_code == 403, (path, refused.status_code)
-        assert httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).status_code == 200  # it still shows
+        assert (
+            httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).status_code == 200
+        )  # it still shows
 
 
 def test_flower_shows_a_refused_run_in_its_last_step_result(
@@ -205,7 +247,10 @@ def test_the_step_after_an_answer_is_labelled_with_its_number(
         run_id = client.enqueue(spec("ask2"))
         client.wait(run_id, timeout=30)
         client.answer(run_id, "first")
-        eventually(lambda: (s := client.status(run_id)).status == "asked" and s.segment == 1, timeout=30)
+        eventually(
+            lambda: (s := client.status(run_id)).status == "asked" and s.segment == 1,
+            timeout=30,
+        )
         client.answer(run_id, "second")
         assert client.wait(run_id, timeout=30).status == "done"
     finally:

@@ -32,7 +32,10 @@ FULL = os.environ.get("TOOLLOOP_FAULTS") == "full"
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not FULL, reason="~55 s: the full tier only (TOOLLOOP_FAULTS=full, make faults-full)"),
+    pytest.mark.skipif(
+        not FULL,
+        reason="~55 s: the full tier only (TOOLLOOP_FAULTS=full, make faults-full)",
+    ),
 ]
 
 AUTH = ("watcher", "s3cret-pass")
@@ -48,9 +51,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSet
 
 
 @pytest.fixture(scope="module")
-def flower(deployment: SentinelSet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def flower(
+    deployment: SentinelSet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     log = tmp_path_factory.mktemp("flower-on-sentinel") / "flower.log"
-    env = {**os.environ, **WORKER_ENV, "REDIS_URL": deployment.url, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        **WORKER_ENV,
+        "REDIS_URL": deployment.url,
+        "PYTHONPATH": str(ROOT),
+    }
     with running_flower(env, log, AUTH, timeout_s=60) as url:
         yield url
 
@@ -60,7 +70,9 @@ def worker(
     deployment: SentinelSet, flower: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}
-    process = start_worker(deployment.url, tmp_path_factory.mktemp("flower-sentinel-worker"), env)
+    process = start_worker(
+        deployment.url, tmp_path_factory.mktemp("flower-sentinel-worker"), env
+    )
     yield process
     process.stop()
 
@@ -78,7 +90,9 @@ def run_and_see_its_steps(deployment: SentinelSet, flower: str) -> str:
 
     def steps() -> bool:
         tasks = api(flower, "/api/tasks", taskname="toolloop.advance")
-        mine = {task_id: t for task_id, t in tasks.items() if task_id.startswith(run_id)}
+        mine = {
+            task_id: t for task_id, t in tasks.items() if task_id.startswith(run_id)
+        }
         return sorted(mine) == [f"{run_id}:{n}" for n in (1, 2, 3)] and all(
             t["state"] == "SUCCESS" for t in mine.values()
         )
@@ -91,15 +105,27 @@ def test_flower_on_sentinel_shows_workers_steps_and_queues_across_a_failover(
     deployment: SentinelSet, flower: str, worker: Worker
 ) -> None:
     prefix = worker.name.split("@")[0]
-    eventually(lambda: any(prefix in name for name in api(flower, "/api/workers", refresh=1)), timeout=30)
+    eventually(
+        lambda: any(prefix in name for name in api(flower, "/api/workers", refresh=1)),
+        timeout=30,
+    )
     run_and_see_its_steps(deployment, flower)
-    queues = {q["name"]: q["messages"] for q in api(flower, "/api/queues/length")["active_queues"]}
-    assert {"llm", "tools", "control"} <= set(queues) and all(isinstance(n, int) for n in queues.values())
+    queues = {
+        q["name"]: q["messages"]
+        for q in api(flower, "/api/queues/length")["active_queues"]
+    }
+    assert {"llm", "tools", "control"} <= set(queues) and all(
+        isinstance(n, int) for n in queues.values()
+    )
 
     before = deployment.primary_port()
     assert deployment.failover() != before
-    deployment.rejoined(before)  # the demoted primary is a replica again (about 10 s here)
-    run_and_see_its_steps(deployment, flower)  # events from the new primary reach Flower
+    deployment.rejoined(
+        before
+    )  # the demoted primary is a replica again (about 10 s here)
+    run_and_see_its_steps(
+        deployment, flower
+    )  # events from the new primary reach Flower
     assert {"llm", "tools", "control"} <= {
         q["name"] for q in api(flower, "/api/queues/length")["active_queues"]
     }
@@ -109,16 +135,22 @@ def test_flower_reads_queue_lengths_through_the_first_sentinel_only(
     deployment: SentinelSet, flower: str, worker: Worker
 ) -> None:
     first = deployment.sentinels[0]
-    first.process.send_signal(signal.SIGSTOP)  # the first sentinel stops answering (its port stays open)
+    first.process.send_signal(
+        signal.SIGSTOP
+    )  # the first sentinel stops answering (its port stays open)
     try:
         refused = httpx.get(f"{flower}/api/queues/length", auth=AUTH, timeout=30)
         assert refused.status_code >= 500
         began = time.monotonic()
-        run_and_see_its_steps(deployment, flower)  # its steps reach Flower: kombu asks other sentinels
+        run_and_see_its_steps(
+            deployment, flower
+        )  # its steps reach Flower: kombu asks other sentinels
         # a new client asks the hung sentinel once (a 2 s timeout), then the next: no retries (it
         # took ~27 s with redis-py 8's default of 10 retries, toolloop/redisurl.py `_timeouts`)
         assert time.monotonic() - began < 15
-        assert httpx.get(f"{flower}/api/workers", auth=AUTH, timeout=10).status_code == 200
+        assert (
+            httpx.get(f"{flower}/api/workers", auth=AUTH, timeout=10).status_code == 200
+        )
     finally:
         first.process.send_signal(signal.SIGCONT)
     assert api(flower, "/api/queues/length")["active_queues"]

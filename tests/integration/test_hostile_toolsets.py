@@ -45,7 +45,9 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\nTOOLS = []\n"
     )
     (directory / "hostile_exits.py").write_text("raise SystemExit(3)\n")
-    (directory / "hostile_interrupts.py").write_text("def make():\n    raise KeyboardInterrupt\n")
+    (directory / "hostile_interrupts.py").write_text(
+        "def make():\n    raise KeyboardInterrupt\n"
+    )
     return directory
 
 
@@ -63,7 +65,9 @@ def worker(
 
 
 def _env(server: EmbeddedServer, modules: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")
+    }
     env.update(REDIS_URL=server.url, PYTHONPATH=f"{ROOT}{os.pathsep}{modules}")
     return env
 
@@ -89,7 +93,10 @@ def test_the_client_refuses_unregistered_toolsets_and_imports_nothing(
             with pytest.raises(ToolsetError) as caught:
                 client.enqueue(spec("tools", toolset=name))
             first, second = str(caught.value).splitlines()
-            assert f"{name!r} is not registered" in first and "'agents', 'faults', 'review'" in first
+            assert (
+                f"{name!r} is not registered" in first
+                and "'agents', 'faults', 'review'" in first
+            )
             assert second.startswith("  ")
         assert client.redis.dbsize() == before
         _nothing_imported(modules)
@@ -123,7 +130,11 @@ def test_the_cli_refuses_unregistered_toolsets_and_imports_nothing(
 def test_the_web_example_refuses_unregistered_toolsets_and_stays_up(
     server: EmbeddedServer, worker: Worker, modules: Path, tmp_path: Path
 ) -> None:
-    env = {**_env(server, modules), "PORT": str(free_port()), "TOOLLOOP_WEB_TOKEN": WEB_TOKEN}
+    env = {
+        **_env(server, modules),
+        "PORT": str(free_port()),
+        "TOOLLOOP_WEB_TOKEN": WEB_TOKEN,
+    }
     web = start_web(env, tmp_path / "web.log")
     base = f"http://127.0.0.1:{env['PORT']}"
     try:
@@ -132,19 +143,34 @@ def test_the_web_example_refuses_unregistered_toolsets_and_stays_up(
                 refused = http.post("/runs", json=spec("tools", toolset=name))
                 assert refused.status_code == 422, refused.text
                 assert f"{name!r} is not registered" in refused.json()["error"]
-            many = {**spec("tools", toolset="agents"), "messages": [{"role": "user", "content": "hi"}] * 1001}
+            many = {
+                **spec("tools", toolset="agents"),
+                "messages": [{"role": "user", "content": "hi"}] * 1001,
+            }
             too_many = http.post("/runs", json=many)
-            assert too_many.status_code == 413 and "TOOLLOOP_MAX_MESSAGES" in too_many.json()["error"]
+            assert (
+                too_many.status_code == 413
+                and "TOOLLOOP_MAX_MESSAGES" in too_many.json()["error"]
+            )
             huge = http.post("/runs", content=b"{" + b" " * 1_000_001 + b"}")
-            assert huge.status_code == 413 and "TOOLLOOP_MAX_SPEC_BYTES" in huge.json()["error"]
+            assert (
+                huge.status_code == 413
+                and "TOOLLOOP_MAX_SPEC_BYTES" in huge.json()["error"]
+            )
             keyed = [
-                http.post("/runs", json=spec("tools", toolset="agents"), headers={"Idempotency-Key": "web-1"})
+                http.post(
+                    "/runs",
+                    json=spec("tools", toolset="agents"),
+                    headers={"Idempotency-Key": "web-1"},
+                )
                 for _ in range(2)
             ]
             assert [r.status_code for r in keyed] == [201, 201]
             assert keyed[0].json()["run_id"] == keyed[1].json()["run_id"]
             assert web.poll() is None, "the web process died"
-            created = http.post("/runs", json=spec("tools", "Add 2 and 3.", toolset="agents"))
+            created = http.post(
+                "/runs", json=spec("tools", "Add 2 and 3.", toolset="agents")
+            )
             assert created.status_code == 201
             run_id = created.json()["run_id"]
             deadline = time.monotonic() + 60
@@ -162,16 +188,29 @@ def test_the_worker_refuses_what_got_past_the_client_and_survives_raising_toolse
 ) -> None:
     client = Client(server.url, toolsets=["agents", "exits", "interrupts"])
     try:
-        for name in HOSTILE:  # written to Redis directly, as an old or hostile client could
+        for (
+            name
+        ) in HOSTILE:  # written to Redis directly, as an old or hostile client could
             run_id = runs.create(
-                client.redis, client.celery, RunSpec.model_validate(spec("tools", toolset=name))
+                client.redis,
+                client.celery,
+                RunSpec.model_validate(spec("tools", toolset=name)),
             )
             status = client.wait(run_id, timeout=30)
-            assert status.status == "failed" and status.error_class == "ToolsetError", status
+            assert status.status == "failed" and status.error_class == "ToolsetError", (
+                status
+            )
             assert f"{name!r} is not registered" in (status.error_message or "")
-        for name, raised in (("exits", "SystemExit"), ("interrupts", "KeyboardInterrupt")):
-            status = client.wait(client.enqueue(spec("tools", toolset=name)), timeout=30)
-            assert status.status == "failed" and status.error_class == "ToolsetError", status
+        for name, raised in (
+            ("exits", "SystemExit"),
+            ("interrupts", "KeyboardInterrupt"),
+        ):
+            status = client.wait(
+                client.enqueue(spec("tools", toolset=name)), timeout=30
+            )
+            assert status.status == "failed" and status.error_class == "ToolsetError", (
+                status
+            )
             assert raised in (status.error_message or ""), status
         _nothing_imported(modules)
         assert worker.process.poll() is None, "the worker exited"

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 import redis
 
-from toolloop import AbortController, AbortError, MemoryJournal, StepResult, idempotency_key
+from toolloop import (
+    AbortController,
+    AbortError,
+    MemoryJournal,
+    StepResult,
+    idempotency_key,
+)
 from toolloop.abort import AbortSignal
 from toolloop.journal.redis import RedisJournal
 from workers.process.segment import SegmentJournal, StepBoundary
@@ -47,7 +53,9 @@ async def test_a_step_runs_once_and_then_replays(make_journal: MakeJournal) -> N
     first = await make_journal().step("model:1", work)
     again = await make_journal().step("model:1", Counter("other"))
     assert work.calls == 1
-    assert first == again == {"answer": 42, "items": [1, 2]}  # JSON round trip, both times
+    assert (
+        first == again == {"answer": 42, "items": [1, 2]}
+    )  # JSON round trip, both times
 
 
 async def test_a_failing_step_stores_nothing_and_its_error_passes_unchanged(
@@ -88,7 +96,9 @@ async def test_the_signal_reaches_the_work(make_journal: MakeJournal) -> None:
     assert await make_journal().step("model:1", Counter("later")) == "later"
 
 
-async def test_redis_two_copies_of_one_step_run_it_once(redis_client: redis.Redis) -> None:
+async def test_redis_two_copies_of_one_step_run_it_once(
+    redis_client: redis.Redis,
+) -> None:
     run_id = uuid.uuid4().hex
     calls = 0
 
@@ -114,7 +124,9 @@ async def test_redis_a_fenced_copy_does_not_write(redis_client: redis.Redis) -> 
     async def outlives_its_lease(signal: AbortSignal) -> StepResult:
         await asyncio.sleep(0.3)  # the lease lapses; another copy takes it and commits
         other = RedisJournal(redis_client, run_id)
-        assert await other.step("model:1", Counter("the newer copy")) == "the newer copy"
+        assert (
+            await other.step("model:1", Counter("the newer copy")) == "the newer copy"
+        )
         return StepResult(value="the stale copy")
 
     assert await slow_copy.step("model:1", outlives_its_lease) == "the newer copy"
@@ -136,29 +148,47 @@ async def test_the_workers_segment_journal_runs_one_live_step_then_stops_at_the_
     assert boundary.value.key == "model:2"
     assert later.calls == 0 and live.calls == 1
     assert journal.pending == [("tool:a", '{"value": "live", "cost_usd": 0.2}', 0.2)]
-    assert redis_client.exists("tl:{unused}:journal:s0") == 0  # the worker commits, not the journal
+    assert (
+        redis_client.exists("tl:{unused}:journal:s0") == 0
+    )  # the worker commits, not the journal
 
 
 async def test_a_step_the_leased_journal_stored_replays_in_the_segment_journal_and_back(
     redis_client: redis.Redis,
 ) -> None:
     run_id = uuid.uuid4().hex
-    first = await RedisJournal(redis_client, run_id).step("model:1", Counter({"a": [1]}, cost=0.5))
+    first = await RedisJournal(redis_client, run_id).step(
+        "model:1", Counter({"a": [1]}, cost=0.5)
+    )
     assert first == {"a": [1]}
     segment = SegmentJournal(run_id, "s0/", RedisJournal(redis_client, run_id).load())
     assert await segment.step("model:1", Counter("never")) == {"a": [1]}
     assert (segment.replayed, segment.cost_usd) == (1, 0.5)
     assert await segment.step("tool:b", Counter("live", cost=0.25)) == "live"
     ((key, text, _cost),) = segment.pending
-    redis_client.hset(f"tl:{{{run_id}}}:journal:s0", key, text)  # what RUN_COMMIT writes
+    redis_client.hset(
+        f"tl:{{{run_id}}}:journal:s0", key, text
+    )  # what RUN_COMMIT writes
     again = RedisJournal(redis_client, run_id)
-    assert await again.step("tool:b", Counter("never")) == "live" and again.cost_usd == 0.25
+    assert (
+        await again.step("tool:b", Counter("never")) == "live"
+        and again.cost_usd == 0.25
+    )
 
 
-async def test_a_loop_run_again_over_its_journal_calls_nothing(make_journal: MakeJournal) -> None:
+async def test_a_loop_run_again_over_its_journal_calls_nothing(
+    make_journal: MakeJournal,
+) -> None:
     from pydantic import BaseModel
 
-    from toolloop import Budget, RunToolLoopOptions, TextPart, ToolOutput, ToolSpec, run_tool_loop
+    from toolloop import (
+        Budget,
+        RunToolLoopOptions,
+        TextPart,
+        ToolOutput,
+        ToolSpec,
+        run_tool_loop,
+    )
     from toolloop.testing import ScriptedModel, call, reply
 
     class Shot(BaseModel):
@@ -169,12 +199,21 @@ async def test_a_loop_run_again_over_its_journal_calls_nothing(make_journal: Mak
     def read_frame(input: Shot, signal: AbortSignal) -> ToolOutput:
         nonlocal runs
         runs += 1
-        return ToolOutput(value=input.shot, content=[TextPart(text=f"frame {input.shot}")], cost_usd=0.5)
+        return ToolOutput(
+            value=input.shot,
+            content=[TextPart(text=f"frame {input.shot}")],
+            cost_usd=0.5,
+        )
 
     model = ScriptedModel(
-        [reply(tool_calls=[call("read_frame", {"shot": 3})], cost_usd=0.25), reply("Fine.")]
+        [
+            reply(tool_calls=[call("read_frame", {"shot": 3})], cost_usd=0.25),
+            reply("Fine."),
+        ]
     )
-    tool = ToolSpec(name="read_frame", description="Read a frame.", schema=Shot, run=read_frame)
+    tool = ToolSpec(
+        name="read_frame", description="Read a frame.", schema=Shot, run=read_frame
+    )
 
     async def run() -> Any:
         options = RunToolLoopOptions(
@@ -193,7 +232,11 @@ async def test_a_loop_run_again_over_its_journal_calls_nothing(make_journal: Mak
     second = await run()
     assert (model.calls, runs) == (2, 1)  # the second run replayed every step
     assert second == first
-    assert (second.stopped_by, second.spent_usd, second.final_text) == ("done", 0.75, "Fine.")
+    assert (second.stopped_by, second.spent_usd, second.final_text) == (
+        "done",
+        0.75,
+        "Fine.",
+    )
 
 
 async def test_the_work_of_a_redis_step_sees_an_idempotency_key_stable_across_reruns(
@@ -203,12 +246,16 @@ async def test_the_work_of_a_redis_step_sees_an_idempotency_key_stable_across_re
     seen: list[str | None] = []
 
     async def work(signal: AbortSignal) -> StepResult:
-        seen.append(await asyncio.to_thread(idempotency_key))  # a sync tool's thread sees it too
+        seen.append(
+            await asyncio.to_thread(idempotency_key)
+        )  # a sync tool's thread sees it too
         raise RuntimeError("the effect happened, the step did not finish")
 
     for _ in range(2):  # a step whose work fails runs again: the same key both times
         with pytest.raises(RuntimeError):
-            await RedisJournal(redis_client, run_id, "s1/").step("tool:call_7:start", work)
+            await RedisJournal(redis_client, run_id, "s1/").step(
+                "tool:call_7:start", work
+            )
     assert seen == [f"{run_id}/s1/tool:call_7:start"] * 2
     assert idempotency_key() is None  # outside a step's work
 

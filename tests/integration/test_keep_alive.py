@@ -24,35 +24,53 @@ from toolloop.sim import SimServer
 
 CONVERSATIONS = 50
 CALLS = 20
-ONE_TRY = RetryPolicy(attempts=1)  # no retries of the provider's own: a stale connection must not fail
+ONE_TRY = RetryPolicy(
+    attempts=1
+)  # no retries of the provider's own: a stale connection must not fail
 
 
 @pytest.mark.timeout(120)
-async def test_calls_after_idle_gaps_never_fail_on_a_connection_the_server_closed() -> None:
+async def test_calls_after_idle_gaps_never_fail_on_a_connection_the_server_closed() -> (
+    None
+):
     rng = random.Random(5)
     with SimServer([], idle_timeout_s=1.0) as sim:
         client = KeepAliveClient()
         handler = AnthropicHandler(
-            "sk-ant-FAKE-keepalive", base_url=sim.base_url, timeout_s=10, retry=ONE_TRY, http_client=client
+            "sk-ant-FAKE-keepalive",
+            base_url=sim.base_url,
+            timeout_s=10,
+            retry=ONE_TRY,
+            http_client=client,
         )
         failures: list[str] = []
 
         async def call(index: int, turn: int) -> None:
             text = f"conversation {index}, call {turn}"
-            request = PromptGenRequest(model="claude-sonnet-5-5", messages=[UserMessage(content=text)])
+            request = PromptGenRequest(
+                model="claude-sonnet-5-5", messages=[UserMessage(content=text)]
+            )
             try:
                 await handler.execute(request, NEVER_ABORTED)
             except Exception as error:  # every failure is counted, none may happen
                 failures.append(f"{type(error).__name__}: {error}")
 
         try:
-            for turn in range(CALLS):  # every conversation calls, then all sit idle past the 1 s
-                await asyncio.gather(*(call(index, turn) for index in range(CONVERSATIONS)))
+            for turn in range(
+                CALLS
+            ):  # every conversation calls, then all sit idle past the 1 s
+                await asyncio.gather(
+                    *(call(index, turn) for index in range(CONVERSATIONS))
+                )
                 await asyncio.sleep(rng.uniform(1.05, 1.1))
             assert client.used
         finally:
             await client.aclose()
         served = sim.stats()["statuses"]
-    assert failures == [], f"{len(failures)} of {CONVERSATIONS * CALLS} calls failed, e.g. {failures[:3]}"
+    assert failures == [], (
+        f"{len(failures)} of {CONVERSATIONS * CALLS} calls failed, e.g. {failures[:3]}"
+    )
     assert served["200"] == CONVERSATIONS * CALLS
-    assert served.get("closed-idle", 0) >= CONVERSATIONS * CALLS // 4, served  # the stale path was taken
+    assert served.get("closed-idle", 0) >= CONVERSATIONS * CALLS // 4, (
+        served
+    )  # the stale path was taken

@@ -39,7 +39,9 @@ def sim() -> Iterator[SimServer]:
 @pytest.mark.parametrize("late_s", [0.0, 0.0005, 0.005, 0.05])
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 @pytest.mark.timeout(30)
-async def test_three_streamed_calls_use_one_connection(sim: SimServer, wire: str, late_s: float) -> None:
+async def test_three_streamed_calls_use_one_connection(
+    sim: SimServer, wire: str, late_s: float
+) -> None:
     sim.reset()
     sim.simulator.stream_end_delay_s = late_s
     client = KeepAliveClient()
@@ -52,9 +54,12 @@ async def test_three_streamed_calls_use_one_connection(sim: SimServer, wire: str
     try:
         for index in range(3):
             request = PromptGenRequest(
-                model="claude-sonnet-5-5", messages=[UserMessage(content=f"call {index}")]
+                model="claude-sonnet-5-5",
+                messages=[UserMessage(content=f"call {index}")],
             )
-            result = await handler.execute(request, NEVER_ABORTED, on_delta=deltas.append)
+            result = await handler.execute(
+                request, NEVER_ABORTED, on_delta=deltas.append
+            )
             assert result.text == "Adding."
     finally:
         await client.aclose()
@@ -75,7 +80,12 @@ def test_a_streaming_run_of_three_model_calls_on_a_worker_uses_one_connection(
     sim.reset()
     sim.simulator.stream_end_delay_s = 0.05
     run_id = client.enqueue(
-        spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic", stream=True)
+        spec(
+            "You add numbers.",
+            model="claude-sonnet-5-5",
+            provider="anthropic",
+            stream=True,
+        )
     )
     status = client.wait(run_id, timeout=30)
     assert status.status == "done", status

@@ -39,7 +39,9 @@ class CountingModel:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.turns: Counter[tuple[str, int]] = Counter()
-        self.conversations: dict[str, str] = {}  # scenario -> the simulator's conversation id
+        self.conversations: dict[
+            str, str
+        ] = {}  # scenario -> the simulator's conversation id
 
     def __call__(self, request: SimRequest) -> SimTurn:
         with self.lock:
@@ -85,7 +87,9 @@ def run_and_kill(
     client = Client(sim_redis.url)
     second: Worker | None = None
     try:
-        run_id = client.enqueue(spec(scenario, model="claude-sonnet-5-5", provider="anthropic"))
+        run_id = client.enqueue(
+            spec(scenario, model="claude-sonnet-5-5", provider="anthropic")
+        )
         eventually(killed_when, timeout=20)
         time.sleep(0.5)  # well inside the 3 s step
         first.kill()
@@ -111,7 +115,10 @@ def test_kill_during_a_model_call_reruns_only_that_call(
         assert model.count(MODEL_SLOW, 0) == 2  # the killed call, then its rerun
         assert model.count(MODEL_SLOW, 1) == 1
         assert sim.stats()["conversations"][model.conversations[MODEL_SLOW]] == 3
-        assert [e["event"] for e in logged(tool_log)] == ["start", "finished"]  # the tool ran once
+        assert [e["event"] for e in logged(tool_log)] == [
+            "start",
+            "finished",
+        ]  # the tool ran once
         assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
     finally:
         client.close()
@@ -122,7 +129,11 @@ def test_kill_during_a_tool_reruns_only_that_tool(
 ) -> None:
     tool_log = tmp_path / "tools.jsonl"
     client, run_id, tool_log = run_and_kill(
-        sim_redis, sim, tmp_path, TOOL_SLOW, lambda: tool_log.exists() and tool_log.read_text()
+        sim_redis,
+        sim,
+        tmp_path,
+        TOOL_SLOW,
+        lambda: tool_log.exists() and tool_log.read_text(),
     )
     try:
         # The finished model call is not made again; the killed tool starts again and finishes once.

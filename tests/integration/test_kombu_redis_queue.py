@@ -20,7 +20,9 @@ from workers.worker.kombu_redis import KombuRedisQueue
 def _queue(url: str) -> tuple[KombuRedisQueue, aredis.Redis]:
     client = aredis.Redis.from_url(url, decode_responses=True)
     connect = lambda: aredis.Redis.from_url(url, decode_responses=True)  # noqa: E731
-    return KombuRedisQueue(Batch(client), connect, f"toolloop:wake:{uuid.uuid4().hex}", 262_144, 0.2), client
+    return KombuRedisQueue(
+        Batch(client), connect, f"toolloop:wake:{uuid.uuid4().hex}", 262_144, 0.2
+    ), client
 
 
 def _sent(raw: redis.Redis, queue: str, n: int) -> wire.Delivery:
@@ -39,12 +41,16 @@ async def test_a_claimed_step_left_unacked_is_restored_by_kombus_own_sweep(
     try:
         (got,) = await queue.claim([name], 10)
         assert (got.queue, got.raw, got.tag) == (name, made.raw, made.tag)
-        assert redis_client.llen(name) == 0 and redis_client.hexists(names.UNACKED, made.tag)
+        assert redis_client.llen(name) == 0 and redis_client.hexists(
+            names.UNACKED, made.tag
+        )
     finally:
         await queue.close()
         await client.aclose()
     # the consumer died: kombu's sweep (any Celery worker's) puts it back, as it would its own
-    with Connection(redis_server.url, transport_options={"visibility_timeout": 0}) as connection:
+    with Connection(
+        redis_server.url, transport_options={"visibility_timeout": 0}
+    ) as connection:
         connection.default_channel.qos.restore_visible(num=10)
     assert redis_client.hlen(names.UNACKED) == 0
     (back,) = redis_client.lrange(name, 0, -1)
@@ -60,14 +66,28 @@ async def test_ack_restore_and_restore_visible_move_what_kombu_would(
     queue, client = _queue(redis_server.url)
     try:
         got = await queue.claim([name], 10)
-        assert [one.tag for one in got] == [first.tag, second.tag, third.tag]  # the consuming end first
+        assert [one.tag for one in got] == [
+            first.tag,
+            second.tag,
+            third.tag,
+        ]  # the consuming end first
         queue.ack(first.tag)
         assert await queue.restore(name, second) is True
         assert await queue.restore(name, second) is False  # restored already: not twice
-        assert await queue.restore_visible(time.time() - 3600, 10) == 0  # delivered just now
-        assert await queue.restore_visible(time.time() + 1, 10) == 1  # the third, never acked
-        assert redis_client.hlen(names.UNACKED) == 0 and redis_client.zcard(names.UNACKED_INDEX) == 0
-        assert [wire.parse(raw).tag for raw in redis_client.lrange(name, 0, -1)] == [second.tag, third.tag]
+        assert (
+            await queue.restore_visible(time.time() - 3600, 10) == 0
+        )  # delivered just now
+        assert (
+            await queue.restore_visible(time.time() + 1, 10) == 1
+        )  # the third, never acked
+        assert (
+            redis_client.hlen(names.UNACKED) == 0
+            and redis_client.zcard(names.UNACKED_INDEX) == 0
+        )
+        assert [wire.parse(raw).tag for raw in redis_client.lrange(name, 0, -1)] == [
+            second.tag,
+            third.tag,
+        ]
         assert await queue.claim([], 10) == []
     finally:
         await queue.close()

@@ -39,7 +39,9 @@ def client(sim_redis: EmbeddedServer) -> Iterator[Client]:
     yield from client_on(sim_redis)
 
 
-@pytest.mark.parametrize(("max_tokens", "streamed"), [(None, 0), (32_000, 2)], ids=["default", "32000"])
+@pytest.mark.parametrize(
+    ("max_tokens", "streamed"), [(None, 0), (32_000, 2)], ids=["default", "32000"]
+)
 @pytest.mark.timeout(90)
 def test_a_run_of_190_s_answers_finishes_with_each_call_made_once(
     sim_redis: EmbeddedServer,
@@ -55,12 +57,18 @@ def test_a_run_of_190_s_answers_finishes_with_each_call_made_once(
     worker = start_worker(sim_redis.url, tmp_path, env)
     try:
         sim.reset()
-        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic"))
+        run_id = client.enqueue(
+            spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic")
+        )
         status = client.wait(run_id, timeout=60)
     finally:
         worker.stop()
     assert status.status == "done", status
     assert status.final_text == "It is 42."
     stats = sim.stats()
-    assert stats["requests"] == 2 and stats["statuses"] == {"200": 2}  # each call once, none cut
-    assert stats["streamed"].get("anthropic", 0) == streamed  # 32,000 tokens: only streamed requests
+    assert stats["requests"] == 2 and stats["statuses"] == {
+        "200": 2
+    }  # each call once, none cut
+    assert (
+        stats["streamed"].get("anthropic", 0) == streamed
+    )  # 32,000 tokens: only streamed requests

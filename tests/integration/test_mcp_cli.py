@@ -24,7 +24,9 @@ def _file(tmp_path: Path) -> str:
             },
         },
         "asking": {"mcp": {"command": [sys.executable, str(ASKING)]}},
-        "nobody": {"mcp": {"url": f"http://127.0.0.1:{free_port()}/mcp", "timeout_s": 5}},
+        "nobody": {
+            "mcp": {"url": f"http://127.0.0.1:{free_port()}/mcp", "timeout_s": 5}
+        },
         "secret": {
             "mcp": {
                 "url": "http://127.0.0.1:9/mcp",
@@ -38,15 +40,26 @@ def _file(tmp_path: Path) -> str:
 
 
 def test_tools_lists_python_tools_and_the_server_tools(tmp_path: Path) -> None:
-    env = {**env_for(tmp_path, None), "TOOLLOOP_TOOLSETS_FILE": _file(tmp_path), "TOOLLOOP_TOOLSETS": ""}
+    env = {
+        **env_for(tmp_path, None),
+        "TOOLLOOP_TOOLSETS_FILE": _file(tmp_path),
+        "TOOLLOOP_TOOLSETS": "",
+    }
     done = toolloop(env, "tools", "counter")
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line for line in done.stdout.splitlines()}
     assert {"read_frame", "add", "shout", "remove"} <= set(rows)
     assert "mcp:counter" in rows["add"] and "Add two integers." in rows["add"]
-    assert rows["remove"].endswith("(needs approval)") and not rows["add"].endswith("(needs approval)")
-    asking = {line.split()[0]: line for line in toolloop(env, "tools", "asking").stdout.splitlines()}
-    assert asking["confirm"].endswith("The confirm task. (task)")  # a two-phase MCP Tasks tool
+    assert rows["remove"].endswith("(needs approval)") and not rows["add"].endswith(
+        "(needs approval)"
+    )
+    asking = {
+        line.split()[0]: line
+        for line in toolloop(env, "tools", "asking").stdout.splitlines()
+    }
+    assert asking["confirm"].endswith(
+        "The confirm task. (task)"
+    )  # a two-phase MCP Tasks tool
     nobody = toolloop(env, "tools", "nobody")
     assert nobody.returncode == 1 and "error MCP server 'nobody'" in nobody.stdout
     assert "could not be reached" in nobody.stdout
@@ -54,7 +67,9 @@ def test_tools_lists_python_tools_and_the_server_tools(tmp_path: Path) -> None:
     assert unknown.returncode == 1 and "'nope' is not registered" in unknown.stderr
 
 
-def test_doctor_checks_that_each_server_answers(tmp_path: Path, redis_server: EmbeddedServer) -> None:
+def test_doctor_checks_that_each_server_answers(
+    tmp_path: Path, redis_server: EmbeddedServer
+) -> None:
     env = {
         **env_for(tmp_path, redis_server.url),
         "TOOLLOOP_TOOLSETS_FILE": _file(tmp_path),
@@ -62,10 +77,16 @@ def test_doctor_checks_that_each_server_answers(tmp_path: Path, redis_server: Em
     }
     done = toolloop(env, "doctor", timeout=90)
     lines = done.stdout.splitlines()
-    assert any(line.startswith("ok") and "MCP server" in line and "9 tools: add" in line for line in lines), (
-        done.stdout
+    assert any(
+        line.startswith("ok") and "MCP server" in line and "9 tools: add" in line
+        for line in lines
+    ), done.stdout
+    assert any(
+        line.startswith("error") and "toolset 'nobody'" in line for line in lines
     )
-    assert any(line.startswith("error") and "toolset 'nobody'" in line for line in lines)
     (secret,) = [line for line in lines if "toolset 'secret'" in line]
-    assert secret.startswith("error") and "${MCP_CLI_UNSET_TOKEN}, which is not set" in secret
+    assert (
+        secret.startswith("error")
+        and "${MCP_CLI_UNSET_TOKEN}, which is not set" in secret
+    )
     assert done.returncode == 1

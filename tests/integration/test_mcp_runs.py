@@ -90,7 +90,9 @@ SCRIPTS = {
     "research": [
         {
             "text": "Researching.",
-            "tool_calls": [{"name": "simulate-research-query", "input": {"topic": "tasks"}}],
+            "tool_calls": [
+                {"name": "simulate-research-query", "input": {"topic": "tasks"}}
+            ],
         },
         {"text": "Researched."},
     ],
@@ -106,7 +108,10 @@ SCRIPTS = {
         {"text": "All three failed."},
     ],
     "approved": [
-        {"text": "Removing.", "tool_calls": [{"name": "remove", "input": {"path": "/tmp/old"}}]},
+        {
+            "text": "Removing.",
+            "tool_calls": [{"name": "remove", "input": {"path": "/tmp/old"}}],
+        },
         {"text": "Removed."},
     ],
     "garbled": [
@@ -147,14 +152,21 @@ def everything_url(mcp_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def guarded_url(mcp_dir: Path) -> Iterator[str]:
-    env = {"MCP_COUNTER_TOKEN": TOKEN, "MCP_COUNTER_LOG": str(mcp_dir / "guarded.jsonl")}
+    env = {
+        "MCP_COUNTER_TOKEN": TOKEN,
+        "MCP_COUNTER_LOG": str(mcp_dir / "guarded.jsonl"),
+    }
     with counter_http(mcp_dir / "guarded.log", env) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def mcp_worker(
-    sim_redis: EmbeddedServer, sim: SimServer, mcp_dir: Path, everything_url: str, guarded_url: str
+    sim_redis: EmbeddedServer,
+    sim: SimServer,
+    mcp_dir: Path,
+    everything_url: str,
+    guarded_url: str,
 ) -> Iterator[Worker]:
     toolsets = {
         "everything": {"mcp": {"command": everything_command()}},
@@ -165,7 +177,12 @@ def mcp_worker(
                 "env": {"MCP_COUNTER_LOG": str(mcp_dir / "counted.jsonl")},
             }
         },
-        "guarded": {"mcp": {"url": guarded_url, "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"}}},
+        "guarded": {
+            "mcp": {
+                "url": guarded_url,
+                "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"},
+            }
+        },
         "garbled": {"mcp": {"command": [sys.executable, str(GARBLED)], "timeout_s": 2}},
         "asking": {
             "mcp": {
@@ -216,7 +233,11 @@ def _run(sim_redis: EmbeddedServer, system: str, toolset: str) -> tuple[Client, 
 
 
 def _text(block: dict[str, Any]) -> str:
-    return "\n".join(part.get("text", "") for part in block.get("content", []) if part["type"] == "text")
+    return "\n".join(
+        part.get("text", "")
+        for part in block.get("content", [])
+        if part["type"] == "text"
+    )
 
 
 @pytest.mark.parametrize("toolset", ["everything", "everything-http"])
@@ -232,8 +253,12 @@ def test_a_run_calls_the_reference_server_and_every_result_reaches_the_model(
         first, second = policy.bodies(system)[-2:]
         names = {tool["name"] for tool in first["tools"]}
         assert {"echo", "get-tiny-image", "get-sum", "get-structured-content"} <= names
-        echo_schema = next(tool for tool in first["tools"] if tool["name"] == "echo")["input_schema"]
-        assert echo_schema["properties"]["message"]["type"] == "string"  # the server's schema, as listed
+        echo_schema = next(tool for tool in first["tools"] if tool["name"] == "echo")[
+            "input_schema"
+        ]
+        assert (
+            echo_schema["properties"]["message"]["type"] == "string"
+        )  # the server's schema, as listed
         echo, image, structured, links, bad_sum, server_env = tool_results(second)
         assert _text(echo) == "Echo: hello mcp" and "is_error" not in echo
         assert [part["type"] for part in image["content"]][:2] == ["text", "image"]
@@ -243,13 +268,21 @@ def test_a_run_calls_the_reference_server_and_every_result_reaches_the_model(
         )
         assert "temperature" in _text(structured)
         assert "[resource link]" in _text(links) and "demo://resource/" in _text(links)
-        assert bad_sum["is_error"] is True  # refused by the listed schema, before the server
-        assert _text(bad_sum).startswith("Invalid input for get-sum: ✖ ") and "→ at a" in _text(bad_sum)
-        assert "sim-key" not in _text(server_env) and "ANTHROPIC_API_KEY" not in _text(server_env)
+        assert (
+            bad_sum["is_error"] is True
+        )  # refused by the listed schema, before the server
+        assert _text(bad_sum).startswith(
+            "Invalid input for get-sum: ✖ "
+        ) and "→ at a" in _text(bad_sum)
+        assert "sim-key" not in _text(server_env) and "ANTHROPIC_API_KEY" not in _text(
+            server_env
+        )
         stored = redis.Redis.from_url(sim_redis.url, decode_responses=True).hget(
             keys.mcp_tools(run_id), toolset
         )
-        assert stored is not None and "echo" in stored  # the list, journaled with the run
+        assert (
+            stored is not None and "echo" in stored
+        )  # the list, journaled with the run
     finally:
         client.close()
 
@@ -261,16 +294,30 @@ def test_each_call_is_made_once_with_its_step_idempotency_key(
     try:
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", status
-        made = [call for call in calls(mcp_dir / "counted.jsonl") if call["key"].startswith(f"{run_id}/")]
-        assert [call["tool"] for call in made] == ["add", "shout", "pixel", "fail", "add"]  # once each
+        made = [
+            call
+            for call in calls(mcp_dir / "counted.jsonl")
+            if call["key"].startswith(f"{run_id}/")
+        ]
+        assert [call["tool"] for call in made] == [
+            "add",
+            "shout",
+            "pixel",
+            "fail",
+            "add",
+        ]  # once each
         assert len({call["key"] for call in made}) == 5
         assert all(call["key"].startswith(f"{run_id}/s0/tool:") for call in made)
         history = [m for m in client.history(run_id) if m.role == "tool"]
-        assert [m.tool_call_id for m in history] == [call["key"].rsplit("tool:", 1)[1] for call in made]
+        assert [m.tool_call_id for m in history] == [
+            call["key"].rsplit("tool:", 1)[1] for call in made
+        ]
         results = tool_results(policy.bodies("counted")[1])
         assert _text(results[0]) == "42" and _text(results[1]) == "ONCE"
         assert results[2]["content"][1]["type"] == "image"
-        assert results[3]["is_error"] is True and _text(results[3]) == "It failed: no disk"
+        assert (
+            results[3]["is_error"] is True and _text(results[3]) == "It failed: no disk"
+        )
         assert all("is_error" not in result for result in results[:3])
     finally:
         client.close()
@@ -306,19 +353,33 @@ def test_a_bearer_token_from_the_worker_environment_reaches_the_server_and_nothi
             status = client.wait(run_id, timeout=60)
             assert status.status == "done", status
             assert status.final_text == "It is 5."
-            (made,) = [c for c in calls(mcp_dir / "guarded.jsonl") if c["key"].startswith(f"{run_id}/")]
-            assert made["auth"] == f"Bearer {TOKEN}"  # the server refuses any request without it
-            events = json.dumps([event.model_dump(mode="json") for event in client.events(run_id)])
-            tasks = httpx.get(f"{flower}/api/tasks", params={"limit": 1000}, auth=AUTH, timeout=10).text
+            (made,) = [
+                c
+                for c in calls(mcp_dir / "guarded.jsonl")
+                if c["key"].startswith(f"{run_id}/")
+            ]
+            assert (
+                made["auth"] == f"Bearer {TOKEN}"
+            )  # the server refuses any request without it
+            events = json.dumps(
+                [event.model_dump(mode="json") for event in client.events(run_id)]
+            )
+            tasks = httpx.get(
+                f"{flower}/api/tasks", params={"limit": 1000}, auth=AUTH, timeout=10
+            ).text
             assert run_id in tasks  # Flower saw the run's steps
             infos = [
-                httpx.get(f"{flower}/api/task/info/{task_id}", auth=AUTH, timeout=10).text
+                httpx.get(
+                    f"{flower}/api/task/info/{task_id}", auth=AUTH, timeout=10
+                ).text
                 for task_id in json.loads(tasks)
             ]
         finally:
             client.close()
     places = {
-        "redis": _redis_dump(redis.Redis.from_url(sim_redis.url, decode_responses=True)),
+        "redis": _redis_dump(
+            redis.Redis.from_url(sim_redis.url, decode_responses=True)
+        ),
         "events": events,
         "worker log": mcp_worker.log.read_text(errors="replace"),
         "flower tasks": tasks,
@@ -326,7 +387,9 @@ def test_a_bearer_token_from_the_worker_environment_reaches_the_server_and_nothi
         "flower log": (mcp_dir / "flower.log").read_text(errors="replace"),
     }
     assert run_id in places["redis"] and '"kind": "finished"' in places["events"]
-    assert [place for place, text in places.items() if TOKEN in text or TOKEN[-16:] in text] == []
+    assert [
+        place for place, text in places.items() if TOKEN in text or TOKEN[-16:] in text
+    ] == []
 
 
 def test_a_server_killed_hung_or_oversized_fails_only_that_call(
@@ -338,12 +401,24 @@ def test_a_server_killed_hung_or_oversized_fails_only_that_call(
         assert status.status == "done", status
         assert status.final_text == "Survived."
         died, hung, oversized, added = tool_results(policy.bodies("faults")[-1])
-        assert died["is_error"] is True and "closed the connection during tools/call 'die'" in _text(died)
-        assert hung["is_error"] is True and "did not answer tools/call 'slow' in 2 s" in _text(hung)
-        assert oversized["is_error"] is True and "the limit is 20,000" in _text(oversized)
-        assert _text(added) == "2" and "is_error" not in added  # the server was started again
+        assert died[
+            "is_error"
+        ] is True and "closed the connection during tools/call 'die'" in _text(died)
+        assert hung[
+            "is_error"
+        ] is True and "did not answer tools/call 'slow' in 2 s" in _text(hung)
+        assert oversized["is_error"] is True and "the limit is 20,000" in _text(
+            oversized
+        )
+        assert (
+            _text(added) == "2" and "is_error" not in added
+        )  # the server was started again
         assert mcp_worker.process.poll() is None  # the worker never stopped
-        made = [c for c in calls(mcp_dir / "fragile.jsonl") if c["key"].startswith(f"{run_id}/")]
+        made = [
+            c
+            for c in calls(mcp_dir / "fragile.jsonl")
+            if c["key"].startswith(f"{run_id}/")
+        ]
         assert len({c["pid"] for c in made if c["tool"] in ("die", "add")}) == 2
     finally:
         client.close()
@@ -358,8 +433,13 @@ def test_a_server_answering_malformed_json_rpc_fails_only_those_calls(
         assert status.status == "done", status
         garbled, invalid, fine = tool_results(policy.bodies("garbled")[-1])
         assert garbled["is_error"] is True
-        assert "did not answer tools/call 'garble' in 2 s (timeout_s) with a valid JSON-RPC" in _text(garbled)
-        assert invalid["is_error"] is True and "not a valid MCP result" in _text(invalid)
+        assert (
+            "did not answer tools/call 'garble' in 2 s (timeout_s) with a valid JSON-RPC"
+            in _text(garbled)
+        )
+        assert invalid["is_error"] is True and "not a valid MCP result" in _text(
+            invalid
+        )
         assert _text(fine) == "fine" and "is_error" not in fine
         assert mcp_worker.process.poll() is None
     finally:
@@ -377,18 +457,24 @@ def test_an_mcp_tool_that_needs_approval_waits_and_an_edit_is_checked_against_it
         assert (held["name"], held["input"]) == ("remove", {"path": "/tmp/old"})
         assert calls(mcp_dir / "approving.jsonl") == []  # nothing ran while it waits
         with pytest.raises(ValueError, match="Invalid input for remove"):
-            client.edit(run_id, held["call_id"], {"path": 7})  # the server's schema: a string
+            client.edit(
+                run_id, held["call_id"], {"path": 7}
+            )  # the server's schema: a string
         assert client.edit(run_id, held["call_id"], {"path": "/tmp/older"}) == "resumed"
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", status
         (made,) = calls(mcp_dir / "approving.jsonl")
         assert (made["tool"], made["arguments"]) == ("remove", {"path": "/tmp/older"})
-        assert "removed /tmp/older" in _text(tool_results(policy.bodies("approved")[-1])[0])
+        assert "removed /tmp/older" in _text(
+            tool_results(policy.bodies("approved")[-1])[0]
+        )
     finally:
         client.close()
 
 
-def test_an_mcp_url_a_run_names_is_refused_at_enqueue_without_a_connection(sim_redis: EmbeddedServer) -> None:
+def test_an_mcp_url_a_run_names_is_refused_at_enqueue_without_a_connection(
+    sim_redis: EmbeddedServer,
+) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
@@ -405,7 +491,9 @@ def test_an_mcp_url_a_run_names_is_refused_at_enqueue_without_a_connection(sim_r
                 }
                 with pytest.raises(ToolsetError) as refused:
                     client.enqueue(spec)
-                assert "is not registered" in str(refused.value) and "'counter'" in str(refused.value)
+                assert "is not registered" in str(refused.value) and "'counter'" in str(
+                    refused.value
+                )
         finally:
             client.close()
         with pytest.raises(BlockingIOError):
@@ -422,13 +510,18 @@ def test_a_task_tool_over_stdio_is_two_phase_and_its_result_reaches_the_model(
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", status
         store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
-        records = [json.loads(value) for value in store.hgetall(keys.mcp_tasks(run_id)).values()]
+        records = [
+            json.loads(value)
+            for value in store.hgetall(keys.mcp_tasks(run_id)).values()
+        ]
         store.close()
         assert [(r["tool"], r["ended"], r["where"]) for r in records] == [
             ("simulate-research-query", "completed", None)
         ]
         [result] = tool_results(policy.bodies("research")[-1])
-        assert _text(result).startswith("# Research Report: tasks") and not result.get("is_error")
+        assert _text(result).startswith("# Research Report: tasks") and not result.get(
+            "is_error"
+        )
     finally:
         client.close()
 
@@ -447,9 +540,18 @@ def test_a_task_that_asks_for_input_is_cancelled_and_a_failed_task_is_an_error_r
         assert "asked for input (Which account should be charged?)" in _text(asked)
         assert "so it was cancelled" in _text(asked)
         assert _text(failed) == "The disk is full."
-        assert ignorant.get("is_error") is True and "not a CreateTaskResult" in _text(ignorant)
-        seen = [json.loads(line) for line in (mcp_dir / "asking.jsonl").read_text().splitlines()]
-        assert [entry for entry in seen if entry["method"] in ("tasks/cancel", "tasks/result")] == [
+        assert ignorant.get("is_error") is True and "not a CreateTaskResult" in _text(
+            ignorant
+        )
+        seen = [
+            json.loads(line)
+            for line in (mcp_dir / "asking.jsonl").read_text().splitlines()
+        ]
+        assert [
+            entry
+            for entry in seen
+            if entry["method"] in ("tasks/cancel", "tasks/result")
+        ] == [
             {"method": "tasks/cancel", "task": "task-1"},
             {"method": "tasks/result", "task": "task-2"},
         ]
@@ -458,7 +560,10 @@ def test_a_task_that_asks_for_input_is_cancelled_and_a_failed_task_is_an_error_r
             methods.count("tools/call") == 3 and methods.count("initialize") == 1
         )  # one connection throughout
         store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
-        ended = sorted(json.loads(v)["ended"] for v in store.hgetall(keys.mcp_tasks(run_id)).values())
+        ended = sorted(
+            json.loads(v)["ended"]
+            for v in store.hgetall(keys.mcp_tasks(run_id)).values()
+        )
         store.close()
         assert ended == ["failed", "input_required"]
     finally:

@@ -33,7 +33,13 @@ from toolloop.providers.models_file import ENV
 from toolloop.sim import SimServer
 from workers.client import Client
 
-FAST = RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.05, total_s=10.0, short_retry_after_s=1.0)
+FAST = RetryPolicy(
+    attempts=2,
+    base_delay_s=0.01,
+    max_delay_s=0.05,
+    total_s=10.0,
+    short_retry_after_s=1.0,
+)
 SCRIPT = [
     {"text": "Adding.", "tool_calls": [{"name": "add", "input": {"a": 20, "b": 22}}]},
     {"text": "It is 42."},
@@ -64,7 +70,9 @@ async def test_claude_fable_5_2_runs_on_the_simulator_at_its_catalogue_price() -
     events: list[Any] = []
     with SimServer(Recording(["Reviewed: all good."])) as sim:
         options = RunToolLoopOptions(
-            generate=PromptGen({"anthropic": anthropic(sim)}, "anthropic").as_generate(),
+            generate=PromptGen(
+                {"anthropic": anthropic(sim)}, "anthropic"
+            ).as_generate(),
             model="claude-fable-5-2",
             system="You review storyboards.",
             messages=[UserMessage(content="Review shot 1.")],
@@ -76,28 +84,44 @@ async def test_claude_fable_5_2_runs_on_the_simulator_at_its_catalogue_price() -
             reasoning="high",
         )
         result = await run_tool_loop(options)
-        assert sim.stats()["statuses"] == {"200": 1}  # a 404 before: the model was unknown
+        assert sim.stats()["statuses"] == {
+            "200": 1
+        }  # a 404 before: the model was unknown
     assert result.stopped_by == "done" and result.final_text == "Reviewed: all good."
     (model,) = [e for e in events if isinstance(e, ModelEvent)]
     assert model.usage.prompt_tokens > 0 and model.usage.completion_tokens > 0
     # $8 in, $40 out (the model pages' lineup), $0.20 read (unconfirmed), 10 / 16 writes (derived)
-    assert model.cost_usd == pytest.approx(expected_cost(model.usage, (8, 40, 0.20, 10, 16)))
+    assert model.cost_usd == pytest.approx(
+        expected_cost(model.usage, (8, 40, 0.20, 10, 16))
+    )
     assert result.spent_usd == pytest.approx(model.cost_usd)
 
 
-async def test_a_haiku_5_5_prompt_over_100k_tokens_costs_its_tier_over_real_http() -> None:
+async def test_a_haiku_5_5_prompt_over_100k_tokens_costs_its_tier_over_real_http() -> (
+    None
+):
     with SimServer(Recording(["Short.", "Long."])) as sim:
         handler = anthropic(sim)
         short = PromptGenRequest(
-            prompt="Classify this.", model="claude-haiku-5-5", params={"max_tokens": 100}
+            prompt="Classify this.",
+            model="claude-haiku-5-5",
+            params={"max_tokens": 100},
         )
-        long = short.model_copy(update={"system": "word " * 90_000})  # ~112,500 simulator tokens
+        long = short.model_copy(
+            update={"system": "word " * 90_000}
+        )  # ~112,500 simulator tokens
         low = await handler.execute(short, AbortController().signal)
         high = await handler.execute(long, AbortController().signal)
     assert low.usage.prompt_tokens < 100_000 < high.usage.prompt_tokens
-    assert low.cost_usd == pytest.approx(expected_cost(low.usage, (0.10, 0.50, 0.01, 0.125, 0.20)))
-    assert high.cost_usd == pytest.approx(expected_cost(high.usage, (0.50, 2.50, 0.05, 0.625, 1.00)))
-    assert high.cost_usd > 4.9 * expected_cost(high.usage, (0.10, 0.50, 0.01, 0.125, 0.20))
+    assert low.cost_usd == pytest.approx(
+        expected_cost(low.usage, (0.10, 0.50, 0.01, 0.125, 0.20))
+    )
+    assert high.cost_usd == pytest.approx(
+        expected_cost(high.usage, (0.50, 2.50, 0.05, 0.625, 1.00))
+    )
+    assert high.cost_usd > 4.9 * expected_cost(
+        high.usage, (0.10, 0.50, 0.01, 0.125, 0.20)
+    )
 
 
 # -- the operator file, through a real worker process ---------------------------------------------
@@ -119,7 +143,12 @@ def run_once(
     client = Client(redis.url)
     try:
         run_id = client.enqueue(
-            spec("You add numbers.", model="claude-fable-5-2", provider="anthropic", cache="off")
+            spec(
+                "You add numbers.",
+                model="claude-fable-5-2",
+                provider="anthropic",
+                cache="off",
+            )
         )
         status = client.wait(run_id, timeout=30)
         assert status.status == "done", status
@@ -140,10 +169,14 @@ def test_an_operator_price_changes_the_cost_the_next_run_reports(
     with SimServer(Recording(SCRIPT * 2)) as sim:
         before, usages = run_once(module_redis, sim, tmp_path, {})
         assert len(usages) == 2
-        assert before == pytest.approx(sum(expected_cost(u, (8, 40, 0.20, 10, 16)) for u in usages))
+        assert before == pytest.approx(
+            sum(expected_cost(u, (8, 40, 0.20, 10, 16)) for u in usages)
+        )
         after, usages = run_once(module_redis, sim, tmp_path, {ENV: str(models)})
         assert sim.stats()["requests"] == 4
-    assert after == pytest.approx(sum(expected_cost(u, (100, 1000, 0.20, 10, 16)) for u in usages))
+    assert after == pytest.approx(
+        sum(expected_cost(u, (100, 1000, 0.20, 10, 16)) for u in usages)
+    )
     assert after > 10 * before
 
 
@@ -158,7 +191,9 @@ def test_a_worker_refuses_to_start_with_a_bad_operator_file(
             worker.wait_ready()
     finally:
         worker.stop()
-    assert f"{ENV} ({bad}): claude-fable-5-2.price.input is nan, not a price." in str(caught.value)
+    assert f"{ENV} ({bad}): claude-fable-5-2.price.input is nan, not a price." in str(
+        caught.value
+    )
 
 
 # -- the simulator: the models the file adds, and both API versions ---------------------------------
@@ -176,9 +211,15 @@ def test_the_simulator_serves_a_model_the_operator_file_adds(
     models.write_text(
         "models:\n  claude-next:\n    like: claude-sonnet-5-5\n    price: {input: 3, output: 15}\n"
     )
-    body = {"model": "claude-next", "max_tokens": 100, "messages": [{"role": "user", "content": "Hi"}]}
+    body = {
+        "model": "claude-next",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
     with SimServer(["Hi."], strict=False) as sim:
-        assert post(sim, body, "2026-10-21").status_code == 404  # unknown without the file
+        assert (
+            post(sim, body, "2026-10-21").status_code == 404
+        )  # unknown without the file
     monkeypatch.setenv(ENV, str(models))
     with SimServer(["Hi."], strict=False) as sim:
         answered = post(sim, body, "2026-10-21")
@@ -187,7 +228,12 @@ def test_the_simulator_serves_a_model_the_operator_file_adds(
 
 HI = [{"role": "user", "content": "Hi"}]
 CITED = [
-    {"role": "user", "content": [{"type": "text", "text": "a", "citations": [{"type": "char_location"}]}]}
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "a", "citations": [{"type": "char_location"}]}
+        ],
+    }
 ]
 SEARCH = [
     {
@@ -204,23 +250,71 @@ SEARCH = [
 ]
 DOCUMENT = [
     {"role": "user", "content": "Hi"},
-    {"role": "assistant", "content": [{"type": "document", "source": {"type": "text", "data": "d"}}]},
+    {
+        "role": "assistant",
+        "content": [{"type": "document", "source": {"type": "text", "data": "d"}}],
+    },
 ]
 
 
 @pytest.mark.parametrize(
     ("body", "version", "status", "message"),
     [
-        ({"model": "claude-opus-4-8", "temperature": 0.5}, "2026-10-21", 400, "temperature: Extra inputs"),
-        ({"model": "claude-opus-4-8", "top_p": 0.9}, "2026-10-21", 400, "top_p: Extra inputs"),
-        ({"model": "claude-opus-4-8", "top_k": 5}, "2026-10-21", 400, "top_k: Extra inputs"),
-        ({"model": "claude-opus-4-8", "messages": CITED}, "2026-10-21", 400, "may not carry `citations`"),
-        ({"model": "claude-opus-4-8", "messages": SEARCH}, "2026-10-21", 400, "may not carry `citations`"),
-        ({"model": "claude-opus-4-8", "messages": DOCUMENT}, "2026-10-21", 400, "a `document` block may not"),
-        ({"model": "claude-opus-4-8", "temperature": 0.5}, "2023-06-01", 200, ""),  # its row accepts it
-        ({"model": "claude-opus-5-5", "top_k": 5}, "2023-06-01", 400, "top_k: is not supported"),
+        (
+            {"model": "claude-opus-4-8", "temperature": 0.5},
+            "2026-10-21",
+            400,
+            "temperature: Extra inputs",
+        ),
+        (
+            {"model": "claude-opus-4-8", "top_p": 0.9},
+            "2026-10-21",
+            400,
+            "top_p: Extra inputs",
+        ),
+        (
+            {"model": "claude-opus-4-8", "top_k": 5},
+            "2026-10-21",
+            400,
+            "top_k: Extra inputs",
+        ),
+        (
+            {"model": "claude-opus-4-8", "messages": CITED},
+            "2026-10-21",
+            400,
+            "may not carry `citations`",
+        ),
+        (
+            {"model": "claude-opus-4-8", "messages": SEARCH},
+            "2026-10-21",
+            400,
+            "may not carry `citations`",
+        ),
+        (
+            {"model": "claude-opus-4-8", "messages": DOCUMENT},
+            "2026-10-21",
+            400,
+            "a `document` block may not",
+        ),
+        (
+            {"model": "claude-opus-4-8", "temperature": 0.5},
+            "2023-06-01",
+            200,
+            "",
+        ),  # its row accepts it
+        (
+            {"model": "claude-opus-5-5", "top_k": 5},
+            "2023-06-01",
+            400,
+            "top_k: is not supported",
+        ),
         ({"model": "claude-opus-4-8"}, "2026-10-21", 200, ""),
-        ({"model": "claude-opus-4-8"}, "2025-01-01", 400, "'2025-01-01' is not a known version"),
+        (
+            {"model": "claude-opus-4-8"},
+            "2025-01-01",
+            400,
+            "'2025-01-01' is not a known version",
+        ),
     ],
 )
 def test_the_simulator_enforces_each_api_versions_rules(
@@ -235,9 +329,17 @@ def test_the_simulator_enforces_each_api_versions_rules(
 
 
 def test_strict_mode_lets_2023_06_01_keep_its_sampling_fields() -> None:
-    body = {"model": "claude-opus-4-8", "max_tokens": 100, "messages": HI, "temperature": 0.5}
+    body = {
+        "model": "claude-opus-4-8",
+        "max_tokens": 100,
+        "messages": HI,
+        "temperature": 0.5,
+    }
     with SimServer(["Hi."], strict=True) as sim:
         old = post(sim, body, "2023-06-01")
         new = post(sim, body, "2026-10-21")
     assert old.status_code == 200, old.text
-    assert new.status_code == 400 and "temperature: Extra inputs are not permitted" in new.text
+    assert (
+        new.status_code == 400
+        and "temperature: Extra inputs are not permitted" in new.text
+    )

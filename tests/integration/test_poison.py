@@ -124,26 +124,41 @@ def test_every_malformed_shape_on_every_queue_is_rejected_and_runs_go_on(
 ) -> None:
     # Bad messages and good runs wait together, so the worker's first claim takes them in one batch.
     bad = push_every_shape(raw)
-    first = [client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents")) for _ in range(3)]
-    env = {**AGENT, **({"TOOLLOOP_STEP_QUEUES": "none"} if steps == "Celery pool" else {})}
+    first = [
+        client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"))
+        for _ in range(3)
+    ]
+    env = {
+        **AGENT,
+        **({"TOOLLOOP_STEP_QUEUES": "none"} if steps == "Celery pool" else {}),
+    }
     worker = start_worker(server.url, tmp_path, env)
     try:
         for run_id in first:
             assert client.wait(run_id, timeout=60).status == "done"
         # ... and again while it runs (a blocking read takes them one at a time).
         bad += push_every_shape(raw)
-        later = [client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents")) for _ in range(3)]
+        later = [
+            client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"))
+            for _ in range(3)
+        ]
         for run_id in later:
             assert client.wait(run_id, timeout=60).status == "done"
-        assert eventually(lambda: len(rejected(server)) == bad, timeout=30), len(rejected(server))
+        assert eventually(lambda: len(rejected(server)) == bad, timeout=30), len(
+            rejected(server)
+        )
         assert worker.process.poll() is None, "the worker exited"
         entries = rejected(server)
         assert {entry["queue"] for entry in entries} == set(QUEUES)
         assert all(entry["reason"] and "raw" in entry for entry in entries)
         assert any(entry["raw"] == "not a task message" for entry in entries)
         huge = [entry for entry in entries if entry["size"] > 10_000_000]
-        assert len(huge) == 2 * len(QUEUES) and all(entry["truncated"] for entry in huge)
-        assert eventually(lambda: raw.hlen(names.UNACKED) == 0), "a rejected message stayed unacked"
+        assert len(huge) == 2 * len(QUEUES) and all(
+            entry["truncated"] for entry in huge
+        )
+        assert eventually(lambda: raw.hlen(names.UNACKED) == 0), (
+            "a rejected message stayed unacked"
+        )
         assert all(raw.llen(queue) == 0 for queue in QUEUES)
         log = worker.log.read_text(errors="replace")
         assert "Unrecoverable error" not in log

@@ -42,10 +42,18 @@ from toolloop.providers import AnthropicHandler, FalHandler, ModelPrice, RetryPo
 from toolloop.providers.timeouts import Timeouts
 from toolloop.sim import SimRequest, SimServer, SimTurn
 
-FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0, short_retry_after_s=1.0)
+FAST = RetryPolicy(
+    attempts=3,
+    base_delay_s=0.02,
+    max_delay_s=0.1,
+    total_s=10.0,
+    short_retry_after_s=1.0,
+)
 QUICK_ROUTE = Timeouts(whole_s=0.3, idle_s=0.3, tokens_per_hour=100_000_000)
 """A route that generates 1,000 tokens in 0.036 s: a non-streamed call waits 0.3 s (its floor)."""
-SYSTEM = "You review storyboards shot by shot and report what to change. " * 80  # > 1,024 tokens
+SYSTEM = (
+    "You review storyboards shot by shot and report what to change. " * 80
+)  # > 1,024 tokens
 EPHEMERAL = {"type": "ephemeral"}
 
 
@@ -64,7 +72,9 @@ async def http_path(request: pytest.FixtureRequest) -> Any:
     try:
         yield
         if CLIENT.get("client") is client:  # (a test that cannot use it took it out)
-            assert client.used, "the test's calls never went through the keep-alive client"
+            assert client.used, (
+                "the test's calls never went through the keep-alive client"
+            )
     finally:
         CLIENT.pop("client", None)
         await client.aclose()
@@ -83,12 +93,16 @@ def serve(policy: Any, **options: Any) -> SimServer:
 
 def anthropic(sim: SimServer, key: str = FAKE_KEY, **options: Any) -> AnthropicHandler:
     options.setdefault("http_client", CLIENT.get("client"))
-    return AnthropicHandler(key, base_url=sim.base_url, retry=options.pop("retry", FAST), **options)
+    return AnthropicHandler(
+        key, base_url=sim.base_url, retry=options.pop("retry", FAST), **options
+    )
 
 
 def fal(sim: SimServer, key: str = FAKE_KEY, **options: Any) -> FalHandler:
     options.setdefault("http_client", CLIENT.get("client"))
-    return FalHandler(key, run_url=sim.base_url, retry=options.pop("retry", FAST), **options)
+    return FalHandler(
+        key, run_url=sim.base_url, retry=options.pop("retry", FAST), **options
+    )
 
 
 async def execute(handler: Any, request: PromptGenRequest) -> Any:
@@ -99,30 +113,47 @@ async def execute(handler: Any, request: PromptGenRequest) -> Any:
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png: Path) -> None:
+async def test_text_tool_calls_tool_results_and_images_round_trip(
+    wire: str, png: Path
+) -> None:
     policy = Recording(
         [
-            {"text": "Looking.", "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]},
+            {
+                "text": "Looking.",
+                "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}],
+            },
             {"text": "Shot 3 is fine."},
         ]
     )
     image = ImagePart(path=str(png), mime_type="image/png", hash="h")
     with serve(policy) as sim:
         handler = anthropic(sim) if wire == "anthropic" else fal(sim)
-        history: list[Any] = [UserMessage(content=[TextPart(text="Review shot 3."), image])]
-        first = await execute(handler, PromptGenRequest(system="Review.", messages=history))
+        history: list[Any] = [
+            UserMessage(content=[TextPart(text="Review shot 3."), image])
+        ]
+        first = await execute(
+            handler, PromptGenRequest(system="Review.", messages=history)
+        )
         assert first.text == "Looking." and first.finish_reason == "tool_calls"
         (call,) = first.tool_calls
         assert call.name == "read_frame" and call.input == {"shot": 3}
         assert call.id.startswith("toolu_" if wire == "anthropic" else "call_")
         history += [
             AssistantMessage(content=first.text, tool_calls=first.tool_calls),
-            ToolMessage(tool_call_id=call.id, content=[TextPart(text="frame 3"), image]),
+            ToolMessage(
+                tool_call_id=call.id, content=[TextPart(text="frame 3"), image]
+            ),
         ]
-        second = await execute(handler, PromptGenRequest(system="Review.", messages=history))
+        second = await execute(
+            handler, PromptGenRequest(system="Review.", messages=history)
+        )
         uploads = sim.stats().get("uploads", {})
         files = dict(sim.simulator.files)
-    assert second.text == "Shot 3 is fine." and second.finish_reason == "stop" and second.tool_calls == []
+    assert (
+        second.text == "Shot 3 is fine."
+        and second.finish_reason == "stop"
+        and second.tool_calls == []
+    )
     seen = policy.requests[1]
     assert seen.system == "Review." and seen.assistant_turns == 1
     user, assistant, tool, *shown = seen.messages
@@ -131,7 +162,9 @@ async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png
     sim_image = user.content[1]
     assert isinstance(sim_image, ImagePart)
     data = png.read_bytes()
-    if wire == "anthropic":  # the bytes arrived: Anthropic's sim hashes the decoded bytes
+    if (
+        wire == "anthropic"
+    ):  # the bytes arrived: Anthropic's sim hashes the decoded bytes
         assert sim_image.mime_type == "image/png"
         assert sim_image.hash == hashlib.sha256(data).hexdigest()
     else:  # fal: uploaded once to storage (both steps, user and tool turn), sent as its file URL
@@ -139,11 +172,21 @@ async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png
         ((token, (mime, stored)),) = files.items()
         assert (mime, stored) == ("image/png", data)
         assert sim_image.path.endswith("/storage/files/" + token)
-        assert policy.requests[0].body["messages"][1]["content"][1]["image_url"]["url"] == sim_image.path
-    assert assistant == AssistantMessage(content="Looking.", tool_calls=first.tool_calls)
+        assert (
+            policy.requests[0].body["messages"][1]["content"][1]["image_url"]["url"]
+            == sim_image.path
+        )
+    assert assistant == AssistantMessage(
+        content="Looking.", tool_calls=first.tool_calls
+    )
     assert isinstance(tool, ToolMessage) and tool.tool_call_id == call.id
-    if wire == "fal":  # the tool message carries text only; its image follows in a user turn
-        assert tool.content == [TextPart(text="frame 3"), TextPart(text="[image 1 of this result follows]")]
+    if (
+        wire == "fal"
+    ):  # the tool message carries text only; its image follows in a user turn
+        assert tool.content == [
+            TextPart(text="frame 3"),
+            TextPart(text="[image 1 of this result follows]"),
+        ]
         (after,) = shown
         assert isinstance(after, UserMessage) and isinstance(after.content, list)
         assert after.content[1] == sim_image
@@ -155,8 +198,12 @@ async def test_text_tool_calls_tool_results_and_images_round_trip(wire: str, png
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_arguments_that_are_not_json_raise_tool_arguments_error(wire: str) -> None:
-    with serve([{"tool_calls": [{"name": "trim", "raw_arguments": '{"shot": 3,'}]}]) as sim:
+async def test_arguments_that_are_not_json_raise_tool_arguments_error(
+    wire: str,
+) -> None:
+    with serve(
+        [{"tool_calls": [{"name": "trim", "raw_arguments": '{"shot": 3,'}]}]
+    ) as sim:
         handler = anthropic(sim) if wire == "anthropic" else fal(sim)
         with pytest.raises(ToolArgumentsError) as caught:
             await execute(handler, PromptGenRequest(prompt="Trim."))
@@ -171,11 +218,19 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
     with serve(Recording(["One.", "Two."])) as sim:
         handler = anthropic(sim)
         history: list[Any] = [UserMessage(content="Go.")]
-        first = await execute(handler, PromptGenRequest(system=SYSTEM, cache_system=True, messages=history))
+        first = await execute(
+            handler,
+            PromptGenRequest(system=SYSTEM, cache_system=True, messages=history),
+        )
         history += [AssistantMessage(content="One."), UserMessage(content="Again.")]
-        second = await execute(handler, PromptGenRequest(system=SYSTEM, cache_system=True, messages=history))
+        second = await execute(
+            handler,
+            PromptGenRequest(system=SYSTEM, cache_system=True, messages=history),
+        )
     assert first.usage.cache_write_tokens > 1024 and first.usage.cached_tokens == 0
-    assert second.usage.cached_tokens == first.usage.cache_write_tokens  # the system prefix was read
+    assert (
+        second.usage.cached_tokens == first.usage.cache_write_tokens
+    )  # the system prefix was read
     assert second.usage.cached_read_tokens == second.usage.cached_tokens
     for result in (first, second):
         usage = result.usage
@@ -190,21 +245,38 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
         ) / 1e6
         assert result.cost_usd == pytest.approx(expected)
         assert result.meta is not None and result.meta["cost_source"] == "tokens"
-    assert second.cost_usd < first.cost_usd / 3  # reads cost a tenth of input, writes more than input
+    assert (
+        second.cost_usd < first.cost_usd / 3
+    )  # reads cost a tenth of input, writes more than input
 
 
-async def test_fal_cost_from_the_reported_figure_and_from_tokens_with_cache_rates() -> None:
-    request = PromptGenRequest(system=SYSTEM, cache_system=True, messages=[UserMessage(content="Go.")])
+async def test_fal_cost_from_the_reported_figure_and_from_tokens_with_cache_rates() -> (
+    None
+):
+    request = PromptGenRequest(
+        system=SYSTEM, cache_system=True, messages=[UserMessage(content="Go.")]
+    )
     with serve(["Done."]) as sim:
-        handler = fal(sim, prices={"acme/unpriced-at-fal": ModelPrice(4, 20, 0.2, 5, 8)})  # opus 5.5's
+        handler = fal(
+            sim, prices={"acme/unpriced-at-fal": ModelPrice(4, 20, 0.2, 5, 8)}
+        )  # opus 5.5's
         reported = await execute(handler, request)
-        again = await execute(handler, request)  # reads the cache written by the first call
-        by_tokens = await execute(handler, request.model_copy(update={"model": "acme/unpriced-at-fal"}))
+        again = await execute(
+            handler, request
+        )  # reads the cache written by the first call
+        by_tokens = await execute(
+            handler, request.model_copy(update={"model": "acme/unpriced-at-fal"})
+        )
     assert reported.meta is not None and reported.meta["cost_source"] == "usage"
-    assert again.usage.cached_tokens > 1024 and again.usage.cached_read_tokens == again.usage.cached_tokens
+    assert (
+        again.usage.cached_tokens > 1024
+        and again.usage.cached_read_tokens == again.usage.cached_tokens
+    )
     assert by_tokens.meta is not None and by_tokens.meta["cost_source"] == "tokens"
     # Our token pricing of the same usage matches the figure the simulator reports for the same rates.
-    assert by_tokens.usage.cache_write_tokens == reported.usage.cache_write_tokens > 1024
+    assert (
+        by_tokens.usage.cache_write_tokens == reported.usage.cache_write_tokens > 1024
+    )
     assert by_tokens.cost_usd == pytest.approx(reported.cost_usd, abs=1e-6)
 
 
@@ -217,21 +289,31 @@ class Shot(BaseModel):
 
 def read_frame_tool() -> ToolSpec:
     def run(input: Shot, signal: Any) -> ToolOutput:
-        return ToolOutput(value=input.shot, content=[TextPart(text=f"frame {input.shot}: a wide shot")])
+        return ToolOutput(
+            value=input.shot,
+            content=[TextPart(text=f"frame {input.shot}: a wide shot")],
+        )
 
-    return ToolSpec(name="read_frame", description="Read one frame of a shot.", schema=Shot, run=run)
+    return ToolSpec(
+        name="read_frame", description="Read one frame of a shot.", schema=Shot, run=run
+    )
 
 
 def frame_turns(count: int) -> list[Any]:
     return [
-        {"text": "", "tool_calls": [{"name": "read_frame", "input": {"shot": n}}]} for n in range(count)
+        {"text": "", "tool_calls": [{"name": "read_frame", "input": {"shot": n}}]}
+        for n in range(count)
     ] + ["All frames read."]
 
 
-async def loop(handler: Any, cache: str, first_message: Any, steps: int = 10) -> RunToolLoopResult:
+async def loop(
+    handler: Any, cache: str, first_message: Any, steps: int = 10
+) -> RunToolLoopResult:
     options = RunToolLoopOptions(
         generate=PromptGen({"p": handler}, "p").as_generate(),
-        model="claude-sonnet-5-5" if isinstance(handler, AnthropicHandler) else "anthropic/claude-opus-5.5",
+        model="claude-sonnet-5-5"
+        if isinstance(handler, AnthropicHandler)
+        else "anthropic/claude-opus-5.5",
         system=SYSTEM,
         messages=[first_message],
         tools=[read_frame_tool()],
@@ -245,16 +327,28 @@ async def loop(handler: Any, cache: str, first_message: Any, steps: int = 10) ->
 
 def marked(body: dict[str, Any]) -> list[str]:
     """Where a body carries cache_control: "system", "tool:<name>", or the marked texts."""
-    if "max_tokens" in body and body["messages"] and body["messages"][0]["role"] == "system":
+    if (
+        "max_tokens" in body
+        and body["messages"]
+        and body["messages"][0]["role"] == "system"
+    ):
         return _marked_fal(body)
     found = [f"tool:{t['name']}" for t in body.get("tools", []) if "cache_control" in t]
     system = body.get("system")
-    found += ["system" for b in system if "cache_control" in b] if isinstance(system, list) else []
+    found += (
+        ["system" for b in system if "cache_control" in b]
+        if isinstance(system, list)
+        else []
+    )
     for turn in body["messages"]:
         blocks = turn["content"] if isinstance(turn["content"], list) else []
         for block in blocks:
             inner = block.get("content", []) if block["type"] == "tool_result" else []
-            found += [b.get("text", b["type"]) for b in [block, *inner] if "cache_control" in b]
+            found += [
+                b.get("text", b["type"])
+                for b in [block, *inner]
+                if "cache_control" in b
+            ]
     return found
 
 
@@ -271,16 +365,28 @@ def _marked_fal(body: dict[str, Any]) -> list[str]:
 async def test_system_rolling_and_caller_marks_land_on_the_wire(wire: str) -> None:
     policy = Recording(frame_turns(5))
     caller = UserMessage(
-        content=[TextPart(text="Review every frame.", cache=True), TextPart(text="Be brief.")]
+        content=[
+            TextPart(text="Review every frame.", cache=True),
+            TextPart(text="Be brief."),
+        ]
     )
     with serve(policy) as sim:
-        result = await loop(anthropic(sim) if wire == "anthropic" else fal(sim), "conversation", caller)
+        result = await loop(
+            anthropic(sim) if wire == "anthropic" else fal(sim), "conversation", caller
+        )
     assert result.stopped_by == "done" and len(policy.requests) == 6
     marks = [marked(r.body) for r in policy.requests]
     # the caller's mark stays; the rolling mark goes on the newest stable message's last text part
     assert marks[0] == ["system", "Review every frame.", "Be brief."]
-    assert marks[1] == ["system", "Review every frame.", "Be brief.", "frame 0: a wide shot"]
-    for n in range(2, 6):  # the newest tool result and the one the request before marked
+    assert marks[1] == [
+        "system",
+        "Review every frame.",
+        "Be brief.",
+        "frame 0: a wide shot",
+    ]
+    for n in range(
+        2, 6
+    ):  # the newest tool result and the one the request before marked
         assert marks[n] == [
             "system",
             "Review every frame.",
@@ -292,18 +398,26 @@ async def test_system_rolling_and_caller_marks_land_on_the_wire(wire: str) -> No
             validate_anthropic_body(request.body)
 
 
-@pytest.mark.parametrize(("mode", "first"), [("system", ["system", "Review."]), ("off", ["Review."])])
+@pytest.mark.parametrize(
+    ("mode", "first"), [("system", ["system", "Review."]), ("off", ["Review."])]
+)
 async def test_system_and_off_modes_send_only_the_system_and_caller_marks(
     mode: str, first: list[str]
 ) -> None:
     policy = Recording(frame_turns(2))
     with serve(policy) as sim:
-        await loop(anthropic(sim), mode, UserMessage(content=[TextPart(text="Review.", cache=True)]))
+        await loop(
+            anthropic(sim),
+            mode,
+            UserMessage(content=[TextPart(text="Review.", cache=True)]),
+        )
     assert [marked(r.body) for r in policy.requests] == [first] * 3
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_conversation_marks_make_the_prompt_mostly_cached_reads(wire: str) -> None:
+async def test_conversation_marks_make_the_prompt_mostly_cached_reads(
+    wire: str,
+) -> None:
     with serve(frame_turns(8)) as sim:
         handler = anthropic(sim) if wire == "anthropic" else fal(sim)
         costs: list[Any] = []
@@ -313,7 +427,9 @@ async def test_conversation_marks_make_the_prompt_mostly_cached_reads(wire: str)
             costs.append(result.usage)
             return result
 
-        model = "claude-sonnet-5-5" if wire == "anthropic" else "anthropic/claude-opus-5.5"
+        model = (
+            "claude-sonnet-5-5" if wire == "anthropic" else "anthropic/claude-opus-5.5"
+        )
         options = RunToolLoopOptions(
             generate=generate,
             model=model,
@@ -349,7 +465,9 @@ def fault(**spec: Any) -> list[Any]:
     ids=["500", "529", "429-short-retry-after", "429-no-retry-after", "timeout"],
 )
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_retried_faults_then_the_answer(wire: str, spec: dict[str, Any], requests: int) -> None:
+async def test_retried_faults_then_the_answer(
+    wire: str, spec: dict[str, Any], requests: int
+) -> None:
     with serve(fault(**spec)) as sim:
         request = PromptGenRequest(prompt="Go", params={"max_tokens": 1000})
         make = anthropic if wire == "anthropic" else fal
@@ -384,7 +502,11 @@ async def test_auth_and_limit_statuses_are_unavailable_without_retry(
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 async def test_a_refusal_is_finish_reason_refusal_without_tool_calls(wire: str) -> None:
-    turn = {"text": "", "tool_calls": [{"name": "trim", "input": {}}], "fault": {"kind": "refusal"}}
+    turn = {
+        "text": "",
+        "tool_calls": [{"name": "trim", "input": {}}],
+        "fault": {"kind": "refusal"},
+    }
     with serve([turn]) as sim:
         handler = anthropic(sim) if wire == "anthropic" else fal(sim)
         result = await execute(handler, PromptGenRequest(prompt="Go"))
@@ -397,7 +519,9 @@ async def test_persistent_5xx_is_bounded_in_attempts() -> None:
             await execute(anthropic(sim), PromptGenRequest(prompt="Go"))
         assert sim.stats()["requests"] == FAST.attempts
     assert caught.value.status == 529 and caught.value.retryable
-    assert "overloaded_error" in str(caught.value) and "(3 attempts)" in str(caught.value)
+    assert "overloaded_error" in str(caught.value) and "(3 attempts)" in str(
+        caught.value
+    )
 
 
 async def test_persistent_timeouts_are_tried_twice_then_raised_as_a_timeout() -> None:
@@ -405,39 +529,63 @@ async def test_persistent_timeouts_are_tried_twice_then_raised_as_a_timeout() ->
     with serve(fault(kind="timeout", seconds=2.0, times=None)) as sim:
         started = time.monotonic()
         request = PromptGenRequest(prompt="Go", params={"max_tokens": 1000})
-        with pytest.raises(PromptGenTimeoutError, match=r"did not answer within 0\.3 s \(2 attempts\)"):
+        with pytest.raises(
+            PromptGenTimeoutError, match=r"did not answer within 0\.3 s \(2 attempts\)"
+        ):
             await execute(anthropic(sim, timeouts=QUICK_ROUTE, retry=policy), request)
         assert time.monotonic() - started < 3.0
-        assert sim.stats()["requests"] == 2  # each may have been billed: one retry, not nine
+        assert (
+            sim.stats()["requests"] == 2
+        )  # each may have been billed: one retry, not nine
 
 
-async def test_a_connection_dropped_before_any_response_is_retried_then_an_error() -> None:
+async def test_a_connection_dropped_before_any_response_is_retried_then_an_error() -> (
+    None
+):
     with serve(fault(kind="drop", times=None)) as sim:
         with pytest.raises(PromptGenError, match="could not be reached") as caught:
             await execute(anthropic(sim), PromptGenRequest(prompt="Go"))
-        assert sim.stats()["requests"] == FAST.attempts  # retried with backoff, as the SDK does
-    assert not isinstance(caught.value, PromptGenUnavailableError | PromptGenTimeoutError)
+        assert (
+            sim.stats()["requests"] == FAST.attempts
+        )  # retried with backoff, as the SDK does
+    assert not isinstance(
+        caught.value, PromptGenUnavailableError | PromptGenTimeoutError
+    )
 
 
 async def test_a_bad_request_is_400_without_retry() -> None:
     too_many = [TextPart(text=f"part {n}", cache=True) for n in range(5)]
     with serve(["ok"]) as sim:
         with pytest.raises(PromptGenError) as caught:
-            await execute(anthropic(sim), PromptGenRequest(messages=[UserMessage(content=too_many)]))
+            await execute(
+                anthropic(sim),
+                PromptGenRequest(messages=[UserMessage(content=too_many)]),
+            )
         assert sim.stats()["requests"] == 1
-    assert caught.value.status == 400 and "maximum of 4 blocks with cache_control" in str(caught.value)
+    assert (
+        caught.value.status == 400
+        and "maximum of 4 blocks with cache_control" in str(caught.value)
+    )
 
 
 @pytest.mark.parametrize("where", ["request", "backoff"])
 async def test_the_callers_abort_is_raised_unchanged_at_once(where: str) -> None:
-    spec = {"kind": "timeout", "seconds": 3.0} if where == "request" else {"status": 503, "retry_after": 3}
+    spec = (
+        {"kind": "timeout", "seconds": 3.0}
+        if where == "request"
+        else {"status": 503, "retry_after": 3}
+    )
     with serve(fault(**spec, times=None)) as sim:
         controller = AbortController()
-        asyncio.get_running_loop().call_later(0.3, controller.abort, "user pressed stop")
+        asyncio.get_running_loop().call_later(
+            0.3, controller.abort, "user pressed stop"
+        )
         started = time.monotonic()
         slow = RetryPolicy(attempts=5, total_s=60)
         with pytest.raises(AbortError) as caught:
-            await anthropic(sim, retry=slow).execute(PromptGenRequest(prompt="Go"), controller.signal)
+            await anthropic(sim, retry=slow).execute(
+                PromptGenRequest(prompt="Go"), controller.signal
+            )
         assert time.monotonic() - started < 1.5
     assert caught.value.reason == "user pressed stop"
 
@@ -450,13 +598,21 @@ async def test_auth_refusals_fall_back_to_the_next_provider(status: int) -> None
         return SimTurn(text="fal answered")
 
     with serve(policy) as sim:
-        gen = PromptGen({"anthropic": anthropic(sim), "fal": fal(sim)}, "anthropic", ["fal"])
+        gen = PromptGen(
+            {"anthropic": anthropic(sim), "fal": fal(sim)}, "anthropic", ["fal"]
+        )
         result = await gen.generate(PromptGenRequest(prompt="Go"))
         assert sim.stats()["endpoints"] == {"anthropic": 1, "fal": 1}
-    assert result.text == "fal answered" and result.meta is not None and result.meta["provider"] == "fal"
+    assert (
+        result.text == "fal answered"
+        and result.meta is not None
+        and result.meta["provider"] == "fal"
+    )
 
 
-async def test_a_wrong_key_is_auth_and_never_shows_in_the_error(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_wrong_key_is_auth_and_never_shows_in_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with (
         serve(["ok"], require_key="the-right-key") as sim,
         caplog.at_level("DEBUG"),

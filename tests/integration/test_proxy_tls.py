@@ -26,15 +26,26 @@ from toolloop.sim import SimServer
 from workers.client import Client
 
 ONCE = RetryPolicy(attempts=1)
-REQUEST = PromptGenRequest(model="claude-sonnet-5-5", messages=[UserMessage(content="Add 20 and 22.")])
+REQUEST = PromptGenRequest(
+    model="claude-sonnet-5-5", messages=[UserMessage(content="Add 20 and 22.")]
+)
 SCRIPT = [
     {"text": "Adding.", "tool_calls": [{"name": "add", "input": {"a": 20, "b": 22}}]},
     {"text": "It is 42."},
 ]
-PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")
+PROXY_VARIABLES = (
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
 
 if shutil.which("tinyproxy") is None or shutil.which("openssl") is None:
-    pytest.fail("tinyproxy or openssl is not installed: apt-get install -y tinyproxy openssl (.ci/run does)")
+    pytest.fail(
+        "tinyproxy or openssl is not installed: apt-get install -y tinyproxy openssl (.ci/run does)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +62,9 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tinyproxy]:
 @pytest.fixture(scope="module")
 def sim(ca: Path) -> Iterator[SimServer]:
     with SimServer(
-        SCRIPT, ssl_certfile=ca.parent / "server.pem", ssl_keyfile=ca.parent / "server.key"
+        SCRIPT,
+        ssl_certfile=ca.parent / "server.pem",
+        ssl_keyfile=ca.parent / "server.key",
     ) as server:
         yield server
 
@@ -70,7 +83,9 @@ def target(sim: SimServer) -> str:
 
 def handlers(sim: SimServer, client: HttpClient) -> list[AnthropicHandler | FalHandler]:
     return [
-        AnthropicHandler("sk-ant-FAKE", base_url=sim.base_url, retry=ONCE, http_client=client),
+        AnthropicHandler(
+            "sk-ant-FAKE", base_url=sim.base_url, retry=ONCE, http_client=client
+        ),
         FalHandler("fal-FAKE", run_url=sim.base_url, retry=ONCE, http_client=client),
     ]
 
@@ -90,9 +105,13 @@ async def test_https_proxy_and_ssl_cert_file_from_the_environment(
     finally:
         await client.aclose()
     tunnels = proxy.connects(target(sim)) - before
-    assert tunnels == (1 if kind == "keep-alive" else 2), proxy.text()[-2000:]  # keep-alive: one tunnel kept
+    assert tunnels == (1 if kind == "keep-alive" else 2), proxy.text()[
+        -2000:
+    ]  # keep-alive: one tunnel kept
 
-    clean_env.setenv("NO_PROXY", "localhost,127.0.0.1")  # the host is covered: straight to it
+    clean_env.setenv(
+        "NO_PROXY", "localhost,127.0.0.1"
+    )  # the host is covered: straight to it
     client = KeepAliveClient() if kind == "keep-alive" else HttpxClient()
     try:
         for handler in handlers(sim, client):
@@ -111,12 +130,20 @@ async def test_a_private_ca_is_needed_and_a_proxy_can_be_set_per_provider_in_cod
     with pytest.raises(PromptGenError, match="CERTIFICATE_VERIFY_FAILED"):
         await handlers(sim, untrusted)[0].execute(REQUEST, NEVER_ABORTED)
     await untrusted.aclose()
-    clean_env.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # ignored: the code's network wins
+    clean_env.setenv(
+        "HTTPS_PROXY", "http://127.0.0.1:9"
+    )  # ignored: the code's network wins
     mine = Network(proxy=proxy.url, verify=str(ca), trust_env=False)
-    client: HttpClient = KeepAliveClient(network=mine) if kind == "keep-alive" else HttpxClient(network=mine)
+    client: HttpClient = (
+        KeepAliveClient(network=mine)
+        if kind == "keep-alive"
+        else HttpxClient(network=mine)
+    )
     before = proxy.connects(target(sim))
     try:
-        assert (await handlers(sim, client)[1].execute(REQUEST, NEVER_ABORTED)).text == "Adding."
+        assert (
+            await handlers(sim, client)[1].execute(REQUEST, NEVER_ABORTED)
+        ).text == "Adding."
     finally:
         await client.aclose()
     assert proxy.connects(target(sim)) == before + 1
@@ -139,15 +166,25 @@ def test_a_durable_run_reaches_the_tls_simulator_through_the_proxy(
     tmp_path: Path,
 ) -> None:
     no_proxy = "127.0.0.1" if direct else ""
-    variables = {"HTTPS_PROXY": proxy.url, "SSL_CERT_FILE": str(ca), "NO_PROXY": no_proxy}
-    env = sim_env(sim, **variables, **{name.lower(): value for name, value in variables.items()})
+    variables = {
+        "HTTPS_PROXY": proxy.url,
+        "SSL_CERT_FILE": str(ca),
+        "NO_PROXY": no_proxy,
+    }
+    env = sim_env(
+        sim, **variables, **{name.lower(): value for name, value in variables.items()}
+    )
     before = proxy.connects(target(sim))
     worker = start_worker(sim_redis.url, tmp_path, env)
     try:
-        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic"))
+        run_id = client.enqueue(
+            spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic")
+        )
         status = client.wait(run_id, timeout=30)
     finally:
         worker.stop()
     assert status.status == "done", status
     assert status.final_text == "It is 42."
-    assert proxy.connects(target(sim)) - before == (0 if direct else 1), proxy.text()[-2000:]
+    assert proxy.connects(target(sim)) - before == (0 if direct else 1), proxy.text()[
+        -2000:
+    ]

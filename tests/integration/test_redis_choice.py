@@ -31,21 +31,39 @@ def _settings_url(env: dict[str, str], cwd: Path) -> str:
     """The URL `workers.config.settings` finds in a fresh process (what a worker, Flower and Client use)."""
     code = "from workers.config.settings import Settings; print(Settings.from_env().redis_url)"
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
 
 
-def test_every_entry_point_finds_the_same_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_entry_point_finds_the_same_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "state"
     env = _env(home)
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("TOOLLOOP_HOME", str(home))
-    with pytest.raises(NoRedisError, match="toolloop up"):  # nothing runs yet: refused, not 6379
+    with pytest.raises(
+        NoRedisError, match="toolloop up"
+    ):  # nothing runs yet: refused, not 6379
         Client()
-    up = subprocess.run([TOOLLOOP, "up"], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    up = subprocess.run(
+        [TOOLLOOP, "up"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     cli_url = json.loads(up.stdout)["url"]
     try:
-        assert _settings_url(env, tmp_path) == cli_url  # the worker's and Flower's settings
+        assert (
+            _settings_url(env, tmp_path) == cli_url
+        )  # the worker's and Flower's settings
         with Client() as client:
             assert client.settings.redis_url == cli_url
             assert client.redis.ping()
@@ -55,13 +73,18 @@ def test_every_entry_point_finds_the_same_redis(tmp_path: Path, monkeypatch: pyt
         app = create_app(token="t")  # the web example with no REDIS_URL
         assert app.state.client.settings.redis_url == cli_url
         asyncio.run(app.state.client.aclose())
-        monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # REDIS_URL wins everywhere
+        monkeypatch.setenv(
+            "REDIS_URL", "redis://127.0.0.1:1/0"
+        )  # REDIS_URL wins everywhere
         assert (
-            _settings_url({**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, tmp_path) == "redis://127.0.0.1:1/0"
+            _settings_url({**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, tmp_path)
+            == "redis://127.0.0.1:1/0"
         )
         assert Client().settings.redis_url == "redis://127.0.0.1:1/0"
     finally:
-        subprocess.run([TOOLLOOP, "down"], env=env, cwd=tmp_path, capture_output=True, check=True)
+        subprocess.run(
+            [TOOLLOOP, "down"], env=env, cwd=tmp_path, capture_output=True, check=True
+        )
 
 
 def test_a_worker_without_redis_says_what_to_do(tmp_path: Path) -> None:
@@ -85,4 +108,7 @@ def test_a_worker_without_redis_says_what_to_do(tmp_path: Path) -> None:
         timeout=60,
     )
     assert worker.returncode != 0
-    assert "REDIS_URL is not set and no embedded Redis runs" in worker.stdout + worker.stderr
+    assert (
+        "REDIS_URL is not set and no embedded Redis runs"
+        in worker.stdout + worker.stderr
+    )

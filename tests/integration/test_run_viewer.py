@@ -41,58 +41,97 @@ def web(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
 def test_the_viewer_shows_a_run_live_and_takes_its_answer(
     web: str, env: dict[str, str], tmp_path: Path
 ) -> None:
-    run_id = httpx.post(f"{web}/runs", json=SPEC, headers=AUTH, timeout=30).json()["run_id"]
-    page_html = httpx.get(f"{web}/runs/{run_id}", headers={**AUTH, "accept": "text/html"}, timeout=30)
+    run_id = httpx.post(f"{web}/runs", json=SPEC, headers=AUTH, timeout=30).json()[
+        "run_id"
+    ]
+    page_html = httpx.get(
+        f"{web}/runs/{run_id}", headers={**AUTH, "accept": "text/html"}, timeout=30
+    )
     assert page_html.status_code == 200 and '<section id="steps">' in page_html.text
-    policy = page_html.headers["content-security-policy"]  # the script runs by its hash, nothing else
+    policy = page_html.headers[
+        "content-security-policy"
+    ]  # the script runs by its hash, nothing else
     assert "script-src 'sha256-" in policy and "unsafe-inline" not in policy
-    assert httpx.get(f"{web}/runs/{run_id}", headers={"accept": "text/html"}, timeout=30).status_code == 401
+    assert (
+        httpx.get(
+            f"{web}/runs/{run_id}", headers={"accept": "text/html"}, timeout=30
+        ).status_code
+        == 401
+    )
     worker = None
     with running_chromium(tmp_path) as page:
         page.call("Page.addScriptToEvaluateOnNewDocument", source=VIOLATIONS)
         page.navigate(f"{web}/runs/{run_id}?token={WEB_TOKEN}")
-        assert page.evaluate("document.getElementById('status').textContent") == "queued"
+        assert (
+            page.evaluate("document.getElementById('status').textContent") == "queued"
+        )
         assert page.evaluate(ROWS) == 0  # nothing ran yet: no worker
         worker = review_worker(env, tmp_path / "worker.log")
         try:
-            page.wait_for(f"{ROWS} >= 1", timeout=60)  # steps appear live, over the event stream
+            page.wait_for(
+                f"{ROWS} >= 1", timeout=60
+            )  # steps appear live, over the event stream
             page.wait_for("!document.getElementById('ask').hidden", timeout=60)
             question = page.evaluate("document.getElementById('question').textContent")
             assert "Shot 3 is the hero's entrance" in question
-            assert page.evaluate(ROWS) >= 6  # model, list_shots, model, 2 x read_frame, model, ...
-            first_model = page.evaluate("document.querySelector('#steps tr.model').innerText")
+            assert (
+                page.evaluate(ROWS) >= 6
+            )  # model, list_shots, model, 2 x read_frame, model, ...
+            first_model = page.evaluate(
+                "document.querySelector('#steps tr.model').innerText"
+            )
             assert "model 1" in first_model and "$" in first_model
             # the frames read_frame returned, loaded from the web app (not broken images)
             images = "[...document.querySelectorAll('img.result')]"
             loaded = f"{images}.filter(i => i.complete && i.naturalWidth > 0).length"
-            page.wait_for(f"{loaded} >= 2", timeout=20)  # wait_for returns the first truthy value
+            page.wait_for(
+                f"{loaded} >= 2", timeout=20
+            )  # wait_for returns the first truthy value
             assert page.evaluate(loaded) >= 2
             assert page.evaluate("document.getElementById('budget').value") > 0
             page.evaluate(
                 "document.getElementById('answer').value = 'Keep shot 3; trim shot 5 by a second.';"
                 "document.getElementById('answer-form').requestSubmit(); true"
             )
-            page.wait_for("document.getElementById('status').textContent === 'done'", timeout=60)
+            page.wait_for(
+                "document.getElementById('status').textContent === 'done'", timeout=60
+            )
             final = page.wait_for(
                 "!document.getElementById('outcome').hidden && document.getElementById('final').textContent",
                 timeout=20,
             )
             assert "Keep shot 3; trim shot 5 by a second." in final
             assert "from 6.0 s to 5.0 s" in final
-            conversation = page.evaluate("document.getElementById('messages').innerText")
-            assert "read_frame" in conversation and '{"shot":3}' in conversation  # calls with inputs
+            conversation = page.evaluate(
+                "document.getElementById('messages').innerText"
+            )
+            assert (
+                "read_frame" in conversation and '{"shot":3}' in conversation
+            )  # calls with inputs
             live_rows = page.evaluate(ROWS)
             models = (
-                "[...document.querySelectorAll('#steps tr.model td:first-child')].map(t => t.textContent)"
+                "[...document.querySelectorAll('#steps tr.model td:first-child')]"
+                ".map(t => t.textContent)"
             )
-            assert page.evaluate(models) == [f"model {n}" for n in range(1, 6)]  # across both segments
+            assert page.evaluate(models) == [
+                f"model {n}" for n in range(1, 6)
+            ]  # across both segments
             page.evaluate("window.scrollTo(0, 0); true")
             shot = page.screenshot(tmp_path / "viewer.png")
             assert shot.stat().st_size > 10_000
-            page.navigate(f"{web}/runs/{run_id}")  # the server renders the same page (the cookie is set)
-            assert page.evaluate(ROWS) == live_rows and page.evaluate(models)[-1] == "model 5"
-            assert page.evaluate("document.getElementById('status').textContent") == "done"
-            assert page.evaluate("window.cspViolations") == []  # live under the policy, nothing blocked
+            page.navigate(
+                f"{web}/runs/{run_id}"
+            )  # the server renders the same page (the cookie is set)
+            assert (
+                page.evaluate(ROWS) == live_rows
+                and page.evaluate(models)[-1] == "model 5"
+            )
+            assert (
+                page.evaluate("document.getElementById('status').textContent") == "done"
+            )
+            assert (
+                page.evaluate("window.cspViolations") == []
+            )  # live under the policy, nothing blocked
         finally:
             end(worker)
     status = httpx.get(f"{web}/runs/{run_id}", headers=AUTH, timeout=30).json()

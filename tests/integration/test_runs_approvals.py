@@ -30,14 +30,25 @@ def parked(client: Client, run_id: str) -> dict[str, Any]:
     return held
 
 
-def test_approve_runs_the_tool_and_the_model_reads_its_result(client: Client, worker: Any) -> None:
+def test_approve_runs_the_tool_and_the_model_reads_its_result(
+    client: Client, worker: Any
+) -> None:
     before = len(published(worker))
     run_id = client.enqueue(spec("approve"))
     held = parked(client, run_id)
-    assert (held["name"], held["input"], held["estimate_usd"]) == ("publish", {"a": 2.0, "b": 3.0}, 0.5)
+    assert (held["name"], held["input"], held["estimate_usd"]) == (
+        "publish",
+        {"a": 2.0, "b": 3.0},
+        0.5,
+    )
     assert held["input_digest"].startswith("sha256:") and held["deadline"] is None
     assert len(published(worker)) == before  # nothing ran while it waits
-    assert client.approve(run_id, held["call_id"], digest=held["input_digest"], actor="ana") == "resumed"
+    assert (
+        client.approve(
+            run_id, held["call_id"], digest=held["input_digest"], actor="ana"
+        )
+        == "resumed"
+    )
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert status.final_text == "Model read: published 2+3"
@@ -68,11 +79,15 @@ def test_reject_answers_the_model_with_the_reason(client: Client, worker: Any) -
     held = parked(client, run_id)
     client.reject(run_id, held["call_id"], "wrong numbers")
     status = client.wait(run_id, timeout=20)
-    assert status.final_text == "Model read: Rejected by the person: wrong numbers.", status
+    assert status.final_text == "Model read: Rejected by the person: wrong numbers.", (
+        status
+    )
     assert len(published(worker)) == before
 
 
-def test_edit_runs_with_the_new_input_and_the_model_is_told(client: Client, worker: Any) -> None:
+def test_edit_runs_with_the_new_input_and_the_model_is_told(
+    client: Client, worker: Any
+) -> None:
     run_id = client.enqueue(spec("approve"))
     held = parked(client, run_id)
     client.edit(run_id, held["call_id"], {"a": 7, "b": 1})
@@ -81,10 +96,15 @@ def test_edit_runs_with_the_new_input_and_the_model_is_told(client: Client, work
         'Model read: The person edited the input before the tool ran; it ran with: {"a":7.0,"b":1.0}'
         "published 7+1"
     ), status
-    assert published(worker)[-1] == {"tool": "publish", "ran_with": {"a": 7.0, "b": 1.0}}
+    assert published(worker)[-1] == {
+        "tool": "publish",
+        "ran_with": {"a": 7.0, "b": 1.0},
+    }
 
 
-def test_a_bad_edit_is_refused_with_the_message_and_the_run_still_waits(client: Client, worker: Any) -> None:
+def test_a_bad_edit_is_refused_with_the_message_and_the_run_still_waits(
+    client: Client, worker: Any
+) -> None:
     run_id = client.enqueue(spec("approve"))
     held = parked(client, run_id)
     with pytest.raises(ApprovalError, match="Input should be a valid number"):
@@ -103,7 +123,9 @@ def test_a_stale_digest_is_refused_and_a_duplicate_is_refused(client: Client) ->
     with pytest.raises(ApprovalError, match="does not hold call"):
         client.approve(run_id, "toolu_nope")
     assert client.reject(run_id, held["call_id"], "no") == "resumed"
-    with pytest.raises(AlreadyDecidedError, match=r"decided already \(reject\)"):  # the first one wins
+    with pytest.raises(
+        AlreadyDecidedError, match=r"decided already \(reject\)"
+    ):  # the first one wins
         client.approve(run_id, held["call_id"])
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "Model read: Rejected by the person: no.", status
@@ -113,7 +135,9 @@ def test_a_stale_digest_is_refused_and_a_duplicate_is_refused(client: Client) ->
 def test_a_decision_sent_before_the_run_parks_is_kept_and_used(
     client: Client, worker: Any, tmp_path: Path
 ) -> None:
-    gate = tmp_path / "open"  # the run holds at a gate tool before the call is held, until the test opens it
+    gate = (
+        tmp_path / "open"
+    )  # the run holds at a gate tool before the call is held, until the test opens it
     run_id = client.enqueue(spec("approve_gated", str(gate)))
     model = eventually(lambda: [e for e in client.events(run_id) if e.kind == "model"])
     call_id = next(c["id"] for c in model[0].tool_calls if c["name"] == "publish")
@@ -123,15 +147,23 @@ def test_a_decision_sent_before_the_run_parks_is_kept_and_used(
     status = client.wait(run_id, timeout=20)
     assert status.status == "done", status
     assert (status.final_text or "").endswith("published 4+4"), status
-    assert published(worker)[-1] == {"tool": "publish", "ran_with": {"a": 4.0, "b": 4.0}}
+    assert published(worker)[-1] == {
+        "tool": "publish",
+        "ran_with": {"a": 4.0, "b": 4.0},
+    }
 
 
-def test_an_approval_deadline_rejects_by_default_and_a_late_decision_is_refused(client: Client) -> None:
+def test_an_approval_deadline_rejects_by_default_and_a_late_decision_is_refused(
+    client: Client,
+) -> None:
     run_id = client.enqueue(spec("approve", approval_timeout_s=2))
     held = parked(client, run_id)
     assert held["deadline"] is not None and held["default"] == "reject"
     status = eventually(lambda: (s := client.status(run_id)).finished and s, timeout=15)
-    assert status.final_text == "Model read: Rejected by the person: no decision before the deadline."
+    assert (
+        status.final_text
+        == "Model read: Rejected by the person: no decision before the deadline."
+    )
     with pytest.raises(ApprovalError, match="deadline"):
         client.approve(run_id, held["call_id"])
     assert "approval_expired" in kinds(client, run_id)
@@ -147,12 +179,18 @@ def test_a_tool_names_its_own_default_and_deadline(client: Client, worker: Any) 
     assert len(published(worker)) == before + 1
 
 
-def test_an_ask_deadline_answers_with_ask_default_or_stops_expired(client: Client) -> None:
+def test_an_ask_deadline_answers_with_ask_default_or_stops_expired(
+    client: Client,
+) -> None:
     answered = client.enqueue(spec("ask", ask_timeout_s=2, ask_default="(no answer)"))
     stopped = client.enqueue(spec("ask", ask_timeout_s=2))
-    status = eventually(lambda: (s := client.status(answered)).finished and s, timeout=15)
+    status = eventually(
+        lambda: (s := client.status(answered)).finished and s, timeout=15
+    )
     assert status.final_text == "You said: (no answer)", status
-    status = eventually(lambda: (s := client.status(stopped)).finished and s, timeout=15)
+    status = eventually(
+        lambda: (s := client.status(stopped)).finished and s, timeout=15
+    )
     assert status.status == "expired", status
     events = kinds(client, stopped)
     assert events[-2:] == ["expired", "finished"]
@@ -162,7 +200,9 @@ def test_an_ask_deadline_answers_with_ask_default_or_stops_expired(client: Clien
         client.answer(stopped, "too late")
 
 
-def test_the_cli_shows_pending_approvals_and_decides(client: Client, runs_redis: Any, tmp_path: Any) -> None:
+def test_the_cli_shows_pending_approvals_and_decides(
+    client: Client, runs_redis: Any, tmp_path: Any
+) -> None:
     import os
     import subprocess
     import sys
@@ -173,16 +213,25 @@ def test_the_cli_shows_pending_approvals_and_decides(client: Client, runs_redis:
     tool = str(Path(sys.executable).parent / "toolloop")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([tool, *args], env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [tool, *args], env=env, capture_output=True, text=True, timeout=60
+        )
 
     run_id = client.enqueue(spec("approve"))
     held = parked(client, run_id)
     shown = cli("status", run_id)
     assert shown.returncode == 0, shown.stderr
     assert f"approval  {held['call_id']}  publish" in shown.stdout
-    assert '  input   {"a": 2.0, "b": 3.0}' in shown.stdout and held["input_digest"] in shown.stdout
+    assert (
+        '  input   {"a": 2.0, "b": 3.0}' in shown.stdout
+        and held["input_digest"] in shown.stdout
+    )
     bad = cli("edit", run_id, held["call_id"], '{"a": "x", "b": 1}')
-    assert bad.returncode == 1 and "Refused:" in bad.stderr and "valid number" in bad.stderr, bad
+    assert (
+        bad.returncode == 1
+        and "Refused:" in bad.stderr
+        and "valid number" in bad.stderr
+    ), bad
     done = cli("approve", run_id, held["call_id"], "--actor", "cli user")
     assert done.returncode == 0 and "decided; the run goes on" in done.stdout, done
     assert client.wait(run_id, timeout=20).final_text == "Model read: published 2+3"
@@ -208,10 +257,14 @@ def test_the_web_example_lists_and_decides_approvals(client: Client) -> None:
         assert bad.status_code == 409 and "valid number" in bad.json()["error"]
         assert http.post(f"{base}/maybe").status_code == 404
         done = http.post(
-            f"{base}/reject", json={"reason": "too big", "actor": "web", "digest": held["input_digest"]}
+            f"{base}/reject",
+            json={"reason": "too big", "actor": "web", "digest": held["input_digest"]},
         )
         assert done.status_code == 200 and done.json() == {"outcome": "resumed"}
-    assert client.wait(run_id, timeout=20).final_text == "Model read: Rejected by the person: too big."
+    assert (
+        client.wait(run_id, timeout=20).final_text
+        == "Model read: Rejected by the person: too big."
+    )
 
 
 def test_a_cancel_while_waiting_for_a_decision_ends_the_run_without_running_the_tool(
@@ -241,15 +294,22 @@ def test_an_ask_answered_in_time_does_not_expire_later(client: Client) -> None:
     assert "expired" not in kinds(client, run_id)
 
 
-def test_an_approved_call_runs_on_its_tools_own_queue(client: Client, runs_redis: Any, tmp_path: Any) -> None:
+def test_an_approved_call_runs_on_its_tools_own_queue(
+    client: Client, runs_redis: Any, tmp_path: Any
+) -> None:
     from tests.integration.conftest import start_worker
 
     run_id = client.enqueue(spec("approve_gpu"))
     held = parked(client, run_id)
     assert client.approve(run_id, held["call_id"]) == "resumed"
-    eventually(lambda: client.redis.llen("gpu") == 1)  # the decided step waits for a worker of "gpu"
+    eventually(
+        lambda: client.redis.llen("gpu") == 1
+    )  # the decided step waits for a worker of "gpu"
     gpu = start_worker(
-        runs_redis.url, tmp_path, {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}, "gpu"
+        runs_redis.url,
+        tmp_path,
+        {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"},
+        "gpu",
     )
     try:
         status = client.wait(run_id, timeout=20)
@@ -258,7 +318,9 @@ def test_an_approved_call_runs_on_its_tools_own_queue(client: Client, runs_redis
         gpu.stop()
 
 
-def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(client: Client, worker: Any) -> None:
+def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(
+    client: Client, worker: Any
+) -> None:
     before = len(published(worker))
     run_id = client.enqueue(spec("approve2"))
     status = client.wait(run_id, timeout=20)
@@ -268,11 +330,17 @@ def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(client: 
     ]
     first, second = (a["call_id"] for a in status.approvals)
     assert client.approve(run_id, first) == "recorded"
-    assert client.wait(run_id, timeout=5).status == "asked"  # the other call still waits
+    assert (
+        client.wait(run_id, timeout=5).status == "asked"
+    )  # the other call still waits
     assert client.reject(run_id, second, "one is enough") == "resumed"
     status = client.wait(run_id, timeout=20)
-    assert status.final_text == "Model read: Rejected by the person: one is enough.", status
-    assert published(worker)[before:] == [{"tool": "publish", "ran_with": {"a": 1.0, "b": 2.0}}]
+    assert status.final_text == "Model read: Rejected by the person: one is enough.", (
+        status
+    )
+    assert published(worker)[before:] == [
+        {"tool": "publish", "ran_with": {"a": 1.0, "b": 2.0}}
+    ]
 
 
 def test_an_early_decision_for_another_input_is_dropped_and_the_call_waits(
@@ -296,9 +364,14 @@ def test_a_late_answer_pinned_to_an_expired_question_is_refused(client: Client) 
 
     run_id = client.enqueue(spec("ask2", ask_timeout_s=2, ask_default="(nobody)"))
     first = client.wait(run_id, timeout=20)
-    second = eventually(lambda: (s := client.status(run_id)).segment == 1 and s.status == "asked" and s, 15)
+    second = eventually(
+        lambda: (s := client.status(run_id)).segment == 1 and s.status == "asked" and s,
+        15,
+    )
     assert second.asked == {"question": "Question 2?"}
     with pytest.raises(DeadlineError, match="deadline"):
         client.answer(run_id, "late", segment=first.segment)
     client.answer(run_id, "second")
-    assert client.wait(run_id, timeout=20).final_text == "You said: (nobody), then second"
+    assert (
+        client.wait(run_id, timeout=20).final_text == "You said: (nobody), then second"
+    )

@@ -31,7 +31,9 @@ def client(redis_server: EmbeddedServer) -> Iterator[Client]:
     yield from client_on(redis_server)
 
 
-def worker(redis_server: EmbeddedServer, tmp_path: Path, plan: Path | None = None) -> Worker:
+def worker(
+    redis_server: EmbeddedServer, tmp_path: Path, plan: Path | None = None
+) -> Worker:
     env = {
         **FAST_RECOVERY,
         "TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
@@ -42,7 +44,9 @@ def worker(redis_server: EmbeddedServer, tmp_path: Path, plan: Path | None = Non
 
 
 def published(tmp_path: Path) -> list[dict[str, Any]]:
-    return [line for line in logged(tmp_path / "tools.jsonl") if line["tool"] == "publish"]
+    return [
+        line for line in logged(tmp_path / "tools.jsonl") if line["tool"] == "publish"
+    ]
 
 
 def held_call(client: Client, run_id: str) -> dict[str, Any]:
@@ -97,8 +101,13 @@ def test_a_deadline_that_passes_with_no_worker_running_is_applied_when_one_start
     assert client.status(run_id).status == "asked"  # nobody swept it: no worker runs
     second = worker(redis_server, tmp_path)
     try:
-        status = eventually(lambda: (s := client.status(run_id)).finished and s, timeout=30)
-        assert status.final_text == "Model read: Rejected by the person: no decision before the deadline."
+        status = eventually(
+            lambda: (s := client.status(run_id)).finished and s, timeout=30
+        )
+        assert (
+            status.final_text
+            == "Model read: Rejected by the person: no decision before the deadline."
+        )
         assert published(tmp_path) == []
         assert "approval_expired" in kinds(client, run_id)
     finally:

@@ -33,7 +33,12 @@ def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
     assert status.spent_usd == pytest.approx(0.02)
 
     history = client.history(run_id)
-    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    assert [type(m) for m in history] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        AssistantMessage,
+    ]
     ask_call = history[1].tool_calls[0]  # type: ignore[union-attr]
     assert ask_call.name == "ask"
     assert history[2] == ToolMessage(tool_call_id=ask_call.id, content="Shot 3")
@@ -49,11 +54,15 @@ def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
 
 
 def test_an_answer_sent_twice_counts_once(client: Client, tmp_path: Path) -> None:
-    gate = tmp_path / "open"  # after the answer the run holds at a gate: it cannot end before "second"
+    gate = (
+        tmp_path / "open"
+    )  # after the answer the run holds at a gate: it cannot end before "second"
     run_id = client.enqueue(spec("ask_gated", str(gate)))
     assert client.wait(run_id, timeout=20).status == "asked"
     client.answer(run_id, "first")
-    client.answer(run_id, "second")  # ignored when sent, or kept for a next question never asked
+    client.answer(
+        run_id, "second"
+    )  # ignored when sent, or kept for a next question never asked
     # (two answers both sent while the run is parked: tests/unit/test_races.py, handled in any order)
     gate.touch()
     status = client.wait(run_id, timeout=20)
@@ -64,8 +73,12 @@ def test_an_answer_sent_twice_counts_once(client: Client, tmp_path: Path) -> Non
     assert answered[0].content == "first"
 
 
-def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client, tmp_path: Path) -> None:
-    gate = tmp_path / "open"  # a tool that holds the run until the test opens its gate, then the question
+def test_an_answer_sent_before_the_run_parks_is_kept_and_used(
+    client: Client, tmp_path: Path
+) -> None:
+    gate = (
+        tmp_path / "open"
+    )  # a tool that holds the run until the test opens its gate, then the question
     run_id = client.enqueue(spec("gated_ask", str(gate)))
     client.answer(run_id, "early")
     client.answer(run_id, "later")  # the first answer sent wins, the run not parked yet
@@ -87,14 +100,20 @@ def test_an_answer_sent_before_the_run_parks_is_kept_and_used(client: Client, tm
     ]
 
 
-def test_a_late_duplicate_pinned_to_its_question_does_not_answer_the_next_one(client: Client) -> None:
+def test_a_late_duplicate_pinned_to_its_question_does_not_answer_the_next_one(
+    client: Client,
+) -> None:
     run_id = client.enqueue(spec("ask2"))
     first = client.wait(run_id, timeout=20)
     client.answer(run_id, "Shot 3", segment=first.segment)
     second = client.wait(run_id, timeout=20)
     assert second.asked == {"question": "Question 2?"} and second.segment == 1
-    client.answer(run_id, "Shot 3", segment=first.segment)  # a double click, after the run moved on
-    assert client.wait(run_id, timeout=20).status == "asked"  # still waiting for its own answer
+    client.answer(
+        run_id, "Shot 3", segment=first.segment
+    )  # a double click, after the run moved on
+    assert (
+        client.wait(run_id, timeout=20).status == "asked"
+    )  # still waiting for its own answer
     client.answer(run_id, "Shot 5")
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "You said: Shot 3, then Shot 5", status

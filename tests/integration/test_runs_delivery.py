@@ -24,11 +24,16 @@ def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-d
 
 
 def test_duplicate_step_messages_run_each_step_once(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
-    a, b = random.randint(1000, 49999), random.randint(1000, 49999)  # sums print exactly
+    a, b = (
+        random.randint(1000, 49999),
+        random.randint(1000, 49999),
+    )  # sums print exactly
     user = f"Add {a} and {b}."
     run_id = client.enqueue(spec("tools", user=user))
     for n in (1, 1, 2, 2, 3, 3):  # each step delivered three times, some at once
-        client.celery.send_task(ADVANCE, args=[run_id, n], queue="llm", task_id=f"{run_id}:{n}")
+        client.celery.send_task(
+            ADVANCE, args=[run_id, n], queue="llm", task_id=f"{run_id}:{n}"
+        )
     status = client.wait(run_id, timeout=20)
     assert status.status == "done"
     assert status.final_text == f"The sum is {a + b}."
@@ -44,11 +49,15 @@ class BrokerDown:
         raise ConnectionRefusedError(111, "Connection refused")
 
 
-def test_a_successor_that_could_not_be_sent_is_sent_by_the_sweeper(client: Client) -> None:
+def test_a_successor_that_could_not_be_sent_is_sent_by_the_sweeper(
+    client: Client,
+) -> None:
     run_spec = RunSpec.model_validate(spec("tools", user="Add 40 and 2."))
     run_id = runs.create(client.redis, BrokerDown(), run_spec)  # type: ignore[arg-type]
     assert client.redis.zrange(f"tl:{{{run_id}}}:outbox", 0, -1) == ["1|llm"]
-    status = client.wait(run_id, timeout=20)  # the worker sweeps every 1 s, re-sends after 2 s
+    status = client.wait(
+        run_id, timeout=20
+    )  # the worker sweeps every 1 s, re-sends after 2 s
     assert status.status == "done"
     assert status.final_text == "The sum is 42."
 
@@ -80,7 +89,10 @@ def test_steps_alternating_between_two_workers_replay_what_the_other_committed(
             assert [m.content[0].text for m in history if m.role == "tool"] == [  # type: ignore[union-attr]
                 f"{turn + 1000}" for turn in range(1, 12)
             ]
-            assert kinds(client, run_id) == ["queued"] + ["model", "tool"] * 11 + ["model", "finished"]
+            assert kinds(client, run_id) == ["queued"] + ["model", "tool"] * 11 + [
+                "model",
+                "finished",
+            ]
         models = [e for e in logged(worker.model_log) if e["user"].startswith(user)]
         assert len(models) == 3 * 12  # every model step ran once, on whichever worker
         tools = [e for e in logged(worker.tool_log) if e.get("b") == 1000]
@@ -89,16 +101,23 @@ def test_steps_alternating_between_two_workers_replay_what_the_other_committed(
         second.stop()
 
 
-def test_a_tool_step_goes_to_the_tools_own_queue(client: Client, worker, runs_redis, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_tool_step_goes_to_the_tools_own_queue(
+    client: Client, worker, runs_redis, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     from tests.integration.conftest import start_worker
     from tests.integration.runs_kit import eventually
 
     run_id = client.enqueue(spec("gpu"))
-    eventually(lambda: client.redis.llen("gpu") == 1)  # the render step waits for a worker of "gpu"
+    eventually(
+        lambda: client.redis.llen("gpu") == 1
+    )  # the render step waits for a worker of "gpu"
     assert client.status(run_id).status == "running"
     assert kinds(client, run_id) == ["queued", "model"]
     gpu = start_worker(
-        runs_redis.url, tmp_path, {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}, "gpu"
+        runs_redis.url,
+        tmp_path,
+        {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"},
+        "gpu",
     )
     try:
         status = client.wait(run_id, timeout=20)
@@ -108,7 +127,9 @@ def test_a_tool_step_goes_to_the_tools_own_queue(client: Client, worker, runs_re
         gpu.stop()
 
 
-def test_a_run_whose_message_was_lost_without_a_trace_is_driven_again(client: Client) -> None:
+def test_a_run_whose_message_was_lost_without_a_trace_is_driven_again(
+    client: Client,
+) -> None:
     """No outbox entry, no lease, nothing moving for longer than the visibility timeout: the sweeper
     sends the step again (an early-acked or dropped message, a broker list lost in a Redis restart)."""
     run_spec = RunSpec.model_validate(spec("tools", user="Add 30 and 3."))
@@ -131,7 +152,9 @@ def test_blocking_sync_tools_of_two_runs_run_at_once(client: Client) -> None:
         assert (status.status, status.final_text) == ("done", "met"), status
 
 
-def test_a_run_whose_keys_cannot_be_read_does_not_stop_the_sweep_of_the_others(client: Client) -> None:
+def test_a_run_whose_keys_cannot_be_read_does_not_stop_the_sweep_of_the_others(
+    client: Client,
+) -> None:
     """A run in the live index whose state key holds a string (WRONGTYPE for HMGET), sorted first, is
     logged and skipped: the sweeper still re-sends the successor of the run after it."""
     broken = "broken-" + uuid.uuid4().hex
@@ -139,7 +162,11 @@ def test_a_run_whose_keys_cannot_be_read_does_not_stop_the_sweep_of_the_others(c
     client.redis.zadd(keys.LIVE_RUNS, {broken: 0})  # first in the sweep's order
     run_spec = RunSpec.model_validate(spec("tools", user="Add 40 and 1."))
     run_id = runs.create(client.redis, BrokerDown(), run_spec)  # type: ignore[arg-type]
-    status = client.wait(run_id, timeout=20)  # the worker sweeps every 1 s, re-sends after 2 s
+    status = client.wait(
+        run_id, timeout=20
+    )  # the worker sweeps every 1 s, re-sends after 2 s
     assert status.status == "done"
     assert status.final_text == "The sum is 41."
-    assert client.redis.zscore(keys.LIVE_RUNS, broken) == 0  # still indexed: nothing was dropped or lost
+    assert (
+        client.redis.zscore(keys.LIVE_RUNS, broken) == 0
+    )  # still indexed: nothing was dropped or lost

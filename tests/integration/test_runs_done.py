@@ -43,7 +43,12 @@ def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type
     assert status.spent_usd == pytest.approx(0.02)
 
     history = client.history(run_id)
-    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    assert [type(m) for m in history] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        AssistantMessage,
+    ]
     assert history[2].content[0].text == "5"  # type: ignore[union-attr]
 
     events = list(client.events(run_id))
@@ -51,10 +56,17 @@ def test_a_run_with_a_tool_reaches_done(client: Client, worker) -> None:  # type
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
     assert events[2].name == "add" and events[2].summary == "5"
     assert events[-1].stopped_by == "done"
-    assert [e["tool"] for e in logged(worker.tool_log) if (e.get("a"), e.get("b")) == (2, 3)] == ["add"]
-    with pytest.raises(RunStateError, match="has ended \\(done\\); there is nothing to cancel"):
+    assert [
+        e["tool"] for e in logged(worker.tool_log) if (e.get("a"), e.get("b")) == (2, 3)
+    ] == ["add"]
+    with pytest.raises(
+        RunStateError, match="has ended \\(done\\); there is nothing to cancel"
+    ):
         client.cancel(run_id)  # too late: refused, and the run stays as it ended
-    assert (client.status(run_id).status, client.status(run_id).cancel_requested) == ("done", False)
+    assert (client.status(run_id).status, client.status(run_id).cancel_requested) == (
+        "done",
+        False,
+    )
 
 
 def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> None:
@@ -65,7 +77,9 @@ def test_a_bad_spec_or_an_unknown_toolset_enqueues_nothing(client: Client) -> No
     before = client.redis.zcard("tl:runs:live")
     with pytest.raises(pydantic.ValidationError):
         client.enqueue({"model": "scripted", "messages": []})
-    with pytest.raises(ToolsetError, match=r"'tests\.integration\.nowhere:TOOLS' is not registered"):
+    with pytest.raises(
+        ToolsetError, match=r"'tests\.integration\.nowhere:TOOLS' is not registered"
+    ):
         client.enqueue(
             {
                 "model": "m",
@@ -81,7 +95,9 @@ def test_an_unknown_run_id_is_a_clear_error(client: Client) -> None:
         client.status("nope")
 
 
-def test_events_follow_a_run_to_its_end_and_resume_after_an_id(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
+def test_events_follow_a_run_to_its_end_and_resume_after_an_id(
+    client: Client, worker
+) -> None:  # type: ignore[no-untyped-def]
     run_id = client.enqueue(
         {
             "model": "scripted",
@@ -90,8 +106,16 @@ def test_events_follow_a_run_to_its_end_and_resume_after_an_id(client: Client, w
             "messages": [{"role": "user", "content": "Add 7 and 8."}],
         }
     )
-    followed = list(client.events(run_id, follow=True))  # blocks until the terminal event
-    assert [e.kind for e in followed] == ["queued", "model", "tool", "model", "finished"]
+    followed = list(
+        client.events(run_id, follow=True)
+    )  # blocks until the terminal event
+    assert [e.kind for e in followed] == [
+        "queued",
+        "model",
+        "tool",
+        "model",
+        "finished",
+    ]
     rest = list(client.events(run_id, after=followed[1].id))
     assert [e.seq for e in rest] == [3, 4, 5]
     assert list(client.events(run_id, after=followed[-1].id, block_ms=200)) == []

@@ -28,7 +28,10 @@ def impatient_worker(
     limits_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("impatient")
-    env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate", "TOOLLOOP_STEP_TIMEOUT": "1.5"}
+    env = {
+        "TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate",
+        "TOOLLOOP_STEP_TIMEOUT": "1.5",
+    }
     process = start_worker(limits_redis.url, directory, env)
     yield process
     process.stop()
@@ -39,15 +42,23 @@ def client(limits_redis: EmbeddedServer) -> Iterator[Client]:
     yield from client_on(limits_redis)
 
 
-def test_a_step_past_the_step_timeout_fails_the_run(client: Client, impatient_worker: Worker) -> None:
+def test_a_step_past_the_step_timeout_fails_the_run(
+    client: Client, impatient_worker: Worker
+) -> None:
     run_id = client.enqueue(spec("slow"))  # its tool sleeps 30 s
     status = client.wait(run_id, timeout=20)
     assert status.status == "failed"
     assert status.error_class == "TimeoutError"
     assert status.error_message is not None
     first, second = status.error_message.split("\n")
-    assert "longer than 1.5 s (TOOLLOOP_STEP_TIMEOUT)" in first and second.startswith("  ")
-    assert kinds(client, run_id) == ["queued", "model", "failed"]  # the model step stayed journaled
+    assert "longer than 1.5 s (TOOLLOOP_STEP_TIMEOUT)" in first and second.startswith(
+        "  "
+    )
+    assert kinds(client, run_id) == [
+        "queued",
+        "model",
+        "failed",
+    ]  # the model step stayed journaled
 
 
 class BrokerDown:
@@ -55,9 +66,13 @@ class BrokerDown:
         raise ConnectionRefusedError(111, "Connection refused")
 
 
-def test_a_step_delivered_too_often_fails_the_run(client: Client, impatient_worker: Worker) -> None:
+def test_a_step_delivered_too_often_fails_the_run(
+    client: Client, impatient_worker: Worker
+) -> None:
     run_id = runs.create(
-        client.redis, BrokerDown(), RunSpec.model_validate(spec("tools", user="Add 1 and 2."))
+        client.redis,
+        BrokerDown(),
+        RunSpec.model_validate(spec("tools", user="Add 1 and 2.")),
     )  # type: ignore[arg-type]
     # five deliveries died before this one, four of them while it ran alone (workers/process/suspects.py)
     client.redis.hset(f"tl:{{{run_id}}}:attempts", mapping={"1": 5, "1:alone": 4})
@@ -65,14 +80,21 @@ def test_a_step_delivered_too_often_fails_the_run(client: Client, impatient_work
     assert status.status == "failed"
     assert status.error_class == "DeliveryLimitError"
     first, second = (status.error_message or "").split("\n")
-    assert "was delivered 6 times without finishing; 6 of them count" in first and second.startswith("  ")
+    assert (
+        "was delivered 6 times without finishing; 6 of them count" in first
+        and second.startswith("  ")
+    )
 
 
-def test_deliveries_beside_a_crash_do_not_count(client: Client, impatient_worker: Worker) -> None:
+def test_deliveries_beside_a_crash_do_not_count(
+    client: Client, impatient_worker: Worker
+) -> None:
     """A step redelivered five times, but never while it ran alone among its worker's redelivered
     steps (its crashes were its neighbours'), is not charged for them: it runs and finishes."""
     run_id = runs.create(
-        client.redis, BrokerDown(), RunSpec.model_validate(spec("tools", user="Add 1 and 2."))
+        client.redis,
+        BrokerDown(),
+        RunSpec.model_validate(spec("tools", user="Add 1 and 2.")),
     )  # type: ignore[arg-type]
     client.redis.hset(f"tl:{{{run_id}}}:attempts", "1", 5)
     status = client.wait(run_id, timeout=20)

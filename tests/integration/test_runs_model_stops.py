@@ -38,7 +38,11 @@ def add(a: int, b: int) -> dict[str, Any]:
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     REFUSE: [
         {"text": "Adding first.", "tool_calls": [add(1, 2)]},
-        {"text": "", "tool_calls": [add(5, 5)], "refusal": {"category": "cyber", "explanation": EXPLANATION}},
+        {
+            "text": "",
+            "tool_calls": [add(5, 5)],
+            "refusal": {"category": "cyber", "explanation": EXPLANATION},
+        },
     ],
     # the first request gives 8,192 output tokens: the answer needs 10,000, so its last call is cut;
     # the turn asked again with 16,384 fits
@@ -53,7 +57,11 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 def policy(request: SimRequest) -> SimTurn:
     turns = SCRIPTS[str(request.system)]
     index = request.assistant_turns
-    return SimTurn.model_validate(turns[index]) if index < len(turns) else SimTurn(text="(end)")
+    return (
+        SimTurn.model_validate(turns[index])
+        if index < len(turns)
+        else SimTurn(text="(end)")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +86,9 @@ def added(worker: Worker) -> list[tuple[float, float]]:
 
 def cli(redis_url: str, *args: str) -> str:
     env = {**os.environ, "REDIS_URL": redis_url}
-    done = subprocess.run([TOOLLOOP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [TOOLLOOP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -100,9 +110,17 @@ def test_a_refusal_ends_the_run_refused_with_its_category_in_status_and_events(
     assert finished.data["refusal"]["category"] == "cyber"
     shown = cli(sim_redis.url, "status", run_id)
     assert "refused" in shown and '"category": "cyber"' in shown
-    assert json.loads(cli(sim_redis.url, "status", run_id, "--json"))["refusal"]["category"] == "cyber"
+    assert (
+        json.loads(cli(sim_redis.url, "status", run_id, "--json"))["refusal"][
+            "category"
+        ]
+        == "cyber"
+    )
     lines = cli(sim_redis.url, "events", run_id)
-    assert "refused (category cyber: The request could enable exploit development.)" in lines
+    assert (
+        "refused (category cyber: The request could enable exploit development.)"
+        in lines
+    )
     assert "finished: refused (category cyber" in lines
 
 
@@ -113,7 +131,9 @@ def test_a_cut_off_call_is_never_run_and_the_turn_is_asked_again_with_more_room(
     status = client.wait(run_id, timeout=30)
     assert status.status == "done" and status.final_text == "Both added.", status
     ran = added(sim_worker)
-    assert ran.count((13, 14)) == 1 and ran.count((11, 12)) == 1  # only the retry's calls ran, once
+    assert (
+        ran.count((13, 14)) == 1 and ran.count((11, 12)) == 1
+    )  # only the retry's calls ran, once
     model = [e.data for e in client.events(run_id) if e.kind == "model"]
     assert [m["finish_reason"] for m in model] == ["length", "tool_calls", "stop"]
     assert model[0]["tool_calls"][-1]["input"] == {}  # the cut call, seen but never run

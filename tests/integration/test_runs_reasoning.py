@@ -25,7 +25,10 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = [
     {"text": "Adding.", "tool_calls": [{"name": "add", "input": {"a": 21, "b": 1}}]},
-    {"tool_calls": [{"name": "add", "input": {"a": 23, "b": 1}}], "redacted_thinking": True},
+    {
+        "tool_calls": [{"name": "add", "input": {"a": 23, "b": 1}}],
+        "redacted_thinking": True,
+    },
     {"text": "22 and 24."},
 ]
 WIRES = {"anthropic": "claude-opus-5-5", "fal": "anthropic/claude-opus-5.5"}
@@ -70,8 +73,12 @@ def test_a_worker_killed_mid_run_resumes_and_sends_every_thinking_block_back_unc
     first: Worker = start_worker(sim_redis.url, tmp_path, env)
     second: Worker | None = None
     try:
-        run_id = client.enqueue(spec(system, model=WIRES[wire], provider=wire, reasoning="medium"))
-        eventually(lambda: Path(f"{plan}.log").exists(), timeout=30)  # killed after model:2 committed
+        run_id = client.enqueue(
+            spec(system, model=WIRES[wire], provider=wire, reasoning="medium")
+        )
+        eventually(
+            lambda: Path(f"{plan}.log").exists(), timeout=30
+        )  # killed after model:2 committed
         first.kill()
         second = start_worker(sim_redis.url, tmp_path, env)
         status = client.wait(run_id, timeout=60)
@@ -81,10 +88,19 @@ def test_a_worker_killed_mid_run_resumes_and_sends_every_thinking_block_back_unc
         if second is not None:
             second.stop()
     seen = recording.of(system)
-    assert [request.assistant_turns for request, _ in seen] == [0, 1, 2]  # no model call made twice
-    assert [(line["a"], line["b"]) for line in logged(tmp_path / "tools.jsonl")] == [(21, 1), (23, 1)]
+    assert [request.assistant_turns for request, _ in seen] == [
+        0,
+        1,
+        2,
+    ]  # no model call made twice
+    assert [(line["a"], line["b"]) for line in logged(tmp_path / "tools.jsonl")] == [
+        (21, 1),
+        (23, 1),
+    ]
     answers = [emitted(wire, request, turn) for request, turn in seen]
-    assert all(answers), "an answer without thinking (the setting must be the same for every step)"
+    assert all(answers), (
+        "an answer without thinking (the setting must be the same for every step)"
+    )
     for index, (request, _) in enumerate(seen):
         assert sent_back(wire, request.body) == answers[:index], f"request {index + 1}"
     history = [m for m in client.history(run_id) if isinstance(m, AssistantMessage)]

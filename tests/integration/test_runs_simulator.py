@@ -37,13 +37,20 @@ def test_a_run_against_the_simulator_calls_each_step_once(
 ) -> None:
     client = Client(sim_redis.url)
     try:
-        run_id = client.enqueue(spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic"))
+        run_id = client.enqueue(
+            spec("You add numbers.", model="claude-sonnet-5-5", provider="anthropic")
+        )
         status = client.wait(run_id, timeout=30)
         assert status.status == "done", status
         assert status.final_text == "It is 42."
         assert status.spent_usd > 0  # priced from the simulator's usage
         history = client.history(run_id)
-        assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+        assert [type(m) for m in history] == [
+            UserMessage,
+            AssistantMessage,
+            ToolMessage,
+            AssistantMessage,
+        ]
         assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
         assert sim.stats()["requests"] == 2
         assert [e["a"] for e in logged(sim_worker.tool_log)] == [20]
@@ -56,9 +63,16 @@ def test_the_run_spec_carries_cache_ttl_and_reasoning_to_every_request(
 ) -> None:
     client = Client(sim_redis.url)
     try:
-        system = "You add numbers, carefully. " * 200  # past the minimum cacheable prefix
+        system = (
+            "You add numbers, carefully. " * 200
+        )  # past the minimum cacheable prefix
         before = len(policy.bodies)
-        fields = {"model": "claude-opus-5-5", "provider": "anthropic", "cache_ttl": "1h", "reasoning": "off"}
+        fields = {
+            "model": "claude-opus-5-5",
+            "provider": "anthropic",
+            "cache_ttl": "1h",
+            "reasoning": "off",
+        }
         run_id = client.enqueue(spec(system, **fields))
         status = client.wait(run_id, timeout=30)
         assert status.status == "done", status

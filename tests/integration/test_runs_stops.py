@@ -21,15 +21,29 @@ def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-d
 def test_a_cancel_stops_the_slow_step_in_flight(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
     starts_before = sum(1 for e in logged(worker.tool_log) if e.get("event") == "start")
     run_id = client.enqueue(spec("slow"))
-    eventually(lambda: sum(1 for e in logged(worker.tool_log) if e.get("event") == "start") > starts_before)
+    eventually(
+        lambda: (
+            sum(1 for e in logged(worker.tool_log) if e.get("event") == "start")
+            > starts_before
+        )
+    )
     client.cancel(run_id)
-    status = client.wait(run_id, timeout=10)  # the tool would sleep 30 s without the abort
+    status = client.wait(
+        run_id, timeout=10
+    )  # the tool would sleep 30 s without the abort
     assert status.status == "cancel"
     assert status.cancel_requested
 
     history = client.history(run_id)
-    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, ToolMessage]
-    assert history[2].content == [TextPart(text="stopped early")]  # the slow tool saw the abort
+    assert [type(m) for m in history] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        ToolMessage,
+    ]
+    assert history[2].content == [
+        TextPart(text="stopped early")
+    ]  # the slow tool saw the abort
     assert history[3].content == "Not run: cancel."  # the call after it never ran
     assert kinds(client, run_id) == ["queued", "model", "tool", "finished"]
     assert [e for e in client.events(run_id)][-1].stopped_by == "cancel"
@@ -42,7 +56,9 @@ def test_a_cancel_of_a_parked_run_ends_it(client: Client) -> None:
     status = client.wait(run_id, timeout=20)
     assert status.status == "cancel"
     history = client.history(run_id)
-    assert history[-1] == ToolMessage(tool_call_id=history[1].tool_calls[0].id, content="Not run: cancel.")  # type: ignore[union-attr]
+    assert history[-1] == ToolMessage(
+        tool_call_id=history[1].tool_calls[0].id, content="Not run: cancel."
+    )  # type: ignore[union-attr]
     assert kinds(client, run_id)[-4:] == ["parked", "answered", "resumed", "finished"]
 
 
@@ -55,21 +71,42 @@ def test_a_cancel_that_lands_while_the_run_is_parking_ends_it(client: Client) ->
     status = client.wait(run_id, timeout=20)
     assert status.status == "cancel", status
     history = client.history(run_id)
-    assert history[-1] == ToolMessage(tool_call_id=history[1].tool_calls[0].id, content="Not run: cancel.")  # type: ignore[union-attr]
-    assert kinds(client, run_id) == ["queued", "model", "parked", "answered", "resumed", "finished"]
+    assert history[-1] == ToolMessage(
+        tool_call_id=history[1].tool_calls[0].id, content="Not run: cancel."
+    )  # type: ignore[union-attr]
+    assert kinds(client, run_id) == [
+        "queued",
+        "model",
+        "parked",
+        "answered",
+        "resumed",
+        "finished",
+    ]
 
 
-def test_the_budget_stops_the_run_before_the_model_call_that_would_pass_it(client: Client) -> None:
+def test_the_budget_stops_the_run_before_the_model_call_that_would_pass_it(
+    client: Client,
+) -> None:
     run_id = client.enqueue(spec("budget", budget_usd=1.0))  # each model call costs 0.4
     status = client.wait(run_id, timeout=20)
     assert status.status == "budget"
     assert status.steps == 3
     assert status.spent_usd == pytest.approx(1.2)
-    assert kinds(client, run_id) == ["queued"] + ["model", "tool"] * 3 + ["budget", "finished"]
+    assert kinds(client, run_id) == ["queued"] + ["model", "tool"] * 3 + [
+        "budget",
+        "finished",
+    ]
     history = client.history(run_id)  # every call answered: a history to resume from
-    assert [type(m) for m in history] == [UserMessage] + [AssistantMessage, ToolMessage] * 3
+    assert [type(m) for m in history] == [UserMessage] + [
+        AssistantMessage,
+        ToolMessage,
+    ] * 3
     budget = next(e for e in client.events(run_id) if e.kind == "budget")
-    assert (budget.mode, budget.spent_usd, budget.limit_usd) == ("stop", pytest.approx(1.2), 1.0)
+    assert (budget.mode, budget.spent_usd, budget.limit_usd) == (
+        "stop",
+        pytest.approx(1.2),
+        1.0,
+    )
 
 
 def test_outside_spend_counts_against_the_budget(client: Client) -> None:
@@ -100,13 +137,31 @@ def test_a_failed_run_keeps_its_journal_and_a_retry_finishes_it(
     assert status.status == "done" and status.final_text == "Found it."
     assert status.error_class is None
     history = client.history(run_id)
-    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    assert [type(m) for m in history] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        AssistantMessage,
+    ]
     assert history[2].content == [TextPart(text="the file is there")]
-    assert kinds(client, run_id) == ["queued", "model", "failed", "queued", "tool", "model", "finished"]
+    assert kinds(client, run_id) == [
+        "queued",
+        "model",
+        "failed",
+        "queued",
+        "tool",
+        "model",
+        "finished",
+    ]
     queued = [e.data for e in client.events(run_id) if e.kind == "queued"]
-    assert queued[1] == {**queued[0], "retry": True}  # the retry's event says model and toolset too
+    assert queued[1] == {
+        **queued[0],
+        "retry": True,
+    }  # the retry's event says model and toolset too
     assert queued[1]["model"] == "scripted" and queued[1]["toolset"] == "agents"
     model_calls = [e for e in logged(worker.model_log) if e["user"] == str(flag)]
-    assert len(model_calls) == 2  # the first model call replayed from the journal on retry
+    assert (
+        len(model_calls) == 2
+    )  # the first model call replayed from the journal on retry
     with pytest.raises(RunStateError, match="only a failed run can be retried"):
         client.retry(run_id)

@@ -33,7 +33,9 @@ def stream_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS
 
 
 @pytest.fixture(scope="module")
-def stream_worker(stream_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+def stream_worker(
+    stream_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("stream-worker")
     yield from worker_on(stream_redis.url, directory, worker_env(WORDS, WORD_MS))
 
@@ -47,7 +49,9 @@ def ms(entry_id: str) -> int:
     return int(entry_id.split("-")[0])
 
 
-def test_a_reader_that_reconnects_with_its_last_id_gets_every_delta_once_in_order(client: Client) -> None:
+def test_a_reader_that_reconnects_with_its_last_id_gets_every_delta_once_in_order(
+    client: Client,
+) -> None:
     run_id = client.enqueue(spec("You add numbers.", stream=True))
     first: list[RunEventRecord] = []
     for event in client.events(run_id, follow=True):
@@ -58,18 +62,26 @@ def test_a_reader_that_reconnects_with_its_last_id_gets_every_delta_once_in_orde
     seen = first + rest
     stored = list(client.events(run_id))  # the whole stream, read once the run ended
 
-    assert [e.id for e in seen] == [e.id for e in stored]  # nothing missed, nothing twice, in order
+    assert [e.id for e in seen] == [
+        e.id for e in stored
+    ]  # nothing missed, nothing twice, in order
     assert client.status(run_id).status == "done"
     models = [e for e in stored if e.kind == "model"]
     assert len(models) == 2
-    for model in models:  # each step's deltas spell its model event's text, and come before it
+    for (
+        model
+    ) in models:  # each step's deltas spell its model event's text, and come before it
         before = stored[: stored.index(model)]
-        text = "".join(e.text for e in before if e.kind == "delta" and e.step == model.step)
+        text = "".join(
+            e.text for e in before if e.kind == "delta" and e.step == model.step
+        )
         assert text == model.text == "".join(answer_words(model.step, WORDS))
     assert not [e for e in stored if e.kind == "discarded"]
     committed = [e for e in stored if e.committed]
     assert [e.seq for e in committed] == list(range(1, len(committed) + 1))
-    assert [e.kind for e in client.events(run_id, deltas=False)] == [e.kind for e in committed]
+    assert [e.kind for e in client.events(run_id, deltas=False)] == [
+        e.kind for e in committed
+    ]
 
 
 def test_deltas_are_batched_at_most_one_write_per_50_ms(client: Client) -> None:
@@ -78,9 +90,13 @@ def test_deltas_are_batched_at_most_one_write_per_50_ms(client: Client) -> None:
     stored = list(client.events(run_id))
     for step in (1, 2):
         deltas = [e for e in stored if e.kind == "delta" and e.step == step]
-        assert len(deltas) < WORDS / 4  # 120 words over ~600 ms: about 12 writes, not 120
+        assert (
+            len(deltas) < WORDS / 4
+        )  # 120 words over ~600 ms: about 12 writes, not 120
         gaps = [ms(b.id) - ms(a.id) for a, b in itertools.pairwise(deltas[:-1])]
-        assert gaps and min(gaps) >= 40, gaps  # the last one goes with the model event, early
+        assert gaps and min(gaps) >= 40, (
+            gaps
+        )  # the last one goes with the model event, early
 
 
 def test_a_run_without_stream_writes_no_deltas(client: Client) -> None:
@@ -101,12 +117,18 @@ def test_a_run_cancelled_mid_answer_marks_its_text_discarded(client: Client) -> 
     deltas = [e for e in stored if e.kind == "delta"]
     marks = [e for e in stored if e.kind == "discarded"]
     assert status.status == "cancel"
-    assert deltas and [(m.step, m.attempt) for m in marks] == [(deltas[0].step, deltas[0].attempt)]
-    assert stored.index(marks[0]) > stored.index(deltas[-1])  # after every delta it voids
+    assert deltas and [(m.step, m.attempt) for m in marks] == [
+        (deltas[0].step, deltas[0].attempt)
+    ]
+    assert stored.index(marks[0]) > stored.index(
+        deltas[-1]
+    )  # after every delta it voids
     assert json.dumps([e.kind for e in stored if e.committed]).count("model") == 0
 
 
-def test_an_answer_begun_again_within_a_step_voids_its_first_attempt(client: Client) -> None:
+def test_an_answer_begun_again_within_a_step_voids_its_first_attempt(
+    client: Client,
+) -> None:
     run_id = client.enqueue(spec("You add numbers.", user="redo, think", stream=True))
     seen = list(client.events(run_id, follow=True))
     step1 = [e for e in seen if not e.committed and e.step == 1]
@@ -114,8 +136,12 @@ def test_an_answer_begun_again_within_a_step_voids_its_first_attempt(client: Cli
     assert len(marks) == 1
     void = marks[0].attempt
     at = step1.index(marks[0])
-    assert {e.attempt for e in step1[:at]} == {void}  # the first answer, then its marker
-    assert all(e.attempt == f"{void}.1" for e in step1[at + 1 :])  # then the answer begun again
+    assert {e.attempt for e in step1[:at]} == {
+        void
+    }  # the first answer, then its marker
+    assert all(
+        e.attempt == f"{void}.1" for e in step1[at + 1 :]
+    )  # then the answer begun again
     thinking = [e for e in step1[:at] if getattr(e, "thinking", False)]
     assert "".join(e.text for e in thinking) == "let me see "
     kept = "".join(e.text for e in step1[at + 1 :])
@@ -131,7 +157,16 @@ def test_toolloop_follow_prints_the_text_as_it_streams_and_says_what_was_discard
         "TOOLLOOP_HOME": str(tmp_path),
     }
     done = subprocess.run(
-        [TOOLLOOP, "run", "redo", "--model", "scripted", "--toolset", "agents", "--follow"],
+        [
+            TOOLLOOP,
+            "run",
+            "redo",
+            "--model",
+            "scripted",
+            "--toolset",
+            "agents",
+            "--follow",
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -140,12 +175,18 @@ def test_toolloop_follow_prints_the_text_as_it_streams_and_says_what_was_discard
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    texts = [line for line in lines if line.startswith("step  1  text ") and "(discarded" not in line]
+    texts = [
+        line
+        for line in lines
+        if line.startswith("step  1  text ") and "(discarded" not in line
+    ]
     assert len(texts) == 2, done.stdout  # the first answer, then the one begun again
     assert texts[0].split("text", 1)[1].strip().startswith("old0 old1")
     note = lines.index(next(line for line in lines if "(discarded" in line))
     assert lines.index(texts[0]) < note < lines.index(texts[1])
-    assert texts[1].split("text", 1)[1].strip() == "".join(answer_words(1, WORDS)).strip()
+    assert (
+        texts[1].split("text", 1)[1].strip() == "".join(answer_words(1, WORDS)).strip()
+    )
     model = next(i for i, line in enumerate(lines) if line.startswith("step  1  model"))
     assert model > lines.index(texts[1])
     assert any(line.startswith("step  2  text ") for line in lines)

@@ -35,7 +35,11 @@ def interval_worker(
     sim_redis: EmbeddedServer, sim: SimServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     directory: Path = tmp_path_factory.mktemp("stream-interval-worker")
-    yield from worker_on(sim_redis.url, directory, sim_env(sim, TOOLLOOP_DELTA_INTERVAL_MS=str(INTERVAL_MS)))
+    yield from worker_on(
+        sim_redis.url,
+        directory,
+        sim_env(sim, TOOLLOOP_DELTA_INTERVAL_MS=str(INTERVAL_MS)),
+    )
 
 
 @pytest.fixture
@@ -47,9 +51,17 @@ def ms(entry_id: str) -> int:
     return int(entry_id.split("-")[0])
 
 
-def test_delta_entries_come_once_per_interval_and_carry_the_whole_answer(client: Client) -> None:
+def test_delta_entries_come_once_per_interval_and_carry_the_whole_answer(
+    client: Client,
+) -> None:
     run_id = client.enqueue(
-        spec("You add numbers.", user="Add.", model="claude-sonnet-5-5", provider="anthropic", stream=True)
+        spec(
+            "You add numbers.",
+            user="Add.",
+            model="claude-sonnet-5-5",
+            provider="anthropic",
+            stream=True,
+        )
     )
     assert client.wait(run_id, timeout=60).status == "done"
     stored = list(client.events(run_id))
@@ -58,5 +70,7 @@ def test_delta_entries_come_once_per_interval_and_carry_the_whole_answer(client:
     assert "".join(e.text for e in deltas) == model.text == ANSWER
     assert max(stored.index(e) for e in deltas) < stored.index(model)
     gaps = [ms(b.id) - ms(a.id) for a, b in itertools.pairwise(deltas[:-1])]
-    assert gaps and min(gaps) >= INTERVAL_MS * 0.9 - 1, gaps  # the last one goes with the model event
+    assert gaps and min(gaps) >= INTERVAL_MS * 0.9 - 1, (
+        gaps
+    )  # the last one goes with the model event
     assert len(deltas) <= 750 / INTERVAL_MS + 3  # about 6, where 50 ms gives about 16

@@ -45,10 +45,18 @@ def client(sim_redis: EmbeddedServer, sim_worker: Worker) -> Iterator[Client]:
 
 
 def run(prompt: str) -> dict[str, object]:
-    return spec("You add numbers.", user=prompt, model="claude-sonnet-5-5", provider="anthropic", stream=True)
+    return spec(
+        "You add numbers.",
+        user=prompt,
+        model="claude-sonnet-5-5",
+        provider="anthropic",
+        stream=True,
+    )
 
 
-def test_a_reader_reconnecting_with_its_last_id_gets_every_delta_once(client: Client) -> None:
+def test_a_reader_reconnecting_with_its_last_id_gets_every_delta_once(
+    client: Client,
+) -> None:
     run_id = client.enqueue(run("Add 20 and 22."))
     first: list[RunEventRecord] = []
     for event in client.events(run_id, follow=True):
@@ -62,14 +70,18 @@ def test_a_reader_reconnecting_with_its_last_id_gets_every_delta_once(client: Cl
     assert client.status(run_id).status == "done"
     for model in (e for e in stored if e.kind == "model"):
         text = "".join(
-            e.text for e in stored[: stored.index(model)] if e.kind == "delta" and e.step == model.step
+            e.text
+            for e in stored[: stored.index(model)]
+            if e.kind == "delta" and e.step == model.step
         )
         assert text == model.text
     assert model.text == ANSWER
     assert not [e for e in stored if e.kind == "discarded"]
 
 
-def test_an_overloaded_error_mid_answer_voids_the_text_streamed_before_it(client: Client) -> None:
+def test_an_overloaded_error_mid_answer_voids_the_text_streamed_before_it(
+    client: Client,
+) -> None:
     run_id = client.enqueue(run("Add 20 and 22, overload."))
     seen = list(client.events(run_id, follow=True))
     assert client.status(run_id).status == "done"
@@ -79,7 +91,9 @@ def test_an_overloaded_error_mid_answer_voids_the_text_streamed_before_it(client
     at = answer.index(marks[0])
     assert answer[:at] and {e.attempt for e in answer[:at]} == {marks[0].attempt}
     before = "".join(e.text for e in answer[:at])
-    assert ANSWER.startswith(before) and before != ANSWER  # 20 pieces, then the error event
+    assert (
+        ANSWER.startswith(before) and before != ANSWER
+    )  # 20 pieces, then the error event
     again = answer[at + 1 :]
     assert again and all(e.attempt == f"{marks[0].attempt}.1" for e in again)
     model = next(e for e in seen if e.kind == "model" and e.step == 2)
@@ -87,8 +101,12 @@ def test_an_overloaded_error_mid_answer_voids_the_text_streamed_before_it(client
     # the cut attempt may have been billed: its message_start input + its 20 pieces' output count
     price = default_catalog().require("anthropic", "claude-sonnet-5-5").price
     usage = PromptGenUsage.model_validate(model.data["usage"])
-    assert price is not None and usage.cached_tokens == usage.cache_write_tokens == 0  # no cache here
-    answer = (usage.prompt_tokens * price.input + usage.completion_tokens * price.output) / 1e6
+    assert (
+        price is not None and usage.cached_tokens == usage.cache_write_tokens == 0
+    )  # no cache here
+    answer = (
+        usage.prompt_tokens * price.input + usage.completion_tokens * price.output
+    ) / 1e6
     cut = (usage.prompt_tokens * price.input + 20 * price.output) / 1e6
     assert model.data["cost_usd"] == pytest.approx(answer + cut, abs=1e-9)
     costs = [e.data["cost_usd"] for e in seen if e.kind in ("model", "tool")]

@@ -90,28 +90,46 @@ print(json.dumps(done))
 """
 
 
-def test_two_sweepers_racing_never_fire_a_tick_twice(client: Client, server: EmbeddedServer) -> None:
+def test_two_sweepers_racing_never_fire_a_tick_twice(
+    client: Client, server: EmbeddedServer
+) -> None:
     """Two sweeper processes fire as fast as they can for 4.5 s: 200 one-time schedules due over
     2.5 s, and 100 one-second schedules (if_busy="skip": no worker runs their runs, so each fires
     once and skips after). Every tick is claimed by exactly one of them (the other finds it
     `taken`): each one-time schedule made one run, each interval schedule settled each of its ticks
     once, and the fires the sweepers report are the runs stored."""
     start = time.time() + 1.0
-    once = [client.schedule(spec("You race once."), at=start + i * 0.0125) for i in range(200)]
-    every = [client.schedule(spec("You race."), every_s=1, start=start) for _ in range(100)]
-    first = {sid: client.get_schedule(sid).next_at or 0 for sid in every}  # past `start` on a slow machine
+    once = [
+        client.schedule(spec("You race once."), at=start + i * 0.0125)
+        for i in range(200)
+    ]
+    every = [
+        client.schedule(spec("You race."), every_s=1, start=start) for _ in range(100)
+    ]
+    first = {
+        sid: client.get_schedule(sid).next_at or 0 for sid in every
+    }  # past `start` on a slow machine
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     racers = [
         subprocess.Popen(
-            [sys.executable, "-c", RACER, server.url, "4.5"], cwd=ROOT, env=env, stdout=subprocess.PIPE
+            [sys.executable, "-c", RACER, server.url, "4.5"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
         )
         for _ in range(2)
     ]
     reports = [json.loads(racer.communicate(timeout=60)[0]) for racer in racers]
     fired = sum(report.get("fired", 0) for report in reports)
-    assert fired == client.redis.zcard(keys.ALL_RUNS) == 300, reports  # every fire made its own run
-    assert sum(report.get("taken", 0) for report in reports) > 0, reports  # they did race for ticks
-    assert all(report.get("fired", 0) + report.get("skipped", 0) > 0 for report in reports), reports
+    assert fired == client.redis.zcard(keys.ALL_RUNS) == 300, (
+        reports
+    )  # every fire made its own run
+    assert sum(report.get("taken", 0) for report in reports) > 0, (
+        reports
+    )  # they did race for ticks
+    assert all(
+        report.get("fired", 0) + report.get("skipped", 0) > 0 for report in reports
+    ), reports
     made = fired_runs(client)
     for sid in once:
         info = client.get_schedule(sid)
@@ -121,7 +139,9 @@ def test_two_sweepers_racing_never_fire_a_tick_twice(client: Client, server: Emb
         info = client.get_schedule(sid)
         ticks = round((info.last_tick or 0) - first[sid]) + 1
         assert ticks >= 3 and info.fired == 1
-        assert info.fired + info.skipped + info.missed == ticks, info  # each tick settled once
+        assert info.fired + info.skipped + info.missed == ticks, (
+            info
+        )  # each tick settled once
 
 
 def test_a_schedule_survives_a_redis_restart(tmp_path: Path) -> None:
@@ -137,7 +157,11 @@ def test_a_schedule_survives_a_redis_restart(tmp_path: Path) -> None:
         server = start_server(directory, port=server.port)
         with Client(server.url) as client:
             after = client.get_schedule(sid)
-            assert (after.name, after.trigger, after.next_at) == ("kept", "every 1 s", before.next_at)
+            assert (after.name, after.trigger, after.next_at) == (
+                "kept",
+                "every 1 s",
+                before.next_at,
+            )
             time.sleep(max(0.0, (after.next_at or 0) - time.time()) + 0.05)
             assert scheduler_on(client).fire_due() == {"fired": 1}
             assert client.get_schedule(sid).fired == 1
@@ -150,16 +174,25 @@ def test_missed_ticks_fire_once_for_the_latest_or_are_skipped(client: Client) ->
     due tick, and counts the ticks before it missed; catch_up="skip" with a 0.5 s grace: a tick
     that late is not fired at all (missed too). Both go on from the next tick to come."""
     start = time.time() + 0.2
-    latest = client.schedule(spec("You catch up."), every_s=1, start=start, catch_up="latest")
-    skip = client.schedule(spec("You skip."), every_s=1, start=start + 0.5, catch_up="skip", grace_s=0.5)
-    once = client.schedule(spec("You were due once."), at=start, catch_up="skip", grace_s=0.5)
+    latest = client.schedule(
+        spec("You catch up."), every_s=1, start=start, catch_up="latest"
+    )
+    skip = client.schedule(
+        spec("You skip."), every_s=1, start=start + 0.5, catch_up="skip", grace_s=0.5
+    )
+    once = client.schedule(
+        spec("You were due once."), at=start, catch_up="skip", grace_s=0.5
+    )
     time.sleep(3.3)
     now = time.time()
     done = scheduler_on(client).fire_due()
     assert done == {"fired": 1, "missed": 2}
     caught = client.get_schedule(latest)
     assert (caught.fired, caught.missed, caught.last_outcome) == (1, 3, "fired")
-    assert caught.last_tick == pytest.approx(start + 3) and now < (caught.next_at or 0) <= now + 1
+    assert (
+        caught.last_tick == pytest.approx(start + 3)
+        and now < (caught.next_at or 0) <= now + 1
+    )
     (run,) = runs_of(client, latest)
     assert run["tick"] == caught.last_tick
     skipped = client.get_schedule(skip)
@@ -183,7 +216,9 @@ def test_a_one_time_schedule_fires_once(client: Client) -> None:
     assert client.redis.zscore(keys.SCHEDULES_DUE, sid) is None
 
 
-def test_a_fire_names_its_schedule_in_the_event_flower_and_metrics(client: Client) -> None:
+def test_a_fire_names_its_schedule_in_the_event_flower_and_metrics(
+    client: Client,
+) -> None:
     """The run a fire makes says which schedule and tick made it: its `queued` event, its first
     step's label (what Flower shows as the task's kwargs), the worker's fires counter."""
     sid = client.schedule(spec("You are named."), at=time.time() + 0.2)
@@ -197,7 +232,12 @@ def test_a_fire_names_its_schedule_in_the_event_flower_and_metrics(client: Clien
     headers = json.loads(raw)["headers"]
     assert headers["kwargsrepr"] == repr({"step": f"model 1 (schedule {sid})"})
     assert headers["argsrepr"] == repr([info.last_run, 1])
-    assert metrics.registry.get_sample_value("toolloop_schedule_fires_total", {"outcome": "fired"}) == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "toolloop_schedule_fires_total", {"outcome": "fired"}
+        )
+        == 1
+    )
 
 
 BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
@@ -206,7 +246,11 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"cron": "* * */20 * 1L"}, ScheduleError, "never fires"),
     ({"cron": "* " * 200}, ScheduleError, "longer than 120"),
     ({"cron": "$(rm -rf /) * * * *"}, ScheduleError, "not valid"),
-    ({"cron": "0 9 * * *", "timezone": "../../../etc/passwd"}, ScheduleError, "not an IANA zone"),
+    (
+        {"cron": "0 9 * * *", "timezone": "../../../etc/passwd"},
+        ScheduleError,
+        "not an IANA zone",
+    ),
     ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, ScheduleError, "not known"),
     ({"every_s": 0.2}, ScheduleError, "out of range"),
     ({"every_s": float("nan")}, ScheduleError, "not a finite number"),
@@ -223,7 +267,9 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("fields", "error", "says"), BAD, ids=[str(i) for i in range(len(BAD))])
+@pytest.mark.parametrize(
+    ("fields", "error", "says"), BAD, ids=[str(i) for i in range(len(BAD))]
+)
 def test_a_bad_schedule_is_refused_and_nothing_is_stored(
     client: Client, fields: dict[str, Any], error: type[Exception], says: str
 ) -> None:
@@ -240,7 +286,9 @@ def test_a_schedules_spec_is_checked_as_an_enqueue_checks_it(client: Client) -> 
         client.schedule(spec("x", toolset="nope"), every_s=5)
     many = [{"role": "user", "content": "x"}] * (client.settings.max_messages + 1)
     with pytest.raises(LimitError, match="TOOLLOOP_MAX_MESSAGES"):
-        client.schedule({"model": "m", "toolset": "agents", "messages": many}, every_s=5)
+        client.schedule(
+            {"model": "m", "toolset": "agents", "messages": many}, every_s=5
+        )
     with pytest.raises(ScheduleError, match="64,000"):
         client.schedule(spec("x" * 70_000), every_s=5)
     with pytest.raises(ScheduleNotFoundError):
@@ -255,10 +303,14 @@ def test_a_schedules_spec_is_checked_as_an_enqueue_checks_it(client: Client) -> 
 
 
 def test_adding_with_an_idempotency_key_adds_once(client: Client) -> None:
-    first = client.schedule(spec("You are kept."), every_s=60, idempotency_key="nightly")
+    first = client.schedule(
+        spec("You are kept."), every_s=60, idempotency_key="nightly"
+    )
     again = client.schedule(spec("Another spec."), every_s=5, idempotency_key="nightly")
     assert first == again and [s.id for s in client.list_schedules()] == [first]
-    assert client.get_schedule(first).trigger == "every 60 s"  # the first definition wins
+    assert (
+        client.get_schedule(first).trigger == "every 60 s"
+    )  # the first definition wins
 
 
 def test_a_definition_no_worker_wrote_is_skipped_and_the_others_fire(
@@ -266,13 +318,20 @@ def test_a_definition_no_worker_wrote_is_skipped_and_the_others_fire(
 ) -> None:
     good = client.schedule(spec("You are fine."), at=time.time() + 0.2)
     bad = client.schedule(spec("You are tampered with."), at=time.time() + 0.2)
-    client.redis.set(keys.schedule_def(bad), '{"id": "x", "trigger": {"kind": "os.system"}}')
+    client.redis.set(
+        keys.schedule_def(bad), '{"id": "x", "trigger": {"kind": "os.system"}}'
+    )
     time.sleep(0.3)
     with caplog.at_level(logging.WARNING, logger="toolloop.workers"):
         assert scheduler_on(client).fire_due() == {"fired": 1}
     assert client.get_schedule(good).fired == 1
-    assert f"schedule {bad!r} skipped" in caplog.text and "toolloop schedule remove" in caplog.text
-    assert (client.redis.zscore(keys.SCHEDULES_DUE, bad) or 0) > time.time() + 30  # not every second
+    assert (
+        f"schedule {bad!r} skipped" in caplog.text
+        and "toolloop schedule remove" in caplog.text
+    )
+    assert (
+        client.redis.zscore(keys.SCHEDULES_DUE, bad) or 0
+    ) > time.time() + 30  # not every second
 
 
 def test_a_removed_schedule_fires_no_more(client: Client) -> None:
@@ -288,7 +347,9 @@ def test_a_removed_schedule_fires_no_more(client: Client) -> None:
 def toolloop(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "REDIS_URL": url, **env}
     command = [str(Path(sys.executable).parent / "toolloop"), *args]
-    return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60
+    )
 
 
 def shell_block(path: Path) -> list[str]:
@@ -305,11 +366,20 @@ def test_the_schedule_commands(client: Client, server: EmbeddedServer) -> None:
     lines = shell_block(ROOT / "README.md")
     assert lines == shell_block(ROOT / "docs" / "schedules.md")
     run_id = client.enqueue(spec("You are woken."))
-    env = {"TOOLLOOP_TOOLSETS": "review=examples.storyboard.tools:REVIEW_TOOLS", "RUN_ID": run_id}
+    env = {
+        "TOOLLOOP_TOOLSETS": "review=examples.storyboard.tools:REVIEW_TOOLS",
+        "RUN_ID": run_id,
+    }
     said: list[subprocess.CompletedProcess[str]] = []
     for line in lines:
         done = subprocess.run(
-            ["bash", "-c", line.replace("toolloop ", f"{Path(sys.executable).parent / 'toolloop'} ", 1)],
+            [
+                "bash",
+                "-c",
+                line.replace(
+                    "toolloop ", f"{Path(sys.executable).parent / 'toolloop'} ", 1
+                ),
+            ],
             cwd=ROOT,
             env={**os.environ, "REDIS_URL": server.url, **env},
             capture_output=True,
@@ -327,8 +397,25 @@ def test_the_schedule_commands(client: Client, server: EmbeddedServer) -> None:
     assert "fired 0, skipped 0, missed 0, failed 0" in shown.stdout
     assert removed.stdout.startswith(f"Removed {sid}")
     (left,) = client.list_schedules()
-    assert (left.id, left.target, left.if_busy) == (nudge.stdout.strip(), f"send to run {run_id}", "steer")
-    bad = toolloop(
-        server.url, "schedule", "add", "x", "--toolset", "agents", "--model", "m", "--cron", "99 * * * *"
+    assert (left.id, left.target, left.if_busy) == (
+        nudge.stdout.strip(),
+        f"send to run {run_id}",
+        "steer",
     )
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 2 and "Bad minute" in bad.stderr
+    bad = toolloop(
+        server.url,
+        "schedule",
+        "add",
+        "x",
+        "--toolset",
+        "agents",
+        "--model",
+        "m",
+        "--cron",
+        "99 * * * *",
+    )
+    assert (
+        bad.returncode == 1
+        and bad.stderr.count("\n") == 2
+        and "Bad minute" in bad.stderr
+    )

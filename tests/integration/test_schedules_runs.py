@@ -63,7 +63,9 @@ def sim_spec(system: str) -> dict[str, Any]:
     return spec(system, model="claude-sonnet-5-5", provider="anthropic")
 
 
-def runs_made(client: Client, schedule_id: str) -> list[tuple[dict[str, Any], RunStatus]]:
+def runs_made(
+    client: Client, schedule_id: str
+) -> list[tuple[dict[str, Any], RunStatus]]:
     """(queued data, status) of each run a fire of `schedule_id` made, oldest first."""
     found = []
     for run_id in client.redis.zrange(keys.ALL_RUNS, 0, -1):
@@ -85,7 +87,9 @@ def test_an_interval_schedule_enqueues_runs_the_workers_run(
     statuses = [client.wait(status.run_id, timeout=30) for _, status in made]
     assert {status.status for status in statuses} == {"done"}
     ticks = [data["tick"] for data, _ in made]
-    assert [round(b - a, 6) for a, b in itertools.pairwise(ticks)] == [1.0] * (len(ticks) - 1)
+    assert [round(b - a, 6) for a, b in itertools.pairwise(ticks)] == [1.0] * (
+        len(ticks) - 1
+    )
     assert model.seen[system] == len(made)  # each fire: one run, one model call
 
 
@@ -95,13 +99,19 @@ def test_a_busy_target_skips_ticks(client: Client, sim_worker: Worker) -> None:
     sid = client.schedule(sim_spec(SLOW), every_s=1, if_busy="skip")
     eventually(lambda: client.get_schedule(sid).fired >= 2, timeout=30)
     client.remove_schedule(sid)
-    made = [client.wait(status.run_id, timeout=30) for _, status in runs_made(client, sid)]
+    made = [
+        client.wait(status.run_id, timeout=30) for _, status in runs_made(client, sid)
+    ]
     assert len(made) >= 2
     for before, after in itertools.pairwise(made):
-        assert (after.created_at or 0) >= (before.updated_at or 0)  # the next started after the last ended
+        assert (after.created_at or 0) >= (
+            before.updated_at or 0
+        )  # the next started after the last ended
 
 
-def test_a_busy_target_queues_the_tick_until_it_ends(client: Client, sim_worker: Worker) -> None:
+def test_a_busy_target_queues_the_tick_until_it_ends(
+    client: Client, sim_worker: Worker
+) -> None:
     """if_busy="queue": a tick that comes while the run is busy waits (`held`) and fires within
     about a second of the run's end; a later tick replaces it (counted skipped)."""
     sid = client.schedule(sim_spec(SLOW), every_s=1, if_busy="queue")
@@ -109,33 +119,50 @@ def test_a_busy_target_queues_the_tick_until_it_ends(client: Client, sim_worker:
     eventually(lambda: client.get_schedule(sid).fired >= 2, timeout=30)
     info = client.get_schedule(sid)
     client.remove_schedule(sid)
-    assert info.skipped >= 1  # 2.5 s busy, a tick a second: one held, the one before it replaced
+    assert (
+        info.skipped >= 1
+    )  # 2.5 s busy, a tick a second: one held, the one before it replaced
     (first, one), (second, two) = runs_made(client, sid)[:2]
     ended = client.wait(one.run_id, timeout=30)
-    assert 0 <= (two.created_at or 0) - (ended.updated_at or 0) < 2.0  # the held tick fired promptly
+    assert (
+        0 <= (two.created_at or 0) - (ended.updated_at or 0) < 2.0
+    )  # the held tick fired promptly
     assert second["tick"] > first["tick"]
 
 
 def test_two_workers_sweeping_fire_each_tick_once_with_traces_and_metrics(
-    client: Client, sim_redis: EmbeddedServer, sim: SimServer, sim_worker: Worker, tmp_path: Path
+    client: Client,
+    sim_redis: EmbeddedServer,
+    sim: SimServer,
+    sim_worker: Worker,
+    tmp_path: Path,
 ) -> None:
     """A second worker sweeps the same Redis (two sweepers, each once a second): each of 20
     one-second schedules settles each tick once and makes one run per fire; the second worker's
     fires are spans (`toolloop.schedule.fire`) whose trace is their run's, and its metrics count
     them (the fires it settled, whatever their outcome, are its spans)."""
     traces, port = tmp_path / "spans.jsonl", free_port()
-    env = sim_env(sim, TOOLLOOP_TRACES_FILE=str(traces), TOOLLOOP_METRICS_PORT=str(port))
+    env = sim_env(
+        sim, TOOLLOOP_TRACES_FILE=str(traces), TOOLLOOP_METRICS_PORT=str(port)
+    )
     second = start_worker(sim_redis.url, tmp_path, env)
     try:
         start = time.time() + 1.0
         # ticks spread over the second, so each worker's sweep (once a second, each at its own
         # phase) finds some of them due first
         ids = [
-            client.schedule(sim_spec(f"You race {i}."), every_s=1, start=start + i / 20) for i in range(20)
+            client.schedule(sim_spec(f"You race {i}."), every_s=1, start=start + i / 20)
+            for i in range(20)
         ]
-        first = {sid: client.get_schedule(sid).next_at or 0 for sid in ids}  # past `start` when slow
+        first = {
+            sid: client.get_schedule(sid).next_at or 0 for sid in ids
+        }  # past `start` when slow
         eventually(
-            lambda: all((client.get_schedule(sid).last_tick or 0) >= first[sid] + 2 for sid in ids), 30
+            lambda: all(
+                (client.get_schedule(sid).last_tick or 0) >= first[sid] + 2
+                for sid in ids
+            ),
+            30,
         )
         infos = [client.get_schedule(sid) for sid in ids]
         for sid in ids:
@@ -145,18 +172,28 @@ def test_two_workers_sweeping_fire_each_tick_once_with_traces_and_metrics(
         second.stop()
     for info in infos:
         made = runs_made(client, info.id)
-        ticks = [data["tick"] for data, _ in made if data["tick"] <= (info.last_tick or 0)]  # not one fired
+        ticks = [
+            data["tick"] for data, _ in made if data["tick"] <= (info.last_tick or 0)
+        ]  # not one fired
         # between reading `info` and removing the schedule
         assert len(ticks) == len(set(ticks)) == info.fired >= 1
         settled = round((info.last_tick or 0) - first[info.id]) + 1
         assert info.fired + info.skipped + info.missed == settled >= 3, info
     spans = [json.loads(line) for line in traces.read_text().splitlines()]
     fires = [s for s in spans if s["name"] == "toolloop.schedule.fire"]
-    fired = [s for s in fires if s["attributes"].get("toolloop.schedule.outcome") == "fired"]
+    fired = [
+        s for s in fires if s["attributes"].get("toolloop.schedule.outcome") == "fired"
+    ]
     assert fired, "the second worker fired some ticks"
-    assert total(samples, "toolloop_schedule_fires_total", outcome="fired") == len(fired)
+    assert total(samples, "toolloop_schedule_fires_total", outcome="fired") == len(
+        fired
+    )
     assert total(samples, "toolloop_schedule_fires_total") == len(fires)
-    runs = {s["attributes"]["toolloop.run_id"]: s for s in spans if s["name"] == "toolloop.run"}
+    runs = {
+        s["attributes"]["toolloop.run_id"]: s
+        for s in spans
+        if s["name"] == "toolloop.run"
+    }
     for fire in fired:
         run = runs.get(fire["attributes"]["toolloop.run_id"])
         if run is not None:  # exported by this worker: the run's trace is the fire's
@@ -164,7 +201,11 @@ def test_two_workers_sweeping_fire_each_tick_once_with_traces_and_metrics(
 
 
 def user_texts(client: Client, run_id: str) -> list[str]:
-    return [m.content for m in client.history(run_id) if m.role == "user" and isinstance(m.content, str)]
+    return [
+        m.content
+        for m in client.history(run_id)
+        if m.role == "user" and isinstance(m.content, str)
+    ]
 
 
 def test_a_follow_up_schedule_wakes_a_run_that_ended_done(
@@ -175,22 +216,38 @@ def test_a_follow_up_schedule_wakes_a_run_that_ended_done(
     system = "You are woken each second."
     run_id = client.enqueue(sim_spec(system))
     assert client.wait(run_id, timeout=30).status == "done"
-    sid = client.schedule(send_to=run_id, content="Wake up.", every_s=1, add_max_steps=1, add_budget_usd=0.1)
+    sid = client.schedule(
+        send_to=run_id,
+        content="Wake up.",
+        every_s=1,
+        add_max_steps=1,
+        add_budget_usd=0.1,
+    )
     eventually(lambda: client.get_schedule(sid).fired >= 3, timeout=30)
     client.remove_schedule(sid)
     fired = eventually(
-        lambda: (s := client.wait(run_id, timeout=30)) and s.status == "done" and s, timeout=30
+        lambda: (s := client.wait(run_id, timeout=30)) and s.status == "done" and s,
+        timeout=30,
     )
     texts = user_texts(client, run_id)
     assert texts[0] == "Go." and set(texts[1:]) == {"Wake up."}
-    assert fired.segment == len(texts) - 1 == model.seen[system] - 1  # one segment, one model call per fire
+    assert (
+        fired.segment == len(texts) - 1 == model.seen[system] - 1
+    )  # one segment, one model call per fire
 
 
-def test_a_follow_up_schedule_steers_a_running_run(client: Client, sim_worker: Worker) -> None:
+def test_a_follow_up_schedule_steers_a_running_run(
+    client: Client, sim_worker: Worker
+) -> None:
     """if_busy="steer": a tick that finds its run running reaches it as a steer, read once."""
     run_id = client.enqueue(sim_spec(SLOW))
     eventually(lambda: client.status(run_id).status == "running", timeout=20)
-    sid = client.schedule(send_to=run_id, content="Mind the budget.", at=time.time() + 0.5, if_busy="steer")
+    sid = client.schedule(
+        send_to=run_id,
+        content="Mind the budget.",
+        at=time.time() + 0.5,
+        if_busy="steer",
+    )
     eventually(lambda: client.get_schedule(sid).status == "done", timeout=20)
     info = client.get_schedule(sid)
     assert (info.fired, info.last_outcome) == (1, "steer")
@@ -205,7 +262,9 @@ def test_a_follow_up_to_a_run_that_cannot_take_one_is_recorded_failed(
     eventually(lambda: client.status(run_id).status == "running", timeout=20)
     client.cancel(run_id)
     assert client.wait(run_id, timeout=30).status == "cancel"
-    sid = client.schedule(send_to=run_id, content="Are you there?", at=time.time() + 0.3)
+    sid = client.schedule(
+        send_to=run_id, content="Are you there?", at=time.time() + 0.3
+    )
     eventually(lambda: client.get_schedule(sid).status == "done", timeout=20)
     info = client.get_schedule(sid)
     assert (info.fired, info.failed, info.last_outcome) == (0, 1, "failed")

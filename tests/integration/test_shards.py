@@ -14,21 +14,31 @@ import redis
 from tests.integration.conftest import Worker, own_redis, worker_on
 from tests.integration.runs_kit import spec
 from toolloop.embedded import EmbeddedServer
-from workers.client.shards import AsyncShardedClient, ShardedClient, parse_shards, shard_of
+from workers.client.shards import (
+    AsyncShardedClient,
+    ShardedClient,
+    parse_shards,
+    shard_of,
+)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedServer]]:
-    first, second = own_redis(tmp_path_factory, "shard-0"), own_redis(tmp_path_factory, "shard-1")
+    first, second = (
+        own_redis(tmp_path_factory, "shard-0"),
+        own_redis(tmp_path_factory, "shard-1"),
+    )
     yield [next(first), next(second)]
     for server in (first, second):
         next(server, None)
 
 
 @pytest.fixture(scope="module")
-def workers(shards: list[EmbeddedServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
+def workers(
+    shards: list[EmbeddedServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Worker]]:
     env = {"TOOLLOOP_PROMPT_GEN": "tests.integration.agents:make_generate"}
     made = [
         worker_on(s.url, Path(tmp_path_factory.mktemp(f"shard-worker-{i}")), env)
@@ -46,7 +56,9 @@ def test_two_hundred_runs_each_live_on_one_shard_and_list_once_newest_first(
         made = []
         for i in range(200):
             made.append(client.enqueue(spec("tools", f"Add {i} and 1.")))
-            time.sleep(0.001)  # distinct creation times: "newest first" is then one order
+            time.sleep(
+                0.001
+            )  # distinct creation times: "newest first" is then one order
         assert len(set(made)) == 200
         placed = [shard_of(run_id, 2) for run_id in made]
         assert placed.count(0) == placed.count(1) == 100
@@ -71,12 +83,17 @@ def test_a_keyed_enqueue_returns_the_same_run_and_a_foreign_shard_is_refused(
     shards: list[EmbeddedServer],
 ) -> None:
     with ShardedClient([s.url for s in shards]) as client:
-        first = client.enqueue(spec("tools", "Add 2 and 3."), idempotency_key="order-shard-1")
-        again = client.enqueue(spec("tools", "Add 2 and 3."), idempotency_key="order-shard-1")
+        first = client.enqueue(
+            spec("tools", "Add 2 and 3."), idempotency_key="order-shard-1"
+        )
+        again = client.enqueue(
+            spec("tools", "Add 2 and 3."), idempotency_key="order-shard-1"
+        )
         assert first == again
         assert client.status(first).run_id == first
         batch = client.enqueue_many(
-            [spec("tools", "Add 1 and 1.")] * 4, idempotency_keys=["k1", "k2", "order-shard-1", None]
+            [spec("tools", "Add 1 and 1.")] * 4,
+            idempotency_keys=["k1", "k2", "order-shard-1", None],
         )
         assert batch[2] == first and len(set(batch)) == 4
     with pytest.raises(ValueError, match="lives on shard 1, and 1 shards are listed"):
@@ -84,7 +101,10 @@ def test_a_keyed_enqueue_returns_the_same_run_and_a_foreign_shard_is_refused(
 
 
 def test_shard_urls_split_only_before_a_scheme() -> None:
-    assert parse_shards("redis://a:1/0, rediss://b:2/0") == ["redis://a:1/0", "rediss://b:2/0"]
+    assert parse_shards("redis://a:1/0, rediss://b:2/0") == [
+        "redis://a:1/0",
+        "rediss://b:2/0",
+    ]
     assert parse_shards("redis+sentinel://h1:1,h2:2/svc,redis://c/0") == [
         "redis+sentinel://h1:1,h2:2/svc",
         "redis://c/0",
@@ -103,9 +123,13 @@ async def test_the_async_sharded_client_routes_and_lists_as_the_sync_one(
     shards: list[EmbeddedServer], workers: list[Worker]
 ) -> None:
     async with AsyncShardedClient([s.url for s in shards]) as client:
-        made = [await client.enqueue(spec("tools", f"Add {i} and 2.")) for i in range(10)]
+        made = [
+            await client.enqueue(spec("tools", f"Add {i} and 2.")) for i in range(10)
+        ]
         assert sorted(shard_of(r, 2) for r in made) == [0] * 5 + [1] * 5
-        keyed = await client.enqueue_many([spec("tools", "Add 1 and 1.")] * 2, idempotency_keys=["a1", "a1"])
+        keyed = await client.enqueue_many(
+            [spec("tools", "Add 1 and 1.")] * 2, idempotency_keys=["a1", "a1"]
+        )
         assert keyed[0] == keyed[1]
         for run_id in made:
             assert (await client.wait(run_id, timeout=60)).status == "done"
@@ -127,13 +151,18 @@ def test_follow_ups_steers_and_interrupts_reach_the_runs_shard(
             assert client.wait(run_id, timeout=60).status == "done"
             sent = client.send(run_id, "Add 1 and 1.", idempotency_key=f"more-{run_id}")
             assert (sent.run_id, sent.what, sent.segment) == (run_id, "continued", 1)
-            assert client.send(run_id, "Add 1 and 1.", idempotency_key=f"more-{run_id}") == sent
+            assert (
+                client.send(run_id, "Add 1 and 1.", idempotency_key=f"more-{run_id}")
+                == sent
+            )
         for run_id in made:
             status = client.wait(run_id, timeout=60)
             assert (status.status, status.segment) == ("done", 1)
             with pytest.raises(RunStateError, match="has ended \\(done\\)"):
                 client.steer(run_id, "too late")
-            with pytest.raises(RunStateError, match="only a queued or running run can be interrupted"):
+            with pytest.raises(
+                RunStateError, match="only a queued or running run can be interrupted"
+            ):
                 client.interrupt(run_id)
 
 
@@ -141,7 +170,9 @@ async def test_the_async_sharded_client_sends_follow_ups_to_the_runs_shard(
     shards: list[EmbeddedServer], workers: list[Worker]
 ) -> None:
     async with AsyncShardedClient([s.url for s in shards]) as client:
-        made = [await client.enqueue(spec("tools", f"Add {i} and 6.")) for i in range(2)]
+        made = [
+            await client.enqueue(spec("tools", f"Add {i} and 6.")) for i in range(2)
+        ]
         for run_id in made:
             assert (await client.wait(run_id, timeout=60)).status == "done"
             sent = await client.send(run_id, "Add 2 and 2.", add_max_steps=2)

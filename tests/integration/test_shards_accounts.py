@@ -31,14 +31,19 @@ CALL = {
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedServer]]:
-    made = [own_redis(tmp_path_factory, name) for name in ("acct-shard-0", "acct-shard-1", "acct-flow")]
+    made = [
+        own_redis(tmp_path_factory, name)
+        for name in ("acct-shard-0", "acct-shard-1", "acct-flow")
+    ]
     yield [next(m) for m in made]
     for m in made:
         next(m, None)
 
 
 def key_on(shard: int) -> str:
-    return next(f"k{i}" for i in range(100) if zlib.crc32(f"k{i}".encode()) % 2 == shard)
+    return next(
+        f"k{i}" for i in range(100) if zlib.crc32(f"k{i}".encode()) % 2 == shard
+    )
 
 
 def test_an_account_limit_holds_across_shards_with_one_flow_redis(
@@ -57,7 +62,11 @@ def test_an_account_limit_holds_across_shards_with_one_flow_redis(
             assert client.global_accounts
             client.set_account_limit("team", 0.05, period="total", finish_at=1.0)
             run = spec(
-                "You add.", model="claude-haiku-4-5", provider="anthropic", max_steps=40, account="team"
+                "You add.",
+                model="claude-haiku-4-5",
+                provider="anthropic",
+                max_steps=40,
+                account="team",
             )
             first = client.enqueue(run, idempotency_key=key_on(0))
             spent = client.wait(first, timeout=60)
@@ -69,12 +78,28 @@ def test_an_account_limit_holds_across_shards_with_one_flow_redis(
             for worker in workers:
                 worker.stop()
     assert (shard_of(first, 2), shard_of(second, 2)) == (0, 1)
-    assert spent.status == "budget" and spent.account_stop and spent.account_stop["name"] == "team"
-    assert 0 < spent.spent_usd <= 0.05 and spent.steps >= 1, spent  # an estimate is a ceiling: it stops early
-    assert stopped.status == "budget" and stopped.account_stop and stopped.account_stop["name"] == "team"
-    assert stopped.spent_usd == 0 and stopped.steps == 0, stopped  # not one model call on shard 1
+    assert (
+        spent.status == "budget"
+        and spent.account_stop
+        and spent.account_stop["name"] == "team"
+    )
+    assert 0 < spent.spent_usd <= 0.05 and spent.steps >= 1, (
+        spent
+    )  # an estimate is a ceiling: it stops early
+    assert (
+        stopped.status == "budget"
+        and stopped.account_stop
+        and stopped.account_stop["name"] == "team"
+    )
+    assert stopped.spent_usd == 0 and stopped.steps == 0, (
+        stopped
+    )  # not one model call on shard 1
     [(where, row)] = rows
-    assert where is None and row.name == "team" and row.spent_usd == pytest.approx(spent.spent_usd)
+    assert (
+        where is None
+        and row.name == "team"
+        and row.spent_usd == pytest.approx(spent.spent_usd)
+    )
     for server in shards:  # the shards keep no account of their own
         plain = redis.Redis.from_url(server.url)
         assert list(plain.scan_iter(match="tl:acct:*")) == []

@@ -15,7 +15,13 @@ from toolloop.sim import SimServer
 
 HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
 SYSTEM = "You review storyboards one frame at a time. " * 150  # 1650 tokens
-TOOLS = [{"name": "read_frame", "description": "Read a frame.", "input_schema": {"type": "object"}}]
+TOOLS = [
+    {
+        "name": "read_frame",
+        "description": "Read a frame.",
+        "input_schema": {"type": "object"},
+    }
+]
 MARK = {"type": "ephemeral"}
 
 
@@ -25,8 +31,14 @@ class Sim(SimServer):
 
 @pytest.fixture
 def sim() -> Iterator[Sim]:
-    turns = [{"tool_calls": [{"name": "read_frame", "input": {"shot": n}}]} for n in range(40)]
-    with Sim(turns) as server, httpx.Client(base_url=server.base_url, headers=HEADERS) as client:
+    turns = [
+        {"tool_calls": [{"name": "read_frame", "input": {"shot": n}}]}
+        for n in range(40)
+    ]
+    with (
+        Sim(turns) as server,
+        httpx.Client(base_url=server.base_url, headers=HEADERS) as client,
+    ):
         server.client = client
         yield server
 
@@ -67,7 +79,9 @@ def test_rolling_marks_read_90_percent_of_the_prompt_from_turn_3(sim: Sim) -> No
         answer = send(sim, marked(history, sorted({previous_mark, len(history) - 1})))
         usage = answer["usage"]
         prompt = (
-            usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+            usage["input_tokens"]
+            + usage["cache_read_input_tokens"]
+            + usage["cache_creation_input_tokens"]
         )
         ratios.append(usage["cache_read_input_tokens"] / prompt)
         previous_mark = len(history) - 1
@@ -90,16 +104,32 @@ def test_rolling_marks_read_90_percent_of_the_prompt_from_turn_3(sim: Sim) -> No
 def test_a_turn_of_more_than_20_blocks_after_the_only_mark_misses_the_conversation_entry(
     sim: SimServer,
 ) -> None:
-    first = [{"role": "user", "content": [{"type": "text", "text": "Look. " * 10, "cache_control": MARK}]}]
+    first = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Look. " * 10, "cache_control": MARK}],
+        }
+    ]
     write = send(sim, first)["usage"]
     assert write["cache_creation_input_tokens"] > 0
     many = [{"type": "text", "text": f"note {n}"} for n in range(21)]
-    later = [{"role": "user", "content": [{"type": "text", "text": "Look. " * 10}, *many]}]
+    later = [
+        {"role": "user", "content": [{"type": "text", "text": "Look. " * 10}, *many]}
+    ]
     later[0]["content"][-1] = {**later[0]["content"][-1], "cache_control": MARK}
     usage = send(sim, later)["usage"]
-    system_prefix = write["cache_creation_input_tokens"] - 15  # 'Look. ' * 10 = 60 chars = 15 tokens
-    assert usage["cache_read_input_tokens"] == system_prefix  # only the system entry, by its own mark
-    within = [{"role": "user", "content": [{"type": "text", "text": "Look. " * 10}, *many[:20]]}]
+    system_prefix = (
+        write["cache_creation_input_tokens"] - 15
+    )  # 'Look. ' * 10 = 60 chars = 15 tokens
+    assert (
+        usage["cache_read_input_tokens"] == system_prefix
+    )  # only the system entry, by its own mark
+    within = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Look. " * 10}, *many[:20]],
+        }
+    ]
     within[0]["content"][-1] = {**within[0]["content"][-1], "cache_control": MARK}
     assert send(sim, within)["usage"]["cache_read_input_tokens"] == system_prefix + 15
 
@@ -117,7 +147,9 @@ def test_a_mark_inside_a_tool_result_is_a_breakpoint(sim: Sim) -> None:
         {"role": "user", "content": "Look."},
         {
             "role": "assistant",
-            "content": [{"type": "tool_use", "id": "toolu_x", "name": "read_frame", "input": {}}],
+            "content": [
+                {"type": "tool_use", "id": "toolu_x", "name": "read_frame", "input": {}}
+            ],
         },
         {"role": "user", "content": [result]},
     ]
@@ -127,4 +159,6 @@ def test_a_mark_inside_a_tool_result_is_a_breakpoint(sim: Sim) -> None:
         second["cache_read_input_tokens"]
         == first["cache_read_input_tokens"] + first["cache_creation_input_tokens"]
     )
-    assert second["input_tokens"] == first["input_tokens"] == 4  # "trailing note": only it is after the mark
+    assert (
+        second["input_tokens"] == first["input_tokens"] == 4
+    )  # "trailing note": only it is after the mark

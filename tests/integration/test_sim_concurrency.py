@@ -67,9 +67,13 @@ async def test_500_concurrent_requests_with_1s_latency_finish_in_under_3s(
     host, port = sim_process
     await post(host, port, -1)  # the server is warm
     started = time.monotonic()
-    answers = await asyncio.gather(*(post(host, port, index) for index in range(REQUESTS)))
+    answers = await asyncio.gather(
+        *(post(host, port, index) for index in range(REQUESTS))
+    )
     elapsed = time.monotonic() - started
     assert [status for status, _ in answers] == [200] * REQUESTS
-    assert {body["content"][0]["text"] for _, body in answers} == {"(The simulator's script has ended.)"}  # type: ignore[index]
+    assert {body["content"][0]["text"] for _, body in answers} == {
+        "(The simulator's script has ended.)"
+    }  # type: ignore[index]
     print(f"{REQUESTS} concurrent requests with 1 s latency: {elapsed:.2f} s")
     assert 1.0 <= elapsed < 3.0

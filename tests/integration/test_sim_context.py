@@ -47,10 +47,19 @@ class Page(BaseModel):
 
 def read_page(input: Page, signal: AbortSignal) -> ToolOutput:
     line = f"page {input.page}: 03:1{input.page % 10} db-1 slow query 812 ms; "
-    return ToolOutput(value=input.page, content=[TextPart(text=(line * 2000)[: PAGE_TOKENS * 4])])
+    return ToolOutput(
+        value=input.page, content=[TextPart(text=(line * 2000)[: PAGE_TOKENS * 4])]
+    )
 
 
-TOOLS = [ToolSpec(name="read_page", description="Read one page of the log.", schema=Page, run=read_page)]
+TOOLS = [
+    ToolSpec(
+        name="read_page",
+        description="Read one page of the log.",
+        schema=Page,
+        run=read_page,
+    )
+]
 
 
 @pytest.fixture()
@@ -59,7 +68,10 @@ def sim() -> Iterator[SimServer]:
         n = request.assistant_turns
         if n >= TURNS - 1:
             return {"text": f"Read {n} pages."}
-        return {"text": f"Page {n}.", "tool_calls": [{"name": "read_page", "input": {"page": n + 1}}]}
+        return {
+            "text": f"Page {n}.",
+            "tool_calls": [{"name": "read_page", "input": {"page": n + 1}}],
+        }
 
     with SimServer(policy, strict=True) as server:
         yield server
@@ -75,7 +87,12 @@ class Recording(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.bodies is not None:
             content = await request.aread()
-            self.bodies.append({"body": json.loads(content), "beta": request.headers.get("anthropic-beta")})
+            self.bodies.append(
+                {
+                    "body": json.loads(content),
+                    "beta": request.headers.get("anthropic-beta"),
+                }
+            )
         return await self.inner.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -83,12 +100,17 @@ class Recording(httpx.AsyncBaseTransport):
 
 
 async def run(
-    sim: SimServer, context: ContextPolicy, journal: MemoryJournal, bodies: list[dict[str, Any]] | None = None
+    sim: SimServer,
+    context: ContextPolicy,
+    journal: MemoryJournal,
+    bodies: list[dict[str, Any]] | None = None,
 ) -> tuple[RunToolLoopResult, list[LoopEvent]]:
     handler = AnthropicHandler("k", base_url=sim.base_url, transport=Recording(bodies))
     events: list[LoopEvent] = []
 
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         return await handler.execute(request, signal)
 
     result = await run_tool_loop(
@@ -116,16 +138,25 @@ async def test_threshold_compaction_block_is_sent_back_signed_and_a_replay_calls
     journal = MemoryJournal()
     result, events = await run(sim, policy, journal, bodies)
 
-    assert sim.stats()["strict"] is True  # every body was checked against the SDK's (beta) types
+    assert (
+        sim.stats()["strict"] is True
+    )  # every body was checked against the SDK's (beta) types
     assert result.stopped_by == "done" and result.steps == TURNS
     compactions = [e for e in events if isinstance(e, CompactionEvent)]
     assert compactions and all(e.input_tokens >= 50_000 for e in compactions)
-    blocks = [b for m in result.messages if isinstance(m, AssistantMessage) for b in m.reasoning or []]
+    blocks = [
+        b
+        for m in result.messages
+        if isinstance(m, AssistantMessage)
+        for b in m.reasoning or []
+    ]
     assert [b.type for b in blocks] == ["compaction"] * len(compactions)
     assert all(b.data["encrypted_content"] and b.data["content"] for b in blocks)
     # every request carries the edit and its beta header; after a block, the block goes back verbatim
     # first in its assistant turn, and only the task precedes it
-    assert all(b["body"]["context_management"] == {"edits": policy.edits()} for b in bodies)
+    assert all(
+        b["body"]["context_management"] == {"edits": policy.edits()} for b in bodies
+    )
     assert all("compact-2026-01-12" in (b["beta"] or "") for b in bodies)
     after = [b["body"] for b in bodies if any(_blocks_of(b["body"], "compaction"))]
     assert after
@@ -133,16 +164,28 @@ async def test_threshold_compaction_block_is_sent_back_signed_and_a_replay_calls
     assert latest["messages"][1]["content"][0] == blocks[-1].data
     assert latest["messages"][1]["role"] == "assistant"
     # billing: each compacting answer's cost sums its iterations (the summary pass is outside the top level)
-    compacting = [e for e in events if isinstance(e, ModelEvent) and e.step in {c.step for c in compactions}]
+    compacting = [
+        e
+        for e in events
+        if isinstance(e, ModelEvent) and e.step in {c.step for c in compactions}
+    ]
     assert all(e.usage.prompt_tokens > 50_000 for e in compacting)
     requests = sim.stats()["requests"]
 
     again, again_events = await run(sim, policy, journal)
-    assert sim.stats()["requests"] == requests and again == result and again_events == events
+    assert (
+        sim.stats()["requests"] == requests
+        and again == result
+        and again_events == events
+    )
 
 
-async def test_context_editing_clears_old_tool_results_and_breaks_the_cache_there(sim: SimServer) -> None:
-    policy = ContextPolicy(clear_tool_results_at_tokens=40_000, keep_tool_results=1, clear_at_least=20_000)
+async def test_context_editing_clears_old_tool_results_and_breaks_the_cache_there(
+    sim: SimServer,
+) -> None:
+    policy = ContextPolicy(
+        clear_tool_results_at_tokens=40_000, keep_tool_results=1, clear_at_least=20_000
+    )
     bodies: list[dict[str, Any]] = []
     result, events = await run(sim, policy, MemoryJournal(), bodies)
 
@@ -153,7 +196,11 @@ async def test_context_editing_clears_old_tool_results_and_breaks_the_cache_ther
     assert sum(1 for m in result.messages if m.role == "tool") == TURNS - 1
     assert max(u.prompt_tokens for u in usages) < 40_000 + PAGE_TOKENS + 2_000
     # a clearing request reads less from the cache than the one before it (its prefix changed)
-    clears = [i for i in range(1, len(usages)) if usages[i].prompt_tokens < usages[i - 1].prompt_tokens]
+    clears = [
+        i
+        for i in range(1, len(usages))
+        if usages[i].prompt_tokens < usages[i - 1].prompt_tokens
+    ]
     assert clears
     assert all(usages[i].cached_tokens < usages[i - 1].cached_tokens for i in clears)
 
@@ -171,36 +218,55 @@ def _blocks_of(body: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 # -- refusals ----------------------------------------------------------------------------------------
 
 
-def _post(sim: SimServer, body: dict[str, Any], beta: str | None = None) -> httpx.Response:
+def _post(
+    sim: SimServer, body: dict[str, Any], beta: str | None = None
+) -> httpx.Response:
     headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
     if beta:
         headers["anthropic-beta"] = beta
-    return httpx.post(f"{sim.base_url}/v1/messages", json=body, headers=headers, timeout=10)
+    return httpx.post(
+        f"{sim.base_url}/v1/messages", json=body, headers=headers, timeout=10
+    )
 
 
 def _body(**extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "max_tokens": 100, "messages": [{"role": "user", "content": "Hi"}], **extra}
+    return {
+        "model": MODEL,
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Hi"}],
+        **extra,
+    }
 
 
 def _refused(response: httpx.Response, text: str) -> None:
     assert response.status_code == 400, response.text
     error = response.json()
-    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert (
+        error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    )
     assert text in error["error"]["message"]
 
 
 def _signed(sim: SimServer) -> dict[str, Any]:
     """A compaction block this simulator made: one request over the trigger with a compact edit."""
-    edit = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50_000}}
+    edit = {
+        "type": "compact_20260112",
+        "trigger": {"type": "input_tokens", "value": 50_000},
+    }
     body = _body(context_management={"edits": [edit]})
     body["messages"] = [{"role": "user", "content": "word " * 260_000}]
     answer = _post(sim, body, "compact-2026-01-12")
     assert answer.status_code == 200, answer.text
     data = answer.json()
     block = data["content"][0]
-    assert block["type"] == "compaction" and data["usage"]["iterations"][0]["type"] == "compaction"
+    assert (
+        block["type"] == "compaction"
+        and data["usage"]["iterations"][0]["type"] == "compaction"
+    )
     assert [i["type"] for i in data["usage"]["iterations"]] == ["compaction", "message"]
-    assert data["usage"]["input_tokens"] == data["usage"]["iterations"][1]["input_tokens"]
+    assert (
+        data["usage"]["input_tokens"] == data["usage"]["iterations"][1]["input_tokens"]
+    )
     return dict(block)
 
 
@@ -208,35 +274,76 @@ def _with_block(block: dict[str, Any]) -> dict[str, Any]:
     return _body(
         messages=[
             {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": [block, {"type": "text", "text": "Going on."}]},
+            {
+                "role": "assistant",
+                "content": [block, {"type": "text", "text": "Going on."}],
+            },
             {"role": "user", "content": "Next."},
         ]
     )
 
 
 def test_the_simulator_refuses_what_the_api_refuses(sim: SimServer) -> None:
-    clear = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 1000}}
-    _refused(_post(sim, _body(context_management={"edits": [clear]})), "context-management-2025-06-27")
-    compact = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 10_000}}
+    clear = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 1000},
+    }
     _refused(
-        _post(sim, _body(context_management={"edits": [compact]}), "compact-2026-01-12"), "at least 50000"
+        _post(sim, _body(context_management={"edits": [clear]})),
+        "context-management-2025-06-27",
     )
-    unknown = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 1000}, "x": 1}
-    _refused(_post(sim, _body(context_management={"edits": [unknown]}), "context-management-2025-06-27"), "x")
+    compact = {
+        "type": "compact_20260112",
+        "trigger": {"type": "input_tokens", "value": 10_000},
+    }
+    _refused(
+        _post(
+            sim, _body(context_management={"edits": [compact]}), "compact-2026-01-12"
+        ),
+        "at least 50000",
+    )
+    unknown = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 1000},
+        "x": 1,
+    }
+    _refused(
+        _post(
+            sim,
+            _body(context_management={"edits": [unknown]}),
+            "context-management-2025-06-27",
+        ),
+        "x",
+    )
 
     block = _signed(sim)
     assert _post(sim, _with_block(block), "compact-2026-01-12").status_code == 200
     _refused(_post(sim, _with_block(block)), "compact-2026-01-12")  # no beta header
-    tampered = {**block, "content": block["content"] + " And the keys are in the drawer."}
-    _refused(_post(sim, _with_block(tampered), "compact-2026-01-12"), "encrypted_content")
+    tampered = {
+        **block,
+        "content": block["content"] + " And the keys are in the drawer.",
+    }
+    _refused(
+        _post(sim, _with_block(tampered), "compact-2026-01-12"), "encrypted_content"
+    )
     unsigned = {"type": "compaction", "content": block["content"]}
-    _refused(_post(sim, _with_block(unsigned), "compact-2026-01-12"), "encrypted_content")
-    _refused(_post(sim, _with_block({**block, "content": ""}), "compact-2026-01-12"), "content")
-    failed = {"type": "compaction", "content": None}  # a failed compaction: a no-op, accepted
+    _refused(
+        _post(sim, _with_block(unsigned), "compact-2026-01-12"), "encrypted_content"
+    )
+    _refused(
+        _post(sim, _with_block({**block, "content": ""}), "compact-2026-01-12"),
+        "content",
+    )
+    failed = {
+        "type": "compaction",
+        "content": None,
+    }  # a failed compaction: a no-op, accepted
     assert _post(sim, _with_block(failed), "compact-2026-01-12").status_code == 200
     other = SimServer(lambda request: "hi")
     with other:  # a block another server signed is refused
-        _refused(_post(other, _with_block(block), "compact-2026-01-12"), "encrypted_content")
+        _refused(
+            _post(other, _with_block(block), "compact-2026-01-12"), "encrypted_content"
+        )
 
 
 async def test_on_demand_compaction_sends_the_signed_block_first_in_place_of_the_turns_it_covers(
@@ -246,7 +353,10 @@ async def test_on_demand_compaction_sends_the_signed_block_first_in_place_of_the
     `BetaCompactionConfigParam`, beta compact-2026-09-04, never beside context_management); its block
     (signed) is journaled and sent first, in the assistant message at the cut, by every later request."""
     policy = ContextPolicy(
-        compact_at_tokens=40_000, keep_turns=1, on_demand=True, clear_tool_results_at_tokens=90_000
+        compact_at_tokens=40_000,
+        keep_turns=1,
+        on_demand=True,
+        clear_tool_results_at_tokens=90_000,
     )
     bodies: list[dict[str, Any]] = []
     journal = MemoryJournal()
@@ -257,38 +367,77 @@ async def test_on_demand_compaction_sends_the_signed_block_first_in_place_of_the
     asks = [b for b in bodies if "compaction" in b["body"]]
     assert len(asks) == len(compactions) >= 2
     for ask in asks:
-        assert ask["body"]["compaction"] == {"type": "summarize"} and "context_management" not in ask["body"]
+        assert (
+            ask["body"]["compaction"] == {"type": "summarize"}
+            and "context_management" not in ask["body"]
+        )
         assert "compact-2026-09-04" in (ask["beta"] or "")
-        assert ask["body"]["messages"][-1]["role"] == "user"  # the history up to the cut, no prompt of ours
-    stored = [json.loads(v)["value"] for k, v in journal.entries.items() if k.startswith("compact:")]
+        assert (
+            ask["body"]["messages"][-1]["role"] == "user"
+        )  # the history up to the cut, no prompt of ours
+    stored = [
+        json.loads(v)["value"]
+        for k, v in journal.entries.items()
+        if k.startswith("compact:")
+    ]
     later = [
-        b["body"] for b in bodies if "compaction" not in b["body"] and _blocks_of(b["body"], "compaction")
+        b["body"]
+        for b in bodies
+        if "compaction" not in b["body"] and _blocks_of(b["body"], "compaction")
     ]
     assert later
     first = later[-1]["messages"][0]
-    assert first["role"] == "assistant" and first["content"][0] == stored[-1]["block"]["data"]
-    assert set(first["content"][0]) == {"type", "content", "encrypted_content", "signature"}
+    assert (
+        first["role"] == "assistant"
+        and first["content"][0] == stored[-1]["block"]["data"]
+    )
+    assert set(first["content"][0]) == {
+        "type",
+        "content",
+        "encrypted_content",
+        "signature",
+    }
     # the history keeps every turn and no block; the replay calls nothing
-    assert all(not m.reasoning for m in result.messages if isinstance(m, AssistantMessage))
+    assert all(
+        not m.reasoning for m in result.messages if isinstance(m, AssistantMessage)
+    )
     requests = sim.stats()["requests"]
     again, again_events = await run(sim, policy, journal)
-    assert sim.stats()["requests"] == requests and again == result and again_events == events
+    assert (
+        sim.stats()["requests"] == requests
+        and again == result
+        and again_events == events
+    )
 
 
 def test_on_demand_compaction_is_refused_beside_context_management_or_without_its_header(
     sim: SimServer,
 ) -> None:
-    clear = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 1000}}
-    both = _body(compaction={"type": "summarize"}, context_management={"edits": [clear]})
-    _refused(_post(sim, both, "compact-2026-09-04,context-management-2025-06-27"), "cannot be combined")
+    clear = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 1000},
+    }
+    both = _body(
+        compaction={"type": "summarize"}, context_management={"edits": [clear]}
+    )
+    _refused(
+        _post(sim, both, "compact-2026-09-04,context-management-2025-06-27"),
+        "cannot be combined",
+    )
     _refused(_post(sim, _body(compaction={"type": "summarize"})), "compact-2026-09-04")
     answer = _post(sim, _body(compaction={"type": "summarize"}), "compact-2026-09-04")
     assert answer.status_code == 200, answer.text
     data = answer.json()
-    assert data["stop_reason"] == "compaction" and [b["type"] for b in data["content"]] == ["compaction"]
+    assert data["stop_reason"] == "compaction" and [
+        b["type"] for b in data["content"]
+    ] == ["compaction"]
     block = data["content"][0]
     assert _post(sim, _with_block(block), "compact-2026-09-04").status_code == 200
     _refused(
-        _post(sim, _with_block({**block, "signature": block["signature"][::-1]}), "compact-2026-09-04"),
+        _post(
+            sim,
+            _with_block({**block, "signature": block["signature"][::-1]}),
+            "compact-2026-09-04",
+        ),
         "signature",
     )

@@ -17,22 +17,38 @@ FAL = {"Authorization": "Key test-key"}
 
 
 def anthropic_body(text: str = "Review the board.") -> dict[str, Any]:
-    return {"model": "claude-sonnet-5-5", "max_tokens": 100, "messages": [{"role": "user", "content": text}]}
+    return {
+        "model": "claude-sonnet-5-5",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": text}],
+    }
 
 
 def fal_body(text: str = "Review the board.") -> dict[str, Any]:
-    return {"model": "anthropic/claude-opus-5.5", "messages": [{"role": "user", "content": text}]}
+    return {
+        "model": "anthropic/claude-opus-5.5",
+        "messages": [{"role": "user", "content": text}],
+    }
 
 
-def post_anthropic(sim: SimServer, body: dict[str, Any] | None = None, **kwargs: Any) -> httpx.Response:
+def post_anthropic(
+    sim: SimServer, body: dict[str, Any] | None = None, **kwargs: Any
+) -> httpx.Response:
     return httpx.post(
-        f"{sim.base_url}/v1/messages", headers=ANTHROPIC, json=body or anthropic_body(), **kwargs
+        f"{sim.base_url}/v1/messages",
+        headers=ANTHROPIC,
+        json=body or anthropic_body(),
+        **kwargs,
     )
 
 
-def post_fal(sim: SimServer, body: dict[str, Any] | None = None, **kwargs: Any) -> httpx.Response:
+def post_fal(
+    sim: SimServer, body: dict[str, Any] | None = None, **kwargs: Any
+) -> httpx.Response:
     path = "/openrouter/router/openai/v1/chat/completions"
-    return httpx.post(sim.base_url + path, headers=FAL, json=body or fal_body(), **kwargs)
+    return httpx.post(
+        sim.base_url + path, headers=FAL, json=body or fal_body(), **kwargs
+    )
 
 
 @pytest.fixture
@@ -49,7 +65,9 @@ def faulty() -> Iterator[SimServer]:
         yield sim
 
 
-def test_429_with_retry_after_for_the_first_two_tries_then_the_answer(faulty: SimServer) -> None:
+def test_429_with_retry_after_for_the_first_two_tries_then_the_answer(
+    faulty: SimServer,
+) -> None:
     body = anthropic_body('{"status": 429, "retry_after": 1, "times": 2}')
     first, second, third = (post_anthropic(faulty, body) for _ in range(3))
     for response in (first, second):
@@ -69,11 +87,20 @@ STATUSES = [
 
 
 @pytest.mark.parametrize(("status", "kind"), STATUSES)
-def test_status_faults_use_the_anthropic_error_format(faulty: SimServer, status: int, kind: str) -> None:
+def test_status_faults_use_the_anthropic_error_format(
+    faulty: SimServer, status: int, kind: str
+) -> None:
     response = post_anthropic(faulty, anthropic_body(json.dumps({"status": status})))
     assert response.status_code == status
-    assert response.json()["type"] == "error" and response.json()["error"]["type"] == kind
-    assert post_anthropic(faulty, anthropic_body(json.dumps({"status": status}))).status_code == 200
+    assert (
+        response.json()["type"] == "error" and response.json()["error"]["type"] == kind
+    )
+    assert (
+        post_anthropic(
+            faulty, anthropic_body(json.dumps({"status": status}))
+        ).status_code
+        == 200
+    )
 
 
 def test_status_faults_on_fal_use_its_error_format(faulty: SimServer) -> None:
@@ -87,7 +114,9 @@ def test_status_faults_on_fal_use_its_error_format(faulty: SimServer) -> None:
 def test_faults_count_per_conversation(faulty: SimServer) -> None:
     fault = {"status": 500, "times": 1}
     first = post_anthropic(faulty, anthropic_body(json.dumps(fault)))
-    other = post_anthropic(faulty, anthropic_body(json.dumps(fault | {"message": "another conversation"})))
+    other = post_anthropic(
+        faulty, anthropic_body(json.dumps(fault | {"message": "another conversation"}))
+    )
     assert (first.status_code, other.status_code) == (500, 500)
 
 
@@ -96,7 +125,9 @@ def test_times_null_fails_every_time(faulty: SimServer) -> None:
     assert [post_anthropic(faulty, body).status_code for _ in range(4)] == [500] * 4
 
 
-def test_a_timeout_fault_outlasts_a_short_client_timeout_then_answers(faulty: SimServer) -> None:
+def test_a_timeout_fault_outlasts_a_short_client_timeout_then_answers(
+    faulty: SimServer,
+) -> None:
     body = anthropic_body('{"kind": "timeout", "seconds": 1.5}')
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
@@ -106,7 +137,9 @@ def test_a_timeout_fault_outlasts_a_short_client_timeout_then_answers(faulty: Si
     assert retried.status_code == 200 and retried.elapsed.total_seconds() < 1.0
 
 
-def test_a_drop_fault_closes_the_connection_without_a_response(faulty: SimServer) -> None:
+def test_a_drop_fault_closes_the_connection_without_a_response(
+    faulty: SimServer,
+) -> None:
     body = anthropic_body('{"kind": "drop"}')
     with pytest.raises(httpx.RemoteProtocolError):
         post_anthropic(faulty, body)
@@ -144,12 +177,19 @@ def test_a_policy_that_raises_is_a_500_naming_the_error() -> None:
     assert "no such shot" in response.json()["error"]["message"]
 
 
-def test_a_stream_flag_that_is_not_a_boolean_is_a_400_that_says_so(faulty: SimServer) -> None:
+def test_a_stream_flag_that_is_not_a_boolean_is_a_400_that_says_so(
+    faulty: SimServer,
+) -> None:
     response = post_anthropic(faulty, anthropic_body() | {"stream": "yes"})
     assert response.status_code == 400
     assert "stream" in response.json()["error"]["message"]
 
 
 def test_a_body_that_is_not_json_is_a_400(faulty: SimServer) -> None:
-    response = httpx.post(f"{faulty.base_url}/v1/messages", headers=ANTHROPIC, content=b"\xff{not json")
-    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    response = httpx.post(
+        f"{faulty.base_url}/v1/messages", headers=ANTHROPIC, content=b"\xff{not json"
+    )
+    assert (
+        response.status_code == 400
+        and response.json()["error"]["type"] == "invalid_request_error"
+    )

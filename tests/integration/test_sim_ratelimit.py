@@ -27,7 +27,9 @@ def test_a_key_past_its_requests_per_minute_gets_429_with_the_headers() -> None:
     with SimServer([{"text": "Hi."}], rate_limits=SimRateLimits(rpm=3)) as sim:
         answers = [post(sim, "key-a") for _ in range(3)]
         assert [a.status_code for a in answers] == [200, 200, 200]
-        assert [a.headers["anthropic-ratelimit-requests-remaining"] for a in answers] == ["2", "1", "0"]
+        assert [
+            a.headers["anthropic-ratelimit-requests-remaining"] for a in answers
+        ] == ["2", "1", "0"]
         assert answers[0].headers["anthropic-ratelimit-requests-limit"] == "3"
         assert answers[0].headers["anthropic-ratelimit-requests-reset"].endswith("Z")
         refused = post(sim, "key-a")
@@ -36,9 +38,13 @@ def test_a_key_past_its_requests_per_minute_gets_429_with_the_headers() -> None:
         assert refused.headers["retry-after"] == "20"  # one request refills in 60 / 3 s
         assert refused.headers["anthropic-ratelimit-requests-remaining"] == "0"
         assert post(sim, "key-b").status_code == 200  # limits are per key
-        with anthropic.Anthropic(api_key="key-a", base_url=sim.base_url, max_retries=0) as sdk:
+        with anthropic.Anthropic(
+            api_key="key-a", base_url=sim.base_url, max_retries=0
+        ) as sdk:
             try:
-                sdk.messages.create(model="claude-haiku-4-5", max_tokens=10, messages=HELLO)
+                sdk.messages.create(
+                    model="claude-haiku-4-5", max_tokens=10, messages=HELLO
+                )
                 raise AssertionError("not limited")
             except anthropic.RateLimitError as error:
                 assert error.response.headers["retry-after"] == "20"
@@ -51,14 +57,20 @@ def test_input_tokens_per_minute_count_the_prompt() -> None:
         assert first.status_code == 200
         left = int(first.headers["anthropic-ratelimit-input-tokens-remaining"])
         assert 0 < left < 100
-        assert "anthropic-ratelimit-requests-limit" not in first.headers  # only the limits that are set
+        assert (
+            "anthropic-ratelimit-requests-limit" not in first.headers
+        )  # only the limits that are set
 
 
 def post_fal(sim: SimServer, key: str) -> httpx.Response:
     return httpx.post(
         f"{sim.base_url}/openrouter/router/openai/v1/chat/completions",
         headers={"authorization": f"Key {key}"},
-        json={"model": "anthropic/claude-haiku-4.5", "max_tokens": 10, "messages": HELLO},
+        json={
+            "model": "anthropic/claude-haiku-4.5",
+            "max_tokens": 10,
+            "messages": HELLO,
+        },
     )
 
 
@@ -67,8 +79,14 @@ def test_the_fal_wire_has_limits_of_its_own_and_burst_s_sizes_a_bucket() -> None
     limits = SimRateLimits(rpm=60, burst_s=2)
     with SimServer([{"text": "Hi."}] * 9, fal_rate_limits=limits) as sim:
         answers = [post_fal(sim, "fal-a") for _ in range(3)]
-        assert [a.status_code for a in answers] == [200, 200, 429], [a.text for a in answers]
+        assert [a.status_code for a in answers] == [200, 200, 429], [
+            a.text for a in answers
+        ]
         assert answers[2].headers["retry-after"] == "1"
-        assert not [h for h in answers[2].headers if h.startswith("anthropic-ratelimit")]  # fal sends none
-        assert [post(sim, "fal-a").status_code for _ in range(3)] == [200] * 3  # Anthropic's wire: no limit
+        assert not [
+            h for h in answers[2].headers if h.startswith("anthropic-ratelimit")
+        ]  # fal sends none
+        assert [post(sim, "fal-a").status_code for _ in range(3)] == [
+            200
+        ] * 3  # Anthropic's wire: no limit
         assert sim.stats()["statuses"]["429"] == 1

@@ -50,17 +50,35 @@ def run_with_a_tool(client: Client) -> str:
 
 def check_done_with_a_tool(client: Client, run_id: str) -> None:
     status = client.wait(run_id, timeout=30)
-    assert (status.status, status.final_text, status.steps) == ("done", "The sum is 5.", 2), status
+    assert (status.status, status.final_text, status.steps) == (
+        "done",
+        "The sum is 5.",
+        2,
+    ), status
     history = client.history(run_id)
-    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
-    assert [e.kind for e in client.events(run_id)] == ["queued", "model", "tool", "model", "finished"]
+    assert [type(m) for m in history] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        AssistantMessage,
+    ]
+    assert [e.kind for e in client.events(run_id)] == [
+        "queued",
+        "model",
+        "tool",
+        "model",
+        "finished",
+    ]
 
 
 @pytest.mark.parametrize("steps", ["step consumer", "Celery pool"])
 def test_a_run_is_the_same_on_the_step_consumer_and_in_celerys_pool(
     steps: str, server: EmbeddedServer, client: Client, raw: redis.Redis, tmp_path: Path
 ) -> None:
-    env = {**AGENT, **({"TOOLLOOP_STEP_QUEUES": "none"} if steps == "Celery pool" else {})}
+    env = {
+        **AGENT,
+        **({"TOOLLOOP_STEP_QUEUES": "none"} if steps == "Celery pool" else {}),
+    }
     worker = start_worker(server.url, tmp_path, env)
     try:
         run_id = run_with_a_tool(client)
@@ -78,9 +96,13 @@ def test_a_message_that_is_not_a_task_is_kept_aside_and_runs_go_on(
     worker = start_worker(server.url, tmp_path, AGENT)
     try:
         raw.lpush("tools", "not a task message")
-        raw.lpush("tools", json.dumps({"properties": {"delivery_tag": "t1"}, "body": "??"}))
+        raw.lpush(
+            "tools", json.dumps({"properties": {"delivery_tag": "t1"}, "body": "??"})
+        )
         assert eventually(lambda: raw.llen(REJECTED) == 2)
-        assert "not a task message" in [json.loads(entry)["raw"] for entry in raw.lrange(REJECTED, 0, -1)]
+        assert "not a task message" in [
+            json.loads(entry)["raw"] for entry in raw.lrange(REJECTED, 0, -1)
+        ]
         assert raw.hlen(names.UNACKED) == 0
         assert "is not a task" in worker.log.read_text()
         check_done_with_a_tool(client, run_with_a_tool(client))
@@ -91,15 +113,22 @@ def test_a_message_that_is_not_a_task_is_kept_aside_and_runs_go_on(
 def test_a_warm_shutdown_puts_a_running_step_back_on_its_queue(
     server: EmbeddedServer, client: Client, raw: redis.Redis, tmp_path: Path
 ) -> None:
-    worker = start_worker(server.url, tmp_path, {**AGENT, "TOOLLOOP_SHUTDOWN_GRACE": "1"})
+    worker = start_worker(
+        server.url, tmp_path, {**AGENT, "TOOLLOOP_SHUTDOWN_GRACE": "1"}
+    )
     run_id = client.enqueue(spec("slow", "Sleep.", toolset=TOOLSET))  # a 30 s tool step
-    eventually(lambda: raw.hlen(names.UNACKED) == 1 and client.status(run_id).steps == 1)
+    eventually(
+        lambda: raw.hlen(names.UNACKED) == 1 and client.status(run_id).steps == 1
+    )
     worker.stop()  # SIGTERM: 1 s of grace, then the step goes back
     assert worker.process.returncode == 0
     assert raw.hlen(names.UNACKED) == 0
     waiting = [wire.parse(m) for m in raw.lrange("tools", 0, -1)]
     assert [(d.name, d.args[0]) for d in waiting] == [("toolloop.advance", run_id)]
-    assert "goes back on queue 'tools': the worker is shutting down" in worker.log.read_text()
+    assert (
+        "goes back on queue 'tools': the worker is shutting down"
+        in worker.log.read_text()
+    )
     assert client.status(run_id).status == "running"
     client.cancel(run_id)
     again = start_worker(server.url, tmp_path, AGENT)
@@ -112,18 +141,30 @@ def test_a_warm_shutdown_puts_a_running_step_back_on_its_queue(
 def test_remote_control_adds_and_cancels_step_queues(
     server: EmbeddedServer, client: Client, raw: redis.Redis, tmp_path: Path
 ) -> None:
-    worker = Worker(server.url, tmp_path / "w.log", AGENT, queues="tools,control").wait_ready()
+    worker = Worker(
+        server.url, tmp_path / "w.log", AGENT, queues="tools,control"
+    ).wait_ready()
     try:
-        run_id = run_with_a_tool(client)  # its first step waits on "llm", which nobody takes
+        run_id = run_with_a_tool(
+            client
+        )  # its first step waits on "llm", which nobody takes
         assert client.status(run_id).status == "queued"
         name = worker.name.replace("%h", socket.gethostname())
         replies: list[dict[str, Any]] = client.celery.control.broadcast(
-            "add_step_queue", arguments={"queue": "llm"}, destination=[name], reply=True, timeout=10
+            "add_step_queue",
+            arguments={"queue": "llm"},
+            destination=[name],
+            reply=True,
+            timeout=10,
         )
         assert replies == [{name: {"ok": "step queue 'llm' added"}}]
         check_done_with_a_tool(client, run_id)
         replies = client.celery.control.broadcast(
-            "cancel_step_queue", arguments={"queue": "llm"}, destination=[name], reply=True, timeout=10
+            "cancel_step_queue",
+            arguments={"queue": "llm"},
+            destination=[name],
+            reply=True,
+            timeout=10,
         )
         assert replies == [{name: {"ok": "step queue 'llm' cancelled"}}]
         later = run_with_a_tool(client)

@@ -53,12 +53,20 @@ def read_frame(input: Shot, signal: AbortSignal) -> ToolOutput:
 
 
 def read_frame_spec() -> ToolSpec:
-    return ToolSpec(name="read_frame", description="Read one frame.", schema=Shot, run=read_frame)
+    return ToolSpec(
+        name="read_frame", description="Read one frame.", schema=Shot, run=read_frame
+    )
 
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0)
-SYSTEM = "You review storyboards shot by shot and report what to change. " * 80  # > 1,024 tokens
-TOOL = {"name": "read_frame", "description": "Read one frame.", "input_schema": {"type": "object"}}
+SYSTEM = (
+    "You review storyboards shot by shot and report what to change. " * 80
+)  # > 1,024 tokens
+TOOL = {
+    "name": "read_frame",
+    "description": "Read one frame.",
+    "input_schema": {"type": "object"},
+}
 LONG = "The third shot holds too long on the empty corridor; cut it by a second. " * 6
 SCENARIOS: dict[str, list[Any]] = {
     "text": [{"text": LONG}],
@@ -66,7 +74,10 @@ SCENARIOS: dict[str, list[Any]] = {
         {
             "text": "Looking at both.",
             "tool_calls": [
-                {"name": "read_frame", "input": {"shot": 3, "note": "ünïcode \u2014 ok"}},
+                {
+                    "name": "read_frame",
+                    "input": {"shot": 3, "note": "ünïcode \u2014 ok"},
+                },
                 {"name": "read_frame", "input": {}},
             ],
         }
@@ -114,33 +125,51 @@ def request(scenario: str, turn: int = 0) -> PromptGenRequest:
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-async def test_a_streamed_answer_is_the_same_result_as_the_whole_one(wire: str, scenario: str) -> None:
+async def test_a_streamed_answer_is_the_same_result_as_the_whole_one(
+    wire: str, scenario: str
+) -> None:
     with SimServer(SCENARIOS[scenario], strict=True) as sim:
         model = handler(wire, sim)
-        whole = [await model.execute(request(scenario, turn), NEVER_ABORTED) for turn in (1, 2)]
+        whole = [
+            await model.execute(request(scenario, turn), NEVER_ABORTED)
+            for turn in (1, 2)
+        ]
         sim.reset()  # an empty prompt cache again: the streamed calls write, then read, the same
         deltas: list[DeltaEvent] = []
         streamed = [
-            await model.execute(request(scenario, t), NEVER_ABORTED, on_delta=deltas.append) for t in (1, 2)
+            await model.execute(
+                request(scenario, t), NEVER_ABORTED, on_delta=deltas.append
+            )
+            for t in (1, 2)
         ]
     for one, other in zip(whole, streamed, strict=True):
         assert other.model_dump_json() == one.model_dump_json()
     first, second = whole
-    assert first.usage.cache_write_tokens > 0 and second.usage.cached_tokens > 0  # cache usage counted
+    assert (
+        first.usage.cache_write_tokens > 0 and second.usage.cached_tokens > 0
+    )  # cache usage counted
     text = "".join(d.text for d in deltas if not d.thinking)
     assert text == first.text + second.text
     if scenario == "thinking":
         assert first.reasoning and any(b.data.get("signature") for b in first.reasoning)
-        redacted = {"redacted_thinking", "reasoning.encrypted"}  # anthropic's, fal's (OpenRouter's)
+        redacted = {
+            "redacted_thinking",
+            "reasoning.encrypted",
+        }  # anthropic's, fal's (OpenRouter's)
         assert any(b.data.get("type") in redacted for b in first.reasoning)
         assert any(d.thinking for d in deltas)
     if scenario == "tool calls":
-        assert [c.input for c in first.tool_calls] == [{"shot": 3, "note": "ünïcode — ok"}, {}]
+        assert [c.input for c in first.tool_calls] == [
+            {"shot": 3, "note": "ünïcode — ok"},
+            {},
+        ]
     if scenario == "cut tool call":
         assert first.finish_reason == "length"
 
 
-def loop_options(wire: str, sim: SimServer, journal: MemoryJournal, events: list[Any]) -> RunToolLoopOptions:
+def loop_options(
+    wire: str, sim: SimServer, journal: MemoryJournal, events: list[Any]
+) -> RunToolLoopOptions:
     gen = PromptGen({wire: handler(wire, sim)}, wire)
     return RunToolLoopOptions(
         generate=gen.as_generate(),
@@ -157,13 +186,18 @@ def loop_options(wire: str, sim: SimServer, journal: MemoryJournal, events: list
 
 
 LOOP_SCRIPT = [
-    {"text": "Let me read the frame first.", "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}]},
+    {
+        "text": "Let me read the frame first.",
+        "tool_calls": [{"name": "read_frame", "input": {"shot": 3}}],
+    },
     {"text": LONG},
 ]
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_deltas_reach_on_step_in_order_then_the_model_event_and_a_replay_emits_none(wire: str) -> None:
+async def test_deltas_reach_on_step_in_order_then_the_model_event_and_a_replay_emits_none(
+    wire: str,
+) -> None:
     journal = MemoryJournal()
     with SimServer(LOOP_SCRIPT, strict=True) as sim:
         events: list[Any] = []
@@ -179,16 +213,24 @@ async def test_deltas_reach_on_step_in_order_then_the_model_event_and_a_replay_e
         deltas = [e for e in events if isinstance(e, DeltaEvent) and e.step == step]
         model = next(e for e in events if isinstance(e, ModelEvent) and e.step == step)
         assert len(deltas) > 3 and "".join(d.text for d in deltas) == model.text
-        assert max(events.index(d) for d in deltas) < events.index(model)  # the ModelEvent follows
+        assert max(events.index(d) for d in deltas) < events.index(
+            model
+        )  # the ModelEvent follows
     assert again.final_text == result.final_text
-    assert [e.kind for e in replayed] == ["model", "tool", "model"]  # no deltas on replay
+    assert [e.kind for e in replayed] == [
+        "model",
+        "tool",
+        "model",
+    ]  # no deltas on replay
 
 
 def faulted(kind: str, **fields: Any) -> list[Any]:
     return [{"text": LONG, "fault": {"kind": kind, "after": 5, **fields}}]
 
 
-def same_answer(result: PromptGenResult, expected: PromptGenResult, *, cut_attempts: int) -> bool:
+def same_answer(
+    result: PromptGenResult, expected: PromptGenResult, *, cut_attempts: int
+) -> bool:
     """`result` is `expected` (the same request answered whole) with the cost of its cut attempts
     added (docs/providers.md, "Usage and cost")."""
     meta = dict(result.meta or {})
@@ -201,42 +243,65 @@ def same_answer(result: PromptGenResult, expected: PromptGenResult, *, cut_attem
     return answer.model_dump_json() == expected.model_dump_json()
 
 
-@pytest.mark.parametrize("keep_alive", [False, True], ids=["per-call client", "keep-alive client"])
+@pytest.mark.parametrize(
+    "keep_alive", [False, True], ids=["per-call client", "keep-alive client"]
+)
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 @pytest.mark.parametrize("kind", ["stream_drop", "stream_error"])
 async def test_a_stream_cut_or_failed_mid_way_is_retried_and_the_cut_attempt_counted(
     wire: str, kind: str, keep_alive: bool
 ) -> None:
-    with SimServer([{"text": LONG}], strict=True) as clean:  # the same request twice: the cut attempt
-        await handler(wire, clean).execute(request("text"), NEVER_ABORTED)  # had written the cache
+    with SimServer(
+        [{"text": LONG}], strict=True
+    ) as clean:  # the same request twice: the cut attempt
+        await handler(wire, clean).execute(
+            request("text"), NEVER_ABORTED
+        )  # had written the cache
         expected = await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
     fields = {"status": 529} if kind == "stream_error" else {}
     with SimServer(faulted(kind, **fields), strict=True) as sim:
         deltas: list[DeltaEvent] = []
         model = handler(wire, sim, keep_alive=keep_alive)
-        result = await model.execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
+        result = await model.execute(
+            request("text"), NEVER_ABORTED, on_delta=deltas.append
+        )
         stats = sim.stats()
         await model.http.aclose()
     assert same_answer(result, expected, cut_attempts=1)
-    assert result.usage.cached_tokens > 0  # the retry read the prefix the cut attempt cached
+    assert (
+        result.usage.cached_tokens > 0
+    )  # the retry read the prefix the cut attempt cached
     assert stats["faults"] == {kind: 1} and stats["requests"] == 2
     cut = deltas.index(DeltaEvent(discard=True))
-    shown = "".join(d.text for d in deltas[:cut])  # the 5 pieces before the fault, in 1 to 5 deltas
-    assert shown == LONG[: 5 * PIECE_CHARS] and "".join(d.text for d in deltas[cut + 1 :]) == LONG
+    shown = "".join(
+        d.text for d in deltas[:cut]
+    )  # the 5 pieces before the fault, in 1 to 5 deltas
+    assert (
+        shown == LONG[: 5 * PIECE_CHARS]
+        and "".join(d.text for d in deltas[cut + 1 :]) == LONG
+    )
     assert DeltaEvent(discard=True) not in deltas[cut + 1 :]
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_an_overloaded_error_event_every_time_ends_as_the_http_529_would(wire: str) -> None:
+async def test_an_overloaded_error_event_every_time_ends_as_the_http_529_would(
+    wire: str,
+) -> None:
     with SimServer(faulted("stream_error", status=529, times=None), strict=True) as sim:
         deltas: list[DeltaEvent] = []
-        with pytest.raises(PromptGenError, match=r"HTTP 529.*\(2 attempts\)") as caught:  # each may be billed
-            await handler(wire, sim).execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
+        with pytest.raises(
+            PromptGenError, match=r"HTTP 529.*\(2 attempts\)"
+        ) as caught:  # each may be billed
+            await handler(wire, sim).execute(
+                request("text"), NEVER_ABORTED, on_delta=deltas.append
+            )
     assert caught.value.status == 529 and caught.value.retryable
     assert deltas[-1] == DeltaEvent(discard=True)  # what was shown is void
 
 
-@pytest.mark.parametrize("keep_alive", [False, True], ids=["per-call client", "keep-alive client"])
+@pytest.mark.parametrize(
+    "keep_alive", [False, True], ids=["per-call client", "keep-alive client"]
+)
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 async def test_the_timeout_is_idle_between_events_not_a_cap_on_the_answer(
     wire: str, keep_alive: bool
@@ -244,21 +309,32 @@ async def test_the_timeout_is_idle_between_events_not_a_cap_on_the_answer(
     slow = [{"text": LONG, "tokens_per_s": 40}]  # ~110 pieces: about 2.8 s, 25 ms apart
     with SimServer(slow, strict=True) as sim:
         model = handler(wire, sim, timeout_s=0.5, keep_alive=keep_alive)
-        result = await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+        result = await model.execute(
+            request("text"), NEVER_ABORTED, on_delta=lambda d: None
+        )
         await model.http.aclose()
     assert result.text == LONG
     stalled = faulted("stall", seconds=1.0, times=None)
     with SimServer(stalled, strict=True) as sim:
         model = handler(
-            wire, sim, timeout_s=0.3, retry=RetryPolicy(attempts=2, base_delay_s=0.01), keep_alive=keep_alive
+            wire,
+            sim,
+            timeout_s=0.3,
+            retry=RetryPolicy(attempts=2, base_delay_s=0.01),
+            keep_alive=keep_alive,
         )
-        with pytest.raises(PromptGenError, match=r"sent nothing for 0\.3 s in the middle of its streamed"):
+        with pytest.raises(
+            PromptGenError,
+            match=r"sent nothing for 0\.3 s in the middle of its streamed",
+        ):
             await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
         assert sim.stats()["faults"] == {"stall": 2}
         await model.http.aclose()
 
 
-async def test_anthropic_streams_a_call_above_the_sdk_non_streaming_limit_without_on_delta() -> None:
+async def test_anthropic_streams_a_call_above_the_sdk_non_streaming_limit_without_on_delta() -> (
+    None
+):
     bodies: list[dict[str, Any]] = []
 
     def policy(sim_request: SimRequest) -> SimTurn:
@@ -267,7 +343,9 @@ async def test_anthropic_streams_a_call_above_the_sdk_non_streaming_limit_withou
 
     with SimServer(policy, strict=True) as sim:
         model = handler("anthropic", sim)
-        big = request("text").model_copy(update={"params": {"reasoning": "off", "max_tokens": 30_000}})
+        big = request("text").model_copy(
+            update={"params": {"reasoning": "off", "max_tokens": 30_000}}
+        )
         long_answer = await model.execute(big, NEVER_ABORTED)
         short_answer = await model.execute(request("text"), NEVER_ABORTED)
     assert long_answer.text == short_answer.text == "A long answer, in time."
@@ -292,39 +370,61 @@ def timed(into: list[tuple[float, DeltaEvent]]) -> Any:
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
-async def test_held_reads_pass_every_piece_once_in_order_one_delta_per_hold(wire: str) -> None:
+async def test_held_reads_pass_every_piece_once_in_order_one_delta_per_hold(
+    wire: str,
+) -> None:
     paced = [{"text": LONG, "tokens_per_s": 200}]  # 114 pieces 5 ms apart: about 0.57 s
     with SimServer(paced, strict=True) as sim:
         whole = await handler(wire, sim).execute(request("text"), NEVER_ABORTED)
         sim.reset()
         model = handler(wire, sim, keep_alive=True)
         each: list[tuple[float, DeltaEvent]] = []
-        streamed = await model.execute(request("text"), NEVER_ABORTED, on_delta=timed(each))
+        streamed = await model.execute(
+            request("text"), NEVER_ABORTED, on_delta=timed(each)
+        )
         sim.reset()
         gathered: list[tuple[float, DeltaEvent]] = []
         with held(0.1):
-            kept = await model.execute(request("text"), NEVER_ABORTED, on_delta=timed(gathered))
+            kept = await model.execute(
+                request("text"), NEVER_ABORTED, on_delta=timed(gathered)
+            )
         await model.http.aclose()
-    assert streamed.model_dump_json() == whole.model_dump_json() == kept.model_dump_json()
-    assert "".join(d.text for _, d in gathered) == "".join(d.text for _, d in each) == LONG
+    assert (
+        streamed.model_dump_json() == whole.model_dump_json() == kept.model_dump_json()
+    )
+    assert (
+        "".join(d.text for _, d in gathered) == "".join(d.text for _, d in each) == LONG
+    )
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(gathered)]
-    assert len(gathered) <= 0.6 / 0.1 + 3 < len(LONG) // PIECE_CHARS  # a delta per hold, not per piece
+    assert (
+        len(gathered) <= 0.6 / 0.1 + 3 < len(LONG) // PIECE_CHARS
+    )  # a delta per hold, not per piece
     assert min(gaps) >= 0.09, gaps  # nothing read while held
     assert len(each) > 2 * len(gathered)  # without the hold, reads as the pieces come
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 @pytest.mark.parametrize("kind", ["stream_drop", "stream_error"])
-async def test_a_stream_cut_or_failed_while_reads_are_held_is_retried_the_same(wire: str, kind: str) -> None:
+async def test_a_stream_cut_or_failed_while_reads_are_held_is_retried_the_same(
+    wire: str, kind: str
+) -> None:
     with SimServer([{"text": LONG}], strict=True) as clean:
         await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
         expected = await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
     fields = {"status": 529} if kind == "stream_error" else {}
-    paced = [{"text": LONG, "tokens_per_s": 200, "fault": {"kind": kind, "after": 30, **fields}}]
+    paced = [
+        {
+            "text": LONG,
+            "tokens_per_s": 200,
+            "fault": {"kind": kind, "after": 30, **fields},
+        }
+    ]
     with SimServer(paced, strict=True) as sim, held(0.05):
         deltas: list[DeltaEvent] = []
         model = handler(wire, sim, keep_alive=True)
-        result = await model.execute(request("text"), NEVER_ABORTED, on_delta=deltas.append)
+        result = await model.execute(
+            request("text"), NEVER_ABORTED, on_delta=deltas.append
+        )
         stats = sim.stats()
         await model.http.aclose()
     assert same_answer(result, expected, cut_attempts=1)
@@ -337,20 +437,37 @@ async def test_a_stream_cut_or_failed_while_reads_are_held_is_retried_the_same(w
 @pytest.mark.parametrize("wire", ["anthropic", "fal"])
 async def test_held_reads_keep_the_idle_timeout_between_events(wire: str) -> None:
     stall = {"kind": "stall", "seconds": 1.2, "after": 20, "times": None}
-    with SimServer([{"text": LONG, "tokens_per_s": 200, "fault": stall}], strict=True) as sim, held(0.05):
+    with (
+        SimServer(
+            [{"text": LONG, "tokens_per_s": 200, "fault": stall}], strict=True
+        ) as sim,
+        held(0.05),
+    ):
         model = handler(
-            wire, sim, timeout_s=0.5, retry=RetryPolicy(attempts=2, base_delay_s=0.01), keep_alive=True
+            wire,
+            sim,
+            timeout_s=0.5,
+            retry=RetryPolicy(attempts=2, base_delay_s=0.01),
+            keep_alive=True,
         )
         try:
-            with pytest.raises(PromptGenError, match=r"sent nothing for 0\.5 s in the middle of its"):
-                await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+            with pytest.raises(
+                PromptGenError, match=r"sent nothing for 0\.5 s in the middle of its"
+            ):
+                await model.execute(
+                    request("text"), NEVER_ABORTED, on_delta=lambda d: None
+                )
         finally:
             await model.http.aclose()
         await asyncio.sleep(1.0)  # the simulator's stalled answer ends before it stops
     with SimServer([{"text": LONG, "tokens_per_s": 40}], strict=True) as sim, held(1.0):
-        model = handler(wire, sim, timeout_s=0.5, keep_alive=True)  # the hold: cut to half the timeout
+        model = handler(
+            wire, sim, timeout_s=0.5, keep_alive=True
+        )  # the hold: cut to half the timeout
         try:
-            result = await model.execute(request("text"), NEVER_ABORTED, on_delta=lambda d: None)
+            result = await model.execute(
+                request("text"), NEVER_ABORTED, on_delta=lambda d: None
+            )
         finally:
             await model.http.aclose()
     assert result.text == LONG

@@ -100,7 +100,9 @@ def tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     directory = tmp_path_factory.mktemp("tls-redis")
     _certificates(directory)
-    (directory / "users.acl").write_text(f"user default off\nuser toolloop on >{PASSWORD} ~* &* +@all\n")
+    (directory / "users.acl").write_text(
+        f"user default off\nuser toolloop on >{PASSWORD} ~* &* +@all\n"
+    )
     port = free_port()
     log = (directory / "redis.log").open("wb")
     process = subprocess.Popen(
@@ -148,9 +150,12 @@ def tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             out = (directory / "redis.log").read_text(errors="replace")
             lowered = out.lower()
             if "tls" in lowered and any(
-                s in lowered for s in ("not supported", "not built", "missing implement")
+                s in lowered
+                for s in ("not supported", "not built", "missing implement")
             ):
-                pytest.skip(f"this redis-server was built without TLS: {out.strip()[-200:]}")
+                pytest.skip(
+                    f"this redis-server was built without TLS: {out.strip()[-200:]}"
+                )
             raise RuntimeError(f"the TLS redis-server exited: {out[-2000:]}")
         try:
             redis.Redis.from_url(url, socket_timeout=1).ping()
@@ -176,26 +181,44 @@ def test_the_server_refuses_plain_text_and_the_default_user(tls_url: str) -> Non
 
 
 @pytest.mark.parametrize("steps", ["step consumer", "Celery pool"])
-def test_a_durable_run_finishes_over_tls_with_an_acl_user(steps: str, tls_url: str, tmp_path: Path) -> None:
-    env = {**AGENT, **({"TOOLLOOP_STEP_QUEUES": "none"} if steps == "Celery pool" else {})}
+def test_a_durable_run_finishes_over_tls_with_an_acl_user(
+    steps: str, tls_url: str, tmp_path: Path
+) -> None:
+    env = {
+        **AGENT,
+        **({"TOOLLOOP_STEP_QUEUES": "none"} if steps == "Celery pool" else {}),
+    }
     worker = start_worker(tls_url, tmp_path, env)
     client = Client(tls_url)
     try:
         run_id = client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"))
         status = client.wait(run_id, timeout=60)
         assert (status.status, status.final_text) == ("done", "The sum is 5."), status
-        again = client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"), idempotency_key="tls-1")
+        again = client.enqueue(
+            spec("tools", "Add 2 and 3.", toolset="agents"), idempotency_key="tls-1"
+        )
         assert (
-            client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"), idempotency_key="tls-1") == again
+            client.enqueue(
+                spec("tools", "Add 2 and 3.", toolset="agents"), idempotency_key="tls-1"
+            )
+            == again
         )
         assert client.wait(again, timeout=60).status == "done"
 
         async def through_the_async_client() -> list[str]:
             async with AsyncClient(tls_url) as aclient:
-                [run] = await aclient.enqueue_many([spec("tools", "Add 2 and 3.", toolset="agents")])
+                [run] = await aclient.enqueue_many(
+                    [spec("tools", "Add 2 and 3.", toolset="agents")]
+                )
                 return [event.kind async for event in aclient.events(run, follow=True)]
 
-        assert asyncio.run(through_the_async_client()) == ["queued", "model", "tool", "model", "finished"]
+        assert asyncio.run(through_the_async_client()) == [
+            "queued",
+            "model",
+            "tool",
+            "model",
+            "finished",
+        ]
         assert worker.process.poll() is None
     finally:
         client.close()
@@ -203,10 +226,14 @@ def test_a_durable_run_finishes_over_tls_with_an_acl_user(steps: str, tls_url: s
 
 
 def _toolloop(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([TOOLLOOP, *args], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [TOOLLOOP, *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
-def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_path: Path) -> None:
+def test_every_cli_command_works_over_tls_with_an_acl_user(
+    tls_url: str, tmp_path: Path
+) -> None:
     root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
@@ -217,13 +244,22 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
     }  # doctor imports the toolsets
     env.pop("ANTHROPIC_API_KEY", None)
     log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen(  # `toolloop worker` itself: its start check speaks TLS too
-        [TOOLLOOP, "worker", "-c", "2", "--toolsets", "agents=tests.integration.agents:TOOLS"],
-        cwd=root,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    worker = (
+        subprocess.Popen(  # `toolloop worker` itself: its start check speaks TLS too
+            [
+                TOOLLOOP,
+                "worker",
+                "-c",
+                "2",
+                "--toolsets",
+                "agents=tests.integration.agents:TOOLS",
+            ],
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     )
     try:
         queued = _toolloop(
@@ -256,29 +292,64 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
         )
         assert repeat.stdout.split()[0] == run_id
         followed = _toolloop(env, "events", run_id, "--follow")
-        assert followed.returncode == 0 and "finished" in followed.stdout, followed.stdout + followed.stderr
+        assert followed.returncode == 0 and "finished" in followed.stdout, (
+            followed.stdout + followed.stderr
+        )
         status = _toolloop(env, "status", run_id, "--json")
         assert status.returncode == 0 and '"done"' in status.stdout, status.stderr
         asked = _toolloop(
-            env, "run", "Which shot?", "--model", "scripted", "--system", "ask", "--toolset", "agents"
+            env,
+            "run",
+            "Which shot?",
+            "--model",
+            "scripted",
+            "--system",
+            "ask",
+            "--toolset",
+            "agents",
         )
         assert asked.returncode == 0, asked.stderr
         parked = asked.stdout.split()[0]
         answered = _toolloop(env, "answer", parked, "Shot 3.")
-        assert answered.returncode == 0 and "Answered" in answered.stdout, answered.stderr
-        waiting = _toolloop(  # a second question, left unanswered: cancel finds it not ended
-            env, "run", "Which shot?", "--model", "scripted", "--system", "ask", "--toolset", "agents"
-        ).stdout.split()[0]
+        assert answered.returncode == 0 and "Answered" in answered.stdout, (
+            answered.stderr
+        )
+        waiting = (
+            _toolloop(  # a second question, left unanswered: cancel finds it not ended
+                env,
+                "run",
+                "Which shot?",
+                "--model",
+                "scripted",
+                "--system",
+                "ask",
+                "--toolset",
+                "agents",
+            ).stdout.split()[0]
+        )
         cancelled = _toolloop(env, "cancel", waiting)
-        assert cancelled.returncode == 0 and "Cancel requested" in cancelled.stdout, cancelled.stderr
-        retried = _toolloop(env, "retry", run_id)  # a done run: refused, after reaching Redis
-        assert retried.returncode == 1 and "only a failed run can be retried" in retried.stderr
+        assert cancelled.returncode == 0 and "Cancel requested" in cancelled.stdout, (
+            cancelled.stderr
+        )
+        retried = _toolloop(
+            env, "retry", run_id
+        )  # a done run: refused, after reaching Redis
+        assert (
+            retried.returncode == 1
+            and "only a failed run can be retried" in retried.stderr
+        )
         up = _toolloop(env, "up")
-        assert up.returncode == 0 and '"source": "REDIS_URL"' in up.stdout and PASSWORD not in up.stdout
+        assert (
+            up.returncode == 0
+            and '"source": "REDIS_URL"' in up.stdout
+            and PASSWORD not in up.stdout
+        )
         doctor = _toolloop(env, "doctor")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         assert "answers (with the URL's credentials and TLS)" in doctor.stdout
-        assert "AOF on" in doctor.stdout and "maxmemory-policy noeviction" in doctor.stdout
+        assert (
+            "AOF on" in doctor.stdout and "maxmemory-policy noeviction" in doctor.stdout
+        )
         assert "toolset 'agents'" in doctor.stdout
         assert worker.poll() is None
     finally:
@@ -286,10 +357,20 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(tls_url: str, tmp_pat
         worker.wait(timeout=30)
         log.close()
     assert "toolsets: agents." in (tmp_path / "worker.log").read_text()
-    wrong = _toolloop({**env, "REDIS_URL": tls_url.replace(quote(PASSWORD), "wrong")}, "status", "x")
-    assert wrong.returncode == 1 and "refused the credentials" in wrong.stderr and "wrong" not in wrong.stderr
+    wrong = _toolloop(
+        {**env, "REDIS_URL": tls_url.replace(quote(PASSWORD), "wrong")}, "status", "x"
+    )
+    assert (
+        wrong.returncode == 1
+        and "refused the credentials" in wrong.stderr
+        and "wrong" not in wrong.stderr
+    )
     no_ca = _toolloop({**env, "REDIS_URL": tls_url.split("?")[0]}, "status", "x")
-    assert no_ca.returncode == 1 and len(no_ca.stderr.splitlines()) == 2 and "Traceback" not in no_ca.stderr
+    assert (
+        no_ca.returncode == 1
+        and len(no_ca.stderr.splitlines()) == 2
+        and "Traceback" not in no_ca.stderr
+    )
 
 
 def test_flower_reads_tasks_and_queues_over_tls(tls_url: str, tmp_path: Path) -> None:
@@ -299,7 +380,9 @@ def test_flower_reads_tasks_and_queues_over_tls(tls_url: str, tmp_path: Path) ->
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "REDIS_URL": tls_url, "PYTHONPATH": str(root)}
     with running_flower(env, tmp_path / "flower.log", auth, timeout_s=60) as flower:
-        worker = start_worker(tls_url, tmp_path, AGENT)  # after Flower: it lists the events it heard
+        worker = start_worker(
+            tls_url, tmp_path, AGENT
+        )  # after Flower: it lists the events it heard
         client = Client(tls_url)
         try:
             run_id = client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"))
@@ -311,10 +394,14 @@ def test_flower_reads_tasks_and_queues_over_tls(tls_url: str, tmp_path: Path) ->
 
             deadline = time.monotonic() + 30
             while not listed():
-                assert time.monotonic() < deadline, "Flower never listed the run's first step"
+                assert time.monotonic() < deadline, (
+                    "Flower never listed the run's first step"
+                )
                 time.sleep(0.5)
             queues = httpx.get(f"{flower}/api/queues/length", auth=auth, timeout=10)
-            assert queues.status_code == 200, queues.text  # Flower's own Redis client, over TLS
+            assert queues.status_code == 200, (
+                queues.text
+            )  # Flower's own Redis client, over TLS
             names = {queue["name"] for queue in queues.json()["active_queues"]}
             assert {"llm", "tools", "control"} <= names, queues.json()
         finally:

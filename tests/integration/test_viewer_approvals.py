@@ -44,7 +44,13 @@ HELD = [
         "deadline": None,
     },
 ]
-STATUS = {"run_id": "r1", "status": "asked", "spent_usd": 0.01, "approvals": HELD, "asked": {}}
+STATUS = {
+    "run_id": "r1",
+    "status": "asked",
+    "spent_usd": 0.01,
+    "approvals": HELD,
+    "asked": {},
+}
 
 
 @pytest.fixture
@@ -53,7 +59,8 @@ def site() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
     def page(request: Request) -> Response:
         return HTMLResponse(
-            viewer.page("r1", STATUS, [], []), headers={"content-security-policy": viewer.CSP}
+            viewer.page("r1", STATUS, [], []),
+            headers={"content-security-policy": viewer.CSP},
         )
 
     async def decide(request: Request) -> Response:
@@ -74,7 +81,9 @@ def site() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         ]
     )
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -98,32 +107,57 @@ def test_the_viewer_shows_held_calls_and_sends_each_decision(
         page.navigate(f"{base}/runs/r1")
         assert page.evaluate("document.getElementById('ask').hidden") is True
         assert page.evaluate("document.getElementById('approvals').hidden") is False
-        rows = page.evaluate("[...document.querySelectorAll('#held .held')].map(r => r.innerText)")
-        assert len(rows) == 2 and "render_preview" in rows[0] and '{"shots":[3,5]}' in rows[0]
+        rows = page.evaluate(
+            "[...document.querySelectorAll('#held .held')].map(r => r.innerText)"
+        )
+        assert (
+            len(rows) == 2
+            and "render_preview" in rows[0]
+            and '{"shots":[3,5]}' in rows[0]
+        )
         row = "document.querySelector('#held .held[data-call=\"call_a\"]')"
         # an edit that is not JSON is refused in the page; nothing is sent
         page.evaluate(
             f"{row}.querySelector('.edit').value = '{{shots: 3'; "
             f"{row}.querySelector('[data-action=edit]').click(); true"
         )
-        assert "not JSON" in page.wait_for(f"{row}.querySelector('.decided').textContent", timeout=10)
+        assert "not JSON" in page.wait_for(
+            f"{row}.querySelector('.decided').textContent", timeout=10
+        )
         assert posted == []
         page.evaluate(
             f"{row}.querySelector('.edit').value = '{{\"shots\": [3]}}'; "
             f"{row}.querySelector('[data-action=edit]').click(); true"
         )
-        page.wait_for(f"{row}.querySelector('.decided').textContent.startsWith('edit')", timeout=10)
+        page.wait_for(
+            f"{row}.querySelector('.decided').textContent.startsWith('edit')",
+            timeout=10,
+        )
         other = "document.querySelector('#held .held[data-call=\"call_b\"]')"
         page.evaluate(
             f"{other}.querySelector('.reason').value = 'not today'; "
             f"{other}.querySelector('[data-action=reject]').click(); true"
         )
-        page.wait_for(f"{other}.querySelector('.decided').textContent.startsWith('reject')", timeout=10)
+        page.wait_for(
+            f"{other}.querySelector('.decided').textContent.startsWith('reject')",
+            timeout=10,
+        )
         # a decided call offers no more decisions: its buttons and fields are gone, the outcome stays
-        assert page.evaluate(f"{other}.querySelectorAll('button, input, textarea').length") == 0
+        assert (
+            page.evaluate(f"{other}.querySelectorAll('button, input, textarea').length")
+            == 0
+        )
         assert page.evaluate(f"{row}.querySelectorAll('button').length") == 0
         page.screenshot(tmp_path / "viewer-approvals.png")
     assert posted == [
-        {"call": "call_a", "action": "edit", "body": {"digest": "sha256:aaa", "input": {"shots": [3]}}},
-        {"call": "call_b", "action": "reject", "body": {"digest": "sha256:bbb", "reason": "not today"}},
+        {
+            "call": "call_a",
+            "action": "edit",
+            "body": {"digest": "sha256:aaa", "input": {"shots": [3]}},
+        },
+        {
+            "call": "call_b",
+            "action": "reject",
+            "body": {"digest": "sha256:bbb", "reason": "not today"},
+        },
     ]

@@ -32,13 +32,19 @@ def curl_lines() -> list[str]:
             j = i
             while command.endswith("\\") or (command.count("'") % 2 == 1):
                 j += 1
-                command = command.removesuffix("\\") + (" " if command.endswith("\\") else "\n") + lines[j]
+                command = (
+                    command.removesuffix("\\")
+                    + (" " if command.endswith("\\") else "\n")
+                    + lines[j]
+                )
             commands.append(command.split("  #", 1)[0].strip())
     return commands
 
 
 @pytest.fixture
-def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def web(
+    redis_server: EmbeddedServer, tmp_path: Path
+) -> Iterator[tuple[str, dict[str, str]]]:
     env = web_env(redis_server.url)
     env["TOOLLOOP_TOOLSETS"] = "review=examples.storyboard.tools:REVIEW_TOOLS"
     for url in serve_web(env, tmp_path / "web.log"):
@@ -47,12 +53,20 @@ def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[tuple[str, dic
 
 def bash(command: str, env: dict[str, str], port: str) -> str:
     line = command.replace("localhost:8000", f"127.0.0.1:{port}")
-    done = subprocess.run(["bash", "-c", line + " -sS"], env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", "-c", line + " -sS"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, (line, done.stderr)
     return done.stdout
 
 
-def test_the_docstrings_curl_lines_work_as_written(web: tuple[str, dict[str, str]]) -> None:
+def test_the_docstrings_curl_lines_work_as_written(
+    web: tuple[str, dict[str, str]],
+) -> None:
     _, env = web
     port = env["PORT"]
     commands = curl_lines()
@@ -60,8 +74,12 @@ def test_the_docstrings_curl_lines_work_as_written(web: tuple[str, dict[str, str
     first = json.loads(bash(enqueue, env, port))["run_id"]
     time.sleep(1.1)  # a reader runs it again a moment later
     second = json.loads(bash(enqueue, env, port))["run_id"]
-    assert first != second  # a fresh key per run: the second is a new run, not the first one back
+    assert (
+        first != second
+    )  # a fresh key per run: the second is a new run, not the first one back
 
     listed = next(c for c in commands if c.endswith("/approvals"))
     reply = json.loads(bash(listed.replace("RUN_ID", first), env, port))
-    assert reply == {"approvals": []}, reply  # authorized (the token is on the line), nothing held yet
+    assert reply == {"approvals": []}, (
+        reply
+    )  # authorized (the token is on the line), nothing held yet

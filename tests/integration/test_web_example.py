@@ -34,17 +34,30 @@ def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[str]:
 
 
 def test_enqueue_stream_answer_finish(web: str) -> None:
-    assert httpx.get(f"{web}/runs/nope", timeout=10).status_code == 401  # no token: nothing
+    assert (
+        httpx.get(f"{web}/runs/nope", timeout=10).status_code == 401
+    )  # no token: nothing
     wrong = {"Authorization": "Bearer wrong"}
-    assert httpx.post(f"{web}/runs", json=SPEC, headers=wrong, timeout=10).status_code == 401
+    assert (
+        httpx.post(f"{web}/runs", json=SPEC, headers=wrong, timeout=10).status_code
+        == 401
+    )
     with httpx.Client(base_url=web, timeout=60, headers=AUTH) as http:
         assert http.get("/runs/nope").status_code == 404
-        bad = http.post("/runs", json={**SPEC, "toolset": "examples.storyboard.tools:REVIEW_TOOLS"})
-        assert bad.status_code == 422 and "the registered toolsets are" in bad.json()["error"]
+        bad = http.post(
+            "/runs", json={**SPEC, "toolset": "examples.storyboard.tools:REVIEW_TOOLS"}
+        )
+        assert (
+            bad.status_code == 422
+            and "the registered toolsets are" in bad.json()["error"]
+        )
         assert http.post("/runs", json={**SPEC, "max_steps": 0}).status_code == 422
 
         json_body = {"content-type": "application/json"}
-        assert http.post("/runs", content=b"{not json", headers=json_body).status_code == 400
+        assert (
+            http.post("/runs", content=b"{not json", headers=json_body).status_code
+            == 400
+        )
         assert http.post("/runs", content=b"{not json").status_code == 415  # JSON only
 
         created = http.post("/runs", json=SPEC)
@@ -58,11 +71,22 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
                 kinds.append(kind)
                 last_id = event_id
                 if kind == "parked":
-                    assert http.post(f"/runs/{run_id}/answer", content=b"Keep it").status_code == 415
-                    plain = http.post(f"/runs/{run_id}/answer", content=b'"Keep it"', headers=json_body)
+                    assert (
+                        http.post(
+                            f"/runs/{run_id}/answer", content=b"Keep it"
+                        ).status_code
+                        == 415
+                    )
+                    plain = http.post(
+                        f"/runs/{run_id}/answer",
+                        content=b'"Keep it"',
+                        headers=json_body,
+                    )
                     assert plain.status_code == 400
                     assert "Shot 3" in str(data["asked"])
-                    answered = http.post(f"/runs/{run_id}/answer", json={"content": "Keep shot 3."})
+                    answered = http.post(
+                        f"/runs/{run_id}/answer", json={"content": "Keep shot 3."}
+                    )
                     assert answered.status_code == 202
         assert kinds[0] == "queued" and kinds[-1] == "finished"
         assert kinds.count("model") == 5 and "answered" in kinds and "resumed" in kinds
@@ -76,17 +100,28 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
         late = http.post(f"/runs/{run_id}/answer", json={"content": "Too late."})
         assert late.status_code == 409 and "has ended (done)" in late.json()["error"]
         cancel = http.post(f"/runs/{run_id}/cancel")
-        assert cancel.status_code == 409 and "has ended (done)" in cancel.json()["error"]
+        assert (
+            cancel.status_code == 409 and "has ended (done)" in cancel.json()["error"]
+        )
         listed = http.get("/runs", params={"status": "done", "limit": 5}).json()
         assert run_id in [run["run_id"] for run in listed["runs"]]
         # a follow-up continues the ended run (docs/conversations.md); then it ends again
-        followed = http.post(f"/runs/{run_id}/messages", json={"content": "Thanks. Anything else?"})
-        assert followed.status_code == 202 and followed.json() == {"what": "continued", "segment": 2}
+        followed = http.post(
+            f"/runs/{run_id}/messages", json={"content": "Thanks. Anything else?"}
+        )
+        assert followed.status_code == 202 and followed.json() == {
+            "what": "continued",
+            "segment": 2,
+        }
         deadline = time.monotonic() + 60
         while http.get(f"/runs/{run_id}").json()["status"] in ("queued", "running"):
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        said = [m["content"] for m in http.get(f"/runs/{run_id}/messages").json() if m["role"] == "user"]
+        said = [
+            m["content"]
+            for m in http.get(f"/runs/{run_id}/messages").json()
+            if m["role"] == "user"
+        ]
         assert said[-1] == "Thanks. Anything else?" or "Thanks. Anything else?" in said
         # the conversation's images (the frames read_frame returned) are served to the viewer
         parts = [
@@ -97,6 +132,8 @@ def test_enqueue_stream_answer_finish(web: str) -> None:
         ]
         image = next(p for p in parts if p["type"] == "image")
         served = http.get(f"/runs/{run_id}/images/{image['hash']}")
-        assert served.status_code == 200 and served.headers["content-type"] == "image/png"
+        assert (
+            served.status_code == 200 and served.headers["content-type"] == "image/png"
+        )
         assert served.content == Path(image["path"]).read_bytes()
         assert http.get(f"/runs/{run_id}/images/{'0' * 64}").status_code == 404

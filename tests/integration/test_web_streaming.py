@@ -23,7 +23,9 @@ def web_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServ
 
 
 @pytest.fixture(scope="module")
-def web(web_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def web(
+    web_redis: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     directory: Path = tmp_path_factory.mktemp("web-stream")
     worker: Worker = start_worker(web_redis.url, directory, worker_env(WORDS, 8))
     try:
@@ -39,7 +41,9 @@ def test_sse_resumes_after_last_event_id_with_every_delta_once(web: str) -> None
         "stream": True,
         "messages": [{"role": "user", "content": "Add."}],
     }
-    run_id = httpx.post(f"{web}/runs", json=spec, headers=AUTH, timeout=10).json()["run_id"]
+    run_id = httpx.post(f"{web}/runs", json=spec, headers=AUTH, timeout=10).json()[
+        "run_id"
+    ]
     url = f"{web}/runs/{run_id}/events"
     first: list[tuple[str, str, dict[str, object]]] = []
     with httpx.stream("GET", url, headers=AUTH, timeout=30) as response:
@@ -53,9 +57,15 @@ def test_sse_resumes_after_last_event_id_with_every_delta_once(web: str) -> None
         rest = list(read_events(response))  # until the run's `finished` ends the stream
     assert rest[-1][1] == "finished"
     with httpx.stream("GET", url, headers=AUTH, timeout=30) as response:
-        whole = list(read_events(response))  # the run has ended: everything, then the end
+        whole = list(
+            read_events(response)
+        )  # the run has ended: everything, then the end
     assert [e[0] for e in first + rest] == [e[0] for e in whole]
-    text = "".join(str(data["text"]) for _, kind, data in whole if kind == "delta" and data["step"] == 1)
+    text = "".join(
+        str(data["text"])
+        for _, kind, data in whole
+        if kind == "delta" and data["step"] == 1
+    )
     model = next(data for _, kind, data in whole if kind == "model")
     assert text == model["text"] == "".join(answer_words(1, WORDS))
     assert {data["seq"] for _, kind, data in whole if kind == "delta"} == {None}

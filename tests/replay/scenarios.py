@@ -47,9 +47,15 @@ class Question(BaseModel):
 
 
 def _read_frame(input: Shot, signal: Any) -> ToolOutput:
-    image = ImagePart(path=f"/boards/shot{input.shot}.png", mime_type="image/png", hash=f"{input.shot:02x}")
+    image = ImagePart(
+        path=f"/boards/shot{input.shot}.png",
+        mime_type="image/png",
+        hash=f"{input.shot:02x}",
+    )
     return ToolOutput(
-        value={"shot": input.shot}, content=[TextPart(text=f"Shot {input.shot}."), image], cost_usd=0.01
+        value={"shot": input.shot},
+        content=[TextPart(text=f"Shot {input.shot}."), image],
+        cost_usd=0.01,
     )
 
 
@@ -58,7 +64,11 @@ def _start(input: Shot, signal: Any) -> Started:
 
 
 def _wait(started: Any, signal: Any) -> ToolOutput:
-    return ToolOutput(value=started, content=[TextPart(text=f"Rendered {started['job']}.")], cost_usd=0.25)
+    return ToolOutput(
+        value=started,
+        content=[TextPart(text=f"Rendered {started['job']}.")],
+        cost_usd=0.25,
+    )
 
 
 def _ask(input: Question, signal: Any) -> ToolOutput:
@@ -69,7 +79,9 @@ def _estimate(input: Shot) -> float:
     return 0.3
 
 
-def tools(names: list[str], live: bool, explode: Callable[..., Any] | None = None) -> list[ToolSpec]:
+def tools(
+    names: list[str], live: bool, explode: Callable[..., Any] | None = None
+) -> list[ToolSpec]:
     """The named tools; with `live=False` every callable but the (pure) estimate is `explode`."""
 
     def pick(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,7 +89,10 @@ def tools(names: list[str], live: bool, explode: Callable[..., Any] | None = Non
 
     registry = {
         "read_frame": ToolSpec(
-            name="read_frame", description="Read one frame.", schema=Shot, run=pick(_read_frame)
+            name="read_frame",
+            description="Read one frame.",
+            schema=Shot,
+            run=pick(_read_frame),
         ),
         "render": ToolSpec(
             name="render",
@@ -87,7 +102,9 @@ def tools(names: list[str], live: bool, explode: Callable[..., Any] | None = Non
             wait=pick(_wait),
             estimate_usd=_estimate,
         ),
-        "ask": ToolSpec(name="ask", description="Ask the person.", schema=Question, run=pick(_ask)),
+        "ask": ToolSpec(
+            name="ask", description="Ask the person.", schema=Question, run=pick(_ask)
+        ),
     }
     return [registry[name] for name in names]
 
@@ -109,10 +126,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             reply(tool_calls=[call("read_frame", {"shot": 1}, id="r1")], cost_usd=0.02),
             reply(
                 "Next.",
-                tool_calls=[call("read_frame", {"shot": 2}, id="r2"), call("zoom", {}, id="r3")],
+                tool_calls=[
+                    call("read_frame", {"shot": 2}, id="r2"),
+                    call("zoom", {}, id="r3"),
+                ],
                 cost_usd=0.02,
             ),
-            reply(tool_calls=[call("read_frame", {"shot": "three"}, id="r4")], cost_usd=0.02),
+            reply(
+                tool_calls=[call("read_frame", {"shot": "three"}, id="r4")],
+                cost_usd=0.02,
+            ),
             reply(tool_calls=[call("read_frame", {"shot": 3}, id="r5")], cost_usd=0.02),
             reply("Shots 1-3 look fine.", cost_usd=0.02),
         ],
@@ -131,7 +154,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             reply(tool_calls=[call("render", {"shot": 1}, id="p1")], cost_usd=0.1),
             reply(tool_calls=[call("render", {"shot": 2}, id="p2")], cost_usd=0.1),
             reply(
-                tool_calls=[call("read_frame", {"shot": 2}, id="p3"), call("render", {"shot": 3}, id="p4")],
+                tool_calls=[
+                    call("read_frame", {"shot": 2}, id="p3"),
+                    call("render", {"shot": 3}, id="p4"),
+                ],
                 cost_usd=0.1,
             ),
         ],
@@ -163,7 +189,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 
 def build_options(
-    summary: dict[str, Any], generate: Any, journal: MemoryJournal, on_step: Any, tool_list: list[ToolSpec]
+    summary: dict[str, Any],
+    generate: Any,
+    journal: MemoryJournal,
+    on_step: Any,
+    tool_list: list[ToolSpec],
 ) -> RunToolLoopOptions:
     values = {k: v for k, v in summary.items() if k not in ("tools", "budget")}
     return RunToolLoopOptions(
@@ -192,7 +222,9 @@ async def record(name: str) -> dict[str, Any]:
     model = ScriptedModel(scenario["script"])
     journal = MemoryJournal()
     events: list[LoopEvent] = []
-    opts = build_options(summary, model, journal, events.append, tools(summary["tools"], live=True))
+    opts = build_options(
+        summary, model, journal, events.append, tools(summary["tools"], live=True)
+    )
     result = await run_tool_loop(opts)
     return {
         "options": summary,
@@ -205,9 +237,13 @@ def main() -> None:
     GOLDEN.mkdir(exist_ok=True)
     for name in sorted(SCENARIOS):
         data = asyncio.run(record(name))
-        (GOLDEN / f"{name}.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+        (GOLDEN / f"{name}.json").write_text(
+            json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+        )
         stopped_by = data["result"]["stopped_by"]
-        print(f"wrote {GOLDEN / name}.json: {len(data['journal'])} steps, stopped by {stopped_by}")
+        print(
+            f"wrote {GOLDEN / name}.json: {len(data['journal'])} steps, stopped by {stopped_by}"
+        )
 
 
 if __name__ == "__main__":

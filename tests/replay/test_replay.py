@@ -45,7 +45,9 @@ def test_every_scenario_has_a_golden_file() -> None:
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
-async def test_full_replay_makes_no_call_and_gives_the_same_result_and_events(path: Path) -> None:
+async def test_full_replay_makes_no_call_and_gives_the_same_result_and_events(
+    path: Path,
+) -> None:
     golden = load(path)
     explode = Exploding()
     events: list[LoopEvent] = []
@@ -81,10 +83,18 @@ async def test_replay_up_to_each_model_step_sends_the_same_request(path: Path) -
         journal = journal_of(golden["journal"][:cut])
         with pytest.raises(Captured):
             await run_tool_loop(
-                build_options(summary, capture, journal, None, tools(summary["tools"], False, explode))
+                build_options(
+                    summary,
+                    capture,
+                    journal,
+                    None,
+                    tools(summary["tools"], False, explode),
+                )
             )
         assert explode.calls == 0
-        assert seen[0].model_dump(mode="json") == expected, f"request {index + 1} of {path.stem}"
+        assert seen[0].model_dump(mode="json") == expected, (
+            f"request {index + 1} of {path.stem}"
+        )
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)

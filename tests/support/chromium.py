@@ -39,7 +39,9 @@ class Page:
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         call_id = next(self.ids)
-        self.socket.send(json.dumps({"id": call_id, "method": method, "params": params}))
+        self.socket.send(
+            json.dumps({"id": call_id, "method": method, "params": params})
+        )
         while True:  # events arrive in between: skip them
             reply = json.loads(self.socket.recv(timeout=60))
             if reply.get("id") == call_id:
@@ -50,7 +52,12 @@ class Page:
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (promises awaited)."""
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        result = self.call(
+            "Runtime.evaluate",
+            expression=expression,
+            returnByValue=True,
+            awaitPromise=True,
+        )
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression!r} threw: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -66,17 +73,23 @@ class Page:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise AssertionError(f"not true in the page within {timeout:g} s: {expression}")
+                raise AssertionError(
+                    f"not true in the page within {timeout:g} s: {expression}"
+                )
             time.sleep(0.1)
 
     def screenshot(self, path: Path) -> Path:
-        shot = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        shot = self.call(
+            "Page.captureScreenshot", format="png", captureBeyondViewport=True
+        )
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
 
 
 @contextmanager
-def running_chromium(directory: Path, width: int = 1100, height: int = 1400) -> Iterator[Page]:
+def running_chromium(
+    directory: Path, width: int = 1100, height: int = 1400
+) -> Iterator[Page]:
     """A headless Chromium with a fresh profile under `directory`; yields its first tab."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
@@ -95,7 +108,9 @@ def running_chromium(directory: Path, width: int = 1100, height: int = 1400) -> 
         "about:blank",
     ]
     log = (directory / "chromium.log").open("wb")
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -109,7 +124,9 @@ def running_chromium(directory: Path, width: int = 1100, height: int = 1400) -> 
                         f"Chromium did not start:\n{(directory / 'chromium.log').read_text()[-2000:]}"
                     )
                 time.sleep(0.2)
-        with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as socket:
+        with connect(
+            page["webSocketDebuggerUrl"], max_size=None, open_timeout=30
+        ) as socket:
             tab = Page(socket)
             tab.call("Page.enable")
             tab.call("Runtime.enable")

@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def running_flower(
-    env: dict[str, str], log: Path, auth: tuple[str, str], timeout_s: float = 60, read_only: bool = False
+    env: dict[str, str],
+    log: Path,
+    auth: tuple[str, str],
+    timeout_s: float = 60,
+    read_only: bool = False,
 ) -> Iterator[str]:
     """Start Flower with `env` (its REDIS_URL names the broker), wait until it is healthy, yield its
     URL; stop its process group at the end. The API stays closed without the basic-auth pair.
@@ -42,7 +46,12 @@ def running_flower(
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -45,11 +45,17 @@ class RecordingHooks(Hooks):
     def point(self, name: str, **fields: Any) -> None:
         self.points.append((name, fields))
 
-    def sent(self, name: str, flushed: Callable[[], Any], **fields: Any) -> Awaitable[None]:
+    def sent(
+        self, name: str, flushed: Callable[[], Any], **fields: Any
+    ) -> Awaitable[None]:
         return self._after_write(name, flushed, fields)
 
-    async def _after_write(self, name: str, flushed: Callable[[], Any], fields: dict[str, Any]) -> None:
-        await flushed()  # as a kill plan does: the point is reached once the send was written
+    async def _after_write(
+        self, name: str, flushed: Callable[[], Any], fields: dict[str, Any]
+    ) -> None:
+        await (
+            flushed()
+        )  # as a kill plan does: the point is reached once the send was written
         self.points.append((name, fields))
 
     def names(self) -> list[str]:
@@ -65,12 +71,16 @@ class StepHarness:
     model: Any = None
     """The model of every step from now on: a `ScriptedModel` or a `generate(request, signal)`."""
 
-    async def generate(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        self, request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         assert self.model is not None, "set harness.model before a step calls the model"
         result: PromptGenResult = await self.model(request, signal)
         return result
 
-    def enqueue(self, system: str = "You test.", user: str = "Go.", **fields: Any) -> str:
+    def enqueue(
+        self, system: str = "You test.", user: str = "Go.", **fields: Any
+    ) -> str:
         spec = {
             "model": "scripted",
             "system": system,
@@ -86,7 +96,9 @@ class StepHarness:
     async def step(self, run_id: str, n: int | None = None) -> Outcome:
         """One delivery of task `n` of the run (default: its next one), run here and now."""
         n = self.next_n(run_id) if n is None else n
-        outcome = await advance(self.process, run_id, n, Task(names.step_id(run_id, n), HOSTNAME))
+        outcome = await advance(
+            self.process, run_id, n, Task(names.step_id(run_id, n), HOSTNAME)
+        )
         await self.written()
         return outcome
 
@@ -106,7 +118,10 @@ class StepHarness:
     def apply_answers(self, run_id: str) -> list[str]:
         """Run the `toolloop.answer` tasks of the run's inbox here, as a worker's control queue would."""
         inbox: dict[str, str] = self.redis.hgetall(keys.inbox(run_id))  # type: ignore[assignment]
-        return [runs.answer(self.process.redis, self.process.celery, run_id, a, self.hooks) for a in inbox]
+        return [
+            runs.answer(self.process.redis, self.process.celery, run_id, a, self.hooks)
+            for a in inbox
+        ]
 
     # -- what Redis shows -------------------------------------------------------------------------
 
@@ -114,7 +129,9 @@ class StepHarness:
         return self.redis.hgetall(keys.state(run_id))  # type: ignore[return-value]
 
     def journal(self, run_id: str, segment: int = 0) -> dict[str, str]:
-        return self.redis.hgetall(keys.journal(run_id, f"{keys.segment_name(segment)}/"))  # type: ignore[return-value]
+        return self.redis.hgetall(
+            keys.journal(run_id, f"{keys.segment_name(segment)}/")
+        )  # type: ignore[return-value]
 
     def outbox(self, run_id: str) -> list[str]:
         return self.redis.zrange(keys.outbox(run_id), 0, -1)  # type: ignore[return-value]
@@ -123,7 +140,9 @@ class StepHarness:
         """Every task message waiting on a toolloop queue, oldest first."""
         found: list[wire.Delivery] = []
         for key in wire.queue_keys(list(names.QUEUES)):
-            found += [wire.parse(raw) for raw in reversed(self.redis.lrange(key, 0, -1))]  # type: ignore[union-attr]
+            found += [
+                wire.parse(raw) for raw in reversed(self.redis.lrange(key, 0, -1))
+            ]  # type: ignore[union-attr]
         return found
 
     def unacked(self) -> dict[str, str]:
@@ -154,11 +173,17 @@ async def step_harness(harness_redis: EmbeddedServer) -> AsyncIterator[StepHarne
     hooks = RecordingHooks()
     holder: list[StepHarness] = []
 
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         return await holder[0].generate(request, signal)
 
     process = WorkerProcess(
-        make_app(settings), settings, hooks=hooks, loop=asyncio.get_running_loop(), prompt_gen=generate
+        make_app(settings),
+        settings,
+        hooks=hooks,
+        loop=asyncio.get_running_loop(),
+        prompt_gen=generate,
     )
     client = Client(harness_redis.url)
     harness = StepHarness(process, client, plain, hooks)

@@ -24,7 +24,10 @@ from toolloop.embedded import free_port
 from toolloop.sim import Script, SimRequest, SimTurn
 
 ROOT = Path(__file__).resolve().parents[2]
-EVERYTHING = ROOT / "tests/.mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+EVERYTHING = (
+    ROOT
+    / "tests/.mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
 COUNTER = [sys.executable, "-m", "examples.mcp_counter"]
 
 
@@ -39,20 +42,28 @@ def everything_command() -> list[str]:
     return ["node", str(EVERYTHING), "stdio"]
 
 
-def wait_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
+def wait_port(
+    port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 30
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"The MCP server exited at start:\n{log.read_text()[-2000:]}")
+            raise RuntimeError(
+                f"The MCP server exited at start:\n{log.read_text()[-2000:]}"
+            )
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.05)
-    raise RuntimeError(f"The MCP server did not listen on {port} in {timeout} s:\n{log.read_text()[-2000:]}")
+    raise RuntimeError(
+        f"The MCP server did not listen on {port} in {timeout} s:\n{log.read_text()[-2000:]}"
+    )
 
 
 @contextmanager
-def http_server(command: list[str], log: Path, port: int, env: dict[str, str] | None = None) -> Iterator[str]:
+def http_server(
+    command: list[str], log: Path, port: int, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """Run `command` (a streamable-HTTP MCP server on 127.0.0.1:`port`) until the block ends; yields
     its endpoint URL."""
     with log.open("wb") as out:
@@ -75,7 +86,9 @@ def http_server(command: list[str], log: Path, port: int, env: dict[str, str] | 
 def everything_http(log: Path) -> Iterator[str]:
     everything_command()
     port = free_port()
-    with http_server(["node", str(EVERYTHING), "streamableHttp"], log, port, {"PORT": str(port)}) as url:
+    with http_server(
+        ["node", str(EVERYTHING), "streamableHttp"], log, port, {"PORT": str(port)}
+    ) as url:
         yield url
 
 
@@ -117,7 +130,9 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The `tool_result` blocks of the last user turn of an Anthropic request body."""
     last = body["messages"][-1]
     return [
-        block for block in last["content"] if isinstance(block, dict) and block.get("type") == "tool_result"
+        block
+        for block in last["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_result"
     ]
 
 
@@ -139,11 +154,16 @@ def session_tasks(url: str, where: list[Any]) -> list[dict[str, Any]]:
         http = create_mcp_http_client(headers={MCP_SESSION_ID: where[0]})
         async with (
             http,
-            streamable_http_client(url, http_client=http, terminate_on_close=False) as (read, write),
+            streamable_http_client(url, http_client=http, terminate_on_close=False) as (
+                read,
+                write,
+            ),
             ClientSession(dispatcher=JSONRPCDispatcher(read, write)) as session,
         ):
             session.adopt(mcp_types.InitializeResult.model_validate(where[1]))
-            found = await session.send_request(TaskRequest(method="tasks/list", params={}), AnyResult, 10)
+            found = await session.send_request(
+                TaskRequest(method="tasks/list", params={}), AnyResult, 10
+            )
             return list(found.model_dump(by_alias=True)["tasks"])
 
     return asyncio.run(listed())

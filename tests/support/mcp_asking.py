@@ -36,7 +36,12 @@ def logged(request: dict[str, Any]) -> None:
     if path:
         params = request.get("params") or {}
         with open(path, "a", encoding="utf-8") as file:
-            file.write(json.dumps({"method": request.get("method"), "task": params.get("taskId")}) + "\n")
+            file.write(
+                json.dumps(
+                    {"method": request.get("method"), "task": params.get("taskId")}
+                )
+                + "\n"
+            )
 
 
 def task(ident: str, status: str, message: str) -> dict[str, Any]:
@@ -56,7 +61,10 @@ def answer(request: dict[str, Any]) -> Any:
     if method == "initialize":
         return {
             "protocolVersion": params["protocolVersion"],
-            "capabilities": {"tools": {}, "tasks": {"cancel": {}, "requests": {"tools": {"call": {}}}}},
+            "capabilities": {
+                "tools": {},
+                "tasks": {"cancel": {}, "requests": {"tools": {"call": {}}}},
+            },
             "serverInfo": {"name": "asking", "version": "1"},
         }
     if method == "tools/list":
@@ -66,7 +74,9 @@ def answer(request: dict[str, Any]) -> Any:
     if method == "tools/call" and "task" in params:
         ident = f"task-{len(tasks) + 1}"
         if params["name"] == "confirm":
-            tasks[ident] = task(ident, "input_required", "Which account should be charged?")
+            tasks[ident] = task(
+                ident, "input_required", "Which account should be charged?"
+            )
         else:
             tasks[ident] = task(ident, "failed", "The disk is full.")
         return {"task": tasks[ident]}
@@ -79,7 +89,10 @@ def answer(request: dict[str, Any]) -> Any:
         found["status"] = "cancelled"
         return found
     if method == "tasks/result":
-        return {"content": [{"type": "text", "text": found["statusMessage"]}], "isError": True}
+        return {
+            "content": [{"type": "text", "text": found["statusMessage"]}],
+            "isError": True,
+        }
     return {"error": {"code": -32601, "message": f"no {method}"}}
 
 

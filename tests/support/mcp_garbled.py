@@ -10,7 +10,11 @@ import sys
 from typing import Any
 
 TOOLS = [
-    {"name": name, "description": f"The {name} tool.", "inputSchema": {"type": "object", "properties": {}}}
+    {
+        "name": name,
+        "description": f"The {name} tool.",
+        "inputSchema": {"type": "object", "properties": {}},
+    }
     for name in ("garble", "invalid", "fine")
 ]
 
@@ -37,11 +41,29 @@ def answer(request: dict[str, Any]) -> None:
         sys.stdout.write("{this is not json-rpc\n")
         sys.stdout.flush()
     elif method == "tools/call" and request["params"]["name"] == "invalid":
-        send({"jsonrpc": "2.0", "id": ident, "result": {"content": "not a list of blocks"}})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": ident,
+                "result": {"content": "not a list of blocks"},
+            }
+        )
     elif method == "tools/call":
-        send({"jsonrpc": "2.0", "id": ident, "result": {"content": [{"type": "text", "text": "fine"}]}})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": ident,
+                "result": {"content": [{"type": "text", "text": "fine"}]},
+            }
+        )
     else:
-        send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601, "message": f"no {method}"}})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": ident,
+                "error": {"code": -32601, "message": f"no {method}"},
+            }
+        )
 
 
 def main() -> None:

@@ -9,7 +9,9 @@ import subprocess
 from typing import Any
 
 
-def end(process: subprocess.Popen[Any], grace: float = 30, *, group: bool = False) -> None:
+def end(
+    process: subprocess.Popen[Any], grace: float = 30, *, group: bool = False
+) -> None:
     """SIGTERM to `process` (with `group`, to its whole process group, even once it has exited itself,
     so that the children it left end too), `grace` seconds to exit, then SIGKILL to its group."""
     if group:

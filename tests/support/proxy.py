@@ -21,16 +21,49 @@ def _openssl(directory: Path, *args: str) -> None:
 
 def certificates(directory: Path) -> Path:
     """Make the CA and the server certificate in `directory`; returns the CA's PEM file."""
-    ca = ["req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", "ca.key", "-out", "ca.pem"]
+    ca = [
+        "req",
+        "-x509",
+        "-new",
+        "-nodes",
+        "-newkey",
+        "rsa:2048",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]
     _openssl(directory, *ca, "-days", "2", "-subj", "/CN=toolloop proxy test CA")
-    csr = ["req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", "server.key", "-out", "server.csr"]
+    csr = [
+        "req",
+        "-new",
+        "-nodes",
+        "-newkey",
+        "rsa:2048",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]
     _openssl(directory, *csr, "-subj", "/CN=127.0.0.1")
     (directory / "server.ext").write_text(
         "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid,issuer\nsubjectKeyIdentifier=hash\n"
     )
-    sign = ["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
-    _openssl(directory, *sign, "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    sign = [
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+    ]
+    _openssl(
+        directory, *sign, "-out", "server.pem", "-days", "2", "-extfile", "server.ext"
+    )
     return directory / "ca.pem"
 
 
@@ -66,7 +99,9 @@ class Tinyproxy:
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"tinyproxy did not start: {self.text()[-2000:]}") from None
+                    raise RuntimeError(
+                        f"tinyproxy did not start: {self.text()[-2000:]}"
+                    ) from None
                 time.sleep(0.05)
 
     @property
@@ -87,6 +122,9 @@ class Tinyproxy:
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
     ) -> None:
         self.stop()

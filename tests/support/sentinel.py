@@ -48,10 +48,19 @@ class SentinelSet:
         primary = self._server("node-0", [])
         self.nodes.append(primary)
         for n in range(1, self.replicas + 1):
-            self.nodes.append(self._server(f"node-{n}", ["--replicaof", "127.0.0.1", str(primary.port)]))
+            self.nodes.append(
+                self._server(
+                    f"node-{n}", ["--replicaof", "127.0.0.1", str(primary.port)]
+                )
+            )
         for n in range(3):
             self.sentinels.append(self._sentinel(f"sentinel-{n}", primary.port))
-        self._wait(lambda: all(len(self._sentinel_replicas(s)) == self.replicas for s in self.sentinels), 30)
+        self._wait(
+            lambda: all(
+                len(self._sentinel_replicas(s)) == self.replicas for s in self.sentinels
+            ),
+            30,
+        )
         self.replicas_in_sync()  # the first full sync done: a WAIT from now on counts the replicas
         return self
 
@@ -80,7 +89,9 @@ class SentinelSet:
             str(log),
             *extra,
         ]
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self._wait(lambda: ping("127.0.0.1", port), 10)
         return _Node(port, process, log)
 
@@ -98,7 +109,9 @@ class SentinelSet:
         )
         log = home / "sentinel.log"
         args = [server_binary(), str(conf), "--sentinel", "--logfile", str(log)]
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self._wait(lambda: ping("127.0.0.1", port), 10)
         return _Node(port, process, log)
 
@@ -107,7 +120,9 @@ class SentinelSet:
 
     def _sentinel_replicas(self, sentinel: _Node) -> list[object]:
         with contextlib.suppress(redis.RedisError):
-            replicas: list[object] = self._client(sentinel.port).sentinel_slaves(SERVICE)
+            replicas: list[object] = self._client(sentinel.port).sentinel_slaves(
+                SERVICE
+            )
             return [r for r in replicas if "s_down" not in str(r.get("flags", ""))]  # type: ignore[attr-defined]
         return []
 
@@ -119,7 +134,9 @@ class SentinelSet:
             found.clear()
             for sentinel in self.sentinels:
                 with contextlib.suppress(redis.RedisError):
-                    _host, port = self._client(sentinel.port).sentinel_get_master_addr_by_name(SERVICE)
+                    _host, port = self._client(
+                        sentinel.port
+                    ).sentinel_get_master_addr_by_name(SERVICE)
                     found.add(int(port))
             return len(found) == 1
 
@@ -129,7 +146,9 @@ class SentinelSet:
     def failover(self, timeout: float = 30) -> int:
         """A graceful failover; returns the new primary's port once it takes writes."""
         before = self.primary_port()
-        self._client(self.sentinels[0].port).execute_command("SENTINEL", "FAILOVER", SERVICE)
+        self._client(self.sentinels[0].port).execute_command(
+            "SENTINEL", "FAILOVER", SERVICE
+        )
         return self._moved_from(before, timeout)
 
     def kill_primary(self, timeout: float = 30) -> int:
@@ -161,7 +180,9 @@ class SentinelSet:
             "127.0.0.1",
             str(after),
         ]
-        node.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        node.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self._wait(lambda: ping("127.0.0.1", node.port), 10)
         return after
 
@@ -170,7 +191,10 @@ class SentinelSet:
         while time.monotonic() < deadline:
             with contextlib.suppress(RuntimeError):
                 port = self.primary_port()
-                if port != before and self._client(port).info("replication").get("role") == "master":
+                if (
+                    port != before
+                    and self._client(port).info("replication").get("role") == "master"
+                ):
                     return port
             time.sleep(0.1)
         raise RuntimeError(f"the sentinels named no new primary within {timeout} s")
@@ -181,7 +205,10 @@ class SentinelSet:
         def replica() -> bool:
             with contextlib.suppress(redis.RedisError):
                 info = self._client(port).info("replication")
-                return info.get("role") == "slave" and info.get("master_link_status") == "up"
+                return (
+                    info.get("role") == "slave"
+                    and info.get("master_link_status") == "up"
+                )
             return False
 
         self._wait(replica, timeout)

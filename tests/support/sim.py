@@ -36,4 +36,8 @@ class Recording:
     def of(self, system: str) -> list[tuple[SimRequest, SimTurn]]:
         """The requests whose system text is `system`, each with its turn."""
         with self.lock:
-            return [(request, turn) for request, turn in self.seen if request.system == system]
+            return [
+                (request, turn)
+                for request, turn in self.seen
+                if request.system == system
+            ]

@@ -33,7 +33,9 @@ BIN = Path(sys.executable).parent
 
 def web_env(redis_url: str) -> dict[str, str]:
     """The environment of examples/web.py and its worker: no real provider keys, a free PORT, the token."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "FAL_KEY")
+    }
     env.update(REDIS_URL=redis_url, PORT=str(free_port()), TOOLLOOP_WEB_TOKEN=WEB_TOKEN)
     return env
 
@@ -41,7 +43,12 @@ def web_env(redis_url: str) -> dict[str, str]:
 def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -91,7 +98,9 @@ def serve_web(env: dict[str, str], log: Path) -> Iterator[str]:
         end(server)
 
 
-def read_events(response: httpx.Response) -> Iterator[tuple[str, str, dict[str, object]]]:
+def read_events(
+    response: httpx.Response,
+) -> Iterator[tuple[str, str, dict[str, object]]]:
     """(id, kind, data) of each server-sent event."""
     fields: dict[str, str] = {}
     for line in response.iter_lines():
@@ -113,12 +122,16 @@ def serve_app(html: str) -> Iterator[str]:
 
     port = free_port()
     app = Starlette(routes=[Route("/", page)])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the other app did not start"
+        assert time.monotonic() < deadline and thread.is_alive(), (
+            "the other app did not start"
+        )
         time.sleep(0.05)
     try:
         yield f"http://127.0.0.1:{port}/"

@@ -42,30 +42,46 @@ class Counter:
         self.calls[name] = self.calls.get(name, 0) + 1
 
 
-def read_frame(counter: Counter | None = None, cost: float = 0.0, image: bool = False) -> ToolSpec:
+def read_frame(
+    counter: Counter | None = None, cost: float = 0.0, image: bool = False
+) -> ToolSpec:
     def run(input: Shot, signal: AbortSignal) -> ToolOutput:
         if counter is not None:
             counter.hit("read_frame")
         content: list[Any] = [TextPart(text=f"frame {input.shot:g}")]
         if image:
             content.append(
-                ImagePart(path=f"/frames/shot{input.shot:g}.png", mime_type="image/png", hash="ab")
+                ImagePart(
+                    path=f"/frames/shot{input.shot:g}.png",
+                    mime_type="image/png",
+                    hash="ab",
+                )
             )
         return ToolOutput(value={"shot": input.shot}, content=content, cost_usd=cost)
 
-    return ToolSpec(name="read_frame", description="Read one frame.", schema=Shot, run=run)
+    return ToolSpec(
+        name="read_frame", description="Read one frame.", schema=Shot, run=run
+    )
 
 
-def render(counter: Counter | None = None, cost: float = 0.0, estimate: float | None = None) -> ToolSpec:
+def render(
+    counter: Counter | None = None, cost: float = 0.0, estimate: float | None = None
+) -> ToolSpec:
     async def start(input: Shot, signal: AbortSignal) -> Started:
         if counter is not None:
             counter.hit("start")
-        return Started(started={"job": f"job-{input.shot:g}"}, rows=[f"row-{input.shot:g}"])
+        return Started(
+            started={"job": f"job-{input.shot:g}"}, rows=[f"row-{input.shot:g}"]
+        )
 
     async def wait(started: Any, signal: AbortSignal) -> ToolOutput:
         if counter is not None:
             counter.hit("wait")
-        return ToolOutput(value=started, content=[TextPart(text=f"rendered {started['job']}")], cost_usd=cost)
+        return ToolOutput(
+            value=started,
+            content=[TextPart(text=f"rendered {started['job']}")],
+            cost_usd=cost,
+        )
 
     return ToolSpec(
         name="render",
@@ -84,7 +100,9 @@ def ask_tool() -> ToolSpec:
     return ToolSpec(name="ask", description="Ask the person.", schema=Question, run=run)
 
 
-def options(model: Any, journal: MemoryJournal | None = None, **overrides: Any) -> RunToolLoopOptions:
+def options(
+    model: Any, journal: MemoryJournal | None = None, **overrides: Any
+) -> RunToolLoopOptions:
     values: dict[str, Any] = {
         "generate": model,
         "model": "test-model",

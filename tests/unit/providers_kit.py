@@ -12,7 +12,13 @@ import httpx
 from toolloop.providers import RetryPolicy
 from toolloop.sim.sdk_check import sdk_validator
 
-FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05, total_s=5.0, short_retry_after_s=0.5)
+FAST = RetryPolicy(
+    attempts=3,
+    base_delay_s=0.01,
+    max_delay_s=0.05,
+    total_s=5.0,
+    short_retry_after_s=0.5,
+)
 FAKE_KEY = "sk-test-FAKE-KEY-0123456789abcdef"
 
 Answer = httpx.Response | dict[str, Any] | Callable[[httpx.Request], httpx.Response]

@@ -11,7 +11,9 @@ import pytest
 from toolloop import AbortController, AbortError
 
 
-def test_a_deadline_in_the_past_aborts_with_its_reason_when_the_signal_is_read() -> None:
+def test_a_deadline_in_the_past_aborts_with_its_reason_when_the_signal_is_read() -> (
+    None
+):
     controller = AbortController()
     called: list[str] = []
     controller.signal.add_callback(lambda: called.append("aborted"))

@@ -17,21 +17,31 @@ from workers.worker.consumer import StepConsumer
 
 
 def add_then_answer() -> ScriptedModel:
-    adding = reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3}, id="c1")], cost_usd=0.01)
+    adding = reply(
+        "Adding.", tool_calls=[call("add", {"a": 2, "b": 3}, id="c1")], cost_usd=0.01
+    )
     return ScriptedModel([adding, reply("It is 5.", cost_usd=0.01)])
 
 
-async def test_a_run_steps_to_its_end_with_the_hooks_at_every_point(step_harness: StepHarness) -> None:
+async def test_a_run_steps_to_its_end_with_the_hooks_at_every_point(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     h.model = add_then_answer()
     run = h.enqueue()
     h.redis.delete("llm")  # the first step's message: this test delivers it itself
     assert await h.run_to_end(run) == ["next", "next", "stop: done"]
     state = h.state(run)
-    assert (state["status"], state["final_text"], state["n"]) == ("done", "It is 5.", "3")
+    assert (state["status"], state["final_text"], state["n"]) == (
+        "done",
+        "It is 5.",
+        "3",
+    )
     assert sorted(h.journal(run)) == ["model:1", "model:2", "tool:c1"]
     assert h.events(run)[-1] == "finished" and h.outbox(run) == []
-    sent = sorted(h.queued(), key=lambda d: d.task_id)  # each successor was sent, on its queue
+    sent = sorted(
+        h.queued(), key=lambda d: d.task_id
+    )  # each successor was sent, on its queue
     assert [(d.task_id, d.kwargsrepr) for d in sent] == [
         (f"{run}:2", "{'step': 'tool add'}"),
         (f"{run}:3", "{'step': 'model 2'}"),
@@ -43,7 +53,11 @@ async def test_a_run_steps_to_its_end_with_the_hooks_at_every_point(step_harness
         "commit:after",
         "enqueue:after",
     ]
-    assert [f["key"] for n, f in h.hooks.points if n == "work:before"] == ["model:1", "tool:c1", "model:2"]
+    assert [f["key"] for n, f in h.hooks.points if n == "work:before"] == [
+        "model:1",
+        "tool:c1",
+        "model:2",
+    ]
     assert h.hooks.names().count("enqueue:after") == 2  # the last step sends nothing
     assert run not in h.process.kept  # a finished run keeps no loop
 
@@ -53,21 +67,29 @@ async def test_a_kept_loop_goes_on_without_replay_and_a_parked_run_releases_it(
 ) -> None:
     h = step_harness
     adding = reply("Adding.", tool_calls=[call("add", {"a": 1, "b": 1}, id="c1")])
-    h.model = ScriptedModel([adding, reply("", tool_calls=[call("ask", {"question": "More?"}, id="q1")])])
+    h.model = ScriptedModel(
+        [adding, reply("", tool_calls=[call("ask", {"question": "More?"}, id="q1")])]
+    )
     run = h.enqueue()
     assert str(await h.step(run)) == "next"
     assert run in h.process.kept  # paused at the tool step's boundary
     assert str(await h.step(run)) == "next"
     assert h.model.calls == 1 and run in h.process.kept
     assert str(await h.step(run)) == "park"
-    assert h.state(run)["status"] == "asked" and json.loads(h.state(run)["asked"]) == {"question": "More?"}
+    assert h.state(run)["status"] == "asked" and json.loads(h.state(run)["asked"]) == {
+        "question": "More?"
+    }
     assert run not in h.process.kept and len(h.process.kept) == 0
 
 
-async def test_a_stale_copy_runs_nothing_and_sends_its_successor_again(step_harness: StepHarness) -> None:
+async def test_a_stale_copy_runs_nothing_and_sends_its_successor_again(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     h.model = add_then_answer()
-    h.process.settings = dataclasses.replace(h.process.settings, outbox_age=0)  # TOOLLOOP_OUTBOX_AGE=0
+    h.process.settings = dataclasses.replace(
+        h.process.settings, outbox_age=0
+    )  # TOOLLOOP_OUTBOX_AGE=0
     run = h.enqueue()
     h.redis.delete("llm")
     assert str(await h.step(run, 1)) == "next"
@@ -79,63 +101,93 @@ async def test_a_stale_copy_runs_nothing_and_sends_its_successor_again(step_harn
     assert [d.task_id for d in h.queued()] == [f"{run}:2"]  # sent again from the outbox
 
 
-async def test_a_copy_finds_the_run_busy_while_another_holds_its_lease(step_harness: StepHarness) -> None:
+async def test_a_copy_finds_the_run_busy_while_another_holds_its_lease(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     h.model = add_then_answer()
     run = h.enqueue()
     h.redis.set(keys.lease(run), "other-copy:1", px=60_000)
     assert str(await h.step(run, 1)) == "busy"
     assert h.model.calls == 0 and h.journal(run) == {}
-    assert h.state(run)["status"] == "queued" and h.redis.get(keys.lease(run)) == "other-copy:1"
-    h.redis.set(keys.lease(run), "other-copy:1", px=300)  # a dead holder's lease, about to lapse
+    assert (
+        h.state(run)["status"] == "queued"
+        and h.redis.get(keys.lease(run)) == "other-copy:1"
+    )
+    h.redis.set(
+        keys.lease(run), "other-copy:1", px=300
+    )  # a dead holder's lease, about to lapse
     assert str(await h.step(run, 1)) == "next"  # the copy waited for it, then ran
     assert h.model.calls == 1 and sorted(h.journal(run)) == ["model:1"]
 
 
-async def test_a_copy_whose_lease_was_taken_over_is_fenced_at_its_commit(step_harness: StepHarness) -> None:
+async def test_a_copy_whose_lease_was_taken_over_is_fenced_at_its_commit(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     scripted = add_then_answer()
     took_over: list[str] = []
 
     async def model(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
-        if not took_over:  # the first copy's call: meanwhile its lease lapses and a second copy runs
+        if (
+            not took_over
+        ):  # the first copy's call: meanwhile its lease lapses and a second copy runs
             took_over.append(str(h.redis.get(keys.lease(run))))
             h.redis.delete(keys.lease(run))
             took_over.append(str(await h.step(run, 1)))
-            return reply("The first copy's answer.", tool_calls=[call("add", {"a": 9, "b": 9}, id="c9")])
+            return reply(
+                "The first copy's answer.",
+                tool_calls=[call("add", {"a": 9, "b": 9}, id="c9")],
+            )
         return await scripted(request, signal)
 
     h.model = model
     run = h.enqueue()
     outcome = await h.step(run, 1)
     assert took_over[1] == "next"  # the second copy committed step 1
-    assert str(outcome) == "stale"  # the first was fenced, re-drove, and found the step committed
+    assert (
+        str(outcome) == "stale"
+    )  # the first was fenced, re-drove, and found the step committed
     stored = json.loads(h.journal(run)["model:1"])["value"]["result"]
-    assert [c["id"] for c in stored["tool_calls"]] == ["c1"]  # the second copy's value, never the first's
+    assert [c["id"] for c in stored["tool_calls"]] == [
+        "c1"
+    ]  # the second copy's value, never the first's
     assert h.hooks.names().count("commit:after") == 1
     assert h.state(run)["n"] == "1"
 
 
-async def test_an_answer_sent_before_the_park_resumes_the_run_at_its_park(step_harness: StepHarness) -> None:
+async def test_an_answer_sent_before_the_park_resumes_the_run_at_its_park(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     h.model = ScriptedModel(
-        [reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]), reply("Shot 3 it is.")]
+        [
+            reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]),
+            reply("Shot 3 it is."),
+        ]
     )
     run = h.enqueue()
     h.client.answer(run, "Shot 3.")
     assert h.apply_answers(run) == ["kept"]  # not parked yet: kept for the segment
     assert str(await h.step(run)) == "park"
     state = h.state(run)
-    assert (state["status"], state["segment"]) == ("queued", "1")  # resumed by its own park commit
+    assert (state["status"], state["segment"]) == (
+        "queued",
+        "1",
+    )  # resumed by its own park commit
     assert h.outbox(run) == ["2|llm"]
     assert str(await h.step(run)) == "stop: done"
     answered = (h.model.requests[-1].messages or [])[-1]
-    assert answered.role == "tool" and "Shot 3." in answered.model_dump_json()  # the ask's answer
+    assert (
+        answered.role == "tool" and "Shot 3." in answered.model_dump_json()
+    )  # the ask's answer
     assert h.state(run)["final_text"] == "Shot 3 it is."
     assert "answered" in h.events(run)
 
 
-async def test_go_on_the_commit_begins_the_successor_in_the_step_consumer(step_harness: StepHarness) -> None:
+async def test_go_on_the_commit_begins_the_successor_in_the_step_consumer(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     h.model = add_then_answer()
     consumer = StepConsumer(h.process, ["llm", "tools"], 10, HOSTNAME)
@@ -143,7 +195,9 @@ async def test_go_on_the_commit_begins_the_successor_in_the_step_consumer(step_h
     run = h.enqueue()
     h.redis.delete("llm")
     assert str(await h.step(run, 1)) == "next"
-    for _ in range(200):  # the successors run as the consumer's tasks, each begun by its predecessor's commit
+    for _ in range(
+        200
+    ):  # the successors run as the consumer's tasks, each begun by its predecessor's commit
         if not consumer.running:
             break
         await asyncio.sleep(0.01)
@@ -155,10 +209,18 @@ async def test_go_on_the_commit_begins_the_successor_in_the_step_consumer(step_h
     assert h.hooks.names().count("advance:begin") == 3 and consumer.free == 10
     # a successor the commit began is past `enqueue:after` at once: a kill there comes before it runs
     points = [name for name in h.hooks.names() if name != "work:before"]
-    assert points[:5] == ["advance:begin", "commit:before", "commit:after", "enqueue:after", "advance:begin"]
+    assert points[:5] == [
+        "advance:begin",
+        "commit:before",
+        "commit:after",
+        "enqueue:after",
+        "advance:begin",
+    ]
 
 
-async def test_a_cancel_drops_the_kept_loop_of_its_run(step_harness: StepHarness) -> None:
+async def test_a_cancel_drops_the_kept_loop_of_its_run(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     h.model = add_then_answer()
     run = h.enqueue()

@@ -21,7 +21,9 @@ def test_a_short_long_run_meets_its_targets(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     row = json.loads(out.read_text())["modes"]["client"]
-    assert row["turns"] == 40 and row["stopped_by"] == "done" and row["compactions"] >= 2
+    assert (
+        row["turns"] == 40 and row["stopped_by"] == "done" and row["compactions"] >= 2
+    )
     assert row["largest_request_tokens"] < 200_000 and row["spend_vs_billed"] <= 0.005
     assert "MISSED" not in done.stdout
 
@@ -34,4 +36,7 @@ def test_an_unknown_mode_is_refused() -> None:
         timeout=60,
         check=False,
     )
-    assert done.returncode == 2 and "--modes among client, demand, server, clear" in done.stderr
+    assert (
+        done.returncode == 2
+        and "--modes among client, demand, server, clear" in done.stderr
+    )

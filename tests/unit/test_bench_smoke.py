@@ -13,7 +13,18 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "loop_overhead.py"
 def test_loop_overhead_runs_twenty_turns_on_our_side(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--sides", "ours", "--reps", "1", "--warmup", "0", "--json", str(out)],
+        [
+            sys.executable,
+            str(BENCH),
+            "--sides",
+            "ours",
+            "--reps",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

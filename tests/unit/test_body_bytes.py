@@ -35,7 +35,11 @@ from toolloop.providers.common import image_parts
 from toolloop.testing import ScriptedModel, call, reply
 
 MODEL = "claude-sonnet-5-5"
-THINKING = {"type": "thinking", "thinking": "Shot 3 first — “quoted”.\n", "signature": "EqQBCkgIARAB" * 4}
+THINKING = {
+    "type": "thinking",
+    "thinking": "Shot 3 first — “quoted”.\n",
+    "signature": "EqQBCkgIARAB" * 4,
+}
 REDACTED = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}
 
 
@@ -72,12 +76,16 @@ class Checking(ScriptedModel):
         frame = body_frame(request, model=MODEL, reasoning=self.reasoning) | (
             {"stream": True} if stream else {}
         )
-        assert got == bare.run(encode_body, request, frame, images)  # without a memo too
+        assert got == bare.run(
+            encode_body, request, frame, images
+        )  # without a memo too
         validate_anthropic_body(loads(got))
         memo = run_memo.get()
         assert memo is not None and memo.wire is not None
         kept = bytes(memo.wire.body)
-        assert not any(data.encode() in kept for data in images.values())  # no image bytes between calls
+        assert not any(
+            data.encode() in kept for data in images.values()
+        )  # no image bytes between calls
         self.sent.append(got)
         return super().answer(request, signal)
 
@@ -89,13 +97,25 @@ def turn_script(turns: int) -> list[Any]:
     for n in range(1, turns + 1):
         reasoning = None
         if n % 3 == 1:
-            reasoning = [ReasoningBlock(provider="anthropic", type="thinking", data=THINKING)]
+            reasoning = [
+                ReasoningBlock(provider="anthropic", type="thinking", data=THINKING)
+            ]
         elif n % 3 == 2:
             reasoning = [
-                ReasoningBlock(provider="anthropic", type="redacted_thinking", data=REDACTED),
-                ReasoningBlock(provider="fal", type="reasoning", data={"text": "theirs"}),
+                ReasoningBlock(
+                    provider="anthropic", type="redacted_thinking", data=REDACTED
+                ),
+                ReasoningBlock(
+                    provider="fal", type="reasoning", data={"text": "theirs"}
+                ),
             ]
-        calls = [call("read_frame", {"shot": n, "take": 1e16 if n % 4 == 0 else 0.5}, id=f"c{n}")]
+        calls = [
+            call(
+                "read_frame",
+                {"shot": n, "take": 1e16 if n % 4 == 0 else 0.5},
+                id=f"c{n}",
+            )
+        ]
         if n % 5 == 0:
             calls.append(call("read_frame", {"shot": n + 100}, id=f"d{n}"))
         text = "" if n % 4 == 3 else f"Shot {n} — “next”."
@@ -109,11 +129,19 @@ def given_history() -> list[Any]:
     image = ImagePart(path="/boards/board.png", mime_type="image/png", hash="cd")
     return [
         UserMessage(content="Review the cut."),
-        UserMessage(content=[TextPart(text="Mind the door.", cache=True), image, TextPart(text="  ")]),
+        UserMessage(
+            content=[
+                TextPart(text="Mind the door.", cache=True),
+                image,
+                TextPart(text="  "),
+            ]
+        ),
         AssistantMessage(
             content="Reading shot 1.",
             tool_calls=[ToolCall(id="g1", name="read_frame", input={"shot": 1})],
-            reasoning=[ReasoningBlock(provider="anthropic", type="thinking", data=THINKING)],
+            reasoning=[
+                ReasoningBlock(provider="anthropic", type="thinking", data=THINKING)
+            ],
         ),
         ToolMessage(
             tool_call_id="g1",
@@ -123,7 +151,9 @@ def given_history() -> list[Any]:
             ],
         ),
         UserMessage(content="   "),
-        AssistantMessage(content=None, tool_calls=[ToolCall(id="g2", name="read_frame", input=None)]),
+        AssistantMessage(
+            content=None, tool_calls=[ToolCall(id="g2", name="read_frame", input=None)]
+        ),
         ToolMessage(tool_call_id="g2", content=""),
         UserMessage(content=[TextPart(text="Keep going.")]),
     ]
@@ -166,12 +196,16 @@ async def test_the_sent_body_is_the_body_built_from_nothing_at_every_turn(
         assert b"[image dropped: shot1.png]" in model.sent[-1]
 
 
-async def test_each_call_encodes_only_what_the_last_request_did_not_send(monkeypatch: Any) -> None:
+async def test_each_call_encodes_only_what_the_last_request_did_not_send(
+    monkeypatch: Any,
+) -> None:
     encoded: list[int] = []
     real = encode.message_blocks
 
     def counting(message: Any, images: Any, ttl: Any) -> Any:
-        encoded[-1] += run_memo.get() is not None  # not the checks' builds without the memo
+        encoded[-1] += (
+            run_memo.get() is not None
+        )  # not the checks' builds without the memo
         return real(message, images, ttl)
 
     monkeypatch.setattr(encode, "message_blocks", counting)
@@ -181,9 +215,14 @@ async def test_each_call_encodes_only_what_the_last_request_did_not_send(monkeyp
             encoded.append(0)
             return super().answer(request, signal)
 
-    script = [reply(tool_calls=[call("read_frame", {"shot": t}, id=f"c{t}")]) for t in range(1, 13)]
+    script = [
+        reply(tool_calls=[call("read_frame", {"shot": t}, id=f"c{t}")])
+        for t in range(1, 13)
+    ]
     model = Counting([*script, reply("done")])
-    await run_tool_loop(options(model, MemoryJournal(), tools=[read_frame()], max_steps=14))
+    await run_tool_loop(
+        options(model, MemoryJournal(), tools=[read_frame()], max_steps=14)
+    )
     # each call after the first: the new assistant and tool message, and the message whose mark was
     # taken off (the mark's copy is the new tool message), not the 2 + 2 t messages of the request
     assert encoded[0] == 1 and max(encoded[1:]) <= 3, encoded
@@ -198,14 +237,21 @@ async def test_the_memo_is_the_runs_own_and_ends_with_it() -> None:
             return super().answer(request, signal)
 
     for _ in range(2):
-        model = Keeping([reply(tool_calls=[call("read_frame", {"shot": 1}, id="c1")]), reply("done")])
+        model = Keeping(
+            [
+                reply(tool_calls=[call("read_frame", {"shot": 1}, id="c1")]),
+                reply("done"),
+            ]
+        )
         await run_tool_loop(options(model, MemoryJournal(), tools=[read_frame()]))
     assert memos[0] is memos[1] and memos[2] is memos[3] and memos[0] is not memos[2]
     assert run_memo.get() is None
 
 
 def request_of(messages: list[Any], **fields: Any) -> PromptGenRequest:
-    return PromptGenRequest(model=MODEL, system="You review storyboards.", messages=messages, **fields)
+    return PromptGenRequest(
+        model=MODEL, system="You review storyboards.", messages=messages, **fields
+    )
 
 
 def both(request: PromptGenRequest, memo: RunMemo | None = None) -> tuple[bytes, bytes]:
@@ -225,23 +271,34 @@ def nested(depth: int) -> Any:
     return value
 
 
-@pytest.mark.parametrize("input", [{"big": 2**70, "f": 1e16}, {"nan": float("nan"), "f": 1e-7}])
-def test_values_orjson_refuses_or_writes_its_own_way_give_the_same_bytes(input: Any) -> None:
+@pytest.mark.parametrize(
+    "input", [{"big": 2**70, "f": 1e16}, {"nan": float("nan"), "f": 1e-7}]
+)
+def test_values_orjson_refuses_or_writes_its_own_way_give_the_same_bytes(
+    input: Any,
+) -> None:
     memo = RunMemo(replays=False)
     history = [
         UserMessage(content="Review."),
-        AssistantMessage(content="A.", tool_calls=[ToolCall(id="c1", name="read_frame", input={"f": 1e16})]),
+        AssistantMessage(
+            content="A.",
+            tool_calls=[ToolCall(id="c1", name="read_frame", input={"f": 1e16})],
+        ),
         ToolMessage(tool_call_id="c1", content="frame 1"),
     ]
     got, want = both(request_of(history), memo)
     assert got == want
     history += [
-        AssistantMessage(content="B.", tool_calls=[ToolCall(id="c2", name="read_frame", input=input)]),
+        AssistantMessage(
+            content="B.", tool_calls=[ToolCall(id="c2", name="read_frame", input=input)]
+        ),
         ToolMessage(tool_call_id="c2", content="frame 2"),
     ]
     got, want = both(request_of(history), memo)
     assert got == want
-    if "big" in input:  # the whole body written by the exact fallback, the earlier turn's float too
+    if (
+        "big" in input
+    ):  # the whole body written by the exact fallback, the earlier turn's float too
         assert b"1e+16" in got and str(2**70).encode() in got
 
 
@@ -250,20 +307,29 @@ def test_nesting_around_orjsons_depth_limit_gives_the_same_bytes() -> None:
     for depth in range(240, 256):
         history = [
             UserMessage(content="Review."),
-            AssistantMessage(tool_calls=[ToolCall(id="c1", name="read_frame", input=nested(depth))]),
+            AssistantMessage(
+                tool_calls=[ToolCall(id="c1", name="read_frame", input=nested(depth))]
+            ),
             ToolMessage(tool_call_id="c1", content="frame 1"),
         ]
         got, want = both(request_of(history), RunMemo(replays=False))
         assert got == want, depth
-        outcomes.add(b"1.5e-07" in got)  # the exact fallback writes the float the standard library's way
-    assert outcomes == {True, False}  # the range holds depths orjson takes and depths it refuses
+        outcomes.add(
+            b"1.5e-07" in got
+        )  # the exact fallback writes the float the standard library's way
+    assert outcomes == {
+        True,
+        False,
+    }  # the range holds depths orjson takes and depths it refuses
 
 
 def test_a_new_ttl_or_a_list_changed_in_place_reuses_nothing_stale() -> None:
     memo = RunMemo(replays=False)
     messages: list[Any] = [
         UserMessage(content=[TextPart(text="Review.", cache=True)]),
-        AssistantMessage(content="A.", tool_calls=[ToolCall(id="c1", name="read_frame", input={})]),
+        AssistantMessage(
+            content="A.", tool_calls=[ToolCall(id="c1", name="read_frame", input={})]
+        ),
         ToolMessage(tool_call_id="c1", content=[TextPart(text="frame 1", cache=True)]),
     ]
     for params in (None, {"cache_ttl": "1h"}, None):
@@ -281,5 +347,7 @@ def test_a_new_ttl_or_a_list_changed_in_place_reuses_nothing_stale() -> None:
 
 
 def test_a_prompt_and_no_messages() -> None:
-    got, want = both(PromptGenRequest(model=MODEL, prompt="Name the shot."), RunMemo(replays=False))
+    got, want = both(
+        PromptGenRequest(model=MODEL, prompt="Name the shot."), RunMemo(replays=False)
+    )
     assert got == want

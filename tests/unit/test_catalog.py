@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from toolloop import PromptGenError, PromptGenRequest, UserMessage
-from toolloop.providers import AnthropicHandler, Catalog, FalHandler, ModelInfo, ModelPrice, default_catalog
+from toolloop.providers import (
+    AnthropicHandler,
+    Catalog,
+    FalHandler,
+    ModelInfo,
+    ModelPrice,
+    default_catalog,
+)
 from toolloop.providers.anthropic.params import top_level
 from toolloop.providers.catalog import token_cost
 from toolloop.providers.models import (
@@ -108,7 +115,9 @@ PUBLISHED: dict[tuple[str, str], tuple[float, str]] = {
     },
 }
 
-PRICED = [(info, field) for info in MODELS if info.price is not None for field in PRICE_FIELDS]
+PRICED = [
+    (info, field) for info in MODELS if info.price is not None for field in PRICE_FIELDS
+]
 
 
 def _case_id(case: Any) -> str:
@@ -129,7 +138,9 @@ def test_each_price_matches_its_named_source(case: tuple[ModelInfo, str]) -> Non
         assert value == pytest.approx(published) and source.name == where
         assert source.kind == ("unconfirmed" if where in (THIRD, OLD_TABLE) else "read")
     else:  # not stated anywhere: derived by the rule its source names
-        assert source.kind == "derived", f"{info.id}.{field} is neither published nor derived"
+        assert source.kind == "derived", (
+            f"{info.id}.{field} is neither published nor derived"
+        )
         if source.name.startswith("as Fable 5.2"):  # Mythos 5.2: its Fable's price
             fable = default_catalog().price("claude-fable-5-2")
             assert fable is not None and value == getattr(fable, field)
@@ -139,7 +150,8 @@ def test_each_price_matches_its_named_source(case: tuple[ModelInfo, str]) -> Non
             assert value == pytest.approx(info.price.input * 2)
         else:  # another family's cache rule: "<read>x / <write>x input"
             read, write = (
-                float(part.strip().rstrip("x")) for part in source.name.split(" input")[0].split("/")
+                float(part.strip().rstrip("x"))
+                for part in source.name.split(" input")[0].split("/")
             )
             share = read if field == "cache_read" else write
             assert value == pytest.approx(info.price.input * share)
@@ -157,7 +169,9 @@ def test_one_hour_writes_have_their_own_price() -> None:
     assert price is not None
     assert token_cost(price, input=0, output=0, cache_write_1h=1_000_000) == 4.00
     assert token_cost(price, input=0, output=0, cache_write=1_000_000) == 2.50
-    assert ModelPrice(3, 15, 0.3, 3.75).write_1h == 6  # a caller's row without one: 2x input
+    assert (
+        ModelPrice(3, 15, 0.3, 3.75).write_1h == 6
+    )  # a caller's row without one: 2x input
 
 
 @pytest.mark.parametrize(
@@ -174,7 +188,9 @@ def test_one_hour_writes_have_their_own_price() -> None:
         ("gpt-5-mini", "gpt-5-mini"),
     ],
 )
-def test_ids_aliases_dated_ids_and_fal_slugs_find_their_row(name: str, found: str) -> None:
+def test_ids_aliases_dated_ids_and_fal_slugs_find_their_row(
+    name: str, found: str
+) -> None:
     info = default_catalog().find(name)
     assert info is not None and info.id == found
 
@@ -182,11 +198,23 @@ def test_ids_aliases_dated_ids_and_fal_slugs_find_their_row(name: str, found: st
 def test_lifecycle_comes_from_the_sdk_and_the_model_pages() -> None:
     catalog = default_catalog()
     opus_4_5 = catalog.find("claude-opus-4-5")
-    assert opus_4_5 is not None and (opus_4_5.status, opus_4_5.status_date) == ("deprecated", "2027-01-22")
+    assert opus_4_5 is not None and (opus_4_5.status, opus_4_5.status_date) == (
+        "deprecated",
+        "2027-01-22",
+    )
     assert "deprecated_models.py" in opus_4_5.source("status").name
-    for retired in ("claude-sonnet-4-5", "claude-opus-4-1", "claude-opus-4", "claude-3-5-haiku"):
+    for retired in (
+        "claude-sonnet-4-5",
+        "claude-opus-4-1",
+        "claude-opus-4",
+        "claude-3-5-haiku",
+    ):
         info = catalog.find(retired)
-        assert info is not None and info.status == "retired" and info.replacement is not None
+        assert (
+            info is not None
+            and info.status == "retired"
+            and info.replacement is not None
+        )
         replacement = catalog.find(info.replacement)
         assert replacement is not None and replacement.status == "current"
 
@@ -195,16 +223,26 @@ def test_a_retired_id_fails_before_any_call_naming_its_replacement() -> None:
     with pytest.raises(PromptGenError) as caught:
         default_catalog().require("anthropic", "claude-sonnet-4-5")
     message = str(caught.value)
-    assert "'claude-sonnet-4-5' was retired on 2026-11-30" in message and "'claude-sonnet-5-5'" in message
+    assert (
+        "'claude-sonnet-4-5' was retired on 2026-11-30" in message
+        and "'claude-sonnet-5-5'" in message
+    )
 
 
 def test_callers_extend_and_override_without_touching_the_default() -> None:
     mine = ModelInfo(
-        id="claude-next", price=ModelPrice(3, 15, 0.3, 3.75, 6), thinking=frozenset({"adaptive"})
+        id="claude-next",
+        price=ModelPrice(3, 15, 0.3, 3.75, 6),
+        thinking=frozenset({"adaptive"}),
     )
     catalog = default_catalog().with_models(mine)
-    assert catalog.find("claude-next") == mine and default_catalog().find("claude-next") is None
-    cheaper = default_catalog().with_prices({"claude-opus-5-5": ModelPrice(1, 2, 0.1, 1.25, 2)})
+    assert (
+        catalog.find("claude-next") == mine
+        and default_catalog().find("claude-next") is None
+    )
+    cheaper = default_catalog().with_prices(
+        {"claude-opus-5-5": ModelPrice(1, 2, 0.1, 1.25, 2)}
+    )
     opus = cheaper.find("anthropic/claude-opus-5.5")
     assert opus is not None and opus.price == ModelPrice(1, 2, 0.1, 1.25, 2)
     assert opus.thinking == frozenset({"adaptive"})  # only the price was replaced
@@ -221,13 +259,23 @@ REQUEST = PromptGenRequest(messages=[UserMessage(content="Hi")])
 @pytest.mark.parametrize(
     ("model", "reasoning", "thinking", "effort"),
     [
-        ("claude-opus-5-5", "off", {"type": "adaptive"}, "low"),  # always on: never "disabled"
+        (
+            "claude-opus-5-5",
+            "off",
+            {"type": "adaptive"},
+            "low",
+        ),  # always on: never "disabled"
         ("claude-opus-5-5", "high", {"type": "adaptive"}, "high"),
         ("claude-fable-5-1", "off", {"type": "adaptive"}, "low"),
         ("claude-sonnet-5-5", "off", {"type": "disabled"}, None),
         ("claude-sonnet-5-5", "medium", {"type": "adaptive"}, "medium"),
         ("claude-haiku-4-5", "off", {"type": "disabled"}, None),
-        ("claude-haiku-4-5", "low", {"type": "enabled", "budget_tokens": 2048}, None),  # never adaptive
+        (
+            "claude-haiku-4-5",
+            "low",
+            {"type": "enabled", "budget_tokens": 2048},
+            None,
+        ),  # never adaptive
         ("claude-opus-4-5", "high", {"type": "enabled", "budget_tokens": 24576}, None),
         ("claude-haiku-5-5", "high", {"type": "adaptive"}, "high"),
     ],
@@ -245,15 +293,23 @@ def test_reasoning_maps_to_what_each_model_accepts(
 
 
 def test_a_model_with_no_known_thinking_parameter_gets_none() -> None:
-    bare = ModelInfo(id="claude-bare", price=ModelPrice(1, 1, 0.1, 1.25), thinking=frozenset())
+    bare = ModelInfo(
+        id="claude-bare", price=ModelPrice(1, 1, 0.1, 1.25), thinking=frozenset()
+    )
     fields, notes = top_level(REQUEST, bare, "high")
     assert "thinking" not in fields and "output_config" not in fields
-    assert notes == ["claude-bare has no known thinking parameter: reasoning 'high' not sent"]
+    assert notes == [
+        "claude-bare has no known thinking parameter: reasoning 'high' not sent"
+    ]
 
 
 def test_max_tokens_never_exceeds_the_models_maximum_output() -> None:
-    small = ModelInfo(id="claude-small", price=ModelPrice(1, 1, 0.1, 1.25), max_output_tokens=4096)
-    fields, notes = top_level(REQUEST.model_copy(update={"params": {"max_tokens": 100_000}}), small, None)
+    small = ModelInfo(
+        id="claude-small", price=ModelPrice(1, 1, 0.1, 1.25), max_output_tokens=4096
+    )
+    fields, notes = top_level(
+        REQUEST.model_copy(update={"params": {"max_tokens": 100_000}}), small, None
+    )
     assert fields["max_tokens"] == 4096 and notes == [
         "max_tokens 100000 cut to claude-small's maximum output of 4096"
     ]
@@ -265,5 +321,9 @@ def test_docs_show_the_catalogue_as_it_is() -> None:
     from toolloop.providers.models import markdown
 
     page = (Path(__file__).parents[2] / "docs" / "providers.md").read_text()
-    shown = page.split("<!-- catalogue:start -->\n", 1)[1].split("\n<!-- catalogue:end -->", 1)[0]
-    assert shown == markdown(default_catalog()), "regenerate the table: models.markdown(default_catalog())"
+    shown = page.split("<!-- catalogue:start -->\n", 1)[1].split(
+        "\n<!-- catalogue:end -->", 1
+    )[0]
+    assert shown == markdown(default_catalog()), (
+        "regenerate the table: models.markdown(default_catalog())"
+    )

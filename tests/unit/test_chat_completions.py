@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from providers_kit import FAKE_KEY, FAST, Recorder
 
-from toolloop import AbortController, PromptGenError, PromptGenRequest, PromptGenResult, ToolArgumentsError
+from toolloop import (
+    AbortController,
+    PromptGenError,
+    PromptGenRequest,
+    PromptGenResult,
+    ToolArgumentsError,
+)
 from toolloop.providers import FalHandler, OpenAIHandler
 from toolloop.providers.base import PromptGenHandler
 
@@ -48,7 +54,11 @@ def answer(
 
 def calls(*arguments: Any) -> list[dict[str, Any]]:
     return [
-        {"id": f"c{i}", "type": "function", "function": {"name": "read_frame", "arguments": a}}
+        {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "read_frame", "arguments": a},
+        }
         for i, a in enumerate(arguments)
     ]
 
@@ -56,19 +66,35 @@ def calls(*arguments: Any) -> list[dict[str, Any]]:
 TOKENS = {"prompt_tokens": 2000, "completion_tokens": 100}
 ANSWERS = {
     "text and token usage with cache details": answer(
-        "Hi!", usage={**TOKENS, "prompt_tokens_details": {"cached_tokens": 1500, "cache_write_tokens": 300}}
+        "Hi!",
+        usage={
+            **TOKENS,
+            "prompt_tokens_details": {"cached_tokens": 1500, "cache_write_tokens": 300},
+        },
     ),
     "a reported cost and top-level cache fields": answer(
-        usage={**TOKENS, "cost": 0.0123, "cache_read_input_tokens": 1200, "cache_creation_input_tokens": 50}
+        usage={
+            **TOKENS,
+            "cost": 0.0123,
+            "cache_read_input_tokens": 1200,
+            "cache_creation_input_tokens": 50,
+        }
     ),
     "no usage: the character rule": answer("y" * 40),
     "tool calls": answer(
-        None, finish="tool_calls", usage=TOKENS, tool_calls=calls('{"shot": 3}', "", {"a": 1})
+        None,
+        finish="tool_calls",
+        usage=TOKENS,
+        tool_calls=calls('{"shot": 3}', "", {"a": 1}),
     ),
-    "cut off at length": answer(None, finish="length", usage=TOKENS, tool_calls=calls("{}", '{"shot": ')),
+    "cut off at length": answer(
+        None, finish="length", usage=TOKENS, tool_calls=calls("{}", '{"shot": ')
+    ),
     "content filter": answer("", finish="content_filter", usage=TOKENS),
     "an unknown finish": answer(finish=None, usage=TOKENS),
-    "reasoning details": answer(usage=TOKENS, reasoning_details=[{"type": "reasoning.text", "text": "hm"}]),
+    "reasoning details": answer(
+        usage=TOKENS, reasoning_details=[{"type": "reasoning.text", "text": "hm"}]
+    ),
     "reasoning text": answer(usage=TOKENS, reasoning="thinking it over"),
 }
 FAILURES = {
@@ -94,10 +120,18 @@ FAILURES = {
 
 def both(recorder: Recorder) -> list[PromptGenHandler]:
     fal = FalHandler(
-        FAKE_KEY, run_url="http://fal.test", retry=FAST, transport=recorder.transport, upload_images=False
+        FAKE_KEY,
+        run_url="http://fal.test",
+        retry=FAST,
+        transport=recorder.transport,
+        upload_images=False,
     )
     openai = OpenAIHandler(
-        FAKE_KEY, base_url="http://openai.test", default_model=MODEL, retry=FAST, transport=recorder.transport
+        FAKE_KEY,
+        base_url="http://openai.test",
+        default_model=MODEL,
+        retry=FAST,
+        transport=recorder.transport,
     )
     return [fal, openai]
 
@@ -113,14 +147,18 @@ def seen(result: PromptGenResult, provider: str) -> str:
 @pytest.mark.parametrize("body", ANSWERS.values(), ids=ANSWERS.keys())
 async def test_both_callers_read_an_answer_the_same(body: dict[str, Any]) -> None:
     recorder = Recorder(body)
-    results = [await h.execute(REQUEST, AbortController().signal) for h in both(recorder)]
+    results = [
+        await h.execute(REQUEST, AbortController().signal) for h in both(recorder)
+    ]
     fal, openai = results
     assert fal.meta is not None and fal.meta["provider"] == "fal"
     assert openai.meta is not None and openai.meta["provider"] == "openai"
     assert seen(fal, "fal") == seen(openai, "openai")
 
 
-@pytest.mark.parametrize(("body", "error", "says"), FAILURES.values(), ids=FAILURES.keys())
+@pytest.mark.parametrize(
+    ("body", "error", "says"), FAILURES.values(), ids=FAILURES.keys()
+)
 async def test_both_callers_refuse_a_bad_answer_the_same(
     body: Any, error: type[Exception], says: str
 ) -> None:

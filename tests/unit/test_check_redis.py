@@ -29,13 +29,22 @@ class _Server:
 
 @pytest.mark.parametrize(
     ("version", "old"),
-    [("6.0.16", True), ("5.0.7", True), ("6.2.0", False), ("7.2.4", False), ("10.0.1", False), ("", False)],
+    [
+        ("6.0.16", True),
+        ("5.0.7", True),
+        ("6.2.0", False),
+        ("7.2.4", False),
+        ("10.0.1", False),
+        ("", False),
+    ],
 )
 def test_versions_older_than_6_2_are_too_old(version: str, old: bool) -> None:
     assert too_old(version) is old
 
 
-def test_a_redis_older_than_6_2_is_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_redis_older_than_6_2_is_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.WARNING, logger="toolloop.workers"):
         check_redis(_Server("6.0.16"))  # type: ignore[arg-type]
     (record,) = caplog.records

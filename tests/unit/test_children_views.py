@@ -19,7 +19,12 @@ ROOT = "r1"
 NODES = [
     RunNode(run_id=ROOT, parent=None, status="waiting", spent_usd=0.01, steps=1),
     RunNode(
-        run_id=f"{ROOT}.ab12cd34-0", parent=ROOT, status="done", spent_usd=0.002, steps=1, budget_usd=0.3
+        run_id=f"{ROOT}.ab12cd34-0",
+        parent=ROOT,
+        status="done",
+        spent_usd=0.002,
+        steps=1,
+        budget_usd=0.3,
     ),
     RunNode(
         run_id=f"{ROOT}.ab12cd34-1",
@@ -42,13 +47,21 @@ def test_the_viewer_lists_the_children_and_a_childs_question() -> None:
     }
     children = [n.model_dump(mode="json") for n in NODES[1:]]
     html = viewer.page(
-        ROOT, status, [{"kind": "queued", "budget_usd": 1.0, "id": "1-0"}], [], children=children
+        ROOT,
+        status,
+        [{"kind": "queued", "budget_usd": 1.0, "id": "1-0"}],
+        [],
+        children=children,
     )
     table = html.split('<section id="children" >', 1)[1].split("</section>", 1)[0]
     assert table.count("<tr><td>") == 2 and f'href="/runs/{NODES[1].run_id}"' in table
     assert "$0.3000" in table and "Which take?" in table
-    assert '<section id="ask" ><h2>A child run asks</h2>' in html  # answered through this run's form
-    assert '<section id="children" hidden>' in viewer.page(ROOT, {"status": "done"}, [], [])
+    assert (
+        '<section id="ask" ><h2>A child run asks</h2>' in html
+    )  # answered through this run's form
+    assert '<section id="children" hidden>' in viewer.page(
+        ROOT, {"status": "done"}, [], []
+    )
 
 
 def test_status_prints_the_tree_and_how_to_answer_the_child_that_asks(
@@ -81,12 +94,19 @@ def test_a_child_lives_on_its_parents_shard_and_its_roots_slot() -> None:
     parent = "s2-0123456789abcdef0123456789abcdef"
     child = f"{parent}.ab12cd34-0.ff00ee11-3"
     assert shard_of(child, 3) == shard_of(parent, 3) == 2
-    assert keys.state(child) == f"tl:{{{parent}}}.ab12cd34-0.ff00ee11-3:state"  # the root's hash tag
-    assert keys.parent_of(child) == f"{parent}.ab12cd34-0" and keys.root_of(child) == parent
+    assert (
+        keys.state(child) == f"tl:{{{parent}}}.ab12cd34-0.ff00ee11-3:state"
+    )  # the root's hash tag
+    assert (
+        keys.parent_of(child) == f"{parent}.ab12cd34-0"
+        and keys.root_of(child) == parent
+    )
     assert keys.parent_of(parent) is None
 
 
-def test_the_librarys_journal_lease_and_fence_keys_of_a_child_carry_its_roots_tag() -> None:
+def test_the_librarys_journal_lease_and_fence_keys_of_a_child_carry_its_roots_tag() -> (
+    None
+):
     """The library's RedisJournal (toolloop/journal/keys.py) and the workers name a child's journal,
     lease and fence by one rule, so a script of the tree and the library touch the same keys."""
     root = "0123456789abcdef0123456789abcdef"
@@ -98,4 +118,8 @@ def test_the_librarys_journal_lease_and_fence_keys_of_a_child_carry_its_roots_ta
     )
     assert library_keys.lease(child) == f"tl:{{{root}}}.ab12cd34-0:lease"
     assert library_keys.fence(child) == f"tl:{{{root}}}.ab12cd34-0:fence"
-    assert library_keys.run_key(root, "state") == keys.state(root) == f"tl:{{{root}}}:state"
+    assert (
+        library_keys.run_key(root, "state")
+        == keys.state(root)
+        == f"tl:{{{root}}}:state"
+    )

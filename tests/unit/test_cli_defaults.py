@@ -12,14 +12,22 @@ from toolloop.cli.errors import DEBUG_HINT, explain, redact
 from workers.protocol.spec import RunSpec
 
 
-def test_redis_url_from_the_environment_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_redis_url_from_the_environment_wins(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://example:6380/2")
     choice = defaults.redis_url(tmp_path)
-    assert (choice.url, choice.embedded, choice.started) == ("redis://example:6380/2", False, False)
+    assert (choice.url, choice.embedded, choice.started) == (
+        "redis://example:6380/2",
+        False,
+        False,
+    )
     assert not (tmp_path / "redis").exists()  # nothing started
 
 
-def test_without_a_running_server_and_start_false(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_without_a_running_server_and_start_false(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("REDIS_URL", raising=False)
     with pytest.raises(defaults.DefaultsError, match="No embedded Redis is running"):
         defaults.redis_url(tmp_path, start=False)
@@ -27,7 +35,9 @@ def test_without_a_running_server_and_start_false(monkeypatch: pytest.MonkeyPatc
     assert defaults.stop_embedded(tmp_path) is None
 
 
-def test_a_stale_record_is_not_reused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_stale_record_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     (tmp_path / "redis").mkdir()
     (tmp_path / "redis" / "server.json").write_text('{"pid": 999999999, "port": 1}')
     assert defaults.running_embedded(tmp_path) is None
@@ -46,7 +56,10 @@ def test_provider_keys_and_the_simulator_env() -> None:
     assert not defaults.has_provider_key({"OPENAI_API_KEY": "x", "FAL_KEY": ""})
     assert defaults.has_provider_key({"FAL_KEY": "k"})
     env = defaults.simulated_provider_env("http://127.0.0.1:9")
-    assert env == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9", "ANTHROPIC_API_KEY": defaults.SIMULATED_KEY}
+    assert env == {
+        "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+        "ANTHROPIC_API_KEY": defaults.SIMULATED_KEY,
+    }
 
 
 def test_redact_hides_the_password() -> None:
@@ -57,7 +70,10 @@ def test_redact_hides_the_password() -> None:
 
 def test_explain_gives_two_lines_for_any_error() -> None:
     assert explain(ValueError("boom")) == f"ValueError: boom\n{DEBUG_HINT}"
-    assert explain(RuntimeError("What happened.\nWhat to do.")) == "What happened.\n  What to do."
+    assert (
+        explain(RuntimeError("What happened.\nWhat to do."))
+        == "What happened.\n  What to do."
+    )
     with pytest.raises(pydantic.ValidationError) as caught:
         RunSpec.model_validate({"model": "", "messages": []})
     lines = explain(caught.value).splitlines()

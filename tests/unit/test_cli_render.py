@@ -20,21 +20,35 @@ def model_event(step: int, read: int, write: int = 0) -> ModelEvent:
         cached_write_tokens=write,
     )
     calls = [ToolCall(id="c1", name="read_frame", input={"shot": 3})]
-    return ModelEvent(step=step, text=None, tool_calls=calls, cost_usd=0.0123, usage=usage)
+    return ModelEvent(
+        step=step, text=None, tool_calls=calls, cost_usd=0.0123, usage=usage
+    )
 
 
 def test_model_line_shows_tokens_cache_reads_cost_and_calls() -> None:
     line = event_line(model_event(2, read=1500))
-    assert line == "step  2  model   2,000 in (1,500 cached)    50 out  $0.0123  → read_frame(shot=3)"
+    assert (
+        line
+        == "step  2  model   2,000 in (1,500 cached)    50 out  $0.0123  → read_frame(shot=3)"
+    )
 
 
 def test_model_line_shows_a_provider_switch() -> None:
     event = model_event(2, read=0).model_copy(
-        update={"provider": "fal", "fallback_from": [{"provider": "anthropic", "reason": "HTTP 529"}]}
+        update={
+            "provider": "fal",
+            "fallback_from": [{"provider": "anthropic", "reason": "HTTP 529"}],
+        }
     )
-    assert event_line(event).endswith("→ read_frame(shot=3)  [via fal: anthropic HTTP 529]")
-    assert event_line(event.model_dump(mode="json")) == event_line(event)  # as a run's stream holds it
-    assert "via" not in event_line(model_event(2, read=0).model_copy(update={"provider": "anthropic"}))
+    assert event_line(event).endswith(
+        "→ read_frame(shot=3)  [via fal: anthropic HTTP 529]"
+    )
+    assert event_line(event.model_dump(mode="json")) == event_line(
+        event
+    )  # as a run's stream holds it
+    assert "via" not in event_line(
+        model_event(2, read=0).model_copy(update={"provider": "anthropic"})
+    )
 
 
 def test_step_override_numbers_steps_across_segments() -> None:
@@ -42,19 +56,49 @@ def test_step_override_numbers_steps_across_segments() -> None:
 
 
 def test_tool_and_run_event_lines() -> None:
-    tool = ToolEvent(step=3, name="render_preview", call_id="c", cost_usd=0.0055, summary="Preview rendered.")
-    assert event_line(tool) == "step  3  tool   render_preview   $0.0055  Preview rendered."
-    parked = {"id": "1-0", "seq": 7, "segment": 0, "kind": "parked", "asked": {"question": "Keep shot 3?"}}
-    assert event_line(parked) == "run      parked: no worker holds it while it waits for the answer"
-    failed = {"kind": "failed", "error_class": "ToolArgumentsError", "error_message": "Tool call ..."}
+    tool = ToolEvent(
+        step=3,
+        name="render_preview",
+        call_id="c",
+        cost_usd=0.0055,
+        summary="Preview rendered.",
+    )
+    assert (
+        event_line(tool)
+        == "step  3  tool   render_preview   $0.0055  Preview rendered."
+    )
+    parked = {
+        "id": "1-0",
+        "seq": 7,
+        "segment": 0,
+        "kind": "parked",
+        "asked": {"question": "Keep shot 3?"},
+    }
+    assert (
+        event_line(parked)
+        == "run      parked: no worker holds it while it waits for the answer"
+    )
+    failed = {
+        "kind": "failed",
+        "error_class": "ToolArgumentsError",
+        "error_message": "Tool call ...",
+    }
     assert event_line(failed) == "run      failed: ToolArgumentsError Tool call ..."
     other = {"id": "2-0", "seq": 8, "segment": 1, "kind": "resumed", "note": "x"}
     assert event_line(other) == 'run      resumed  {"note": "x"}'
 
 
 def test_approval_event_lines() -> None:
-    requested = {"kind": "approval_requested", "call_id": "c7", "name": "publish", "input": {"shot": 3}}
-    assert event_line(requested) == 'run      approval requested: publish {"shot": 3} (call c7)'
+    requested = {
+        "kind": "approval_requested",
+        "call_id": "c7",
+        "name": "publish",
+        "input": {"shot": 3},
+    }
+    assert (
+        event_line(requested)
+        == 'run      approval requested: publish {"shot": 3} (call c7)'
+    )
     decided = {
         "kind": "approval_decided",
         "call_id": "c7",
@@ -62,9 +106,13 @@ def test_approval_event_lines() -> None:
         "reason": "no",
         "actor": "ana",
     }
-    assert event_line(decided) == "run      approval decided: reject: no by ana (call c7)"
+    assert (
+        event_line(decided) == "run      approval decided: reject: no by ana (call c7)"
+    )
     expired = {"kind": "approval_expired", "call_id": "c7", "outcome": "reject"}
-    assert event_line(expired) == "run      approval expired: reject by default (call c7)"
+    assert (
+        event_line(expired) == "run      approval expired: reject by default (call c7)"
+    )
 
 
 def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> None:
@@ -77,7 +125,9 @@ def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> 
     assert saved is not None
     assert abs(saved - (1000 * 2.7 - 1000 * 0.75) / 1e6) < 1e-12
     assert totals.cache_savings_usd("no-such-model") is None
-    gemini = totals.cache_savings_usd("google/gemini-3.8-flash")  # via fal: reads at 0.25x, writes at 1x
+    gemini = totals.cache_savings_usd(
+        "google/gemini-3.8-flash"
+    )  # via fal: reads at 0.25x, writes at 1x
     assert gemini is not None and abs(gemini - 1000 * 0.75 * 0.75 / 1e6) < 1e-12
 
 
@@ -133,12 +183,18 @@ def test_refused_paused_and_cut_lines() -> None:
     refused = model_event(4, read=0).model_copy(
         update={"tool_calls": [], "finish_reason": "refusal", "refusal": refusal}
     )
-    assert event_line(refused).endswith("$0.0123  refused (category cyber: Exploit development.)")
+    assert event_line(refused).endswith(
+        "$0.0123  refused (category cyber: Exploit development.)"
+    )
     paused = model_event(1, read=0).model_copy(update={"finish_reason": "paused"})
     assert event_line(paused).endswith("[paused: sent back] → read_frame(shot=3)")
     cut = model_event(1, read=0).model_copy(update={"finish_reason": "length"})
     assert event_line(cut).endswith("[cut at max_tokens] → read_frame(shot=3)")
-    finished = {"kind": "finished", "stopped_by": "refused", "refusal": {"category": None}}
+    finished = {
+        "kind": "finished",
+        "stopped_by": "refused",
+        "refusal": {"category": None},
+    }
     assert event_line(finished) == "run      finished: refused (no category)"
 
 
@@ -146,7 +202,8 @@ def test_a_park_for_decisions_and_an_account_stop_say_what_they_are() -> None:
     held = [{"call_id": "c1"}, {"call_id": "c2"}]
     parked = {"kind": "parked", "approvals": held}
     assert (
-        event_line(parked) == "run      parked: no worker holds it while it waits for a decision on 2 calls"
+        event_line(parked)
+        == "run      parked: no worker holds it while it waits for a decision on 2 calls"
     )
     account = {
         "name": "studio-a",
@@ -155,14 +212,26 @@ def test_a_park_for_decisions_and_an_account_stop_say_what_they_are() -> None:
         "limit_usd": 1.0,
         "spent_usd": 0.995,
     }
-    stop = {"kind": "budget", "spent_usd": 0.2, "limit_usd": 5.0, "mode": "stop", "account": account}
+    stop = {
+        "kind": "budget",
+        "spent_usd": 0.2,
+        "limit_usd": 5.0,
+        "mode": "stop",
+        "account": account,
+    }
     assert event_line(stop) == (
         "budget   budget stop: account studio-a reached its limit of $1.00 per day (2026-12-02: $0.9950 "
         "spent) (the run spent $0.2000 of its $5.00)"
     )
-    finished = {"kind": "finished", "stopped_by": "budget", "account": {**account, "period": "total"}}
+    finished = {
+        "kind": "finished",
+        "stopped_by": "budget",
+        "account": {**account, "period": "total"},
+    }
     assert event_line(finished) == (
         "run      finished: budget (account studio-a reached its limit of $1.00 in total ($0.9950 spent))"
     )
     own = {"kind": "budget", "spent_usd": 1.0, "limit_usd": 1.0, "mode": "stop"}
-    assert event_line(own) == "budget   budget stop at $1.0000 of $1.00"  # the run's own budget, as before
+    assert (
+        event_line(own) == "budget   budget stop at $1.0000 of $1.00"
+    )  # the run's own budget, as before

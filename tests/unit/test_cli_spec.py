@@ -19,7 +19,9 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_flags_build_a_spec() -> None:
-    spec = build_spec(parse("Review shot 3.", "--model", "m", "--toolset", TOOLSET, "--budget", "0.5"))
+    spec = build_spec(
+        parse("Review shot 3.", "--model", "m", "--toolset", TOOLSET, "--budget", "0.5")
+    )
     assert spec.model == "m" and spec.budget_usd == 0.5 and spec.toolset == TOOLSET
     assert [m.content for m in spec.messages] == ["Review shot 3."]
 
@@ -40,16 +42,26 @@ def test_deadline_flags() -> None:
             "600",
         )
     )
-    assert (spec.ask_timeout_s, spec.ask_default, spec.approval_timeout_s) == (30, "Go on.", 600)
+    assert (spec.ask_timeout_s, spec.ask_default, spec.approval_timeout_s) == (
+        30,
+        "Go on.",
+        600,
+    )
 
 
 def test_cache_ttl_comes_from_the_flag_or_the_file(tmp_path: Path) -> None:
-    spec = build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--cache-ttl", "1h"))
+    spec = build_spec(
+        parse("Hi", "--model", "m", "--toolset", TOOLSET, "--cache-ttl", "1h")
+    )
     assert spec.cache_ttl == "1h"
     path = tmp_path / "run.yaml"
-    path.write_text(f"model: a\ntoolset: {TOOLSET}\ncache_ttl: 1h\nmessages: [{{role: user, content: Hi}}]\n")
+    path.write_text(
+        f"model: a\ntoolset: {TOOLSET}\ncache_ttl: 1h\nmessages: [{{role: user, content: Hi}}]\n"
+    )
     assert build_spec(parse("-f", str(path))).cache_ttl == "1h"
-    assert build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET)).cache_ttl == "5m"
+    assert (
+        build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET)).cache_ttl == "5m"
+    )
     with pytest.raises(SystemExit):
         parse("Hi", "--cache-ttl", "2h")
 
@@ -73,7 +85,9 @@ def test_yaml_file_with_flags_overriding(tmp_path: Path) -> None:
         ("- a list", ".yaml", "is a list, not a mapping"),
     ],
 )
-def test_malformed_files_are_two_line_errors(tmp_path: Path, text: str, suffix: str, first_line: str) -> None:
+def test_malformed_files_are_two_line_errors(
+    tmp_path: Path, text: str, suffix: str, first_line: str
+) -> None:
     path = tmp_path / f"run{suffix}"
     path.write_text(text)
     with pytest.raises(CliError) as caught:
@@ -113,7 +127,19 @@ def test_invalid_fields_name_the_field() -> None:
 def test_system_text_from_a_file(tmp_path: Path) -> None:
     brief = tmp_path / "brief.txt"
     brief.write_text("You review storyboards.\n")
-    spec = build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--system", f"@{brief}"))
+    spec = build_spec(
+        parse("Hi", "--model", "m", "--toolset", TOOLSET, "--system", f"@{brief}")
+    )
     assert spec.system == "You review storyboards.\n"
     with pytest.raises(CliError, match="Cannot read the system text file"):
-        build_spec(parse("Hi", "--model", "m", "--toolset", TOOLSET, "--system", f"@{tmp_path / 'no'}"))
+        build_spec(
+            parse(
+                "Hi",
+                "--model",
+                "m",
+                "--toolset",
+                TOOLSET,
+                "--system",
+                f"@{tmp_path / 'no'}",
+            )
+        )

@@ -16,7 +16,11 @@ from workers.config.settings import Settings
 from workers.protocol import wire
 from workers.protocol.errors import LimitError, ToolsetError
 
-SPEC = {"model": "m", "toolset": "review", "messages": [{"role": "user", "content": "Go."}]}
+SPEC = {
+    "model": "m",
+    "toolset": "review",
+    "messages": [{"role": "user", "content": "Go."}],
+}
 
 
 def preparer() -> enqueue.Preparer:
@@ -30,15 +34,27 @@ def test_a_client_module_imports_no_celery_and_no_worker_runtime() -> None:
         "'workers.process.worker_process') "
         "if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
-def test_an_enqueue_is_one_script_carrying_the_run_and_its_first_celery_message() -> None:
+def test_an_enqueue_is_one_script_carrying_the_run_and_its_first_celery_message() -> (
+    None
+):
     made = preparer()(SPEC, "order-1")
-    assert made.run_id == preparer()(SPEC, "order-1").run_id != preparer()(SPEC, None).run_id
+    assert (
+        made.run_id
+        == preparer()(SPEC, "order-1").run_id
+        != preparer()(SPEC, None).run_id
+    )
     request = made.request
-    assert request.script is enqueue.ENQUEUE and request.command()[:3] == ("EVALSHA", enqueue.ENQUEUE.sha, 8)
+    assert request.script is enqueue.ENQUEUE and request.command()[:3] == (
+        "EVALSHA",
+        enqueue.ENQUEUE.sha,
+        8,
+    )
     raw, channel, event = request.args[6:9]
     delivery = wire.parse(raw)
     assert (delivery.name, delivery.args, delivery.task_id) == (
@@ -46,18 +62,29 @@ def test_an_enqueue_is_one_script_carrying_the_run_and_its_first_celery_message(
         [made.run_id, 1],
         f"{made.run_id}:1",
     )
-    assert wire.task_problem(delivery) is None and delivery.kwargsrepr == "{'step': 'model 1'}"
+    assert (
+        wire.task_problem(delivery) is None
+        and delivery.kwargsrepr == "{'step': 'model 1'}"
+    )
     assert channel == "/3.celeryev/task.sent"
     sent = json.loads(base64.b64decode(json.loads(event)["body"]))
-    assert (sent["type"], sent["uuid"], sent["queue"]) == ("task-sent", f"{made.run_id}:1", "llm")
-    assert "Go." not in raw and "Go." not in event.decode()  # ids only in the message and its event
+    assert (sent["type"], sent["uuid"], sent["queue"]) == (
+        "task-sent",
+        f"{made.run_id}:1",
+        "llm",
+    )
+    assert (
+        "Go." not in raw and "Go." not in event.decode()
+    )  # ids only in the message and its event
 
 
 def test_an_enqueue_is_checked_before_anything_is_built() -> None:
     with pytest.raises(ToolsetError, match="not registered"):
         preparer()({**SPEC, "toolset": "other"}, None)
     with pytest.raises(LimitError):
-        preparer()({**SPEC, "messages": [{"role": "user", "content": "x" * 1_000_001}]}, None)
+        preparer()(
+            {**SPEC, "messages": [{"role": "user", "content": "x" * 1_000_001}]}, None
+        )
     with pytest.raises(ValueError, match="1 to 256"):
         preparer()(SPEC, "")
     with pytest.raises(ValueError, match="one key"):
@@ -77,17 +104,27 @@ def test_answers_and_decisions_are_refused_one_byte_over_their_limits() -> None:
     from workers.client.limits import IDENT_BYTES, check_answer, check_decision
 
     settings = Settings.from_env()
-    check_answer("é" * (settings.max_answer_bytes // 2), settings)  # UTF-8 bytes, at the limit
+    check_answer(
+        "é" * (settings.max_answer_bytes // 2), settings
+    )  # UTF-8 bytes, at the limit
     with pytest.raises(LimitError, match="TOOLLOOP_MAX_ANSWER_BYTES"):
         check_answer("a" * (settings.max_answer_bytes + 1), settings)
     check_decision(
-        "c" * IDENT_BYTES, Decision(action="reject", reason="r" * settings.max_reason_bytes), settings
+        "c" * IDENT_BYTES,
+        Decision(action="reject", reason="r" * settings.max_reason_bytes),
+        settings,
     )
     with pytest.raises(LimitError, match="TOOLLOOP_MAX_REASON_BYTES"):
-        check_decision("c", Decision(action="reject", reason="r" * (settings.max_reason_bytes + 1)), settings)
+        check_decision(
+            "c",
+            Decision(action="reject", reason="r" * (settings.max_reason_bytes + 1)),
+            settings,
+        )
     edit = {"a": "x" * (settings.max_edit_bytes - 8)}  # {"a":"..."} is 8 bytes more
     check_decision("c", Decision(action="edit", input=edit), settings)
     with pytest.raises(LimitError, match="TOOLLOOP_MAX_EDIT_BYTES"):
-        check_decision("c", Decision(action="edit", input={"a": edit["a"] + "x"}), settings)
+        check_decision(
+            "c", Decision(action="edit", input={"a": edit["a"] + "x"}), settings
+        )
     with pytest.raises(LimitError, match="call id is 257 bytes"):
         check_decision("c" * (IDENT_BYTES + 1), Decision(action="approve"), settings)

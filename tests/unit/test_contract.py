@@ -40,13 +40,22 @@ def test_messages_are_read_from_dicts_by_role_and_type() -> None:
     messages = CHAT_MESSAGES.validate_python(
         [
             {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "x", "input": {}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "name": "x", "input": {}}],
+            },
             {
                 "role": "tool",
                 "tool_call_id": "c1",
                 "content": [
                     {"type": "text", "text": "ok", "cache": True},
-                    {"type": "image", "path": "/a/b.png", "mime_type": "image/png", "hash": "00"},
+                    {
+                        "type": "image",
+                        "path": "/a/b.png",
+                        "mime_type": "image/png",
+                        "hash": "00",
+                    },
                 ],
             },
         ]
@@ -63,7 +72,9 @@ def test_messages_are_read_from_dicts_by_role_and_type() -> None:
         ),
     ]
     with pytest.raises(pydantic.ValidationError):
-        CHAT_MESSAGES.validate_python([{"role": "user", "content": [{"type": "video", "url": "x"}]}])
+        CHAT_MESSAGES.validate_python(
+            [{"role": "user", "content": [{"type": "video", "url": "x"}]}]
+        )
 
 
 def test_models_are_frozen_values() -> None:
@@ -77,7 +88,11 @@ def test_one_turn_request_and_result_defaults() -> None:
     assert PromptGenRequest(prompt="Hi").is_one_turn
     assert not PromptGenRequest(cache_system=True).is_one_turn
     result = PromptGenResult(text="")
-    assert (result.tool_calls, result.finish_reason, result.usage) == ([], "stop", PromptGenUsage())
+    assert (result.tool_calls, result.finish_reason, result.usage) == (
+        [],
+        "stop",
+        PromptGenUsage(),
+    )
     assert PromptGenUsage().cached_read_tokens is None
 
 
@@ -128,6 +143,8 @@ async def test_abort_from_another_thread_wakes_waiters() -> None:
 def test_tests_cannot_reach_a_real_provider() -> None:
     import socket
 
-    with pytest.raises(AssertionError, match=r"real provider host 'api\.anthropic\.com'"):
+    with pytest.raises(
+        AssertionError, match=r"real provider host 'api\.anthropic\.com'"
+    ):
         socket.getaddrinfo("api.anthropic.com", 443)
     assert socket.getaddrinfo("127.0.0.1", 80)

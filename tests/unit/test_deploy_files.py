@@ -32,7 +32,11 @@ def compose() -> dict[str, Any]:
 
 def procfile() -> dict[str, list[str]]:
     lines = (ROOT / "Procfile").read_text().splitlines()
-    entries = [line.split(":", 1) for line in lines if line.strip() and not line.startswith("#")]
+    entries = [
+        line.split(":", 1)
+        for line in lines
+        if line.strip() and not line.startswith("#")
+    ]
     return {name.strip(): shlex.split(expand(command)) for name, command in entries}
 
 
@@ -48,13 +52,17 @@ def check_celery_command(argv: list[str]) -> str:
     sub, rest = argv[3], argv[4:]
     if sub == "worker":
         obj = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
-        command = copy.copy(worker)  # the celery CLI adds the app's own worker options the same way
+        command = copy.copy(
+            worker
+        )  # the celery CLI adds the app's own worker options the same way
         command.params = [*worker.params, *app.user_options.get("worker", [])]
         params = command.make_context("worker", list(rest), obj=obj).params
         assert params["steps_in_flight"], "the worker needs --steps-in-flight"
         queues = set(params["queues"] or [])
         routed = {route["queue"] for route in (app.conf.task_routes or {}).values()}
-        assert routed <= queues, f"tasks are routed to {routed - queues} but the worker does not consume them"
+        assert routed <= queues, (
+            f"tasks are routed to {routed - queues} but the worker does not consume them"
+        )
         assert params["task_events"], "Flower needs -E"
     elif sub == "flower":
         from flower.options import options
@@ -62,9 +70,15 @@ def check_celery_command(argv: list[str]) -> str:
         for arg in rest:
             name = arg.removeprefix("--").split("=", 1)[0].replace("_", "-")
             assert name in options._options, f"flower has no option --{name}"
-        assert any(arg.startswith("--basic_auth=") for arg in rest), "Flower must require auth"
-        assert any(arg.startswith("--address=") for arg in rest), "Flower must not bind by default"
-        assert "--read_only=true" in rest, "Flower must be read-only unless FLOWER_READ_ONLY=false"
+        assert any(arg.startswith("--basic_auth=") for arg in rest), (
+            "Flower must require auth"
+        )
+        assert any(arg.startswith("--address=") for arg in rest), (
+            "Flower must not bind by default"
+        )
+        assert "--read_only=true" in rest, (
+            "Flower must be read-only unless FLOWER_READ_ONLY=false"
+        )
     else:
         pytest.fail(f"unexpected celery subcommand {sub!r}")
     return sub
@@ -82,14 +96,22 @@ def test_compose_redis_keeps_the_journal() -> None:
 
 def test_compose_celery_services_parse() -> None:
     services = compose()["services"]
-    assert check_celery_command([expand(a) for a in services["worker"]["command"]]) == "worker"
-    assert check_celery_command([expand(a) for a in services["flower"]["command"]]) == "flower"
+    assert (
+        check_celery_command([expand(a) for a in services["worker"]["command"]])
+        == "worker"
+    )
+    assert (
+        check_celery_command([expand(a) for a in services["flower"]["command"]])
+        == "flower"
+    )
     for name in ("worker", "flower"):
         assert services[name]["environment"]["REDIS_URL"] == "redis://redis:6379/0"
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
     for name, service in services.items():
         for port in service.get("ports", []):
-            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+            assert port.startswith("127.0.0.1:"), (
+                f"{name} publishes {port} beyond loopback"
+            )
 
 
 def test_compose_simulator_command_exists() -> None:
@@ -124,10 +146,20 @@ def test_compose_scales_the_worker_as_written() -> None:
     worker = compose()["services"]["worker"]
     assert not {"ports", "container_name", "hostname", "volumes"} & set(worker), worker
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
-    required = set(re.findall(r"\$\{(\w+):\?", (ROOT / "docker-compose.yml").read_text()))
+    required = set(
+        re.findall(r"\$\{(\w+):\?", (ROOT / "docker-compose.yml").read_text())
+    )
     assert required == {"FLOWER_BASIC_AUTH", "TOOLLOOP_WEB_TOKEN"}
-    texts = [(ROOT / "docker-compose.yml").read_text(), (ROOT / "docs" / "operations.md").read_text()]
-    lines = [line for text in texts for line in text.splitlines() if "docker compose up --scale" in line]
+    texts = [
+        (ROOT / "docker-compose.yml").read_text(),
+        (ROOT / "docs" / "operations.md").read_text(),
+    ]
+    lines = [
+        line
+        for text in texts
+        for line in text.splitlines()
+        if "docker compose up --scale" in line
+    ]
     assert lines, "no `docker compose up --scale` command written"
     for line in lines:
         assert all(f"{name}=" in line for name in required), line

@@ -32,7 +32,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quickstart_runs_and_replays() -> None:
     done = subprocess.run(
-        [sys.executable, "examples/quickstart.py"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "examples/quickstart.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     first, second = done.stdout.splitlines()
@@ -44,7 +48,9 @@ def test_the_readme_shows_the_quickstart_as_it_is() -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split("```python\n", 1)[1].split("```", 1)[0]
     code = (ROOT / "examples" / "quickstart.py").read_text().split('"""', 2)[2]
-    assert [line for line in block.splitlines() if line] == [line for line in code.splitlines() if line]
+    assert [line for line in block.splitlines() if line] == [
+        line for line in code.splitlines() if line
+    ]
 
 
 def test_committed_frames_are_what_the_generator_draws() -> None:
@@ -54,7 +60,9 @@ def test_committed_frames_are_what_the_generator_draws() -> None:
         assert data == frames_png.png_bytes(frames_png.draw(shot))
 
 
-async def policy_model(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+async def policy_model(
+    request: PromptGenRequest, signal: AbortSignal
+) -> PromptGenResult:
     """The storyboard policy as a `generate`, without HTTP: what the simulator would answer."""
     messages = request.messages or []
     turn = review_policy(
@@ -73,7 +81,11 @@ async def policy_model(request: PromptGenRequest, signal: AbortSignal) -> Prompt
         ToolCall(id=f"t{len(messages)}_{i}", name=c.name, input=c.input)
         for i, c in enumerate(turn.tool_calls)
     ]
-    return PromptGenResult(text=turn.text, tool_calls=calls, finish_reason="tool_calls" if calls else "stop")
+    return PromptGenResult(
+        text=turn.text,
+        tool_calls=calls,
+        finish_reason="tool_calls" if calls else "stop",
+    )
 
 
 async def test_storyboard_review_asks_then_quotes_the_answer() -> None:
@@ -91,16 +103,25 @@ async def test_storyboard_review_asks_then_quotes_the_answer() -> None:
     first = await run_tool_loop(options)
     assert first.stopped_by == "asked"
     assert "Shot 3" in first.asked.input["question"]
-    called = [c.name for m in first.messages if isinstance(m, AssistantMessage) for c in m.tool_calls or []]
+    called = [
+        c.name
+        for m in first.messages
+        if isinstance(m, AssistantMessage)
+        for c in m.tool_calls or []
+    ]
     assert called == ["list_shots", "read_frame", "read_frame", "render_preview", "ask"]
     parts = [p for m in first.messages if isinstance(m, ToolMessage) for p in m.content]
     images = [p for p in parts if isinstance(p, ImagePart)]
     assert [Path(p.path).name for p in images] == ["shot_03.png", "shot_05.png"]
-    assert images[0].hash == hashlib.sha256(Path(images[0].path).read_bytes()).hexdigest()
+    assert (
+        images[0].hash == hashlib.sha256(Path(images[0].path).read_bytes()).hexdigest()
+    )
     assert first.spent_usd > 0  # the preview render costs money
 
     ask_id = first.messages[-1].tool_calls[0].id  # type: ignore[union-attr]
-    answer = ToolMessage(tool_call_id=ask_id, content="Keep shot 3; trim shot 5 by a second.")
+    answer = ToolMessage(
+        tool_call_id=ask_id, content="Keep shot 3; trim shot 5 by a second."
+    )
     second = await run_tool_loop(
         options.model_copy(
             update={
@@ -116,6 +137,13 @@ async def test_storyboard_review_asks_then_quotes_the_answer() -> None:
     # the story agrees with its own question: "keep" was offered as 5.0 s, and 5.0 s is what it keeps
     question = first.asked.input["question"] if first.asked else ""
     assert "(5.0 s), or trim it to the board's 4.0 s?" in question
-    assert "trim shot 3 (Sunset, hero walks in) from 6.0 s to 5.0 s" in second.final_text
-    assert "trim shot 5 (Rooftop, the phone lights up) from 5.0 s to 4.0 s" in second.final_text
-    assert "22.0 s before, 20.0 s after, against the board's 18.0 s" in second.final_text
+    assert (
+        "trim shot 3 (Sunset, hero walks in) from 6.0 s to 5.0 s" in second.final_text
+    )
+    assert (
+        "trim shot 5 (Rooftop, the phone lights up) from 5.0 s to 4.0 s"
+        in second.final_text
+    )
+    assert (
+        "22.0 s before, 20.0 s after, against the board's 18.0 s" in second.final_text
+    )

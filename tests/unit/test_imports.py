@@ -39,7 +39,9 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
         else:
             continue
         for target in targets:
-            while target and target not in known:  # `import a.b.c` imports a.b.c (or its package)
+            while (
+                target and target not in known
+            ):  # `import a.b.c` imports a.b.c (or its package)
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
@@ -80,14 +82,26 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_walker_finds_a_cycle_through_a_function_level_import() -> None:
-    graph = {"workers.a": {"workers.b"}, "workers.b": {"workers.c"}, "workers.c": {"workers.a"}}
+    graph = {
+        "workers.a": {"workers.b"},
+        "workers.b": {"workers.c"},
+        "workers.c": {"workers.a"},
+    }
     assert find_cycle(graph) == ["workers.a", "workers.b", "workers.c", "workers.a"]
     source = "def f():\n    from workers.step import advance\n"
-    known = {"workers", "workers.step", "workers.step.advance", "workers.worker.consumer"}
+    known = {
+        "workers",
+        "workers.step",
+        "workers.step.advance",
+        "workers.worker.consumer",
+    }
     path = ROOT / "tests" / "unit" / "_probe.py"
     path.write_text(source, encoding="utf-8")
     try:
-        assert _imports(path, "workers.worker.consumer", known) == {"workers.step", "workers.step.advance"}
+        assert _imports(path, "workers.worker.consumer", known) == {
+            "workers.step",
+            "workers.step.advance",
+        }
     finally:
         path.unlink()
 
@@ -100,7 +114,9 @@ def test_no_import_cycle_in_toolloop_or_workers() -> None:
 
 
 def test_names_is_a_leaf() -> None:
-    assert {m for m in import_graph()["workers.protocol.names"] if m.startswith("workers")} == set()
+    assert {
+        m for m in import_graph()["workers.protocol.names"] if m.startswith("workers")
+    } == set()
 
 
 def test_importing_the_client_loads_no_worker_and_builds_no_celery_app() -> None:
@@ -115,7 +131,13 @@ def test_importing_the_client_loads_no_worker_and_builds_no_celery_app() -> None
         "print(json.dumps({'modules': sorted(m for m in sys.modules if m.startswith('workers')),\n"
         "                  'apps': apps, 'built': built, 'after': sent_app}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     worker_side = {
         "workers.app",
@@ -144,14 +166,20 @@ def _private_imports(path: Path, name: str) -> list[str]:
         source_room = ".".join(node.module.split(".")[:2])
         if node.module.split(".")[0] in PACKAGES and source_room != room:
             found += [
-                f"{name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")
+                f"{name}: from {node.module} import {a.name}"
+                for a in node.names
+                if a.name.startswith("_")
             ]
     return found
 
 
 def test_no_module_reaches_into_another_rooms_private_names() -> None:
     files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
-    reached = [line for name, path in sorted(files.items()) for line in _private_imports(path, name)]
+    reached = [
+        line
+        for name, path in sorted(files.items())
+        for line in _private_imports(path, name)
+    ]
     assert reached == [], "\n".join(reached)
 
 

@@ -39,10 +39,15 @@ def test_a_wait_past_the_cap_is_capped_and_logged(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="toolloop.providers"):
         assert parse_retry_after(headers) == expected
-    assert any("longer than the cap of 300 s" in record.getMessage() for record in caplog.records)
+    assert any(
+        "longer than the cap of 300 s" in record.getMessage()
+        for record in caplog.records
+    )
 
 
-def test_a_wait_within_the_cap_is_kept_and_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_wait_within_the_cap_is_kept_and_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.WARNING, logger="toolloop.providers"):
         assert parse_retry_after({"retry-after": str(CAP)}) == CAP
         assert parse_retry_after({"retry-after-ms": "1500"}) == 1.5
@@ -55,17 +60,25 @@ def test_a_wait_within_the_cap_is_kept_and_not_logged(caplog: pytest.LogCaptureF
 
 def test_the_rate_limit_key_is_never_blocked_past_the_cap() -> None:
     now = time.time()
-    assert ratelimit.lessons(429, {"retry-after": "1000000000"}, now).blocked == pytest.approx(now + CAP)
-    dated = ratelimit.lessons(429, {"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"}, now, 3.0)
+    assert ratelimit.lessons(
+        429, {"retry-after": "1000000000"}, now
+    ).blocked == pytest.approx(now + CAP)
+    dated = ratelimit.lessons(
+        429, {"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"}, now, 3.0
+    )
     assert dated.blocked == pytest.approx(now + 3.0)
     reset = {
         "anthropic-ratelimit-requests-remaining": "0",
         "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z",
     }
     taught = ratelimit.lessons(200, reset, now)
-    assert taught.blocked == pytest.approx(now + CAP) and taught.remaining == [("r", 0.0)]
+    assert taught.blocked == pytest.approx(now + CAP) and taught.remaining == [
+        ("r", 0.0)
+    ]
     for bad in ("nan", "inf", "-1"):
-        ignored = ratelimit.lessons(200, {"anthropic-ratelimit-input-tokens-remaining": bad}, now)
+        ignored = ratelimit.lessons(
+            200, {"anthropic-ratelimit-input-tokens-remaining": bad}, now
+        )
         assert (ignored.blocked, ignored.remaining) == (0.0, [])
 
 
@@ -96,7 +109,10 @@ def test_rate_limits_refuse_one_step_past_their_range(
         with pytest.raises(ratelimit.RateLimitConfigError) as caught:
             ratelimit.parse(_limits(name, value))
         first, second = str(caught.value).split("\n")
-        assert first.startswith(f"TOOLLOOP_RATE_LIMITS: anthropic/*: {name} is ") and "must be" in first
+        assert (
+            first.startswith(f"TOOLLOOP_RATE_LIMITS: anthropic/*: {name} is ")
+            and "must be" in first
+        )
         assert second.startswith("  Fix ") and "TOOLLOOP_RATE_LIMITS" in second
 
 
@@ -124,7 +140,9 @@ def test_number_settings_refuse_what_is_out_of_range(
     assert first.startswith(f"{name} is ") and second.startswith(f"  Set {name} ")
 
 
-def test_the_metrics_port_binds_to_localhost_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_metrics_port_binds_to_localhost_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert Settings.from_env().metrics_host == "127.0.0.1"
     monkeypatch.setenv("TOOLLOOP_METRICS_HOST", "0.0.0.0")
     assert Settings.from_env().metrics_host == "0.0.0.0"
@@ -141,7 +159,9 @@ def test_an_account_limit_out_of_range_is_refused(usd: float) -> None:
         accounts.set_limit(NoRedis(), "tenant", usd)  # type: ignore[arg-type]
     first, second = str(caught.value).split("\n")
     assert (
-        "The limit of account 'tenant' is" in first and "1,000,000,000" in first and second.startswith("  ")
+        "The limit of account 'tenant' is" in first
+        and "1,000,000,000" in first
+        and second.startswith("  ")
     )
 
 
@@ -162,7 +182,9 @@ def test_outside_spend_out_of_range_is_refused_before_redis(usd: float) -> None:
         next(ops.add_spend("r1", usd))
     first, second = str(caught.value).split("\n")
     assert "The outside spend for run 'r1' is" in first and second.startswith("  ")
-    next(ops.add_spend("r1", 0.0))  # 0 and up to the top are taken: the op asks Redis next
+    next(
+        ops.add_spend("r1", 0.0)
+    )  # 0 and up to the top are taken: the op asks Redis next
     next(ops.add_spend("r1", 1e9))
 
 
@@ -171,4 +193,7 @@ def test_the_accounts_command_refuses_a_limit_that_is_not_a_number(
 ) -> None:
     assert main(["accounts", "--set", "tenant", "lots"]) == 1
     first, second = capsys.readouterr().err.strip("\n").split("\n")
-    assert "'lots' of account 'tenant' is not a number of USD" in first and second.startswith("  ")
+    assert (
+        "'lots' of account 'tenant' is not a number of USD" in first
+        and second.startswith("  ")
+    )

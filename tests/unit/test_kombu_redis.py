@@ -7,16 +7,26 @@ import pytest
 from kombu.transport.redis import Channel
 
 from workers.config.celery import make_app
-from workers.worker.kombu_redis import _LAYOUT, UnsupportedTransportOption, check_transport_options
+from workers.worker.kombu_redis import (
+    _LAYOUT,
+    UnsupportedTransportOption,
+    check_transport_options,
+)
 
 
 def test_our_own_configuration_and_kombus_defaults_spelled_out_are_accepted() -> None:
     check_transport_options(make_app().conf.broker_transport_options)
     check_transport_options(None)
     check_transport_options({name: getattr(Channel, name) for name in _LAYOUT})
-    check_transport_options({"fanout_prefix": Channel.keyprefix_fanout, "priority_steps": (0, 3, 6, 9)})
     check_transport_options(
-        {"visibility_timeout": 7200, "socket_timeout": 5, "queue_order_strategy": "sorted"}
+        {"fanout_prefix": Channel.keyprefix_fanout, "priority_steps": (0, 3, 6, 9)}
+    )
+    check_transport_options(
+        {
+            "visibility_timeout": 7200,
+            "socket_timeout": 5,
+            "queue_order_strategy": "sorted",
+        }
     )
 
 
@@ -33,7 +43,9 @@ def test_our_own_configuration_and_kombus_defaults_spelled_out_are_accepted() ->
         ("fanout_patterns", False),
     ],
 )
-def test_an_option_that_moves_the_layout_is_refused_with_what_to_do(name: str, value: object) -> None:
+def test_an_option_that_moves_the_layout_is_refused_with_what_to_do(
+    name: str, value: object
+) -> None:
     options = {**make_app().conf.broker_transport_options, name: value}
     with pytest.raises(UnsupportedTransportOption) as refused:
         check_transport_options(options)

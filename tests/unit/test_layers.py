@@ -21,11 +21,15 @@ def imported(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+        elif isinstance(node, ast.Call) and getattr(
+            node.func, "attr", getattr(node.func, "id", "")
+        ) in (
             "import_module",
             "__import__",
         ):
-            names.update(arg.value for arg in node.args[:1] if isinstance(arg, ast.Constant))
+            names.update(
+                arg.value for arg in node.args[:1] if isinstance(arg, ast.Constant)
+            )
     return {name for name in names if isinstance(name, str)}
 
 
@@ -39,7 +43,9 @@ def reaching(paths: list[Path], *prefixes: str) -> list[str]:
 
 
 def test_the_library_imports_neither_workers_nor_the_cli() -> None:
-    library = [path for path in (ROOT / "toolloop").rglob("*.py") if CLI not in path.parents]
+    library = [
+        path for path in (ROOT / "toolloop").rglob("*.py") if CLI not in path.parents
+    ]
     assert len(library) > 50
     assert reaching(library, "workers", "toolloop.cli") == []
 

@@ -30,7 +30,9 @@ class Batch:
         self.delay = delay
         self.renewals = 0
 
-    def script(self, source: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+    def script(
+        self, source: str, keys: list[str], args: list[Any]
+    ) -> asyncio.Future[Any]:
         self.renewals += 1
         return asyncio.ensure_future(self._answer())
 
@@ -73,7 +75,9 @@ async def test_a_renewal_answered_0_aborts_the_working_step_at_once() -> None:
     leases.drop(held)
 
 
-async def test_failed_renewals_let_the_deadline_pass_and_the_signal_aborts_there() -> None:
+async def test_failed_renewals_let_the_deadline_pass_and_the_signal_aborts_there() -> (
+    None
+):
     batch = Batch(reply=ConnectionError("Redis went away"))
     leases = _leases(batch)
     held = leases.hold("r", 1, "me:1", time.monotonic(), lambda error: None)
@@ -82,28 +86,38 @@ async def test_failed_renewals_let_the_deadline_pass_and_the_signal_aborts_there
     await asyncio.sleep(LEASE_MS / 1000 * 0.8)
     assert not controller.signal.aborted
     await asyncio.sleep(LEASE_MS / 1000 * 0.2)  # past 90 % of the lease since the take
-    assert controller.signal.aborted and isinstance(controller.signal.reason, LeaseLostError)
+    assert controller.signal.aborted and isinstance(
+        controller.signal.reason, LeaseLostError
+    )
     with pytest.raises(AbortError, match="deadline"):
         controller.signal.throw_if_aborted()
     leases.drop(held)
 
 
-async def test_a_renewal_that_comes_back_after_its_own_deadline_does_not_extend_the_lease() -> None:
+async def test_a_renewal_that_comes_back_after_its_own_deadline_does_not_extend_the_lease() -> (
+    None
+):
     batch = Batch(reply=1, delay=LEASE_MS / 1000)  # Redis stalled: the answer is late
     leases = _leases(batch)
     held = leases.hold("r", 1, "me:1", time.monotonic(), lambda error: None)
     controller = AbortController()
     leases.begin_work(held, controller)
     await asyncio.sleep(LEASE_MS / 1000 * 1.5)
-    assert not held.holds and controller.signal.aborted  # its deadline passed: nothing begins now
+    assert (
+        not held.holds and controller.signal.aborted
+    )  # its deadline passed: nothing begins now
     leases.drop(held)
 
 
-async def test_a_lease_that_lapsed_under_running_work_and_is_taken_again_keeps_the_work() -> None:
+async def test_a_lease_that_lapsed_under_running_work_and_is_taken_again_keeps_the_work() -> (
+    None
+):
     batch = Batch(reply=[2, 1, 1, 1, 1, 1, 1, 1])
     leases = _leases(batch)
     lost: list[LeaseLostError] = []
-    taken = time.monotonic() - LEASE_MS / 1000 * 2  # the process was paused past its lease
+    taken = (
+        time.monotonic() - LEASE_MS / 1000 * 2
+    )  # the process was paused past its lease
     held = leases.hold("r", 1, "me:1", taken, lost.append)
     controller = AbortController()
     held.working, held.controller = True, controller  # its work began before the pause
@@ -117,17 +131,27 @@ async def test_a_lease_that_lapsed_and_the_run_moved_on_stops_the_work() -> None
     batch = Batch(reply=-1)
     leases = _leases(batch)
     lost: list[LeaseLostError] = []
-    held = leases.hold("r", 1, "me:1", time.monotonic() - LEASE_MS / 1000 * 2, lost.append)
+    held = leases.hold(
+        "r", 1, "me:1", time.monotonic() - LEASE_MS / 1000 * 2, lost.append
+    )
     held.working, held.controller = True, AbortController()
     await asyncio.sleep(LEASE_MS / 1000 / 3 + 0.05)
-    assert len(lost) == 1 and "another copy began the step since" in str(lost[0]) and held.lost
+    assert (
+        len(lost) == 1
+        and "another copy began the step since" in str(lost[0])
+        and held.lost
+    )
     leases.drop(held)
 
 
-async def test_past_its_deadline_a_step_begins_work_only_once_redis_gave_the_lease_back() -> None:
+async def test_past_its_deadline_a_step_begins_work_only_once_redis_gave_the_lease_back() -> (
+    None
+):
     batch = Batch(reply=2)
     leases = _leases(batch)
-    held = leases.hold("r", 1, "me:1", time.monotonic() - LEASE_MS / 1000 * 2, lambda error: None)
+    held = leases.hold(
+        "r", 1, "me:1", time.monotonic() - LEASE_MS / 1000 * 2, lambda error: None
+    )
     controller = AbortController()
     checking = leases.begin_work(held, controller)
     assert checking is not None  # a fence read first
@@ -136,11 +160,15 @@ async def test_past_its_deadline_a_step_begins_work_only_once_redis_gave_the_lea
     leases.drop(held)
 
 
-async def test_near_its_deadline_a_step_renews_before_its_work_and_stops_when_redis_says_0() -> None:
+async def test_near_its_deadline_a_step_renews_before_its_work_and_stops_when_redis_says_0() -> (
+    None
+):
     batch = Batch(reply=0)
     leases = _leases(batch)
     lost: list[LeaseLostError] = []
-    taken = time.monotonic() - LEASE_MS / 1000 * 0.6  # a renewal is late: less than half is left
+    taken = (
+        time.monotonic() - LEASE_MS / 1000 * 0.6
+    )  # a renewal is late: less than half is left
     held = leases.hold("r", 1, "me:1", taken, lost.append)
     controller = AbortController()
     checking = leases.begin_work(held, controller)

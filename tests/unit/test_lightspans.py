@@ -27,8 +27,19 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler, TraceIdRatioBased
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+)
 
 from workers.observe.lightspans import LightProvider, Materialize
 from workers.observe.spanfile import EveryRun
@@ -37,7 +48,9 @@ RESOURCE = Resource.create({"service.name": "toolloop-worker"})
 
 
 def provider_with(
-    memory: InMemorySpanExporter, sampler: Sampler | None = None, limits: SpanLimits | None = None
+    memory: InMemorySpanExporter,
+    sampler: Sampler | None = None,
+    limits: SpanLimits | None = None,
 ) -> LightProvider:
     processor = SimpleSpanProcessor(Materialize(memory, RESOURCE, limits))
     return LightProvider(sampler or EveryRun(), RESOURCE, [processor])
@@ -45,16 +58,22 @@ def provider_with(
 
 def segment(sampled: bool = True) -> Context:
     flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
-    return trace.set_span_in_context(NonRecordingSpan(SpanContext(7, 9, is_remote=True, trace_flags=flags)))
+    return trace.set_span_in_context(
+        NonRecordingSpan(SpanContext(7, 9, is_remote=True, trace_flags=flags))
+    )
 
 
 def test_a_span_reaches_the_sdks_exporter_as_a_readable_span() -> None:
     memory = InMemorySpanExporter()
     tracer = provider_with(memory).get_tracer("toolloop", "1.0")
     attributes = {"gen_ai.operation.name": "chat", "toolloop.step": "model:1"}
-    span = tracer.start_span("chat m", context=segment(), kind=SpanKind.CLIENT, attributes=attributes)
+    span = tracer.start_span(
+        "chat m", context=segment(), kind=SpanKind.CLIENT, attributes=attributes
+    )
     assert span.is_recording()
-    span.set_attributes({"gen_ai.usage.input_tokens": 1500, "gen_ai.response.finish_reasons": ("stop",)})
+    span.set_attributes(
+        {"gen_ai.usage.input_tokens": 1500, "gen_ai.response.finish_reasons": ("stop",)}
+    )
     span.set_attribute("toolloop.fallback_from", ["anthropic"])
     assert memory.get_finished_spans() == ()  # nothing before its end
     span.end()
@@ -65,7 +84,10 @@ def test_a_span_reaches_the_sdks_exporter_as_a_readable_span() -> None:
     assert done.context.trace_id == 7 and done.context.trace_flags.sampled
     assert done.parent is not None and done.parent.span_id == 9
     assert done.resource.attributes["service.name"] == "toolloop-worker"
-    assert done.instrumentation_scope is not None and done.instrumentation_scope.name == "toolloop"
+    assert (
+        done.instrumentation_scope is not None
+        and done.instrumentation_scope.name == "toolloop"
+    )
     assert dict(done.attributes or {}) == {
         "gen_ai.operation.name": "chat",
         "toolloop.step": "model:1",
@@ -73,7 +95,11 @@ def test_a_span_reaches_the_sdks_exporter_as_a_readable_span() -> None:
         "gen_ai.response.finish_reasons": ("stop",),
         "toolloop.fallback_from": ("anthropic",),
     }
-    assert done.start_time is not None and done.end_time is not None and done.start_time <= done.end_time
+    assert (
+        done.start_time is not None
+        and done.end_time is not None
+        and done.start_time <= done.end_time
+    )
     assert done.status.status_code is StatusCode.UNSET
 
 
@@ -89,11 +115,15 @@ def test_sampling_follows_the_parent_and_asks_any_other_sampler() -> None:
     memory.clear()
     parent_based = provider_with(memory, ParentBased(ALWAYS_OFF)).get_tracer("t")
     parent_based.start_span("root").end()  # dropped: its root sampler says so
-    parent_based.start_span("child", context=segment()).end()  # a sampled parent's child: sampled
+    parent_based.start_span(
+        "child", context=segment()
+    ).end()  # a sampled parent's child: sampled
     assert [s.name for s in memory.get_finished_spans()] == ["child"]
 
     memory.clear()
-    never = provider_with(memory, TraceIdRatioBased(0.0)).get_tracer("t")  # not parent-based: asked
+    never = provider_with(memory, TraceIdRatioBased(0.0)).get_tracer(
+        "t"
+    )  # not parent-based: asked
     never.start_span("child", context=segment()).end()
     assert memory.get_finished_spans() == ()
 
@@ -103,7 +133,10 @@ def test_other_instrumentations_spans_nest_under_the_current_span() -> None:
     provider = provider_with(memory)
     chat = provider.get_tracer("toolloop").start_span("chat m", context=segment())
     http_client = provider.get_tracer("opentelemetry.instrumentation.httpx")
-    with trace.use_span(chat, end_on_exit=True), http_client.start_as_current_span("POST") as http:
+    with (
+        trace.use_span(chat, end_on_exit=True),
+        http_client.start_as_current_span("POST") as http,
+    ):
         assert http.is_recording()
     post, done = memory.get_finished_spans()
     assert post.parent is not None and post.parent.span_id == done.context.span_id
@@ -115,14 +148,20 @@ def test_other_instrumentations_spans_nest_under_the_current_span() -> None:
 def test_an_error_is_the_sdks_exception_event_and_status() -> None:
     memory = InMemorySpanExporter()
     tracer = provider_with(memory).get_tracer("toolloop")
-    with pytest.raises(ValueError), tracer.start_as_current_span("execute_tool slow", context=segment()):
+    with (
+        pytest.raises(ValueError),
+        tracer.start_as_current_span("execute_tool slow", context=segment()),
+    ):
         raise ValueError("no frame 3")
     (done,) = memory.get_finished_spans()
     assert done.status.status_code is StatusCode.ERROR
     assert done.status.description == "ValueError: no frame 3"
     (event,) = done.events
     assert event.name == "exception"
-    assert event.attributes is not None and event.attributes["exception.type"] == "ValueError"
+    assert (
+        event.attributes is not None
+        and event.attributes["exception.type"] == "ValueError"
+    )
     assert "no frame 3" in str(event.attributes["exception.stacktrace"])
 
 
@@ -130,11 +169,17 @@ def test_the_span_limits_apply_and_attributes_are_cleaned_as_the_sdk_does() -> N
     memory = InMemorySpanExporter()
     limits = SpanLimits(max_span_attributes=3, max_span_attribute_length=4)
     tracer = provider_with(memory, limits=limits).get_tracer("toolloop")
-    span = tracer.start_span("chat m", context=segment(), attributes={"a": "abcdefgh", "b": 1})
+    span = tracer.start_span(
+        "chat m", context=segment(), attributes={"a": "abcdefgh", "b": 1}
+    )
     span.set_attributes({"c": ("long text", "x"), "d": 2.5})
     span.end()
     (done,) = memory.get_finished_spans()
-    assert dict(done.attributes or {}) == {"b": 1, "c": ("long", "x"), "d": 2.5}  # the oldest dropped, cut
+    assert dict(done.attributes or {}) == {
+        "b": 1,
+        "c": ("long", "x"),
+        "d": 2.5,
+    }  # the oldest dropped, cut
     assert done.dropped_attributes == 1
 
     memory.clear()
@@ -144,7 +189,10 @@ def test_the_span_limits_apply_and_attributes_are_cleaned_as_the_sdk_does() -> N
     span.set_attribute("mixed", [1, "a"])
     span.end()
     (done,) = memory.get_finished_spans()
-    assert dict(done.attributes or {}) == {"ok": "yes", "mixed": (1, "a")}  # cleaned as the SDK cleans
+    assert dict(done.attributes or {}) == {
+        "ok": "yes",
+        "mixed": (1, "a"),
+    }  # cleaned as the SDK cleans
 
 
 class ThreadOf(SpanExporter):
@@ -162,7 +210,9 @@ class ThreadOf(SpanExporter):
 
 def test_batched_spans_are_made_readable_on_the_processors_thread() -> None:
     seen = ThreadOf()
-    processor = BatchSpanProcessor(Materialize(seen, RESOURCE), schedule_delay_millis=60_000)
+    processor = BatchSpanProcessor(
+        Materialize(seen, RESOURCE), schedule_delay_millis=60_000
+    )
     tracer = LightProvider(EveryRun(), RESOURCE, [processor]).get_tracer("toolloop")
     for n in range(3):
         tracer.start_span(f"chat {n}", context=segment()).end()
@@ -198,10 +248,19 @@ trace.get_tracer_provider().force_flush()
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0",
     }
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]
     spans = [json.loads(line) for line in out.read_text().splitlines()]
     assert [s["name"] for s in spans] == ["chat m", "toolloop.run"]
     assert {s["trace_id"] for s in spans} == {f"{7:032x}"}
-    assert spans[1]["parent_id"] == f"{9:016x}" and spans[0]["parent_id"] == spans[1]["span_id"]
+    assert (
+        spans[1]["parent_id"] == f"{9:016x}"
+        and spans[0]["parent_id"] == spans[1]["span_id"]
+    )

@@ -33,8 +33,16 @@ class Step:
 
 def turns() -> list[object]:
     return [
-        reply("Looking at shot 1.", tool_calls=[call("read_frame", {"shot": 1}, id="c1")], cost_usd=0.01),
-        reply("And shot 2.", tool_calls=[call("read_frame", {"shot": 2}, id="c2")], cost_usd=0.01),
+        reply(
+            "Looking at shot 1.",
+            tool_calls=[call("read_frame", {"shot": 1}, id="c1")],
+            cost_usd=0.01,
+        ),
+        reply(
+            "And shot 2.",
+            tool_calls=[call("read_frame", {"shot": 2}, id="c2")],
+            cost_usd=0.01,
+        ),
         reply("Both are fine.", cost_usd=0.01),
     ]
 
@@ -76,9 +84,24 @@ async def test_a_loop_resumed_step_by_step_ends_as_one_run_straight_through() ->
         outcome = await loop.go_on(step)
     assert isinstance(outcome, RunToolLoopResult)
     assert boundaries == ["tool:c1", "model:2", "tool:c2", "model:3"]
-    assert pending == [["model:1"], ["tool:c1"], ["model:2"], ["tool:c2"]]  # one live step per task
-    assert [step.lives for step in steps] == [["model:1"], ["tool:c1"], ["model:2"], ["tool:c2"], ["model:3"]]
-    assert (outcome.stopped_by, outcome.final_text, outcome.steps) == ("done", "Both are fine.", 3)
+    assert pending == [
+        ["model:1"],
+        ["tool:c1"],
+        ["model:2"],
+        ["tool:c2"],
+    ]  # one live step per task
+    assert [step.lives for step in steps] == [
+        ["model:1"],
+        ["tool:c1"],
+        ["model:2"],
+        ["tool:c2"],
+        ["model:3"],
+    ]
+    assert (outcome.stopped_by, outcome.final_text, outcome.steps) == (
+        "done",
+        "Both are fine.",
+        3,
+    )
     assert outcome.messages == straight.messages
     assert outcome.spent_usd == pytest.approx(straight.spent_usd)
     assert loop.events == recorded.events
@@ -93,7 +116,10 @@ async def test_past_the_limit_the_oldest_kept_loop_ends() -> None:
     for i in range(3):
         loop, journal = paused_loop()
         opts = options(
-            ScriptedModel(turns()), tools=[read_frame()], step=journal.step, signal=loop.controller.signal
+            ScriptedModel(turns()),
+            tools=[read_frame()],
+            step=journal.step,
+            signal=loop.controller.signal,
         )
         assert isinstance(await loop.start(Step(), opts), StepBoundary)
         tasks.append(loop.task)
@@ -117,9 +143,14 @@ async def test_an_ended_or_closed_loop_dies_by_refcount(how: str) -> None:
     gc.disable()
     try:
         loop, journal = paused_loop()
-        script = turns()[2:] if how == "ended" else turns()  # one answer, or a tool call first
+        script = (
+            turns()[2:] if how == "ended" else turns()
+        )  # one answer, or a tool call first
         opts = options(
-            ScriptedModel(script), tools=[read_frame()], step=journal.step, signal=loop.controller.signal
+            ScriptedModel(script),
+            tools=[read_frame()],
+            step=journal.step,
+            signal=loop.controller.signal,
         )
         step = Step()
         outcome = await loop.start(step, opts)

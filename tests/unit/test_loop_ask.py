@@ -21,7 +21,12 @@ def ask(id: str, question: object = "Keep shot 3?") -> object:
 async def test_ask_holds_after_the_other_calls_run() -> None:
     counter = Counter()
     model = ScriptedModel(
-        [reply(tool_calls=[ask("a1"), call("read_frame", {"shot": 3}, id="c1")], cost_usd=0.1)]
+        [
+            reply(
+                tool_calls=[ask("a1"), call("read_frame", {"shot": 3}, id="c1")],
+                cost_usd=0.1,
+            )
+        ]
     )
     result, events = await run(model, tools=[read_frame(counter), ask_tool()])
     assert result.stopped_by == "asked"
@@ -50,7 +55,9 @@ async def test_invalid_ask_is_answered_and_the_loop_goes_on() -> None:
     message = result.messages[2]
     assert isinstance(message, ToolMessage)
     assert message.content == [
-        TextPart(text="Invalid input for ask: ✖ Input should be a valid string\n  → at question")
+        TextPart(
+            text="Invalid input for ask: ✖ Input should be a valid string\n  → at question"
+        )
     ]
 
 
@@ -65,7 +72,9 @@ async def test_ask_without_an_ask_tool_is_unknown() -> None:
 
 async def test_budget_stop_later_in_the_turn_wins_over_the_held_ask() -> None:
     tool = read_frame().model_copy(update={"estimate_usd": lambda input: 2.0})
-    model = ScriptedModel([reply(tool_calls=[ask("a1"), call("read_frame", {"shot": 1}, id="c1")])])
+    model = ScriptedModel(
+        [reply(tool_calls=[ask("a1"), call("read_frame", {"shot": 1}, id="c1")])]
+    )
     result, events = await run(model, tools=[tool, ask_tool()], budget=Budget(usd=1.0))
     assert result.stopped_by == "budget"
     assert result.asked is None
@@ -78,10 +87,15 @@ async def test_budget_stop_later_in_the_turn_wins_over_the_held_ask() -> None:
 
 async def test_answer_and_continue_under_a_new_prefix() -> None:
     journal = MemoryJournal("s0/")
-    model = ScriptedModel([reply(tool_calls=[ask("a1")], cost_usd=0.25), reply("Kept.", cost_usd=0.25)])
+    model = ScriptedModel(
+        [reply(tool_calls=[ask("a1")], cost_usd=0.25), reply("Kept.", cost_usd=0.25)]
+    )
     first, _ = await run(model, journal, tools=[ask_tool()])
     assert first.stopped_by == "asked"
-    answered = [*first.messages, ToolMessage(tool_call_id="a1", content="Yes, keep it.")]
+    answered = [
+        *first.messages,
+        ToolMessage(tool_call_id="a1", content="Yes, keep it."),
+    ]
     second, _ = await run(
         model,
         journal.segment("s1/"),

@@ -47,7 +47,9 @@ async def test_tool_call_result_joins_history_and_next_request() -> None:
     assert result.messages[1] == AssistantMessage(
         content=None, tool_calls=[call("read_frame", {"shot": 3}, id="c1")]
     )
-    assert result.messages[2] == ToolMessage(tool_call_id="c1", content=[TextPart(text="frame 3")])
+    assert result.messages[2] == ToolMessage(
+        tool_call_id="c1", content=[TextPart(text="frame 3")]
+    )
     assert result.spent_usd == pytest.approx(0.52)
     second = model.requests[1]
     assert [m.role for m in second.messages or []] == ["user", "assistant", "tool"]
@@ -60,8 +62,21 @@ async def test_tool_call_result_joins_history_and_next_request() -> None:
             usage=PromptGenUsage(),
             finish_reason="tool_calls",
         ),
-        ToolEvent(step=1, name="read_frame", call_id="c1", cost_usd=0.5, summary="frame 3", rows=[]),
-        ModelEvent(step=2, text="Shot 3 is fine.", tool_calls=[], cost_usd=0.01, usage=PromptGenUsage()),
+        ToolEvent(
+            step=1,
+            name="read_frame",
+            call_id="c1",
+            cost_usd=0.5,
+            summary="frame 3",
+            rows=[],
+        ),
+        ModelEvent(
+            step=2,
+            text="Shot 3 is fine.",
+            tool_calls=[],
+            cost_usd=0.01,
+            usage=PromptGenUsage(),
+        ),
     ]
 
 
@@ -71,14 +86,23 @@ async def test_replay_makes_no_call_and_returns_equal_result() -> None:
     model = ScriptedModel(
         [
             reply(tool_calls=[call("read_frame", {"shot": 3}, id="c1")], cost_usd=0.01),
-            reply(tool_calls=[call("nope", {}, id="c2"), call("read_frame", {"shot": "x"}, id="c3")]),
+            reply(
+                tool_calls=[
+                    call("nope", {}, id="c2"),
+                    call("read_frame", {"shot": "x"}, id="c3"),
+                ]
+            ),
             reply("Done.", cost_usd=0.01),
         ]
     )
-    first, first_events = await run(model, journal, tools=[read_frame(counter, cost=0.5)])
+    first, first_events = await run(
+        model, journal, tools=[read_frame(counter, cost=0.5)]
+    )
     replay_counter = Counter()
     replay_model = ScriptedModel([])
-    second, second_events = await run(replay_model, journal, tools=[read_frame(replay_counter)])
+    second, second_events = await run(
+        replay_model, journal, tools=[read_frame(replay_counter)]
+    )
     assert replay_model.calls == 0 and replay_counter.calls == {}
     assert second == first
     assert second_events.events == first_events.events
@@ -99,7 +123,9 @@ async def test_unknown_tool_and_invalid_input_answers() -> None:
         ]
     )
     result, _ = await run(model)
-    answers = {m.tool_call_id: m.content for m in result.messages if isinstance(m, ToolMessage)}
+    answers = {
+        m.tool_call_id: m.content for m in result.messages if isinstance(m, ToolMessage)
+    }
     assert answers["c1"] == [TextPart(text='Unknown tool "zoom".')]
     assert answers["c2"] == [
         TextPart(

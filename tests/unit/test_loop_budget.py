@@ -26,7 +26,9 @@ def calls_turn(*ids: str, cost: float = 0.0, name: str = "read_frame") -> object
 async def test_model_check_stops_before_the_call_and_journals_nothing() -> None:
     journal = MemoryJournal()
     model = ScriptedModel([calls_turn("c1", cost=0.6), reply("never")])
-    result, events = await run(model, journal, budget=Budget(usd=1.0), tools=[read_frame(cost=0.5)])
+    result, events = await run(
+        model, journal, budget=Budget(usd=1.0), tools=[read_frame(cost=0.5)]
+    )
     assert result.stopped_by == "budget"
     assert model.calls == 1
     assert journal.keys() == ["model:1", "tool:c1"]
@@ -45,7 +47,9 @@ async def test_spent_usd_carried_over_counts() -> None:
 
 
 @pytest.mark.parametrize("is_async", [False, True])
-async def test_outside_spend_is_read_at_every_check_and_for_the_result(is_async: bool) -> None:
+async def test_outside_spend_is_read_at_every_check_and_for_the_result(
+    is_async: bool,
+) -> None:
     reads: list[float] = []
     outside = [0.0, 0.2, 0.9, 0.9]
 
@@ -58,7 +62,9 @@ async def test_outside_spend_is_read_at_every_check_and_for_the_result(is_async:
 
     model = ScriptedModel([calls_turn("c1"), calls_turn("c2"), reply("never")])
     result, events = await run(
-        model, budget=Budget(usd=1.0, spent=async_value if is_async else value), tools=[read_frame(cost=0.05)]
+        model,
+        budget=Budget(usd=1.0, spent=async_value if is_async else value),
+        tools=[read_frame(cost=0.05)],
     )
     assert result.stopped_by == "budget"
     assert len(reads) == 4  # three model checks, then the result
@@ -82,7 +88,10 @@ async def test_estimate_stops_before_the_tool_and_answers_open_calls() -> None:
     ]
     assert events.kinds() == ["model", "tool", "budget"]
     stop = events.events[-1]
-    assert isinstance(stop, BudgetEvent) and (stop.mode, stop.limit_usd) == ("stop", 1.0)
+    assert isinstance(stop, BudgetEvent) and (stop.mode, stop.limit_usd) == (
+        "stop",
+        1.0,
+    )
     assert stop.spent_usd == pytest.approx(0.55)  # the estimate is not included
 
 
@@ -110,15 +119,25 @@ async def test_replayed_step_is_never_checked_again() -> None:
     with pytest.raises(RuntimeError):
         await run(model, journal, budget=budget, tools=[crashing])
     assert counter.calls == {"start": 1}
-    outside["usd"] = 5.0  # the outside spend grew: replayed model:1 and start are not checked again
-    result, _ = await run(ScriptedModel([reply("never")]), journal, budget=budget, tools=tools)
+    outside["usd"] = (
+        5.0  # the outside spend grew: replayed model:1 and start are not checked again
+    )
+    result, _ = await run(
+        ScriptedModel([reply("never")]), journal, budget=budget, tools=tools
+    )
     assert counter.calls == {"start": 1, "wait": 1}
     assert result.stopped_by == "budget"  # model:2 is live and checked
-    assert result.messages[-1] == ToolMessage(tool_call_id="c1", content=[TextPart(text="rendered job-1")])
+    assert result.messages[-1] == ToolMessage(
+        tool_call_id="c1", content=[TextPart(text="rendered job-1")]
+    )
 
 
-async def test_finish_mode_note_is_last_in_request_and_joins_history_before_answer() -> None:
-    model = ScriptedModel([calls_turn("c1", cost=0.5), calls_turn("c2"), reply("Final.")])
+async def test_finish_mode_note_is_last_in_request_and_joins_history_before_answer() -> (
+    None
+):
+    model = ScriptedModel(
+        [calls_turn("c1", cost=0.5), calls_turn("c2"), reply("Final.")]
+    )
     result, events = await run(
         model,
         budget=Budget(usd=1.0, finish_at=0.5),
@@ -137,16 +156,24 @@ async def test_finish_mode_note_is_last_in_request_and_joins_history_before_answ
 
 
 async def test_finish_mode_starts_once_and_without_note_still_emits() -> None:
-    model = ScriptedModel([calls_turn("c1", cost=0.5), calls_turn("c2"), reply("Final.")])
-    result, events = await run(model, budget=Budget(usd=1.0, finish_at=0.5), tools=[read_frame()])
+    model = ScriptedModel(
+        [calls_turn("c1", cost=0.5), calls_turn("c2"), reply("Final.")]
+    )
+    result, events = await run(
+        model, budget=Budget(usd=1.0, finish_at=0.5), tools=[read_frame()]
+    )
     assert events.kinds().count("budget") == 1
-    assert all(not (isinstance(m, UserMessage) and m.content == NOTE) for m in result.messages)
+    assert all(
+        not (isinstance(m, UserMessage) and m.content == NOTE) for m in result.messages
+    )
 
 
 async def test_note_already_in_history_is_not_added_again() -> None:
     given = [UserMessage(content="Review shot 3."), UserMessage(content=NOTE)]
     model = ScriptedModel([reply("Final.")])
-    result, events = await run(model, budget=Budget(usd=1.0, finish_at=0.0), finish_note=NOTE, messages=given)
+    result, events = await run(
+        model, budget=Budget(usd=1.0, finish_at=0.0), finish_note=NOTE, messages=given
+    )
     assert len(model.requests[0].messages or []) == 2
     assert result.messages == [*given, AssistantMessage(content="Final.")]
     assert events.kinds() == ["budget", "model"]
@@ -163,9 +190,15 @@ async def test_finish_note_keeps_its_place_on_replay() -> None:
         return {"content": [{"type": "text", "text": "ok"}]}
 
     tool = read_frame().model_copy(update={"run": grow})
-    first, first_events = await run(model, journal, budget=budget, finish_note=NOTE, tools=[tool])
-    assert first.messages.index(UserMessage(content=NOTE)) == 5  # at the third call (spent 0.6)
-    spend["usd"] = 0.0  # replay sees a different outside spend: the note stays where it was
+    first, first_events = await run(
+        model, journal, budget=budget, finish_note=NOTE, tools=[tool]
+    )
+    assert (
+        first.messages.index(UserMessage(content=NOTE)) == 5
+    )  # at the third call (spent 0.6)
+    spend["usd"] = (
+        0.0  # replay sees a different outside spend: the note stays where it was
+    )
     second, second_events = await run(
         ScriptedModel([]), journal, budget=budget, finish_note=NOTE, tools=[tool]
     )
@@ -175,7 +208,9 @@ async def test_finish_note_keeps_its_place_on_replay() -> None:
 
 async def test_run_that_ends_before_another_call_never_enters_finish_mode() -> None:
     model = ScriptedModel([calls_turn("c1", cost=0.9)])
-    result, events = await run(model, budget=Budget(usd=1.0, finish_at=0.5), finish_note=NOTE, max_steps=1)
+    result, events = await run(
+        model, budget=Budget(usd=1.0, finish_at=0.5), finish_note=NOTE, max_steps=1
+    )
     assert result.stopped_by == "steps"
     assert "budget" not in events.kinds()
     assert UserMessage(content=NOTE) not in result.messages

@@ -21,7 +21,10 @@ from toolloop.testing import ScriptedModel, call, reply
 
 def turns(count: int) -> list[Any]:
     return [
-        *(reply(tool_calls=[call("read_frame", {"shot": t}, id=f"c{t}")]) for t in range(1, count + 1)),
+        *(
+            reply(tool_calls=[call("read_frame", {"shot": t}, id=f"c{t}")])
+            for t in range(1, count + 1)
+        ),
         reply("done"),
     ]
 
@@ -31,13 +34,22 @@ def marks(request: PromptGenRequest) -> list[int]:
     return [
         i
         for i, m in enumerate(request.messages or [])
-        if not isinstance(m.content, str) and m.content and any(getattr(p, "cache", False) for p in m.content)
+        if not isinstance(m.content, str)
+        and m.content
+        and any(getattr(p, "cache", False) for p in m.content)
     ]
 
 
 def breakpoints(request: PromptGenRequest) -> int:
-    parts = [p for m in request.messages or [] if isinstance(m.content, list) for p in m.content]
-    return sum(1 for p in parts if getattr(p, "cache", False)) + (1 if request.cache_system else 0)
+    parts = [
+        p
+        for m in request.messages or []
+        if isinstance(m.content, list)
+        for p in m.content
+    ]
+    return sum(1 for p in parts if getattr(p, "cache", False)) + (
+        1 if request.cache_system else 0
+    )
 
 
 async def test_rolling_marks_of_every_request_without_images() -> None:
@@ -45,10 +57,19 @@ async def test_rolling_marks_of_every_request_without_images() -> None:
     result, _ = await run(model, keep_images=None)
     assert all(r.cache_system is True for r in model.requests)
     # request n marks the newest tool message and the one the request before marked
-    assert [marks(r) for r in model.requests] == [[0], [0, 2], [2, 4], [4, 6], [6, 8], [8, 10]]
+    assert [marks(r) for r in model.requests] == [
+        [0],
+        [0, 2],
+        [2, 4],
+        [4, 6],
+        [6, 8],
+        [8, 10],
+    ]
     first = (model.requests[0].messages or [])[0]
     assert first == UserMessage(content=[TextPart(text="Review shot 3.", cache=True)])
-    assert result.messages[0] == UserMessage(content="Review shot 3.")  # marks only on copies
+    assert result.messages[0] == UserMessage(
+        content="Review shot 3."
+    )  # marks only on copies
     assert all(
         not getattr(p, "cache", False)
         for m in result.messages
@@ -62,11 +83,21 @@ async def test_rolling_marks_skip_tool_images_this_run_may_still_drop() -> None:
     # most 3 assistant messages before it may lose its image, so it is not stable while it has one.
     model = ScriptedModel(turns(5))
     await run(model, tools=[read_frame(image=True)], max_steps=6)
-    assert [marks(r) for r in model.requests] == [[0], [0], [0], [0, 2], [2, 4], [4, 10]]
+    assert [marks(r) for r in model.requests] == [
+        [0],
+        [0],
+        [0],
+        [0, 2],
+        [2, 4],
+        [4, 10],
+    ]
     fourth = (model.requests[3].messages or [])[2]
     assert fourth == ToolMessage(
         tool_call_id="c1",
-        content=[TextPart(text="frame 1"), TextPart(text="[image dropped: shot1.png]", cache=True)],
+        content=[
+            TextPart(text="frame 1"),
+            TextPart(text="[image dropped: shot1.png]", cache=True),
+        ],
     )
 
 
@@ -114,7 +145,12 @@ def caller_marked(count: int) -> list[Any]:
     [
         (0, True, [0], [0, 2]),  # system + two rolling marks
         (1, True, [0], [0, 2]),  # 1 + system + 2 = 4
-        (2, True, [0], [0, 2]),  # 2 + system + the newer rolling mark (on message 2), older dropped
+        (
+            2,
+            True,
+            [0],
+            [0, 2],
+        ),  # 2 + system + the newer rolling mark (on message 2), older dropped
         (3, True, [0], [0]),  # 3 + system: no room for rolling marks
         (4, None, [0], [0]),  # 4 caller marks: not even the system mark
         (5, None, [0], [0]),  # more than 4: the caller's choice, all kept
@@ -137,7 +173,11 @@ async def test_four_breakpoint_limit(
 
 
 async def test_rolling_target_the_caller_marked_takes_no_slot() -> None:
-    given = [UserMessage(content=[TextPart(text="a", cache=True), TextPart(text="b", cache=True)])]
+    given = [
+        UserMessage(
+            content=[TextPart(text="a", cache=True), TextPart(text="b", cache=True)]
+        )
+    ]
     model = ScriptedModel(turns(1))
     await run(model, messages=given)
     # the older target (message 0) ends on a caller mark: system + newer mark + 2 caller = 4

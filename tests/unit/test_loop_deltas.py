@@ -33,7 +33,10 @@ def script() -> ScriptedModel:
     )
     return ScriptedModel(
         [
-            reply("Reading the frame.", tool_calls=[call("read_frame", {"shot": 3}, id="c1")]),
+            reply(
+                "Reading the frame.",
+                tool_calls=[call("read_frame", {"shot": 3}, id="c1")],
+            ),
             reply("Shot 3 is fine.", reasoning=[thought]),
         ],
         stream=True,
@@ -55,8 +58,14 @@ async def test_deltas_reach_on_step_in_order_before_their_model_event() -> None:
     ]
     deltas = [e for e in events.events if isinstance(e, DeltaEvent)]
     assert "".join(d.text for d in deltas if d.step == 1) == "Reading the frame."
-    assert "".join(d.text for d in deltas if d.step == 2 and d.thinking) == "Look at it first."
-    assert "".join(d.text for d in deltas if d.step == 2 and not d.thinking) == "Shot 3 is fine."
+    assert (
+        "".join(d.text for d in deltas if d.step == 2 and d.thinking)
+        == "Look at it first."
+    )
+    assert (
+        "".join(d.text for d in deltas if d.step == 2 and not d.thinking)
+        == "Shot 3 is fine."
+    )
     models = [e for e in events.events if isinstance(e, ModelEvent)]
     assert [m.text for m in models] == ["Reading the frame.", "Shot 3 is fine."]
 
@@ -73,12 +82,16 @@ async def test_a_replayed_step_emits_no_deltas() -> None:
 async def test_a_generate_without_on_delta_is_called_as_before() -> None:
     seen: list[tuple[Any, ...]] = []
 
-    async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def generate(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         seen.append((request, signal))
         return reply("Done.")
 
     result, events = await run(generate)
-    assert result.final_text == "Done." and len(seen) == 1 and events.kinds() == ["model"]
+    assert (
+        result.final_text == "Done." and len(seen) == 1 and events.kinds() == ["model"]
+    )
 
 
 async def test_without_on_step_no_on_delta_is_passed() -> None:
@@ -105,7 +118,10 @@ async def test_a_failed_call_after_deltas_is_followed_by_a_discard() -> None:
     events: list[Any] = []
     with pytest.raises(PromptGenError):
         await run_tool_loop(options(generate, on_step=events.append))
-    assert events == [DeltaEvent(step=1, text="Half an ans"), DeltaEvent(step=1, discard=True)]
+    assert events == [
+        DeltaEvent(step=1, text="Half an ans"),
+        DeltaEvent(step=1, discard=True),
+    ]
 
 
 class Streaming:
@@ -118,7 +134,10 @@ class Streaming:
         return 0.0
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         if on_delta is not None:
             for word in self.text.split(" "):
@@ -134,13 +153,21 @@ class Whole:
     def estimate(self, request: PromptGenRequest) -> float:
         return 0.0
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         return PromptGenResult(text="whole")
 
 
-async def test_the_facade_discards_the_deltas_of_a_provider_it_falls_back_from() -> None:
-    overloaded = PromptGenError("overloaded\n  Try again later.", status=529, retryable=True)
-    gen = PromptGen({"a": Streaming("x y", overloaded), "b": Streaming("b c")}, "a", ["b"])
+async def test_the_facade_discards_the_deltas_of_a_provider_it_falls_back_from() -> (
+    None
+):
+    overloaded = PromptGenError(
+        "overloaded\n  Try again later.", status=529, retryable=True
+    )
+    gen = PromptGen(
+        {"a": Streaming("x y", overloaded), "b": Streaming("b c")}, "a", ["b"]
+    )
     got: list[DeltaEvent] = []
     result = await gen.generate(PromptGenRequest(prompt="Hi"), on_delta=got.append)
     assert result.text == "bc" and result.meta == {
@@ -159,5 +186,7 @@ async def test_the_facade_discards_the_deltas_of_a_provider_it_falls_back_from()
 async def test_the_facade_calls_a_handler_without_on_delta_as_before() -> None:
     gen = PromptGen({"w": Whole()}, "w")
     got: list[DeltaEvent] = []
-    result = await gen.as_generate()(PromptGenRequest(prompt="Hi"), AbortSignal(), on_delta=got.append)
+    result = await gen.as_generate()(
+        PromptGenRequest(prompt="Hi"), AbortSignal(), on_delta=got.append
+    )
     assert result.text == "whole" and got == []

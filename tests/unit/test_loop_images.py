@@ -12,7 +12,10 @@ from toolloop.testing import ScriptedModel, call, reply
 
 def turns(count: int) -> list[Any]:
     return [
-        *(reply(tool_calls=[call("read_frame", {"shot": t}, id=f"c{t}")]) for t in range(1, count + 1)),
+        *(
+            reply(tool_calls=[call("read_frame", {"shot": t}, id=f"c{t}")])
+            for t in range(1, count + 1)
+        ),
         reply("done"),
     ]
 
@@ -22,7 +25,8 @@ def tool_images(request: PromptGenRequest) -> list[str]:
     return [
         m.tool_call_id
         for m in request.messages or []
-        if isinstance(m, ToolMessage) and any(isinstance(p, ImagePart) for p in m.content)
+        if isinstance(m, ToolMessage)
+        and any(isinstance(p, ImagePart) for p in m.content)
     ]
 
 
@@ -41,7 +45,9 @@ async def test_keep_two_drops_older_tool_images_in_requests_only() -> None:
         tool_call_id="c1",
         content=[TextPart(text="frame 1"), TextPart(text="[image dropped: shot1.png]")],
     )
-    assert (model.requests[3].messages or [])[2] == dropped  # the replaced form never changes
+    assert (model.requests[3].messages or [])[
+        2
+    ] == dropped  # the replaced form never changes
     kept = [m for m in result.messages if isinstance(m, ToolMessage)]
     assert all(isinstance(m.content[1], ImagePart) for m in kept)
 
@@ -62,7 +68,13 @@ async def test_user_images_are_never_dropped() -> None:
     image = ImagePart(path="C:/boards/board.png", mime_type="image/png", hash="cd")
     given = [UserMessage(content=[TextPart(text="Review this."), image])]
     model = ScriptedModel(turns(3))
-    await run(model, tools=[read_frame(image=True)], keep_images=0, messages=given, cache="off")
+    await run(
+        model,
+        tools=[read_frame(image=True)],
+        keep_images=0,
+        messages=given,
+        cache="off",
+    )
     assert (model.requests[-1].messages or [])[0].content == [
         TextPart(text="Review this."),
         image,

@@ -30,8 +30,15 @@ from toolloop import (
 from toolloop.testing import reply
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 shot_inputs = st.one_of(
@@ -39,7 +46,9 @@ shot_inputs = st.one_of(
     st.fixed_dictionaries({"shot": st.floats(0, 9), "take": st.integers(0, 3)}),
     json_values,
 )
-ask_inputs = st.one_of(st.fixed_dictionaries({"question": st.text(max_size=10)}), json_values)
+ask_inputs = st.one_of(
+    st.fixed_dictionaries({"question": st.text(max_size=10)}), json_values
+)
 calls = st.one_of(
     st.tuples(st.sampled_from(["read_frame", "render"]), shot_inputs),
     st.tuples(st.just("ask"), ask_inputs),
@@ -92,7 +101,8 @@ class RandomModel:
                 text=text,
                 cost_usd=cost,
                 tool_calls=[
-                    ToolCall(id=f"t{t}c{i}", name=name, input=value) for i, (name, value) in enumerate(cs)
+                    ToolCall(id=f"t{t}c{i}", name=name, input=value)
+                    for i, (name, value) in enumerate(cs)
                 ],
             )
             for t, (text, cost, cs) in enumerate(drawn)
@@ -106,8 +116,15 @@ class RandomModel:
 
 
 def breakpoints(request: PromptGenRequest) -> int:
-    parts = [p for m in request.messages or [] if isinstance(m.content, list) for p in m.content]
-    return sum(1 for p in parts if getattr(p, "cache", False)) + (1 if request.cache_system else 0)
+    parts = [
+        p
+        for m in request.messages or []
+        if isinstance(m.content, list)
+        for p in m.content
+    ]
+    return sum(1 for p in parts if getattr(p, "cache", False)) + (
+        1 if request.cache_system else 0
+    )
 
 
 def check_history(messages: list[Any], stopped_by: str, asked_open: int) -> None:
@@ -115,10 +132,14 @@ def check_history(messages: list[Any], stopped_by: str, asked_open: int) -> None
     answered: set[str] = set()
     for message in messages:
         if isinstance(message, AssistantMessage):
-            assert not open_ids, f"calls {open_ids} left open before the next model turn"
+            assert not open_ids, (
+                f"calls {open_ids} left open before the next model turn"
+            )
             open_ids = [c.id for c in message.tool_calls or []]
         elif isinstance(message, ToolMessage):
-            assert message.tool_call_id in open_ids, "an answer to a call that is not open"
+            assert message.tool_call_id in open_ids, (
+                "an answer to a call that is not open"
+            )
             assert message.tool_call_id not in answered, "a call answered twice"
             open_ids.remove(message.tool_call_id)
             answered.add(message.tool_call_id)
@@ -136,16 +157,29 @@ def test_random_answers_never_crash_and_always_resume(
 async def _check(drawn: Any, opts: dict[str, Any], after: int | None = None) -> None:
     journal = MemoryJournal()
     model = RandomModel(drawn)
-    tools = [read_frame(cost=0.05, image=True), render(cost=0.1, estimate=0.2), ask_tool()]
+    tools = [
+        read_frame(cost=0.05, image=True),
+        render(cost=0.1, estimate=0.2),
+        ask_tool(),
+    ]
     recorder = AbortingRecorder(after)
     result = await run_tool_loop(
-        options(model, journal, tools=tools, on_step=recorder, signal=recorder.controller.signal, **opts)
+        options(
+            model,
+            journal,
+            tools=tools,
+            on_step=recorder,
+            signal=recorder.controller.signal,
+            **opts,
+        )
     )
     assert result.stopped_by in {"done", "budget", "steps", "cancel", "asked"}
     event(f"stopped by {result.stopped_by}")
     assert result.steps == len(model.requests) <= opts["max_steps"]
     assert (result.asked is not None) == (result.stopped_by == "asked")
-    check_history(result.messages, result.stopped_by, 1 if result.stopped_by == "asked" else 0)
+    check_history(
+        result.messages, result.stopped_by, 1 if result.stopped_by == "asked" else 0
+    )
     assert all(breakpoints(r) <= 4 for r in model.requests)
     assert result.spent_usd >= opts["budget"].spent_usd
 
@@ -153,9 +187,14 @@ async def _check(drawn: Any, opts: dict[str, Any], after: int | None = None) -> 
     # estimate) runs again and stops at the same place.
     exploding = Exploding()
     quiet = [
-        t.model_copy(update={k: exploding for k in ("run", "start", "wait") if getattr(t, k)}) for t in tools
+        t.model_copy(
+            update={k: exploding for k in ("run", "start", "wait") if getattr(t, k)}
+        )
+        for t in tools
     ]
-    replayed_events = AbortingRecorder(after)  # a cancel at the same point replays to the same stop
+    replayed_events = AbortingRecorder(
+        after
+    )  # a cancel at the same point replays to the same stop
     replayed = await run_tool_loop(
         options(
             exploding,

@@ -32,7 +32,9 @@ async def test_steps_limit_stops_before_the_next_call() -> None:
     model = ScriptedModel([frames("c1"), frames("c2"), reply("never")])
     result, events = await run(model, max_steps=2)
     assert (result.stopped_by, result.steps, model.calls) == ("steps", 2, 2)
-    assert isinstance(result.messages[-1], ToolMessage)  # every call answered: nothing "Not run"
+    assert isinstance(
+        result.messages[-1], ToolMessage
+    )  # every call answered: nothing "Not run"
     assert events.kinds() == ["model", "tool", "model", "tool"]
 
 
@@ -53,8 +55,16 @@ async def test_already_aborted_signal_makes_no_model_call() -> None:
         AssistantMessage(tool_calls=[call("read_frame", {"shot": 1}, id="open")]),
     ]
     result, _ = await run(model, signal=controller.signal, messages=given)
-    assert (result.stopped_by, model.calls, result.steps, result.final_text) == ("cancel", 0, 0, None)
-    assert result.messages == [*given, ToolMessage(tool_call_id="open", content="Not run: cancel.")]
+    assert (result.stopped_by, model.calls, result.steps, result.final_text) == (
+        "cancel",
+        0,
+        0,
+        None,
+    )
+    assert result.messages == [
+        *given,
+        ToolMessage(tool_call_id="open", content="Not run: cancel."),
+    ]
 
 
 async def test_cancel_during_the_model_step_stops_after_it_settles() -> None:
@@ -65,11 +75,16 @@ async def test_cancel_during_the_model_step_stops_after_it_settles() -> None:
         return frames("c1", "c2")
 
     counter = Counter()
-    result, events = await run(ScriptedModel([answer]), signal=controller.signal, tools=[read_frame(counter)])
+    result, events = await run(
+        ScriptedModel([answer]), signal=controller.signal, tools=[read_frame(counter)]
+    )
     assert result.stopped_by == "cancel"
     assert counter.calls == {}
     assert result.steps == 1
-    assert [m.content for m in result.messages[-2:]] == ["Not run: cancel.", "Not run: cancel."]
+    assert [m.content for m in result.messages[-2:]] == [
+        "Not run: cancel.",
+        "Not run: cancel.",
+    ]
     assert events.kinds() == ["model"]
 
 
@@ -81,7 +96,9 @@ async def test_cancel_after_a_tool_answers_the_rest() -> None:
         return ToolOutput(content=[])
 
     tool = read_frame().model_copy(update={"run": run_then_cancel})
-    result, events = await run(ScriptedModel([frames("c1", "c2")]), signal=controller.signal, tools=[tool])
+    result, events = await run(
+        ScriptedModel([frames("c1", "c2")]), signal=controller.signal, tools=[tool]
+    )
     assert result.stopped_by == "cancel"
     assert result.messages[-2:] == [
         ToolMessage(tool_call_id="c1", content="(no output)"),
@@ -141,7 +158,11 @@ async def test_request_shape() -> None:
     model = ScriptedModel([reply("ok")])
     await run(model, reasoning="off")
     request = model.requests[0]
-    assert (request.prompt, request.system, request.model) == ("", "You review storyboards.", "test-model")
+    assert (request.prompt, request.system, request.model) == (
+        "",
+        "You review storyboards.",
+        "test-model",
+    )
     assert request.params == {"reasoning": "off"}
     assert request.temperature is None and request.tool_choice is None
     assert [t.name for t in request.tools or []] == ["read_frame"]
@@ -184,7 +205,9 @@ async def test_async_and_sync_callables() -> None:
     tool = read_frame().model_copy(update={"run": async_run})
     result, _ = await run(sync_generate, tools=[tool])
     assert result.final_text == "sync"
-    assert result.messages[2] == ToolMessage(tool_call_id="c1", content=[TextPart(text="async")])
+    assert result.messages[2] == ToolMessage(
+        tool_call_id="c1", content=[TextPart(text="async")]
+    )
 
 
 async def test_final_text_is_none_for_an_empty_turn() -> None:
@@ -217,9 +240,14 @@ def test_a_tool_needs_run_or_both_halves() -> None:
 async def test_steps_stop_answers_calls_left_open_in_the_given_messages() -> None:
     given = [
         UserMessage(content="Review."),
-        AssistantMessage(content="Two reads.", tool_calls=[call("read_frame", {"shot": 1}, id="o1")]),
+        AssistantMessage(
+            content="Two reads.", tool_calls=[call("read_frame", {"shot": 1}, id="o1")]
+        ),
     ]
     result, events = await run(ScriptedModel([]), max_steps=0, messages=given)
     assert result.stopped_by == "steps"
-    assert result.messages == [*given, ToolMessage(tool_call_id="o1", content="Not run: steps.")]
+    assert result.messages == [
+        *given,
+        ToolMessage(tool_call_id="o1", content="Not run: steps."),
+    ]
     assert events.events == []

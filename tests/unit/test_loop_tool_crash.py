@@ -48,7 +48,9 @@ def raising(error: BaseException, offload: bool = False) -> Any:
         raise error
 
     async def run_async(input: Shot, signal: object) -> ToolOutput:
-        if offload:  # a sync tool in a thread, as a worker runs one (workers/config/toolsets.py)
+        if (
+            offload
+        ):  # a sync tool in a thread, as a worker runs one (workers/config/toolsets.py)
             return await asyncio.to_thread(contained(run_sync), input, signal)
         raise error
 
@@ -60,7 +62,9 @@ def tool(run: Any) -> ToolSpec:
 
 
 def script() -> ScriptedModel:
-    return ScriptedModel([reply(tool_calls=[call("parse", {"shot": 3}, id="c1")]), reply("Went on.")])
+    return ScriptedModel(
+        [reply(tool_calls=[call("parse", {"shot": 3}, id="c1")]), reply("Went on.")]
+    )
 
 
 @pytest.mark.parametrize(
@@ -79,20 +83,35 @@ def test_a_tool_that_would_stop_the_process_fails_its_call_and_the_run_goes_on(
 ) -> None:
     journal = MemoryJournal()
     with caplog.at_level(logging.ERROR, logger="toolloop.loop"):
-        result, _ = in_thread(lambda: run(script(), journal, tools=[tool(raising(error, offload))]))
+        result, _ = in_thread(
+            lambda: run(script(), journal, tools=[tool(raising(error, offload))])
+        )
     assert result.stopped_by == "done" and result.final_text == "Went on."
     answer = result.messages[2]
     assert isinstance(answer, ToolMessage) and answer.tool_call_id == "c1"
     assert isinstance(answer.content, list) and isinstance(answer.content[0], TextPart)
-    assert answer.content[0].text.startswith(f"Tool 'parse' failed: it raised {shown} instead of returning")
-    assert json.loads(journal.entries["tool:c1"])["value"]["content"][0]["text"] == answer.content[0].text
+    assert answer.content[0].text.startswith(
+        f"Tool 'parse' failed: it raised {shown} instead of returning"
+    )
+    assert (
+        json.loads(journal.entries["tool:c1"])["value"]["content"][0]["text"]
+        == answer.content[0].text
+    )
     logged = [r for r in caplog.records if r.name == "toolloop.loop"]
-    assert len(logged) == 1 and "call c1" in logged[0].getMessage() and shown in logged[0].getMessage()
+    assert (
+        len(logged) == 1
+        and "call c1" in logged[0].getMessage()
+        and shown in logged[0].getMessage()
+    )
     replayed, _ = in_thread(lambda: run(script(), journal, tools=[tool(Exploding())]))
-    assert replayed.messages == result.messages  # journaled: a replay answers the same, runs nothing
+    assert (
+        replayed.messages == result.messages
+    )  # journaled: a replay answers the same, runs nothing
 
 
-def test_a_two_phase_tool_whose_start_or_wait_crashes_is_answered_with_the_error() -> None:
+def test_a_two_phase_tool_whose_start_or_wait_crashes_is_answered_with_the_error() -> (
+    None
+):
     waits: list[Any] = []
 
     def start(input: Shot, signal: object) -> Started:
@@ -104,25 +123,42 @@ def test_a_two_phase_tool_whose_start_or_wait_crashes_is_answered_with_the_error
         waits.append(handle)
         raise KeyboardInterrupt
 
-    render = ToolSpec(name="render", description="Render.", schema=Shot, start=start, wait=wait)
+    render = ToolSpec(
+        name="render", description="Render.", schema=Shot, start=start, wait=wait
+    )
     model = ScriptedModel(
         [
-            reply(tool_calls=[call("render", {"shot": 1}, id="r1"), call("render", {"shot": 2}, id="r2")]),
+            reply(
+                tool_calls=[
+                    call("render", {"shot": 1}, id="r1"),
+                    call("render", {"shot": 2}, id="r2"),
+                ]
+            ),
             reply("Both failed."),
         ]
     )
     journal = MemoryJournal()
     result, _ = in_thread(lambda: run(model, journal, tools=[render]))
     assert result.stopped_by == "done"
-    texts = {m.tool_call_id: m.content[0].text for m in result.messages if isinstance(m, ToolMessage)}  # type: ignore[union-attr]
-    assert texts["r1"].startswith("Tool 'render' failed: it raised SystemExit('bad argument')")
+    texts = {
+        m.tool_call_id: m.content[0].text
+        for m in result.messages
+        if isinstance(m, ToolMessage)
+    }  # type: ignore[union-attr]
+    assert texts["r1"].startswith(
+        "Tool 'render' failed: it raised SystemExit('bad argument')"
+    )
     assert texts["r2"].startswith("Tool 'render' failed: it raised KeyboardInterrupt()")
     assert waits == [{"shot": 2}]  # the crashed start's wait step calls no wait
-    assert json.loads(journal.entries["tool:r1:start"])["value"]["crashed"] == texts["r1"]
+    assert (
+        json.loads(journal.entries["tool:r1:start"])["value"]["crashed"] == texts["r1"]
+    )
     assert "tool:r1:wait" in journal.entries
 
 
-async def test_in_the_main_thread_keyboard_interrupt_and_system_exit_still_stop_the_loop() -> None:
+async def test_in_the_main_thread_keyboard_interrupt_and_system_exit_still_stop_the_loop() -> (
+    None
+):
     assert threading.current_thread() is threading.main_thread()
     for error in (KeyboardInterrupt(), SystemExit(2)):
         with pytest.raises(type(error)):
@@ -142,7 +178,9 @@ def test_an_exception_still_ends_the_loop_with_that_error() -> None:
         in_thread(lambda: run(script(), tools=[tool(raising(ValueError("plain")))]))
 
 
-async def test_a_worker_loop_fails_the_run_when_other_run_code_raises_system_exit() -> None:
+async def test_a_worker_loop_fails_the_run_when_other_run_code_raises_system_exit() -> (
+    None
+):
     """workers/process/live.py: a SystemExit from a model call (not a tool) fails the run with two lines;
     it does not leave the task to asyncio, which would raise it out of the worker's event loop."""
 
@@ -152,4 +190,7 @@ async def test_a_worker_loop_fails_the_run_when_other_run_code_raises_system_exi
     with pytest.raises(RuntimeError) as caught:
         await _contained(options(exits))
     first, second = str(caught.value).split("\n")
-    assert "raised SystemExit(3), which would have stopped the worker" in first and second.startswith("  ")
+    assert (
+        "raised SystemExit(3), which would have stopped the worker" in first
+        and second.startswith("  ")
+    )

@@ -8,7 +8,15 @@ from typing import Literal
 from loop_kit import Shot, read_frame, run
 from pydantic import BaseModel, Field
 
-from toolloop import ImagePart, MemoryJournal, TextPart, ToolDefinition, ToolMessage, ToolOutput, ToolSpec
+from toolloop import (
+    ImagePart,
+    MemoryJournal,
+    TextPart,
+    ToolDefinition,
+    ToolMessage,
+    ToolOutput,
+    ToolSpec,
+)
 from toolloop.testing import ScriptedModel, call, reply
 
 
@@ -40,7 +48,10 @@ async def test_definitions_follow_the_spec_example_in_tool_order() -> None:
         description="Read one frame.",
         input_schema={
             "type": "object",
-            "properties": {"shot": {"type": "number"}, "take": {"default": 1, "type": "number"}},
+            "properties": {
+                "shot": {"type": "number"},
+                "take": {"default": 1, "type": "number"},
+            },
             "required": ["shot"],
         },
     )
@@ -60,14 +71,22 @@ async def test_titles_and_schema_keys_are_removed_but_a_title_property_stays() -
         "type": "string",
     }
     assert region["required"] == ["title", "corner"]
-    assert schema["properties"]["mode"] == {"default": "fit", "enum": ["fit", "fill"], "type": "string"}
+    assert schema["properties"]["mode"] == {
+        "default": "fit",
+        "enum": ["fit", "fill"],
+        "type": "string",
+    }
     assert schema["description"] == "Crop a frame."
-    assert schema["properties"]["caption"]["default"] == {"title": "kept: a default is data"}
+    assert schema["properties"]["caption"]["default"] == {
+        "title": "kept: a default is data"
+    }
     assert "$schema" not in schema
 
 
 async def test_definitions_are_built_once_per_run() -> None:
-    model = ScriptedModel([reply(tool_calls=[call("read_frame", {"shot": 1})]), reply("ok")])
+    model = ScriptedModel(
+        [reply(tool_calls=[call("read_frame", {"shot": 1})]), reply("ok")]
+    )
     await run(model, tools=[read_frame()])
     first, second = (r.tools for r in model.requests)
     assert first is second
@@ -85,7 +104,9 @@ async def test_nested_input_is_validated_with_locations() -> None:
         "✖ Input should be 'fit' or 'fill'\n"
         "  → at mode"
     )
-    assert result.messages[2] == ToolMessage(tool_call_id="c1", content=[TextPart(text=text)], is_error=True)
+    assert result.messages[2] == ToolMessage(
+        tool_call_id="c1", content=[TextPart(text=text)], is_error=True
+    )
     assert events.events[1].summary == text[:200]  # type: ignore[union-attr]
 
 
@@ -97,34 +118,52 @@ async def test_tool_receives_the_validated_model() -> None:
         return ToolOutput(content=[TextPart(text="ok")])
 
     tool = read_frame().model_copy(update={"run": record})
-    model = ScriptedModel([reply(tool_calls=[call("read_frame", {"shot": "3"})]), reply("ok")])
+    model = ScriptedModel(
+        [reply(tool_calls=[call("read_frame", {"shot": "3"})]), reply("ok")]
+    )
     await run(model, tools=[tool])
     assert seen == [Shot(shot=3.0, take=1)]
 
 
-async def test_a_tool_result_over_the_limit_is_answered_as_an_error_and_not_journaled(tmp_path: Path) -> None:
+async def test_a_tool_result_over_the_limit_is_answered_as_an_error_and_not_journaled(
+    tmp_path: Path,
+) -> None:
     def huge(input: Shot, signal: object) -> ToolOutput:
-        return ToolOutput(value="v" * 5000, content=[TextPart(text="x" * 5000)], cost_usd=0.02)
+        return ToolOutput(
+            value="v" * 5000, content=[TextPart(text="x" * 5000)], cost_usd=0.02
+        )
 
     big_image = tmp_path / "big.png"
     big_image.write_bytes(b"\x89PNG" + b"0" * 3000)
 
     def image(input: Shot, signal: object) -> ToolOutput:
-        return ToolOutput(content=[ImagePart(path=str(big_image), mime_type="image/png", hash="ab")])
+        return ToolOutput(
+            content=[ImagePart(path=str(big_image), mime_type="image/png", hash="ab")]
+        )
 
     tools = [
         ToolSpec(name="huge", description="Huge.", schema=Shot, run=huge),
         ToolSpec(name="image", description="Image.", schema=Shot, run=image),
     ]
     model = ScriptedModel(
-        [reply(tool_calls=[call("huge", {"shot": 1}), call("image", {"shot": 2})]), reply("ok")]
+        [
+            reply(tool_calls=[call("huge", {"shot": 1}), call("image", {"shot": 2})]),
+            reply("ok"),
+        ]
     )
     journal = MemoryJournal()
-    result, _ = await run(model, journal, tools=tools, max_tool_result_bytes=1000, max_image_bytes=2000)
+    result, _ = await run(
+        model, journal, tools=tools, max_tool_result_bytes=1000, max_image_bytes=2000
+    )
     answers = [m for m in result.messages if isinstance(m, ToolMessage)]
     first, second = (answer.content[0].text for answer in answers)  # type: ignore[union-attr,index]
     assert first.startswith("Tool 'huge' returned ") and "the limit is 1,000" in first
     assert "the image 'big.png' of 3,004 bytes; the limit is 2,000" in second
-    assert [answer.is_error for answer in answers] == [True, True]  # sent as error tool results
+    assert [answer.is_error for answer in answers] == [
+        True,
+        True,
+    ]  # sent as error tool results
     assert result.spent_usd == 0.02  # the tool's cost still counts
-    assert all("v" * 100 not in stored for stored in journal.entries.values())  # not journaled
+    assert all(
+        "v" * 100 not in stored for stored in journal.entries.values()
+    )  # not journaled

@@ -38,11 +38,20 @@ async def test_start_and_wait_are_two_steps_with_their_values() -> None:
     wait = json.loads(journal.entries["tool:r1:wait"])
     assert wait["cost_usd"] == 0.3
     assert wait["value"]["value"] == {"job": "job-2"}
-    assert result.messages[2] == ToolMessage(tool_call_id="r1", content=[TextPart(text="rendered job-2")])
+    assert result.messages[2] == ToolMessage(
+        tool_call_id="r1", content=[TextPart(text="rendered job-2")]
+    )
     assert result.spent_usd == pytest.approx(0.3)
     tool_events = [e for e in events.events if isinstance(e, ToolEvent)]
     assert tool_events == [
-        ToolEvent(step=1, name="render", call_id="r1", cost_usd=0.3, summary="rendered job-2", rows=["row-2"])
+        ToolEvent(
+            step=1,
+            name="render",
+            call_id="r1",
+            cost_usd=0.3,
+            summary="rendered job-2",
+            rows=["row-2"],
+        )
     ]
 
 
@@ -56,7 +65,9 @@ async def test_restart_after_start_only_waits() -> None:
 
     with pytest.raises(ConnectionError):
         await run(
-            ScriptedModel([render_turn("r1")]), journal, tools=[tool.model_copy(update={"wait": crash})]
+            ScriptedModel([render_turn("r1")]),
+            journal,
+            tools=[tool.model_copy(update={"wait": crash})],
         )
     assert journal.keys() == ["model:1", "tool:r1:start"]
     result, _ = await run(ScriptedModel([reply("Rendered.")]), journal, tools=[tool])
@@ -79,7 +90,10 @@ async def test_cancel_between_the_halves_answers_not_run() -> None:
     model = ScriptedModel([render_turn("r1", "r2")])
     journal = MemoryJournal()
     result, events = await run(
-        model, journal, tools=[tool.model_copy(update={"start": start_then_cancel})], signal=controller.signal
+        model,
+        journal,
+        tools=[tool.model_copy(update={"start": start_then_cancel})],
+        signal=controller.signal,
     )
     assert result.stopped_by == "cancel"
     assert counter.calls == {"start": 1}
@@ -114,15 +128,23 @@ async def test_wait_half_never_checks_the_budget() -> None:
         tools=[tool.model_copy(update={"start": start_then_spend, "wait": wait})],
     )
     assert counter.calls == {"wait": 1}
-    assert result.messages[2] == ToolMessage(tool_call_id="r1", content=[TextPart(text="got h1")])
-    assert result.stopped_by == "done"  # 0.9 + the estimate 0.5 would have stopped a checked wait
+    assert result.messages[2] == ToolMessage(
+        tool_call_id="r1", content=[TextPart(text="got h1")]
+    )
+    assert (
+        result.stopped_by == "done"
+    )  # 0.9 + the estimate 0.5 would have stopped a checked wait
 
 
 async def test_start_over_the_estimate_never_starts() -> None:
     counter = Counter()
     model = ScriptedModel([render_turn("r1")])
-    result, events = await run(model, tools=[render(counter, estimate=2.0)], budget=Budget(usd=1.0))
+    result, events = await run(
+        model, tools=[render(counter, estimate=2.0)], budget=Budget(usd=1.0)
+    )
     assert result.stopped_by == "budget"
     assert counter.calls == {}
-    assert result.messages[-1] == ToolMessage(tool_call_id="r1", content="Not run: budget.")
+    assert result.messages[-1] == ToolMessage(
+        tool_call_id="r1", content="Not run: budget."
+    )
     assert events.kinds() == ["model", "budget"]

@@ -23,12 +23,16 @@ def _file(tmp_path: Path, text: str) -> str:
 
 
 def test_an_mcp_entry_in_toolloop_toolsets_registers_an_http_server() -> None:
-    entries = parse("docs=mcp:http://127.0.0.1:3001/mcp,review=examples.storyboard.tools:REVIEW_TOOLS")
+    entries = parse(
+        "docs=mcp:http://127.0.0.1:3001/mcp,review=examples.storyboard.tools:REVIEW_TOOLS"
+    )
     registry = Registry(entries)
     assert registry.names() == ["docs", "review"]
     (server,) = registry.toolset("docs").servers
     assert server.url == "http://127.0.0.1:3001/mcp" and server.label == "docs"
-    assert registry.toolset("review").python == ("examples.storyboard.tools:REVIEW_TOOLS",)
+    assert registry.toolset("review").python == (
+        "examples.storyboard.tools:REVIEW_TOOLS",
+    )
 
 
 @pytest.mark.parametrize(
@@ -44,7 +48,9 @@ def test_a_bad_mcp_entry_is_refused_in_two_lines(entry: str, says: str) -> None:
     assert says in str(refused.value) and len(str(refused.value).splitlines()) == 2
 
 
-def test_the_file_registers_stdio_and_http_servers_mixed_with_python_tools(tmp_path: Path) -> None:
+def test_the_file_registers_stdio_and_http_servers_mixed_with_python_tools(
+    tmp_path: Path,
+) -> None:
     path = _file(
         tmp_path,
         """
@@ -61,14 +67,25 @@ docs:
 """,
     )
     found = read_file(path)
-    assert found["everything"].servers[0].command == ("npx", "-y", "@modelcontextprotocol/server-everything")
+    assert found["everything"].servers[0].command == (
+        "npx",
+        "-y",
+        "@modelcontextprotocol/server-everything",
+    )
     docs = found["docs"]
     assert docs.python == ("examples.storyboard.tools:REVIEW_TOOLS",)
-    assert docs.servers[0].headers == (("Authorization", "Bearer ${DOCS_TOKEN}"),)  # kept as written
+    assert docs.servers[0].headers == (
+        ("Authorization", "Bearer ${DOCS_TOKEN}"),
+    )  # kept as written
     assert docs.servers[0].needs_approval == frozenset({"delete_page"})
     settings = Settings.from_env()
-    names = Settings(**{**settings.__dict__, "toolsets": {}, "toolsets_file": path}).toolset_names()
-    assert names == ["docs", "everything"]  # read by a client without connecting or importing
+    names = Settings(
+        **{**settings.__dict__, "toolsets": {}, "toolsets_file": path}
+    ).toolset_names()
+    assert names == [
+        "docs",
+        "everything",
+    ]  # read by a client without connecting or importing
 
 
 @pytest.mark.parametrize(
@@ -81,12 +98,20 @@ docs:
             "exactly one of `url` and `command`",
         ),
         ("docs: {mcp: {command: 'node server.js'}}\n", "not a list of strings"),
-        ("docs: {mcp: {url: 'http://127.0.0.1:1/mcp', timeout_s: 0}}\n", "timeout_s: 0"),
-        ("docs: {mcp: {url: 'http://127.0.0.1:1/mcp', token: 'x'}}\n", "unknown: 'token'"),
+        (
+            "docs: {mcp: {url: 'http://127.0.0.1:1/mcp', timeout_s: 0}}\n",
+            "timeout_s: 0",
+        ),
+        (
+            "docs: {mcp: {url: 'http://127.0.0.1:1/mcp', token: 'x'}}\n",
+            "unknown: 'token'",
+        ),
         ("docs: {tools: x}\n", "not a mapping with `mcp:` and/or `python:`"),
     ],
 )
-def test_a_bad_file_is_refused_in_two_lines(tmp_path: Path, text: str, says: str) -> None:
+def test_a_bad_file_is_refused_in_two_lines(
+    tmp_path: Path, text: str, says: str
+) -> None:
     with pytest.raises(ToolsetError) as refused:
         read_file(_file(tmp_path, text))
     assert says in str(refused.value), str(refused.value)
@@ -95,16 +120,23 @@ def test_a_bad_file_is_refused_in_two_lines(tmp_path: Path, text: str, says: str
 
 def test_a_name_in_both_places_is_refused(tmp_path: Path) -> None:
     path = _file(tmp_path, "docs: {mcp: {url: 'http://127.0.0.1:1/mcp'}}\n")
-    with pytest.raises(ToolsetError, match="registered both in TOOLLOOP_TOOLSETS and in"):
+    with pytest.raises(
+        ToolsetError, match="registered both in TOOLLOOP_TOOLSETS and in"
+    ):
         Registry({"docs": "app.tools:TOOLS"}, path)
 
 
-def test_a_var_is_read_from_the_environment_and_a_missing_one_is_named_not_shown() -> None:
+def test_a_var_is_read_from_the_environment_and_a_missing_one_is_named_not_shown() -> (
+    None
+):
     assert expand("Bearer ${T}", {"T": "s3cret"}, label="docs") == "Bearer s3cret"
     with pytest.raises(ToolsetError) as missing:
         expand("Bearer ${T} ${U}", {"T": "s3cret"}, label="docs")
     assert "${U}" in str(missing.value) and "s3cret" not in str(missing.value)
-    assert McpServer(label="x", url="http://127.0.0.1:1/mcp").where == "http://127.0.0.1:1/mcp"
+    assert (
+        McpServer(label="x", url="http://127.0.0.1:1/mcp").where
+        == "http://127.0.0.1:1/mcp"
+    )
 
 
 def test_an_mcp_input_schema_is_the_definition_and_validates_like_any_tool() -> None:
@@ -112,17 +144,26 @@ def test_an_mcp_input_schema_is_the_definition_and_validates_like_any_tool() -> 
 
     schema = {
         "type": "object",
-        "properties": {"a": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "properties": {
+            "a": {"type": "number"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
         "required": ["a"],
         "additionalProperties": False,
     }
     spec = ToolSpec(
-        name="get-sum", description="Sum.", schema=input_model("get-sum", schema), run=lambda i, s: None
+        name="get-sum",
+        description="Sum.",
+        schema=input_model("get-sum", schema),
+        run=lambda i, s: None,
     )
     (definition,) = tool_definitions([spec])
     assert definition.input_schema == schema  # exactly the server's
     checked = validate_input(spec, {"a": 2, "tags": ["x"]})
-    assert not isinstance(checked, str) and checked.model_dump(mode="json") == {"a": 2, "tags": ["x"]}
+    assert not isinstance(checked, str) and checked.model_dump(mode="json") == {
+        "a": 2,
+        "tags": ["x"],
+    }
     refused = validate_input(spec, {"a": "two", "tags": [1]})
     assert refused == (
         "Invalid input for get-sum: ✖ 'two' is not of type 'number'\n  → at a\n"

@@ -52,7 +52,9 @@ async def test_a_redelivered_step_reads_the_journaled_list_and_never_lists_again
     h = step_harness
     log = _register(h, tmp_path)
     first = h.process.mcp = CountedServers()
-    h.model = ScriptedModel([reply(tool_calls=[call("add", {"a": 2, "b": 3}, "c1")]), reply("It is 5.")])
+    h.model = ScriptedModel(
+        [reply(tool_calls=[call("add", {"a": 2, "b": 3}, "c1")]), reply("It is 5.")]
+    )
     client = Client(h.process.settings.redis_url, toolsets=["counter"])
     spec: dict[str, Any] = {
         "model": "scripted",
@@ -74,9 +76,16 @@ async def test_a_redelivered_step_reads_the_journaled_list_and_never_lists_again
         h.redis.hset(keys.mcp_tools(run_id), "counter", json.dumps(changed))
         said = await h.run_to_end(run_id)
         assert said[-1] == "stop: done"
-        assert again.lists == 0  # the replayed model step and the tool step read the journal
-        assert [c["tool"] for c in json.loads("[" + ",".join(log.read_text().splitlines()) + "]")] == ["add"]
-        assert h.model.requests[-1].tools[0].description == "changed"  # what the run journaled
+        assert (
+            again.lists == 0
+        )  # the replayed model step and the tool step read the journal
+        assert [
+            c["tool"]
+            for c in json.loads("[" + ",".join(log.read_text().splitlines()) + "]")
+        ] == ["add"]
+        assert (
+            h.model.requests[-1].tools[0].description == "changed"
+        )  # what the run journaled
         await again.aclose()
         await first.aclose()
     finally:

@@ -22,10 +22,17 @@ def work_returning(value: Any, cost: float = 0.0, seen: list[Any] | None = None)
 async def test_work_runs_once_per_key_and_the_stored_value_is_returned() -> None:
     journal = MemoryJournal()
     seen: list[Any] = []
-    assert await journal.step("model:1", work_returning({"a": (1, 2)}, 0.5, seen)) == {"a": [1, 2]}
-    assert await journal.step("model:1", work_returning("other", 0.0, seen)) == {"a": [1, 2]}
+    assert await journal.step("model:1", work_returning({"a": (1, 2)}, 0.5, seen)) == {
+        "a": [1, 2]
+    }
+    assert await journal.step("model:1", work_returning("other", 0.0, seen)) == {
+        "a": [1, 2]
+    }
     assert len(seen) == 1
-    assert json.loads(journal.entries["model:1"]) == {"value": {"a": [1, 2]}, "cost_usd": 0.5}
+    assert json.loads(journal.entries["model:1"]) == {
+        "value": {"a": [1, 2]},
+        "cost_usd": 0.5,
+    }
 
 
 async def test_a_work_that_raises_stores_nothing_and_its_error_is_unchanged() -> None:

@@ -21,7 +21,13 @@ from toolloop import (
     ToolArgumentsError,
     from_env,
 )
-from toolloop.providers import AnthropicHandler, ClaudeHandler, CodexHandler, FalHandler, OpenAIHandler
+from toolloop.providers import (
+    AnthropicHandler,
+    ClaudeHandler,
+    CodexHandler,
+    FalHandler,
+    OpenAIHandler,
+)
 from toolloop.providers.facade import AROUND_ATTEMPT, Send
 
 REQUEST = PromptGenRequest(prompt="Hi")
@@ -30,17 +36,23 @@ REQUEST = PromptGenRequest(prompt="Hi")
 class Fake:
     """A handler that raises `error` (when set) or answers `text`; it counts its calls."""
 
-    def __init__(self, text: str = "", error: BaseException | None = None, cost: float = 0.5) -> None:
+    def __init__(
+        self, text: str = "", error: BaseException | None = None, cost: float = 0.5
+    ) -> None:
         self.text, self.error, self.cost, self.calls = text, error, cost, 0
 
     def estimate(self, request: PromptGenRequest) -> float:
         return self.cost
 
-    async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def execute(
+        self, request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         self.calls += 1
         if self.error is not None:
             raise self.error
-        return PromptGenResult(text=self.text, meta={"provider": "self-named", "model": "m"})
+        return PromptGenResult(
+            text=self.text, meta={"provider": "self-named", "model": "m"}
+        )
 
 
 def auth() -> PromptGenUnavailableError:
@@ -74,7 +86,11 @@ async def test_unavailable_and_capacity_errors_move_to_the_next_provider(
     gen = PromptGen({"a": a, "b": b}, "a", ["b"])
     with caplog.at_level(logging.WARNING, "toolloop.providers"):
         result = await gen.generate(REQUEST)
-    assert result.text == "from b" and result.meta is not None and result.meta["provider"] == "b"
+    assert (
+        result.text == "from b"
+        and result.meta is not None
+        and result.meta["provider"] == "b"
+    )
     (record,) = caplog.records
     assert (record.__dict__["from"], record.__dict__["to"]) == ("a", "b")
     reason = getattr(error, "reason", None)
@@ -110,7 +126,9 @@ async def test_an_aborted_caller_never_falls_back() -> None:
     controller = AbortController()
 
     class AbortsThenRefuses(Fake):
-        async def execute(self, request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+        async def execute(
+            self, request: PromptGenRequest, signal: AbortSignal
+        ) -> PromptGenResult:
             controller.abort("stop")
             raise auth()
 
@@ -135,25 +153,36 @@ async def test_when_every_provider_is_unavailable_the_last_error_is_raised() -> 
     gen = PromptGen({"a": a, "b": b}, "a", ["b", "a", "b"])
     with pytest.raises(PromptGenUnavailableError) as caught:
         await gen.generate(REQUEST)
-    assert caught.value is last and (a.calls, b.calls) == (1, 1)  # a name listed twice is tried once
+    assert caught.value is last and (a.calls, b.calls) == (
+        1,
+        1,
+    )  # a name listed twice is tried once
 
 
 async def test_an_unregistered_head_names_the_registered_providers() -> None:
     gen = PromptGen({"a": Fake(), "b": Fake()}, "zed")
-    with pytest.raises(PromptGenError, match="'zed' is not registered; registered: 'a', 'b'"):
+    with pytest.raises(
+        PromptGenError, match="'zed' is not registered; registered: 'a', 'b'"
+    ):
         await gen.generate(REQUEST)
     with pytest.raises(PromptGenError, match="'c' is not registered"):
         gen.estimate(REQUEST, provider="c")
 
 
-async def test_an_unregistered_fallback_is_skipped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_unregistered_fallback_is_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     gen = PromptGen({"a": Fake(error=auth()), "b": Fake("from b")}, "a", ["ghost", "b"])
     with caplog.at_level(logging.WARNING, "toolloop.providers"):
         assert (await gen.generate(REQUEST)).text == "from b"
-    assert any("'ghost' is not registered; skipped" in r.getMessage() for r in caplog.records)
+    assert any(
+        "'ghost' is not registered; skipped" in r.getMessage() for r in caplog.records
+    )
 
 
-async def test_estimate_uses_the_head_only_and_as_generate_is_the_loops_callable() -> None:
+async def test_estimate_uses_the_head_only_and_as_generate_is_the_loops_callable() -> (
+    None
+):
     a, b = Fake(cost=0.25), Fake("from b", cost=9.0)
     gen = PromptGen({"a": a, "b": b}, "a", ["b"])
     assert gen.estimate(REQUEST) == 0.25 and gen.estimate(REQUEST, provider="b") == 9.0
@@ -208,16 +237,23 @@ async def test_each_provider_attempt_goes_through_the_around_attempt_hook() -> N
     gen = PromptGen({"a": a, "b": b}, "a", ["b"])
     seen: list[tuple[str, str | None]] = []
 
-    async def around(provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
+    async def around(
+        provider: str, request: PromptGenRequest, send: Send
+    ) -> PromptGenResult:
         seen.append((provider, request.prompt))
-        return await send(request.model_copy(update={"prompt": f"{request.prompt} via {provider}"}))
+        return await send(
+            request.model_copy(update={"prompt": f"{request.prompt} via {provider}"})
+        )
 
     token = AROUND_ATTEMPT.set(around)
     try:
         result = await gen.generate(REQUEST)
     finally:
         AROUND_ATTEMPT.reset(token)
-    assert seen == [("a", "Hi"), ("b", "Hi")]  # each attempt, the caller's request each time
+    assert seen == [
+        ("a", "Hi"),
+        ("b", "Hi"),
+    ]  # each attempt, the caller's request each time
     assert result.meta is not None and result.meta["provider"] == "b"
     assert result.meta["fallback_from"] == [{"provider": "a", "reason": "HTTP 529"}]
     assert (a.calls, b.calls) == (1, 1)
@@ -229,7 +265,9 @@ async def test_an_error_of_the_hook_that_is_not_unavailable_stops_the_walk() -> 
     a, b = Fake(error=PromptGenError("overloaded\n  x", status=529)), Fake("from b")
     gen = PromptGen({"a": a, "b": b}, "a", ["b"])
 
-    async def around(provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
+    async def around(
+        provider: str, request: PromptGenRequest, send: Send
+    ) -> PromptGenResult:
         if provider == "b":
             raise RuntimeError("budget stop")
         return await send(request)

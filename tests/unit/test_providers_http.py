@@ -13,7 +13,13 @@ import httpx
 import pytest
 from providers_kit import FAKE_KEY, FAST, Recorder, sdk_message
 
-from toolloop import AbortController, AbortError, PromptGenError, PromptGenRequest, PromptGenUnavailableError
+from toolloop import (
+    AbortController,
+    AbortError,
+    PromptGenError,
+    PromptGenRequest,
+    PromptGenUnavailableError,
+)
 from toolloop.errors import PromptGenTimeoutError
 from toolloop.providers import AnthropicHandler, PromptGen, RetryPolicy, Secret
 from toolloop.providers.retry import classify, parse_retry_after
@@ -28,7 +34,9 @@ def error(status: int, message: str = "boom", **headers: str) -> httpx.Response:
 
 
 def handler(recorder: Recorder, retry: RetryPolicy = FAST) -> AnthropicHandler:
-    return AnthropicHandler(FAKE_KEY, base_url="http://sim.test", retry=retry, transport=recorder.transport)
+    return AnthropicHandler(
+        FAKE_KEY, base_url="http://sim.test", retry=retry, transport=recorder.transport
+    )
 
 
 async def run(recorder: Recorder, retry: RetryPolicy = FAST) -> str:
@@ -36,7 +44,9 @@ async def run(recorder: Recorder, retry: RetryPolicy = FAST) -> str:
     return result.text
 
 
-async def test_5xx_and_529_are_retried_then_succeed(caplog: pytest.LogCaptureFixture) -> None:
+async def test_5xx_and_529_are_retried_then_succeed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     recorder = Recorder(error(500), error(529), OK)
     with caplog.at_level(logging.WARNING, "toolloop.providers"):
         assert await run(recorder) == "ok"
@@ -87,7 +97,9 @@ async def test_a_timed_out_attempt_is_retried_once_then_reported_as_a_timeout() 
         PromptGenTimeoutError, match=r"did not answer within 600 s \(2 attempts\)\.\n"
     ) as caught:
         await run(recorder)
-    assert len(recorder.requests) == 2 and caught.value.retryable  # FAST allows 3: a timeout is paid
+    assert (
+        len(recorder.requests) == 2 and caught.value.retryable
+    )  # FAST allows 3: a timeout is paid
 
 
 @pytest.mark.parametrize(
@@ -98,7 +110,9 @@ async def test_a_timed_out_attempt_is_retried_once_then_reported_as_a_timeout() 
         httpx.RemoteProtocolError("Server disconnected without sending a response."),
     ],
 )
-async def test_connection_errors_before_any_response_are_retried_with_backoff(failure: Exception) -> None:
+async def test_connection_errors_before_any_response_are_retried_with_backoff(
+    failure: Exception,
+) -> None:
     def refused(request: httpx.Request) -> httpx.Response:
         raise failure
 
@@ -107,21 +121,28 @@ async def test_connection_errors_before_any_response_are_retried_with_backoff(fa
     assert len(recorder.requests) == 3
 
 
-async def test_connection_errors_that_outlast_the_retries_are_errors_without_fallback() -> None:
+async def test_connection_errors_that_outlast_the_retries_are_errors_without_fallback() -> (
+    None
+):
     def refused(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
     recorder = Recorder(refused)
-    with pytest.raises(PromptGenError, match=r"could not be reached .* \(3 attempts\)") as caught:
+    with pytest.raises(
+        PromptGenError, match=r"could not be reached .* \(3 attempts\)"
+    ) as caught:
         await run(recorder)
     assert len(recorder.requests) == FAST.attempts and caught.value.status is None
     assert not isinstance(caught.value, PromptGenTimeoutError)
 
 
 @pytest.mark.parametrize(
-    ("status", "reason"), [(401, "auth"), (403, "auth"), (402, "limit"), (404, "missing")]
+    ("status", "reason"),
+    [(401, "auth"), (403, "auth"), (402, "limit"), (404, "missing")],
 )
-async def test_auth_and_limit_statuses_are_unavailable_at_once(status: int, reason: str) -> None:
+async def test_auth_and_limit_statuses_are_unavailable_at_once(
+    status: int, reason: str
+) -> None:
     recorder = Recorder(error(status, "no"))
     with pytest.raises(PromptGenUnavailableError) as caught:
         await run(recorder)
@@ -129,7 +150,9 @@ async def test_auth_and_limit_statuses_are_unavailable_at_once(status: int, reas
     assert len(recorder.requests) == 1
 
 
-async def test_a_429_without_retry_after_is_retried_with_backoff_as_the_sdk_does() -> None:
+async def test_a_429_without_retry_after_is_retried_with_backoff_as_the_sdk_does() -> (
+    None
+):
     recorder = Recorder(error(429, "slow down"), OK)
     assert await run(recorder) == "ok"
     assert len(recorder.requests) == 2
@@ -164,7 +187,11 @@ async def test_other_4xx_fail_at_once_with_the_providers_message() -> None:
     recorder = Recorder(error(400, "more than 4 cache_control blocks"))
     with pytest.raises(PromptGenError) as caught:
         await run(recorder)
-    assert len(recorder.requests) == 1 and not caught.value.retryable and caught.value.status == 400
+    assert (
+        len(recorder.requests) == 1
+        and not caught.value.retryable
+        and caught.value.status == 400
+    )
     assert "more than 4 cache_control blocks" in str(caught.value)
 
 
@@ -203,11 +230,16 @@ async def test_an_aborted_signal_makes_no_request() -> None:
     assert recorder.requests == []
 
 
-async def test_the_key_never_shows_in_errors_logs_or_reprs(caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_key_never_shows_in_errors_logs_or_reprs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     echo = error(401, f"invalid x-api-key {FAKE_KEY}")
     recorder = Recorder(error(500, f"key {FAKE_KEY} overloaded"), echo)
     anthropic = handler(recorder)
-    with caplog.at_level(logging.DEBUG), pytest.raises(PromptGenUnavailableError) as caught:
+    with (
+        caplog.at_level(logging.DEBUG),
+        pytest.raises(PromptGenUnavailableError) as caught,
+    ):
         await anthropic.execute(REQUEST, AbortController().signal)
     assert recorder.requests[0].headers["x-api-key"] == FAKE_KEY  # it was sent...
     seen = [
@@ -227,8 +259,16 @@ async def test_the_key_never_shows_in_errors_logs_or_reprs(caplog: pytest.LogCap
 
 def test_retry_after_reads_seconds_milliseconds_and_dates() -> None:
     assert parse_retry_after(httpx.Headers({"retry-after": "2"})) == 2.0
-    assert parse_retry_after(httpx.Headers({"retry-after-ms": "250", "retry-after": "9"})) == 0.25
-    assert parse_retry_after(httpx.Headers({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
+    assert (
+        parse_retry_after(httpx.Headers({"retry-after-ms": "250", "retry-after": "9"}))
+        == 0.25
+    )
+    assert (
+        parse_retry_after(
+            httpx.Headers({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})
+        )
+        == 0.0
+    )
     assert parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
     assert parse_retry_after(httpx.Headers({})) is None
 
@@ -252,7 +292,13 @@ ENDPOINT = handler(Recorder(OK)).endpoint
 @pytest.mark.parametrize(
     ("status", "headers", "fields", "kind", "wait"),
     [
-        (429, {}, {"error_code": "contract_spend_limit_reached"}, "SpendLimitError", None),
+        (
+            429,
+            {},
+            {"error_code": "contract_spend_limit_reached"},
+            "SpendLimitError",
+            None,
+        ),
         (
             429,
             {"retry-after": "0.5"},
@@ -261,8 +307,20 @@ ENDPOINT = handler(Recorder(OK)).endpoint
             None,
         ),
         (429, {"retry-after": "0.5"}, {}, "PromptGenUnavailableError", 0.5),
-        (404, {}, {"type": "not_found_error", "message": "model: claude-x"}, "PromptGenError", None),
-        (404, {}, {"type": "not_found_error", "message": "Not Found"}, "PromptGenUnavailableError", None),
+        (
+            404,
+            {},
+            {"type": "not_found_error", "message": "model: claude-x"},
+            "PromptGenError",
+            None,
+        ),
+        (
+            404,
+            {},
+            {"type": "not_found_error", "message": "Not Found"},
+            "PromptGenUnavailableError",
+            None,
+        ),
         (503, {"x-should-retry": "false"}, {}, "PromptGenError", None),
         (503, {}, {}, "PromptGenError", 0.25),
         (400, {"x-should-retry": "true"}, {}, "PromptGenError", 0.25),
@@ -270,9 +328,18 @@ ENDPOINT = handler(Recorder(OK)).endpoint
     ],
 )
 def test_classify_is_a_pure_function_of_the_answer(
-    status: int, headers: dict[str, str], fields: dict[str, str], kind: str, wait: float | None
+    status: int,
+    headers: dict[str, str],
+    fields: dict[str, str],
+    kind: str,
+    wait: float | None,
 ) -> None:
-    error, wait_s = classify("anthropic", ENDPOINT, status, headers, "detail", fields, 0.25)
+    error, wait_s = classify(
+        "anthropic", ENDPOINT, status, headers, "detail", fields, 0.25
+    )
     assert (type(error).__name__, wait_s) == (kind, wait)
     assert error.status == status
-    assert classify("anthropic", ENDPOINT, status, headers, "detail", fields, 0.25)[1] == wait_s
+    assert (
+        classify("anthropic", ENDPOINT, status, headers, "detail", fields, 0.25)[1]
+        == wait_s
+    )

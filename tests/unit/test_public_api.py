@@ -116,7 +116,9 @@ def test_every_public_name_resolves_and_nothing_else_leaks() -> None:
     leaked = {
         name
         for name, value in vars(toolloop).items()
-        if not name.startswith("_") and name not in toolloop.__all__ and not isinstance(value, ModuleType)
+        if not name.startswith("_")
+        and name not in toolloop.__all__
+        and not isinstance(value, ModuleType)
     }
     assert leaked == set()
 
@@ -125,7 +127,14 @@ def test_spec_names_are_exported() -> None:
     assert set(toolloop.__all__) >= SPEC_NAMES
 
 
-HTTP_PUBLIC = ["Answer", "HttpClient", "HttpxClient", "KeepAliveClient", "Network", "client_from_env"]
+HTTP_PUBLIC = [
+    "Answer",
+    "HttpClient",
+    "HttpxClient",
+    "KeepAliveClient",
+    "Network",
+    "client_from_env",
+]
 
 
 def test_the_http_package_exports_its_clients_and_the_providers_keep_theirs() -> None:

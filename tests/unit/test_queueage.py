@@ -47,7 +47,9 @@ def test_a_message_without_a_usable_time_has_none(raw: str) -> None:
 
 def test_the_age_is_the_oldest_next_message_of_the_queues_lists() -> None:
     oldest = OldestWaiting(None, ["llm", "tools"])
-    ages = oldest.ages({"llm": message(100.0), "llm\x06\x163": message(90.0), "tools": None}, now=130.0)
+    ages = oldest.ages(
+        {"llm": message(100.0), "llm\x06\x163": message(90.0), "tools": None}, now=130.0
+    )
     assert ages == {"llm": 40.0, "tools": 0.0}
 
 
@@ -56,7 +58,11 @@ def test_a_message_without_a_time_ages_from_the_first_scrape_that_saw_it() -> No
     legacy, future = message(drop=True), message(10.0**12)
     assert oldest.ages({"llm": legacy}, now=100.0) == {"llm": 0.0}
     assert oldest.ages({"llm": legacy}, now=103.0) == {"llm": 3.0}
-    assert oldest.ages({"llm": future}, now=104.0) == {"llm": 0.0}  # another message: seen from now
+    assert oldest.ages({"llm": future}, now=104.0) == {
+        "llm": 0.0
+    }  # another message: seen from now
     assert oldest.ages({"llm": future}, now=106.0) == {"llm": 2.0}
     assert oldest.ages({"llm": None}, now=107.0) == {"llm": 0.0}
-    assert oldest.ages({"llm": legacy}, now=108.0) == {"llm": 0.0}  # gone and back: a new sighting
+    assert oldest.ages({"llm": legacy}, now=108.0) == {
+        "llm": 0.0
+    }  # gone and back: a new sighting

@@ -18,7 +18,10 @@ from workers.protocol import keys
 
 def ask_then_echo() -> ScriptedModel:
     return ScriptedModel(
-        [reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]), reply("Noted.")]
+        [
+            reply("", tool_calls=[call("ask", {"question": "Which shot?"}, id="q1")]),
+            reply("Noted."),
+        ]
     )
 
 
@@ -31,21 +34,32 @@ async def test_two_answers_count_in_the_order_sent_whatever_order_their_messages
     run = h.enqueue()
     assert str(await h.step(run)) == "park"
     h.client.answer(run, "first")
-    h.client.answer(run, "second")  # a double click: ignored when sent, nothing stored for it
+    h.client.answer(
+        run, "second"
+    )  # a double click: ignored when sent, nothing stored for it
     inbox: dict[str, str] = h.redis.hgetall(keys.inbox(run))  # type: ignore[assignment]
     from workers.runs import lifecycle as runs
 
-    applied = [runs.answer(h.process.redis, h.process.celery, run, a) for a in reversed(list(inbox))]
+    applied = [
+        runs.answer(h.process.redis, h.process.celery, run, a)
+        for a in reversed(list(inbox))
+    ]
     assert applied == ["resumed"]
     assert str(await h.step(run)) == "stop: done"
     answered = (h.model.requests[-1].messages or [])[-1]
     assert answered.role == "tool" and "first" in answered.model_dump_json()
     assert "second" not in answered.model_dump_json()
-    [data] = [f["data"] for _, f in h.redis.xrange(keys.events(run)) if f["kind"] == "answered"]  # type: ignore[union-attr]
+    [data] = [
+        f["data"]
+        for _, f in h.redis.xrange(keys.events(run))
+        if f["kind"] == "answered"
+    ]  # type: ignore[union-attr]
     assert '"first"' in data
 
 
-async def test_an_early_answer_then_a_second_one_keep_the_first(step_harness: StepHarness) -> None:
+async def test_an_early_answer_then_a_second_one_keep_the_first(
+    step_harness: StepHarness,
+) -> None:
     h = step_harness
     h.model = ask_then_echo()
     run = h.enqueue()
@@ -77,19 +91,28 @@ class CancelBeforeTheWork(RecordingHooks):
 
 
 def slow_tool_then_answer() -> ScriptedModel:
-    return ScriptedModel([reply("", tool_calls=[call("slow", {"seconds": 20}, id="t1")]), reply("Slept.")])
+    return ScriptedModel(
+        [
+            reply("", tool_calls=[call("slow", {"seconds": 20}, id="t1")]),
+            reply("Slept."),
+        ]
+    )
 
 
 async def test_a_cancel_landing_after_the_tool_step_began_and_before_its_work_aborts_the_tool(
     step_harness: StepHarness,
 ) -> None:
     h = step_harness
-    h.hooks = hooks = CancelBeforeTheWork(h, "tool:t1")  # the tool step's state read, its tool not started
+    h.hooks = hooks = CancelBeforeTheWork(
+        h, "tool:t1"
+    )  # the tool step's state read, its tool not started
     h.process.hooks = hooks
     h.model = slow_tool_then_answer()
     run = h.enqueue()
     assert str(await h.step(run)) == "next"
-    stopped = await asyncio.wait_for(h.run_to_end(run), timeout=10)  # the tool waits 20 s unless aborted
+    stopped = await asyncio.wait_for(
+        h.run_to_end(run), timeout=10
+    )  # the tool waits 20 s unless aborted
     assert stopped[-1] == "stop: cancel", stopped
     assert "work:before" in hooks.names()
     assert h.state(run)["status"] == "cancel"
@@ -110,7 +133,10 @@ async def test_a_cancel_landing_after_the_model_step_began_and_before_its_call_s
 
 def publish_then_note() -> ScriptedModel:
     return ScriptedModel(
-        [reply("", tool_calls=[call("publish", {"a": 1, "b": 2}, id="p1")]), reply("Noted.")]
+        [
+            reply("", tool_calls=[call("publish", {"a": 1, "b": 2}, id="p1")]),
+            reply("Noted."),
+        ]
     )
 
 
@@ -126,16 +152,27 @@ async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_
     h.model = publish_then_note()
     run = h.enqueue()
     assert str(await h.step(run)) == "park"
-    assert h.client.approve(run, "p1", wait_s=0.1) == "queued"  # no worker applies it here
+    assert (
+        h.client.approve(run, "p1", wait_s=0.1) == "queued"
+    )  # no worker applies it here
     with pytest.raises(AlreadyDecidedError, match="queued already"):
         h.client.reject(run, "p1", "not now", wait_s=0.1)
     inbox: dict[str, str] = h.redis.hgetall(keys.decide_inbox(run))  # type: ignore[assignment]
-    assert [json.loads(entry)["decision"]["action"] for entry in inbox.values()] == ["approve"]
+    assert [json.loads(entry)["decision"]["action"] for entry in inbox.values()] == [
+        "approve"
+    ]
     order = h.redis.lrange(keys.decide_order(run), 0, -1)
-    assert order == list(inbox)  # the send order the workers apply by (workers/runs/approvals.py)
+    assert order == list(
+        inbox
+    )  # the send order the workers apply by (workers/runs/approvals.py)
     tools = h.process.toolsets.for_worker
-    applied = [approvals.apply(h.process.redis, h.process.celery, run, d, tools, 0) for d in order]
+    applied = [
+        approvals.apply(h.process.redis, h.process.celery, run, d, tools, 0)
+        for d in order
+    ]
     assert applied == ["resumed"], applied
     assert h.redis.llen(keys.decide_order(run)) == 0
     assert (await h.run_to_end(run))[-1] == "stop: done"
-    assert "published 1+2" in (h.model.requests[-1].messages or [])[-1].model_dump_json()  # approved: it ran
+    assert (
+        "published 1+2" in (h.model.requests[-1].messages or [])[-1].model_dump_json()
+    )  # approved: it ran

@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 from workers.process.redisio import PackedConnection, packed_pool
 
 COMMANDS: list[tuple[object, ...]] = [
-    ("EVALSHA", "a" * 40, 2, "tl:{r1}:state", "tl:{r1}:lease", '{"ünïcode": "✓"}', 600000),
+    (
+        "EVALSHA",
+        "a" * 40,
+        2,
+        "tl:{r1}:state",
+        "tl:{r1}:lease",
+        '{"ünïcode": "✓"}',
+        600000,
+    ),
     ("LPUSH", "llm", b"\x00raw bytes\r\n" * 1000),
     ("CLIENT SETNAME", "toolloop"),
     ("ZREM", "unacked_index", "tag-1"),
@@ -19,8 +27,12 @@ COMMANDS: list[tuple[object, ...]] = [
 def test_each_command_packs_to_the_same_bytes_as_redis_py() -> None:
     ours, theirs = PackedConnection(), aredis.Connection()
     for command in COMMANDS:
-        assert b"".join(ours.pack_command(*command)) == b"".join(theirs.pack_command(*command))
-    assert b"".join(ours.pack_commands(COMMANDS)) == b"".join(theirs.pack_commands(COMMANDS))
+        assert b"".join(ours.pack_command(*command)) == b"".join(
+            theirs.pack_command(*command)
+        )
+    assert b"".join(ours.pack_commands(COMMANDS)) == b"".join(
+        theirs.pack_commands(COMMANDS)
+    )
 
 
 def test_a_float_packs_to_a_number_that_reads_back_the_same() -> None:
@@ -44,17 +56,25 @@ _ARG = st.one_of(
     st.text(max_size=40),
     st.binary(max_size=40),
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
-    st.binary(min_size=6000, max_size=7000),  # past redis-py's buffer cutoff: it chunks, we do not
+    st.binary(
+        min_size=6000, max_size=7000
+    ),  # past redis-py's buffer cutoff: it chunks, we do not
 )
-_COMMAND = st.tuples(st.sampled_from(["SET", "HSET", "EVALSHA", "LPUSH"]), st.lists(_ARG, max_size=6))
+_COMMAND = st.tuples(
+    st.sampled_from(["SET", "HSET", "EVALSHA", "LPUSH"]), st.lists(_ARG, max_size=6)
+)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(_COMMAND, min_size=1, max_size=5))
-def test_any_command_redis_py_packs_packs_to_the_same_bytes(commands: list[tuple[str, list[object]]]) -> None:
+def test_any_command_redis_py_packs_packs_to_the_same_bytes(
+    commands: list[tuple[str, list[object]]],
+) -> None:
     ours, theirs = PackedConnection(), aredis.Connection()
     for name, args in commands:
-        assert b"".join(ours.pack_command(name, *args)) == b"".join(theirs.pack_command(name, *args))
+        assert b"".join(ours.pack_command(name, *args)) == b"".join(
+            theirs.pack_command(name, *args)
+        )
     flat = [(name, *args) for name, args in commands]
     assert b"".join(ours.pack_commands(flat)) == b"".join(theirs.pack_commands(flat))
 
@@ -72,5 +92,7 @@ def test_the_methods_overridden_are_still_the_ones_redis_py_sends_through() -> N
             inspect.signature(getattr(PackedConnection, name)).parameters
         )
     # where redis-py packs what it sends: a command (send_command) and a pipeline (_execute_pipeline)
-    assert "self.pack_command(*args)" in inspect.getsource(aconnection.AbstractConnection.send_command)
+    assert "self.pack_command(*args)" in inspect.getsource(
+        aconnection.AbstractConnection.send_command
+    )
     assert "connection.pack_commands(" in inspect.getsource(aclient.Pipeline)

@@ -26,8 +26,14 @@ def test_a_direct_url_is_passed_to_redis_py_as_is_and_valkey_is_read_as_redis() 
 
 
 def test_a_sentinel_url_names_its_sentinels_service_db_and_credentials() -> None:
-    target = redisurl.parse("redis+sentinel://user:s%40cret@10.0.0.1:26379,10.0.0.2,[::1]:26380/prod/4")
-    assert target.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26379), ("::1", 26380))
+    target = redisurl.parse(
+        "redis+sentinel://user:s%40cret@10.0.0.1:26379,10.0.0.2,[::1]:26380/prod/4"
+    )
+    assert target.sentinels == (
+        ("10.0.0.1", 26379),
+        ("10.0.0.2", 26379),
+        ("::1", 26380),
+    )
     assert (target.service, target.db, target.tls) == ("prod", 4, False)
     assert target.node_kwargs["username"] == "user"
     assert target.node_kwargs["password"] == "s@cret"
@@ -41,14 +47,24 @@ def test_tls_sentinel_options_reach_the_nodes_and_the_sentinels() -> None:
     assert target.tls and target.node_kwargs["ssl"] is True
     assert target.node_kwargs["ssl_ca_certs"] == "/ca.pem"
     assert target.node_kwargs["socket_timeout"] == 3.0
-    assert target.sentinel_kwargs == {"ssl_ca_certs": "/ca.pem", "ssl": True, "password": "sp"}
+    assert target.sentinel_kwargs == {
+        "ssl_ca_certs": "/ca.pem",
+        "ssl": True,
+        "password": "sp",
+    }
 
 
-def test_the_celery_broker_of_a_sentinel_url_is_kombus_form_with_its_master_name() -> None:
+def test_the_celery_broker_of_a_sentinel_url_is_kombus_form_with_its_master_name() -> (
+    None
+):
     url, options = redisurl.broker("redis+sentinel://:pw@s1:26379,s2:26380/svc/2")
     assert url == "sentinel://:pw@s1:26379/2;sentinel://:pw@s2:26380/2"
     assert options == {"master_name": "svc"}
-    app = make_app(dataclasses.replace(Settings.from_env(), redis_url="redis+sentinel://s1:26379/svc"))
+    app = make_app(
+        dataclasses.replace(
+            Settings.from_env(), redis_url="redis+sentinel://s1:26379/svc"
+        )
+    )
     assert app.conf.broker_transport_options["master_name"] == "svc"
     assert app.conf.broker_url.startswith("sentinel://s1:26379")
     assert app.conf.toolloop_redis_url == "redis+sentinel://s1:26379/svc"
@@ -73,7 +89,9 @@ def test_tls_sentinel_gives_celery_its_ssl_options() -> None:
         ("redis+sentinel://:hunter2@s1:99999/svc", "has the sentinel 's1:99999'"),
     ],
 )
-def test_a_url_that_names_no_redis_is_refused_in_two_lines_without_its_password(url: str, says: str) -> None:
+def test_a_url_that_names_no_redis_is_refused_in_two_lines_without_its_password(
+    url: str, says: str
+) -> None:
     with pytest.raises(redisurl.RedisUrlError) as caught:
         redisurl.parse(url)
     message = str(caught.value)

@@ -26,7 +26,9 @@ def _room(frame: FrameType) -> str | None:
     parts = module.split(".")
     if parts[0] != "workers" or len(parts) < 2 or module in NAMES_ONLY:
         return None
-    return parts[1] if len(parts) > 2 else module  # workers.tasks, workers.app are rooms of their own
+    return (
+        parts[1] if len(parts) > 2 else module
+    )  # workers.tasks, workers.app are rooms of their own
 
 
 def _takes_run_id(frame: FrameType) -> bool:
@@ -40,10 +42,16 @@ class Walk:
         self.rooms: list[str] = []
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event != "call" or frame.f_lasti > 0:  # f_lasti > 0: a coroutine or generator resumed
+        if (
+            event != "call" or frame.f_lasti > 0
+        ):  # f_lasti > 0: a coroutine or generator resumed
             return
         room = _room(frame)
-        if room is not None and _takes_run_id(frame) and (not self.rooms or self.rooms[-1] != room):
+        if (
+            room is not None
+            and _takes_run_id(frame)
+            and (not self.rooms or self.rooms[-1] != room)
+        ):
             self.rooms.append(room)
 
     def stays(self) -> Counter[str]:
@@ -62,11 +70,15 @@ async def _walk_of(h: StepHarness, run: str) -> Walk:
 
 async def test_a_step_enters_each_room_at_most_twice(step_harness: StepHarness) -> None:
     h = step_harness
-    adding = reply("Adding.", tool_calls=[call("add", {"a": 2, "b": 3}, id="c1")], cost_usd=0.01)
+    adding = reply(
+        "Adding.", tool_calls=[call("add", {"a": 2, "b": 3}, id="c1")], cost_usd=0.01
+    )
     h.model = ScriptedModel([adding, reply("It is 5.", cost_usd=0.01)])
     run = h.enqueue()
     h.redis.delete("llm")
-    walks = [await _walk_of(h, run) for _ in range(3)]  # a model step, a tool step, the last model step
+    walks = [
+        await _walk_of(h, run) for _ in range(3)
+    ]  # a model step, a tool step, the last model step
     assert h.state(run)["status"] == "done"
     for walk in walks:
         assert walk.rooms and walk.rooms[0] == "step", walk.rooms

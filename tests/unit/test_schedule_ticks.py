@@ -19,10 +19,14 @@ def ts(text: str) -> float:
 def test_an_interval_ticks_from_its_start() -> None:
     trigger = schedules.every(10, start=100.0, now=50.0)
     assert schedules.first_tick(trigger, 50.0) == 100.0
-    assert schedules.first_tick(trigger, 105.0) == 110.0  # a start gone by: the next tick to come
+    assert (
+        schedules.first_tick(trigger, 105.0) == 110.0
+    )  # a start gone by: the next tick to come
     assert schedules.tick_after(trigger, 110.0) == 120.0
     assert schedules.upcoming(trigger, 100.0, 3) == [110.0, 120.0, 130.0]
-    assert schedules.every(30, now=1000.0).start == 1030.0  # default: one interval from now
+    assert (
+        schedules.every(30, now=1000.0).start == 1030.0
+    )  # default: one interval from now
 
 
 def test_the_latest_due_tick_and_the_missed_ones() -> None:
@@ -51,10 +55,16 @@ def test_cron_ticks_in_its_time_zone_across_daylight_saving() -> None:
     paris = schedules.cron("0 9 * * *", "Europe/Paris")
     winter = schedules.cron_after(paris, ts("2026-01-15T00:00:00+00:00"))
     summer = schedules.cron_after(paris, ts("2026-07-15T00:00:00+00:00"))
-    assert winter == ts("2026-01-15T08:00:00+00:00") and summer == ts("2026-07-15T07:00:00+00:00")
-    spring = schedules.cron("30 2 * * *", "Europe/Paris")  # 02:30 does not exist on 29 March 2026
+    assert winter == ts("2026-01-15T08:00:00+00:00") and summer == ts(
+        "2026-07-15T07:00:00+00:00"
+    )
+    spring = schedules.cron(
+        "30 2 * * *", "Europe/Paris"
+    )  # 02:30 does not exist on 29 March 2026
     tick = schedules.cron_after(spring, ts("2026-03-28T12:00:00+00:00"))
-    assert tick == ts("2026-03-29T01:00:00+00:00")  # Debian cron's way: at 03:00 local, once
+    assert tick == ts(
+        "2026-03-29T01:00:00+00:00"
+    )  # Debian cron's way: at 03:00 local, once
     assert schedules.describe(paris) == "cron '0 9 * * *' (Europe/Paris)"
 
 
@@ -68,17 +78,52 @@ def test_a_one_time_trigger_takes_an_aware_datetime_only() -> None:
 
 
 def test_ids_and_fire_keys() -> None:
-    assert schedules.check_id("sched-" + "a" * 24) and schedules.check_id("s2-sched-" + "0" * 24)
-    for bad in ("due", "all", "sched-xyz", "tl:sched:due", "s2-" + "a" * 32, "sched-" + "a" * 24 + "\n"):
+    assert schedules.check_id("sched-" + "a" * 24) and schedules.check_id(
+        "s2-sched-" + "0" * 24
+    )
+    for bad in (
+        "due",
+        "all",
+        "sched-xyz",
+        "tl:sched:due",
+        "s2-" + "a" * 32,
+        "sched-" + "a" * 24 + "\n",
+    ):
         with pytest.raises(ScheduleNotFoundError):
             schedules.check_id(bad)
     assert schedules.fire_key("sched-1", 100.5) == "schedule:sched-1:100.5"
 
 
-def test_the_add_command_refuses_a_time_without_a_zone(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["schedule", "add", "Go.", "--toolset", "agents", "--model", "m", "--at", "2030-01-01T09:00"])
+def test_the_add_command_refuses_a_time_without_a_zone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        [
+            "schedule",
+            "add",
+            "Go.",
+            "--toolset",
+            "agents",
+            "--model",
+            "m",
+            "--at",
+            "2030-01-01T09:00",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "has no time zone" in err and err.count("\n") == 2
-    code = main(["schedule", "add", "Go.", "--toolset", "agents", "--model", "m", "--every", "soon"])
+    code = main(
+        [
+            "schedule",
+            "add",
+            "Go.",
+            "--toolset",
+            "agents",
+            "--model",
+            "m",
+            "--every",
+            "soon",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "is not a duration" in err

@@ -25,11 +25,15 @@ def blocks(*specs: tuple[str, int] | tuple[str, int, str]) -> list[Block]:
     return out
 
 
-def conversation(turns: int, mark_last: bool = True, prev_mark: int | None = None) -> list[Block]:
+def conversation(
+    turns: int, mark_last: bool = True, prev_mark: int | None = None
+) -> list[Block]:
     """tools (600) + system (600, marked) + `turns` small blocks; the last one marked."""
     out = blocks(("tool", 600), ("system", 600, "5m"))
     for index in range(turns):
-        marked = (mark_last and index == turns - 1) or (prev_mark is not None and index == prev_mark)
+        marked = (mark_last and index == turns - 1) or (
+            prev_mark is not None and index == prev_mark
+        )
         out.append(Block(f"m{index}", 10, "5m" if marked else None))
     return out
 
@@ -49,7 +53,9 @@ def test_first_request_writes_and_identical_prefix_reads() -> None:
 def test_a_changed_early_block_misses_everything_after_it() -> None:
     cache = PromptCache()
     cache.account(MODEL, blocks(("tools v1", 500), ("system", 1500, "5m"), ("user", 7)))
-    changed = cache.account(MODEL, blocks(("tools v2", 500), ("system", 1500, "5m"), ("user", 7)))
+    changed = cache.account(
+        MODEL, blocks(("tools v2", 500), ("system", 1500, "5m"), ("user", 7))
+    )
     assert changed.cache_read_input_tokens == 0
     assert changed.cache_creation_input_tokens == 2000
 
@@ -61,10 +67,14 @@ def test_another_model_does_not_share_entries() -> None:
     assert cache.account("claude-other", request).cache_read_input_tokens == 0
 
 
-def test_a_growing_conversation_reads_the_previous_mark_and_writes_the_new_one() -> None:
+def test_a_growing_conversation_reads_the_previous_mark_and_writes_the_new_one() -> (
+    None
+):
     cache = PromptCache()
     cache.account(MODEL, conversation(3))  # writes system (1200) and up to m2 (1230)
-    usage = cache.account(MODEL, conversation(6))  # m5 marked: lookback finds m2's entry
+    usage = cache.account(
+        MODEL, conversation(6)
+    )  # m5 marked: lookback finds m2's entry
     assert usage.cache_read_input_tokens == 1230
     assert usage.cache_creation_input_tokens == 30
     assert usage.input_tokens == 0
@@ -73,14 +83,22 @@ def test_a_growing_conversation_reads_the_previous_mark_and_writes_the_new_one()
 def test_the_lookback_window_is_twenty_blocks() -> None:
     cache = PromptCache()
     cache.account(MODEL, conversation(3))  # entry at m2 = block index 4
-    within = cache.plan(MODEL, conversation(3 + 20))  # new mark at index 24: 20 blocks back is 4
+    within = cache.plan(
+        MODEL, conversation(3 + 20)
+    )  # new mark at index 24: 20 blocks back is 4
     assert within.usage.cache_read_input_tokens == 1230
-    beyond = cache.plan(MODEL, conversation(3 + 21))  # mark at 25: the window stops at 5
-    assert beyond.usage.cache_read_input_tokens == 1200  # only the system entry, by its own mark
+    beyond = cache.plan(
+        MODEL, conversation(3 + 21)
+    )  # mark at 25: the window stops at 5
+    assert (
+        beyond.usage.cache_read_input_tokens == 1200
+    )  # only the system entry, by its own mark
     assert beyond.usage.cache_creation_input_tokens == 21 * 10 + 30
 
 
-def test_a_second_mark_where_the_previous_request_put_its_own_bridges_a_long_turn() -> None:
+def test_a_second_mark_where_the_previous_request_put_its_own_bridges_a_long_turn() -> (
+    None
+):
     cache = PromptCache()
     cache.account(MODEL, conversation(3))
     usage = cache.account(MODEL, conversation(30, prev_mark=2))
@@ -109,7 +127,9 @@ def test_five_minute_ttl_expires_and_is_refreshed_by_each_hit() -> None:
     request = blocks(("system", 2000, "5m"), ("user", 7))
     cache.account(MODEL, request)
     clock.now += 299
-    assert cache.account(MODEL, request).cache_read_input_tokens == 2000  # refreshed here
+    assert (
+        cache.account(MODEL, request).cache_read_input_tokens == 2000
+    )  # refreshed here
     clock.now += 299
     assert cache.account(MODEL, request).cache_read_input_tokens == 2000
     clock.now += 301
@@ -123,7 +143,10 @@ def test_one_hour_ttl_outlives_five_minutes_and_is_reported_apart() -> None:
     cache = PromptCache(clock=clock)
     request = blocks(("tools", 1200, "1h"), ("system", 800, "5m"), ("user", 7))
     first = cache.account(MODEL, request)
-    assert (first.ephemeral_1h_input_tokens, first.ephemeral_5m_input_tokens) == (1200, 800)
+    assert (first.ephemeral_1h_input_tokens, first.ephemeral_5m_input_tokens) == (
+        1200,
+        800,
+    )
     clock.now += 600
     later = cache.account(MODEL, request)
     assert later.cache_read_input_tokens == 1200
@@ -133,7 +156,9 @@ def test_one_hour_ttl_outlives_five_minutes_and_is_reported_apart() -> None:
 def test_more_than_four_breakpoints_is_an_invalid_request() -> None:
     cache = PromptCache()
     request = [Block(f"b{index}", 300, "5m") for index in range(5)]
-    with pytest.raises(CacheRequestError, match="A maximum of 4 blocks with cache_control"):
+    with pytest.raises(
+        CacheRequestError, match="A maximum of 4 blocks with cache_control"
+    ):
         cache.plan(MODEL, request)
     assert cache.account(MODEL, request[:4]).cache_creation_input_tokens == 1200
 
@@ -149,5 +174,9 @@ def test_concurrent_requests_for_a_new_prefix_all_write() -> None:
     plans = [cache.plan(MODEL, request) for _ in range(3)]
     for plan in plans:
         cache.commit(plan)
-    assert [plan.usage.cache_creation_input_tokens for plan in plans] == [2000, 2000, 2000]
+    assert [plan.usage.cache_creation_input_tokens for plan in plans] == [
+        2000,
+        2000,
+        2000,
+    ]
     assert cache.account(MODEL, request).cache_read_input_tokens == 2000

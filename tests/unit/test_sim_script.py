@@ -9,7 +9,15 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from toolloop.sim import AFTER_SCRIPT, Script, SimFault, SimRequest, SimTurn, as_policy, load_script
+from toolloop.sim import (
+    AFTER_SCRIPT,
+    Script,
+    SimFault,
+    SimRequest,
+    SimTurn,
+    as_policy,
+    load_script,
+)
 from toolloop.sim.__main__ import main
 from toolloop.sim.tokens import IMAGE_TOKENS, json_tokens, text_tokens
 
@@ -31,7 +39,9 @@ def test_a_yaml_script_answers_by_the_number_of_assistant_turns(tmp_path: Path) 
     path.write_text(YAML_SCRIPT)
     script = load_script(path)
     first, second, after = script(request(0)), script(request(1)), script(request(2))
-    assert first.tool_calls[0].name == "read_frame" and first.tool_calls[0].input == {"shot": 3}
+    assert first.tool_calls[0].name == "read_frame" and first.tool_calls[0].input == {
+        "shot": 3
+    }
     assert second.fault == SimFault(status=429, retry_after=1, times=2)
     assert after == AFTER_SCRIPT and after.tool_calls == []
 
@@ -69,7 +79,9 @@ def test_bad_faults_are_refused(fault: dict[str, object]) -> None:
 def test_the_token_estimate() -> None:
     assert text_tokens("") == 0
     assert text_tokens("abcd") == 1 and text_tokens("abcde") == 2
-    assert text_tokens("héllo") == 1 + 1  # 4 ASCII characters, plus one per non-ASCII code point
+    assert (
+        text_tokens("héllo") == 1 + 1
+    )  # 4 ASCII characters, plus one per non-ASCII code point
     assert json_tokens({"a": 1}) == text_tokens('{"a":1}')
     assert IMAGE_TOKENS == 1000
 
@@ -81,7 +93,9 @@ def test_the_command_refuses_a_missing_script_file(
     assert "Cannot read the script" in capsys.readouterr().err
 
 
-def test_the_command_says_when_its_port_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_says_when_its_port_is_taken(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -10,14 +10,30 @@ from toolloop.sim import SimRequest, SimTurn, thinking
 
 
 def request(body: dict[str, Any], history_hash: str = "0" * 64) -> SimRequest:
-    return SimRequest("anthropic", str(body.get("model", "m")), None, [], [], 1, "c", history_hash, body)
+    return SimRequest(
+        "anthropic",
+        str(body.get("model", "m")),
+        None,
+        [],
+        [],
+        1,
+        "c",
+        history_hash,
+        body,
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "on"),
     [
         ({"model": "claude-sonnet-5-5", "thinking": {"type": "adaptive"}}, True),
-        ({"model": "claude-haiku-4-5", "thinking": {"type": "enabled", "budget_tokens": 2048}}, True),
+        (
+            {
+                "model": "claude-haiku-4-5",
+                "thinking": {"type": "enabled", "budget_tokens": 2048},
+            },
+            True,
+        ),
         ({"model": "claude-sonnet-5-5"}, False),
         ({"model": "claude-opus-5-5"}, True),  # always on
         ({"model": "claude-opus-5-5", "thinking": {"type": "disabled"}}, False),
@@ -31,10 +47,15 @@ def test_thinking_on(body: dict[str, Any], on: bool) -> None:
 def test_answers_begin_with_a_signed_block_and_sometimes_a_redacted_one() -> None:
     body = {"model": "claude-sonnet-5-5", "thinking": {"type": "adaptive"}}
     plain = thinking.anthropic_blocks(SimTurn(thinking="Hmm."), request(body, "1" * 64))
-    assert plain == [{"type": "thinking", "thinking": "Hmm.", "signature": thinking.sign("Hmm.")}]
+    assert plain == [
+        {"type": "thinking", "thinking": "Hmm.", "signature": thinking.sign("Hmm.")}
+    ]
     both = thinking.anthropic_blocks(SimTurn(), request(body, "0" * 64))
     assert [b["type"] for b in both] == ["thinking", "redacted_thinking"]
-    assert thinking.anthropic_blocks(SimTurn(), request({"model": "claude-sonnet-5-5"})) == []
+    assert (
+        thinking.anthropic_blocks(SimTurn(), request({"model": "claude-sonnet-5-5"}))
+        == []
+    )
 
 
 def loop_body(assistants: list[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -52,9 +73,16 @@ SIGNED = {"type": "thinking", "thinking": "Add.", "signature": thinking.sign("Ad
 def test_a_tool_loop_turn_must_start_with_its_thinking() -> None:
     assert thinking.check_anthropic(loop_body([[SIGNED, TOOL_USE]])) is None
     problem = thinking.check_anthropic(loop_body([[TOOL_USE, SIGNED]]))
-    assert problem is not None and problem.startswith("messages.1.content.0.type: Expected `thinking`")
+    assert problem is not None and problem.startswith(
+        "messages.1.content.0.type: Expected `thinking`"
+    )
     # a paused answer and its continuation are one turn: it starts at the first of them
-    assert thinking.check_anthropic(loop_body([[SIGNED, {"type": "text", "text": "…"}], [TOOL_USE]])) is None
+    assert (
+        thinking.check_anthropic(
+            loop_body([[SIGNED, {"type": "text", "text": "…"}], [TOOL_USE]])
+        )
+        is None
+    )
 
 
 def test_changed_blocks_are_refused_anywhere_in_the_history() -> None:
@@ -63,7 +91,9 @@ def test_changed_blocks_are_refused_anywhere_in_the_history() -> None:
         "messages.1.content.0: Invalid `signature` in `thinking` block"
     )
     bad = {"type": "redacted_thinking", "data": "bm90IG91cnM="}
-    assert "Invalid `data`" in str(thinking.check_anthropic(loop_body([[SIGNED, bad, TOOL_USE]])))
+    assert "Invalid `data`" in str(
+        thinking.check_anthropic(loop_body([[SIGNED, bad, TOOL_USE]]))
+    )
 
 
 def test_fal_reasoning_details_are_checked_when_they_come_back() -> None:
@@ -76,5 +106,7 @@ def test_fal_reasoning_details_are_checked_when_they_come_back() -> None:
         ]
     }
     assert thinking.check_fal(sent) is None
-    sent["messages"][1]["reasoning_details"] = [{**details[0], "text": details[0]["text"] + "."}]
+    sent["messages"][1]["reasoning_details"] = [
+        {**details[0], "text": details[0]["text"] + "."}
+    ]
     assert "Invalid `signature`" in str(thinking.check_fal(sent))

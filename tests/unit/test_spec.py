@@ -23,13 +23,23 @@ class Empty(BaseModel):
 
 
 def _tool(name: str) -> ToolSpec:
-    return ToolSpec(name=name, description=name, schema=Empty, run=lambda _i, _s: ToolOutput())
+    return ToolSpec(
+        name=name, description=name, schema=Empty, run=lambda _i, _s: ToolOutput()
+    )
 
 
 def test_a_spec_is_validated_and_gets_defaults() -> None:
-    spec = RunSpec.model_validate({"model": "m", "messages": MESSAGES, "toolset": "review"})
+    spec = RunSpec.model_validate(
+        {"model": "m", "messages": MESSAGES, "toolset": "review"}
+    )
     assert spec.messages == [UserMessage(content="Hi")]
-    assert (spec.budget_usd, spec.finish_at, spec.max_steps, spec.keep_images, spec.cache) == (
+    assert (
+        spec.budget_usd,
+        spec.finish_at,
+        spec.max_steps,
+        spec.keep_images,
+        spec.cache,
+    ) == (
         1.0,
         1.0,
         20,
@@ -67,9 +77,16 @@ def test_the_providers_a_spec_may_name_are_those_the_workers_have() -> None:
     from toolloop.providers import from_env
     from workers.protocol.spec import provider_names
 
-    assert provider_names() == from_env({}).providers() and "anthropic" in provider_names()
+    assert (
+        provider_names() == from_env({}).providers() and "anthropic" in provider_names()
+    )
     for name in provider_names():
-        assert RunSpec.model_validate({"model": "m", "messages": MESSAGES, "provider": name}).provider == name
+        assert (
+            RunSpec.model_validate(
+                {"model": "m", "messages": MESSAGES, "provider": name}
+            ).provider
+            == name
+        )
 
 
 @pytest.fixture
@@ -84,8 +101,12 @@ def toolset_module() -> types.ModuleType:
     del sys.modules[module.__name__]
 
 
-def test_a_toolset_resolves_from_a_list_or_a_callable(toolset_module: types.ModuleType) -> None:
-    registry = toolsets.Registry({"listed": "toolset_for_tests:TOOLS", "made": "toolset_for_tests:make"})
+def test_a_toolset_resolves_from_a_list_or_a_callable(
+    toolset_module: types.ModuleType,
+) -> None:
+    registry = toolsets.Registry(
+        {"listed": "toolset_for_tests:TOOLS", "made": "toolset_for_tests:make"}
+    )
     assert [t.name for t in registry.resolve("listed")] == ["a", "b"]
     assert [t.name for t in registry.resolve("made")] == ["c"]
     assert registry.resolve(None) == []

@@ -24,7 +24,9 @@ from workers.step.steering import talk_attributes
         ({"idempotency_key": "k" * 201}, "An idempotency key is a string of 1 to 200"),
     ],
 )
-def test_a_bad_follow_up_is_refused_before_any_request(options: dict[str, object], said: str) -> None:
+def test_a_bad_follow_up_is_refused_before_any_request(
+    options: dict[str, object], said: str
+) -> None:
     op = talk.send(Sender(0), "run", "hello", **options)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=said):
         next(op)
@@ -45,7 +47,9 @@ def test_a_steer_id_is_a_short_plain_name(steer_id: str) -> None:
 
 
 def test_the_segment_span_names_a_follow_up_and_its_steers() -> None:
-    live = SimpleNamespace(journal=SimpleNamespace(entries={"model:1": "", "steer:a": "", "steer:b": ""}))
+    live = SimpleNamespace(
+        journal=SimpleNamespace(entries={"model:1": "", "steer:a": "", "steer:b": ""})
+    )
     step = SimpleNamespace(live=live, state={"follow_up_segment": "2"}, segment=2)
     assert talk_attributes(step) == {"toolloop.steers": 2, "toolloop.follow_up": True}  # type: ignore[arg-type]
     step.segment = 3
@@ -55,9 +59,15 @@ def test_the_segment_span_names_a_follow_up_and_its_steers() -> None:
 def test_toolloop_events_names_follow_ups_and_steers() -> None:
     from toolloop.cli.render import talk_text
 
-    assert talk_text("follow_up", {"content": "And shot 5?"}) == "follow-up: And shot 5?"
-    assert talk_text("steer_sent", {"steer_id": "s1", "seq": 1}).startswith("steer sent (s1)")
-    taken = talk_text("steer", {"step": 3, "id_": "s1", "content": "Look at the config."})
+    assert (
+        talk_text("follow_up", {"content": "And shot 5?"}) == "follow-up: And shot 5?"
+    )
+    assert talk_text("steer_sent", {"steer_id": "s1", "seq": 1}).startswith(
+        "steer sent (s1)"
+    )
+    taken = talk_text(
+        "steer", {"step": 3, "id_": "s1", "content": "Look at the config."}
+    )
     assert taken == "steer taken before model turn 3: Look at the config."
 
 
@@ -66,5 +76,7 @@ def test_a_steer_step_runs_on_llm_and_flower_shows_it_as_steer() -> None:
     from workers.step import routing
 
     assert routing.route(None, "steer:abc") == "llm"
-    assert routing.describe(None, "steer:abc") == "steer"  # the task's kwargsrepr: Flower's row
+    assert (
+        routing.describe(None, "steer:abc") == "steer"
+    )  # the task's kwargsrepr: Flower's row
     assert kind_of("steer:abc") == "steer"  # the `kind` label of the step metrics

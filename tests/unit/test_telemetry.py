@@ -38,7 +38,9 @@ def exporter() -> InMemorySpanExporter:
 
 
 @pytest.fixture
-def spans(exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+def spans(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[InMemorySpanExporter]:
     monkeypatch.delenv(telemetry.CAPTURE_CONTENT_ENV, raising=False)
     exporter.clear()
     yield exporter
@@ -47,19 +49,27 @@ def spans(exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> It
 
 def script() -> ScriptedModel:
     usage = PromptGenUsage(
-        prompt_tokens=1500, completion_tokens=40, cached_tokens=1200, cache_write_tokens=200
+        prompt_tokens=1500,
+        completion_tokens=40,
+        cached_tokens=1200,
+        cache_write_tokens=200,
     )
     return ScriptedModel(
         [
             reply(
-                tool_calls=[call("read_frame", {"shot": 3}, id="c1"), call("render", {"shot": 3}, id="c2")],
+                tool_calls=[
+                    call("read_frame", {"shot": 3}, id="c1"),
+                    call("render", {"shot": 3}, id="c2"),
+                ],
                 cost_usd=0.002,
                 usage=usage,
             ),
             reply(
                 f"Shot 3 is fine. {SECRET}",
                 cost_usd=0.001,
-                usage=PromptGenUsage(prompt_tokens=1600, completion_tokens=9, cached_tokens=1400),
+                usage=PromptGenUsage(
+                    prompt_tokens=1600, completion_tokens=9, cached_tokens=1400
+                ),
             ),
         ]
     )
@@ -69,7 +79,9 @@ def attributes(span: ReadableSpan) -> dict[str, object]:
     return dict(span.attributes or {})
 
 
-async def test_one_span_per_model_call_and_tool_execution(spans: InMemorySpanExporter) -> None:
+async def test_one_span_per_model_call_and_tool_execution(
+    spans: InMemorySpanExporter,
+) -> None:
     tracer = trace.get_tracer("test")
     with tracer.start_as_current_span("caller") as parent:
         result, _ = await run(script(), tools=[read_frame(cost=0.01), render()])
@@ -82,8 +94,12 @@ async def test_one_span_per_model_call_and_tool_execution(spans: InMemorySpanExp
         "execute_tool render",
         "chat test-model",
     ]
-    assert {s.context.trace_id for s in finished} == {parent.get_span_context().trace_id}
-    assert {s.parent.span_id for s in finished if s.parent} == {parent.get_span_context().span_id}
+    assert {s.context.trace_id for s in finished} == {
+        parent.get_span_context().trace_id
+    }
+    assert {s.parent.span_id for s in finished if s.parent} == {
+        parent.get_span_context().span_id
+    }
     first = attributes(finished[0])
     assert first == {
         "gen_ai.operation.name": "chat",
@@ -107,15 +123,22 @@ async def test_one_span_per_model_call_and_tool_execution(spans: InMemorySpanExp
         "toolloop.step": "tool:c1",
         "toolloop.cost_usd": 0.01,
     }
-    assert [attributes(s)["toolloop.step"] for s in finished[2:4]] == ["tool:c2:start", "tool:c2:wait"]
-    assert SECRET not in json.dumps([attributes(s) for s in finished], default=str)  # no content by default
+    assert [attributes(s)["toolloop.step"] for s in finished[2:4]] == [
+        "tool:c2:start",
+        "tool:c2:wait",
+    ]
+    assert SECRET not in json.dumps(
+        [attributes(s) for s in finished], default=str
+    )  # no content by default
 
 
 async def test_a_replayed_step_opens_no_span(spans: InMemorySpanExporter) -> None:
     journal = MemoryJournal()
     await run(script(), journal, tools=[read_frame(), render()])
     spans.clear()
-    await run(ScriptedModel([]), journal, tools=[read_frame(), render()])  # everything replays
+    await run(
+        ScriptedModel([]), journal, tools=[read_frame(), render()]
+    )  # everything replays
     assert spans.get_finished_spans() == ()
 
 
@@ -146,9 +169,17 @@ for _ in range(n):
         pass
 print((time.perf_counter() - began) / n * 1e6)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     per_span_us = float(out.stdout.strip())
-    assert per_span_us < 50, per_span_us  # a few µs on a loaded 2-core box; a model call takes ms
+    assert per_span_us < 50, (
+        per_span_us
+    )  # a few µs on a loaded 2-core box; a model call takes ms
 
 
 async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
@@ -158,7 +189,11 @@ async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
     from workers.observe.metrics import Metrics, counted
 
     switched = PromptGenResult(
-        text="Fine.", meta={"provider": "fal", "fallback_from": [{"provider": "anthropic", "reason": "529"}]}
+        text="Fine.",
+        meta={
+            "provider": "fal",
+            "fallback_from": [{"provider": "anthropic", "reason": "529"}],
+        },
     )
     metrics = Metrics()
     result, _ = await run(counted(ScriptedModel([switched]), "anthropic", metrics))
@@ -167,12 +202,26 @@ async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
     assert attributes(chat)["gen_ai.provider.name"] == "fal"
     assert attributes(chat)["toolloop.fallback_from"] == ("anthropic",)
     value = metrics.registry.get_sample_value
-    assert value("toolloop_model_calls_total", {"provider": "anthropic", "status": "fell_back"}) == 1
+    assert (
+        value(
+            "toolloop_model_calls_total",
+            {"provider": "anthropic", "status": "fell_back"},
+        )
+        == 1
+    )
     assert value("toolloop_model_calls_total", {"provider": "fal", "status": "ok"}) == 1
-    assert value("toolloop_model_fallbacks_total", {"from_provider": "anthropic", "to_provider": "fal"}) == 1
+    assert (
+        value(
+            "toolloop_model_fallbacks_total",
+            {"from_provider": "anthropic", "to_provider": "fal"},
+        )
+        == 1
+    )
 
 
-def test_a_run_segment_span_has_ids_derived_from_the_run(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+def test_a_run_segment_span_has_ids_derived_from_the_run(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
     """workers/observe/tracing.py: every task of a segment finds the same parent from the run id alone; the
     task whose commit ends the segment exports its span (the worker's provider, `configure`), from
     the segment's recorded start; a caller's sampled-out trace stays sampled out."""
@@ -183,9 +232,15 @@ def test_a_run_segment_span_has_ids_derived_from_the_run(spans: InMemorySpanExpo
     step = StepTrace("run-a", 4, {"segment": "1", "trace_start": "1:1000"}, "task-1")
     assert step.traceparent() == f"00-{trace_id:032x}-{span_id:016x}-01"
     assert step.record() == {}  # the segment's start is recorded already
-    assert StepTrace("run-a", 4, {"segment": "2"}, "t").record()["trace_start"].startswith("2:")
+    assert (
+        StepTrace("run-a", 4, {"segment": "2"}, "t")
+        .record()["trace_start"]
+        .startswith("2:")
+    )
     step.end("next")
-    step.end("stop")  # the test's provider is not the worker's: the ids are not its to give
+    step.end(
+        "stop"
+    )  # the test's provider is not the worker's: the ids are not its to give
     assert spans.get_finished_spans() == ()
     caller = f"00-{7:032x}-{9:016x}-00"  # a caller's span, sampled out
     quiet = StepTrace("run-a", 1, {"traceparent": caller}, "t")
@@ -203,8 +258,21 @@ trace.get_tracer_provider().force_flush()
 """
     out = tmp_path / "spans.jsonl"
     env = {**os.environ, "TOOLLOOP_TRACES_FILE": str(out)}
-    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60, check=True)
+    subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
     (segment,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert segment["name"] == "toolloop.run" and segment["parent_id"] is None and segment["start"] == 1000
-    assert (segment["trace_id"], segment["span_id"]) == (f"{trace_id:032x}", f"{span_id:016x}")
+    assert (
+        segment["name"] == "toolloop.run"
+        and segment["parent_id"] is None
+        and segment["start"] == 1000
+    )
+    assert (segment["trace_id"], segment["span_id"]) == (
+        f"{trace_id:032x}",
+        f"{span_id:016x}",
+    )
     assert segment["attributes"]["toolloop.outcome"] == "stop"

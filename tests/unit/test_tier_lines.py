@@ -32,7 +32,15 @@ def test_each_tier_begins_with_its_line_and_the_summary_gives_its_time() -> None
     )
     assert done.returncode == 0, done.stdout[-3000:]
     lines = done.stdout.splitlines()
-    replay = next(i for i, line in enumerate(lines) if " replay: 1 tests (recorded runs replayed) " in line)
-    unit = next(i for i, line in enumerate(lines) if " unit: 8 tests (in-process: " in line)
+    replay = next(
+        i
+        for i, line in enumerate(lines)
+        if " replay: 1 tests (recorded runs replayed) " in line
+    )
+    unit = next(
+        i for i, line in enumerate(lines) if " unit: 8 tests (in-process: " in line
+    )
     assert replay == 0 and lines[replay + 1] == "." and unit == replay + 2, lines
-    assert any(line.startswith("tiers: replay ") and ", unit " in line for line in lines), lines
+    assert any(
+        line.startswith("tiers: replay ") and ", unit " in line for line in lines
+    ), lines

@@ -23,7 +23,9 @@ from workers.worker.trim import IdleTrim, malloc_trim
 class Batch:
     """Answers every lease renewal with 1 (no Redis; the lease is long, so none is sent here)."""
 
-    def script(self, source: str, keys: list[str], args: list[object]) -> asyncio.Future[object]:
+    def script(
+        self, source: str, keys: list[str], args: list[object]
+    ) -> asyncio.Future[object]:
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         future.set_result(1)
         return future
@@ -40,26 +42,52 @@ async def test_it_trims_once_the_worker_is_idle_and_never_while_a_step_runs() ->
     leases = Leases(Batch(), 60_000)  # type: ignore[arg-type]
     trims: list[int] = []
     idle = IdleTrim(
-        leases, idle_ticks=2, trim=lambda: trims.append(len(leases.held)), shed=lambda: trims.append(-1)
+        leases,
+        idle_ticks=2,
+        trim=lambda: trims.append(len(leases.held)),
+        shed=lambda: trims.append(-1),
     )
-    assert [idle.tick() for _ in range(3)] == [False, False, False]  # no step ran yet: nothing to give back
+    assert [idle.tick() for _ in range(3)] == [
+        False,
+        False,
+        False,
+    ]  # no step ran yet: nothing to give back
     held = leases.hold("a", 1, "me:1", time.monotonic(), lambda error: None)
-    assert [idle.tick() for _ in range(3)] == [False, False, False]  # a step holds a lease
+    assert [idle.tick() for _ in range(3)] == [
+        False,
+        False,
+        False,
+    ]  # a step holds a lease
     leases.drop(held)
-    assert [idle.tick() for _ in range(4)] == [False, True, False, False]  # once per idle spell
+    assert [idle.tick() for _ in range(4)] == [
+        False,
+        True,
+        False,
+        False,
+    ]  # once per idle spell
     leases.drop(leases.hold("b", 1, "me:2", time.monotonic(), lambda error: None))
-    assert [idle.tick() for _ in range(3)] == [False, False, True]  # a step ran since the last tick
+    assert [idle.tick() for _ in range(3)] == [
+        False,
+        False,
+        True,
+    ]  # a step ran since the last tick
     assert trims == [-1, 0, -1, 0]  # the tool threads end, then the heap is trimmed
     assert leases.task is not None
     leases.task.cancel()
 
 
-@pytest.mark.skipif(malloc_trim() is None, reason="no malloc_trim in this C library (not glibc)")
+@pytest.mark.skipif(
+    malloc_trim() is None, reason="no malloc_trim in this C library (not glibc)"
+)
 def test_malloc_trim_gives_freed_heap_pages_back() -> None:
     trim = malloc_trim()
     assert trim is not None
-    blocks = [bytes(2048) for _ in range(100_000)]  # ~200 MB in the C heap (past pymalloc's 512 B)
-    pinned = blocks[::200]  # a few stay, so free() cannot shrink the heap from its top by itself
+    blocks = [
+        bytes(2048) for _ in range(100_000)
+    ]  # ~200 MB in the C heap (past pymalloc's 512 B)
+    pinned = blocks[
+        ::200
+    ]  # a few stay, so free() cannot shrink the heap from its top by itself
     del blocks
     before = _rss_kb()
     trim()

@@ -16,7 +16,16 @@ import os
 import sys
 from collections.abc import Sequence
 
-from toolloop.cli import accounts, commands, demo, doctor, models, processes, schedules, tools
+from toolloop.cli import (
+    accounts,
+    commands,
+    demo,
+    doctor,
+    models,
+    processes,
+    schedules,
+    tools,
+)
 from toolloop.cli.errors import CliError, explain
 
 __all__ = ["main"]
@@ -54,9 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nInterrupted.", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `toolloop events ID | head`: the reader has what it wanted
+    except (
+        BrokenPipeError
+    ):  # `toolloop events ID | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        os.dup2(
+            devnull, sys.stdout.fileno()
+        )  # Python's flush at exit must not fail again
         return 0
     except Exception as error:
         if os.environ.get("TOOLLOOP_DEBUG"):

@@ -69,7 +69,9 @@ def connect_runs(
         ) from None
     for index, url in enumerate(urls):
         _check(
-            url, f"shard {index} of {SHARDS_ENV}", f"Start it or fix {SHARDS_ENV} (every shard, in order)."
+            url,
+            f"shard {index} of {SHARDS_ENV}",
+            f"Start it or fix {SHARDS_ENV} (every shard, in order).",
         )
     return ShardedClient(urls, toolsets=toolsets), None
 
@@ -86,7 +88,11 @@ def _check(url: str, what: str, fix: str) -> None:
 def redact_text(text: str, url: str) -> str:
     """`text` with the URL's password replaced (an error may quote the URL)."""
     password = urlsplit(url).password
-    return text.replace(password, "***").replace(unquote(password), "***") if password else text
+    return (
+        text.replace(password, "***").replace(unquote(password), "***")
+        if password
+        else text
+    )
 
 
 def run_id_arg(parser: argparse.ArgumentParser) -> None:
@@ -96,38 +102,67 @@ def run_id_arg(parser: argparse.ArgumentParser) -> None:
 def add_spec_flags(run: argparse.ArgumentParser) -> None:
     """The flags of a run spec (`toolloop run`, `toolloop schedule add`): toolloop/cli/spec.py reads them."""
     run.add_argument("prompt", nargs="?", help="the user's first message")
-    run.add_argument("-f", "--file", type=Path, help="a run spec as JSON or YAML; flags override it")
+    run.add_argument(
+        "-f", "--file", type=Path, help="a run spec as JSON or YAML; flags override it"
+    )
     run.add_argument("--model")
-    run.add_argument("--system", help="the system text, or @FILE to read it from a file")
-    run.add_argument("--toolset", help="name of a registered toolset (TOOLLOOP_TOOLSETS), e.g. review")
-    run.add_argument("--budget", dest="budget_usd", type=float, help="USD limit of the run")
-    run.add_argument("--finish-at", type=float, help="share of the budget where finish mode starts")
+    run.add_argument(
+        "--system", help="the system text, or @FILE to read it from a file"
+    )
+    run.add_argument(
+        "--toolset",
+        help="name of a registered toolset (TOOLLOOP_TOOLSETS), e.g. review",
+    )
+    run.add_argument(
+        "--budget", dest="budget_usd", type=float, help="USD limit of the run"
+    )
+    run.add_argument(
+        "--finish-at", type=float, help="share of the budget where finish mode starts"
+    )
     run.add_argument("--max-steps", type=int)
     run.add_argument("--reasoning", choices=["off", "low", "medium", "high"])
     run.add_argument("--finish-note")
     run.add_argument("--keep-images", type=int)
     run.add_argument("--cache", choices=["off", "system", "conversation"])
-    run.add_argument("--cache-ttl", choices=["5m", "1h"], help="TTL of the cache marks (default 5m)")
+    run.add_argument(
+        "--cache-ttl", choices=["5m", "1h"], help="TTL of the cache marks (default 5m)"
+    )
     run.add_argument("--provider")
-    run.add_argument("--fallback", help="comma-separated provider names to fall back to")
-    run.add_argument("--ask-timeout", dest="ask_timeout_s", type=float, help="seconds a question waits")
-    run.add_argument("--ask-default", help="the answer a question gets at its deadline (else: stop, expired)")
+    run.add_argument(
+        "--fallback", help="comma-separated provider names to fall back to"
+    )
+    run.add_argument(
+        "--ask-timeout",
+        dest="ask_timeout_s",
+        type=float,
+        help="seconds a question waits",
+    )
+    run.add_argument(
+        "--ask-default",
+        help="the answer a question gets at its deadline (else: stop, expired)",
+    )
     run.add_argument(
         "--approval-timeout",
         dest="approval_timeout_s",
         type=float,
         help="seconds a held tool call waits for a decision (then its default: reject)",
     )
-    run.add_argument("--account", help="a shared budget account (toolloop accounts; docs/flow-control.md)")
+    run.add_argument(
+        "--account",
+        help="a shared budget account (toolloop accounts; docs/flow-control.md)",
+    )
 
 
 def add_commands(sub: Any) -> None:
     run = sub.add_parser("run", help="enqueue a run (from flags or a JSON/YAML file)")
     add_spec_flags(run)
     run.add_argument(
-        "--idempotency-key", help="enqueueing again with the same key returns the same run (no second run)"
+        "--idempotency-key",
+        help="enqueueing again with the same key returns the same run (no second run)",
     )
-    run.add_argument("--follow", action="store_true", help="print its events until it stops")
+    run.add_argument(
+        "--follow", action="store_true", help="print its events until it stops"
+    )
     run.add_argument(
         "--stream",
         action=argparse.BooleanOptionalAction,
@@ -140,16 +175,22 @@ def add_commands(sub: Any) -> None:
     run_id_arg(status)
     status.add_argument("--json", action="store_true")
     status.add_argument(
-        "--wait", action="store_true", help="first wait (up to 60 s) until the run ends or waits for you"
+        "--wait",
+        action="store_true",
+        help="first wait (up to 60 s) until the run ends or waits for you",
     )
     status.add_argument(
-        "--calls", action="store_true", help="print only the ids of the held calls that wait for a decision"
+        "--calls",
+        action="store_true",
+        help="print only the ids of the held calls that wait for a decision",
     )
     status.set_defaults(handler=cmd_status)
 
     events = sub.add_parser("events", help="print a run's events (a line per step)")
     run_id_arg(events)
-    events.add_argument("--follow", "-f", action="store_true", help="keep printing until the run stops")
+    events.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing until the run stops"
+    )
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.set_defaults(handler=cmd_events)
 
@@ -158,11 +199,16 @@ def add_commands(sub: Any) -> None:
     answer.add_argument("text")
     answer.set_defaults(handler=cmd_answer)
 
-    send = sub.add_parser("send", help="a follow-up: continue a run that ended done (or answer its question)")
+    send = sub.add_parser(
+        "send",
+        help="a follow-up: continue a run that ended done (or answer its question)",
+    )
     run_id_arg(send)
     send.add_argument("text")
     send.add_argument(
-        "--key", dest="idempotency_key", help="an idempotency key: a second send with it does nothing"
+        "--key",
+        dest="idempotency_key",
+        help="an idempotency key: a second send with it does nothing",
     )
     send.add_argument(
         "--add-budget",
@@ -180,32 +226,58 @@ def add_commands(sub: Any) -> None:
         metavar="N",
         help="model steps added to the run's max_steps (default 0)",
     )
-    send.add_argument("--follow", "-f", action="store_true", help="print the run's events until it stops")
+    send.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="print the run's events until it stops",
+    )
     send.set_defaults(handler=cmd_send)
 
-    steer = sub.add_parser("steer", help="a message a running run reads at its next step")
+    steer = sub.add_parser(
+        "steer", help="a message a running run reads at its next step"
+    )
     run_id_arg(steer)
     steer.add_argument("text")
     steer.set_defaults(handler=cmd_steer)
 
-    interrupt = sub.add_parser("interrupt", help="stop a run's call in flight; it waits for `send`")
+    interrupt = sub.add_parser(
+        "interrupt", help="stop a run's call in flight; it waits for `send`"
+    )
     run_id_arg(interrupt)
     interrupt.set_defaults(handler=cmd_interrupt)
 
-    approve = sub.add_parser("approve", help="approve a held tool call (it runs with its input)")
-    reject = sub.add_parser("reject", help="reject a held tool call (the model reads the reason)")
+    approve = sub.add_parser(
+        "approve", help="approve a held tool call (it runs with its input)"
+    )
+    reject = sub.add_parser(
+        "reject", help="reject a held tool call (the model reads the reason)"
+    )
     edit = sub.add_parser("edit", help="run a held tool call with another input (JSON)")
     for command in (approve, reject, edit):
         run_id_arg(command)
-        command.add_argument("call_id", metavar="CALL_ID", help="the call id `toolloop status RUN_ID` shows")
-    reject.add_argument("reason", nargs="?", default="", help="what the model reads after the rejection")
-    edit.add_argument("input", metavar="JSON", help="the new input, e.g. '{\"shot\": 4}'")
+        command.add_argument(
+            "call_id",
+            metavar="CALL_ID",
+            help="the call id `toolloop status RUN_ID` shows",
+        )
+    reject.add_argument(
+        "reason", nargs="?", default="", help="what the model reads after the rejection"
+    )
+    edit.add_argument(
+        "input", metavar="JSON", help="the new input, e.g. '{\"shot\": 4}'"
+    )
     for command in (approve, reject, edit):
         command.add_argument("--actor", help="who decides (shown in the run's events)")
-        command.add_argument("--digest", help="the input digest you saw (default: the one the run holds now)")
+        command.add_argument(
+            "--digest",
+            help="the input digest you saw (default: the one the run holds now)",
+        )
         command.set_defaults(handler=cmd_decide, action=command.prog.rsplit(" ", 1)[-1])
 
-    decision = sub.add_parser("decision", help="show where the decision on a held call stands")
+    decision = sub.add_parser(
+        "decision", help="show where the decision on a held call stands"
+    )
     run_id_arg(decision)
     decision.add_argument("call_id", metavar="CALL_ID")
     decision.add_argument("--json", action="store_true")
@@ -218,18 +290,32 @@ def add_commands(sub: Any) -> None:
 
     listing = sub.add_parser("list", help="list runs, newest first (a page at a time)")
     listing.add_argument(
-        "--status", help="only runs in this status: queued, running, asked, done, failed, ..."
+        "--status",
+        help="only runs in this status: queued, running, asked, done, failed, ...",
     )
-    listing.add_argument("-n", "--limit", type=int, default=20, help="runs per page (default 20)")
-    listing.add_argument("--cursor", help="the page after this cursor (printed under a full page)")
-    listing.add_argument("--json", action="store_true", help="one JSON object per run, then the cursor")
+    listing.add_argument(
+        "-n", "--limit", type=int, default=20, help="runs per page (default 20)"
+    )
+    listing.add_argument(
+        "--cursor", help="the page after this cursor (printed under a full page)"
+    )
+    listing.add_argument(
+        "--json", action="store_true", help="one JSON object per run, then the cursor"
+    )
     listing.set_defaults(handler=cmd_list)
 
-    prune = sub.add_parser("prune", help="delete finished runs older than the retention (TOOLLOOP_RETENTION)")
-    prune.add_argument("--older-than", help="instead of the retention: 90s, 30m, 12h, 7d")
+    prune = sub.add_parser(
+        "prune",
+        help="delete finished runs older than the retention (TOOLLOOP_RETENTION)",
+    )
+    prune.add_argument(
+        "--older-than", help="instead of the retention: 90s, 30m, 12h, 7d"
+    )
     prune.set_defaults(handler=cmd_prune)
 
-    up = sub.add_parser("up", help="start the embedded Redis of this directory and print its URL")
+    up = sub.add_parser(
+        "up", help="start the embedded Redis of this directory and print its URL"
+    )
     up.set_defaults(handler=cmd_up)
     down = sub.add_parser("down", help="stop the embedded Redis of this directory")
     down.set_defaults(handler=cmd_down)
@@ -243,7 +329,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = client.enqueue(spec, idempotency_key=args.idempotency_key)
     print(run_id)
     if args.follow:
-        return follow(client, run_id, answerer=terminal_answerer if sys.stdin.isatty() else not_a_terminal)
+        return follow(
+            client,
+            run_id,
+            answerer=terminal_answerer if sys.stdin.isatty() else not_a_terminal,
+        )
     if choice is not None and choice.started:
         # a note for the person, on stderr: stdout is the run id alone (RUN_ID=$(toolloop run ...))
         print(
@@ -336,7 +426,9 @@ def cmd_steer(args: argparse.Namespace) -> int:
 def cmd_interrupt(args: argparse.Namespace) -> int:
     client, _ = connect_runs()
     client.interrupt(args.run_id)
-    print(f"Interrupt sent to {args.run_id}: it stops its call in flight and waits for `toolloop send`.")
+    print(
+        f"Interrupt sent to {args.run_id}: it stops its call in flight and waits for `toolloop send`."
+    )
     return 0
 
 
@@ -353,7 +445,9 @@ def cmd_decide(args: argparse.Namespace) -> int:
             try:
                 value = json.loads(args.input)
             except json.JSONDecodeError as error:
-                raise CliError(f"The input is not JSON ({error}).\n  Quote it: '{{\"shot\": 4}}'.") from None
+                raise CliError(
+                    f"The input is not JSON ({error}).\n  Quote it: '{{\"shot\": 4}}'."
+                ) from None
             if not isinstance(value, dict):
                 raise CliError("The input must be a JSON object, e.g. '{\"shot\": 4}'.")
             outcome = client.edit(args.run_id, args.call_id, value, **options)
@@ -404,7 +498,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise CliError(f"--limit is {args.limit}.\n  Ask for at least 1 run per page.")
     client, _ = connect_runs()
     try:
-        page = client.list_runs(status=args.status, limit=args.limit, cursor=args.cursor)
+        page = client.list_runs(
+            status=args.status, limit=args.limit, cursor=args.cursor
+        )
     except ValueError as error:
         raise CliError(str(error)) from None
     for run in page.runs:
@@ -412,7 +508,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(json.dumps(vars(run)))
             continue
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.created_at))
-        print(f"{run.run_id}  {run.status:<8} {created}  {run.steps:>3} steps  ${run.spent_usd:.4f}")
+        print(
+            f"{run.run_id}  {run.status:<8} {created}  {run.steps:>3} steps  ${run.spent_usd:.4f}"
+        )
     if args.json:
         print(json.dumps({"next": page.next}))
     elif page.next:
@@ -432,7 +530,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
             older_than = duration(args.older_than)
         except ValueError as error:
             raise CliError(
-                str(error).replace("is not a duration", "is not a duration for --older-than")
+                str(error).replace(
+                    "is not a duration", "is not a duration for --older-than"
+                )
             ) from None
     client, _ = connect_runs()
     found = client.prune(older_than)
@@ -445,12 +545,22 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     _, choice = connect()
-    where = "embedded, started" if choice.started else "embedded" if choice.embedded else "REDIS_URL"
+    where = (
+        "embedded, started"
+        if choice.started
+        else "embedded"
+        if choice.embedded
+        else "REDIS_URL"
+    )
     print(json.dumps({"url": redact(choice.url), "source": where, "pid": choice.pid}))
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     pid = defaults.stop_embedded()
-    print(f"Stopped the embedded Redis (pid {pid})." if pid else "No embedded Redis was running here.")
+    print(
+        f"Stopped the embedded Redis (pid {pid})."
+        if pid
+        else "No embedded Redis was running here."
+    )
     return 0

@@ -27,12 +27,19 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_command(sub: Any) -> None:
-    demo = sub.add_parser("demo", help="run the storyboard-review agent durably, end to end")
-    demo.add_argument(
-        "--answer", help="answer the agent's question with this text (else: ask on the terminal)"
+    demo = sub.add_parser(
+        "demo", help="run the storyboard-review agent durably, end to end"
     )
-    demo.add_argument("--latency", type=float, default=0.05, help="simulated model latency, seconds")
-    demo.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
+    demo.add_argument(
+        "--answer",
+        help="answer the agent's question with this text (else: ask on the terminal)",
+    )
+    demo.add_argument(
+        "--latency", type=float, default=0.05, help="simulated model latency, seconds"
+    )
+    demo.add_argument(
+        "--timeout", type=float, default=120.0, help="give up after this many seconds"
+    )
     demo.set_defaults(handler=cmd_demo)
 
 
@@ -63,8 +70,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     if str(SOURCE_ROOT) not in sys.path:
         sys.path.insert(0, str(SOURCE_ROOT))
-    from examples.storyboard.brief import MODEL, PROMPT, SYSTEM, TOOLSET, TOOLSET_PATH  # the checkout's,
-    from examples.storyboard.policy import review_policy  # on sys.path only from the line above
+    from examples.storyboard.brief import (
+        MODEL,
+        PROMPT,
+        SYSTEM,
+        TOOLSET,
+        TOOLSET_PATH,
+    )  # the checkout's,
+    from examples.storyboard.policy import (
+        review_policy,
+    )  # on sys.path only from the line above
 
     client, choice = connect(toolsets=[TOOLSET])
     state = defaults.state_dir()
@@ -78,7 +93,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         sim = start_simulator(review_policy, latency_s=args.latency)
         started.append(sim)
-        print(f"model    the provider simulator at {sim.base_url}, playing a storyboard review (no real API)")
+        print(
+            f"model    the provider simulator at {sim.base_url}, playing a storyboard review (no real API)"
+        )
         state.mkdir(parents=True, exist_ok=True)
         log_path = state / "demo-worker.log"
         with log_path.open("wb") as log:
@@ -94,7 +111,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 loglevel="WARNING",
             )
             started.append(worker)
-            print(f"worker   celery worker pid {worker.pid} (steps on its asyncio loop; log {log_path})")
+            print(
+                f"worker   celery worker pid {worker.pid} (steps on its asyncio loop; log {log_path})"
+            )
             spec = RunSpec(
                 model=MODEL,
                 system=SYSTEM,
@@ -122,7 +141,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                         f"  See {log_path}, and `toolloop status {run_id}`."
                     )
 
-            code = follow(client, run_id, answerer=_answerer(args.answer), totals=totals, check=alive)
+            code = follow(
+                client,
+                run_id,
+                answerer=_answerer(args.answer),
+                totals=totals,
+                check=alive,
+            )
             summary(client.status(run_id), totals, MODEL)
             return code
     finally:
@@ -141,7 +166,9 @@ def summary(status: Any, totals: Totals, model: str) -> None:
     if field(status, "final_text"):
         print(f"final    {field(status, 'final_text')}")
     if state == "failed":
-        print(f"failed   {field(status, 'error_class')}: {field(status, 'error_message')}")
+        print(
+            f"failed   {field(status, 'error_class')}: {field(status, 'error_message')}"
+        )
     spent = float(field(status, "spent_usd", 0) or 0)
     print(f"spent    ${spent:.4f} in {totals.steps} model calls ({state})")
     saved = totals.cache_savings_usd(model)

@@ -30,7 +30,8 @@ from workers.protocol import keys
 
 def add_command(sub: Any) -> None:
     doctor = sub.add_parser(
-        "doctor", help="check Redis (auth, TLS, maxmemory, AOF, eviction) and the toolsets"
+        "doctor",
+        help="check Redis (auth, TLS, maxmemory, AOF, eviction) and the toolsets",
     )
     doctor.set_defaults(handler=cmd_doctor)
 
@@ -53,7 +54,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if problem is not None:
             say("error", f"Redis at {redact(url)}: {problem}")
         else:
-            say("ok", f"Redis at {redact(url)} answers (with the URL's credentials and TLS)")
+            say(
+                "ok",
+                f"Redis at {redact(url)} answers (with the URL's credentials and TLS)",
+            )
             errors += check_config(url, say)
     check_toolsets(say)
     return 1 if errors else 0
@@ -68,11 +72,18 @@ def check_toolsets(say: Any) -> None:
         say("error", str(error).splitlines()[0])
         registered = {}
     if not registered:
-        say("warn", "no toolsets are registered (TOOLLOOP_TOOLSETS): every run naming one is refused")
+        say(
+            "warn",
+            "no toolsets are registered (TOOLLOOP_TOOLSETS): every run naming one is refused",
+        )
         return
-    if os.getcwd() not in sys.path:  # as a worker started here imports (its PYTHONPATH has the cwd)
+    if (
+        os.getcwd() not in sys.path
+    ):  # as a worker started here imports (its PYTHONPATH has the cwd)
         sys.path.insert(0, os.getcwd())
-    from workers.process.mcpservers import probe  # the MCP SDK: ~0.6 s of imports, for the MCP checks only
+    from workers.process.mcpservers import (
+        probe,
+    )  # the MCP SDK: ~0.6 s of imports, for the MCP checks only
 
     for name, toolset in sorted(registered.items()):
         for path in toolset.python:
@@ -88,7 +99,9 @@ def check_toolsets(say: Any) -> None:
             if isinstance(answer, Exception):
                 say("error", f"toolset {name!r}: {str(answer).splitlines()[0]}")
             else:
-                listed = ", ".join(tool.name for tool in answer[:8]) + (", ..." if len(answer) > 8 else "")
+                listed = ", ".join(tool.name for tool in answer[:8]) + (
+                    ", ..." if len(answer) > 8 else ""
+                )
                 say(
                     "ok",
                     f"toolset {name!r}: MCP server {server.where} answers ({len(answer)} tools: {listed})",
@@ -104,7 +117,10 @@ def check_config(url: str, say: Any) -> int:
             for name in ("maxmemory", "maxmemory-policy", "appendonly"):
                 config.update(client.config_get(name))  # type: ignore[arg-type]
         except redis.RedisError as error:
-            say("warn", f"cannot read Redis CONFIG ({error}); check maxmemory, AOF and eviction by hand")
+            say(
+                "warn",
+                f"cannot read Redis CONFIG ({error}); check maxmemory, AOF and eviction by hand",
+            )
         else:
             if config.get("maxmemory", "0") == "0":
                 say(

@@ -24,7 +24,9 @@ def redact(url: str) -> str:
     if parts.password is None:
         return url
     host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{parts.username or ''}:***@{host}" + (
+        f":{parts.port}" if parts.port else ""
+    )
     return urlunsplit(parts._replace(netloc=netloc))
 
 
@@ -34,13 +36,19 @@ def validation_lines(error: pydantic.ValidationError, limit: int = 3) -> str:
     for item in error.errors()[:limit]:
         where = ".".join(str(part) for part in item["loc"]) or "spec"
         items.append(f"{where}: {item['msg']}")
-    more = f" (and {error.error_count() - limit} more)" if error.error_count() > limit else ""
+    more = (
+        f" (and {error.error_count() - limit} more)"
+        if error.error_count() > limit
+        else ""
+    )
     return "; ".join(items) + more
 
 
 def explain(error: BaseException) -> str:
     """Two lines for an error the command did not turn into a CliError itself."""
-    if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    if isinstance(
+        error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError
+    ):
         return (
             f"Lost the connection to Redis: {error}.\n"
             "  Check that the server is running (REDIS_URL, or `toolloop up` for the embedded one)."

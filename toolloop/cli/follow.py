@@ -9,11 +9,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from toolloop.cli.render import Progress, StepNumbers, Totals, account_text, as_dict, event_line, field
+from toolloop.cli.render import (
+    Progress,
+    StepNumbers,
+    Totals,
+    account_text,
+    as_dict,
+    event_line,
+    field,
+)
 from toolloop.cli.stream import STREAM_KINDS, TextView
 from workers.client import Client, ShardedClient
 
-FINAL = frozenset({"done", "budget", "steps", "cancel", "refused", "failed", "interrupted"})
+FINAL = frozenset(
+    {"done", "budget", "steps", "cancel", "refused", "failed", "interrupted"}
+)
 Runs = Client | ShardedClient
 """A client of the runs: one Redis, or every shard of TOOLLOOP_REDIS_SHARDS (commands.connect_runs)."""
 Answerer = Callable[[dict[str, Any]], str | None]
@@ -29,7 +39,9 @@ def print_status(client: Runs, run_id: str, *, as_json: bool = False) -> None:
     for tree_field in ("depth", "children"):  # a root without children shows neither
         if not status.get(tree_field):
             status.pop(tree_field, None)
-    shown = {key: _shown(key, value) for key, value in status.items() if not _empty(value)}
+    shown = {
+        key: _shown(key, value) for key, value in status.items() if not _empty(value)
+    }
     if status.get("account_stop"):
         shown["account_stop"] = account_text(status["account_stop"])
     width = max(map(len, shown), default=0)
@@ -58,14 +70,20 @@ def decision_text(state: dict[str, Any]) -> str:
     """Where one decision stands, in a line: queued, decided, expired, refused or pending."""
     what = state["state"]
     action = state.get("action") or ""
-    by = f" by {state['actor']}" if state.get("actor") and state.get("actor") != "deadline" else ""
+    by = (
+        f" by {state['actor']}"
+        if state.get("actor") and state.get("actor") != "deadline"
+        else ""
+    )
     why = f" ({state['reason']})" if state.get("reason") else ""
     if what == "queued":
         return f"decision {action}{by}{why}: queued, applied when a worker runs"
     if what == "decided":
         return f"decision {action}{by}{why}: decided (call {state['call_id']})"
     if what == "expired":
-        return f"decision {action}: no decision before the deadline, its default applied"
+        return (
+            f"decision {action}: no decision before the deadline, its default applied"
+        )
     if what == "refused":
         return f"decision refused: {state.get('why')} (the call still waits)"
     return f"decision pending: call {state['call_id']} waits for a decision"
@@ -95,15 +113,16 @@ def print_tree(nodes: list[Any], run_id: str) -> None:
     for node in nodes:
         depth[node.run_id] = depth.get(node.parent, 0) + 1
         budget = f" of ${node.budget_usd:.4f}" if node.budget_usd is not None else ""
-        line = (
-            f"{'  ' * (depth[node.run_id] + 1)}{node.run_id}  {node.status:<8} ${node.spent_usd:.4f}{budget}"
-        )
+        indent = "  " * (depth[node.run_id] + 1)
+        line = f"{indent}{node.run_id}  {node.status:<8} ${node.spent_usd:.4f}{budget}"
         if node.asked is not None:
             line += f"  asks: {_short(json.dumps(node.asked), 60)}"
             asking = asking or node.run_id
         print(line)
     if asking is not None and asking != run_id:
-        print(f"answer with: toolloop answer {run_id} 'TEXT'   (it goes to {asking}, the first that asks)")
+        print(
+            f"answer with: toolloop answer {run_id} 'TEXT'   (it goes to {asking}, the first that asks)"
+        )
 
 
 def _short(text: str, width: int) -> str:
@@ -111,7 +130,11 @@ def _short(text: str, width: int) -> str:
 
 
 def _empty(value: Any) -> bool:
-    return value is None or value is False or (isinstance(value, str | list | dict) and not value)
+    return (
+        value is None
+        or value is False
+        or (isinstance(value, str | list | dict) and not value)
+    )
 
 
 def _shown(key: str, value: Any) -> str:
@@ -143,7 +166,9 @@ def follow(
     when it followed the run to a failure, else 0 (a budget, steps, cancel or refused stop is an outcome).
     `check` is called before every read (the demo raises from it when its worker died). A streaming
     run's text is printed as it arrives (toolloop/cli/stream.py)."""
-    watch = _Watch(client, run_id, as_json, answerer, totals if totals is not None else Totals())
+    watch = _Watch(
+        client, run_id, as_json, answerer, totals if totals is not None else Totals()
+    )
     watch.after = after  # the events after this id only (`toolloop send -f`: from the follow-up on)
     while True:
         if check is not None:
@@ -153,7 +178,9 @@ def follow(
         state = str(field(status, "status"))
         watch.status_line(state, float(field(status, "spent_usd", 0) or 0))
         if state in FINAL and keep_following:
-            watch.show(None)  # the run ended between the read and the status: its last events, `finished` too
+            watch.show(
+                None
+            )  # the run ended between the read and the status: its last events, `finished` too
         if state in FINAL or not keep_following:
             watch.end()
             return 1 if state == "failed" and keep_following else 0
@@ -165,9 +192,19 @@ class _Watch:
     """What `follow` keeps between reads: the last stream id, the totals, what it answered."""
 
     def __init__(
-        self, client: Runs, run_id: str, as_json: bool, answerer: Answerer | None, totals: Totals
+        self,
+        client: Runs,
+        run_id: str,
+        as_json: bool,
+        answerer: Answerer | None,
+        totals: Totals,
     ) -> None:
-        self.client, self.run_id, self.as_json, self.answerer = client, run_id, as_json, answerer
+        self.client, self.run_id, self.as_json, self.answerer = (
+            client,
+            run_id,
+            as_json,
+            answerer,
+        )
         self.totals = totals
         self.steps = StepNumbers()
         self.progress = Progress()
@@ -176,7 +213,9 @@ class _Watch:
         self.answered: set[str] = set()
 
     def show(self, block_ms: int | None) -> None:
-        for event in self.client.events(self.run_id, after=self.after, block_ms=block_ms):
+        for event in self.client.events(
+            self.run_id, after=self.after, block_ms=block_ms
+        ):
             self.after = field(event, "id", self.after)
             kind = field(event, "kind")
             if kind == "model":
@@ -192,7 +231,9 @@ class _Watch:
 
     def status_line(self, state: str, spent: float) -> None:
         if not self.text.open:  # never over text still streaming on its line
-            self.progress.set(f"⟳ {self.run_id}  {state}  step {self.totals.steps}  ${spent:.4f}")
+            self.progress.set(
+                f"⟳ {self.run_id}  {state}  step {self.totals.steps}  ${spent:.4f}"
+            )
 
     def end(self) -> None:
         self.text.end()
@@ -211,8 +252,13 @@ class _Watch:
         print(f"asked    {held.get('question', held)}", flush=True)
         text = self.answerer(held) if self.answerer else None
         if text is None:
-            print(f"The run waits for an answer: toolloop answer {self.run_id} 'TEXT'", file=sys.stderr)
-            return None if self.answerer is None else 0  # keep following: another terminal may answer
+            print(
+                f"The run waits for an answer: toolloop answer {self.run_id} 'TEXT'",
+                file=sys.stderr,
+            )
+            return (
+                None if self.answerer is None else 0
+            )  # keep following: another terminal may answer
         print(f"answer   {text}", flush=True)
         self.client.answer(self.run_id, text)
         return None
@@ -225,6 +271,7 @@ class _Watch:
         for approval in field(status, "approvals"):
             print(approval_text(approval), flush=True)
         print(
-            f"The run waits for a decision: toolloop approve|reject|edit {self.run_id} CALL", file=sys.stderr
+            f"The run waits for a decision: toolloop approve|reject|edit {self.run_id} CALL",
+            file=sys.stderr,
         )
         return 0 if self.answerer is not None else None

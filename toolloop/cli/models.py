@@ -21,10 +21,18 @@ from toolloop.cli.errors import CliError
 
 def add_command(sub: Any) -> None:
     models = sub.add_parser(
-        "models", help="print the model catalogue in force: statuses, prices and their sources"
+        "models",
+        help="print the model catalogue in force: statuses, prices and their sources",
     )
-    models.add_argument("model", nargs="?", metavar="MODEL", help="one model: every field and its source")
-    models.add_argument("--json", action="store_true", help="print the catalogue (or MODEL) as JSON")
+    models.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="one model: every field and its source",
+    )
+    models.add_argument(
+        "--json", action="store_true", help="print the catalogue (or MODEL) as JSON"
+    )
     models.set_defaults(handler=cmd_models)
 
 
@@ -51,7 +59,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     else:
         path = os.environ.get(ENV, "").strip()
         touched = sum(1 for info in rows if from_operator(info))
-        origin = f"{ENV}={path}: {touched} rows from it" if path else f"{ENV} unset: the built-in rows only"
+        origin = (
+            f"{ENV}={path}: {touched} rows from it"
+            if path
+            else f"{ENV} unset: the built-in rows only"
+        )
         print(f"Model catalogue in force ({len(rows)} models; {origin}).")
         print_table(rows)
     return 0
@@ -78,7 +90,10 @@ def as_json(info: Any) -> dict[str, Any]:
         "max_output_tokens": info.max_output_tokens,
         "context_window": info.context_window,
         "from_operator_file": from_operator(info),
-        "sources": {name: {"kind": s.kind, "name": s.name} for name, s in sorted(info.sources.items())},
+        "sources": {
+            name: {"kind": s.kind, "name": s.name}
+            for name, s in sorted(info.sources.items())
+        },
     }
 
 
@@ -102,14 +117,27 @@ def print_table(rows: list[Any]) -> None:
     for info in rows:
         status = status_cell(info)
         cells = ["", "", "", "", "-"] if info.price is None else price_cells(info)
-        used = sorted({numbers.setdefault((s.kind, s.name), len(numbers) + 1) for s in info.sources.values()})
+        used = sorted(
+            {
+                numbers.setdefault((s.kind, s.name), len(numbers) + 1)
+                for s in info.sources.values()
+            }
+        )
         origin = "file" if from_operator(info) else "built-in"
         lines.append([info.id, status, *cells, origin, ",".join(map(str, used))])
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     for line in lines:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
-    print("\n(d) derived by a rule, (u) unconfirmed: a third party only, (o) the operator file, ? unknown;")
-    print("unmarked: read from the named source. `toolloop models MODEL` shows each field's source.")
+        print(
+            "  ".join(
+                cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+            ).rstrip()
+        )
+    print(
+        "\n(d) derived by a rule, (u) unconfirmed: a third party only, (o) the operator file, ? unknown;"
+    )
+    print(
+        "unmarked: read from the named source. `toolloop models MODEL` shows each field's source."
+    )
     print("\nSources:")
     for (kind, name), number in numbers.items():
         print(f"  [{number}] {kind}: {name}")
@@ -124,8 +152,13 @@ def print_model(info: Any) -> None:
     fields.update({f"price.{k}": v for k, v in price.items()})
     if above:
         fields["price.above.tokens"] = above["tokens"]
-        fields.update({f"price.above.{k}": v for k, v in above["price"].items() if k != "above"})
-    print(f"{info.id}" + ("  (from the operator file)" if data["from_operator_file"] else ""))
+        fields.update(
+            {f"price.above.{k}": v for k, v in above["price"].items() if k != "above"}
+        )
+    print(
+        f"{info.id}"
+        + ("  (from the operator file)" if data["from_operator_file"] else "")
+    )
     width = max(len(name) for name in fields)
     for name, value in fields.items():
         source = sources.get(name)

@@ -25,7 +25,10 @@ QUEUES = "llm,tools,control"
 
 
 def worker_argv(
-    concurrency: int = 8, queues: str = QUEUES, loglevel: str = "INFO", steps_in_flight: int = 500
+    concurrency: int = 8,
+    queues: str = QUEUES,
+    loglevel: str = "INFO",
+    steps_in_flight: int = 500,
 ) -> list[str]:
     return [
         sys.executable,
@@ -53,12 +56,18 @@ def worker_argv(
 
 
 def worker_env(
-    redis_url: str, extra: Mapping[str, str] | None = None, pythonpath: Sequence[str] = ()
+    redis_url: str,
+    extra: Mapping[str, str] | None = None,
+    pythonpath: Sequence[str] = (),
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra or {})
     env["REDIS_URL"] = redis_url
-    paths = [*pythonpath, os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [
+        *pythonpath,
+        os.getcwd(),
+        *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 
@@ -99,9 +108,14 @@ def stop(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
 def start_simulator(script: Any = None, *, latency_s: float = 0.0) -> Any:
     """The provider simulator on a free loopback port, in this process (a server thread). `script`:
     a policy, a list of turns or a script file; None answers every request with the end of script."""
-    from toolloop.sim import Script, SimServer  # the ASGI simulator: loaded only when it is started
+    from toolloop.sim import (
+        Script,
+        SimServer,
+    )  # the ASGI simulator: loaded only when it is started
 
-    return SimServer(Script([]) if script is None else script, latency_s=latency_s).start()
+    return SimServer(
+        Script([]) if script is None else script, latency_s=latency_s
+    ).start()
 
 
 def load_policy(path: str) -> Any:
@@ -110,7 +124,11 @@ def load_policy(path: str) -> Any:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        policy = getattr(importlib.import_module(module_name), attribute, None) if attribute else None
+        policy = (
+            getattr(importlib.import_module(module_name), attribute, None)
+            if attribute
+            else None
+        )
     except ImportError as error:
         raise CliError(
             f"Cannot import the policy module {module_name!r}: {error}.\n  Check the path."
@@ -124,7 +142,9 @@ def load_policy(path: str) -> Any:
 
 
 def add_commands(sub: Any) -> None:
-    worker = sub.add_parser("worker", help="start a worker (every toolloop queue; see docs/workers.md)")
+    worker = sub.add_parser(
+        "worker", help="start a worker (every toolloop queue; see docs/workers.md)"
+    )
     worker.add_argument(
         "-n",
         "--steps-in-flight",
@@ -133,9 +153,15 @@ def add_commands(sub: Any) -> None:
         help="most llm/tools steps run at once on the worker's asyncio loop (default 500)",
     )
     worker.add_argument(
-        "-c", "--concurrency", type=int, default=8, help="threads of the pool for control tasks (default 8)"
+        "-c",
+        "--concurrency",
+        type=int,
+        default=8,
+        help="threads of the pool for control tasks (default 8)",
     )
-    worker.add_argument("-Q", "--queues", default=QUEUES, help=f"queues to consume (default {QUEUES})")
+    worker.add_argument(
+        "-Q", "--queues", default=QUEUES, help=f"queues to consume (default {QUEUES})"
+    )
     worker.add_argument("-l", "--loglevel", default="INFO")
     worker.add_argument(
         "--toolsets",
@@ -147,10 +173,16 @@ def add_commands(sub: Any) -> None:
         default=None,
         help="serve Prometheus metrics on this port, /metrics (default: TOOLLOOP_METRICS_PORT; off)",
     )
-    worker.add_argument("--sim-script", type=Path, help="turns file for the simulator (when no provider key)")
+    worker.add_argument(
+        "--sim-script",
+        type=Path,
+        help="turns file for the simulator (when no provider key)",
+    )
     worker.add_argument("--sim-policy", help='or a policy for it, "pkg.module:NAME"')
     worker.set_defaults(handler=cmd_worker)
-    sim = sub.add_parser("sim", help="run the provider simulator (`toolloop sim --help`)", add_help=False)
+    sim = sub.add_parser(
+        "sim", help="run the provider simulator (`toolloop sim --help`)", add_help=False
+    )
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)
     sim.set_defaults(handler=cmd_sim)
 
@@ -161,17 +193,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
         try:
             toolsets.parse(args.toolsets)
         except ValueError as error:
-            raise CliError(str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")) from None
+            raise CliError(
+                str(error).replace("TOOLLOOP_TOOLSETS has", "--toolsets has")
+            ) from None
         extra["TOOLLOOP_TOOLSETS"] = args.toolsets
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
-            raise CliError(f"--metrics-port must be a port number 1-65535 (0: off), not {args.metrics_port}.")
+            raise CliError(
+                f"--metrics-port must be a port number 1-65535 (0: off), not {args.metrics_port}."
+            )
         extra["TOOLLOOP_METRICS_PORT"] = str(args.metrics_port)
     try:  # a bad operator file is refused before anything starts
         catalog_from_env()
     except ValueError as error:
         raise CliError(str(error)) from None
-    if os.environ.get(SHARDS_ENV, "").strip() and not os.environ.get("REDIS_URL", "").strip():
+    if (
+        os.environ.get(SHARDS_ENV, "").strip()
+        and not os.environ.get("REDIS_URL", "").strip()
+    ):
         raise CliError(
             f"{SHARDS_ENV} is set and REDIS_URL is not: a worker serves one shard.\n"
             "  Start a worker per shard with that shard's URL: REDIS_URL=redis://... toolloop worker."
@@ -182,11 +221,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         script = load_policy(args.sim_policy) if args.sim_policy else args.sim_script
         server = start_simulator(str(script) if isinstance(script, Path) else script)
         extra.update(defaults.simulated_provider_env(server.base_url))
-        print(f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}.")
-    served = extra.get("TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")).strip()
-    listed = [entry.split("=")[0].strip() for entry in served.split(",") if entry.strip()]
+        print(
+            f"No ANTHROPIC_API_KEY or FAL_KEY: the worker talks to the simulator at {server.base_url}."
+        )
+    served = extra.get(
+        "TOOLLOOP_TOOLSETS", os.environ.get("TOOLLOOP_TOOLSETS", "")
+    ).strip()
+    listed = [
+        entry.split("=")[0].strip() for entry in served.split(",") if entry.strip()
+    ]
     try:  # and the MCP servers and toolsets of TOOLLOOP_TOOLSETS_FILE (read, not connected)
-        listed += sorted(mcpconfig.read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip()))
+        listed += sorted(
+            mcpconfig.read_file(os.environ.get("TOOLLOOP_TOOLSETS_FILE", "").strip())
+        )
     except ValueError as error:
         raise CliError(str(error)) from None
     names = ", ".join(listed)
@@ -204,7 +251,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         while True:
             try:
                 return process.wait()
-            except KeyboardInterrupt:  # the worker got the terminal's SIGINT too: wait for it
+            except (
+                KeyboardInterrupt
+            ):  # the worker got the terminal's SIGINT too: wait for it
                 continue
     finally:
         if server is not None:
@@ -215,7 +264,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
     try:
         from toolloop.sim.__main__ import main as sim_main  # as above
     except ImportError as error:
-        raise CliError(f"The simulator cannot be loaded: {error}.\n  Reinstall toolloop.") from None
+        raise CliError(
+            f"The simulator cannot be loaded: {error}.\n  Reinstall toolloop."
+        ) from None
     argv = list(args.sim_args)
     code = sim_main(argv[1:] if argv[:1] == ["--"] else argv)
     return int(code or 0)

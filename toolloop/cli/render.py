@@ -35,7 +35,11 @@ def _short(text: Any, width: int = 72) -> str:
 
 def _call(call: Any) -> str:
     args = field(call, "input") or {}
-    inner = ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else repr(args)
+    inner = (
+        ", ".join(f"{k}={v!r}" for k, v in args.items())
+        if isinstance(args, dict)
+        else repr(args)
+    )
     return f"{field(call, 'name')}({_short(inner, 40)})"
 
 
@@ -60,7 +64,9 @@ class Totals:
         self.cache_read += cache_read_tokens(usage)
         self.cache_write += cache_write_tokens(usage)
 
-    def cache_savings_usd(self, model: str, catalog: Catalog | None = None) -> float | None:
+    def cache_savings_usd(
+        self, model: str, catalog: Catalog | None = None
+    ) -> float | None:
         """Money the cache saved vs the same prompts uncached: reads at their discount, minus the
         write premium, at the prices of `catalog` (default: the catalogue in force, TOOLLOOP_MODELS
         included). None when the model has no price row."""
@@ -83,10 +89,15 @@ class StepNumbers:
         """segment -> its highest model step seen."""
 
     def number(self, event: Any) -> int:
-        segment, step = int(field(event, "segment", 0) or 0), int(field(event, "step", 0) or 0)
+        segment, step = (
+            int(field(event, "segment", 0) or 0),
+            int(field(event, "step", 0) or 0),
+        )
         if field(event, "kind") == "model":
             self.last[segment] = max(self.last.get(segment, 0), step)
-        return sum(last for earlier, last in self.last.items() if earlier < segment) + step
+        return (
+            sum(last for earlier, last in self.last.items() if earlier < segment) + step
+        )
 
 
 def cache_read_tokens(usage: Any) -> int:
@@ -96,7 +107,9 @@ def cache_read_tokens(usage: Any) -> int:
 
 def cache_write_tokens(usage: Any) -> int:
     write = field(usage, "cached_write_tokens")
-    return int(write if write is not None else field(usage, "cache_write_tokens", 0) or 0)
+    return int(
+        write if write is not None else field(usage, "cache_write_tokens", 0) or 0
+    )
 
 
 HIDDEN = frozenset({"kind", "type", "id", "seq", "segment", "run_id"})
@@ -115,7 +128,11 @@ def event_line(event: Any, step: int | None = None) -> str:
             f" ({cache_read_tokens(usage):,} cached) {int(field(usage, 'completion_tokens', 0) or 0):>5,} out"
         )
         calls = field(event, "tool_calls") or []
-        what = "→ " + ", ".join(_call(c) for c in calls) if calls else _short(field(event, "text"))
+        what = (
+            "→ " + ", ".join(_call(c) for c in calls)
+            if calls
+            else _short(field(event, "text"))
+        )
         finish = field(event, "finish_reason")
         if finish == "refusal":
             what = f"refused ({refusal_text(field(event, 'refusal'))})"
@@ -125,26 +142,37 @@ def event_line(event: Any, step: int | None = None) -> str:
         failed = field(event, "fallback_from") or []
         via = ""
         if failed:  # the provider that answered after others failed (facade fallback)
-            before = ", ".join(f"{field(f, 'provider')} {field(f, 'reason')}" for f in failed)
+            before = ", ".join(
+                f"{field(f, 'provider')} {field(f, 'reason')}" for f in failed
+            )
             via = f"  [via {field(event, 'provider')}: {before}]"
-        return f"step {field(event, 'step'):>2}  model  {tokens}  ${cost:.4f}  {what}{via}"
+        return (
+            f"step {field(event, 'step'):>2}  model  {tokens}  ${cost:.4f}  {what}{via}"
+        )
     if kind == "tool":
         name = str(field(event, "name"))
         cost = float(field(event, "cost_usd", 0) or 0)
         summary = _short(field(event, "summary"), 60)
-        return f"step {field(event, 'step'):>2}  tool   {name:<16} ${cost:.4f}  {summary}"
+        return (
+            f"step {field(event, 'step'):>2}  tool   {name:<16} ${cost:.4f}  {summary}"
+        )
     if kind == "budget":
-        spent, limit = float(field(event, "spent_usd", 0)), float(field(event, "limit_usd", 0))
+        spent, limit = (
+            float(field(event, "spent_usd", 0)),
+            float(field(event, "limit_usd", 0)),
+        )
         account = field(event, "account")
         if account:  # the shared account's limit stopped it, not the run's own budget
             run = f"the run spent ${spent:.4f} of its ${limit:.2f}"
             return f"budget   budget stop: {account_text(account)} ({run})"
-        what = "finish mode starts" if field(event, "mode") == "finish" else "budget stop"
+        what = (
+            "finish mode starts" if field(event, "mode") == "finish" else "budget stop"
+        )
         return f"budget   {what} at ${spent:.4f} of ${limit:.2f}"
     data = as_dict(event) or {}
-    return (
-        f"run      {talk_text(str(kind), data) if kind in TALK_EVENTS else run_event_text(str(kind), data)}"
-    )
+    if kind in TALK_EVENTS:
+        return f"run      {talk_text(str(kind), data)}"
+    return f"run      {run_event_text(str(kind), data)}"
 
 
 TALK_EVENTS = frozenset({"follow_up", "steer_sent", "steer"})
@@ -168,7 +196,9 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
         held = data.get("approvals")
         if held:
             calls = "call" if len(held) == 1 else f"{len(held)} calls"
-            return f"parked: no worker holds it while it waits for a decision on {calls}"
+            return (
+                f"parked: no worker holds it while it waits for a decision on {calls}"
+            )
         return "parked: no worker holds it while it waits for the answer"
     if kind == "answered":
         return f"answered: {_short(data.get('content'), 60)}"
@@ -190,7 +220,9 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
             return f"finished: {stopped} ({account_text(data['account'])})"
         return f"finished: {stopped}"
     if kind == "failed":
-        error = data.get("error_message") or data.get("message") or data.get("error") or ""
+        error = (
+            data.get("error_message") or data.get("message") or data.get("error") or ""
+        )
         return f"failed: {data.get('error_class') or ''} {_short(error, 80)}".rstrip()
     rest = {k: v for k, v in data.items() if k not in HIDDEN and v not in (None, "")}
     return kind + ("  " + _short(json.dumps(rest, default=str), 90) if rest else "")
@@ -198,8 +230,13 @@ def run_event_text(kind: str, data: dict[str, Any]) -> str:
 
 def account_text(account: Any) -> str:
     """`account tenant-1 reached its limit of $1.00 per day (2026-12-02: $0.9900 spent)`."""
-    name, period, period_id = (field(account, k) for k in ("name", "period", "period_id"))
-    limit, spent = float(field(account, "limit_usd", 0) or 0), float(field(account, "spent_usd", 0) or 0)
+    name, period, period_id = (
+        field(account, k) for k in ("name", "period", "period_id")
+    )
+    limit, spent = (
+        float(field(account, "limit_usd", 0) or 0),
+        float(field(account, "spent_usd", 0) or 0),
+    )
     per = "in total" if period == "total" else f"per {period}"
     when = "" if period == "total" else f"{period_id}: "
     return f"account {name} reached its limit of ${limit:.2f} {per} ({when}${spent:.4f} spent)"

@@ -36,7 +36,8 @@ FLAG_FIELDS = (
     "account",
 )
 SPEC_HINT = (
-    "  Give a mapping with model, system, messages (or a prompt) and toolset; see `toolloop run --help`."
+    "  Give a mapping with model, system, messages (or a prompt) and toolset;"
+    " see `toolloop run --help`."
 )
 
 
@@ -45,7 +46,9 @@ def load_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as error:
-        raise CliError(f"Cannot read the run spec {str(path)!r}: {error.strerror}.\n{SPEC_HINT}") from None
+        raise CliError(
+            f"Cannot read the run spec {str(path)!r}: {error.strerror}.\n{SPEC_HINT}"
+        ) from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as error:
@@ -54,7 +57,9 @@ def load_file(path: Path) -> dict[str, Any]:
             f"The run spec {str(path)!r} is not valid JSON or YAML: {first}.\n{SPEC_HINT}"
         ) from None
     if not isinstance(data, dict):
-        raise CliError(f"The run spec {str(path)!r} is a {type(data).__name__}, not a mapping.\n{SPEC_HINT}")
+        raise CliError(
+            f"The run spec {str(path)!r} is a {type(data).__name__}, not a mapping.\n{SPEC_HINT}"
+        )
     return data
 
 
@@ -62,7 +67,9 @@ def read_text(path: Path, what: str) -> str:
     try:
         return path.read_text()
     except OSError as error:
-        raise CliError(f"Cannot read the {what} file {str(path)!r}: {error.strerror}.\n{SPEC_HINT}") from None
+        raise CliError(
+            f"Cannot read the {what} file {str(path)!r}: {error.strerror}.\n{SPEC_HINT}"
+        ) from None
 
 
 def spec_data(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,12 +80,17 @@ def spec_data(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             data[name] = value
     if getattr(args, "fallback", None):
-        data["fallback"] = [name.strip() for name in args.fallback.split(",") if name.strip()]
+        data["fallback"] = [
+            name.strip() for name in args.fallback.split(",") if name.strip()
+        ]
     system = data.get("system")
     if isinstance(system, str) and system.startswith("@"):  # --system @brief.txt
         data["system"] = read_text(Path(system[1:]), "system text")
     if args.prompt:
-        data["messages"] = [*data.get("messages", []), {"role": "user", "content": args.prompt}]
+        data["messages"] = [
+            *data.get("messages", []),
+            {"role": "user", "content": args.prompt},
+        ]
     return data
 
 
@@ -93,7 +105,9 @@ def check_toolset(name: Any) -> None:
     try:
         registered = Settings.from_env().toolset_names()
         check_name(str(name), registered)
-    except ValueError as error:  # workers.protocol.errors.ToolsetError: two lines already
+    except (
+        ValueError
+    ) as error:  # workers.protocol.errors.ToolsetError: two lines already
         raise CliError(str(error)) from None
 
 
@@ -105,4 +119,6 @@ def build_spec(args: argparse.Namespace) -> RunSpec:
         return RunSpec.model_validate(data)
     except pydantic.ValidationError as error:
         where = f"in {str(args.file)!r}" if args.file else "from the flags"
-        raise CliError(f"The run spec {where} is invalid: {validation_lines(error)}.\n{SPEC_HINT}") from None
+        raise CliError(
+            f"The run spec {where} is invalid: {validation_lines(error)}.\n{SPEC_HINT}"
+        ) from None

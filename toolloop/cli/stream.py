@@ -27,7 +27,9 @@ class TextView:
         if field(event, "kind") == "discarded":
             if key in self.shown:
                 self.end()
-                self.out.write(f"step {step:>2}  text   (discarded: the step's answer is made again)\n")
+                self.out.write(
+                    f"step {step:>2}  text   (discarded: the step's answer is made again)\n"
+                )
                 self.out.flush()
             return
         thinking = bool(field(event, "thinking"))

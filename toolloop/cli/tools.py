@@ -19,13 +19,19 @@ if TYPE_CHECKING:
 
 
 def add_command(sub: Any) -> None:
-    tools = sub.add_parser("tools", help="list the tools of a registered toolset (MCP servers included)")
-    tools.add_argument("name", metavar="NAME", help="a toolset registered in TOOLLOOP_TOOLSETS(_FILE)")
+    tools = sub.add_parser(
+        "tools", help="list the tools of a registered toolset (MCP servers included)"
+    )
+    tools.add_argument(
+        "name", metavar="NAME", help="a toolset registered in TOOLLOOP_TOOLSETS(_FILE)"
+    )
     tools.set_defaults(handler=cmd_tools)
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from workers.process.mcpservers import probe  # the MCP SDK: ~0.6 s of imports, for this command only
+    from workers.process.mcpservers import (
+        probe,
+    )  # the MCP SDK: ~0.6 s of imports, for this command only
     from workers.step.mcptools import tool_record
 
     settings = Settings.from_env()
@@ -34,7 +40,9 @@ def cmd_tools(args: argparse.Namespace) -> int:
         toolset = registry.toolset(args.name)
     except ValueError as error:  # ToolsetError: two lines already
         raise CliError(str(error)) from None
-    if os.getcwd() not in sys.path:  # as a worker started here imports (its PYTHONPATH has the cwd)
+    if (
+        os.getcwd() not in sys.path
+    ):  # as a worker started here imports (its PYTHONPATH has the cwd)
         sys.path.insert(0, os.getcwd())
     failed = 0
     for path in toolset.python:
@@ -54,18 +62,24 @@ def cmd_tools(args: argparse.Namespace) -> int:
             continue
         for tool in tools:
             approval = " (needs approval)" if _held(server, tool) else ""
-            task = " (task)" if tool_record(tool).get("task_support") == "required" else ""
+            task = (
+                " (task)" if tool_record(tool).get("task_support") == "required" else ""
+            )
             about = _first_line(tool.description or "")
             print(f"{tool.name:<28} mcp:{server.label:<28} {about}{task}{approval}")
     return 1 if failed else 0
 
 
 def _held(server: McpServer, tool: mcp_types.Tool) -> bool:
-    from workers.step.mcptools import tool_record  # as probe above (it imports the MCP SDK's types)
+    from workers.step.mcptools import (
+        tool_record,
+    )  # as probe above (it imports the MCP SDK's types)
 
     record = tool_record(tool)
     destructive = not record["read_only"] and record["destructive"]
-    return tool.name in server.needs_approval or (server.approve_destructive and destructive)
+    return tool.name in server.needs_approval or (
+        server.approve_destructive and destructive
+    )
 
 
 def _first_line(text: str) -> str:

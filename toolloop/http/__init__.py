@@ -16,4 +16,11 @@ from toolloop.http.httpx_client import HttpxClient
 from toolloop.http.keepalive import KeepAliveClient
 from toolloop.http.network import Network
 
-__all__ = ["Answer", "HttpClient", "HttpxClient", "KeepAliveClient", "Network", "client_from_env"]
+__all__ = [
+    "Answer",
+    "HttpClient",
+    "HttpxClient",
+    "KeepAliveClient",
+    "Network",
+    "client_from_env",
+]

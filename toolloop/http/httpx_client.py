@@ -32,7 +32,11 @@ def open_httpx(
     `transport` (a test's `MockTransport`); `timeout`: its default for every request (httpx's 5 s),
     which a request's own `timeout=` overrides."""
     return httpx.AsyncClient(
-        transport=transport, verify=network.ssl_context(), trust_env=False, proxy=proxy, timeout=timeout
+        transport=transport,
+        verify=network.ssl_context(),
+        trust_env=False,
+        proxy=proxy,
+        timeout=timeout,
     )
 
 
@@ -42,7 +46,10 @@ class HttpxClient:
     and certificates (default: the environment's)."""
 
     def __init__(
-        self, transport: httpx.AsyncBaseTransport | None = None, *, network: Network | None = None
+        self,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        network: Network | None = None,
     ) -> None:
         self.transport = transport
         self.network = network or Network()
@@ -57,7 +64,9 @@ class HttpxClient:
         proxy = None if self.transport is not None else self.network.proxy_for(url)
         async with (
             open_httpx(self.network, proxy=proxy, transport=self.transport) as client,
-            client.stream("POST", url, content=content, headers=headers, timeout=timeout) as response,
+            client.stream(
+                "POST", url, content=content, headers=headers, timeout=timeout
+            ) as response,
         ):
             yield Answer(response.status_code, response.headers, response.aiter_bytes)
 

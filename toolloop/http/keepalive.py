@@ -75,7 +75,9 @@ class KeepAliveClient:
         if pool is None:
             pool = self._pool = Pool(running, self._other.verify)
         conn = await pool.post(url, content, headers, timeout)
-        log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, conn.status)  # as httpx logs it
+        log.info(
+            'HTTP Request: POST %s "HTTP/1.1 %d"', url, conn.status
+        )  # as httpx logs it
         try:
             yield Answer(
                 conn.status,
@@ -88,12 +90,19 @@ class KeepAliveClient:
 
     @contextlib.asynccontextmanager
     async def _through(
-        self, proxy: str, url: str, content: bytes, headers: dict[str, str], timeout: httpx.Timeout
+        self,
+        proxy: str,
+        url: str,
+        content: bytes,
+        headers: dict[str, str],
+        timeout: httpx.Timeout,
     ) -> AsyncIterator[Answer]:
         client = self._proxied.get(proxy)
         if client is None:
             client = self._proxied[proxy] = open_httpx(self.network, proxy=proxy)
-        async with client.stream("POST", url, content=content, headers=headers, timeout=timeout) as response:
+        async with client.stream(
+            "POST", url, content=content, headers=headers, timeout=timeout
+        ) as response:
             yield Answer(response.status_code, response.headers, response.aiter_bytes)
 
     async def aclose(self) -> None:

@@ -43,12 +43,16 @@ class Network:
     trust_env: bool = True
     _cache: dict[str, object] = field(default_factory=dict, init=False, repr=False)
     _tls: list[ssl.SSLContext] = field(default_factory=list, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False
+    )
 
     def proxy_for(self, url: str) -> str | None:
         """The proxy URL to send `url` through, or None to reach its host directly (kept per URL:
         a provider calls the same few)."""
-        found = self._cache.get(url, self)  # `self`: not decided yet (None is an answer)
+        found = self._cache.get(
+            url, self
+        )  # `self`: not decided yet (None is an answer)
         if found is self:
             parts = urlsplit(url)
             found = self._decide(parts.scheme, parts.hostname or "", parts.port)
@@ -100,7 +104,9 @@ def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
         entry = raw.strip().lower()
         if entry == "*":
             return True
-        name, _, only = entry.partition(":") if not entry.startswith("[") else (entry, "", "")
+        name, _, only = (
+            entry.partition(":") if not entry.startswith("[") else (entry, "", "")
+        )
         if only and (port is None or only != str(port)):
             continue
         name = name.lstrip(".").rstrip(".")

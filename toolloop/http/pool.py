@@ -78,7 +78,9 @@ class _Connection(asyncio.Protocol):
         self.parser: Any = None
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.headers: dict[str, str] | None = None  # set when the status line and headers are in
+        self.headers: dict[str, str] | None = (
+            None  # set when the status line and headers are in
+        )
         self.body: list[bytes] = []
         self.complete = False
         self.closed = False
@@ -95,7 +97,9 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.parser = httptools.HttpResponseParser(self)  # one per connection: it reads answer after answer
+        self.parser = httptools.HttpResponseParser(
+            self
+        )  # one per connection: it reads answer after answer
         self.transport = transport  # type: ignore[assignment]  # (uvloop's is no asyncio.Transport)
 
     def data_received(self, data: bytes) -> None:
@@ -111,8 +115,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if exc is None and self.headers is not None and not self.complete and _to_close(self.headers):
-            self.complete = True  # an answer without a length or chunks ends with the connection
+        if (
+            exc is None
+            and self.headers is not None
+            and not self.complete
+            and _to_close(self.headers)
+        ):
+            self.complete = (
+                True  # an answer without a length or chunks ends with the connection
+            )
         if self.error is None and not self.complete:
             self.error = exc or EOFError("the server closed the connection")
         self._wake()
@@ -128,7 +139,10 @@ class _Connection(asyncio.Protocol):
         self.status = self.parser.get_status_code()
         headers: dict[str, str] = {}
         for raw_name, raw_value in self.raw_headers:
-            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+            name, value = (
+                raw_name.decode("latin-1").lower(),
+                raw_value.decode("latin-1"),
+            )
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
         self.headers = headers
 
@@ -137,7 +151,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self.keep_alive = self.parser.should_keep_alive()  # (llhttp forgets it once past the message)
+        self.keep_alive = (
+            self.parser.should_keep_alive()
+        )  # (llhttp forgets it once past the message)
 
     # -- the caller's side -----------------------------------------------------------------------
 
@@ -153,7 +169,11 @@ class _Connection(asyncio.Protocol):
         if self.error is not None:
             raise self.error
         waiter = self._waiter = self.loop.create_future()
-        timer = None if timeout_s is None else self.loop.call_later(timeout_s, _expire, waiter)
+        timer = (
+            None
+            if timeout_s is None
+            else self.loop.call_later(timeout_s, _expire, waiter)
+        )
         try:
             await waiter
         finally:
@@ -165,7 +185,12 @@ class _Connection(asyncio.Protocol):
         """Read nothing for `seconds`: what the server sends meanwhile waits in the socket's buffer
         and comes as one piece when reading resumes (one wake-up, not one per TCP segment). Not
         while the answer is complete or the connection closed; a hold in force stays as it is."""
-        if self._held is not None or self.complete or self.closed or self.transport is None:
+        if (
+            self._held is not None
+            or self.complete
+            or self.closed
+            or self.transport is None
+        ):
             return
         self.transport.pause_reading()
         self._held = self.loop.call_later(seconds, self._resume)
@@ -181,7 +206,9 @@ class _Connection(asyncio.Protocol):
             self._held = None
 
     def reusable(self) -> bool:
-        return self.complete and self.keep_alive and not self.closed and self.error is None
+        return (
+            self.complete and self.keep_alive and not self.closed and self.error is None
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -210,7 +237,9 @@ class Pool:
     """Idle keep-alive connections by (host, port, TLS), for one event loop (module docstring).
     `tls`: the SSL context for https, made when first needed."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, tls: Callable[[], ssl.SSLContext]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, tls: Callable[[], ssl.SSLContext]
+    ) -> None:
         self.loop = loop
         self._tls = tls
         self._idle: dict[_Key, list[_Connection]] = {}
@@ -266,7 +295,11 @@ class Pool:
             raise
         except BaseException as error:  # closed, reset, cancelled
             conn.close()
-            if conn.reused and isinstance(error, OSError | EOFError) and not conn.raw_headers:
+            if (
+                conn.reused
+                and isinstance(error, OSError | EOFError)
+                and not conn.raw_headers
+            ):
                 raise _Stale(f"{type(error).__name__}: {error}") from error
             if isinstance(error, OSError | EOFError):
                 raise _transport_error(error) from error
@@ -290,7 +323,11 @@ class Pool:
         """Close the idle connections past `IDLE_S` (the ones below the top of each pool)."""
         self._swept = now
         for key, idle in self._idle.items():
-            keep = [conn for conn in idle if not conn.closed and now - conn.idle_since < IDLE_S]
+            keep = [
+                conn
+                for conn in idle
+                if not conn.closed and now - conn.idle_since < IDLE_S
+            ]
             for conn in idle:
                 if conn not in keep:
                     conn.close()
@@ -299,10 +336,15 @@ class Pool:
     async def _connect(self, key: _Key, timeout: httpx.Timeout) -> _Connection:
         host, port, tls = key
         loop = self.loop
-        options: dict[str, Any] = {"ssl": self._tls(), "server_hostname": host} if tls else {}
+        options: dict[str, Any] = (
+            {"ssl": self._tls(), "server_hostname": host} if tls else {}
+        )
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop, key), host, port, **options), timeout.connect
+                loop.create_connection(
+                    lambda: _Connection(loop, key), host, port, **options
+                ),
+                timeout.connect,
             )
         except TimeoutError as error:
             raise httpx.ConnectTimeout(
@@ -312,13 +354,20 @@ class Pool:
             raise httpx.ConnectError(f"{type(error).__name__}: {error}") from error
         return conn
 
-    async def chunks(self, conn: _Connection, timeout: httpx.Timeout) -> AsyncIterator[bytes]:
+    async def chunks(
+        self, conn: _Connection, timeout: httpx.Timeout
+    ) -> AsyncIterator[bytes]:
         """The body as it arrives (decoded when the server encoded it)."""
         assert conn.headers is not None
         decoder = _decoder(conn.headers.get("content-encoding", ""))
         while True:
-            if conn.body:  # what arrived since the last read, as one piece: a stream reader
-                chunks, conn.body = conn.body, []  # then passes its text on as one delta
+            if (
+                conn.body
+            ):  # what arrived since the last read, as one piece: a stream reader
+                chunks, conn.body = (
+                    conn.body,
+                    [],
+                )  # then passes its text on as one delta
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 yield data if decoder is None else decoder.decompress(data)
                 continue
@@ -356,18 +405,24 @@ class Pool:
             await asyncio.wait(waits, timeout=within_s)
 
 
-def _request(parts: Any, host: str, port: int, tls: bool, content: bytes, headers: dict[str, str]) -> bytes:
+def _request(
+    parts: Any, host: str, port: int, tls: bool, content: bytes, headers: dict[str, str]
+) -> bytes:
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
     authority = host if port == (443 if tls else 80) else f"{host}:{port}"
-    lines = [f"POST {path} HTTP/1.1\r\nhost: {authority}\r\naccept-encoding: identity\r\n"]
+    lines = [
+        f"POST {path} HTTP/1.1\r\nhost: {authority}\r\naccept-encoding: identity\r\n"
+    ]
     lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
     lines.append(f"content-length: {len(content)}\r\n\r\n")
     return "".join(lines).encode("latin-1") + content
 
 
-_ENCODED_BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+_ENCODED_BODY_HEADERS = frozenset(
+    {"content-encoding", "content-length", "transfer-encoding"}
+)
 
 
 def _to_close(headers: dict[str, str]) -> bool:

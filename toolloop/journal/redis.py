@@ -37,7 +37,9 @@ class JournalFencedError(RuntimeError):
 def encode_entry(result: StepResult) -> str:
     """The stored JSON text of a step: `{"value": ..., "cost_usd": ...}` (rejects NaN, non-JSON)."""
     return json.dumps(
-        {"value": result.value, "cost_usd": result.cost_usd}, ensure_ascii=False, allow_nan=False
+        {"value": result.value, "cost_usd": result.cost_usd},
+        ensure_ascii=False,
+        allow_nan=False,
     )
 
 
@@ -99,7 +101,12 @@ class RedisJournal:
     def segment(self, prefix: str) -> RedisJournal:
         """A journal of the same run under another key prefix (a continued conversation)."""
         return RedisJournal(
-            self.redis, self.run_id, prefix, signal=self.signal, lease_ms=self.lease_ms, owner=self.owner
+            self.redis,
+            self.run_id,
+            prefix,
+            signal=self.signal,
+            lease_ms=self.lease_ms,
+            owner=self.owner,
         )
 
     def load(self) -> dict[str, str]:
@@ -123,7 +130,9 @@ class RedisJournal:
         except BaseException:
             await asyncio.to_thread(self._release, lease_value)
             raise
-        stored_value = await asyncio.to_thread(self._commit, key, text, token, lease_value)
+        stored_value = await asyncio.to_thread(
+            self._commit, key, text, token, lease_value
+        )
         if stored_value is not None:
             return stored_value
         raise JournalFencedError(
@@ -134,12 +143,15 @@ class RedisJournal:
 
     def _acquire(self) -> int | None:
         got, value = self.redis.register_script(scripts.LEASE_ACQUIRE)(
-            keys=[keys.lease(self.run_id), keys.fence(self.run_id)], args=[self.owner, self.lease_ms]
+            keys=[keys.lease(self.run_id), keys.fence(self.run_id)],
+            args=[self.owner, self.lease_ms],
         )
         return int(value) if int(got) == 1 else None
 
     def _release(self, lease_value: str) -> None:
-        self.redis.register_script(scripts.LEASE_RELEASE)(keys=[keys.lease(self.run_id)], args=[lease_value])
+        self.redis.register_script(scripts.LEASE_RELEASE)(
+            keys=[keys.lease(self.run_id)], args=[lease_value]
+        )
 
     def _commit(self, key: str, text: str, token: int, lease_value: str) -> str | None:
         """The stored value after the commit script (None: fenced and nothing stored yet)."""

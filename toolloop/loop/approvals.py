@@ -34,7 +34,13 @@ class DeadlineError(ValueError):
 
 def canonical_json(value: Any) -> str:
     """The canonical JSON of a JSON-safe value: sorted keys, no spaces, UTF-8 kept."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(
+        value,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
 
 
 def input_digest(value: BaseModel | dict[str, Any]) -> str:
@@ -49,12 +55,16 @@ def rejected_text(reason: str) -> str:
 
 def edited_output(output: ToolOutput, edited: BaseModel) -> ToolOutput:
     """The tool's output with a first text part saying the person edited the input, and to what."""
-    note = TextPart(text=EDITED.format(input=canonical_json(edited.model_dump(mode="json"))))
+    note = TextPart(
+        text=EDITED.format(input=canonical_json(edited.model_dump(mode="json")))
+    )
     return output.model_copy(update={"content": [note, *output.content]})
 
 
 def check_digest(decision: Decision, call_id: str, held: BaseModel) -> None:
-    if decision.input_digest is not None and decision.input_digest != input_digest(held):
+    if decision.input_digest is not None and decision.input_digest != input_digest(
+        held
+    ):
         raise ApprovalError(
             f"The decision on call {call_id!r} was made for another input (digest "
             f"{decision.input_digest}, the held input's is {input_digest(held)}).\n"

@@ -42,7 +42,9 @@ def request_messages(
     assistants = history.assistants
     targets = [mark_target(history, len(sent), assistants, max_assistants)]
     if assistants:
-        older = mark_target(history, history.assistant_at[-1], assistants - 1, max_assistants)
+        older = mark_target(
+            history, history.assistant_at[-1], assistants - 1, max_assistants
+        )
         if older != targets[0]:
             targets.append(older)
     last = {} if memo is None else memo.marked
@@ -64,14 +66,20 @@ def request_messages(
     return sent, cache_system
 
 
-def mark_target(history: History, length: int, assistants: int, max_assistants: int) -> int | None:
+def mark_target(
+    history: History, length: int, assistants: int, max_assistants: int
+) -> int | None:
     """The mark target of the history's first `length` messages (holding `assistants` assistant
     messages): the newest message of its stable prefix that can carry a mark, or None."""
     end = length
     keep = history.keep_images
     if keep is not None:
         first = history.first_kept_image(assistants)
-        if first is not None and first < end and history.before[first] <= max_assistants - keep:
+        if (
+            first is not None
+            and first < end
+            and history.before[first] <= max_assistants - keep
+        ):
             end = first
     text_ok = history.text_ok
     for index in range(end - 1, -1, -1):
@@ -85,7 +93,9 @@ def _marked(message: ChatMessage) -> ChatMessage | None:
     part is marked already."""
     content = message.content
     if isinstance(content, str):
-        return message.model_copy(update={"content": [TextPart(text=content, cache=True)]})
+        return message.model_copy(
+            update={"content": [TextPart(text=content, cache=True)]}
+        )
     assert content is not None
     for position in range(len(content) - 1, -1, -1):
         part = content[position]

@@ -72,7 +72,9 @@ def mark_last(messages: list[ChatMessage]) -> list[ChatMessage]:
             continue
         content = message.content
         if isinstance(content, str):
-            parts: list[ContentPart] = [TextPart(text=content)] if content.strip() else []
+            parts: list[ContentPart] = (
+                [TextPart(text=content)] if content.strip() else []
+            )
         else:
             parts = list(content)
         for position in range(len(parts) - 1, -1, -1):
@@ -118,7 +120,11 @@ class Compaction:
         if any(block.type == "compaction" for block in result.reasoning or ()):
             history = self.run.history
             self.server_cut = len(history.messages)  # where this answer's message goes
-            passes = [i for i in (result.meta or {}).get("iterations", []) if i.get("type") == "compaction"]
+            passes = [
+                i
+                for i in (result.meta or {}).get("iterations", [])
+                if i.get("type") == "compaction"
+            ]
             self.run.emit(
                 CompactionEvent(
                     step=turn,
@@ -142,9 +148,13 @@ class Compaction:
             added = sum(message_tokens(m) for m in history.sent[latest[1] :])
             return latest[0] + added, "usage+estimate"
         run = self.run
-        head: list[ChatMessage] = list(self.state.head) if self.state is not None else []
+        head: list[ChatMessage] = (
+            list(self.state.head) if self.state is not None else []
+        )
         messages = head + list(history.sent[cut:])
-        return estimate_tokens(run.options.system, run.definitions, messages), "estimate"
+        return estimate_tokens(
+            run.options.system, run.definitions, messages
+        ), "estimate"
 
     # -- the step ----------------------------------------------------------------------------------
 
@@ -158,10 +168,14 @@ class Compaction:
         if counted <= limit:
             return
         current = self.state.cut if self.state is not None else 0
-        cut = choose_cut(history.assistant_at, self.policy.keep_turns, len(history.messages), current)
+        cut = choose_cut(
+            history.assistant_at, self.policy.keep_turns, len(history.messages), current
+        )
         if cut is None:
             return
-        value = await self.run.options.step(f"compact:{turn}", self.work(cut, counted, source))
+        value = await self.run.options.step(
+            f"compact:{turn}", self.work(cut, counted, source)
+        )
         self.record(turn, value)
 
     def work(self, cut: int, counted: int, source: str) -> StepWork:
@@ -170,7 +184,9 @@ class Compaction:
             budget = run.options.budget
             spent = await run.spent()
             if spent + self.latest_cost > budget.usd:
-                return StepResult(value={"skipped": "budget", "spent_usd": spent}, cost_usd=0.0)
+                return StepResult(
+                    value={"skipped": "budget", "spent_usd": spent}, cost_usd=0.0
+                )
             request = self.request(cut)
             result = await call(run.options.generate, request, run.signal_for(signal))
             if not isinstance(result, PromptGenResult):
@@ -178,14 +194,18 @@ class Compaction:
             covered = self.covered_turns(cut)
             dumped = result.model_dump(mode="json")
             if self.policy.on_demand:
-                block = next((b for b in result.reasoning or () if b.type == "compaction"), None)
+                block = next(
+                    (b for b in result.reasoning or () if b.type == "compaction"), None
+                )
                 if block is None or not block.data.get("content"):
                     raise CompactionError(
                         "The on-demand compaction call answered without a compaction block with a summary.\n"
                         "  Use a model and provider that have it (Anthropic, capabilities.compaction), or "
                         "turn on_demand off."
                     )
-                value = stored_value(str(block.data["content"]), cut, covered, counted, source, dumped)
+                value = stored_value(
+                    str(block.data["content"]), cut, covered, counted, source, dumped
+                )
                 value["block"] = block.model_dump(mode="json")
                 return StepResult(value=value, cost_usd=result.cost_usd)
             summary = result.text.strip()
@@ -195,7 +215,8 @@ class Compaction:
                     "  Check the model and the summary_prompt of the context policy; the run can be resumed."
                 )
             return StepResult(
-                value=stored_value(summary, cut, covered, counted, source, dumped), cost_usd=result.cost_usd
+                value=stored_value(summary, cut, covered, counted, source, dumped),
+                cost_usd=result.cost_usd,
             )
 
         return work
@@ -220,11 +241,15 @@ class Compaction:
             if self.policy.summary_prompt is not None:
                 asked["instructions"] = self.policy.summary_prompt
             params["compaction"] = asked
-            if run.options.cache == "conversation":  # the prefix the latest request cached ends here
+            if (
+                run.options.cache == "conversation"
+            ):  # the prefix the latest request cached ends here
                 messages = mark_last(messages)
         else:
             marked = run.options.cache == "conversation"
-            messages.append(UserMessage(content=[TextPart(text=self.policy.prompt, cache=marked)]))
+            messages.append(
+                UserMessage(content=[TextPart(text=self.policy.prompt, cache=marked)])
+            )
         return PromptGenRequest(
             prompt="",
             system=run.options.system,
@@ -246,7 +271,11 @@ class Compaction:
         self.state = Compacted(
             cut=int(value["cut"]),
             covered_turns=covered,
-            head=[] if block else [summary_message(str(value["summary"]), covered, run.history.messages[0])],
+            head=[]
+            if block
+            else [
+                summary_message(str(value["summary"]), covered, run.history.messages[0])
+            ],
             block=ReasoningBlock.model_validate(block) if block else None,
         )
         run.emit(
@@ -270,8 +299,12 @@ class Compaction:
         if state.block is None:
             return [*state.head, *tail]
         first = tail[0]
-        assert isinstance(first, AssistantMessage)  # a cut is always at an assistant message
-        carrying = first.model_copy(update={"reasoning": [state.block, *(first.reasoning or [])]})
+        assert isinstance(
+            first, AssistantMessage
+        )  # a cut is always at an assistant message
+        carrying = first.model_copy(
+            update={"reasoning": [state.block, *(first.reasoning or [])]}
+        )
         return [carrying, *tail[1:]]
 
     def view(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -280,6 +313,8 @@ class Compaction:
         state = self.state
         if state is not None:
             return self.carried(messages[state.cut :])
-        if self.server_cut > 1:  # the API drops what comes before the block: so does the request
+        if (
+            self.server_cut > 1
+        ):  # the API drops what comes before the block: so does the request
             return [messages[0], *messages[self.server_cut :]]
         return messages

@@ -86,7 +86,9 @@ class ContextPolicy(BaseModel):
     keep_tool_results: int = Field(default=3, ge=0)
     clear_at_least: int | None = Field(default=None, ge=1)
     exclude_tools: list[str] = Field(default_factory=list)
-    server_compact_at_tokens: int | None = Field(default=None, ge=MIN_SERVER_COMPACT_AT_TOKENS)
+    server_compact_at_tokens: int | None = Field(
+        default=None, ge=MIN_SERVER_COMPACT_AT_TOKENS
+    )
     on_demand: bool = False
     """The compaction step asks the provider for its own summary (Anthropic on-demand compaction:
     `compaction: {"type": "summarize"}`, beta `compact-2026-09-04`; the model must have it, the
@@ -101,7 +103,10 @@ class ContextPolicy(BaseModel):
             raise ValueError(
                 "summary_prompt is blank.\n  Leave it unset for the documented prompt, or write one."
             )
-        if self.compact_at_tokens is not None and self.server_compact_at_tokens is not None:
+        if (
+            self.compact_at_tokens is not None
+            and self.server_compact_at_tokens is not None
+        ):
             raise ValueError(
                 "compact_at_tokens and server_compact_at_tokens are both set: a run compacts one way.\n"
                 "  Keep server_compact_at_tokens for Anthropic's threshold compaction, or compact_at_tokens."
@@ -120,7 +125,10 @@ class ContextPolicy(BaseModel):
         if self.clear_tool_results_at_tokens is not None:
             edit: dict[str, Any] = {
                 "type": "clear_tool_uses_20250919",
-                "trigger": {"type": "input_tokens", "value": self.clear_tool_results_at_tokens},
+                "trigger": {
+                    "type": "input_tokens",
+                    "value": self.clear_tool_results_at_tokens,
+                },
                 "keep": {"type": "tool_uses", "value": self.keep_tool_results},
                 "clear_at_least": {"type": "input_tokens", "value": self.clear_floor()},
             }
@@ -131,7 +139,10 @@ class ContextPolicy(BaseModel):
             edits.append(
                 {
                     "type": "compact_20260112",
-                    "trigger": {"type": "input_tokens", "value": self.server_compact_at_tokens},
+                    "trigger": {
+                        "type": "input_tokens",
+                        "value": self.server_compact_at_tokens,
+                    },
                 }
             )
         return edits
@@ -169,20 +180,28 @@ def message_tokens(message: ChatMessage) -> int:
         total += text_tokens(content)
     elif content is not None:
         for part in content:
-            total += IMAGE_TOKENS if isinstance(part, ImagePart) else text_tokens(part.text)
+            total += (
+                IMAGE_TOKENS if isinstance(part, ImagePart) else text_tokens(part.text)
+            )
     if isinstance(message, AssistantMessage):
         for call in message.tool_calls or ():
-            total += text_tokens(call.name) + text_tokens(json.dumps(call.input, separators=(",", ":")))
+            total += text_tokens(call.name) + text_tokens(
+                json.dumps(call.input, separators=(",", ":"))
+            )
         for block in message.reasoning or ():
             total += text_tokens(json.dumps(block.data, separators=(",", ":")))
     return total
 
 
-def estimate_tokens(system: str, tools: Sequence[ToolDefinition], messages: Sequence[ChatMessage]) -> int:
+def estimate_tokens(
+    system: str, tools: Sequence[ToolDefinition], messages: Sequence[ChatMessage]
+) -> int:
     """The estimate of a whole request: system text, tool definitions as JSON, every message."""
     total = text_tokens(system)
     for tool in tools:
-        total += text_tokens(json.dumps(tool.model_dump(mode="json"), separators=(",", ":")))
+        total += text_tokens(
+            json.dumps(tool.model_dump(mode="json"), separators=(",", ":"))
+        )
     return total + sum(message_tokens(m) for m in messages)
 
 
@@ -202,29 +221,44 @@ class Compacted(BaseModel):
     message at the cut (then `head` is empty)."""
 
 
-def summary_message(summary: str, covered_turns: int, first: ChatMessage | None) -> UserMessage:
+def summary_message(
+    summary: str, covered_turns: int, first: ChatMessage | None
+) -> UserMessage:
     """The first message of every request after a compaction: the conversation's first user message
     (the task, kept verbatim), then the summary text."""
     text = TextPart(text=SUMMARY_HEADER.format(turns=covered_turns) + summary)
     if not isinstance(first, UserMessage):
         return UserMessage(content=[text])
     content = first.content
-    parts: list[ContentPart] = [TextPart(text=content)] if isinstance(content, str) else list(content)
+    parts: list[ContentPart] = (
+        [TextPart(text=content)] if isinstance(content, str) else list(content)
+    )
     return UserMessage(content=[*parts, text])
 
 
-def choose_cut(assistant_at: Sequence[int], keep_turns: int, length: int, current: int) -> int | None:
+def choose_cut(
+    assistant_at: Sequence[int], keep_turns: int, length: int, current: int
+) -> int | None:
     """Where a compaction cuts the history: at the `keep_turns`-th most recent assistant message
     (the end of the history for 0), never at or before the current cut; None when nothing new
     would be covered."""
-    cut = length if keep_turns == 0 else (assistant_at[-keep_turns] if len(assistant_at) >= keep_turns else 0)
+    cut = (
+        length
+        if keep_turns == 0
+        else (assistant_at[-keep_turns] if len(assistant_at) >= keep_turns else 0)
+    )
     if cut <= current or cut <= 0:
         return None
     return cut
 
 
 def stored_value(
-    summary: str, cut: int, covered_turns: int, input_tokens: int, source: str, result: dict[str, Any]
+    summary: str,
+    cut: int,
+    covered_turns: int,
+    input_tokens: int,
+    source: str,
+    result: dict[str, Any],
 ) -> dict[str, Any]:
     """The value of a `compact:<n>` step."""
     return {

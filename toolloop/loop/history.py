@@ -85,7 +85,9 @@ class History:
         marks = sum(1 for p in content if p.type == "text" and p.cache)
         self.marks.append(marks)
         self.caller_marks += marks
-        image = isinstance(message, ToolMessage) and any(p.type == "image" for p in content)
+        image = isinstance(message, ToolMessage) and any(
+            p.type == "image" for p in content
+        )
         self.tool_image.append(image)
         if image:
             self._image_at.append(index)
@@ -112,7 +114,11 @@ class History:
     def dropped(self, index: int, assistants: int) -> bool:
         """Whether tool message `index` has its images replaced in a history with `assistants`."""
         keep = self.keep_images
-        return keep is not None and self.tool_image[index] and self.before[index] <= assistants - keep
+        return (
+            keep is not None
+            and self.tool_image[index]
+            and self.before[index] <= assistants - keep
+        )
 
     def trim_images(self) -> None:
         """Bring `sent` up to date: replace the images that are now old enough."""
@@ -120,11 +126,18 @@ class History:
         if keep is None:
             return
         limit = self.assistants - keep
-        while self._drop_next < len(self._image_at) and self._image_before[self._drop_next] <= limit:
+        while (
+            self._drop_next < len(self._image_at)
+            and self._image_before[self._drop_next] <= limit
+        ):
             index = self._image_at[self._drop_next]
             message = self.messages[index]
-            assert isinstance(message, ToolMessage) and not isinstance(message.content, str)
-            self.sent[index] = message.model_copy(update={"content": _drop(message.content)})
+            assert isinstance(message, ToolMessage) and not isinstance(
+                message.content, str
+            )
+            self.sent[index] = message.model_copy(
+                update={"content": _drop(message.content)}
+            )
             self._drop_next += 1
 
     def first_kept_image(self, assistants: int) -> int | None:
@@ -146,13 +159,19 @@ class History:
         assert isinstance(message, AssistantMessage)
         if not message.tool_calls:
             return []
-        answered = {m.tool_call_id for m in self.messages[last + 1 :] if isinstance(m, ToolMessage)}
+        answered = {
+            m.tool_call_id
+            for m in self.messages[last + 1 :]
+            if isinstance(m, ToolMessage)
+        }
         return [c.id for c in message.tool_calls if c.id not in answered]
 
 
 def _drop(content: list[ContentPart]) -> list[ContentPart]:
     return [
-        TextPart(text=f"[image dropped: {_file_name(part.path)}]") if isinstance(part, ImagePart) else part
+        TextPart(text=f"[image dropped: {_file_name(part.path)}]")
+        if isinstance(part, ImagePart)
+        else part
         for part in content
     ]
 

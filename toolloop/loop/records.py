@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 import toolloop.memo
-from toolloop.contract import AssistantMessage, FinishReason, PromptGenResult, ToolCall, ToolMessage
+from toolloop.contract import (
+    AssistantMessage,
+    FinishReason,
+    PromptGenResult,
+    ToolCall,
+    ToolMessage,
+)
 from toolloop.loop.tools import message_content, summary
 from toolloop.loop.types import ModelEvent, Refusal, ToolEvent, ToolOutput
 from toolloop.memo import RunMemo
@@ -45,7 +51,9 @@ def retry_room(result: PromptGenResult) -> int:
     `meta["max_tokens"]`, else its output tokens), at least MIN_RETRY_MAX_TOKENS. The provider keeps
     it within what the model allows."""
     sent = (result.meta or {}).get("max_tokens")
-    room = sent if isinstance(sent, int) and not isinstance(sent, bool) and sent > 0 else 0
+    room = (
+        sent if isinstance(sent, int) and not isinstance(sent, bool) and sent > 0 else 0
+    )
     return max(2 * (room or result.usage.completion_tokens), MIN_RETRY_MAX_TOKENS)
 
 
@@ -77,7 +85,11 @@ def validated(memo: RunMemo, model: type[_Model], value: Any) -> _Model:
 
 
 def derived(
-    memo: RunMemo, source: BaseModel, key: Any, make: Callable[..., tuple[Any, Any]], *args: Any
+    memo: RunMemo,
+    source: BaseModel,
+    key: Any,
+    make: Callable[..., tuple[Any, Any]],
+    *args: Any,
 ) -> tuple[Any, Any]:
     """`make(*args)`: the history message and event the loop makes from a step's validated value,
     memoized like `validated`: a value replayed again (the same frozen object) under the same `key`
@@ -95,14 +107,22 @@ def derived(
     return made
 
 
-def model_records(turn: int, result: PromptGenResult) -> tuple[AssistantMessage, ModelEvent]:
+def model_records(
+    turn: int, result: PromptGenResult
+) -> tuple[AssistantMessage, ModelEvent]:
     text = result.text or None
     message = AssistantMessage(
-        content=text, tool_calls=list(result.tool_calls) or None, reasoning=result.reasoning or None
+        content=text,
+        tool_calls=list(result.tool_calls) or None,
+        reasoning=result.reasoning or None,
     )
     meta = result.meta or {}
     provider = meta.get("provider") if isinstance(meta.get("provider"), str) else None
-    fallback = meta.get("fallback_from") if isinstance(meta.get("fallback_from"), list) else None
+    fallback = (
+        meta.get("fallback_from")
+        if isinstance(meta.get("fallback_from"), list)
+        else None
+    )
     finish: FinishReason = result.finish_reason
     event = ModelEvent(
         step=turn,
@@ -122,7 +142,9 @@ def tool_records(
     turn: int, tool_call: ToolCall, output: ToolOutput, rows: list[str]
 ) -> tuple[ToolMessage, ToolEvent]:
     message = ToolMessage(
-        tool_call_id=tool_call.id, content=message_content(output), is_error=output.is_error
+        tool_call_id=tool_call.id,
+        content=message_content(output),
+        is_error=output.is_error,
     )
     event = ToolEvent(
         step=turn,

@@ -43,7 +43,14 @@ from toolloop.loop.cache import request_messages
 from toolloop.loop.calls import BudgetStop, CallAnswers, _BudgetStop, _Cancel
 from toolloop.loop.compaction import Compaction
 from toolloop.loop.history import History
-from toolloop.loop.records import cut_off, derived, model_records, refusal_of, retry_room, validated
+from toolloop.loop.records import (
+    cut_off,
+    derived,
+    model_records,
+    refusal_of,
+    retry_room,
+    validated,
+)
 from toolloop.loop.tools import call, tool_definitions
 from toolloop.loop.types import (
     AccountLimit,
@@ -69,12 +76,16 @@ def _steer_work(steer: Steer, turn: int, index: int) -> StepWork:
     taken at that boundary (what a replay orders by). Costs nothing."""
 
     async def work(signal: AbortSignal) -> StepResult:
-        return StepResult(value={"content": steer.content, "turn": turn, "index": index}, cost_usd=0.0)
+        return StepResult(
+            value={"content": steer.content, "turn": turn, "index": index}, cost_usd=0.0
+        )
 
     return work
 
 
-async def run_tool_loop(options: RunToolLoopOptions | Mapping[str, Any]) -> RunToolLoopResult:
+async def run_tool_loop(
+    options: RunToolLoopOptions | Mapping[str, Any],
+) -> RunToolLoopResult:
     """Run a tool-calling conversation to its end (SPEC.md 2). Plain dicts are validated first."""
     if not isinstance(options, RunToolLoopOptions):
         options = RunToolLoopOptions.model_validate(options)
@@ -90,14 +101,18 @@ class _Run(CallAnswers):
         self.tools = {spec.name: spec for spec in options.tools}
         self.definitions = tool_definitions(options.tools)
         self.max_assistants = self.history.assistants + options.max_steps - 1
-        params: dict[str, Any] = {} if options.reasoning is None else {"reasoning": options.reasoning}
+        params: dict[str, Any] = (
+            {} if options.reasoning is None else {"reasoning": options.reasoning}
+        )
         if options.cache_ttl != "5m":
             params["cache_ttl"] = options.cache_ttl
         edits = options.context.edits() if options.context is not None else []
         if edits:
             params["context_management"] = {"edits": edits}
         self.params = params or None
-        fields = {"prompt", "system", "model", "messages", "tools"} | ({"params"} if self.params else set())
+        fields = {"prompt", "system", "model", "messages", "tools"} | (
+            {"params"} if self.params else set()
+        )
         self.request_fields = fields
         self.cost = 0.0
         """Cost of every step of this run so far, replayed ones included."""
@@ -123,7 +138,9 @@ class _Run(CallAnswers):
             run_memo.reset(token)
 
     async def turns(self) -> RunToolLoopResult:
-        if self.options.decisions:  # a resume after an approval stop: the held calls are answered first
+        if (
+            self.options.decisions
+        ):  # a resume after an approval stop: the held calls are answered first
             stopped = await self.answer_turn(0, self.decided_calls())
             if stopped is not None:
                 return stopped
@@ -144,7 +161,9 @@ class _Run(CallAnswers):
         try:
             if self.compaction is not None:
                 await self.compaction.before(turn)
-            await self.take_steers(turn)  # after a compaction step: the steer's boundary is the model call's
+            await self.take_steers(
+                turn
+            )  # after a compaction step: the steer's boundary is the model call's
             value = await options.step(f"model:{turn}", self.model_work())
         except _BudgetStop as stop:
             return await self.budget_stop(stop.spent_usd, stop.account)
@@ -158,7 +177,9 @@ class _Run(CallAnswers):
         if result.finish_reason == "refusal":
             return await self.stop("refused", refusal_of(result))
         if result.finish_reason == "paused" or self.retry_max_tokens is not None:
-            return None  # sent back as the next model call / the cut-off turn asked again
+            return (
+                None  # sent back as the next model call / the cut-off turn asked again
+            )
         if not result.tool_calls:
             if await self.steered_before_done(turn + 1):
                 return None  # a steer came: the model answers it in the next turn
@@ -176,11 +197,17 @@ class _Run(CallAnswers):
             return 0
         taken = 0
         while True:
-            fresh = [steer for steer in await steers(turn, ending) if steer.id not in self.steered]
+            fresh = [
+                steer
+                for steer in await steers(turn, ending)
+                if steer.id not in self.steered
+            ]
             if not fresh:
                 return taken
             for steer in fresh:
-                value = await self.options.step(f"steer:{steer.id}", _steer_work(steer, turn, taken))
+                value = await self.options.step(
+                    f"steer:{steer.id}", _steer_work(steer, turn, taken)
+                )
                 self.steered.add(steer.id)
                 content = str(value["content"])
                 self.history.append(UserMessage(content=content))
@@ -190,7 +217,11 @@ class _Run(CallAnswers):
     async def steered_before_done(self, turn: int) -> bool:
         """Before a `done` stop: True when steers were taken (the loop goes on to model turn `turn`).
         None are taken when no model call could follow (aborted, or no step left)."""
-        if self.options.steers is None or self.options.signal.aborted or self.steps >= self.options.max_steps:
+        if (
+            self.options.steers is None
+            or self.options.signal.aborted
+            or self.steps >= self.options.max_steps
+        ):
             return False
         try:
             return await self.take_steers(turn, ending=True) > 0
@@ -199,7 +230,9 @@ class _Run(CallAnswers):
                 return False
             raise
 
-    async def answer_turn(self, turn: int, calls: list[ToolCall]) -> RunToolLoopResult | None:
+    async def answer_turn(
+        self, turn: int, calls: list[ToolCall]
+    ) -> RunToolLoopResult | None:
         """Answer a turn's calls; the result when the loop stops there (a held ask or approval, the
         breaker, a cancel), else None."""
         signal = self.options.signal
@@ -215,8 +248,12 @@ class _Run(CallAnswers):
                 return await self.stop("cancel")
             raise
         if asked is not None:
-            for approval in approvals:  # the ask wins; the model may call the tool again
-                self.history.append(ToolMessage(tool_call_id=approval.call_id, content=NOT_RUN_ASKED))
+            for (
+                approval
+            ) in approvals:  # the ask wins; the model may call the tool again
+                self.history.append(
+                    ToolMessage(tool_call_id=approval.call_id, content=NOT_RUN_ASKED)
+                )
             return await self.finish("asked", asked)
         if approvals:
             return await self.finish("approval", approvals=approvals)
@@ -246,7 +283,9 @@ class _Run(CallAnswers):
             if spent >= budget.usd:
                 raise _BudgetStop(spent)
             finish = not self.finish_started and spent >= budget.finish_at * budget.usd
-            params: dict[str, Any] | None = None if self.params is None else dict(self.params)
+            params: dict[str, Any] | None = (
+                None if self.params is None else dict(self.params)
+            )
             fields = self.request_fields
             if self.retry_max_tokens is not None:
                 params = {**(params or {}), "max_tokens": self.retry_max_tokens}
@@ -264,7 +303,9 @@ class _Run(CallAnswers):
                 messages = self.compaction.view(messages)
             # Every field is built from validated values: the history is not validated again.
             request = PromptGenRequest.model_construct(
-                _fields_set=fields | {"cache_system"} if cache_system is not None else fields,
+                _fields_set=fields | {"cache_system"}
+                if cache_system is not None
+                else fields,
                 prompt="",
                 system=options.system,
                 model=options.model,
@@ -276,7 +317,9 @@ class _Run(CallAnswers):
                 cache_system=cache_system,
             )
             with telemetry.chat_span(request, f"model:{self.steps + 1}") as span:
-                result = await self.generate(request, self.signal_for(signal), self.steps + 1)
+                result = await self.generate(
+                    request, self.signal_for(signal), self.steps + 1
+                )
                 if not isinstance(result, PromptGenResult):
                     result = PromptGenResult.model_validate(result)
                 telemetry.chat_result(span, request, result)
@@ -287,14 +330,21 @@ class _Run(CallAnswers):
 
         return work
 
-    async def generate(self, request: PromptGenRequest, signal: AbortSignal, turn: int) -> Any:
+    async def generate(
+        self, request: PromptGenRequest, signal: AbortSignal, turn: int
+    ) -> Any:
         """The model call of step `turn`; its deltas go to on_step stamped with the step."""
         if not self.streams:
             return await call(self.options.generate, request, signal)
 
         def stamped(event: DeltaEvent) -> None:
             if event.step != turn:
-                event = DeltaEvent(step=turn, text=event.text, thinking=event.thinking, discard=event.discard)
+                event = DeltaEvent(
+                    step=turn,
+                    text=event.text,
+                    thinking=event.thinking,
+                    discard=event.discard,
+                )
             self.emit(event)
 
         relay = Relay(stamped)
@@ -325,7 +375,11 @@ class _Run(CallAnswers):
             self.retry_max_tokens = retry_room(result)
         if finish is not None:
             budget = self.options.budget
-            self.emit(BudgetEvent(spent_usd=finish["spent_usd"], limit_usd=budget.usd, mode="finish"))
+            self.emit(
+                BudgetEvent(
+                    spent_usd=finish["spent_usd"], limit_usd=budget.usd, mode="finish"
+                )
+            )
         if self.options.on_step is not None:
             self.emit(event)
         if retried is not None and cut_off(result):
@@ -340,21 +394,34 @@ class _Run(CallAnswers):
         note = self.options.finish_note
         if note is None:
             return False
-        return not any(isinstance(m, UserMessage) and m.content == note for m in self.history.messages)
+        return not any(
+            isinstance(m, UserMessage) and m.content == note
+            for m in self.history.messages
+        )
 
-    async def budget_stop(self, spent_usd: float, account: AccountLimit | None = None) -> RunToolLoopResult:
+    async def budget_stop(
+        self, spent_usd: float, account: AccountLimit | None = None
+    ) -> RunToolLoopResult:
         """Stop `budget`. When a shared account's limit tripped it (`account`: its spend and limit),
         the event's own figures are still the run's: its spend and its budget."""
         limit = self.options.budget.usd
         if account is not None:
             spent_usd = await self.spent()
-        self.emit(BudgetEvent(spent_usd=spent_usd, limit_usd=limit, mode="stop", account=account))
+        self.emit(
+            BudgetEvent(
+                spent_usd=spent_usd, limit_usd=limit, mode="stop", account=account
+            )
+        )
         return await self.stop("budget")
 
-    async def stop(self, reason: StoppedBy, refusal: Refusal | None = None) -> RunToolLoopResult:
+    async def stop(
+        self, reason: StoppedBy, refusal: Refusal | None = None
+    ) -> RunToolLoopResult:
         """A budget, steps, cancel or refused stop: answer every open call with `Not run: <reason>.`."""
         for call_id in self.history.open_calls():
-            self.history.append(ToolMessage(tool_call_id=call_id, content=f"Not run: {reason}."))
+            self.history.append(
+                ToolMessage(tool_call_id=call_id, content=f"Not run: {reason}.")
+            )
         return await self.finish(reason, refusal=refusal)
 
     async def finish(

@@ -119,11 +119,18 @@ def _crash_of_tool(error: BaseException, task: asyncio.Task[Any] | None) -> bool
     """True when `error` (not an Exception) is the tool's own, not the caller stopping the loop."""
     if isinstance(error, asyncio.CancelledError):
         return False
-    if isinstance(error, BaseExceptionGroup) and error.subgroup(asyncio.CancelledError) is not None:
+    if (
+        isinstance(error, BaseExceptionGroup)
+        and error.subgroup(asyncio.CancelledError) is not None
+    ):
         return False
-    if isinstance(error, GeneratorExit):  # thrown into our coroutine as it is closed: not the tool's
+    if isinstance(
+        error, GeneratorExit
+    ):  # thrown into our coroutine as it is closed: not the tool's
         return task is not None and asyncio.current_task() is task
-    if isinstance(error, KeyboardInterrupt | SystemExit):  # the main thread is where signals land
+    if isinstance(
+        error, KeyboardInterrupt | SystemExit
+    ):  # the main thread is where signals land
         return threading.current_thread() is not threading.main_thread()
     return True
 
@@ -176,7 +183,9 @@ def format_errors(error: ValidationError) -> str:
 def text_answer(text: str, *, is_error: bool = False) -> ToolOutput:
     """An answer the loop gives itself (unknown tool, invalid input, a second ask); `is_error`: the
     call failed (unknown tool, invalid input), and the model's tool result says so."""
-    return ToolOutput(value=text, content=[TextPart(text=text)], cost_usd=0.0, is_error=is_error)
+    return ToolOutput(
+        value=text, content=[TextPart(text=text)], cost_usd=0.0, is_error=is_error
+    )
 
 
 def as_output(returned: Any, tool: str) -> ToolOutput:
@@ -216,7 +225,9 @@ def summary(output: ToolOutput) -> str:
     return ""
 
 
-def bounded(output: ToolOutput, tool: str, max_bytes: int | None, max_image_bytes: int | None) -> ToolOutput:
+def bounded(
+    output: ToolOutput, tool: str, max_bytes: int | None, max_image_bytes: int | None
+) -> ToolOutput:
     """`output`, or, when it is larger than `max_bytes` as JSON or carries an image file larger than
     `max_image_bytes`, an error answer for the model in its place (same cost and rows; the oversized
     value is not journaled)."""
@@ -235,12 +246,17 @@ def bounded(output: ToolOutput, tool: str, max_bytes: int | None, max_image_byte
                 if size > max_image_bytes:
                     name = os.path.basename(part.path)
                     problem = (
-                        f"returned the image {name!r} of {size:,} bytes; the limit is {max_image_bytes:,}"
+                        f"returned the image {name!r} of {size:,} bytes;"
+                        f" the limit is {max_image_bytes:,}"
                     )
                     break
     if problem is None:
         return output
     text = f"Tool {tool!r} {problem}. The result was not kept; ask for less (a narrower input)."
     return ToolOutput(
-        value=None, content=[TextPart(text=text)], cost_usd=output.cost_usd, rows=output.rows, is_error=True
+        value=None,
+        content=[TextPart(text=text)],
+        cost_usd=output.cost_usd,
+        rows=output.rows,
+        is_error=True,
     )

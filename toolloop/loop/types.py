@@ -108,7 +108,9 @@ class ToolSpec(_Options):
 
     @model_validator(mode="after")
     def _runnable(self) -> ToolSpec:
-        if self.run is None and not self.two_phase and self.name != "ask":  # `ask` is never run
+        if (
+            self.run is None and not self.two_phase and self.name != "ask"
+        ):  # `ask` is never run
             raise ValueError(
                 f"tool {self.name!r} has no run and is not two-phase (start and wait).\n"
                 "  Give it run(input, signal), or both start(input, signal) and wait(started, signal)."
@@ -234,7 +236,9 @@ class BudgetEvent(_Value):
     account: AccountLimit | None = None
 
     @model_serializer(mode="wrap")
-    def _without_no_account(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _without_no_account(
+        self, handler: SerializerFunctionWrapHandler
+    ) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if data.get("account") is None:
             data.pop("account", None)
@@ -281,7 +285,9 @@ LOOP_EVENT: TypeAdapter[LoopEvent] = TypeAdapter(LoopEvent)
 Reasoning = Literal["off", "low", "medium", "high"]
 CacheMode = Literal["off", "system", "conversation"]
 CacheTtl = Literal["5m", "1h"]
-StoppedBy = Literal["done", "budget", "steps", "cancel", "asked", "refused", "approval", "expired"]
+StoppedBy = Literal[
+    "done", "budget", "steps", "cancel", "asked", "refused", "approval", "expired"
+]
 
 
 class Decision(_Value):

@@ -24,7 +24,10 @@ class PromptGenHandler(Protocol):
     def estimate(self, request: PromptGenRequest) -> float: ...
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult: ...
 
 

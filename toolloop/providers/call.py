@@ -60,12 +60,16 @@ from toolloop.providers.retry import (
 log = logging.getLogger("toolloop.providers")
 
 ResponseObserver = Callable[[int, Mapping[str, str]], None]
-observe_responses: ContextVar[ResponseObserver | None] = ContextVar("observe_responses", default=None)
+observe_responses: ContextVar[ResponseObserver | None] = ContextVar(
+    "observe_responses", default=None
+)
 """Called with the status and headers of every HTTP answer of the model calls made in this context
 (a worker's rate limiter learns `anthropic-ratelimit-*` and `retry-after` from them;
 workers/config/ratelimit.py)."""
 
-before_retry: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("before_retry", default=None)
+before_retry: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar(
+    "before_retry", default=None
+)
 """Awaited before each retry of a model call made in this context, once its backoff is over (a
 worker's rate limiter books the retry as one more request: workers/flow/limiter.py)."""
 
@@ -170,7 +174,9 @@ async def call_json(
     content = body if isinstance(body, bytes) else dumps(body)
     del body  # not kept across the wait for the answer
     read_s = endpoint.timeout_s if wait_s is None else wait_s
-    timeout = httpx.Timeout(read_s, connect=min(read_s, 10.0) if connect_s is None else connect_s)
+    timeout = httpx.Timeout(
+        read_s, connect=min(read_s, 10.0) if connect_s is None else connect_s
+    )
     head = {"content-type": "application/json", **headers}
     call = _Call(endpoint, content, head, client, secret, flag, read_s, timeout, tally)
     relay = None if on_delta is None else as_relay(on_delta)
@@ -201,7 +207,12 @@ async def call_json(
         log.warning(
             "%s: retrying after %s (attempt %d of %d, waiting %.2f s)",
             endpoint.provider,
-            error.status or ("timeout" if isinstance(error, PromptGenTimeoutError) else "a connection error"),
+            error.status
+            or (
+                "timeout"
+                if isinstance(error, PromptGenTimeoutError)
+                else "a connection error"
+            ),
             attempt,
             policy.attempts,
             wait,
@@ -237,7 +248,9 @@ class _Call:
         name, backoff = endpoint.provider, endpoint.policy.backoff(attempt)
         answered = began = False
         try:
-            async with self.client.send(endpoint.url, self.content, self.headers, self.timeout) as answer:
+            async with self.client.send(
+                endpoint.url, self.content, self.headers, self.timeout
+            ) as answer:
                 answered = True
                 observer = observe_responses.get()
                 if observer is not None:
@@ -251,10 +264,16 @@ class _Call:
         except (httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteTimeout) as exc:
             if answered:
                 raise self.unreachable(exc) from None
-            return self.unreachable(exc), backoff, False  # the request did not go out whole
+            return (
+                self.unreachable(exc),
+                backoff,
+                False,
+            )  # the request did not go out whole
         except httpx.TimeoutException:
             if not began and self.tally is not None:
-                self.tally.unanswered += 1  # it may have been generated, and billed, whole
+                self.tally.unanswered += (
+                    1  # it may have been generated, and billed, whole
+                )
             late = (
                 f"sent nothing for {self.read_s:g} s in the middle of its streamed answer"
                 if began
@@ -282,7 +301,11 @@ class _Call:
         except httpx.TransportError as exc:
             if answered:  # the answer began: as before, not retried
                 raise self.unreachable(exc) from None
-            return self.unreachable(exc), backoff, False  # before any response: retried (the SDK does)
+            return (
+                self.unreachable(exc),
+                backoff,
+                False,
+            )  # before any response: retried (the SDK does)
         except StreamFailure as failure:
             error, wait = self.failed(failure.status, {}, failure.body, backoff)
             return error, wait, _begun(reader)
@@ -333,7 +356,9 @@ class _Call:
         if self.flag is not None and (flagged := self.flag(detail)) is not None:
             raise flagged
         name = self.endpoint.provider
-        error, wait_s = classify(name, self.endpoint, status, headers, detail, error_fields(text), backoff)
+        error, wait_s = classify(
+            name, self.endpoint, status, headers, detail, error_fields(text), backoff
+        )
         if wait_s is None:
             raise error
         return error, wait_s

@@ -58,7 +58,9 @@ class ModelPrice:
 
     @property
     def write_1h(self) -> float:
-        return self.cache_write_1h if self.cache_write_1h is not None else self.input * 2
+        return (
+            self.cache_write_1h if self.cache_write_1h is not None else self.input * 2
+        )
 
     def at(self, prompt_tokens: int) -> ModelPrice:
         """The rates a request with this many prompt tokens (input, cache reads and writes) pays."""
@@ -208,7 +210,11 @@ class Catalog:
             )
         if info.status == "retired":
             when = f" on {info.status_date}" if info.status_date else ""
-            instead = f"use {info.replacement!r}" if info.replacement else "use a current model"
+            instead = (
+                f"use {info.replacement!r}"
+                if info.replacement
+                else "use a current model"
+            )
             raise PromptGenError(
                 f"{provider}: model {model!r} was retired{when}; the API answers 404 for it.\n"
                 f"  Change the model: {instead} (docs/providers.md lists the current ones)."

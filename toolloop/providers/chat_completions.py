@@ -27,7 +27,13 @@ import json
 import math
 from typing import Any
 
-from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
+from toolloop.contract import (
+    FinishReason,
+    PromptGenResult,
+    PromptGenUsage,
+    ReasoningBlock,
+    ToolCall,
+)
 from toolloop.errors import PromptGenError, ToolArgumentsError
 from toolloop.fastjson import valid_text
 from toolloop.providers.catalog import ModelPrice, token_cost
@@ -52,17 +58,26 @@ def parse_completion(
         data = {}
     _raise_body_error(data, provider)
     choices = data.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    choice = (
+        choices[0]
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict)
+        else {}
+    )
     raw_message = choice.get("message")
     message: dict[str, Any] = raw_message if isinstance(raw_message, dict) else {}
     raw_finish = choice.get("finish_reason")
-    finish: FinishReason = raw_finish if raw_finish in ("stop", "tool_calls", "length") else "other"
+    finish: FinishReason = (
+        raw_finish if raw_finish in ("stop", "tool_calls", "length") else "other"
+    )
     if raw_finish == "content_filter":
         finish = "refusal"
     raw_calls = message.get("tool_calls")
     items = raw_calls if isinstance(raw_calls, list) else []
     cut = finish == "length" and bool(items)
-    calls = [_tool_call(item, provider, cut and i == len(items) - 1) for i, item in enumerate(items)]
+    calls = [
+        _tool_call(item, provider, cut and i == len(items) - 1)
+        for i, item in enumerate(items)
+    ]
     content = message.get("content")
     if isinstance(content, str):
         text = content
@@ -80,10 +95,12 @@ def parse_completion(
     prompt = token_count(usage_data, "prompt_tokens")
     completion = token_count(usage_data, "completion_tokens")
     read = _first(
-        token_count(usage_data, "cache_read_input_tokens"), token_count(detail_data, "cached_tokens")
+        token_count(usage_data, "cache_read_input_tokens"),
+        token_count(detail_data, "cached_tokens"),
     )
     write = _first(
-        token_count(usage_data, "cache_creation_input_tokens"), token_count(detail_data, "cache_write_tokens")
+        token_count(usage_data, "cache_creation_input_tokens"),
+        token_count(detail_data, "cache_write_tokens"),
     )
     usage = PromptGenUsage(
         prompt_tokens=prompt or 0,
@@ -96,18 +113,28 @@ def parse_completion(
         cache_write_1h_tokens=None if write is None or ttl == "5m" else write,
     )
     reported = usage_data.get("cost")
-    if isinstance(reported, int | float) and not isinstance(reported, bool) and math.isfinite(reported):
-        cost, source = (round(float(reported), 10), "usage") if reported >= 0 else (0.0, "")
+    if (
+        isinstance(reported, int | float)
+        and not isinstance(reported, bool)
+        and math.isfinite(reported)
+    ):
+        cost, source = (
+            (round(float(reported), 10), "usage") if reported >= 0 else (0.0, "")
+        )
     else:
         cost, source = 0.0, ""
     if not source and prompt is not None and completion is not None:
         uncached = max(prompt - (read or 0) - (write or 0), 0)
         writes = {"cache_write_1h" if ttl == "1h" else "cache_write": write or 0}
-        cost = token_cost(price, input=uncached, output=completion, cache_read=read or 0, **writes)
+        cost = token_cost(
+            price, input=uncached, output=completion, cache_read=read or 0, **writes
+        )
         source = "tokens"
     elif not source:
         answer = text + "".join(json.dumps(c.input) for c in calls)
-        cost = token_cost(price, input=estimate_tokens(input_text), output=estimate_tokens(answer))
+        cost = token_cost(
+            price, input=estimate_tokens(input_text), output=estimate_tokens(answer)
+        )
         source = "chars"
     meta: dict[str, Any] = {
         "provider": provider,
@@ -143,10 +170,17 @@ def _reasoning(message: dict[str, Any], provider: str) -> list[ReasoningBlock] |
     details = message.get("reasoning_details")
     if isinstance(details, list) and details:
         entries = [entry for entry in details if isinstance(entry, dict)]
-        return [ReasoningBlock(provider=provider, type="reasoning_details", data=e) for e in entries] or None
+        return [
+            ReasoningBlock(provider=provider, type="reasoning_details", data=e)
+            for e in entries
+        ] or None
     text = message.get("reasoning")
     if isinstance(text, str) and text:
-        return [ReasoningBlock(provider=provider, type="reasoning", data={"reasoning": text})]
+        return [
+            ReasoningBlock(
+                provider=provider, type="reasoning", data={"reasoning": text}
+            )
+        ]
     return None
 
 
@@ -171,7 +205,11 @@ def _tool_call(item: Any, provider: str, cut: bool = False) -> ToolCall:
     function = item.get("function") if isinstance(item, dict) else None
     call_id = item.get("id") if isinstance(item, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(function, dict):
+    if (
+        not isinstance(call_id, str)
+        or not isinstance(name, str)
+        or not isinstance(function, dict)
+    ):
         raise PromptGenError(
             f"{provider} returned an incomplete tool call.\n"
             "  Expected id and function.name on every choices[0].message.tool_calls entry."
@@ -183,7 +221,9 @@ def _tool_call(item: Any, provider: str, cut: bool = False) -> ToolCall:
         try:
             value = valid_text(json.loads(arguments))
         except ValueError:
-            if not cut:  # a cut-off call is never run: its half-written arguments are no error
+            if (
+                not cut
+            ):  # a cut-off call is never run: its half-written arguments are no error
                 raise ToolArgumentsError(name, arguments) from None
             value = {}
     else:
@@ -194,7 +234,11 @@ def _tool_call(item: Any, provider: str, cut: bool = False) -> ToolCall:
 def token_count(data: dict[str, Any], key: str) -> int | None:
     """A usage count: a finite number as a whole count >= 0; None when absent or not a number."""
     value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+    ):
         return None
     return max(int(value), 0)
 

@@ -13,7 +13,13 @@ import stat
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from toolloop.contract import AssistantMessage, ImagePart, PromptGenRequest, PromptGenResult, TextPart
+from toolloop.contract import (
+    AssistantMessage,
+    ImagePart,
+    PromptGenRequest,
+    PromptGenResult,
+    TextPart,
+)
 from toolloop.errors import PromptGenError
 
 log = logging.getLogger("toolloop.providers")
@@ -36,7 +42,9 @@ def check_request(provider: str, request: PromptGenRequest) -> None:
         )
 
 
-def reasoning_of(provider: str, request: PromptGenRequest, default: Reasoning | None) -> Reasoning | None:
+def reasoning_of(
+    provider: str, request: PromptGenRequest, default: Reasoning | None
+) -> Reasoning | None:
     """`params["reasoning"]`, checked; `default` when the request does not set it."""
     value = (request.params or {}).get("reasoning")
     if value is None:
@@ -62,7 +70,9 @@ def image_parts(request: PromptGenRequest) -> list[ImagePart]:
     found: list[ImagePart] = []
     for message in request.messages or []:
         if message.role != "assistant" and isinstance(message.content, list):
-            found.extend(part for part in message.content if isinstance(part, ImagePart))
+            found.extend(
+                part for part in message.content if isinstance(part, ImagePart)
+            )
     return found
 
 
@@ -71,7 +81,9 @@ async def read_images(provider: str, parts: list[ImagePart]) -> dict[str, str]:
     paths = sorted({part.path for part in parts})
     if not paths:
         return {}
-    encoded = await asyncio.gather(*(asyncio.to_thread(_read_base64, provider, p) for p in paths))
+    encoded = await asyncio.gather(
+        *(asyncio.to_thread(_read_base64, provider, p) for p in paths)
+    )
     return dict(zip(paths, encoded, strict=True))
 
 
@@ -127,14 +139,21 @@ def input_text(request: PromptGenRequest) -> str:
     if request.messages is None:
         return (request.system or "") + request.prompt
     chunks = [request.system or ""]
-    chunks += [json.dumps(t.model_dump(), separators=(",", ":")) for t in request.tools or []]
+    chunks += [
+        json.dumps(t.model_dump(), separators=(",", ":")) for t in request.tools or []
+    ]
     for message in request.messages:
         if isinstance(message.content, str):
             chunks.append(message.content)
         elif isinstance(message.content, list):
-            chunks += [part.text for part in message.content if isinstance(part, TextPart)]
+            chunks += [
+                part.text for part in message.content if isinstance(part, TextPart)
+            ]
         if isinstance(message, AssistantMessage):
-            chunks += [json.dumps(call.input, separators=(",", ":")) for call in message.tool_calls or []]
+            chunks += [
+                json.dumps(call.input, separators=(",", ":"))
+                for call in message.tool_calls or []
+            ]
     return "\n".join(chunks)
 
 
@@ -143,7 +162,9 @@ IMAGE_TOKENS = 1000
 
 
 def estimate_input_tokens(request: PromptGenRequest) -> int:
-    return estimate_tokens(input_text(request)) + IMAGE_TOKENS * len(image_parts(request))
+    return estimate_tokens(input_text(request)) + IMAGE_TOKENS * len(
+        image_parts(request)
+    )
 
 
 def log_answer(provider: str, model: str, result: PromptGenResult) -> None:
@@ -163,10 +184,17 @@ def log_answer(provider: str, model: str, result: PromptGenResult) -> None:
         source,
     )
     if result.finish_reason == "length":
-        log.warning("%s: the answer of %s was cut at max_tokens (partial)", provider, model)
+        log.warning(
+            "%s: the answer of %s was cut at max_tokens (partial)", provider, model
+        )
     elif result.finish_reason == "refusal":
         category = (result.meta or {}).get("category")
-        log.warning("%s: %s refused to answer (category %s)", provider, model, category or "not given")
+        log.warning(
+            "%s: %s refused to answer (category %s)",
+            provider,
+            model,
+            category or "not given",
+        )
 
 
 def cache_ttl_of(request: PromptGenRequest) -> CacheTtl:

@@ -119,7 +119,13 @@ class Cut:
 
 
 def unanswered(
-    provider: str, count: int, *, input_tokens: int, max_tokens: int, input_rate: float, output_rate: float
+    provider: str,
+    count: int,
+    *,
+    input_tokens: int,
+    max_tokens: int,
+    input_rate: float,
+    output_rate: float,
 ) -> list[Cut]:
     """`count` attempts that timed out before any answer began, each at the request's estimate
     (module docstring); rates in USD per million tokens."""
@@ -135,7 +141,9 @@ def with_cuts(result: PromptGenResult, cuts: Sequence[Cut]) -> PromptGenResult:
         return result
     meta = dict(result.meta or {})
     meta["cut_usd"] = [cut.usd for cut in cuts] + list(meta.get("cut_usd") or [])
-    meta["cut_usage"] = [cut.summary() for cut in cuts] + list(meta.get("cut_usage") or [])
+    meta["cut_usage"] = [cut.summary() for cut in cuts] + list(
+        meta.get("cut_usage") or []
+    )
     source = str(meta.get("cost_source") or "none")
     meta["cost_source"] = source if source.endswith("+cut") else f"{source}+cut"
     cost = round(result.cost_usd + sum(cut.usd for cut in cuts), 10)

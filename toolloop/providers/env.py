@@ -59,7 +59,10 @@ def from_env(
             http_client=http_client,
         ),
         "fal": FalHandler(
-            get("FAL_KEY"), run_url=get("FAL_RUN_URL"), catalog=catalog, http_client=http_client
+            get("FAL_KEY"),
+            run_url=get("FAL_RUN_URL"),
+            catalog=catalog,
+            http_client=http_client,
         ),
         "openai": OpenAIHandler(
             get("OPENAI_API_KEY"),
@@ -71,5 +74,9 @@ def from_env(
         "claude": ClaudeHandler(),
     }
     assert tuple(handlers) == PROVIDERS
-    fallback = [name.strip() for name in (get("TOOLLOOP_FALLBACK") or "").split(",") if name.strip()]
+    fallback = [
+        name.strip()
+        for name in (get("TOOLLOOP_FALLBACK") or "").split(",")
+        if name.strip()
+    ]
     return PromptGen(handlers, get("TOOLLOOP_PROVIDER") or "anthropic", fallback)

@@ -34,7 +34,11 @@ from toolloop.abort import NEVER_ABORTED, AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
 from toolloop.deltas import Relay, takes_on_delta
 from toolloop.deltas import relay as as_relay
-from toolloop.errors import PromptGenError, PromptGenTimeoutError, is_prompt_gen_unavailable
+from toolloop.errors import (
+    PromptGenError,
+    PromptGenTimeoutError,
+    is_prompt_gen_unavailable,
+)
 from toolloop.providers.base import PromptGenHandler
 from toolloop.providers.cutcost import Cut, with_cuts
 
@@ -45,7 +49,9 @@ Generate = Callable[..., Awaitable[PromptGenResult]]
 
 Send = Callable[[PromptGenRequest], Awaitable[PromptGenResult]]
 AroundAttempt = Callable[[str, PromptGenRequest, Send], Awaitable[PromptGenResult]]
-AROUND_ATTEMPT: ContextVar[AroundAttempt | None] = ContextVar("around_attempt", default=None)
+AROUND_ATTEMPT: ContextVar[AroundAttempt | None] = ContextVar(
+    "around_attempt", default=None
+)
 """The hook every provider attempt of `PromptGen.generate` goes through in this context (None: none)."""
 
 
@@ -55,7 +61,9 @@ def is_capacity(error: BaseException) -> bool:
     if isinstance(error, PromptGenTimeoutError):
         return True
     status = getattr(error, "status", None)
-    return isinstance(error, PromptGenError) and isinstance(status, int) and status >= 500
+    return (
+        isinstance(error, PromptGenError) and isinstance(status, int) and status >= 500
+    )
 
 
 def _reason(error: BaseException) -> str:
@@ -78,7 +86,9 @@ class PromptGen:
         fallback: Sequence[str] = (),
     ) -> None:
         self._handlers: dict[str, PromptGenHandler] = dict(handlers)
-        self._streams = {name: takes_on_delta(h.execute) for name, h in self._handlers.items()}
+        self._streams = {
+            name: takes_on_delta(h.execute) for name, h in self._handlers.items()
+        }
         """Which handlers take `on_delta` (a handler written before streaming does not)."""
         self.default_provider = default_provider
         self.fallback: list[str] = list(fallback)
@@ -104,7 +114,9 @@ class PromptGen:
             )
         return found
 
-    def estimate(self, request: PromptGenRequest, *, provider: str | None = None) -> float:
+    def estimate(
+        self, request: PromptGenRequest, *, provider: str | None = None
+    ) -> float:
         """USD estimate of `request` by the head of the chain only; no network."""
         return self.handler(provider or self.default_provider).estimate(request)
 
@@ -134,9 +146,13 @@ class PromptGen:
                 continue
             send = self._sender(name, handler, signal, relay)
             try:
-                result = await (send(request) if around is None else around(name, request, send))
+                result = await (
+                    send(request) if around is None else around(name, request, send)
+                )
             except Exception as error:
-                if signal.aborted or not (is_prompt_gen_unavailable(error) or is_capacity(error)):
+                if signal.aborted or not (
+                    is_prompt_gen_unavailable(error) or is_capacity(error)
+                ):
                     raise
                 if relay is not None:
                     relay.discard()
@@ -144,7 +160,9 @@ class PromptGen:
                 last = error
                 reason = _reason(error)
                 failed.append({"provider": name, "reason": reason})
-                following = next((n for n in chain[index + 1 :] if n in self._handlers), None)
+                following = next(
+                    (n for n in chain[index + 1 :] if n in self._handlers), None
+                )
                 if following is not None:
                     log.warning(
                         "prompt-gen falls back from %s to %s: %s",
@@ -163,7 +181,13 @@ class PromptGen:
             last.cut_attempts = tuple(cuts)  # every provider's, in order
         raise last
 
-    def _sender(self, name: str, handler: PromptGenHandler, signal: AbortSignal, relay: Relay | None) -> Send:
+    def _sender(
+        self,
+        name: str,
+        handler: PromptGenHandler,
+        signal: AbortSignal,
+        relay: Relay | None,
+    ) -> Send:
         """The call of one provider: `handler.execute`, with the deltas' relay when it streams."""
 
         async def send(request: PromptGenRequest) -> PromptGenResult:
@@ -178,8 +202,12 @@ class PromptGen:
         `run_tool_loop` takes."""
 
         async def generate(
-            request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+            request: PromptGenRequest,
+            signal: AbortSignal,
+            on_delta: OnDelta | None = None,
         ) -> PromptGenResult:
-            return await self.generate(request, signal=signal, provider=provider, on_delta=on_delta)
+            return await self.generate(
+                request, signal=signal, provider=provider, on_delta=on_delta
+            )
 
         return generate

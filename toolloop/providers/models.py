@@ -46,7 +46,8 @@ OLD_TABLE = "carried over from the earlier prices.py; no source in PROVIDERS.md"
 NOT_FOUND = "no source found; nothing is capped or assumed"
 READ_1202 = "read 2026-12-02"
 HAIKU_5_5_PAGE = (
-    f"Claude Haiku 5.5 model page (platform.claude.com/docs/en/models/haiku-5-5/overview, {READ_1202})"
+    "Claude Haiku 5.5 model page"
+    f" (platform.claude.com/docs/en/models/haiku-5-5/overview, {READ_1202})"
 )
 SONNET_5_5_GUIDE = (
     f"Claude Sonnet 5.5 migration guide (platform.claude.com/docs/en/models/sonnet-5-5/migration-guide, "
@@ -95,7 +96,9 @@ def _price(
         elif kind == "u":
             sources[f"price.{field_name}"] = Source(UNCONFIRMED, THIRD)
         else:
-            sources[f"price.{field_name}"] = Source(DERIVED, rules.get(field_name, name))
+            sources[f"price.{field_name}"] = Source(
+                DERIVED, rules.get(field_name, name)
+            )
     return ModelPrice(input_, output, read, write, write_1h), sources
 
 
@@ -161,7 +164,11 @@ def _claude(
 
 
 def _retired(
-    id: str, date: str | None, replacement: str, source: str, aliases: tuple[str, ...] = ()
+    id: str,
+    date: str | None,
+    replacement: str,
+    source: str,
+    aliases: tuple[str, ...] = (),
 ) -> ModelInfo:
     gone = Source(READ, "retired: the API answers 404")
     return ModelInfo(
@@ -180,14 +187,23 @@ def _retired(
 
 
 def _other(
-    id: str, input_: float, output: float, read_share: float, write_share: float, source: str
+    id: str,
+    input_: float,
+    output: float,
+    read_share: float,
+    write_share: float,
+    source: str,
 ) -> ModelInfo:
     """A non-Anthropic model (behind fal's router, or OpenAI's API): reads at `read_share` and writes
     at `write_share` of the input price (the family's rule: derived)."""
     vendor = id.split("/", 1)[0] if "/" in id else "openai"
     kind = READ if source == FAL_README else UNCONFIRMED
-    rule = Source(DERIVED, f"{read_share:g}x / {write_share:g}x input (the family's cache rule)")
-    price = ModelPrice(input_, output, input_ * read_share, input_ * write_share, input_ * write_share)
+    rule = Source(
+        DERIVED, f"{read_share:g}x / {write_share:g}x input (the family's cache rule)"
+    )
+    price = ModelPrice(
+        input_, output, input_ * read_share, input_ * write_share, input_ * write_share
+    )
     sources = {
         "price.input": Source(kind, source),
         "price.output": Source(kind, source),
@@ -207,23 +223,38 @@ _U = Source(UNKNOWN, "'check' or '-' in PROVIDERS.md: not sent (the safe choice)
 _OLD_API = Source(READ, MODEL_PAGES + ": accepted with anthropic-version 2023-06-01")
 _3RD = Source(UNCONFIRMED, THIRD)
 
-_T_ALWAYS = Source(READ, MODEL_PAGES + ": always on (adaptive + effort); 'disabled' is a 400")
-_T_ADAPTIVE_ONLY = Source(READ, BEDROCK + ": adaptive only; 'enabled' and 'disabled' are a 400")
-_T_ADAPTIVE = Source(DERIVED, MODEL_PAGES + ": adaptive + effort; 'disabled' as no refusal is documented")
+_T_ALWAYS = Source(
+    READ, MODEL_PAGES + ": always on (adaptive + effort); 'disabled' is a 400"
+)
+_T_ADAPTIVE_ONLY = Source(
+    READ, BEDROCK + ": adaptive only; 'enabled' and 'disabled' are a 400"
+)
+_T_ADAPTIVE = Source(
+    DERIVED, MODEL_PAGES + ": adaptive + effort; 'disabled' as no refusal is documented"
+)
 _T_OPUS_5 = Source(READ, MODEL_PAGES + ": adaptive; 'disabled' only at effort <= high")
 _T_ALL = Source(READ, BEDROCK + ": adaptive; 'enabled' deprecated but accepted")
-_T_BUDGET = Source(READ, MODEL_PAGES + ": 'enabled' + budget_tokens only; adaptive and effort are a 400")
+_T_BUDGET = Source(
+    READ,
+    MODEL_PAGES + ": 'enabled' + budget_tokens only; adaptive and effort are a 400",
+)
 _SONNET_4_5 = SDK_DEPRECATED + "; PROVIDERS.md (404 since)"
 _SIZE = Source(READ, MODEL_PAGES + " (models overview): 1M context, 128K max output")
 _T_HAIKU_5_5 = Source(
-    DERIVED, MODEL_PAGES + ": adaptive (not always on); 'disabled' as no refusal is documented"
+    DERIVED,
+    MODEL_PAGES + ": adaptive (not always on); 'disabled' as no refusal is documented",
 )
 _1M, _128K = 1_000_000, 128_000
-_T_FABLE_5_2 = Source(READ, FABLE_5_2_NEW + ": adaptive thinking always on, effort sets its depth")
-_AS_FABLE_5_1 = Source(
-    DERIVED, "as Fable 5.1: What's new in Fable 5.2 lists four breaking changes from 5.1, none of this"
+_T_FABLE_5_2 = Source(
+    READ, FABLE_5_2_NEW + ": adaptive thinking always on, effort sets its depth"
 )
-_SIZE_5_2 = Source(READ, FABLE_5_2_NEW + ": 1M context (default and maximum), 128k max output")
+_AS_FABLE_5_1 = Source(
+    DERIVED,
+    "as Fable 5.1: What's new in Fable 5.2 lists four breaking changes from 5.1, none of this",
+)
+_SIZE_5_2 = Source(
+    READ, FABLE_5_2_NEW + ": 1M context (default and maximum), 128k max output"
+)
 _LEGACY = Source(READ, LEGACY)
 
 
@@ -234,13 +265,22 @@ def _haiku_5_5() -> tuple[ModelPrice, dict[str, Source]]:
     input, cache reads and writes, as Anthropic's earlier long-context tier did) is unconfirmed."""
     low, low_src = _price((0.10, 0.50, 0.01, 0.125, 0.20), "rrurr", HAIKU_5_5_PAGE)
     high, high_src = _price((0.50, 2.50, 0.05, 0.625, 1.00), "rrurr", HAIKU_5_5_PAGE)
-    sources = {**low_src, **{key.replace("price.", "price.above."): src for key, src in high_src.items()}}
+    sources = {
+        **low_src,
+        **{key.replace("price.", "price.above."): src for key, src in high_src.items()},
+    }
     sources["price.above.tokens"] = Source(
         READ,
-        HAIKU_5_5_PAGE + ": 'for prompts over 100,000 tokens' (counting cache reads and writes: unconfirmed)",
+        HAIKU_5_5_PAGE
+        + ": 'for prompts over 100,000 tokens' (counting cache reads and writes: unconfirmed)",
     )
     tiered = ModelPrice(
-        low.input, low.output, low.cache_read, low.cache_write, low.cache_write_1h, PriceTier(100_000, high)
+        low.input,
+        low.output,
+        low.cache_read,
+        low.cache_write,
+        low.cache_write_1h,
+        PriceTier(100_000, high),
     )
     return tiered, sources
 
@@ -258,7 +298,9 @@ MODELS: tuple[ModelInfo, ...] = (
         max_output_tokens=_128K,
         context_window=_1M,
         size_src=_SIZE_5_2,
-        status_src=Source(READ, LINEUP + ": in the current lineup (released 2026-11-09)"),
+        status_src=Source(
+            READ, LINEUP + ": in the current lineup (released 2026-11-09)"
+        ),
         fal_slug="anthropic/claude-fable-5.2",
     ),
     _claude(
@@ -317,7 +359,8 @@ MODELS: tuple[ModelInfo, ...] = (
         context_window=_1M,
         size_src=_SIZE,
         status_src=Source(
-            UNCONFIRMED, LINEUP + " lists Fable 5.2, not 5.1; no Fable 5.1 page read says Legacy"
+            UNCONFIRMED,
+            LINEUP + " lists Fable 5.2, not 5.1; no Fable 5.1 page read says Legacy",
         ),
         fal_slug="anthropic/claude-fable-5.1",
     ),
@@ -325,7 +368,9 @@ MODELS: tuple[ModelInfo, ...] = (
         "claude-mythos-5-2",
         _price((8, 40, 0.20, None, None), "ddudd", MYTHOS_AS_FABLE),
         thinking=_ADAPTIVE,
-        thinking_src=Source(READ, FABLE_5_2_NEW + ": the same capabilities as Fable 5.2"),
+        thinking_src=Source(
+            READ, FABLE_5_2_NEW + ": the same capabilities as Fable 5.2"
+        ),
         forced_tool_choice=False,
         tool_choice_src=_AS_FABLE_5_1,
         temperature=False,
@@ -387,9 +432,13 @@ MODELS: tuple[ModelInfo, ...] = (
         min_cache_src=_3RD,
         max_output_tokens=128_000,
         context_window=1_000_000,
-        size_src=Source(READ, LEGACY + ": Fable 5's page, Mythos 5 shares its specifications"),
+        size_src=Source(
+            READ, LEGACY + ": Fable 5's page, Mythos 5 shares its specifications"
+        ),
         status="legacy",
-        status_src=Source(UNCONFIRMED, "as Fable 5 (Legacy); Mythos 5's own page not read; " + LIMITED),
+        status_src=Source(
+            UNCONFIRMED, "as Fable 5 (Legacy); Mythos 5's own page not read; " + LIMITED
+        ),
         replacement="claude-mythos-5-2",
         fal_src=_NOT_FOUND,
     ),
@@ -522,9 +571,18 @@ MODELS: tuple[ModelInfo, ...] = (
         SDK_DEPRECATED + ": end of life June 30th, 2026 (passed: retired)",
     ),
     _retired(
-        "claude-sonnet-4-5", "2026-11-30", "claude-sonnet-5-5", _SONNET_4_5, ("claude-sonnet-4-5-20250929",)
+        "claude-sonnet-4-5",
+        "2026-11-30",
+        "claude-sonnet-5-5",
+        _SONNET_4_5,
+        ("claude-sonnet-4-5-20250929",),
     ),
-    _retired("claude-opus-4-1", None, "claude-opus-5-5", MODEL_PAGES + ": Bedrock and Google Cloud only"),
+    _retired(
+        "claude-opus-4-1",
+        None,
+        "claude-opus-5-5",
+        MODEL_PAGES + ": Bedrock and Google Cloud only",
+    ),
     _retired("claude-opus-4", "2026-06-15", "claude-opus-5-5", MODEL_PAGES),
     _retired("claude-sonnet-4", "2026-06-15", "claude-sonnet-5-5", MODEL_PAGES),
     _retired("claude-3-7-sonnet", "2026-02-19", "claude-sonnet-5-5", MODEL_PAGES),
@@ -555,13 +613,18 @@ def marked(info: ModelInfo, name: str, value: str) -> str:
     kind = info.source(name).kind
     if kind == "unknown":
         return "?" if value in ("", "-") else f"{value} (?)"
-    return value + {"read": "", "derived": " (d)", "unconfirmed": " (u)", OPERATOR: " (o)"}[kind]
+    return (
+        value
+        + {"read": "", "derived": " (d)", "unconfirmed": " (u)", OPERATOR: " (o)"}[kind]
+    )
 
 
 def _size(tokens: int | None) -> str:
     if tokens is None:
         return "?"
-    return f"{tokens // 1_000_000}M" if tokens % 1_000_000 == 0 else f"{tokens // 1000}K"
+    return (
+        f"{tokens // 1_000_000}M" if tokens % 1_000_000 == 0 else f"{tokens // 1000}K"
+    )
 
 
 def long_context(info: ModelInfo) -> str:
@@ -575,14 +638,18 @@ def long_context(info: ModelInfo) -> str:
         return marked(info, f"price.above.{field}", f"{value:g}")
 
     rates = f"{cell('input', p.input)} / {cell('output', p.output)}"
-    writes = f"{cell('cache_write', p.cache_write)} / {cell('cache_write_1h', p.write_1h)}"
+    writes = (
+        f"{cell('cache_write', p.cache_write)} / {cell('cache_write_1h', p.write_1h)}"
+    )
     return f"> {_size(tier.tokens)}: {rates}, read {cell('cache_read', p.cache_read)}, writes {writes}"
 
 
 def status_cell(info: ModelInfo, quote: str = "") -> str:
     """A row's status as one cell: "legacy 2026-11-09 -> claude-sonnet-5-5", with its source mark;
     `quote` wraps the replacement's id (a backtick in Markdown)."""
-    status = marked(info, "status", info.status) + (f" {info.status_date}" if info.status_date else "")
+    status = marked(info, "status", info.status) + (
+        f" {info.status_date}" if info.status_date else ""
+    )
     if info.replacement:
         status += f" -> {quote}{info.replacement}{quote}"
     return status
@@ -593,7 +660,9 @@ def price_cells(info: ModelInfo) -> list[str]:
     assert info.price is not None
     p = info.price
     return [
-        marked(info, "price.input", f"{p.input:g}") + " / " + marked(info, "price.output", f"{p.output:g}"),
+        marked(info, "price.input", f"{p.input:g}")
+        + " / "
+        + marked(info, "price.output", f"{p.output:g}"),
         marked(info, "price.cache_read", f"{p.cache_read:g}"),
         marked(info, "price.cache_write", f"{p.cache_write:g}"),
         marked(info, "price.cache_write_1h", f"{p.write_1h:g}"),
@@ -623,11 +692,15 @@ def markdown(catalog: Catalog) -> str:
             thinking = ", ".join(sorted(info.thinking)) or "none sent"
         rules = [
             marked(info, "thinking", thinking),
-            marked(info, "forced_tool_choice", "yes" if info.forced_tool_choice else "no"),
+            marked(
+                info, "forced_tool_choice", "yes" if info.forced_tool_choice else "no"
+            ),
             marked(info, "temperature", "yes" if info.temperature else "no"),
             marked(info, "min_cache_tokens", str(info.min_cache_tokens or "-")),
             marked(
-                info, "max_output_tokens", _size(info.max_output_tokens) + " / " + _size(info.context_window)
+                info,
+                "max_output_tokens",
+                _size(info.max_output_tokens) + " / " + _size(info.context_window),
             )
             if info.max_output_tokens
             else "-",

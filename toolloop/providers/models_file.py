@@ -78,7 +78,9 @@ class _Bad(Exception):
         self.where, self.problem, self.fix = where, problem, fix
 
 
-def catalog_from_env(env: Mapping[str, str] | None = None, base: Catalog | None = None) -> Catalog:
+def catalog_from_env(
+    env: Mapping[str, str] | None = None, base: Catalog | None = None
+) -> Catalog:
     """The catalogue in force: `base` (default `default_catalog()`) with the file TOOLLOOP_MODELS
     names laid over it; `base` itself when the variable is unset or blank."""
     path = (os.environ if env is None else env).get(ENV, "").strip()
@@ -90,14 +92,24 @@ def load(path: str, base: Catalog) -> Catalog:
     """`base` with the operator file at `path` laid over it (ModelsFileError when it is bad)."""
     data = _read(path)
     try:
-        if not isinstance(data, dict) or set(data) != {"models"} or not isinstance(data["models"], dict):
-            got = type(data).__name__ if not isinstance(data, dict) else f"the keys {sorted(map(str, data))}"
+        if (
+            not isinstance(data, dict)
+            or set(data) != {"models"}
+            or not isinstance(data["models"], dict)
+        ):
+            got = (
+                type(data).__name__
+                if not isinstance(data, dict)
+                else f"the keys {sorted(map(str, data))}"
+            )
             raise _Bad(
                 "the file",
                 f"is {got}, not a mapping with one key `models`",
                 "Write `models:` and under it one entry per model id.",
             )
-        rows = [_row(str(name), entry, base, path) for name, entry in data["models"].items()]
+        rows = [
+            _row(str(name), entry, base, path) for name, entry in data["models"].items()
+        ]
     except _Bad as bad:
         raise ModelsFileError(
             f"{ENV} ({path}): {bad.where} {bad.problem}.\n  {bad.fix} See docs/providers.md."
@@ -114,12 +126,14 @@ def _read(path: str) -> Any:
         size = file.stat().st_size
         if size > MAX_BYTES:
             raise fail(
-                f"the file has {size:,} bytes, more than {MAX_BYTES:,}", "Keep only the models you change."
+                f"the file has {size:,} bytes, more than {MAX_BYTES:,}",
+                "Keep only the models you change.",
             )
         text = file.read_text(encoding="utf-8")
     except OSError as error:
         raise fail(
-            f"cannot be read ({error.strerror or error})", f"Point {ENV} at a readable JSON or YAML file."
+            f"cannot be read ({error.strerror or error})",
+            f"Point {ENV} at a readable JSON or YAML file.",
         ) from None
     except UnicodeDecodeError:
         raise fail("is not UTF-8 text", "Save it as UTF-8 JSON or YAML.") from None
@@ -149,7 +163,9 @@ def _row(name: str, entry: Any, base: Catalog, path: str) -> ModelInfo:
             "is not a field of an entry",
             f"Use only {', '.join(sorted(_ENTRY_KEYS))}.",
         )
-    source = Source(OPERATOR, _text(entry, "source", name) if "source" in entry else f"{ENV} {path}")
+    source = Source(
+        OPERATOR, _text(entry, "source", name) if "source" in entry else f"{ENV} {path}"
+    )
     known = base.find(name)
     if "like" in entry:
         like = _text(entry, "like", name)
@@ -161,30 +177,48 @@ def _row(name: str, entry: Any, base: Catalog, path: str) -> ModelInfo:
                 "Name a known model whose request rules the new one shares.",
             )
         known = replace(
-            template, id=name, aliases=(), fal_slug=None, status="current", replacement=None, status_date=None
+            template,
+            id=name,
+            aliases=(),
+            fal_slug=None,
+            status="current",
+            replacement=None,
+            status_date=None,
         )
     sources: dict[str, Source] = dict(known.sources) if known is not None else {}
     if "like" in entry or known is None:
         sources["status"] = Source(OPERATOR, f"added by {ENV} {path}")
     if known is None:
-        known = ModelInfo(id=name, vendor=name.split("/", 1)[0] if "/" in name else "anthropic")
+        known = ModelInfo(
+            id=name, vendor=name.split("/", 1)[0] if "/" in name else "anthropic"
+        )
     changes: dict[str, Any] = {}
     if "price" in entry:
         old = None if "like" in entry else known.price  # a new model's price is its own
         changes["price"] = _price(name, entry["price"], old, sources, source)
     elif known.price is None and entry.get("status", known.status) != "retired":
-        raise _Bad(name, "has no price", "Give price: {input: ..., output: ...} in USD per million tokens.")
+        raise _Bad(
+            name,
+            "has no price",
+            "Give price: {input: ..., output: ...} in USD per million tokens.",
+        )
     changes.update(_fields(name, entry, source, sources))
     return replace(known, **changes, sources=sources)
 
 
-def _fields(name: str, entry: dict[str, Any], source: Source, sources: dict[str, Source]) -> dict[str, Any]:
+def _fields(
+    name: str, entry: dict[str, Any], source: Source, sources: dict[str, Source]
+) -> dict[str, Any]:
     """The entry's fields other than the price, each with the operator's source."""
     changes: dict[str, Any] = {}
     if "status" in entry:
         status = entry["status"]
         if status not in _STATUSES:
-            raise _Bad(f"{name}.status", f"is {status!r}", f"Use one of {', '.join(_STATUSES)}.")
+            raise _Bad(
+                f"{name}.status",
+                f"is {status!r}",
+                f"Use one of {', '.join(_STATUSES)}.",
+            )
         changes["status"], sources["status"] = status, source
     for key in ("status_date", "replacement", "fal_slug"):
         if key in entry:
@@ -194,14 +228,24 @@ def _fields(name: str, entry: dict[str, Any], source: Source, sources: dict[str,
             changes[key], sources[key] = _count(f"{name}.{key}", entry[key]), source
     if "aliases" in entry:
         aliases = entry["aliases"]
-        if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
-            raise _Bad(f"{name}.aliases", "is not a list of ids", 'Write aliases: ["claude-next-20261201"].')
+        if not isinstance(aliases, list) or not all(
+            isinstance(a, str) and a for a in aliases
+        ):
+            raise _Bad(
+                f"{name}.aliases",
+                "is not a list of ids",
+                'Write aliases: ["claude-next-20261201"].',
+            )
         changes["aliases"] = tuple(aliases)
     return changes
 
 
 def _price(
-    name: str, raw: Any, old: ModelPrice | None, sources: dict[str, Source], source: Source
+    name: str,
+    raw: Any,
+    old: ModelPrice | None,
+    sources: dict[str, Source],
+    source: Source,
 ) -> ModelPrice:
     values = _numbers(f"{name}.price", raw, _PRICE_KEYS)
     tier_raw = raw.get("above")
@@ -221,7 +265,9 @@ def _price(
             merged[key], sources[f"price.{key}"] = values[key], source
         elif old is None:  # a new model without this cache price: Anthropic's rule
             merged[key] = round(float(merged["input"] or 0) * _RULE[key], 10)
-            sources[f"price.{key}"] = Source(DERIVED, f"{_RULE[key]:g}x input (Anthropic's rule)")
+            sources[f"price.{key}"] = Source(
+                DERIVED, f"{_RULE[key]:g}x input (Anthropic's rule)"
+            )
     price = ModelPrice(
         float(merged["input"] or 0),
         float(merged["output"] or 0),
@@ -232,7 +278,11 @@ def _price(
     )
     if tier_raw is not None:
         tier = _numbers(f"{name}.price.above", tier_raw, _TIER_KEYS)
-        if "tokens" not in tier or tier["tokens"] < 1 or tier["tokens"] != int(tier["tokens"]):
+        if (
+            "tokens" not in tier
+            or tier["tokens"] < 1
+            or tier["tokens"] != int(tier["tokens"])
+        ):
             raise _Bad(
                 f"{name}.price.above.tokens",
                 "is missing or not a whole number of tokens >= 1",
@@ -240,13 +290,17 @@ def _price(
             )
         base = old.above.price if old is not None and old.above is not None else price
         parts = {
-            key: tier.get(key, getattr(base, key) if key != "cache_write_1h" else base.write_1h)
+            key: tier.get(
+                key, getattr(base, key) if key != "cache_write_1h" else base.write_1h
+            )
             for key in PRICE_FIELDS
         }
         for key in tier:
             sources[f"price.above.{key}"] = source
         amounts = [float(parts[key] or 0) for key in PRICE_FIELDS]
-        tier_price = ModelPrice(amounts[0], amounts[1], amounts[2], amounts[3], amounts[4])
+        tier_price = ModelPrice(
+            amounts[0], amounts[1], amounts[2], amounts[3], amounts[4]
+        )
         price = replace(price, above=PriceTier(int(tier["tokens"]), tier_price))
     return price
 
@@ -260,7 +314,11 @@ def _numbers(where: str, raw: Any, allowed: set[str]) -> dict[str, float]:
         )
     unknown = sorted(set(map(str, raw)) - allowed)
     if unknown:
-        raise _Bad(f"{where}.{unknown[0]}", "is not a price field", f"Use only {', '.join(sorted(allowed))}.")
+        raise _Bad(
+            f"{where}.{unknown[0]}",
+            "is not a price field",
+            f"Use only {', '.join(sorted(allowed))}.",
+        )
     found = {}
     for key, value in raw.items():
         if key == "above":
@@ -270,8 +328,15 @@ def _numbers(where: str, raw: Any, allowed: set[str]) -> dict[str, float]:
 
 
 def _amount(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        shown = repr(value) if not isinstance(value, str) else f"the text {value[:40]!r}"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        shown = (
+            repr(value) if not isinstance(value, str) else f"the text {value[:40]!r}"
+        )
         raise _Bad(
             where,
             f"is {shown}, not a price",
@@ -279,7 +344,9 @@ def _amount(where: str, value: Any) -> float:
         )
     if value > 1e9:
         raise _Bad(
-            where, f"is {value:g}, more than 1e9", "Give USD per million tokens (e.g. 3 for $3 / MTok)."
+            where,
+            f"is {value:g}, more than 1e9",
+            "Give USD per million tokens (e.g. 3 for $3 / MTok).",
         )
     return float(value)
 
@@ -287,7 +354,9 @@ def _amount(where: str, value: Any) -> float:
 def _count(where: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _Bad(
-            where, f"is {value!r}, not a whole number of tokens >= 1", "Give a token count, e.g. 128000."
+            where,
+            f"is {value!r}, not a whole number of tokens >= 1",
+            "Give a token count, e.g. 128000.",
         )
     return value
 

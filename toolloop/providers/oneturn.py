@@ -23,11 +23,20 @@ from toolloop.providers.base import Secret
 from toolloop.providers.call import call_json
 from toolloop.providers.catalog import Catalog, ModelPrice, token_cost
 from toolloop.providers.chat_completions import parse_completion
-from toolloop.providers.common import estimate_tokens, input_text, max_tokens_of, reasoning_of
+from toolloop.providers.common import (
+    estimate_tokens,
+    input_text,
+    max_tokens_of,
+    reasoning_of,
+)
 from toolloop.providers.models import default_catalog
 from toolloop.providers.retry import Endpoint, RetryPolicy
 
-_CLAUDE_ALIASES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-4-5"}
+_CLAUDE_ALIASES = {
+    "sonnet": "claude-sonnet-5-5",
+    "opus": "claude-opus-5-5",
+    "haiku": "claude-haiku-4-5",
+}
 
 
 def refuse_unless_one_turn(name: str, request: PromptGenRequest) -> None:
@@ -39,10 +48,14 @@ def refuse_unless_one_turn(name: str, request: PromptGenRequest) -> None:
         )
 
 
-def _estimate(price: ModelPrice | None, request: PromptGenRequest, max_tokens: int) -> float:
+def _estimate(
+    price: ModelPrice | None, request: PromptGenRequest, max_tokens: int
+) -> float:
     if price is None:
         return 0.0
-    total = estimate_tokens(input_text(request)) * price.input + max_tokens * price.output
+    total = (
+        estimate_tokens(input_text(request)) * price.input + max_tokens * price.output
+    )
     return round(total / 1_000_000, 6)
 
 
@@ -68,7 +81,9 @@ class OpenAIHandler:
         self.default_model = default_model
         self.catalog = (catalog or default_catalog()).with_prices(prices or {})
         url = base_url.rstrip("/") + "/v1/chat/completions"
-        self.endpoint = Endpoint(self.name, url, "OPENAI_API_KEY", timeout_s, retry or RetryPolicy())
+        self.endpoint = Endpoint(
+            self.name, url, "OPENAI_API_KEY", timeout_s, retry or RetryPolicy()
+        )
         self.http: HttpClient = http_client or HttpxClient(transport)
 
     def __repr__(self) -> str:
@@ -80,7 +95,10 @@ class OpenAIHandler:
         return _estimate(price, request, max_tokens_of(request, 4096))
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         signal.throw_if_aborted()
         refuse_unless_one_turn(self.name, request)
@@ -89,13 +107,18 @@ class OpenAIHandler:
         key = self._key.reveal()
         if key is None:
             raise PromptGenUnavailableError(
-                "openai has no API key.\n  Set OPENAI_API_KEY, or use another prompt-gen provider.", "auth"
+                "openai has no API key.\n  Set OPENAI_API_KEY, or use another prompt-gen provider.",
+                "auth",
             )
-        messages = [{"role": "system", "content": request.system}] if request.system else []
+        messages = (
+            [{"role": "system", "content": request.system}] if request.system else []
+        )
         messages.append({"role": "user", "content": request.prompt})
         body: dict[str, Any] = {"model": model, "messages": messages}
         given = (request.params or {}).get("max_tokens") is not None
-        max_tokens = max_tokens_of(request, 4096) if given else None  # None: the API's own default
+        max_tokens = (
+            max_tokens_of(request, 4096) if given else None
+        )  # None: the API's own default
         if max_tokens is not None:
             body["max_completion_tokens"] = max_tokens
         if request.temperature is not None:
@@ -104,7 +127,9 @@ class OpenAIHandler:
         if reasoning is not None:
             body["reasoning_effort"] = "minimal" if reasoning == "off" else reasoning
         headers = {"authorization": f"Bearer {key}"}
-        data = await call_json(self.endpoint, body, headers, signal, client=self.http, secret=self._key)
+        data = await call_json(
+            self.endpoint, body, headers, signal, client=self.http, secret=self._key
+        )
         return parse_completion(
             data,
             provider=self.name,
@@ -120,7 +145,11 @@ class _CliHandler:
     binary = ""
 
     def __init__(
-        self, *, binary: str | None = None, default_model: str | None = None, timeout_s: float = 600
+        self,
+        *,
+        binary: str | None = None,
+        default_model: str | None = None,
+        timeout_s: float = 600,
     ):
         self.binary = binary or self.binary
         self.default_model = default_model
@@ -134,7 +163,9 @@ class _CliHandler:
 
     def estimate(self, request: PromptGenRequest) -> float:
         refuse_unless_one_turn(self.name, request)
-        return _estimate(self._price(request.model or self.default_model), request, 4096)
+        return _estimate(
+            self._price(request.model or self.default_model), request, 4096
+        )
 
     async def _run(self, args: list[str], stdin: str, signal: AbortSignal) -> str:
         """Run the CLI with `stdin`; its stdout, or an error with the tail of its stderr."""
@@ -155,7 +186,8 @@ class _CliHandler:
         )
         try:
             out, err = await race(
-                asyncio.wait_for(process.communicate(stdin.encode()), self.timeout_s), signal
+                asyncio.wait_for(process.communicate(stdin.encode()), self.timeout_s),
+                signal,
             )
         except TimeoutError:
             raise PromptGenError(
@@ -167,7 +199,9 @@ class _CliHandler:
                 process.kill()
                 await process.wait()
         if process.returncode != 0:
-            tail = " ".join(err.decode(errors="replace").split())[-300:] or "(no stderr)"
+            tail = (
+                " ".join(err.decode(errors="replace").split())[-300:] or "(no stderr)"
+            )
             raise PromptGenError(
                 f"{self.name} exited with status {process.returncode}: {tail}\n"
                 f"  Run `{self.binary}` by hand to see what it needs (login, model name).",
@@ -186,7 +220,10 @@ class ClaudeHandler(_CliHandler):
         return default_catalog().price(model)
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         refuse_unless_one_turn(self.name, request)
         args = ["-p", "--output-format", "json"]
@@ -233,17 +270,31 @@ class CodexHandler(_CliHandler):
         return default_catalog().price(model) if model else None
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         refuse_unless_one_turn(self.name, request)
         model = request.model or self.default_model
-        args = ["exec", "--json", "--skip-git-repo-check"] + (["-m", model] if model else []) + ["-"]
-        prompt = f"{request.system}\n\n{request.prompt}" if request.system else request.prompt
+        args = (
+            ["exec", "--json", "--skip-git-repo-check"]
+            + (["-m", model] if model else [])
+            + ["-"]
+        )
+        prompt = (
+            f"{request.system}\n\n{request.prompt}"
+            if request.system
+            else request.prompt
+        )
         text, usage = "", _dict(None)
         for line in (await self._run(args, prompt, signal)).splitlines():
             event = _json(self.name, line) if line.strip().startswith("{") else {}
             item = _dict(event.get("item"))
-            if event.get("type") == "item.completed" and item.get("type") == "agent_message":
+            if (
+                event.get("type") == "item.completed"
+                and item.get("type") == "agent_message"
+            ):
                 text = str(item.get("text") or "")
             elif event.get("type") == "turn.completed":
                 usage = _dict(event.get("usage"))
@@ -252,18 +303,34 @@ class CodexHandler(_CliHandler):
                     f"codex failed: {json.dumps(event)[:300]}\n  Check `codex exec` by hand."
                 )
         read = int(usage.get("cached_input_tokens") or 0)
-        prompt_tokens, output = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
+        prompt_tokens, output = (
+            int(usage.get("input_tokens") or 0),
+            int(usage.get("output_tokens") or 0),
+        )
         price = self._price(model)
         cost = (
-            token_cost(price, input=max(prompt_tokens - read, 0), output=output, cache_read=read)
+            token_cost(
+                price,
+                input=max(prompt_tokens - read, 0),
+                output=output,
+                cache_read=read,
+            )
             if price
             else 0.0
         )
         return PromptGenResult(
             text=text,
             cost_usd=cost,
-            usage=PromptGenUsage(prompt_tokens=prompt_tokens, completion_tokens=output, cached_tokens=read),
-            meta={"provider": self.name, "model": model, "cost_source": "tokens" if price else "none"},
+            usage=PromptGenUsage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=output,
+                cached_tokens=read,
+            ),
+            meta={
+                "provider": self.name,
+                "model": model,
+                "cost_source": "tokens" if price else "none",
+            },
         )
 
 

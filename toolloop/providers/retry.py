@@ -48,7 +48,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from toolloop.errors import PromptGenError, PromptGenTimeoutError, PromptGenUnavailableError, SpendLimitError
+from toolloop.errors import (
+    PromptGenError,
+    PromptGenTimeoutError,
+    PromptGenUnavailableError,
+    SpendLimitError,
+)
 
 log = logging.getLogger("toolloop.providers")
 
@@ -59,7 +64,9 @@ ask is logged and capped. A per-minute limit resets within a minute; a provider 
 after the cap answers another 429 with a fresh wait."""
 
 _RETRIED = frozenset({408, 409})
-SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
+SPEND_LIMIT_CODES = frozenset(
+    {"contract_spend_limit_reached", "enforced_spend_limit_reached"}
+)
 STREAM_ERROR_STATUS = {
     "overloaded_error": 529,
     "api_error": 500,
@@ -158,7 +165,9 @@ def classify(
     if status == 404:
         return _not_found(name, endpoint, detail, fields), forced
     if status in (402, 429):
-        return _limited(name, endpoint, status, headers, detail, retry_after, forced, backoff_s)
+        return _limited(
+            name, endpoint, status, headers, detail, retry_after, forced, backoff_s
+        )
     retry = should_retry(status, headers)
     if status in _RETRIED or status >= 500:
         return PromptGenError(
@@ -175,8 +184,12 @@ def classify(
     ), (backoff if retry else None)
 
 
-def _not_found(name: str, endpoint: Endpoint, detail: str, fields: Mapping[str, str]) -> PromptGenError:
-    if fields.get("type") == "not_found_error" and fields.get("message", "").startswith("model:"):
+def _not_found(
+    name: str, endpoint: Endpoint, detail: str, fields: Mapping[str, str]
+) -> PromptGenError:
+    if fields.get("type") == "not_found_error" and fields.get("message", "").startswith(
+        "model:"
+    ):
         return PromptGenError(
             f"{name} does not serve this model (HTTP 404): {detail}\n"
             "  Use a current model id (docs/providers.md lists them); a retired model is not coming back.",
@@ -207,8 +220,15 @@ def _limited(
     )
     retry = should_retry(status, headers)
     if retry and retry_after is None and status == 429:
-        return limit, backoff_s  # the SDK retries a 429 that names no wait, with its backoff
-    if not retry or retry_after is None or retry_after > endpoint.policy.short_retry_after_s:
+        return (
+            limit,
+            backoff_s,
+        )  # the SDK retries a 429 that names no wait, with its backoff
+    if (
+        not retry
+        or retry_after is None
+        or retry_after > endpoint.policy.short_retry_after_s
+    ):
         return limit, forced
     return limit, retry_after
 
@@ -256,7 +276,9 @@ def error_detail(text: str) -> str:
         err = data.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
             kind = err.get("type")
-            text = f"{kind}: {err['message']}" if isinstance(kind, str) else err["message"]
+            text = (
+                f"{kind}: {err['message']}" if isinstance(kind, str) else err["message"]
+            )
         elif isinstance(err, str):
             text = err
         elif isinstance(data.get("detail"), str):
@@ -265,7 +287,9 @@ def error_detail(text: str) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def parse_retry_after(headers: Mapping[str, str], cap_s: float = MAX_RETRY_AFTER_S) -> float | None:
+def parse_retry_after(
+    headers: Mapping[str, str], cap_s: float = MAX_RETRY_AFTER_S
+) -> float | None:
     """Seconds asked by `retry-after-ms` or `retry-after` (seconds or an HTTP date), at most `cap_s`
     (a longer ask is logged and capped); None when absent or not a number (NaN included)."""
     raw_ms = headers.get("retry-after-ms")

@@ -23,7 +23,15 @@ class SseParser:
     """`feed(chunk)` returns the events the chunk completed, in order, as `(event, data)`; the event
     name is `"message"` when the stream gave none (as OpenAI-compatible streams do)."""
 
-    __slots__ = ("_buffer", "_data", "_decoder", "_event", "_lines", "_pending_cr", "_tail")
+    __slots__ = (
+        "_buffer",
+        "_data",
+        "_decoder",
+        "_event",
+        "_lines",
+        "_pending_cr",
+        "_tail",
+    )
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -69,7 +77,12 @@ class SseParser:
             if block.startswith(_EVENT):
                 name, found, data = block.partition(_EVENT_DATA)
                 if found and b"\n" not in data and b"\n" not in name:
-                    events.append((name[7:].decode("utf-8", "replace"), data.decode("utf-8", "replace")))
+                    events.append(
+                        (
+                            name[7:].decode("utf-8", "replace"),
+                            data.decode("utf-8", "replace"),
+                        )
+                    )
                     continue
             elif block.startswith(_DATA) and b"\n" not in block:
                 events.append(("message", block[6:].decode("utf-8", "replace")))
@@ -85,7 +98,9 @@ class SseParser:
         if self._pending_cr and text.startswith("\n"):
             text = text[1:]  # the LF of a CRLF split across two chunks
         self._pending_cr = text.endswith("\r")
-        *lines, self._tail = (self._tail + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        *lines, self._tail = (
+            (self._tail + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        )
         events: list[tuple[str, str]] = []
         for line in lines:
             if not line:

@@ -45,9 +45,17 @@ class Timeouts:
     """The generation rate the expected time assumes."""
 
     def __post_init__(self) -> None:
-        for name in ("whole_s", "idle_s", "connect_s", "stream_above_s", "tokens_per_hour"):
+        for name in (
+            "whole_s",
+            "idle_s",
+            "connect_s",
+            "stream_above_s",
+            "tokens_per_hour",
+        ):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            if not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
                 raise ValueError(
                     f"Timeouts.{name} must be a finite number of seconds above 0, got {value!r}.\n"
                     "  Pass e.g. Timeouts(whole_s=600, idle_s=600)."
@@ -56,7 +64,9 @@ class Timeouts:
     @classmethod
     def of(cls, timeout_s: float) -> Timeouts:
         """A handler's `timeout_s`: the least whole-answer wait and the idle timeout, the rest the SDK's."""
-        return cls(whole_s=timeout_s, idle_s=timeout_s, connect_s=min(timeout_s, SDK_CONNECT_S))
+        return cls(
+            whole_s=timeout_s, idle_s=timeout_s, connect_s=min(timeout_s, SDK_CONNECT_S)
+        )
 
     def expected_s(self, max_tokens: int) -> float:
         """How long an answer of `max_tokens` may take to generate."""

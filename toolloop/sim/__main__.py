@@ -26,24 +26,39 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m toolloop.sim",
         description="Serve the Anthropic Messages API and fal's router on loopback, answered from a script.",
     )
-    found.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     found.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"0 = a free port (default {DEFAULT_PORT})"
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
     )
     found.add_argument(
-        "--script", help="a YAML or JSON list of turns (default: every answer ends the script)"
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"0 = a free port (default {DEFAULT_PORT})",
+    )
+    found.add_argument(
+        "--script",
+        help="a YAML or JSON list of turns (default: every answer ends the script)",
     )
     found.add_argument(
         "--policy",
         help='or a policy, "pkg.module:NAME" (a function SimRequest -> SimTurn; imported from the working '
         "directory), e.g. examples.storyboard.policy:review_policy",
     )
-    found.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
-    found.add_argument("--require-key", default=None, help="refuse (401) any other API key")
     found.add_argument(
-        "--min-cache-tokens", type=int, default=MIN_CACHE_TOKENS, help="minimum cacheable prefix"
+        "--latency", type=float, default=0.0, help="seconds added to every answer"
     )
-    found.add_argument("--lookback", type=int, default=LOOKBACK_BLOCKS, help="cache lookback in blocks")
+    found.add_argument(
+        "--require-key", default=None, help="refuse (401) any other API key"
+    )
+    found.add_argument(
+        "--min-cache-tokens",
+        type=int,
+        default=MIN_CACHE_TOKENS,
+        help="minimum cacheable prefix",
+    )
+    found.add_argument(
+        "--lookback", type=int, default=LOOKBACK_BLOCKS, help="cache lookback in blocks"
+    )
     found.add_argument(
         "--strict",
         action="store_true",
@@ -56,7 +71,10 @@ def parser() -> argparse.ArgumentParser:
         help="a request on a keep-alive connection idle longer than this many seconds finds it closed",
     )
     found.add_argument(
-        "--tokens-per-s", type=float, default=None, help="rate of a streamed answer (default: no pause)"
+        "--tokens-per-s",
+        type=float,
+        default=None,
+        help="rate of a streamed answer (default: no pause)",
     )
     found.add_argument(
         "--time-scale",
@@ -64,9 +82,18 @@ def parser() -> argparse.ArgumentParser:
         default=1.0,
         help="real seconds per simulated second of every wait (default 1; 0.01: 190 s take 1.9 s)",
     )
-    found.add_argument("--rpm", type=int, default=0, help="requests per minute per API key (0: no limit)")
-    found.add_argument("--input-tpm", type=int, default=0, help="input tokens per minute per API key")
-    found.add_argument("--output-tpm", type=int, default=0, help="output tokens per minute per API key")
+    found.add_argument(
+        "--rpm",
+        type=int,
+        default=0,
+        help="requests per minute per API key (0: no limit)",
+    )
+    found.add_argument(
+        "--input-tpm", type=int, default=0, help="input tokens per minute per API key"
+    )
+    found.add_argument(
+        "--output-tpm", type=int, default=0, help="output tokens per minute per API key"
+    )
     return found
 
 
@@ -77,7 +104,11 @@ def load_policy(path: str) -> Callable[[SimRequest], SimTurn]:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        found = getattr(importlib.import_module(module_name), attribute, None) if attribute else None
+        found = (
+            getattr(importlib.import_module(module_name), attribute, None)
+            if attribute
+            else None
+        )
     except ImportError as error:
         raise ValueError(f"cannot import {module_name!r} ({error})") from None
     if not callable(found):
@@ -94,13 +125,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.policy:
             script = load_policy(args.policy)
     except (OSError, ValueError) as error:
-        what = f"load the policy {args.policy!r}" if args.policy else f"read the script {args.script!r}"
+        what = (
+            f"load the policy {args.policy!r}"
+            if args.policy
+            else f"read the script {args.script!r}"
+        )
         print(f"Cannot {what}: {error}\n  Fix it and start again.", file=sys.stderr)
         return 2
     from toolloop.providers.models_file import catalog_from_env
 
     try:
-        catalog = catalog_from_env()  # TOOLLOOP_MODELS: the models the operator file adds are served
+        catalog = (
+            catalog_from_env()
+        )  # TOOLLOOP_MODELS: the models the operator file adds are served
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
@@ -133,7 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(server.base_url, flush=True)
     if args.strict and not server.simulator.strict:
-        print("strict mode is off: the anthropic SDK is not installed", file=sys.stderr, flush=True)
+        print(
+            "strict mode is off: the anthropic SDK is not installed",
+            file=sys.stderr,
+            flush=True,
+        )
     server.serve_forever()
     return 0
 

@@ -56,18 +56,31 @@ ERROR_TYPES = {
     529: "overloaded_error",
 }
 
-STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "other": "pause_turn"}
+STOP_REASONS = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "length": "max_tokens",
+    "other": "pause_turn",
+}
 
 
 def error_body(status: int, message: str, request_id: str) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+    kind = ERROR_TYPES.get(
+        status, "api_error" if status >= 500 else "invalid_request_error"
+    )
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": message},
+        "request_id": request_id,
+    }
 
 
 def api_key(headers: Any) -> str:
     """The `x-api-key` header, else an `Authorization: Bearer` token (newer SDKs send that)."""
     scheme, _, token = str(headers.get("authorization") or "").partition(" ")
-    return str(headers.get("x-api-key") or (token if scheme == "Bearer" else "")).strip()
+    return str(
+        headers.get("x-api-key") or (token if scheme == "Bearer" else "")
+    ).strip()
 
 
 VERSIONS = ("2023-06-01", "2026-10-21")
@@ -89,10 +102,14 @@ def parse(body: Any) -> Parsed:
     model = body.get("model")
     require(isinstance(model, str) and bool(model), "model: Field required")
     require(isinstance(body.get("max_tokens"), int), "max_tokens: Field required")
-    require(body.get("stream") in (None, True, False), "stream: Input should be a valid boolean")
+    require(
+        body.get("stream") in (None, True, False),
+        "stream: Input should be a valid boolean",
+    )
     raw_messages = body.get("messages")
     require(
-        isinstance(raw_messages, list) and bool(raw_messages), "messages: at least one message is required"
+        isinstance(raw_messages, list) and bool(raw_messages),
+        "messages: at least one message is required",
     )
     blocks: list[Block] = []
     tools = _tools(body.get("tools") or [], blocks)
@@ -102,7 +119,8 @@ def parse(body: Any) -> Parsed:
     start, first = len(blocks), 0
     for index, raw in enumerate(raw_messages):
         require(
-            isinstance(raw, dict) and raw.get("role") in ("user", "assistant"), f"messages.{index}: bad role"
+            isinstance(raw, dict) and raw.get("role") in ("user", "assistant"),
+            f"messages.{index}: bad role",
         )
         context = f"{raw['role']}|{choice if index == 0 else ''}|"
         if raw["role"] == "assistant":
@@ -116,14 +134,27 @@ def parse(body: Any) -> Parsed:
     conversation, history = conversation_ids("anthropic", system, blocks[start:], first)
     assistants = sum(1 for message in messages if message.role == "assistant")
     request = SimRequest(
-        "anthropic", str(model), system, messages, tools, assistants, conversation, history, body
+        "anthropic",
+        str(model),
+        system,
+        messages,
+        tools,
+        assistants,
+        conversation,
+        history,
+        body,
     )
     return Parsed(request, blocks)
 
 
-def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool) -> dict[str, Any]:
+def render(
+    turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool
+) -> dict[str, Any]:
     content = thinking.anthropic_blocks(turn, request)
-    output = sum(text_tokens(str(block.get("thinking") or block.get("data"))) for block in content)
+    output = sum(
+        text_tokens(str(block.get("thinking") or block.get("data")))
+        for block in content
+    )
     if turn.text:
         content.append({"type": "text", "text": turn.text})
     output += text_tokens(turn.text)
@@ -131,7 +162,9 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
     calls = [] if refused else turn.tool_calls
     cut = not refused and turn.cut_by(request.body.get("max_tokens"))
     for position, call in enumerate(calls):
-        tool_input: Any = call.raw_arguments if call.raw_arguments is not None else call.input
+        tool_input: Any = (
+            call.raw_arguments if call.raw_arguments is not None else call.input
+        )
         if cut and position == len(calls) - 1:
             tool_input = {}  # the answer stopped while this input was being written
         content.append(
@@ -190,10 +223,17 @@ def _tools(raw_tools: Any, blocks: list[Block]) -> list[ToolDefinition]:
     require(isinstance(raw_tools, list), "tools: must be a list")
     tools = []
     for index, tool in enumerate(raw_tools):
-        require(isinstance(tool, dict) and isinstance(tool.get("name"), str), f"tools.{index}: name required")
+        require(
+            isinstance(tool, dict) and isinstance(tool.get("name"), str),
+            f"tools.{index}: name required",
+        )
         plain = {key: value for key, value in tool.items() if key != "cache_control"}
         blocks.append(
-            Block("tool|" + canonical(plain), json_tokens(plain), parse_mark(tool.get("cache_control")))
+            Block(
+                "tool|" + canonical(plain),
+                json_tokens(plain),
+                parse_mark(tool.get("cache_control")),
+            )
         )
         schema = tool.get("input_schema")
         tools.append(
@@ -216,10 +256,13 @@ def _system(raw: Any, blocks: list[Block]) -> str | None:
     texts = []
     for block in raw:
         require(
-            isinstance(block, dict) and block.get("type") == "text", "system: only text blocks are allowed"
+            isinstance(block, dict) and block.get("type") == "text",
+            "system: only text blocks are allowed",
         )
         texts.append(str(block.get("text", "")))
-        blocks.append(text_block("system|", texts[-1], parse_mark(block.get("cache_control"))))
+        blocks.append(
+            text_block("system|", texts[-1], parse_mark(block.get("cache_control")))
+        )
     return "\n".join(texts)
 
 
@@ -227,7 +270,10 @@ def _assistant(content: Any, context: str, blocks: list[Block]) -> AssistantMess
     if isinstance(content, str):
         blocks.append(text_block(context, content))
         return AssistantMessage(content=content or None)
-    require(isinstance(content, list), "assistant content must be a string or a list of blocks")
+    require(
+        isinstance(content, list),
+        "assistant content must be a string or a list of blocks",
+    )
     texts: list[str] = []
     calls: list[ToolCall] = []
     for block in content:
@@ -238,11 +284,24 @@ def _assistant(content: Any, context: str, blocks: list[Block]) -> AssistantMess
             blocks.append(text_block(context, texts[-1], mark))
             continue
         if block.get("type") == "tool_use":
-            call = {"id": block.get("id"), "name": block.get("name"), "input": block.get("input")}
-            calls.append(ToolCall(id=str(call["id"]), name=str(call["name"]), input=call["input"]))
-            key, tokens = canonical(call), json_tokens({"name": call["name"], "input": call["input"]})
+            call = {
+                "id": block.get("id"),
+                "name": block.get("name"),
+                "input": block.get("input"),
+            }
+            calls.append(
+                ToolCall(
+                    id=str(call["id"]), name=str(call["name"]), input=call["input"]
+                )
+            )
+            key, tokens = (
+                canonical(call),
+                json_tokens({"name": call["name"], "input": call["input"]}),
+            )
         else:
-            plain = {key: value for key, value in block.items() if key != "cache_control"}
+            plain = {
+                key: value for key, value in block.items() if key != "cache_control"
+            }
             key, tokens = canonical(plain), json_tokens(plain)
         blocks.append(Block(context + key, tokens, mark))
     return AssistantMessage(content="".join(texts) or None, tool_calls=calls or None)
@@ -252,7 +311,9 @@ def _user(content: Any, context: str, blocks: list[Block]) -> list[ChatMessage]:
     if isinstance(content, str):
         blocks.append(text_block(context, content))
         return [UserMessage(content=content)]
-    require(isinstance(content, list), "user content must be a string or a list of blocks")
+    require(
+        isinstance(content, list), "user content must be a string or a list of blocks"
+    )
     out: list[ChatMessage] = []
     parts: list[ContentPart] = []
     for block in content:
@@ -260,13 +321,17 @@ def _user(content: Any, context: str, blocks: list[Block]) -> list[ChatMessage]:
         if block.get("type") == "tool_result":
             out.append(_tool_result(block, context, blocks))
         else:
-            parts.append(_part(block, context, blocks, parse_mark(block.get("cache_control"))))
+            parts.append(
+                _part(block, context, blocks, parse_mark(block.get("cache_control")))
+            )
     if parts:
         out.append(UserMessage(content=parts))
     return out
 
 
-def _tool_result(block: dict[str, Any], context: str, blocks: list[Block]) -> ToolMessage:
+def _tool_result(
+    block: dict[str, Any], context: str, blocks: list[Block]
+) -> ToolMessage:
     tool_use_id = str(block.get("tool_use_id") or "")
     context = f"{context}tool_result:{tool_use_id}:{bool(block.get('is_error'))}|"
     outer = parse_mark(block.get("cache_control"))
@@ -275,18 +340,25 @@ def _tool_result(block: dict[str, Any], context: str, blocks: list[Block]) -> To
         text = inner or ""
         blocks.append(text_block(context, text, outer))
         return ToolMessage(tool_call_id=tool_use_id, content=text)
-    require(isinstance(inner, list), "tool_result content must be a string or a list of blocks")
+    require(
+        isinstance(inner, list),
+        "tool_result content must be a string or a list of blocks",
+    )
     parts = []
     for index, part in enumerate(inner):
         require(isinstance(part, dict), "tool_result content blocks must be objects")
-        mark = parse_mark(part.get("cache_control")) or (outer if index == len(inner) - 1 else None)
+        mark = parse_mark(part.get("cache_control")) or (
+            outer if index == len(inner) - 1 else None
+        )
         parts.append(_part(part, context, blocks, mark))
     if not inner:
         blocks.append(Block(context, 0, outer))
     return ToolMessage(tool_call_id=tool_use_id, content=parts)
 
 
-def _part(block: dict[str, Any], context: str, blocks: list[Block], mark: Any) -> ContentPart:
+def _part(
+    block: dict[str, Any], context: str, blocks: list[Block], mark: Any
+) -> ContentPart:
     plain = {key: value for key, value in block.items() if key != "cache_control"}
     if block.get("type") == "text":
         text = str(block.get("text", ""))
@@ -302,12 +374,20 @@ def _image(source: Any) -> ImagePart:
     require(isinstance(source, dict), "image.source must be an object")
     if source.get("type") == "url":
         url = str(source.get("url"))
-        return ImagePart(path=url, mime_type="image/*", hash=hashlib.sha256(url.encode()).hexdigest())
-    require(source.get("type") == "base64", "image.source.type must be 'base64' or 'url'")
+        return ImagePart(
+            path=url, mime_type="image/*", hash=hashlib.sha256(url.encode()).hexdigest()
+        )
+    require(
+        source.get("type") == "base64", "image.source.type must be 'base64' or 'url'"
+    )
     try:
         data = base64.b64decode(str(source.get("data", "")), validate=True)
     except (binascii.Error, ValueError) as error:
         raise WireInputError("image.source.data is not valid base64.") from error
     digest = hashlib.sha256(data).hexdigest()
     mime = str(source.get("media_type") or "image/png")
-    return ImagePart(path=f"sim://image/{digest[:16]}.{mime.rsplit('/', 1)[-1]}", mime_type=mime, hash=digest)
+    return ImagePart(
+        path=f"sim://image/{digest[:16]}.{mime.rsplit('/', 1)[-1]}",
+        mime_type=mime,
+        hash=digest,
+    )

@@ -39,7 +39,13 @@ from toolloop.sim.cache import PromptCache
 from toolloop.sim.common import Parsed, Wire, fit_max_tokens
 from toolloop.sim.context import ContextRules, Managed
 from toolloop.sim.ratelimit import SimRateLimits
-from toolloop.sim.rules import NEW_VERSION, SAMPLING, SimRefusal, check_anthropic, check_fal
+from toolloop.sim.rules import (
+    NEW_VERSION,
+    SAMPLING,
+    SimRefusal,
+    check_anthropic,
+    check_fal,
+)
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
 from toolloop.sim.sdk_check import sdk_validator
 
@@ -82,7 +88,9 @@ class Simulator:
         stream_end_delay_s: float = 0.0,
     ) -> None:
         if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError(f"time_scale must be a finite number above 0, got {time_scale!r}")
+            raise ValueError(
+                f"time_scale must be a finite number above 0, got {time_scale!r}"
+            )
         self.policy = policy
         self.time_scale = time_scale
         """Real seconds per simulated second: every wait (latencies, `generation_s`, token pacing,
@@ -125,7 +133,11 @@ class Simulator:
         """fal storage: how many of the next upload initiations answer 500 (a scripted failure)."""
         self.reset()
         routes = [
-            Route(ANTHROPIC_PATH, self._route(_Wire("anthropic", anthropic_wire)), methods=["POST"]),
+            Route(
+                ANTHROPIC_PATH,
+                self._route(_Wire("anthropic", anthropic_wire)),
+                methods=["POST"],
+            ),
             Route(FAL_PATH, self._route(_Wire("fal", fal_wire)), methods=["POST"]),
             Route(UPLOAD_PATH, self._upload_initiate, methods=["POST"]),
             Route("/storage/upload/put/{token}", self._upload_put, methods=["PUT"]),
@@ -162,16 +174,24 @@ class Simulator:
         key = id(transport)
         seen = self._idle_since.pop(key, None)
         assert self.idle_timeout_s is not None
-        if seen is not None and seen[0] is transport and time.monotonic() - seen[1] > self.idle_timeout_s:
+        if (
+            seen is not None
+            and seen[0] is transport
+            and time.monotonic() - seen[1] > self.idle_timeout_s
+        ):
             self._count("statuses", "closed-idle")
             transport.close()
             return
 
         async def sending(message: Any) -> None:
             await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            if message["type"] == "http.response.body" and not message.get(
+                "more_body", False
+            ):
                 if len(self._idle_since) > 4096:  # forget the connections closed since
-                    for old in [k for k, (t, _) in self._idle_since.items() if t.is_closing()]:
+                    for old in [
+                        k for k, (t, _) in self._idle_since.items() if t.is_closing()
+                    ]:
                         del self._idle_since[old]
                 self._idle_since[key] = (transport, time.monotonic())
 
@@ -195,7 +215,14 @@ class Simulator:
     def reset(self) -> None:
         """Forget the stats, the fault counters and the prompt cache."""
         with self._lock:
-            kinds = ["endpoints", "conversations", "statuses", "faults", "uploads", "streamed"]
+            kinds = [
+                "endpoints",
+                "conversations",
+                "statuses",
+                "faults",
+                "uploads",
+                "streamed",
+            ]
             kinds += ["compactions", "billed"]
             self._counts = {key: Counter() for key in kinds}
             self._peers: set[Any] = set()
@@ -210,25 +237,34 @@ class Simulator:
         `stats()["uploads"]["initiate"]`; a scripted failure answers 500)."""
         self._count("uploads", "initiate")
         if fal_wire.api_key(request.headers) == "":
-            return JSONResponse({"detail": "Missing authorization header"}, status_code=401)
+            return JSONResponse(
+                {"detail": "Missing authorization header"}, status_code=401
+            )
         with self._lock:
             failing = self.upload_failures > 0
             self.upload_failures -= 1 if failing else 0
         if failing:
             self._count("uploads", "failed")
-            return JSONResponse({"detail": "storage is unavailable (scripted)"}, status_code=500)
+            return JSONResponse(
+                {"detail": "storage is unavailable (scripted)"}, status_code=500
+            )
         try:
             body = await request.json()
         except ValueError:
             body = None
         if not (isinstance(body, dict) and isinstance(body.get("content_type"), str)):
-            return JSONResponse({"detail": "Pass {file_name, content_type}."}, status_code=422)
+            return JSONResponse(
+                {"detail": "Pass {file_name, content_type}."}, status_code=422
+            )
         token = f"f{next(self._ids):06d}"
         with self._lock:
             self._pending[token] = body["content_type"]
         base = str(request.base_url).rstrip("/")
         return JSONResponse(
-            {"upload_url": f"{base}/storage/upload/put/{token}", "file_url": f"{base}/storage/files/{token}"}
+            {
+                "upload_url": f"{base}/storage/upload/put/{token}",
+                "file_url": f"{base}/storage/files/{token}",
+            }
         )
 
     async def _upload_put(self, request: Request) -> Response:
@@ -260,7 +296,9 @@ class Simulator:
                 details = usage.get("prompt_tokens_details") or {}
                 cached = int(details.get("cached_tokens", 0) or 0)
                 written = int(details.get("cache_write_tokens", 0) or 0)
-                billed[f"{model}:input"] += int(usage.get("prompt_tokens", 0)) - cached - written
+                billed[f"{model}:input"] += (
+                    int(usage.get("prompt_tokens", 0)) - cached - written
+                )
                 billed[f"{model}:cache_read"] += cached
                 billed[f"{model}:cache_write"] += written
                 billed[f"{model}:output"] += int(usage.get("completion_tokens", 0))
@@ -268,8 +306,12 @@ class Simulator:
             iterations = usage.get("iterations") or [usage]
             for item in iterations:
                 billed[f"{model}:input"] += int(item.get("input_tokens", 0))
-                billed[f"{model}:cache_read"] += int(item.get("cache_read_input_tokens", 0))
-                billed[f"{model}:cache_write"] += int(item.get("cache_creation_input_tokens", 0))
+                billed[f"{model}:cache_read"] += int(
+                    item.get("cache_read_input_tokens", 0)
+                )
+                billed[f"{model}:cache_write"] += int(
+                    item.get("cache_creation_input_tokens", 0)
+                )
                 billed[f"{model}:output"] += int(item.get("output_tokens", 0))
 
     def _count(self, kind: str, key: str) -> None:
@@ -279,11 +321,16 @@ class Simulator:
     def _route(self, wire: _Wire) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             self._count("endpoints", wire.name)
-            with self._lock:  # a connection is its client's (host, port) while it is open
+            with (
+                self._lock
+            ):  # a connection is its client's (host, port) while it is open
                 self._peers.add(request.scope.get("client"))
             response = await self._serve(wire, request)
             self._count(
-                "statuses", "dropped" if isinstance(response, _Dropped) else str(response.status_code)
+                "statuses",
+                "dropped"
+                if isinstance(response, _Dropped)
+                else str(response.status_code),
             )
             return response
 
@@ -298,7 +345,9 @@ class Simulator:
         sim = compaction.counted(parsed.request)
         self._count("conversations", sim.conversation_id)
         try:
-            if managed is not None and managed.on_demand:  # the server's own summary, not the model's turn
+            if (
+                managed is not None and managed.on_demand
+            ):  # the server's own summary, not the model's turn
                 self._count("compactions", sim.history_hash)
                 turn = SimTurn()
             elif compaction.is_summary_request(sim):
@@ -306,40 +355,61 @@ class Simulator:
                 turn = compaction.summary_turn(sim)
             else:
                 turn = await answer(self.policy, sim)
-        except Exception as error:  # a user's policy: report it rather than hang the client
+        except (
+            Exception
+        ) as error:  # a user's policy: report it rather than hang the client
             log.exception("the simulator's policy raised")
-            return self._error(wire, 500, f"The simulator's policy raised {error!r}.", request_id)
+            return self._error(
+                wire, 500, f"The simulator's policy raised {error!r}.", request_id
+            )
         streamed = sim.body.get("stream") is True
         if streamed:
             self._count("streamed", wire.name)
         fault = (
-            turn.fault if turn.fault is not None and self._fault_due(sim.history_hash, turn.fault) else None
+            turn.fault
+            if turn.fault is not None and self._fault_due(sim.history_hash, turn.fault)
+            else None
         )
         if fault is not None:
-            self._count("faults", fault.kind if fault.kind != "error" else f"error:{fault.status}")
+            self._count(
+                "faults",
+                fault.kind if fault.kind != "error" else f"error:{fault.status}",
+            )
             served = await self._before_answer(wire, http, fault, streamed, request_id)
             if served is not None:
                 return served
         await self._sleep(turn.latency_s + (0.0 if streamed else turn.generation_s))
         self.cache.commit(plan)
         refusal = fault is not None and fault.kind == "refusal"
-        body = wire.module.render(fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal)
+        body = wire.module.render(
+            fit_max_tokens(turn, sim.body.get("max_tokens")), sim, plan.usage, refusal
+        )
         if managed is not None:
             self.context.answer(managed, body, plan.usage, compaction.summary_text(sim))
         self._bill(wire.name, sim.model, body.get("usage", {}))
         limits = self._limits(wire)
         if limits.on:
             usage = body.get("usage", {})
-            limits.used_output(key, int(usage.get("output_tokens", usage.get("completion_tokens", 0))))
+            limits.used_output(
+                key, int(usage.get("output_tokens", usage.get("completion_tokens", 0)))
+            )
         headers = {"request-id": request_id, **limit_headers}
         if not streamed:
             return JSONResponse(body, headers=headers)
-        events = stream.anthropic_events(body) if wire.name == "anthropic" else stream.fal_chunks(body)
+        events = (
+            stream.anthropic_events(body)
+            if wire.name == "anthropic"
+            else stream.fal_chunks(body)
+        )
         rate = turn.tokens_per_s or self.tokens_per_s
         mid = fault if fault is not None and fault.kind in MID_STREAM else None
-        pace = stream.Pace(rate, turn.generation_s, self.time_scale, self.stream_end_delay_s)
+        pace = stream.Pace(
+            rate, turn.generation_s, self.time_scale, self.stream_end_delay_s
+        )
         chunks = stream.paced(events, wire.name, pace, mid, lambda: self._drop(http))
-        return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            chunks, media_type="text/event-stream", headers=headers
+        )
 
     async def _admit(
         self, wire: _Wire, http: Request, request_id: str
@@ -350,7 +420,10 @@ class Simulator:
         key = module.api_key(http.headers)
         if not key or (self.require_key is not None and key != self.require_key):
             return self._error(
-                wire, 401, "invalid x-api-key" if wire.name == "anthropic" else "Invalid key", request_id
+                wire,
+                401,
+                "invalid x-api-key" if wire.name == "anthropic" else "Invalid key",
+                request_id,
             )
         problem = module.header_problem(http.headers)
         if problem:
@@ -362,7 +435,9 @@ class Simulator:
                 if self.validate is not None and isinstance(raw, dict):
                     # the SDK's types are 2026-10-21's: 2023-06-01 still has the sampling fields
                     old = version != NEW_VERSION
-                    self.validate({k: v for k, v in raw.items() if not (old and k in SAMPLING)})
+                    self.validate(
+                        {k: v for k, v in raw.items() if not (old and k in SAMPLING)}
+                    )
                 check_anthropic(raw, self.catalog, version)
                 self.context.check(raw, http.headers)
             else:
@@ -375,7 +450,9 @@ class Simulator:
             plan = self.cache.plan(parsed.request.model, parsed.blocks)
         except SimRefusal as refused:
             return self._error(wire, refused.status, refused.message, request_id)
-        except ValueError as error:  # bad JSON, the SDK check, WireInputError, CacheRequestError, ...
+        except (
+            ValueError
+        ) as error:  # bad JSON, the SDK check, WireInputError, CacheRequestError, ...
             return self._error(wire, 400, str(error), request_id)
         limit_headers: dict[str, str] = {}
         limits = self._limits(wire)
@@ -396,13 +473,20 @@ class Simulator:
         return self.rate_limits if wire.name == "anthropic" else self.fal_rate_limits
 
     async def _before_answer(
-        self, wire: _Wire, http: Request, fault: SimFault, streamed: bool, request_id: str
+        self,
+        wire: _Wire,
+        http: Request,
+        fault: SimFault,
+        streamed: bool,
+        request_id: str,
     ) -> Response | None:
         """What a fault serves before any answer (an error, a drop), after its wait (a timeout, or
         a mid-stream fault of a request that is not streamed); None: the answer follows."""
         kind: str = fault.kind
         if kind in MID_STREAM and not streamed:
-            kind = {"stream_drop": "drop", "stream_error": "error", "stall": "timeout"}[kind]
+            kind = {"stream_drop": "drop", "stream_error": "error", "stall": "timeout"}[
+                kind
+            ]
         if kind == "error":
             return self._fault_error(wire, fault, request_id)
         if kind == "drop":
@@ -427,23 +511,38 @@ class Simulator:
         headers = dict(fault.headers or {})
         if fault.retry_after is not None:
             seconds = fault.retry_after
-            headers["retry-after"] = str(int(seconds)) if seconds == int(seconds) else str(seconds)
+            headers["retry-after"] = (
+                str(int(seconds)) if seconds == int(seconds) else str(seconds)
+            )
         response = self._error(wire, status, message, request_id, headers)
         if fault.error_code is not None:
             body = wire.module.error_body(status, message, request_id)
             body["error"]["details"] = {"error_code": fault.error_code}
-            response = JSONResponse(body, status_code=status, headers={"request-id": request_id, **headers})
+            response = JSONResponse(
+                body, status_code=status, headers={"request-id": request_id, **headers}
+            )
         return response
 
     def _error(
-        self, wire: _Wire, status: int, message: str, request_id: str, headers: dict[str, str] | None = None
+        self,
+        wire: _Wire,
+        status: int,
+        message: str,
+        request_id: str,
+        headers: dict[str, str] | None = None,
     ) -> Response:
         body = wire.module.error_body(status, message, request_id)
-        return JSONResponse(body, status_code=status, headers={"request-id": request_id, **(headers or {})})
+        return JSONResponse(
+            body,
+            status_code=status,
+            headers={"request-id": request_id, **(headers or {})},
+        )
 
     def _drop(self, http: Request) -> Response:
         transport = _transport(http.scope.get(_SEND_KEY))
-        if transport is not None:  # under another server the closest thing is the empty 500 below
+        if (
+            transport is not None
+        ):  # under another server the closest thing is the empty 500 below
             transport.abort()  # later writes to an aborted transport are discarded silently
         return _Dropped(status_code=500)
 

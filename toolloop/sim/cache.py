@@ -59,7 +59,11 @@ class CacheUsage:
     @property
     def prompt_tokens(self) -> int:
         """Every prompt token: input + cache read + cache write."""
-        return self.input_tokens + self.cache_read_input_tokens + self.cache_creation_input_tokens
+        return (
+            self.input_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,16 @@ class PromptCache:
         written_to, by_ttl = read_at, {"5m": 0, "1h": 0}
         for index in marks:
             mark = blocks[index].mark
-            if index <= read_at or mark is None or totals[index] < self.min_tokens_for(model):
+            if (
+                index <= read_at
+                or mark is None
+                or totals[index] < self.min_tokens_for(model)
+            ):
                 continue
             writes.append((digests[index], mark))
-            by_ttl[mark] += totals[index] - (totals[written_to] if written_to >= 0 else 0)
+            by_ttl[mark] += totals[index] - (
+                totals[written_to] if written_to >= 0 else 0
+            )
             written_to = index
         cached = totals[written_to] if written_to >= 0 else 0
         usage = CacheUsage(
@@ -181,7 +191,9 @@ class PromptCache:
         if now - self._swept_at < 30.0:
             return
         self._swept_at = now
-        for digest in [key for key, entry in self._entries.items() if entry.expires_at <= now]:
+        for digest in [
+            key for key, entry in self._entries.items() if entry.expires_at <= now
+        ]:
             del self._entries[digest]
 
 
@@ -190,7 +202,11 @@ def _check_marks(marks: list[Ttl | None]) -> None:
         raise CacheRequestError(
             f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(marks)}."
         )
-    if "1h" in marks and "5m" in marks and marks.index("5m") < len(marks) - 1 - marks[::-1].index("1h"):
+    if (
+        "1h" in marks
+        and "5m" in marks
+        and marks.index("5m") < len(marks) - 1 - marks[::-1].index("1h")
+    ):
         raise CacheRequestError(
             "A cache_control block with ttl '1h' may not come after one with ttl '5m'. "
             "Put the 1h breakpoints first."

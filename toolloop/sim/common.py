@@ -29,7 +29,9 @@ class Wire(Protocol):
     def render(
         self, turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool
     ) -> dict[str, Any]: ...
-    def error_body(self, status: int, message: str, request_id: str) -> dict[str, Any]: ...
+    def error_body(
+        self, status: int, message: str, request_id: str
+    ) -> dict[str, Any]: ...
 
 
 class WireInputError(ValueError):
@@ -51,11 +53,15 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-def conversation_ids(wire: str, system: str | None, blocks: Sequence[Block], first: int) -> tuple[str, str]:
+def conversation_ids(
+    wire: str, system: str | None, blocks: Sequence[Block], first: int
+) -> tuple[str, str]:
     """(conversation_id, history_hash) of a request from its message blocks (their keys carry no
     cache marks); `blocks[:first]` are the first message's."""
     keys = [block.key for block in blocks]
-    return _digest(wire, system or "", *keys[:first])[:16], _digest(wire, system or "", *keys)
+    return _digest(wire, system or "", *keys[:first])[:16], _digest(
+        wire, system or "", *keys
+    )
 
 
 def call_id(history_hash: str, position: int, prefix: str) -> str:
@@ -72,7 +78,9 @@ def parse_mark(cache_control: Any) -> Ttl | None:
     if cache_control is None:
         return None
     if not isinstance(cache_control, dict) or cache_control.get("type") != "ephemeral":
-        raise WireInputError(f'cache_control must be {{"type": "ephemeral"}}, got {cache_control!r}.')
+        raise WireInputError(
+            f'cache_control must be {{"type": "ephemeral"}}, got {cache_control!r}.'
+        )
     ttl = cache_control.get("ttl", "5m")
     if ttl not in ("5m", "1h"):
         raise WireInputError(f"cache_control.ttl must be '5m' or '1h', got {ttl!r}.")
@@ -89,17 +97,26 @@ def fit_max_tokens(turn: SimTurn, max_tokens: Any) -> SimTurn:
     """The turn as the API would end it under `max_tokens`: when its output estimate (text plus each
     call's name and input JSON) is over the limit, the text is cut to fit, the tool calls are
     dropped and the stop reason is `max_tokens` (fal: `length`)."""
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
+    if (
+        not isinstance(max_tokens, int)
+        or isinstance(max_tokens, bool)
+        or max_tokens <= 0
+    ):
         return turn
     if turn.cut_by(max_tokens):  # scripted: the wire cuts its last tool call (render)
         return turn
-    calls = sum(json_tokens({"name": call.name, "input": call.input}) for call in turn.tool_calls)
+    calls = sum(
+        json_tokens({"name": call.name, "input": call.input})
+        for call in turn.tool_calls
+    )
     if text_tokens(turn.text) + calls <= max_tokens:
         return turn
     text = turn.text[: max_tokens * 4]
     while text_tokens(text) > max_tokens:
         text = text[: len(text) - (text_tokens(text) - max_tokens)]
-    return turn.model_copy(update={"text": text, "tool_calls": [], "stop_reason": "max_tokens"})
+    return turn.model_copy(
+        update={"text": text, "tool_calls": [], "stop_reason": "max_tokens"}
+    )
 
 
 def text_part(text: str, marked: bool) -> TextPart:

@@ -45,7 +45,11 @@ def covered_turns(request: SimRequest) -> int:
     if not request.messages or not isinstance(request.messages[0], UserMessage):
         return 0
     content = request.messages[0].content
-    texts = [content] if isinstance(content, str) else [p.text for p in content if isinstance(p, TextPart)]
+    texts = (
+        [content]
+        if isinstance(content, str)
+        else [p.text for p in content if isinstance(p, TextPart)]
+    )
     for text in texts:
         match = _HEAD.match(text)
         if match:
@@ -58,7 +62,9 @@ def counted(request: SimRequest) -> SimRequest:
     covered = covered_turns(request)
     if not covered:
         return request
-    return dataclasses.replace(request, assistant_turns=request.assistant_turns + covered)
+    return dataclasses.replace(
+        request, assistant_turns=request.assistant_turns + covered
+    )
 
 
 def summary_text(request: SimRequest) -> str:

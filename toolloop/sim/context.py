@@ -91,7 +91,9 @@ class ContextRules:
         """The block's `encrypted_content` (the turns it covers, opaque to the client) and
         `signature` (this server's HMAC over both and the summary)."""
         meta = base64.urlsafe_b64encode(json.dumps({"turns": turns}).encode()).decode()
-        mac = hmac.new(self.secret, f"{meta}\x00{content}".encode(), hashlib.sha256).hexdigest()
+        mac = hmac.new(
+            self.secret, f"{meta}\x00{content}".encode(), hashlib.sha256
+        ).hexdigest()
         return {"encrypted_content": meta, "signature": mac}
 
     def verify(self, content: str, block: dict[str, Any]) -> int | None:
@@ -99,7 +101,9 @@ class ContextRules:
         meta, mac = block.get("encrypted_content"), block.get("signature")
         if not isinstance(meta, str) or not isinstance(mac, str):
             return None
-        good = hmac.new(self.secret, f"{meta}\x00{content}".encode(), hashlib.sha256).hexdigest()
+        good = hmac.new(
+            self.secret, f"{meta}\x00{content}".encode(), hashlib.sha256
+        ).hexdigest()
         if not hmac.compare_digest(mac, good):
             return None
         try:
@@ -111,7 +115,11 @@ class ContextRules:
 
     def check(self, body: dict[str, Any], headers: Any) -> None:
         """Refuse what the API refuses (WireInputError: a 400)."""
-        betas = {part.strip() for part in str(headers.get("anthropic-beta") or "").split(",") if part.strip()}
+        betas = {
+            part.strip()
+            for part in str(headers.get("anthropic-beta") or "").split(",")
+            if part.strip()
+        }
         for index, edit in enumerate(_edits(body)):
             kind = str(edit.get("type"))
             needed = BETAS.get(kind)
@@ -136,7 +144,9 @@ class ContextRules:
                     f"compaction: requires the beta header 'anthropic-beta: {ON_DEMAND_BETA}'."
                 )
             if "context_management" in body:
-                raise WireInputError("compaction: cannot be combined with context_management.")
+                raise WireInputError(
+                    "compaction: cannot be combined with context_management."
+                )
         for where, block in _compaction_blocks(body):
             if not betas & {COMPACT_BETA, ON_DEMAND_BETA}:
                 raise WireInputError(
@@ -147,7 +157,9 @@ class ContextRules:
             if content is None:
                 continue  # a failed compaction: a no-op
             if not isinstance(content, str) or not content:
-                raise WireInputError(f"{where}.content: must be a non-empty string or null.")
+                raise WireInputError(
+                    f"{where}.content: must be a non-empty string or null."
+                )
             if self.verify(content, block) is None:
                 raise WireInputError(
                     f"{where}.signature: does not match the block's content and encrypted_content; "
@@ -159,7 +171,9 @@ class ContextRules:
         found = None
         for index, turn in enumerate(body.get("messages") or []):
             for block in _content(turn):
-                if block.get("type") == "compaction" and isinstance(block.get("content"), str):
+                if block.get("type") == "compaction" and isinstance(
+                    block.get("content"), str
+                ):
                     turns = self.verify(block["content"], block)
                     if turns is not None:
                         found = (index, turns)
@@ -168,7 +182,9 @@ class ContextRules:
     def apply(self, body: dict[str, Any], parsed: Parsed) -> Managed:
         """The request as the model sees it after the block and the edits (see the module doc)."""
         on_demand = isinstance(body.get("compaction"), dict)
-        beta = on_demand or "context_management" in body or bool(_compaction_blocks(body))
+        beta = (
+            on_demand or "context_management" in body or bool(_compaction_blocks(body))
+        )
         managed = Managed(parsed, beta=beta, on_demand=on_demand)
         if not managed.beta:
             return managed
@@ -181,10 +197,16 @@ class ContextRules:
         if latest is not None:
             index, turns = latest
             drop_from = _block_of_compaction(body["messages"][index], spans[index])
-            visible = sum(1 for turn in body["messages"][index:] if turn.get("role") == "assistant")
+            visible = sum(
+                1
+                for turn in body["messages"][index:]
+                if turn.get("role") == "assistant"
+            )
             request = dataclasses.replace(request, assistant_turns=turns + visible)
         edits = _edits(body)
-        visible = sum(b.tokens for b in blocks[:head]) + sum(b.tokens for b in blocks[max(head, drop_from) :])
+        visible = sum(b.tokens for b in blocks[:head]) + sum(
+            b.tokens for b in blocks[max(head, drop_from) :]
+        )
         for edit in edits:
             if edit.get("type") == "clear_tool_uses_20250919":
                 managed.applied += _clear(edit, body, spans, blocks, drop_from, visible)
@@ -200,7 +222,9 @@ class ContextRules:
 
     # -- the answer --------------------------------------------------------------------------------
 
-    def answer(self, managed: Managed, body: dict[str, Any], usage: CacheUsage, summary: str) -> None:
+    def answer(
+        self, managed: Managed, body: dict[str, Any], usage: CacheUsage, summary: str
+    ) -> None:
         """Put the compaction (block, iterations) and the applied edits into a rendered answer."""
         if not managed.beta:
             return
@@ -208,7 +232,9 @@ class ContextRules:
             body["context_management"] = {"applied_edits": managed.applied}
         turns = managed.parsed.request.assistant_turns
         if managed.on_demand:  # the answer is the block alone, billed as one sampling
-            body["content"] = [{"type": "compaction", "content": summary, **self.sign(summary, turns)}]
+            body["content"] = [
+                {"type": "compaction", "content": summary, **self.sign(summary, turns)}
+            ]
             body["stop_reason"] = "compaction"
             body["usage"]["output_tokens"] = text_tokens(summary)
             return
@@ -244,14 +270,21 @@ class ContextRules:
         }
         body["content"] = [block, *body["content"]]
         top.update({k: v for k, v in message.items() if k not in ("type", "model")})
-        top["cache_creation"] = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
+        top["cache_creation"] = {
+            "ephemeral_5m_input_tokens": 0,
+            "ephemeral_1h_input_tokens": 0,
+        }
         top["iterations"] = [compaction, message]
 
 
 def _edits(body: dict[str, Any]) -> list[dict[str, Any]]:
     managed = body.get("context_management")
     edits = managed.get("edits") if isinstance(managed, dict) else None
-    return [edit for edit in edits if isinstance(edit, dict)] if isinstance(edits, list) else []
+    return (
+        [edit for edit in edits if isinstance(edit, dict)]
+        if isinstance(edits, list)
+        else []
+    )
 
 
 def _value(setting: Any, default: int) -> int:
@@ -261,7 +294,11 @@ def _value(setting: Any, default: int) -> int:
 
 def _content(turn: Any) -> list[dict[str, Any]]:
     content = turn.get("content") if isinstance(turn, dict) else None
-    return [block for block in content if isinstance(block, dict)] if isinstance(content, list) else []
+    return (
+        [block for block in content if isinstance(block, dict)]
+        if isinstance(content, list)
+        else []
+    )
 
 
 def _compaction_blocks(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -276,7 +313,9 @@ def _compaction_blocks(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
 def _system_blocks(system: Any) -> int:
     if system is None:
         return 0
-    return 1 if isinstance(system, str) else len(system) if isinstance(system, list) else 0
+    return (
+        1 if isinstance(system, str) else len(system) if isinstance(system, list) else 0
+    )
 
 
 def _spans(messages: list[Any], start: int) -> list[list[tuple[int, int]]]:
@@ -330,17 +369,26 @@ def _clear(
                 names[str(block.get("id"))] = str(block.get("name"))
             elif block.get("type") == "tool_result":
                 start, count = spans[index][position]
-                if start >= floor and names.get(str(block.get("tool_use_id"))) not in excluded:
+                if (
+                    start >= floor
+                    and names.get(str(block.get("tool_use_id"))) not in excluded
+                ):
                     results.append((start, count))
     old = results[: max(0, len(results) - keep)]
-    cleared = sum(block.tokens for start, count in old for block in blocks[start : start + count])
+    cleared = sum(
+        block.tokens for start, count in old for block in blocks[start : start + count]
+    )
     if not old or cleared < _value(edit.get("clear_at_least"), 0):
         return []
     placeholder = text_tokens(CLEARED)
     for start, count in old:
         first = blocks[start]
-        context = first.key.split("text\x01", 1)[0] if "text\x01" in first.key else first.key
-        mark = next((block.mark for block in blocks[start : start + count] if block.mark), None)
+        context = (
+            first.key.split("text\x01", 1)[0] if "text\x01" in first.key else first.key
+        )
+        mark = next(
+            (block.mark for block in blocks[start : start + count] if block.mark), None
+        )
         blocks[start] = Block(f"{context}cleared\x01{CLEARED}", placeholder, mark)
         for offset in range(1, count):
             blocks[start + offset] = Block(f"{context}cleared\x01{offset}", 0, None)

@@ -68,7 +68,10 @@ ERROR_TYPES = {
 
 def error_body(status: int, message: str, request_id: str) -> dict[str, Any]:
     kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "bad_request")
-    return {"error": {"code": status, "type": kind, "message": message}, "request_id": request_id}
+    return {
+        "error": {"code": status, "type": kind, "message": message},
+        "request_id": request_id,
+    }
 
 
 def api_key(headers: Any) -> str:
@@ -88,11 +91,17 @@ def parse(body: Any) -> Parsed:
     options = body.get("stream_options")
     require(
         options is None
-        or (isinstance(options, dict) and options.get("include_usage") in (None, True, False)),
+        or (
+            isinstance(options, dict)
+            and options.get("include_usage") in (None, True, False)
+        ),
         'stream_options must be an object like {"include_usage": true}',
     )
     raw_messages = body.get("messages")
-    require(isinstance(raw_messages, list) and bool(raw_messages), "messages must not be empty")
+    require(
+        isinstance(raw_messages, list) and bool(raw_messages),
+        "messages must not be empty",
+    )
     blocks: list[Block] = []
     tools = _tools(body.get("tools") or [], blocks)
     system_texts: list[str] = []
@@ -109,7 +118,9 @@ def parse(body: Any) -> Parsed:
             require(not messages, "system messages must come first")
             system_texts.append(_system(raw.get("content"), context, blocks))
         elif role == "user":
-            messages.append(UserMessage(content=_content(raw.get("content"), context, blocks)))
+            messages.append(
+                UserMessage(content=_content(raw.get("content"), context, blocks))
+            )
         elif role == "assistant":
             messages.append(_assistant(raw, context, blocks))
         elif role == "tool":
@@ -118,7 +129,9 @@ def parse(body: Any) -> Parsed:
             content = _content(raw.get("content"), f"{context}{tool_call_id}|", blocks)
             messages.append(ToolMessage(tool_call_id=tool_call_id, content=content))
         else:
-            raise WireInputError(f"messages[{index}].role {role!r} is not system, user, assistant or tool")
+            raise WireInputError(
+                f"messages[{index}].role {role!r} is not system, user, assistant or tool"
+            )
         first = first or (len(blocks) - start if messages else 0)
     problem = thinking.check_fal(body)
     if problem is not None:
@@ -126,21 +139,41 @@ def parse(body: Any) -> Parsed:
     system = "\n".join(system_texts) if system_texts else None
     conversation, history = conversation_ids("fal", system, blocks[start:], first)
     assistants = sum(1 for message in messages if message.role == "assistant")
-    request = SimRequest("fal", str(model), system, messages, tools, assistants, conversation, history, body)
+    request = SimRequest(
+        "fal",
+        str(model),
+        system,
+        messages,
+        tools,
+        assistants,
+        conversation,
+        history,
+        body,
+    )
     return Parsed(request, blocks)
 
 
-def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool) -> dict[str, Any]:
+def render(
+    turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool
+) -> dict[str, Any]:
     calls = []
     reasoning = thinking.fal_fields(turn, request)
-    completion = text_tokens(turn.text) + text_tokens(str(reasoning.get("reasoning") or ""))
+    completion = text_tokens(turn.text) + text_tokens(
+        str(reasoning.get("reasoning") or "")
+    )
     refused = refusal or turn.refusal is not None
     scripted = [] if refused else turn.tool_calls
     cut = not refused and turn.cut_by(request.body.get("max_tokens"))
     for position, call in enumerate(scripted):
-        arguments = call.raw_arguments if call.raw_arguments is not None else compact_json(call.input)
+        arguments = (
+            call.raw_arguments
+            if call.raw_arguments is not None
+            else compact_json(call.input)
+        )
         if cut and position == len(scripted) - 1:
-            arguments = arguments[: max(1, len(arguments) // 2)]  # stopped while writing them
+            arguments = arguments[
+                : max(1, len(arguments) // 2)
+            ]  # stopped while writing them
         calls.append(
             {
                 "id": call_id(request.history_hash, position, "call_"),
@@ -158,7 +191,10 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
         native = turn.stop_reason
     else:
         finish, native = ("tool_calls", "tool_use") if calls else ("stop", "end_turn")
-    message: dict[str, Any] = {"role": "assistant", "content": turn.text or (None if calls else "")}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": turn.text or (None if calls else ""),
+    }
     message.update(reasoning)
     if calls:
         message["tool_calls"] = calls
@@ -184,13 +220,20 @@ def render(turn: SimTurn, request: SimRequest, usage: CacheUsage, refusal: bool)
         "model": request.model,
         "provider": "Simulator",
         "choices": [
-            {"index": 0, "message": message, "finish_reason": finish, "native_finish_reason": native}
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish,
+                "native_finish_reason": native,
+            }
         ],
         "usage": body_usage,
     }
 
 
-def price(model: str, usage: CacheUsage, completion: int, catalog: Catalog | None = None) -> float | None:
+def price(
+    model: str, usage: CacheUsage, completion: int, catalog: Catalog | None = None
+) -> float | None:
     """The answer's cost in USD at the catalogue's rates, cache reads and 5-minute / 1-hour writes
     each at its own; None for a model the catalogue does not price."""
     found = (catalog or default_catalog()).price(model)
@@ -213,12 +256,17 @@ def _tools(raw_tools: Any, blocks: list[Block]) -> list[ToolDefinition]:
     for index, tool in enumerate(raw_tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         require(
-            isinstance(function, dict) and isinstance(function.get("name"), str), f"tools[{index}]: bad tool"
+            isinstance(function, dict) and isinstance(function.get("name"), str),
+            f"tools[{index}]: bad tool",
         )
         assert isinstance(function, dict)
         plain = {key: value for key, value in tool.items() if key != "cache_control"}
         blocks.append(
-            Block("tool|" + canonical(plain), json_tokens(function), parse_mark(tool.get("cache_control")))
+            Block(
+                "tool|" + canonical(plain),
+                json_tokens(function),
+                parse_mark(tool.get("cache_control")),
+            )
         )
         schema = function.get("parameters")
         tools.append(
@@ -238,12 +286,16 @@ def _system(content: Any, context: str, blocks: list[Block]) -> str:
     return "\n".join(part.text for part in parts if part.type == "text")
 
 
-def _content(content: Any, context: str, blocks: list[Block]) -> str | list[ContentPart]:
+def _content(
+    content: Any, context: str, blocks: list[Block]
+) -> str | list[ContentPart]:
     if content is None or isinstance(content, str):
         text = content or ""
         blocks.append(text_block(context, text))
         return text
-    require(isinstance(content, list), "message content must be a string or a list of parts")
+    require(
+        isinstance(content, list), "message content must be a string or a list of parts"
+    )
     parts: list[ContentPart] = []
     for part in content:
         require(isinstance(part, dict), "content parts must be objects")
@@ -255,7 +307,9 @@ def _content(content: Any, context: str, blocks: list[Block]) -> str | list[Cont
             parts.append(text_part(text, mark is not None))
         elif part.get("type") == "image_url":
             image_url = part.get("image_url")
-            url = str(image_url.get("url") if isinstance(image_url, dict) else image_url)
+            url = str(
+                image_url.get("url") if isinstance(image_url, dict) else image_url
+            )
             blocks.append(Block(context + canonical(plain), IMAGE_TOKENS, mark))
             parts.append(_image(url))
         else:
@@ -283,25 +337,36 @@ def _image(url: str) -> ImagePart:
     return ImagePart(path=path, mime_type=mime, hash=digest)
 
 
-def _assistant(raw: dict[str, Any], context: str, blocks: list[Block]) -> AssistantMessage:
+def _assistant(
+    raw: dict[str, Any], context: str, blocks: list[Block]
+) -> AssistantMessage:
     content = raw.get("content")
     text = content if isinstance(content, str) else None
     if isinstance(content, list):
-        text = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        text = "".join(
+            str(part.get("text", "")) for part in content if isinstance(part, dict)
+        )
     if text:
         blocks.append(text_block(context, text))
     calls = []
     for raw_call in raw.get("tool_calls") or []:
         require(
-            isinstance(raw_call, dict) and isinstance(raw_call.get("function"), dict), "bad tool_calls entry"
+            isinstance(raw_call, dict) and isinstance(raw_call.get("function"), dict),
+            "bad tool_calls entry",
         )
         function = raw_call["function"]
         arguments = function.get("arguments")
-        arguments_text = arguments if isinstance(arguments, str) else compact_json(arguments)
+        arguments_text = (
+            arguments if isinstance(arguments, str) else compact_json(arguments)
+        )
         tokens = text_tokens(str(function.get("name"))) + text_tokens(arguments_text)
         blocks.append(Block(context + canonical(raw_call), tokens))
         calls.append(
-            ToolCall(id=str(raw_call.get("id")), name=str(function.get("name")), input=_arguments(arguments))
+            ToolCall(
+                id=str(raw_call.get("id")),
+                name=str(function.get("name")),
+                input=_arguments(arguments),
+            )
         )
     return AssistantMessage(content=text or None, tool_calls=calls or None)
 

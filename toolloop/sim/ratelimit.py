@@ -64,7 +64,11 @@ class SimRateLimits:
         return bool(self.rpm or self.input_tpm or self.output_tpm)
 
     def _limits(self) -> dict[str, int]:
-        return {"requests": self.rpm, "input-tokens": self.input_tpm, "output-tokens": self.output_tpm}
+        return {
+            "requests": self.rpm,
+            "input-tokens": self.input_tpm,
+            "output-tokens": self.output_tpm,
+        }
 
     def _bucket(self, key: str, kind: str, now: float) -> _Bucket | None:
         limit = self._limits()[kind]
@@ -77,11 +81,17 @@ class SimRateLimits:
         bucket.refill(now)
         return bucket
 
-    def admit(self, api_key: str, input_tokens: int) -> tuple[float | None, dict[str, str]]:
+    def admit(
+        self, api_key: str, input_tokens: int
+    ) -> tuple[float | None, dict[str, str]]:
         """Take one request and its input tokens: (None, headers) when admitted, else (seconds to
         wait, headers) and nothing is taken."""
         key = hashlib.sha256(api_key.encode()).hexdigest()
-        want = {"requests": 1.0, "input-tokens": float(input_tokens), "output-tokens": 0.0}
+        want = {
+            "requests": 1.0,
+            "input-tokens": float(input_tokens),
+            "output-tokens": 0.0,
+        }
         with self._lock:
             now = time.monotonic()
             buckets = {kind: self._bucket(key, kind, now) for kind in _KINDS}
@@ -107,11 +117,15 @@ class SimRateLimits:
         for kind, bucket in buckets.items():
             if bucket is None:
                 continue
-            reset = datetime.datetime.fromtimestamp(wall + bucket.full_in(), datetime.UTC)
+            reset = datetime.datetime.fromtimestamp(
+                wall + bucket.full_in(), datetime.UTC
+            )
             name = f"anthropic-ratelimit-{kind}"
             headers[f"{name}-limit"] = str(int(bucket.limit))
             headers[f"{name}-remaining"] = str(max(0, math.floor(bucket.level)))
-            headers[f"{name}-reset"] = reset.isoformat(timespec="seconds").replace("+00:00", "Z")
+            headers[f"{name}-reset"] = reset.isoformat(timespec="seconds").replace(
+                "+00:00", "Z"
+            )
         return headers
 
     def reset(self) -> None:

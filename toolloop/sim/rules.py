@@ -69,7 +69,10 @@ def check_anthropic(body: Any, catalog: Catalog, version: str | None = None) -> 
         )
     for name in SAMPLING:
         if name in body and not info.temperature:
-            raise SimRefusal(400, f"{name}: is not supported for {model}. Remove it from the request.")
+            raise SimRefusal(
+                400,
+                f"{name}: is not supported for {model}. Remove it from the request.",
+            )
     thinking_on = _check_thinking(body, info, max_tokens)
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
@@ -80,7 +83,9 @@ def check_anthropic(body: Any, catalog: Catalog, version: str | None = None) -> 
                 "use 'auto' or 'none'.",
             )
         if thinking_on:
-            raise SimRefusal(400, "Thinking may not be enabled when tool_choice forces tool use.")
+            raise SimRefusal(
+                400, "Thinking may not be enabled when tool_choice forces tool use."
+            )
     _check_messages(body.get("messages"), body.get("system"))
 
 
@@ -97,13 +102,25 @@ def check_version(body: dict[str, Any]) -> None:
                 continue
             where = f"messages.{index}.content.{position}"
             if turn.get("role") == "assistant" and block.get("type") == "document":
-                raise SimRefusal(400, f"{where}: a `document` block may not be in an assistant message")
+                raise SimRefusal(
+                    400,
+                    f"{where}: a `document` block may not be in an assistant message",
+                )
             if turn.get("role") == "user":
-                inner = block.get("content") if block.get("type") == "search_result" else [block]
+                inner = (
+                    block.get("content")
+                    if block.get("type") == "search_result"
+                    else [block]
+                )
                 for text in inner if isinstance(inner, list) else []:
-                    if isinstance(text, dict) and text.get("type") == "text" and text.get("citations"):
+                    if (
+                        isinstance(text, dict)
+                        and text.get("type") == "text"
+                        and text.get("citations")
+                    ):
                         raise SimRefusal(
-                            400, f"{where}: a text block in a user message may not carry `citations`"
+                            400,
+                            f"{where}: a text block in a user message may not carry `citations`",
                         )
 
 
@@ -133,15 +150,20 @@ def _check_thinking(body: dict[str, Any], info: ModelInfo, max_tokens: Any) -> b
             message = f"thinking.type: {kind!r} is not supported for {model}."
         raise SimRefusal(400, message)
     if effort is not None and "adaptive" not in info.thinking:
-        raise SimRefusal(400, f"output_config.effort: effort is not supported on {model}.")
+        raise SimRefusal(
+            400, f"output_config.effort: effort is not supported on {model}."
+        )
     if kind == "enabled":
         budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
         if not isinstance(budget, int) or budget < 1024:
             raise SimRefusal(
-                400, "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+                400,
+                "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024",
             )
         if isinstance(max_tokens, int) and max_tokens <= budget:
-            raise SimRefusal(400, "`max_tokens` must be greater than `thinking.budget_tokens`.")
+            raise SimRefusal(
+                400, "`max_tokens` must be greater than `thinking.budget_tokens`."
+            )
     if kind is None:
         return info.always_thinks
     return bool(kind != "disabled")
@@ -159,7 +181,11 @@ def _check_messages(messages: Any, system: Any) -> None:
             return
         content = turn.get("content")
         last = index == len(messages) - 1
-        if isinstance(content, str) and not content and not (last and turn.get("role") == "assistant"):
+        if (
+            isinstance(content, str)
+            and not content
+            and not (last and turn.get("role") == "assistant")
+        ):
             raise SimRefusal(
                 400,
                 f"messages.{index}: all messages must have non-empty content except for the optional "
@@ -168,11 +194,19 @@ def _check_messages(messages: Any, system: Any) -> None:
         blocks = content if isinstance(content, list) else []
         uses: set[str] = set()
         for position, block in enumerate(blocks):
-            _check_block(block, f"messages.{index}.content.{position}", turn.get("role"), previous_uses, uses)
+            _check_block(
+                block,
+                f"messages.{index}.content.{position}",
+                turn.get("role"),
+                previous_uses,
+                uses,
+            )
         previous_uses = uses if turn.get("role") == "assistant" else set()
 
 
-def _check_block(block: Any, where: str, role: Any, previous_uses: set[str], uses: set[str]) -> None:
+def _check_block(
+    block: Any, where: str, role: Any, previous_uses: set[str], uses: set[str]
+) -> None:
     """One content block: non-empty text; a tool_result answers a tool_use of the previous assistant
     turn. A tool_use's id joins `uses`."""
     _check_text(block, where)
@@ -188,12 +222,18 @@ def _check_block(block: Any, where: str, role: Any, previous_uses: set[str], use
                 f"{block.get('tool_use_id')}. Each `tool_result` block must have a corresponding "
                 "`tool_use` block in the previous message.",
             )
-        for inner in block.get("content") or [] if isinstance(block.get("content"), list) else []:
+        for inner in (
+            block.get("content") or [] if isinstance(block.get("content"), list) else []
+        ):
             _check_text(inner, where)
 
 
 def _check_text(block: Any, where: str) -> None:
-    if isinstance(block, dict) and block.get("type") == "text" and not block.get("text"):
+    if (
+        isinstance(block, dict)
+        and block.get("type") == "text"
+        and not block.get("text")
+    ):
         raise SimRefusal(400, f"{where}: text content blocks must be non-empty")
 
 
@@ -207,5 +247,10 @@ def check_fal(body: Any, catalog: Catalog) -> None:
     if "temperature" in body and not info.temperature:
         raise SimRefusal(400, f"temperature is not supported for {model}.")
     choice = body.get("tool_choice")
-    if (choice == "required" or isinstance(choice, dict)) and not info.forced_tool_choice:
-        raise SimRefusal(400, f"tool_choice: forced tool use is not supported for {model}; use 'auto'.")
+    if (
+        choice == "required" or isinstance(choice, dict)
+    ) and not info.forced_tool_choice:
+        raise SimRefusal(
+            400,
+            f"tool_choice: forced tool use is not supported for {model}; use 'auto'.",
+        )

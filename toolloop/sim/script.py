@@ -59,7 +59,9 @@ class SimFault(_Value):
     `status`, default 529) and "stall" as "timeout".
     """
 
-    kind: Literal["error", "timeout", "drop", "refusal", "stream_drop", "stream_error", "stall"] = "error"
+    kind: Literal[
+        "error", "timeout", "drop", "refusal", "stream_drop", "stream_error", "stall"
+    ] = "error"
     status: int | None = None
     retry_after: float | None = None
     seconds: float = 0.0
@@ -71,13 +73,17 @@ class SimFault(_Value):
 
     @model_validator(mode="after")
     def _check(self) -> SimFault:
-        if self.kind == "error" and (self.status is None or not 400 <= self.status <= 599):
+        if self.kind == "error" and (
+            self.status is None or not 400 <= self.status <= 599
+        ):
             raise ValueError(
                 f"fault kind 'error' needs an HTTP status from 400 to 599, got {self.status!r}; "
                 "set status (e.g. 429, 500, 529) or another kind (timeout, drop, refusal)"
             )
         if self.times is not None and self.times < 1:
-            raise ValueError(f"fault times must be at least 1 (or null for always), got {self.times!r}")
+            raise ValueError(
+                f"fault times must be at least 1 (or null for always), got {self.times!r}"
+            )
         return self
 
 
@@ -169,7 +175,11 @@ Policy = Callable[[SimRequest], PolicyResult | Awaitable[PolicyResult]]
 class Script:
     """A list of turns used as a policy: turn `request.assistant_turns`, then `after_end`."""
 
-    def __init__(self, turns: Sequence[SimTurn | dict[str, Any] | str], after_end: SimTurn = AFTER_SCRIPT):
+    def __init__(
+        self,
+        turns: Sequence[SimTurn | dict[str, Any] | str],
+        after_end: SimTurn = AFTER_SCRIPT,
+    ):
         self.turns = [to_turn(turn) for turn in turns]
         self.after_end = after_end
 

@@ -49,7 +49,8 @@ def uses_beta(body: dict[str, Any]) -> bool:
     for turn in body.get("messages") or []:
         content = turn.get("content") if isinstance(turn, dict) else None
         if isinstance(content, list) and any(
-            isinstance(block, dict) and block.get("type") == "compaction" for block in content
+            isinstance(block, dict) and block.get("type") == "compaction"
+            for block in content
         ):
             return True
     return False
@@ -80,12 +81,16 @@ class _Checker:
         import anthropic.types as plain  # the SDK is a dev dependency: a strict simulator only
         import anthropic.types.beta as beta_types  # (as above)
         from anthropic.types import message_create_params as plain_params  # (as above)
-        from anthropic.types.beta import message_create_params as beta_params  # (as above)
+        from anthropic.types.beta import (
+            message_create_params as beta_params,
+        )  # (as above)
 
         sdk: Any = beta_types if beta else plain
         params: Any = beta_params if beta else plain_params
         prefix = "Beta" if beta else ""
-        forbid = ConfigDict(extra="forbid")  # a config is taken by a union only: hence the `| None`
+        forbid = ConfigDict(
+            extra="forbid"
+        )  # a config is taken by a union only: hence the `| None`
         streaming: Any = params.MessageCreateParamsStreaming | None
         whole: Any = params.MessageCreateParamsNonStreaming | None
         with _quiet():  # a few beta TypedDicts allow extra keys: pydantic warns that forbid skips them
@@ -135,14 +140,20 @@ class _Checker:
             for index, turn in enumerate(body["messages"]):
                 self.message(index, turn)
             params = self.streaming if body.get("stream") is True else self.whole
-            _consume(params.validate_python(body))  # after the blocks: their errors name the field
+            _consume(
+                params.validate_python(body)
+            )  # after the blocks: their errors name the field
         except ValidationError as error:
             raise SdkValidationError(_message(error, "")) from None
         except (AttributeError, KeyError, TypeError) as error:
-            raise SdkValidationError(f"The body does not have the SDK's shape: {error!r}") from None
+            raise SdkValidationError(
+                f"The body does not have the SDK's shape: {error!r}"
+            ) from None
 
     def top_level(self, body: dict[str, Any]) -> None:
-        for index, block in enumerate(body["system"] if isinstance(body.get("system"), list) else []):
+        for index, block in enumerate(
+            body["system"] if isinstance(body.get("system"), list) else []
+        ):
             self.strict(self.text_block, block, f"system.{index}")
         for index, tool in enumerate(body.get("tools") or []):
             self.strict(self.tool, tool, f"tools.{index}")
@@ -150,31 +161,47 @@ class _Checker:
         edits = managed.get("edits") if isinstance(managed, dict) else None
         for index, edit in enumerate(edits if isinstance(edits, list) else []):
             kind = edit.get("type") if isinstance(edit, dict) else None
-            self.strict(self.edits.get(str(kind)), edit, f"context_management.edits.{index}")
+            self.strict(
+                self.edits.get(str(kind)), edit, f"context_management.edits.{index}"
+            )
         if isinstance(body.get("tool_choice"), dict):
-            self.strict(self.choices.get(body["tool_choice"].get("type")), body["tool_choice"], "tool_choice")
+            self.strict(
+                self.choices.get(body["tool_choice"].get("type")),
+                body["tool_choice"],
+                "tool_choice",
+            )
         if isinstance(body.get("thinking"), dict):
-            self.strict(self.thinking.get(body["thinking"].get("type")), body["thinking"], "thinking")
+            self.strict(
+                self.thinking.get(body["thinking"].get("type")),
+                body["thinking"],
+                "thinking",
+            )
         if isinstance(body.get("output_config"), dict):
             self.strict(self.output_config, body["output_config"], "output_config")
 
     def message(self, index: int, turn: dict[str, Any]) -> None:
         extra = sorted(set(turn) - {"role", "content"})
         if extra:
-            raise SdkValidationError(f"messages.{index}.{extra[0]}: Extra inputs are not permitted")
+            raise SdkValidationError(
+                f"messages.{index}.{extra[0]}: Extra inputs are not permitted"
+            )
         content = turn["content"]
         for position, block in enumerate([] if isinstance(content, str) else content):
             where = f"messages.{index}.content.{position}"
             self.strict(self.blocks.get(block.get("type")), block, where)
             inner = block.get("content") if block.get("type") == "tool_result" else None
             for number, part in enumerate(inner if isinstance(inner, list) else []):
-                self.strict(self.blocks.get(part.get("type")), part, f"{where}.content.{number}")
+                self.strict(
+                    self.blocks.get(part.get("type")), part, f"{where}.content.{number}"
+                )
 
     def strict(self, typed_dict: Any, value: Any, where: str) -> None:
         if typed_dict is None:
             raise SdkValidationError(f"{where}: unknown type {value.get('type')!r}")
         adapter = self.adapters.get(typed_dict)
-        if adapter is None:  # kept alive: a lazily validated Iterable must not outlive its adapter
+        if (
+            adapter is None
+        ):  # kept alive: a lazily validated Iterable must not outlive its adapter
             with _quiet():
                 adapter = self.adapters[typed_dict] = TypeAdapter(typed_dict)
         try:
@@ -184,7 +211,9 @@ class _Checker:
         known = typed_dict.__required_keys__ | typed_dict.__optional_keys__
         extra = sorted(set(value) - known)
         if extra:
-            raise SdkValidationError(f"{where}.{extra[0]}: Extra inputs are not permitted")
+            raise SdkValidationError(
+                f"{where}.{extra[0]}: Extra inputs are not permitted"
+            )
 
 
 @contextlib.contextmanager
@@ -199,7 +228,9 @@ def _quiet() -> Iterator[None]:
 def _message(error: Any, where: str) -> str:
     """The first error of a pydantic `ValidationError`, at its place in the body."""
     first = error.errors()[0]
-    loc = [str(part) for part in first["loc"] if not str(part)[:1].isupper()]  # union arm names
+    loc = [
+        str(part) for part in first["loc"] if not str(part)[:1].isupper()
+    ]  # union arm names
     place = ".".join([where, *loc] if where else loc)
     return f"{place}: {first['msg']} (anthropic SDK request types)"
 

@@ -152,7 +152,9 @@ class SimServer:
             lifespan="off",
             interface="asgi3",
             proxy_headers=False,
-            http="httptools" if importlib.util.find_spec("httptools") else "h11",  # C parser: ~1/3 the CPU
+            http="httptools"
+            if importlib.util.find_spec("httptools")
+            else "h11",  # C parser: ~1/3 the CPU
             backlog=self.backlog,
             timeout_graceful_shutdown=1,
             timeout_keep_alive=30,
@@ -191,7 +193,10 @@ class SimServer:
         make that a plain return, so the process exits 0."""
         sock = self.bind()
         self._server = uvicorn.Server(self.config())
-        previous = {number: signal.signal(number, _ignore) for number in (signal.SIGINT, signal.SIGTERM)}
+        previous = {
+            number: signal.signal(number, _ignore)
+            for number in (signal.SIGINT, signal.SIGTERM)
+        }
         try:
             self._server.run(sockets=[sock])
         finally:
@@ -214,7 +219,10 @@ class SimServer:
         return self.start()
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
     ) -> None:
         self.stop()
 

@@ -29,7 +29,12 @@ from typing import Any
 from toolloop.sim.script import SimFault
 
 PIECE_CHARS = 4
-_DELTA_USAGE = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+_DELTA_USAGE = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens",
+)
 Event = tuple[str | None, Any, bool]
 """(SSE event name or None, data (JSON value or raw text), whether it carries one token)."""
 
@@ -63,9 +68,15 @@ def anthropic_events(body: dict[str, Any]) -> Iterator[Event]:
     yield "ping", {"type": "ping"}, False
     for index, block in enumerate(body.get("content") or []):
         yield from _anthropic_block(index, block)
-    delta = {key: body.get(key) for key in ("stop_reason", "stop_sequence", "stop_details")}
+    delta = {
+        key: body.get(key) for key in ("stop_reason", "stop_sequence", "stop_details")
+    }
     end_usage = {key: usage[key] for key in _DELTA_USAGE if key in usage}
-    yield "message_delta", {"type": "message_delta", "delta": delta, "usage": end_usage}, False
+    yield (
+        "message_delta",
+        {"type": "message_delta", "delta": delta, "usage": end_usage},
+        False,
+    )
     yield "message_stop", {"type": "message_stop"}, False
 
 
@@ -88,10 +99,16 @@ def _anthropic_block(index: int, block: dict[str, Any]) -> Iterator[Event]:
     elif kind == "tool_use":
         yield _start(index, {**block, "input": {}})
         raw = block["input"]
-        text = raw if isinstance(raw, str) else json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+        text = (
+            raw
+            if isinstance(raw, str)
+            else json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+        )
         for piece in pieces("" if text == "{}" else text):
             yield _delta(index, {"type": "input_json_delta", "partial_json": piece})
-    elif kind == "compaction":  # as the SDK's streaming fixture: an empty start, then one whole delta
+    elif (
+        kind == "compaction"
+    ):  # as the SDK's streaming fixture: an empty start, then one whole delta
         # the signature travels in the start (unconfirmed: the SDK's delta has no field for it)
         start = {"type": "compaction", "content": None, "encrypted_content": None}
         if "signature" in block:
@@ -102,7 +119,11 @@ def _anthropic_block(index: int, block: dict[str, Any]) -> Iterator[Event]:
             "content": block.get("content"),
             "encrypted_content": block.get("encrypted_content"),
         }
-        yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": whole}, False
+        yield (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": index, "delta": whole},
+            False,
+        )
     else:  # redacted_thinking and anything else: whole in its start
         yield _start(index, block)
     yield "content_block_stop", {"type": "content_block_stop", "index": index}, False
@@ -117,11 +138,17 @@ def _start(index: int, block: dict[str, Any]) -> Event:
 
 
 def _delta(index: int, delta: dict[str, Any]) -> Event:
-    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}, True
+    return (
+        "content_block_delta",
+        {"type": "content_block_delta", "index": index, "delta": delta},
+        True,
+    )
 
 
 def fal_chunks(body: dict[str, Any]) -> Iterator[Event]:
-    top: dict[str, Any] = {key: body[key] for key in ("id", "created", "model", "provider") if key in body}
+    top: dict[str, Any] = {
+        key: body[key] for key in ("id", "created", "model", "provider") if key in body
+    }
     top["object"] = "chat.completion.chunk"
     choice = (body.get("choices") or [{}])[0]
     message = choice.get("message") or {}
@@ -131,7 +158,13 @@ def fal_chunks(body: dict[str, Any]) -> Iterator[Event]:
         return {**top, "choices": [{"index": 0, "delta": delta, **ends}]}
 
     content = message.get("content")
-    yield None, chunk({"role": "assistant", "content": "" if isinstance(content, str) else None}), False
+    yield (
+        None,
+        chunk(
+            {"role": "assistant", "content": "" if isinstance(content, str) else None}
+        ),
+        False,
+    )
     yield from _fal_reasoning(message, chunk)
     for piece in pieces(content if isinstance(content, str) else ""):
         yield None, chunk({"content": piece}), True
@@ -145,7 +178,13 @@ def fal_chunks(body: dict[str, Any]) -> Iterator[Event]:
         }
         yield None, chunk({"tool_calls": [first]}), False
         for piece in pieces(function.get("arguments") or ""):
-            yield None, chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}), True
+            yield (
+                None,
+                chunk(
+                    {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                ),
+                True,
+            )
     ends = {
         "finish_reason": choice.get("finish_reason"),
         "native_finish_reason": choice.get("native_finish_reason"),
@@ -157,13 +196,24 @@ def fal_chunks(body: dict[str, Any]) -> Iterator[Event]:
 
 def _fal_reasoning(message: dict[str, Any], chunk: Any) -> Iterator[Event]:
     details = message.get("reasoning_details") or []
-    text_entry: dict[str, Any] | None = next((e for e in details if e.get("type") == "reasoning.text"), None)
+    text_entry: dict[str, Any] | None = next(
+        (e for e in details if e.get("type") == "reasoning.text"), None
+    )
     for number, piece in enumerate(pieces(message.get("reasoning") or "")):
         delta: dict[str, Any] = {"reasoning": piece}
         if text_entry is not None:
-            first = {**text_entry, "text": piece, "signature": None} if number == 0 else None
+            first = (
+                {**text_entry, "text": piece, "signature": None}
+                if number == 0
+                else None
+            )
             delta["reasoning_details"] = [
-                first or {"type": "reasoning.text", "text": piece, "index": text_entry.get("index", 0)}
+                first
+                or {
+                    "type": "reasoning.text",
+                    "text": piece,
+                    "index": text_entry.get("index", 0),
+                }
             ]
         yield None, chunk(delta), True
     for entry in details:
@@ -181,16 +231,30 @@ def _fal_reasoning(message: dict[str, Any], chunk: Any) -> Iterator[Event]:
 
 def error_event(wire: str, fault: SimFault) -> Event:
     status = fault.status or 529
-    message = fault.message or ("Overloaded" if status == 529 else f"Simulated error {status} mid-stream.")
+    message = fault.message or (
+        "Overloaded" if status == 529 else f"Simulated error {status} mid-stream."
+    )
     if wire == "anthropic":
         kind = ERROR_TYPES.get(status, "api_error")
-        return "error", {"type": "error", "error": {"type": kind, "message": message}}, False
+        return (
+            "error",
+            {"type": "error", "error": {"type": kind, "message": message}},
+            False,
+        )
     choices = [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]
-    return None, {"error": {"code": status, "message": message}, "choices": choices}, False
+    return (
+        None,
+        {"error": {"code": status, "message": message}, "choices": choices},
+        False,
+    )
 
 
 def encode(name: str | None, data: Any) -> bytes:
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    text = (
+        data
+        if isinstance(data, str)
+        else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    )
     head = f"event: {name}\n" if name else ""
     return f"{head}data: {text}\n\n".encode()
 

@@ -62,12 +62,16 @@ def thinking_on(body: dict[str, Any]) -> bool:
 
 
 def sign(text: str) -> str:
-    return base64.b64encode(hmac.new(KEY, text.encode(), hashlib.sha256).digest()).decode()
+    return base64.b64encode(
+        hmac.new(KEY, text.encode(), hashlib.sha256).digest()
+    ).decode()
 
 
 def _redacted_data(history_hash: str) -> str:
     payload = f"redacted:{history_hash[:24]}".encode()
-    return base64.b64encode(payload + hmac.new(KEY, payload, hashlib.sha256).digest()[:16]).decode()
+    return base64.b64encode(
+        payload + hmac.new(KEY, payload, hashlib.sha256).digest()[:16]
+    ).decode()
 
 
 def _redacted_ok(data: Any) -> bool:
@@ -76,7 +80,9 @@ def _redacted_ok(data: Any) -> bool:
     except ValueError:
         return False
     payload, mac = raw[:-16], raw[-16:]
-    return hmac.compare_digest(mac, hmac.new(KEY, payload, hashlib.sha256).digest()[:16])
+    return hmac.compare_digest(
+        mac, hmac.new(KEY, payload, hashlib.sha256).digest()[:16]
+    )
 
 
 def thinking_text(turn: SimTurn, request: SimRequest) -> str:
@@ -102,9 +108,13 @@ def anthropic_blocks(turn: SimTurn, request: SimRequest) -> list[dict[str, Any]]
     if not thinking_on(request.body):
         return []
     text = thinking_text(turn, request)
-    blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": text, "signature": sign(text)}]
+    blocks: list[dict[str, Any]] = [
+        {"type": "thinking", "thinking": text, "signature": sign(text)}
+    ]
     if redacts(turn, request):
-        blocks.append({"type": "redacted_thinking", "data": _redacted_data(request.history_hash)})
+        blocks.append(
+            {"type": "redacted_thinking", "data": _redacted_data(request.history_hash)}
+        )
     return blocks
 
 
@@ -114,7 +124,13 @@ def fal_fields(turn: SimTurn, request: SimRequest) -> dict[str, Any]:
         return {}
     text = thinking_text(turn, request)
     details: list[dict[str, Any]] = [
-        {"type": "reasoning.text", "text": text, "signature": sign(text), "format": FORMAT, "index": 0}
+        {
+            "type": "reasoning.text",
+            "text": text,
+            "signature": sign(text),
+            "format": FORMAT,
+            "index": 0,
+        }
     ]
     if redacts(turn, request):
         details.append(
@@ -150,7 +166,9 @@ def check_anthropic(body: dict[str, Any]) -> str | None:
     return None
 
 
-def _assistant_lists(messages: list[dict[str, Any]], field: str) -> Iterator[tuple[int, list[Any]]]:
+def _assistant_lists(
+    messages: list[dict[str, Any]], field: str
+) -> Iterator[tuple[int, list[Any]]]:
     """(index, value) of each assistant message whose `field` is a list."""
     for index, message in enumerate(messages):
         value = message.get(field)
@@ -165,7 +183,9 @@ def _in_tool_loop(messages: list[dict[str, Any]]) -> bool:
     content = messages[-1].get("content")
     if not isinstance(content, list):
         return False
-    results = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    results = any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
     return results and messages[-2].get("role") == "assistant"
 
 
@@ -202,7 +222,9 @@ def check_fal(body: dict[str, Any]) -> str | None:
                     return f"{where}: reasoning.text needs text and signature strings"
                 if not hmac.compare_digest(signature, sign(text)):
                     return f"{where}: Invalid `signature` in `thinking` block"
-            encrypted = isinstance(entry, dict) and entry.get("type") == "reasoning.encrypted"
+            encrypted = (
+                isinstance(entry, dict) and entry.get("type") == "reasoning.encrypted"
+            )
             if encrypted and not _redacted_ok(entry.get("data")):
                 return f"{where}: Invalid `data` in `redacted_thinking` block"
     return None

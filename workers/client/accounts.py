@@ -112,12 +112,18 @@ def check_name(name: str) -> None:
 
 
 def set_limit(
-    client: redis_lib.Redis, name: str, usd: float, period: str = "day", finish_at: float = 0.9
+    client: redis_lib.Redis,
+    name: str,
+    usd: float,
+    period: str = "day",
+    finish_at: float = 0.9,
 ) -> None:
     """Set (or change) an account's limit; spend so far is kept."""
     check_name(name)
     if period not in PERIODS:
-        raise AccountError(f"period must be one of {', '.join(PERIODS)}; got {period!r}.")
+        raise AccountError(
+            f"period must be one of {', '.join(PERIODS)}; got {period!r}."
+        )
     check_usd(usd, f"The limit of account {name!r}", least=0.0, zero=False)
     if not 0 < finish_at <= 1:
         raise AccountError(
@@ -125,7 +131,12 @@ def set_limit(
             "  Give a share such as 0.9: runs go into finish mode at that share of the limit."
         )
     client.hset(
-        key(name), mapping={"limit_usd": repr(float(usd)), "period": period, "finish_at": repr(finish_at)}
+        key(name),
+        mapping={
+            "limit_usd": repr(float(usd)),
+            "period": period,
+            "finish_at": repr(finish_at),
+        },
     )
 
 
@@ -144,7 +155,9 @@ def spend(client: redis_lib.Redis, now: float) -> list[AccountSpend]:
         spent = client.get(f"{name}:spent:{period_id(period, now)}")
         expiry_ms = now * 1000
         live = {_s(m) for m in client.zrangebyscore(f"{name}:held", expiry_ms, "+inf")}
-        held = {_s(k): float(_s(v)) for k, v in client.hgetall(f"{name}:held:usd").items()}
+        held = {
+            _s(k): float(_s(v)) for k, v in client.hgetall(f"{name}:held:usd").items()
+        }
         found.append(
             AccountSpend(
                 rest,

@@ -41,11 +41,18 @@ class AsyncClient:
         """As `Client(redis_url, toolsets=..., run_prefix=...)`; no connection is made until the first
         call. `max_streams`: event streams read at once (each blocked read holds a connection of its own)."""
         self.settings = settings = settings_for(redis_url)
-        self.toolsets = sorted(settings.toolset_names() if toolsets is None else toolsets)
+        self.toolsets = sorted(
+            settings.toolset_names() if toolsets is None else toolsets
+        )
         self._watcher = redisurl.watcher(settings.redis_url)
-        self.redis = redisurl.async_client(settings.redis_url, decode_responses=True, watcher=self._watcher)
+        self.redis = redisurl.async_client(
+            settings.redis_url, decode_responses=True, watcher=self._watcher
+        )
         self._blocking = redisurl.async_client(
-            settings.redis_url, decode_responses=True, socket_timeout=None, watcher=self._watcher
+            settings.redis_url,
+            decode_responses=True,
+            socket_timeout=None,
+            watcher=self._watcher,
         )
         wait = (settings.commit_wait, settings.commit_wait_ms)
         self._driver = AsyncDriver(self.redis, self._blocking, wait=wait)
@@ -60,8 +67,12 @@ class AsyncClient:
             socket_timeout=None,
         )
         self._streamer = AsyncDriver(self.redis, self._streams)
-        self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
-        self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender, run_prefix=run_prefix)
+        self._sender = ops.Sender(
+            int(self.redis.connection_pool.connection_kwargs.get("db", 0))
+        )
+        self._prepare = enqueue.Preparer(
+            settings, self.toolsets, self._sender, run_prefix=run_prefix
+        )
         self.catalog = self._prepare.catalog
         """The model catalogue in force (TOOLLOOP_MODELS laid over the built-in rows), read once."""
 
@@ -80,7 +91,9 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
+    async def enqueue(
+        self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None
+    ) -> str:
         """See `Client.enqueue`: checked here, stored and sent in one round trip."""
         made = self._prepare(spec, idempotency_key)
         try:
@@ -177,16 +190,24 @@ class AsyncClient:
         deltas: bool = True,
     ) -> AsyncIterator[RunEventRecord]:
         """See `Client.events`; iterate it with `async for` (blocking reads are awaited)."""
-        return self._streamer.stream(ops.events(run_id, after, block_ms, follow, deltas))
+        return self._streamer.stream(
+            ops.events(run_id, after, block_ms, follow, deltas)
+        )
 
-    async def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
+    async def wait(
+        self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05
+    ) -> RunStatus:
         """See `Client.wait`."""
         return await self._driver.run(ops.wait(run_id, timeout, poll_s))
 
-    async def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
+    async def answer(
+        self, run_id: str, content: str, *, segment: int | None = None
+    ) -> str:
         """See `Client.answer`."""
         check_answer(content, self.settings)
-        return await self._driver.run(ops.answer(self._sender, run_id, content, segment))
+        return await self._driver.run(
+            ops.answer(self._sender, run_id, content, segment)
+        )
 
     async def send(
         self,
@@ -209,7 +230,9 @@ class AsyncClient:
         )
         return await self._driver.run(op)
 
-    async def steer(self, run_id: str, content: str, *, steer_id: str | None = None) -> str:
+    async def steer(
+        self, run_id: str, content: str, *, steer_id: str | None = None
+    ) -> str:
         """See `Client.steer`."""
         talk.check_content(content, self.settings.max_answer_bytes, "steer")
         return await self._driver.run(talk.steer(run_id, content, steer_id))
@@ -242,7 +265,9 @@ class AsyncClient:
         wait_s: float = 10.0,
     ) -> str:
         """See `Client.reject`."""
-        decision = Decision(action="reject", reason=reason, input_digest=digest, actor=actor)
+        decision = Decision(
+            action="reject", reason=reason, input_digest=digest, actor=actor
+        )
         return await self.decide(run_id, call_id, decision, wait_s)
 
     async def edit(
@@ -256,14 +281,20 @@ class AsyncClient:
         wait_s: float = 10.0,
     ) -> str:
         """See `Client.edit`."""
-        decision = Decision(action="edit", input=input, input_digest=digest, actor=actor)
+        decision = Decision(
+            action="edit", input=input, input_digest=digest, actor=actor
+        )
         return await self.decide(run_id, call_id, decision, wait_s)
 
-    async def decide(self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0) -> str:
+    async def decide(
+        self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0
+    ) -> str:
         """See `Client.decide`: the wait for the worker's outcome is an awaited BLPOP."""
         check_decision(call_id, decision, self.settings)
         waiting = self.settings.max_early_decisions
-        return await self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting))
+        return await self._driver.run(
+            ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting)
+        )
 
     async def decision(self, run_id: str, call_id: str) -> DecisionState:
         """See `Client.decision`."""
@@ -289,7 +320,9 @@ class AsyncClient:
         self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
     ) -> runlist.RunPage:
         """See `Client.list_runs`."""
-        return await self._driver.run(runlist.page(status=status, limit=limit, cursor=cursor))
+        return await self._driver.run(
+            runlist.page(status=status, limit=limit, cursor=cursor)
+        )
 
     async def add_spend(self, run_id: str, usd: float) -> float:
         """See `Client.add_spend`."""

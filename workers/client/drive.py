@@ -31,7 +31,9 @@ def _commands(batch: Pipeline) -> list[tuple[Any, ...]]:
 def _missing(batch: Pipeline, replies: list[Any]) -> list[int]:
     """The places of the batch's scripts that Redis did not hold (not run: run them again)."""
     if batch.transaction and any(isinstance(r, NoScriptError) for r in replies):
-        raise RuntimeError("A script in a MULTI batch was not loaded; load it before the batch.")
+        raise RuntimeError(
+            "A script in a MULTI batch was not loaded; load it before the batch."
+        )
     return [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
 
 
@@ -42,7 +44,11 @@ def _again(batch: Pipeline, places: list[int]) -> list[tuple[Any, ...]]:
 
 
 def _scripts(batch: Pipeline, places: list[int]) -> list[Lua]:
-    found = {c.script.sha: c.script for i in places if isinstance(c := batch.commands[i], Eval)}
+    found = {
+        c.script.sha: c.script
+        for i in places
+        if isinstance(c := batch.commands[i], Eval)
+    }
     return list(found.values())
 
 
@@ -64,7 +70,9 @@ def _step(op: Op[Any] | Stream, reply: Any) -> Request | Emit | _Done:
 
 def _result(step: Emit | _Done) -> Any:
     if isinstance(step, Emit):
-        raise TypeError("An operation run with `run` emitted a value; drive it with `stream`.")
+        raise TypeError(
+            "An operation run with `run` emitted a value; drive it with `stream`."
+        )
     return step.value
 
 
@@ -77,14 +85,18 @@ def _raise_first(replies: list[Any]) -> list[Any]:
 
 def _waits(batch: Pipeline, wait: tuple[int, int]) -> bool:
     """Whether `batch` is a write to confirm: `wait` asks for replicas, and it runs a script or says so."""
-    return bool(wait[0]) and (batch.durable or any(isinstance(c, Eval) for c in batch.commands))
+    return bool(wait[0]) and (
+        batch.durable or any(isinstance(c, Eval) for c in batch.commands)
+    )
 
 
 def _waited(batch: Pipeline, wait: tuple[int, int]) -> Pipeline:
     """`batch` ending with WAIT when it is a write to confirm (`_waits`)."""
     if not _waits(batch, wait):
         return batch
-    return Pipeline([*batch.commands, ("WAIT", *wait)], batch.transaction, batch.durable)
+    return Pipeline(
+        [*batch.commands, ("WAIT", *wait)], batch.transaction, batch.durable
+    )
 
 
 def _confirmed(replies: list[Any], batch: Pipeline, wait: tuple[int, int]) -> list[Any]:
@@ -100,7 +112,11 @@ class SyncDriver:
     blocking reads (XREAD BLOCK, BLPOP)."""
 
     def __init__(
-        self, client: redis_lib.Redis, blocking: redis_lib.Redis, *, wait: tuple[int, int] = (0, 0)
+        self,
+        client: redis_lib.Redis,
+        blocking: redis_lib.Redis,
+        *,
+        wait: tuple[int, int] = (0, 0),
     ) -> None:
         self.redis, self.blocking = client, blocking
         self.wait = wait
@@ -122,7 +138,9 @@ class SyncDriver:
 
     def do(self, request: Request) -> Any:
         if isinstance(request, Call):
-            return (self.blocking if request.blocking else self.redis).execute_command(*request.args)  # type: ignore[no-untyped-call]
+            return (self.blocking if request.blocking else self.redis).execute_command(
+                *request.args
+            )  # type: ignore[no-untyped-call]
         if isinstance(request, Eval) and self.wait[0]:
             return _raise_first(self.batch(Pipeline([request])))[0]
         if isinstance(request, Eval):
@@ -153,7 +171,9 @@ class SyncDriver:
             if waits:
                 again.execute_command("WAIT", *self.wait)  # type: ignore[no-untyped-call]
             redone = [*places, len(replies) - 1] if waits else places
-            for i, reply in zip(redone, again.execute(raise_on_error=False), strict=True):
+            for i, reply in zip(
+                redone, again.execute(raise_on_error=False), strict=True
+            ):
                 replies[i] = reply
         return _confirmed(replies, request, self.wait)
 
@@ -162,7 +182,11 @@ class AsyncDriver:
     """Runs operations with redis.asyncio (the same requests, awaited)."""
 
     def __init__(
-        self, client: aredis.Redis, blocking: aredis.Redis, *, wait: tuple[int, int] = (0, 0)
+        self,
+        client: aredis.Redis,
+        blocking: aredis.Redis,
+        *,
+        wait: tuple[int, int] = (0, 0),
     ) -> None:
         self.redis, self.blocking = client, blocking
         self.wait = wait
@@ -184,7 +208,9 @@ class AsyncDriver:
 
     async def do(self, request: Request) -> Any:
         if isinstance(request, Call):
-            return await (self.blocking if request.blocking else self.redis).execute_command(*request.args)  # type: ignore[no-untyped-call]
+            return await (
+                self.blocking if request.blocking else self.redis
+            ).execute_command(*request.args)  # type: ignore[no-untyped-call]
         if isinstance(request, Eval) and self.wait[0]:
             return _raise_first(await self.batch(Pipeline([request])))[0]
         if isinstance(request, Eval):
@@ -215,6 +241,8 @@ class AsyncDriver:
                 if waits:
                     again.execute_command("WAIT", *self.wait)
                 redone = [*places, len(replies) - 1] if waits else places
-                for i, reply in zip(redone, await again.execute(raise_on_error=False), strict=True):
+                for i, reply in zip(
+                    redone, await again.execute(raise_on_error=False), strict=True
+                ):
                     replies[i] = reply
         return _confirmed(replies, request, self.wait)

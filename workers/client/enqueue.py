@@ -47,7 +47,9 @@ def run_id_for(idempotency_key: str | None) -> str:
             f"The idempotency key is {len(idempotency_key)} characters long.\n"
             "  Use 1 to 256 characters (an order id, a request id)."
         )
-    return hashlib.sha256(f"toolloop-idempotency\x00{idempotency_key}".encode()).hexdigest()[:32]
+    return hashlib.sha256(
+        f"toolloop-idempotency\x00{idempotency_key}".encode()
+    ).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +102,22 @@ class Preparer:
         overrides the preparer's; `fired` (a schedule's fire: its id and tick) goes in the run's
         `queued` event and in its first step's label (Flower)."""
         checked, spec_json = self.check(spec)
-        run_id = (self.run_prefix if run_prefix is None else run_prefix) + run_id_for(idempotency_key)
+        run_id = (self.run_prefix if run_prefix is None else run_prefix) + run_id_for(
+            idempotency_key
+        )
         now = time.time()
-        queued = {"model": checked.model, "toolset": checked.toolset, "budget_usd": checked.budget_usd}
+        queued = {
+            "model": checked.model,
+            "toolset": checked.toolset,
+            "budget_usd": checked.budget_usd,
+        }
         label = "model 1"
         if fired:
             queued.update(fired)
             label = f"model 1 (schedule {fired.get('schedule', '')})"
-        parent = tracing.current_traceparent()  # the caller's span: the run's trace is part of it
+        parent = (
+            tracing.current_traceparent()
+        )  # the caller's span: the run's trace is part of it
         message, channel, event = self.sender.message(
             ADVANCE, [run_id, 1], f"{run_id}:1", "llm", label, parent
         )
@@ -140,14 +150,18 @@ class Preparer:
 
 
 def prepare_all(
-    prepare: Preparer, specs: Sequence[RunSpec | dict[str, Any]], keys: Sequence[str | None] | None
+    prepare: Preparer,
+    specs: Sequence[RunSpec | dict[str, Any]],
+    keys: Sequence[str | None] | None,
 ) -> list[Enqueue]:
     """Every spec of a batch checked and built (the first bad one raises: nothing is sent)."""
     if keys is not None and len(keys) != len(specs):
         raise ValueError(
             f"{len(specs)} specs and {len(keys)} idempotency keys.\n  Give one key (or None) per spec."
         )
-    return [prepare(spec, None if keys is None else keys[i]) for i, spec in enumerate(specs)]
+    return [
+        prepare(spec, None if keys is None else keys[i]) for i, spec in enumerate(specs)
+    ]
 
 
 def batch_result(made: list[Enqueue], replies: list[Any], keyed: bool) -> list[str]:
@@ -161,17 +175,22 @@ def batch_result(made: list[Enqueue], replies: list[Any], keyed: bool) -> list[s
 REDIS_ERRORS = (OSError, redis_lib.RedisError)
 
 
-def failure(error: BaseException, keyed: bool, stored_some: bool = False) -> EnqueueError:
+def failure(
+    error: BaseException, keyed: bool, stored_some: bool = False
+) -> EnqueueError:
     """The EnqueueError for a Redis error of an enqueue (`keyed`: it had an idempotency key;
     `stored_some`: a batch whose other runs were stored)."""
     again = " with the same idempotency key." if keyed else "."
     if isinstance(error, redis_lib.OutOfMemoryError):
         message = (
             "Redis is out of memory (maxmemory reached) and refused the run; nothing was stored.\n"
-            "  Free memory in Redis (delete finished runs, raise maxmemory), then enqueue again" + again
+            "  Free memory in Redis (delete finished runs, raise maxmemory), then enqueue again"
+            + again
         )
         stored: bool | None = False
-    elif isinstance(error, OSError | redis_lib.ConnectionError | redis_lib.TimeoutError):
+    elif isinstance(
+        error, OSError | redis_lib.ConnectionError | redis_lib.TimeoutError
+    ):
         message = (
             f"Lost the connection to Redis while enqueueing ({type(error).__name__}); the run may or "
             "may not be stored.\n"
@@ -191,7 +210,9 @@ def failure(error: BaseException, keyed: bool, stored_some: bool = False) -> Enq
         stored = False
     if stored_some:
         message = (
-            "Some runs of the batch were stored and others not: " + message.split("\n")[0] + "\n"
+            "Some runs of the batch were stored and others not: "
+            + message.split("\n")[0]
+            + "\n"
             "  Enqueue the batch again with idempotency keys: the stored runs are not made twice."
         )
         stored = None

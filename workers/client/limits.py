@@ -78,7 +78,10 @@ IDENT_BYTES = 256
 
 def _over(what: str, size: int, limit: int, setting: str, hint: str) -> LimitError:
     where = f"raise {setting} on the clients" if setting else "it is fixed"
-    return LimitError(f"{what} is {size:,} bytes; the limit is {limit:,}.\n  {hint} ({where}).", setting)
+    return LimitError(
+        f"{what} is {size:,} bytes; the limit is {limit:,}.\n  {hint} ({where}).",
+        setting,
+    )
 
 
 def check_answer(content: str, settings: Settings) -> None:
@@ -96,10 +99,16 @@ def check_answer(content: str, settings: Settings) -> None:
 
 def check_decision(call_id: str, decision: Decision, settings: Settings) -> None:
     """Refuse a decision whose reason, edited input, call id, actor or digest is over its limit."""
-    for name, value in (("call id", call_id), ("actor", decision.actor), ("digest", decision.input_digest)):
+    for name, value in (
+        ("call id", call_id),
+        ("actor", decision.actor),
+        ("digest", decision.input_digest),
+    ):
         size = len((value or "").encode())
         if size > IDENT_BYTES:
-            raise _over(f"The decision's {name}", size, IDENT_BYTES, "", "Send a shorter one")
+            raise _over(
+                f"The decision's {name}", size, IDENT_BYTES, "", "Send a shorter one"
+            )
     size = len((decision.reason or "").encode())
     if size > settings.max_reason_bytes:
         raise _over(
@@ -110,7 +119,11 @@ def check_decision(call_id: str, decision: Decision, settings: Settings) -> None
             "Give a shorter reason: the model reads it",
         )
     if decision.input is not None:
-        size = len(json.dumps(decision.input, separators=(",", ":"), ensure_ascii=False).encode())
+        size = len(
+            json.dumps(
+                decision.input, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+        )
         if size > settings.max_edit_bytes:
             raise _over(
                 "The edited input",

@@ -31,7 +31,13 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from toolloop.contract import CHAT_MESSAGES, ChatMessage, ImagePart, ToolMessage, UserMessage
+from toolloop.contract import (
+    CHAT_MESSAGES,
+    ChatMessage,
+    ImagePart,
+    ToolMessage,
+    UserMessage,
+)
 from toolloop.loop.approvals import AlreadyDecidedError, ApprovalError, DeadlineError
 from toolloop.loop.types import Decision
 from workers.client import accounts
@@ -39,8 +45,19 @@ from workers.protocol import keys, wire
 from workers.protocol.errors import LimitError, RunNotFoundError, RunStateError
 from workers.protocol.lua import Lua
 from workers.protocol.names import ADVANCE, ANSWER, CANCEL, DECIDE
-from workers.protocol.records import FINAL, STREAM_KINDS, DecisionState, RunEventRecord, RunNode, RunStatus
-from workers.protocol.scripts.approvals import DECIDE_SEND, DECISIONS_MARK, parse_decide_sent
+from workers.protocol.records import (
+    FINAL,
+    STREAM_KINDS,
+    DecisionState,
+    RunEventRecord,
+    RunNode,
+    RunStatus,
+)
+from workers.protocol.scripts.approvals import (
+    DECIDE_SEND,
+    DECISIONS_MARK,
+    parse_decide_sent,
+)
 from workers.protocol.scripts.children import (
     ASKING,
     CANCEL_TREE,
@@ -49,7 +66,12 @@ from workers.protocol.scripts.children import (
     parse_cancel_tree,
     parse_tree,
 )
-from workers.protocol.scripts.control import ANSWER_SEND, RUN_RETRY, parse_retry, parse_sent
+from workers.protocol.scripts.control import (
+    ANSWER_SEND,
+    RUN_RETRY,
+    parse_retry,
+    parse_sent,
+)
 
 T = TypeVar("T")
 
@@ -118,10 +140,18 @@ class Sender:
         self.events = wire.Events(f"gen{os.getpid()}@{socket.gethostname()}", self.db)
 
     def message(
-        self, name: str, args: list[Any], task_id: str, queue: str, label: str = "", traceparent: str = ""
+        self,
+        name: str,
+        args: list[Any],
+        task_id: str,
+        queue: str,
+        label: str = "",
+        traceparent: str = "",
     ) -> tuple[wire.Delivery, str, bytes]:
         """The message, and the channel and payload of its `task-sent` event."""
-        delivery = wire.task_message(name, args, task_id, queue, label, traceparent or None)
+        delivery = wire.task_message(
+            name, args, task_id, queue, label, traceparent or None
+        )
         self.events.add(
             "task-sent",
             {
@@ -165,7 +195,9 @@ def status(run_id: str) -> Op[RunStatus]:
 
 def snapshot(run_id: str) -> Op[tuple[RunStatus, int]]:
     """The status and the count of answers not applied yet, read at one instant (MULTI)."""
-    state, unapplied = yield Pipeline([("HGETALL", keys.state(run_id)), ("HLEN", keys.inbox(run_id))], True)
+    state, unapplied = yield Pipeline(
+        [("HGETALL", keys.state(run_id)), ("HLEN", keys.inbox(run_id))], True
+    )
     return (yield from with_asking(run_id, status_of(run_id, state))), int(unapplied)
 
 
@@ -173,14 +205,18 @@ def with_asking(run_id: str, current: RunStatus) -> Op[RunStatus]:
     """A run waiting on its children: the first descendant that asks and its question (ASKING)."""
     if current.status != "waiting":
         return current
-    asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+    asking = parse_asking(
+        (yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX]))
+    )
     if asking is None:
         return current
     return current.model_copy(update={"asking": asking[0], "asked": asking[1]})
 
 
 def history(run_id: str) -> Op[list[ChatMessage]]:
-    stored, first = yield Pipeline([("GET", keys.history(run_id)), ("HGET", keys.inputs(run_id), "s0")])
+    stored, first = yield Pipeline(
+        [("GET", keys.history(run_id)), ("HGET", keys.inputs(run_id), "s0")]
+    )
     if stored is None and first is None:
         raise RunNotFoundError(run_id)
     return CHAT_MESSAGES.validate_json(stored or first)
@@ -199,7 +235,11 @@ def images(run_id: str) -> Op[list[RunImage]]:
     """The run's images in conversation order, each with where it came from: the spec's messages
     are the history's first ones, and only tool messages after them are a tool's."""
     stored, first, spec = yield Pipeline(
-        [("GET", keys.history(run_id)), ("HGET", keys.inputs(run_id), "s0"), ("GET", keys.spec(run_id))]
+        [
+            ("GET", keys.history(run_id)),
+            ("HGET", keys.inputs(run_id), "s0"),
+            ("GET", keys.spec(run_id)),
+        ]
     )
     if stored is None and first is None:
         raise RunNotFoundError(run_id)
@@ -207,13 +247,25 @@ def images(run_id: str) -> Op[list[RunImage]]:
     given = len(json.loads(spec).get("messages") or []) if spec else len(messages)
     found = []
     for i, message in enumerate(messages):
-        if isinstance(message, ToolMessage | UserMessage) and isinstance(message.content, list):
+        if isinstance(message, ToolMessage | UserMessage) and isinstance(
+            message.content, list
+        ):
             supplied = i < given or isinstance(message, UserMessage)
-            found += [RunImage(p, supplied) for p in message.content if isinstance(p, ImagePart)]
+            found += [
+                RunImage(p, supplied)
+                for p in message.content
+                if isinstance(p, ImagePart)
+            ]
     return found
 
 
-def events(run_id: str, after: str | None, block_ms: int | None, follow: bool, deltas: bool = True) -> Stream:
+def events(
+    run_id: str,
+    after: str | None,
+    block_ms: int | None,
+    follow: bool,
+    deltas: bool = True,
+) -> Stream:
     """The run's events after stream id `after` (see `Client.events`), each as an `Emit`; without
     `deltas`, a streaming run's `delta` and `discarded` entries are skipped."""
     stream = keys.events(run_id)
@@ -227,7 +279,9 @@ def events(run_id: str, after: str | None, block_ms: int | None, follow: bool, d
     if not found:
         raise RunNotFoundError(run_id)
     end = last[0][0] if last else "0-0"
-    if after and _id_key(cursor) > _id_key(end):  # no entry would ever come after it: a follow hangs
+    if after and _id_key(cursor) > _id_key(
+        end
+    ):  # no entry would ever come after it: a follow hangs
         raise EventIdError(
             f"Event id {after!r} is past the end of run {run_id!r}'s events (the last is {end}).\n"
             "  Resume after an id the stream gave, or without one to read from the start."
@@ -235,7 +289,9 @@ def events(run_id: str, after: str | None, block_ms: int | None, follow: bool, d
     while True:
         wait = block_ms if block_ms is not None else (1000 if follow else None)
         block = ("BLOCK", wait) if wait is not None else ()
-        reply = yield Call("XREAD", "COUNT", 500, *block, "STREAMS", stream, cursor, blocking=True)
+        reply = yield Call(
+            "XREAD", "COUNT", 500, *block, "STREAMS", stream, cursor, blocking=True
+        )
         entries: list[tuple[str, dict[str, str]]] = reply[0][1] if reply else []
         for entry_id, fields in entries:
             cursor = entry_id
@@ -282,7 +338,9 @@ def wait(run_id: str, timeout: float, poll_s: float) -> Op[RunStatus]:
             return current
         if current.status == "asked" and not (current.cancel_requested or unapplied):
             return current
-        if current.asking is not None and not current.cancel_requested:  # a descendant's question
+        if (
+            current.asking is not None and not current.cancel_requested
+        ):  # a descendant's question
             return current
         if time.monotonic() >= deadline:
             raise TimeoutError(
@@ -300,11 +358,19 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
     (ANSWER_SEND: the first answer to a question wins when it is sent; a later one is ignored and
     nothing is sent): the answer id."""
     if content.startswith(DECISIONS_MARK):
-        raise ValueError("An answer may not start with the record separator \\x1e.\n  Strip it.")
+        raise ValueError(
+            "An answer may not start with the record separator \\x1e.\n  Strip it."
+        )
     status, children = yield Call("HMGET", keys.state(run_id), "status", "children")
-    if status not in (None, "asked") and int(children or 0):  # a run with children: one of them may ask
-        asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
-        if asking is not None:  # (also in the moment between its children's start and its park)
+    if status not in (None, "asked") and int(
+        children or 0
+    ):  # a run with children: one of them may ask
+        asking = parse_asking(
+            (yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX]))
+        )
+        if (
+            asking is not None
+        ):  # (also in the moment between its children's start and its park)
             return (yield from answer(sender, asking[0], content, None))
     answer_id = uuid.uuid4().hex
     [(_, queue, message), (_, channel, payload)] = sender.commands(
@@ -312,10 +378,20 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
     )
     pinned = "" if segment is None else segment
     args = [run_id, answer_id, pinned, content, time.time(), message, channel, payload]
-    where = [keys.state(run_id), keys.answers(run_id), keys.inbox(run_id), keys.LIVE_RUNS, queue]
+    where = [
+        keys.state(run_id),
+        keys.answers(run_id),
+        keys.inbox(run_id),
+        keys.LIVE_RUNS,
+        queue,
+    ]
     sent = parse_sent((yield Eval(ANSWER_SCRIPT, where, args)))
-    if sent.what == "waiting":  # the run waits on its children: the answer goes to the one that asks
-        asking = parse_asking((yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX])))
+    if (
+        sent.what == "waiting"
+    ):  # the run waits on its children: the answer goes to the one that asks
+        asking = parse_asking(
+            (yield Eval(ASKING_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX]))
+        )
         if asking is None:
             raise RunStateError(
                 f"Run {run_id!r} waits on its child runs, and none of them asks a question.\n"
@@ -339,7 +415,12 @@ def answer(sender: Sender, run_id: str, content: str, segment: int | None) -> Op
 
 
 def decide(
-    sender: Sender, run_id: str, call_id: str, decision: Decision, wait_s: float, waiting: int
+    sender: Sender,
+    run_id: str,
+    call_id: str,
+    decision: Decision,
+    wait_s: float,
+    waiting: int,
 ) -> Op[str]:
     """Store a decision and send `toolloop.decide` in one script (DECIDE_SEND: refused at once when
     the call has a decision already, recorded or queued), then wait up to `wait_s` for the worker's
@@ -354,7 +435,13 @@ def decide(
             "TOOLLOOP_MAX_EARLY_DECISIONS",
         )
     decision_id = uuid.uuid4().hex
-    entry = json.dumps({"call_id": call_id, "decision": decision.model_dump(mode="json"), "at": time.time()})
+    entry = json.dumps(
+        {
+            "call_id": call_id,
+            "decision": decision.model_dump(mode="json"),
+            "at": time.time(),
+        }
+    )
     [(_, queue, message), (_, channel, payload)] = sender.commands(
         DECIDE, [run_id, decision_id], f"{run_id}:decide:{decision_id}", "control"
     )
@@ -377,15 +464,21 @@ def decide(
     if sent.what in ("decided", "queued"):
         raise already_decided(run_id, call_id, sent.what, json.loads(sent.detail))
     _, listeners = yield Call("PUBSUB", "NUMSUB", keys.CANCEL_CHANNEL)
-    if not int(listeners):  # no worker runs (each one listens for cancels): it stays queued
+    if not int(
+        listeners
+    ):  # no worker runs (each one listens for cancels): it stays queued
         return "queued"
-    reply = yield Call("BLPOP", keys.decided(run_id, decision_id), max(1, round(wait_s)), blocking=True)
+    reply = yield Call(
+        "BLPOP", keys.decided(run_id, decision_id), max(1, round(wait_s)), blocking=True
+    )
     if reply is None:
         return "queued"  # a worker runs but did not apply it in time: it applies when one does
     outcome, _, why = str(reply[1]).partition("|")
     if outcome == "refused":
         raise ApprovalError(why)
-    if outcome == "ignored":  # decided between this send and its application (a cancel, a deadline)
+    if (
+        outcome == "ignored"
+    ):  # decided between this send and its application (a cancel, a deadline)
         raise AlreadyDecidedError(
             f"Run {run_id!r}: {why}; the first decision wins.\n"
             f"  Nothing changed: `toolloop decision {run_id} {call_id}` shows it."
@@ -393,7 +486,9 @@ def decide(
     return outcome
 
 
-def already_decided(run_id: str, call_id: str, what: str, prior: dict[str, Any]) -> ApprovalError:
+def already_decided(
+    run_id: str, call_id: str, what: str, prior: dict[str, Any]
+) -> ApprovalError:
     """The refusal of a second decision on a call: the first one's action, who, and its state."""
     if what == "queued":
         first = prior.get("decision") or {}
@@ -430,7 +525,9 @@ def decisions(run_id: str) -> Op[dict[str, DecisionState]]:
     status, segment, held = state
     if status is None:
         raise RunNotFoundError(run_id)
-    return decision_states(run_id, int(segment or 0), json.loads(held or "[]"), recorded, inbox, outcomes)
+    return decision_states(
+        run_id, int(segment or 0), json.loads(held or "[]"), recorded, inbox, outcomes
+    )
 
 
 def decision(run_id: str, call_id: str) -> Op[DecisionState]:
@@ -457,8 +554,13 @@ def decision_states(
     found: dict[str, DecisionState] = {}
     names = {str(h["call_id"]): str(h["name"]) for h in held}
     for call_id in names:
-        found[call_id] = DecisionState(run_id=run_id, call_id=call_id, state="pending", name=names[call_id])
-    for raw in sorted((json.loads(v) for v in outcomes.values()), key=lambda o: float(o.get("at") or 0)):
+        found[call_id] = DecisionState(
+            run_id=run_id, call_id=call_id, state="pending", name=names[call_id]
+        )
+    for raw in sorted(
+        (json.loads(v) for v in outcomes.values()),
+        key=lambda o: float(o.get("at") or 0),
+    ):
         if raw.get("outcome") == "refused":
             call_id = str(raw["call_id"])
             found[call_id] = DecisionState(
@@ -523,7 +625,9 @@ def cancel(sender: Sender, run_id: str) -> Op[None]:
 
 def tree(run_id: str, most: int) -> Op[list[RunNode]]:
     """The run and the runs it spawned, breadth first (TREE), at most `most` of them."""
-    nodes = parse_tree((yield Eval(TREE_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX, most])))
+    nodes = parse_tree(
+        (yield Eval(TREE_SCRIPT, [keys.state(run_id)], [run_id, keys.PREFIX, most]))
+    )
     if not nodes:
         raise RunNotFoundError(run_id)
     return nodes
@@ -531,14 +635,23 @@ def tree(run_id: str, most: int) -> Op[list[RunNode]]:
 
 def retry(sender: Sender, run_id: str) -> Op[None]:
     """Queue a failed run again (RUN_RETRY), make its keys persistent again, send its step."""
-    stored, segment = yield Pipeline([("GET", keys.spec(run_id)), ("HGET", keys.state(run_id), "segment")])
+    stored, segment = yield Pipeline(
+        [("GET", keys.spec(run_id)), ("HGET", keys.state(run_id), "segment")]
+    )
     spec = json.loads(stored or "{}")
-    queued = {name: spec.get(name) for name in ("model", "toolset", "budget_usd")} | {"retry": True}
+    queued = {name: spec.get(name) for name in ("model", "toolset", "budget_usd")} | {
+        "retry": True
+    }
     result = parse_retry(
         (
             yield Eval(
                 RETRY_SCRIPT,
-                [keys.state(run_id), keys.attempts(run_id), keys.events(run_id), keys.outbox(run_id)],
+                [
+                    keys.state(run_id),
+                    keys.attempts(run_id),
+                    keys.events(run_id),
+                    keys.outbox(run_id),
+                ],
                 [time.time(), json.dumps(queued)],
             )
         )
@@ -562,7 +675,9 @@ def retry(sender: Sender, run_id: str) -> Op[None]:
 
 
 def add_spend(run_id: str, usd: float) -> Op[float]:
-    accounts.check_usd(usd, f"The outside spend for run {run_id!r}", least=0.0, zero=True)
+    accounts.check_usd(
+        usd, f"The outside spend for run {run_id!r}", least=0.0, zero=True
+    )
     if not (yield Call("EXISTS", keys.state(run_id))):
         raise RunNotFoundError(run_id)
     total = yield Call("INCRBYFLOAT", keys.spend(run_id), usd)
@@ -586,7 +701,9 @@ def status_of(run_id: str, state: dict[str, str]) -> RunStatus:
         final_text=state.get("final_text") or None,
         asked=json.loads(asked) if asked and parked else None,
         approvals=_pending(state) if parked else None,
-        ask_deadline=float(state["ask_deadline"]) if state.get("ask_deadline") else None,
+        ask_deadline=float(state["ask_deadline"])
+        if state.get("ask_deadline")
+        else None,
         error_class=state.get("error_class") or None,
         error_message=state.get("error_message") or None,
         refusal=json.loads(state["refusal"])
@@ -609,7 +726,11 @@ def _pending(state: dict[str, str]) -> list[dict[str, Any]] | None:
     if not state.get("approvals"):
         return None
     decided = set(json.loads(state.get("decided") or "[]"))
-    return [held for held in json.loads(state["approvals"]) if held["call_id"] not in decided] or None
+    return [
+        held
+        for held in json.loads(state["approvals"])
+        if held["call_id"] not in decided
+    ] or None
 
 
 def record_of(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
@@ -629,7 +750,11 @@ def record_of(entry_id: str, fields: dict[str, str]) -> RunEventRecord:
         if reserved in data:
             data[f"{reserved}_"] = data.pop(reserved)
     return RunEventRecord(
-        id=entry_id, seq=int(fields["seq"]), segment=int(fields["segment"]), kind=fields["kind"], **data
+        id=entry_id,
+        seq=int(fields["seq"]),
+        segment=int(fields["segment"]),
+        kind=fields["kind"],
+        **data,
     )
 
 

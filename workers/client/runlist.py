@@ -68,7 +68,9 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
         ) from None
 
 
-def page(*, status: str | None = None, limit: int = 50, cursor: str | None = None) -> Op[RunPage]:
+def page(
+    *, status: str | None = None, limit: int = 50, cursor: str | None = None
+) -> Op[RunPage]:
     """`list_runs` as an operation of workers/client/ops.py (both clients run it)."""
     if limit < 1:
         raise ValueError(f"limit is {limit}; ask for at least 1 run.")
@@ -84,15 +86,28 @@ def page(*, status: str | None = None, limit: int = 50, cursor: str | None = Non
     # its score returns first; more per read while filtering.
     size = limit + 1 + (after is not None)
     while True:
-        flat = yield Call("ZREVRANGEBYSCORE", keys.ALL_RUNS, top, "-inf", "WITHSCORES", "LIMIT", offset, size)
+        flat = yield Call(
+            "ZREVRANGEBYSCORE",
+            keys.ALL_RUNS,
+            top,
+            "-inf",
+            "WITHSCORES",
+            "LIMIT",
+            offset,
+            size,
+        )
         chunk = _pairs(flat)
         size = min(size * 2, _CHUNK)
         if not chunk:
             return RunPage(found, None)
         offset += len(chunk)
-        if after is not None:  # equal scores come in descending member order: skip those seen
+        if (
+            after is not None
+        ):  # equal scores come in descending member order: skip those seen
             chunk = [(m, s) for m, s in chunk if not (s == after[0] and m >= after[1])]
-        states = yield Pipeline([("HMGET", keys.state(member), *_FIELDS) for member, _ in chunk])
+        states = yield Pipeline(
+            [("HMGET", keys.state(member), *_FIELDS) for member, _ in chunk]
+        )
         gone: list[str] = []
         for (member, score), values in zip(chunk, states, strict=True):
             state = dict(zip(_FIELDS, values, strict=True))
@@ -101,7 +116,9 @@ def page(*, status: str | None = None, limit: int = 50, cursor: str | None = Non
                 continue
             if status is not None and state["status"] != status:
                 continue
-            if len(found) == limit and last is not None:  # one more matches: there is a next page
+            if (
+                len(found) == limit and last is not None
+            ):  # one more matches: there is a next page
                 yield from _dropped(gone)
                 return RunPage(found, _cursor(*last))
             found.append(_summary(member, score, state))
@@ -118,7 +135,9 @@ def _pairs(reply: list[Any]) -> list[tuple[str, float]]:
 
 def _dropped(members: list[str]) -> Op[None]:
     if members:
-        yield Pipeline([("ZREM", keys.ALL_RUNS, *members), ("ZREM", keys.ENDED_RUNS, *members)])
+        yield Pipeline(
+            [("ZREM", keys.ALL_RUNS, *members), ("ZREM", keys.ENDED_RUNS, *members)]
+        )
 
 
 def _drop(client: redis_lib.Redis, members: list[str]) -> None:
@@ -138,7 +157,9 @@ def _summary(run_id: str, score: float, state: dict[str, Any]) -> RunSummary:
     )
 
 
-def expire_commands(run_id: str, segments: int, retention: float) -> list[tuple[Any, ...]]:
+def expire_commands(
+    run_id: str, segments: int, retention: float
+) -> list[tuple[Any, ...]]:
     """The commands that start a finished run's retention: EXPIRE of each key, and its entry in the
     index of ended runs (nothing expires with retention 0)."""
     commands: list[tuple[Any, ...]] = [("ZADD", keys.ENDED_RUNS, time.time(), run_id)]
@@ -156,7 +177,9 @@ class Pruned:
     """Index entries of runs whose keys had expired already."""
 
 
-def prune(client: redis_lib.Redis, older_than: float, *, now: float | None = None) -> Pruned:
+def prune(
+    client: redis_lib.Redis, older_than: float, *, now: float | None = None
+) -> Pruned:
     """Delete the finished runs that ended more than `older_than` s ago, and drop from the index
     every run whose keys are gone. Parked and running runs are never touched."""
     now = time.time() if now is None else now
@@ -179,14 +202,20 @@ def prune(client: redis_lib.Redis, older_than: float, *, now: float | None = Non
             client.zrem(keys.ALL_RUNS, run_id)
             client.zrem(keys.ENDED_RUNS, run_id)
     cursor = 0
-    while True:  # the index of all runs: drop what expired (one pipelined EXISTS per chunk)
+    while (
+        True
+    ):  # the index of all runs: drop what expired (one pipelined EXISTS per chunk)
         members: list[str] = client.zrange(keys.ALL_RUNS, cursor, cursor + _CHUNK - 1)  # type: ignore[assignment]
         if not members:
             break
         pipe = client.pipeline(transaction=False)
         for run_id in members:
             pipe.exists(keys.state(run_id))
-        gone = [run_id for run_id, alive in zip(members, pipe.execute(), strict=True) if not alive]
+        gone = [
+            run_id
+            for run_id, alive in zip(members, pipe.execute(), strict=True)
+            if not alive
+        ]
         _drop(client, gone)
         forgotten += len(gone)
         cursor += len(members) - len(gone)

@@ -24,7 +24,11 @@ from workers.client import talk
 from workers.client.enqueue import Preparer
 from workers.client.ops import Call, Eval, Op, Pipeline
 from workers.protocol import keys, schedules
-from workers.protocol.errors import RunNotFoundError, ScheduleError, ScheduleNotFoundError
+from workers.protocol.errors import (
+    RunNotFoundError,
+    ScheduleError,
+    ScheduleNotFoundError,
+)
 from workers.protocol.schedules import Enqueue, Schedule, ScheduleInfo, Send
 from workers.protocol.scripts.schedules import SCHEDULE_ADD, SCHEDULE_REMOVE
 from workers.protocol.spec import RunSpec
@@ -39,7 +43,9 @@ def schedule_id(prefix: str, idempotency_key: str | None) -> str:
             "The schedule's idempotency key must be text of 1 to 256 characters.\n"
             "  Use a stable name, e.g. 'nightly-report'."
         )
-    digest = hashlib.sha256(f"toolloop-schedule\x00{idempotency_key}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(
+        f"toolloop-schedule\x00{idempotency_key}".encode()
+    ).hexdigest()[:24]
     return f"{prefix}sched-{digest}"
 
 
@@ -64,8 +70,12 @@ class Request:
     add_max_steps: int = 0
 
 
-def _trigger(request: Request, now: float) -> schedules.Cron | schedules.Every | schedules.Once:
-    given = [name for name in ("cron", "every_s", "at") if getattr(request, name) is not None]
+def _trigger(
+    request: Request, now: float
+) -> schedules.Cron | schedules.Every | schedules.Once:
+    given = [
+        name for name in ("cron", "every_s", "at") if getattr(request, name) is not None
+    ]
     if len(given) != 1:
         raise ScheduleError(
             f"A schedule needs exactly one trigger; it was given {', '.join(given) or 'none'}.\n"
@@ -74,11 +84,15 @@ def _trigger(request: Request, now: float) -> schedules.Cron | schedules.Every |
     if request.cron is not None:
         return schedules.cron(request.cron, request.timezone)
     if request.timezone != "UTC":
-        raise ScheduleError("A time zone applies to cron schedules only.\n  Drop timezone=, or use cron=.")
+        raise ScheduleError(
+            "A time zone applies to cron schedules only.\n  Drop timezone=, or use cron=."
+        )
     if request.every_s is not None:
         return schedules.every(request.every_s, request.start, now)
     if request.start is not None:
-        raise ScheduleError("start= applies to every_s schedules only.\n  Drop it, or use every_s=.")
+        raise ScheduleError(
+            "start= applies to every_s schedules only.\n  Drop it, or use every_s=."
+        )
     return schedules.once(request.at, now)
 
 
@@ -90,11 +104,15 @@ def _target(request: Request, prepare: Preparer) -> Enqueue | Send:
         )
     if request.spec is not None:
         if request.content is not None:
-            raise ScheduleError("content= goes with send_to=.\n  Put the message in the spec's messages.")
+            raise ScheduleError(
+                "content= goes with send_to=.\n  Put the message in the spec's messages."
+            )
         checked, _ = prepare.check(request.spec)  # exactly as an enqueue checks it
         return Enqueue(kind="enqueue", spec=checked, run_prefix=prepare.run_prefix)
     if not isinstance(request.send_to, str) or not 0 < len(request.send_to) <= 200:
-        raise ScheduleError("send_to= names a run by its id.\n  Pass the id Client.enqueue returned.")
+        raise ScheduleError(
+            "send_to= names a run by its id.\n  Pass the id Client.enqueue returned."
+        )
     if not isinstance(request.content, str) or not request.content.strip():
         raise ScheduleError(
             "A follow-up schedule needs content=, the message each tick sends.\n"
@@ -111,13 +129,17 @@ def _target(request: Request, prepare: Preparer) -> Enqueue | Send:
     )
 
 
-def build(request: Request, prepare: Preparer, now: float | None = None) -> tuple[Schedule, float]:
+def build(
+    request: Request, prepare: Preparer, now: float | None = None
+) -> tuple[Schedule, float]:
     """The checked schedule and its first tick; ScheduleError (or the enqueue's own errors for its
     spec) when anything is bad. Nothing is read or stored."""
     now = time.time() if now is None else now
     trigger = _trigger(request, now)
     target = _target(request, prepare)
-    grace = schedules.check_policy(target, request.if_busy, request.catch_up, request.grace_s)
+    grace = schedules.check_policy(
+        target, request.if_busy, request.catch_up, request.grace_s
+    )
     made = Schedule(
         id=schedule_id(prepare.run_prefix, request.idempotency_key),
         name=schedules.check_name(request.name),
@@ -158,8 +180,20 @@ def add(schedule: Schedule, first: float, run_check: str | None = None) -> Op[st
     run = keys.state(run_check) if run_check is not None else keys.schedule("-")
     added = yield Eval(
         SCHEDULE_ADD,
-        [keys.schedule(sid), keys.SCHEDULES_DUE, keys.SCHEDULES_ALL, keys.schedule_def(sid), run],
-        [sid, definition(schedule), repr(first), repr(schedule.created), "1" if run_check else ""],
+        [
+            keys.schedule(sid),
+            keys.SCHEDULES_DUE,
+            keys.SCHEDULES_ALL,
+            keys.schedule_def(sid),
+            run,
+        ],
+        [
+            sid,
+            definition(schedule),
+            repr(first),
+            repr(schedule.created),
+            "1" if run_check else "",
+        ],
     )
     if added == -1 and run_check is not None:
         raise RunNotFoundError(run_check)
@@ -168,7 +202,9 @@ def add(schedule: Schedule, first: float, run_check: str | None = None) -> Op[st
 
 def get(schedule_id: str) -> Op[ScheduleInfo]:
     sid = schedules.check_id(schedule_id)
-    state, raw = yield Pipeline([("HGETALL", keys.schedule(sid)), ("GET", keys.schedule_def(sid))])
+    state, raw = yield Pipeline(
+        [("HGETALL", keys.schedule(sid)), ("GET", keys.schedule_def(sid))]
+    )
     if not state or raw is None:
         raise ScheduleNotFoundError(schedule_id)
     return schedules.info_of(_decoded(state), raw)
@@ -182,17 +218,30 @@ def listing(limit: int = 1000) -> Op[list[ScheduleInfo]]:
     if not ids:
         return []
     read = yield Pipeline(
-        [c for sid in ids for c in (("HGETALL", keys.schedule(sid)), ("GET", keys.schedule_def(sid)))]
+        [
+            c
+            for sid in ids
+            for c in (("HGETALL", keys.schedule(sid)), ("GET", keys.schedule_def(sid)))
+        ]
     )
     pairs = zip(read[0::2], read[1::2], strict=True)
-    return [schedules.info_of(_decoded(state), raw) for state, raw in pairs if state and raw is not None]
+    return [
+        schedules.info_of(_decoded(state), raw)
+        for state, raw in pairs
+        if state and raw is not None
+    ]
 
 
 def remove(schedule_id: str) -> Op[None]:
     sid = schedules.check_id(schedule_id)
     removed = yield Eval(
         SCHEDULE_REMOVE,
-        [keys.schedule(sid), keys.SCHEDULES_DUE, keys.SCHEDULES_ALL, keys.schedule_def(sid)],
+        [
+            keys.schedule(sid),
+            keys.SCHEDULES_DUE,
+            keys.SCHEDULES_ALL,
+            keys.schedule_def(sid),
+        ],
         [sid],
     )
     if not removed:

@@ -77,7 +77,9 @@ def shard_urls(shards: Sequence[str] | None) -> list[str]:
     """`shards`, or TOOLLOOP_REDIS_SHARDS's; ValueError when there is none."""
     urls = list(shards) if shards is not None else parse_shards(os.environ.get(ENV, ""))
     if not urls:
-        raise ValueError(f"No shards: {ENV} is empty.\n  Set {ENV}=redis://a,redis://b or pass shards=[...].")
+        raise ValueError(
+            f"No shards: {ENV} is empty.\n  Set {ENV}=redis://a,redis://b or pass shards=[...]."
+        )
     return urls
 
 
@@ -86,8 +88,12 @@ class Placer:
 
     def __init__(self, shards: int) -> None:
         self.shards = shards
-        start = random.randrange(shards)  # a process that enqueues once (the CLI) lands on any shard
-        self._turn: Iterator[int] = itertools.cycle([*range(start, shards), *range(start)])
+        start = random.randrange(
+            shards
+        )  # a process that enqueues once (the CLI) lands on any shard
+        self._turn: Iterator[int] = itertools.cycle(
+            [*range(start, shards), *range(start)]
+        )
 
     def __call__(self, idempotency_key: str | None) -> int:
         if idempotency_key is None:
@@ -98,7 +104,11 @@ class Placer:
         self, specs: Sequence[Any], idempotency_keys: Sequence[str | None] | None
     ) -> list[tuple[int, list[int], list[Any], list[str | None] | None]]:
         """Each shard's part of a batch: (shard, places in the batch, its specs, its keys or None)."""
-        keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(specs)
+        keys = (
+            list(idempotency_keys)
+            if idempotency_keys is not None
+            else [None] * len(specs)
+        )
         if len(keys) != len(specs):
             raise ValueError(
                 f"{len(specs)} specs and {len(keys)} idempotency keys.\n  Give one key (or None) per spec."
@@ -130,7 +140,11 @@ def merged(pages: list[runlist.RunPage], limit: int) -> runlist.RunPage:
     """The shards' pages as one, newest first, `limit` runs; its `next` resumes on every shard."""
     runs = list(
         itertools.islice(
-            heapq.merge(*(p.runs for p in pages), key=lambda r: (r.created_at, r.run_id), reverse=True),
+            heapq.merge(
+                *(p.runs for p in pages),
+                key=lambda r: (r.created_at, r.run_id),
+                reverse=True,
+            ),
             limit + 1,
         )
     )
@@ -138,15 +152,25 @@ def merged(pages: list[runlist.RunPage], limit: int) -> runlist.RunPage:
     runs = runs[:limit]
     if not runs or not more:
         return runlist.RunPage(runs, None)
-    return runlist.RunPage(runs, runlist.cursor_at(runs[-1].created_at, runs[-1].run_id))
+    return runlist.RunPage(
+        runs, runlist.cursor_at(runs[-1].created_at, runs[-1].run_id)
+    )
 
 
 class ShardedClient:
-    def __init__(self, shards: Sequence[str] | None = None, *, toolsets: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        shards: Sequence[str] | None = None,
+        *,
+        toolsets: Iterable[str] | None = None,
+    ) -> None:
         """`shards`: the shards' Redis URLs, in the order they were added (default: TOOLLOOP_REDIS_SHARDS)."""
         urls = shard_urls(shards)
         names = None if toolsets is None else list(toolsets)
-        self.clients = [Client(url, toolsets=names, run_prefix=prefix(i)) for i, url in enumerate(urls)]
+        self.clients = [
+            Client(url, toolsets=names, run_prefix=prefix(i))
+            for i, url in enumerate(urls)
+        ]
         self._place = Placer(len(urls))
 
     def shard(self, run_id: str) -> Client:
@@ -165,9 +189,13 @@ class ShardedClient:
 
     # -- start ------------------------------------------------------------------------------------
 
-    def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
+    def enqueue(
+        self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None
+    ) -> str:
         """`Client.enqueue` on the run's shard (module doc); the run id names the shard."""
-        return self.clients[self._place(idempotency_key)].enqueue(spec, idempotency_key=idempotency_key)
+        return self.clients[self._place(idempotency_key)].enqueue(
+            spec, idempotency_key=idempotency_key
+        )
 
     def enqueue_many(
         self,
@@ -193,10 +221,14 @@ class ShardedClient:
     def images(self, run_id: str) -> list[Any]:
         return self.shard(run_id).images(run_id)
 
-    def events(self, run_id: str, *args: Any, **kwargs: Any) -> Iterator[RunEventRecord]:
+    def events(
+        self, run_id: str, *args: Any, **kwargs: Any
+    ) -> Iterator[RunEventRecord]:
         return self.shard(run_id).events(run_id, *args, **kwargs)
 
-    def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
+    def wait(
+        self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05
+    ) -> RunStatus:
         return self.shard(run_id).wait(run_id, timeout, poll_s=poll_s)
 
     def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
@@ -231,7 +263,9 @@ class ShardedClient:
         self.shard(run_id).cancel(run_id)
 
     def tree(self, run_id: str, *, most: int = 1000) -> list[Any]:
-        return self.shard(run_id).tree(run_id, most=most)  # a child's id begins with its parent's: one shard
+        return self.shard(run_id).tree(
+            run_id, most=most
+        )  # a child's id begins with its parent's: one shard
 
     def retry(self, run_id: str) -> None:
         self.shard(run_id).retry(run_id)
@@ -244,7 +278,11 @@ class ShardedClient:
     def schedule(self, spec: Any = None, **kwargs: Any) -> str:
         """`Client.schedule` on the shard of its target run (`send_to`), else placed as a run is."""
         target = kwargs.get("send_to")
-        client = self.shard(target) if target else self.clients[self._place(kwargs.get("idempotency_key"))]
+        client = (
+            self.shard(target)
+            if target
+            else self.clients[self._place(kwargs.get("idempotency_key"))]
+        )
         return client.schedule(spec, **kwargs)
 
     def get_schedule(self, schedule_id: str) -> ScheduleInfo:
@@ -264,7 +302,13 @@ class ShardedClient:
         self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
     ) -> runlist.RunPage:
         """Runs of every shard, newest first, `limit` per page; `next` resumes on every shard."""
-        return merged([c.list_runs(status=status, limit=limit, cursor=cursor) for c in self.clients], limit)
+        return merged(
+            [
+                c.list_runs(status=status, limit=limit, cursor=cursor)
+                for c in self.clients
+            ],
+            limit,
+        )
 
     def prune(self, older_than: float | None = None) -> list[runlist.Pruned]:
         """`Client.prune` on every shard, in shard order."""
@@ -287,16 +331,28 @@ class ShardedClient:
         they are global (TOOLLOOP_FLOW_REDIS_URL)."""
         if self.global_accounts:
             return [(None, row) for row in self.clients[0].accounts()]
-        return [(i, row) for i, client in enumerate(self.clients) for row in client.accounts()]
+        return [
+            (i, row)
+            for i, client in enumerate(self.clients)
+            for row in client.accounts()
+        ]
 
 
 class AsyncShardedClient:
     """`ShardedClient` for asyncio backends: the same routing over one `AsyncClient` per shard."""
 
-    def __init__(self, shards: Sequence[str] | None = None, *, toolsets: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        shards: Sequence[str] | None = None,
+        *,
+        toolsets: Iterable[str] | None = None,
+    ) -> None:
         urls = shard_urls(shards)
         names = None if toolsets is None else list(toolsets)
-        self.clients = [AsyncClient(url, toolsets=names, run_prefix=prefix(i)) for i, url in enumerate(urls)]
+        self.clients = [
+            AsyncClient(url, toolsets=names, run_prefix=prefix(i))
+            for i, url in enumerate(urls)
+        ]
         self._place = Placer(len(urls))
 
     def shard(self, run_id: str) -> AsyncClient:
@@ -312,8 +368,12 @@ class AsyncShardedClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
-        return await self.clients[self._place(idempotency_key)].enqueue(spec, idempotency_key=idempotency_key)
+    async def enqueue(
+        self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None
+    ) -> str:
+        return await self.clients[self._place(idempotency_key)].enqueue(
+            spec, idempotency_key=idempotency_key
+        )
 
     async def enqueue_many(
         self,
@@ -322,7 +382,10 @@ class AsyncShardedClient:
         idempotency_keys: Sequence[str | None] | None = None,
     ) -> list[str]:
         made = [
-            (places, await self.clients[shard].enqueue_many(part, idempotency_keys=keys))
+            (
+                places,
+                await self.clients[shard].enqueue_many(part, idempotency_keys=keys),
+            )
             for shard, places, part, keys in self._place.split(specs, idempotency_keys)
         ]
         return in_order(len(specs), made)
@@ -336,13 +399,19 @@ class AsyncShardedClient:
     async def images(self, run_id: str) -> list[Any]:
         return await self.shard(run_id).images(run_id)
 
-    def events(self, run_id: str, *args: Any, **kwargs: Any) -> AsyncIterator[RunEventRecord]:
+    def events(
+        self, run_id: str, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[RunEventRecord]:
         return self.shard(run_id).events(run_id, *args, **kwargs)
 
-    async def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
+    async def wait(
+        self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05
+    ) -> RunStatus:
         return await self.shard(run_id).wait(run_id, timeout, poll_s=poll_s)
 
-    async def answer(self, run_id: str, content: str, *, segment: int | None = None) -> str:
+    async def answer(
+        self, run_id: str, content: str, *, segment: int | None = None
+    ) -> str:
         return await self.shard(run_id).answer(run_id, content, segment=segment)
 
     async def send(self, run_id: str, content: str, **options: Any) -> Sent:
@@ -381,7 +450,11 @@ class AsyncShardedClient:
 
     async def schedule(self, spec: Any = None, **kwargs: Any) -> str:
         target = kwargs.get("send_to")
-        client = self.shard(target) if target else self.clients[self._place(kwargs.get("idempotency_key"))]
+        client = (
+            self.shard(target)
+            if target
+            else self.clients[self._place(kwargs.get("idempotency_key"))]
+        )
         return await client.schedule(spec, **kwargs)
 
     async def get_schedule(self, schedule_id: str) -> ScheduleInfo:
@@ -397,5 +470,8 @@ class AsyncShardedClient:
     async def list_runs(
         self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
     ) -> runlist.RunPage:
-        pages = [await c.list_runs(status=status, limit=limit, cursor=cursor) for c in self.clients]
+        pages = [
+            await c.list_runs(status=status, limit=limit, cursor=cursor)
+            for c in self.clients
+        ]
         return merged(pages, limit)

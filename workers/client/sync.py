@@ -45,7 +45,9 @@ def settings_for(redis_url: str | None) -> Settings:
     """The settings of a client: `redis_url` when given, else the rule of `Client.__init__`."""
     settings = Settings.from_env()
     if redis_url:
-        return dataclasses.replace(settings, redis_url=redis_url, redis_source="redis_url=")
+        return dataclasses.replace(
+            settings, redis_url=redis_url, redis_source="redis_url="
+        )
     if not settings.redis_source:
         raise NoRedisError(no_redis_message())
     return settings
@@ -53,7 +55,11 @@ def settings_for(redis_url: str | None) -> Settings:
 
 class Client:
     def __init__(
-        self, redis_url: str | None = None, *, toolsets: Iterable[str] | None = None, run_prefix: str = ""
+        self,
+        redis_url: str | None = None,
+        *,
+        toolsets: Iterable[str] | None = None,
+        run_prefix: str = "",
     ) -> None:
         """`redis_url`: when None, REDIS_URL, else the embedded server of $TOOLLOOP_HOME or ./.toolloop
         when it runs (the rule of the CLI and the workers, `toolloop.defaults.find_redis_url`), else
@@ -61,14 +67,23 @@ class Client:
         from TOOLLOOP_TOOLSETS (names only) when None. `run_prefix`: put before every new run id
         (a shard's `s<k>-`: workers/client/shards.py)."""
         self.settings = settings = settings_for(redis_url)
-        self.toolsets = sorted(settings.toolset_names() if toolsets is None else toolsets)
+        self.toolsets = sorted(
+            settings.toolset_names() if toolsets is None else toolsets
+        )
         self._watcher = redisurl.watcher(settings.redis_url)
-        self.redis = redisurl.sync_client(settings.redis_url, decode_responses=True, watcher=self._watcher)
+        self.redis = redisurl.sync_client(
+            settings.redis_url, decode_responses=True, watcher=self._watcher
+        )
         self._blocking = redisurl.sync_client(
-            settings.redis_url, decode_responses=True, socket_timeout=None, watcher=self._watcher
+            settings.redis_url,
+            decode_responses=True,
+            socket_timeout=None,
+            watcher=self._watcher,
         )
         self._driver = SyncDriver(
-            self.redis, self._blocking, wait=(settings.commit_wait, settings.commit_wait_ms)
+            self.redis,
+            self._blocking,
+            wait=(settings.commit_wait, settings.commit_wait_ms),
         )
         self._flow = (
             redisurl.sync_client(settings.flow_redis_url, decode_responses=True)
@@ -76,8 +91,12 @@ class Client:
             else self.redis
         )
         """The Redis of accounts (TOOLLOOP_FLOW_REDIS_URL, else REDIS_URL's)."""
-        self._sender = ops.Sender(int(self.redis.connection_pool.connection_kwargs.get("db", 0)))
-        self._prepare = enqueue.Preparer(settings, self.toolsets, self._sender, run_prefix=run_prefix)
+        self._sender = ops.Sender(
+            int(self.redis.connection_pool.connection_kwargs.get("db", 0))
+        )
+        self._prepare = enqueue.Preparer(
+            settings, self.toolsets, self._sender, run_prefix=run_prefix
+        )
         self.catalog = self._prepare.catalog
         """The model catalogue in force (TOOLLOOP_MODELS laid over the built-in rows), read once."""
 
@@ -110,7 +129,9 @@ class Client:
 
     # -- start ------------------------------------------------------------------------------------
 
-    def enqueue(self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None) -> str:
+    def enqueue(
+        self, spec: RunSpec | dict[str, Any], *, idempotency_key: str | None = None
+    ) -> str:
         """Validate `spec` (pydantic.ValidationError when bad; ToolsetError for a toolset that is not
         registered, nothing imported; LimitError over a limit), store the run and send its first
         step, in one round trip (one script: workers/client/enqueue.py). Returns the run id. With
@@ -235,7 +256,9 @@ class Client:
         entries among them (seq None; docs/streaming.md); `deltas=False` skips those."""
         return self._driver.stream(ops.events(run_id, after, block_ms, follow, deltas))
 
-    def wait(self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05) -> RunStatus:
+    def wait(
+        self, run_id: str, timeout: float = 60.0, *, poll_s: float = 0.05
+    ) -> RunStatus:
         """The status once the run has ended, or parked on a question that no sent answer or cancel is
         on its way to; TimeoutError after `timeout` s."""
         return self._driver.run(ops.wait(run_id, timeout, poll_s))
@@ -306,7 +329,10 @@ class Client:
     ) -> str:
         """Approve the held call `call_id`: the tool runs with its input. See `decide`."""
         return self.decide(
-            run_id, call_id, Decision(action="approve", input_digest=digest, actor=actor), wait_s
+            run_id,
+            call_id,
+            Decision(action="approve", input_digest=digest, actor=actor),
+            wait_s,
         )
 
     def reject(
@@ -320,7 +346,9 @@ class Client:
         wait_s: float = 10.0,
     ) -> str:
         """Reject the held call: the model reads `Rejected by the person: <reason>.`. See `decide`."""
-        decision = Decision(action="reject", reason=reason, input_digest=digest, actor=actor)
+        decision = Decision(
+            action="reject", reason=reason, input_digest=digest, actor=actor
+        )
         return self.decide(run_id, call_id, decision, wait_s)
 
     def edit(
@@ -335,10 +363,14 @@ class Client:
     ) -> str:
         """Run the held call with `input` instead (checked against the tool's schema by a worker; a
         bad edit raises ApprovalError with the validation message and the call still waits)."""
-        decision = Decision(action="edit", input=input, input_digest=digest, actor=actor)
+        decision = Decision(
+            action="edit", input=input, input_digest=digest, actor=actor
+        )
         return self.decide(run_id, call_id, decision, wait_s)
 
-    def decide(self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0) -> str:
+    def decide(
+        self, run_id: str, call_id: str, decision: Decision, wait_s: float = 10.0
+    ) -> str:
         """Send a decision on a held call over the control queue and wait up to `wait_s` for a
         worker to apply it. Returns "resumed" (every held call decided: the run goes on), "recorded"
         (other calls still wait), "kept" (the run has not parked yet: the decision waits for it) or
@@ -352,7 +384,9 @@ class Client:
         or of the decisions waiting for a worker (TOOLLOOP_MAX_EARLY_DECISIONS)."""
         check_decision(call_id, decision, self.settings)
         waiting = self.settings.max_early_decisions
-        return self._driver.run(ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting))
+        return self._driver.run(
+            ops.decide(self._sender, run_id, call_id, decision, wait_s, waiting)
+        )
 
     def decision(self, run_id: str, call_id: str) -> DecisionState:
         """Where the decision on call `call_id` stands: `state` is "pending", "queued" (sent, applied

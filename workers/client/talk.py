@@ -56,18 +56,34 @@ class Sent:
 def check_top_ups(add_budget_usd: float, add_max_steps: int) -> None:
     """Refuse a top-up that is not a finite amount of 0 or more (ValueError)."""
     if isinstance(add_budget_usd, bool) or not isinstance(add_budget_usd, int | float):
-        raise ValueError(f"add_budget_usd must be a number of USD, not {add_budget_usd!r}.")
+        raise ValueError(
+            f"add_budget_usd must be a number of USD, not {add_budget_usd!r}."
+        )
     if not math.isfinite(add_budget_usd) or add_budget_usd < 0:
-        raise ValueError(f"add_budget_usd must be 0 or more, not {add_budget_usd!r}.\n  Pass the USD to add.")
-    if isinstance(add_max_steps, bool) or not isinstance(add_max_steps, int) or add_max_steps < 0:
-        raise ValueError(f"add_max_steps must be a whole number, 0 or more, not {add_max_steps!r}.")
+        raise ValueError(
+            f"add_budget_usd must be 0 or more, not {add_budget_usd!r}.\n  Pass the USD to add."
+        )
+    if (
+        isinstance(add_max_steps, bool)
+        or not isinstance(add_max_steps, int)
+        or add_max_steps < 0
+    ):
+        raise ValueError(
+            f"add_max_steps must be a whole number, 0 or more, not {add_max_steps!r}."
+        )
 
 
 def check_key(idempotency_key: str | None) -> str:
     if idempotency_key is None:
         return ""
-    if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > MAX_KEY_CHARS:
-        raise ValueError(f"An idempotency key is a string of 1 to {MAX_KEY_CHARS} characters.")
+    if (
+        not isinstance(idempotency_key, str)
+        or not idempotency_key
+        or len(idempotency_key) > MAX_KEY_CHARS
+    ):
+        raise ValueError(
+            f"An idempotency key is a string of 1 to {MAX_KEY_CHARS} characters."
+        )
     return idempotency_key
 
 
@@ -85,7 +101,9 @@ def send(
     check_top_ups(add_budget_usd, add_max_steps)
     key = check_key(idempotency_key)
     if not isinstance(content, str) or not content.strip():
-        raise ValueError("A follow-up needs some text.\n  Pass what the person says, as a string.")
+        raise ValueError(
+            "A follow-up needs some text.\n  Pass what the person says, as a string."
+        )
     message = UserMessage(content=content).model_dump_json()
     answer_id = uuid.uuid4().hex
     [(_, queue, task), (_, channel, payload)] = sender.commands(
@@ -165,11 +183,15 @@ def steer(run_id: str, content: str, steer_id: str | None = None) -> Op[str]:
     """A steer (see `Client.steer`): stored in the run's state for its next step boundary; the
     steer id (its journal step is `steer:<id>`)."""
     if not isinstance(content, str) or not content.strip():
-        raise ValueError("A steer needs some text.\n  Pass what the run should read, as a string.")
+        raise ValueError(
+            "A steer needs some text.\n  Pass what the run should read, as a string."
+        )
     if steer_id is None:
         steer_id = uuid.uuid4().hex
     elif not (isinstance(steer_id, str) and STEER_ID.fullmatch(steer_id)):
-        raise ValueError(f"A steer id is 1 to 64 letters, digits, '-' or '_', not {steer_id!r}.")
+        raise ValueError(
+            f"A steer id is 1 to 64 letters, digits, '-' or '_', not {steer_id!r}."
+        )
     where = [keys.state(run_id), keys.events(run_id)]
     args = [steer_id, content, repr(time.time()), keys.journal(run_id, "")]
     done = parse_steer((yield Eval(STEER_SEND, where, args)))
@@ -201,7 +223,11 @@ def steer(run_id: str, content: str, steer_id: str | None = None) -> Op[str]:
 def interrupt(run_id: str) -> Op[int]:
     """An interrupt (see `Client.interrupt`): the segment it stops."""
     done = parse_interrupt(
-        (yield Eval(INTERRUPT_SEND, [keys.state(run_id)], [keys.INTERRUPT_CHANNEL, run_id]))
+        (
+            yield Eval(
+                INTERRUPT_SEND, [keys.state(run_id)], [keys.INTERRUPT_CHANNEL, run_id]
+            )
+        )
     )
     if done.what == "missing":
         raise RunNotFoundError(run_id)
@@ -215,7 +241,9 @@ def interrupt(run_id: str) -> Op[int]:
 
 def check_content(content: str, limit: int, what: str) -> None:
     """Refuse a message longer than `limit` bytes (UTF-8) with the setting that raises it."""
-    size = len(content.encode("utf-8", "surrogatepass")) if isinstance(content, str) else 0
+    size = (
+        len(content.encode("utf-8", "surrogatepass")) if isinstance(content, str) else 0
+    )
     if size > limit:
         raise LimitError(
             f"The {what} is {size:,} bytes; the limit is {limit:,}.\n"

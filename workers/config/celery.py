@@ -29,7 +29,9 @@ def make_app(settings: Settings | None = None) -> Celery:
         "health_check_interval": 25,
     }
     broker_url, sentinel_options = redisurl.broker(settings.redis_url)
-    transport.update(sentinel_options)  # Sentinel: kombu's master_name and sentinel_kwargs
+    transport.update(
+        sentinel_options
+    )  # Sentinel: kombu's master_name and sentinel_kwargs
     app = Celery("toolloop", broker=broker_url, include=["workers.tasks"])
     app.conf.update(
         task_acks_late=True,  # ack after the commit: a crash mid-step redelivers it
@@ -62,7 +64,9 @@ def make_app(settings: Settings | None = None) -> Celery:
         toolloop_redis_url=settings.redis_url,  # the URL as given (a Sentinel URL is not kombu's form)
     )
     ssl = ssl_options(settings.redis_url)
-    if ssl:  # for Flower and anything else that rebuilds the broker URL without its query
+    if (
+        ssl
+    ):  # for Flower and anything else that rebuilds the broker URL without its query
         app.conf.broker_use_ssl = ssl
     return app
 
@@ -80,7 +84,11 @@ def ssl_options(url: str) -> dict[str, Any]:
         if parts.scheme != "rediss":
             return {}
         options = {k: v for k, v in parse_qsl(parts.query) if k.startswith("ssl_")}
-    reqs = {"none": ssl_lib.CERT_NONE, "optional": ssl_lib.CERT_OPTIONAL, "required": ssl_lib.CERT_REQUIRED}
+    reqs = {
+        "none": ssl_lib.CERT_NONE,
+        "optional": ssl_lib.CERT_OPTIONAL,
+        "required": ssl_lib.CERT_REQUIRED,
+    }
     options["ssl_cert_reqs"] = reqs.get(
         str(options.get("ssl_cert_reqs", "required")).lower(), ssl_lib.CERT_REQUIRED
     )

@@ -42,9 +42,20 @@ URL_SCHEME = "mcp:"
 DEFAULT_TIMEOUT_S = 30.0
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_PATH = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+)
 _SERVER_KEYS = frozenset(
-    {"url", "command", "headers", "env", "timeout_s", "needs_approval", "approve_destructive", "name"}
+    {
+        "url",
+        "command",
+        "headers",
+        "env",
+        "timeout_s",
+        "needs_approval",
+        "approve_destructive",
+        "name",
+    }
 )
 
 
@@ -80,13 +91,17 @@ def from_entry(name: str, text: str) -> Toolset:
     """The toolset of one TOOLLOOP_TOOLSETS entry's value: "pkg.module:NAME" or "mcp:<http(s) url>"."""
     if text.startswith(URL_SCHEME):
         url = text[len(URL_SCHEME) :]
-        return Toolset(servers=(McpServer(label=name, url=_url(url, f"toolset {name!r}")),))
+        return Toolset(
+            servers=(McpServer(label=name, url=_url(url, f"toolset {name!r}")),)
+        )
     return Toolset(python=(text,))
 
 
 def is_entry(text: str) -> bool:
     """True when `text` is a TOOLLOOP_TOOLSETS value this module reads ("mcp:http://...")."""
-    return text.startswith(URL_SCHEME) and text[len(URL_SCHEME) :].startswith(("http://", "https://"))
+    return text.startswith(URL_SCHEME) and text[len(URL_SCHEME) :].startswith(
+        ("http://", "https://")
+    )
 
 
 def read_file(path: str) -> dict[str, Toolset]:
@@ -117,7 +132,11 @@ def read_file(path: str) -> dict[str, Toolset]:
 
 
 def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        str(error).strip().splitlines()[0]
+        if str(error).strip()
+        else type(error).__name__
+    )
 
 
 def _toolset(name: str, body: Any, path: str) -> Toolset:
@@ -135,7 +154,9 @@ def _toolset(name: str, body: Any, path: str) -> Toolset:
         )
     python = body.get("python", [])
     python = [python] if isinstance(python, str) else python
-    if not isinstance(python, list) or not all(isinstance(p, str) and _PATH.match(p) for p in python):
+    if not isinstance(python, list) or not all(
+        isinstance(p, str) and _PATH.match(p) for p in python
+    ):
         raise ToolsetError(
             f"The {where} has `python: {python!r}`, which is not pkg.module:NAME (or a list of them).\n"
             "  Name the list of ToolSpec (or the function returning one) as pkg.module:NAME."
@@ -147,10 +168,15 @@ def _toolset(name: str, body: Any, path: str) -> Toolset:
             f"The {where} has an `mcp:` that is neither a server nor a list of servers.\n"
             "  Write `mcp: {url: ...}`, `mcp: {command: [...]}`, or a list of those."
         )
-    labels = [name if len(servers) == 1 else f"{name}#{i + 1}" for i in range(len(servers))]
+    labels = [
+        name if len(servers) == 1 else f"{name}#{i + 1}" for i in range(len(servers))
+    ]
     return Toolset(
         python=tuple(python),
-        servers=tuple(_server(label, raw, f"{where}") for label, raw in zip(labels, servers, strict=True)),
+        servers=tuple(
+            _server(label, raw, f"{where}")
+            for label, raw in zip(labels, servers, strict=True)
+        ),
     )
 
 
@@ -170,14 +196,20 @@ def _server(label: str, raw: Any, where: str) -> McpServer:
             'or `command: ["npx", "server"]` (stdio).'
         )
     if command is not None and (
-        not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command)
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(c, str) for c in command)
     ):
         raise ToolsetError(
             f"The MCP server {label!r} of the {where} has `command: {command!r}`, not a list of strings.\n"
             '  Write it as a list: `command: ["node", "server.js", "stdio"]`.'
         )
     timeout = raw.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= 3600
+    ):
         raise ToolsetError(
             f"The MCP server {label!r} of the {where} has `timeout_s: {timeout!r}`.\n"
             "  Give seconds above 0 and at most 3600."
@@ -190,7 +222,9 @@ def _server(label: str, raw: Any, where: str) -> McpServer:
         )
     return McpServer(
         label=label,
-        url=None if url is None else _url(str(url), f"the MCP server {label!r} of the {where}"),
+        url=None
+        if url is None
+        else _url(str(url), f"the MCP server {label!r} of the {where}"),
         command=tuple(command or ()),
         headers=_pairs(raw.get("headers"), "headers", label, where),
         env=_pairs(raw.get("env"), "env", label, where),
@@ -203,7 +237,9 @@ def _server(label: str, raw: Any, where: str) -> McpServer:
 def _pairs(raw: Any, key: str, label: str, where: str) -> tuple[tuple[str, str], ...]:
     if raw is None:
         return ()
-    if not isinstance(raw, dict) or not all(isinstance(v, str | int | float) for v in raw.values()):
+    if not isinstance(raw, dict) or not all(
+        isinstance(v, str | int | float) for v in raw.values()
+    ):
         raise ToolsetError(
             f"The MCP server {label!r} of the {where} has `{key}:` that is not a mapping of strings.\n"
             f'  Write `{key}: {{Name: "value"}}`; take secrets from the worker\'s environment as "${{VAR}}".'
@@ -226,7 +262,9 @@ def _url(url: str, where: str) -> str:
     return url
 
 
-def expand(text: str, environ: Mapping[str, str] | None = None, *, label: str = "") -> str:
+def expand(
+    text: str, environ: Mapping[str, str] | None = None, *, label: str = ""
+) -> str:
     """`text` with each `${VAR}` replaced by VAR from the worker's environment; a VAR that is not set
     raises `ToolsetError` naming VAR (never its value)."""
     environ = os.environ if environ is None else environ
@@ -243,7 +281,9 @@ def expand(text: str, environ: Mapping[str, str] | None = None, *, label: str = 
     return _VAR.sub(value, text)
 
 
-def secrets_of(server: McpServer, environ: Mapping[str, str] | None = None) -> list[str]:
+def secrets_of(
+    server: McpServer, environ: Mapping[str, str] | None = None
+) -> list[str]:
     """The values `${VAR}` expands to for `server` (for tests and scrubbing; never logged)."""
     environ = os.environ if environ is None else environ
     texts = [v for _, v in server.headers] + [v for _, v in server.env]

@@ -48,7 +48,11 @@ from workers.protocol.keys import RATE_PREFIX
 
 ENV = "TOOLLOOP_RATE_LIMITS"
 
-KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "fal": "FAL_KEY", "openai": "OPENAI_API_KEY"}
+KEY_ENVS = {
+    "anthropic": "ANTHROPIC_API_KEY",
+    "fal": "FAL_KEY",
+    "openai": "OPENAI_API_KEY",
+}
 """The environment variable each provider's key is read from (only its hash is ever used)."""
 
 LEARNS = frozenset({"anthropic"})
@@ -92,7 +96,11 @@ def parse(raw: str) -> dict[str, dict[str, Limits]]:
             data: Any = json.loads(raw)
         else:
             text = Path(raw).read_text()
-            data = yaml.safe_load(text) if raw.endswith((".yaml", ".yml")) else json.loads(text)
+            data = (
+                yaml.safe_load(text)
+                if raw.endswith((".yaml", ".yml"))
+                else json.loads(text)
+            )
     except (OSError, ValueError, yaml.YAMLError) as error:
         raise RateLimitConfigError(
             f"{ENV} could not be read ({error}).\n"
@@ -105,10 +113,16 @@ def parse(raw: str) -> dict[str, dict[str, Limits]]:
     found: dict[str, dict[str, Limits]] = {}
     for provider, models in data.items():
         if not isinstance(models, dict):
-            raise RateLimitConfigError(f"{ENV}: {provider!r} must map model names (or '*') to limits.")
+            raise RateLimitConfigError(
+                f"{ENV}: {provider!r} must map model names (or '*') to limits."
+            )
         for model, limits in models.items():
             if not isinstance(limits, dict) or set(limits) - set(_FIELDS):
-                bad = sorted(set(limits) - set(_FIELDS)) if isinstance(limits, dict) else limits
+                bad = (
+                    sorted(set(limits) - set(_FIELDS))
+                    if isinstance(limits, dict)
+                    else limits
+                )
                 raise RateLimitConfigError(
                     f"{ENV}: {provider}/{model}: unknown limits {bad!r}; use {', '.join(_FIELDS)}."
                 )
@@ -143,7 +157,11 @@ def _check(where: str, name: str, value: Any) -> None:
     least, most, off = RANGES[name]
     whole = name == "concurrent"
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    fits = number and ((value == 0 and off) or least <= value <= most) and (not whole or value == int(value))
+    fits = (
+        number
+        and ((value == 0 and off) or least <= value <= most)
+        and (not whole or value == int(value))
+    )
     if not fits:
         shape = "a whole number" if whole else "a number"
         zero = "0 (off) or " if off else ""
@@ -153,7 +171,9 @@ def _check(where: str, name: str, value: Any) -> None:
         )
 
 
-def limits_for(config: dict[str, dict[str, Limits]], provider: str, model: str) -> Limits | None:
+def limits_for(
+    config: dict[str, dict[str, Limits]], provider: str, model: str
+) -> Limits | None:
     models = config.get(provider)
     if not models:
         return None
@@ -187,14 +207,26 @@ class Lessons:
 
     def args(self) -> list[Any]:
         """LEARN's ARGV."""
-        pairs = [*self.remaining, *((f"l{field}", limit) for field, limit in self.limits)]
-        return [int(self.blocked * 1000), int(self.open), *(x for pair in pairs for x in pair)]
+        pairs = [
+            *self.remaining,
+            *((f"l{field}", limit) for field, limit in self.limits),
+        ]
+        return [
+            int(self.blocked * 1000),
+            int(self.open),
+            *(x for pair in pairs for x in pair),
+        ]
 
     def __bool__(self) -> bool:
         return bool(self.blocked or self.remaining or self.limits or self.open)
 
 
-def lessons(status: int, headers: Mapping[str, str], now: float, cap_s: float = MAX_RETRY_AFTER_S) -> Lessons:
+def lessons(
+    status: int,
+    headers: Mapping[str, str],
+    now: float,
+    cap_s: float = MAX_RETRY_AFTER_S,
+) -> Lessons:
     """What an answer's headers teach. A remaining of 0 blocks until its reset; a 429's
     `retry-after` blocks for that long; each `anthropic-ratelimit-*-limit` is the provider's limit.
     No header blocks past `now + cap_s` (TOOLLOOP_MAX_RETRY_AFTER; a longer ask is logged and

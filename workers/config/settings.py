@@ -222,7 +222,9 @@ class Settings:
             max_spec_bytes=int(_float("TOOLLOOP_MAX_SPEC_BYTES", 1_000_000)),
             max_messages=int(_float("TOOLLOOP_MAX_MESSAGES", 1000)),
             max_image_bytes=int(_float("TOOLLOOP_MAX_IMAGE_BYTES", 5_000_000)),
-            max_tool_result_bytes=int(_float("TOOLLOOP_MAX_TOOL_RESULT_BYTES", 1_000_000)),
+            max_tool_result_bytes=int(
+                _float("TOOLLOOP_MAX_TOOL_RESULT_BYTES", 1_000_000)
+            ),
             max_task_bytes=int(_float("TOOLLOOP_MAX_TASK_BYTES", 262_144)),
             max_answer_bytes=int(_float("TOOLLOOP_MAX_ANSWER_BYTES", 100_000)),
             max_reason_bytes=int(_float("TOOLLOOP_MAX_REASON_BYTES", 10_000)),
@@ -230,12 +232,15 @@ class Settings:
             max_early_decisions=int(_float("TOOLLOOP_MAX_EARLY_DECISIONS", 100)),
             rate_limits=parse_rate_limits(os.environ.get(RATE_LIMITS_ENV, "")),
             metrics_port=int(_float("TOOLLOOP_METRICS_PORT", 0, 65535)),
-            metrics_host=os.environ.get("TOOLLOOP_METRICS_HOST", "").strip() or "127.0.0.1",
+            metrics_host=os.environ.get("TOOLLOOP_METRICS_HOST", "").strip()
+            or "127.0.0.1",
             max_retry_after=_wait_cap(),
             kept_loops=int(_float("TOOLLOOP_KEPT_LOOPS", 4096)),
             delta_interval=_float("TOOLLOOP_DELTA_INTERVAL_MS", 50) / 1000,
             kill_plan=os.environ.get("TOOLLOOP_KILL_PLAN", "").strip(),
             commit_wait=_count("TOOLLOOP_COMMIT_WAIT", 0, most=64),
-            commit_wait_ms=_count("TOOLLOOP_COMMIT_WAIT_MS", 1000, most=600_000, least=1),
+            commit_wait_ms=_count(
+                "TOOLLOOP_COMMIT_WAIT_MS", 1000, most=600_000, least=1
+            ),
             image_dir=os.environ.get("TOOLLOOP_IMAGE_DIR", "").strip(),
         )

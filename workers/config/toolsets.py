@@ -38,7 +38,9 @@ from workers.protocol.errors import ToolsetError
 
 ENV = "TOOLLOOP_TOOLSETS"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_PATH = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+)
 
 
 def parse(text: str) -> dict[str, str]:
@@ -46,7 +48,11 @@ def parse(text: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, sep, path = (piece.strip() for piece in entry.partition("="))
-        if not sep or not _NAME.match(name) or not (_PATH.match(path) or is_entry(path)):
+        if (
+            not sep
+            or not _NAME.match(name)
+            or not (_PATH.match(path) or is_entry(path))
+        ):
             raise ToolsetError(
                 f"{ENV} has the entry {entry!r}, which is not name=pkg.module:NAME nor name=mcp:<url>.\n"
                 f'  Write it as {ENV}="review=examples.storyboard.tools:REVIEW_TOOLS,docs=mcp:http://127.0.0.1:3001/mcp".'
@@ -125,7 +131,9 @@ class Registry:
         with self._lock:
             found = self._tools.get(name)
             if found is None:
-                found = self._tools[name] = _joined(name, [load(path, name) for path in toolset.python])
+                found = self._tools[name] = _joined(
+                    name, [load(path, name) for path in toolset.python]
+                )
             return found
 
     def for_worker(self, name: str | None) -> list[ToolSpec]:
@@ -156,7 +164,8 @@ def _offloaded(tool: ToolSpec) -> ToolSpec:
     update = {
         name: _in_thread(fn)
         for name in ("run", "start", "wait")
-        if (fn := getattr(tool, name)) is not None and not inspect.iscoroutinefunction(fn)
+        if (fn := getattr(tool, name)) is not None
+        and not inspect.iscoroutinefunction(fn)
     }
     return tool.model_copy(update=update) if update else tool
 
@@ -184,7 +193,9 @@ def load(path: str, name: str | None = None) -> list[ToolSpec]:
             f"Cannot import the module of toolset {label}: {error}.\n"
             "  Check the path, and that the worker runs where that module can be imported (PYTHONPATH)."
         ) from error
-    except BaseException as error:  # SystemExit, KeyboardInterrupt, ...: the run fails, not the worker
+    except (
+        BaseException
+    ) as error:  # SystemExit, KeyboardInterrupt, ...: the run fails, not the worker
         raise ToolsetError(
             f"Importing the module of toolset {label} raised {type(error).__name__}: {error}.\n"
             f"  Fix the module {module_name!r} so that it imports without raising."
@@ -203,7 +214,9 @@ def load(path: str, name: str | None = None) -> list[ToolSpec]:
                 f"Toolset {label} is a function that raised {type(error).__name__}: {error}.\n"
                 f"  Make {attribute} a list of toolloop.ToolSpec, or a function (no arguments) returning one."
             ) from None
-    if not isinstance(value, list | tuple) or not all(isinstance(tool, ToolSpec) for tool in value):
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(tool, ToolSpec) for tool in value
+    ):
         raise ToolsetError(
             f"Toolset {label} is a {type(value).__name__}, not a list of ToolSpec.\n"
             f"  Make {attribute} a list of toolloop.ToolSpec, or a function returning one."

@@ -42,23 +42,34 @@ log = logging.getLogger("toolloop.workers")
 Generate = Callable[[PromptGenRequest, AbortSignal], Awaitable[PromptGenResult]]
 
 
-def wrap_generate(process: WorkerProcess, generate: Generate, spec: RunSpec) -> Generate:
+def wrap_generate(
+    process: WorkerProcess, generate: Generate, spec: RunSpec
+) -> Generate:
     """`generate` under the worker's rate limits and the run's account (as is when neither applies).
     Through the process's PromptGen, each provider attempt (the head, then each fallback it moves to)
     is booked against that provider's own limits (`AROUND_ATTEMPT`); a plain generate is booked
     against the run's provider."""
-    head = str(spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic"))
-    chain = [head, *(spec.fallback or getattr(process.prompt_gen, "fallback", []))]  # TOOLLOOP_FALLBACK's
+    head = str(
+        spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic")
+    )
+    chain = [
+        head,
+        *(spec.fallback or getattr(process.prompt_gen, "fallback", [])),
+    ]  # TOOLLOOP_FALLBACK's
     learned = ratelimit.LEARNS.intersection(chain)
     if spec.account is None and not process.settings.rate_limits and not learned:
         return generate
     per_attempt = isinstance(process.prompt_gen, PromptGen)
 
-    async def flowing(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
+    async def flowing(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
         flow = _Flow(process, spec, signal)
         try:
             if not per_attempt:
-                result = await flow.attempt(head, request, lambda sent: generate(sent, signal))
+                result = await flow.attempt(
+                    head, request, lambda sent: generate(sent, signal)
+                )
             else:
                 token = AROUND_ATTEMPT.set(flow.attempt)
                 try:
@@ -79,7 +90,9 @@ class _Flow:
     limits; the account reserved once (at the first attempt given room), raised when a fallback's
     estimate is higher, settled with the call's cost."""
 
-    def __init__(self, process: WorkerProcess, spec: RunSpec, signal: AbortSignal) -> None:
+    def __init__(
+        self, process: WorkerProcess, spec: RunSpec, signal: AbortSignal
+    ) -> None:
         self.process, self.spec, self.signal = process, spec, signal
         self.reservation: str | None = None
         self.reserved_usd = 0.0
@@ -102,16 +115,25 @@ class _Flow:
             await asyncio.sleep(lease_ms / 3000)
             if self.held:
                 zsets = list(self.held)
-                _fire(self.process, rate_scripts.RENEW, zsets, [lease_ms, *(self.held[z] for z in zsets)])
+                _fire(
+                    self.process,
+                    rate_scripts.RENEW,
+                    zsets,
+                    [lease_ms, *(self.held[z] for z in zsets)],
+                )
 
     def release(self) -> None:
         if self.renewal is not None:
             self.renewal.cancel()
 
-    async def attempt(self, provider: str, request: PromptGenRequest, send: Send) -> PromptGenResult:
+    async def attempt(
+        self, provider: str, request: PromptGenRequest, send: Send
+    ) -> PromptGenResult:
         """`send(request)` to `provider` once its limits give room (facade.AroundAttempt)."""
         model = request.model or self.spec.model
-        limits = ratelimit.limits_for(self.process.settings.rate_limits, provider, model)
+        limits = ratelimit.limits_for(
+            self.process.settings.rate_limits, provider, model
+        )
         learns = provider in ratelimit.LEARNS
         if limits is None and not learns:
             return await send(await self.reserved(provider, request))
@@ -126,7 +148,9 @@ class _Flow:
             learns,
         )
 
-    async def reserved(self, provider: str, request: PromptGenRequest) -> PromptGenRequest:
+    async def reserved(
+        self, provider: str, request: PromptGenRequest
+    ) -> PromptGenRequest:
         """`request` once the account holds its estimate at `provider`'s price (reserved after the
         rate limiter gave room, so a long wait for room does not eat into the reservation's lease).
         A fallback dearer than what is held reserves its estimate again under the same id (the
@@ -151,7 +175,9 @@ class _Flow:
             settle(self.process, self.spec.account or "", self.reservation, self.cost)
 
 
-def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> list[ToolSpec]:
+def wrap_tools(
+    process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec
+) -> list[ToolSpec]:
     """The run's tools, each reserving its estimate (`estimate_usd`, else 0) from the run's account
     before it runs: a one-phase tool settles its output's cost after `run`; a two-phase tool
     (`reserved_two_phase`) is charged its estimate once `start` returned and corrected to its
@@ -162,7 +188,9 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
 
     def wrapped(tool: ToolSpec) -> ToolSpec:
         run, estimate_usd = tool.run, tool.estimate_usd
-        if is_spawn(tool):  # its children reserve from the account themselves, as they spend
+        if is_spawn(
+            tool
+        ):  # its children reserve from the account themselves, as they spend
             return tool
         if tool.start is not None and tool.wait is not None:
             return reserved_two_phase(process, account, tool)
@@ -170,7 +198,11 @@ def wrap_tools(process: WorkerProcess, tools: list[ToolSpec], spec: RunSpec) -> 
             return tool
 
         async def reserved_run(checked: Any, signal: AbortSignal) -> Any:
-            estimate = float(await call(estimate_usd, checked)) if estimate_usd is not None else 0.0
+            estimate = (
+                float(await call(estimate_usd, checked))
+                if estimate_usd is not None
+                else 0.0
+            )
             reservation, _ = await reserve(process, account, estimate, signal)
             cost = 0.0
             try:
@@ -189,7 +221,9 @@ _CHARGED = "toolloop_account_usd"
 """The key of a two-phase tool's journaled handle that holds what `start` charged its account."""
 
 
-def reserved_two_phase(process: WorkerProcess, account: str, tool: ToolSpec) -> ToolSpec:
+def reserved_two_phase(
+    process: WorkerProcess, account: str, tool: ToolSpec
+) -> ToolSpec:
     """A two-phase tool under the run's account. Its start and wait are two steps (a wait may outlast
     any lease and run in another worker), so nothing is held between them: `start` reserves the
     estimate first (past the limit the run stops `budget` and the start never runs; it waits for
@@ -201,7 +235,11 @@ def reserved_two_phase(process: WorkerProcess, account: str, tool: ToolSpec) -> 
     assert start is not None and wait is not None
 
     async def reserved_start(checked: Any, signal: AbortSignal) -> Started:
-        estimate = float(await call(estimate_usd, checked)) if estimate_usd is not None else 0.0
+        estimate = (
+            float(await call(estimate_usd, checked))
+            if estimate_usd is not None
+            else 0.0
+        )
         reservation, _ = await reserve(process, account, estimate, signal)
         charged = 0.0
         try:
@@ -209,7 +247,9 @@ def reserved_two_phase(process: WorkerProcess, account: str, tool: ToolSpec) -> 
             charged = estimate
         finally:
             settle(process, account, reservation, charged)
-        return Started(started={_CHARGED: charged, "started": started.started}, rows=started.rows)
+        return Started(
+            started={_CHARGED: charged, "started": started.started}, rows=started.rows
+        )
 
     async def reserved_wait(handle: Any, signal: AbortSignal) -> Any:
         charged = 0.0
@@ -225,7 +265,11 @@ def reserved_two_phase(process: WorkerProcess, account: str, tool: ToolSpec) -> 
 
 
 async def reserve(
-    process: WorkerProcess, account: str, usd: float, signal: AbortSignal, reservation: str | None = None
+    process: WorkerProcess,
+    account: str,
+    usd: float,
+    signal: AbortSignal,
+    reservation: str | None = None,
 ) -> tuple[str, accounts.Verdict]:
     """Reserve `usd` from `account` for a lease (under `reservation`, replacing what it holds, else
     a new id); raise the loop's budget stop past its limit. While it fits only once reservations in
@@ -235,7 +279,12 @@ async def reserve(
         reply = await process.flow_batch.script(
             account_scripts.RESERVE,
             accounts.keys_of(account),
-            [reservation, repr(float(usd)), process.settings.lease_ms, *accounts.periods(time.time())],
+            [
+                reservation,
+                repr(float(usd)),
+                process.settings.lease_ms,
+                *accounts.periods(time.time()),
+            ],
         )
         verdict = accounts.Verdict.of(reply)
         if verdict.verdict != "wait":
@@ -263,7 +312,9 @@ def settle(process: WorkerProcess, account: str, reservation: str, usd: float) -
     )
 
 
-def _fire(process: WorkerProcess, script: Lua, keys: list[str], args: list[Any]) -> None:
+def _fire(
+    process: WorkerProcess, script: Lua, keys: list[str], args: list[Any]
+) -> None:
     """Run a script in this turn's batch without waiting for it (a failure is logged). Not
     `Batch.send`: its writes run inside one script, where a script cannot be called."""
     done = process.flow_batch.script(script, keys, args)
@@ -272,10 +323,15 @@ def _fire(process: WorkerProcess, script: Lua, keys: list[str], args: list[Any])
 
 def _logged(done: asyncio.Future[Any]) -> None:
     if not done.cancelled() and done.exception() is not None:
-        log.warning("flow control: a settle failed (%s); what it held frees after a lease", done.exception())
+        log.warning(
+            "flow control: a settle failed (%s); what it held frees after a lease",
+            done.exception(),
+        )
 
 
-def _estimate(process: WorkerProcess, request: PromptGenRequest, provider: str) -> float:
+def _estimate(
+    process: WorkerProcess, request: PromptGenRequest, provider: str
+) -> float:
     prompt_gen = process.prompt_gen
     estimate = getattr(prompt_gen, "estimate", None)
     if estimate is None:
@@ -290,7 +346,9 @@ def _with_note(request: PromptGenRequest, note: str) -> PromptGenRequest:
     messages = list(request.messages or [])
     if any(isinstance(m, UserMessage) and m.content == note for m in messages):
         return request
-    return request.model_copy(update={"messages": [*messages, UserMessage(content=note)]})
+    return request.model_copy(
+        update={"messages": [*messages, UserMessage(content=note)]}
+    )
 
 
 async def _limited(
@@ -312,9 +370,13 @@ async def _limited(
     bucket = ratelimit.bucket_key(hashed, model)
     keys = [bucket, f"{bucket}:inflight"]
     opened = process.open_buckets
-    open_here = learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic()
+    open_here = (
+        learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic()
+    )
     holder = "" if open_here else uuid.uuid4().hex
-    estimate = 0 if open_here else estimate_input_tokens(request)  # not counted when nothing is booked
+    estimate = (
+        0 if open_here else estimate_input_tokens(request)
+    )  # not counted when nothing is booked
     batch = process.flow_batch
     booked = not open_here and await _book(flow, keys, limits, estimate, holder, learns)
     if booked and limits.concurrent > 0:
@@ -324,7 +386,9 @@ async def _limited(
 
     def learn(status: int, headers: Mapping[str, str]) -> None:
         heard.append(True)
-        lessons = ratelimit.lessons(status, headers, time.time(), process.settings.max_retry_after)
+        lessons = ratelimit.lessons(
+            status, headers, time.time(), process.settings.max_retry_after
+        )
         if lessons.limits or lessons.blocked:
             opened.pop(bucket, None)
         if lessons and (booked or lessons.limits or lessons.blocked):
@@ -334,7 +398,17 @@ async def _limited(
         """One more request of this call (a provider retry), booked before it is sent."""
         if limits == _NONE and opened.get(bucket, 0.0) > time.monotonic():
             return
-        retry = [limits.rpm, limits.itpm, limits.otpm, 0, limits.burst_s, 0, holder, 0, 0]
+        retry = [
+            limits.rpm,
+            limits.itpm,
+            limits.otpm,
+            0,
+            limits.burst_s,
+            0,
+            holder,
+            0,
+            0,
+        ]
         wait_ms, _ = await batch.script(rate_scripts.BOOK, keys, retry)
         if int(wait_ms) > 0:
             await _wait(process, int(wait_ms) / 1000, signal)
@@ -347,19 +421,33 @@ async def _limited(
         usage = result.usage
         used_in = max(0, usage.prompt_tokens - usage.cached_tokens)
         used_out = usage.completion_tokens
-        if learns and booked and not heard:  # answered with no HTTP answer seen (a scripted model,
-            _fire(process, rate_scripts.LEARN, [bucket], [0, 1])  # another client): it names no limit
+        if (
+            learns and booked and not heard
+        ):  # answered with no HTTP answer seen (a scripted model,
+            _fire(
+                process, rate_scripts.LEARN, [bucket], [0, 1]
+            )  # another client): it names no limit
         return result
     finally:
         before_retry.reset(retrying)
         observe_responses.reset(token)
         flow.held.pop(keys[1], None)
         if booked:
-            _fire(process, rate_scripts.SETTLE, keys, [holder, used_in - estimate, used_out])
+            _fire(
+                process,
+                rate_scripts.SETTLE,
+                keys,
+                [holder, used_in - estimate, used_out],
+            )
 
 
 async def _book(
-    flow: _Flow, keys: list[str], limits: ratelimit.Limits, estimate: int, holder: str, learns: bool
+    flow: _Flow,
+    keys: list[str],
+    limits: ratelimit.Limits,
+    estimate: int,
+    holder: str,
+    learns: bool,
 ) -> bool:
     """BOOK until the bucket gives room (waiting as it says, the slot lent); False when nothing was
     booked: the provider names no limit for the key and none is configured (`open`)."""

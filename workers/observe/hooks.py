@@ -32,7 +32,9 @@ class Hooks:
     def point(self, name: str, **fields: Any) -> None:
         """A named place in a step was reached (synchronous: it may kill the process)."""
 
-    def sent(self, name: str, flushed: Callable[[], Awaitable[Any]], **fields: Any) -> Awaitable[None] | None:
+    def sent(
+        self, name: str, flushed: Callable[[], Awaitable[Any]], **fields: Any
+    ) -> Awaitable[None] | None:
         """A successor was handed to the process's Redis batch. `flushed()` waits until the batch
         that carries it was written. An awaitable is awaited by the step before it goes on."""
         return None

@@ -39,7 +39,14 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.util import types
 from opentelemetry.util._decorator import _agnosticcontextmanager
 
@@ -52,9 +59,13 @@ class LightProvider(trace_api.TracerProvider):
     """The worker's provider: `sampler` (read by workers/observe/tracing.py), the span processors every
     sampled span goes to when it ends, and the resource and limits `Materialize` applies."""
 
-    def __init__(self, sampler: Sampler, resource: Resource, processors: Sequence[SpanProcessor]) -> None:
+    def __init__(
+        self, sampler: Sampler, resource: Resource, processors: Sequence[SpanProcessor]
+    ) -> None:
         self.sampler = sampler
-        self.parent_based = isinstance(sampler, ParentBased) or getattr(sampler, "samples_every_root", False)
+        self.parent_based = isinstance(sampler, ParentBased) or getattr(
+            sampler, "samples_every_root", False
+        )
         """A sampled parent's child is sampled and an unsampled one's is not (the SDK's ParentBased
         with its default delegates, as every `parentbased_*` OTEL_TRACES_SAMPLER makes it, and the
         worker's EveryRun): a child's decision is its parent's flag, without asking the sampler."""
@@ -71,10 +82,17 @@ class LightProvider(trace_api.TracerProvider):
         attributes: types.Attributes | None = None,
     ) -> LightTracer:
         name, version = instrumenting_module_name, instrumenting_library_version
-        return LightTracer(self, InstrumentationScope(name, version, schema_url, attributes))
+        return LightTracer(
+            self, InstrumentationScope(name, version, schema_url, attributes)
+        )
 
     def segment_span(
-        self, name: str, ids: tuple[int, int], parent: Context, start_ns: int, attributes: dict[str, Any]
+        self,
+        name: str,
+        ids: tuple[int, int],
+        parent: Context,
+        start_ns: int,
+        attributes: dict[str, Any],
     ) -> None:
         """Export a span with the ids given (a run segment's, derived from its run:
         workers/observe/tracing.py),
@@ -94,7 +112,9 @@ class LightProvider(trace_api.TracerProvider):
         span.end()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return all(processor.force_flush(timeout_millis) for processor in self.processors)
+        return all(
+            processor.force_flush(timeout_millis) for processor in self.processors
+        )
 
     def shutdown(self) -> None:
         for processor in self.processors:
@@ -131,7 +151,9 @@ class LightTracer(trace_api.Tracer):
             sampled = self._decide(context, trace_id, name, kind, attributes, links)
         if not sampled:  # dropped (the SDK's processors export only sampled spans: so is a record-only one)
             flags = TraceFlags(TraceFlags.DEFAULT)
-            return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False, flags, state))
+            return trace_api.NonRecordingSpan(
+                SpanContext(trace_id, span_id, False, flags, state)
+            )
         own = SpanContext(trace_id, span_id, False, _SAMPLED, state)
         span = LightSpan(
             self,
@@ -155,7 +177,9 @@ class LightTracer(trace_api.Tracer):
         attributes: types.Attributes,
         links: trace_api._Links,
     ) -> bool:
-        decision = self.provider.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+        decision = self.provider.sampler.should_sample(
+            context, trace_id, name, kind, attributes, links
+        )
         return decision.decision is Decision.RECORD_AND_SAMPLE
 
     @_agnosticcontextmanager  # the API's own tracers' (a context manager usable as a decorator)
@@ -235,11 +259,20 @@ class LightSpan(trace_api.Span):
         if self.end_time is None:
             self.attributes.update(attributes)
 
-    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+    def add_event(
+        self,
+        name: str,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+    ) -> None:
         if self.end_time is None:
-            self.events.append(Event(name, dict(attributes or {}), timestamp or time_ns()))
+            self.events.append(
+                Event(name, dict(attributes or {}), timestamp or time_ns())
+            )
 
-    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+    def add_link(
+        self, context: SpanContext, attributes: types.Attributes = None
+    ) -> None:
         if self.end_time is None and context.is_valid:
             self.links.append(Link(context, attributes))
 
@@ -247,7 +280,9 @@ class LightSpan(trace_api.Span):
         if self.end_time is None:
             self.name = name
 
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+    def set_status(
+        self, status: Status | StatusCode, description: str | None = None
+    ) -> None:
         """As the SDK's span: an OK status stays, UNSET is never set."""
         if self.end_time is not None or self.status.status_code is StatusCode.OK:
             return
@@ -266,7 +301,11 @@ class LightSpan(trace_api.Span):
         """The SDK's `exception` event (type, message, stack trace, escaped)."""
         kind = type(exception)
         module = kind.__module__
-        qualname = kind.__qualname__ if module in ("", "builtins") else f"{module}.{kind.__qualname__}"
+        qualname = (
+            kind.__qualname__
+            if module in ("", "builtins")
+            else f"{module}.{kind.__qualname__}"
+        )
         event: dict[str, Any] = {
             "exception.type": qualname,
             "exception.message": str(exception),
@@ -288,7 +327,12 @@ class Materialize(SpanExporter):
     `ReadableSpan` (the provider's resource, the span's scope, the span limits applied), then the
     batch handed to `exporter`."""
 
-    def __init__(self, exporter: SpanExporter, resource: Resource, limits: SpanLimits | None = None) -> None:
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        resource: Resource,
+        limits: SpanLimits | None = None,
+    ) -> None:
         self.exporter = exporter
         self.resource = resource
         self.limits = limits or SpanLimits()
@@ -300,7 +344,9 @@ class Materialize(SpanExporter):
         limits = self.limits
         events: Sequence[Event] = span.events
         if events:
-            events = BoundedList.from_seq(limits.max_events, [self.event(event) for event in events])
+            events = BoundedList.from_seq(
+                limits.max_events, [self.event(event) for event in events]
+            )
         links: Sequence[Link] = span.links
         if links:
             links = BoundedList.from_seq(limits.max_links, links)
@@ -329,12 +375,16 @@ class Materialize(SpanExporter):
         within = count is None or len(attributes) <= count
         if within and length is None and all(map(_plain, attributes.items())):
             return attributes
-        return BoundedAttributes(count, attributes, immutable=True, max_value_len=length)
+        return BoundedAttributes(
+            count, attributes, immutable=True, max_value_len=length
+        )
 
     def event(self, event: Event) -> Event:
         limits = self.limits
         count, length = limits.max_event_attributes, limits.max_attribute_length
-        bounded = BoundedAttributes(count, event.attributes, immutable=True, max_value_len=length)
+        bounded = BoundedAttributes(
+            count, event.attributes, immutable=True, max_value_len=length
+        )
         return Event(event.name, bounded, event.timestamp)
 
     def shutdown(self) -> None:

@@ -54,7 +54,24 @@ from toolloop.loop.types import LoopEvent, ModelEvent
 
 log = logging.getLogger("toolloop.workers")
 
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    900,
+)
 
 
 def kind_of(key: str) -> str:
@@ -74,11 +91,19 @@ class Metrics:
         self.registry = registry = CollectorRegistry(auto_describe=True)
         labels = ("kind", "queue")
         self.started = Counter(
-            "toolloop_steps_started", "Steps whose live work began", labels, registry=registry
+            "toolloop_steps_started",
+            "Steps whose live work began",
+            labels,
+            registry=registry,
         )
-        self.committed = Counter("toolloop_steps_committed", "Steps committed", labels, registry=registry)
+        self.committed = Counter(
+            "toolloop_steps_committed", "Steps committed", labels, registry=registry
+        )
         self.replayed = Counter(
-            "toolloop_steps_replayed", "Stored steps replayed instead of run", ["queue"], registry=registry
+            "toolloop_steps_replayed",
+            "Stored steps replayed instead of run",
+            ["queue"],
+            registry=registry,
         )
         self.rerun = Counter(
             "toolloop_steps_rerun",
@@ -105,7 +130,9 @@ class Metrics:
             ["from_provider", "to_provider"],
             registry=registry,
         )
-        self.spend = Counter("toolloop_spend_usd", "Cost of committed steps, USD", registry=registry)
+        self.spend = Counter(
+            "toolloop_spend_usd", "Cost of committed steps, USD", registry=registry
+        )
         self.prompt_tokens = Counter(
             "toolloop_prompt_tokens",
             "Prompt tokens of committed model calls by cache use",
@@ -113,18 +140,33 @@ class Metrics:
             registry=registry,
         )
         self.completion_tokens = Counter(
-            "toolloop_completion_tokens", "Completion tokens of committed model calls", registry=registry
+            "toolloop_completion_tokens",
+            "Completion tokens of committed model calls",
+            registry=registry,
         )
         self.runs = Counter(
-            "toolloop_runs", "Runs ended by this worker, by status", ["status"], registry=registry
+            "toolloop_runs",
+            "Runs ended by this worker, by status",
+            ["status"],
+            registry=registry,
         )
-        self.parked = Counter("toolloop_runs_parked", "Runs parked on a question", registry=registry)
-        self.leases_lost = Counter("toolloop_leases_lost", "Steps stopped by a lost lease", registry=registry)
+        self.parked = Counter(
+            "toolloop_runs_parked", "Runs parked on a question", registry=registry
+        )
+        self.leases_lost = Counter(
+            "toolloop_leases_lost", "Steps stopped by a lost lease", registry=registry
+        )
         self.resent = Counter(
-            "toolloop_outbox_resent", "Successors the sweeper sent again", registry=registry
+            "toolloop_outbox_resent",
+            "Successors the sweeper sent again",
+            registry=registry,
         )
-        self.redriven = Counter("toolloop_sweeper_redrives", "Runs the sweeper re-drove", registry=registry)
-        self.children = Counter("toolloop_children_started", "Child runs spawn started", registry=registry)
+        self.redriven = Counter(
+            "toolloop_sweeper_redrives", "Runs the sweeper re-drove", registry=registry
+        )
+        self.children = Counter(
+            "toolloop_children_started", "Child runs spawn started", registry=registry
+        )
         self.children_ended = Counter(
             "toolloop_children_ended",
             "Child runs ended by this worker, by status",
@@ -138,7 +180,11 @@ class Metrics:
             registry=registry,
         )
         if depths is not None:
-            registry.register(_PerQueue("toolloop_queue_depth", "Messages waiting on a step queue", depths))
+            registry.register(
+                _PerQueue(
+                    "toolloop_queue_depth", "Messages waiting on a step queue", depths
+                )
+            )
         if oldest is not None:
             registry.register(
                 _PerQueue(
@@ -176,7 +222,13 @@ class Metrics:
             self.child(self.rerun, kind, queue).inc()
 
     def committed_step(
-        self, key: str, queue: str, cost_usd: float, began: float, replayed: int, events: Iterable[LoopEvent]
+        self,
+        key: str,
+        queue: str,
+        cost_usd: float,
+        began: float,
+        replayed: int,
+        events: Iterable[LoopEvent],
     ) -> None:
         if replayed:
             self.child(self.replayed, queue).inc(replayed)
@@ -192,7 +244,9 @@ class Metrics:
                 usage = event.usage
                 self.child(self.prompt_tokens, "read").inc(usage.cached_tokens)
                 self.child(self.prompt_tokens, "write").inc(usage.cache_write_tokens)
-                uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
+                uncached = (
+                    usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
+                )
                 self.child(self.prompt_tokens, "uncached").inc(max(0, uncached))
                 self.completion_tokens.inc(usage.completion_tokens)
 
@@ -225,19 +279,27 @@ class _InFlight(Collector):
         self.count = count
 
     def collect(self) -> Iterable[Any]:
-        family = GaugeMetricFamily("toolloop_steps_in_flight", "Steps this worker process runs now")
+        family = GaugeMetricFamily(
+            "toolloop_steps_in_flight", "Steps this worker process runs now"
+        )
         family.add_metric([], self.count())
         yield family
 
     def describe(self) -> Iterable[Any]:
-        return [GaugeMetricFamily("toolloop_steps_in_flight", "Steps this worker process runs now")]
+        return [
+            GaugeMetricFamily(
+                "toolloop_steps_in_flight", "Steps this worker process runs now"
+            )
+        ]
 
 
 class _PerQueue(Collector):
     """A gauge per step queue read from Redis when scraped: toolloop_queue_depth, and
     toolloop_queue_oldest_seconds (workers/observe/queueage.py)."""
 
-    def __init__(self, name: str, text: str, read: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self, name: str, text: str, read: Callable[[], dict[str, Any]]
+    ) -> None:
         self.name, self.text, self.read = name, text, read
 
     def collect(self) -> Iterable[Any]:
@@ -245,7 +307,9 @@ class _PerQueue(Collector):
         try:
             values = self.read()
         except Exception as error:  # a scrape must answer even when Redis does not
-            log.warning("metrics: %s not read: %s: %s", self.name, type(error).__name__, error)
+            log.warning(
+                "metrics: %s not read: %s: %s", self.name, type(error).__name__, error
+            )
             values = {}
         for queue, value in values.items():
             family.add_metric([queue], value)
@@ -267,7 +331,9 @@ def counted(generate: Any, provider: str | None, metrics: Metrics) -> Any:
             raise
         meta = getattr(result, "meta", None) or {}
         answered = str(meta.get("provider") or provider or "default")
-        for failed in meta.get("fallback_from") or []:  # providers/facade.py moved on from these
+        for failed in (
+            meta.get("fallback_from") or []
+        ):  # providers/facade.py moved on from these
             metrics.model_call(str(failed.get("provider")), "fell_back")
             metrics.fallbacks.labels(str(failed.get("provider")), answered).inc()
         metrics.model_call(answered, "ok")

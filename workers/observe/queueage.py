@@ -37,7 +37,11 @@ def sent_at(raw: bytes | str) -> float | None:
         return None
     headers = message.get("headers") if isinstance(message, dict) else None
     value = headers.get(names.SENT_AT) if isinstance(headers, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+    ):
         return None
     return float(value) if value > 0 else None
 
@@ -57,9 +61,13 @@ class OldestWaiting:
         pipe = self.redis.pipeline(transaction=False)
         for key in self.list_keys:
             pipe.lindex(key, -1)
-        return self.ages(dict(zip(self.list_keys, pipe.execute(), strict=True)), time.time())
+        return self.ages(
+            dict(zip(self.list_keys, pipe.execute(), strict=True)), time.time()
+        )
 
-    def ages(self, next_in_line: dict[str, bytes | str | None], now: float) -> dict[str, float]:
+    def ages(
+        self, next_in_line: dict[str, bytes | str | None], now: float
+    ) -> dict[str, float]:
         """Seconds the oldest message of each queue has waited, from each list's next message."""
         ages = dict.fromkeys(self.queues, 0.0)
         seen: dict[tuple[str, bytes | str], float] = {}

@@ -38,7 +38,9 @@ class JsonLinesExporter(SpanExporter):
                         "name": span.name,
                         "trace_id": f"{ctx.trace_id:032x}" if ctx is not None else None,
                         "span_id": f"{ctx.span_id:016x}" if ctx is not None else None,
-                        "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
+                        "parent_id": f"{parent.span_id:016x}"
+                        if parent is not None
+                        else None,
                         "start": span.start_time,
                         "end": span.end_time,
                         "status": span.status.status_code.name,
@@ -50,7 +52,9 @@ class JsonLinesExporter(SpanExporter):
                 )
             )
         with self.lock:
-            os.write(self.fd, b"".join(lines))  # one write: lines of processes sharing the file never mix
+            os.write(
+                self.fd, b"".join(lines)
+            )  # one write: lines of processes sharing the file never mix
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -81,7 +85,9 @@ class EveryRun(Sampler):
             return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
         if not parent.trace_flags.sampled:
             return SamplingResult(Decision.DROP, None, parent.trace_state)
-        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state)
+        return SamplingResult(
+            Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state
+        )
 
     def get_description(self) -> str:
         return "ParentBased{root:AlwaysOnSampler}"

@@ -51,14 +51,20 @@ def configure() -> bool:
     path = os.environ.get(FILE_ENV, "").strip()
     otlp = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "otlp" or any(
         os.environ.get(name, "").strip()
-        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        for name in (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        )
     )
     if not path and not otlp:
         return False
     try:  # the SDK is optional (toolloop[otel]): imported only when tracing is asked for
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SimpleSpanProcessor,
+        )
         from opentelemetry.sdk.trace.sampling import Sampler
     except ImportError:
         raise RuntimeError(
@@ -66,16 +72,25 @@ def configure() -> bool:
             "SDK is not installed.\n  pip install 'toolloop[otel]', or unset those variables."
         ) from None
     service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "toolloop-worker"
-    from workers.observe.lightspans import LightProvider, Materialize  # these two import the SDK (optional)
+    from workers.observe.lightspans import (
+        LightProvider,
+        Materialize,
+    )  # these two import the SDK (optional)
     from workers.observe.spanfile import EveryRun, JsonLinesExporter
 
     resource = Resource.create({"service.name": service})
     sampler: Sampler = EveryRun()
-    if os.environ.get("OTEL_TRACES_SAMPLER"):  # the SDK's sampler of it: its provider reads the variables
+    if os.environ.get(
+        "OTEL_TRACES_SAMPLER"
+    ):  # the SDK's sampler of it: its provider reads the variables
         sampler = TracerProvider(shutdown_on_exit=False).sampler
     processors: list[SpanProcessor] = []
     if path:
-        batched = os.environ.get(FILE_BATCH_ENV, "").strip().lower() in ("1", "true", "yes")
+        batched = os.environ.get(FILE_BATCH_ENV, "").strip().lower() in (
+            "1",
+            "true",
+            "yes",
+        )
         processor = BatchSpanProcessor if batched else SimpleSpanProcessor
         processors.append(processor(Materialize(JsonLinesExporter(path), resource)))
     if otlp:
@@ -90,7 +105,9 @@ def configure() -> bool:
             ) from None
         processors.append(BatchSpanProcessor(Materialize(OTLPSpanExporter(), resource)))
     provider = LightProvider(sampler, resource, processors)
-    atexit.register(provider.shutdown)  # the batch processors' last spans, as the SDK's provider does
+    atexit.register(
+        provider.shutdown
+    )  # the batch processors' last spans, as the SDK's provider does
     trace.set_tracer_provider(provider)
     return True
 
@@ -110,13 +127,24 @@ def parent_context(value: str | None) -> Context:
     if not value:
         return Context()
     parts = value.split("-")
-    if len(parts) == 4 and parts[0] == "00" and len(parts[1]) == 32 and len(parts[2]) == 16:
+    if (
+        len(parts) == 4
+        and parts[0] == "00"
+        and len(parts[1]) == 32
+        and len(parts[2]) == 16
+    ):
         try:
-            trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+            trace_id, span_id, flags = (
+                int(parts[1], 16),
+                int(parts[2], 16),
+                int(parts[3], 16),
+            )
         except ValueError:
             return Context()
         if trace_id and span_id:
-            remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
+            remote = SpanContext(
+                trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1)
+            )
             return trace.set_span_in_context(NonRecordingSpan(remote))
         return Context()
     return _PROPAGATOR.extract({"traceparent": value})
@@ -141,7 +169,9 @@ def segment_ids(run_id: str, segment: int) -> tuple[int, int]:
     the same ones with nothing stored (and an operator finds a run's trace from its id)."""
     digest = hashlib.blake2b(run_id.encode(), digest_size=24).digest()
     trace_id = int.from_bytes(digest[:16], "big") or 1
-    return trace_id, ((int.from_bytes(digest[16:], "big") + segment) & 0xFFFF_FFFF_FFFF_FFFF) or 1
+    return trace_id, (
+        (int.from_bytes(digest[16:], "big") + segment) & 0xFFFF_FFFF_FFFF_FFFF
+    ) or 1
 
 
 class StepTrace:
@@ -154,7 +184,9 @@ class StepTrace:
     the run's `created` for segment 0, else `trace_start`, written by the segment's first commit.
     Nothing else is made per task: a step costs half a millisecond, and every µs of it counts."""
 
-    def __init__(self, run_id: str, n: int, state: dict[str, str], task_id: str) -> None:
+    def __init__(
+        self, run_id: str, n: int, state: dict[str, str], task_id: str
+    ) -> None:
         self.run_id = run_id
         self.n = n
         self.segment = int(state.get("segment", 0))
@@ -176,7 +208,9 @@ class StepTrace:
             parent = trace.get_current_span(self.caller).get_span_context()
             trace_id = parent.trace_id if parent.is_valid else trace_id
         if caller or not getattr(sampler, "samples_every_root", False):
-            self.recording = sampler.should_sample(self.caller, trace_id, SEGMENT_SPAN).decision.is_sampled()
+            self.recording = sampler.should_sample(
+                self.caller, trace_id, SEGMENT_SPAN
+            ).decision.is_sampled()
         else:  # the worker's default sampler (workers/observe/spanfile.py, EveryRun): a root is sampled
             self.recording = True
         self.ids = (trace_id, span_id)
@@ -216,7 +250,9 @@ class StepTrace:
         if not self.recording or outcome not in SEGMENT_ENDS:
             return
         segment_span = getattr(trace.get_tracer_provider(), "segment_span", None)
-        if segment_span is None:  # not the worker's provider (`configure`): the ids are not ours to give
+        if (
+            segment_span is None
+        ):  # not the worker's provider (`configure`): the ids are not ours to give
             return
         attributes = {
             "toolloop.run_id": self.run_id,
@@ -225,6 +261,8 @@ class StepTrace:
             "toolloop.outcome": outcome,
             **attributes,
         }
-        if self.state.get("parent"):  # a child run (workers/step/children.py): its span is under its parent's
+        if self.state.get(
+            "parent"
+        ):  # a child run (workers/step/children.py): its span is under its parent's
             attributes["toolloop.parent_run_id"] = self.state["parent"]
         segment_span(SEGMENT_SPAN, self.ids, self.caller, self.start_ns(), attributes)

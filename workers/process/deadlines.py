@@ -33,7 +33,9 @@ class StepDeadlines:
     def watch(self, outcome: asyncio.Future[Any]) -> None:
         """Time out `outcome` (a step's wait for its loop) `timeout` s from now, unless forgotten."""
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a new process loop (after a fork): the old one's steps are gone
+        if (
+            loop is not self._loop
+        ):  # a new process loop (after a fork): the old one's steps are gone
             self._loop, self._handle = loop, None
             self.due.clear()
         self.due[outcome] = time.monotonic() + self.timeout
@@ -51,4 +53,8 @@ class StepDeadlines:
             if not outcome.done():
                 outcome.set_exception(StepTimedOut())
         loop = self._loop
-        self._handle = loop.call_later(self.tick, self._check) if self.due and loop is not None else None
+        self._handle = (
+            loop.call_later(self.tick, self._check)
+            if self.due and loop is not None
+            else None
+        )

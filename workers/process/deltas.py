@@ -53,7 +53,9 @@ _SLACK = 0.1
 """A delta that comes this share of the interval early is written at once, not on a timer of its
 own: the provider's held reads (READ_HOLD) come once an interval, give or take the timers' 1 ms."""
 
-ON_DELTA: contextvars.ContextVar[OnDelta | None] = contextvars.ContextVar("toolloop_on_delta", default=None)
+ON_DELTA: contextvars.ContextVar[OnDelta | None] = contextvars.ContextVar(
+    "toolloop_on_delta", default=None
+)
 """The `on_delta` of the model call running in this task (set by `streaming`, read by the worker's
 innermost generate, WorkerProcess.generate_for): the rate-limit, account and metrics wrappers between
 them stay as they are."""
@@ -102,7 +104,9 @@ def with_fallback(prompt_gen: Any, provider: str | None, fallback: list[str]) ->
     return type(prompt_gen)(handlers, provider or prompt_gen.default_provider, fallback)
 
 
-def streamed_from(prompt_gen: Any, provider: str | None, fallback: list[str]) -> Generate:
+def streamed_from(
+    prompt_gen: Any, provider: str | None, fallback: list[str]
+) -> Generate:
     """The innermost generate of a streaming run: the process's PromptGen (or plain generate, when it
     takes `on_delta`), called with the ON_DELTA of the running model call."""
     if not hasattr(prompt_gen, "generate"):
@@ -149,7 +153,9 @@ class DeltaStream:
         "writes",
     )
 
-    def __init__(self, run_id: str, keep: Callable[[Any], Any], interval: float = INTERVAL) -> None:
+    def __init__(
+        self, run_id: str, keep: Callable[[Any], Any], interval: float = INTERVAL
+    ) -> None:
         self.run_id = run_id
         self.keep = keep
         self.interval = interval
@@ -173,12 +179,18 @@ class DeltaStream:
 
     @classmethod
     def of(
-        cls, stream: bool, run_id: str, keep: Callable[[Any], Any], interval: float = INTERVAL
+        cls,
+        stream: bool,
+        run_id: str,
+        keep: Callable[[Any], Any],
+        interval: float = INTERVAL,
     ) -> DeltaStream | None:
         """The run's delta stream when its spec says `stream`, else None (nothing changes)."""
         return cls(run_id, keep, interval) if stream else None
 
-    def bind(self, batch: Batch, token: int, segment: int, hooks: Hooks = NO_HOOKS) -> None:
+    def bind(
+        self, batch: Batch, token: int, segment: int, hooks: Hooks = NO_HOOKS
+    ) -> None:
         """The step (attempt) that runs the loop now: its batch, fencing token, segment, and the
         process's hooks (the point `stream:write`)."""
         self.batch, self.token, self.segment, self.hooks = batch, token, segment, hooks
@@ -253,21 +265,46 @@ class DeltaStream:
             return
         r = self.run_id
         self.writes += 1
-        self.hooks.point("stream:write", run=r, key=f"s{self.segment}/model:{self.step}", write=self.writes)
+        self.hooks.point(
+            "stream:write",
+            run=r,
+            key=f"s{self.segment}/model:{self.step}",
+            write=self.writes,
+        )
         written = self.batch.script(
             DELTA_FLUSH,
             [keys.state(r), keys.fence(r), keys.events(r)],
-            [self.token, self.attempt, self.segment, self.step, text, "1" if self.thinking else ""],
+            [
+                self.token,
+                self.attempt,
+                self.segment,
+                self.step,
+                text,
+                "1" if self.thinking else "",
+            ],
         )
         written.add_done_callback(self._written)
 
     def _written(self, future: asyncio.Future[Any]) -> None:
         error = None if future.cancelled() else future.exception()
-        if error is not None:  # the text is in the model event all the same: only the live view lost it
-            log.warning("run %s: deltas of step %s not written: %s", self.run_id, self.step, error)
+        if (
+            error is not None
+        ):  # the text is in the model event all the same: only the live view lost it
+            log.warning(
+                "run %s: deltas of step %s not written: %s",
+                self.run_id,
+                self.step,
+                error,
+            )
 
 
-def bind(stream: DeltaStream | None, batch: Batch, token: int, segment: int, hooks: Hooks = NO_HOOKS) -> None:
+def bind(
+    stream: DeltaStream | None,
+    batch: Batch,
+    token: int,
+    segment: int,
+    hooks: Hooks = NO_HOOKS,
+) -> None:
     """`stream.bind(...)` for a run that streams; nothing for one that does not."""
     if stream is not None:
         stream.bind(batch, token, segment, hooks)

@@ -65,7 +65,12 @@ class Held:
     )
 
     def __init__(
-        self, run_id: str, n: int, value: str, deadline: float, on_lost: Callable[[LeaseLostError], None]
+        self,
+        run_id: str,
+        n: int,
+        value: str,
+        deadline: float,
+        on_lost: Callable[[LeaseLostError], None],
     ) -> None:
         self.key = keys.lease(run_id)
         self.keys = [self.key, keys.fence(run_id), keys.state(run_id)]
@@ -103,7 +108,12 @@ class Leases:
         self.task: asyncio.Task[None] | None = None
 
     def hold(
-        self, run_id: str, n: int, value: str, sent_at: float, on_lost: Callable[[LeaseLostError], None]
+        self,
+        run_id: str,
+        n: int,
+        value: str,
+        sent_at: float,
+        on_lost: Callable[[LeaseLostError], None],
     ) -> Held:
         """Hold `value` at the run's lease for the step making commit `n`, taken by a script sent at
         `sent_at` (time.monotonic())."""
@@ -124,7 +134,9 @@ class Leases:
         held.on_lost = _no_step
         held.controller = None
 
-    def begin_work(self, held: Held, controller: AbortController) -> Awaitable[None] | None:
+    def begin_work(
+        self, held: Held, controller: AbortController
+    ) -> Awaitable[None] | None:
         """Just before a step's work (a model call, a tool's run or start) begins: the step's signal
         aborts at the lease's deadline from now on (at once when it passed, unless the returned
         awaitable confirms the lease first), and when the deadline is near or past, the returned
@@ -133,7 +145,11 @@ class Leases:
         held.working = True
         held.controller = controller
         if held.lost:
-            controller.abort(LeaseLostError(f"the lease {held.key!r} was lost before the step's work began"))
+            controller.abort(
+                LeaseLostError(
+                    f"the lease {held.key!r} was lost before the step's work began"
+                )
+            )
             return None
         controller.abort_at(held.deadline, self._expired(held))
         if held.deadline - time.monotonic() < self.lease_ms / 1000 * _NEAR:
@@ -153,12 +169,16 @@ class Leases:
         try:
             reply = await self._keep(held)
         except (OSError, redis_lib.RedisError) as error:
-            log.warning("lease %s: renewing before the step's work failed (%s)", held.key, error)
+            log.warning(
+                "lease %s: renewing before the step's work failed (%s)", held.key, error
+            )
             return
         self._kept(held, reply, sent)
 
     def _keep(self, held: Held) -> asyncio.Future[Any]:
-        return self.batch.script(LEASE_KEEP, held.keys, [held.value, self.lease_ms, held.n])
+        return self.batch.script(
+            LEASE_KEEP, held.keys, [held.value, self.lease_ms, held.n]
+        )
 
     def _kept(self, held: Held, reply: Any, sent: float) -> None:
         """LEASE_KEEP's answer to a call sent at `sent`."""
@@ -171,7 +191,8 @@ class Leases:
             self._lose(held, "another copy of the step holds it")
         elif kept == "moved on":
             self._lose(
-                held, "it lapsed, and another copy began the step since (or the step's commit is made)"
+                held,
+                "it lapsed, and another copy began the step since (or the step's commit is made)",
             )
         else:
             deadline = sent + self.trusted_s
@@ -196,7 +217,11 @@ class Leases:
     def _lose(self, held: Held, why: str) -> None:
         held.lost = True
         if held.working:
-            log.warning("lease %s lost: %s; the step stops and its work is not committed", held.key, why)
+            log.warning(
+                "lease %s lost: %s; the step stops and its work is not committed",
+                held.key,
+                why,
+            )
             held.on_lost(LeaseLostError(f"the lease {held.key!r} was lost: {why}"))
 
     async def _renew_forever(self) -> None:
@@ -211,7 +236,9 @@ class Leases:
             await asyncio.sleep(wait)
             failed = await self._renew_round()
             now = time.monotonic()
-            if any(not lease.lost and now >= lease.deadline for lease in self.held.values()):
+            if any(
+                not lease.lost and now >= lease.deadline for lease in self.held.values()
+            ):
                 wait = 0.0  # answered too late to trust (the process was paused meanwhile): ask again now
             else:
                 wait = min(0.2, interval) if failed else interval
@@ -221,16 +248,25 @@ class Leases:
         again); True when a renewal failed. A lease whose renewal failed past its deadline is lost."""
         sent = time.monotonic()
         held = [lease for lease in self.held.values() if not lease.lost]
-        replies = await asyncio.gather(*(self._keep(lease) for lease in held), return_exceptions=True)
+        replies = await asyncio.gather(
+            *(self._keep(lease) for lease in held), return_exceptions=True
+        )
         failed = [reply for reply in replies if isinstance(reply, BaseException)]
         now = time.monotonic()
         for lease, reply in zip(held, replies, strict=True):
             if not isinstance(reply, BaseException):
                 self._kept(lease, reply, sent)
-            elif now >= lease.deadline and self.held.get(lease.key) is lease and not lease.lost:
+            elif (
+                now >= lease.deadline
+                and self.held.get(lease.key) is lease
+                and not lease.lost
+            ):
                 self._lose(lease, "its deadline passed without a confirmed renewal")
         if failed:
             log.warning(
-                "lease renewal failed for %d of %d steps (%s); retrying", len(failed), len(held), failed[0]
+                "lease renewal failed for %d of %d steps (%s); retrying",
+                len(failed),
+                len(held),
+                failed[0],
             )
         return bool(failed)

@@ -24,7 +24,12 @@ from typing import Protocol
 
 from toolloop.abort import AbortController
 from toolloop.loop.run import run_tool_loop
-from toolloop.loop.types import LoopEvent, RunToolLoopOptions, RunToolLoopResult, ToolSpec
+from toolloop.loop.types import (
+    LoopEvent,
+    RunToolLoopOptions,
+    RunToolLoopResult,
+    ToolSpec,
+)
 from workers.process.deltas import DeltaStream
 from workers.process.segment import SegmentJournal, StepBoundary
 from workers.protocol.scripts.begin import Started
@@ -91,7 +96,9 @@ class LiveLoop:
     async def pause(self, key: str) -> None:
         """The journal's `pause`: report the boundary of step `key`, wait to be resumed."""
         assert self.outcome is not None
-        if self.outcome.done():  # the step stopped waiting (its timeout, a shutdown): end here
+        if (
+            self.outcome.done()
+        ):  # the step stopped waiting (its timeout, a shutdown): end here
             raise asyncio.CancelledError
         self.resume = asyncio.get_running_loop().create_future()
         self.outcome.set_result(StepBoundary(key))
@@ -115,7 +122,11 @@ class LiveLoop:
 
     def keepable(self) -> bool:
         """True when the loop paused at a boundary and nothing cancelled it: a next step can resume it."""
-        return self.resume is not None and not self.resume.done() and not self.controller.signal.aborted
+        return (
+            self.resume is not None
+            and not self.resume.done()
+            and not self.controller.signal.aborted
+        )
 
     def before_live(self, key: str) -> Awaitable[None] | None:
         return self.step.before_live(key)
@@ -148,7 +159,9 @@ class LiveLoop:
 
     def _ended(self, task: asyncio.Task[RunToolLoopResult]) -> None:
         outcome, self.outcome = self.outcome, None
-        error = None if task.cancelled() else task.exception()  # retrieved, so never logged as lost
+        error = (
+            None if task.cancelled() else task.exception()
+        )  # retrieved, so never logged as lost
         self.release()
         if outcome is None or outcome.done():
             return

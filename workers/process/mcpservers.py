@@ -117,7 +117,9 @@ class _Connection:
     handshake instead of making one (the server keeps the session; a new handshake would open
     another)."""
 
-    def __init__(self, server: McpServer, resume: tuple[str, dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, server: McpServer, resume: tuple[str, dict[str, Any]] | None = None
+    ) -> None:
         self.server = server
         self.resume = resume
         self._client: Live | None = None
@@ -130,7 +132,11 @@ class _Connection:
 
     async def client(self) -> Live:
         async with self._lock:
-            if self._client is not None and self._task is not None and not self._task.done():
+            if (
+                self._client is not None
+                and self._task is not None
+                and not self._task.done()
+            ):
                 return self._client
             self._drop()
             loop = asyncio.get_running_loop()
@@ -138,7 +144,9 @@ class _Connection:
             self._ready = ready
             self._closing = asyncio.Event()
             self.starts += 1
-            self._task = loop.create_task(self._own(ready, self._closing), name=f"mcp:{self.server.label}")
+            self._task = loop.create_task(
+                self._own(ready, self._closing), name=f"mcp:{self.server.label}"
+            )
             try:
                 async with asyncio.timeout(start_timeout(self.server)):
                     self._client = client = await asyncio.shield(ready)
@@ -155,34 +163,56 @@ class _Connection:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 seen: dict[str, str] = {}
-                read, write = await stack.enter_async_context(self._transport(stack, seen))
+                read, write = await stack.enter_async_context(
+                    self._transport(stack, seen)
+                )
                 dispatcher = JSONRPCDispatcher(read, write)
-                session = await stack.enter_async_context(ClientSession(dispatcher=dispatcher))
+                session = await stack.enter_async_context(
+                    ClientSession(dispatcher=dispatcher)
+                )
                 if self.resume is not None:
-                    session.adopt(mcp_types.InitializeResult.model_validate(self.resume[1]))
+                    session.adopt(
+                        mcp_types.InitializeResult.model_validate(self.resume[1])
+                    )
                 else:  # what the SDK's Client(mode="auto") does: discover, else initialize
                     await negotiate_auto(session)
-                live = Live(session, dispatcher, self.resume[0] if self.resume else seen.get("id"))
+                live = Live(
+                    session,
+                    dispatcher,
+                    self.resume[0] if self.resume else seen.get("id"),
+                )
                 if not ready.done():
                     ready.set_result(live)
                 await closing.wait()
-        except BaseException as error:  # the connection failed or ended: the next call starts it again
+        except (
+            BaseException
+        ) as error:  # the connection failed or ended: the next call starts it again
             if not ready.done():
                 ready.set_exception(_start_error(self.server, error))
             if not isinstance(error, asyncio.CancelledError | Exception):
                 raise
         finally:
             if not ready.done():
-                ready.set_exception(McpCallError(f"The MCP server {self.server.label!r} closed.\n  Retry."))
+                ready.set_exception(
+                    McpCallError(
+                        f"The MCP server {self.server.label!r} closed.\n  Retry."
+                    )
+                )
 
     def _transport(self, stack: contextlib.AsyncExitStack, seen: dict[str, str]) -> Any:
         server = self.server
         if server.url is not None:
-            headers = {name: expand(value, label=server.label) for name, value in server.headers}
+            headers = {
+                name: expand(value, label=server.label)
+                for name, value in server.headers
+            }
             if self.resume is not None:
                 headers[MCP_SESSION_ID] = self.resume[0]
             http = create_mcp_http_client(
-                headers=headers, timeout=httpx2.Timeout(server.timeout_s, read=max(server.timeout_s, 300.0))
+                headers=headers,
+                timeout=httpx2.Timeout(
+                    server.timeout_s, read=max(server.timeout_s, 300.0)
+                ),
             )
 
             async def session_id(response: httpx2.Response) -> None:
@@ -194,12 +224,16 @@ class _Connection:
             stack.push_async_callback(http.aclose)
             # Not terminated on close: a task started on this session outlives the connection (and
             # the worker); the server expires the session.
-            return streamable_http_client(server.url, http_client=http, terminate_on_close=False)
+            return streamable_http_client(
+                server.url, http_client=http, terminate_on_close=False
+            )
         # Only the server's own `env` over the SDK's default environment (HOME, PATH, ...): the
         # worker's environment, its provider keys among it, is not handed to the server.
         env = {name: expand(value, label=server.label) for name, value in server.env}
         command = [expand(part, label=server.label) for part in server.command]
-        return stdio_client(StdioServerParameters(command=command[0], args=command[1:], env=env))
+        return stdio_client(
+            StdioServerParameters(command=command[0], args=command[1:], env=env)
+        )
 
     @property
     def session_id(self) -> str | None:
@@ -240,7 +274,9 @@ def _reason(error: BaseException) -> str:
     """A short reason for `error` that carries no header or env value (only its type and SDK text)."""
     if isinstance(error, BaseExceptionGroup) and error.exceptions:
         return _reason(error.exceptions[0])
-    if isinstance(error, ToolsetError):  # a ${VAR} that is not set: it names VAR, never a value
+    if isinstance(
+        error, ToolsetError
+    ):  # a ${VAR} that is not set: it names VAR, never a value
         return str(error).splitlines()[0].rstrip(".")
     if isinstance(error, MCPError):
         return f"MCP error {error.code}: {error.message[:300]}"
@@ -304,23 +340,39 @@ class McpServers:
         )
 
     async def call_tool(
-        self, server: McpServer, name: str, arguments: dict[str, Any], meta: dict[str, Any]
+        self,
+        server: McpServer,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any],
     ) -> mcp_types.CallToolResult:
         """One `tools/call`, or `McpCallError` (the call may have reached the server)."""
         result: mcp_types.CallToolResult = await self._request(
             server,
             f"tools/call {name!r}",
-            lambda c: c.session.call_tool(name, arguments, read_timeout_seconds=server.timeout_s, meta=meta),
+            lambda c: c.session.call_tool(
+                name, arguments, read_timeout_seconds=server.timeout_s, meta=meta
+            ),
         )
         return result
 
     async def call_task(
-        self, server: McpServer, name: str, arguments: dict[str, Any], meta: dict[str, Any], ttl_ms: int
+        self,
+        server: McpServer,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any],
+        ttl_ms: int,
     ) -> tuple[dict[str, Any], Bound | None]:
         """One task-augmented `tools/call` (MCP 2025-11-25 Tasks): the `CreateTaskResult`'s task (JSON,
         checked) and where the task is bound (None: the process's own connection, which is the
         server's only session, as over stdio). `McpCallError` when there is no task."""
-        params = {"name": name, "arguments": arguments, "task": {"ttl": ttl_ms}, "_meta": meta}
+        params = {
+            "name": name,
+            "arguments": arguments,
+            "task": {"ttl": ttl_ms},
+            "_meta": meta,
+        }
 
         async def send(live: Live) -> tuple[dict[str, Any], Bound | None]:
             version = live.session.protocol_version or ""
@@ -334,24 +386,35 @@ class McpServers:
             raw = await live.dispatcher.send_raw_request(
                 "tools/call",
                 params,
-                {"timeout": server.timeout_s, "headers": {MCP_PROTOCOL_VERSION_HEADER: version}},
+                {
+                    "timeout": server.timeout_s,
+                    "headers": {MCP_PROTOCOL_VERSION_HEADER: version},
+                },
             )
             try:
                 task = CreatedTask.model_validate(raw).task
-            except ValidationError:  # the session is fine (its other tasks too): only this call failed
+            except (
+                ValidationError
+            ):  # the session is fine (its other tasks too): only this call failed
                 raise McpCallError(
                     f"The MCP server {server.label!r} answered the task-augmented tools/call {name!r} "
                     "with what is not a CreateTaskResult.\n"
                     "  Check that the server implements MCP Tasks (2025-11-25) for this tool."
                 ) from None
             where: Bound | None = None
-            if live.session_id is not None:  # kept so another process can reach the same session
-                kept = handshake.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if (
+                live.session_id is not None
+            ):  # kept so another process can reach the same session
+                kept = handshake.model_dump(
+                    mode="json", by_alias=True, exclude_none=True
+                )
                 kept.pop("instructions", None)
                 where = (live.session_id, kept)
             return task.model_dump(mode="json", by_alias=True, exclude_none=True), where
 
-        found: tuple[dict[str, Any], Bound | None] = await self._request(server, f"tools/call {name!r}", send)
+        found: tuple[dict[str, Any], Bound | None] = await self._request(
+            server, f"tools/call {name!r}", send
+        )
         return found
 
     async def task_request(
@@ -362,7 +425,9 @@ class McpServers:
         request = TaskRequest(method=method, params={"taskId": task_id})
 
         async def send(live: Live) -> dict[str, Any]:
-            found = await live.session.send_request(request, AnyResult, server.timeout_s)
+            found = await live.session.send_request(
+                request, AnyResult, server.timeout_s
+            )
             return found.model_dump(mode="json", by_alias=True, exclude_none=True)
 
         result: dict[str, Any] = await self._request(
@@ -371,7 +436,11 @@ class McpServers:
         return result
 
     async def _request(
-        self, server: McpServer, what: str, send: Any, connection: _Connection | None = None
+        self,
+        server: McpServer,
+        what: str,
+        send: Any,
+        connection: _Connection | None = None,
     ) -> Any:
         connection = connection or self.connection(server)
         client = await connection.client()

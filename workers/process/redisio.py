@@ -48,7 +48,9 @@ class PackedConnection(aredis.Connection):
     against redis-py's own packer and that redis-py still sends through these two methods."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        if isinstance(args[0], str) and " " in args[0]:  # "CLIENT SETNAME": two arguments, as redis-py
+        if (
+            isinstance(args[0], str) and " " in args[0]
+        ):  # "CLIENT SETNAME": two arguments, as redis-py
             args = (*args[0].split(), *args[1:])
         return [hiredis.pack_command(args)]
 
@@ -79,7 +81,9 @@ def packed_pool(pool: aredis.ConnectionPool) -> aredis.ConnectionPool:
 
 def _loaded(future: asyncio.Future[Any]) -> None:
     error = None if future.cancelled() else future.exception()
-    if error is not None:  # the EVALSHAs after it report NOSCRIPT and run again after a load
+    if (
+        error is not None
+    ):  # the EVALSHAs after it report NOSCRIPT and run again after a load
         log.warning("redis SCRIPT LOAD failed: %s: %s", type(error).__name__, error)
 
 
@@ -143,15 +147,21 @@ class Batch:
         if not commands:
             return
         sends = [args for args, future in commands if future is None]
-        if len(sends) > 1:  # every fire-and-forget write of the turn in one script: one command to pack
+        if (
+            len(sends) > 1
+        ):  # every fire-and-forget write of the turn in one script: one command to pack
             flat: list[Any] = []
             for args in sends:
                 flat += [len(args), *args]
             commands = [c for c in commands if c[1] is not None]
             commands.append((("EVALSHA", SEND_MANY.sha, 0, *flat), None))
         loop = asyncio.get_running_loop()
-        if self.scripts.pending:  # every known script, ahead of the batch's first command
-            loads = [(command, loop.create_future()) for command in self.scripts.loads()]
+        if (
+            self.scripts.pending
+        ):  # every known script, ahead of the batch's first command
+            loads = [
+                (command, loop.create_future()) for command in self.scripts.loads()
+            ]
             for _, future in loads:
                 future.add_done_callback(_loaded)
             commands = loads + commands
@@ -160,7 +170,9 @@ class Batch:
         durable, self.durable = self.durable, set()
         if durable:  # the replicas' confirmation of everything the turn wrote, in the same round trip
             commands.append((("WAIT", *self.wait), loop.create_future()))
-        asyncio.get_running_loop().create_task(self._flush(commands, before, self.previous, durable))
+        asyncio.get_running_loop().create_task(
+            self._flush(commands, before, self.previous, durable)
+        )
 
     async def _flush(
         self,
@@ -175,7 +187,9 @@ class Batch:
             replies = await self._run([args for args, _ in commands])
             again = failed_from(replies) is not None
             if again:
-                replies = await self._again([args for args, _ in commands], replies, before)
+                replies = await self._again(
+                    [args for args, _ in commands], replies, before
+                )
             if durable:
                 replies = self._replicated(commands, replies, durable, again)
             self._deliver(commands, replies)
@@ -183,7 +197,11 @@ class Batch:
             done.set_result(None)
 
     def _replicated(
-        self, commands: list[_Command], replies: list[Any], durable: set[asyncio.Future[Any]], again: bool
+        self,
+        commands: list[_Command],
+        replies: list[Any],
+        durable: set[asyncio.Future[Any]],
+        again: bool,
     ) -> list[Any]:
         """`replies`, each durable command's replaced by `NotReplicatedError` unless the turn's WAIT
         (its last command) counted the replicas asked for. Scripts sent again after NOSCRIPT ran after
@@ -194,13 +212,18 @@ class Batch:
         except NotReplicatedError as error:
             log.warning("redis: %s", str(error).splitlines()[0])
             return [
-                error if future in durable and not isinstance(reply, Exception) else reply
+                error
+                if future in durable and not isinstance(reply, Exception)
+                else reply
                 for (_, future), reply in zip(commands, replies, strict=True)
             ]
         return replies
 
     async def _again(
-        self, commands: list[tuple[Any, ...]], replies: list[Any], before: asyncio.Future[None] | None
+        self,
+        commands: list[tuple[Any, ...]],
+        replies: list[Any],
+        before: asyncio.Future[None] | None,
     ) -> list[Any]:
         """`replies` after `ScriptCache.again`, once the flushes `before` it are done; flushes not sent
         yet wait meanwhile (workers/protocol/scriptcache.py)."""
@@ -225,9 +248,18 @@ class Batch:
         for (args, future), reply in zip(commands, replies, strict=True):
             if future is None:
                 if isinstance(reply, Exception):
-                    log.warning("redis %s failed: %s: %s", name(args), type(reply).__name__, reply)
+                    log.warning(
+                        "redis %s failed: %s: %s",
+                        name(args),
+                        type(reply).__name__,
+                        reply,
+                    )
                 elif args[1] == SEND_MANY.sha and reply:
-                    log.warning("redis: %d of the batch's writes failed: %s", len(reply), reply[0])
+                    log.warning(
+                        "redis: %d of the batch's writes failed: %s",
+                        len(reply),
+                        reply[0],
+                    )
             elif not future.done():
                 if isinstance(reply, Exception):
                     future.set_exception(reply)

@@ -51,7 +51,9 @@ class Suspects:
         return end
 
 
-def limit_error(run_id: str, n: int, delivered: int, counted: int) -> DeliveryLimitError:
+def limit_error(
+    run_id: str, n: int, delivered: int, counted: int
+) -> DeliveryLimitError:
     return DeliveryLimitError(
         f"Step {n} of run {run_id!r} was delivered {delivered} times without finishing; {counted} of "
         "them count (its first, and each it ran alone among the steps redelivered to its worker).\n"

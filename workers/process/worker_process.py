@@ -72,7 +72,9 @@ CANCELS_HEARD = 4096
 class StepRunner(Protocol):
     """What a step sees of the step consumer that runs it (workers/worker/consumer.py `StepConsumer`)."""
 
-    def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None: ...
+    def hand_off(
+        self, queue: str, delivery: wire.Delivery
+    ) -> asyncio.Future[Any] | None: ...
 
     def can_go_on(self, queue: str) -> bool: ...
 
@@ -116,11 +118,17 @@ class WorkerProcess:
         self.celery = celery
         self.settings = settings = settings or Settings.from_env()
         if hooks is None:
-            hooks = KillPlan(settings.kill_plan, settings.redis_url) if settings.kill_plan else NO_HOOKS
+            hooks = (
+                KillPlan(settings.kill_plan, settings.redis_url)
+                if settings.kill_plan
+                else NO_HOOKS
+            )
         self.hooks = hooks
         self.watcher = redisurl.watcher(settings.redis_url)
         """For a Sentinel URL: the `+switch-master` listener every client of the process follows."""
-        self.redis = redisurl.sync_client(settings.redis_url, decode_responses=True, watcher=self.watcher)
+        self.redis = redisurl.sync_client(
+            settings.redis_url, decode_responses=True, watcher=self.watcher
+        )
         self.toolsets = Registry(settings.toolsets, settings.toolsets_file)
         self.mcp = McpServers()
         """The MCP servers' connections (stdio children, HTTP sessions) on the process loop."""
@@ -129,8 +137,14 @@ class WorkerProcess:
         self.metrics: Metrics | None = None
         self.consumer: StepRunner | None = None
         self.loop = loop
-        self.batch = Batch(self.async_client(), wait=(settings.commit_wait, settings.commit_wait_ms))
-        self.flow_watcher = redisurl.watcher(settings.flow_redis_url) if settings.flow_redis_url else None
+        self.batch = Batch(
+            self.async_client(), wait=(settings.commit_wait, settings.commit_wait_ms)
+        )
+        self.flow_watcher = (
+            redisurl.watcher(settings.flow_redis_url)
+            if settings.flow_redis_url
+            else None
+        )
         self.flow_batch = (
             Batch(self.async_client(settings.flow_redis_url, self.flow_watcher))
             if settings.flow_redis_url
@@ -181,7 +195,9 @@ class WorkerProcess:
             if self.loop is None:
                 self.loop = loop = new_loop()
                 loop.set_default_executor(self._threads)
-                threading.Thread(target=loop.run_forever, name="toolloop-asyncio", daemon=True).start()
+                threading.Thread(
+                    target=loop.run_forever, name="toolloop-asyncio", daemon=True
+                ).start()
             return self.loop
 
     def shed_tool_threads(self) -> None:
@@ -225,7 +241,9 @@ class WorkerProcess:
         on the process loop)."""
         found = self._events.get(hostname)
         if found is None:
-            found = self._events.setdefault(hostname, TaskEvents(wire.Events(hostname, self.db), self.batch))
+            found = self._events.setdefault(
+                hostname, TaskEvents(wire.Events(hostname, self.db), self.batch)
+            )
         return found
 
     # -- the model --------------------------------------------------------------------------------
@@ -240,22 +258,32 @@ class WorkerProcess:
                     module, _, name = self.settings.prompt_gen.partition(":")
                     self._prompt_gen = getattr(importlib.import_module(module), name)()
                 else:
-                    self._prompt_gen = from_env(http_client=self.http, catalog=self.catalog)
+                    self._prompt_gen = from_env(
+                        http_client=self.http, catalog=self.catalog
+                    )
             return self._prompt_gen
 
-    def generate_for(self, provider: str | None, fallback: list[str], *, stream: bool = False) -> Generate:
+    def generate_for(
+        self, provider: str | None, fallback: list[str], *, stream: bool = False
+    ) -> Generate:
         """The model of a run: `prompt_gen` for `provider`, with the run's fallback providers.
         `stream`: the call passes on the `on_delta` of workers/process/deltas.py's ON_DELTA
         (RunSpec.stream)."""
         prompt_gen = self.prompt_gen
         if stream:
             return deltas.streamed_from(prompt_gen, provider, fallback)
-        if not hasattr(prompt_gen, "generate"):  # a plain generate(request, signal[, on_delta])
+        if not hasattr(
+            prompt_gen, "generate"
+        ):  # a plain generate(request, signal[, on_delta])
             return deltas.without_deltas(prompt_gen)
         prompt_gen = deltas.with_fallback(prompt_gen, provider, fallback)
 
-        async def generate(request: PromptGenRequest, signal: AbortSignal) -> PromptGenResult:
-            result: PromptGenResult = await prompt_gen.generate(request, signal=signal, provider=provider)
+        async def generate(
+            request: PromptGenRequest, signal: AbortSignal
+        ) -> PromptGenResult:
+            result: PromptGenResult = await prompt_gen.generate(
+                request, signal=signal, provider=provider
+            )
             return result
 
         return generate
@@ -321,7 +349,9 @@ class WorkerProcess:
         """Count this process's metrics and serve them on `host`:`port` (once; TOOLLOOP_METRICS_HOST)."""
         with self._lock:
             if self.metrics is None:
-                self.metrics = Metrics(self.queue_depths, self.steps_in_flight, OldestWaiting(self.redis))
+                self.metrics = Metrics(
+                    self.queue_depths, self.steps_in_flight, OldestWaiting(self.redis)
+                )
                 self.metrics.serve(port, host)
             return self.metrics
 

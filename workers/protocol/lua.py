@@ -33,7 +33,9 @@ class Lua(str):
         return str(self)
 
 
-def run(client: redis_lib.Redis, script: Lua, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+def run(
+    client: redis_lib.Redis, script: Lua, keys: Sequence[Any], args: Sequence[Any]
+) -> Any:
     """Run `script` on a sync client: EVALSHA, loaded and run again when Redis does not hold it (a
     restart, SCRIPT FLUSH)."""
     try:

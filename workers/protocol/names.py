@@ -48,7 +48,11 @@ def cancel_task_id(run_id: str) -> str:
 def step_run(task_id: str) -> str | None:
     """The run id of a `toolloop.advance` task id (`<32 hex>:<n>`), else None."""
     run, _, n = task_id.partition(":")
-    return run if n.isdigit() and len(run) == 32 and all(c in "0123456789abcdef" for c in run) else None
+    return (
+        run
+        if n.isdigit() and len(run) == 32 and all(c in "0123456789abcdef" for c in run)
+        else None
+    )
 
 
 # -- outbox members ----------------------------------------------------------------------------------

@@ -142,7 +142,9 @@ def fire_key(schedule_id: str, tick: float) -> str:
 
 def steer_id(schedule_id: str, tick: float) -> str:
     """The steer id of the fire of `tick` (if_busy="steer"): a second send of it is refused."""
-    return "sched-" + hashlib.sha256(fire_key(schedule_id, tick).encode()).hexdigest()[:32]
+    return (
+        "sched-" + hashlib.sha256(fire_key(schedule_id, tick).encode()).hexdigest()[:32]
+    )
 
 
 # -- building and checking a trigger ---------------------------------------------------------------
@@ -150,7 +152,9 @@ def steer_id(schedule_id: str, tick: float) -> str:
 
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ScheduleError(f"The {what} {str(value)[:60]!r} is not a number of seconds.\n{HINT}")
+        raise ScheduleError(
+            f"The {what} {str(value)[:60]!r} is not a number of seconds.\n{HINT}"
+        )
     number = float(value)
     if not math.isfinite(number):
         raise ScheduleError(f"The {what} {value!r} is not a finite number.\n{HINT}")
@@ -185,7 +189,9 @@ def cron_after(trigger: Cron, after: float) -> float | None:
 
 def cron_latest(trigger: Cron, now: float) -> float | None:
     """The last tick of `trigger` at or before `now`."""
-    start = datetime.fromtimestamp(math.floor(now), zone(trigger.timezone)) + timedelta(seconds=1)
+    start = datetime.fromtimestamp(math.floor(now), zone(trigger.timezone)) + timedelta(
+        seconds=1
+    )
     try:
         return next(CronSim(trigger.expr, start, reverse=True)).timestamp()
     except StopIteration:
@@ -210,7 +216,9 @@ def cron(expr: str, timezone: str = "UTC") -> Cron:
             f"The cron expression {expr!r} is not valid: {error}.\n"
             "  Write 5 fields (minute hour day month weekday), e.g. '0 9 * * 1-5', or 6 with seconds first."
         ) from None
-    except Exception as error:  # whatever else the parser trips on: still the input's fault
+    except (
+        Exception
+    ) as error:  # whatever else the parser trips on: still the input's fault
         raise ScheduleError(
             f"The cron expression {expr!r} is not valid ({type(error).__name__}).\n"
             "  Write 5 fields (minute hour day month weekday), e.g. '0 9 * * 1-5'."
@@ -234,7 +242,9 @@ def every(seconds: Any, start: Any = None, now: float | None = None) -> Every:
         )
     first = now + value if start is None else _number(start, "start time")
     if abs(first - now) > MAX_AHEAD_S:
-        raise ScheduleError(f"The start time {first!r} is more than 100 years away.\n{HINT}")
+        raise ScheduleError(
+            f"The start time {first!r} is more than 100 years away.\n{HINT}"
+        )
     return Every(kind="every", seconds=value, start=first)
 
 
@@ -250,7 +260,11 @@ def once(at: Any, now: float | None = None) -> Once:
         at = at.timestamp()
     value = _number(at, "time")
     if value < now - 1:
-        shown = datetime.fromtimestamp(value).astimezone().isoformat() if abs(value) < 1e11 else repr(value)
+        shown = (
+            datetime.fromtimestamp(value).astimezone().isoformat()
+            if abs(value) < 1e11
+            else repr(value)
+        )
         raise ScheduleError(
             f"The time {shown} is in the past.\n  Give a time to come (or use --every / --cron)."
         )
@@ -259,25 +273,37 @@ def once(at: Any, now: float | None = None) -> Once:
     return Once(kind="once", at=value)
 
 
-def check_policy(target: Enqueue | Send, if_busy: Any, catch_up: Any, grace_s: Any) -> float:
+def check_policy(
+    target: Enqueue | Send, if_busy: Any, catch_up: Any, grace_s: Any
+) -> float:
     """ScheduleError for a policy that is not one, or `steer` for a target that is not a run."""
     if if_busy not in ("skip", "queue", "steer"):
-        raise ScheduleError(f"if_busy={str(if_busy)[:40]!r} is not a policy.\n  Use skip, queue or steer.")
+        raise ScheduleError(
+            f"if_busy={str(if_busy)[:40]!r} is not a policy.\n  Use skip, queue or steer."
+        )
     if if_busy == "steer" and not isinstance(target, Send):
         raise ScheduleError(
             "if_busy='steer' needs a follow-up target (send_to=RUN_ID): a new run has "
             "nothing to steer.\n  Use skip or queue for a schedule that enqueues runs."
         )
     if catch_up not in ("latest", "skip"):
-        raise ScheduleError(f"catch_up={str(catch_up)[:40]!r} is not a policy.\n  Use latest or skip.")
+        raise ScheduleError(
+            f"catch_up={str(catch_up)[:40]!r} is not a policy.\n  Use latest or skip."
+        )
     grace = _number(grace_s, "grace")
     if not 0 <= grace <= MAX_AHEAD_S:
-        raise ScheduleError(f"The grace {grace:g} s is out of range.\n  Give 0 s or more.")
+        raise ScheduleError(
+            f"The grace {grace:g} s is out of range.\n  Give 0 s or more."
+        )
     return grace
 
 
 def check_name(name: Any) -> str:
-    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not name.isprintable():
+    if (
+        not isinstance(name, str)
+        or len(name) > MAX_NAME_CHARS
+        or not name.isprintable()
+    ):
         raise ScheduleError(
             f"The schedule name {str(name)[:60]!r} is not printable text of at most "
             f"{MAX_NAME_CHARS} characters.\n  Give a short label, e.g. 'nightly report'."
@@ -309,7 +335,9 @@ def tick_after(trigger: Cron | Every | Once, after: float) -> float | None:
     return cron_after(trigger, after)
 
 
-def latest_due(trigger: Cron | Every | Once, due: float, now: float) -> tuple[float, int]:
+def latest_due(
+    trigger: Cron | Every | Once, due: float, now: float
+) -> tuple[float, int]:
     """The latest tick at or before `now`, from `due` (a tick at or before `now`), and how many
     ticks before it (from `due` on) it supersedes: the missed ones."""
     if isinstance(trigger, Once):
@@ -351,7 +379,11 @@ def iso(ts: float | None) -> str:
     """Unix seconds as an ISO 8601 UTC time ("-" for None)."""
     if ts is None:
         return "-"
-    text = datetime.fromtimestamp(ts).astimezone(ZoneInfo("UTC")).isoformat(timespec="seconds")
+    text = (
+        datetime.fromtimestamp(ts)
+        .astimezone(ZoneInfo("UTC"))
+        .isoformat(timespec="seconds")
+    )
     return text.replace("+00:00", "Z")
 
 
@@ -390,8 +422,12 @@ class ScheduleInfo:
     schedule: Schedule
 
     def as_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in self.__slots__ if name != "schedule"}
-        data["definition"] = self.schedule.model_dump(mode="json", exclude_defaults=True)
+        data = {
+            name: getattr(self, name) for name in self.__slots__ if name != "schedule"
+        }
+        data["definition"] = self.schedule.model_dump(
+            mode="json", exclude_defaults=True
+        )
         return data
 
 

@@ -90,17 +90,26 @@ class ScriptCache:
         self.pending = False
         return [("SCRIPT", "LOAD", source) for source in self.sources.values()]
 
-    def in_order(self, commands: list[tuple[tuple[Any, ...], Any]]) -> list[tuple[tuple[Any, ...], Any]]:
+    def in_order(
+        self, commands: list[tuple[tuple[Any, ...], Any]]
+    ) -> list[tuple[tuple[Any, ...], Any]]:
         """`commands`, each plain command after the first script run by `RUN_ONE`."""
         for i, (args, _) in enumerate(commands):
             if args[0] == "EVALSHA":
                 return commands[: i + 1] + [
-                    (a if a[0] in ("EVALSHA", "SCRIPT") else ("EVALSHA", RUN_ONE.sha, 0, *a), f)
+                    (
+                        a
+                        if a[0] in ("EVALSHA", "SCRIPT")
+                        else ("EVALSHA", RUN_ONE.sha, 0, *a),
+                        f,
+                    )
                     for a, f in commands[i + 1 :]
                 ]
         return commands
 
-    async def again(self, run: Run, commands: list[tuple[Any, ...]], replies: list[Any]) -> list[Any]:
+    async def again(
+        self, run: Run, commands: list[tuple[Any, ...]], replies: list[Any]
+    ) -> list[Any]:
         """`replies` of `commands`, those that are NOSCRIPT replaced by the replies of their commands
         sent again with `run`, in their order, behind SCRIPT LOAD of every known script."""
         first = failed_from(replies) or 0
@@ -117,7 +126,9 @@ class ScriptCache:
             )
         replies = list(replies)
         for _ in range(AGAIN):  # the cache flushed again meanwhile: again
-            again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            again = [
+                i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)
+            ]
             if not again:
                 break
             loads = self.loads()

@@ -38,7 +38,9 @@ class RunSpec(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     toolset: str | None = Field(default=None, min_length=1, max_length=200)
     """The name of a registered toolset (TOOLLOOP_TOOLSETS on the workers), e.g. "review"."""
-    budget_usd: float = Field(default=1.0, gt=0, allow_inf_nan=False)  # inf would be stored as null
+    budget_usd: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False
+    )  # inf would be stored as null
     finish_at: float = Field(default=1.0, gt=0, le=1)
     max_steps: int = Field(default=20, ge=1)
     reasoning: Reasoning | None = None
@@ -51,7 +53,9 @@ class RunSpec(BaseModel):
     provider: str | None = None
     """The provider to ask first (None: the worker's default); `fallback` lists the next ones."""
     fallback: list[str] = Field(default_factory=list)
-    account: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[^{}:*\s]+$")
+    account: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[^{}:*\s]+$"
+    )
     """A shared budget account (docs/flow-control.md): every model call and tool of the run reserves
     its estimate from it first; near its limit the run finishes, past it the run stops `budget`."""
     ask_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -72,7 +76,9 @@ class RunSpec(BaseModel):
     @classmethod
     def _known_provider(cls, name: str | None) -> str | None:
         if name is not None and name not in (known := provider_names()):
-            raise ValueError(f"{name!r} is not a provider; use one of {', '.join(known)}")
+            raise ValueError(
+                f"{name!r} is not a provider; use one of {', '.join(known)}"
+            )
         return name
 
     @field_validator("fallback")

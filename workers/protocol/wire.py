@@ -36,7 +36,11 @@ _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 
 def queue_keys(queues: list[str]) -> list[str]:
     """The list keys of `queues`, in kombu's consume order (every queue's priority 0 first)."""
-    return [q if pri == 0 else f"{q}{PRIORITY_SEP}{pri}" for pri in PRIORITY_STEPS for q in queues]
+    return [
+        q if pri == 0 else f"{q}{PRIORITY_SEP}{pri}"
+        for pri in PRIORITY_STEPS
+        for q in queues
+    ]
 
 
 def task_message(
@@ -54,7 +58,9 @@ def task_message(
     (`{'step': 'model 3'}`) while the arguments stay ids only. `traceparent`: the run's W3C trace
     context, carried as a message header (workers/observe/tracing.py). `tag`: its delivery tag, unique (a
     worker passes `WorkerProcess.new_owner()`: no `os.urandom` per message); default a uuid4."""
-    body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    body = orjson.dumps(
+        [args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+    )
     argsrepr = repr(args)
     kwargsrepr = step_kwargsrepr(label)
     headers: dict[str, Any] = {
@@ -156,8 +162,12 @@ def parse(raw: str) -> Delivery:
         return _delivery(message, raw)
     except BadMessage:
         raise
-    except Exception as error:  # binascii.Error, RecursionError, ...: the content is the problem
-        raise BadMessage(f"not a Celery protocol-2 task message ({type(error).__name__}: {error})") from None
+    except (
+        Exception
+    ) as error:  # binascii.Error, RecursionError, ...: the content is the problem
+        raise BadMessage(
+            f"not a Celery protocol-2 task message ({type(error).__name__}: {error})"
+        ) from None
 
 
 def _delivery(message: Any, raw: str) -> Delivery:
@@ -188,16 +198,24 @@ def _envelope(message: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
         raise BadMessage("no properties or headers object")
     tag = properties.get("delivery_tag")
     if not isinstance(tag, str) or not 0 < len(tag) <= _MAX_TAG:
-        raise BadMessage(f"delivery_tag {_short(tag)} is not a string of 1-{_MAX_TAG} characters")
+        raise BadMessage(
+            f"delivery_tag {_short(tag)} is not a string of 1-{_MAX_TAG} characters"
+        )
     if message.get("content-type") != "application/json":
-        raise BadMessage(f"content type {_short(message.get('content-type'))}, not application/json")
+        raise BadMessage(
+            f"content type {_short(message.get('content-type'))}, not application/json"
+        )
     if message.get("content-encoding", "utf-8") != "utf-8":
-        raise BadMessage(f"content encoding {_short(message.get('content-encoding'))}, not utf-8")
+        raise BadMessage(
+            f"content encoding {_short(message.get('content-encoding'))}, not utf-8"
+        )
     _check_fields(headers, properties)
     return properties, headers, tag
 
 
-def _arguments(message: dict[str, Any], properties: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def _arguments(
+    message: dict[str, Any], properties: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
     """(args, kwargs) of a protocol-2 body ([args, kwargs, embed], base64 when the properties say)."""
     body = message.get("body")
     if not isinstance(body, str):
@@ -214,7 +232,11 @@ def _arguments(message: dict[str, Any], properties: dict[str, Any]) -> tuple[lis
     if not isinstance(decoded, list) or len(decoded) != 3:
         raise BadMessage("body is not [args, kwargs, embed]")
     args, kwargs, embed = decoded
-    if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(embed, dict | None):
+    if (
+        not isinstance(args, list)
+        or not isinstance(kwargs, dict)
+        or not isinstance(embed, dict | None)
+    ):
         raise BadMessage("args is not a list, or kwargs or embed not an object")
     return args, kwargs
 
@@ -258,7 +280,8 @@ def _check_fields(headers: dict[str, Any], properties: dict[str, Any]) -> None:
         for name, allowed in types.items():
             value = fields.get(name)
             if value is not None and (
-                not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
+                not isinstance(value, allowed)
+                or (isinstance(value, bool) and bool not in allowed)
             ):
                 raise BadMessage(
                     f"{where} {name} is {_short(value)}, not {' or '.join(t.__name__ for t in allowed)}"
@@ -268,13 +291,20 @@ def _check_fields(headers: dict[str, Any], properties: dict[str, Any]) -> None:
             try:
                 datetime.fromisoformat(headers[name])
             except ValueError:
-                raise BadMessage(f"header {name} {_short(headers[name])} is not an ISO 8601 time") from None
+                raise BadMessage(
+                    f"header {name} {_short(headers[name])} is not an ISO 8601 time"
+                ) from None
     limits = headers.get("timelimit")
     if limits is not None and (
         len(limits) != 2
-        or not all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in limits)
+        or not all(
+            v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+            for v in limits
+        )
     ):
-        raise BadMessage(f"header timelimit {_short(limits)} is not [soft, hard] seconds")
+        raise BadMessage(
+            f"header timelimit {_short(limits)} is not [soft, hard] seconds"
+        )
 
 
 def _short(value: Any) -> str:
@@ -304,7 +334,11 @@ def task_problem(delivery: Delivery) -> str | None:
     if delivery.kwargs or len(args) != len(types):
         return f"{delivery.name} takes {len(types)} positional arguments"
     for value, kind in zip(args, types, strict=True):
-        if not isinstance(value, kind) or isinstance(value, bool) or len(str(value)) > 200:
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or len(str(value)) > 200
+        ):
             return f"{delivery.name} arguments are not {', '.join(t.__name__ for t in types)}"
     return None
 
@@ -380,7 +414,9 @@ class Events:
         """(channel, payload) of each PUBLISH that sends the buffered events; empties the buffer."""
         events, self.buffer = self.buffer, []
         step = self.MAX_PER_MESSAGE
-        return [self._envelope(events[i : i + step]) for i in range(0, len(events), step)]
+        return [
+            self._envelope(events[i : i + step]) for i in range(0, len(events), step)
+        ]
 
     def _envelope(self, events: list[dict[str, Any]]) -> tuple[str, bytes]:
         body: Any = events
@@ -397,7 +433,10 @@ class Events:
                 "headers": {"hostname": self.hostname},
                 "properties": {
                     "delivery_mode": 1,
-                    "delivery_info": {"exchange": "celeryev", "routing_key": routing_key},
+                    "delivery_info": {
+                        "exchange": "celeryev",
+                        "routing_key": routing_key,
+                    },
                     "priority": 0,
                     "body_encoding": "base64",
                     "delivery_tag": _tag(),

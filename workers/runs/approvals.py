@@ -37,7 +37,13 @@ from toolloop.loop.types import Decision, ToolSpec
 from workers.client import runlist
 from workers.protocol import keys, lua, names
 from workers.protocol.lua import Lua
-from workers.protocol.scripts.approvals import DECIDE_SCRIPT, DECISIONS_MARK, SETTLE, Settled, parse_settled
+from workers.protocol.scripts.approvals import (
+    DECIDE_SCRIPT,
+    DECISIONS_MARK,
+    SETTLE,
+    Settled,
+    parse_settled,
+)
 from workers.protocol.spec import RunSpec
 from workers.runs.lifecycle import send_member
 
@@ -75,7 +81,9 @@ def apply(
     earlier = order[: order.index(decision_id)] if decision_id in order else []
     for sent_before in earlier:
         _apply_one(client, celery, run_id, sent_before, _Apply(tools, retention, early))
-    return _apply_one(client, celery, run_id, decision_id, _Apply(tools, retention, early))
+    return _apply_one(
+        client, celery, run_id, decision_id, _Apply(tools, retention, early)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +99,9 @@ _CLAIM_S = 30
 """How long the task applying a decision holds it (it takes milliseconds; a dead worker's frees)."""
 
 
-def _apply_one(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, how: _Apply) -> str:
+def _apply_one(
+    client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, how: _Apply
+) -> str:
     """Apply one decision, once: the task that claims it applies it; another (a later decision's
     task applying it first, or this decision's own) waits until it is applied, then says "gone" (or
     takes the claim when its holder died and the claim expired)."""
@@ -106,7 +116,9 @@ def _apply_one(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id
         client.delete(claim)
 
 
-def _decide(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, how: _Apply) -> str:
+def _decide(
+    client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: str, how: _Apply
+) -> str:
     """Check an edit against the tool's schema, record the decision (DECIDE), resume the run when
     every held call is decided, and tell the client."""
     tools, retention, early = how.tools, how.retention, how.early
@@ -120,23 +132,34 @@ def _decide(client: redis_lib.Redis, celery: Celery, run_id: str, decision_id: s
     try:
         decision = checked_edit(client, run_id, call_id, decision, tools)
         result = parse_settled(
-            _run_script(client, DECIDE_SCRIPT, run_id, [call_id, decision.model_dump_json(), str(early)])
+            _run_script(
+                client,
+                DECIDE_SCRIPT,
+                run_id,
+                [call_id, decision.model_dump_json(), str(early)],
+            )
         )
     except ApprovalError as error:
         result = Settled("refused", why=str(error))
     outcome = result.what
     parent = keys.parent_of(run_id)
     if outcome == "expired" and result.member is not None and parent is not None:
-        send_member(client, celery, parent, result.member)  # the expired child woke its parent
+        send_member(
+            client, celery, parent, result.member
+        )  # the expired child woke its parent
     elif result.member is not None:
         _send_member(client, celery, run_id, result.member)
-    kept = json.dumps({"call_id": call_id, "outcome": outcome, "why": result.why, "at": time.time()})
+    kept = json.dumps(
+        {"call_id": call_id, "outcome": outcome, "why": result.why, "at": time.time()}
+    )
     if outcome == "expired":
         _ended(client, run_id, retention)
     pipe = client.pipeline(transaction=True)
     pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{result.why}")
     pipe.expire(keys.decided(run_id, decision_id), 300)
-    pipe.hset(keys.decide_outcomes(run_id), decision_id, kept)  # readable later (Client.decision)
+    pipe.hset(
+        keys.decide_outcomes(run_id), decision_id, kept
+    )  # readable later (Client.decision)
     pipe.hdel(keys.decide_inbox(run_id), decision_id)
     pipe.lrem(keys.decide_order(run_id), 0, decision_id)
     pipe.execute()
@@ -164,14 +187,18 @@ def checked_edit(
         )
     checked = validate_input(tool, decision.input)
     if isinstance(checked, str):
-        raise ApprovalError(f"The edit of call {call_id!r} is refused; the call still waits. {checked}")
+        raise ApprovalError(
+            f"The edit of call {call_id!r} is refused; the call still waits. {checked}"
+        )
     return decision.model_copy(update={"input": checked.model_dump(mode="json")})
 
 
 def held_name(client: redis_lib.Redis, run_id: str, call_id: str) -> str | None:
     """The tool name of call `call_id`: from the held approvals, else from the current segment's
     model steps (an early decision)."""
-    _status, segment, pending = client.hmget(keys.state(run_id), "status", "segment", "approvals")
+    _status, segment, pending = client.hmget(
+        keys.state(run_id), "status", "segment", "approvals"
+    )
     for held in json.loads(str(pending)) if pending else []:
         if held["call_id"] == call_id:
             return str(held["name"])
@@ -185,14 +212,18 @@ def held_name(client: redis_lib.Redis, run_id: str, call_id: str) -> str | None:
     return None
 
 
-def settle(client: redis_lib.Redis, celery: Celery, run_id: str, retention: float) -> str:
+def settle(
+    client: redis_lib.Redis, celery: Celery, run_id: str, retention: float
+) -> str:
     """Apply early decisions and passed deadlines of a parked run; resume it when that decides it. A
     run that ends `expired` here starts its retention (`retention` s, TOOLLOOP_RETENTION)."""
     result = parse_settled(_run_script(client, SETTLE, run_id, []))
     if result.what == "expired":
         _ended(client, run_id, retention)
         parent = keys.parent_of(run_id)
-        if result.member is not None and parent is not None:  # its end woke its parent (a child run)
+        if (
+            result.member is not None and parent is not None
+        ):  # its end woke its parent (a child run)
             send_member(client, celery, parent, result.member)
     elif result.member is not None:
         _send_member(client, celery, run_id, result.member)
@@ -218,13 +249,17 @@ def _ended(client: redis_lib.Redis, run_id: str, retention: float) -> None:
     pipe.execute()
 
 
-def _run_script(client: redis_lib.Redis, script: Lua, run_id: str, args: list[Any]) -> list[Any]:
+def _run_script(
+    client: redis_lib.Redis, script: Lua, run_id: str, args: list[Any]
+) -> list[Any]:
     args = [run_id, DECISIONS_MARK, time.time(), *args]
     result: list[Any] = lua.run(client, script, _script_keys(run_id), args)
     return result
 
 
-def _send_member(client: redis_lib.Redis, celery: Celery, run_id: str, member: str) -> None:
+def _send_member(
+    client: redis_lib.Redis, celery: Celery, run_id: str, member: str
+) -> None:
     client.zadd(keys.LIVE_RUNS, {run_id: time.time()})
     send_member(client, celery, run_id, member)
 
@@ -240,13 +275,19 @@ def decisions_of(answer: str | None) -> dict[str, Decision] | None:
     return {call_id: Decision.model_validate(value) for call_id, value in data.items()}
 
 
-def held_names(messages: list[ChatMessage], decisions: dict[str, Decision] | None) -> dict[str, str]:
+def held_names(
+    messages: list[ChatMessage], decisions: dict[str, Decision] | None
+) -> dict[str, str]:
     """The tool names of the decided calls (the last assistant turn's), by call id."""
     if not decisions:
         return {}
     for message in reversed(messages):
         if isinstance(message, AssistantMessage):
-            return {call.id: call.name for call in message.tool_calls or [] if call.id in decisions}
+            return {
+                call.id: call.name
+                for call in message.tool_calls or []
+                if call.id in decisions
+            }
     return {}
 
 
@@ -257,13 +298,22 @@ def pending_approvals(
     held = []
     for approval in approvals:
         tool = tools.get(approval.name)
-        timeout = tool.approval_timeout_s if tool and tool.approval_timeout_s is not None else None
+        timeout = (
+            tool.approval_timeout_s
+            if tool and tool.approval_timeout_s is not None
+            else None
+        )
         if timeout is None:
             timeout = spec.approval_timeout_s
         deadline = None if timeout is None else now + timeout
         default = tool.approval_default if tool else "reject"
         queue = (tool.queue if tool else None) or names.TOOLS
         held.append(
-            {**approval.model_dump(mode="json"), "deadline": deadline, "default": default, "queue": queue}
+            {
+                **approval.model_dump(mode="json"),
+                "deadline": deadline,
+                "default": default,
+                "queue": queue,
+            }
         )
     return held

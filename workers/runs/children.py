@@ -40,10 +40,20 @@ DESCRIPTION = (
 class ChildTask(BaseModel):
     """One child of a `spawn` call."""
 
-    prompt: str = Field(min_length=1, max_length=100_000, description="The child's task, self-contained.")
-    budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="Its budget.")
-    system: str | None = Field(default=None, max_length=100_000, description="Its system text.")
-    max_steps: int | None = Field(default=None, ge=1, le=1000, description="Its step limit.")
+    prompt: str = Field(
+        min_length=1,
+        max_length=100_000,
+        description="The child's task, self-contained.",
+    )
+    budget_usd: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Its budget."
+    )
+    system: str | None = Field(
+        default=None, max_length=100_000, description="Its system text."
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=1000, description="Its step limit."
+    )
 
 
 class SpawnInput(BaseModel):
@@ -60,7 +70,11 @@ class SpawnOptions:
 
 
 async def _unbound_start(checked: SpawnInput, signal: AbortSignal) -> Started:
-    return Started(started={"refused": "spawn starts child runs of a durable run; this run is not one."})
+    return Started(
+        started={
+            "refused": "spawn starts child runs of a durable run; this run is not one."
+        }
+    )
 
 
 async def _unbound_wait(handle: Any, signal: AbortSignal) -> ToolOutput:
@@ -68,7 +82,11 @@ async def _unbound_wait(handle: Any, signal: AbortSignal) -> ToolOutput:
 
 
 def spawn_tool(
-    *, max_depth: int = 3, max_children: int = 20, description: str = DESCRIPTION, queue: str | None = None
+    *,
+    max_depth: int = 3,
+    max_children: int = 20,
+    description: str = DESCRIPTION,
+    queue: str | None = None,
 ) -> ToolSpec:
     """The `spawn` tool, for a toolset's list (`TOOLS = [*MY_TOOLS, spawn_tool()]`). `max_depth`: how
     deep a tree may grow (a root is depth 0; its children 1, ...); `max_children`: the most children
@@ -111,7 +129,9 @@ def refused(text: str) -> ToolOutput:
 # -- what a commit adds for a tree (workers/step/commit.py) ----------------------------------------
 
 
-def ended(run_id: str, state: dict[str, str], status: str, fields: dict[str, Any]) -> Children | None:
+def ended(
+    run_id: str, state: dict[str, str], status: str, fields: dict[str, Any]
+) -> Children | None:
     """A child's stop or failure: its parent's keys and the child's record (None for a root)."""
     parent = keys.parent_of(run_id)
     call = state.get("call")
@@ -127,7 +147,9 @@ def ended(run_id: str, state: dict[str, str], status: str, fields: dict[str, Any
         "final_text": str(fields.get("final_text") or "")[:FINAL_TEXT_CHARS],
     }
     if fields.get("error_message"):
-        record["error"] = f"{fields.get('error_class')}: {fields['error_message']}"[:FINAL_TEXT_CHARS]
+        record["error"] = f"{fields.get('error_class')}: {fields['error_message']}"[
+            :FINAL_TEXT_CHARS
+        ]
     return Children(
         parent={
             "state": keys.state(parent),
@@ -150,13 +172,22 @@ def parked(run_id: str, asked: Any) -> Children | None:
         parent = keys.parent_of(parent)
     if not ancestors:
         return None
-    return Children(ancestors=ancestors, parked_child=json.dumps({"child": run_id, "asked": asked}))
+    return Children(
+        ancestors=ancestors, parked_child=json.dumps({"child": run_id, "asked": asked})
+    )
 
 
-def wake_message(parent: str, member: str, traceparent: str | None = None) -> tuple[str, wire.Delivery]:
+def wake_message(
+    parent: str, member: str, traceparent: str | None = None
+) -> tuple[str, wire.Delivery]:
     """The queue and task message of a parent woken by its last child (outbox member "<n>|<queue>")."""
     n, queue = names.parse_member(member)
     message = wire.task_message(
-        names.ADVANCE, [parent, n], names.step_id(parent, n), queue, "tool spawn", traceparent=traceparent
+        names.ADVANCE,
+        [parent, n],
+        names.step_id(parent, n),
+        queue,
+        "tool spawn",
+        traceparent=traceparent,
     )
     return queue, message

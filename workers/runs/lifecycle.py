@@ -39,7 +39,12 @@ log = logging.getLogger("toolloop.workers")
 CANCEL_ANSWER = CANCEL_TEXT
 
 
-def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_key: str | None = None) -> str:
+def create(
+    client: redis_lib.Redis,
+    celery: Celery,
+    spec: RunSpec,
+    idempotency_key: str | None = None,
+) -> str:
     """Store a new run (spec, state, first segment's input, a `queued` event; one script) and send its
     first step through `celery` (the path `Client.enqueue` took before workers/client/enqueue.py, kept for
     tests that give it a broker that fails); when the broker refuses, the step stays in the outbox
@@ -49,8 +54,12 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_k
     run_id = run_id_for(idempotency_key)
     now = time.time()
     messages = json.dumps([m.model_dump(mode="json") for m in spec.messages])
-    queued = json.dumps({"model": spec.model, "toolset": spec.toolset, "budget_usd": spec.budget_usd})
-    parent = tracing.current_traceparent()  # the caller's span: the run's trace is part of it
+    queued = json.dumps(
+        {"model": spec.model, "toolset": spec.toolset, "budget_usd": spec.budget_usd}
+    )
+    parent = (
+        tracing.current_traceparent()
+    )  # the caller's span: the run's trace is part of it
     lua.run(
         client,
         ENQUEUE,
@@ -64,7 +73,18 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_k
             keys.ALL_RUNS,
             "llm",
         ],
-        [run_id, spec.model_dump_json(), now, messages, queued, now, "", "", "", parent or ""],
+        [
+            run_id,
+            spec.model_dump_json(),
+            now,
+            messages,
+            queued,
+            now,
+            "",
+            "",
+            "",
+            parent or "",
+        ],
     )
     try:  # the run is stored: from here a failure is the sweeper's to repair, not the caller's
         flush_outbox(client, celery, run_id)
@@ -78,18 +98,26 @@ def create(client: redis_lib.Redis, celery: Celery, spec: RunSpec, idempotency_k
 
 
 def send_member(
-    client: redis_lib.Redis, celery: Celery, run_id: str, member: str, producer: Any = None
+    client: redis_lib.Redis,
+    celery: Celery,
+    run_id: str,
+    member: str,
+    producer: Any = None,
 ) -> bool:
     """Send the successor recorded as `member` ("<n>|<queue>"). It stays recorded until task n begins
     (RUN_BEGIN clears it: no extra round trip here), so the sweeper sends again a message that was
     lost, or that failed to send (then this returns False). Inside a `producer.batch()` the send
     happens when the batch flushes (its failure is the caller's to log)."""
     n, queue = names.parse_member(member)
-    label = "model" if queue == names.LLM else "tool"  # the outbox keeps no more than the queue
+    label = (
+        "model" if queue == names.LLM else "tool"
+    )  # the outbox keeps no more than the queue
     try:
         if n == 1:
             label = "model 1"
-        elif queue == names.LLM:  # after an answer, a decision or a lost send: the run's next model step
+        elif (
+            queue == names.LLM
+        ):  # after an answer, a decision or a lost send: the run's next model step
             label = f"model {int(client.hget(keys.state(run_id), 'steps') or 0) + 1}"
         send(
             celery,
@@ -101,7 +129,12 @@ def send_member(
             label=label,
         )
     except (OSError, OperationalError, redis_lib.RedisError) as error:
-        log.warning("run %s: sending step %s failed (%s); the sweeper will send it", run_id, n, error)
+        log.warning(
+            "run %s: sending step %s failed (%s); the sweeper will send it",
+            run_id,
+            n,
+            error,
+        )
         return False
     return True
 
@@ -121,12 +154,16 @@ def flush_outbox(
     backend) is dated back to `redrive_age` from now, so a first step popped and lost (kombu's BRPOP,
     then Redis died) is sent again after the workers' re-drive age, not the enqueuer's."""
     now = time.time()
-    later = now + (Settings.from_env().redrive_age if redrive_age is None else redrive_age)
+    later = now + (
+        Settings.from_env().redrive_age if redrive_age is None else redrive_age
+    )
     outbox = keys.outbox(run_id)
     if older_than is None:
         members: list[str] = client.zrange(outbox, 0, -1)  # type: ignore[assignment]
     else:
-        recorded: list[tuple[str, float]] = client.zrange(outbox, 0, -1, withscores=True)  # type: ignore[assignment]
+        recorded: list[tuple[str, float]] = client.zrange(
+            outbox, 0, -1, withscores=True
+        )  # type: ignore[assignment]
         members = [member for member, score in recorded if score <= now - older_than]
         ahead = {member: later for member, score in recorded if score > later}
         if ahead:  # LT: a send or a re-date meanwhile keeps the nearer date; XX: one begun is gone
@@ -138,10 +175,16 @@ def flush_outbox(
 
 
 def answer(
-    client: redis_lib.Redis, celery: Celery, run_id: str, answer_id: str, hooks: Hooks = NO_HOOKS
+    client: redis_lib.Redis,
+    celery: Celery,
+    run_id: str,
+    answer_id: str,
+    hooks: Hooks = NO_HOOKS,
 ) -> str:
     """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
-    client.zadd(keys.LIVE_RUNS, {run_id: time.time()})  # first: the index stays a superset of live runs
+    client.zadd(
+        keys.LIVE_RUNS, {run_id: time.time()}
+    )  # first: the index stays a superset of live runs
     result = parse_answer(
         lua.run(
             client,
@@ -164,20 +207,28 @@ def answer(
     return result.what
 
 
-def store_answer(client: redis_lib.Redis, run_id: str, segment: int, content: str) -> str:
+def store_answer(
+    client: redis_lib.Redis, run_id: str, segment: int, content: str
+) -> str:
     """Put an answer in the run's inbox (the `toolloop.answer` task applies it); its id. The run goes
     back in the live index too, so the sweeper re-sends the task if its message is lost (a worker
     popped it and its connection died before kombu recorded it: tests/faults/test_lost_messages.py)."""
     answer_id = uuid.uuid4().hex
     now = time.time()
     pipe = client.pipeline(transaction=True)
-    pipe.hset(keys.inbox(run_id), answer_id, json.dumps({"segment": segment, "content": content, "at": now}))
+    pipe.hset(
+        keys.inbox(run_id),
+        answer_id,
+        json.dumps({"segment": segment, "content": content, "at": now}),
+    )
     pipe.zadd(keys.LIVE_RUNS, {run_id: now})
     pipe.execute()
     return answer_id
 
 
-def cancel(client: redis_lib.Redis, celery: Celery, run_id: str, hooks: Hooks = NO_HOOKS) -> str:
+def cancel(
+    client: redis_lib.Redis, celery: Celery, run_id: str, hooks: Hooks = NO_HOOKS
+) -> str:
     """A parked run is answered `Not run: cancel.` and resumes into a cancel stop; a queued or running
     run was already marked (its live step is aborted, its next step stops)."""
     state: dict[str, str] = client.hgetall(keys.state(run_id))  # type: ignore[assignment]
@@ -187,7 +238,9 @@ def cancel(client: redis_lib.Redis, celery: Celery, run_id: str, hooks: Hooks = 
     return answer(client, celery, run_id, answer_id, hooks)
 
 
-def sweep(client: redis_lib.Redis, celery: Celery, settings: Settings | None = None) -> dict[str, int]:
+def sweep(
+    client: redis_lib.Redis, celery: Celery, settings: Settings | None = None
+) -> dict[str, int]:
     """Re-send successors recorded longer than TOOLLOOP_OUTBOX_AGE; re-drive runs with no lease and no
     recorded successor that did not move for TOOLLOOP_REDRIVE_AGE (their message was lost, or waits in
     a long queue: then the copy finds its step done and leaves); drop ended and parked runs from the
@@ -197,9 +250,18 @@ def sweep(client: redis_lib.Redis, celery: Celery, settings: Settings | None = N
     was lost). Returns counts of what it did; a run whose keys cannot be read is logged and
     `skipped`, and the sweep goes on with the next."""
     settings = settings or Settings.from_env()
-    done = {"resent": 0, "redriven": 0, "ended": 0, "parked": 0, "answers": 0, "skipped": 0}
+    done = {
+        "resent": 0,
+        "redriven": 0,
+        "ended": 0,
+        "parked": 0,
+        "answers": 0,
+        "skipped": 0,
+    }
     now = time.time()
-    live: list[tuple[str, float]] = client.zrange(keys.LIVE_RUNS, 0, -1, withscores=True)  # type: ignore[assignment]
+    live: list[tuple[str, float]] = client.zrange(
+        keys.LIVE_RUNS, 0, -1, withscores=True
+    )  # type: ignore[assignment]
     for run_id, score in live:
         try:
             _sweep_run(client, celery, settings, run_id, score, now, done)
@@ -236,13 +298,21 @@ def _sweep_run(
     pipe.hgetall(keys.inbox(run_id))
     (status, touched, n, queue), pending, leased, inbox = pipe.execute()
     if inbox and status is not None and status not in FINAL:
-        done["answers"] += resend_answers(celery, run_id, inbox, now - settings.outbox_age)
-    if status is None or status in FINAL or (status == "asked" and not pending and not inbox):
+        done["answers"] += resend_answers(
+            celery, run_id, inbox, now - settings.outbox_age
+        )
+    if (
+        status is None
+        or status in FINAL
+        or (status == "asked" and not pending and not inbox)
+    ):
         lua.run(client, INDEX_DROP, [keys.LIVE_RUNS], [run_id, repr(score)])
         done["ended" if status != "asked" else "parked"] += 1
         return
     if pending:
-        done["resent"] += flush_outbox(client, celery, run_id, settings.outbox_age, settings.redrive_age)
+        done["resent"] += flush_outbox(
+            client, celery, run_id, settings.outbox_age, settings.redrive_age
+        )
     elif status in ("queued", "running") and not leased:
         idle = now - float(touched or 0)
         if idle > settings.redrive_age:
@@ -258,7 +328,9 @@ def _sweep_run(
             done["redriven"] += 1
 
 
-def resend_answers(celery: Celery, run_id: str, inbox: dict[str, str], before: float) -> int:
+def resend_answers(
+    celery: Celery, run_id: str, inbox: dict[str, str], before: float
+) -> int:
     """Send `toolloop.answer` again for inbox answers stored before `before` and still not applied
     (the task deletes its inbox entry; a copy that finds it gone does nothing)."""
     sent = 0
@@ -278,7 +350,9 @@ def resend_answers(celery: Celery, run_id: str, inbox: dict[str, str], before: f
 def segment_messages(input_json: str | None, answer: str | None) -> list[ChatMessage]:
     """The input of the current segment: the last one's history, the held ask answered."""
     if not input_json:
-        raise ValueError("The run has no input messages for its current segment.\n  Enqueue it again.")
+        raise ValueError(
+            "The run has no input messages for its current segment.\n  Enqueue it again."
+        )
     messages = CHAT_MESSAGES.validate_json(input_json)
     if answer is None:
         return messages
@@ -287,6 +361,9 @@ def segment_messages(input_json: str | None, answer: str | None) -> list[ChatMes
         if isinstance(message, AssistantMessage):
             for call in message.tool_calls or []:
                 if call.name == "ask" and call.id not in answered:
-                    return [*messages, ToolMessage(tool_call_id=call.id, content=answer)]
+                    return [
+                        *messages,
+                        ToolMessage(tool_call_id=call.id, content=answer),
+                    ]
             break
     return messages

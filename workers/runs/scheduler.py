@@ -100,19 +100,27 @@ class Scheduler:
         self.sender = ops.Sender(db)
         self.prepare = Preparer(settings, settings.toolset_names(), self.sender)
         self._defs: dict[str, tuple[str, Schedule]] = {}
-        self._tick_memo: dict[tuple[Any, float, float], tuple[float, int, float | None]] = {}
+        self._tick_memo: dict[
+            tuple[Any, float, float], tuple[float, int, float | None]
+        ] = {}
 
     def fire_due(self, now: float | None = None) -> dict[str, int]:
         """Fire (or settle) every schedule due at `now`; counts by outcome ("fired", "steer",
         "skipped", "held", "missed", "failed", "taken" by another sweeper, "error": the script failed)."""
         now = time.time() if now is None else now
-        due: list[str] = self.redis.zrangebyscore(keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most)  # type: ignore[assignment]
+        due: list[str] = self.redis.zrangebyscore(
+            keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most
+        )  # type: ignore[assignment]
         self._tick_memo = {}  # a sweep's own: `now` is part of every key
-        random.shuffle(due)  # sweepers that race start on different batches: the second finds most of
+        random.shuffle(
+            due
+        )  # sweepers that race start on different batches: the second finds most of
         # the first's follow-ups sent (their keys among the runs' sends) and only claims them
         done: Counter[str] = Counter()
         for first in range(0, len(due), self.batch):
-            self._fire_some([str(sid) for sid in due[first : first + self.batch]], now, done)
+            self._fire_some(
+                [str(sid) for sid in due[first : first + self.batch]], now, done
+            )
         if self.metrics is not None and done:
             self.metrics.fires(done)
         return dict(done)
@@ -125,18 +133,31 @@ class Scheduler:
         read = pipe.execute()
         found = [
             self._due(sid, raw, nxt, held, last_run, now)
-            for sid, raw, (nxt, held, last_run) in zip(ids, read[0::2], read[1::2], strict=True)
+            for sid, raw, (nxt, held, last_run) in zip(
+                ids, read[0::2], read[1::2], strict=True
+            )
         ]
         dues = [due for due in found if due is not None]
-        planned = [self._enqueue(due, now) for due in dues if isinstance(due.schedule.target, Enqueue)]
-        planned += self._follow_ups([due for due in dues if isinstance(due.schedule.target, Send)], now)
+        planned = [
+            self._enqueue(due, now)
+            for due in dues
+            if isinstance(due.schedule.target, Enqueue)
+        ]
+        planned += self._follow_ups(
+            [due for due in dues if isinstance(due.schedule.target, Send)], now
+        )
         if not planned:
             return
         replies = self.driver.batch(Pipeline([request for _, request, _ in planned]))
         for (sid, _, span), reply in zip(planned, replies, strict=True):
             if isinstance(reply, Exception):
                 done["error"] += 1
-                log.warning("schedule %s: its fire failed: %s: %s", sid, type(reply).__name__, reply)
+                log.warning(
+                    "schedule %s: its fire failed: %s: %s",
+                    sid,
+                    type(reply).__name__,
+                    reply,
+                )
                 span.set_attribute("toolloop.schedule.outcome", "error")
             else:
                 fired = parse_fire(reply)
@@ -159,7 +180,9 @@ class Scheduler:
                 keys.schedule_def(sid),
                 sid,
             )
-            self.redis.zadd(keys.SCHEDULES_DUE, {sid: time.time() + BAD_DEF_RETRY_S}, xx=True)
+            self.redis.zadd(
+                keys.SCHEDULES_DUE, {sid: time.time() + BAD_DEF_RETRY_S}, xx=True
+            )
             return None
         if len(self._defs) > 200_000:
             self._defs.clear()
@@ -167,7 +190,13 @@ class Scheduler:
         return schedule
 
     def _due(
-        self, sid: str, raw: str | None, nxt: str | None, held: str | None, last_run: str | None, now: float
+        self,
+        sid: str,
+        raw: str | None,
+        nxt: str | None,
+        held: str | None,
+        last_run: str | None,
+        now: float,
     ) -> Due | None:
         """What is due of one schedule; None when nothing is (the index is put right)."""
         if raw is None:  # removed meanwhile: its index entry goes too
@@ -181,16 +210,32 @@ class Scheduler:
             tick, missed, after = self._ticks(trigger, float(nxt), now)
             late = now - tick > schedule.grace_s
             wanted = "miss" if late and schedule.catch_up == "skip" else "fire"
-            return Due(sid, schedule, "next", nxt, tick, missed, after, wanted, last_run or "")
+            return Due(
+                sid, schedule, "next", nxt, tick, missed, after, wanted, last_run or ""
+            )
         if held:
-            return Due(sid, schedule, "held", held, float(held), 0, None, "fire", last_run or "")
-        if nxt:  # the index is behind the hash (a fire settled it meanwhile): put it right
+            return Due(
+                sid,
+                schedule,
+                "held",
+                held,
+                float(held),
+                0,
+                None,
+                "fire",
+                last_run or "",
+            )
+        if (
+            nxt
+        ):  # the index is behind the hash (a fire settled it meanwhile): put it right
             self.redis.zadd(keys.SCHEDULES_DUE, {sid: float(nxt)})
         else:
             self.redis.zrem(keys.SCHEDULES_DUE, sid)
         return None
 
-    def _ticks(self, trigger: Any, due: float, now: float) -> tuple[float, int, float | None]:
+    def _ticks(
+        self, trigger: Any, due: float, now: float
+    ) -> tuple[float, int, float | None]:
         """The latest due tick, the missed ones and the next tick, the same for every schedule of
         one trigger due at one tick (10,000 schedules on one cron second: one cronsim walk)."""
         key = (trigger, due, now)
@@ -203,7 +248,11 @@ class Scheduler:
 
     def _span(self, due: Due) -> Any:
         return _TRACER.start_span(
-            FIRE_SPAN, attributes={"toolloop.schedule.id": due.sid, "toolloop.schedule.tick": due.tick}
+            FIRE_SPAN,
+            attributes={
+                "toolloop.schedule.id": due.sid,
+                "toolloop.schedule.tick": due.tick,
+            },
         )
 
     def _claim(
@@ -235,7 +284,11 @@ class Scheduler:
         ]
 
     def _fire(self, due: Due, claim: list[Any], span: Any) -> tuple[str, Eval, Any]:
-        return due.sid, Eval(FIRE, [keys.schedule(due.sid), keys.SCHEDULES_DUE, NO_RUN], claim), span
+        return (
+            due.sid,
+            Eval(FIRE, [keys.schedule(due.sid), keys.SCHEDULES_DUE, NO_RUN], claim),
+            span,
+        )
 
     def _enqueue(self, due: Due, now: float) -> tuple[str, Eval, Any]:
         """FIRE_ENQUEUE for a tick that fires (its run built here), else FIRE."""
@@ -246,21 +299,38 @@ class Scheduler:
         if due.wanted != "fire":
             return (
                 due.sid,
-                Eval(FIRE, [keys.schedule(due.sid), keys.SCHEDULES_DUE, busy_key], self._claim(due, now)),
+                Eval(
+                    FIRE,
+                    [keys.schedule(due.sid), keys.SCHEDULES_DUE, busy_key],
+                    self._claim(due, now),
+                ),
                 span,
             )
         try:
-            with trace.use_span(span, end_on_exit=False):  # the run's trace is the fire's
+            with trace.use_span(
+                span, end_on_exit=False
+            ):  # the run's trace is the fire's
                 made = self.prepare(
                     target.spec,
                     schedules.fire_key(due.sid, due.tick),
                     run_prefix=target.run_prefix,
                     fired={"schedule": due.sid, "tick": due.tick},
                 )
-        except (WorkersError, ValidationError, ValueError) as error:  # refused now (a toolset gone)
+        except (
+            WorkersError,
+            ValidationError,
+            ValueError,
+        ) as error:  # refused now (a toolset gone)
             first = str(error).splitlines()[0][:300]
-            log.warning("schedule %s: tick %s not fired: %s", due.sid, schedules.iso(due.tick), first)
-            return self._fire(due, self._claim(due, now, wanted="fail", error=first), span)
+            log.warning(
+                "schedule %s: tick %s not fired: %s",
+                due.sid,
+                schedules.iso(due.tick),
+                first,
+            )
+            return self._fire(
+                due, self._claim(due, now, wanted="fail", error=first), span
+            )
         span.set_attribute("toolloop.run_id", made.run_id)
         request = made.request
         claim = self._claim(due, now, run_id=made.run_id)
@@ -271,11 +341,16 @@ class Scheduler:
         """The claims of follow-up ticks, after their sends (or steers) are applied."""
         if not dues:
             return []
-        pipe = self.redis.pipeline(transaction=True)  # one moment: a send sets both at once
+        pipe = self.redis.pipeline(
+            transaction=True
+        )  # one moment: a send sets both at once
         for due in dues:
             assert isinstance(due.schedule.target, Send)
             pipe.hget(keys.state(due.schedule.target.run_id), "status")
-            pipe.hexists(keys.sends(due.schedule.target.run_id), schedules.fire_key(due.sid, due.tick))
+            pipe.hexists(
+                keys.sends(due.schedule.target.run_id),
+                schedules.fire_key(due.sid, due.tick),
+            )
         read = pipe.execute()
         planned: list[tuple[str, Eval, Any]] = []
         applying: list[tuple[Due, Any, str]] = []
@@ -285,17 +360,31 @@ class Scheduler:
             assert isinstance(target, Send)
             span = self._span(due)
             span.set_attribute("toolloop.run_id", target.run_id)
-            if sent and due.wanted == "fire":  # this tick's follow-up is in (another sweeper sent it, or
+            if (
+                sent and due.wanted == "fire"
+            ):  # this tick's follow-up is in (another sweeper sent it, or
                 # this one before it died): the run is busy with it, and the tick fired
-                planned.append(self._fire(due, self._claim(due, now, mode="free"), span))
+                planned.append(
+                    self._fire(due, self._claim(due, now, mode="free"), span)
+                )
                 continue
             busy = status in ("queued", "running")
             if due.wanted != "fire" or (busy and due.schedule.if_busy != "steer"):
-                planned.append(self._fire(due, self._claim(due, now, mode="busy" if busy else "free"), span))
+                planned.append(
+                    self._fire(
+                        due,
+                        self._claim(due, now, mode="busy" if busy else "free"),
+                        span,
+                    )
+                )
                 continue
             if busy:
                 operations.append(
-                    talk.steer(target.run_id, target.content, schedules.steer_id(due.sid, due.tick))
+                    talk.steer(
+                        target.run_id,
+                        target.content,
+                        schedules.steer_id(due.sid, due.tick),
+                    )
                 )
             else:
                 key = schedules.fire_key(due.sid, due.tick)
@@ -310,12 +399,23 @@ class Scheduler:
                     )
                 )
             applying.append((due, span, "busy" if busy else "free"))
-        for (due, span, mode), result in zip(applying, run_many(self.driver, operations), strict=True):
+        for (due, span, mode), result in zip(
+            applying, run_many(self.driver, operations), strict=True
+        ):
             if isinstance(result, Exception) and not _steered_already(result):
                 first = str(result).splitlines()[0][:300]
-                log.warning("schedule %s: tick %s not sent: %s", due.sid, schedules.iso(due.tick), first)
+                log.warning(
+                    "schedule %s: tick %s not sent: %s",
+                    due.sid,
+                    schedules.iso(due.tick),
+                    first,
+                )
                 planned.append(
-                    self._fire(due, self._claim(due, now, wanted="fail", error=first, mode=mode), span)
+                    self._fire(
+                        due,
+                        self._claim(due, now, wanted="fail", error=first, mode=mode),
+                        span,
+                    )
                 )
             else:
                 planned.append(self._fire(due, self._claim(due, now, mode=mode), span))
@@ -380,7 +480,11 @@ def _advance(
 ) -> None:
     """Give operation i its reply (or throw its error into it); note its next request or its end."""
     try:
-        request = operations[i].throw(failed) if failed is not None else operations[i].send(reply)
+        request = (
+            operations[i].throw(failed)
+            if failed is not None
+            else operations[i].send(reply)
+        )
     except StopIteration as stop:
         results[i] = stop.value
         return
@@ -393,6 +497,8 @@ def _advance(
     if not isinstance(request, Call | Eval | Pipeline) or (
         isinstance(request, Pipeline) and request.transaction
     ):
-        results[i] = TypeError(f"a schedule's operation asked for {type(request).__name__}")
+        results[i] = TypeError(
+            f"a schedule's operation asked for {type(request).__name__}"
+        )
         return
     waiting[i] = request

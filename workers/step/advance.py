@@ -50,7 +50,13 @@ from workers.process.suspects import limit_error
 from workers.process.worker_process import WorkerProcess
 from workers.protocol import keys
 from workers.protocol.errors import LeaseLostError
-from workers.protocol.scripts.begin import RUN_BEGIN, Begin, Refused, Started, parse_begin
+from workers.protocol.scripts.begin import (
+    RUN_BEGIN,
+    Begin,
+    Refused,
+    Started,
+    parse_begin,
+)
 from workers.protocol.scripts.commit import StepOutcome
 from workers.protocol.scripts.lease import LEASE_RELEASE
 from workers.protocol.spec import RunSpec
@@ -108,7 +114,10 @@ async def advance(
         begun = None
         try:
             outcome = await step.run()
-        except (Exception, asyncio.CancelledError):  # Redis unreachable, or a shutdown: free the run
+        except (
+            Exception,
+            asyncio.CancelledError,
+        ):  # Redis unreachable, or a shutdown: free the run
             await step.release()
             raise
         finally:
@@ -118,13 +127,20 @@ async def advance(
             continue
         if outcome != "fenced":
             break
-    what = f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
+    what = (
+        f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
+    )
     return Outcome(what, step.failure if outcome == "fail" else None)
 
 
 class _Step(Commits):
     def __init__(
-        self, process: WorkerProcess, run_id: str, n: int, task: Task, begun: Begun | None = None
+        self,
+        process: WorkerProcess,
+        run_id: str,
+        n: int,
+        task: Task,
+        begun: Begun | None = None,
     ) -> None:
         self.process = process
         self.run_id = run_id
@@ -156,18 +172,24 @@ class _Step(Commits):
     async def run(self) -> StepOutcome:
         kept, begin, sent_at = await self._begin()
         # a kept loop is not where the run is when RUN_BEGIN loaded the run (it moved on elsewhere)
-        if (isinstance(begin, Refused) or begin.loaded is not None) and kept is not None:
+        if (
+            isinstance(begin, Refused) or begin.loaded is not None
+        ) and kept is not None:
             kept.close()
             kept = None
         if isinstance(begin, Refused):
             return await self._not_begun(begin)
         self._took_lease(begin, sent_at)
-        if self.delivered > 1:  # a suspect (workers/process/suspects.py): its turn, then its charge
+        if (
+            self.delivered > 1
+        ):  # a suspect (workers/process/suspects.py): its turn, then its charge
             counted = await self._suspect_turn()
             if counted > self.settings.max_deliveries:
                 if kept is not None:
                     kept.close()
-                return await self.commit_failure(limit_error(self.run_id, self.n, self.delivered, counted))
+                return await self.commit_failure(
+                    limit_error(self.run_id, self.n, self.delivered, counted)
+                )
         if kept is not None:
             self.live = kept
             self.replayed_before = kept.journal.replayed
@@ -176,11 +198,19 @@ class _Step(Commits):
         loaded = begin.loaded
         try:
             if loaded is None or loaded.spec is None:
-                raise LookupError(f"Run {self.run_id!r} has no spec in Redis.\n  Enqueue it again.")
+                raise LookupError(
+                    f"Run {self.run_id!r} has no spec in Redis.\n  Enqueue it again."
+                )
             spec, answer = RunSpec.model_validate_json(loaded.spec), loaded.answer
-            spawner = Spawner(self.process, spec)  # `spawn`, bound to this run (its loop's step names it)
+            spawner = Spawner(
+                self.process, spec
+            )  # `spawn`, bound to this run (its loop's step names it)
             tools = spawner.bind(
-                flow.wrap_tools(self.process, await run_tools(self.process, self.run_id, spec.toolset), spec)
+                flow.wrap_tools(
+                    self.process,
+                    await run_tools(self.process, self.run_id, spec.toolset),
+                    spec,
+                )
             )
             decisions = approvals.decisions_of(answer)
             messages = segment_messages(loaded.input, None if decisions else answer)
@@ -245,7 +275,9 @@ class _Step(Commits):
         """Wait for the process's suspect turn (held until the step ends), then charge this delivery:
         how many deliveries of the step count, this one included."""
         self.end_turn = await self.process.suspects.turn()
-        alone = await self.batch.call("HINCRBY", keys.attempts(self.run_id), keys.alone_field(self.n), 1)
+        alone = await self.batch.call(
+            "HINCRBY", keys.attempts(self.run_id), keys.alone_field(self.n), 1
+        )
         return 1 + int(alone)
 
     async def _not_begun(self, refused: Refused) -> StepOutcome:
@@ -262,7 +294,9 @@ class _Step(Commits):
         self.token = begin.token
         self.delivered = begin.attempts
         self.lease = f"{self.owner}:{begin.token}"
-        self.held = self.process.leases.hold(r, self.n, self.lease, sent_at, self.on_lost)
+        self.held = self.process.leases.hold(
+            r, self.n, self.lease, sent_at, self.on_lost
+        )
         self.state = begin.state
         self.trace = StepTrace(r, self.n, self.state, self.task.task_id)
         self.segment = int(self.state.get("segment", 0))
@@ -270,25 +304,40 @@ class _Step(Commits):
         self.outside = begin.outside
 
     def _options(
-        self, spec: RunSpec, live: LiveLoop, tools: list[ToolSpec], messages: Any, decisions: Any
+        self,
+        spec: RunSpec,
+        live: LiveLoop,
+        tools: list[ToolSpec],
+        messages: Any,
+        decisions: Any,
     ) -> RunToolLoopOptions:
-        generate = self.process.generate_for(spec.provider, spec.fallback, stream=spec.stream)
+        generate = self.process.generate_for(
+            spec.provider, spec.fallback, stream=spec.stream
+        )
         if self.metrics is not None:
             generate = counted(generate, spec.provider, self.metrics)
         generate = flow.wrap_generate(self.process, generate, spec)
         return RunToolLoopOptions(
-            generate=generate if live.deltas is None else streaming(generate, live.deltas.interval),
+            generate=generate
+            if live.deltas is None
+            else streaming(generate, live.deltas.interval),
             model=spec.model,
             system=spec.system,
             messages=messages,
             tools=tools,
             budget=Budget(
-                usd=spec.budget_usd + float(self.state.get("budget_added", 0)),  # follow-ups' top-ups
+                usd=spec.budget_usd
+                + float(self.state.get("budget_added", 0)),  # follow-ups' top-ups
                 finish_at=spec.finish_at,
                 spent_usd=float(self.state.get("carried_usd", 0)),
                 spent=live.spent_outside,
             ),
-            max_steps=max(0, spec.max_steps + int(self.state.get("steps_added", 0)) - self.steps_base),
+            max_steps=max(
+                0,
+                spec.max_steps
+                + int(self.state.get("steps_added", 0))
+                - self.steps_base,
+            ),
             step=live.journal.step,
             signal=live.controller.signal,
             reasoning=spec.reasoning,
@@ -310,7 +359,9 @@ class _Step(Commits):
         live = self.live
         timeout = self.settings.step_timeout
         deadlines = self.process.deadlines
-        deadlines.watch(outcome_future)  # one timer for every step of the process, not one per step
+        deadlines.watch(
+            outcome_future
+        )  # one timer for every step of the process, not one per step
         timed_out = False
         try:
             outcome = await outcome_future
@@ -363,7 +414,9 @@ class _Step(Commits):
         if self.state.get("cancel") == "1" and not collects:
             self.live.controller.abort("cancel")
         elif self.process.interrupt_heard(self.run_id, self.segment, self.state):
-            self.live.controller.abort("interrupt")  # the run ends `interrupted` (workers/client/talk.py)
+            self.live.controller.abort(
+                "interrupt"
+            )  # the run ends `interrupted` (workers/client/talk.py)
         if self.held is None:
             return None
         return self.process.leases.begin_work(self.held, self.live.controller)
@@ -385,7 +438,9 @@ class _Step(Commits):
         """The step's work was stopped for a lost lease: commit nothing, free the lease if it is
         still ours, and re-drive (the copy holding the lease goes on, or this one takes it anew)."""
         pending = self.live.journal.pending if self.live is not None else []
-        what = ", ".join(f"{self.prefix}{key} (${cost:.6f})" for key, _, cost in pending)
+        what = ", ".join(
+            f"{self.prefix}{key} (${cost:.6f})" for key, _, cost in pending
+        )
         log.warning(
             "run %s: step %s stopped: %s.\n  Not committed: %s; the step runs again under a live lease.",
             self.run_id,
@@ -404,7 +459,9 @@ class _Step(Commits):
         self.drop_lease()  # first: no renewal takes the lease again once it is freed
         if getattr(self, "lease", None):
             with contextlib.suppress(Exception):
-                await self.batch.script(LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease])
+                await self.batch.script(
+                    LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease]
+                )
 
     def drop_lease(self) -> None:
         if self.held is not None:
@@ -420,7 +477,10 @@ class _Step(Commits):
             self.end_turn()
             self.end_turn = None
         if self.trace is not None:
-            self.trace.end(outcome if self.outcome is None else self.outcome, **talk_attributes(self))
+            self.trace.end(
+                outcome if self.outcome is None else self.outcome,
+                **talk_attributes(self),
+            )
         if self.live is not None and not self.kept:
             self.live.close()
         self.live = self.held = self.begun = self.trace = None

@@ -141,14 +141,20 @@ class Spawner:
                 f"Your budget has ${max(0, budget - spent) / MICROS:.4f} left; the children ask for "
                 "more. Give them smaller budgets, or fewer children."
             )
-        again = await self.process.batch.call("HEXISTS", keys.children(self.run_id), f"call:{call}")
-        held = None if int(again) else await self._account_room(sum(slices))  # a re-run: they exist
+        again = await self.process.batch.call(
+            "HEXISTS", keys.children(self.run_id), f"call:{call}"
+        )
+        held = (
+            None if int(again) else await self._account_room(sum(slices))
+        )  # a re-run: they exist
         if isinstance(held, Started):
             return held
         try:
             return await self._spawned(call, checked, slices, budget, spent, depth)
         finally:
-            if held is not None:  # the children reserve from the account themselves, as they spend
+            if (
+                held is not None
+            ):  # the children reserve from the account themselves, as they spend
                 settle_reservation(self.process, self.spec.account or "", held)
 
     async def _account_room(self, micros: int) -> str | Started | None:
@@ -166,10 +172,14 @@ class Spawner:
             *accounts.periods(time.time()),
         ]
         verdict = accounts.Verdict.of(
-            await self.process.batch.script(account_scripts.RESERVE, accounts.keys_of(account), args)
+            await self.process.batch.script(
+                account_scripts.RESERVE, accounts.keys_of(account), args
+            )
         )
         if verdict.verdict in ("stop", "wait"):
-            left = max(0.0, verdict.limit_usd - verdict.spent_usd - verdict.reserved_usd)
+            left = max(
+                0.0, verdict.limit_usd - verdict.spent_usd - verdict.reserved_usd
+            )
             return _refusal(
                 f"The account {account!r} has ${left:.4f} left now; the children ask for "
                 f"${micros / MICROS:.4f}. Give them smaller budgets, or fewer children."
@@ -177,10 +187,19 @@ class Spawner:
         return reservation
 
     async def _spawned(
-        self, call: str, checked: SpawnInput, slices: list[int], budget: int, spent: int, depth: int
+        self,
+        call: str,
+        checked: SpawnInput,
+        slices: list[int],
+        budget: int,
+        spent: int,
+        depth: int,
     ) -> Started:
         digest = hashlib.sha256(call.encode()).hexdigest()[:8]
-        ids = [f"{self.run_id}{keys.CHILD_SEP}{digest}-{i}" for i in range(len(checked.children))]
+        ids = [
+            f"{self.run_id}{keys.CHILD_SEP}{digest}-{i}"
+            for i in range(len(checked.children))
+        ]
         now = time.time()
         script_keys = [
             keys.state(self.run_id),
@@ -190,7 +209,9 @@ class Spawner:
             keys.ALL_RUNS,
             names.LLM,
         ]
-        trace = getattr(self.step, "trace", None)  # the parent's segment span: the children's parent span
+        trace = getattr(
+            self.step, "trace", None
+        )  # the parent's segment span: the children's parent span
         traceparent = trace.traceparent() if trace is not None and trace.valid else ""
         args: list[Any] = [
             now,
@@ -204,7 +225,11 @@ class Spawner:
         for child_id, task, micros in zip(ids, checked.children, slices, strict=True):
             child = self._child_spec(task, micros)
             message = wire.task_message(
-                names.ADVANCE, [child_id, 1], names.step_id(child_id, 1), names.LLM, "model 1"
+                names.ADVANCE,
+                [child_id, 1],
+                names.step_id(child_id, 1),
+                names.LLM,
+                "model 1",
             )
             queued = {
                 "model": child.model,
@@ -236,7 +261,9 @@ class Spawner:
                 "for more. Give them smaller budgets, or fewer children."
             )
         if spawned.what in ("ended", "cancelled"):
-            return _refusal(f"Not run: the run is {'cancelled' if spawned.what == 'cancelled' else 'ended'}.")
+            return _refusal(
+                f"Not run: the run is {'cancelled' if spawned.what == 'cancelled' else 'ended'}."
+            )
         if spawned.what == "started" and self.process.metrics is not None:
             self.process.metrics.children_started(len(spawned.ids))
         self._sent_events(spawned.ids)
@@ -291,8 +318,12 @@ class Spawner:
             )
         ids = [str(one) for one in handle["children"]]
         records: list[Any] = []
-        for _ in range(50):  # woken by the last child's end: every record is there (a short grace else)
-            records = await self.process.batch.call("HMGET", keys.children(self.run_id), *ids)
+        for _ in range(
+            50
+        ):  # woken by the last child's end: every record is there (a short grace else)
+            records = await self.process.batch.call(
+                "HMGET", keys.children(self.run_id), *ids
+            )
             if all(records):
                 break
             await asyncio.sleep(0.1)
@@ -301,7 +332,11 @@ class Spawner:
             for i, r in zip(ids, records, strict=True)
         ]
         micros = sum(int(e.get("spent_micros") or 0) for e in ended)
-        return ToolOutput(value=ended, content=[TextPart(text=_summary(ended))], cost_usd=micros / MICROS)
+        return ToolOutput(
+            value=ended,
+            content=[TextPart(text=_summary(ended))],
+            cost_usd=micros / MICROS,
+        )
 
 
 def _call_of(run_id: str, scope: str | None) -> str:
@@ -339,9 +374,15 @@ def _summary(ended: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def waits_on(live: LiveLoop | None, next_key: str | None, segment: int) -> Children | None:
+def waits_on(
+    live: LiveLoop | None, next_key: str | None, segment: int
+) -> Children | None:
     """A 'next' commit whose next step is a `spawn` wait: the children field RUN_COMMIT checks."""
-    if not next_key or not next_key.endswith(":wait") or not is_spawn(routing.tool_of(live, next_key)):
+    if (
+        not next_key
+        or not next_key.endswith(":wait")
+        or not is_spawn(routing.tool_of(live, next_key))
+    ):
         return None
     call_id = next_key.removeprefix("tool:").removesuffix(":wait")
     call = f"{keys.segment_name(segment)}/{call_id}"
@@ -352,7 +393,9 @@ def settle_reservation(process: WorkerProcess, account: str, reservation: str) -
     """Free an account reservation at no cost (SETTLE, in the process's next batch)."""
     args = [reservation, "0.0", *accounts.periods(time.time())]
     done = process.batch.script(account_scripts.SETTLE, accounts.keys_of(account), args)
-    done.add_done_callback(lambda settled: settled.cancelled() or settled.exception())  # a lost one expires
+    done.add_done_callback(
+        lambda settled: settled.cancelled() or settled.exception()
+    )  # a lost one expires
 
 
 # -- what a step's commit adds (workers/step/commit.py) ----------------------------------------------

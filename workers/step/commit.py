@@ -100,7 +100,9 @@ class Commits:
 
     async def commit_next(self, next_key: str) -> StepOutcome:
         queue = routing.route(self.live, next_key)
-        return await self.commit("next", queue=queue, state=self.totals(), next_key=next_key)
+        return await self.commit(
+            "next", queue=queue, state=self.totals(), next_key=next_key
+        )
 
     async def commit_result(self, result: RunToolLoopResult) -> StepOutcome:
         history = json.dumps([m.model_dump(mode="json") for m in result.messages])
@@ -118,18 +120,27 @@ class Commits:
                 "spend_base": self.outside,
                 "steps_base": steps,
             }
-            parked = json.dumps({"asked": asked, "spent_usd": result.spent_usd, "steps": steps})
+            parked = json.dumps(
+                {"asked": asked, "spent_usd": result.spent_usd, "steps": steps}
+            )
             spec = self.run_spec()
             due: float | None = None
             if spec is not None and spec.ask_timeout_s is not None:
                 due = time.time() + spec.ask_timeout_s
-                state |= {"ask_deadline": repr(due), "ask_default": spec.ask_default or ""}
-            return await self.commit("park", state=state, history=history, parked=parked, due=due)
+                state |= {
+                    "ask_deadline": repr(due),
+                    "ask_default": spec.ask_default or "",
+                }
+            return await self.commit(
+                "park", state=state, history=history, parked=parked, due=due
+            )
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
         stopped_by = interrupted_or(result.stopped_by, self.live)
         state |= {"status": stopped_by, "spend_end": self.outside}
-        if result.stopped_by == "cancel":  # a cancel or an interrupt: the MCP tasks its waits left open
+        if (
+            result.stopped_by == "cancel"
+        ):  # a cancel or an interrupt: the MCP tasks its waits left open
             await cancel_open(self.process, self.run_id)  # (workers/step/mcptasks.py)
         final: dict[str, Any] = {
             "stopped_by": stopped_by,
@@ -143,7 +154,9 @@ class Commits:
             final["refusal"] = result.refusal.model_dump(mode="json")
             self.stopped += f" ({result.refusal.category or 'no category'})"
         account = self.account_stop() if result.stopped_by == "budget" else None
-        if account is not None:  # the account's limit stopped it, not the run's: say which and how
+        if (
+            account is not None
+        ):  # the account's limit stopped it, not the run's: say which and how
             state["account_stop"] = account.model_dump_json()
             final["account"] = account.model_dump(mode="json")
             self.stopped += f" (account {account.name})"
@@ -159,13 +172,21 @@ class Commits:
         """Whether a `done` stop may go on for a steer that waits (RUN_COMMIT's `steerable`): only
         while a model call could follow (steps left), so a held stop always leads to a model call."""
         live = self.live
-        return result.stopped_by == "done" and live is not None and result.steps < live.max_steps
+        return (
+            result.stopped_by == "done"
+            and live is not None
+            and result.steps < live.max_steps
+        )
 
     def account_stop(self) -> AccountLimit | None:
         """The shared account whose limit stopped the run in this step (its `budget` stop event's)."""
         committed = int(self.state.get(f"events:{self.segment}", 0))
         fresh = self.live.events_past(committed) if self.live is not None else []
-        stops = [e.account for e in fresh if isinstance(e, BudgetEvent) and e.account is not None]
+        stops = [
+            e.account
+            for e in fresh
+            if isinstance(e, BudgetEvent) and e.account is not None
+        ]
         return stops[-1] if stops else None
 
     def run_spec(self) -> RunSpec | None:
@@ -184,24 +205,45 @@ class Commits:
         event each; then apply decisions sent before the park (settle)."""
         spec = self.run_spec()
         assert spec is not None and self.live is not None
-        held = approvals.pending_approvals(result.approvals or [], self.live.tools, spec, time.time())
+        held = approvals.pending_approvals(
+            result.approvals or [], self.live.tools, spec, time.time()
+        )
         state |= {
             "approvals": json.dumps(held),
             "carried_usd": result.spent_usd,
             "spend_base": self.outside,
             "steps_base": steps,
         }
-        parked = json.dumps({"approvals": held, "spent_usd": result.spent_usd, "steps": steps})
+        parked = json.dumps(
+            {"approvals": held, "spent_usd": result.spent_usd, "steps": steps}
+        )
         requested = [
             json.dumps(
-                {k: h[k] for k in ("call_id", "name", "input", "input_digest", "estimate_usd", "deadline")}
+                {
+                    k: h[k]
+                    for k in (
+                        "call_id",
+                        "name",
+                        "input",
+                        "input_digest",
+                        "estimate_usd",
+                        "deadline",
+                    )
+                }
             )
             for h in held
         ]
         deadlines = [h["deadline"] for h in held if h["deadline"] is not None]
-        due = min([time.time(), *deadlines])  # the sweeper looks at once: decisions sent early apply
+        due = min(
+            [time.time(), *deadlines]
+        )  # the sweeper looks at once: decisions sent early apply
         outcome = await self.commit(
-            "park", state=state, history=history, parked=parked, requested=requested, due=due
+            "park",
+            state=state,
+            history=history,
+            parked=parked,
+            requested=requested,
+            due=due,
         )
         if outcome == "park":
             await asyncio.to_thread(
@@ -214,11 +256,23 @@ class Commits:
         return outcome
 
     async def commit_failure(self, error: BaseException) -> StepOutcome:
-        log.warning("run %s failed at commit %s: %s: %s", self.run_id, self.n, type(error).__name__, error)
+        log.warning(
+            "run %s failed at commit %s: %s: %s",
+            self.run_id,
+            self.n,
+            type(error).__name__,
+            error,
+        )
         message = str(error)
         self.failure = (type(error).__name__, message)
-        state = {"status": "failed", "error_class": type(error).__name__, "error_message": message}
-        data = json.dumps({"error_class": type(error).__name__, "error_message": message})
+        state = {
+            "status": "failed",
+            "error_class": type(error).__name__,
+            "error_message": message,
+        }
+        data = json.dumps(
+            {"error_class": type(error).__name__, "error_message": message}
+        )
         return await self.commit("fail", state=state, final=("failed", data))
 
     # -- the commit script ----------------------------------------------------------------------
@@ -244,7 +298,10 @@ class Commits:
         successor, go_on = self._go_on(outcome, queue, next_key)
         part = children.commit_part(self, outcome, next_key, state)
         if part is not None and part.wait_open is not None:
-            successor, go_on = None, None  # the run may park waiting on its children: nothing runs here
+            successor, go_on = (
+                None,
+                None,
+            )  # the run may park waiting on its children: nothing runs here
         payload = Commit(
             token=self.token,
             lease=self.lease,
@@ -264,7 +321,9 @@ class Commits:
             requested=requested or [],
             due=due,
             go_on=go_on,
-            streamed=self.live.deltas.settle() if self.live and self.live.deltas else "",
+            streamed=self.live.deltas.settle()
+            if self.live and self.live.deltas
+            else "",
             steerable=steerable,
             children=part,
         )
@@ -276,25 +335,51 @@ class Commits:
         if reply.begun is None:  # a retried commit (go_on dropped) sends its successor
             successor = None
         if not reply.landed:
-            log.info("run %s: commit %s fenced (another copy holds the run); re-driving", r, self.n)
+            log.info(
+                "run %s: commit %s fenced (another copy holds the run); re-driving",
+                r,
+                self.n,
+            )
             return "fenced"
         self.process.hooks.point("commit:after", run=r, key=where)
-        if outcome == "stop" and reply.member:  # a steer waited: the run goes on to take it (RUN_COMMIT)
+        if (
+            outcome == "stop" and reply.member
+        ):  # a steer waited: the run goes on to take it (RUN_COMMIT)
             outcome, next_key, self.stopped = "next", "steer:", None
-        if self.metrics is not None:  # a spawn wait's cost is its children's, counted as they spent
+        if (
+            self.metrics is not None
+        ):  # a spawn wait's cost is its children's, counted as they spent
             spent_here = 0.0 if children.collects(self.live, field) else cost
-            self.count_commit(outcome, field, spent_here, committed, state.get("status"))
+            self.count_commit(
+                outcome, field, spent_here, committed, state.get("status")
+            )
         live = self.live
         if live is not None:
             live.committed_events()  # before the successor may resume the loop (go_on)
         here = self.process.consumer
-        if reply.begun and go_on and successor is not None and live is not None and here is not None:
+        if (
+            reply.begun
+            and go_on
+            and successor is not None
+            and live is not None
+            and here is not None
+        ):
             live.tag = reply.begun.tag  # the run's tag now
             self.kept = True
-            here.run_begun(queue, successor, Begun(go_on.owner, reply.begun, live, sent_at))
-            await self.publish(None, successor=(queue, successor), key=where, phase=outcome, next=next_key)
+            here.run_begun(
+                queue, successor, Begun(go_on.owner, reply.begun, live, sent_at)
+            )
+            await self.publish(
+                None,
+                successor=(queue, successor),
+                key=where,
+                phase=outcome,
+                next=next_key,
+            )
             return outcome
-        fresh = not field or reply.stored == value  # our value is the one stored: the loop is current
+        fresh = (
+            not field or reply.stored == value
+        )  # our value is the one stored: the loop is current
         if outcome == "next" and fresh and live is not None and live.keepable():
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
             self.process.kept.keep(r, live)
@@ -311,22 +396,31 @@ class Commits:
             return "wait"
         if outcome in ("stop", "fail"):
             self.batch.send("ZREM", keys.LIVE_RUNS, self.run_id)
-            for command in runlist.expire_commands(self.run_id, self.segment, self.settings.retention):
-                self.batch.send(*command)  # retention starts (a lost EXPIRE: `toolloop prune`)
+            for command in runlist.expire_commands(
+                self.run_id, self.segment, self.settings.retention
+            ):
+                self.batch.send(
+                    *command
+                )  # retention starts (a lost EXPIRE: `toolloop prune`)
         return outcome
 
     def _state(self, state: dict[str, Any]) -> dict[str, str]:
         """The state fields a commit sets, as text (with the segment's trace record:
         workers/observe/tracing.py)."""
         trace = self.trace
-        if trace is not None:  # the segment's start, at its first commit (workers/observe/tracing.py)
+        if (
+            trace is not None
+        ):  # the segment's start, at its first commit (workers/observe/tracing.py)
             state = {**state, **trace.record()}
         return {k: str(v) for k, v in state.items()}
 
     def _fresh_events(self, committed: int) -> list[tuple[int, str, str]]:
         """(index, kind, data) of the segment's loop events past the `committed` first."""
         fresh = self.live.events_past(committed) if self.live is not None else []
-        return [(committed + i + 1, event.kind, event.model_dump_json()) for i, event in enumerate(fresh)]
+        return [
+            (committed + i + 1, event.kind, event.model_dump_json())
+            for i, event in enumerate(fresh)
+        ]
 
     def _go_on(
         self, outcome: CommitOutcome, queue: str, next_key: str | None
@@ -390,7 +484,9 @@ class Commits:
                     durable=True,
                 )
                 return parse_commit(reply)
-            except REDIS_LOST as error:  # refused (OOM) or not taken (connection): nothing was written
+            except (
+                REDIS_LOST
+            ) as error:  # refused (OOM) or not taken (connection): nothing was written
                 if not self.may_retry_commit():
                     log.error(
                         "run %s: step %s (%s, cost $%.6f) could not be committed before its lease ended "
@@ -434,7 +530,10 @@ class Commits:
     # -- after the commit -----------------------------------------------------------------------
 
     async def publish(
-        self, member: str | None, successor: tuple[str, wire.Delivery] | None = None, **progress: Any
+        self,
+        member: str | None,
+        successor: tuple[str, wire.Delivery] | None = None,
+        **progress: Any,
     ) -> None:
         """Send the successor (`member` "<n>|<queue>", recorded in the outbox), its `task-sent` event and
         this step's `task-progress` event in the process's next Redis batch, without waiting for it: a
@@ -450,13 +549,19 @@ class Commits:
                 [self.run_id, n],
                 names.step_id(self.run_id, n),
                 queue,
-                routing.describe(self.live, str(progress.get("next") or ""), self.steps_base),
+                routing.describe(
+                    self.live, str(progress.get("next") or ""), self.steps_base
+                ),
                 traceparent=self.run_traceparent(),
                 tag=self.process.new_owner(),
             )
             here = self.process.consumer
-            if here is None or here.hand_off(queue, message) is None:  # it runs here next, if it can
-                self.batch.send("LPUSH", queue, message.raw)  # a failed send: the outbox repairs it
+            if (
+                here is None or here.hand_off(queue, message) is None
+            ):  # it runs here next, if it can
+                self.batch.send(
+                    "LPUSH", queue, message.raw
+                )  # a failed send: the outbox repairs it
             successor = (queue, message)
         if successor is not None:
             queue, message = successor
@@ -492,8 +597,12 @@ class Commits:
             )
             if watching is not None:
                 await watching
-        elif successor is not None:  # begun by the commit, its delivery recorded there: nothing to wait for
-            self.process.hooks.point("enqueue:after", run=self.run_id, key=progress["key"])
+        elif (
+            successor is not None
+        ):  # begun by the commit, its delivery recorded there: nothing to wait for
+            self.process.hooks.point(
+                "enqueue:after", run=self.run_id, key=progress["key"]
+            )
 
     def _flushed(self) -> asyncio.Future[Any]:
         """A future that resolves once the batch queued so far was written."""
@@ -507,7 +616,12 @@ class Commits:
         return trace.traceparent()
 
     def count_commit(
-        self, outcome: CommitOutcome, field: str, cost: float, committed: int, status: Any
+        self,
+        outcome: CommitOutcome,
+        field: str,
+        cost: float,
+        committed: int,
+        status: Any,
     ) -> None:
         """The metrics of a commit that landed (workers/observe/metrics.py)."""
         metrics = self.metrics
@@ -555,10 +669,18 @@ class Commits:
 def interrupted_or(stopped_by: str, live: LiveLoop | None) -> str:
     """The status a stop gives the run: `interrupted` for a cancel stop that an interrupt caused
     (the step's abort reason; workers/client/talk.py), else the loop's `stopped_by`."""
-    if stopped_by == "cancel" and live is not None and live.controller.signal.reason == "interrupt":
+    if (
+        stopped_by == "cancel"
+        and live is not None
+        and live.controller.signal.reason == "interrupt"
+    ):
         return "interrupted"
     return stopped_by
 
 
 def _hint(error: BaseException) -> str:
-    return "\n  " + OOM_HINT if isinstance(error, redis_lib.exceptions.OutOfMemoryError) else ""
+    return (
+        "\n  " + OOM_HINT
+        if isinstance(error, redis_lib.exceptions.OutOfMemoryError)
+        else ""
+    )

@@ -83,7 +83,9 @@ def task_spec(
         run_id = key.split("/", 1)[0]
         client = process.batch.client
         kept = await client.hget(keys.mcp_tasks(run_id), key)
-        if kept is not None:  # this start ran before and got a task: the same one, not another
+        if (
+            kept is not None
+        ):  # this start ran before and got a task: the same one, not another
             return Started(started=json.loads(kept))
         meta = {META_KEY: key}
         try:
@@ -92,9 +94,18 @@ def task_spec(
             )
         except McpCallError as error:
             return Started(started={"error": str(error)})
-        handle = {"server": server.label, "tool": name, "task": task["taskId"], "where": where}
-        await client.hset(keys.mcp_tasks(run_id), key, json.dumps(handle, separators=(",", ":")))
-        process.hooks.point("mcp:task", run=run_id, key=key, tool=name, task=task["taskId"])
+        handle = {
+            "server": server.label,
+            "tool": name,
+            "task": task["taskId"],
+            "where": where,
+        }
+        await client.hset(
+            keys.mcp_tasks(run_id), key, json.dumps(handle, separators=(",", ":"))
+        )
+        process.hooks.point(
+            "mcp:task", run=run_id, key=key, tool=name, task=task["taskId"]
+        )
         return Started(started=handle)
 
     async def wait(handle: dict[str, Any], signal: AbortSignal) -> ToolOutput:
@@ -113,10 +124,18 @@ def task_spec(
 
 
 async def _wait(
-    process: WorkerProcess, server: McpServer, handle: dict[str, Any], signal: AbortSignal, convert: Convert
+    process: WorkerProcess,
+    server: McpServer,
+    handle: dict[str, Any],
+    signal: AbortSignal,
+    convert: Convert,
 ) -> ToolOutput:
     task_id = str(handle["task"])
-    where: Bound | None = (str(handle["where"][0]), dict(handle["where"][1])) if handle.get("where") else None
+    where: Bound | None = (
+        (str(handle["where"][0]), dict(handle["where"][1]))
+        if handle.get("where")
+        else None
+    )
     key = idempotency_key() or ""
     run_id = key.split("/", 1)[0]
     start_key = key.removesuffix(":wait") + ":start"
@@ -126,10 +145,17 @@ async def _wait(
         if signal.aborted:
             if signal.reason == "cancel":  # the run was cancelled: so is its task
                 cancelled = await _cancel(process, server, where, task_id)
-                await _ended(process, run_id, start_key, "cancelled" if cancelled else "cancel_failed")
+                await _ended(
+                    process,
+                    run_id,
+                    start_key,
+                    "cancelled" if cancelled else "cancel_failed",
+                )
             signal.throw_if_aborted()
         try:
-            task = Task.model_validate(await process.mcp.task_request(server, where, "tasks/get", task_id))
+            task = Task.model_validate(
+                await process.mcp.task_request(server, where, "tasks/get", task_id)
+            )
         except McpCallError as error:
             if error.code == mcp_types.INVALID_PARAMS:
                 await _ended(process, run_id, start_key, "gone")
@@ -143,7 +169,11 @@ async def _wait(
             if failures >= FAILURES:
                 cancelled = await _cancel(process, server, where, task_id)
                 await _ended(process, run_id, start_key, "unreachable")
-                after = "it was cancelled" if cancelled else "tasks/cancel failed too: it may still run"
+                after = (
+                    "it was cancelled"
+                    if cancelled
+                    else "tasks/cancel failed too: it may still run"
+                )
                 return error_output(
                     f"{error}\n  The {label} could not be polled {FAILURES} times in a row; {after}."
                 )
@@ -156,15 +186,26 @@ async def _wait(
                 f"The MCP server {server.label!r} answered tasks/get with what is not a Task."
             )
         if failures == 0 and first:
-            log.info("run %s: %s is %s (the first tasks/get of this wait)", run_id, label, task.status)
+            log.info(
+                "run %s: %s is %s (the first tasks/get of this wait)",
+                run_id,
+                label,
+                task.status,
+            )
         failures, first = 0, False
-        process.hooks.point("mcp:polled", run=run_id, key=key, task=task_id, status=task.status)
+        process.hooks.point(
+            "mcp:polled", run=run_id, key=key, task=task_id, status=task.status
+        )
         if task.status in ("completed", "failed"):
-            return await _result(process, server, where, task, run_id, start_key, convert)
+            return await _result(
+                process, server, where, task, run_id, start_key, convert
+            )
         if task.status == "cancelled":
             await _ended(process, run_id, start_key, "cancelled")
             await process.mcp.release(server, where)
-            return error_output(f"The MCP {label} was cancelled by the server: {task.status_message or ''}")
+            return error_output(
+                f"The MCP {label} was cancelled by the server: {task.status_message or ''}"
+            )
         if task.status == "input_required":
             await _cancel(process, server, where, task_id)
             await _ended(process, run_id, start_key, "input_required")
@@ -186,9 +227,13 @@ async def _result(
     convert: Convert,
 ) -> ToolOutput:
     try:
-        raw = await process.mcp.task_request(server, where, "tasks/result", task.task_id)
+        raw = await process.mcp.task_request(
+            server, where, "tasks/result", task.task_id
+        )
         result = mcp_types.CallToolResult.model_validate(raw)
-    except McpCallError as error:  # a failed task's result may be the JSON-RPC error itself
+    except (
+        McpCallError
+    ) as error:  # a failed task's result may be the JSON-RPC error itself
         await _ended(process, run_id, start_key, task.status)
         await process.mcp.release(server, where)
         return error_output(str(error).splitlines()[0])
@@ -206,14 +251,19 @@ async def _result(
     return output
 
 
-async def _cancel(process: WorkerProcess, server: McpServer, where: Bound | None, task_id: str) -> bool:
+async def _cancel(
+    process: WorkerProcess, server: McpServer, where: Bound | None, task_id: str
+) -> bool:
     """`tasks/cancel`, once, best effort (a task already over answers an error: nothing to do).
     True when the server answered it."""
     try:
         await process.mcp.task_request(server, where, "tasks/cancel", task_id)
     except McpCallError as error:
         log.warning(
-            "tasks/cancel of MCP task %r of %r: %s", task_id, server.label, str(error).splitlines()[0]
+            "tasks/cancel of MCP task %r of %r: %s",
+            task_id,
+            server.label,
+            str(error).splitlines()[0],
         )
         return False
     finally:
@@ -229,7 +279,9 @@ async def _ended(process: WorkerProcess, run_id: str, start_key: str, how: str) 
         return
     record = json.loads(kept)
     record["ended"] = how
-    await client.hset(keys.mcp_tasks(run_id), start_key, json.dumps(record, separators=(",", ":")))
+    await client.hset(
+        keys.mcp_tasks(run_id), start_key, json.dumps(record, separators=(",", ":"))
+    )
 
 
 async def cancel_open(process: WorkerProcess, run_id: str) -> int:
@@ -251,7 +303,13 @@ async def cancel_open(process: WorkerProcess, run_id: str) -> int:
         cancelled = await _cancel(process, server, bound, task_id)
         how = "cancelled" if cancelled else "cancel_failed"
         await _ended(process, run_id, start_key, how)
-        log.info("run %s stopped by a cancel: MCP task %r of %r %s", run_id, task_id, server.label, how)
+        log.info(
+            "run %s stopped by a cancel: MCP task %r of %r %s",
+            run_id,
+            task_id,
+            server.label,
+            how,
+        )
         sent += 1
     return sent
 

@@ -52,7 +52,12 @@ if TYPE_CHECKING:
     from workers.process.worker_process import WorkerProcess
 
 IMAGE_DIR_ENV = "TOOLLOOP_IMAGE_DIR"
-_IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
+_IMAGE_TYPES = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/gif": "gif",
+    "image/webp": "webp",
+}
 
 
 # -- the list, journaled ------------------------------------------------------------------------
@@ -74,7 +79,9 @@ def tool_record(tool: mcp_types.Tool) -> dict[str, Any]:
     return record
 
 
-async def listed(process: WorkerProcess, run_id: str, toolset: Toolset) -> dict[str, list[dict[str, Any]]]:
+async def listed(
+    process: WorkerProcess, run_id: str, toolset: Toolset
+) -> dict[str, list[dict[str, Any]]]:
     """The tools of each server of `toolset` as the run journaled them, listing (and journaling)
     those of the servers it has not listed yet. `McpCallError` when a server does not answer."""
     client = process.batch.client
@@ -85,14 +92,20 @@ async def listed(process: WorkerProcess, run_id: str, toolset: Toolset) -> dict[
         text = stored.get(server.label)
         if text is None:
             tools = await process.mcp.list_tools(server)
-            text = json.dumps([tool_record(tool) for tool in tools], separators=(",", ":"))
-            if not await client.hsetnx(key, server.label, text):  # another copy listed first: its list
+            text = json.dumps(
+                [tool_record(tool) for tool in tools], separators=(",", ":")
+            )
+            if not await client.hsetnx(
+                key, server.label, text
+            ):  # another copy listed first: its list
                 text = str(await client.hget(key, server.label) or text)
         found[server.label] = json.loads(text)
     return found
 
 
-async def run_tools(process: WorkerProcess, run_id: str, name: str | None) -> list[ToolSpec]:
+async def run_tools(
+    process: WorkerProcess, run_id: str, name: str | None
+) -> list[ToolSpec]:
     """The tools of a run naming toolset `name`: its Python tools and its servers' journaled tools."""
     python = process.toolsets.for_worker(name)
     if name is None:
@@ -115,7 +128,9 @@ async def run_tools(process: WorkerProcess, run_id: str, name: str | None) -> li
     return tools
 
 
-def journaled_tools(process: WorkerProcess, run_id: str, name: str | None) -> list[ToolSpec]:
+def journaled_tools(
+    process: WorkerProcess, run_id: str, name: str | None
+) -> list[ToolSpec]:
     """From a thread (a control task): the run's tools, its MCP tools as the run journaled them (a
     server that was never listed for the run has none here; nothing is listed)."""
     python = process.toolsets.for_worker(name)
@@ -129,17 +144,23 @@ def journaled_tools(process: WorkerProcess, run_id: str, name: str | None) -> li
     return tools
 
 
-def specs_for(process: WorkerProcess, server: McpServer, records: list[dict[str, Any]]) -> list[ToolSpec]:
+def specs_for(
+    process: WorkerProcess, server: McpServer, records: list[dict[str, Any]]
+) -> list[ToolSpec]:
     """The ToolSpecs of one server's journaled tool list (made once per list in the process)."""
     digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
     cache = process.mcp.specs
     found = cache.get((server, digest))
     if found is None:
-        found = cache[(server, digest)] = [_spec(process, server, record) for record in records]
+        found = cache[(server, digest)] = [
+            _spec(process, server, record) for record in records
+        ]
     return found
 
 
-def _spec(process: WorkerProcess, server: McpServer, record: dict[str, Any]) -> ToolSpec:
+def _spec(
+    process: WorkerProcess, server: McpServer, record: dict[str, Any]
+) -> ToolSpec:
     name = str(record["name"])
 
     async def run(checked: BaseModel, signal: AbortSignal) -> ToolOutput:
@@ -150,14 +171,20 @@ def _spec(process: WorkerProcess, server: McpServer, record: dict[str, Any]) -> 
         except McpCallError as error:
             return _error_output(str(error))
         step = meta[META_KEY]
-        process.hooks.point("mcp:called", run=step.split("/", 1)[0], key=step, tool=name)
+        process.hooks.point(
+            "mcp:called", run=step.split("/", 1)[0], key=step, tool=name
+        )
         return output_of(result, image_dir(process))
 
     destructive = not record.get("read_only") and bool(record.get("destructive", True))
     description = str(record.get("description") or "")
     schema = input_model(name, record.get("input_schema") or {"type": "object"})
-    needs_approval = name in server.needs_approval or (server.approve_destructive and destructive)
-    if record.get("task_support") == "required":  # its calls must be tasks: a two-phase tool
+    needs_approval = name in server.needs_approval or (
+        server.approve_destructive and destructive
+    )
+    if (
+        record.get("task_support") == "required"
+    ):  # its calls must be tasks: a two-phase tool
         images = image_dir(process)
         return task_spec(
             process,
@@ -168,7 +195,13 @@ def _spec(process: WorkerProcess, server: McpServer, record: dict[str, Any]) -> 
             needs_approval,
             lambda result: output_of(result, images),
         )
-    return ToolSpec(name=name, description=description, schema=schema, run=run, needs_approval=needs_approval)
+    return ToolSpec(
+        name=name,
+        description=description,
+        schema=schema,
+        run=run,
+        needs_approval=needs_approval,
+    )
 
 
 # -- input schemas --------------------------------------------------------------------------------
@@ -178,7 +211,9 @@ def input_model(tool: str, schema: dict[str, Any]) -> type[BaseModel]:
     """A pydantic model whose JSON schema is the server's `schema` exactly and whose validation is
     that schema's (jsonschema), so the loop checks an MCP tool's input as it checks any tool's."""
     kept = copy.deepcopy(schema)
-    validator_class = jsonschema.validators.validator_for(kept, default=jsonschema.Draft202012Validator)
+    validator_class = jsonschema.validators.validator_for(
+        kept, default=jsonschema.Draft202012Validator
+    )
     try:
         validator_class.check_schema(kept)
     except jsonschema.SchemaError as error:
@@ -196,9 +231,14 @@ def input_model(tool: str, schema: dict[str, Any]) -> type[BaseModel]:
         @classmethod
         def _schema(cls, data: Any) -> Any:
             data = {} if data is None else data
-            problems = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+            problems = sorted(
+                validator.iter_errors(data),
+                key=lambda e: [str(p) for p in e.absolute_path],
+            )
             if problems:
-                raise PydanticCustomError("mcp_schema", "{text}", {"text": _problems_text(problems)})
+                raise PydanticCustomError(
+                    "mcp_schema", "{text}", {"text": _problems_text(problems)}
+                )
             if not isinstance(data, dict):
                 raise PydanticCustomError("mcp_schema", "Input should be an object", {})
             return data
@@ -217,7 +257,9 @@ def _problems_text(problems: list[jsonschema.ValidationError]) -> str:
     for index, problem in enumerate(problems):
         lines.append(("" if index == 0 else "✖ ") + problem.message[:300])
         if problem.absolute_path:
-            lines.append("  → at " + ".".join(str(part) for part in problem.absolute_path))
+            lines.append(
+                "  → at " + ".".join(str(part) for part in problem.absolute_path)
+            )
     return "\n".join(lines)
 
 
@@ -225,7 +267,9 @@ def _problems_text(problems: list[jsonschema.ValidationError]) -> str:
 
 
 def image_dir(process: WorkerProcess) -> str:
-    return process.settings.image_dir or os.path.join(tempfile.gettempdir(), "toolloop-images")
+    return process.settings.image_dir or os.path.join(
+        tempfile.gettempdir(), "toolloop-images"
+    )
 
 
 def output_of(result: mcp_types.CallToolResult, images: str) -> ToolOutput:
@@ -236,10 +280,14 @@ def output_of(result: mcp_types.CallToolResult, images: str) -> ToolOutput:
     structured = result.structured_content
     if structured is not None:
         text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
-        if not any(isinstance(p, TextPart) and _same_json(p.text, structured) for p in parts):
+        if not any(
+            isinstance(p, TextPart) and _same_json(p.text, structured) for p in parts
+        ):
             parts.append(TextPart(text=text))
     value: Any = (
-        structured if structured is not None else "\n".join(p.text for p in parts if isinstance(p, TextPart))
+        structured
+        if structured is not None
+        else "\n".join(p.text for p in parts if isinstance(p, TextPart))
     )
     return ToolOutput(value=value, content=parts, is_error=bool(result.is_error))
 
@@ -259,7 +307,11 @@ def _parts(block: Any, images: str) -> list[ContentPart]:
     if isinstance(block, mcp_types.ResourceLink):
         described = f" ({block.mime_type})" if block.mime_type else ""
         about = f": {block.description}" if block.description else ""
-        return [TextPart(text=f"[resource link] {block.name} <{block.uri}>{described}{about}")]
+        return [
+            TextPart(
+                text=f"[resource link] {block.name} <{block.uri}>{described}{about}"
+            )
+        ]
     if isinstance(block, mcp_types.EmbeddedResource):
         resource = block.resource
         mime = resource.mime_type or ""

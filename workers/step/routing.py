@@ -47,11 +47,19 @@ def tool_of(live: LiveLoop | None, key: str) -> ToolSpec | None:
     if call_id.endswith((":start", ":wait")):
         call_id = call_id.rsplit(":", 1)[0]
     journal = live.journal
-    turns = [int(k.removeprefix("model:")) for k in journal.entries if k.startswith("model:")]
-    if turns:  # the next tool step answers a call of the latest model turn (decoded by replay)
+    turns = [
+        int(k.removeprefix("model:")) for k in journal.entries if k.startswith("model:")
+    ]
+    if (
+        turns
+    ):  # the next tool step answers a call of the latest model turn (decoded by replay)
         latest = f"model:{max(turns)}"
         memo = journal.parsed.get(latest)
-        value = memo[1] if memo is not None else json.loads(journal.entries[latest])["value"]
+        value = (
+            memo[1]
+            if memo is not None
+            else json.loads(journal.entries[latest])["value"]
+        )
         for call in value["result"].get("tool_calls", []):
             if call["id"] == call_id:
                 return live.tools.get(call["name"])

@@ -62,10 +62,14 @@ class Steering:
     async def __call__(self, turn: int, ending: bool) -> list[Steer]:
         journal = self.live.journal
         entries = journal.entries
-        if SENT not in self.live.step.state:  # no steer was ever sent to the run as of this task
+        if (
+            SENT not in self.live.step.state
+        ):  # no steer was ever sent to the run as of this task
             if ending or f"model:{turn}" in entries:
                 return []
-            await journal.boundary(f"model:{turn}")  # (free: the model step would reach it anyway)
+            await journal.boundary(
+                f"model:{turn}"
+            )  # (free: the model step would reach it anyway)
             if SENT not in self.live.step.state:
                 return []
         stored: list[tuple[int, str, str]] = []
@@ -74,17 +78,34 @@ class Steering:
                 value: Any = decode_entry(text)[1]
                 if int(value.get("turn", 0)) == turn:
                     stored.append(
-                        (int(value.get("index", 0)), key.removeprefix(PREFIX), str(value["content"]))
+                        (
+                            int(value.get("index", 0)),
+                            key.removeprefix(PREFIX),
+                            str(value["content"]),
+                        )
                     )
-        if f"model:{turn}" in entries:  # a replay past this boundary: what was taken there, no more
-            return [Steer(id=steer_id, content=content) for _, steer_id, content in sorted(stored)]
-        if not ending:  # the state read next is the one of the task that makes the model call
+        if (
+            f"model:{turn}" in entries
+        ):  # a replay past this boundary: what was taken there, no more
+            return [
+                Steer(id=steer_id, content=content)
+                for _, steer_id, content in sorted(stored)
+            ]
+        if (
+            not ending
+        ):  # the state read next is the one of the task that makes the model call
             await journal.boundary(f"model:{turn}")
         waiting: list[tuple[int, str, str]] = []
         for field, raw in self.live.step.state.items():
             if field.startswith(PREFIX) and field not in entries:
                 sent = json.loads(raw)
-                waiting.append((int(sent.get("seq", 0)), field.removeprefix(PREFIX), str(sent["content"])))
+                waiting.append(
+                    (
+                        int(sent.get("seq", 0)),
+                        field.removeprefix(PREFIX),
+                        str(sent["content"]),
+                    )
+                )
         taken = [(steer_id, content) for _, steer_id, content in sorted(stored)]
         taken += [(steer_id, content) for _, steer_id, content in sorted(waiting)]
         return [Steer(id=steer_id, content=content) for steer_id, content in taken]

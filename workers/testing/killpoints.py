@@ -82,7 +82,11 @@ def _plan(path: str) -> tuple[dict[str, Any], ...]:
 def _matches(entry: dict[str, Any], point: str, fields: dict[str, Any]) -> bool:
     if entry.get("point") != point:
         return False
-    return all(fields.get(name) == value for name, value in entry.items() if name not in ("point", "action"))
+    return all(
+        fields.get(name) == value
+        for name, value in entry.items()
+        if name not in ("point", "action")
+    )
 
 
 def active() -> bool:
@@ -96,7 +100,8 @@ def pending(point: str, **fields: Any) -> bool:
     if not path:
         return False
     return any(
-        _matches(entry, point, fields) and not os.path.exists(os.path.join(f"{path}.fired", str(index)))
+        _matches(entry, point, fields)
+        and not os.path.exists(os.path.join(f"{path}.fired", str(index)))
         for index, entry in enumerate(_plan(path))
     )
 
@@ -115,12 +120,25 @@ def claim(point: str, **fields: Any) -> bool:
         fired = f"{path}.fired"
         os.makedirs(fired, exist_ok=True)
         try:
-            os.close(os.open(os.path.join(fired, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(
+                os.open(
+                    os.path.join(fired, str(index)),
+                    os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                )
+            )
         except FileExistsError:
             continue
-        record = {"index": index, "point": point, **fields, "pid": os.getpid(), "at": time.time()}
+        record = {
+            "index": index,
+            "point": point,
+            **fields,
+            "pid": os.getpid(),
+            "at": time.time(),
+        }
         line = (json.dumps(record, default=str) + "\n").encode()
-        descriptor = os.open(f"{path}.log", os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+        descriptor = os.open(
+            f"{path}.log", os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644
+        )
         try:
             os.write(descriptor, line)
         finally:
@@ -141,21 +159,38 @@ def interrupted(path: str) -> dict[str, Any]:
             record = json.load(file)
     except FileNotFoundError:
         return {}
-    steps = {run: {int(n): since for n, since in tasks.items()} for run, tasks in record["steps"].items()}
+    steps = {
+        run: {int(n): since for n, since in tasks.items()}
+        for run, tasks in record["steps"].items()
+    }
     if not record["redis"]:  # a KillPlan built without a Redis URL (a unit test's)
         return {"in_flight": _first(steps), "landed": {}, "unchecked": "no Redis URL"}
     try:
-        client = redisurl.sync_client(record["redis"], socket_timeout=2.0, decode_responses=True)
+        client = redisurl.sync_client(
+            record["redis"], socket_timeout=2.0, decode_responses=True
+        )
         with client:
             pipe = client.pipeline(transaction=False)
             for run in steps:
                 pipe.hget(keys.state(run), "n")
-            done = {run: int(n or 0) for run, n in zip(steps, pipe.execute(), strict=True)}
-    except redis.RedisError as error:  # Redis away (a Redis fault test): every listed step counts
+            done = {
+                run: int(n or 0) for run, n in zip(steps, pipe.execute(), strict=True)
+            }
+    except (
+        redis.RedisError
+    ) as error:  # Redis away (a Redis fault test): every listed step counts
         return {"in_flight": _first(steps), "landed": {}, "unchecked": repr(error)}
-    open_ = {run: {n: t for n, t in tasks.items() if n > done[run]} for run, tasks in steps.items()}
-    landed = {run: sorted(n for n in tasks if n <= done[run]) for run, tasks in steps.items()}
-    return {"in_flight": _first(open_), "landed": {run: ns for run, ns in landed.items() if ns}}
+    open_ = {
+        run: {n: t for n, t in tasks.items() if n > done[run]}
+        for run, tasks in steps.items()
+    }
+    landed = {
+        run: sorted(n for n in tasks if n <= done[run]) for run, tasks in steps.items()
+    }
+    return {
+        "in_flight": _first(open_),
+        "landed": {run: ns for run, ns in landed.items() if ns},
+    }
 
 
 def _first(steps: dict[str, dict[int, float]]) -> dict[str, float]:
@@ -187,9 +222,14 @@ def kill_point(point: str, **fields: Any) -> None:
     with _steps_held(path):  # until the SIGKILL: the line lists the steps the kill ends
         if claim(point, **fields, **interrupted(path)):
             group = os.getpgid(0)
-            if group in (os.getpid(), os.getppid()):  # the worker leads its group: kill all of it
+            if group in (
+                os.getpid(),
+                os.getppid(),
+            ):  # the worker leads its group: kill all of it
                 os.killpg(group, signal.SIGKILL)
-            os.kill(os.getpid(), signal.SIGKILL)  # never kill a group we do not lead (a test runner's)
+            os.kill(
+                os.getpid(), signal.SIGKILL
+            )  # never kill a group we do not lead (a test runner's)
 
 
 def stop_point(point: str, **fields: Any) -> None:
@@ -225,8 +265,12 @@ class KillPlan(Hooks):
         run = str(fields.get("run") or "")
         if run and name in ("advance:begin", "commit:after"):
             with self.lock, _steps_held(self.path):
-                if name == "advance:begin":  # a second copy of task n keeps the first's time
-                    self.steps.setdefault(run, {}).setdefault(int(fields.get("n") or 0), time.time())
+                if (
+                    name == "advance:begin"
+                ):  # a second copy of task n keeps the first's time
+                    self.steps.setdefault(run, {}).setdefault(
+                        int(fields.get("n") or 0), time.time()
+                    )
                 else:  # its successor, if this process runs it (go_on), begins after this
                     self.steps.pop(run, None)
                 self._write()
@@ -241,12 +285,16 @@ class KillPlan(Hooks):
             json.dump({"redis": self.redis_url, "steps": self.steps}, file)
         os.replace(staging, target)
 
-    def sent(self, name: str, flushed: Callable[[], Awaitable[Any]], **fields: Any) -> Awaitable[None] | None:
+    def sent(
+        self, name: str, flushed: Callable[[], Awaitable[Any]], **fields: Any
+    ) -> Awaitable[None] | None:
         if not pending(name, **fields):
             return None
         return self._after(flushed, name, fields)
 
-    async def _after(self, flushed: Callable[[], Awaitable[Any]], name: str, fields: dict[str, Any]) -> None:
+    async def _after(
+        self, flushed: Callable[[], Awaitable[Any]], name: str, fields: dict[str, Any]
+    ) -> None:
         # a kill after the send must follow the write: wait for the batch that carries it (a failed
         # send is the outbox's to repair; the kill still comes)
         with contextlib.suppress(Exception):

@@ -62,7 +62,9 @@ class ProcessStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is u
         settings = Settings.from_env()
         if not settings.redis_source:  # the rule of every entry point (find_redis_url)
             raise RuntimeError(no_redis_message())
-        check_transport_options(worker.app.conf.broker_transport_options)  # the layout wire.py writes
+        check_transport_options(
+            worker.app.conf.broker_transport_options
+        )  # the layout wire.py writes
         # Toolsets import from the worker's working directory, as the `toolloop` commands do, so
         # `celery -A workers.app worker` run in a checkout serves examples.storyboard.tools as is.
         if os.getcwd() not in sys.path:
@@ -81,19 +83,37 @@ class StepConsumerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery
     requires = (ProcessStep,)
 
     def __init__(
-        self, worker: Any, step_queues: str | None = None, steps_in_flight: int | None = None, **kw: Any
+        self,
+        worker: Any,
+        step_queues: str | None = None,
+        steps_in_flight: int | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(worker, **kw)
-        named = step_queues if step_queues is not None else os.environ.get("TOOLLOOP_STEP_QUEUES")
+        named = (
+            step_queues
+            if step_queues is not None
+            else os.environ.get("TOOLLOOP_STEP_QUEUES")
+        )
         selected = worker.app.amqp.queues
         consumed = list(selected.consume_from or selected)
-        if named is None:  # the default: toolloop's step queues among those the worker consumes
+        if (
+            named is None
+        ):  # the default: toolloop's step queues among those the worker consumes
             self.queues = [name for name in names.STEP_QUEUES if name in consumed]
         else:
-            self.queues = [q.strip() for q in named.split(",") if q.strip() and q.strip().lower() != "none"]
-        self.capacity = steps_in_flight or int(os.environ.get("TOOLLOOP_STEPS_IN_FLIGHT", "") or 500)
+            self.queues = [
+                q.strip()
+                for q in named.split(",")
+                if q.strip() and q.strip().lower() != "none"
+            ]
+        self.capacity = steps_in_flight or int(
+            os.environ.get("TOOLLOOP_STEPS_IN_FLIGHT", "") or 500
+        )
         if self.capacity < 1:
-            raise ValueError(f"--steps-in-flight must be at least 1, not {self.capacity}.")
+            raise ValueError(
+                f"--steps-in-flight must be at least 1, not {self.capacity}."
+            )
         self.taken = [name for name in self.queues if name in consumed]
 
     def include_if(self, worker: Any) -> bool:
@@ -112,7 +132,9 @@ class StepConsumerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery
     def create(self, worker: Any) -> StepConsumer:
         process = process_of(worker.app)
         timeout = float(worker.app.conf.worker_soft_shutdown_timeout or 30)
-        service = _Service(process, self.queues, self.capacity, worker.hostname, timeout)
+        service = _Service(
+            process, self.queues, self.capacity, worker.hostname, timeout
+        )
         process.consumer = service
         return service
 
@@ -121,7 +143,12 @@ class _Service(StepConsumer):
     """A `StepConsumer` with the start/stop/terminate of a bootstep's object."""
 
     def __init__(
-        self, process: WorkerProcess, queues: list[str], capacity: int, hostname: str, timeout: float
+        self,
+        process: WorkerProcess,
+        queues: list[str],
+        capacity: int,
+        hostname: str,
+        timeout: float,
     ) -> None:
         super().__init__(process, queues, capacity, hostname)
         self.timeout = timeout
@@ -145,7 +172,9 @@ class PoisonGuardStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery 
         if channel is not None and not guard.guard_channel(
             channel, c.hostname, process.settings.max_task_bytes, process.redis
         ):
-            log.warning("celery consumer: the broker channel has no BRPOP reader; poison guard not installed")
+            log.warning(
+                "celery consumer: the broker channel has no BRPOP reader; poison guard not installed"
+            )
 
 
 # -- the threads of a worker process -----------------------------------------------------------------
@@ -156,15 +185,21 @@ def start_threads(process: WorkerProcess) -> None:
     tracing.configure()  # before gc.freeze: the SDK's objects are frozen with the rest
     if os.environ.get("TOOLLOOP_GC", "1") == "1":
         gc.freeze()
-        gc.set_threshold(*collector_thresholds(getattr(process.consumer, "capacity", 0)))
+        gc.set_threshold(
+            *collector_thresholds(getattr(process.consumer, "capacity", 0))
+        )
     check_redis(process.redis)
     settings = process.settings
     if settings.metrics_port:
         process.start_metrics(settings.metrics_port, settings.metrics_host)
     process.start_loop()
-    threading.Thread(target=_listen_for_cancels, args=(process,), name="toolloop-cancel", daemon=True).start()
+    threading.Thread(
+        target=_listen_for_cancels, args=(process,), name="toolloop-cancel", daemon=True
+    ).start()
     if settings.sweep_interval > 0:
-        threading.Thread(target=_sweep_forever, args=(process,), name="toolloop-sweep", daemon=True).start()
+        threading.Thread(
+            target=_sweep_forever, args=(process,), name="toolloop-sweep", daemon=True
+        ).start()
 
 
 YOUNG_PER_STEP = 200
@@ -210,7 +245,9 @@ def _sweep_forever(process: WorkerProcess) -> None:
     tick = min(1.0, settings.sweep_interval)
     last = time.monotonic()
     idle = IdleTrim(process.leases, shed=process.shed_tool_threads)
-    scheduler: Scheduler | None = None  # made in the loop: a failure to make it is logged, and tried again
+    scheduler: Scheduler | None = (
+        None  # made in the loop: a failure to make it is logged, and tried again
+    )
     while True:
         time.sleep(tick)
         try:
@@ -222,7 +259,9 @@ def _sweep_forever(process: WorkerProcess) -> None:
             if time.monotonic() - last < settings.sweep_interval:
                 continue
             last = time.monotonic()
-            if client.set(keys.SWEEP_LOCK, "1", nx=True, px=int(settings.sweep_interval * 1000)):
+            if client.set(
+                keys.SWEEP_LOCK, "1", nx=True, px=int(settings.sweep_interval * 1000)
+            ):
                 done = runs.sweep(client, process.celery, settings)
                 if process.metrics is not None:
                     process.metrics.swept(done)
@@ -246,7 +285,9 @@ def too_old(version: str) -> bool:
 def check_redis(client: redis_lib.Redis) -> None:
     """Warn when Redis is older than MIN_REDIS, or can lose the journal: AOF off, an eviction policy
     other than noeviction, or no maxmemory."""
-    with contextlib.suppress(redis_lib.RedisError):  # INFO may be renamed away on a managed Redis
+    with contextlib.suppress(
+        redis_lib.RedisError
+    ):  # INFO may be renamed away on a managed Redis
         version = str(client.info("server").get("redis_version", ""))
         if too_old(version):
             log.warning(

@@ -94,7 +94,11 @@ class StepConsumer:
         self.wake_key = keys.wake_key(hostname)
         """A list only this consumer waits on, beside its queues: a push ends its BRPOP at once."""
         self.transport: StepQueue = transport or KombuRedisQueue(
-            process.batch, process.async_client, self.wake_key, process.settings.max_task_bytes, _BLOCK_S
+            process.batch,
+            process.async_client,
+            self.wake_key,
+            process.settings.max_task_bytes,
+            _BLOCK_S,
         )
         """Where the messages come from and go back to (workers/worker/queue.py); the consumer schedules."""
 
@@ -114,12 +118,20 @@ class StepConsumer:
     # -- from the worker's threads ----------------------------------------------------------------
 
     def start(self) -> None:
-        self.main = asyncio.run_coroutine_threadsafe(self._consume(), self.process.start_loop())  # type: ignore[assignment]
-        log.info("step consumer: queues %s, up to %d steps at once", ",".join(self.queues), self.capacity)
+        self.main = asyncio.run_coroutine_threadsafe(
+            self._consume(), self.process.start_loop()
+        )  # type: ignore[assignment]
+        log.info(
+            "step consumer: queues %s, up to %d steps at once",
+            ",".join(self.queues),
+            self.capacity,
+        )
 
     def stop(self, timeout: float) -> None:
         """Stop taking steps; wait up to `timeout` s for running ones, then put the rest back."""
-        future = asyncio.run_coroutine_threadsafe(self._shutdown(timeout), self.process.start_loop())
+        future = asyncio.run_coroutine_threadsafe(
+            self._shutdown(timeout), self.process.start_loop()
+        )
         future.result(timeout=timeout + 30)
 
     def add_queue(self, queue: str) -> None:
@@ -171,7 +183,9 @@ class StepConsumer:
             try:
                 got = await self.transport.claim(queues, most)
             except (OSError, redis_lib.RedisError) as error:
-                log.warning("step consumer: Redis unreachable (%s); retrying in 1 s", error)
+                log.warning(
+                    "step consumer: Redis unreachable (%s); retrying in 1 s", error
+                )
                 await asyncio.sleep(1.0)
                 continue
             except Exception:  # never ends the consumer: log and go on
@@ -181,8 +195,13 @@ class StepConsumer:
             for one in got:
                 try:
                     self._dispatch(one)
-                except Exception as error:  # a bug in dispatch must not strand the rest of the batch
-                    log.exception("step consumer: a message on %r could not be dispatched", one.queue)
+                except (
+                    Exception
+                ) as error:  # a bug in dispatch must not strand the rest of the batch
+                    log.exception(
+                        "step consumer: a message on %r could not be dispatched",
+                        one.queue,
+                    )
                     self.reject(one, f"dispatch failed: {type(error).__name__}")
         await self.transport.close()
 
@@ -192,9 +211,13 @@ class StepConsumer:
         self.control_only = self.free <= 0 and names.CONTROL in self.queues
         if self.free > 0:
             return list(self.queues), min(self.free, _CLAIM_MAX)
-        return [names.CONTROL], min(self.control_free, _CLAIM_MAX) if self.control_only else 0
+        return [names.CONTROL], min(
+            self.control_free, _CLAIM_MAX
+        ) if self.control_only else 0
 
-    def hand_off(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any] | None:
+    def hand_off(
+        self, queue: str, delivery: wire.Delivery
+    ) -> asyncio.Future[Any] | None:
         """Run a successor this process just produced here, without the round trip through its
         queue: it is recorded as delivered to this consumer (`StepQueue.record`, as a claim does) and
         started at once. Only for a queue this consumer takes, while it has room and is not
@@ -229,9 +252,12 @@ class StepConsumer:
             self.reject(one, reason)
             return
         delivery = wire.parse(one.raw)
-        if delivery.tag != one.tag:  # Lua's JSON read another tag than ours (a duplicate key, NaN...)
+        if (
+            delivery.tag != one.tag
+        ):  # Lua's JSON read another tag than ours (a duplicate key, NaN...)
             self.reject(
-                one, f"delivery_tag reads as {one.tag[:40]!r} in Redis and {delivery.tag[:40]!r} here"
+                one,
+                f"delivery_tag reads as {one.tag[:40]!r} in Redis and {delivery.tag[:40]!r} here",
             )
             return
         self._start(one.queue, delivery)
@@ -248,20 +274,32 @@ class StepConsumer:
             REJECTED,
         )
         batch = self.process.batch
-        batch.send("LPUSH", REJECTED, wire.rejected_entry(one.queue, one.raw, reason, self.hostname))
+        batch.send(
+            "LPUSH",
+            REJECTED,
+            wire.rejected_entry(one.queue, one.raw, reason, self.hostname),
+        )
         batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
-        self.transport.ack(one.tag)  # the claim recorded it as delivered: forget it, or it comes back
+        self.transport.ack(
+            one.tag
+        )  # the claim recorded it as delivered: forget it, or it comes back
 
-    def _start(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
+    def _start(
+        self, queue: str, delivery: wire.Delivery, begun: Begun | None = None
+    ) -> None:
         if queue == names.CONTROL:
             self.control_free -= 1
         else:
             self.free -= 1
-        task = asyncio.get_running_loop().create_task(self._handle(queue, delivery, begun))
+        task = asyncio.get_running_loop().create_task(
+            self._handle(queue, delivery, begun)
+        )
         self.running[delivery.tag] = task
         self.in_flight[delivery.tag] = (queue, delivery, time.time())
 
-    async def _handle(self, queue: str, delivery: wire.Delivery, begun: Begun | None = None) -> None:
+    async def _handle(
+        self, queue: str, delivery: wire.Delivery, begun: Begun | None = None
+    ) -> None:
         events = self.process.events(self.hostname)
         task_id = delivery.task_id
         events.send(
@@ -281,7 +319,9 @@ class StepConsumer:
         events.send("task-started", {"uuid": task_id, "pid": os.getpid()})
         started = time.monotonic()
         chatty = log.isEnabledFor(logging.INFO)
-        if chatty:  # the lines Celery logs for a task, so that one grep finds a step either way
+        if (
+            chatty
+        ):  # the lines Celery logs for a task, so that one grep finds a step either way
             log.info("Task %s[%s] received", delivery.name, task_id)
         try:
             result = await self._run(delivery, begun)
@@ -291,7 +331,9 @@ class StepConsumer:
         except REDIS_LOST as error:  # Redis or the network: run it again
             if isinstance(error, redis_lib.exceptions.OutOfMemoryError):
                 log.error("step %s could not run: %s", task_id, OOM_HINT)
-                await asyncio.sleep(_OOM_PAUSE_S)  # not at once: Redis refuses it again until freed
+                await asyncio.sleep(
+                    _OOM_PAUSE_S
+                )  # not at once: Redis refuses it again until freed
             await self._restore(queue, delivery, f"{type(error).__name__}: {error}")
             events.send("task-rejected", {"uuid": task_id, "requeue": True})
         except Exception as error:  # a bug: acked, as Celery acks a failed task
@@ -308,7 +350,9 @@ class StepConsumer:
         else:
             took = time.monotonic() - started
             failure = getattr(result, "failure", None)
-            if failure is not None:  # the step ended its run `failed`: committed, acked, reported failed
+            if (
+                failure is not None
+            ):  # the step ended its run `failed`: committed, acked, reported failed
                 events.send(
                     "task-failed",
                     {
@@ -330,7 +374,13 @@ class StepConsumer:
             )
             self._ack(delivery)
             if chatty:
-                log.info("Task %s[%s] succeeded in %ss: %r", delivery.name, task_id, round(took, 6), result)
+                log.info(
+                    "Task %s[%s] succeeded in %ss: %r",
+                    delivery.name,
+                    task_id,
+                    round(took, 6),
+                    result,
+                )
         finally:
             self.running.pop(delivery.tag, None)
             self.in_flight.pop(delivery.tag, None)
@@ -357,7 +407,9 @@ class StepConsumer:
 
         task = self.process.celery.tasks.get(delivery.name)
         if task is None:
-            raise LookupError(f"no task named {delivery.name!r} is registered in workers.app")
+            raise LookupError(
+                f"no task named {delivery.name!r} is registered in workers.app"
+            )
         return await asyncio.to_thread(task, *delivery.args, **delivery.kwargs)
 
     def _ack(self, delivery: wire.Delivery) -> None:
@@ -388,7 +440,11 @@ class StepConsumer:
             self.room.set()
         running = list(self.running.values())
         if running:
-            log.info("step consumer: waiting up to %g s for %d running steps", timeout, len(running))
+            log.info(
+                "step consumer: waiting up to %g s for %d running steps",
+                timeout,
+                len(running),
+            )
             _, pending = await asyncio.wait(running, timeout=timeout)
             for task in pending:
                 task.cancel()

@@ -29,7 +29,9 @@ from workers.protocol import keys, wire
 log = logging.getLogger("toolloop.workers")
 
 
-def guard_channel(channel: Any, hostname: str, max_bytes: int, client: redis_lib.Redis) -> bool:
+def guard_channel(
+    channel: Any, hostname: str, max_bytes: int, client: redis_lib.Redis
+) -> bool:
     """Put the guarded BRPOP read on a kombu Redis channel; False when it has no BRPOP handler."""
     handlers = getattr(channel, "handlers", None)
     if not isinstance(handlers, dict) or "BRPOP" not in handlers:
@@ -40,7 +42,9 @@ def guard_channel(channel: Any, hostname: str, max_bytes: int, client: redis_lib
     def brpop_read(**options: Any) -> bool:  # kombu 5.7's Channel._brpop_read, checked
         try:
             try:
-                dest_item = channel.client.parse_response(channel.client.connection, "BRPOP", **options)
+                dest_item = channel.client.parse_response(
+                    channel.client.connection, "BRPOP", **options
+                )
             except channel.connection_errors:
                 channel.client.connection.disconnect()
                 raise
@@ -49,7 +53,11 @@ def guard_channel(channel: Any, hostname: str, max_bytes: int, client: redis_lib
             dest, item = dest_item
             dest = bytes_to_str(dest).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
             channel._queue_cycle.rotate(dest)
-            raw = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+            raw = (
+                item.decode("utf-8", "replace")
+                if isinstance(item, bytes)
+                else str(item)
+            )
             reason = wire.problem(raw, max_bytes)
             if reason is not None:
                 reject(client, dest, raw, reason, hostname)
@@ -67,7 +75,9 @@ def guard_channel(channel: Any, hostname: str, max_bytes: int, client: redis_lib
     return True
 
 
-def reject(client: redis_lib.Redis, queue: str, raw: str, reason: str, hostname: str) -> None:
+def reject(
+    client: redis_lib.Redis, queue: str, raw: str, reason: str, hostname: str
+) -> None:
     log.error(
         "celery consumer: a message on queue %r is not a task (%s); moved to the list %r.\n"
         "  Only toolloop tasks belong on toolloop queues; inspect it with `redis-cli LRANGE %s 0 9`.",
@@ -82,4 +92,7 @@ def reject(client: redis_lib.Redis, queue: str, raw: str, reason: str, hostname:
         pipe.ltrim(keys.REJECTED, 0, wire.REJECTED_KEEP - 1)
         pipe.execute()
     except Exception as error:  # the message is gone from its queue either way: say so
-        log.error("celery consumer: could not store the rejected message (%s); it is dropped", error)
+        log.error(
+            "celery consumer: could not store the rejected message (%s); it is dropped",
+            error,
+        )

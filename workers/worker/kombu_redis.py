@@ -79,7 +79,10 @@ class KombuRedisQueue:
         item = await self._blocking.brpop([*keys, self.wake_key], timeout=self.block_s)
         if not item or item[0] == self.wake_key:
             return []
-        queue, raw = names.queue_of(str(item[0])), str(item[1])  # the client decodes: both str
+        queue, raw = (
+            names.queue_of(str(item[0])),
+            str(item[1]),
+        )  # the client decodes: both str
         if len(raw) > self.max_task_bytes:
             return [Claimed(queue, raw, "")]
         try:
@@ -91,7 +94,9 @@ class KombuRedisQueue:
 
     def record(self, queue: str, delivery: wire.Delivery) -> asyncio.Future[Any]:
         index = self.batch.call("ZADD", names.UNACKED_INDEX, time.time(), delivery.tag)
-        value = self.batch.call("HSET", names.UNACKED, delivery.tag, wire.unacked_value(delivery.raw, queue))
+        value = self.batch.call(
+            "HSET", names.UNACKED, delivery.tag, wire.unacked_value(delivery.raw, queue)
+        )
         return asyncio.gather(index, value)
 
     def ack(self, tag: str) -> None:
@@ -101,11 +106,16 @@ class KombuRedisQueue:
 
     async def restore(self, queue: str, delivery: wire.Delivery) -> bool:
         keys = [names.UNACKED, names.UNACKED_INDEX, queue]
-        return int(await self.batch.script(RESTORE, keys, [delivery.tag, delivery.raw])) == 1
+        return (
+            int(await self.batch.script(RESTORE, keys, [delivery.tag, delivery.raw]))
+            == 1
+        )
 
     async def restore_visible(self, delivered_before: float, most: int) -> int:
         keys = [names.UNACKED, names.UNACKED_INDEX]
-        return int(await self.batch.script(RESTORE_VISIBLE, keys, [delivered_before, most]))
+        return int(
+            await self.batch.script(RESTORE_VISIBLE, keys, [delivered_before, most])
+        )
 
     def wake(self) -> None:
         self.batch.send("LPUSH", self.wake_key, "1")
@@ -139,8 +149,12 @@ class UnsupportedTransportOption(ValueError):
 def _as_default(name: str, value: Any) -> bool:
     default = getattr(Channel, name)
     if name == "priority_steps":
-        return isinstance(value, list | tuple) and [int(v) for v in value] == [int(v) for v in default]
-    if name == "fanout_prefix":  # True means kombu's prefix; the same prefix spelled out is the same
+        return isinstance(value, list | tuple) and [int(v) for v in value] == [
+            int(v) for v in default
+        ]
+    if (
+        name == "fanout_prefix"
+    ):  # True means kombu's prefix; the same prefix spelled out is the same
         return value is True or value == Channel.keyprefix_fanout
     return bool(value == default)
 
@@ -149,11 +163,14 @@ def check_transport_options(options: Mapping[str, Any] | None) -> None:
     """Refuse, with what to do, `broker_transport_options` this worker cannot honour (see _LAYOUT);
     any other option (visibility_timeout, the restore cadence, socket and health settings) is kombu's."""
     changed = {name: options[name] for name in _LAYOUT if options and name in options}
-    refused = {name: value for name, value in changed.items() if not _as_default(name, value)}
+    refused = {
+        name: value for name, value in changed.items() if not _as_default(name, value)
+    }
     if not refused:
         return
     listed = ", ".join(
-        f"{name}={value!r} (kombu's default: {getattr(Channel, name)!r})" for name, value in refused.items()
+        f"{name}={value!r} (kombu's default: {getattr(Channel, name)!r})"
+        for name, value in refused.items()
     )
     raise UnsupportedTransportOption(
         f"broker_transport_options sets {listed}.\n"

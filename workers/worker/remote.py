@@ -64,12 +64,19 @@ def active(state: Any, safe: bool = False, **kwargs: Any) -> list[dict[str, Any]
                 "id": delivery.task_id,
                 "name": delivery.name,
                 "args": delivery.argsrepr if safe else delivery.args,
-                "kwargs": delivery.kwargsrepr if safe else _literal(delivery.kwargsrepr),
+                "kwargs": delivery.kwargsrepr
+                if safe
+                else _literal(delivery.kwargsrepr),
                 "type": delivery.name,
                 "hostname": steps.hostname,
                 "time_start": started,
                 "acknowledged": False,
-                "delivery_info": {"exchange": "", "routing_key": queue, "priority": 0, "redelivered": None},
+                "delivery_info": {
+                    "exchange": "",
+                    "routing_key": queue,
+                    "priority": 0,
+                    "redelivered": None,
+                },
                 "worker_pid": os.getpid(),
             }
         )
@@ -94,16 +101,24 @@ def active_queues(state: Any) -> list[dict[str, Any]]:
 
 
 @control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")  # type: ignore[untyped-decorator]
-def revoke(state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
+def revoke(
+    state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kwargs: Any
+) -> Any:
     """Revoke task by task id (or list of ids). A toolloop step's id (`<run_id>:<n>`) cancels its run
     (as `toolloop cancel`: the step consumer never consults Celery's revoked set, so that is what a
     revoke of a step can honour); any other id goes to Celery's own revoke."""
     ids = [task_id] if isinstance(task_id, str) else list(task_id or [])
     others = [one for one in ids if not names.step_run(one)]
-    cancelled = [run for one in ids if (run := names.step_run(one)) and _cancel_run(state, run)]
-    reply: Any = {"ok": f"cancelled runs {', '.join(cancelled) or 'none'} (a revoked step cancels its run)"}
+    cancelled = [
+        run for one in ids if (run := names.step_run(one)) and _cancel_run(state, run)
+    ]
+    reply: Any = {
+        "ok": f"cancelled runs {', '.join(cancelled) or 'none'} (a revoked step cancels its run)"
+    }
     if others:
-        reply = _celery_revoke(state, others, terminate=terminate, signal=signal, **kwargs)
+        reply = _celery_revoke(
+            state, others, terminate=terminate, signal=signal, **kwargs
+        )
     return reply
 
 
@@ -116,10 +131,17 @@ def _literal(text: str) -> Any:
 
 def _cancel_run(state: Any, run_id: str) -> bool:
     """Cancel a run as `Client.cancel` does (idempotent: every worker gets a broadcast revoke)."""
-    client = redisurl.sync_client(state.app.conf.toolloop_redis_url, decode_responses=True)
+    client = redisurl.sync_client(
+        state.app.conf.toolloop_redis_url, decode_responses=True
+    )
     try:  # the run and every run it spawned (docs/children.md)
         found = parse_cancel_tree(
-            lua.run(client, CANCEL_TREE, [keys.state(run_id)], [keys.CANCEL_CHANNEL, run_id, keys.PREFIX])
+            lua.run(
+                client,
+                CANCEL_TREE,
+                [keys.state(run_id)],
+                [keys.CANCEL_CHANNEL, run_id, keys.PREFIX],
+            )
         )
     finally:
         client.close()
@@ -127,14 +149,24 @@ def _cancel_run(state: Any, run_id: str) -> bool:
         return False
     for one, was in found[1]:
         if one == run_id or was == "asked":
-            send(state.app, names.CANCEL, [one], queue=names.CONTROL, task_id=names.cancel_task_id(one))
-    log.warning("run %s cancelled: a step of it was revoked (celery control revoke)", run_id)
+            send(
+                state.app,
+                names.CANCEL,
+                [one],
+                queue=names.CONTROL,
+                task_id=names.cancel_task_id(one),
+            )
+    log.warning(
+        "run %s cancelled: a step of it was revoked (celery control revoke)", run_id
+    )
     return True
 
 
 def _change_queue(state: Any, queue: str, change: str) -> dict[str, str]:
     steps = _consumer(state)
     if steps is None:
-        return {"error": "this worker has no step consumer (start it with --step-queues)"}
+        return {
+            "error": "this worker has no step consumer (start it with --step-queues)"
+        }
     (steps.add_queue if change == "added" else steps.cancel_queue)(queue)
     return {"ok": f"step queue {queue!r} {change}"}

@@ -71,7 +71,9 @@ class IdleTrim:
         if self.trim is None and self.shed is None:
             return False
         taken = self.leases.taken
-        if self.leases.held or taken != self._seen:  # a step runs, or ran since the last tick
+        if (
+            self.leases.held or taken != self._seen
+        ):  # a step runs, or ran since the last tick
             self._seen, self._idle = taken, 0
             return False
         self._idle += 1

@@ -40,7 +40,10 @@ from toolloop.providers.common import CacheTtl, cache_ttl_of
 
 NONE, USER, ASSISTANT = 0, 1, 2
 """Roles as `Sent.last` stores them."""
-_OPEN = {USER: b'{"role":"user","content":[', ASSISTANT: b'{"role":"assistant","content":['}
+_OPEN = {
+    USER: b'{"role":"user","content":[',
+    ASSISTANT: b'{"role":"assistant","content":[',
+}
 _NEXT = {role: b"]}," + opening for role, opening in _OPEN.items()}
 
 
@@ -57,7 +60,17 @@ class Sent:
     `stable` the number of messages before the first one holding an image (the bytes through
     message `stable - 1` read no image)."""
 
-    __slots__ = ("base", "body", "ends", "images", "last", "messages", "stable", "starts", "ttl")
+    __slots__ = (
+        "base",
+        "body",
+        "ends",
+        "images",
+        "last",
+        "messages",
+        "stable",
+        "starts",
+        "ttl",
+    )
 
     def __init__(
         self,
@@ -81,7 +94,12 @@ class Sent:
         if not self.images:
             self.body, self.base = body, at
             return
-        view, starts, ends, stable = memoryview(body), self.starts, self.ends, self.stable
+        view, starts, ends, stable = (
+            memoryview(body),
+            self.starts,
+            self.ends,
+            self.stable,
+        )
         length = ends[stable - 1] if stable else 0
         pieces = [view[at : at + length]]
         images = set(self.images)
@@ -97,7 +115,9 @@ class Sent:
 NOTHING = Sent([], "", array("Q"), array("Q"), bytearray(), 0)
 
 
-def encode_body(request: PromptGenRequest, frame: dict[str, Any], images: Mapping[str, str]) -> bytes:
+def encode_body(
+    request: PromptGenRequest, frame: dict[str, Any], images: Mapping[str, str]
+) -> bytes:
     """The bytes of `frame` (from `body_frame`, its `"messages"` still empty) with the request's
     messages in place; with the run's memo, only what the last request did not send is encoded.
     `images` maps each image path to its base64 bytes."""
@@ -107,10 +127,14 @@ def encode_body(request: PromptGenRequest, frame: dict[str, Any], images: Mappin
     try:
         framed = orjson.dumps(frame)
         if request.messages is None:
-            chunks: list[Any] = [orjson.dumps({"role": "user", "content": request.prompt})]
+            chunks: list[Any] = [
+                orjson.dumps({"role": "user", "content": request.prompt})
+            ]
         else:
             chunks, sent = _messages(request.messages, images, ttl, memo)
-    except TypeError:  # orjson refused a value (an integer beyond 64 bits, too deep a nesting)
+    except (
+        TypeError
+    ):  # orjson refused a value (an integer beyond 64 bits, too deep a nesting)
         return dumps({**frame, "messages": turns(request, images, ttl)})
     at = framed.index(MESSAGES) + len(MESSAGES) - 1
     view = memoryview(framed)
@@ -122,14 +146,25 @@ def encode_body(request: PromptGenRequest, frame: dict[str, Any], images: Mappin
 
 
 def _messages(
-    messages: Sequence[ChatMessage], images: Mapping[str, str], ttl: CacheTtl, memo: RunMemo | None
+    messages: Sequence[ChatMessage],
+    images: Mapping[str, str],
+    ttl: CacheTtl,
+    memo: RunMemo | None,
 ) -> tuple[list[Any], Sent | None]:
     """The bytes (bytes or views of the last body) of the `messages` array between its brackets, and
     this request's `Sent` for the run's memo (None without one)."""
-    old = NOTHING if memo is None or memo.wire is None or memo.wire.ttl != ttl else memo.wire
+    old = (
+        NOTHING
+        if memo is None or memo.wire is None or memo.wire.ttl != ttl
+        else memo.wire
+    )
     known = old.messages
     same = min(
-        next(compress(count(), map(is_not, known, messages)), min(len(known), len(messages))), old.stable
+        next(
+            compress(count(), map(is_not, known, messages)),
+            min(len(known), len(messages)),
+        ),
+        old.stable,
     )
     view, base = memoryview(old.body), old.base
     parts: list[Any] = [view[base : base + old.ends[same - 1]]] if same else []
@@ -148,10 +183,18 @@ def _messages(
         else:
             name, blocks = message_blocks(message, images, ttl)
             own = ASSISTANT if name == "assistant" else USER
-            encoded = orjson.dumps([[[blocks]]])[4:-4]  # at their depth in the body: see the top
+            encoded = orjson.dumps([[[blocks]]])[
+                4:-4
+            ]  # at their depth in the body: see the top
         start = length
         if encoded:
-            opening = _OPEN[own] if role == NONE else b"," if role == own == USER else _NEXT[own]
+            opening = (
+                _OPEN[own]
+                if role == NONE
+                else b","
+                if role == own == USER
+                else _NEXT[own]
+            )
             parts += (opening, encoded)
             start += len(opening)
             length = start + len(encoded)

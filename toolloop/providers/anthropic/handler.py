@@ -93,7 +93,8 @@ class AnthropicHandler:
     def __repr__(self) -> str:
         key = "set" if self._key else "missing"
         return (
-            f"AnthropicHandler(base_url={self.base_url!r}, default_model={self.default_model!r}, key={key})"
+            f"AnthropicHandler(base_url={self.base_url!r},"
+            f" default_model={self.default_model!r}, key={key})"
         )
 
     def estimate(self, request: PromptGenRequest) -> float:
@@ -109,7 +110,10 @@ class AnthropicHandler:
         return round(total / 1_000_000, 6)
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         signal.throw_if_aborted()
         check_request(self.name, request)
@@ -126,7 +130,9 @@ class AnthropicHandler:
             )
         images = await read_images(self.name, image_parts(request))
         notes: list[str] = []
-        body = body_frame(request, model=model, reasoning=reasoning, info=info, notes=notes)
+        body = body_frame(
+            request, model=model, reasoning=reasoning, info=info, notes=notes
+        )
         headers = {"x-api-key": key, "anthropic-version": API_VERSION}
         if needed := betas(request):
             headers["anthropic-beta"] = ",".join(needed)
@@ -135,12 +141,16 @@ class AnthropicHandler:
         streams = on_delta is not None or timeouts.streams(max_tokens)
         if streams:
             body["stream"] = True
-        content = encode_body(request, body, images)  # the bytes of build_body's body, built once per message
+        content = encode_body(
+            request, body, images
+        )  # the bytes of build_body's body, built once per message
         del body  # the request's dict tree is not kept across the wait for the answer
         readers = Readers(MessageStream) if streams else None
         tally = Tally()
 
-        def cuts() -> list[Cut]:  # attempts cut mid-answer or timed out: they may have been billed
+        def cuts() -> list[
+            Cut
+        ]:  # attempts cut mid-answer or timed out: they may have been billed
             made = readers.cut() if readers is not None else []
             found = [cut_cost(p, price=price, model=model, ttl=ttl) for p in made]
             if tally.unanswered:  # (no estimate walk of the request on the usual path)
@@ -172,7 +182,10 @@ class AnthropicHandler:
             carry(error, cuts())
             raise
         room = max_tokens_of(request, DEFAULT_MAX_TOKENS)
-        result = with_cuts(parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room), cuts())
+        result = with_cuts(
+            parse_message(data, price=price, model=model, ttl=ttl, max_tokens=room),
+            cuts(),
+        )
         if notes and result.meta is not None:
             result.meta["request_notes"] = notes
         log_answer(self.name, model, result)

@@ -37,7 +37,9 @@ DEFAULT_MAX_TOKENS = 8192
 MIN_BUDGET = 1024
 
 
-def thinking_of(info: ModelInfo, reasoning: Reasoning | None) -> tuple[dict[str, Any], list[str]]:
+def thinking_of(
+    info: ModelInfo, reasoning: Reasoning | None
+) -> tuple[dict[str, Any], list[str]]:
     """The `thinking` / `output_config` fields for this model and reasoning, and notes on choices
     the model forced (e.g. thinking that cannot be switched off)."""
     accepted = info.thinking
@@ -48,13 +50,23 @@ def thinking_of(info: ModelInfo, reasoning: Reasoning | None) -> tuple[dict[str,
             return {"thinking": {"type": "disabled"}}, []
         if "adaptive" in accepted:
             note = f"{info.id} always thinks: reasoning 'off' sent as adaptive thinking at effort 'low'"
-            return {"thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}}, [note]
+            return {
+                "thinking": {"type": "adaptive"},
+                "output_config": {"effort": "low"},
+            }, [note]
         return {}, []
     if "adaptive" in accepted:
-        return {"thinking": {"type": "adaptive"}, "output_config": {"effort": reasoning}}, []
+        return {
+            "thinking": {"type": "adaptive"},
+            "output_config": {"effort": reasoning},
+        }, []
     if "enabled" in accepted:
-        return {"thinking": {"type": "enabled", "budget_tokens": THINKING_BUDGET[reasoning]}}, []
-    return {}, [f"{info.id} has no known thinking parameter: reasoning {reasoning!r} not sent"]
+        return {
+            "thinking": {"type": "enabled", "budget_tokens": THINKING_BUDGET[reasoning]}
+        }, []
+    return {}, [
+        f"{info.id} has no known thinking parameter: reasoning {reasoning!r} not sent"
+    ]
 
 
 def thinks(info: ModelInfo, fields: Mapping[str, Any]) -> bool:
@@ -76,7 +88,9 @@ def top_level(
     max_tokens = answer + room
     cap = info.max_output_tokens
     if cap is not None and max_tokens > cap:
-        notes.append(f"max_tokens {max_tokens} cut to {info.id}'s maximum output of {cap}")
+        notes.append(
+            f"max_tokens {max_tokens} cut to {info.id}'s maximum output of {cap}"
+        )
         max_tokens = cap
     thinking = fields.get("thinking")
     if thinking is not None and thinking["type"] == "enabled":
@@ -96,10 +110,14 @@ def top_level(
             notes.append(f"{info.id} refuses a forced tool_choice: sent 'auto'")
             out["tool_choice"] = {"type": "auto"}
         elif forced and thinks(info, fields):
-            notes.append("a forced tool_choice is refused while the model thinks: sent 'auto'")
+            notes.append(
+                "a forced tool_choice is refused while the model thinks: sent 'auto'"
+            )
             out["tool_choice"] = {"type": "auto"}
         elif isinstance(choice, ToolChoiceName):
             out["tool_choice"] = {"type": "tool", "name": choice.name}
         else:
-            out["tool_choice"] = {"type": {"auto": "auto", "none": "none", "required": "any"}[str(choice)]}
+            out["tool_choice"] = {
+                "type": {"auto": "auto", "none": "none", "required": "any"}[str(choice)]
+            }
     return out, notes

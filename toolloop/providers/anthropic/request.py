@@ -35,7 +35,13 @@ from toolloop.contract import (
 )
 from toolloop.providers.anthropic.params import top_level
 from toolloop.providers.catalog import ModelInfo
-from toolloop.providers.common import CacheTtl, Reasoning, cache_ttl_of, ttl_block, with_ttl
+from toolloop.providers.common import (
+    CacheTtl,
+    Reasoning,
+    cache_ttl_of,
+    ttl_block,
+    with_ttl,
+)
 from toolloop.providers.models import default_catalog
 
 EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
@@ -94,7 +100,13 @@ def body_frame(
     ]
     if request.system:
         if request.cache_system:
-            body["system"] = [{"type": "text", "text": request.system, "cache_control": dict(EPHEMERAL)}]
+            body["system"] = [
+                {
+                    "type": "text",
+                    "text": request.system,
+                    "cache_control": dict(EPHEMERAL),
+                }
+            ]
         else:
             body["system"] = request.system
     elif request.cache_system and tools:
@@ -105,10 +117,14 @@ def body_frame(
     body.update(top)
     managed = (request.params or {}).get("context_management")
     if isinstance(managed, dict) and managed.get("edits"):
-        body["context_management"] = managed  # the loop's edits (toolloop/loop/context.py), as documented
+        body["context_management"] = (
+            managed  # the loop's edits (toolloop/loop/context.py), as documented
+        )
     compaction = (request.params or {}).get("compaction")
     if isinstance(compaction, dict):
-        body["compaction"] = compaction  # an on-demand compaction request (the loop's compact:<n>)
+        body["compaction"] = (
+            compaction  # an on-demand compaction request (the loop's compact:<n>)
+        )
     return with_ttl(body, cache_ttl_of(request))
 
 
@@ -119,7 +135,9 @@ def betas(request: PromptGenRequest) -> list[str]:
     managed = (request.params or {}).get("context_management")
     edits = managed.get("edits") if isinstance(managed, dict) else None
     kinds = (
-        {edit.get("type") for edit in edits if isinstance(edit, dict)} if isinstance(edits, list) else set()
+        {edit.get("type") for edit in edits if isinstance(edit, dict)}
+        if isinstance(edits, list)
+        else set()
     )
     if kinds & {"clear_tool_uses_20250919", "clear_thinking_20251015"}:
         needed.append(CONTEXT_MANAGEMENT_BETA)
@@ -136,7 +154,9 @@ def betas(request: PromptGenRequest) -> list[str]:
     return needed
 
 
-def turns(request: PromptGenRequest, images: Mapping[str, str], ttl: CacheTtl) -> list[dict[str, Any]]:
+def turns(
+    request: PromptGenRequest, images: Mapping[str, str], ttl: CacheTtl
+) -> list[dict[str, Any]]:
     """The `messages` of the body: each message's blocks (`message_blocks`), consecutive user
     blocks in one turn."""
     if request.messages is None:
@@ -186,12 +206,21 @@ def _assistant_blocks(message: AssistantMessage) -> list[Block]:
     """Reasoning blocks first (this provider's own, exactly as they came; another provider's are
     left out of this request), then the text, then the tool calls."""
     blocks: list[Block] = [
-        dict(block.data) for block in message.reasoning or [] if block.provider == PROVIDER
+        dict(block.data)
+        for block in message.reasoning or []
+        if block.provider == PROVIDER
     ]
     if message.content:
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls or []:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.input)})
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": call.name,
+                "input": _input(call.input),
+            }
+        )
     return blocks
 
 
@@ -226,6 +255,10 @@ def _parts(content: str | list[ContentPart], images: Mapping[str, str]) -> list[
                 block["cache_control"] = dict(EPHEMERAL)
             blocks.append(block)
         elif isinstance(part, ImagePart):
-            source = {"type": "base64", "media_type": part.mime_type, "data": images[part.path]}
+            source = {
+                "type": "base64",
+                "media_type": part.mime_type,
+                "data": images[part.path],
+            }
             blocks.append({"type": "image", "source": source})
     return blocks

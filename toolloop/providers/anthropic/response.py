@@ -25,7 +25,13 @@ import json
 import math
 from typing import Any
 
-from toolloop.contract import FinishReason, PromptGenResult, PromptGenUsage, ReasoningBlock, ToolCall
+from toolloop.contract import (
+    FinishReason,
+    PromptGenResult,
+    PromptGenUsage,
+    ReasoningBlock,
+    ToolCall,
+)
 from toolloop.errors import PromptGenError, ToolArgumentsError
 from toolloop.fastjson import valid_text
 from toolloop.providers.catalog import ModelPrice, token_cost
@@ -44,7 +50,12 @@ _REASONING = ("thinking", "redacted_thinking", "compaction")
 
 
 def parse_message(
-    data: Any, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m", max_tokens: int | None = None
+    data: Any,
+    *,
+    price: ModelPrice,
+    model: str,
+    ttl: CacheTtl = "5m",
+    max_tokens: int | None = None,
 ) -> PromptGenResult:
     """Map a 2xx body. A body that is not a message is a `PromptGenError` naming what is missing.
     `max_tokens`: the answer room the request gave (reported as meta["max_tokens"])."""
@@ -64,7 +75,9 @@ def parse_message(
     last = content[-1] if content else None
     cut_block = (
         last
-        if stop_reason == "max_tokens" and isinstance(last, dict) and last.get("type") == "tool_use"
+        if stop_reason == "max_tokens"
+        and isinstance(last, dict)
+        and last.get("type") == "tool_use"
         else None
     )
     texts: list[str] = []
@@ -77,11 +90,17 @@ def parse_message(
         elif kind == "tool_use":
             calls.append(_tool_call(block, cut=block is cut_block))
         elif kind in _REASONING:
-            reasoning.append(ReasoningBlock(provider="anthropic", type=kind, data=block))
+            reasoning.append(
+                ReasoningBlock(provider="anthropic", type=kind, data=block)
+            )
     raw_usage = data.get("usage")
     usage_data: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     iterations = usage_data.get("iterations")
-    if isinstance(iterations, list) and iterations and all(isinstance(i, dict) for i in iterations):
+    if (
+        isinstance(iterations, list)
+        and iterations
+        and all(isinstance(i, dict) for i in iterations)
+    ):
         usage_data = _summed(iterations)
     uncached = _count(usage_data, "input_tokens") or 0
     output = _count(usage_data, "output_tokens") or 0
@@ -111,7 +130,9 @@ def parse_message(
         cache_write=write_5m,
         cache_write_1h=write_1h,
     )
-    finish = _FINISH.get(stop_reason, "other") if isinstance(stop_reason, str) else "other"
+    finish = (
+        _FINISH.get(stop_reason, "other") if isinstance(stop_reason, str) else "other"
+    )
     meta: dict[str, Any] = {
         "provider": "anthropic",
         "model": data.get("model") if isinstance(data.get("model"), str) else model,
@@ -121,7 +142,9 @@ def parse_message(
         "partial": finish == "length",
     }
     if isinstance(iterations, list) and iterations:
-        meta["iterations"] = [dict(item) for item in iterations if isinstance(item, dict)]
+        meta["iterations"] = [
+            dict(item) for item in iterations if isinstance(item, dict)
+        ]
     if finish == "refusal":
         details = data.get("stop_details")
         details = details if isinstance(details, dict) else {}
@@ -141,14 +164,19 @@ def parse_message(
     )
 
 
-def cut_cost(partial: Partial, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m") -> Cut:
+def cut_cost(
+    partial: Partial, *, price: ModelPrice, model: str, ttl: CacheTtl = "5m"
+) -> Cut:
     """A streamed attempt cut mid-answer, priced as an answer with the usage its message_start
     reported and the larger of its reported output and the estimate of what it received
     (toolloop/providers/cutcost.py)."""
     usage = dict(partial.usage or {})
     output, source = partial.output_tokens(_count(usage, "output_tokens") or 0)
     priced = parse_message(
-        {"content": [], "usage": {**usage, "output_tokens": output}}, price=price, model=model, ttl=ttl
+        {"content": [], "usage": {**usage, "output_tokens": output}},
+        price=price,
+        model=model,
+        ttl=ttl,
     )
     return Cut("anthropic", priced.cost_usd, priced.usage, source, "tokens")
 
@@ -181,7 +209,12 @@ def _tool_call(block: dict[str, Any], cut: bool = False) -> ToolCall:
     return ToolCall(id=call_id, name=name, input={} if value is None else value)
 
 
-_SUMMED = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+_SUMMED = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
 _SPLIT = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
 
 
@@ -189,17 +222,26 @@ def _summed(iterations: list[dict[str, Any]]) -> dict[str, Any]:
     """The usage of an answer with `usage.iterations` (the SDK's `BetaIterationsUsage`: a server-side
     compaction's summary pass is an iteration of its own, billed outside the top-level counts): every
     count summed over the iterations, the cache-write split too when each iteration reports one."""
-    summed: dict[str, Any] = {key: sum(_count(item, key) or 0 for item in iterations) for key in _SUMMED}
+    summed: dict[str, Any] = {
+        key: sum(_count(item, key) or 0 for item in iterations) for key in _SUMMED
+    }
     splits = [item.get("cache_creation") for item in iterations]
     if all(isinstance(split, dict) for split in splits):
         summed["cache_creation"] = {
-            key: sum(_count(split, key) or 0 for split in splits if isinstance(split, dict)) for key in _SPLIT
+            key: sum(
+                _count(split, key) or 0 for split in splits if isinstance(split, dict)
+            )
+            for key in _SPLIT
         }
     return summed
 
 
 def _count(usage: dict[str, Any], key: str) -> int | None:
     value = usage.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+    ):
         return None
     return max(int(value), 0)

@@ -46,7 +46,13 @@ def _run_of(kind: bytes, field: bytes) -> tuple[re.Pattern[bytes], re.Pattern[by
     Anthropic sends (its key order; a string with no escape, quote or control character), and
     the pattern of one delta's string in such a run."""
     head = rb'event: content_block_delta\ndata: \{"type":"content_block_delta","index":'
-    tail = rb',"delta":\{"type":"' + kind + rb'","' + field + rb'":"[^"\\\x00-\x1f]*"\}\}\n\n'
+    tail = (
+        rb',"delta":\{"type":"'
+        + kind
+        + rb'","'
+        + field
+        + rb'":"[^"\\\x00-\x1f]*"\}\}\n\n'
+    )
     run = re.compile(head + rb"(\d+)" + tail + rb"(?:" + head + rb"\1" + tail + rb")*")
     return run, re.compile(rb'"' + field + rb'":"([^"\\\x00-\x1f]*)"\}\}\n\n')
 
@@ -99,7 +105,9 @@ class MessageStream(DeltaOut):
             return
         at, end = 0, len(raw)
         while at < end:
-            if self.message is not None and raw.startswith(b"event: content_block_delta\n", at):
+            if self.message is not None and raw.startswith(
+                b"event: content_block_delta\n", at
+            ):
                 ran = self._run(raw, at)
                 if ran:
                     at = ran
@@ -121,8 +129,14 @@ class MessageStream(DeltaOut):
             if index >= len(content) or content[index].get("type") != field:
                 return 0
             parts = string.findall(raw, at, found.end())
-            joined = b"".join(parts)  # each piece decoded alone unless ASCII, as one event's data is
-            text = joined.decode() if joined.isascii() else "".join(_utf8(part) for part in parts)
+            joined = b"".join(
+                parts
+            )  # each piece decoded alone unless ASCII, as one event's data is
+            text = (
+                joined.decode()
+                if joined.isascii()
+                else "".join(_utf8(part) for part in parts)
+            )
             self._piece({"index": index}, field, text, thinking=thinking)
             return found.end()
         return 0
@@ -169,11 +183,19 @@ class MessageStream(DeltaOut):
             return None
         texts: list[str] = []
         for block in self.message["content"]:
-            texts += [block[field] for field in ("text", "thinking") if isinstance(block.get(field), str)]
+            texts += [
+                block[field]
+                for field in ("text", "thinking")
+                if isinstance(block.get(field), str)
+            ]
             value = block.get("input") if block.get("type") == "tool_use" else None
-            if value:  # a stopped block's input (parsed, or its text when it was not JSON)
+            if (
+                value
+            ):  # a stopped block's input (parsed, or its text when it was not JSON)
                 texts.append(value if isinstance(value, str) else _compact(value))
-        texts += ["".join(parts) for parts in (*self.pieces.values(), *self.inputs.values())]
+        texts += [
+            "".join(parts) for parts in (*self.pieces.values(), *self.inputs.values())
+        ]
         usage = self.message.get("usage")
         return Partial(usage if isinstance(usage, dict) else None, "".join(texts))
 
@@ -182,7 +204,9 @@ class MessageStream(DeltaOut):
         index = payload.get("index")
         content = self.message["content"]
         if not isinstance(index, int) or not 0 <= index < len(content):
-            raise _broken(f"a {payload.get('type')} for block {index!r}, of {len(content)}")
+            raise _broken(
+                f"a {payload.get('type')} for block {index!r}, of {len(content)}"
+            )
         block: dict[str, Any] = content[index]
         return block
 
@@ -202,10 +226,15 @@ class MessageStream(DeltaOut):
             self._piece(payload, "text", delta["text"], thinking=False)
         elif kind == "thinking_delta" and block.get("type") == "thinking":
             self._piece(payload, "thinking", delta["thinking"], thinking=True)
-        elif kind == "signature_delta" and block.get("type") in ("thinking", "compaction"):
+        elif kind == "signature_delta" and block.get("type") in (
+            "thinking",
+            "compaction",
+        ):
             block["signature"] = delta["signature"]
         elif kind == "input_json_delta":
-            self.inputs.setdefault(int(payload["index"]), []).append(str(delta.get("partial_json", "")))
+            self.inputs.setdefault(int(payload["index"]), []).append(
+                str(delta.get("partial_json", ""))
+            )
         elif kind == "citations_delta" and block.get("type") == "text":
             block.setdefault("citations", []).append(delta.get("citation"))
         elif kind == "compaction_delta" and block.get("type") == "compaction":
@@ -214,7 +243,9 @@ class MessageStream(DeltaOut):
                 if isinstance(delta.get(field), str):
                     block[field] = delta[field]
 
-    def _piece(self, payload: dict[str, Any], field: str, text: Any, *, thinking: bool) -> None:
+    def _piece(
+        self, payload: dict[str, Any], field: str, text: Any, *, thinking: bool
+    ) -> None:
         if not isinstance(text, str):
             return
         self.pieces.setdefault((payload["index"], field), []).append(text)

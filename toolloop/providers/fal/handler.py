@@ -117,11 +117,17 @@ class FalHandler:
         reasoning_of(self.name, request, "medium")
         tokens = estimate_input_tokens(request) + 1000 * len(prompt_images(request))
         price = price.at(tokens)  # a long prompt is priced at its tier
-        total = tokens * price.input + max_tokens_of(request, DEFAULT_MAX_TOKENS) * price.output
+        total = (
+            tokens * price.input
+            + max_tokens_of(request, DEFAULT_MAX_TOKENS) * price.output
+        )
         return round(total / 1_000_000, 6)
 
     async def execute(
-        self, request: PromptGenRequest, signal: AbortSignal, on_delta: OnDelta | None = None
+        self,
+        request: PromptGenRequest,
+        signal: AbortSignal,
+        on_delta: OnDelta | None = None,
     ) -> PromptGenResult:
         signal.throw_if_aborted()
         check_request(self.name, request)
@@ -147,7 +153,9 @@ class FalHandler:
             provider=self.name,
             network=getattr(self.http, "network", None),
         )
-        body = with_ttl(build_body(request, model=model, reasoning=reasoning, images=images), ttl)
+        body = with_ttl(
+            build_body(request, model=model, reasoning=reasoning, images=images), ttl
+        )
         headers = {"authorization": f"Key {key}"}
         max_tokens = max_tokens_of(request, DEFAULT_MAX_TOKENS)
         timeouts = self.timeouts
@@ -159,15 +167,21 @@ class FalHandler:
         content = dumps(body)
         del body  # the request's dict tree is not kept across the wait for the answer
 
-        def cuts() -> list[Cut]:  # attempts cut mid-answer or timed out: they may have been billed
+        def cuts() -> list[
+            Cut
+        ]:  # attempts cut mid-answer or timed out: they may have been billed
             made = readers.cut() if readers is not None else []
             text = input_text(request) if made else ""
-            found = [cut_cost(p, price=price, model=model, input_text=text, ttl=ttl) for p in made]
+            found = [
+                cut_cost(p, price=price, model=model, input_text=text, ttl=ttl)
+                for p in made
+            ]
             if tally.unanswered:  # (no estimate walk of the request on the usual path)
                 found += unanswered(
                     self.name,
                     tally.unanswered,
-                    input_tokens=estimate_input_tokens(request) + 1000 * len(prompt_images(request)),
+                    input_tokens=estimate_input_tokens(request)
+                    + 1000 * len(prompt_images(request)),
                     max_tokens=max_tokens,
                     input_rate=price.input,
                     output_rate=price.output,
@@ -211,7 +225,11 @@ class FalHandler:
 
     def _model(self, request: PromptGenRequest) -> tuple[str, ModelInfo, ModelPrice]:
         """The id to send, the catalogue row and its price; retired, unknown or unpriced raise."""
-        name = self.default_model if request.model in (None, "default") else str(request.model)
+        name = (
+            self.default_model
+            if request.model in (None, "default")
+            else str(request.model)
+        )
         info = self.catalog.require(self.name, name)
         assert info.price is not None  # require() refuses a row without a price
         if "/" in name or info.vendor != "anthropic":
@@ -219,7 +237,9 @@ class FalHandler:
         return info.fal_slug or f"anthropic/{name}", info, info.price
 
 
-def _accepted(request: PromptGenRequest, info: ModelInfo) -> tuple[PromptGenRequest, list[str]]:
+def _accepted(
+    request: PromptGenRequest, info: ModelInfo
+) -> tuple[PromptGenRequest, list[str]]:
     """The request without what an Anthropic model refuses (temperature, a forced tool_choice)."""
     if info.vendor != "anthropic":
         return request, []
@@ -228,7 +248,9 @@ def _accepted(request: PromptGenRequest, info: ModelInfo) -> tuple[PromptGenRequ
     if request.temperature is not None and not info.temperature:
         update["temperature"] = None
         notes.append(f"{info.id} refuses temperature: not sent")
-    forced = request.tool_choice == "required" or isinstance(request.tool_choice, ToolChoiceName)
+    forced = request.tool_choice == "required" or isinstance(
+        request.tool_choice, ToolChoiceName
+    )
     if forced and not info.forced_tool_choice:
         update["tool_choice"] = "auto"
         notes.append(f"{info.id} refuses a forced tool_choice: sent 'auto'")

@@ -48,7 +48,11 @@ PROVIDER = "fal"
 
 
 def build_body(
-    request: PromptGenRequest, *, model: str, reasoning: Reasoning, images: Mapping[str, str]
+    request: PromptGenRequest,
+    *,
+    model: str,
+    reasoning: Reasoning,
+    images: Mapping[str, str],
 ) -> dict[str, Any]:
     """The JSON body. `images` maps each image path to the URL to send for it."""
     params = request.params or {}
@@ -72,7 +76,11 @@ def build_body(
         body["tools"] = [
             {
                 "type": "function",
-                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.input_schema,
+                },
             }
             for t in request.tools
         ]
@@ -108,23 +116,36 @@ def prompt_images(request: PromptGenRequest) -> list[ImagePart]:
     return images
 
 
-def _messages(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict[str, Any]]:
+def _messages(
+    request: PromptGenRequest, images: Mapping[str, str]
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if request.system is not None:
         if request.cache_system:
-            system: Any = [{"type": "text", "text": request.system, "cache_control": dict(EPHEMERAL)}]
+            system: Any = [
+                {
+                    "type": "text",
+                    "text": request.system,
+                    "cache_control": dict(EPHEMERAL),
+                }
+            ]
         else:
             system = request.system
         out.append({"role": "system", "content": system})
     if request.messages is None:
         extra = prompt_images(request)
         if extra:
-            parts = [{"type": "text", "text": request.prompt}, *(_image(p, images) for p in extra)]
+            parts = [
+                {"type": "text", "text": request.prompt},
+                *(_image(p, images) for p in extra),
+            ]
             out.append({"role": "user", "content": parts})
         else:
             out.append({"role": "user", "content": request.prompt})
         return out
-    pending: list[Part] = []  # the images of the tool results just sent, for one user message
+    pending: list[
+        Part
+    ] = []  # the images of the tool results just sent, for one user message
     for message in request.messages:
         if not isinstance(message, ToolMessage) and pending:
             out.append({"role": "user", "content": pending})
@@ -133,7 +154,13 @@ def _messages(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict
             out.append(_assistant(message))
         elif isinstance(message, ToolMessage):
             content, shown = _tool_content(message, images)
-            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": content})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": message.tool_call_id,
+                    "content": content,
+                }
+            )
             pending.extend(shown)
         else:
             out.append({"role": "user", "content": _content(message.content, images)})
@@ -142,7 +169,9 @@ def _messages(request: PromptGenRequest, images: Mapping[str, str]) -> list[dict
     return out
 
 
-def _tool_content(message: ToolMessage, images: Mapping[str, str]) -> tuple[str | list[Part], list[Part]]:
+def _tool_content(
+    message: ToolMessage, images: Mapping[str, str]
+) -> tuple[str | list[Part], list[Part]]:
     """The tool message's text-only content and the parts of the user message that shows its images."""
     if isinstance(message.content, str):
         return message.content, []
@@ -153,9 +182,19 @@ def _tool_content(message: ToolMessage, images: Mapping[str, str]) -> tuple[str 
             parts.append(_text(part))
         else:
             if not shown:
-                shown.append({"type": "text", "text": f"[images of the result of {message.tool_call_id}]"})
+                shown.append(
+                    {
+                        "type": "text",
+                        "text": f"[images of the result of {message.tool_call_id}]",
+                    }
+                )
             shown.append(_image(part, images))
-            parts.append({"type": "text", "text": f"[image {len(shown) - 1} of this result follows]"})
+            parts.append(
+                {
+                    "type": "text",
+                    "text": f"[image {len(shown) - 1} of this result follows]",
+                }
+            )
     return parts, shown
 
 
@@ -176,7 +215,9 @@ def _assistant(message: AssistantMessage) -> dict[str, Any]:
                 "function": {
                     "name": call.name,
                     "arguments": json.dumps(
-                        {} if call.input is None else call.input, separators=(",", ":"), ensure_ascii=False
+                        {} if call.input is None else call.input,
+                        separators=(",", ":"),
+                        ensure_ascii=False,
                     ),
                 },
             }
@@ -185,12 +226,16 @@ def _assistant(message: AssistantMessage) -> dict[str, Any]:
     return out
 
 
-def _content(content: str | list[ContentPart], images: Mapping[str, str]) -> str | list[Part]:
+def _content(
+    content: str | list[ContentPart], images: Mapping[str, str]
+) -> str | list[Part]:
     if isinstance(content, str):
         return content
     parts: list[Part] = []
     for part in content:
-        parts.append(_text(part) if isinstance(part, TextPart) else _image(part, images))
+        parts.append(
+            _text(part) if isinstance(part, TextPart) else _image(part, images)
+        )
     return parts
 
 

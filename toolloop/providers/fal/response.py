@@ -14,7 +14,9 @@ from toolloop.providers.chat_completions import parse_completion, token_count
 from toolloop.providers.common import CacheTtl, estimate_tokens
 from toolloop.providers.cutcost import Cut, Partial
 
-_FLAGGED = re.compile(r"content_policy|sensitive|likeness|nsfw|moderation", re.IGNORECASE)
+_FLAGGED = re.compile(
+    r"content_policy|sensitive|likeness|nsfw|moderation", re.IGNORECASE
+)
 
 
 def flag(detail: str) -> PromptGenError | None:
@@ -43,13 +45,23 @@ def cut_cost(
     body: dict[str, Any] = {"choices": [choice]}
     output, source = estimate_tokens(partial.received), "chars"
     if partial.usage:
-        output, source = partial.output_tokens(token_count(partial.usage, "completion_tokens") or 0)
+        output, source = partial.output_tokens(
+            token_count(partial.usage, "completion_tokens") or 0
+        )
         body["usage"] = {**partial.usage, "completion_tokens": output}
     priced = parse_completion(
-        body, price=price, model=model, input_text=input_text, provider=provider, ttl=ttl
+        body,
+        price=price,
+        model=model,
+        input_text=input_text,
+        provider=provider,
+        ttl=ttl,
     )
     usage, cost_source = priced.usage, str((priced.meta or {}).get("cost_source"))
     if cost_source == "chars":  # the tokens the character rule priced
-        counted = {"prompt_tokens": estimate_tokens(input_text), "completion_tokens": output}
+        counted = {
+            "prompt_tokens": estimate_tokens(input_text),
+            "completion_tokens": output,
+        }
         usage = usage.model_copy(update=counted)
     return Cut(provider, priced.cost_usd, usage, source, cost_source)

@@ -27,7 +27,9 @@ from toolloop.providers.common import read_image
 
 log = logging.getLogger("toolloop.providers.fal")
 
-DEFAULT_UPLOAD_URL = "https://rest.alpha.fal.ai/storage/upload/initiate?storage_type=fal-cdn-v3"
+DEFAULT_UPLOAD_URL = (
+    "https://rest.alpha.fal.ai/storage/upload/initiate?storage_type=fal-cdn-v3"
+)
 CONCURRENT_UPLOADS = 4
 _DATA = ""  # cached marker: this image is sent as a data URI (its upload failed)
 
@@ -75,7 +77,9 @@ async def image_urls(
     if not mimes:
         return {}
     paths = sorted(mimes)
-    contents = await asyncio.gather(*(asyncio.to_thread(_read, provider, p) for p in paths))
+    contents = await asyncio.gather(
+        *(asyncio.to_thread(_read, provider, p) for p in paths)
+    )
     urls: dict[str, str] = {}
     todo: list[tuple[str, str, bytes]] = []
     for path, data in zip(paths, contents, strict=True):
@@ -90,11 +94,15 @@ async def image_urls(
         limit = asyncio.Semaphore(CONCURRENT_UPLOADS)
         network = network or Network()
         proxy = None if transport is not None else network.proxy_for(upload_url)
-        async with open_httpx(network, proxy=proxy, transport=transport, timeout=timeout_s) as client:
+        async with open_httpx(
+            network, proxy=proxy, transport=transport, timeout=timeout_s
+        ) as client:
 
             async def one(path: str, cache_key: str, data: bytes) -> None:
                 async with limit:
-                    url = await _upload(client, upload_url, key, path, mimes[path], cache_key, data)
+                    url = await _upload(
+                        client, upload_url, key, path, mimes[path], cache_key, data
+                    )
                 cache.put(cache_key, url)
                 urls[path] = url or _data_uri(mimes[path], data)
 
@@ -103,7 +111,13 @@ async def image_urls(
 
 
 async def _upload(
-    client: httpx.AsyncClient, upload_url: str, key: str, path: str, mime: str, cache_key: str, data: bytes
+    client: httpx.AsyncClient,
+    upload_url: str,
+    key: str,
+    path: str,
+    mime: str,
+    cache_key: str,
+    data: bytes,
 ) -> str:
     """The file URL, or the data-URI marker when the upload failed (logged)."""
     name = cache_key.rsplit(":", 1)[1][:16] + Path(path).suffix
@@ -121,7 +135,9 @@ async def _upload(
         put = await client.put(target, content=data, headers={"content-type": mime})
         put.raise_for_status()
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+        status = (
+            exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+        )
         log.warning(
             "fal storage upload of %s failed (%s); sending it as a data URI",
             path,

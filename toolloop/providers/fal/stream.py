@@ -43,7 +43,10 @@ class CompletionStream(DeltaOut):
         self.reasoning: list[str] | None = None
         self.details: dict[int, dict[str, Any]] = {}
         self.calls: dict[int, dict[str, Any]] = {}
-        self.finish: dict[str, Any] = {"finish_reason": None, "native_finish_reason": None}
+        self.finish: dict[str, Any] = {
+            "finish_reason": None,
+            "native_finish_reason": None,
+        }
         self.usage: Any = None
         self._done = False
 
@@ -115,9 +118,15 @@ class CompletionStream(DeltaOut):
             self.details[index] = dict(entry)
             return
         for key, value in entry.items():
-            if key in _APPENDED and isinstance(value, str) and isinstance(found.get(key), str | list):
+            if (
+                key in _APPENDED
+                and isinstance(value, str)
+                and isinstance(found.get(key), str | list)
+            ):
                 if isinstance(found[key], str):
-                    found[key] = [found[key]]  # pieces, joined in result(): no copy per piece
+                    found[key] = [
+                        found[key]
+                    ]  # pieces, joined in result(): no copy per piece
                 found[key].append(value)
             elif value is not None:
                 found[key] = value
@@ -125,7 +134,12 @@ class CompletionStream(DeltaOut):
     def _call(self, call: dict[str, Any]) -> None:
         index = call.get("index", len(self.calls))
         found = self.calls.setdefault(
-            index, {"id": None, "type": "function", "function": {"name": None, "arguments": []}}
+            index,
+            {
+                "id": None,
+                "type": "function",
+                "function": {"name": None, "arguments": []},
+            },
         )
         for key in ("id", "type"):
             if call.get(key) is not None:
@@ -142,10 +156,16 @@ class CompletionStream(DeltaOut):
         usage (None: only the last chunk carries one) and its content, reasoning and tool-argument
         pieces, joined; None before a first chunk."""
         pieces = [*(self.content or []), *(self.reasoning or [])]
-        pieces += [piece for call in self.calls.values() for piece in call["function"]["arguments"]]
+        pieces += [
+            piece
+            for call in self.calls.values()
+            for piece in call["function"]["arguments"]
+        ]
         if not (self.top or pieces or self.details or self.usage is not None):
             return None
-        return Partial(self.usage if isinstance(self.usage, dict) else None, "".join(pieces))
+        return Partial(
+            self.usage if isinstance(self.usage, dict) else None, "".join(pieces)
+        )
 
     def result(self) -> Any:
         message: dict[str, Any] = {
@@ -155,12 +175,17 @@ class CompletionStream(DeltaOut):
         if self.reasoning is not None:
             message["reasoning"] = "".join(self.reasoning)
         if self.details:
-            message["reasoning_details"] = [_joined(self.details[i]) for i in sorted(self.details)]
+            message["reasoning_details"] = [
+                _joined(self.details[i]) for i in sorted(self.details)
+            ]
         if self.calls:
             message["tool_calls"] = [
                 {
                     **call,
-                    "function": {**call["function"], "arguments": "".join(call["function"]["arguments"])},
+                    "function": {
+                        **call["function"],
+                        "arguments": "".join(call["function"]["arguments"]),
+                    },
                 }
                 for call in (self.calls[i] for i in sorted(self.calls))
             ]

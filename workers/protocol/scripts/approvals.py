@@ -295,6 +295,9 @@ def parse_settled(reply: list[Any]) -> Settled:
     """SETTLE's or DECIDE_SCRIPT's reply, parsed once."""
     what = str(reply[0])
     detail = str(reply[1]) if len(reply) > 1 and reply[1] is not None else None
-    if what in ("resumed", "expired"):  # expired: the member of the parent it woke, if any
+    if what in (
+        "resumed",
+        "expired",
+    ):  # expired: the member of the parent it woke, if any
         return Settled(what, member=detail)
     return Settled(what, why=detail or "")

@@ -116,12 +116,18 @@ def parse_begin(reply: list[Any]) -> Begin:
     """RUN_BEGIN's reply, parsed once."""
     code = str(reply[0])
     if code != "run":
-        return Refused(_REFUSED[code], "" if len(reply) < 2 or reply[1] is None else str(reply[1]))
+        return Refused(
+            _REFUSED[code], "" if len(reply) < 2 or reply[1] is None else str(reply[1])
+        )
     _, token, attempts, state, spec, journal, input_json, answer, outside, tag = reply
     loaded = None
     if spec is not None or journal is not None:
-        loaded = Loaded(_text(spec), pairs(journal or []), _text(input_json), _text(answer))
-    return Started(int(token), int(attempts), pairs(state), float(outside), str(tag), loaded)
+        loaded = Loaded(
+            _text(spec), pairs(journal or []), _text(input_json), _text(answer)
+        )
+    return Started(
+        int(token), int(attempts), pairs(state), float(outside), str(tag), loaded
+    )
 
 
 def pairs(flat: list[Any]) -> dict[str, str]:

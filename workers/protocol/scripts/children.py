@@ -228,7 +228,9 @@ def parse_tree(reply: list[Any]) -> list[RunNode]:
     """TREE's reply, parsed once."""
     rows = []
     for i in range(0, len(reply), 8):
-        run_id, parent, status, spent, steps, budget, asked, final = (str(v) for v in reply[i : i + 8])
+        run_id, parent, status, spent, steps, budget, asked, final = (
+            str(v) for v in reply[i : i + 8]
+        )
         rows.append(
             RunNode(
                 run_id=run_id,

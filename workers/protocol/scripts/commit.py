@@ -187,7 +187,10 @@ class Children:
         if self.parent is not None:
             found["parent"] = self.parent
         if self.ancestors:
-            found |= {"ancestors": self.ancestors, "parked_child": self.parked_child or "{}"}
+            found |= {
+                "ancestors": self.ancestors,
+                "parked_child": self.parked_child or "{}",
+            }
         return found
 
 
@@ -242,7 +245,12 @@ class Commit:
             "events": self.events,
             "cancel_text": CANCEL_TEXT,
         }
-        optional = {"history": self.history, "final": self.final, "parked": self.parked, "due": self.due}
+        optional = {
+            "history": self.history,
+            "final": self.final,
+            "parked": self.parked,
+            "due": self.due,
+        }
         payload.update((k, v) for k, v in optional.items() if v is not None)
         if self.requested:
             payload["requested"] = self.requested
@@ -254,7 +262,12 @@ class Commit:
             payload.update(self.children.payload())
         if self.go_on is not None:
             g = self.go_on
-            payload["go_on"] = {"owner": g.owner, "lease_ms": g.lease_ms, "tag": g.tag, "unacked": g.unacked}
+            payload["go_on"] = {
+                "owner": g.owner,
+                "lease_ms": g.lease_ms,
+                "tag": g.tag,
+                "unacked": g.unacked,
+            }
         return dumps(payload)
 
 
@@ -281,7 +294,9 @@ def parse_commit(reply: list[Any]) -> Committed:
     started = None
     if begun:
         token, attempts, state, outside, tag = begun
-        started = Started(int(token), int(attempts), pairs(state), float(outside), str(tag))
+        started = Started(
+            int(token), int(attempts), pairs(state), float(outside), str(tag)
+        )
     return Committed(
         int(ok) == 1,
         None if stored is None else str(stored),

@@ -36,7 +36,12 @@ return 2
 Kept = Literal["renewed", "taken again", "held elsewhere", "moved on"]
 """LEASE_KEEP's answer: the lease is the step's (`renewed`, `taken again`), or it is not."""
 
-_KEPT: dict[int, Kept] = {1: "renewed", 2: "taken again", 0: "held elsewhere", -1: "moved on"}
+_KEPT: dict[int, Kept] = {
+    1: "renewed",
+    2: "taken again",
+    0: "held elsewhere",
+    -1: "moved on",
+}
 
 
 def parse_keep(reply: object) -> Kept:
