@@ -63,9 +63,8 @@ def make_app(name: str, url: str) -> Celery:
     return app
 
 
-URL = os.environ[
-    "BENCH_REDIS_URL"
-]  # set by bench/durable.py: a private server, never the shared one
+# set by bench/durable.py: a private server, never the shared one
+URL = os.environ["BENCH_REDIS_URL"]
 app = make_app("bench_bare", URL)
 _redis = redis.Redis.from_url(URL)
 

@@ -105,9 +105,8 @@ def _young_sample() -> None:
     _young_runs[1] += len(young)
     _young.update(_kind(obj) for obj in young)
     del young
-    older = gc.get_objects(
-        1
-    )  # the survivors of earlier generation-0 collections, still alive
+    # the survivors of earlier generation-0 collections, still alive
+    older = gc.get_objects(1)
     if len(older) > _young_runs[2]:
         _young_runs[2] = len(older)
         _older.clear()

@@ -221,12 +221,10 @@ def steers(
                         break
                     continue
                 sent[text] = run_id
-                time.sleep(
-                    rng.expovariate(total / 15.0)
-                )  # the steers spread over ~15 s
-            ended = [
-                client.wait(run_id, timeout=600) for run_id in ids
-            ]  # kills go on meanwhile
+                # the steers spread over ~15 s
+                time.sleep(rng.expovariate(total / 15.0))
+            # kills go on meanwhile
+            ended = [client.wait(run_id, timeout=600) for run_id in ids]
             stop.set()
             killing.join()
             histories = {run_id: client.history(run_id) for run_id in ids}
@@ -242,9 +240,8 @@ def steers(
         duplicated += copies > 1
         misplaced += wrong > 0
         once += len(turns) == 1 and copies == 1
-        remade += (
-            len(first) > 1
-        )  # its model call was killed and made again, with a later steer beside
+        # its model call was killed and made again, with a later steer beside
+        remade += len(first) > 1
     return {
         "runs": runs,
         "steers_sent": len(sent),

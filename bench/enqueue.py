@@ -151,9 +151,8 @@ def main() -> None:
                 seconds[name].append(timed(fn))
                 plain.flushdb()
             for name, fn in loops.items():
-                seconds[name].append(
-                    fn()
-                )  # the loop's own timing, without asyncio.run's start
+                # the loop's own timing, without asyncio.run's start
+                seconds[name].append(fn())
                 plain.flushdb()
         floors = {
             name: statistics.median(seconds[f"floor: {lib} EVALSHA 'return 1'"])

@@ -307,9 +307,8 @@ def flight(
             who.start(client.celery)
             assert who.process is not None
             pid = who.process.pid
-            control(
-                client, who, "add_step_queue", queue="llm"
-            )  # a warm-up: imports, connections
+            # a warm-up: imports, connections
+            control(client, who, "add_step_queue", queue="llm")
             warm, _ = enqueue_all(url, [run_spec(2, provider="anthropic")] * 20, 1)
             wait_settled(client, warm, timeout=60)
             control(client, who, "cancel_step_queue", queue="llm")
@@ -426,9 +425,8 @@ def parked(
             assert warmed["done"] == warm, (
                 f"the warm-up runs did not all end done: {dict(warmed)}"
             )
-            settled_rss_mb(
-                pid
-            )  # the idle trim after the warm-up burst, before the baseline
+            # the idle trim after the warm-up burst, before the baseline
+            settled_rss_mb(pid)
         time.sleep(2)
         if trace:
             control(client, who, "bench_probe", action="trace_start")
@@ -444,9 +442,8 @@ def parked(
             run_ids, took = enqueue_all(url, [spec] * runs, 2)
             found += wait_settled(client, run_ids, timeout=120 + runs / 10)
             enqueue_s += took
-            rss_after.append(
-                settled_rss_mb(pid)
-            )  # after the worker's idle trim (workers/worker/trim.py)
+            # after the worker's idle trim (workers/worker/trim.py)
+            rss_after.append(settled_rss_mb(pid))
             print(
                 f"  parked: RSS {rss_after[-1]:.0f} MB once settled after the last park",
                 file=sys.stderr,

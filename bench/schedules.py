@@ -128,9 +128,8 @@ def watch(
     at_target = (0, 0)
     left = list(run_ids)
     while time.time() < tick + 120 and left:
-        seen = progress(
-            client, left
-        )  # only the runs not begun yet: the poll shrinks as they wake
+        # only the runs not begun yet: the poll shrinks as they wake
+        seen = progress(client, left)
         now = time.time()
         for run_id, (segment, status) in zip(left, seen, strict=True):
             if segment >= 1:
@@ -201,9 +200,8 @@ def main() -> int:
 
             with ThreadPoolExecutor(8) as pool:  # the adds' round trips overlap
                 started = time.monotonic()
-                list(
-                    pool.map(add, run_ids[:200], ["0 0 1 1 *"] * 200)
-                )  # a sample, removed after
+                # a sample, removed after
+                list(pool.map(add, run_ids[:200], ["0 0 1 1 *"] * 200))
                 per_add = (time.monotonic() - started) / 200
                 for sid in client.redis.zrange(keys.SCHEDULES_ALL, 0, -1):
                     client.remove_schedule(str(sid))

@@ -32,9 +32,8 @@ model = ScriptedModel(
         reply("Trim 2 s."),
     ]
 )
-journal = (
-    MemoryJournal()
-)  # RedisJournal in a durable run: every step stored once, replayed after a crash
+# RedisJournal in a durable run: every step stored once, replayed after a crash
+journal = MemoryJournal()
 options = RunToolLoopOptions(
     generate=model,
     model="claude-sonnet-5-5",
@@ -59,7 +58,6 @@ print(
     f"${result.spent_usd:.2f}",
     journal.keys(),
 )
-again = asyncio.run(
-    run_tool_loop(options)
-)  # a replay: every step comes from the journal
+# a replay: every step comes from the journal
+again = asyncio.run(run_tool_loop(options))
 print("replayed:", again.final_text == result.final_text, "model calls:", model.calls)

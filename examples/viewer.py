@@ -200,9 +200,8 @@ def page(
         else str(asked)
     )
     held = status.get("approvals") or [] if state == "asked" else []
-    asks = (state == "asked" and not held) or bool(
-        status.get("asking")
-    )  # its own question, or a child's
+    # its own question, or a child's
+    asks = (state == "asked" and not held) or bool(status.get("asking"))
     outcome = ""
     if state == "failed":
         outcome = (

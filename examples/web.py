@@ -74,9 +74,8 @@ from pathlib import Path
 from typing import Any
 
 if not __package__ and str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(
-        0, str(Path(__file__).resolve().parents[1])
-    )  # `python examples/web.py`: the checkout
+    # `python examples/web.py`: the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pydantic
 from starlette.applications import Starlette

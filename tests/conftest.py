@@ -112,9 +112,8 @@ class TierLines:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        self.sizes = Counter(
-            tier_of(nodeid) for nodeid in ids
-        )  # the controller collects nothing
+        # the controller collects nothing
+        self.sizes = Counter(tier_of(nodeid) for nodeid in ids)
 
     @pytest.hookimpl(
         tryfirst=True

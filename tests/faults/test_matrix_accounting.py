@@ -228,9 +228,8 @@ def test_a_stale_copy_of_a_committed_task_does_not_hide_the_task_beside_it(
         client.close()
     assert kill["landed"] == {RUN: [2]} and list(kill["in_flight"]) == [RUN]
     since = kill["in_flight"][RUN]
-    assert (
-        before <= since < kill["at"] - 0.25
-    )  # the first copy's begin, before the sleep
+    # the first copy's begin, before the sleep
+    assert before <= since < kill["at"] - 0.25
     effects = [{"kind": "wait", "tag": "p1r0s7.0.0", "pid": PID, "at": since + 0.003}]
     kill["at"] = since + 0.04
     assert allowed_reruns([kill], effects, TAGS) == {("wait", "p1r0s7.0.0"): 1}

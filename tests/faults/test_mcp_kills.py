@@ -120,20 +120,21 @@ def test_a_kill_after_tools_call_returned_resends_the_same_key_and_finishes_each
             if call["key"].startswith(f"{run_id}/")
         ]
         done = [call for call in made if not call["replayed"]]
+        # each effect once
         assert sorted(call["tool"] for call in done) == [
             "add",
             "remove",
             "shout",
-        ]  # each effect once
+        ]
         assert len({call["key"] for call in done}) == 3  # 0 duplicate finished calls
         again = [call for call in made if call["replayed"]]
+        # the killed calls, resent
         assert sorted(call["tool"] for call in again) == [
             "add",
             "remove",
-        ]  # the killed calls, resent
-        assert {call["key"] for call in again} <= {
-            call["key"] for call in done
-        }  # with the same key
+        ]
+        # with the same key
+        assert {call["key"] for call in again} <= {call["key"] for call in done}
         tools = [m for m in client.history(run_id) if m.role == "tool"]
         assert len(tools) == 3 and len({m.tool_call_id for m in tools}) == 3
         second = next(

@@ -176,12 +176,10 @@ def test_a_task_outlives_killed_workers_and_is_started_once_and_its_result_reach
         assert len(records) == 2 and {record["ended"] for record in records} == {
             "completed"
         }
-        assert fired[1]["task"] in {
-            record["task"] for record in records
-        }  # the killed poll's task
-        sessions = {
-            json.dumps(record["where"]) for record in records
-        }  # the second: a new worker's
+        # the killed poll's task
+        assert fired[1]["task"] in {record["task"] for record in records}
+        # the second: a new worker's
+        sessions = {json.dumps(record["where"]) for record in records}
         tasks = [
             task
             for where in sessions
@@ -244,10 +242,11 @@ def test_a_cancelled_run_cancels_its_task_at_the_server(
             assert (record["task"], "cancelled") in [
                 (task["taskId"], task["status"]) for task in tasks
             ]
+            # none left working
             assert {task["status"] for task in tasks} <= {
                 "cancelled",
                 "completed",
-            }  # none left working
+            }
     finally:
         client.close()
 

@@ -36,9 +36,8 @@ from workers.protocol.records import FINAL
 pytestmark = pytest.mark.faults
 
 MAXMEMORY = 20 * 1024 * 1024
-PADDING = (
-    "Frame notes: " + "the light falls left to right, " * 600
-)  # ~18 KB per run's prompt
+# ~18 KB per run's prompt
+PADDING = "Frame notes: " + "the light falls left to right, " * 600
 FULL_FOR_S = 4.0
 
 
@@ -188,9 +187,8 @@ def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(
                     sum(policy.counts.values()) < len(shapes)
                     and time.monotonic() < deadline
                 ):
-                    time.sleep(
-                        0.02
-                    )  # every run's first call is in flight (answered after 1 s)
+                    # every run's first call is in flight (answered after 1 s)
+                    time.sleep(0.02)
                 server.kill()
                 time.sleep(3.0)
                 server.start()

@@ -41,9 +41,8 @@ def test_every_run_finishes_across_a_redis_restart(
     (`--step-queues none`), where a step that fails on the lost connection is rejected back onto its
     queue rather than acked."""
     rng = random.Random(23)
-    work_dir = (
-        work_dir / steps
-    )  # the module's server and directory are shared: own tags, own files
+    # the module's server and directory are shared: own tags, own files
+    work_dir = work_dir / steps
     work_dir.mkdir()
     shapes = [
         dataclasses.replace(make_shape(f"rr{steps[0]}{i}", rng), latency_s=0.4)

@@ -45,9 +45,8 @@ bounded one (CI) keeps one of each kind with 6 runs."""
 def test_runs_survive_failovers_and_a_kill_with_commit_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(
-        "TOOLLOOP_COMMIT_WAIT", "1"
-    )  # the test's Client too: its answers wait for a replica
+    # the test's Client too: its answers wait for a replica
+    monkeypatch.setenv("TOOLLOOP_COMMIT_WAIT", "1")
     rng = random.Random(31)
     shapes = [
         dataclasses.replace(make_shape(f"sf{i}", rng), latency_s=0.3)

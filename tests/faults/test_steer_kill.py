@@ -111,9 +111,8 @@ def test_a_steer_is_seen_once_across_worker_kills(
     for steer_id, (run_id, text) in sent.items():
         history = client.history(run_id)
         assert sum(has_text(m, text) for m in history) == 1, (steer_id, history)
-        assert len(policy.first_seen(text)) == 1, (
-            steer_id
-        )  # one model request saw it first
+        # one model request saw it first
+        assert len(policy.first_seen(text)) == 1, steer_id
         assert not any(
             between_call_and_result(r.messages) for r in policy.carrying(text)
         )

@@ -45,9 +45,8 @@ def test_a_worker_killed_mid_stream_leaves_a_discard_marker_then_the_rerun_text(
         client = Client(redis_server.url)
         try:
             run_id = client.enqueue(spec("You add numbers.", stream=True))
-            seen = list(
-                client.events(run_id, follow=True)
-            )  # one reader, across the kill
+            # one reader, across the kill
+            seen = list(client.events(run_id, follow=True))
             status = client.wait(run_id, timeout=60)
         finally:
             client.close()
@@ -60,12 +59,10 @@ def test_a_worker_killed_mid_stream_leaves_a_discard_marker_then_the_rerun_text(
     mark = marks[0]
     before = [e for e in seen[:mark] if e.kind == "delta"]
     after = [e for e in seen[mark:] if e.kind == "delta" and e.step == 1]
-    assert before and {e.attempt for e in before} == {
-        first
-    }  # the killed attempt's text, then its marker
-    assert after and first not in {
-        e.attempt for e in after
-    }  # then the re-run's, under a new attempt
+    # the killed attempt's text, then its marker
+    assert before and {e.attempt for e in before} == {first}
+    # then the re-run's, under a new attempt
+    assert after and first not in {e.attempt for e in after}
     model = next(e for e in seen if e.kind == "model" and e.step == 1)
     assert seen.index(model) > seen.index(after[-1])
     stored = json.loads(
@@ -78,6 +75,5 @@ def test_a_worker_killed_mid_stream_leaves_a_discard_marker_then_the_rerun_text(
         == model.text
         == "".join(answer_words(1, WORDS))
     )
-    assert (
-        "".join(e.text for e in before) != journal_text
-    )  # the page did show text it had to drop
+    # the page did show text it had to drop
+    assert "".join(e.text for e in before) != journal_text

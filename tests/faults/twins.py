@@ -123,9 +123,8 @@ def _loose(snap: Snapshot) -> Snapshot:
         lambda m: order.setdefault(m.group(0), f"call#{len(order)}"), text
     )
     history, events = json.loads(text)
-    history = [
-        {k: v for k, v in m.items() if k != "reasoning"} for m in history
-    ]  # each wire's own
+    # each wire's own
+    history = [{k: v for k, v in m.items() if k != "reasoning"} for m in history]
     events = [
         (e[0], e[1], e[2], {k: v for k, v in e[3].items() if k not in _FIGURES})
         for e in events

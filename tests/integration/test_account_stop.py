@@ -33,9 +33,8 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedServer]:
 
 def policy(request: SimRequest) -> SimTurn:
     call = SimToolCall(name="add", input={"a": 1, "b": 2})
-    return SimTurn(
-        text="More.", tool_calls=[call], usage={"output_tokens": 4000}
-    )  # ~$0.02 a call
+    # ~$0.02 a call
+    return SimTurn(text="More.", tool_calls=[call], usage={"output_tokens": 4000})
 
 
 def test_an_account_stop_names_the_account_its_period_and_limit_everywhere(
@@ -94,9 +93,8 @@ def test_an_account_stop_names_the_account_its_period_and_limit_everywhere(
         today,
         0.05,
     )
-    assert (
-        stop.data["limit_usd"] == 1.0
-    )  # the run's own budget and spend, beside the account's
+    # the run's own budget and spend, beside the account's
+    assert stop.data["limit_usd"] == 1.0
     assert (
         stop.data["spent_usd"] == pytest.approx(status.spent_usd)
         and status.spent_usd < account["spent_usd"] + 1e-9

@@ -157,9 +157,8 @@ def test_a_decision_with_no_worker_is_queued_at_once_and_its_outcome_is_readable
 
     started = time.monotonic()
     assert client.approve(run_id, first, actor="ana") == "queued"
-    assert (
-        time.monotonic() - started < 3
-    )  # not the 10 s wait for a worker that is not there
+    # not the 10 s wait for a worker that is not there
+    assert time.monotonic() - started < 3
     queued = client.decision(run_id, first)
     assert (queued.state, queued.action, queued.actor) == ("queued", "approve", "ana")
     assert asyncio.run(_async_decision(redis_server.url, run_id, first)) == "queued"
@@ -176,9 +175,8 @@ def test_a_decision_with_no_worker_is_queued_at_once_and_its_outcome_is_readable
     )
     shown = cli(redis_server.url, tmp_path, "status", run_id)
     assert "decision approve by ana: queued, applied when a worker runs" in shown.stdout
-    assert (
-        "decide with" not in shown.stdout
-    )  # every held call has its decision on the way
+    # every held call has its decision on the way
+    assert "decide with" not in shown.stdout
 
     again = start_worker(redis_server.url, tmp_path, WORKER_ENV)
     try:

@@ -19,9 +19,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    yield from own_redis(
-        tmp_path_factory, "approve-busy-redis"
-    )  # no other worker takes its runs
+    # no other worker takes its runs
+    yield from own_redis(tmp_path_factory, "approve-busy-redis")
 
 
 ENV = {
@@ -41,9 +40,8 @@ def test_approve_returns_at_once_while_every_step_slot_is_taken(
         held_run = client.enqueue(spec("approve"))
         status = client.wait(held_run, timeout=20)
         assert status.approvals, status
-        busy = client.enqueue(
-            spec("gated_ask", str(gate))
-        )  # its gate tool holds the one slot
+        # its gate tool holds the one slot
+        busy = client.enqueue(spec("gated_ask", str(gate)))
         eventually(lambda: "model" in kinds(client, busy))
         time.sleep(0.5)  # the gate step is running
         started = time.monotonic()

@@ -43,9 +43,8 @@ def test_enqueue_many_makes_the_runs_enqueue_makes(client: Client) -> None:
     batch = client.enqueue_many([spec("tools", f"Add {n} and 13.") for n in range(5)])
     assert len(set(batch)) == 5 and single not in batch
     for run_id, total in zip([single, *batch], [9, 13, 14, 15, 16, 17], strict=True):
-        status = client.wait(
-            run_id, timeout=30
-        )  # the scripted model adds the numbers it is given
+        # the scripted model adds the numbers it is given
+        status = client.wait(run_id, timeout=30)
         assert (
             status.status == "done" and status.final_text == f"The sum is {total}."
         ), status
@@ -72,9 +71,8 @@ def test_enqueue_many_keeps_idempotency_and_checks_every_spec_first(
         client.enqueue_many([spec("tools", ADD), spec("tools", ADD, toolset="nosuch")])
     with pytest.raises(ValueError, match="one key"):
         client.enqueue_many([spec("tools", ADD)], idempotency_keys=["a", "b"])
-    assert (
-        client.redis.zcard(keys.ALL_RUNS) == stored
-    )  # nothing of a refused batch was stored
+    # nothing of a refused batch was stored
+    assert client.redis.zcard(keys.ALL_RUNS) == stored
     for run_id in keyed:
         assert client.wait(run_id, timeout=30).status == "done"
 
@@ -140,9 +138,8 @@ async def test_the_async_client_answers_and_cancels(
             "finished",
         ]
         starts = len([e for e in logged(worker.tool_log) if e.get("event") == "start"])
-        slow = await aclient.enqueue(
-            spec("slow")
-        )  # a tool that sleeps 30 s unless cancelled
+        # a tool that sleeps 30 s unless cancelled
+        slow = await aclient.enqueue(spec("slow"))
         for _ in range(400):  # cancel the tool where it runs (its abort), within 20 s
             if (
                 len([e for e in logged(worker.tool_log) if e.get("event") == "start"])

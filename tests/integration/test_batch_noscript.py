@@ -80,9 +80,8 @@ async def test_a_flushed_script_cache_keeps_the_batchs_order(
     raw = redis.Redis.from_url(server.url, decode_responses=True)
     stream, box = f"s:{uuid.uuid4().hex}", f"h:{uuid.uuid4().hex}"
     async with _batch(server) as batch:
-        assert (
-            await batch.script(APPEND, [stream], ["warm"]) == 1
-        )  # the batch knows it is loaded
+        # the batch knows it is loaded
+        assert await batch.script(APPEND, [stream], ["warm"]) == 1
         raw.script_flush()  # as a Redis restart behind a proxy, or an operator: the connection stays
         replies = await _one_turn(batch, stream, box)
         assert not [r for r in replies if isinstance(r, BaseException)], replies
@@ -115,15 +114,13 @@ async def test_batches_in_flight_together_run_again_in_their_order(
     async with _batch(server) as batch:
         warm = [batch.script(APPEND, [stream], ["w"])]
         await asyncio.sleep(0)
-        warm.append(
-            batch.script(APPEND, [stream], ["w"])
-        )  # two batches at once: two connections
+        # two batches at once: two connections
+        warm.append(batch.script(APPEND, [stream], ["w"]))
         assert await asyncio.gather(*warm) == [1, 1]
         raw.script_flush()
         first = batch.script(APPEND, [stream], ["a" * 8_000_000])
-        await asyncio.sleep(
-            0
-        )  # the first batch is taken: the next command goes in a batch of its own
+        # the first batch is taken: the next command goes in a batch of its own
+        await asyncio.sleep(0)
         second = batch.script(APPEND, [stream], ["b"])
         assert await asyncio.gather(first, second) == [1, 1]
         assert [e[:1] for e in _entries(raw, stream)] == ["w", "w", "a", "b"]

@@ -80,9 +80,8 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
         if line.startswith("12 parked runs raise the worker's RSS by")
     )
     assert "{'asked': 24}" in parked  # two bursts of 12
-    assert (
-        "after 12 runs at full steps in flight" in parked
-    )  # the warm-up before the baseline
+    # the warm-up before the baseline
+    assert "after 12 runs at full steps in flight" in parked
     assert any(line.startswith("  RSS after each burst of 12: ") for line in lines), (
         done.stdout
     )
@@ -106,29 +105,24 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     assert trial["gc"]["thresholds"] == [100_000, 50, 1000]
     kept = results["parked"]
     assert kept["statuses"] == {"asked": 24} and len(kept["rss_after_bursts_mb"]) == 2
-    assert (
-        kept["warm"] == 12
-    )  # the bench asserts that every warm-up run ended done, none parked
-    pools = kept["alloc_after"][
-        "pymalloc"
-    ]  # sys._debugmallocstats() read in the worker
+    # the bench asserts that every warm-up run ended done, none parked
+    assert kept["warm"] == 12
+    # sys._debugmallocstats() read in the worker
+    pools = kept["alloc_after"]["pymalloc"]
     assert (
         pools["arenas_allocated_current"] > 0
         and pools["bytes_in_allocated_blocks"] > 1 << 20
     ), pools
-    assert (
-        kept["alloc_after"]["glibc"]["arenas"] >= 1
-    )  # malloc_info: the main arena at least
-    assert (
-        kept["probe_after"]["kept_loops"] == 0
-    )  # a parked run keeps no loop on its worker
+    # malloc_info: the main arena at least
+    assert kept["alloc_after"]["glibc"]["arenas"] >= 1
+    # a parked run keeps no loop on its worker
+    assert kept["probe_after"]["kept_loops"] == 0
     assert "top" in kept["garbage"] and kept["rss_after_mb"] > kept["rss_before_mb"] / 2
     assert any(line.startswith("  cyclic garbage per parked run:") for line in lines), (
         done.stdout
     )
-    left = {
-        name for name, _ in kept["garbage"]["top"]
-    }  # no step's or ended loop's objects in cycles
+    # no step's or ended loop's objects in cycles
+    left = {name for name, _ in kept["garbage"]["top"]}
     assert not left & {
         "_Step",
         "Held",

@@ -118,9 +118,8 @@ def test_a_parent_spawns_children_that_finish_and_its_spend_is_theirs_and_its_ow
             own_cost(client, node.run_id) + below, 2
         )
     first = children_of(nodes, root)[0]
-    assert (
-        first.run_id.startswith(f"{root}.") and first.budget_usd is not None
-    )  # a slice of the root's $1
+    # a slice of the root's $1
+    assert first.run_id.startswith(f"{root}.") and first.budget_usd is not None
     assert (
         client.status(first.run_id).parent == root
         and client.status(first.run_id).depth == 1
@@ -143,9 +142,8 @@ def test_a_parent_spawns_children_that_finish_and_its_spend_is_theirs_and_its_ow
     ]
     spawn_result = next(m for m in client.history(root) if m.role == "tool")
     assert "3 child runs finished" in str(spawn_result.content)
-    assert (
-        asyncio.run(async_tree(client.settings.redis_url, root)) == nodes
-    )  # AsyncClient reads the same
+    # AsyncClient reads the same
+    assert asyncio.run(async_tree(client.settings.redis_url, root)) == nodes
 
 
 async def async_tree(url: str, run_id: str) -> list[RunNode]:
@@ -160,9 +158,8 @@ def test_a_waiting_parent_holds_no_worker_and_no_lease(client: Client) -> None:
     root = client.enqueue(spec("fan=2 slow=1.5 Review."))
     eventually(lambda: client.status(root).status == "waiting", timeout=20)
     assert client.redis.exists(keys.lease(root)) == 0
-    assert (
-        client.redis.zcard(keys.outbox(root)) == 0
-    )  # no step of it queued: only its last child wakes it
+    # no step of it queued: only its last child wakes it
+    assert client.redis.zcard(keys.outbox(root)) == 0
     assert client.wait(root, timeout=30).status == "done"
     assert [e.kind for e in client.events(root)].count(
         "woken"
@@ -188,9 +185,8 @@ def test_cancel_of_the_root_reaches_every_descendant(client: Client) -> None:
     took = time.monotonic() - asked
     assert [n.status for n in nodes] == ["cancel"] * 7, nodes
     print(f"cancel reached the 7 runs of the tree in {took:.3f} s")
-    assert took < 3.0, (
-        took
-    )  # the bench (bench/children.py) measures it: under 1 s on a quiet machine
+    # the bench (bench/children.py) measures it: under 1 s on a quiet machine
+    assert took < 3.0, took
     with pytest.raises(Exception, match="has ended"):
         client.cancel(children_of(nodes, root)[0].run_id)
 
@@ -204,21 +200,18 @@ def test_a_childs_question_is_answered_through_the_root(client: Client) -> None:
     assert len(asked) == 2 and asked[0].data["asked"]["question"].startswith(
         "Which take"
     )
-    first, second = children_of(
-        client.tree(root), root
-    )  # in spawn order, whichever asked first
-    status = client.wait(
-        root, timeout=10
-    )  # the root waits on its children: it shows the question
+    # in spawn order, whichever asked first
+    first, second = children_of(client.tree(root), root)
+    # the root waits on its children: it shows the question
+    status = client.wait(root, timeout=10)
     assert status.status == "waiting" and status.asking == first.run_id
     assert status.asked == first.asked and {e.data["child"] for e in asked} == {
         first.run_id,
         second.run_id,
     }
     client.answer(root, "Take 2")  # to the first child that asks
-    assert (
-        client.wait(root, timeout=20).asking == second.run_id
-    )  # then the other one asks
+    # then the other one asks
+    assert client.wait(root, timeout=20).asking == second.run_id
     client.answer(root, "Take 3")
     assert client.wait(root, timeout=30).status == "done"
     finals = [n.final_text for n in children_of(client.tree(root), root)]
@@ -254,15 +247,13 @@ def test_a_child_cannot_overspend_its_slice(client: Client) -> None:
         for e in client.events(n.run_id)
         if e.kind == "model"
     ]
-    assert (
-        max(0.0, status.spent_usd - 0.04) <= len(leaves) * max(calls) + 1e-9
-    )  # the tree's overshoot
+    # the tree's overshoot
+    assert max(0.0, status.spent_usd - 0.04) <= len(leaves) * max(calls) + 1e-9
 
 
 def test_children_asking_for_more_than_is_left_are_refused(client: Client) -> None:
-    root = client.enqueue(
-        spec("fan=2 budget=0.6 Review.")
-    )  # 2 x $0.60 from a $1 budget
+    # 2 x $0.60 from a $1 budget
+    root = client.enqueue(spec("fan=2 budget=0.6 Review."))
     status = client.wait(root, timeout=30)
     assert status.status == "done" and status.children == 0
     assert status.final_text is not None and "Your budget has $0.9" in status.final_text
@@ -283,12 +274,10 @@ def test_the_lua_key_of_a_tree_run_is_the_key_of_keys(
 
 
 def test_a_child_whose_question_expires_still_wakes_its_parent(client: Client) -> None:
-    root = client.enqueue(
-        spec("fan=1 ask Review.", ask_timeout_s=1)
-    )  # children inherit the deadline
-    assert (
-        client.wait(root, timeout=30).asking is not None
-    )  # the child asks; nobody answers
+    # children inherit the deadline
+    root = client.enqueue(spec("fan=1 ask Review.", ask_timeout_s=1))
+    # the child asks; nobody answers
+    assert client.wait(root, timeout=30).asking is not None
     status = eventually(
         lambda: (found := client.status(root)).finished and found, timeout=30
     )
@@ -361,19 +350,16 @@ def test_flower_sees_each_childs_steps_from_the_moment_they_are_sent(
         event = by_id[f"{child.run_id}:1"]
         assert event["name"] == "toolloop.advance" and event["queue"] == "llm"
         assert child.run_id in event["args"] and "model 1" in event["kwargs"]
-    woken = [
-        e for e in sent if e["uuid"] == f"{root}:3"
-    ]  # 2 started them; 3 reads how they ended
-    assert (
-        len(woken) == 1 and "tool spawn" in woken[0]["kwargs"]
-    )  # sent once, by the last child's end
+    # 2 started them; 3 reads how they ended
+    woken = [e for e in sent if e["uuid"] == f"{root}:3"]
+    # sent once, by the last child's end
+    assert len(woken) == 1 and "tool spawn" in woken[0]["kwargs"]
 
 
 def test_children_need_room_in_the_parents_account(client: Client) -> None:
     client.set_account_limit("tree-team", 1.0, period="total")
-    asks = spec(
-        "fan=2 budget=0.6 Review.", account="tree-team", budget_usd=5.0
-    )  # $1.20 > the account's $1
+    # $1.20 > the account's $1
+    asks = spec("fan=2 budget=0.6 Review.", account="tree-team", budget_usd=5.0)
     refused = client.enqueue(asks)
     status = client.wait(refused, timeout=30)
     assert status.status == "done" and status.children == 0, status
@@ -386,10 +372,8 @@ def test_children_need_room_in_the_parents_account(client: Client) -> None:
     )
     assert client.wait(fits, timeout=30).status == "done"
     (account,) = [a for a in client.accounts() if a.name == "tree-team"]
-    assert account.reserved_usd == pytest.approx(
-        0, abs=1e-9
-    )  # the hold freed once they were stored
+    # the hold freed once they were stored
+    assert account.reserved_usd == pytest.approx(0, abs=1e-9)
     total = client.status(refused).spent_usd + client.status(fits).spent_usd
-    assert account.spent_usd == pytest.approx(
-        total, abs=1e-6
-    )  # every call of both trees charged once
+    # every call of both trees charged once
+    assert account.spent_usd == pytest.approx(total, abs=1e-6)

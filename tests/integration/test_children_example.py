@@ -57,16 +57,14 @@ def test_the_readme_children_block_works_as_written(tmp_path: Path) -> None:
         pytest.fail(f"The README's children block did not end:\n{out}\n{err}"[-6000:])
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(
-                shell.pid, signal.SIGKILL
-            )  # nothing of a failed block outlives the test
+            # nothing of a failed block outlives the test
+            os.killpg(shell.pid, signal.SIGKILL)
     assert shell.returncode == 0, (out + err)[-4000:]
     print(out)
     statuses = re.findall(r"^status\s+(\S+)", out, re.MULTILINE)
     assert statuses == ["done", "waiting", "waiting", "done", "cancel"], out
-    assert (
-        len(re.findall(r"^      \S+\.\S+\.\S+  done", out, re.MULTILINE)) == 6
-    )  # the 6 grandchildren
+    # the 6 grandchildren
+    assert len(re.findall(r"^      \S+\.\S+\.\S+  done", out, re.MULTILINE)) == 6
     assert out.count("answer with: toolloop answer") == 2
     cancelled = out.rsplit("tree", 1)[1]
     assert len(re.findall(r"  cancel ", cancelled)) == 7, cancelled

@@ -112,9 +112,8 @@ def test_doctor_warns_about_redis_and_fails_on_a_broken_toolset(
     served = {**env, "TOOLLOOP_TOOLSETS": REGISTERED}
     done = toolloop(served, "doctor")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (
-        "warn  Redis has no maxmemory" in done.stdout
-    )  # the test server runs without one
+    # the test server runs without one
+    assert "warn  Redis has no maxmemory" in done.stdout
     assert "ok    AOF on" in done.stdout
     assert (
         "ok    toolset 'review' = examples.storyboard.tools:REVIEW_TOOLS (list_shots"
@@ -165,9 +164,8 @@ def test_bad_toolset_enqueues_nothing(
     before = set(redis_client.keys())
     args = ["run", "Hi", "--model", "m"] + (["--toolset", toolset] if toolset else [])
     assert_clean_error(toolloop(env, *args), first_line)
-    assert (
-        set(redis_client.keys()) - before == set()
-    )  # no new key (old ones may expire meanwhile)
+    # no new key (old ones may expire meanwhile)
+    assert set(redis_client.keys()) - before == set()
 
 
 def test_sim_bad_script_is_two_lines(env: dict[str, str], tmp_path: Path) -> None:
@@ -301,9 +299,8 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
             for line in retried.stdout.splitlines()
             if line.startswith("run      queued")
         ]
-        assert (
-            len(requeued) == 2 and requeued[0] == requeued[1]
-        )  # the retry's names model and toolset
+        # the retry's names model and toolset
+        assert len(requeued) == 2 and requeued[0] == requeued[1]
         assert "None" not in requeued[1] and "toolset review" in requeued[1], requeued
         # a reader that stops early: no BrokenPipeError, no traceback
         piped = subprocess.run(
@@ -330,9 +327,8 @@ def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> Non
             "final_text"
         ] == ("Answered after a retry.")
     finally:
-        os.kill(
-            worker.pid, signal.SIGTERM
-        )  # the command forwards it to its Celery worker
+        # the command forwards it to its Celery worker
+        os.kill(worker.pid, signal.SIGTERM)
         try:
             worker.wait(timeout=30)
         finally:
@@ -350,11 +346,12 @@ def _late_delta(redis_url: str, run_id: str, text: str) -> None:
     client = Client(redis_url)
     last = [e for e in client.events(run_id) if e.kind == "delta"][-1]
     client.close()
+    # the delta's own fields (extra)
     segment, step, attempt = (
         last.segment,
         last.step,
         last.attempt,
-    )  # the delta's own fields (extra)
+    )
     raw = redis.Redis.from_url(redis_url, decode_responses=True)
     r = run_id
     written = raw.eval(

@@ -92,9 +92,8 @@ def test_the_embedded_server_worker_banner_doctor_and_run_follow_without_a_termi
         run_id = followed.stdout.splitlines()[0]
         assert f"toolloop answer {run_id} 'TEXT'" in followed.stderr
         assert "Traceback" not in followed.stderr
-        assert (
-            "status      asked" in toolloop("status", run_id).stdout
-        )  # parked, waiting for an answer
+        # parked, waiting for an answer
+        assert "status      asked" in toolloop("status", run_id).stdout
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=60)

@@ -61,9 +61,8 @@ def sharded(
     value = ",".join(s.url for s in shards)
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("TOOLLOOP_REDIS_SHARDS", value)
-    monkeypatch.setenv(
-        "TOOLLOOP_HOME", str(tmp_path / "state")
-    )  # no embedded Redis is started
+    # no embedded Redis is started
+    monkeypatch.setenv("TOOLLOOP_HOME", str(tmp_path / "state"))
     return value
 
 
@@ -183,12 +182,10 @@ def test_every_run_command_reaches_the_runs_shard(
         json.loads(line)["run_id"]: json.loads(line)["created_at"]
         for line in out.splitlines()[:-1]
     }
-    assert [created[r] for r in listed] == sorted(
-        created.values(), reverse=True
-    )  # newest first
-    code, out, _ = cli(
-        capsys, "list", "-n", "3"
-    )  # a page of 3 of 5, and the cursor to the rest
+    # newest first
+    assert [created[r] for r in listed] == sorted(created.values(), reverse=True)
+    # a page of 3 of 5, and the cursor to the rest
+    code, out, _ = cli(capsys, "list", "-n", "3")
     assert out.splitlines()[-1].startswith("more: toolloop list --cursor ")
     cursor = out.splitlines()[-1].split("'")[1]
     code, rest, _ = cli(capsys, "list", "--json", "--cursor", cursor)

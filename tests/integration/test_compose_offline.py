@@ -71,9 +71,8 @@ def service(
     name: str, host: dict[str, str], names: dict[str, str]
 ) -> tuple[list[str], dict[str, str]]:
     """A service's command and environment as compose would run them, service names resolved."""
-    data = yaml.safe_load(
-        COMPOSE.read_text()
-    )  # (`<<: *app` merges x-app as compose does)
+    # (`<<: *app` merges x-app as compose does)
+    data = yaml.safe_load(COMPOSE.read_text())
     spec = data["services"][name]
 
     def resolved(text: str) -> str:
@@ -128,9 +127,8 @@ def test_the_compose_offline_path_runs_the_storyboard_review_to_done(
     assert sim_command[:2] == ["toolloop", "sim"]
     port_at = sim_command.index("--port") + 1
     compose_sim_port = sim_command[port_at]
-    sim_command[port_at] = str(
-        sim_port
-    )  # compose publishes it on its own network; here a free port
+    # compose publishes it on its own network; here a free port
+    sim_command[port_at] = str(sim_port)
     sim_command[sim_command.index("--host") + 1] = "127.0.0.1"
     worker_command, worker_env = service("worker", host, names)
     assert worker_command[:3] == ["celery", "-A", "workers.app"]

@@ -47,10 +47,11 @@ class Page(BaseModel):
 
 
 def read_page(input: Page, signal: AbortSignal) -> ToolOutput:
+    # ~2.5K tokens
     text = (
         f"Page {input.page}: 03:0{input.page % 10} api-2 GET /orders 200 in 31 ms. "
         * 140
-    )  # ~2.5K tokens
+    )
     return ToolOutput(value=input.page, content=[TextPart(text=text)])
 
 
@@ -154,9 +155,8 @@ async def test_requests_after_a_compaction_carry_the_summary_then_the_recent_tur
         messages = request.messages or []
         head = messages[0]
         assert isinstance(head, UserMessage) and not isinstance(head.content, str)
-        assert head.content[0] == TextPart(
-            text=TASK
-        )  # the task verbatim, then the summary
+        # the task verbatim, then the summary
+        assert head.content[0] == TextPart(text=TASK)
         assert messages[1].role == "assistant"  # the cut is at an assistant message
         opened = {
             c.id
@@ -201,9 +201,8 @@ async def test_a_replay_of_a_finished_compacting_run_calls_no_model_and_returns_
     assert sim.stats()["requests"] == requests  # no model call, no summary call
     assert again == first
     assert again_events == first_events
-    assert [
-        k for k in journal.entries if k.startswith("compact:")
-    ]  # the steps are in the journal
+    # the steps are in the journal
+    assert [k for k in journal.entries if k.startswith("compact:")]
 
 
 async def test_a_compaction_that_would_cross_the_budget_is_not_started(
@@ -233,9 +232,8 @@ async def test_a_compaction_that_would_cross_the_budget_is_not_started(
     assert not any(isinstance(e, CompactionEvent) for e in events)
     assert not sim.stats()["compactions"]
     assert result.stopped_by == "budget"
-    assert (
-        result.steps == first.step
-    )  # the model call after the skipped compaction went ahead
+    # the model call after the skipped compaction went ahead
+    assert result.steps == first.step
 
 
 def test_a_bad_policy_is_refused_before_any_work() -> None:

@@ -83,9 +83,8 @@ def test_a_send_after_done_continues_the_run_with_its_history(
         "model",
         "finished",
     ]
-    assert (
-        status.spent_usd > client.status(run_id).spent_usd / 2 > 0
-    )  # the spend carries over
+    # the spend carries over
+    assert status.spent_usd > client.status(run_id).spent_usd / 2 > 0
 
 
 def test_a_send_to_a_failed_or_cancelled_run_is_refused(client: Client) -> None:
@@ -122,9 +121,8 @@ def test_a_keyed_send_is_applied_once(client: Client, policy: Chat) -> None:
     )
     assert first == again
     client.wait(run_id, timeout=30)
-    assert (
-        client.send(run_id, "two", idempotency_key="msg-2") == first
-    )  # after it ran, too
+    # after it ran, too
+    assert client.send(run_id, "two", idempotency_key="msg-2") == first
     assert len(policy.carrying("two")) == 1
     assert [text_of(m) for m in client.history(run_id)].count("two") == 1
     state = client.redis.hmget(f"tl:{{{run_id}}}:state", "budget_added", "steps_added")
@@ -178,9 +176,8 @@ def test_a_steer_is_seen_by_exactly_one_model_request_after_the_tool_result(
         "model",
         "finished",
     ]
-    assert (
-        events[4].id_ == steer_id
-    )  # the steer event carries its id (`id` is the stream entry's)
+    # the steer event carries its id (`id` is the stream entry's)
+    assert events[4].id_ == steer_id
     journal = client.redis.hkeys(f"tl:{{{run_id}}}:journal:s0")
     assert f"steer:{steer_id}" in journal
     with pytest.raises(
@@ -199,11 +196,12 @@ def test_a_steer_that_comes_as_the_model_finishes_is_answered(
     status = client.wait(run_id, timeout=30)
     assert status.status == "done"
     texts = [text_of(m) for m in client.history(run_id) if isinstance(m, UserMessage)]
+    # in the order they were sent, each once
     assert texts == [
         "slow 1",
         "first",
         "second",
-    ]  # in the order they were sent, each once
+    ]
     assert (
         len(policy.first_seen("first")) == 1 and len(policy.first_seen("second")) == 1
     )
@@ -218,9 +216,8 @@ def test_interrupt_stops_the_model_call_in_flight_then_a_send_continues(
     client.interrupt(run_id)
     status = client.wait(run_id, timeout=10)
     assert status.status == "interrupted" and time.monotonic() - began < 10
-    assert [text_of(m) for m in client.history(run_id)] == [
-        "think 30"
-    ]  # nothing of the call is kept
+    # nothing of the call is kept
+    assert [text_of(m) for m in client.history(run_id)] == ["think 30"]
     assert list(client.events(run_id))[-1].stopped_by == "interrupted"
     sent = client.send(run_id, "never mind, say hi")
     assert sent.segment == 1

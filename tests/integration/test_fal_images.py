@@ -124,9 +124,10 @@ async def test_a_failed_upload_falls_back_to_a_data_uri_and_the_run_finishes(
         uploads = sim.stats()["uploads"]
         files = len(sim.simulator.files)
     assert (result.stopped_by, result.final_text) == ("done", "Both frames are fine.")
+    # not retried on the next step
     assert (uploads, files) == (
         {"initiate": 1, "failed": 1},
         0,
-    )  # not retried on the next step
+    )
     uri = "data:image/png;base64," + base64.b64encode(PNG).decode()
     assert [image_urls(body) for body in policy.bodies] == [[], [uri], [uri, uri]]

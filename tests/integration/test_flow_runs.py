@@ -102,12 +102,10 @@ def test_runs_under_a_rate_limit_meet_no_429_and_go_at_the_limit(
         stats = sim.stats()
     assert [s.status for s in statuses] == ["done"] * runs
     assert stats["requests"] == runs * TURNS
-    assert (
-        stats["statuses"].get("429", 0) == 0
-    )  # no call was refused, so none was retried
-    assert (
-        took >= (runs * TURNS - 10) / 10 * 0.9
-    )  # paced: beyond the burst, 10 a second
+    # no call was refused, so none was retried
+    assert stats["statuses"].get("429", 0) == 0
+    # paced: beyond the burst, 10 a second
+    assert took >= (runs * TURNS - 10) / 10 * 0.9
 
 
 def test_200_runs_on_one_account_never_spend_past_its_limit(
@@ -141,9 +139,8 @@ def test_200_runs_on_one_account_never_spend_past_its_limit(
     assert total > 0.8 * limit  # the account was spent, not refused from the start
     stops = [s.status for s in statuses]
     assert stops.count("budget") > 0 and set(stops) <= {"done", "budget"}, set(stops)
-    assert row.spent_usd == pytest.approx(
-        total, abs=1e-6
-    )  # `toolloop accounts` says what the journals say
+    # `toolloop accounts` says what the journals say
+    assert row.spent_usd == pytest.approx(total, abs=1e-6)
     assert row.reserved_usd == 0.0
 
 
@@ -166,16 +163,14 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
         try:
             client.set_account_limit("tenant-2", 5.0, period="total")
             run_ids = [client.enqueue(run_spec(account="tenant-2")) for _ in range(5)]
-            eventually(
-                lambda: held(plain, "tenant-2") > 0, timeout=20
-            )  # the calls hang at the simulator
+            # the calls hang at the simulator
+            eventually(lambda: held(plain, "tenant-2") > 0, timeout=20)
             time.sleep(1.2)  # the AOF (fsync every second) has the reservations
             worker.kill()
             killed = time.monotonic()
             own_redis.restart()
-            assert (
-                held(plain, "tenant-2") > 0
-            )  # kept across the restart: nobody settled them
+            # kept across the restart: nobody settled them
+            assert held(plain, "tenant-2") > 0
             eventually(
                 lambda: held(plain, "tenant-2") == 0, timeout=lease_ms / 1000 + 2
             )
@@ -193,9 +188,8 @@ def test_a_killed_worker_and_a_redis_restart_leak_no_reservation_past_a_lease(
             plain.close()
     assert [s.status for s in statuses] == ["done"] * 5
     assert row.reserved_usd == 0.0
-    assert row.spent_usd == pytest.approx(
-        total, abs=1e-6
-    )  # the killed calls were never answered, nor billed
+    # the killed calls were never answered, nor billed
+    assert row.spent_usd == pytest.approx(total, abs=1e-6)
 
 
 def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_budget(
@@ -206,9 +200,8 @@ def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_bud
     def policy(request: SimRequest) -> SimTurn:
         seen.append(request)
         call = SimToolCall(name="add", input={"a": 1, "b": 2})
-        return SimTurn(
-            text="More.", tool_calls=[call], usage={"output_tokens": 4000}
-        )  # ~$0.02 a call
+        # ~$0.02 a call
+        return SimTurn(text="More.", tool_calls=[call], usage={"output_tokens": 4000})
 
     with SimServer(policy) as sim:
         worker = start_sim_worker(own_redis.url, sim, tmp_path)
@@ -228,9 +221,8 @@ def test_a_run_of_an_account_near_its_limit_sends_its_finish_note_then_stops_bud
         NOTE in repr(r.messages[-1]) and isinstance(r.messages[-1], UserMessage)
         for r in seen
     ]
-    assert (
-        notes[0] is False and notes[-1] is True
-    )  # finish mode once the account neared its limit
+    # finish mode once the account neared its limit
+    assert notes[0] is False and notes[-1] is True
     assert row.spent_usd <= 0.1 and row.period == "month"
 
 
@@ -251,9 +243,8 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
         )
         client = Client(own_redis.url)
         try:
-            waiting = [
-                client.enqueue(run_spec()) for _ in range(4)
-            ]  # 20 calls: 40 s at the limit
+            # 20 calls: 40 s at the limit
+            waiting = [client.enqueue(run_spec()) for _ in range(4)]
             time.sleep(1.0)  # they hold both slots of the worker, waiting their turn
             started = time.monotonic()
             free = client.enqueue(run_spec(model="claude-sonnet-5-5"))
@@ -264,18 +255,16 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
             worker.kill()
             client.close()
     assert status.status == "done"
-    assert took < 10, (
-        took
-    )  # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)
+    # not stuck behind the waiting steps (2 slots, 4 runs waiting 2 s a call)
+    assert took < 10, took
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
     own_redis: EmbeddedServer, tmp_path: Path, stream: bool
 ) -> None:
-    overloaded = SimFault(
-        status=529, times=None, headers={"x-should-retry": "false"}
-    )  # falls over at once
+    # falls over at once
+    overloaded = SimFault(status=529, times=None, headers={"x-should-retry": "false"})
 
     def policy(request: SimRequest) -> SimTurn:
         if request.wire == "anthropic":
@@ -288,10 +277,11 @@ def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
             tool_calls=[SimToolCall(name="add", input={"a": n, "b": 1})],
         )
 
+    # 100 model calls, each refused by Anthropic, then sent to fal: 5 a second
     runs, fal_rpm = (
         20,
         300,
-    )  # 100 model calls, each refused by Anthropic, then sent to fal: 5 a second
+    )
     limits = json.dumps(
         {
             "anthropic": {
@@ -329,14 +319,12 @@ def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
             worker.stop()
             client.close()
         stats = sim.stats()
-    assert stats["statuses"].get("429", 0) == 0, stats[
-        "statuses"
-    ]  # fal was never sent past its limit
+    # fal was never sent past its limit
+    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]
     assert [s.status for s in statuses] == ["done"] * runs
     assert stats["endpoints"] == {"anthropic": runs * TURNS, "fal": runs * TURNS}
-    assert (
-        took >= (runs * TURNS - 5) / 5 * 0.9
-    )  # paced at fal's limit, beyond its 1 s burst
+    # paced at fal's limit, beyond its 1 s burst
+    assert took >= (runs * TURNS - 5) / 5 * 0.9
     assert fal  # fal's calls were booked in fal's own bucket ...
     # ... and not in Anthropic's: no output tokens were settled there (its 529s have none), nor a
     # fal 429 learned
@@ -367,12 +355,10 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
         worker = start_sim_worker(own_redis.url, sim, tmp_path, **env)
         client = Client(own_redis.url)
         try:
-            client.set_account_limit(
-                "narrow", 0.10, period="total"
-            )  # room for Anthropic's only
-            client.set_account_limit(
-                "wide", 0.18, period="total"
-            )  # fal's fits, not beside its own $0.04
+            # room for Anthropic's only
+            client.set_account_limit("narrow", 0.10, period="total")
+            # fal's fits, not beside its own $0.04
+            client.set_account_limit("wide", 0.18, period="total")
             narrow = client.enqueue(run_spec(account="narrow", fallback=["fal"]))
             wide = client.enqueue(run_spec(account="wide", fallback=["fal"]))
             # less than a lease (20 s): the dearer estimate does not wait for the call's own reservation
@@ -383,10 +369,11 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
             client.close()
         stats = sim.stats()
     assert [s.status for s in statuses] == ["budget", "done"]
+    # the narrow run's call never went to fal
     assert stats["endpoints"] == {
         "anthropic": 2,
         "fal": 1,
-    }  # the narrow run's call never went to fal
+    }
     assert rows["narrow"].spent_usd == 0.0 and rows["wide"].spent_usd > 0
     assert rows["narrow"].reserved_usd == rows["wide"].reserved_usd == 0.0
 
@@ -399,9 +386,8 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
 
     def policy(request: SimRequest) -> SimTurn:
         starts.append(time.monotonic())
-        return SimTurn(
-            text="Done.", latency_s=latency
-        )  # one call, over two leases long
+        # one call, over two leases long
+        return SimTurn(text="Done.", latency_s=latency)
 
     limits = json.dumps({"anthropic": {"*": {"concurrent": 1}}})
     plain = redis.Redis.from_url(own_redis.url, decode_responses=True)
@@ -415,10 +401,11 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
             eventually(lambda: starts or None, timeout=20)
             time.sleep(lease_ms / 1000 * 1.7)  # past a lease into the first call
             reserved_late = held(plain, "long")
+            # it waits for the place
             run_ids = [
                 first,
                 client.enqueue(run_spec(account="long")),
-            ]  # it waits for the place
+            ]
             statuses = wait_all(client, run_ids, timeout=60)
             (row,) = client.accounts()
         finally:
@@ -426,12 +413,10 @@ def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
             client.close()
             plain.close()
     assert [s.status for s in statuses] == ["done", "done"]
-    assert (
-        reserved_late > 0
-    )  # the first call's reservation did not lapse a lease after it was made
-    assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, (
-        starts
-    )  # one call at a time
+    # the first call's reservation did not lapse a lease after it was made
+    assert reserved_late > 0
+    # one call at a time
+    assert len(starts) == 2 and starts[1] - starts[0] >= latency * 0.95, starts
     assert row.reserved_usd == 0.0 and row.spent_usd > 0
 
 
@@ -461,13 +446,11 @@ def test_two_workers_that_learn_the_limit_from_the_headers_hold_it_in_a_burst_of
             client.close()
         stats = sim.stats()
     assert [s.status for s in statuses] == ["done"] * runs
-    assert stats["statuses"].get("429", 0) == 0, stats[
-        "statuses"
-    ]  # none refused, so none retried
+    # none refused, so none retried
+    assert stats["statuses"].get("429", 0) == 0, stats["statuses"]
     assert stats["requests"] == runs
-    assert took >= (runs - 8) / 4 * 0.8, (
-        took
-    )  # paced at the learned limit beyond the burst
+    # paced at the learned limit beyond the burst
+    assert took >= (runs - 8) / 4 * 0.8, took
 
 
 def test_a_provider_retry_is_booked_against_the_limit_as_one_more_request(
@@ -541,9 +524,8 @@ def test_a_two_phase_tool_is_reserved_and_charged_against_the_account(
         line for line in tool_log.read_text().splitlines() if '"transcode"' in line
     ]
     assert status.status == "budget", status.status
-    assert 3 <= len(starts) <= 5, (
-        starts
-    )  # $0.10 each on $0.5, each start reserving its $0.15 first
+    # $0.10 each on $0.5, each start reserving its $0.15 first
+    assert 3 <= len(starts) <= 5, starts
     assert row.spent_usd == pytest.approx(total, abs=1e-6) and total > 0.3, (row, total)
     assert row.spent_usd <= 0.5 and row.reserved_usd == 0.0
 

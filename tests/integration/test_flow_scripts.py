@@ -61,13 +61,11 @@ def test_input_tokens_are_booked_and_settled_to_the_real_count(
     bucket = "tl:rl:test-tokens:m"
     limits = Limits(itpm=60_000, burst_s=1)  # 1,000 tokens a second
     assert book(redis_client, bucket, limits, tokens=900)[0] == 0
-    redis_client.eval(
-        rate_scripts.SETTLE, 2, bucket, f"{bucket}:inflight", "h", 600, 0
-    )  # it used 1,500
+    # it used 1,500
+    redis_client.eval(rate_scripts.SETTLE, 2, bucket, f"{bucket}:inflight", "h", 600, 0)
     wait, why = book(redis_client, bucket, limits, tokens=500)
-    assert why == "rate" and 900 <= wait <= 1000, (
-        wait
-    )  # -1,000 left after this booking: ~1 s
+    # -1,000 left after this booking: ~1 s
+    assert why == "rate" and 900 <= wait <= 1000, wait
 
 
 def test_a_concurrency_limit_answers_busy_until_a_call_settles(
@@ -187,18 +185,15 @@ def test_reservations_hold_the_limit_and_settle_the_real_cost(
     redis_client: redis.Redis,
 ) -> None:
     name = "team-a"
-    assert (
-        reserve(redis_client, name, "x", 0.5).verdict == "none"
-    )  # no limit set: not limited
+    # no limit set: not limited
+    assert reserve(redis_client, name, "x", 0.5).verdict == "none"
     accounts.set_limit(redis_client, name, 1.0, "day", finish_at=0.8)
     assert reserve(redis_client, name, "r1", 0.5).verdict == "ok"
     assert reserve(redis_client, name, "r2", 0.4).verdict == "finish"  # 0.9 of 1.0 held
-    assert (
-        reserve(redis_client, name, "r3", 0.2).verdict == "wait"
-    )  # fits once those settle
-    assert (
-        reserve(redis_client, name, "r3", 1.2).verdict == "stop"
-    )  # never fits: refused, nothing held
+    # fits once those settle
+    assert reserve(redis_client, name, "r3", 0.2).verdict == "wait"
+    # never fits: refused, nothing held
+    assert reserve(redis_client, name, "r3", 1.2).verdict == "stop"
     settle(redis_client, name, "r1", 0.05)
     settle(redis_client, name, "r2", 0.05)
     (row,) = [a for a in accounts.spend(redis_client, time.time()) if a.name == name]
@@ -270,15 +265,17 @@ def test_before_an_answer_taught_the_limit_one_call_goes_and_the_rest_wait_for_i
     redis_client: redis.Redis,
 ) -> None:
     bucket = "tl:rl:test-probe:m"
+    # it goes, to learn the limit
     assert book_learning(redis_client, bucket, "first") == (
         0,
         "",
-    )  # it goes, to learn the limit
+    )
     wait, why = book_learning(redis_client, bucket, "second")
+    # nothing booked: it asks again
     assert why == "learning" and 10 <= wait <= 100, (
         wait,
         why,
-    )  # nothing booked: it asks again
+    )
     headers = httpx.Headers(
         {
             "anthropic-ratelimit-requests-limit": "120",
@@ -307,23 +304,26 @@ def test_a_provider_that_names_no_limit_is_open_and_a_lost_probe_lets_the_next_c
 ) -> None:
     bucket = "tl:rl:test-open:m"
     assert book_learning(redis_client, bucket, "first") == (0, "")
+    # failed
     redis_client.eval(
         rate_scripts.SETTLE, 2, bucket, f"{bucket}:inflight", "first", 0, 0
-    )  # failed
+    )
 
+    # the next call goes to learn it
     assert book_learning(redis_client, bucket, "second") == (
         0,
         "",
-    )  # the next call goes to learn it
+    )
     odd = httpx.Headers(
         {
             "anthropic-ratelimit-requests-limit": "inf",
             "anthropic-ratelimit-requests-remaining": "nan",
         }
     )
+    # not numbers
     assert ratelimit.lessons(200, odd, time.time()) == ratelimit.Lessons(
         0.0, [], [], True
-    )  # not numbers
+    )
     taught = ratelimit.lessons(200, httpx.Headers({}), time.time())
     assert taught.open
     redis_client.eval(rate_scripts.LEARN, 1, bucket, *taught.args())

@@ -74,10 +74,11 @@ def test_an_absurd_retry_after_blocks_the_model_for_at_most_the_cap(
         log = worker.log.read_text(errors="replace")
     assert refused, "the simulator never refused a call"
     assert first.status == "failed" and "HTTP 429" in (first.error_message or ""), first
+    # not 31 years
     assert 0 < blocked / 1000 - refused[0] <= CAP_S + 1, (
         blocked,
         refused,
-    )  # not 31 years
+    )
     assert "longer than the cap of 3 s" in log
     assert fresh.status == "done" and fresh.final_text == "Done.", fresh
     assert took < CAP_S + 10, took

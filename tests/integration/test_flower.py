@@ -141,9 +141,8 @@ def test_flower_reports_the_step_that_failed_its_run_as_failure(
     assert task["exception"] == "AssertionError(\"No scripted scenario 'nosuch'.\")"
     assert ast.literal_eval(task["kwargs"]) == {"step": "model 1"}
     assert "privately" not in json.dumps(task)
-    dashboard = api(
-        flower, "/api/workers"
-    )  # the worker's counters (Flower's dashboard) count it
+    # the worker's counters (Flower's dashboard) count it
+    dashboard = api(flower, "/api/workers")
     assert any(name.startswith(worker.name.split("@")[0]) for name in dashboard)
 
 
@@ -169,9 +168,8 @@ def test_celery_inspect_shows_the_steps_in_flight_and_the_step_queues(
         declared = eventually(lambda: inspect.active_queues(), timeout=10)
         names = {q["name"] for queues in declared.values() for q in queues}
         assert {"llm", "tools", "control"} <= names
-        run_id = client.enqueue(
-            spec("slow")
-        )  # a tool that sleeps 30 s unless the run is cancelled
+        # a tool that sleeps 30 s unless the run is cancelled
+        run_id = client.enqueue(spec("slow"))
 
         def in_flight() -> Any:
             found = [t for tasks in (inspect.active() or {}).values() for t in tasks]
@@ -209,9 +207,8 @@ def test_flower_started_as_compose_and_the_procfile_do_is_read_only(
         ):
             refused = httpx.post(f"{url}{path}", auth=AUTH, timeout=10)
             assert refused.status_code == 403, (path, refused.status_code)
-        assert (
-            httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).status_code == 200
-        )  # it still shows
+        # it still shows
+        assert httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).status_code == 200
 
 
 def test_flower_shows_a_refused_run_in_its_last_step_result(
@@ -264,8 +261,9 @@ def test_the_step_after_an_answer_is_labelled_with_its_number(
 
     tasks = eventually(models, timeout=20)
     labels = [ast.literal_eval(tasks[f"{run_id}:{n}"]["kwargs"]) for n in (1, 2, 3)]
+    # as `toolloop events` numbers them
     assert labels == [
         {"step": "model 1"},
         {"step": "model 2"},
         {"step": "model 3"},
-    ]  # as `toolloop events` numbers them
+    ]

@@ -120,12 +120,10 @@ def test_flower_on_sentinel_shows_workers_steps_and_queues_across_a_failover(
 
     before = deployment.primary_port()
     assert deployment.failover() != before
-    deployment.rejoined(
-        before
-    )  # the demoted primary is a replica again (about 10 s here)
-    run_and_see_its_steps(
-        deployment, flower
-    )  # events from the new primary reach Flower
+    # the demoted primary is a replica again (about 10 s here)
+    deployment.rejoined(before)
+    # events from the new primary reach Flower
+    run_and_see_its_steps(deployment, flower)
     assert {"llm", "tools", "control"} <= {
         q["name"] for q in api(flower, "/api/queues/length")["active_queues"]
     }
@@ -135,16 +133,14 @@ def test_flower_reads_queue_lengths_through_the_first_sentinel_only(
     deployment: SentinelSet, flower: str, worker: Worker
 ) -> None:
     first = deployment.sentinels[0]
-    first.process.send_signal(
-        signal.SIGSTOP
-    )  # the first sentinel stops answering (its port stays open)
+    # the first sentinel stops answering (its port stays open)
+    first.process.send_signal(signal.SIGSTOP)
     try:
         refused = httpx.get(f"{flower}/api/queues/length", auth=AUTH, timeout=30)
         assert refused.status_code >= 500
         began = time.monotonic()
-        run_and_see_its_steps(
-            deployment, flower
-        )  # its steps reach Flower: kombu asks other sentinels
+        # its steps reach Flower: kombu asks other sentinels
+        run_and_see_its_steps(deployment, flower)
         # a new client asks the hung sentinel once (a 2 s timeout), then the next: no retries (it
         # took ~27 s with redis-py 8's default of 10 retries, toolloop/redisurl.py `_timeouts`)
         assert time.monotonic() - began < 15

@@ -53,9 +53,8 @@ async def test_a_step_runs_once_and_then_replays(make_journal: MakeJournal) -> N
     first = await make_journal().step("model:1", work)
     again = await make_journal().step("model:1", Counter("other"))
     assert work.calls == 1
-    assert (
-        first == again == {"answer": 42, "items": [1, 2]}
-    )  # JSON round trip, both times
+    # JSON round trip, both times
+    assert first == again == {"answer": 42, "items": [1, 2]}
 
 
 async def test_a_failing_step_stores_nothing_and_its_error_passes_unchanged(
@@ -148,9 +147,8 @@ async def test_the_workers_segment_journal_runs_one_live_step_then_stops_at_the_
     assert boundary.value.key == "model:2"
     assert later.calls == 0 and live.calls == 1
     assert journal.pending == [("tool:a", '{"value": "live", "cost_usd": 0.2}', 0.2)]
-    assert (
-        redis_client.exists("tl:{unused}:journal:s0") == 0
-    )  # the worker commits, not the journal
+    # the worker commits, not the journal
+    assert redis_client.exists("tl:{unused}:journal:s0") == 0
 
 
 async def test_a_step_the_leased_journal_stored_replays_in_the_segment_journal_and_back(
@@ -166,9 +164,8 @@ async def test_a_step_the_leased_journal_stored_replays_in_the_segment_journal_a
     assert (segment.replayed, segment.cost_usd) == (1, 0.5)
     assert await segment.step("tool:b", Counter("live", cost=0.25)) == "live"
     ((key, text, _cost),) = segment.pending
-    redis_client.hset(
-        f"tl:{{{run_id}}}:journal:s0", key, text
-    )  # what RUN_COMMIT writes
+    # what RUN_COMMIT writes
+    redis_client.hset(f"tl:{{{run_id}}}:journal:s0", key, text)
     again = RedisJournal(redis_client, run_id)
     assert (
         await again.step("tool:b", Counter("never")) == "live"
@@ -246,9 +243,8 @@ async def test_the_work_of_a_redis_step_sees_an_idempotency_key_stable_across_re
     seen: list[str | None] = []
 
     async def work(signal: AbortSignal) -> StepResult:
-        seen.append(
-            await asyncio.to_thread(idempotency_key)
-        )  # a sync tool's thread sees it too
+        # a sync tool's thread sees it too
+        seen.append(await asyncio.to_thread(idempotency_key))
         raise RuntimeError("the effect happened, the step did not finish")
 
     for _ in range(2):  # a step whose work fails runs again: the same key both times

@@ -24,9 +24,8 @@ from toolloop.sim import SimServer
 
 CONVERSATIONS = 50
 CALLS = 20
-ONE_TRY = RetryPolicy(
-    attempts=1
-)  # no retries of the provider's own: a stale connection must not fail
+# no retries of the provider's own: a stale connection must not fail
+ONE_TRY = RetryPolicy(attempts=1)
 
 
 @pytest.mark.timeout(120)
@@ -71,6 +70,5 @@ async def test_calls_after_idle_gaps_never_fail_on_a_connection_the_server_close
         f"{len(failures)} of {CONVERSATIONS * CALLS} calls failed, e.g. {failures[:3]}"
     )
     assert served["200"] == CONVERSATIONS * CALLS
-    assert served.get("closed-idle", 0) >= CONVERSATIONS * CALLS // 4, (
-        served
-    )  # the stale path was taken
+    # the stale path was taken
+    assert served.get("closed-idle", 0) >= CONVERSATIONS * CALLS // 4, served

@@ -115,10 +115,11 @@ def test_kill_during_a_model_call_reruns_only_that_call(
         assert model.count(MODEL_SLOW, 0) == 2  # the killed call, then its rerun
         assert model.count(MODEL_SLOW, 1) == 1
         assert sim.stats()["conversations"][model.conversations[MODEL_SLOW]] == 3
+        # the tool ran once
         assert [e["event"] for e in logged(tool_log)] == [
             "start",
             "finished",
-        ]  # the tool ran once
+        ]
         assert kinds(client, run_id) == ["queued", "model", "tool", "model", "finished"]
     finally:
         client.close()

@@ -66,20 +66,19 @@ async def test_ack_restore_and_restore_visible_move_what_kombu_would(
     queue, client = _queue(redis_server.url)
     try:
         got = await queue.claim([name], 10)
+        # the consuming end first
         assert [one.tag for one in got] == [
             first.tag,
             second.tag,
             third.tag,
-        ]  # the consuming end first
+        ]
         queue.ack(first.tag)
         assert await queue.restore(name, second) is True
         assert await queue.restore(name, second) is False  # restored already: not twice
-        assert (
-            await queue.restore_visible(time.time() - 3600, 10) == 0
-        )  # delivered just now
-        assert (
-            await queue.restore_visible(time.time() + 1, 10) == 1
-        )  # the third, never acked
+        # delivered just now
+        assert await queue.restore_visible(time.time() - 3600, 10) == 0
+        # the third, never acked
+        assert await queue.restore_visible(time.time() + 1, 10) == 1
         assert (
             redis_client.hlen(names.UNACKED) == 0
             and redis_client.zcard(names.UNACKED_INDEX) == 0

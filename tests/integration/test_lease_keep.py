@@ -70,9 +70,8 @@ def _keep(client: redis.Redis, run: str, value: str) -> str:
 
 
 def _lapse(client: redis.Redis, run: str) -> None:
-    client.delete(
-        keys.lease(run)
-    )  # what the lease's expiry does while its holder is frozen
+    # what the lease's expiry does while its holder is frozen
+    client.delete(keys.lease(run))
 
 
 def test_a_held_lease_is_renewed(redis_client: redis.Redis) -> None:
@@ -93,9 +92,8 @@ def test_a_lapsed_lease_nobody_took_is_taken_again(redis_client: redis.Redis) ->
         and redis_client.pttl(keys.lease(run)) > 1000
     )
     begun = _run_begin(redis_client, run, "b")
-    assert (
-        isinstance(begun, Refused) and begun.what == "busy"
-    )  # a redelivered copy is turned away now
+    # a redelivered copy is turned away now
+    assert isinstance(begun, Refused) and begun.what == "busy"
 
 
 def test_a_lease_another_copy_holds_is_not_taken(redis_client: redis.Redis) -> None:
@@ -114,9 +112,8 @@ def test_a_copy_that_took_over_committed_and_released_while_we_were_frozen_keeps
     ours = _begin(redis_client, run, "a")
     _lapse(redis_client, run)
     theirs = _begin(redis_client, run, "b")
-    redis_client.hset(
-        keys.state(run), mapping={"n": 1, "status": "queued"}
-    )  # b's commit of task 1
+    # b's commit of task 1
+    redis_client.hset(keys.state(run), mapping={"n": 1, "status": "queued"})
     assert redis_client.eval(scripts.LEASE_RELEASE, 1, keys.lease(run), theirs) == 1
     assert _keep(redis_client, run, ours) == "moved on"
     assert not redis_client.exists(keys.lease(run))
@@ -128,9 +125,8 @@ def test_a_copy_that_began_and_let_go_without_a_commit_keeps_us_out(
     run = _run(redis_client)
     ours = _begin(redis_client, run, "a")
     _lapse(redis_client, run)
-    theirs = _begin(
-        redis_client, run, "b"
-    )  # its own work began: ours must not go on beside a rerun
+    # its own work began: ours must not go on beside a rerun
+    theirs = _begin(redis_client, run, "b")
     assert redis_client.eval(scripts.LEASE_RELEASE, 1, keys.lease(run), theirs) == 1
     assert _keep(redis_client, run, ours) == "moved on"
     assert not redis_client.exists(keys.lease(run))
@@ -141,9 +137,8 @@ def test_a_step_whose_commit_is_made_does_not_take_its_lease_again(
 ) -> None:
     run = _run(redis_client)
     ours = _begin(redis_client, run, "a")
-    redis_client.hset(
-        keys.state(run), "n", 1
-    )  # our own commit landed (it frees the lease)
+    # our own commit landed (it frees the lease)
+    redis_client.hset(keys.state(run), "n", 1)
     _lapse(redis_client, run)
     assert _keep(redis_client, run, ours) == "moved on"
     redis_client.delete(keys.state(run))

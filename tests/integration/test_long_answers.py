@@ -66,9 +66,7 @@ def test_a_run_of_190_s_answers_finishes_with_each_call_made_once(
     assert status.status == "done", status
     assert status.final_text == "It is 42."
     stats = sim.stats()
-    assert stats["requests"] == 2 and stats["statuses"] == {
-        "200": 2
-    }  # each call once, none cut
-    assert (
-        stats["streamed"].get("anthropic", 0) == streamed
-    )  # 32,000 tokens: only streamed requests
+    # each call once, none cut
+    assert stats["requests"] == 2 and stats["statuses"] == {"200": 2}
+    # 32,000 tokens: only streamed requests
+    assert stats["streamed"].get("anthropic", 0) == streamed

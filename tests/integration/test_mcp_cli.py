@@ -57,9 +57,8 @@ def test_tools_lists_python_tools_and_the_server_tools(tmp_path: Path) -> None:
         line.split()[0]: line
         for line in toolloop(env, "tools", "asking").stdout.splitlines()
     }
-    assert asking["confirm"].endswith(
-        "The confirm task. (task)"
-    )  # a two-phase MCP Tasks tool
+    # a two-phase MCP Tasks tool
+    assert asking["confirm"].endswith("The confirm task. (task)")
     nobody = toolloop(env, "tools", "nobody")
     assert nobody.returncode == 1 and "error MCP server 'nobody'" in nobody.stdout
     assert "could not be reached" in nobody.stdout

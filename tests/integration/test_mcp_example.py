@@ -43,9 +43,8 @@ def test_the_readme_mcp_block_works_as_written(tmp_path: Path) -> None:
         pytest.fail(f"The README's MCP block did not end:\n{out}\n{err}"[-6000:])
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(
-                shell.pid, signal.SIGKILL
-            )  # nothing of a failed block outlives the test
+            # nothing of a failed block outlives the test
+            os.killpg(shell.pid, signal.SIGKILL)
     assert shell.returncode == 0, (out + err)[-4000:]
     assert "add                          mcp:counter" in out
     assert "toolsets: counter, everything." in out

@@ -256,9 +256,8 @@ def test_a_run_calls_the_reference_server_and_every_result_reaches_the_model(
         echo_schema = next(tool for tool in first["tools"] if tool["name"] == "echo")[
             "input_schema"
         ]
-        assert (
-            echo_schema["properties"]["message"]["type"] == "string"
-        )  # the server's schema, as listed
+        # the server's schema, as listed
+        assert echo_schema["properties"]["message"]["type"] == "string"
         echo, image, structured, links, bad_sum, server_env = tool_results(second)
         assert _text(echo) == "Echo: hello mcp" and "is_error" not in echo
         assert [part["type"] for part in image["content"]][:2] == ["text", "image"]
@@ -268,9 +267,8 @@ def test_a_run_calls_the_reference_server_and_every_result_reaches_the_model(
         )
         assert "temperature" in _text(structured)
         assert "[resource link]" in _text(links) and "demo://resource/" in _text(links)
-        assert (
-            bad_sum["is_error"] is True
-        )  # refused by the listed schema, before the server
+        # refused by the listed schema, before the server
+        assert bad_sum["is_error"] is True
         assert _text(bad_sum).startswith(
             "Invalid input for get-sum: ✖ "
         ) and "→ at a" in _text(bad_sum)
@@ -280,9 +278,8 @@ def test_a_run_calls_the_reference_server_and_every_result_reaches_the_model(
         stored = redis.Redis.from_url(sim_redis.url, decode_responses=True).hget(
             keys.mcp_tools(run_id), toolset
         )
-        assert (
-            stored is not None and "echo" in stored
-        )  # the list, journaled with the run
+        # the list, journaled with the run
+        assert stored is not None and "echo" in stored
     finally:
         client.close()
 
@@ -299,13 +296,14 @@ def test_each_call_is_made_once_with_its_step_idempotency_key(
             for call in calls(mcp_dir / "counted.jsonl")
             if call["key"].startswith(f"{run_id}/")
         ]
+        # once each
         assert [call["tool"] for call in made] == [
             "add",
             "shout",
             "pixel",
             "fail",
             "add",
-        ]  # once each
+        ]
         assert len({call["key"] for call in made}) == 5
         assert all(call["key"].startswith(f"{run_id}/s0/tool:") for call in made)
         history = [m for m in client.history(run_id) if m.role == "tool"]
@@ -358,9 +356,8 @@ def test_a_bearer_token_from_the_worker_environment_reaches_the_server_and_nothi
                 for c in calls(mcp_dir / "guarded.jsonl")
                 if c["key"].startswith(f"{run_id}/")
             ]
-            assert (
-                made["auth"] == f"Bearer {TOKEN}"
-            )  # the server refuses any request without it
+            # the server refuses any request without it
+            assert made["auth"] == f"Bearer {TOKEN}"
             events = json.dumps(
                 [event.model_dump(mode="json") for event in client.events(run_id)]
             )
@@ -410,9 +407,8 @@ def test_a_server_killed_hung_or_oversized_fails_only_that_call(
         assert oversized["is_error"] is True and "the limit is 20,000" in _text(
             oversized
         )
-        assert (
-            _text(added) == "2" and "is_error" not in added
-        )  # the server was started again
+        # the server was started again
+        assert _text(added) == "2" and "is_error" not in added
         assert mcp_worker.process.poll() is None  # the worker never stopped
         made = [
             c
@@ -457,9 +453,8 @@ def test_an_mcp_tool_that_needs_approval_waits_and_an_edit_is_checked_against_it
         assert (held["name"], held["input"]) == ("remove", {"path": "/tmp/old"})
         assert calls(mcp_dir / "approving.jsonl") == []  # nothing ran while it waits
         with pytest.raises(ValueError, match="Invalid input for remove"):
-            client.edit(
-                run_id, held["call_id"], {"path": 7}
-            )  # the server's schema: a string
+            # the server's schema: a string
+            client.edit(run_id, held["call_id"], {"path": 7})
         assert client.edit(run_id, held["call_id"], {"path": "/tmp/older"}) == "resumed"
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", status
@@ -556,9 +551,8 @@ def test_a_task_that_asks_for_input_is_cancelled_and_a_failed_task_is_an_error_r
             {"method": "tasks/result", "task": "task-2"},
         ]
         methods = [entry["method"] for entry in seen]
-        assert (
-            methods.count("tools/call") == 3 and methods.count("initialize") == 1
-        )  # one connection throughout
+        # one connection throughout
+        assert methods.count("tools/call") == 3 and methods.count("initialize") == 1
         store = redis.Redis.from_url(sim_redis.url, decode_responses=True)
         ended = sorted(
             json.loads(v)["ended"]

@@ -84,9 +84,8 @@ async def test_claude_fable_5_2_runs_on_the_simulator_at_its_catalogue_price() -
             reasoning="high",
         )
         result = await run_tool_loop(options)
-        assert sim.stats()["statuses"] == {
-            "200": 1
-        }  # a 404 before: the model was unknown
+        # a 404 before: the model was unknown
+        assert sim.stats()["statuses"] == {"200": 1}
     assert result.stopped_by == "done" and result.final_text == "Reviewed: all good."
     (model,) = [e for e in events if isinstance(e, ModelEvent)]
     assert model.usage.prompt_tokens > 0 and model.usage.completion_tokens > 0
@@ -107,9 +106,8 @@ async def test_a_haiku_5_5_prompt_over_100k_tokens_costs_its_tier_over_real_http
             model="claude-haiku-5-5",
             params={"max_tokens": 100},
         )
-        long = short.model_copy(
-            update={"system": "word " * 90_000}
-        )  # ~112,500 simulator tokens
+        # ~112,500 simulator tokens
+        long = short.model_copy(update={"system": "word " * 90_000})
         low = await handler.execute(short, AbortController().signal)
         high = await handler.execute(long, AbortController().signal)
     assert low.usage.prompt_tokens < 100_000 < high.usage.prompt_tokens
@@ -217,9 +215,8 @@ def test_the_simulator_serves_a_model_the_operator_file_adds(
         "messages": [{"role": "user", "content": "Hi"}],
     }
     with SimServer(["Hi."], strict=False) as sim:
-        assert (
-            post(sim, body, "2026-10-21").status_code == 404
-        )  # unknown without the file
+        # unknown without the file
+        assert post(sim, body, "2026-10-21").status_code == 404
     monkeypatch.setenv(ENV, str(models))
     with SimServer(["Hi."], strict=False) as sim:
         answered = post(sim, body, "2026-10-21")

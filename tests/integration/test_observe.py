@@ -37,9 +37,8 @@ from workers.protocol import keys
 
 pytestmark = pytest.mark.integration
 
-CONTEXT = (
-    "You review storyboards, one frame at a time. " * 200
-)  # past the 1,024-token cache minimum
+# past the 1,024-token cache minimum
+CONTEXT = "You review storyboards, one frame at a time. " * 200
 KILLED = "observe-killed " + CONTEXT
 PLAIN = "observe-plain " + CONTEXT
 
@@ -132,12 +131,10 @@ def test_one_trace_across_two_workers_and_a_kill(
         for s in in_trace
         if s["attributes"].get("gen_ai.operation.name") == "execute_tool"
     ]
-    assert (
-        len(chats) == 2
-    )  # one per model call: the killed worker's call was committed, not made again
-    assert (
-        len(tools) == 1
-    )  # the tool finished once (its killed execution never ended a span)
+    # one per model call: the killed worker's call was committed, not made again
+    assert len(chats) == 2
+    # the tool finished once (its killed execution never ended a span)
+    assert len(tools) == 1
     (segment,) = (
         mine  # the run's one segment: one `toolloop.run` span, exported by the second worker
     )
@@ -145,9 +142,8 @@ def test_one_trace_across_two_workers_and_a_kill(
         segment["name"] == "toolloop.run"
         and segment["attributes"]["toolloop.outcome"] == "stop"
     )
-    assert {s["parent_id"] for s in chats + tools} == {
-        segment["span_id"]
-    }  # its children, both workers'
+    # its children, both workers'
+    assert {s["parent_id"] for s in chats + tools} == {segment["span_id"]}
     derived_trace, derived_span = segment_ids(run_id, 0)
     assert (trace_id, segment["span_id"]) == (
         f"{derived_trace:032x}",
@@ -173,13 +169,13 @@ def test_one_trace_across_two_workers_and_a_kill(
         )
         assert attributes["gen_ai.response.finish_reasons"]
         assert "toolloop.cost_usd" in attributes
-    assert usage[1]["cached_tokens"] > 0, (
-        usage
-    )  # the second turn read the first turn's cache
+    # the second turn read the first turn's cache
+    assert usage[1]["cached_tokens"] > 0, usage
+    # no keys, no content
     assert (
         "sim-key" not in traces.read_text()
         and "storyboards, one frame" not in traces.read_text()
-    )  # no keys, no content
+    )
 
 
 def free_port() -> int:
@@ -241,9 +237,8 @@ def test_metrics_equal_the_runs_journal(
     try:
         before = scrape(port)
         assert total(before, "toolloop_steps_committed_total") == 0
-        assert listening(port) == {
-            "127.0.0.1"
-        }  # TOOLLOOP_METRICS_HOST unset: loopback only
+        # TOOLLOOP_METRICS_HOST unset: loopback only
+        assert listening(port) == {"127.0.0.1"}
         run_id = client.enqueue(
             spec(PLAIN, model="claude-sonnet-5-5", provider="anthropic")
         )
@@ -291,6 +286,5 @@ def test_metrics_equal_the_runs_journal(
     assert ("queue", "llm") in {
         label for labels in after["toolloop_queue_depth"] for label in labels
     }
-    assert (
-        total(after, "toolloop_steps_in_flight") == 0
-    )  # the run has ended: nothing runs
+    # the run has ended: nothing runs
+    assert total(after, "toolloop_steps_in_flight") == 0

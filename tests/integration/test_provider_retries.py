@@ -57,9 +57,8 @@ async def test_a_connection_refused_before_any_response_is_retried_until_the_ser
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     sim = SimServer(["42."], port=port)
-    later = threading.Timer(
-        0.3, sim.start
-    )  # refused until then: attempts 1 and 2 (0.2 s apart)
+    # refused until then: attempts 1 and 2 (0.2 s apart)
+    later = threading.Timer(0.3, sim.start)
     later.start()
     try:
         result = await anthropic(sim.base_url).execute(REQUEST, NEVER_ABORTED)
@@ -86,9 +85,8 @@ def slow_anthropic(request: SimRequest) -> SimTurn:
 async def test_a_timed_out_call_is_tried_twice_then_the_fallback_answers_and_both_are_paid() -> (
     None
 ):
-    timeouts = Timeouts().scaled(
-        SCALE
-    )  # a non-streamed call waits 600 s (1.2 s), fal's too
+    # a non-streamed call waits 600 s (1.2 s), fal's too
+    timeouts = Timeouts().scaled(SCALE)
     with SimServer(slow_anthropic, time_scale=SCALE) as sim:
         fal = FalHandler(
             "fal-FAKE", run_url=sim.base_url, retry=QUICK, timeouts=timeouts
@@ -103,10 +101,11 @@ async def test_a_timed_out_call_is_tried_twice_then_the_fallback_answers_and_bot
         )
         await asyncio.sleep(1.5)  # the abandoned answers finish on the server's side
         endpoints = sim.stats()["endpoints"]
+    # not 4 slow attempts of the same answer
     assert endpoints == {
         "anthropic": 2,
         "fal": 1,
-    }  # not 4 slow attempts of the same answer
+    }
     assert result.text == "From fal." and result.meta is not None
     assert result.meta["fallback_from"] == [
         {"provider": "anthropic", "reason": "timeout"}
@@ -118,7 +117,6 @@ async def test_a_timed_out_call_is_tried_twice_then_the_fallback_answers_and_bot
     } == {8192}
     price = default_catalog().require("anthropic", "claude-sonnet-5-5").price
     assert price is not None
-    assert (
-        result.cost_usd >= 2 * 8192 * price.output / 1e6
-    )  # each timed-out attempt at its whole room
+    # each timed-out attempt at its whole room
+    assert result.cost_usd >= 2 * 8192 * price.output / 1e6
     assert result.meta["cost_source"].endswith("+cut")

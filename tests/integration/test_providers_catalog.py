@@ -48,9 +48,8 @@ FAST = RetryPolicy(
     total_s=10.0,
     short_retry_after_s=1.0,
 )
-SYSTEM = (
-    "You review storyboards shot by shot and report what to change. " * 80
-)  # > 1,024 tokens
+# > 1,024 tokens
+SYSTEM = "You review storyboards shot by shot and report what to change. " * 80
 THREE_TURNS = [
     {"text": "", "tool_calls": [{"name": "read_frame", "input": {"shot": 1}}]},
     {"text": "", "tool_calls": [{"name": "read_frame", "input": {"shot": 2}}]},
@@ -149,16 +148,14 @@ async def test_every_step_sends_the_same_thinking_the_model_accepts(
         result = await run_tool_loop(options(gen, model, events, reasoning=reasoning))
         statuses = sim.stats()["statuses"]
     assert result.stopped_by == "done" and result.final_text == "Both frames are fine."
-    assert statuses == {
-        "200": 3
-    }  # the strict simulator would answer 400 to a refused shape
+    # the strict simulator would answer 400 to a refused shape
+    assert statuses == {"200": 3}
     sent = [
         (r.body.get("thinking"), r.body.get("output_config"), r.body["max_tokens"])
         for r in policy.requests
     ]
-    assert (
-        len(sent) == 3 and sent[0] == sent[1] == sent[2]
-    )  # the same on every step of the run
+    # the same on every step of the run
+    assert len(sent) == 3 and sent[0] == sent[1] == sent[2]
     assert sent[0][0] == EXPECTED_THINKING[(model, reasoning)]
 
 

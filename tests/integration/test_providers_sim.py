@@ -51,9 +51,8 @@ FAST = RetryPolicy(
 )
 QUICK_ROUTE = Timeouts(whole_s=0.3, idle_s=0.3, tokens_per_hour=100_000_000)
 """A route that generates 1,000 tokens in 0.036 s: a non-streamed call waits 0.3 s (its floor)."""
-SYSTEM = (
-    "You review storyboards shot by shot and report what to change. " * 80
-)  # > 1,024 tokens
+# > 1,024 tokens
+SYSTEM = "You review storyboards shot by shot and report what to change. " * 80
 EPHEMERAL = {"type": "ephemeral"}
 
 
@@ -228,9 +227,8 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
             PromptGenRequest(system=SYSTEM, cache_system=True, messages=history),
         )
     assert first.usage.cache_write_tokens > 1024 and first.usage.cached_tokens == 0
-    assert (
-        second.usage.cached_tokens == first.usage.cache_write_tokens
-    )  # the system prefix was read
+    # the system prefix was read
+    assert second.usage.cached_tokens == first.usage.cache_write_tokens
     assert second.usage.cached_read_tokens == second.usage.cached_tokens
     for result in (first, second):
         usage = result.usage
@@ -245,9 +243,8 @@ async def test_anthropic_usage_and_cost_from_tokens_with_cache_rates() -> None:
         ) / 1e6
         assert result.cost_usd == pytest.approx(expected)
         assert result.meta is not None and result.meta["cost_source"] == "tokens"
-    assert (
-        second.cost_usd < first.cost_usd / 3
-    )  # reads cost a tenth of input, writes more than input
+    # reads cost a tenth of input, writes more than input
+    assert second.cost_usd < first.cost_usd / 3
 
 
 async def test_fal_cost_from_the_reported_figure_and_from_tokens_with_cache_rates() -> (
@@ -257,13 +254,13 @@ async def test_fal_cost_from_the_reported_figure_and_from_tokens_with_cache_rate
         system=SYSTEM, cache_system=True, messages=[UserMessage(content="Go.")]
     )
     with serve(["Done."]) as sim:
+        # opus 5.5's
         handler = fal(
             sim, prices={"acme/unpriced-at-fal": ModelPrice(4, 20, 0.2, 5, 8)}
-        )  # opus 5.5's
+        )
         reported = await execute(handler, request)
-        again = await execute(
-            handler, request
-        )  # reads the cache written by the first call
+        # reads the cache written by the first call
+        again = await execute(handler, request)
         by_tokens = await execute(
             handler, request.model_copy(update={"model": "acme/unpriced-at-fal"})
         )
@@ -534,9 +531,8 @@ async def test_persistent_timeouts_are_tried_twice_then_raised_as_a_timeout() ->
         ):
             await execute(anthropic(sim, timeouts=QUICK_ROUTE, retry=policy), request)
         assert time.monotonic() - started < 3.0
-        assert (
-            sim.stats()["requests"] == 2
-        )  # each may have been billed: one retry, not nine
+        # each may have been billed: one retry, not nine
+        assert sim.stats()["requests"] == 2
 
 
 async def test_a_connection_dropped_before_any_response_is_retried_then_an_error() -> (
@@ -545,9 +541,8 @@ async def test_a_connection_dropped_before_any_response_is_retried_then_an_error
     with serve(fault(kind="drop", times=None)) as sim:
         with pytest.raises(PromptGenError, match="could not be reached") as caught:
             await execute(anthropic(sim), PromptGenRequest(prompt="Go"))
-        assert (
-            sim.stats()["requests"] == FAST.attempts
-        )  # retried with backoff, as the SDK does
+        # retried with backoff, as the SDK does
+        assert sim.stats()["requests"] == FAST.attempts
     assert not isinstance(
         caught.value, PromptGenUnavailableError | PromptGenTimeoutError
     )

@@ -105,13 +105,11 @@ async def test_https_proxy_and_ssl_cert_file_from_the_environment(
     finally:
         await client.aclose()
     tunnels = proxy.connects(target(sim)) - before
-    assert tunnels == (1 if kind == "keep-alive" else 2), proxy.text()[
-        -2000:
-    ]  # keep-alive: one tunnel kept
+    # keep-alive: one tunnel kept
+    assert tunnels == (1 if kind == "keep-alive" else 2), proxy.text()[-2000:]
 
-    clean_env.setenv(
-        "NO_PROXY", "localhost,127.0.0.1"
-    )  # the host is covered: straight to it
+    # the host is covered: straight to it
+    clean_env.setenv("NO_PROXY", "localhost,127.0.0.1")
     client = KeepAliveClient() if kind == "keep-alive" else HttpxClient()
     try:
         for handler in handlers(sim, client):
@@ -130,9 +128,8 @@ async def test_a_private_ca_is_needed_and_a_proxy_can_be_set_per_provider_in_cod
     with pytest.raises(PromptGenError, match="CERTIFICATE_VERIFY_FAILED"):
         await handlers(sim, untrusted)[0].execute(REQUEST, NEVER_ABORTED)
     await untrusted.aclose()
-    clean_env.setenv(
-        "HTTPS_PROXY", "http://127.0.0.1:9"
-    )  # ignored: the code's network wins
+    # ignored: the code's network wins
+    clean_env.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     mine = Network(proxy=proxy.url, verify=str(ca), trust_env=False)
     client: HttpClient = (
         KeepAliveClient(network=mine)

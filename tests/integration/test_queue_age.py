@@ -79,9 +79,8 @@ def test_the_oldest_waiting_step_ages_until_a_worker_takes_its_queue(
         }
         assert 0.4 <= first["llm"] < second["llm"] <= waited + 0.1
         assert second["llm"] - first["llm"] >= 1.4
-        assert (
-            first["tools"] < 0.5 and second["tools"] - first["tools"] >= 1.4
-        )  # from the first scrape
+        # from the first scrape
+        assert first["tools"] < 0.5 and second["tools"] - first["tools"] >= 1.4
         assert second["control"] == 0
         raw.delete("tools")
         steps = start_worker(url, tmp_path, AGENTS, queues="llm,tools")

@@ -38,9 +38,8 @@ def fresh_copy(tmp_path: Path) -> Path:
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, copy / name)
     (copy / ".venv").symlink_to(ROOT / ".venv")
-    os.utime(
-        copy / "pyproject.toml", (0, 0)
-    )  # `make` sees the linked .venv as installed already
+    # `make` sees the linked .venv as installed already
+    os.utime(copy / "pyproject.toml", (0, 0))
     return copy
 
 
@@ -79,9 +78,8 @@ def test_the_readme_blocks_are_the_ones_this_test_runs() -> None:
         "sh",
     ]
     quickstart = BLOCKS[1][1]
-    shipped = ast.parse((ROOT / "examples" / "quickstart.py").read_text()).body[
-        1:
-    ]  # past its docstring
+    # past its docstring
+    shipped = ast.parse((ROOT / "examples" / "quickstart.py").read_text()).body[1:]
     assert [ast.dump(node) for node in ast.parse(quickstart).body] == [
         ast.dump(node) for node in shipped
     ]
@@ -95,9 +93,8 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
         [BLOCKS[0][1]],
         [b for _, b in BLOCKS[2:]],
     )
-    assert "toolloop" not in (
-        shutil.which("toolloop", path=env["PATH"]) or ""
-    )  # not on PATH yet
+    # not on PATH yet
+    assert "toolloop" not in (shutil.which("toolloop", path=env["PATH"]) or "")
 
     make = [line.split("#")[0].strip() for line in setup.splitlines() if line.strip()]
     assert make == ["make demo", "make test-unit", "make test"]
@@ -159,24 +156,21 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
     try:
         stdout, stderr = shell.communicate(timeout=400)
     except subprocess.TimeoutExpired:
-        os.killpg(
-            shell.pid, signal.SIGKILL
-        )  # the worker too, if the script left it behind
+        # the worker too, if the script left it behind
+        os.killpg(shell.pid, signal.SIGKILL)
         stdout, stderr = shell.communicate()
         pytest.fail(f"The README's commands did not end:\n{stdout}\n{stderr}"[-6000:])
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(
-                shell.pid, signal.SIGKILL
-            )  # nothing of a failed script outlives the test
+            # nothing of a failed script outlives the test
+            os.killpg(shell.pid, signal.SIGKILL)
     done = subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
     assert "run      finished: done" in out  # toolloop events --follow, to the end
     assert "status" in out and "Keep shot 3." in out
-    assert (
-        "parked {" in out and "finished {" in out
-    )  # the Client snippet followed the run to its end
+    # the Client snippet followed the run to its end
+    assert "parked {" in out and "finished {" in out
     assert out.splitlines().count("done True") == 2
     # the approvals: three held calls, each decided once, and the run ends on what each came to
     assert re.search(r"approve toolu_\w+: decided; other calls still wait\.", out)
@@ -188,9 +182,8 @@ def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -
     )
     # the conversations: follow-ups on one run, a keyed repeat, a steer, an interrupt then a send
     assert re.search(r"Sent to \w+: it continues \(segment 1\)\.", out)
-    assert (
-        len(re.findall(r"Sent to \w+: it continues \(segment 2\)\.", out)) == 2
-    )  # the keyed repeat
+    # the keyed repeat
+    assert len(re.findall(r"Sent to \w+: it continues \(segment 2\)\.", out)) == 2
     assert "final_text  You said: “Stop reading: sum up what you saw so far.”" in out
     assert re.search(r"status +interrupted", out)
     assert "final_text  You said: “Just tell me about shot 3.”" in out

@@ -263,9 +263,8 @@ async def test_scripted_refusals_and_cut_off_calls_reach_the_loop_on_both_wires(
         )
         result = await run_tool_loop(loop)
     assert result.stopped_by == "refused" and result.final_text == "No."
-    assert ran == [
-        5
-    ]  # the cut answer's call never ran; the retry's (with room to spare) ran once
+    # the cut answer's call never ran; the retry's (with room to spare) ran once
+    assert ran == [5]
     if wire == "anthropic":
         assert result.refusal is not None and result.refusal.category == "bio"
         assert result.refusal.explanation == "Lab methods."
@@ -295,15 +294,15 @@ async def test_a_paused_turn_goes_back_with_its_thinking_and_the_run_goes_on(
     )
     (first, first_turn), (second, _) = recording.seen[:2]
     continued = second.body["messages"]
+    # sent back, no tool result between
     assert [m["role"] for m in continued] == [
         "user",
         "assistant",
-    ]  # sent back, no tool result between
+    ]
     blocks = thinking.anthropic_blocks(first_turn, first)
     assert continued[-1]["content"] == [
         *blocks,
         {"type": "text", "text": "Searching the archive…"},
     ]
-    assert (
-        len(recording.seen) == 4
-    )  # paused, its continuation (a tool call), the next call, the answer
+    # paused, its continuation (a tool call), the next call, the answer
+    assert len(recording.seen) == 4

@@ -61,9 +61,8 @@ def test_every_entry_point_finds_the_same_redis(
     )
     cli_url = json.loads(up.stdout)["url"]
     try:
-        assert (
-            _settings_url(env, tmp_path) == cli_url
-        )  # the worker's and Flower's settings
+        # the worker's and Flower's settings
+        assert _settings_url(env, tmp_path) == cli_url
         with Client() as client:
             assert client.settings.redis_url == cli_url
             assert client.redis.ping()
@@ -73,9 +72,8 @@ def test_every_entry_point_finds_the_same_redis(
         app = create_app(token="t")  # the web example with no REDIS_URL
         assert app.state.client.settings.redis_url == cli_url
         asyncio.run(app.state.client.aclose())
-        monkeypatch.setenv(
-            "REDIS_URL", "redis://127.0.0.1:1/0"
-        )  # REDIS_URL wins everywhere
+        # REDIS_URL wins everywhere
+        monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
         assert (
             _settings_url({**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, tmp_path)
             == "redis://127.0.0.1:1/0"

@@ -65,9 +65,8 @@ def test_finished_runs_expire_after_the_retention_and_parked_ones_stay(
         assert client.redis.ttl(keys.state(parked)) == -1  # parked: never expires
         with pytest.raises(RunStateError, match="has ended"):
             client.cancel(done)
-        ended = _cli(
-            server, "answer", done, "Too late."
-        )  # an ended run takes no answer
+        # an ended run takes no answer
+        ended = _cli(server, "answer", done, "Too late.")
         assert ended.returncode == 1 and "has ended (done)" in ended.stderr, (
             ended.stderr
         )
@@ -81,12 +80,10 @@ def test_finished_runs_expire_after_the_retention_and_parked_ones_stay(
             return False
 
         eventually(gone, timeout=20)
-        assert not [
-            k for k in client.redis.scan_iter(f"tl:{{{done}}}:*")
-        ]  # every key of it
-        assert [run.run_id for run in client.list_runs().runs] == [
-            parked
-        ]  # the index follows
+        # every key of it
+        assert not [k for k in client.redis.scan_iter(f"tl:{{{done}}}:*")]
+        # the index follows
+        assert [run.run_id for run in client.list_runs().runs] == [parked]
         assert client.redis.zscore(keys.ALL_RUNS, done) is None
         assert client.status(parked).status == "asked"
         assert [run.run_id for run in client.list_runs(status="asked").runs] == [parked]
@@ -216,12 +213,10 @@ def test_prune_deletes_old_finished_runs_and_forgets_expired_ones(
         client.redis.flushdb()
         ids = _fill(client, 50)
         live = ids[0]
-        client.redis.hset(
-            keys.state(live), "status", "asked"
-        )  # parked: prune leaves it
-        client.redis.delete(
-            keys.state(ids[1])
-        )  # expired already: only its index entry is left
+        # parked: prune leaves it
+        client.redis.hset(keys.state(live), "status", "asked")
+        # expired already: only its index entry is left
+        client.redis.delete(keys.state(ids[1]))
         pruned = _cli(server, "prune", "--older-than", "1h")
         assert pruned.returncode == 0, pruned.stderr
         assert "Deleted 48 finished runs; dropped 1 expired runs" in pruned.stdout

@@ -48,9 +48,8 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
         f"{web}/runs/{run_id}", headers={**AUTH, "accept": "text/html"}, timeout=30
     )
     assert page_html.status_code == 200 and '<section id="steps">' in page_html.text
-    policy = page_html.headers[
-        "content-security-policy"
-    ]  # the script runs by its hash, nothing else
+    # the script runs by its hash, nothing else
+    policy = page_html.headers["content-security-policy"]
     assert "script-src 'sha256-" in policy and "unsafe-inline" not in policy
     assert (
         httpx.get(
@@ -68,15 +67,13 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
         assert page.evaluate(ROWS) == 0  # nothing ran yet: no worker
         worker = review_worker(env, tmp_path / "worker.log")
         try:
-            page.wait_for(
-                f"{ROWS} >= 1", timeout=60
-            )  # steps appear live, over the event stream
+            # steps appear live, over the event stream
+            page.wait_for(f"{ROWS} >= 1", timeout=60)
             page.wait_for("!document.getElementById('ask').hidden", timeout=60)
             question = page.evaluate("document.getElementById('question').textContent")
             assert "Shot 3 is the hero's entrance" in question
-            assert (
-                page.evaluate(ROWS) >= 6
-            )  # model, list_shots, model, 2 x read_frame, model, ...
+            # model, list_shots, model, 2 x read_frame, model, ...
+            assert page.evaluate(ROWS) >= 6
             first_model = page.evaluate(
                 "document.querySelector('#steps tr.model').innerText"
             )
@@ -84,9 +81,8 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
             # the frames read_frame returned, loaded from the web app (not broken images)
             images = "[...document.querySelectorAll('img.result')]"
             loaded = f"{images}.filter(i => i.complete && i.naturalWidth > 0).length"
-            page.wait_for(
-                f"{loaded} >= 2", timeout=20
-            )  # wait_for returns the first truthy value
+            # wait_for returns the first truthy value
+            page.wait_for(f"{loaded} >= 2", timeout=20)
             assert page.evaluate(loaded) >= 2
             assert page.evaluate("document.getElementById('budget').value") > 0
             page.evaluate(
@@ -105,23 +101,20 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
             conversation = page.evaluate(
                 "document.getElementById('messages').innerText"
             )
-            assert (
-                "read_frame" in conversation and '{"shot":3}' in conversation
-            )  # calls with inputs
+            # calls with inputs
+            assert "read_frame" in conversation and '{"shot":3}' in conversation
             live_rows = page.evaluate(ROWS)
             models = (
                 "[...document.querySelectorAll('#steps tr.model td:first-child')]"
                 ".map(t => t.textContent)"
             )
-            assert page.evaluate(models) == [
-                f"model {n}" for n in range(1, 6)
-            ]  # across both segments
+            # across both segments
+            assert page.evaluate(models) == [f"model {n}" for n in range(1, 6)]
             page.evaluate("window.scrollTo(0, 0); true")
             shot = page.screenshot(tmp_path / "viewer.png")
             assert shot.stat().st_size > 10_000
-            page.navigate(
-                f"{web}/runs/{run_id}"
-            )  # the server renders the same page (the cookie is set)
+            # the server renders the same page (the cookie is set)
+            page.navigate(f"{web}/runs/{run_id}")
             assert (
                 page.evaluate(ROWS) == live_rows
                 and page.evaluate(models)[-1] == "model 5"
@@ -129,9 +122,8 @@ def test_the_viewer_shows_a_run_live_and_takes_its_answer(
             assert (
                 page.evaluate("document.getElementById('status').textContent") == "done"
             )
-            assert (
-                page.evaluate("window.cspViolations") == []
-            )  # live under the policy, nothing blocked
+            # live under the policy, nothing blocked
+            assert page.evaluate("window.cspViolations") == []
         finally:
             end(worker)
     status = httpx.get(f"{web}/runs/{run_id}", headers=AUTH, timeout=30).json()

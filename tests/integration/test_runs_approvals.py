@@ -135,9 +135,8 @@ def test_a_stale_digest_is_refused_and_a_duplicate_is_refused(client: Client) ->
 def test_a_decision_sent_before_the_run_parks_is_kept_and_used(
     client: Client, worker: Any, tmp_path: Path
 ) -> None:
-    gate = (
-        tmp_path / "open"
-    )  # the run holds at a gate tool before the call is held, until the test opens it
+    # the run holds at a gate tool before the call is held, until the test opens it
+    gate = tmp_path / "open"
     run_id = client.enqueue(spec("approve_gated", str(gate)))
     model = eventually(lambda: [e for e in client.events(run_id) if e.kind == "model"])
     call_id = next(c["id"] for c in model[0].tool_calls if c["name"] == "publish")
@@ -302,9 +301,8 @@ def test_an_approved_call_runs_on_its_tools_own_queue(
     run_id = client.enqueue(spec("approve_gpu"))
     held = parked(client, run_id)
     assert client.approve(run_id, held["call_id"]) == "resumed"
-    eventually(
-        lambda: client.redis.llen("gpu") == 1
-    )  # the decided step waits for a worker of "gpu"
+    # the decided step waits for a worker of "gpu"
+    eventually(lambda: client.redis.llen("gpu") == 1)
     gpu = start_worker(
         runs_redis.url,
         tmp_path,
@@ -330,9 +328,8 @@ def test_a_turn_may_hold_several_calls_and_resumes_once_all_are_decided(
     ]
     first, second = (a["call_id"] for a in status.approvals)
     assert client.approve(run_id, first) == "recorded"
-    assert (
-        client.wait(run_id, timeout=5).status == "asked"
-    )  # the other call still waits
+    # the other call still waits
+    assert client.wait(run_id, timeout=5).status == "asked"
     assert client.reject(run_id, second, "one is enough") == "resumed"
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "Model read: Rejected by the person: one is enough.", (

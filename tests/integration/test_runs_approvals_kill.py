@@ -82,9 +82,10 @@ def test_killed_while_waiting_and_between_the_decision_and_the_tool(
         status = client.wait(run_id, timeout=60)
         assert status.status == "done", status
         assert (status.final_text or "").endswith("published 6+6"), status
+        # once, as decided
         assert published(tmp_path) == [
             {"tool": "publish", "ran_with": {"a": 6.0, "b": 6.0}}
-        ]  # once, as decided
+        ]
         assert kinds(client, run_id).count("approval_decided") == 1
     finally:
         third.stop()

@@ -54,15 +54,13 @@ def test_an_ask_parks_the_run_and_the_answer_resumes_it(client: Client) -> None:
 
 
 def test_an_answer_sent_twice_counts_once(client: Client, tmp_path: Path) -> None:
-    gate = (
-        tmp_path / "open"
-    )  # after the answer the run holds at a gate: it cannot end before "second"
+    # after the answer the run holds at a gate: it cannot end before "second"
+    gate = tmp_path / "open"
     run_id = client.enqueue(spec("ask_gated", str(gate)))
     assert client.wait(run_id, timeout=20).status == "asked"
     client.answer(run_id, "first")
-    client.answer(
-        run_id, "second"
-    )  # ignored when sent, or kept for a next question never asked
+    # ignored when sent, or kept for a next question never asked
+    client.answer(run_id, "second")
     # (two answers both sent while the run is parked: tests/unit/test_races.py, handled in any order)
     gate.touch()
     status = client.wait(run_id, timeout=20)
@@ -76,9 +74,8 @@ def test_an_answer_sent_twice_counts_once(client: Client, tmp_path: Path) -> Non
 def test_an_answer_sent_before_the_run_parks_is_kept_and_used(
     client: Client, tmp_path: Path
 ) -> None:
-    gate = (
-        tmp_path / "open"
-    )  # a tool that holds the run until the test opens its gate, then the question
+    # a tool that holds the run until the test opens its gate, then the question
+    gate = tmp_path / "open"
     run_id = client.enqueue(spec("gated_ask", str(gate)))
     client.answer(run_id, "early")
     client.answer(run_id, "later")  # the first answer sent wins, the run not parked yet
@@ -108,12 +105,10 @@ def test_a_late_duplicate_pinned_to_its_question_does_not_answer_the_next_one(
     client.answer(run_id, "Shot 3", segment=first.segment)
     second = client.wait(run_id, timeout=20)
     assert second.asked == {"question": "Question 2?"} and second.segment == 1
-    client.answer(
-        run_id, "Shot 3", segment=first.segment
-    )  # a double click, after the run moved on
-    assert (
-        client.wait(run_id, timeout=20).status == "asked"
-    )  # still waiting for its own answer
+    # a double click, after the run moved on
+    client.answer(run_id, "Shot 3", segment=first.segment)
+    # still waiting for its own answer
+    assert client.wait(run_id, timeout=20).status == "asked"
     client.answer(run_id, "Shot 5")
     status = client.wait(run_id, timeout=20)
     assert status.final_text == "You said: Shot 3, then Shot 5", status

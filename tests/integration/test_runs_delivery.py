@@ -24,10 +24,11 @@ def client(runs_redis, worker) -> Iterator[Client]:  # type: ignore[no-untyped-d
 
 
 def test_duplicate_step_messages_run_each_step_once(client: Client, worker) -> None:  # type: ignore[no-untyped-def]
+    # sums print exactly
     a, b = (
         random.randint(1000, 49999),
         random.randint(1000, 49999),
-    )  # sums print exactly
+    )
     user = f"Add {a} and {b}."
     run_id = client.enqueue(spec("tools", user=user))
     for n in (1, 1, 2, 2, 3, 3):  # each step delivered three times, some at once
@@ -55,9 +56,8 @@ def test_a_successor_that_could_not_be_sent_is_sent_by_the_sweeper(
     run_spec = RunSpec.model_validate(spec("tools", user="Add 40 and 2."))
     run_id = runs.create(client.redis, BrokerDown(), run_spec)  # type: ignore[arg-type]
     assert client.redis.zrange(f"tl:{{{run_id}}}:outbox", 0, -1) == ["1|llm"]
-    status = client.wait(
-        run_id, timeout=20
-    )  # the worker sweeps every 1 s, re-sends after 2 s
+    # the worker sweeps every 1 s, re-sends after 2 s
+    status = client.wait(run_id, timeout=20)
     assert status.status == "done"
     assert status.final_text == "The sum is 42."
 
@@ -108,9 +108,8 @@ def test_a_tool_step_goes_to_the_tools_own_queue(
     from tests.integration.runs_kit import eventually
 
     run_id = client.enqueue(spec("gpu"))
-    eventually(
-        lambda: client.redis.llen("gpu") == 1
-    )  # the render step waits for a worker of "gpu"
+    # the render step waits for a worker of "gpu"
+    eventually(lambda: client.redis.llen("gpu") == 1)
     assert client.status(run_id).status == "running"
     assert kinds(client, run_id) == ["queued", "model"]
     gpu = start_worker(
@@ -162,11 +161,9 @@ def test_a_run_whose_keys_cannot_be_read_does_not_stop_the_sweep_of_the_others(
     client.redis.zadd(keys.LIVE_RUNS, {broken: 0})  # first in the sweep's order
     run_spec = RunSpec.model_validate(spec("tools", user="Add 40 and 1."))
     run_id = runs.create(client.redis, BrokerDown(), run_spec)  # type: ignore[arg-type]
-    status = client.wait(
-        run_id, timeout=20
-    )  # the worker sweeps every 1 s, re-sends after 2 s
+    # the worker sweeps every 1 s, re-sends after 2 s
+    status = client.wait(run_id, timeout=20)
     assert status.status == "done"
     assert status.final_text == "The sum is 41."
-    assert (
-        client.redis.zscore(keys.LIVE_RUNS, broken) == 0
-    )  # still indexed: nothing was dropped or lost
+    # still indexed: nothing was dropped or lost
+    assert client.redis.zscore(keys.LIVE_RUNS, broken) == 0

@@ -106,9 +106,8 @@ def test_events_follow_a_run_to_its_end_and_resume_after_an_id(
             "messages": [{"role": "user", "content": "Add 7 and 8."}],
         }
     )
-    followed = list(
-        client.events(run_id, follow=True)
-    )  # blocks until the terminal event
+    # blocks until the terminal event
+    followed = list(client.events(run_id, follow=True))
     assert [e.kind for e in followed] == [
         "queued",
         "model",

@@ -54,11 +54,12 @@ def test_a_step_past_the_step_timeout_fails_the_run(
     assert "longer than 1.5 s (TOOLLOOP_STEP_TIMEOUT)" in first and second.startswith(
         "  "
     )
+    # the model step stayed journaled
     assert kinds(client, run_id) == [
         "queued",
         "model",
         "failed",
-    ]  # the model step stayed journaled
+    ]
 
 
 class BrokerDown:

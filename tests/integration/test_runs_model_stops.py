@@ -131,9 +131,8 @@ def test_a_cut_off_call_is_never_run_and_the_turn_is_asked_again_with_more_room(
     status = client.wait(run_id, timeout=30)
     assert status.status == "done" and status.final_text == "Both added.", status
     ran = added(sim_worker)
-    assert (
-        ran.count((13, 14)) == 1 and ran.count((11, 12)) == 1
-    )  # only the retry's calls ran, once
+    # only the retry's calls ran, once
+    assert ran.count((13, 14)) == 1 and ran.count((11, 12)) == 1
     model = [e.data for e in client.events(run_id) if e.kind == "model"]
     assert [m["finish_reason"] for m in model] == ["length", "tool_calls", "stop"]
     assert model[0]["tool_calls"][-1]["input"] == {}  # the cut call, seen but never run

@@ -76,9 +76,8 @@ def test_a_worker_killed_mid_run_resumes_and_sends_every_thinking_block_back_unc
         run_id = client.enqueue(
             spec(system, model=WIRES[wire], provider=wire, reasoning="medium")
         )
-        eventually(
-            lambda: Path(f"{plan}.log").exists(), timeout=30
-        )  # killed after model:2 committed
+        # killed after model:2 committed
+        eventually(lambda: Path(f"{plan}.log").exists(), timeout=30)
         first.kill()
         second = start_worker(sim_redis.url, tmp_path, env)
         status = client.wait(run_id, timeout=60)
@@ -88,11 +87,12 @@ def test_a_worker_killed_mid_run_resumes_and_sends_every_thinking_block_back_unc
         if second is not None:
             second.stop()
     seen = recording.of(system)
+    # no model call made twice
     assert [request.assistant_turns for request, _ in seen] == [
         0,
         1,
         2,
-    ]  # no model call made twice
+    ]
     assert [(line["a"], line["b"]) for line in logged(tmp_path / "tools.jsonl")] == [
         (21, 1),
         (23, 1),

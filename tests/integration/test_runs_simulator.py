@@ -63,9 +63,8 @@ def test_the_run_spec_carries_cache_ttl_and_reasoning_to_every_request(
 ) -> None:
     client = Client(sim_redis.url)
     try:
-        system = (
-            "You add numbers, carefully. " * 200
-        )  # past the minimum cacheable prefix
+        # past the minimum cacheable prefix
+        system = "You add numbers, carefully. " * 200
         before = len(policy.bodies)
         fields = {
             "model": "claude-opus-5-5",

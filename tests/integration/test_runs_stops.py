@@ -28,9 +28,8 @@ def test_a_cancel_stops_the_slow_step_in_flight(client: Client, worker) -> None:
         )
     )
     client.cancel(run_id)
-    status = client.wait(
-        run_id, timeout=10
-    )  # the tool would sleep 30 s without the abort
+    # the tool would sleep 30 s without the abort
+    status = client.wait(run_id, timeout=10)
     assert status.status == "cancel"
     assert status.cancel_requested
 
@@ -41,9 +40,8 @@ def test_a_cancel_stops_the_slow_step_in_flight(client: Client, worker) -> None:
         ToolMessage,
         ToolMessage,
     ]
-    assert history[2].content == [
-        TextPart(text="stopped early")
-    ]  # the slow tool saw the abort
+    # the slow tool saw the abort
+    assert history[2].content == [TextPart(text="stopped early")]
     assert history[3].content == "Not run: cancel."  # the call after it never ran
     assert kinds(client, run_id) == ["queued", "model", "tool", "finished"]
     assert [e for e in client.events(run_id)][-1].stopped_by == "cancel"
@@ -154,14 +152,14 @@ def test_a_failed_run_keeps_its_journal_and_a_retry_finishes_it(
         "finished",
     ]
     queued = [e.data for e in client.events(run_id) if e.kind == "queued"]
+    # the retry's event says model and toolset too
     assert queued[1] == {
         **queued[0],
         "retry": True,
-    }  # the retry's event says model and toolset too
+    }
     assert queued[1]["model"] == "scripted" and queued[1]["toolset"] == "agents"
     model_calls = [e for e in logged(worker.model_log) if e["user"] == str(flag)]
-    assert (
-        len(model_calls) == 2
-    )  # the first model call replayed from the journal on retry
+    # the first model call replayed from the journal on retry
+    assert len(model_calls) == 2
     with pytest.raises(RunStateError, match="only a failed run can be retried"):
         client.retry(run_id)

@@ -62,9 +62,8 @@ def test_a_reader_that_reconnects_with_its_last_id_gets_every_delta_once_in_orde
     seen = first + rest
     stored = list(client.events(run_id))  # the whole stream, read once the run ended
 
-    assert [e.id for e in seen] == [
-        e.id for e in stored
-    ]  # nothing missed, nothing twice, in order
+    # nothing missed, nothing twice, in order
+    assert [e.id for e in seen] == [e.id for e in stored]
     assert client.status(run_id).status == "done"
     models = [e for e in stored if e.kind == "model"]
     assert len(models) == 2
@@ -90,13 +89,11 @@ def test_deltas_are_batched_at_most_one_write_per_50_ms(client: Client) -> None:
     stored = list(client.events(run_id))
     for step in (1, 2):
         deltas = [e for e in stored if e.kind == "delta" and e.step == step]
-        assert (
-            len(deltas) < WORDS / 4
-        )  # 120 words over ~600 ms: about 12 writes, not 120
+        # 120 words over ~600 ms: about 12 writes, not 120
+        assert len(deltas) < WORDS / 4
         gaps = [ms(b.id) - ms(a.id) for a, b in itertools.pairwise(deltas[:-1])]
-        assert gaps and min(gaps) >= 40, (
-            gaps
-        )  # the last one goes with the model event, early
+        # the last one goes with the model event, early
+        assert gaps and min(gaps) >= 40, gaps
 
 
 def test_a_run_without_stream_writes_no_deltas(client: Client) -> None:
@@ -120,9 +117,8 @@ def test_a_run_cancelled_mid_answer_marks_its_text_discarded(client: Client) -> 
     assert deltas and [(m.step, m.attempt) for m in marks] == [
         (deltas[0].step, deltas[0].attempt)
     ]
-    assert stored.index(marks[0]) > stored.index(
-        deltas[-1]
-    )  # after every delta it voids
+    # after every delta it voids
+    assert stored.index(marks[0]) > stored.index(deltas[-1])
     assert json.dumps([e.kind for e in stored if e.committed]).count("model") == 0
 
 
@@ -136,12 +132,10 @@ def test_an_answer_begun_again_within_a_step_voids_its_first_attempt(
     assert len(marks) == 1
     void = marks[0].attempt
     at = step1.index(marks[0])
-    assert {e.attempt for e in step1[:at]} == {
-        void
-    }  # the first answer, then its marker
-    assert all(
-        e.attempt == f"{void}.1" for e in step1[at + 1 :]
-    )  # then the answer begun again
+    # the first answer, then its marker
+    assert {e.attempt for e in step1[:at]} == {void}
+    # then the answer begun again
+    assert all(e.attempt == f"{void}.1" for e in step1[at + 1 :])
     thinking = [e for e in step1[:at] if getattr(e, "thinking", False)]
     assert "".join(e.text for e in thinking) == "let me see "
     kept = "".join(e.text for e in step1[at + 1 :])

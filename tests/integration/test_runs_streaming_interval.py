@@ -70,7 +70,6 @@ def test_delta_entries_come_once_per_interval_and_carry_the_whole_answer(
     assert "".join(e.text for e in deltas) == model.text == ANSWER
     assert max(stored.index(e) for e in deltas) < stored.index(model)
     gaps = [ms(b.id) - ms(a.id) for a, b in itertools.pairwise(deltas[:-1])]
-    assert gaps and min(gaps) >= INTERVAL_MS * 0.9 - 1, (
-        gaps
-    )  # the last one goes with the model event
+    # the last one goes with the model event
+    assert gaps and min(gaps) >= INTERVAL_MS * 0.9 - 1, gaps
     assert len(deltas) <= 750 / INTERVAL_MS + 3  # about 6, where 50 ms gives about 16

@@ -91,9 +91,8 @@ def test_an_overloaded_error_mid_answer_voids_the_text_streamed_before_it(
     at = answer.index(marks[0])
     assert answer[:at] and {e.attempt for e in answer[:at]} == {marks[0].attempt}
     before = "".join(e.text for e in answer[:at])
-    assert (
-        ANSWER.startswith(before) and before != ANSWER
-    )  # 20 pieces, then the error event
+    # 20 pieces, then the error event
+    assert ANSWER.startswith(before) and before != ANSWER
     again = answer[at + 1 :]
     assert again and all(e.attempt == f"{marks[0].attempt}.1" for e in again)
     model = next(e for e in seen if e.kind == "model" and e.step == 2)
@@ -101,9 +100,8 @@ def test_an_overloaded_error_mid_answer_voids_the_text_streamed_before_it(
     # the cut attempt may have been billed: its message_start input + its 20 pieces' output count
     price = default_catalog().require("anthropic", "claude-sonnet-5-5").price
     usage = PromptGenUsage.model_validate(model.data["usage"])
-    assert (
-        price is not None and usage.cached_tokens == usage.cache_write_tokens == 0
-    )  # no cache here
+    # no cache here
+    assert price is not None and usage.cached_tokens == usage.cache_write_tokens == 0
     answer = (
         usage.prompt_tokens * price.input + usage.completion_tokens * price.output
     ) / 1e6

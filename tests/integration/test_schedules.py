@@ -106,9 +106,8 @@ def test_two_sweepers_racing_never_fire_a_tick_twice(
     every = [
         client.schedule(spec("You race."), every_s=1, start=start) for _ in range(100)
     ]
-    first = {
-        sid: client.get_schedule(sid).next_at or 0 for sid in every
-    }  # past `start` on a slow machine
+    # past `start` on a slow machine
+    first = {sid: client.get_schedule(sid).next_at or 0 for sid in every}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     racers = [
         subprocess.Popen(
@@ -121,12 +120,10 @@ def test_two_sweepers_racing_never_fire_a_tick_twice(
     ]
     reports = [json.loads(racer.communicate(timeout=60)[0]) for racer in racers]
     fired = sum(report.get("fired", 0) for report in reports)
-    assert fired == client.redis.zcard(keys.ALL_RUNS) == 300, (
-        reports
-    )  # every fire made its own run
-    assert sum(report.get("taken", 0) for report in reports) > 0, (
-        reports
-    )  # they did race for ticks
+    # every fire made its own run
+    assert fired == client.redis.zcard(keys.ALL_RUNS) == 300, reports
+    # they did race for ticks
+    assert sum(report.get("taken", 0) for report in reports) > 0, reports
     assert all(
         report.get("fired", 0) + report.get("skipped", 0) > 0 for report in reports
     ), reports
@@ -139,9 +136,8 @@ def test_two_sweepers_racing_never_fire_a_tick_twice(
         info = client.get_schedule(sid)
         ticks = round((info.last_tick or 0) - first[sid]) + 1
         assert ticks >= 3 and info.fired == 1
-        assert info.fired + info.skipped + info.missed == ticks, (
-            info
-        )  # each tick settled once
+        # each tick settled once
+        assert info.fired + info.skipped + info.missed == ticks, info
 
 
 def test_a_schedule_survives_a_redis_restart(tmp_path: Path) -> None:
@@ -308,9 +304,8 @@ def test_adding_with_an_idempotency_key_adds_once(client: Client) -> None:
     )
     again = client.schedule(spec("Another spec."), every_s=5, idempotency_key="nightly")
     assert first == again and [s.id for s in client.list_schedules()] == [first]
-    assert (
-        client.get_schedule(first).trigger == "every 60 s"
-    )  # the first definition wins
+    # the first definition wins
+    assert client.get_schedule(first).trigger == "every 60 s"
 
 
 def test_a_definition_no_worker_wrote_is_skipped_and_the_others_fire(

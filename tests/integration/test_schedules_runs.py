@@ -104,9 +104,8 @@ def test_a_busy_target_skips_ticks(client: Client, sim_worker: Worker) -> None:
     ]
     assert len(made) >= 2
     for before, after in itertools.pairwise(made):
-        assert (after.created_at or 0) >= (
-            before.updated_at or 0
-        )  # the next started after the last ended
+        # the next started after the last ended
+        assert (after.created_at or 0) >= (before.updated_at or 0)
 
 
 def test_a_busy_target_queues_the_tick_until_it_ends(
@@ -119,14 +118,12 @@ def test_a_busy_target_queues_the_tick_until_it_ends(
     eventually(lambda: client.get_schedule(sid).fired >= 2, timeout=30)
     info = client.get_schedule(sid)
     client.remove_schedule(sid)
-    assert (
-        info.skipped >= 1
-    )  # 2.5 s busy, a tick a second: one held, the one before it replaced
+    # 2.5 s busy, a tick a second: one held, the one before it replaced
+    assert info.skipped >= 1
     (first, one), (second, two) = runs_made(client, sid)[:2]
     ended = client.wait(one.run_id, timeout=30)
-    assert (
-        0 <= (two.created_at or 0) - (ended.updated_at or 0) < 2.0
-    )  # the held tick fired promptly
+    # the held tick fired promptly
+    assert 0 <= (two.created_at or 0) - (ended.updated_at or 0) < 2.0
     assert second["tick"] > first["tick"]
 
 
@@ -154,9 +151,8 @@ def test_two_workers_sweeping_fire_each_tick_once_with_traces_and_metrics(
             client.schedule(sim_spec(f"You race {i}."), every_s=1, start=start + i / 20)
             for i in range(20)
         ]
-        first = {
-            sid: client.get_schedule(sid).next_at or 0 for sid in ids
-        }  # past `start` when slow
+        # past `start` when slow
+        first = {sid: client.get_schedule(sid).next_at or 0 for sid in ids}
         eventually(
             lambda: all(
                 (client.get_schedule(sid).last_tick or 0) >= first[sid] + 2
@@ -172,9 +168,10 @@ def test_two_workers_sweeping_fire_each_tick_once_with_traces_and_metrics(
         second.stop()
     for info in infos:
         made = runs_made(client, info.id)
+        # not one fired
         ticks = [
             data["tick"] for data, _ in made if data["tick"] <= (info.last_tick or 0)
-        ]  # not one fired
+        ]
         # between reading `info` and removing the schedule
         assert len(ticks) == len(set(ticks)) == info.fired >= 1
         settled = round((info.last_tick or 0) - first[info.id]) + 1
@@ -231,9 +228,8 @@ def test_a_follow_up_schedule_wakes_a_run_that_ended_done(
     )
     texts = user_texts(client, run_id)
     assert texts[0] == "Go." and set(texts[1:]) == {"Wake up."}
-    assert (
-        fired.segment == len(texts) - 1 == model.seen[system] - 1
-    )  # one segment, one model call per fire
+    # one segment, one model call per fire
+    assert fired.segment == len(texts) - 1 == model.seen[system] - 1
 
 
 def test_a_follow_up_schedule_steers_a_running_run(

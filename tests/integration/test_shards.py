@@ -56,9 +56,8 @@ def test_two_hundred_runs_each_live_on_one_shard_and_list_once_newest_first(
         made = []
         for i in range(200):
             made.append(client.enqueue(spec("tools", f"Add {i} and 1.")))
-            time.sleep(
-                0.001
-            )  # distinct creation times: "newest first" is then one order
+            # distinct creation times: "newest first" is then one order
+            time.sleep(0.001)
         assert len(set(made)) == 200
         placed = [shard_of(run_id, 2) for run_id in made]
         assert placed.count(0) == placed.count(1) == 100

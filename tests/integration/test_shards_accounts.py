@@ -83,17 +83,15 @@ def test_an_account_limit_holds_across_shards_with_one_flow_redis(
         and spent.account_stop
         and spent.account_stop["name"] == "team"
     )
-    assert 0 < spent.spent_usd <= 0.05 and spent.steps >= 1, (
-        spent
-    )  # an estimate is a ceiling: it stops early
+    # an estimate is a ceiling: it stops early
+    assert 0 < spent.spent_usd <= 0.05 and spent.steps >= 1, spent
     assert (
         stopped.status == "budget"
         and stopped.account_stop
         and stopped.account_stop["name"] == "team"
     )
-    assert stopped.spent_usd == 0 and stopped.steps == 0, (
-        stopped
-    )  # not one model call on shard 1
+    # not one model call on shard 1
+    assert stopped.spent_usd == 0 and stopped.steps == 0, stopped
     [(where, row)] = rows
     assert (
         where is None

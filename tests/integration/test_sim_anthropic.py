@@ -34,9 +34,8 @@ SCRIPT = [
     {"tool_calls": [{"name": "read_frame", "input": {"shot": 7}}]},
     {"text": "Shot 3 is fine."},
 ]
-LONG_SYSTEM = (
-    "You review storyboards. " * 400
-)  # 2400 tokens by the simulator's estimate
+# 2400 tokens by the simulator's estimate
+LONG_SYSTEM = "You review storyboards. " * 400
 
 
 @pytest.fixture
@@ -204,9 +203,8 @@ def test_usage_reports_a_cache_write_then_a_read(sim: SimServer) -> None:
         == second.usage.cache_creation_input_tokens
         == 0
     )
-    assert (
-        first.usage.input_tokens == second.usage.input_tokens == 5
-    )  # "Review the board." = 17 chars
+    # "Review the board." = 17 chars
+    assert first.usage.input_tokens == second.usage.input_tokens == 5
 
 
 def test_more_than_four_cache_breakpoints_is_a_400_invalid_request_error(

@@ -118,12 +118,10 @@ def test_a_turn_of_more_than_20_blocks_after_the_only_mark_misses_the_conversati
     ]
     later[0]["content"][-1] = {**later[0]["content"][-1], "cache_control": MARK}
     usage = send(sim, later)["usage"]
-    system_prefix = (
-        write["cache_creation_input_tokens"] - 15
-    )  # 'Look. ' * 10 = 60 chars = 15 tokens
-    assert (
-        usage["cache_read_input_tokens"] == system_prefix
-    )  # only the system entry, by its own mark
+    # 'Look. ' * 10 = 60 chars = 15 tokens
+    system_prefix = write["cache_creation_input_tokens"] - 15
+    # only the system entry, by its own mark
+    assert usage["cache_read_input_tokens"] == system_prefix
     within = [
         {
             "role": "user",
@@ -159,6 +157,5 @@ def test_a_mark_inside_a_tool_result_is_a_breakpoint(sim: Sim) -> None:
         second["cache_read_input_tokens"]
         == first["cache_read_input_tokens"] + first["cache_creation_input_tokens"]
     )
-    assert (
-        second["input_tokens"] == first["input_tokens"] == 4
-    )  # "trailing note": only it is after the mark
+    # "trailing note": only it is after the mark
+    assert second["input_tokens"] == first["input_tokens"] == 4

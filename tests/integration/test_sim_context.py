@@ -138,9 +138,8 @@ async def test_threshold_compaction_block_is_sent_back_signed_and_a_replay_calls
     journal = MemoryJournal()
     result, events = await run(sim, policy, journal, bodies)
 
-    assert (
-        sim.stats()["strict"] is True
-    )  # every body was checked against the SDK's (beta) types
+    # every body was checked against the SDK's (beta) types
+    assert sim.stats()["strict"] is True
     assert result.stopped_by == "done" and result.steps == TURNS
     compactions = [e for e in events if isinstance(e, CompactionEvent)]
     assert compactions and all(e.input_tokens >= 50_000 for e in compactions)
@@ -334,10 +333,11 @@ def test_the_simulator_refuses_what_the_api_refuses(sim: SimServer) -> None:
         _post(sim, _with_block({**block, "content": ""}), "compact-2026-01-12"),
         "content",
     )
+    # a failed compaction: a no-op, accepted
     failed = {
         "type": "compaction",
         "content": None,
-    }  # a failed compaction: a no-op, accepted
+    }
     assert _post(sim, _with_block(failed), "compact-2026-01-12").status_code == 200
     other = SimServer(lambda request: "hi")
     with other:  # a block another server signed is refused
@@ -372,9 +372,8 @@ async def test_on_demand_compaction_sends_the_signed_block_first_in_place_of_the
             and "context_management" not in ask["body"]
         )
         assert "compact-2026-09-04" in (ask["beta"] or "")
-        assert (
-            ask["body"]["messages"][-1]["role"] == "user"
-        )  # the history up to the cut, no prompt of ours
+        # the history up to the cut, no prompt of ours
+        assert ask["body"]["messages"][-1]["role"] == "user"
     stored = [
         json.loads(v)["value"]
         for k, v in journal.entries.items()

@@ -57,9 +57,8 @@ def test_input_tokens_per_minute_count_the_prompt() -> None:
         assert first.status_code == 200
         left = int(first.headers["anthropic-ratelimit-input-tokens-remaining"])
         assert 0 < left < 100
-        assert (
-            "anthropic-ratelimit-requests-limit" not in first.headers
-        )  # only the limits that are set
+        # only the limits that are set
+        assert "anthropic-ratelimit-requests-limit" not in first.headers
 
 
 def post_fal(sim: SimServer, key: str) -> httpx.Response:
@@ -83,9 +82,10 @@ def test_the_fal_wire_has_limits_of_its_own_and_burst_s_sizes_a_bucket() -> None
             a.text for a in answers
         ]
         assert answers[2].headers["retry-after"] == "1"
+        # fal sends none
         assert not [
             h for h in answers[2].headers if h.startswith("anthropic-ratelimit")
-        ]  # fal sends none
+        ]
         assert [post(sim, "fal-a").status_code for _ in range(3)] == [
             200
         ] * 3  # Anthropic's wire: no limit

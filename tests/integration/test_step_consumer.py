@@ -145,9 +145,8 @@ def test_remote_control_adds_and_cancels_step_queues(
         server.url, tmp_path / "w.log", AGENT, queues="tools,control"
     ).wait_ready()
     try:
-        run_id = run_with_a_tool(
-            client
-        )  # its first step waits on "llm", which nobody takes
+        # its first step waits on "llm", which nobody takes
+        run_id = run_with_a_tool(client)
         assert client.status(run_id).status == "queued"
         name = worker.name.replace("%h", socket.gethostname())
         replies: list[dict[str, Any]] = client.celery.control.broadcast(

@@ -44,9 +44,8 @@ from toolloop.sim.stream import PIECE_CHARS
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0)
 MODEL = "claude-sonnet-5-5"
-SYSTEM = (
-    "You review storyboards shot by shot and report what to change. " * 80
-)  # > 1,024 tokens
+# > 1,024 tokens
+SYSTEM = "You review storyboards shot by shot and report what to change. " * 80
 LONG = "The third shot holds too long on the empty corridor; cut it by a second. " * 6
 AFTER = 5
 STALLED_S = 0.3
@@ -100,9 +99,8 @@ def cut_usd(
         return (estimate_tokens(input_text(prompt())) * price.input + output) / 1e6
     usage = first.usage
     uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
-    assert (
-        usage.cache_write_tokens > 0 and usage.cached_tokens == 0
-    )  # the cut attempt wrote the cache
+    # the cut attempt wrote the cache
+    assert usage.cache_write_tokens > 0 and usage.cached_tokens == 0
     return (
         uncached * price.input + usage.cache_write_tokens * price.cache_write + output
     ) / 1e6
@@ -116,12 +114,10 @@ async def test_a_cut_attempt_costs_its_reported_input_and_the_output_it_received
     with SimServer(
         [{"text": LONG}], strict=True
     ) as clean:  # the same request twice: the cut attempt
-        first = await handler(wire, clean).execute(
-            prompt(), NEVER_ABORTED
-        )  # wrote the cache
-        answer = await handler(wire, clean).execute(
-            prompt(), NEVER_ABORTED
-        )  # the retry reads it
+        # wrote the cache
+        first = await handler(wire, clean).execute(prompt(), NEVER_ABORTED)
+        # the retry reads it
+        answer = await handler(wire, clean).execute(prompt(), NEVER_ABORTED)
     with SimServer([faulted(kind)], strict=True) as sim:
         model = handler(wire, sim, timeout_s=STALLED_S if kind == "stall" else 30.0)
         result = await model.execute(
@@ -129,9 +125,8 @@ async def test_a_cut_attempt_costs_its_reported_input_and_the_output_it_received
         )
         assert sim.stats()["faults"] == {kind: 1} and sim.stats()["requests"] == 2
     cut = cut_usd(wire, model, first)
-    assert (
-        result.text == answer.text and result.usage == answer.usage
-    )  # the usage of the answer
+    # the usage of the answer
+    assert result.text == answer.text and result.usage == answer.usage
     assert result.meta is not None and answer.meta is not None
     assert result.meta["cut_usd"] == [pytest.approx(cut, abs=1e-10)]
     assert result.cost_usd == pytest.approx(answer.cost_usd + cut, abs=1e-9)
@@ -216,24 +211,22 @@ async def test_a_loop_budget_counts_the_cut_attempt_and_a_replay_rebuilds_the_sa
     model = handler(wire, clean)
     price = model.catalog.require(wire, MODEL).price
     assert price is not None and read.stopped_by == "steps"
-    output = (
-        AFTER * price.output / 1e6
-    )  # the least a cut attempt adds: its 5 output tokens
-    usd = (
-        read.spent_usd + output / 2
-    )  # enough for model:1 alone, not with its cut attempt
+    # the least a cut attempt adds: its 5 output tokens
+    output = AFTER * price.output / 1e6
+    # enough for model:1 alone, not with its cut attempt
+    usd = read.spent_usd + output / 2
     journal = journals(kind, request)
     with SimServer([faulted("stream_error", SCRIPT[0]), SCRIPT[1]], strict=True) as sim:
         events: list[Any] = []
         result = await run_tool_loop(options(wire, sim, journal(), events, usd))
+        # no model:2
         assert (
             sim.stats()["faults"] == {"stream_error": 1}
             and sim.stats()["requests"] == 2
-        )  # no model:2
+        )
         replayed: list[Any] = []
-        again = await run_tool_loop(
-            options(wire, sim, journal(), replayed, usd)
-        )  # a new process's
+        # a new process's
+        again = await run_tool_loop(options(wire, sim, journal(), replayed, usd))
         assert sim.stats()["requests"] == 2  # the replay called nothing
     [step] = [event for event in events if isinstance(event, ModelEvent)]
     [stop] = [event for event in events if isinstance(event, BudgetEvent)]
@@ -270,9 +263,8 @@ async def test_a_call_that_fails_for_good_after_cut_attempts_carries_and_logs_wh
             PromptGenError, match=r"\(2 attempts\)"
         ) as caught:  # a cut one is retried once
             await model.execute(prompt(), NEVER_ABORTED, on_delta=lambda delta: None)
-    cut = cut_usd(
-        wire, model, first
-    )  # the first attempt wrote the cache; the next one read it
+    # the first attempt wrote the cache; the next one read it
+    cut = cut_usd(wire, model, first)
     costs = [attempt.usd for attempt in caught.value.cut_attempts]
     assert (
         len(costs) == 2
@@ -308,9 +300,8 @@ async def test_a_fallback_answer_counts_the_cut_attempts_of_the_provider_that_fa
         )
         result = await gen.generate(prompt(), on_delta=lambda delta: None)
         sim.reset()
-        answer = await handler("fal", sim).execute(
-            prompt(), NEVER_ABORTED
-        )  # fal alone, cache empty
+        # fal alone, cache empty
+        answer = await handler("fal", sim).execute(prompt(), NEVER_ABORTED)
     assert result.meta is not None and answer.meta is not None
     assert (
         result.meta["provider"] == "fal"

@@ -59,9 +59,8 @@ def read_frame_spec() -> ToolSpec:
 
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1, total_s=10.0)
-SYSTEM = (
-    "You review storyboards shot by shot and report what to change. " * 80
-)  # > 1,024 tokens
+# > 1,024 tokens
+SYSTEM = "You review storyboards shot by shot and report what to change. " * 80
 TOOL = {
     "name": "read_frame",
     "description": "Read one frame.",
@@ -145,17 +144,17 @@ async def test_a_streamed_answer_is_the_same_result_as_the_whole_one(
     for one, other in zip(whole, streamed, strict=True):
         assert other.model_dump_json() == one.model_dump_json()
     first, second = whole
-    assert (
-        first.usage.cache_write_tokens > 0 and second.usage.cached_tokens > 0
-    )  # cache usage counted
+    # cache usage counted
+    assert first.usage.cache_write_tokens > 0 and second.usage.cached_tokens > 0
     text = "".join(d.text for d in deltas if not d.thinking)
     assert text == first.text + second.text
     if scenario == "thinking":
         assert first.reasoning and any(b.data.get("signature") for b in first.reasoning)
+        # anthropic's, fal's (OpenRouter's)
         redacted = {
             "redacted_thinking",
             "reasoning.encrypted",
-        }  # anthropic's, fal's (OpenRouter's)
+        }
         assert any(b.data.get("type") in redacted for b in first.reasoning)
         assert any(d.thinking for d in deltas)
     if scenario == "tool calls":
@@ -213,15 +212,15 @@ async def test_deltas_reach_on_step_in_order_then_the_model_event_and_a_replay_e
         deltas = [e for e in events if isinstance(e, DeltaEvent) and e.step == step]
         model = next(e for e in events if isinstance(e, ModelEvent) and e.step == step)
         assert len(deltas) > 3 and "".join(d.text for d in deltas) == model.text
-        assert max(events.index(d) for d in deltas) < events.index(
-            model
-        )  # the ModelEvent follows
+        # the ModelEvent follows
+        assert max(events.index(d) for d in deltas) < events.index(model)
     assert again.final_text == result.final_text
+    # no deltas on replay
     assert [e.kind for e in replayed] == [
         "model",
         "tool",
         "model",
-    ]  # no deltas on replay
+    ]
 
 
 def faulted(kind: str, **fields: Any) -> list[Any]:
@@ -254,9 +253,8 @@ async def test_a_stream_cut_or_failed_mid_way_is_retried_and_the_cut_attempt_cou
     with SimServer(
         [{"text": LONG}], strict=True
     ) as clean:  # the same request twice: the cut attempt
-        await handler(wire, clean).execute(
-            request("text"), NEVER_ABORTED
-        )  # had written the cache
+        # had written the cache
+        await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
         expected = await handler(wire, clean).execute(request("text"), NEVER_ABORTED)
     fields = {"status": 529} if kind == "stream_error" else {}
     with SimServer(faulted(kind, **fields), strict=True) as sim:
@@ -268,14 +266,12 @@ async def test_a_stream_cut_or_failed_mid_way_is_retried_and_the_cut_attempt_cou
         stats = sim.stats()
         await model.http.aclose()
     assert same_answer(result, expected, cut_attempts=1)
-    assert (
-        result.usage.cached_tokens > 0
-    )  # the retry read the prefix the cut attempt cached
+    # the retry read the prefix the cut attempt cached
+    assert result.usage.cached_tokens > 0
     assert stats["faults"] == {kind: 1} and stats["requests"] == 2
     cut = deltas.index(DeltaEvent(discard=True))
-    shown = "".join(
-        d.text for d in deltas[:cut]
-    )  # the 5 pieces before the fault, in 1 to 5 deltas
+    # the 5 pieces before the fault, in 1 to 5 deltas
+    shown = "".join(d.text for d in deltas[:cut])
     assert (
         shown == LONG[: 5 * PIECE_CHARS]
         and "".join(d.text for d in deltas[cut + 1 :]) == LONG
@@ -396,9 +392,8 @@ async def test_held_reads_pass_every_piece_once_in_order_one_delta_per_hold(
         "".join(d.text for _, d in gathered) == "".join(d.text for _, d in each) == LONG
     )
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(gathered)]
-    assert (
-        len(gathered) <= 0.6 / 0.1 + 3 < len(LONG) // PIECE_CHARS
-    )  # a delta per hold, not per piece
+    # a delta per hold, not per piece
+    assert len(gathered) <= 0.6 / 0.1 + 3 < len(LONG) // PIECE_CHARS
     assert min(gaps) >= 0.09, gaps  # nothing read while held
     assert len(each) > 2 * len(gathered)  # without the hold, reads as the pieces come
 
@@ -461,9 +456,8 @@ async def test_held_reads_keep_the_idle_timeout_between_events(wire: str) -> Non
             await model.http.aclose()
         await asyncio.sleep(1.0)  # the simulator's stalled answer ends before it stops
     with SimServer([{"text": LONG, "tokens_per_s": 40}], strict=True) as sim, held(1.0):
-        model = handler(
-            wire, sim, timeout_s=0.5, keep_alive=True
-        )  # the hold: cut to half the timeout
+        # the hold: cut to half the timeout
+        model = handler(wire, sim, timeout_s=0.5, keep_alive=True)
         try:
             result = await model.execute(
                 request("text"), NEVER_ABORTED, on_delta=lambda d: None

@@ -235,13 +235,14 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(
     tls_url: str, tmp_path: Path
 ) -> None:
     root = Path(__file__).resolve().parents[2]
+    # doctor imports the toolsets
     env = {
         **os.environ,
         **AGENT,
         "REDIS_URL": tls_url,
         "TOOLLOOP_HOME": str(tmp_path / "state"),
         "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")]),
-    }  # doctor imports the toolsets
+    }
     env.pop("ANTHROPIC_API_KEY", None)
     log = (tmp_path / "worker.log").open("wb")
     worker = (
@@ -331,9 +332,8 @@ def test_every_cli_command_works_over_tls_with_an_acl_user(
         assert cancelled.returncode == 0 and "Cancel requested" in cancelled.stdout, (
             cancelled.stderr
         )
-        retried = _toolloop(
-            env, "retry", run_id
-        )  # a done run: refused, after reaching Redis
+        # a done run: refused, after reaching Redis
+        retried = _toolloop(env, "retry", run_id)
         assert (
             retried.returncode == 1
             and "only a failed run can be retried" in retried.stderr
@@ -380,9 +380,8 @@ def test_flower_reads_tasks_and_queues_over_tls(tls_url: str, tmp_path: Path) ->
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "REDIS_URL": tls_url, "PYTHONPATH": str(root)}
     with running_flower(env, tmp_path / "flower.log", auth, timeout_s=60) as flower:
-        worker = start_worker(
-            tls_url, tmp_path, AGENT
-        )  # after Flower: it lists the events it heard
+        # after Flower: it lists the events it heard
+        worker = start_worker(tls_url, tmp_path, AGENT)
         client = Client(tls_url)
         try:
             run_id = client.enqueue(spec("tools", "Add 2 and 3.", toolset="agents"))
@@ -399,9 +398,8 @@ def test_flower_reads_tasks_and_queues_over_tls(tls_url: str, tmp_path: Path) ->
                 )
                 time.sleep(0.5)
             queues = httpx.get(f"{flower}/api/queues/length", auth=auth, timeout=10)
-            assert queues.status_code == 200, (
-                queues.text
-            )  # Flower's own Redis client, over TLS
+            # Flower's own Redis client, over TLS
+            assert queues.status_code == 200, queues.text
             names = {queue["name"] for queue in queues.json()["active_queues"]}
             assert {"llm", "tools", "control"} <= names, queues.json()
         finally:

@@ -74,12 +74,10 @@ def test_the_docstrings_curl_lines_work_as_written(
     first = json.loads(bash(enqueue, env, port))["run_id"]
     time.sleep(1.1)  # a reader runs it again a moment later
     second = json.loads(bash(enqueue, env, port))["run_id"]
-    assert (
-        first != second
-    )  # a fresh key per run: the second is a new run, not the first one back
+    # a fresh key per run: the second is a new run, not the first one back
+    assert first != second
 
     listed = next(c for c in commands if c.endswith("/approvals"))
     reply = json.loads(bash(listed.replace("RUN_ID", first), env, port))
-    assert reply == {"approvals": []}, (
-        reply
-    )  # authorized (the token is on the line), nothing held yet
+    # authorized (the token is on the line), nothing held yet
+    assert reply == {"approvals": []}, reply

@@ -34,9 +34,8 @@ def web(redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[str]:
 
 
 def test_enqueue_stream_answer_finish(web: str) -> None:
-    assert (
-        httpx.get(f"{web}/runs/nope", timeout=10).status_code == 401
-    )  # no token: nothing
+    # no token: nothing
+    assert httpx.get(f"{web}/runs/nope", timeout=10).status_code == 401
     wrong = {"Authorization": "Bearer wrong"}
     assert (
         httpx.post(f"{web}/runs", json=SPEC, headers=wrong, timeout=10).status_code

@@ -155,21 +155,17 @@ def test_images_are_only_the_runs_own_and_only_images(
             assert got.headers["x-content-type-options"] == "nosniff"
         served = http.get(f"/runs/{run_id}/images/frame")
         assert served.status_code == 200 and served.content == png
-        assert (
-            served.headers["content-type"] == "image/png"
-        )  # what the bytes are, not what the message says
+        # what the bytes are, not what the message says
+        assert served.headers["content-type"] == "image/png"
         assert served.headers["x-content-type-options"] == "nosniff"
         assert "default-src 'none'" in served.headers["content-security-policy"]
-        assert (
-            http.get(f"/runs/{given_as_tool}/images/frame").status_code == 200
-        )  # under the root
-        assert (
-            http.get(f"/runs/{given_as_tool}/images/outside").status_code == 403
-        )  # a spec's "tool" image
+        # under the root
+        assert http.get(f"/runs/{given_as_tool}/images/frame").status_code == 200
+        # a spec's "tool" image
+        assert http.get(f"/runs/{given_as_tool}/images/outside").status_code == 403
         assert http.get(f"/runs/{run_id}/images/{'0' * 64}").status_code == 404
-        assert (
-            http.get(f"/runs/{given_as_tool}/images/passwd").status_code == 404
-        )  # another run's
+        # another run's
+        assert http.get(f"/runs/{given_as_tool}/images/passwd").status_code == 404
     # without TOOLLOOP_WEB_IMAGE_ROOT no spec image is served at all
     from starlette.testclient import TestClient
 
@@ -216,9 +212,8 @@ def test_state_changes_need_a_header_token_or_the_cookies_csrf_token(
             http.post(cancel, headers={**AUTH, "origin": "null"}, json={}).status_code
             == 403
         )
-        assert (
-            http.post(f"{cancel}?token={WEB_TOKEN}", json={}).status_code == 401
-        )  # ?token= opens pages only
+        # ?token= opens pages only
+        assert http.post(f"{cancel}?token={WEB_TOKEN}", json={}).status_code == 401
         plain = http.post(
             cancel, headers={**AUTH, "content-type": "text/plain"}, content=b"{}"
         )
@@ -226,9 +221,8 @@ def test_state_changes_need_a_header_token_or_the_cookies_csrf_token(
         # a read through the cookie from another site's page (an <img>, a no-cors fetch): refused
         peek = {"sec-fetch-site": "same-site", "sec-fetch-mode": "no-cors"}
         assert browser.get(f"{site.url}/runs/{run_id}", headers=peek).status_code == 403
-        assert (
-            site.client.status(run_id).status == "asked"
-        )  # nothing above cancelled it
+        # nothing above cancelled it
+        assert site.client.status(run_id).status == "asked"
         token = csrf_token(WEB_TOKEN, WEB_TOKEN)
         same = {
             "x-csrf-token": token,
@@ -255,9 +249,8 @@ def test_the_follow_up_steer_and_interrupt_routes_are_guarded_as_the_others(
     ):
         for path in paths:
             body = {"content": "the blue one"}
-            assert (
-                browser.post(path, json=body).status_code == 403
-            )  # the cookie alone: no CSRF token
+            # the cookie alone: no CSRF token
+            assert browser.post(path, json=body).status_code == 403
             assert (
                 http.post(
                     path, json=body, headers={**AUTH, "origin": "http://127.0.0.1:1"}
@@ -274,9 +267,8 @@ def test_the_follow_up_steer_and_interrupt_routes_are_guarded_as_the_others(
                 path, headers={**AUTH, "content-type": "text/plain"}, content=b"{}"
             )
             assert plain.status_code == 415
-        assert (
-            site.client.status(run_id).status == "asked"
-        )  # nothing above reached the run
+        # nothing above reached the run
+        assert site.client.status(run_id).status == "asked"
         steer = http.post(paths[1], json={"content": "x"}, headers=AUTH)
         assert (
             steer.status_code == 409 and "waits for an answer" in steer.json()["error"]
@@ -295,9 +287,8 @@ def test_the_follow_up_steer_and_interrupt_routes_are_guarded_as_the_others(
             json={"content": "the blue one"},
             headers={**AUTH, "idempotency-key": "m1"},
         )
-        assert (
-            again.json() == sent.json()
-        )  # a keyed repeat: the first one's outcome, nothing sent
+        # a keyed repeat: the first one's outcome, nothing sent
+        assert again.json() == sent.json()
 
 
 ATTACK = """(async () => {
@@ -328,13 +319,11 @@ def test_a_page_on_another_port_cannot_cancel_approve_or_enqueue(
     with serve_app(
         "<!doctype html><title>elsewhere</title><p>a page of another app"
     ) as attacker:
-        assert (
-            attacker.split(":")[-1] != site.url.split(":")[-1]
-        )  # the same host, another port
+        # the same host, another port
+        assert attacker.split(":")[-1] != site.url.split(":")[-1]
         with running_chromium(tmp_path) as page:
-            page.navigate(
-                f"{site.url}/runs/{held_run}?token={WEB_TOKEN}"
-            )  # the viewer: its cookie is set
+            # the viewer: its cookie is set
+            page.navigate(f"{site.url}/runs/{held_run}?token={WEB_TOKEN}")
             assert page.evaluate("document.querySelectorAll('#held .held').length") == 1
             page.navigate(attacker)
             values = {
@@ -349,9 +338,8 @@ def test_a_page_on_another_port_cannot_cancel_approve_or_enqueue(
                 for name, value in values.items()
             )
             tried = page.evaluate(prelude + ATTACK)
-            assert tried["json"].startswith(
-                "refused by the browser"
-            )  # no CORS: the preflight fails
+            # no CORS: the preflight fails
+            assert tried["json"].startswith("refused by the browser")
             page.evaluate(  # and a plain form post, the oldest way
                 "const f = document.createElement('form'); f.method = 'POST'; f.enctype = 'text/plain';"
                 f"f.action = {json.dumps(site.url + '/runs/' + cancel_run + '/cancel')};"
@@ -414,9 +402,8 @@ def chunked_post(url: str, path: str, size: int, timeout: float = 10) -> str:
             chunk = b"[" * min(65536, size - sent)
             conn.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
             sent += len(chunk)
-        reply = conn.recv(65536).decode(
-            errors="replace"
-        )  # times out if the server waits for the end
+        # times out if the server waits for the end
+        reply = conn.recv(65536).decode(errors="replace")
     return reply.splitlines()[0] if reply else ""
 
 
@@ -432,9 +419,8 @@ def test_each_body_and_field_is_refused_one_byte_over_its_limit(site: Site) -> N
         at_limit = http.post(
             "/runs", content=b'"' + b"a" * (spec_limit - 2) + b'"', headers=JSON
         )
-        assert (
-            at_limit.status_code == 422
-        )  # read whole, then refused as a spec: not a size
+        # read whole, then refused as a spec: not a size
+        assert at_limit.status_code == 422
         over = http.post("/runs", content=b" " * (spec_limit + 1), headers=JSON)
         assert (
             over.status_code == 413
@@ -501,9 +487,8 @@ def test_each_body_and_field_is_refused_one_byte_over_its_limit(site: Site) -> N
             ).status_code
             == 413
         )
-        assert site.client.status(approve_run).approvals == [
-            call
-        ]  # none of it reached the run
+        # none of it reached the run
+        assert site.client.status(approve_run).approvals == [call]
         assert site.client.status(ask_run).status == "asked"
         # at the limits, each goes through
         exact = http.post(
@@ -527,9 +512,8 @@ def test_each_body_and_field_is_refused_one_byte_over_its_limit(site: Site) -> N
 def test_decisions_for_calls_a_run_has_not_made_are_bounded(
     site: Site, tmp_path: Path
 ) -> None:
-    gate = (
-        tmp_path / "open"
-    )  # the run holds at its gate, running, until the test opens it
+    # the run holds at its gate, running, until the test opens it
+    gate = tmp_path / "open"
     run_id = site.client.enqueue(spec("approve_gated", str(gate)))
     eventually(lambda: [e for e in site.client.events(run_id) if e.kind == "model"])
     with httpx.Client(base_url=site.url, headers=AUTH, timeout=30) as http:
@@ -539,23 +523,20 @@ def test_decisions_for_calls_a_run_has_not_made_are_bounded(
                 kept.text
             )
         again = http.post(f"/runs/{run_id}/approvals/nope-0/approve", json={})
-        assert (
-            again.status_code == 409 and "decided already" in again.json()["error"]
-        )  # not one more
+        # not one more
+        assert again.status_code == 409 and "decided already" in again.json()["error"]
         fourth = http.post(f"/runs/{run_id}/approvals/nope-3/approve", json={})
         assert (
             fourth.status_code == 409
             and "TOOLLOOP_MAX_EARLY_DECISIONS" in fourth.json()["error"]
         )
     with pytest.raises(ApprovalError, match="TOOLLOOP_MAX_EARLY_DECISIONS"):
-        site.client.approve(
-            run_id, "nope-4"
-        )  # the workers' limit: Client users get it too
+        # the workers' limit: Client users get it too
+        site.client.approve(run_id, "nope-4")
     gate.touch()
     call = held(site.client, run_id)
-    assert (
-        site.client.approve(run_id, call["call_id"]) == "resumed"
-    )  # the run's own call still decides
+    # the run's own call still decides
+    assert site.client.approve(run_id, call["call_id"]) == "resumed"
     assert site.client.wait(run_id, timeout=30).status == "done"
 
 
@@ -582,9 +563,8 @@ def test_decisions_waiting_for_a_worker_are_bounded(
 
 def test_a_resume_past_the_end_ends_with_a_clear_error(site: Site) -> None:
     run_id = site.client.enqueue(spec("ask"))
-    asked(
-        site.client, run_id
-    )  # not ended: a follow would wait for entries that never come
+    # not ended: a follow would wait for entries that never come
+    asked(site.client, run_id)
     last = list(site.client.events(run_id))[-1].id
     with httpx.Client(base_url=site.url, headers=AUTH, timeout=10) as http:
         past = http.get(f"/runs/{run_id}/events", headers={"last-event-id": PAST})
@@ -602,9 +582,8 @@ def test_a_resume_past_the_end_ends_with_a_clear_error(site: Site) -> None:
         with http.stream(
             "GET", f"/runs/{run_id}/events", headers={"last-event-id": last}
         ) as live:
-            assert (
-                live.status_code == 200
-            )  # the last id itself: a stream that waits for more
+            # the last id itself: a stream that waits for more
+            assert live.status_code == 200
         site.client.answer(run_id, "Shot 3.")
         assert site.client.wait(run_id, timeout=30).status == "done"
         ended = http.get(f"/runs/{run_id}/events", headers={"last-event-id": PAST})

@@ -57,9 +57,8 @@ def test_sse_resumes_after_last_event_id_with_every_delta_once(web: str) -> None
         rest = list(read_events(response))  # until the run's `finished` ends the stream
     assert rest[-1][1] == "finished"
     with httpx.stream("GET", url, headers=AUTH, timeout=30) as response:
-        whole = list(
-            read_events(response)
-        )  # the run has ended: everything, then the end
+        # the run has ended: everything, then the end
+        whole = list(read_events(response))
     assert [e[0] for e in first + rest] == [e[0] for e in whole]
     text = "".join(
         str(data["text"])

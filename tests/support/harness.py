@@ -53,9 +53,8 @@ class RecordingHooks(Hooks):
     async def _after_write(
         self, name: str, flushed: Callable[[], Any], fields: dict[str, Any]
     ) -> None:
-        await (
-            flushed()
-        )  # as a kill plan does: the point is reached once the send was written
+        # as a kill plan does: the point is reached once the send was written
+        await flushed()
         self.points.append((name, fields))
 
     def names(self) -> list[str]:

@@ -81,10 +81,11 @@ class Tinyproxy:
         self.port = free_port()
         self.log = directory / "tinyproxy.log"
         config = directory / "tinyproxy.conf"
+        # no ConnectPort line: CONNECT to any port
         config.write_text(
             f'Port {self.port}\nListen 127.0.0.1\nTimeout 60\nLogFile "{self.log}"\nLogLevel Info\n'
             "MaxClients 50\nAllow 127.0.0.1\nDisableViaHeader Yes\n"
-        )  # no ConnectPort line: CONNECT to any port
+        )
         self.process = subprocess.Popen(
             [binary, "-d", "-c", str(config)],
             stdout=subprocess.DEVNULL,

@@ -39,9 +39,8 @@ async def test_a_run_steps_to_its_end_with_the_hooks_at_every_point(
     )
     assert sorted(h.journal(run)) == ["model:1", "model:2", "tool:c1"]
     assert h.events(run)[-1] == "finished" and h.outbox(run) == []
-    sent = sorted(
-        h.queued(), key=lambda d: d.task_id
-    )  # each successor was sent, on its queue
+    # each successor was sent, on its queue
+    sent = sorted(h.queued(), key=lambda d: d.task_id)
     assert [(d.task_id, d.kwargsrepr) for d in sent] == [
         (f"{run}:2", "{'step': 'tool add'}"),
         (f"{run}:3", "{'step': 'model 2'}"),
@@ -87,9 +86,8 @@ async def test_a_stale_copy_runs_nothing_and_sends_its_successor_again(
 ) -> None:
     h = step_harness
     h.model = add_then_answer()
-    h.process.settings = dataclasses.replace(
-        h.process.settings, outbox_age=0
-    )  # TOOLLOOP_OUTBOX_AGE=0
+    # TOOLLOOP_OUTBOX_AGE=0
+    h.process.settings = dataclasses.replace(h.process.settings, outbox_age=0)
     run = h.enqueue()
     h.redis.delete("llm")
     assert str(await h.step(run, 1)) == "next"
@@ -114,9 +112,8 @@ async def test_a_copy_finds_the_run_busy_while_another_holds_its_lease(
         h.state(run)["status"] == "queued"
         and h.redis.get(keys.lease(run)) == "other-copy:1"
     )
-    h.redis.set(
-        keys.lease(run), "other-copy:1", px=300
-    )  # a dead holder's lease, about to lapse
+    # a dead holder's lease, about to lapse
+    h.redis.set(keys.lease(run), "other-copy:1", px=300)
     assert str(await h.step(run, 1)) == "next"  # the copy waited for it, then ran
     assert h.model.calls == 1 and sorted(h.journal(run)) == ["model:1"]
 
@@ -145,13 +142,11 @@ async def test_a_copy_whose_lease_was_taken_over_is_fenced_at_its_commit(
     run = h.enqueue()
     outcome = await h.step(run, 1)
     assert took_over[1] == "next"  # the second copy committed step 1
-    assert (
-        str(outcome) == "stale"
-    )  # the first was fenced, re-drove, and found the step committed
+    # the first was fenced, re-drove, and found the step committed
+    assert str(outcome) == "stale"
     stored = json.loads(h.journal(run)["model:1"])["value"]["result"]
-    assert [c["id"] for c in stored["tool_calls"]] == [
-        "c1"
-    ]  # the second copy's value, never the first's
+    # the second copy's value, never the first's
+    assert [c["id"] for c in stored["tool_calls"]] == ["c1"]
     assert h.hooks.names().count("commit:after") == 1
     assert h.state(run)["n"] == "1"
 
@@ -171,16 +166,16 @@ async def test_an_answer_sent_before_the_park_resumes_the_run_at_its_park(
     assert h.apply_answers(run) == ["kept"]  # not parked yet: kept for the segment
     assert str(await h.step(run)) == "park"
     state = h.state(run)
+    # resumed by its own park commit
     assert (state["status"], state["segment"]) == (
         "queued",
         "1",
-    )  # resumed by its own park commit
+    )
     assert h.outbox(run) == ["2|llm"]
     assert str(await h.step(run)) == "stop: done"
     answered = (h.model.requests[-1].messages or [])[-1]
-    assert (
-        answered.role == "tool" and "Shot 3." in answered.model_dump_json()
-    )  # the ask's answer
+    # the ask's answer
+    assert answered.role == "tool" and "Shot 3." in answered.model_dump_json()
     assert h.state(run)["final_text"] == "Shot 3 it is."
     assert "answered" in h.events(run)
 

@@ -76,16 +76,14 @@ class Checking(ScriptedModel):
         frame = body_frame(request, model=MODEL, reasoning=self.reasoning) | (
             {"stream": True} if stream else {}
         )
-        assert got == bare.run(
-            encode_body, request, frame, images
-        )  # without a memo too
+        # without a memo too
+        assert got == bare.run(encode_body, request, frame, images)
         validate_anthropic_body(loads(got))
         memo = run_memo.get()
         assert memo is not None and memo.wire is not None
         kept = bytes(memo.wire.body)
-        assert not any(
-            data.encode() in kept for data in images.values()
-        )  # no image bytes between calls
+        # no image bytes between calls
+        assert not any(data.encode() in kept for data in images.values())
         self.sent.append(got)
         return super().answer(request, signal)
 
@@ -203,9 +201,8 @@ async def test_each_call_encodes_only_what_the_last_request_did_not_send(
     real = encode.message_blocks
 
     def counting(message: Any, images: Any, ttl: Any) -> Any:
-        encoded[-1] += (
-            run_memo.get() is not None
-        )  # not the checks' builds without the memo
+        # not the checks' builds without the memo
+        encoded[-1] += run_memo.get() is not None
         return real(message, images, ttl)
 
     monkeypatch.setattr(encode, "message_blocks", counting)
@@ -314,13 +311,13 @@ def test_nesting_around_orjsons_depth_limit_gives_the_same_bytes() -> None:
         ]
         got, want = both(request_of(history), RunMemo(replays=False))
         assert got == want, depth
-        outcomes.add(
-            b"1.5e-07" in got
-        )  # the exact fallback writes the float the standard library's way
+        # the exact fallback writes the float the standard library's way
+        outcomes.add(b"1.5e-07" in got)
+    # the range holds depths orjson takes and depths it refuses
     assert outcomes == {
         True,
         False,
-    }  # the range holds depths orjson takes and depths it refuses
+    }
 
 
 def test_a_new_ttl_or_a_list_changed_in_place_reuses_nothing_stale() -> None:

@@ -169,9 +169,8 @@ def test_one_hour_writes_have_their_own_price() -> None:
     assert price is not None
     assert token_cost(price, input=0, output=0, cache_write_1h=1_000_000) == 4.00
     assert token_cost(price, input=0, output=0, cache_write=1_000_000) == 2.50
-    assert (
-        ModelPrice(3, 15, 0.3, 3.75).write_1h == 6
-    )  # a caller's row without one: 2x input
+    # a caller's row without one: 2x input
+    assert ModelPrice(3, 15, 0.3, 3.75).write_1h == 6
 
 
 @pytest.mark.parametrize(

@@ -56,9 +56,8 @@ def test_the_viewer_lists_the_children_and_a_childs_question() -> None:
     table = html.split('<section id="children" >', 1)[1].split("</section>", 1)[0]
     assert table.count("<tr><td>") == 2 and f'href="/runs/{NODES[1].run_id}"' in table
     assert "$0.3000" in table and "Which take?" in table
-    assert (
-        '<section id="ask" ><h2>A child run asks</h2>' in html
-    )  # answered through this run's form
+    # answered through this run's form
+    assert '<section id="ask" ><h2>A child run asks</h2>' in html
     assert '<section id="children" hidden>' in viewer.page(
         ROOT, {"status": "done"}, [], []
     )
@@ -94,9 +93,8 @@ def test_a_child_lives_on_its_parents_shard_and_its_roots_slot() -> None:
     parent = "s2-0123456789abcdef0123456789abcdef"
     child = f"{parent}.ab12cd34-0.ff00ee11-3"
     assert shard_of(child, 3) == shard_of(parent, 3) == 2
-    assert (
-        keys.state(child) == f"tl:{{{parent}}}.ab12cd34-0.ff00ee11-3:state"
-    )  # the root's hash tag
+    # the root's hash tag
+    assert keys.state(child) == f"tl:{{{parent}}}.ab12cd34-0.ff00ee11-3:state"
     assert (
         keys.parent_of(child) == f"{parent}.ab12cd34-0"
         and keys.root_of(child) == parent

@@ -17,9 +17,8 @@ def test_the_worker_consumes_every_queue_with_a_threads_pool() -> None:
     argv = worker_argv(concurrency=8)
     assert argv[1:6] == ["-m", "celery", "-A", "workers.app", "worker"]
     assert argv[argv.index("-P") + 1] == "threads" and argv[argv.index("-c") + 1] == "8"
-    assert (
-        argv[argv.index("-Q") + 1] == QUEUES and "-E" in argv
-    )  # events on: Flower sees steps
+    # events on: Flower sees steps
+    assert argv[argv.index("-Q") + 1] == QUEUES and "-E" in argv
 
 
 def test_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:

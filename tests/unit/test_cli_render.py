@@ -43,9 +43,8 @@ def test_model_line_shows_a_provider_switch() -> None:
     assert event_line(event).endswith(
         "→ read_frame(shot=3)  [via fal: anthropic HTTP 529]"
     )
-    assert event_line(event.model_dump(mode="json")) == event_line(
-        event
-    )  # as a run's stream holds it
+    # as a run's stream holds it
+    assert event_line(event.model_dump(mode="json")) == event_line(event)
     assert "via" not in event_line(
         model_event(2, read=0).model_copy(update={"provider": "anthropic"})
     )
@@ -125,9 +124,8 @@ def test_cache_savings_are_reads_at_their_discount_minus_the_write_premium() -> 
     assert saved is not None
     assert abs(saved - (1000 * 2.7 - 1000 * 0.75) / 1e6) < 1e-12
     assert totals.cache_savings_usd("no-such-model") is None
-    gemini = totals.cache_savings_usd(
-        "google/gemini-3.8-flash"
-    )  # via fal: reads at 0.25x, writes at 1x
+    # via fal: reads at 0.25x, writes at 1x
+    gemini = totals.cache_savings_usd("google/gemini-3.8-flash")
     assert gemini is not None and abs(gemini - 1000 * 0.75 * 0.75 / 1e6) < 1e-12
 
 
@@ -232,6 +230,5 @@ def test_a_park_for_decisions_and_an_account_stop_say_what_they_are() -> None:
         "run      finished: budget (account studio-a reached its limit of $1.00 in total ($0.9950 spent))"
     )
     own = {"kind": "budget", "spent_usd": 1.0, "limit_usd": 1.0, "mode": "stop"}
-    assert (
-        event_line(own) == "budget   budget stop at $1.0000 of $1.00"
-    )  # the run's own budget, as before
+    # the run's own budget, as before
+    assert event_line(own) == "budget   budget stop at $1.0000 of $1.00"

@@ -73,9 +73,8 @@ def test_an_enqueue_is_one_script_carrying_the_run_and_its_first_celery_message(
         f"{made.run_id}:1",
         "llm",
     )
-    assert (
-        "Go." not in raw and "Go." not in event.decode()
-    )  # ids only in the message and its event
+    # ids only in the message and its event
+    assert "Go." not in raw and "Go." not in event.decode()
 
 
 def test_an_enqueue_is_checked_before_anything_is_built() -> None:
@@ -104,9 +103,8 @@ def test_answers_and_decisions_are_refused_one_byte_over_their_limits() -> None:
     from workers.client.limits import IDENT_BYTES, check_answer, check_decision
 
     settings = Settings.from_env()
-    check_answer(
-        "é" * (settings.max_answer_bytes // 2), settings
-    )  # UTF-8 bytes, at the limit
+    # UTF-8 bytes, at the limit
+    check_answer("é" * (settings.max_answer_bytes // 2), settings)
     with pytest.raises(LimitError, match="TOOLLOOP_MAX_ANSWER_BYTES"):
         check_answer("a" * (settings.max_answer_bytes + 1), settings)
     check_decision(

@@ -46,9 +46,8 @@ MESSAGE = {
     },
 }
 PRICE = default_catalog().require("anthropic", "claude-sonnet-5-5").price
-assert (
-    PRICE is not None
-)  # $2 in, $10 out, $0.10 cache read (Sonnet 5.5 migration guide), $2.50 5-minute write per MTok
+# $2 in, $10 out, $0.10 cache read (Sonnet 5.5 migration guide), $2.50 5-minute write per MTok
+assert PRICE is not None
 
 
 def sent(data: Any) -> str:
@@ -76,18 +75,16 @@ def test_an_anthropic_stream_cut_anywhere_says_what_it_received_and_the_usage_it
     assert MessageStream(None).partial() is None  # before message_start: not begun
     for cut in range(1, len(events)):  # after message_start, before message_stop
         reader = MessageStream(None)
-        reader.feed(
-            b"".join(encode(name, data) for name, data, _ in events[:cut])
-        )  # the fast path too
+        # the fast path too
+        reader.feed(b"".join(encode(name, data) for name, data, _ in events[:cut]))
         partial = reader.partial()
         assert partial is not None and partial.received == "".join(
             sent(d) for _, d, _ in events[:cut]
         )
         assert partial.usage is not None and partial.usage["input_tokens"] == 120
         assert partial.usage["cache_read_input_tokens"] == 2000
-    assert (
-        partial.usage["output_tokens"] == 90
-    )  # message_delta's, merged (1 in message_start)
+    # message_delta's, merged (1 in message_start)
+    assert partial.usage["output_tokens"] == 90
 
 
 def test_a_fal_stream_cut_anywhere_says_what_it_received() -> None:

@@ -63,7 +63,6 @@ def test_queued_beats_recorded_beats_refused_beats_pending() -> None:
     assert (found["c"].state, found["c"].why) == ("refused", "Input should be a number")
     assert (found["d"].state, found["d"].action) == ("expired", "reject")
     assert found["old"].state == "decided"  # the segment before: the run resumed since
-    assert (
-        decision_states("r", 3, [], recorded, {}, {}) == {}
-    )  # older segments are forgotten
+    # older segments are forgotten
+    assert decision_states("r", 3, [], recorded, {}, {}) == {}
     assert decision_states("r", 0, HELD[:1], {}, {}, {})["a"].state == "pending"

@@ -52,9 +52,8 @@ def check_celery_command(argv: list[str]) -> str:
     sub, rest = argv[3], argv[4:]
     if sub == "worker":
         obj = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
-        command = copy.copy(
-            worker
-        )  # the celery CLI adds the app's own worker options the same way
+        # the celery CLI adds the app's own worker options the same way
+        command = copy.copy(worker)
         command.params = [*worker.params, *app.user_options.get("worker", [])]
         params = command.make_context("worker", list(rest), obj=obj).params
         assert params["steps_in_flight"], "the worker needs --steps-in-flight"

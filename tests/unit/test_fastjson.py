@@ -27,9 +27,8 @@ def test_loads_exact_reads_what_the_standard_library_reads(text: str) -> None:
             given = text.encode()  # (the escape is ASCII: the bytes are valid UTF-8)
         got, expected = loads_exact(given), json.loads(given)
         assert repr(got) == repr(expected)
-        assert json.dumps(got) == json.dumps(
-            expected
-        )  # the same types: an int stays an int
+        # the same types: an int stays an int
+        assert json.dumps(got) == json.dumps(expected)
 
 
 def test_a_str_holding_a_lone_surrogate_itself_is_read() -> None:

@@ -182,9 +182,8 @@ def test_outside_spend_out_of_range_is_refused_before_redis(usd: float) -> None:
         next(ops.add_spend("r1", usd))
     first, second = str(caught.value).split("\n")
     assert "The outside spend for run 'r1' is" in first and second.startswith("  ")
-    next(
-        ops.add_spend("r1", 0.0)
-    )  # 0 and up to the top are taken: the op asks Redis next
+    # 0 and up to the top are taken: the op asks Redis next
+    next(ops.add_spend("r1", 0.0))
     next(ops.add_spend("r1", 1e9))
 
 

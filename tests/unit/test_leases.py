@@ -103,9 +103,8 @@ async def test_a_renewal_that_comes_back_after_its_own_deadline_does_not_extend_
     controller = AbortController()
     leases.begin_work(held, controller)
     await asyncio.sleep(LEASE_MS / 1000 * 1.5)
-    assert (
-        not held.holds and controller.signal.aborted
-    )  # its deadline passed: nothing begins now
+    # its deadline passed: nothing begins now
+    assert not held.holds and controller.signal.aborted
     leases.drop(held)
 
 
@@ -115,9 +114,8 @@ async def test_a_lease_that_lapsed_under_running_work_and_is_taken_again_keeps_t
     batch = Batch(reply=[2, 1, 1, 1, 1, 1, 1, 1])
     leases = _leases(batch)
     lost: list[LeaseLostError] = []
-    taken = (
-        time.monotonic() - LEASE_MS / 1000 * 2
-    )  # the process was paused past its lease
+    # the process was paused past its lease
+    taken = time.monotonic() - LEASE_MS / 1000 * 2
     held = leases.hold("r", 1, "me:1", taken, lost.append)
     controller = AbortController()
     held.working, held.controller = True, controller  # its work began before the pause
@@ -166,9 +164,8 @@ async def test_near_its_deadline_a_step_renews_before_its_work_and_stops_when_re
     batch = Batch(reply=0)
     leases = _leases(batch)
     lost: list[LeaseLostError] = []
-    taken = (
-        time.monotonic() - LEASE_MS / 1000 * 0.6
-    )  # a renewal is late: less than half is left
+    # a renewal is late: less than half is left
+    taken = time.monotonic() - LEASE_MS / 1000 * 0.6
     held = leases.hold("r", 1, "me:1", taken, lost.append)
     controller = AbortController()
     checking = leases.begin_work(held, controller)

@@ -121,9 +121,8 @@ def test_sampling_follows_the_parent_and_asks_any_other_sampler() -> None:
     assert [s.name for s in memory.get_finished_spans()] == ["child"]
 
     memory.clear()
-    never = provider_with(memory, TraceIdRatioBased(0.0)).get_tracer(
-        "t"
-    )  # not parent-based: asked
+    # not parent-based: asked
+    never = provider_with(memory, TraceIdRatioBased(0.0)).get_tracer("t")
     never.start_span("child", context=segment()).end()
     assert memory.get_finished_spans() == ()
 
@@ -175,11 +174,12 @@ def test_the_span_limits_apply_and_attributes_are_cleaned_as_the_sdk_does() -> N
     span.set_attributes({"c": ("long text", "x"), "d": 2.5})
     span.end()
     (done,) = memory.get_finished_spans()
+    # the oldest dropped, cut
     assert dict(done.attributes or {}) == {
         "b": 1,
         "c": ("long", "x"),
         "d": 2.5,
-    }  # the oldest dropped, cut
+    }
     assert done.dropped_attributes == 1
 
     memory.clear()
@@ -189,10 +189,11 @@ def test_the_span_limits_apply_and_attributes_are_cleaned_as_the_sdk_does() -> N
     span.set_attribute("mixed", [1, "a"])
     span.end()
     (done,) = memory.get_finished_spans()
+    # cleaned as the SDK cleans
     assert dict(done.attributes or {}) == {
         "ok": "yes",
         "mixed": (1, "a"),
-    }  # cleaned as the SDK cleans
+    }
 
 
 class ThreadOf(SpanExporter):

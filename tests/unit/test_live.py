@@ -84,12 +84,13 @@ async def test_a_loop_resumed_step_by_step_ends_as_one_run_straight_through() ->
         outcome = await loop.go_on(step)
     assert isinstance(outcome, RunToolLoopResult)
     assert boundaries == ["tool:c1", "model:2", "tool:c2", "model:3"]
+    # one live step per task
     assert pending == [
         ["model:1"],
         ["tool:c1"],
         ["model:2"],
         ["tool:c2"],
-    ]  # one live step per task
+    ]
     assert [step.lives for step in steps] == [
         ["model:1"],
         ["tool:c1"],
@@ -143,9 +144,8 @@ async def test_an_ended_or_closed_loop_dies_by_refcount(how: str) -> None:
     gc.disable()
     try:
         loop, journal = paused_loop()
-        script = (
-            turns()[2:] if how == "ended" else turns()
-        )  # one answer, or a tool call first
+        # one answer, or a tool call first
+        script = turns()[2:] if how == "ended" else turns()
         opts = options(
             ScriptedModel(script),
             tools=[read_frame()],

@@ -148,9 +148,8 @@ async def test_each_decision_reaches_the_model_as_documented(
         and texts(sent) == answer
     )
     assert events.kinds() == ["tool", "model"]
-    again, _, _ = await resume(
-        first, decision, c, journal
-    )  # a replay: the decided step is journaled
+    # a replay: the decided step is journaled
+    again, _, _ = await resume(first, decision, c, journal)
     assert c.inputs == runs and again.messages == result.messages  # type: ignore[attr-defined]
 
 

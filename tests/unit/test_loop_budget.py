@@ -193,9 +193,8 @@ async def test_finish_note_keeps_its_place_on_replay() -> None:
     first, first_events = await run(
         model, journal, budget=budget, finish_note=NOTE, tools=[tool]
     )
-    assert (
-        first.messages.index(UserMessage(content=NOTE)) == 5
-    )  # at the third call (spent 0.6)
+    # at the third call (spent 0.6)
+    assert first.messages.index(UserMessage(content=NOTE)) == 5
     spend["usd"] = (
         0.0  # replay sees a different outside spend: the note stays where it was
     )

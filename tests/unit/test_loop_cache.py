@@ -67,9 +67,8 @@ async def test_rolling_marks_of_every_request_without_images() -> None:
     ]
     first = (model.requests[0].messages or [])[0]
     assert first == UserMessage(content=[TextPart(text="Review shot 3.", cache=True)])
-    assert result.messages[0] == UserMessage(
-        content="Review shot 3."
-    )  # marks only on copies
+    # marks only on copies
+    assert result.messages[0] == UserMessage(content="Review shot 3.")
     assert all(
         not getattr(p, "cache", False)
         for m in result.messages

@@ -167,12 +167,10 @@ async def test_a_cut_off_call_never_runs_and_the_turn_is_asked_again_with_twice_
     assert result.stopped_by == "done"
     assert counter.calls == {"read_frame": 1}  # only the retry's call ran
     assert model.requests[1].params == {"reasoning": "medium", "max_tokens": 6000}
-    assert model.requests[2].params == {
-        "reasoning": "medium"
-    }  # the room is for the repeated turn only
-    assert (
-        model.requests[1].messages == model.requests[0].messages
-    )  # the cut answer is not history
+    # the room is for the repeated turn only
+    assert model.requests[2].params == {"reasoning": "medium"}
+    # the cut answer is not history
+    assert model.requests[1].messages == model.requests[0].messages
     ids = [m.tool_call_id for m in result.messages if isinstance(m, ToolMessage)]
     assert ids == ["c2"]
     first = events.events[0]
@@ -192,9 +190,8 @@ async def test_without_a_cut_off_list_the_last_call_of_a_length_answer_is_the_cu
     model = ScriptedModel([cut, reply("Done.")])
     result, _ = await run(model, tools=[read_frame(counter)])
     assert result.stopped_by == "done" and counter.calls == {}
-    assert model.requests[1].params == {
-        "max_tokens": 1024
-    }  # no room reported: the floor
+    # no room reported: the floor
+    assert model.requests[1].params == {"max_tokens": 1024}
 
 
 async def test_a_length_answer_whose_calls_are_whole_runs_them() -> None:

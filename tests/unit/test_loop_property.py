@@ -192,9 +192,8 @@ async def _check(drawn: Any, opts: dict[str, Any], after: int | None = None) -> 
         )
         for t in tools
     ]
-    replayed_events = AbortingRecorder(
-        after
-    )  # a cancel at the same point replays to the same stop
+    # a cancel at the same point replays to the same stop
+    replayed_events = AbortingRecorder(after)
     replayed = await run_tool_loop(
         options(
             exploding,

@@ -32,9 +32,8 @@ async def test_steps_limit_stops_before_the_next_call() -> None:
     model = ScriptedModel([frames("c1"), frames("c2"), reply("never")])
     result, events = await run(model, max_steps=2)
     assert (result.stopped_by, result.steps, model.calls) == ("steps", 2, 2)
-    assert isinstance(
-        result.messages[-1], ToolMessage
-    )  # every call answered: nothing "Not run"
+    # every call answered: nothing "Not run"
+    assert isinstance(result.messages[-1], ToolMessage)
     assert events.kinds() == ["model", "tool", "model", "tool"]
 
 

@@ -104,9 +104,8 @@ def test_a_tool_that_would_stop_the_process_fails_its_call_and_the_run_goes_on(
         and shown in logged[0].getMessage()
     )
     replayed, _ = in_thread(lambda: run(script(), journal, tools=[tool(Exploding())]))
-    assert (
-        replayed.messages == result.messages
-    )  # journaled: a replay answers the same, runs nothing
+    # journaled: a replay answers the same, runs nothing
+    assert replayed.messages == result.messages
 
 
 def test_a_two_phase_tool_whose_start_or_wait_crashes_is_answered_with_the_error() -> (

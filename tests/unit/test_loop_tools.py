@@ -159,11 +159,11 @@ async def test_a_tool_result_over_the_limit_is_answered_as_an_error_and_not_jour
     first, second = (answer.content[0].text for answer in answers)  # type: ignore[union-attr,index]
     assert first.startswith("Tool 'huge' returned ") and "the limit is 1,000" in first
     assert "the image 'big.png' of 3,004 bytes; the limit is 2,000" in second
+    # sent as error tool results
     assert [answer.is_error for answer in answers] == [
         True,
         True,
-    ]  # sent as error tool results
+    ]
     assert result.spent_usd == 0.02  # the tool's cost still counts
-    assert all(
-        "v" * 100 not in stored for stored in journal.entries.values()
-    )  # not journaled
+    # not journaled
+    assert all("v" * 100 not in stored for stored in journal.entries.values())

@@ -131,9 +131,8 @@ async def test_wait_half_never_checks_the_budget() -> None:
     assert result.messages[2] == ToolMessage(
         tool_call_id="r1", content=[TextPart(text="got h1")]
     )
-    assert (
-        result.stopped_by == "done"
-    )  # 0.9 + the estimate 0.5 would have stopped a checked wait
+    # 0.9 + the estimate 0.5 would have stopped a checked wait
+    assert result.stopped_by == "done"
 
 
 async def test_start_over_the_estimate_never_starts() -> None:

@@ -74,18 +74,18 @@ docs:
     )
     docs = found["docs"]
     assert docs.python == ("examples.storyboard.tools:REVIEW_TOOLS",)
-    assert docs.servers[0].headers == (
-        ("Authorization", "Bearer ${DOCS_TOKEN}"),
-    )  # kept as written
+    # kept as written
+    assert docs.servers[0].headers == (("Authorization", "Bearer ${DOCS_TOKEN}"),)
     assert docs.servers[0].needs_approval == frozenset({"delete_page"})
     settings = Settings.from_env()
     names = Settings(
         **{**settings.__dict__, "toolsets": {}, "toolsets_file": path}
     ).toolset_names()
+    # read by a client without connecting or importing
     assert names == [
         "docs",
         "everything",
-    ]  # read by a client without connecting or importing
+    ]
 
 
 @pytest.mark.parametrize(

@@ -76,16 +76,14 @@ async def test_a_redelivered_step_reads_the_journaled_list_and_never_lists_again
         h.redis.hset(keys.mcp_tools(run_id), "counter", json.dumps(changed))
         said = await h.run_to_end(run_id)
         assert said[-1] == "stop: done"
-        assert (
-            again.lists == 0
-        )  # the replayed model step and the tool step read the journal
+        # the replayed model step and the tool step read the journal
+        assert again.lists == 0
         assert [
             c["tool"]
             for c in json.loads("[" + ",".join(log.read_text().splitlines()) + "]")
         ] == ["add"]
-        assert (
-            h.model.requests[-1].tools[0].description == "changed"
-        )  # what the run journaled
+        # what the run journaled
+        assert h.model.requests[-1].tools[0].description == "changed"
         await again.aclose()
         await first.aclose()
     finally:

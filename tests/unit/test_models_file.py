@@ -45,25 +45,21 @@ def test_a_haiku_5_5_prompt_over_100k_tokens_is_priced_whole_at_its_tier() -> No
     assert (
         price is not None and price.above is not None and price.above.tokens == 100_000
     )
-    at_limit = token_cost(
-        price, input=60_000, cache_read=40_000, output=1_000
-    )  # 100,000: the low tier
+    # 100,000: the low tier
+    at_limit = token_cost(price, input=60_000, cache_read=40_000, output=1_000)
     assert at_limit == pytest.approx(
         (60_000 * 0.10 + 40_000 * 0.01 + 1_000 * 0.50) / 1e6
     )
-    over = token_cost(
-        price, input=60_001, cache_read=40_000, output=1_000
-    )  # over: all at the tier
+    # over: all at the tier
+    over = token_cost(price, input=60_001, cache_read=40_000, output=1_000)
     assert over == pytest.approx((60_001 * 0.50 + 40_000 * 0.05 + 1_000 * 2.50) / 1e6)
-    writes = token_cost(
-        price, input=1, cache_write=99_999, cache_write_1h=1, output=0
-    )  # writes count
+    # writes count
+    writes = token_cost(price, input=1, cache_write=99_999, cache_write_1h=1, output=0)
     assert writes == pytest.approx((1 * 0.50 + 99_999 * 0.625 + 1 * 1.00) / 1e6)
     info = default_catalog().find("claude-haiku-5-5")
     assert info is not None and info.source("price.above.input").name == HAIKU_5_5_PAGE
-    assert (
-        info.source("price.above.cache_read").kind == "unconfirmed"
-    )  # third parties only
+    # third parties only
+    assert info.source("price.above.cache_read").kind == "unconfirmed"
 
 
 def test_the_estimate_of_a_long_prompt_uses_its_tier() -> None:
@@ -71,9 +67,8 @@ def test_the_estimate_of_a_long_prompt_uses_its_tier() -> None:
     short = PromptGenRequest(
         prompt="word " * 1000, model="claude-haiku-5-5", params={"max_tokens": 1000}
     )
-    long = short.model_copy(
-        update={"prompt": "x" * 500_000}
-    )  # 125,000 estimated tokens
+    # 125,000 estimated tokens
+    long = short.model_copy(update={"prompt": "x" * 500_000})
     assert handler.estimate(short) < 0.001
     assert handler.estimate(long) == pytest.approx(
         (125_000 * 0.50 + 1000 * 2.50) / 1e6, rel=0.01
@@ -89,16 +84,16 @@ def test_an_operator_file_overrides_a_price_a_status_and_adds_a_model(
     catalog = catalog_from_env({ENV: write(tmp_path, OVERRIDE)})
     fable = catalog.find("claude-fable-5-2")
     assert fable is not None and fable.price is not None
+    # the rest kept
     assert (fable.price.input, fable.price.output, fable.price.cache_read) == (
         7.5,
         38,
         0.2,
-    )  # the rest kept
+    )
     assert fable.source("price.input").kind == "operator"
     assert fable.source("price.input").name == "our contract, 2026-12-01"
-    assert (
-        fable.source("price.cache_read").kind == "unconfirmed"
-    )  # untouched: the built-in source
+    # untouched: the built-in source
+    assert fable.source("price.cache_read").kind == "unconfirmed"
     sonnet = catalog.find("claude-sonnet-5")
     assert sonnet is not None and (sonnet.status, sonnet.status_date) == (
         "deprecated",
@@ -111,9 +106,8 @@ def test_an_operator_file_overrides_a_price_a_status_and_adds_a_model(
     assert nxt.price == ModelPrice(
         3, 15, 0.3, 3.75, 6.0, nxt.price.above if nxt.price else None
     )
-    assert (
-        nxt.source("price.cache_read").kind == "derived"
-    )  # Anthropic's rule for a missing one
+    # Anthropic's rule for a missing one
+    assert nxt.source("price.cache_read").kind == "derived"
     cost = token_cost(nxt.price, input=200_001, output=10)  # type: ignore[arg-type]
     assert cost == pytest.approx((200_001 * 6 + 10 * 22.5) / 1e6)
     assert default_catalog().find("claude-next") is None  # nothing global changed
@@ -273,9 +267,8 @@ def test_toolloop_models_prints_statuses_prices_and_sources(
     assert "read: the model pages' current-lineup table" in sources
     assert "unconfirmed: third-party trackers" in sources
     numbers = row.split()[-1].split(",")
-    assert all(
-        f"  [{n}] " in sources for n in numbers
-    )  # every number a row cites is listed
+    # every number a row cites is listed
+    assert all(f"  [{n}] " in sources for n in numbers)
 
 
 def test_toolloop_models_marks_the_operator_rows(

@@ -77,9 +77,8 @@ def test_a_proxy_in_code_wins_and_trust_env_false_ignores_the_environment(
         Network(proxy="http://mine:2").proxy_for("https://api.anthropic.com/")
         == "http://mine:2"
     )
-    assert (
-        Network(proxy="http://mine:2").proxy_for("https://fal.run/") is None
-    )  # NO_PROXY still applies
+    # NO_PROXY still applies
+    assert Network(proxy="http://mine:2").proxy_for("https://fal.run/") is None
     assert (
         Network(proxy="http://mine:2", trust_env=False).proxy_for("https://fal.run/")
         == "http://mine:2"
@@ -113,9 +112,8 @@ def test_a_call_streams_above_10_minutes_and_a_whole_answer_waits_at_least_its_e
     sdk = Timeouts()
     assert not sdk.streams(21_333) and sdk.streams(21_334)
     assert sdk.whole(8192) == 600.0  # the SDK's default timeout
-    short = Timeouts.of(
-        180.0
-    )  # the old anthropic default: no longer a cap below the answer's time
+    # the old anthropic default: no longer a cap below the answer's time
+    short = Timeouts.of(180.0)
     assert short.whole(8192) == pytest.approx(230.4) and short.whole(1000) == 180.0
     scaled = sdk.scaled(0.01)  # the same decisions on a clock 100 times as fast
     assert not scaled.streams(21_333) and scaled.streams(21_334)

@@ -104,9 +104,8 @@ async def test_a_tool_conversation_maps_to_a_valid_messages_body(png: Path) -> N
     (sent,) = recorder.requests
     assert sent.url == "http://sim.test/v1/messages"
     assert sent.headers["x-api-key"] == FAKE_KEY
-    assert (
-        sent.headers["anthropic-version"] == "2026-10-21"
-    )  # docs/providers.md, "API version"
+    # docs/providers.md, "API version"
+    assert sent.headers["anthropic-version"] == "2026-10-21"
     body = recorder.bodies[0]
     validate_anthropic_body(body)
     data = base64.b64encode(png.read_bytes()).decode()
@@ -394,9 +393,8 @@ async def test_an_unknown_model_fails_before_the_call_and_dated_ids_find_their_r
             PromptGenRequest(prompt="Go", model="claude-unknown"),
             AbortController().signal,
         )
-    assert "with_models(ModelInfo(id='claude-unknown'" in str(
-        caught.value
-    )  # says how to add it
+    # says how to add it
+    assert "with_models(ModelInfo(id='claude-unknown'" in str(caught.value)
     assert recorder.requests == []
     result = await handler(recorder).execute(
         PromptGenRequest(prompt="Go", model="claude-haiku-4-5-20251001"),
@@ -421,9 +419,8 @@ async def test_images_are_read_when_the_request_is_sent(png: Path) -> None:
         base64.b64decode(data[1]) == b"\x89PNG\r\n\x1a\nother bytes"
         and data[0] != data[1]
     )
-    png.write_text(
-        "ANTHROPIC_API_KEY=sk-secret\n"
-    )  # a file a spec names that is not an image
+    # a file a spec names that is not an image
+    png.write_text("ANTHROPIC_API_KEY=sk-secret\n")
     with pytest.raises(PromptGenError, match="not a PNG, JPEG, GIF or WebP image"):
         await send(request)
     png.unlink()
@@ -558,9 +555,8 @@ async def test_a_server_compaction_answer_costs_every_usage_iteration_and_keeps_
         203_000,
         3_500,
     )
-    assert result.cost_usd == pytest.approx(
-        (203_000 * 3 + 3_500 * 15) / 1e6
-    )  # not 23K + 500 alone
+    # not 23K + 500 alone
+    assert result.cost_usd == pytest.approx((203_000 * 3 + 3_500 * 15) / 1e6)
     assert result.reasoning is not None
     (kept,) = result.reasoning
     assert kept.type == "compaction" and kept.data == block.model_dump(

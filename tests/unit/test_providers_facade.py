@@ -153,10 +153,11 @@ async def test_when_every_provider_is_unavailable_the_last_error_is_raised() -> 
     gen = PromptGen({"a": a, "b": b}, "a", ["b", "a", "b"])
     with pytest.raises(PromptGenUnavailableError) as caught:
         await gen.generate(REQUEST)
+    # a name listed twice is tried once
     assert caught.value is last and (a.calls, b.calls) == (
         1,
         1,
-    )  # a name listed twice is tried once
+    )
 
 
 async def test_an_unregistered_head_names_the_registered_providers() -> None:
@@ -250,10 +251,11 @@ async def test_each_provider_attempt_goes_through_the_around_attempt_hook() -> N
         result = await gen.generate(REQUEST)
     finally:
         AROUND_ATTEMPT.reset(token)
+    # each attempt, the caller's request each time
     assert seen == [
         ("a", "Hi"),
         ("b", "Hi"),
-    ]  # each attempt, the caller's request each time
+    ]
     assert result.meta is not None and result.meta["provider"] == "b"
     assert result.meta["fallback_from"] == [{"provider": "a", "reason": "HTTP 529"}]
     assert (a.calls, b.calls) == (1, 1)

@@ -477,9 +477,8 @@ async def test_tool_result_images_go_in_one_user_turn_and_the_body_is_byte_stabl
     }
     dump = json.dumps(first["messages"])
     assert json.dumps(again["messages"]) == dump  # the same history, the same bytes
-    assert (
-        json.dumps(second["messages"][: len(first["messages"])]) == dump
-    )  # the prefix still matches
+    # the prefix still matches
+    assert json.dumps(second["messages"][: len(first["messages"])]) == dump
     assert [m["role"] for m in second["messages"][5:]] == ["assistant", "user"]
 
 

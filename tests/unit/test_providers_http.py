@@ -97,9 +97,8 @@ async def test_a_timed_out_attempt_is_retried_once_then_reported_as_a_timeout() 
         PromptGenTimeoutError, match=r"did not answer within 600 s \(2 attempts\)\.\n"
     ) as caught:
         await run(recorder)
-    assert (
-        len(recorder.requests) == 2 and caught.value.retryable
-    )  # FAST allows 3: a timeout is paid
+    # FAST allows 3: a timeout is paid
+    assert len(recorder.requests) == 2 and caught.value.retryable
 
 
 @pytest.mark.parametrize(

@@ -144,9 +144,8 @@ async def test_anthropic_sends_its_own_blocks_back_first_and_unchanged_and_leave
     assert turn["content"][:2] == [THINKING, REDACTED]
     sent = recorder.requests[0].content.decode()
     text = json.dumps(THINKING["thinking"], ensure_ascii=False)
-    assert (
-        json.dumps(THINKING["signature"]) in sent and text in sent
-    )  # the same characters on the wire
+    # the same characters on the wire
+    assert json.dumps(THINKING["signature"]) in sent and text in sent
 
 
 async def test_anthropic_refusal_maps_with_its_stop_details() -> None:

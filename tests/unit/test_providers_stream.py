@@ -255,9 +255,8 @@ def test_anthropic_feed_reads_any_chunking_as_the_event_by_event_reader_and_the_
         one_by_one.event(name, data)
         one_by_one.flush()
     fast: list[DeltaEvent] = []
-    reader = MessageStream(
-        fast.append
-    )  # runs of text / thinking deltas read without JSON
+    # runs of text / thinking deltas read without JSON
+    reader = MessageStream(fast.append)
     for start in range(0, len(raw), size):
         reader.feed(raw[start : start + size])
         reader.flush()
@@ -265,9 +264,8 @@ def test_anthropic_feed_reads_any_chunking_as_the_event_by_event_reader_and_the_
     for thinking in (True, False):
         text = "".join(d.text for d in fast if d.thinking is thinking)
         assert text == "".join(d.text for d in slow if d.thinking is thinking)
-    assert (
-        len(fast) < len(slow) or size < 333
-    )  # a read's pieces (several events) go out as one delta
+    # a read's pieces (several events) go out as one delta
+    assert len(fast) < len(slow) or size < 333
     assert (
         "".join(d.text for d in fast if not d.thinking)
         == ANSWER["content"][1]["text"] + "after the call"
@@ -277,9 +275,8 @@ def test_anthropic_feed_reads_any_chunking_as_the_event_by_event_reader_and_the_
 @pytest.mark.parametrize("size", [1, 333, 100_000])
 def test_anthropic_feed_of_a_crlf_stream_reads_the_same_answer(size: int) -> None:
     lf = b"".join(encode(name, data) for name, data, _ in anthropic_events(ANSWER))
-    raw = lf[:500] + lf[500:].replace(
-        b"\n", b"\r\n"
-    )  # a CR part way: the line path from there on
+    # a CR part way: the line path from there on
+    raw = lf[:500] + lf[500:].replace(b"\n", b"\r\n")
     got: list[DeltaEvent] = []
     reader = MessageStream(got.append)
     for start in range(0, len(raw), size):

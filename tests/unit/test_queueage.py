@@ -58,11 +58,9 @@ def test_a_message_without_a_time_ages_from_the_first_scrape_that_saw_it() -> No
     legacy, future = message(drop=True), message(10.0**12)
     assert oldest.ages({"llm": legacy}, now=100.0) == {"llm": 0.0}
     assert oldest.ages({"llm": legacy}, now=103.0) == {"llm": 3.0}
-    assert oldest.ages({"llm": future}, now=104.0) == {
-        "llm": 0.0
-    }  # another message: seen from now
+    # another message: seen from now
+    assert oldest.ages({"llm": future}, now=104.0) == {"llm": 0.0}
     assert oldest.ages({"llm": future}, now=106.0) == {"llm": 2.0}
     assert oldest.ages({"llm": None}, now=107.0) == {"llm": 0.0}
-    assert oldest.ages({"llm": legacy}, now=108.0) == {
-        "llm": 0.0
-    }  # gone and back: a new sighting
+    # gone and back: a new sighting
+    assert oldest.ages({"llm": legacy}, now=108.0) == {"llm": 0.0}

@@ -34,9 +34,8 @@ async def test_two_answers_count_in_the_order_sent_whatever_order_their_messages
     run = h.enqueue()
     assert str(await h.step(run)) == "park"
     h.client.answer(run, "first")
-    h.client.answer(
-        run, "second"
-    )  # a double click: ignored when sent, nothing stored for it
+    # a double click: ignored when sent, nothing stored for it
+    h.client.answer(run, "second")
     inbox: dict[str, str] = h.redis.hgetall(keys.inbox(run))  # type: ignore[assignment]
     from workers.runs import lifecycle as runs
 
@@ -103,16 +102,14 @@ async def test_a_cancel_landing_after_the_tool_step_began_and_before_its_work_ab
     step_harness: StepHarness,
 ) -> None:
     h = step_harness
-    h.hooks = hooks = CancelBeforeTheWork(
-        h, "tool:t1"
-    )  # the tool step's state read, its tool not started
+    # the tool step's state read, its tool not started
+    h.hooks = hooks = CancelBeforeTheWork(h, "tool:t1")
     h.process.hooks = hooks
     h.model = slow_tool_then_answer()
     run = h.enqueue()
     assert str(await h.step(run)) == "next"
-    stopped = await asyncio.wait_for(
-        h.run_to_end(run), timeout=10
-    )  # the tool waits 20 s unless aborted
+    # the tool waits 20 s unless aborted
+    stopped = await asyncio.wait_for(h.run_to_end(run), timeout=10)
     assert stopped[-1] == "stop: cancel", stopped
     assert "work:before" in hooks.names()
     assert h.state(run)["status"] == "cancel"
@@ -152,9 +149,8 @@ async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_
     h.model = publish_then_note()
     run = h.enqueue()
     assert str(await h.step(run)) == "park"
-    assert (
-        h.client.approve(run, "p1", wait_s=0.1) == "queued"
-    )  # no worker applies it here
+    # no worker applies it here
+    assert h.client.approve(run, "p1", wait_s=0.1) == "queued"
     with pytest.raises(AlreadyDecidedError, match="queued already"):
         h.client.reject(run, "p1", "not now", wait_s=0.1)
     inbox: dict[str, str] = h.redis.hgetall(keys.decide_inbox(run))  # type: ignore[assignment]
@@ -162,9 +158,8 @@ async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_
         "approve"
     ]
     order = h.redis.lrange(keys.decide_order(run), 0, -1)
-    assert order == list(
-        inbox
-    )  # the send order the workers apply by (workers/runs/approvals.py)
+    # the send order the workers apply by (workers/runs/approvals.py)
+    assert order == list(inbox)
     tools = h.process.toolsets.for_worker
     applied = [
         approvals.apply(h.process.redis, h.process.celery, run, d, tools, 0)
@@ -173,6 +168,7 @@ async def test_two_decisions_sent_back_to_back_count_in_the_order_sent_whatever_
     assert applied == ["resumed"], applied
     assert h.redis.llen(keys.decide_order(run)) == 0
     assert (await h.run_to_end(run))[-1] == "stop: done"
+    # approved: it ran
     assert (
         "published 1+2" in (h.model.requests[-1].messages or [])[-1].model_dump_json()
-    )  # approved: it ran
+    )

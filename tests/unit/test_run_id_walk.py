@@ -26,9 +26,8 @@ def _room(frame: FrameType) -> str | None:
     parts = module.split(".")
     if parts[0] != "workers" or len(parts) < 2 or module in NAMES_ONLY:
         return None
-    return (
-        parts[1] if len(parts) > 2 else module
-    )  # workers.tasks, workers.app are rooms of their own
+    # workers.tasks, workers.app are rooms of their own
+    return parts[1] if len(parts) > 2 else module
 
 
 def _takes_run_id(frame: FrameType) -> bool:
@@ -76,9 +75,8 @@ async def test_a_step_enters_each_room_at_most_twice(step_harness: StepHarness) 
     h.model = ScriptedModel([adding, reply("It is 5.", cost_usd=0.01)])
     run = h.enqueue()
     h.redis.delete("llm")
-    walks = [
-        await _walk_of(h, run) for _ in range(3)
-    ]  # a model step, a tool step, the last model step
+    # a model step, a tool step, the last model step
+    walks = [await _walk_of(h, run) for _ in range(3)]
     assert h.state(run)["status"] == "done"
     for walk in walks:
         assert walk.rooms and walk.rooms[0] == "step", walk.rooms

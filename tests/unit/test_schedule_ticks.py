@@ -19,14 +19,12 @@ def ts(text: str) -> float:
 def test_an_interval_ticks_from_its_start() -> None:
     trigger = schedules.every(10, start=100.0, now=50.0)
     assert schedules.first_tick(trigger, 50.0) == 100.0
-    assert (
-        schedules.first_tick(trigger, 105.0) == 110.0
-    )  # a start gone by: the next tick to come
+    # a start gone by: the next tick to come
+    assert schedules.first_tick(trigger, 105.0) == 110.0
     assert schedules.tick_after(trigger, 110.0) == 120.0
     assert schedules.upcoming(trigger, 100.0, 3) == [110.0, 120.0, 130.0]
-    assert (
-        schedules.every(30, now=1000.0).start == 1030.0
-    )  # default: one interval from now
+    # default: one interval from now
+    assert schedules.every(30, now=1000.0).start == 1030.0
 
 
 def test_the_latest_due_tick_and_the_missed_ones() -> None:
@@ -58,13 +56,11 @@ def test_cron_ticks_in_its_time_zone_across_daylight_saving() -> None:
     assert winter == ts("2026-01-15T08:00:00+00:00") and summer == ts(
         "2026-07-15T07:00:00+00:00"
     )
-    spring = schedules.cron(
-        "30 2 * * *", "Europe/Paris"
-    )  # 02:30 does not exist on 29 March 2026
+    # 02:30 does not exist on 29 March 2026
+    spring = schedules.cron("30 2 * * *", "Europe/Paris")
     tick = schedules.cron_after(spring, ts("2026-03-28T12:00:00+00:00"))
-    assert tick == ts(
-        "2026-03-29T01:00:00+00:00"
-    )  # Debian cron's way: at 03:00 local, once
+    # Debian cron's way: at 03:00 local, once
+    assert tick == ts("2026-03-29T01:00:00+00:00")
     assert schedules.describe(paris) == "cron '0 9 * * *' (Europe/Paris)"
 
 

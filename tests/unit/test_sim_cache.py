@@ -72,9 +72,8 @@ def test_a_growing_conversation_reads_the_previous_mark_and_writes_the_new_one()
 ):
     cache = PromptCache()
     cache.account(MODEL, conversation(3))  # writes system (1200) and up to m2 (1230)
-    usage = cache.account(
-        MODEL, conversation(6)
-    )  # m5 marked: lookback finds m2's entry
+    # m5 marked: lookback finds m2's entry
+    usage = cache.account(MODEL, conversation(6))
     assert usage.cache_read_input_tokens == 1230
     assert usage.cache_creation_input_tokens == 30
     assert usage.input_tokens == 0
@@ -83,16 +82,13 @@ def test_a_growing_conversation_reads_the_previous_mark_and_writes_the_new_one()
 def test_the_lookback_window_is_twenty_blocks() -> None:
     cache = PromptCache()
     cache.account(MODEL, conversation(3))  # entry at m2 = block index 4
-    within = cache.plan(
-        MODEL, conversation(3 + 20)
-    )  # new mark at index 24: 20 blocks back is 4
+    # new mark at index 24: 20 blocks back is 4
+    within = cache.plan(MODEL, conversation(3 + 20))
     assert within.usage.cache_read_input_tokens == 1230
-    beyond = cache.plan(
-        MODEL, conversation(3 + 21)
-    )  # mark at 25: the window stops at 5
-    assert (
-        beyond.usage.cache_read_input_tokens == 1200
-    )  # only the system entry, by its own mark
+    # mark at 25: the window stops at 5
+    beyond = cache.plan(MODEL, conversation(3 + 21))
+    # only the system entry, by its own mark
+    assert beyond.usage.cache_read_input_tokens == 1200
     assert beyond.usage.cache_creation_input_tokens == 21 * 10 + 30
 
 
@@ -127,9 +123,8 @@ def test_five_minute_ttl_expires_and_is_refreshed_by_each_hit() -> None:
     request = blocks(("system", 2000, "5m"), ("user", 7))
     cache.account(MODEL, request)
     clock.now += 299
-    assert (
-        cache.account(MODEL, request).cache_read_input_tokens == 2000
-    )  # refreshed here
+    # refreshed here
+    assert cache.account(MODEL, request).cache_read_input_tokens == 2000
     clock.now += 299
     assert cache.account(MODEL, request).cache_read_input_tokens == 2000
     clock.now += 301

@@ -57,9 +57,8 @@ def test_retired_and_unknown_models_are_404s_unless_registered() -> None:
         check_fal(
             {"model": "anthropic/claude-sonnet-4.5", "messages": []}, default_catalog()
         )
-    check_fal(
-        {"model": "acme/anything", "messages": []}, default_catalog()
-    )  # other vendors pass
+    # other vendors pass
+    check_fal({"model": "acme/anything", "messages": []}, default_catalog())
 
 
 def test_a_tool_result_needs_its_tool_use_in_the_previous_assistant_turn() -> None:
@@ -87,9 +86,8 @@ def test_without_the_sdk_strict_mode_is_off_and_says_so(
 ) -> None:
     import toolloop.sim.app as app
 
-    monkeypatch.setattr(
-        app, "sdk_validator", lambda: None
-    )  # as if `anthropic` were not installed
+    # as if `anthropic` were not installed
+    monkeypatch.setattr(app, "sdk_validator", lambda: None)
     with caplog.at_level(logging.WARNING, "toolloop.sim"):
         simulator = app.Simulator(lambda request: "Hi.", strict=True)
     assert simulator.strict is False and simulator.stats()["strict"] is False

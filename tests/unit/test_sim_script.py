@@ -79,9 +79,8 @@ def test_bad_faults_are_refused(fault: dict[str, object]) -> None:
 def test_the_token_estimate() -> None:
     assert text_tokens("") == 0
     assert text_tokens("abcd") == 1 and text_tokens("abcde") == 2
-    assert (
-        text_tokens("héllo") == 1 + 1
-    )  # 4 ASCII characters, plus one per non-ASCII code point
+    # 4 ASCII characters, plus one per non-ASCII code point
+    assert text_tokens("héllo") == 1 + 1
     assert json_tokens({"a": 1}) == text_tokens('{"a":1}')
     assert IMAGE_TOKENS == 1000
 

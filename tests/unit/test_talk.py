@@ -76,7 +76,6 @@ def test_a_steer_step_runs_on_llm_and_flower_shows_it_as_steer() -> None:
     from workers.step import routing
 
     assert routing.route(None, "steer:abc") == "llm"
-    assert (
-        routing.describe(None, "steer:abc") == "steer"
-    )  # the task's kwargsrepr: Flower's row
+    # the task's kwargsrepr: Flower's row
+    assert routing.describe(None, "steer:abc") == "steer"
     assert kind_of("steer:abc") == "steer"  # the `kind` label of the step metrics

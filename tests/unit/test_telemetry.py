@@ -127,18 +127,16 @@ async def test_one_span_per_model_call_and_tool_execution(
         "tool:c2:start",
         "tool:c2:wait",
     ]
-    assert SECRET not in json.dumps(
-        [attributes(s) for s in finished], default=str
-    )  # no content by default
+    # no content by default
+    assert SECRET not in json.dumps([attributes(s) for s in finished], default=str)
 
 
 async def test_a_replayed_step_opens_no_span(spans: InMemorySpanExporter) -> None:
     journal = MemoryJournal()
     await run(script(), journal, tools=[read_frame(), render()])
     spans.clear()
-    await run(
-        ScriptedModel([]), journal, tools=[read_frame(), render()]
-    )  # everything replays
+    # everything replays
+    await run(ScriptedModel([]), journal, tools=[read_frame(), render()])
     assert spans.get_finished_spans() == ()
 
 
@@ -177,9 +175,8 @@ print((time.perf_counter() - began) / n * 1e6)
         check=True,
     )
     per_span_us = float(out.stdout.strip())
-    assert per_span_us < 50, (
-        per_span_us
-    )  # a few µs on a loaded 2-core box; a model call takes ms
+    # a few µs on a loaded 2-core box; a model call takes ms
+    assert per_span_us < 50, per_span_us
 
 
 async def test_a_fallback_between_providers_is_a_span_attribute_and_a_metric(
@@ -238,9 +235,8 @@ def test_a_run_segment_span_has_ids_derived_from_the_run(
         .startswith("2:")
     )
     step.end("next")
-    step.end(
-        "stop"
-    )  # the test's provider is not the worker's: the ids are not its to give
+    # the test's provider is not the worker's: the ids are not its to give
+    step.end("stop")
     assert spans.get_finished_spans() == ()
     caller = f"00-{7:032x}-{9:016x}-00"  # a caller's span, sampled out
     quiet = StepTrace("run-a", 1, {"traceparent": caller}, "t")

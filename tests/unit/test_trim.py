@@ -47,30 +47,34 @@ async def test_it_trims_once_the_worker_is_idle_and_never_while_a_step_runs() ->
         trim=lambda: trims.append(len(leases.held)),
         shed=lambda: trims.append(-1),
     )
+    # no step ran yet: nothing to give back
     assert [idle.tick() for _ in range(3)] == [
         False,
         False,
         False,
-    ]  # no step ran yet: nothing to give back
+    ]
     held = leases.hold("a", 1, "me:1", time.monotonic(), lambda error: None)
+    # a step holds a lease
     assert [idle.tick() for _ in range(3)] == [
         False,
         False,
         False,
-    ]  # a step holds a lease
+    ]
     leases.drop(held)
+    # once per idle spell
     assert [idle.tick() for _ in range(4)] == [
         False,
         True,
         False,
         False,
-    ]  # once per idle spell
+    ]
     leases.drop(leases.hold("b", 1, "me:2", time.monotonic(), lambda error: None))
+    # a step ran since the last tick
     assert [idle.tick() for _ in range(3)] == [
         False,
         False,
         True,
-    ]  # a step ran since the last tick
+    ]
     assert trims == [-1, 0, -1, 0]  # the tool threads end, then the heap is trimmed
     assert leases.task is not None
     leases.task.cancel()
@@ -82,12 +86,10 @@ async def test_it_trims_once_the_worker_is_idle_and_never_while_a_step_runs() ->
 def test_malloc_trim_gives_freed_heap_pages_back() -> None:
     trim = malloc_trim()
     assert trim is not None
-    blocks = [
-        bytes(2048) for _ in range(100_000)
-    ]  # ~200 MB in the C heap (past pymalloc's 512 B)
-    pinned = blocks[
-        ::200
-    ]  # a few stay, so free() cannot shrink the heap from its top by itself
+    # ~200 MB in the C heap (past pymalloc's 512 B)
+    blocks = [bytes(2048) for _ in range(100_000)]
+    # a few stay, so free() cannot shrink the heap from its top by itself
+    pinned = blocks[::200]
     del blocks
     before = _rss_kb()
     trim()

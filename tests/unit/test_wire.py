@@ -291,14 +291,12 @@ def test_a_task_message_is_celerys_own_encoding_of_the_same_task() -> None:
     theirs = _celerys_message(
         "toolloop.advance", ["run1", 3], "run1:3", "tools", "{'step': 'model 3'}"
     )
-    sent = ours["headers"].pop(
-        "sent_at"
-    )  # ours only: the time it was sent (workers/observe/queueage.py)
+    # ours only: the time it was sent (workers/observe/queueage.py)
+    sent = ours["headers"].pop("sent_at")
     assert abs(sent - time.time()) < 60
     assert ours["headers"] == theirs["headers"]
-    assert _decoded_body(ours) == _decoded_body(
-        theirs
-    )  # [args, kwargs, embed]; only the spacing differs
+    # [args, kwargs, embed]; only the spacing differs
+    assert _decoded_body(ours) == _decoded_body(theirs)
     tags = (
         ours["properties"].pop("delivery_tag"),
         theirs["properties"].pop("delivery_tag"),
@@ -315,11 +313,12 @@ def test_the_queue_keys_are_kombus_in_kombus_consume_order() -> None:
 
     channel = Channel.__new__(Channel)  # no connection: the class's own layout
     queues = ["llm", "tools"]
+    # _brpop_start
     kombus = [
         channel._q_for_pri(queue, pri)
         for pri in channel.priority_steps
         for queue in queues
-    ]  # _brpop_start
+    ]
     assert wire.queue_keys(queues) == kombus
     assert (Channel.unacked_key, Channel.unacked_index_key) == (
         names.UNACKED,
@@ -331,9 +330,8 @@ def test_events_go_to_the_channel_kombu_publishes_celeryev_on() -> None:
     from kombu.transport.redis import Channel
 
     channel = Channel.__new__(Channel)
-    channel.keyprefix_fanout = Channel.keyprefix_fanout.format(
-        db=3
-    )  # as kombu sets it on connect
+    # as kombu sets it on connect
+    channel.keyprefix_fanout = Channel.keyprefix_fanout.format(db=3)
     events = wire.Events("worker@host", 3)
     events.add("task-started", {"uuid": "run1:1"})
     ((sent_on, _),) = events.drain()
@@ -344,7 +342,6 @@ def test_the_unacked_value_is_what_kombus_restore_reads() -> None:
     from kombu.utils.json import loads
 
     made = wire.task_message("toolloop.advance", ["run1", 3], "run1:3", "llm")
-    payload, exchange, routing_key = loads(
-        wire.unacked_value(made.raw, "llm")
-    )  # kombu's QoS.restore_by_tag
+    # kombu's QoS.restore_by_tag
+    payload, exchange, routing_key = loads(wire.unacked_value(made.raw, "llm"))
     assert (payload, exchange, routing_key) == (json.loads(made.raw), "", "llm")

@@ -67,9 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         BrokenPipeError
     ):  # `toolloop events ID | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(
-            devnull, sys.stdout.fileno()
-        )  # Python's flush at exit must not fail again
+        # Python's flush at exit must not fail again
+        os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as error:
         if os.environ.get("TOOLLOOP_DEBUG"):

@@ -70,16 +70,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     if str(SOURCE_ROOT) not in sys.path:
         sys.path.insert(0, str(SOURCE_ROOT))
+    # the checkout's,
     from examples.storyboard.brief import (
         MODEL,
         PROMPT,
         SYSTEM,
         TOOLSET,
         TOOLSET_PATH,
-    )  # the checkout's,
+    )
+
+    # on sys.path only from the line above
     from examples.storyboard.policy import (
         review_policy,
-    )  # on sys.path only from the line above
+    )
 
     client, choice = connect(toolsets=[TOOLSET])
     state = defaults.state_dir()

@@ -81,9 +81,10 @@ def check_toolsets(say: Any) -> None:
         os.getcwd() not in sys.path
     ):  # as a worker started here imports (its PYTHONPATH has the cwd)
         sys.path.insert(0, os.getcwd())
+    # the MCP SDK: ~0.6 s of imports, for the MCP checks only
     from workers.process.mcpservers import (
         probe,
-    )  # the MCP SDK: ~0.6 s of imports, for the MCP checks only
+    )
 
     for name, toolset in sorted(registered.items()):
         for path in toolset.python:

@@ -178,9 +178,8 @@ def follow(
         state = str(field(status, "status"))
         watch.status_line(state, float(field(status, "spent_usd", 0) or 0))
         if state in FINAL and keep_following:
-            watch.show(
-                None
-            )  # the run ended between the read and the status: its last events, `finished` too
+            # the run ended between the read and the status: its last events, `finished` too
+            watch.show(None)
         if state in FINAL or not keep_following:
             watch.end()
             return 1 if state == "failed" and keep_following else 0
@@ -256,9 +255,8 @@ class _Watch:
                 f"The run waits for an answer: toolloop answer {self.run_id} 'TEXT'",
                 file=sys.stderr,
             )
-            return (
-                None if self.answerer is None else 0
-            )  # keep following: another terminal may answer
+            # keep following: another terminal may answer
+            return None if self.answerer is None else 0
         print(f"answer   {text}", flush=True)
         self.client.answer(self.run_id, text)
         return None

@@ -108,10 +108,11 @@ def stop(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
 def start_simulator(script: Any = None, *, latency_s: float = 0.0) -> Any:
     """The provider simulator on a free loopback port, in this process (a server thread). `script`:
     a policy, a list of turns or a script file; None answers every request with the end of script."""
+    # the ASGI simulator: loaded only when it is started
     from toolloop.sim import (
         Script,
         SimServer,
-    )  # the ASGI simulator: loaded only when it is started
+    )
 
     return SimServer(
         Script([]) if script is None else script, latency_s=latency_s

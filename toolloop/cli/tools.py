@@ -29,9 +29,10 @@ def add_command(sub: Any) -> None:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
+    # the MCP SDK: ~0.6 s of imports, for this command only
     from workers.process.mcpservers import (
         probe,
-    )  # the MCP SDK: ~0.6 s of imports, for this command only
+    )
     from workers.step.mcptools import tool_record
 
     settings = Settings.from_env()
@@ -71,9 +72,10 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def _held(server: McpServer, tool: mcp_types.Tool) -> bool:
+    # as probe above (it imports the MCP SDK's types)
     from workers.step.mcptools import (
         tool_record,
-    )  # as probe above (it imports the MCP SDK's types)
+    )
 
     record = tool_record(tool)
     destructive = not record["read_only"] and record["destructive"]

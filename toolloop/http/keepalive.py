@@ -75,9 +75,8 @@ class KeepAliveClient:
         if pool is None:
             pool = self._pool = Pool(running, self._other.verify)
         conn = await pool.post(url, content, headers, timeout)
-        log.info(
-            'HTTP Request: POST %s "HTTP/1.1 %d"', url, conn.status
-        )  # as httpx logs it
+        # as httpx logs it
+        log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, conn.status)
         try:
             yield Answer(
                 conn.status,

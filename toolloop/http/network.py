@@ -50,9 +50,8 @@ class Network:
     def proxy_for(self, url: str) -> str | None:
         """The proxy URL to send `url` through, or None to reach its host directly (kept per URL:
         a provider calls the same few)."""
-        found = self._cache.get(
-            url, self
-        )  # `self`: not decided yet (None is an answer)
+        # `self`: not decided yet (None is an answer)
+        found = self._cache.get(url, self)
         if found is self:
             parts = urlsplit(url)
             found = self._decide(parts.scheme, parts.hostname or "", parts.port)

@@ -97,9 +97,8 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.parser = httptools.HttpResponseParser(
-            self
-        )  # one per connection: it reads answer after answer
+        # one per connection: it reads answer after answer
+        self.parser = httptools.HttpResponseParser(self)
         self.transport = transport  # type: ignore[assignment]  # (uvloop's is no asyncio.Transport)
 
     def data_received(self, data: bytes) -> None:
@@ -151,9 +150,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self.keep_alive = (
-            self.parser.should_keep_alive()
-        )  # (llhttp forgets it once past the message)
+        # (llhttp forgets it once past the message)
+        self.keep_alive = self.parser.should_keep_alive()
 
     # -- the caller's side -----------------------------------------------------------------------
 
@@ -364,10 +362,11 @@ class Pool:
             if (
                 conn.body
             ):  # what arrived since the last read, as one piece: a stream reader
+                # then passes its text on as one delta
                 chunks, conn.body = (
                     conn.body,
                     [],
-                )  # then passes its text on as one delta
+                )
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 yield data if decoder is None else decoder.decompress(data)
                 continue

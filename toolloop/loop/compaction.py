@@ -299,9 +299,8 @@ class Compaction:
         if state.block is None:
             return [*state.head, *tail]
         first = tail[0]
-        assert isinstance(
-            first, AssistantMessage
-        )  # a cut is always at an assistant message
+        # a cut is always at an assistant message
+        assert isinstance(first, AssistantMessage)
         carrying = first.model_copy(
             update={"reasoning": [state.block, *(first.reasoning or [])]}
         )

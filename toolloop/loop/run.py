@@ -161,9 +161,8 @@ class _Run(CallAnswers):
         try:
             if self.compaction is not None:
                 await self.compaction.before(turn)
-            await self.take_steers(
-                turn
-            )  # after a compaction step: the steer's boundary is the model call's
+            # after a compaction step: the steer's boundary is the model call's
+            await self.take_steers(turn)
             value = await options.step(f"model:{turn}", self.model_work())
         except _BudgetStop as stop:
             return await self.budget_stop(stop.spent_usd, stop.account)

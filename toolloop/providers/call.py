@@ -264,11 +264,12 @@ class _Call:
         except (httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteTimeout) as exc:
             if answered:
                 raise self.unreachable(exc) from None
+            # the request did not go out whole
             return (
                 self.unreachable(exc),
                 backoff,
                 False,
-            )  # the request did not go out whole
+            )
         except httpx.TimeoutException:
             if not began and self.tally is not None:
                 self.tally.unanswered += (
@@ -301,11 +302,12 @@ class _Call:
         except httpx.TransportError as exc:
             if answered:  # the answer began: as before, not retried
                 raise self.unreachable(exc) from None
+            # before any response: retried (the SDK does)
             return (
                 self.unreachable(exc),
                 backoff,
                 False,
-            )  # before any response: retried (the SDK does)
+            )
         except StreamFailure as failure:
             error, wait = self.failed(failure.status, {}, failure.body, backoff)
             return error, wait, _begun(reader)

@@ -116,9 +116,8 @@ class OpenAIHandler:
         messages.append({"role": "user", "content": request.prompt})
         body: dict[str, Any] = {"model": model, "messages": messages}
         given = (request.params or {}).get("max_tokens") is not None
-        max_tokens = (
-            max_tokens_of(request, 4096) if given else None
-        )  # None: the API's own default
+        # None: the API's own default
+        max_tokens = max_tokens_of(request, 4096) if given else None
         if max_tokens is not None:
             body["max_completion_tokens"] = max_tokens
         if request.temperature is not None:

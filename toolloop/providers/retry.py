@@ -220,10 +220,11 @@ def _limited(
     )
     retry = should_retry(status, headers)
     if retry and retry_after is None and status == 429:
+        # the SDK retries a 429 that names no wait, with its backoff
         return (
             limit,
             backoff_s,
-        )  # the SDK retries a 429 that names no wait, with its backoff
+        )
     if (
         not retry
         or retry_after is None

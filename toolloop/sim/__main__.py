@@ -135,9 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from toolloop.providers.models_file import catalog_from_env
 
     try:
-        catalog = (
-            catalog_from_env()
-        )  # TOOLLOOP_MODELS: the models the operator file adds are served
+        # TOOLLOOP_MODELS: the models the operator file adds are served
+        catalog = catalog_from_env()
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2

@@ -171,9 +171,8 @@ def render(
             else compact_json(call.input)
         )
         if cut and position == len(scripted) - 1:
-            arguments = arguments[
-                : max(1, len(arguments) // 2)
-            ]  # stopped while writing them
+            # stopped while writing them
+            arguments = arguments[: max(1, len(arguments) // 2)]
         calls.append(
             {
                 "id": call_id(request.history_hash, position, "call_"),

@@ -81,16 +81,17 @@ class _Checker:
         import anthropic.types as plain  # the SDK is a dev dependency: a strict simulator only
         import anthropic.types.beta as beta_types  # (as above)
         from anthropic.types import message_create_params as plain_params  # (as above)
+
+        # (as above)
         from anthropic.types.beta import (
             message_create_params as beta_params,
-        )  # (as above)
+        )
 
         sdk: Any = beta_types if beta else plain
         params: Any = beta_params if beta else plain_params
         prefix = "Beta" if beta else ""
-        forbid = ConfigDict(
-            extra="forbid"
-        )  # a config is taken by a union only: hence the `| None`
+        # a config is taken by a union only: hence the `| None`
+        forbid = ConfigDict(extra="forbid")
         streaming: Any = params.MessageCreateParamsStreaming | None
         whole: Any = params.MessageCreateParamsNonStreaming | None
         with _quiet():  # a few beta TypedDicts allow extra keys: pydantic warns that forbid skips them
@@ -140,9 +141,8 @@ class _Checker:
             for index, turn in enumerate(body["messages"]):
                 self.message(index, turn)
             params = self.streaming if body.get("stream") is True else self.whole
-            _consume(
-                params.validate_python(body)
-            )  # after the blocks: their errors name the field
+            # after the blocks: their errors name the field
+            _consume(params.validate_python(body))
         except ValidationError as error:
             raise SdkValidationError(_message(error, "")) from None
         except (AttributeError, KeyError, TypeError) as error:
@@ -228,9 +228,8 @@ def _quiet() -> Iterator[None]:
 def _message(error: Any, where: str) -> str:
     """The first error of a pydantic `ValidationError`, at its place in the body."""
     first = error.errors()[0]
-    loc = [
-        str(part) for part in first["loc"] if not str(part)[:1].isupper()
-    ]  # union arm names
+    # union arm names
+    loc = [str(part) for part in first["loc"] if not str(part)[:1].isupper()]
     place = ".".join([where, *loc] if where else loc)
     return f"{place}: {first['msg']} (anthropic SDK request types)"
 

@@ -115,9 +115,8 @@ class Preparer:
         if fired:
             queued.update(fired)
             label = f"model 1 (schedule {fired.get('schedule', '')})"
-        parent = (
-            tracing.current_traceparent()
-        )  # the caller's span: the run's trace is part of it
+        # the caller's span: the run's trace is part of it
+        parent = tracing.current_traceparent()
         message, channel, event = self.sender.message(
             ADVANCE, [run_id, 1], f"{run_id}:1", "llm", label, parent
         )

@@ -88,9 +88,8 @@ class Placer:
 
     def __init__(self, shards: int) -> None:
         self.shards = shards
-        start = random.randrange(
-            shards
-        )  # a process that enqueues once (the CLI) lands on any shard
+        # a process that enqueues once (the CLI) lands on any shard
+        start = random.randrange(shards)
         self._turn: Iterator[int] = itertools.cycle(
             [*range(start, shards), *range(start)]
         )
@@ -263,9 +262,8 @@ class ShardedClient:
         self.shard(run_id).cancel(run_id)
 
     def tree(self, run_id: str, *, most: int = 1000) -> list[Any]:
-        return self.shard(run_id).tree(
-            run_id, most=most
-        )  # a child's id begins with its parent's: one shard
+        # a child's id begins with its parent's: one shard
+        return self.shard(run_id).tree(run_id, most=most)
 
     def retry(self, run_id: str) -> None:
         self.shard(run_id).retry(run_id)

@@ -29,9 +29,8 @@ def make_app(settings: Settings | None = None) -> Celery:
         "health_check_interval": 25,
     }
     broker_url, sentinel_options = redisurl.broker(settings.redis_url)
-    transport.update(
-        sentinel_options
-    )  # Sentinel: kombu's master_name and sentinel_kwargs
+    # Sentinel: kombu's master_name and sentinel_kwargs
+    transport.update(sentinel_options)
     app = Celery("toolloop", broker=broker_url, include=["workers.tasks"])
     app.conf.update(
         task_acks_late=True,  # ack after the commit: a crash mid-step redelivers it

@@ -52,10 +52,11 @@ def wrap_generate(
     head = str(
         spec.provider or getattr(process.prompt_gen, "default_provider", "anthropic")
     )
+    # TOOLLOOP_FALLBACK's
     chain = [
         head,
         *(spec.fallback or getattr(process.prompt_gen, "fallback", [])),
-    ]  # TOOLLOOP_FALLBACK's
+    ]
     learned = ratelimit.LEARNS.intersection(chain)
     if spec.account is None and not process.settings.rate_limits and not learned:
         return generate
@@ -374,9 +375,8 @@ async def _limited(
         learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic()
     )
     holder = "" if open_here else uuid.uuid4().hex
-    estimate = (
-        0 if open_here else estimate_input_tokens(request)
-    )  # not counted when nothing is booked
+    # not counted when nothing is booked
+    estimate = 0 if open_here else estimate_input_tokens(request)
     batch = process.flow_batch
     booked = not open_here and await _book(flow, keys, limits, estimate, holder, learns)
     if booked and limits.concurrent > 0:
@@ -424,9 +424,8 @@ async def _limited(
         if (
             learns and booked and not heard
         ):  # answered with no HTTP answer seen (a scripted model,
-            _fire(
-                process, rate_scripts.LEARN, [bucket], [0, 1]
-            )  # another client): it names no limit
+            # another client): it names no limit
+            _fire(process, rate_scripts.LEARN, [bucket], [0, 1])
         return result
     finally:
         before_retry.reset(retrying)

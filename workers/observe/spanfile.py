@@ -52,9 +52,8 @@ class JsonLinesExporter(SpanExporter):
                 )
             )
         with self.lock:
-            os.write(
-                self.fd, b"".join(lines)
-            )  # one write: lines of processes sharing the file never mix
+            # one write: lines of processes sharing the file never mix
+            os.write(self.fd, b"".join(lines))
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -72,10 +72,11 @@ def configure() -> bool:
             "SDK is not installed.\n  pip install 'toolloop[otel]', or unset those variables."
         ) from None
     service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "toolloop-worker"
+    # these two import the SDK (optional)
     from workers.observe.lightspans import (
         LightProvider,
         Materialize,
-    )  # these two import the SDK (optional)
+    )
     from workers.observe.spanfile import EveryRun, JsonLinesExporter
 
     resource = Resource.create({"service.name": service})
@@ -105,9 +106,8 @@ def configure() -> bool:
             ) from None
         processors.append(BatchSpanProcessor(Materialize(OTLPSpanExporter(), resource)))
     provider = LightProvider(sampler, resource, processors)
-    atexit.register(
-        provider.shutdown
-    )  # the batch processors' last spans, as the SDK's provider does
+    # the batch processors' last spans, as the SDK's provider does
+    atexit.register(provider.shutdown)
     trace.set_tracer_provider(provider)
     return True
 

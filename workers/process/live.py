@@ -159,9 +159,8 @@ class LiveLoop:
 
     def _ended(self, task: asyncio.Task[RunToolLoopResult]) -> None:
         outcome, self.outcome = self.outcome, None
-        error = (
-            None if task.cancelled() else task.exception()
-        )  # retrieved, so never logged as lost
+        # retrieved, so never logged as lost
+        error = None if task.cancelled() else task.exception()
         self.release()
         if outcome is None or outcome.done():
             return

@@ -73,13 +73,14 @@ from __future__ import annotations
 
 from toolloop.journal.keys import CHILD_SEP, PREFIX, fence, journal, lease, run_key
 
+# the library's three, re-exported
 __all__ = [
     "CHILD_SEP",
     "PREFIX",
     "fence",
     "journal",
     "lease",
-]  # the library's three, re-exported
+]
 
 LIVE_RUNS = f"{PREFIX}runs:live"
 ALL_RUNS = f"{PREFIX}runs:all"

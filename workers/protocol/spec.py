@@ -38,9 +38,8 @@ class RunSpec(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     toolset: str | None = Field(default=None, min_length=1, max_length=200)
     """The name of a registered toolset (TOOLLOOP_TOOLSETS on the workers), e.g. "review"."""
-    budget_usd: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False
-    )  # inf would be stored as null
+    # inf would be stored as null
+    budget_usd: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     finish_at: float = Field(default=1.0, gt=0, le=1)
     max_steps: int = Field(default=20, ge=1)
     reasoning: Reasoning | None = None

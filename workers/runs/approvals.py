@@ -144,9 +144,8 @@ def _decide(
     outcome = result.what
     parent = keys.parent_of(run_id)
     if outcome == "expired" and result.member is not None and parent is not None:
-        send_member(
-            client, celery, parent, result.member
-        )  # the expired child woke its parent
+        # the expired child woke its parent
+        send_member(client, celery, parent, result.member)
     elif result.member is not None:
         _send_member(client, celery, run_id, result.member)
     kept = json.dumps(
@@ -157,9 +156,8 @@ def _decide(
     pipe = client.pipeline(transaction=True)
     pipe.rpush(keys.decided(run_id, decision_id), f"{outcome}|{result.why}")
     pipe.expire(keys.decided(run_id, decision_id), 300)
-    pipe.hset(
-        keys.decide_outcomes(run_id), decision_id, kept
-    )  # readable later (Client.decision)
+    # readable later (Client.decision)
+    pipe.hset(keys.decide_outcomes(run_id), decision_id, kept)
     pipe.hdel(keys.decide_inbox(run_id), decision_id)
     pipe.lrem(keys.decide_order(run_id), 0, decision_id)
     pipe.execute()

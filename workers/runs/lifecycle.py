@@ -57,9 +57,8 @@ def create(
     queued = json.dumps(
         {"model": spec.model, "toolset": spec.toolset, "budget_usd": spec.budget_usd}
     )
-    parent = (
-        tracing.current_traceparent()
-    )  # the caller's span: the run's trace is part of it
+    # the caller's span: the run's trace is part of it
+    parent = tracing.current_traceparent()
     lua.run(
         client,
         ENQUEUE,
@@ -109,9 +108,8 @@ def send_member(
     lost, or that failed to send (then this returns False). Inside a `producer.batch()` the send
     happens when the batch flushes (its failure is the caller's to log)."""
     n, queue = names.parse_member(member)
-    label = (
-        "model" if queue == names.LLM else "tool"
-    )  # the outbox keeps no more than the queue
+    # the outbox keeps no more than the queue
+    label = "model" if queue == names.LLM else "tool"
     try:
         if n == 1:
             label = "model 1"
@@ -182,9 +180,8 @@ def answer(
     hooks: Hooks = NO_HOOKS,
 ) -> str:
     """Apply the answer stored in the run's inbox: "resumed", "kept" (not parked yet) or "ignored"."""
-    client.zadd(
-        keys.LIVE_RUNS, {run_id: time.time()}
-    )  # first: the index stays a superset of live runs
+    # first: the index stays a superset of live runs
+    client.zadd(keys.LIVE_RUNS, {run_id: time.time()})
     result = parse_answer(
         lua.run(
             client,

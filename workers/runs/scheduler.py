@@ -112,9 +112,8 @@ class Scheduler:
             keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most
         )  # type: ignore[assignment]
         self._tick_memo = {}  # a sweep's own: `now` is part of every key
-        random.shuffle(
-            due
-        )  # sweepers that race start on different batches: the second finds most of
+        # sweepers that race start on different batches: the second finds most of
+        random.shuffle(due)
         # the first's follow-ups sent (their keys among the runs' sends) and only claims them
         done: Counter[str] = Counter()
         for first in range(0, len(due), self.batch):
@@ -341,9 +340,8 @@ class Scheduler:
         """The claims of follow-up ticks, after their sends (or steers) are applied."""
         if not dues:
             return []
-        pipe = self.redis.pipeline(
-            transaction=True
-        )  # one moment: a send sets both at once
+        # one moment: a send sets both at once
+        pipe = self.redis.pipeline(transaction=True)
         for due in dues:
             assert isinstance(due.schedule.target, Send)
             pipe.hget(keys.state(due.schedule.target.run_id), "status")

@@ -202,9 +202,8 @@ class _Step(Commits):
                     f"Run {self.run_id!r} has no spec in Redis.\n  Enqueue it again."
                 )
             spec, answer = RunSpec.model_validate_json(loaded.spec), loaded.answer
-            spawner = Spawner(
-                self.process, spec
-            )  # `spawn`, bound to this run (its loop's step names it)
+            # `spawn`, bound to this run (its loop's step names it)
+            spawner = Spawner(self.process, spec)
             tools = spawner.bind(
                 flow.wrap_tools(
                     self.process,
@@ -359,9 +358,8 @@ class _Step(Commits):
         live = self.live
         timeout = self.settings.step_timeout
         deadlines = self.process.deadlines
-        deadlines.watch(
-            outcome_future
-        )  # one timer for every step of the process, not one per step
+        # one timer for every step of the process, not one per step
+        deadlines.watch(outcome_future)
         timed_out = False
         try:
             outcome = await outcome_future
@@ -414,9 +412,8 @@ class _Step(Commits):
         if self.state.get("cancel") == "1" and not collects:
             self.live.controller.abort("cancel")
         elif self.process.interrupt_heard(self.run_id, self.segment, self.state):
-            self.live.controller.abort(
-                "interrupt"
-            )  # the run ends `interrupted` (workers/client/talk.py)
+            # the run ends `interrupted` (workers/client/talk.py)
+            self.live.controller.abort("interrupt")
         if self.held is None:
             return None
         return self.process.leases.begin_work(self.held, self.live.controller)

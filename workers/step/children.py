@@ -144,9 +144,8 @@ class Spawner:
         again = await self.process.batch.call(
             "HEXISTS", keys.children(self.run_id), f"call:{call}"
         )
-        held = (
-            None if int(again) else await self._account_room(sum(slices))
-        )  # a re-run: they exist
+        # a re-run: they exist
+        held = None if int(again) else await self._account_room(sum(slices))
         if isinstance(held, Started):
             return held
         try:
@@ -209,9 +208,8 @@ class Spawner:
             keys.ALL_RUNS,
             names.LLM,
         ]
-        trace = getattr(
-            self.step, "trace", None
-        )  # the parent's segment span: the children's parent span
+        # the parent's segment span: the children's parent span
+        trace = getattr(self.step, "trace", None)
         traceparent = trace.traceparent() if trace is not None and trace.valid else ""
         args: list[Any] = [
             now,
@@ -393,9 +391,8 @@ def settle_reservation(process: WorkerProcess, account: str, reservation: str) -
     """Free an account reservation at no cost (SETTLE, in the process's next batch)."""
     args = [reservation, "0.0", *accounts.periods(time.time())]
     done = process.batch.script(account_scripts.SETTLE, accounts.keys_of(account), args)
-    done.add_done_callback(
-        lambda settled: settled.cancelled() or settled.exception()
-    )  # a lost one expires
+    # a lost one expires
+    done.add_done_callback(lambda settled: settled.cancelled() or settled.exception())
 
 
 # -- what a step's commit adds (workers/step/commit.py) ----------------------------------------------

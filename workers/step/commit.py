@@ -234,9 +234,8 @@ class Commits:
             for h in held
         ]
         deadlines = [h["deadline"] for h in held if h["deadline"] is not None]
-        due = min(
-            [time.time(), *deadlines]
-        )  # the sweeper looks at once: decisions sent early apply
+        # the sweeper looks at once: decisions sent early apply
+        due = min([time.time(), *deadlines])
         outcome = await self.commit(
             "park",
             state=state,
@@ -298,10 +297,11 @@ class Commits:
         successor, go_on = self._go_on(outcome, queue, next_key)
         part = children.commit_part(self, outcome, next_key, state)
         if part is not None and part.wait_open is not None:
+            # the run may park waiting on its children: nothing runs here
             successor, go_on = (
                 None,
                 None,
-            )  # the run may park waiting on its children: nothing runs here
+            )
         payload = Commit(
             token=self.token,
             lease=self.lease,
@@ -377,9 +377,8 @@ class Commits:
                 next=next_key,
             )
             return outcome
-        fresh = (
-            not field or reply.stored == value
-        )  # our value is the one stored: the loop is current
+        # our value is the one stored: the loop is current
+        fresh = not field or reply.stored == value
         if outcome == "next" and fresh and live is not None and live.keepable():
             live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
             self.process.kept.keep(r, live)
@@ -399,9 +398,8 @@ class Commits:
             for command in runlist.expire_commands(
                 self.run_id, self.segment, self.settings.retention
             ):
-                self.batch.send(
-                    *command
-                )  # retention starts (a lost EXPIRE: `toolloop prune`)
+                # retention starts (a lost EXPIRE: `toolloop prune`)
+                self.batch.send(*command)
         return outcome
 
     def _state(self, state: dict[str, Any]) -> dict[str, str]:
@@ -559,9 +557,8 @@ class Commits:
             if (
                 here is None or here.hand_off(queue, message) is None
             ):  # it runs here next, if it can
-                self.batch.send(
-                    "LPUSH", queue, message.raw
-                )  # a failed send: the outbox repairs it
+                # a failed send: the outbox repairs it
+                self.batch.send("LPUSH", queue, message.raw)
             successor = (queue, message)
         if successor is not None:
             queue, message = successor

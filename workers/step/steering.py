@@ -67,9 +67,8 @@ class Steering:
         ):  # no steer was ever sent to the run as of this task
             if ending or f"model:{turn}" in entries:
                 return []
-            await journal.boundary(
-                f"model:{turn}"
-            )  # (free: the model step would reach it anyway)
+            # (free: the model step would reach it anyway)
+            await journal.boundary(f"model:{turn}")
             if SENT not in self.live.step.state:
                 return []
         stored: list[tuple[int, str, str]] = []

@@ -227,9 +227,8 @@ def kill_point(point: str, **fields: Any) -> None:
                 os.getppid(),
             ):  # the worker leads its group: kill all of it
                 os.killpg(group, signal.SIGKILL)
-            os.kill(
-                os.getpid(), signal.SIGKILL
-            )  # never kill a group we do not lead (a test runner's)
+            # never kill a group we do not lead (a test runner's)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def stop_point(point: str, **fields: Any) -> None:

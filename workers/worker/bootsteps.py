@@ -62,9 +62,8 @@ class ProcessStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is u
         settings = Settings.from_env()
         if not settings.redis_source:  # the rule of every entry point (find_redis_url)
             raise RuntimeError(no_redis_message())
-        check_transport_options(
-            worker.app.conf.broker_transport_options
-        )  # the layout wire.py writes
+        # the layout wire.py writes
+        check_transport_options(worker.app.conf.broker_transport_options)
         # Toolsets import from the worker's working directory, as the `toolloop` commands do, so
         # `celery -A workers.app worker` run in a checkout serves examples.storyboard.tools as is.
         if os.getcwd() not in sys.path:

@@ -280,9 +280,8 @@ class StepConsumer:
             wire.rejected_entry(one.queue, one.raw, reason, self.hostname),
         )
         batch.send("LTRIM", REJECTED, 0, wire.REJECTED_KEEP - 1)
-        self.transport.ack(
-            one.tag
-        )  # the claim recorded it as delivered: forget it, or it comes back
+        # the claim recorded it as delivered: forget it, or it comes back
+        self.transport.ack(one.tag)
 
     def _start(
         self, queue: str, delivery: wire.Delivery, begun: Begun | None = None
@@ -331,9 +330,8 @@ class StepConsumer:
         except REDIS_LOST as error:  # Redis or the network: run it again
             if isinstance(error, redis_lib.exceptions.OutOfMemoryError):
                 log.error("step %s could not run: %s", task_id, OOM_HINT)
-                await asyncio.sleep(
-                    _OOM_PAUSE_S
-                )  # not at once: Redis refuses it again until freed
+                # not at once: Redis refuses it again until freed
+                await asyncio.sleep(_OOM_PAUSE_S)
             await self._restore(queue, delivery, f"{type(error).__name__}: {error}")
             events.send("task-rejected", {"uuid": task_id, "requeue": True})
         except Exception as error:  # a bug: acked, as Celery acks a failed task

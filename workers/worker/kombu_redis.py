@@ -79,10 +79,11 @@ class KombuRedisQueue:
         item = await self._blocking.brpop([*keys, self.wake_key], timeout=self.block_s)
         if not item or item[0] == self.wake_key:
             return []
+        # the client decodes: both str
         queue, raw = (
             names.queue_of(str(item[0])),
             str(item[1]),
-        )  # the client decodes: both str
+        )
         if len(raw) > self.max_task_bytes:
             return [Claimed(queue, raw, "")]
         try:

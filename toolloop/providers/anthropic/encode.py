@@ -183,9 +183,8 @@ def _messages(
         else:
             name, blocks = message_blocks(message, images, ttl)
             own = ASSISTANT if name == "assistant" else USER
-            encoded = orjson.dumps([[[blocks]]])[
-                4:-4
-            ]  # at their depth in the body: see the top
+            # at their depth in the body: see the top
+            encoded = orjson.dumps([[[blocks]]])[4:-4]
         start = length
         if encoded:
             opening = (

@@ -141,9 +141,8 @@ class AnthropicHandler:
         streams = on_delta is not None or timeouts.streams(max_tokens)
         if streams:
             body["stream"] = True
-        content = encode_body(
-            request, body, images
-        )  # the bytes of build_body's body, built once per message
+        # the bytes of build_body's body, built once per message
+        content = encode_body(request, body, images)
         del body  # the request's dict tree is not kept across the wait for the answer
         readers = Readers(MessageStream) if streams else None
         tally = Tally()

@@ -129,9 +129,8 @@ class MessageStream(DeltaOut):
             if index >= len(content) or content[index].get("type") != field:
                 return 0
             parts = string.findall(raw, at, found.end())
-            joined = b"".join(
-                parts
-            )  # each piece decoded alone unless ASCII, as one event's data is
+            # each piece decoded alone unless ASCII, as one event's data is
+            joined = b"".join(parts)
             text = (
                 joined.decode()
                 if joined.isascii()

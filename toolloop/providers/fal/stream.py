@@ -124,9 +124,8 @@ class CompletionStream(DeltaOut):
                 and isinstance(found.get(key), str | list)
             ):
                 if isinstance(found[key], str):
-                    found[key] = [
-                        found[key]
-                    ]  # pieces, joined in result(): no copy per piece
+                    # pieces, joined in result(): no copy per piece
+                    found[key] = [found[key]]
                 found[key].append(value)
             elif value is not None:
                 found[key] = value
