@@ -193,10 +193,15 @@ def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(
                 time.sleep(3.0)
                 server.start()
                 statuses = _wait_all(client, run_ids, timeout=120)
+                not_done = {
+                    run_id: client.status(run_id)
+                    for run_id, status in statuses.items()
+                    if status != "done"
+                }
                 logs = "".join(path.read_text(errors="replace") for path in pool.logs)
     finally:
         server.stop()
-    assert Counter(statuses.values()) == {"done": len(shapes)}, statuses
+    assert Counter(statuses.values()) == {"done": len(shapes)}, not_done
     twice = {tag: count for tag, count in policy.counts.items() if count > 1}
     assert not twice, f"model calls paid more than once: {twice}"
     assert len(policy.counts) == 2 * len(shapes)
