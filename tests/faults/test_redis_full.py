@@ -194,14 +194,18 @@ def test_redis_away_longer_than_the_clients_retries_loses_no_paid_result(
                 server.start()
                 statuses = _wait_all(client, run_ids, timeout=120)
                 not_done = {
-                    run_id: client.status(run_id)
+                    run_id: (record.status, record.error_class, record.error_message)
                     for run_id, status in statuses.items()
                     if status != "done"
+                    for record in [client.status(run_id)]
                 }
                 logs = "".join(path.read_text(errors="replace") for path in pool.logs)
     finally:
         server.stop()
-    assert Counter(statuses.values()) == {"done": len(shapes)}, not_done
+    said = [
+        line for line in logs.splitlines() if any(run_id in line for run_id in not_done)
+    ]
+    assert Counter(statuses.values()) == {"done": len(shapes)}, (not_done, said[-20:])
     twice = {tag: count for tag, count in policy.counts.items() if count > 1}
     assert not twice, f"model calls paid more than once: {twice}"
     assert len(policy.counts) == 2 * len(shapes)

@@ -125,6 +125,8 @@ def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> No
     left = {name for name, _ in kept["garbage"]["top"]}
     assert not left & {
         "_Step",
+        "StepCommit",
+        "BegunStep",
         "Held",
         "LiveLoop",
         "Begun",

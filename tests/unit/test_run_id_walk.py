@@ -1,8 +1,10 @@
 """The walk of a run id through one durable step (issue #26): from `advance` (what the Celery task
 and the step consumer call, workers/worker/) through the rooms of workers/, each function that
-takes the run id counted where it starts (a coroutine's resumptions are not new calls). Consecutive
-calls in one room are one stay; the walk enters each room at most twice, so a reader follows a step
-through the rooms in order instead of back and forth."""
+takes the run id counted where it starts (coroutines included: a coroutine's resumptions are not new
+calls). Followed down the calls (each call's stack of run-id calls), the walk enters each room at
+most twice, so a reader follows a step down through the rooms in order instead of back and forth;
+a room's helpers the step calls one after another (the process's lease, its kept loops) are leaves,
+not a way back."""
 
 from __future__ import annotations
 
@@ -37,24 +39,39 @@ def _takes_run_id(frame: FrameType) -> bool:
 
 
 class Walk:
+    """The rooms a run id passes through, call by call: `rooms`, each new room of a call that
+    takes the run id after the previous one (consecutive calls in one room: one stay), and
+    `chains`, for each such call the rooms of the calls on its stack that take the run id (how deep
+    a reader follows it down: step -> process -> step -> process would be back and forth)."""
+
     def __init__(self) -> None:
         self.rooms: list[str] = []
+        self.chains: list[list[str]] = []
+        self.seen: set[FrameType] = set()
+        """Every frame that started (held, so no id is reused): a coroutine's resumption is the
+        same frame again, not a new call."""
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if (
-            event != "call" or frame.f_lasti > 0
-        ):  # f_lasti > 0: a coroutine or generator resumed
+        if event != "call" or frame in self.seen:
             return
+        self.seen.add(frame)
         room = _room(frame)
-        if (
-            room is not None
-            and _takes_run_id(frame)
-            and (not self.rooms or self.rooms[-1] != room)
-        ):
+        if room is None or not _takes_run_id(frame):
+            return
+        if not self.rooms or self.rooms[-1] != room:
             self.rooms.append(room)
+        chain: list[str] = []
+        caller: FrameType | None = frame
+        while caller is not None:
+            here = _room(caller)
+            if here is not None and _takes_run_id(caller) and chain[-1:] != [here]:
+                chain.append(here)
+            caller = caller.f_back
+        self.chains.append(chain[::-1])
 
-    def stays(self) -> Counter[str]:
-        return Counter(self.rooms)
+    def deepest(self) -> list[str]:
+        """The chain that enters one room most often."""
+        return max(self.chains, key=lambda chain: max(Counter(chain).values()))
 
 
 async def _walk_of(h: StepHarness, run: str) -> Walk:
@@ -80,4 +97,5 @@ async def test_a_step_enters_each_room_at_most_twice(step_harness: StepHarness) 
     assert h.state(run)["status"] == "done"
     for walk in walks:
         assert walk.rooms and walk.rooms[0] == "step", walk.rooms
-        assert max(walk.stays().values()) <= 2, " -> ".join(walk.rooms)
+        deepest = walk.deepest()
+        assert max(Counter(deepest).values()) <= 2, " -> ".join(deepest)

@@ -41,8 +41,11 @@ Outcome = asyncio.Future[RunToolLoopResult | StepBoundary]
 class StepContext(Protocol):
     """What the loop reads of the task running it now (workers/step/advance.py's step)."""
 
-    outside: float
-    state: dict[str, str]
+    @property
+    def outside(self) -> float: ...
+
+    @property
+    def state(self) -> dict[str, str]: ...
 
     def before_live(self, key: str) -> Awaitable[None] | None: ...
 

@@ -31,17 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
+from toolloop.loop.types import Budget, RunToolLoopOptions, ToolSpec
 from workers.flow import limiter as flow
-from workers.observe.metrics import counted
 from workers.observe.tracing import StepTrace
 from workers.process.deadlines import StepTimedOut
-from workers.process.deltas import DeltaStream, bind, streaming
+from workers.process.deltas import DeltaStream, bind
 from workers.process.leases import Held
 from workers.process.live import Begun, LiveLoop
 from workers.process.live import Outcome as LoopOutcome
@@ -50,22 +50,18 @@ from workers.process.suspects import limit_error
 from workers.process.worker_process import WorkerProcess
 from workers.protocol import keys
 from workers.protocol.errors import LeaseLostError
-from workers.protocol.scripts.begin import (
-    RUN_BEGIN,
-    Begin,
-    Refused,
-    Started,
-    parse_begin,
-)
+from workers.protocol.scripts.begin import Refused
 from workers.protocol.scripts.commit import StepOutcome
 from workers.protocol.scripts.lease import LEASE_RELEASE
 from workers.protocol.spec import RunSpec
 from workers.runs import approvals
-from workers.runs.lifecycle import segment_messages
+from workers.runs.lifecycle import flush_outbox, segment_messages
 from workers.step import children
+from workers.step.begin import BegunStep, begin
 from workers.step.children import Spawner
-from workers.step.commit import Commits, log
+from workers.step.commit import StepCommit, log
 from workers.step.mcptools import run_tools
+from workers.step.model import model_call
 from workers.step.steering import Steering, talk_attributes
 
 _WAIT_FOR_LEASE_MS = 5000
@@ -109,11 +105,21 @@ async def advance(
     """
     process.hooks.point("advance:begin", run=run_id, n=n)
     outcome: StepOutcome = "fenced"
+    commits: StepCommit | None = None
     for _ in range(3):
-        step = _Step(process, run_id, n, task, begun)
+        started = time.monotonic()
+        at = await begin(process, run_id, n, begun)
         begun = None
+        if isinstance(at, Refused):
+            outcome = await _not_begun(process, run_id, at)
+            if outcome == "busy" and 0 <= at.lease_left_ms <= _WAIT_FOR_LEASE_MS:
+                await asyncio.sleep(at.lease_left_ms / 1000 + 0.05)
+                continue
+            break
+        step = _Step(process, task, at, started)
+        commits = step.commits
         try:
-            outcome = await step.run()
+            outcome = await step.run(at)
         except (
             Exception,
             asyncio.CancelledError,
@@ -122,80 +128,105 @@ async def advance(
             raise
         finally:
             step.end(outcome)
-        if outcome == "busy" and 0 <= step.lease_left_ms <= _WAIT_FOR_LEASE_MS:
-            await asyncio.sleep(step.lease_left_ms / 1000 + 0.05)
-            continue
         if outcome != "fenced":
             break
-    what = (
-        f"{outcome}: {step.stopped}" if outcome == "stop" and step.stopped else outcome
-    )
-    return Outcome(what, step.failure if outcome == "fail" else None)
+    stopped = commits.stopped if commits is not None else None
+    what = f"{outcome}: {stopped}" if outcome == "stop" and stopped else outcome
+    failure = commits.failure if commits is not None and outcome == "fail" else None
+    return Outcome(what, failure)
 
 
-class _Step(Commits):
+async def _not_begun(
+    process: WorkerProcess, run_id: str, refused: Refused
+) -> StepOutcome:
+    """The task did not begin (RUN_BEGIN's reply): a stale one (committed already) sends its successor
+    again if it seems lost."""
+    if refused.what == "stale":
+        await asyncio.to_thread(
+            flush_outbox,
+            process.redis,
+            process.celery,
+            run_id,
+            process.settings.outbox_age,
+            process.settings.redrive_age,
+        )
+    return refused.what
+
+
+class _Step:
+    """One step of a run, holding the run's lease (`at`): the loop run to the next boundary (or its
+    end), then committed by `commits`. The loop reads the step through `state`, `outside`,
+    `before_live` and `after_live` (workers/process/live.py's StepContext)."""
+
     def __init__(
-        self,
-        process: WorkerProcess,
-        run_id: str,
-        n: int,
-        task: Task,
-        begun: Begun | None = None,
+        self, process: WorkerProcess, task: Task, at: BegunStep, started: float
     ) -> None:
+        # what the step keeps of its begun value: not the loaded run nor the kept loop (`run` takes
+        # those), which a loop kept for the next step would otherwise hold on to through it
+        self.at = dataclasses.replace(at, loaded=None, kept=None)
         self.process = process
-        self.run_id = run_id
-        self.n = n
         self.task = task
-        self.begun = begun
-        self.batch = process.batch
+        self.run_id = at.run_id
+        self.n = at.n
         self.settings = process.settings
-        self.owner = begun.owner if begun is not None else process.new_owner()
+        self.metrics = process.metrics
         self.live: LiveLoop | None = None
-        self.kept = False
-        """True once `live` was kept for the run's next step (it then outlives this step)."""
-        self.lease_left_ms = -1
-        self.replayed_before = 0
-        self.failure: tuple[str, str] | None = None
-        self.stopped: str | None = None
-        """How the run stopped when this step ended it (`refused (cyber)`), for the task's result."""
-        self.held: Held | None = None
-        self.started = time.monotonic()
-        self.trace: StepTrace | None = None
-        self.outcome: StepOutcome | None = None
-        self.delivered = 1
         self.end_turn: Callable[[], None] | None = None
         """Ends this suspect's turn (workers/process/suspects.py) when the step ends; None unless a
         suspect."""
-        self.metrics = process.metrics
-        self.spec: RunSpec | None = None
+        self.held: Held | None = process.leases.hold(
+            at.run_id, at.n, at.lease, at.sent_at, self.on_lost
+        )
+        self.trace: StepTrace | None = StepTrace(
+            at.run_id, at.n, at.state, task.task_id
+        )
+        self.commits = StepCommit(
+            process, task, self.at, self.held, self.trace, started
+        )
 
-    async def run(self) -> StepOutcome:
-        kept, begin, sent_at = await self._begin()
-        # a kept loop is not where the run is when RUN_BEGIN loaded the run (it moved on elsewhere)
+    @property
+    def state(self) -> dict[str, str]:
+        """The run's state as the step began."""
+        return self.at.state
+
+    @property
+    def outside(self) -> float:
+        """Spend recorded outside the loop, as the step began."""
+        return self.at.outside
+
+    @property
+    def segment(self) -> int:
+        return self.at.segment
+
+    def totals(self) -> dict[str, Any]:
+        return self.commits.totals()
+
+    async def run(self, at: BegunStep) -> StepOutcome:
+        """Run the step `at` began: go on with the loop this process kept, or build it from what
+        RUN_BEGIN loaded; then wait for the next boundary and commit."""
+        kept, commits = at.kept, self.commits
         if (
-            isinstance(begin, Refused) or begin.loaded is not None
-        ) and kept is not None:
-            kept.close()
-            kept = None
-        if isinstance(begin, Refused):
-            return await self._not_begun(begin)
-        self._took_lease(begin, sent_at)
-        if (
-            self.delivered > 1
+            at.delivered > 1
         ):  # a suspect (workers/process/suspects.py): its turn, then its charge
             counted = await self._suspect_turn()
             if counted > self.settings.max_deliveries:
                 if kept is not None:
                     kept.close()
-                return await self.commit_failure(
-                    limit_error(self.run_id, self.n, self.delivered, counted)
+                return await commits.commit_failure(
+                    limit_error(self.run_id, self.n, at.delivered, counted)
                 )
         if kept is not None:
             self.live = kept
-            self.replayed_before = kept.journal.replayed
-            bind(kept.deltas, self.batch, self.token, self.segment, self.process.hooks)
+            commits.use(kept, None, kept.journal.replayed)
+            bind(
+                kept.deltas,
+                self.process.batch,
+                at.token,
+                at.segment,
+                self.process.hooks,
+            )
             return await self._until_boundary(kept.go_on(self))
-        loaded = begin.loaded
+        loaded = at.loaded
         try:
             if loaded is None or loaded.spec is None:
                 raise LookupError(
@@ -214,12 +245,12 @@ class _Step(Commits):
             decisions = approvals.decisions_of(answer)
             messages = segment_messages(loaded.input, None if decisions else answer)
         except Exception as error:
-            return await self.commit_failure(error)
+            return await commits.commit_failure(error)
         live = self.live = spawner.live = LiveLoop({tool.name: tool for tool in tools})
         live.held_names = approvals.held_names(messages, decisions)
         live.journal = SegmentJournal(
             self.run_id,
-            self.prefix,
+            at.prefix,
             loaded.journal,
             signal=live.controller.signal,
             live_steps=1,
@@ -227,80 +258,23 @@ class _Step(Commits):
             after_live=live.after_live,
             pause=live.pause,
         )
-        live.deltas = DeltaStream.of(  # None unless it streams
+        live.deltas = DeltaStream.of(
             spec.stream, self.run_id, live.events.append, self.settings.delta_interval
         )
-        bind(live.deltas, self.batch, self.token, self.segment, self.process.hooks)
-        self.spec = spec
+        bind(live.deltas, self.process.batch, at.token, at.segment, self.process.hooks)
+        commits.use(live, spec, 0)
         options = self._options(spec, live, tools, messages, decisions)
         live.max_steps = options.max_steps
         return await self._until_boundary(live.start(self, options))
-
-    async def _begin(self) -> tuple[LiveLoop | None, Begin, float]:
-        """RUN_BEGIN (lease, delivery count, and what of the run a kept loop lacks), or what the
-        predecessor's commit began for this task (go_on)."""
-        if self.begun is not None:
-            return self.begun.loop, self.begun.started, self.begun.sent_at
-        r = self.run_id
-        kept = self.process.kept.take(r)
-        sent_at = time.monotonic()
-        begin = parse_begin(
-            await self.batch.script(
-                RUN_BEGIN,
-                [
-                    keys.state(r),
-                    keys.spec(r),
-                    keys.lease(r),
-                    keys.fence(r),
-                    keys.attempts(r),
-                    keys.spend(r),
-                    keys.inputs(r),
-                    keys.answers(r),
-                    keys.outbox(r),
-                ],
-                [
-                    self.owner,
-                    self.settings.lease_ms,
-                    self.n,
-                    time.time(),
-                    keys.journal(r, ""),
-                    kept.tag if kept else "",
-                ],
-            )
-        )
-        return kept, begin, sent_at
 
     async def _suspect_turn(self) -> int:
         """Wait for the process's suspect turn (held until the step ends), then charge this delivery:
         how many deliveries of the step count, this one included."""
         self.end_turn = await self.process.suspects.turn()
-        alone = await self.batch.call(
+        alone = await self.process.batch.call(
             "HINCRBY", keys.attempts(self.run_id), keys.alone_field(self.n), 1
         )
         return 1 + int(alone)
-
-    async def _not_begun(self, refused: Refused) -> StepOutcome:
-        """The task did not begin (RUN_BEGIN's reply): a stale one sends its successor again if it
-        seems lost; a busy one notes how long the other holder's lease still runs."""
-        if refused.what == "stale":  # committed already
-            await asyncio.to_thread(self.flush_outbox)
-        self.lease_left_ms = refused.lease_left_ms
-        return refused.what
-
-    def _took_lease(self, begin: Started, sent_at: float) -> None:
-        """The step holds the run's lease now (RUN_BEGIN's 'run' reply): note what it says."""
-        r = self.run_id
-        self.token = begin.token
-        self.delivered = begin.attempts
-        self.lease = f"{self.owner}:{begin.token}"
-        self.held = self.process.leases.hold(
-            r, self.n, self.lease, sent_at, self.on_lost
-        )
-        self.state = begin.state
-        self.trace = StepTrace(r, self.n, self.state, self.task.task_id)
-        self.segment = int(self.state.get("segment", 0))
-        self.prefix = f"{keys.segment_name(self.segment)}/"
-        self.outside = begin.outside
 
     def _options(
         self,
@@ -310,16 +284,8 @@ class _Step(Commits):
         messages: Any,
         decisions: Any,
     ) -> RunToolLoopOptions:
-        generate = self.process.generate_for(
-            spec.provider, spec.fallback, stream=spec.stream
-        )
-        if self.metrics is not None:
-            generate = counted(generate, spec.provider, self.metrics)
-        generate = flow.wrap_generate(self.process, generate, spec)
         return RunToolLoopOptions(
-            generate=generate
-            if live.deltas is None
-            else streaming(generate, live.deltas.interval),
+            generate=model_call(self.process, spec, self.metrics, live.deltas),
             model=spec.model,
             system=spec.system,
             messages=messages,
@@ -335,7 +301,7 @@ class _Step(Commits):
                 0,
                 spec.max_steps
                 + int(self.state.get("steps_added", 0))
-                - self.steps_base,
+                - self.at.steps_base,
             ),
             step=live.journal.step,
             signal=live.controller.signal,
@@ -365,7 +331,7 @@ class _Step(Commits):
             outcome = await outcome_future
         except StepTimedOut:
             timed_out = True
-            return await self.commit_failure(
+            return await self.commits.commit_failure(
                 TimeoutError(
                     f"The step ran longer than {timeout:g} s (TOOLLOOP_STEP_TIMEOUT) and was stopped.\n"
                     "  Give the tool or model call a shorter timeout of its own, or raise the limit; "
@@ -377,7 +343,7 @@ class _Step(Commits):
         except Exception as error:
             if isinstance(live.controller.signal.reason, LeaseLostError):
                 return await self.lost_lease(live.controller.signal.reason)
-            return await self.commit_failure(error)
+            return await self.commits.commit_failure(error)
         finally:
             deadlines.forget(outcome_future)
             self.process.disarm(self.run_id, live.controller)
@@ -386,12 +352,8 @@ class _Step(Commits):
         if isinstance(live.controller.signal.reason, LeaseLostError):
             return await self.lost_lease(live.controller.signal.reason)
         if isinstance(outcome, StepBoundary):
-            return await self.commit_next(outcome.key)
-        return await self.commit_result(outcome)
-
-    @property
-    def events(self) -> list[LoopEvent]:
-        return self.live.events if self.live is not None else []
+            return await self.commits.commit_next(outcome.key)
+        return await self.commits.commit_result(outcome)
 
     # -- during the step ------------------------------------------------------------------------
 
@@ -408,7 +370,7 @@ class _Step(Commits):
         if self.trace is not None:
             self.trace.enter()
         if self.metrics is not None:
-            self.metrics.work_began(key, self.queue, self.delivered)
+            self.metrics.work_began(key, self.at.queue, self.at.delivered)
         if self.state.get("cancel") == "1" and not collects:
             self.live.controller.abort("cancel")
         elif self.process.interrupt_heard(self.run_id, self.segment, self.state):
@@ -436,7 +398,7 @@ class _Step(Commits):
         still ours, and re-drive (the copy holding the lease goes on, or this one takes it anew)."""
         pending = self.live.journal.pending if self.live is not None else []
         what = ", ".join(
-            f"{self.prefix}{key} (${cost:.6f})" for key, _, cost in pending
+            f"{self.at.prefix}{key} (${cost:.6f})" for key, _, cost in pending
         )
         log.warning(
             "run %s: step %s stopped: %s.\n  Not committed: %s; the step runs again under a live lease.",
@@ -454,11 +416,10 @@ class _Step(Commits):
 
     async def release(self) -> None:
         self.drop_lease()  # first: no renewal takes the lease again once it is freed
-        if getattr(self, "lease", None):
-            with contextlib.suppress(Exception):
-                await self.batch.script(
-                    LEASE_RELEASE, [keys.lease(self.run_id)], [self.lease]
-                )
+        with contextlib.suppress(Exception):
+            await self.process.batch.script(
+                LEASE_RELEASE, [keys.lease(self.run_id)], [self.at.lease]
+            )
 
     def drop_lease(self) -> None:
         if self.held is not None:
@@ -466,18 +427,20 @@ class _Step(Commits):
 
     def end(self, outcome: StepOutcome) -> None:
         """The step is over: its lease dropped, its trace ended, its loop closed unless kept for the
-        run's next step. Then the step lets go of the loop, the lease, the trace and what its
-        predecessor began (`Begun.loop`), so that none of them is left in a reference cycle with it
-        (they die by refcount; the worker's collector thresholds rarely reach old cycles)."""
+        run's next step. Then the step and its commit let go of the loop, the lease and the trace,
+        so that none of them is left in a reference cycle with it (they die by refcount; the
+        worker's collector thresholds rarely reach old cycles)."""
         self.drop_lease()
         if self.end_turn is not None:
             self.end_turn()
             self.end_turn = None
+        commits = self.commits
         if self.trace is not None:
             self.trace.end(
-                outcome if self.outcome is None else self.outcome,
+                outcome if commits.outcome is None else commits.outcome,
                 **talk_attributes(self),
             )
-        if self.live is not None and not self.kept:
+        if self.live is not None and not commits.kept:
             self.live.close()
-        self.live = self.held = self.begun = self.trace = None
+        self.live = self.held = self.trace = None
+        commits.live = commits.held = commits.trace = None

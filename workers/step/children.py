@@ -43,6 +43,7 @@ from toolloop.journal import idempotency_key
 from toolloop.loop.types import Started, ToolOutput, ToolSpec
 from workers.client import accounts
 from workers.observe.metrics import Metrics
+from workers.observe.tracing import StepTrace
 from workers.process.live import LiveLoop
 from workers.process.redisio import Batch
 from workers.process.worker_process import WorkerProcess
@@ -68,16 +69,21 @@ from workers.step import routing
 
 class Step(Protocol):
     """What `spawn` and a commit's child-run part read of the step running them (workers/step/
-    advance.py's, a `Commits`)."""
+    advance.py's step, and its `StepCommit`)."""
 
     process: WorkerProcess
     batch: Batch
     metrics: Metrics | None
     run_id: str
     live: LiveLoop | None
-    state: dict[str, str]
-    segment: int
     task: Any
+    trace: StepTrace | None
+
+    @property
+    def state(self) -> dict[str, str]: ...
+
+    @property
+    def segment(self) -> int: ...
 
     def totals(self) -> dict[str, Any]: ...
 
@@ -209,7 +215,7 @@ class Spawner:
             names.LLM,
         ]
         # the parent's segment span: the children's parent span
-        trace = getattr(self.step, "trace", None)
+        trace = self.step.trace
         traceparent = trace.traceparent() if trace is not None and trace.valid else ""
         args: list[Any] = [
             now,
@@ -284,7 +290,7 @@ class Spawner:
 
     def _sent_events(self, ids: list[str]) -> None:
         """The children's first steps' `task-sent` events (Flower shows each child from its queue)."""
-        hostname = str(getattr(self.step.task, "hostname", "") or "")
+        hostname = str(self.step.task.hostname or "")
         if not hostname:
             return
         events = self.process.events(hostname)

@@ -1,4 +1,5 @@
-"""The commit of a step (workers/step/advance.py) and what follows it: the successor's send, its events.
+"""The commit of a step (`StepCommit`, which workers/step/advance.py calls) and what follows it: the
+successor's send, its events.
 
 One script (RUN_COMMIT) writes the step's value, the events not yet in the stream, and what follows:
 the successor in the outbox (routed by the next step's kind, workers/step/routing.py), or the run's
@@ -46,55 +47,75 @@ from workers.protocol.spec import RunSpec
 from workers.runs import approvals
 from workers.runs.lifecycle import flush_outbox
 from workers.step import children, routing
+from workers.step.begin import BegunStep
 from workers.step.mcptasks import cancel_open
 
 log = logging.getLogger("toolloop.workers")
 
 
-class Commits:
-    """The commit half of a step (mixed into advance's `_Step`, which sets these attributes)."""
+class StepCommit:
+    """The commit of one step, which the step (workers/step/advance.py) calls: what to commit (the next
+    step, the run's end, a park, a failure), the commit script with its retries, and what follows it
+    (the successor's send, its events). It reads the step's begun value (`at`), its lease (`held`),
+    its trace, and the run's loop once the step has one (`use`); what it tells the step back is in
+    `kept`, `stopped`, `failure` and `outcome`."""
 
-    process: WorkerProcess
-    batch: Batch
-    settings: Settings
-    metrics: Metrics | None
-    run_id: str
-    n: int
-    live: LiveLoop | None
-    kept: bool
-    state: dict[str, str]
-    segment: int
-    prefix: str
-    token: int
-    lease: str
-    outside: float
-    trace: StepTrace | None
-    task: Any
-    spec: RunSpec | None
-    failure: tuple[str, str] | None
-    stopped: str | None
-    outcome: StepOutcome | None
-    held: Held | None
-    started: float
-    replayed_before: int
+    def __init__(
+        self,
+        process: WorkerProcess,
+        task: Any,
+        at: BegunStep,
+        held: Held | None,
+        trace: StepTrace | None,
+        started: float,
+    ) -> None:
+        self.process = process
+        self.batch: Batch = process.batch
+        self.settings: Settings = process.settings
+        self.metrics: Metrics | None = process.metrics
+        self.task = task
+        self.at = at
+        self.run_id = at.run_id
+        self.n = at.n
+        self.held = held
+        self.trace = trace
+        self.started = started
+        self.live: LiveLoop | None = None
+        """The run's loop, once the step has one (`use`)."""
+        self.spec: RunSpec | None = None
+        """The run's spec: the step's, or read at the commit on a kept loop's path (`run_spec`)."""
+        self.replayed_before = 0
+        """The journal's replayed steps when this step took the loop (a kept loop replayed before)."""
+        self.kept = False
+        """True once `live` was kept for the run's next step (it then outlives this step)."""
+        self.stopped: str | None = None
+        """How the run stopped when this step ended it (`refused (cyber)`), for the task's result."""
+        self.failure: tuple[str, str] | None = None
+        """(error class, message) when this step ended its run `failed`."""
+        self.outcome: StepOutcome | None = None
+        """What the landed commit did, for the step's trace (set only with metrics)."""
+
+    def use(self, live: LiveLoop, spec: RunSpec | None, replayed_before: int) -> None:
+        """The step has the run's loop: commit from it."""
+        self.live, self.spec, self.replayed_before = live, spec, replayed_before
+
+    @property
+    def state(self) -> dict[str, str]:
+        """The run's state as the step began (never written here)."""
+        return self.at.state
+
+    @property
+    def segment(self) -> int:
+        return self.at.segment
 
     @property
     def events(self) -> list[LoopEvent]:
-        raise NotImplementedError
+        return self.live.events if self.live is not None else []
 
     @property
     def journal(self) -> SegmentJournal:
         assert self.live is not None
         return self.live.journal
-
-    @property
-    def steps_base(self) -> int:
-        return int(self.state.get("steps_base", 0))
-
-    @property
-    def queue(self) -> str:
-        """The queue this step's task came from (as the run's state records it)."""
-        return self.state.get("queue") or names.LLM
 
     # -- what to commit -------------------------------------------------------------------------
 
@@ -106,7 +127,7 @@ class Commits:
 
     async def commit_result(self, result: RunToolLoopResult) -> StepOutcome:
         history = json.dumps([m.model_dump(mode="json") for m in result.messages])
-        steps = self.steps_base + result.steps
+        steps = self.at.steps_base + result.steps
         state: dict[str, Any] = {
             "spent_usd": result.spent_usd,
             "steps": steps,
@@ -117,7 +138,7 @@ class Commits:
             state |= {
                 "asked": json.dumps(asked),
                 "carried_usd": result.spent_usd,
-                "spend_base": self.outside,
+                "spend_base": self.at.outside,
                 "steps_base": steps,
             }
             parked = json.dumps(
@@ -137,7 +158,7 @@ class Commits:
         if result.stopped_by == "approval":
             return await self.park_for_approval(result, state, history, steps)
         stopped_by = interrupted_or(result.stopped_by, self.live)
-        state |= {"status": stopped_by, "spend_end": self.outside}
+        state |= {"status": stopped_by, "spend_end": self.at.outside}
         if (
             result.stopped_by == "cancel"
         ):  # a cancel or an interrupt: the MCP tasks its waits left open
@@ -211,7 +232,7 @@ class Commits:
         state |= {
             "approvals": json.dumps(held),
             "carried_usd": result.spent_usd,
-            "spend_base": self.outside,
+            "spend_base": self.at.outside,
             "steps_base": steps,
         }
         parked = json.dumps(
@@ -303,8 +324,8 @@ class Commits:
                 None,
             )
         payload = Commit(
-            token=self.token,
-            lease=self.lease,
+            token=self.at.token,
+            lease=self.at.lease,
             n=self.n,
             segment=self.segment,
             run=self.run_id,
@@ -327,7 +348,7 @@ class Commits:
             steerable=steerable,
             children=part,
         )
-        where = self.prefix + (field or "-")
+        where = self.at.prefix + (field or "-")
         r = self.run_id
         self.process.hooks.point("commit:before", run=r, key=where)
         sent_at = time.monotonic()
@@ -380,7 +401,7 @@ class Commits:
         # our value is the one stored: the loop is current
         fresh = not field or reply.stored == value
         if outcome == "next" and fresh and live is not None and live.keepable():
-            live.tag = f"{self.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
+            live.tag = f"{self.at.lease}|{self.segment}"  # the run's tag now (RUN_BEGIN of the next step)
             self.process.kept.keep(r, live)
             self.kept = True
         await self.publish(reply.member, key=where, phase=outcome, next=next_key)
@@ -439,7 +460,7 @@ class Commits:
             [self.run_id, self.n + 1],
             names.step_id(self.run_id, self.n + 1),
             queue,
-            routing.describe(live, next_key or "", self.steps_base),
+            routing.describe(live, next_key or "", self.at.steps_base),
             traceparent=self.run_traceparent(),
             tag=self.process.new_owner(),
         )
@@ -470,7 +491,7 @@ class Commits:
                         keys.history(r),
                         keys.inputs(r),
                         keys.answers(r),
-                        keys.journal(r, self.prefix),
+                        keys.journal(r, self.at.prefix),
                         keys.attempts(r),
                         keys.spend(r),
                         names.UNACKED,
@@ -548,7 +569,7 @@ class Commits:
                 names.step_id(self.run_id, n),
                 queue,
                 routing.describe(
-                    self.live, str(progress.get("next") or ""), self.steps_base
+                    self.live, str(progress.get("next") or ""), self.at.steps_base
                 ),
                 traceparent=self.run_traceparent(),
                 tag=self.process.new_owner(),
@@ -625,7 +646,9 @@ class Commits:
         assert metrics is not None
         replayed = self.live.journal.replayed - self.replayed_before if self.live else 0
         fresh = self.live.events_past(committed) if self.live is not None else []
-        metrics.committed_step(field, self.queue, cost, self.started, replayed, fresh)
+        metrics.committed_step(
+            field, self.at.queue, cost, self.started, replayed, fresh
+        )
         self.outcome = outcome
         if outcome == "park":
             metrics.parked.inc()
@@ -649,8 +672,8 @@ class Commits:
         """Spend and steps so far, for the status of a run between two steps."""
         models = sum(1 for key in self.journal.entries if key.startswith("model:"))
         spent = float(self.state.get("carried_usd", 0)) + self.journal.cost_usd
-        spent += self.outside - float(self.state.get("spend_base", 0))
-        return {"spent_usd": spent, "steps": self.steps_base + models}
+        spent += self.at.outside - float(self.state.get("spend_base", 0))
+        return {"spent_usd": spent, "steps": self.at.steps_base + models}
 
     def flush_outbox(self) -> None:
         """Send again the run's successors older than TOOLLOOP_OUTBOX_AGE (a thread: sync Redis)."""

@@ -36,15 +36,19 @@ so no journal step of the run is a steer and nothing waits (a run never steered 
 
 class _Step(Protocol):
     live: LiveLoop | None
-    state: dict[str, str]
-    segment: int
+
+    @property
+    def state(self) -> dict[str, str]: ...
+
+    @property
+    def segment(self) -> int: ...
 
 
 def talk_attributes(step: _Step) -> dict[str, Any]:
     """The segment span's attributes of a conversation (workers/observe/tracing.py): `toolloop.follow_up`
     when a follow-up began the segment (workers/client/talk.py), `toolloop.steers` the steers it took."""
     live = step.live
-    if live is None or not hasattr(step, "state") or not hasattr(live, "journal"):
+    if live is None or not hasattr(live, "journal"):
         return {}
     steers = sum(1 for key in live.journal.entries if key.startswith(PREFIX))
     found: dict[str, Any] = {"toolloop.steers": steers} if steers else {}
