@@ -15,7 +15,9 @@ from pydantic import BaseModel, ValidationError
 from toolloop import (
     AssistantMessage,
     Budget,
+    ChatMessage,
     CompactionEvent,
+    CompactionState,
     ContextPolicy,
     LoopEvent,
     MemoryJournal,
@@ -99,6 +101,8 @@ async def run(
     *,
     usd: float = 50.0,
     calls: list[PromptGenRequest] | None = None,
+    messages: list[ChatMessage] | None = None,
+    compacted: CompactionState | None = None,
 ) -> tuple[RunToolLoopResult, list[LoopEvent]]:
     handler, model = handler_for(sim, wire)
     events: list[LoopEvent] = []
@@ -115,13 +119,14 @@ async def run(
             generate=generate,
             model=model,
             system="You read incident logs.",
-            messages=[UserMessage(content=TASK)],
+            messages=messages or [UserMessage(content=TASK)],
             tools=TOOLS,
             budget=Budget(usd=usd),
             max_steps=TURNS + 2,
             step=journal.step,
             on_step=events.append,
             context=POLICY,
+            compacted=compacted,
         )
     )
     return result, events
@@ -234,6 +239,45 @@ async def test_a_compaction_that_would_cross_the_budget_is_not_started(
     assert result.stopped_by == "budget"
     # the model call after the skipped compaction went ahead
     assert result.steps == first.step
+
+
+async def test_a_call_that_goes_on_from_result_compacted_does_not_compact_the_whole_history_again(
+    sim: SimServer,
+) -> None:
+    """`result.compacted` passed as `options.compacted` to the next call over the same history (a
+    resume, a follow-up): its first request is the compacted one, and no summary call is made."""
+    first, _ = await run(sim, "anthropic", MemoryJournal())
+    assert first.compacted is not None and first.compacted.summary
+    made = sum(sim.stats()["compactions"].values())
+    follow_up = [*first.messages, UserMessage(content="And which pool?")]
+
+    calls: list[PromptGenRequest] = []
+    carried, _ = await run(
+        sim,
+        "anthropic",
+        MemoryJournal(),
+        calls=calls,
+        messages=follow_up,
+        compacted=first.compacted,
+    )
+    assert carried.stopped_by == "done"
+    assert sum(sim.stats()["compactions"].values()) == made  # no summary call
+    assert len(calls) == 1 and _summary_head(calls[0]) is not None
+    assert carried.compacted == first.compacted
+    assert carried.messages[: len(follow_up)] == follow_up
+
+    # without it, the same call summarizes the whole history again
+    calls.clear()
+    await run(sim, "anthropic", MemoryJournal(), calls=calls, messages=follow_up)
+    assert sum(sim.stats()["compactions"].values()) == made + 1
+    with pytest.raises(ValueError, match="not an assistant message"):
+        await run(
+            sim,
+            "anthropic",
+            MemoryJournal(),
+            messages=follow_up,
+            compacted=first.compacted.model_copy(update={"cut": 0}),
+        )
 
 
 def test_a_bad_policy_is_refused_before_any_work() -> None:

@@ -30,6 +30,7 @@ from toolloop.contract import (
 )
 from toolloop.loop.context import (
     Compacted,
+    CompactionState,
     ContextPolicy,
     choose_cut,
     estimate_tokens,
@@ -107,6 +108,39 @@ class Compaction:
         self.latest_cost = 0.0
         self.server_cut = 0
         """Index of the latest assistant message with a server-side compaction block (0: none)."""
+        self.carried_state: CompactionState | None = None
+        """The compaction in force, as `result.compacted` hands it to the next call."""
+        if run.options.compacted is not None:
+            self.restore(run.options.compacted)
+
+    def restore(self, carried: CompactionState) -> None:
+        """Start from the compaction a previous call of the same history ended with
+        (`options.compacted`): its requests carry that summary, and nothing is summarized again
+        until the compacted request passes the threshold."""
+        messages = self.run.history.messages
+        if carried.cut >= len(messages) or not isinstance(
+            messages[carried.cut], AssistantMessage
+        ):
+            raise ValueError(
+                f"options.compacted cuts the history at message {carried.cut}, which is not an "
+                f"assistant message of these {len(messages)} messages.\n"
+                "  Pass the previous result's compacted with that result's messages (and what "
+                "follows them), or leave it unset."
+            )
+        if carried.block is None and not carried.summary.strip():
+            raise ValueError(
+                "options.compacted has neither a summary nor a compaction block.\n"
+                "  Pass the previous result's compacted unchanged, or leave it unset."
+            )
+        self.carried_state = carried
+        self.state = Compacted(
+            cut=carried.cut,
+            covered_turns=carried.covered_turns,
+            head=[]
+            if carried.block is not None
+            else [summary_message(carried.summary, carried.covered_turns, messages[0])],
+            block=carried.block,
+        )
 
     # -- the count ---------------------------------------------------------------------------------
 
@@ -268,6 +302,12 @@ class Compaction:
         run.cost += result.cost_usd
         covered = int(value["covered_turns"])
         block = value.get("block")
+        self.carried_state = CompactionState(
+            cut=int(value["cut"]),
+            covered_turns=covered,
+            summary="" if block else str(value["summary"]),
+            block=ReasoningBlock.model_validate(block) if block else None,
+        )
         self.state = Compacted(
             cut=int(value["cut"]),
             covered_turns=covered,

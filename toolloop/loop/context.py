@@ -221,6 +221,22 @@ class Compacted(BaseModel):
     message at the cut (then `head` is empty)."""
 
 
+class CompactionState(BaseModel):
+    """The compaction in force at the end of a `run_tool_loop` call (`result.compacted`), to pass as
+    `options.compacted` to the call that goes on with the same history (a resume after an ask or an
+    approval, a follow-up): that call's requests start from the summary instead of compacting the
+    whole history again. `cut`: index in the history of the assistant message the summary ends
+    before; `covered_turns`: the model turns it covers; `summary`: its text (a client-side summary)
+    or `block` (an on-demand compaction's signed block, sent back unchanged)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cut: int = Field(ge=1)
+    covered_turns: int = Field(ge=0)
+    summary: str = ""
+    block: ReasoningBlock | None = None
+
+
 def summary_message(
     summary: str, covered_turns: int, first: ChatMessage | None
 ) -> UserMessage:

@@ -25,7 +25,7 @@ from toolloop.contract import (
     PromptGenUsage,
     ToolCall,
 )
-from toolloop.loop.context import ContextPolicy
+from toolloop.loop.context import CompactionState, ContextPolicy
 
 
 class _Value(BaseModel):
@@ -349,6 +349,10 @@ class RunToolLoopOptions(_Options):
     decisions: dict[str, Decision] | None = None
     """Decisions on the calls the previous loop held (`result.approvals`), by call id: the loop answers
     those open calls first, then goes on (SPEC 4.4)."""
+    compacted: CompactionState | None = None
+    """The compaction the previous call over these messages ended with (`result.compacted`): with a
+    `context` policy, requests start from its summary and the turns from its cut on, so a resume
+    after an ask or an approval does not compact the whole history again (docs/context.md)."""
 
 
 class Asked(_Value):
@@ -367,3 +371,6 @@ class RunToolLoopResult(_Value):
     """Set only for `"refused"`: the category and explanation the provider gave."""
     approvals: list[Approval] | None = Field(default=None, exclude_if=_unset)
     """Set only for `"approval"`: the held calls."""
+    compacted: CompactionState | None = Field(default=None, exclude_if=_unset)
+    """With a `context` policy that compacted (in this call or a previous one): the compaction in
+    force at the end, to pass as `options.compacted` to the call that goes on from `messages`."""

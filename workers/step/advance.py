@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from toolloop.loop.context import CompactionState
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers.flow import limiter as flow
 from workers.observe.metrics import counted
@@ -168,6 +169,8 @@ class _Step(Commits):
         suspect."""
         self.metrics = process.metrics
         self.spec: RunSpec | None = None
+        self.compacted: str | None = None
+        """The compaction state a park or a stop of this step hands to the next segment (JSON)."""
 
     async def run(self) -> StepOutcome:
         kept, begin, sent_at = await self._begin()
@@ -233,6 +236,10 @@ class _Step(Commits):
         bind(live.deltas, self.batch, self.token, self.segment, self.process.hooks)
         self.spec = spec
         options = self._options(spec, live, tools, messages, decisions)
+        if loaded.compacted and spec.context is not None:
+            # the previous segment compacted: this one starts from its summary (docs/context.md)
+            carried = CompactionState.model_validate_json(loaded.compacted)
+            options = options.model_copy(update={"compacted": carried})
         live.max_steps = options.max_steps
         return await self._until_boundary(live.start(self, options))
 

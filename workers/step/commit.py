@@ -106,6 +106,10 @@ class Commits:
 
     async def commit_result(self, result: RunToolLoopResult) -> StepOutcome:
         history = json.dumps([m.model_dump(mode="json") for m in result.messages])
+        # the compaction in force at the segment's end: the next segment starts from it
+        self.compacted = (
+            result.compacted.model_dump_json() if result.compacted is not None else None
+        )
         steps = self.steps_base + result.steps
         state: dict[str, Any] = {
             "spent_usd": result.spent_usd,
@@ -326,6 +330,7 @@ class Commits:
             else "",
             steerable=steerable,
             children=part,
+            compacted=self.compacted if outcome in ("park", "stop") else None,
         )
         where = self.prefix + (field or "-")
         r = self.run_id
