@@ -5,6 +5,7 @@ compaction that would cross the budget is not started, on both wires."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from toolloop import (
     LoopEvent,
     MemoryJournal,
     ModelEvent,
+    PromptGen,
     RunToolLoopOptions,
     RunToolLoopResult,
     TextPart,
@@ -36,6 +38,7 @@ from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.loop.context import COMPACT_PROMPT, SUMMARY_HEADER
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.fal import FalHandler
+from toolloop.providers.models import default_catalog
 from toolloop.sim import SimRequest, SimServer
 from workers.protocol.spec import RunSpec
 
@@ -278,6 +281,68 @@ async def test_a_call_that_goes_on_from_result_compacted_does_not_compact_the_wh
             messages=follow_up,
             compacted=first.compacted.model_copy(update={"cut": 0}),
         )
+
+
+def _compact_values(journal: MemoryJournal) -> list[dict[str, Any]]:
+    return [
+        json.loads(v)["value"]
+        for k, v in journal.entries.items()
+        if k.startswith("compact:")
+    ]
+
+
+async def _run_through(generate: Any, model: str, journal: MemoryJournal) -> None:
+    result = await run_tool_loop(
+        RunToolLoopOptions(
+            generate=generate,
+            model=model,
+            system="You read incident logs.",
+            messages=[UserMessage(content=TASK)],
+            tools=TOOLS,
+            budget=Budget(usd=50.0),
+            max_steps=TURNS + 2,
+            step=journal.step,
+            context=POLICY,  # on_demand unset: the model's capability decides
+        )
+    )
+    assert result.stopped_by == "done", result
+
+
+async def test_the_catalogue_decides_on_demand_compaction_where_the_policy_leaves_it_open(
+    sim: SimServer,
+) -> None:
+    """`on_demand` None: a model whose catalogue row has `on_demand_compaction` compacts with
+    Anthropic's own summary (a signed block); the same model without it, and fal, make the
+    client-side summary call."""
+    assert POLICY.on_demand is None
+    base = default_catalog()
+    row = base.find("claude-sonnet-5-5")
+    assert row is not None and not row.on_demand_compaction
+    assert row.source("on_demand_compaction").kind == "unknown"
+    able = base.with_models(dataclasses.replace(row, on_demand_compaction=True))
+
+    chains = {
+        "on demand": PromptGen(
+            {"anthropic": AnthropicHandler("k", base_url=sim.base_url, catalog=able)},
+            "anthropic",
+        ),
+        "default catalogue": PromptGen(
+            {"anthropic": AnthropicHandler("k", base_url=sim.base_url)}, "anthropic"
+        ),
+        "fal": PromptGen({"fal": FalHandler("k", run_url=sim.base_url)}, "fal"),
+    }
+    models = {"fal": "anthropic/claude-sonnet-5.5"}
+    blocks: dict[str, list[bool]] = {}
+    for name, chain in chains.items():
+        journal = MemoryJournal()
+        model = models.get(name, "claude-sonnet-5-5")
+        assert chain.supports("on_demand_compaction", model) is (name == "on demand")
+        await _run_through(chain.as_generate(), model, journal)
+        values = _compact_values(journal)
+        assert values, name
+        blocks[name] = ["block" in v for v in values]
+    assert all(blocks["on demand"]), blocks
+    assert not any(blocks["default catalogue"]) and not any(blocks["fal"]), blocks
 
 
 def test_a_bad_policy_is_refused_before_any_work() -> None:

@@ -110,8 +110,21 @@ class Compaction:
         """Index of the latest assistant message with a server-side compaction block (0: none)."""
         self.carried_state: CompactionState | None = None
         """The compaction in force, as `result.compacted` hands it to the next call."""
+        self.on_demand = self.decide_on_demand()
+        """The compaction step asks for the provider's own summary (else the summary call)."""
         if run.options.compacted is not None:
             self.restore(run.options.compacted)
+
+    def decide_on_demand(self) -> bool:
+        """The policy's `on_demand`, or (None) the model's capability: `options.supports`, or the
+        `supports` of `generate` (`PromptGen.as_generate`), asked for "on_demand_compaction"."""
+        if self.policy.on_demand is not None:
+            return self.policy.on_demand
+        options = self.run.options
+        supports = options.supports or getattr(options.generate, "supports", None)
+        if not callable(supports):
+            return False
+        return bool(supports("on_demand_compaction", options.model))
 
     def restore(self, carried: CompactionState) -> None:
         """Start from the compaction a previous call of the same history ended with
@@ -227,7 +240,7 @@ class Compaction:
                 result = PromptGenResult.model_validate(result)
             covered = self.covered_turns(cut)
             dumped = result.model_dump(mode="json")
-            if self.policy.on_demand:
+            if self.on_demand:
                 block = next(
                     (b for b in result.reasoning or () if b.type == "compaction"), None
                 )
@@ -269,7 +282,7 @@ class Compaction:
         messages = self.carried(list(history.sent[start:cut]))
         params: dict[str, Any] = dict(run.params or {})
         params["max_tokens"] = self.policy.max_summary_tokens
-        if self.policy.on_demand:
+        if self.on_demand:
             params.pop("context_management", None)
             asked: dict[str, Any] = {"type": "summarize"}
             if self.policy.summary_prompt is not None:

@@ -89,11 +89,14 @@ class ContextPolicy(BaseModel):
     server_compact_at_tokens: int | None = Field(
         default=None, ge=MIN_SERVER_COMPACT_AT_TOKENS
     )
-    on_demand: bool = False
-    """The compaction step asks the provider for its own summary (Anthropic on-demand compaction:
-    `compaction: {"type": "summarize"}`, beta `compact-2026-09-04`; the model must have it, the
-    Models API's `capabilities.compaction`) instead of sending `summary_prompt`; its signed block is
-    journaled and sent back first. Needs `compact_at_tokens`."""
+    on_demand: bool | None = None
+    """Whether the compaction step asks the provider for its own summary (Anthropic on-demand
+    compaction: `compaction: {"type": "summarize"}`, beta `compact-2026-09-04`) instead of making
+    the client-side summary call with `summary_prompt`; its signed block is journaled and sent back
+    first. None (the default): by the model's capability, as the model catalogue gives it
+    (`ModelInfo.on_demand_compaction`, read through `options.supports`): on demand where the model
+    has it, the summary call elsewhere (fal, other models). True / False force one way. True needs
+    `compact_at_tokens`."""
     summary_prompt: str | None = None
     max_summary_tokens: int = Field(default=4096, ge=256)
 

@@ -349,6 +349,11 @@ class RunToolLoopOptions(_Options):
     decisions: dict[str, Decision] | None = None
     """Decisions on the calls the previous loop held (`result.approvals`), by call id: the loop answers
     those open calls first, then goes on (SPEC 4.4)."""
+    supports: Callable[[str, str], bool] | None = None
+    """`supports(feature, model)`: whether the model has a feature on the provider the calls go to
+    first (`PromptGen.supports`; "on_demand_compaction" is the one asked, by a `context` policy
+    whose `on_demand` is None). None: the `supports` of `generate` when it has one
+    (`PromptGen.as_generate()` does), else nothing is supported."""
     compacted: CompactionState | None = None
     """The compaction the previous call over these messages ended with (`result.compacted`): with a
     `context` policy, requests start from its summary and the turns from its cut on, so a resume

@@ -114,6 +114,16 @@ class PromptGen:
             )
         return found
 
+    def supports(
+        self, feature: str, model: str, *, provider: str | None = None
+    ) -> bool:
+        """Whether `model` has `feature` on the head of the chain (`provider` or the default): its
+        handler's `supports(feature, model)`, False for a handler without one (fal: none). Read by
+        `run_tool_loop` (`options.supports`) to pick on-demand compaction (docs/context.md)."""
+        handler = self._handlers.get(provider or self.default_provider)
+        asks = getattr(handler, "supports", None)
+        return bool(asks(feature, model)) if callable(asks) else False
+
     def estimate(
         self, request: PromptGenRequest, *, provider: str | None = None
     ) -> float:
@@ -210,4 +220,9 @@ class PromptGen:
                 request, signal=signal, provider=provider, on_delta=on_delta
             )
 
+        def supports(feature: str, model: str) -> bool:
+            return self.supports(feature, model, provider=provider)
+
+        # what run_tool_loop reads when options.supports is unset
+        generate.supports = supports  # type: ignore[attr-defined]
         return generate

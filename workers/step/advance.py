@@ -357,7 +357,20 @@ class _Step(Commits):
             max_image_bytes=self.settings.max_image_bytes,
             decisions=decisions,
             steers=Steering(live),
+            supports=self._supports(spec),
         )
+
+    def _supports(self, spec: RunSpec) -> Callable[[str, str], bool] | None:
+        """What the run's model has on the head of its provider chain (`PromptGen.supports`, from
+        the model catalogue): how a context policy compacts (docs/context.md)."""
+        asks = getattr(self.process.prompt_gen, "supports", None)
+        if not callable(asks):
+            return None
+
+        def supports(feature: str, model: str) -> bool:
+            return bool(asks(feature, model, provider=spec.provider))
+
+        return supports
 
     async def _until_boundary(self, outcome_future: LoopOutcome) -> StepOutcome:
         """Wait for the loop to reach the next step's boundary (or its end), then commit."""

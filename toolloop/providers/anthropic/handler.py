@@ -97,6 +97,12 @@ class AnthropicHandler:
             f" default_model={self.default_model!r}, key={key})"
         )
 
+    def supports(self, feature: str, model: str | None = None) -> bool:
+        """Whether `model` (default: the handler's) has `feature` on this API, from its catalogue
+        row (`ModelInfo.supports`): "on_demand_compaction". An unknown model has nothing."""
+        info = self.catalog.find(model or self.default_model)
+        return info is not None and info.status != "retired" and info.supports(feature)
+
     def estimate(self, request: PromptGenRequest) -> float:
         """USD ceiling: estimated input tokens at the input price + max_tokens at the output price."""
         check_request(self.name, request)
