@@ -14,6 +14,7 @@ own checks (finish mode, the stop) then decide, and a replay skips the same way.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from toolloop.abort import AbortSignal
@@ -212,6 +213,12 @@ class Compaction:
         history = self.run.history
         history.trim_images()
         counted, source = self.input_tokens()
+        if abs(counted - limit) <= self.policy.count_margin * limit and self.counts():
+            # near the threshold: the provider's count decides (journaled: a replay reads it)
+            value = await self.run.options.step(
+                f"count:{turn}", self.count_work(counted, source)
+            )
+            counted, source = int(value["input_tokens"]), str(value["count"])
         if counted <= limit:
             return
         current = self.state.cut if self.state is not None else 0
@@ -224,6 +231,66 @@ class Compaction:
             f"compact:{turn}", self.work(cut, counted, source)
         )
         self.record(turn, value)
+
+    def counter(
+        self,
+    ) -> Callable[[PromptGenRequest, AbortSignal], Awaitable[int | None]] | None:
+        options = self.run.options
+        found = options.count_tokens or getattr(options.generate, "count_tokens", None)
+        return found if callable(found) else None
+
+    def counts(self) -> bool:
+        """Whether the provider can count the next request: a counter (`options.count_tokens`, or
+        `generate`'s) and the model's `supports("count_tokens")` (fal and others: no)."""
+        if self.counter() is None:
+            return False
+        options = self.run.options
+        supports = options.supports or getattr(options.generate, "supports", None)
+        return callable(supports) and bool(supports("count_tokens", options.model))
+
+    def count_work(self, counted: int, source: str) -> StepWork:
+        """Step `count:<n>`: the provider's count of the next request (cost 0: counting is free),
+        `{"input_tokens", "count": "provider", "estimate"}`; when the count fails, the loop's own
+        figure with the error (`"count"` as before), so the step is journaled either way and a
+        replay decides the same."""
+
+        async def work(signal: AbortSignal) -> StepResult:
+            counter = self.counter()
+            assert counter is not None
+            fallback = {"input_tokens": counted, "count": source, "estimate": counted}
+            try:
+                tokens = await counter(
+                    self.count_request(), self.run.signal_for(signal)
+                )
+            except Exception as error:
+                if signal.aborted:
+                    raise
+                fallback["error"] = f"{type(error).__name__}: {error}"[:300]
+                return StepResult(value=fallback, cost_usd=0.0)
+            if tokens is None:
+                return StepResult(value=fallback, cost_usd=0.0)
+            value = {
+                "input_tokens": int(tokens),
+                "count": "provider",
+                "estimate": counted,
+            }
+            return StepResult(value=value, cost_usd=0.0)
+
+        return work
+
+    def count_request(self) -> PromptGenRequest:
+        """The next model request as far as its input tokens go: the system text, the tools, the
+        run's params (thinking, context edits) and the messages as `view` gives them."""
+        run = self.run
+        return PromptGenRequest(
+            prompt="",
+            system=run.options.system,
+            model=run.options.model,
+            params=run.params,
+            messages=self.view(list(run.history.sent)),
+            tools=run.definitions,
+            cache_system=None if run.options.cache == "off" else True,
+        )
 
     def work(self, cut: int, counted: int, source: str) -> StepWork:
         async def work(signal: AbortSignal) -> StepResult:

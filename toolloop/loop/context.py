@@ -99,6 +99,11 @@ class ContextPolicy(BaseModel):
     `compact_at_tokens`."""
     summary_prompt: str | None = None
     max_summary_tokens: int = Field(default=4096, ge=256)
+    count_margin: float = Field(default=0.1, ge=0.0, le=1.0)
+    """When the loop's figure for the next request is within this share of `compact_at_tokens`
+    (either side), it asks the provider to count the request (Anthropic's token counting, journal
+    step `count:<n>`) and decides on that count; further from the threshold, and where the
+    provider cannot count (fal), the loop's figure decides alone. 0: count only at the threshold."""
 
     @model_validator(mode="after")
     def _check(self) -> ContextPolicy:

@@ -21,6 +21,7 @@ from toolloop.contract import (
     ContentPart,
     DeltaEvent,
     FinishReason,
+    PromptGenRequest,
     PromptGenResult,
     PromptGenUsage,
     ToolCall,
@@ -354,6 +355,13 @@ class RunToolLoopOptions(_Options):
     first (`PromptGen.supports`; "on_demand_compaction" is the one asked, by a `context` policy
     whose `on_demand` is None). None: the `supports` of `generate` when it has one
     (`PromptGen.as_generate()` does), else nothing is supported."""
+    count_tokens: (
+        Callable[[PromptGenRequest, AbortSignal], Awaitable[int | None]] | None
+    ) = None
+    """`await count_tokens(request, signal)`: the provider's count of a request's input tokens
+    (`PromptGen.count_tokens`: Anthropic's token counting), None when it cannot count. Used by a
+    `context` policy near its threshold, where `supports("count_tokens", model)`. None: the
+    `count_tokens` of `generate` when it has one (`PromptGen.as_generate()` does)."""
     compacted: CompactionState | None = None
     """The compaction the previous call over these messages ended with (`result.compacted`): with a
     `context` policy, requests start from its summary and the turns from its cut on, so a resume

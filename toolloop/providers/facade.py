@@ -124,6 +124,22 @@ class PromptGen:
         asks = getattr(handler, "supports", None)
         return bool(asks(feature, model)) if callable(asks) else False
 
+    async def count_tokens(
+        self,
+        request: PromptGenRequest,
+        *,
+        signal: AbortSignal | None = None,
+        provider: str | None = None,
+    ) -> int | None:
+        """The input tokens of `request` as the head of the chain counts them (its handler's
+        `count_tokens`: Anthropic's token counting), or None when that handler cannot count (fal:
+        no counting endpoint). Errors are raised: the caller falls back to its estimate."""
+        handler = self._handlers.get(provider or self.default_provider)
+        counts = getattr(handler, "count_tokens", None)
+        if not callable(counts):
+            return None
+        return int(await counts(request, signal or NEVER_ABORTED))
+
     def estimate(
         self, request: PromptGenRequest, *, provider: str | None = None
     ) -> float:
@@ -223,6 +239,12 @@ class PromptGen:
         def supports(feature: str, model: str) -> bool:
             return self.supports(feature, model, provider=provider)
 
-        # what run_tool_loop reads when options.supports is unset
+        async def count_tokens(
+            request: PromptGenRequest, signal: AbortSignal
+        ) -> int | None:
+            return await self.count_tokens(request, signal=signal, provider=provider)
+
+        # what run_tool_loop reads when options.supports / options.count_tokens are unset
         generate.supports = supports  # type: ignore[attr-defined]
+        generate.count_tokens = count_tokens  # type: ignore[attr-defined]
         return generate

@@ -36,6 +36,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from toolloop.abort import AbortSignal
+from toolloop.contract import PromptGenRequest
 from toolloop.loop.context import CompactionState
 from toolloop.loop.types import Budget, LoopEvent, RunToolLoopOptions, ToolSpec
 from workers.flow import limiter as flow
@@ -358,6 +360,7 @@ class _Step(Commits):
             decisions=decisions,
             steers=Steering(live),
             supports=self._supports(spec),
+            count_tokens=self._count_tokens(spec),
         )
 
     def _supports(self, spec: RunSpec) -> Callable[[str, str], bool] | None:
@@ -371,6 +374,23 @@ class _Step(Commits):
             return bool(asks(feature, model, provider=spec.provider))
 
         return supports
+
+    def _count_tokens(
+        self, spec: RunSpec
+    ) -> Callable[[PromptGenRequest, AbortSignal], Awaitable[int | None]] | None:
+        """The provider's token count of a request (`PromptGen.count_tokens`, the run's provider),
+        asked by a context policy near its threshold (docs/context.md)."""
+        counts = getattr(self.process.prompt_gen, "count_tokens", None)
+        if not callable(counts):
+            return None
+
+        async def count_tokens(
+            request: PromptGenRequest, signal: AbortSignal
+        ) -> int | None:
+            found = await counts(request, signal=signal, provider=spec.provider)
+            return None if found is None else int(found)
+
+        return count_tokens
 
     async def _until_boundary(self, outcome_future: LoopOutcome) -> StepOutcome:
         """Wait for the loop to reach the next step's boundary (or its end), then commit."""
