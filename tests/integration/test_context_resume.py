@@ -17,6 +17,7 @@ from tests.integration.conftest import Worker
 from tests.integration.runs_kit import spec
 from tests.support.sim import Recording
 from toolloop.embedded import EmbeddedServer
+from toolloop.journal.keys import journal
 from toolloop.loop.context import SUMMARY_HEADER
 from toolloop.sim import SimServer
 from workers.client import Client
@@ -106,5 +107,37 @@ def test_a_run_resumed_after_an_ask_does_not_compact_again(
         head = SUMMARY_HEADER.split("{turns}")[0]
         assert head in _first_text(after[0])
         assert len(after[0]["messages"]) < len(client.history(run_id))
+    finally:
+        client.close()
+
+
+def test_a_durable_run_counts_each_near_request_once_in_its_journal(
+    sim_redis: EmbeddedServer, sim: SimServer, sim_worker: Worker
+) -> None:
+    """With `count_margin=1.0` every turn is near: each model turn of both segments is counted by
+    the provider once, as a `count:<n>` step of its segment's journal, one count request each."""
+    client = Client(sim_redis.url)
+    try:
+        before = sum(sim.stats()["counted"].values())
+        run_id = client.enqueue(
+            spec(
+                "You review shots, counting.",
+                model="claude-sonnet-5-5",
+                provider="anthropic",
+                context={**CONTEXT, "count_margin": 1.0},
+                max_steps=10,
+            )
+        )
+        assert client.wait(run_id, timeout=60).status == "asked"
+        client.answer(run_id, "Shot 3")
+        assert client.wait(run_id, timeout=60).status == "done"
+        counts = [
+            key
+            for segment in ("s0", "s1")
+            for key in client.redis.hkeys(journal(run_id, segment))
+            if key.startswith("count:")
+        ]
+        assert len(counts) >= 4, counts
+        assert sum(sim.stats()["counted"].values()) - before == len(counts)
     finally:
         client.close()
