@@ -141,3 +141,37 @@ def test_a_durable_run_counts_each_near_request_once_in_its_journal(
         assert sum(sim.stats()["counted"].values()) - before == len(counts)
     finally:
         client.close()
+
+
+def test_a_follow_up_after_a_compacted_run_ends_does_not_compact_again(
+    sim_redis: EmbeddedServer, sim: SimServer, sim_worker: Worker, policy: Recording
+) -> None:
+    """The same for a follow-up (`send`) to a run that ended `done`: the stop's commit keeps the
+    compaction for the next segment."""
+    client = Client(sim_redis.url)
+    try:
+        run_id = client.enqueue(
+            spec(
+                "You review shots, then more.",
+                model="claude-sonnet-5-5",
+                provider="anthropic",
+                context=CONTEXT,
+                max_steps=10,
+            )
+        )
+        assert client.wait(run_id, timeout=60).status == "asked"
+        client.answer(run_id, "Shot 3")
+        assert client.wait(run_id, timeout=60).status == "done"
+        made = _compactions(sim)
+        requests_before = len(policy.bodies)
+
+        client.send(run_id, "And the reverse shot?")
+        status = client.wait(run_id, timeout=60)
+        assert status.status == "done", status
+        assert status.segment == 2
+        assert _compactions(sim) == made
+        after = policy.bodies[requests_before:]
+        assert len(after) == 1
+        assert SUMMARY_HEADER.split("{turns}")[0] in _first_text(after[0])
+    finally:
+        client.close()
