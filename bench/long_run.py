@@ -181,6 +181,7 @@ async def run(
         "turns": result.steps,
         "stopped_by": result.stopped_by,
         "compactions": len(compactions),
+        "counts": sum(sim.stats()["counted"].values()),
         "largest_request_tokens": largest,
         "prompt_tokens": prompt,
         "cache_read_share": billed.get(f"{MODEL}:cache_read", 0) / prompt
@@ -236,6 +237,7 @@ compaction (`compact_20260112`, the block sent back); clear: context editing alo
 FIGURES = [
     ("stopped_by", "ends", "{}"),
     ("compactions", "compactions", "{}"),
+    ("counts", "token counts", "{}"),
     ("largest_request_tokens", "largest req", "{:,}"),
     ("cache_read_share", "cache read", "{:.1%}"),
     ("spent_usd", "spent USD", "{:.4f}"),

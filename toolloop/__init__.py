@@ -29,7 +29,7 @@ from toolloop.errors import (
 from toolloop.journal import Journal, MemoryJournal, RedisJournal, idempotency_key
 from toolloop.loop.approvals import AlreadyDecidedError, ApprovalError, input_digest
 from toolloop.loop.compaction import CompactionError
-from toolloop.loop.context import ContextPolicy
+from toolloop.loop.context import CompactionState, ContextPolicy
 from toolloop.loop.run import run_tool_loop
 from toolloop.loop.types import (
     Approval,
@@ -65,6 +65,7 @@ __all__ = [
     "ChatMessage",
     "CompactionError",
     "CompactionEvent",
+    "CompactionState",
     "ContentPart",
     "ContextPolicy",
     "Decision",

@@ -5,6 +5,7 @@ compaction that would cross the budget is not started, on both wires."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -15,11 +16,14 @@ from pydantic import BaseModel, ValidationError
 from toolloop import (
     AssistantMessage,
     Budget,
+    ChatMessage,
     CompactionEvent,
+    CompactionState,
     ContextPolicy,
     LoopEvent,
     MemoryJournal,
     ModelEvent,
+    PromptGen,
     RunToolLoopOptions,
     RunToolLoopResult,
     TextPart,
@@ -34,6 +38,7 @@ from toolloop.contract import PromptGenRequest, PromptGenResult
 from toolloop.loop.context import COMPACT_PROMPT, SUMMARY_HEADER
 from toolloop.providers.anthropic import AnthropicHandler
 from toolloop.providers.fal import FalHandler
+from toolloop.providers.models import default_catalog
 from toolloop.sim import SimRequest, SimServer
 from workers.protocol.spec import RunSpec
 
@@ -99,6 +104,8 @@ async def run(
     *,
     usd: float = 50.0,
     calls: list[PromptGenRequest] | None = None,
+    messages: list[ChatMessage] | None = None,
+    compacted: CompactionState | None = None,
 ) -> tuple[RunToolLoopResult, list[LoopEvent]]:
     handler, model = handler_for(sim, wire)
     events: list[LoopEvent] = []
@@ -115,13 +122,14 @@ async def run(
             generate=generate,
             model=model,
             system="You read incident logs.",
-            messages=[UserMessage(content=TASK)],
+            messages=messages or [UserMessage(content=TASK)],
             tools=TOOLS,
             budget=Budget(usd=usd),
             max_steps=TURNS + 2,
             step=journal.step,
             on_step=events.append,
             context=POLICY,
+            compacted=compacted,
         )
     )
     return result, events
@@ -234,6 +242,107 @@ async def test_a_compaction_that_would_cross_the_budget_is_not_started(
     assert result.stopped_by == "budget"
     # the model call after the skipped compaction went ahead
     assert result.steps == first.step
+
+
+async def test_a_call_that_goes_on_from_result_compacted_does_not_compact_the_whole_history_again(
+    sim: SimServer,
+) -> None:
+    """`result.compacted` passed as `options.compacted` to the next call over the same history (a
+    resume, a follow-up): its first request is the compacted one, and no summary call is made."""
+    first, _ = await run(sim, "anthropic", MemoryJournal())
+    assert first.compacted is not None and first.compacted.summary
+    made = sum(sim.stats()["compactions"].values())
+    follow_up = [*first.messages, UserMessage(content="And which pool?")]
+
+    calls: list[PromptGenRequest] = []
+    carried, _ = await run(
+        sim,
+        "anthropic",
+        MemoryJournal(),
+        calls=calls,
+        messages=follow_up,
+        compacted=first.compacted,
+    )
+    assert carried.stopped_by == "done"
+    assert sum(sim.stats()["compactions"].values()) == made  # no summary call
+    assert len(calls) == 1 and _summary_head(calls[0]) is not None
+    assert carried.compacted == first.compacted
+    assert carried.messages[: len(follow_up)] == follow_up
+
+    # without it, the same call summarizes the whole history again
+    calls.clear()
+    await run(sim, "anthropic", MemoryJournal(), calls=calls, messages=follow_up)
+    assert sum(sim.stats()["compactions"].values()) == made + 1
+    with pytest.raises(ValueError, match="not an assistant message"):
+        await run(
+            sim,
+            "anthropic",
+            MemoryJournal(),
+            messages=follow_up,
+            compacted=first.compacted.model_copy(update={"cut": 0}),
+        )
+
+
+def _compact_values(journal: MemoryJournal) -> list[dict[str, Any]]:
+    return [
+        json.loads(v)["value"]
+        for k, v in journal.entries.items()
+        if k.startswith("compact:")
+    ]
+
+
+async def _run_through(generate: Any, model: str, journal: MemoryJournal) -> None:
+    result = await run_tool_loop(
+        RunToolLoopOptions(
+            generate=generate,
+            model=model,
+            system="You read incident logs.",
+            messages=[UserMessage(content=TASK)],
+            tools=TOOLS,
+            budget=Budget(usd=50.0),
+            max_steps=TURNS + 2,
+            step=journal.step,
+            context=POLICY,  # on_demand unset: the model's capability decides
+        )
+    )
+    assert result.stopped_by == "done", result
+
+
+async def test_the_catalogue_decides_on_demand_compaction_where_the_policy_leaves_it_open(
+    sim: SimServer,
+) -> None:
+    """`on_demand` None: a model whose catalogue row has `on_demand_compaction` compacts with
+    Anthropic's own summary (a signed block); the same model without it, and fal, make the
+    client-side summary call."""
+    assert POLICY.on_demand is None
+    base = default_catalog()
+    row = base.find("claude-sonnet-5-5")
+    assert row is not None and not row.on_demand_compaction
+    assert row.source("on_demand_compaction").kind == "unknown"
+    able = base.with_models(dataclasses.replace(row, on_demand_compaction=True))
+
+    chains = {
+        "on demand": PromptGen(
+            {"anthropic": AnthropicHandler("k", base_url=sim.base_url, catalog=able)},
+            "anthropic",
+        ),
+        "default catalogue": PromptGen(
+            {"anthropic": AnthropicHandler("k", base_url=sim.base_url)}, "anthropic"
+        ),
+        "fal": PromptGen({"fal": FalHandler("k", run_url=sim.base_url)}, "fal"),
+    }
+    models = {"fal": "anthropic/claude-sonnet-5.5"}
+    blocks: dict[str, list[bool]] = {}
+    for name, chain in chains.items():
+        journal = MemoryJournal()
+        model = models.get(name, "claude-sonnet-5-5")
+        assert chain.supports("on_demand_compaction", model) is (name == "on demand")
+        await _run_through(chain.as_generate(), model, journal)
+        values = _compact_values(journal)
+        assert values, name
+        blocks[name] = ["block" in v for v in values]
+    assert all(blocks["on demand"]), blocks
+    assert not any(blocks["default catalogue"]) and not any(blocks["fal"]), blocks
 
 
 def test_a_bad_policy_is_refused_before_any_work() -> None:

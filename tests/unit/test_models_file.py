@@ -115,6 +115,25 @@ def test_an_operator_file_overrides_a_price_a_status_and_adds_a_model(
     assert gen.estimate(PromptGenRequest(prompt="x" * 4000, model="claude-next")) > 0
 
 
+def test_an_operator_file_turns_on_demand_compaction_on_for_a_model(
+    tmp_path: Path,
+) -> None:
+    text = "models: {claude-sonnet-5-5: {on_demand_compaction: true}}"
+    catalog = catalog_from_env({ENV: write(tmp_path, text, "models.yaml")})
+    sonnet = catalog.find("claude-sonnet-5-5")
+    built_in = default_catalog().find("claude-sonnet-5-5")
+    assert sonnet is not None and built_in is not None
+    assert sonnet.on_demand_compaction and sonnet.supports("on_demand_compaction")
+    assert sonnet.source("on_demand_compaction").kind == "operator"
+    assert not built_in.on_demand_compaction  # no source says which models have it
+    assert built_in.source("on_demand_compaction").kind == "unknown"
+    handler = AnthropicHandler("k", catalog=catalog)
+    assert handler.supports("on_demand_compaction", "claude-sonnet-5-5")
+    assert not handler.supports("on_demand_compaction", "claude-opus-5-5")
+    assert handler.supports("count_tokens", "claude-opus-5-5")
+    assert not handler.supports("count_tokens", "claude-sonnet-4-5")  # retired
+
+
 def test_an_unset_or_blank_variable_is_the_built_in_catalogue() -> None:
     assert catalog_from_env({}) is default_catalog()
     assert catalog_from_env({ENV: "  "}) is default_catalog()
@@ -201,6 +220,11 @@ HOSTILE = [
         "models: {claude-haiku-5-5: {max_output_tokens: -5}}",
         "yaml",
         "max_output_tokens is -5",
+    ),
+    (
+        "models: {claude-sonnet-5-5: {on_demand_compaction: yes please}}",
+        "yaml",
+        "on_demand_compaction is 'yes please'",
     ),
     (
         "- claude-fable-5-2",

@@ -24,6 +24,7 @@ PUBLIC = [
     "ChatMessage",
     "CompactionError",
     "CompactionEvent",
+    "CompactionState",
     "ContentPart",
     "ContextPolicy",
     "Decision",

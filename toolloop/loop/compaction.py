@@ -14,6 +14,7 @@ own checks (finish mode, the stop) then decide, and a replay skips the same way.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from toolloop.abort import AbortSignal
@@ -30,6 +31,7 @@ from toolloop.contract import (
 )
 from toolloop.loop.context import (
     Compacted,
+    CompactionState,
     ContextPolicy,
     choose_cut,
     estimate_tokens,
@@ -107,6 +109,52 @@ class Compaction:
         self.latest_cost = 0.0
         self.server_cut = 0
         """Index of the latest assistant message with a server-side compaction block (0: none)."""
+        self.carried_state: CompactionState | None = None
+        """The compaction in force, as `result.compacted` hands it to the next call."""
+        self.on_demand = self.decide_on_demand()
+        """The compaction step asks for the provider's own summary (else the summary call)."""
+        if run.options.compacted is not None:
+            self.restore(run.options.compacted)
+
+    def decide_on_demand(self) -> bool:
+        """The policy's `on_demand`, or (None) the model's capability: `options.supports`, or the
+        `supports` of `generate` (`PromptGen.as_generate`), asked for "on_demand_compaction"."""
+        if self.policy.on_demand is not None:
+            return self.policy.on_demand
+        options = self.run.options
+        supports = options.supports or getattr(options.generate, "supports", None)
+        if not callable(supports):
+            return False
+        return bool(supports("on_demand_compaction", options.model))
+
+    def restore(self, carried: CompactionState) -> None:
+        """Start from the compaction a previous call of the same history ended with
+        (`options.compacted`): its requests carry that summary, and nothing is summarized again
+        until the compacted request passes the threshold."""
+        messages = self.run.history.messages
+        if carried.cut >= len(messages) or not isinstance(
+            messages[carried.cut], AssistantMessage
+        ):
+            raise ValueError(
+                f"options.compacted cuts the history at message {carried.cut}, which is not an "
+                f"assistant message of these {len(messages)} messages.\n"
+                "  Pass the previous result's compacted with that result's messages (and what "
+                "follows them), or leave it unset."
+            )
+        if carried.block is None and not carried.summary.strip():
+            raise ValueError(
+                "options.compacted has neither a summary nor a compaction block.\n"
+                "  Pass the previous result's compacted unchanged, or leave it unset."
+            )
+        self.carried_state = carried
+        self.state = Compacted(
+            cut=carried.cut,
+            covered_turns=carried.covered_turns,
+            head=[]
+            if carried.block is not None
+            else [summary_message(carried.summary, carried.covered_turns, messages[0])],
+            block=carried.block,
+        )
 
     # -- the count ---------------------------------------------------------------------------------
 
@@ -165,6 +213,12 @@ class Compaction:
         history = self.run.history
         history.trim_images()
         counted, source = self.input_tokens()
+        if abs(counted - limit) <= self.policy.count_margin * limit and self.counts():
+            # near the threshold: the provider's count decides (journaled: a replay reads it)
+            value = await self.run.options.step(
+                f"count:{turn}", self.count_work(counted, source)
+            )
+            counted, source = int(value["input_tokens"]), str(value["count"])
         if counted <= limit:
             return
         current = self.state.cut if self.state is not None else 0
@@ -177,6 +231,66 @@ class Compaction:
             f"compact:{turn}", self.work(cut, counted, source)
         )
         self.record(turn, value)
+
+    def counter(
+        self,
+    ) -> Callable[[PromptGenRequest, AbortSignal], Awaitable[int | None]] | None:
+        options = self.run.options
+        found = options.count_tokens or getattr(options.generate, "count_tokens", None)
+        return found if callable(found) else None
+
+    def counts(self) -> bool:
+        """Whether the provider can count the next request: a counter (`options.count_tokens`, or
+        `generate`'s) and the model's `supports("count_tokens")` (fal and others: no)."""
+        if self.counter() is None:
+            return False
+        options = self.run.options
+        supports = options.supports or getattr(options.generate, "supports", None)
+        return callable(supports) and bool(supports("count_tokens", options.model))
+
+    def count_work(self, counted: int, source: str) -> StepWork:
+        """Step `count:<n>`: the provider's count of the next request (cost 0: counting is free),
+        `{"input_tokens", "count": "provider", "estimate"}`; when the count fails, the loop's own
+        figure with the error (`"count"` as before), so the step is journaled either way and a
+        replay decides the same."""
+
+        async def work(signal: AbortSignal) -> StepResult:
+            counter = self.counter()
+            assert counter is not None
+            fallback = {"input_tokens": counted, "count": source, "estimate": counted}
+            try:
+                tokens = await counter(
+                    self.count_request(), self.run.signal_for(signal)
+                )
+            except Exception as error:
+                if signal.aborted:
+                    raise
+                fallback["error"] = f"{type(error).__name__}: {error}"[:300]
+                return StepResult(value=fallback, cost_usd=0.0)
+            if tokens is None:
+                return StepResult(value=fallback, cost_usd=0.0)
+            value = {
+                "input_tokens": int(tokens),
+                "count": "provider",
+                "estimate": counted,
+            }
+            return StepResult(value=value, cost_usd=0.0)
+
+        return work
+
+    def count_request(self) -> PromptGenRequest:
+        """The next model request as far as its input tokens go: the system text, the tools, the
+        run's params (thinking, context edits) and the messages as `view` gives them."""
+        run = self.run
+        return PromptGenRequest(
+            prompt="",
+            system=run.options.system,
+            model=run.options.model,
+            params=run.params,
+            messages=self.view(list(run.history.sent)),
+            tools=run.definitions,
+            cache_system=None if run.options.cache == "off" else True,
+        )
 
     def work(self, cut: int, counted: int, source: str) -> StepWork:
         async def work(signal: AbortSignal) -> StepResult:
@@ -193,7 +307,7 @@ class Compaction:
                 result = PromptGenResult.model_validate(result)
             covered = self.covered_turns(cut)
             dumped = result.model_dump(mode="json")
-            if self.policy.on_demand:
+            if self.on_demand:
                 block = next(
                     (b for b in result.reasoning or () if b.type == "compaction"), None
                 )
@@ -235,7 +349,7 @@ class Compaction:
         messages = self.carried(list(history.sent[start:cut]))
         params: dict[str, Any] = dict(run.params or {})
         params["max_tokens"] = self.policy.max_summary_tokens
-        if self.policy.on_demand:
+        if self.on_demand:
             params.pop("context_management", None)
             asked: dict[str, Any] = {"type": "summarize"}
             if self.policy.summary_prompt is not None:
@@ -268,6 +382,12 @@ class Compaction:
         run.cost += result.cost_usd
         covered = int(value["covered_turns"])
         block = value.get("block")
+        self.carried_state = CompactionState(
+            cut=int(value["cut"]),
+            covered_turns=covered,
+            summary="" if block else str(value["summary"]),
+            block=ReasoningBlock.model_validate(block) if block else None,
+        )
         self.state = Compacted(
             cut=int(value["cut"]),
             covered_turns=covered,

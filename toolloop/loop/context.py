@@ -89,13 +89,21 @@ class ContextPolicy(BaseModel):
     server_compact_at_tokens: int | None = Field(
         default=None, ge=MIN_SERVER_COMPACT_AT_TOKENS
     )
-    on_demand: bool = False
-    """The compaction step asks the provider for its own summary (Anthropic on-demand compaction:
-    `compaction: {"type": "summarize"}`, beta `compact-2026-09-04`; the model must have it, the
-    Models API's `capabilities.compaction`) instead of sending `summary_prompt`; its signed block is
-    journaled and sent back first. Needs `compact_at_tokens`."""
+    on_demand: bool | None = None
+    """Whether the compaction step asks the provider for its own summary (Anthropic on-demand
+    compaction: `compaction: {"type": "summarize"}`, beta `compact-2026-09-04`) instead of making
+    the client-side summary call with `summary_prompt`; its signed block is journaled and sent back
+    first. None (the default): by the model's capability, as the model catalogue gives it
+    (`ModelInfo.on_demand_compaction`, read through `options.supports`): on demand where the model
+    has it, the summary call elsewhere (fal, other models). True / False force one way. True needs
+    `compact_at_tokens`."""
     summary_prompt: str | None = None
     max_summary_tokens: int = Field(default=4096, ge=256)
+    count_margin: float = Field(default=0.1, ge=0.0, le=1.0)
+    """When the loop's figure for the next request is within this share of `compact_at_tokens`
+    (either side), it asks the provider to count the request (Anthropic's token counting, journal
+    step `count:<n>`) and decides on that count; further from the threshold, and where the
+    provider cannot count (fal), the loop's figure decides alone. 0: count only at the threshold."""
 
     @model_validator(mode="after")
     def _check(self) -> ContextPolicy:
@@ -219,6 +227,22 @@ class Compacted(BaseModel):
     block: ReasoningBlock | None = None
     """On-demand compaction: the provider's signed `compaction` block, sent first in the assistant
     message at the cut (then `head` is empty)."""
+
+
+class CompactionState(BaseModel):
+    """The compaction in force at the end of a `run_tool_loop` call (`result.compacted`), to pass as
+    `options.compacted` to the call that goes on with the same history (a resume after an ask or an
+    approval, a follow-up): that call's requests start from the summary instead of compacting the
+    whole history again. `cut`: index in the history of the assistant message the summary ends
+    before; `covered_turns`: the model turns it covers; `summary`: its text (a client-side summary)
+    or `block` (an on-demand compaction's signed block, sent back unchanged)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cut: int = Field(ge=1)
+    covered_turns: int = Field(ge=0)
+    summary: str = ""
+    block: ReasoningBlock | None = None
 
 
 def summary_message(

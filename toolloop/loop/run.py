@@ -123,6 +123,11 @@ class _Run(CallAnswers):
         """Set after an answer whose tool call was cut off: the output room of the repeated turn."""
         self.streams = options.on_step is not None and takes_on_delta(options.generate)
         """Whether model calls get an `on_delta` (only a generate that takes one, only with on_step)."""
+        if options.compacted is not None and options.context is None:
+            raise ValueError(
+                "options.compacted is set without a context policy: nothing would read it.\n"
+                "  Pass the context policy the previous call had, or leave compacted unset."
+            )
         self.compaction = Compaction(self) if options.context is not None else None
         """Context management (SPEC 5; toolloop/loop/compaction.py); None without a policy."""
         self.steered: set[str] = set()
@@ -439,4 +444,7 @@ class _Run(CallAnswers):
             asked=asked,
             approvals=approvals,
             refusal=refusal,
+            compacted=None
+            if self.compaction is None
+            else self.compaction.carried_state,
         )

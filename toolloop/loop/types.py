@@ -21,11 +21,12 @@ from toolloop.contract import (
     ContentPart,
     DeltaEvent,
     FinishReason,
+    PromptGenRequest,
     PromptGenResult,
     PromptGenUsage,
     ToolCall,
 )
-from toolloop.loop.context import ContextPolicy
+from toolloop.loop.context import CompactionState, ContextPolicy
 
 
 class _Value(BaseModel):
@@ -349,6 +350,22 @@ class RunToolLoopOptions(_Options):
     decisions: dict[str, Decision] | None = None
     """Decisions on the calls the previous loop held (`result.approvals`), by call id: the loop answers
     those open calls first, then goes on (SPEC 4.4)."""
+    supports: Callable[[str, str], bool] | None = None
+    """`supports(feature, model)`: whether the model has a feature on the provider the calls go to
+    first (`PromptGen.supports`; "on_demand_compaction" is the one asked, by a `context` policy
+    whose `on_demand` is None). None: the `supports` of `generate` when it has one
+    (`PromptGen.as_generate()` does), else nothing is supported."""
+    count_tokens: (
+        Callable[[PromptGenRequest, AbortSignal], Awaitable[int | None]] | None
+    ) = None
+    """`await count_tokens(request, signal)`: the provider's count of a request's input tokens
+    (`PromptGen.count_tokens`: Anthropic's token counting), None when it cannot count. Used by a
+    `context` policy near its threshold, where `supports("count_tokens", model)`. None: the
+    `count_tokens` of `generate` when it has one (`PromptGen.as_generate()` does)."""
+    compacted: CompactionState | None = None
+    """The compaction the previous call over these messages ended with (`result.compacted`): with a
+    `context` policy, requests start from its summary and the turns from its cut on, so a resume
+    after an ask or an approval does not compact the whole history again (docs/context.md)."""
 
 
 class Asked(_Value):
@@ -367,3 +384,6 @@ class RunToolLoopResult(_Value):
     """Set only for `"refused"`: the category and explanation the provider gave."""
     approvals: list[Approval] | None = Field(default=None, exclude_if=_unset)
     """Set only for `"approval"`: the held calls."""
+    compacted: CompactionState | None = Field(default=None, exclude_if=_unset)
+    """With a `context` policy that compacted (in this call or a previous one): the compaction in
+    force at the end, to pass as `options.compacted` to the call that goes on from `messages`."""

@@ -108,12 +108,21 @@ class ModelInfo:
     context_window: int | None = None
     fal_slug: str | None = None
     """The id fal's router (OpenRouter) serves it under; None: not served there."""
+    on_demand_compaction: bool = False
+    """Anthropic's on-demand compaction (the top-level `compaction: {"type": "summarize"}`, beta
+    `compact-2026-09-04`): the Models API's `capabilities.compaction.summarize.supported`. A
+    context policy's compaction step asks for it on such a model and makes the client-side summary
+    call elsewhere (docs/context.md). False where no source says so (the conservative choice)."""
     sources: Mapping[str, Source] = field(default_factory=dict)
     """Field name -> its source; a field not listed was given by the caller."""
 
     @property
     def always_thinks(self) -> bool:
         return "disabled" not in self.thinking and bool(self.thinking)
+
+    def supports(self, feature: str) -> bool:
+        """Whether the model has `feature`: "on_demand_compaction" (the one feature asked so far)."""
+        return feature == "on_demand_compaction" and self.on_demand_compaction
 
     def source(self, name: str) -> Source:
         return self.sources.get(name, Source(READ, "given by the caller"))

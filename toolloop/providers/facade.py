@@ -114,6 +114,32 @@ class PromptGen:
             )
         return found
 
+    def supports(
+        self, feature: str, model: str, *, provider: str | None = None
+    ) -> bool:
+        """Whether `model` has `feature` on the head of the chain (`provider` or the default): its
+        handler's `supports(feature, model)`, False for a handler without one (fal: none). Read by
+        `run_tool_loop` (`options.supports`) to pick on-demand compaction (docs/context.md)."""
+        handler = self._handlers.get(provider or self.default_provider)
+        asks = getattr(handler, "supports", None)
+        return bool(asks(feature, model)) if callable(asks) else False
+
+    async def count_tokens(
+        self,
+        request: PromptGenRequest,
+        *,
+        signal: AbortSignal | None = None,
+        provider: str | None = None,
+    ) -> int | None:
+        """The input tokens of `request` as the head of the chain counts them (its handler's
+        `count_tokens`: Anthropic's token counting), or None when that handler cannot count (fal:
+        no counting endpoint). Errors are raised: the caller falls back to its estimate."""
+        handler = self._handlers.get(provider or self.default_provider)
+        counts = getattr(handler, "count_tokens", None)
+        if not callable(counts):
+            return None
+        return int(await counts(request, signal or NEVER_ABORTED))
+
     def estimate(
         self, request: PromptGenRequest, *, provider: str | None = None
     ) -> float:
@@ -210,4 +236,15 @@ class PromptGen:
                 request, signal=signal, provider=provider, on_delta=on_delta
             )
 
+        def supports(feature: str, model: str) -> bool:
+            return self.supports(feature, model, provider=provider)
+
+        async def count_tokens(
+            request: PromptGenRequest, signal: AbortSignal
+        ) -> int | None:
+            return await self.count_tokens(request, signal=signal, provider=provider)
+
+        # what run_tool_loop reads when options.supports / options.count_tokens are unset
+        generate.supports = supports  # type: ignore[attr-defined]
+        generate.count_tokens = count_tokens  # type: ignore[attr-defined]
         return generate

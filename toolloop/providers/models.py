@@ -74,6 +74,12 @@ _NONE: frozenset[ThinkingType] = frozenset()
 _NOT_FOUND = Source(UNKNOWN, NOT_FOUND)
 _PAGES = Source(READ, MODEL_PAGES)
 _SLUG_GUESS = Source(UNCONFIRMED, "slug by fal's naming (anthropic/<name with dots>)")
+_ON_DEMAND_UNKNOWN = Source(
+    UNKNOWN,
+    "no page read lists the models with on-demand compaction (PROVIDERS.md: the Models API's "
+    "capabilities.compaction says; the SDK 2.14 types BetaCompactionCapability.summarize): off "
+    "until an operator file (TOOLLOOP_MODELS) sets on_demand_compaction from GET /v1/models",
+)
 
 
 def _price(
@@ -144,6 +150,7 @@ def _claude(
         max_output_tokens=size_src,
         context_window=size_src,
         fal_slug=fal_src,
+        on_demand_compaction=_ON_DEMAND_UNKNOWN,
     )
     return ModelInfo(
         id=id,

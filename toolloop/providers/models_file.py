@@ -61,6 +61,7 @@ _ENTRY_KEYS = {
     "fal_slug",
     "max_output_tokens",
     "context_window",
+    "on_demand_compaction",
     "source",
 }
 _PRICE_KEYS = {*PRICE_FIELDS, "above"}
@@ -226,6 +227,16 @@ def _fields(
     for key in ("max_output_tokens", "context_window"):
         if key in entry:
             changes[key], sources[key] = _count(f"{name}.{key}", entry[key]), source
+    if "on_demand_compaction" in entry:
+        value = entry["on_demand_compaction"]
+        if not isinstance(value, bool):
+            raise _Bad(
+                f"{name}.on_demand_compaction",
+                f"is {value!r}, not true or false",
+                "Write on_demand_compaction: true when GET /v1/models says "
+                "capabilities.compaction.summarize.supported.",
+            )
+        changes["on_demand_compaction"], sources["on_demand_compaction"] = value, source
     if "aliases" in entry:
         aliases = entry["aliases"]
         if not isinstance(aliases, list) or not all(

@@ -47,11 +47,31 @@ from toolloop.sim.rules import (
     check_fal,
 )
 from toolloop.sim.script import Policy, SimFault, SimTurn, answer
-from toolloop.sim.sdk_check import sdk_validator
+from toolloop.sim.sdk_check import sdk_count_validator, sdk_validator
 
 log = logging.getLogger("toolloop.sim")
 
 ANTHROPIC_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+COUNT_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        "context_management",
+        "compaction",
+        "mcp_servers",
+        "cache_control",
+        "speed",
+    }
+)
+"""The body of `POST /v1/messages/count_tokens` (the SDK's `MessageCountTokensParams`, anthropic
+2.14.0, less its account fields): a message's body minus `max_tokens`, `stream`, `metadata`,
+`stop_sequences`, `temperature` / `top_p` / `top_k`, `service_tier` and the like."""
 FAL_PATH = "/openrouter/router/openai/v1/chat/completions"
 UPLOAD_PATH = "/storage/upload/initiate"
 _SEND_KEY = "toolloop.sim.send"
@@ -113,6 +133,7 @@ class Simulator:
         self.catalog = catalog or default_catalog()
         self.cache = cache or PromptCache(catalog=self.catalog)
         self.validate = sdk_validator() if strict else None
+        self.validate_count = sdk_count_validator() if strict else None
         if strict and self.validate is None:
             log.warning(
                 "the simulator's strict mode is off: the anthropic SDK is not installed, so request "
@@ -138,6 +159,7 @@ class Simulator:
                 self._route(_Wire("anthropic", anthropic_wire)),
                 methods=["POST"],
             ),
+            Route(COUNT_TOKENS_PATH, self._count_tokens, methods=["POST"]),
             Route(FAL_PATH, self._route(_Wire("fal", fal_wire)), methods=["POST"]),
             Route(UPLOAD_PATH, self._upload_initiate, methods=["POST"]),
             Route("/storage/upload/put/{token}", self._upload_put, methods=["PUT"]),
@@ -223,7 +245,7 @@ class Simulator:
                 "uploads",
                 "streamed",
             ]
-            kinds += ["compactions", "billed"]
+            kinds += ["compactions", "billed", "counted"]
             self._counts = {key: Counter() for key in kinds}
             self._peers: set[Any] = set()
             self._faults = Counter()
@@ -468,6 +490,53 @@ class Simulator:
                 message = "This request would exceed your organization's rate limit. Please try again later."
                 return self._error(wire, 429, message, request_id, limit_headers)
         return parsed, plan, key, limit_headers, managed
+
+    async def _count_tokens(self, http: Request) -> Response:
+        """`POST /v1/messages/count_tokens` (Anthropic's token counting): the body of a message
+        without its output fields (`COUNT_FIELDS`; strict mode: the SDK's `MessageCountTokensParams`),
+        checked as a message is (the model's rules, the beta headers), answered
+        `{"input_tokens": N}`: the prompt tokens the same message would report (input + cache
+        reads + cache writes; after its context edits). Free: no usage, no cache read or write.
+        Counted in `stats()["counted"]` by model, `stats()["endpoints"]["count_tokens"]`."""
+        self._count("endpoints", "count_tokens")
+        request_id = f"req_sim{next(self._ids):012d}"
+        wire = _Wire("anthropic", anthropic_wire)
+        response = self._counted(wire, http, request_id, await http.body())
+        self._count("statuses", str(response.status_code))
+        return response
+
+    def _counted(
+        self, wire: _Wire, http: Request, request_id: str, content: bytes
+    ) -> Response:
+        key = anthropic_wire.api_key(http.headers)
+        if not key or (self.require_key is not None and key != self.require_key):
+            return self._error(wire, 401, "invalid x-api-key", request_id)
+        problem = anthropic_wire.header_problem(http.headers)
+        if problem:
+            return self._error(wire, 400, problem, request_id)
+        try:
+            raw = json.loads(content)
+            if not isinstance(raw, dict):
+                raise ValueError("The request body must be a JSON object.")
+            extra = sorted(set(raw) - COUNT_FIELDS)
+            if extra:
+                raise ValueError(f"{extra[0]}: Extra inputs are not permitted")
+            if self.validate_count is not None:
+                self.validate_count(raw)
+            check_anthropic(raw, self.catalog, http.headers.get("anthropic-version"))
+            self.context.check(raw, http.headers)
+            # the wire's parser wants a message's max_tokens: any value, it is not counted
+            parsed = anthropic_wire.parse({**raw, "max_tokens": 1})
+            parsed = self.context.apply(raw, parsed).parsed
+        except SimRefusal as refused:
+            return self._error(wire, refused.status, refused.message, request_id)
+        except ValueError as error:
+            return self._error(wire, 400, str(error), request_id)
+        self._count("counted", parsed.request.model)
+        tokens = sum(block.tokens for block in parsed.blocks)
+        return JSONResponse(
+            {"input_tokens": tokens}, headers={"request-id": request_id}
+        )
 
     def _limits(self, wire: _Wire) -> SimRateLimits:
         return self.rate_limits if wire.name == "anthropic" else self.fal_rate_limits

@@ -41,6 +41,17 @@ def sdk_validator() -> Validator | None:
     return _Dispatch()
 
 
+@functools.cache
+def sdk_count_validator() -> Validator | None:
+    """The validator of a `POST /v1/messages/count_tokens` body: the SDK's
+    `MessageCountTokensParams` (plain or beta, as for a message), whose fields are the message's
+    minus `max_tokens`, `stream`, `metadata`, `stop_sequences`, the sampling ones and a few others;
+    None without the SDK."""
+    if not sdk_available():
+        return None
+    return _Dispatch(count=True)
+
+
 def uses_beta(body: dict[str, Any]) -> bool:
     """The body uses a beta-only part (context management, a compaction block): it is checked
     against the SDK's beta types (`anthropic.types.beta`), and needs its `anthropic-beta` header."""
@@ -59,8 +70,9 @@ def uses_beta(body: dict[str, Any]) -> bool:
 class _Dispatch:
     """The plain types for a plain body, the beta types (built on first use) for a beta one."""
 
-    def __init__(self) -> None:
-        self.plain = _Checker(beta=False)
+    def __init__(self, count: bool = False) -> None:
+        self.count = count
+        self.plain = _Checker(beta=False, count=count)
         self.beta: _Checker | None = None
 
     def __call__(self, body: dict[str, Any]) -> None:
@@ -68,7 +80,7 @@ class _Dispatch:
             self.plain(body)
             return
         if self.beta is None:
-            self.beta = _Checker(beta=True)
+            self.beta = _Checker(beta=True, count=self.count)
         self.beta(body)
 
 
@@ -77,7 +89,7 @@ class _Checker:
     the beta namespace's (`BetaMessageCreateParams...`, `Beta<Block>Param`, the context-management
     edits and `BetaCompactionBlockParam`)."""
 
-    def __init__(self, beta: bool) -> None:
+    def __init__(self, beta: bool, count: bool = False) -> None:
         import anthropic.types as plain  # the SDK is a dev dependency: a strict simulator only
         import anthropic.types.beta as beta_types  # (as above)
         from anthropic.types import message_create_params as plain_params  # (as above)
@@ -94,6 +106,12 @@ class _Checker:
         forbid = ConfigDict(extra="forbid")
         streaming: Any = params.MessageCreateParamsStreaming | None
         whole: Any = params.MessageCreateParamsNonStreaming | None
+        if count:  # POST /v1/messages/count_tokens: no stream, no max_tokens
+            from anthropic.types import message_count_tokens_params as plain_count
+            from anthropic.types.beta import message_count_tokens_params as beta_count
+
+            counting: Any = beta_count if beta else plain_count
+            whole = streaming = counting.MessageCountTokensParams | None
         with _quiet():  # a few beta TypedDicts allow extra keys: pydantic warns that forbid skips them
             self.streaming: TypeAdapter[Any] = TypeAdapter(streaming, config=forbid)
             self.whole: TypeAdapter[Any] = TypeAdapter(whole, config=forbid)

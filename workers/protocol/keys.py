@@ -20,7 +20,8 @@ a superset of the live runs, never the source of truth.
     tl:{<run>}:journal:<seg>   hash    the journal of one segment (`s0`, `s1`, ...):
                                        field = step key (`model:1`, `tool:<id>`), value = JSON
                                        {"value": ..., "cost_usd": ...}; written with HSETNX only
-    tl:{<run>}:input           hash    field = segment, value = the segment's input messages (JSON)
+    tl:{<run>}:input           hash    field = segment, value = the segment's input messages (JSON);
+                                       field c<segment>: the compaction it starts from (JSON)
     tl:{<run>}:history         string  the last segment's result.messages (JSON), set at park/stop
     tl:{<run>}:answers         hash    field = segment, value = the answer to its ask (HSETNX)
     tl:{<run>}:inbox           hash    field = answer id, value = {"segment", "content"} (client side)

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from toolloop.loop.context import CompactionState
 from toolloop.loop.types import Budget, RunToolLoopOptions, ToolSpec
 from workers.flow import limiter as flow
 from workers.observe.tracing import StepTrace
@@ -61,7 +62,7 @@ from workers.step.begin import BegunStep, begin
 from workers.step.children import Spawner
 from workers.step.commit import StepCommit, log
 from workers.step.mcptools import run_tools
-from workers.step.model import model_call
+from workers.step.model import model_call, model_count_tokens, model_supports
 from workers.step.steering import Steering, talk_attributes
 
 _WAIT_FOR_LEASE_MS = 5000
@@ -264,6 +265,10 @@ class _Step:
         bind(live.deltas, self.process.batch, at.token, at.segment, self.process.hooks)
         commits.use(live, spec, 0)
         options = self._options(spec, live, tools, messages, decisions)
+        if loaded.compacted and spec.context is not None:
+            # the previous segment compacted: this one starts from its summary (docs/context.md)
+            carried = CompactionState.model_validate_json(loaded.compacted)
+            options = options.model_copy(update={"compacted": carried})
         live.max_steps = options.max_steps
         return await self._until_boundary(live.start(self, options))
 
@@ -316,6 +321,8 @@ class _Step:
             max_image_bytes=self.settings.max_image_bytes,
             decisions=decisions,
             steers=Steering(live),
+            supports=model_supports(self.process, spec),
+            count_tokens=model_count_tokens(self.process, spec),
         )
 
     async def _until_boundary(self, outcome_future: LoopOutcome) -> StepOutcome:

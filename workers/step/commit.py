@@ -94,6 +94,8 @@ class StepCommit:
         """(error class, message) when this step ended its run `failed`."""
         self.outcome: StepOutcome | None = None
         """What the landed commit did, for the step's trace (set only with metrics)."""
+        self.compacted: str | None = None
+        """The compaction state a park or a stop of this step hands to the next segment (JSON)."""
 
     def use(self, live: LiveLoop, spec: RunSpec | None, replayed_before: int) -> None:
         """The step has the run's loop: commit from it."""
@@ -127,6 +129,10 @@ class StepCommit:
 
     async def commit_result(self, result: RunToolLoopResult) -> StepOutcome:
         history = json.dumps([m.model_dump(mode="json") for m in result.messages])
+        # the compaction in force at the segment's end: the next segment starts from it
+        self.compacted = (
+            result.compacted.model_dump_json() if result.compacted is not None else None
+        )
         steps = self.at.steps_base + result.steps
         state: dict[str, Any] = {
             "spent_usd": result.spent_usd,
@@ -347,6 +353,7 @@ class StepCommit:
             else "",
             steerable=steerable,
             children=part,
+            compacted=self.compacted if outcome in ("park", "stop") else None,
         )
         where = self.at.prefix + (field or "-")
         r = self.run_id

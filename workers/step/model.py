@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from toolloop.abort import AbortSignal
+from toolloop.contract import PromptGenRequest
 from toolloop.loop.types import Generate
 from workers.flow import limiter as flow
 from workers.observe.metrics import Metrics, counted
@@ -38,3 +41,36 @@ def model_call(
     if deltas is not None:
         return streaming(generate, deltas.interval)
     return generate
+
+
+def model_supports(
+    process: WorkerProcess, spec: RunSpec
+) -> Callable[[str, str], bool] | None:
+    """What the run's model has on the head of its provider chain (`PromptGen.supports`, from the
+    model catalogue): how a context policy compacts (docs/context.md)."""
+    asks = getattr(process.prompt_gen, "supports", None)
+    if not callable(asks):
+        return None
+
+    def supports(feature: str, model: str) -> bool:
+        return bool(asks(feature, model, provider=spec.provider))
+
+    return supports
+
+
+def model_count_tokens(
+    process: WorkerProcess, spec: RunSpec
+) -> Callable[[PromptGenRequest, AbortSignal], Awaitable[int | None]] | None:
+    """The provider's token count of a request (`PromptGen.count_tokens`, the run's provider), asked
+    by a context policy near its threshold (docs/context.md)."""
+    counts = getattr(process.prompt_gen, "count_tokens", None)
+    if not callable(counts):
+        return None
+
+    async def count_tokens(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> int | None:
+        found = await counts(request, signal=signal, provider=spec.provider)
+        return None if found is None else int(found)
+
+    return count_tokens

@@ -14,9 +14,9 @@ from workers.protocol import names
 
 
 def route(live: LiveLoop | None, key: str) -> str:
-    """The queue of step `key`: model, compaction and steer steps on "llm", tool steps on the tool's
-    own queue or "tools"."""
-    if key.startswith(("model:", "compact:", "steer:")):
+    """The queue of step `key`: model, compaction, token-count and steer steps on "llm", tool steps
+    on the tool's own queue or "tools"."""
+    if key.startswith(("model:", "compact:", "count:", "steer:")):
         return names.LLM
     tool = tool_of(live, key)
     return (tool.queue if tool else None) or names.TOOLS
@@ -31,6 +31,8 @@ def describe(live: LiveLoop | None, key: str, steps_base: int = 0) -> str:
         return f"model {int(turn) + steps_base}" if turn.isdigit() else f"model {turn}"
     if key.startswith("compact:"):
         return f"compact {key.removeprefix('compact:')}"
+    if key.startswith("count:"):
+        return f"count {key.removeprefix('count:')}"
     if key.startswith("steer:"):
         return "steer"
     if not key.startswith("tool:"):

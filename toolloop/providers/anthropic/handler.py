@@ -20,7 +20,12 @@ from toolloop.errors import PromptGenError, PromptGenUnavailableError
 from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
-from toolloop.providers.anthropic.request import betas, body_frame
+from toolloop.providers.anthropic.request import (
+    betas,
+    body_frame,
+    build_body,
+    count_body,
+)
 from toolloop.providers.anthropic.response import cut_cost, parse_message
 from toolloop.providers.anthropic.stream import MessageStream
 from toolloop.providers.base import Secret
@@ -48,6 +53,10 @@ API_VERSION = "2026-10-21"
 Messages API changes (the versioning page: temperature / top_p / top_k removed, a `document` block in
 an assistant message and non-empty `citations` on a user text block refused) touch nothing these
 requests send. The key stays in `x-api-key` (the SDK's `Authorization: Bearer` is a client choice)."""
+
+
+COUNT_WAIT_S = 30.0
+"""The read timeout of a token count (a short answer)."""
 
 
 class AnthropicHandler:
@@ -89,6 +98,13 @@ class AnthropicHandler:
             policy=retry or RetryPolicy(),
         )
         self.http: HttpClient = http_client or HttpxClient(transport)
+        self.count_endpoint = Endpoint(
+            provider=self.name,
+            url=f"{self.base_url}/v1/messages/count_tokens",
+            key_env=key_env,
+            timeout_s=self.timeouts.connect_s + COUNT_WAIT_S,
+            policy=retry or RetryPolicy(),
+        )
 
     def __repr__(self) -> str:
         key = "set" if self._key else "missing"
@@ -96,6 +112,60 @@ class AnthropicHandler:
             f"AnthropicHandler(base_url={self.base_url!r},"
             f" default_model={self.default_model!r}, key={key})"
         )
+
+    def supports(self, feature: str, model: str | None = None) -> bool:
+        """Whether `model` (default: the handler's) has `feature` on this API, from its catalogue
+        row (`ModelInfo.supports`): "on_demand_compaction", and "count_tokens" (`count_tokens`).
+        An unknown or retired model has nothing."""
+        info = self.catalog.find(model or self.default_model)
+        if info is None or info.status == "retired":
+            return False
+        # token counting: every active model (the token-counting docs)
+        return feature == "count_tokens" or info.supports(feature)
+
+    async def count_tokens(self, request: PromptGenRequest, signal: AbortSignal) -> int:
+        """The input tokens of `request` by Anthropic's token counting (`POST
+        /v1/messages/count_tokens`, free, its own rate limit): the message body it would send,
+        less its output fields (`count_body`), with the same beta headers. The docs call the
+        figure an estimate that may differ from the billed one by a little. Raises as `execute`
+        does (the retry policy's attempts); a caller falls back to its own estimate."""
+        signal.throw_if_aborted()
+        check_request(self.name, request)
+        model = request.model or self.default_model
+        info, _ = self._model(model)
+        key = self._key.reveal()
+        if key is None:
+            raise PromptGenUnavailableError(
+                f"{self.name} has no API key.\n"
+                f"  Set {self.endpoint.key_env}, or use another prompt-gen provider.",
+                "auth",
+            )
+        images = await read_images(self.name, image_parts(request))
+        reasoning = reasoning_of(self.name, request, None)
+        body = count_body(
+            build_body(
+                request, model=model, reasoning=reasoning, images=images, info=info
+            )
+        )
+        headers = {"x-api-key": key, "anthropic-version": API_VERSION}
+        if needed := betas(request):
+            headers["anthropic-beta"] = ",".join(needed)
+        data = await call_json(
+            self.count_endpoint,
+            body,
+            headers,
+            signal,
+            client=self.http,
+            secret=self._key,
+            connect_s=self.timeouts.connect_s,
+        )
+        tokens = data.get("input_tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise PromptGenError(
+                f"{self.name} answered the token count without input_tokens.\n"
+                "  Check the base URL; the loop falls back to its estimate."
+            )
+        return tokens
 
     def estimate(self, request: PromptGenRequest) -> float:
         """USD ceiling: estimated input tokens at the input price + max_tokens at the output price."""

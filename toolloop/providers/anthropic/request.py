@@ -128,6 +128,28 @@ def body_frame(
     return with_ttl(body, cache_ttl_of(request))
 
 
+COUNT_FIELDS = (
+    "model",
+    "system",
+    "messages",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "context_management",
+    "compaction",
+)
+"""What a `POST /v1/messages/count_tokens` body keeps of a message body (the SDK's
+`MessageCountTokensParams`, anthropic 2.14.0: a message's fields minus `max_tokens`, `stream`,
+`metadata`, `stop_sequences`, the sampling ones; the docs' token counting page: "the same
+structured list of inputs for creating a message")."""
+
+
+def count_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The token-counting body of a message body: its `COUNT_FIELDS`, in the message's order."""
+    return {key: value for key, value in body.items() if key in COUNT_FIELDS}
+
+
 def betas(request: PromptGenRequest) -> list[str]:
     """The `anthropic-beta` values the request needs: context editing for a clear edit, compaction
     for a compact edit or a compaction block sent back (the API refuses either without its header)."""

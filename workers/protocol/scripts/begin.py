@@ -14,7 +14,8 @@ RUN_BEGIN = with_prelude("""
 --       6 the caller's cache tag ("<last commit's lease>|<segment>" it holds the journal of, or '')
 -- -> {'missing'} | {'idle', status} | {'stale', n} | {'early', n} | {'busy', pttl}
 --    | {'run', token, attempts, state (flat), spec, journal (flat), input, answer to the previous
---       segment's ask or false, outside spend, tag}; spec, journal and input are false when the
+--       segment's ask or false, outside spend, tag, the compaction the segment starts from (input
+--       field 'c<segment>') or false}; spec, journal and input are false when the
 --       caller's tag is current: no commit happened since the caller's own (fields are write-once)
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local n = tonumber(ARGV[3])
@@ -43,6 +44,7 @@ local attempts = redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
 redis.call('HSET', KEYS[1], 'status', 'running', 'touched', ARGV[4])
 local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
 local input = redis.call('HGET', KEYS[7], 's' .. segment)
+local compacted = redis.call('HGET', KEYS[7], 'c' .. segment)
 local answer = false
 if segment > 0 then answer = redis.call('HGET', KEYS[8], 's' .. (segment - 1)) end
 local tag = (redis.call('HGET', KEYS[1], 'last_lease') or '') .. '|' .. segment
@@ -51,10 +53,10 @@ if tag ~= ARGV[6] then
   spec = redis.call('GET', KEYS[2])
   journal = redis.call('HGETALL', ARGV[5] .. 's' .. segment)
 else
-  input = false
+  input, compacted = false, false
 end
 return {'run', token, attempts, redis.call('HGETALL', KEYS[1]), spec, journal, input or false,
-  answer or false, redis.call('GET', KEYS[6]) or '0', tag}
+  answer or false, redis.call('GET', KEYS[6]) or '0', tag, compacted or false}
 """)
 
 NotBegun = Literal["missing", "idle", "stale", "early", "busy"]
@@ -70,6 +72,8 @@ class Loaded:
     journal: dict[str, str]
     input: str | None
     answer: str | None
+    compacted: str | None = None
+    """The compaction in force when the previous segment ended (`CompactionState` JSON), or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +123,18 @@ def parse_begin(reply: list[Any]) -> Begin:
         return Refused(
             _REFUSED[code], "" if len(reply) < 2 or reply[1] is None else str(reply[1])
         )
-    _, token, attempts, state, spec, journal, input_json, answer, outside, tag = reply
+    _, token, attempts, state, spec, journal, input_json, answer, outside, tag = reply[
+        :10
+    ]
+    compacted = reply[10] if len(reply) > 10 else None
     loaded = None
     if spec is not None or journal is not None:
         loaded = Loaded(
-            _text(spec), pairs(journal or []), _text(input_json), _text(answer)
+            _text(spec),
+            pairs(journal or []),
+            _text(input_json),
+            _text(answer),
+            _text(compacted),
         )
     return Started(
         int(token), int(attempts), pairs(state), float(outside), str(tag), loaded

@@ -27,7 +27,8 @@ RUN_COMMIT = with_prelude(
 --   streamed (optional): "<segment>|<step>|<attempt>", the streamed step whose model event this
 --   commit carries (workers/process/deltas.py); any other streamed attempt gets a `discarded` marker,
 --   steerable (optional): a `done` stop that becomes a 'next' (model step on llm) while a steer waits
---   in the state (workers/protocol/scripts/talk.py): the run goes on and takes it}
+--   in the state (workers/protocol/scripts/talk.py): the run goes on and takes it,
+--   compacted (optional): a park's or a stop's compaction state, input field 'c<next segment>'}
 --   (`Commit.encode` in workers/protocol/scripts/commit.py writes it)
 -- A step `steer:<id>` that lands deletes the steer from the state (it is the journal's now).
 -- -> {1, stored value or false, outbox member to send or false, begun or false}
@@ -116,6 +117,7 @@ if p.outcome == 'next' then
 elseif p.outcome == 'park' then
   local next_segment = p.segment + 1
   redis.call('HSET', KEYS[7], 's' .. next_segment, p.history)
+  if p.compacted then redis.call('HSET', KEYS[7], 'c' .. next_segment, p.compacted) end
   redis.call('SET', KEYS[6], p.history)
   emit(KEYS[1], KEYS[4], segment, 'parked', p.parked)
   for _, requested in ipairs(p.requested or {}) do
@@ -139,6 +141,10 @@ elseif p.outcome == 'park' then
   end
 else
   if p.history then redis.call('SET', KEYS[6], p.history) end
+  -- a follow-up's segment (workers/protocol/scripts/talk.py) starts from this compaction
+  if p.compacted and p.outcome == 'stop' then
+    redis.call('HSET', KEYS[7], 'c' .. (p.segment + 1), p.compacted)
+  end
   emit(KEYS[1], KEYS[4], segment, p.final[1], p.final[2])
   if p.parent then woke = child_ended(p.parent, p.run, p.now) end
 end
@@ -227,6 +233,9 @@ class Commit:
     """A `done` stop that goes on instead while a steer waits (the reply then has a member)."""
     children: Children | None = None
     """What a run with child runs adds to its commit (workers/step/children.py, workers/runs/children.py)."""
+    compacted: str | None = None
+    """A park or a stop: the compaction in force at the segment's end (`CompactionState` JSON),
+    kept as the input field `c<next segment>` so the next segment starts from it (docs/context.md)."""
 
     def encode(self) -> bytes:
         """The JSON RUN_COMMIT decodes (absent fields are left out: Lua reads a JSON null as true)."""
@@ -250,6 +259,7 @@ class Commit:
             "final": self.final,
             "parked": self.parked,
             "due": self.due,
+            "compacted": self.compacted,
         }
         payload.update((k, v) for k, v in optional.items() if v is not None)
         if self.requested:
