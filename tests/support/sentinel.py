@@ -146,9 +146,19 @@ class SentinelSet:
     def failover(self, timeout: float = 30) -> int:
         """A graceful failover; returns the new primary's port once it takes writes."""
         before = self.primary_port()
-        self._client(self.sentinels[0].port).execute_command(
-            "SENTINEL", "FAILOVER", SERVICE
-        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._client(self.sentinels[0].port).execute_command(
+                    "SENTINEL", "FAILOVER", SERVICE
+                )
+                break
+            except redis.ResponseError as error:
+                # right after a failover the sentinels may not have read the demoted primary's
+                # INFO as a replica yet ("NOGOODSLAVE No suitable replica to promote")
+                if "NOGOODSLAVE" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         return self._moved_from(before, timeout)
 
     def kill_primary(self, timeout: float = 30) -> int:
