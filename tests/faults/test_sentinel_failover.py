@@ -10,9 +10,12 @@ twin (the same runs on the same workers and deployment, without failovers): no c
 lost, and no finished step runs again beyond the one re-run a step interrupted by a failover may take
 (docs/operations.md, "Sentinel"). The failovers are spaced so that one step is not cut twice: the
 next one waits until every run still going has committed a step since the last one ended (and its
-replica is in sync). Every run must end within 2x its twin's time: a failover pauses commits about
-1 s (graceful; the demoted primary is a replica again at once) to 3-4 s (SIGKILL: the sentinels'
-`down-after-milliseconds`, then an election), and the runs take 10-20 s each.
+replica is in sync). Every run must end within 2x its twin's time, and does: a graceful failover
+pauses commits 0.4-2 s (the script makes the demoted primary a replica at once), a SIGKILL about
+3.3 s (the sentinels' `down-after-milliseconds`, an election, the killed node back as a replica);
+with the step a run had in flight run again and its commit retried, a move costs a run up to 3-4 s,
+against runs of 10-14 s (bounded: median 1.4-1.6x, max 1.55-1.7x) or 52-68 s (full: median
+1.05-1.3x, max 1.1-1.5x). docs/operations.md has the figures.
 """
 
 from __future__ import annotations
@@ -54,9 +57,8 @@ TURNS = (24, 28) if FULL else (10, 12)
 LATENCY_S = 2.0 if FULL else 0.8
 """Each run: 10-12 tool turns, each model answer taking 0.8 s, about 13 s a run without faults
 (TOOLLOOP_FAULTS=full: 24-28 turns of 2 s, about 60 s, for five failovers), so that the failovers'
-pauses are a fraction of a run and all the moves fall within the runs. A failover costs every run
-in flight its pause, the step it interrupted (run again), and for some a step left in `unacked`
-until the visibility timeout (4 s here): 2-6 s a move."""
+pauses are a fraction of a run and all the moves fall within the runs (the spaced moves take about
+10 s each under full)."""
 NO_CACHE = 10**9
 """The simulator's smallest cacheable prompt: none here. The twins send the same prompts to one
 simulator, so with its prompt cache on, a long run's later turns would read in the fault phase what
