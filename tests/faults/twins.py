@@ -1,10 +1,11 @@
 """Twin runs: each shape runs once without faults, then again under a fault; the twins must agree.
 
-`run_twins` runs the "ref" phase (one worker unless `ref_pool` says otherwise, no fault) and the "fault" phase (the pool and
-environment the test asks for, and an optional `during(client, runs, pool)` callable run in a thread while
-the runs go: it kills Redis, sends duplicate tasks, ...). `compare` lists every difference a user
-could see: a run that did not end like its twin (lost), a different transcript or event stream, and
-every step that did its work more often than in the fault-free twin (beyond what `allowed` permits).
+`run_twins` runs the "ref" phase (one worker unless `ref_pool` says otherwise, no fault) and the
+"fault" phase (the pool and environment the test asks for, and an optional `during(client, runs,
+pool)` callable run in a thread while the runs go: it kills Redis, sends duplicate tasks, ...).
+`compare` lists every difference a user could see: a run that did not end like its twin (lost), a
+different transcript or event stream, and every step that did its work more often than in the
+fault-free twin (beyond what `allowed` permits).
 """
 
 from __future__ import annotations
@@ -261,10 +262,8 @@ def run_twins(
             directory.mkdir(parents=True, exist_ok=True)
             policy.phase = phase
             extra = (ref_env or {}) if phase == "ref" else (fault_env or {})
-            if phase == "ref":
-                kwargs = ref_pool or {"size": 1, "concurrency": 4}
-            else:
-                kwargs = pool or {}
+            ref_kwargs = ref_pool or {"size": 1, "concurrency": 4}
+            kwargs = ref_kwargs if phase == "ref" else (pool or {})
             workers = WorkerPool(
                 redis_url,
                 work,
