@@ -5,9 +5,11 @@ A primary, a replica and three sentinels (tests/support/sentinel.py); one writer
 100 times a second for 20 s while `SENTINEL FAILOVER` runs; the counter on the new primary after it,
 against the writes the writer saw acknowledged, is what the failover lost. Two writers: a plain
 redis-py Sentinel client (`master_for`), and toolloop's (`toolloop.redisurl.sync_client` with the
-`+switch-master` watcher).
+`+switch-master` watcher). The sentinels run without deploy/sentinel/demote-old-primary.sh (the
+old primary stays writable until they convert it), as the figures in docs/operations.md were
+measured; `--demote` runs them with it.
 
-    .venv/bin/python bench/failover_writes.py
+    .venv/bin/python bench/failover_writes.py [--demote]
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from tests.support.sentinel import SERVICE, SentinelSet  # noqa: E402
 from toolloop import redisurl  # noqa: E402
 
 
-def lost_writes(following: bool) -> tuple[int, int]:
+def lost_writes(following: bool, demote: bool = False) -> tuple[int, int]:
     """(acknowledged, lost) through one graceful failover."""
-    deployment = SentinelSet(Path(tempfile.mkdtemp(prefix="bench-failover-"))).start()
+    deployment = SentinelSet(
+        Path(tempfile.mkdtemp(prefix="bench-failover-")), demote=demote
+    ).start()
     watcher = redisurl.watcher(deployment.url) if following else None
     try:
         if following:
@@ -63,7 +67,7 @@ def main() -> None:
         (False, "redis-py master_for"),
         (True, "toolloop.redisurl + watcher"),
     ):
-        acked, lost = lost_writes(following)
+        acked, lost = lost_writes(following, demote="--demote" in sys.argv[1:])
         print(f"| {name} | {acked:,} | {lost:,} |")
 
 

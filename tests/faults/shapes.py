@@ -127,11 +127,16 @@ def run_tag(first_message: str) -> str | None:
 
 
 def make_shape(
-    tag: str, rng: random.Random, need: Need = None, max_turns: int = 4
+    tag: str,
+    rng: random.Random,
+    need: Need = None,
+    max_turns: int = 4,
+    min_turns: int = 1,
 ) -> Shape:
-    """A random shape that contains at least one call of the `need`ed kind."""
+    """A random shape of `min_turns` to `max_turns` tool turns that contains at least one call of
+    the `need`ed kind."""
     turns: list[tuple[Call, ...]] = []
-    count = rng.randint(1, max_turns)
+    count = rng.randint(min_turns, max_turns)
     needed_at = rng.randrange(count)
     asked = False
     for index in range(count):

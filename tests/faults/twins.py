@@ -1,10 +1,11 @@
 """Twin runs: each shape runs once without faults, then again under a fault; the twins must agree.
 
-`run_twins` runs the "ref" phase (one worker, no fault) and the "fault" phase (the pool and
-environment the test asks for, and an optional `during(client, runs, pool)` callable run in a thread while
-the runs go: it kills Redis, sends duplicate tasks, ...). `compare` lists every difference a user
-could see: a run that did not end like its twin (lost), a different transcript or event stream, and
-every step that did its work more often than in the fault-free twin (beyond what `allowed` permits).
+`run_twins` runs the "ref" phase (one worker unless `ref_pool` says otherwise, no fault) and the
+"fault" phase (the pool and environment the test asks for, and an optional `during(client, runs,
+pool)` callable run in a thread while the runs go: it kills Redis, sends duplicate tasks, ...).
+`compare` lists every difference a user could see: a run that did not end like its twin (lost), a
+different transcript or event stream, and every step that did its work more often than in the
+fault-free twin (beyond what `allowed` permits).
 """
 
 from __future__ import annotations
@@ -245,6 +246,7 @@ def run_twins(
     during: During | None = None,
     timeout: float = 120.0,
     ref_env: dict[str, str] | None = None,
+    ref_pool: dict[str, Any] | None = None,
     spec: dict[str, Any] | None = None,
     on_failed: OnFailed | None = None,
 ) -> Twins:
@@ -260,7 +262,8 @@ def run_twins(
             directory.mkdir(parents=True, exist_ok=True)
             policy.phase = phase
             extra = (ref_env or {}) if phase == "ref" else (fault_env or {})
-            kwargs = {"size": 1, "concurrency": 4} if phase == "ref" else (pool or {})
+            ref_kwargs = ref_pool or {"size": 1, "concurrency": 4}
+            kwargs = ref_kwargs if phase == "ref" else (pool or {})
             workers = WorkerPool(
                 redis_url,
                 work,

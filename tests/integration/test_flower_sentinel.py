@@ -7,7 +7,8 @@ What Flower cannot do: its broker page reads through the first sentinel of the U
 `RedisSentinel` takes the first broker URL), so with that sentinel down the queue lengths are not
 shown, while the tasks and workers still are (docs/operations.md, "Sentinel").
 
-About 55 s (three sentinels, a failover and its rejoin), so it runs in the full tier only, not in CI:
+About 15 s (three sentinels, a failover and its rejoin; about 55 s before the sentinels ran
+deploy/sentinel/demote-old-primary.sh), and it runs in the full tier only, not in CI:
 `make faults-full`, or `TOOLLOOP_FAULTS=full .venv/bin/python -m pytest -q
 tests/integration/test_flower_sentinel.py`; without TOOLLOOP_FAULTS=full it is skipped."""
 
@@ -34,7 +35,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
         not FULL,
-        reason="~55 s: the full tier only (TOOLLOOP_FAULTS=full, make faults-full)",
+        reason="~15 s: the full tier only (TOOLLOOP_FAULTS=full, make faults-full)",
     ),
 ]
 
@@ -120,7 +121,7 @@ def test_flower_on_sentinel_shows_workers_steps_and_queues_across_a_failover(
 
     before = deployment.primary_port()
     assert deployment.failover() != before
-    # the demoted primary is a replica again (about 10 s here)
+    # the demoted primary is a replica again (at once with the sentinels' demote script; ~10 s without)
     deployment.rejoined(before)
     # events from the new primary reach Flower
     run_and_see_its_steps(deployment, flower)

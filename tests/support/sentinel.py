@@ -5,6 +5,12 @@ on free ports in a temporary directory, stopped by their PIDs.
 `failover()` asks a sentinel for a graceful `SENTINEL FAILOVER` and waits until every sentinel names
 the new primary and it takes writes; `kill_primary()` SIGKILLs the primary (the sentinels then elect
 a replica after `down-after-milliseconds`).
+
+With `demote` (the default) the sentinels run deploy/sentinel/demote-old-primary.sh as their
+`client-reconfig-script`, as docs/operations.md advises: the leader of a failover makes the old
+primary a replica of the new one at once (without it, a demoted primary stays writable about 10-20 s,
+and `WAIT` has no replica to count meanwhile). The data nodes run with `repl-diskless-sync-delay 0`,
+so the full resync of a demoted primary starts at once rather than after Redis's default 5 s.
 """
 
 from __future__ import annotations
@@ -22,6 +28,12 @@ import redis
 from toolloop.embedded import free_port, ping, server_binary
 
 SERVICE = "toolloop-primary"
+DEMOTE_SCRIPT = (
+    Path(__file__).resolve().parents[2]
+    / "deploy"
+    / "sentinel"
+    / "demote-old-primary.sh"
+)
 
 
 @dataclass
@@ -35,6 +47,7 @@ class _Node:
 class SentinelSet:
     directory: Path
     replicas: int = 1
+    demote: bool = True
     nodes: list[_Node] = field(default_factory=list)
     sentinels: list[_Node] = field(default_factory=list)
 
@@ -69,26 +82,7 @@ class SentinelSet:
         home = self.directory / name
         home.mkdir()
         log = home / "server.log"
-        args = [
-            server_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(home),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-            "--maxmemory-policy",
-            "noeviction",
-            "--logfile",
-            str(log),
-            *extra,
-        ]
+        args = [*_server_args(port, home, log), *extra]
         process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -106,6 +100,12 @@ class SentinelSet:
             f"sentinel down-after-milliseconds {SERVICE} 1000\n"
             f"sentinel failover-timeout {SERVICE} 4000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
+            # a script is taken from the config file only (deny-scripts-reconfig: no SENTINEL SET)
+            + (
+                f"sentinel client-reconfig-script {SERVICE} {DEMOTE_SCRIPT}\n"
+                if self.demote
+                else ""
+            )
         )
         log = home / "sentinel.log"
         args = [server_binary(), str(conf), "--sentinel", "--logfile", str(log)]
@@ -146,9 +146,19 @@ class SentinelSet:
     def failover(self, timeout: float = 30) -> int:
         """A graceful failover; returns the new primary's port once it takes writes."""
         before = self.primary_port()
-        self._client(self.sentinels[0].port).execute_command(
-            "SENTINEL", "FAILOVER", SERVICE
-        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._client(self.sentinels[0].port).execute_command(
+                    "SENTINEL", "FAILOVER", SERVICE
+                )
+                break
+            except redis.ResponseError as error:
+                # right after a failover the sentinels may not have read the demoted primary's
+                # INFO as a replica yet ("NOGOODSLAVE No suitable replica to promote")
+                if "NOGOODSLAVE" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         return self._moved_from(before, timeout)
 
     def kill_primary(self, timeout: float = 30) -> int:
@@ -161,21 +171,7 @@ class SentinelSet:
         after = self._moved_from(before, timeout)
         home = node.log.parent
         args = [
-            server_binary(),
-            "--port",
-            str(node.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(home),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-            "--logfile",
-            str(node.log),
+            *_server_args(node.port, home, node.log),
             "--replicaof",
             "127.0.0.1",
             str(after),
@@ -244,3 +240,28 @@ class SentinelSet:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"not reached within {timeout} s")
+
+
+def _server_args(port: int, home: Path, log: Path) -> list[str]:
+    return [
+        server_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(home),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--save",
+        "",
+        "--maxmemory-policy",
+        "noeviction",
+        # a demoted primary's full resync starts at once (Redis waits 5 s by default)
+        "--repl-diskless-sync-delay",
+        "0",
+        "--logfile",
+        str(log),
+    ]

@@ -175,3 +175,13 @@ def test_concurrent_requests_for_a_new_prefix_all_write() -> None:
         2000,
     ]
     assert cache.account(MODEL, request).cache_read_input_tokens == 2000
+
+
+def test_the_servers_cache_settings_reach_its_simulator() -> None:
+    # an empty PromptCache is falsy (it has a length): the simulator once replaced it with a
+    # default one, and SimServer's min_cache_tokens (and --min-cache-tokens) did nothing
+    from toolloop.sim import SimServer
+
+    server = SimServer([], min_cache_tokens=4321, model_min_cache_tokens={"x": 7})
+    cache = server.simulator.cache
+    assert (cache.min_tokens, cache.model_min_tokens) == (4321, {"x": 7})

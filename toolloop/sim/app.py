@@ -131,7 +131,8 @@ class Simulator:
         self.latency_s = latency_s
         self.require_key = require_key
         self.catalog = catalog or default_catalog()
-        self.cache = cache or PromptCache(catalog=self.catalog)
+        # not `cache or`: an empty PromptCache is falsy (it has a length)
+        self.cache = cache if cache is not None else PromptCache(catalog=self.catalog)
         self.validate = sdk_validator() if strict else None
         self.validate_count = sdk_count_validator() if strict else None
         if strict and self.validate is None:
