@@ -199,6 +199,12 @@ def start_threads(process: WorkerProcess) -> None:
         threading.Thread(
             target=_sweep_forever, args=(process,), name="toolloop-sweep", daemon=True
         ).start()
+        threading.Thread(
+            target=_fire_forever,
+            args=(process,),
+            name="toolloop-schedules",
+            daemon=True,
+        ).start()
 
 
 YOUNG_PER_STEP = 200
@@ -244,17 +250,12 @@ def _sweep_forever(process: WorkerProcess) -> None:
     tick = min(1.0, settings.sweep_interval)
     last = time.monotonic()
     idle = IdleTrim(process.leases, shed=process.shed_tool_threads)
-    scheduler: Scheduler | None = (
-        None  # made in the loop: a failure to make it is logged, and tried again
-    )
     while True:
         time.sleep(tick)
         try:
             idle.tick()
             client = process.redis
             approvals.sweep_due(client, process.celery, settings.retention)
-            scheduler = scheduler or Scheduler(client, settings, process.metrics)
-            scheduler.fire_due()
             if time.monotonic() - last < settings.sweep_interval:
                 continue
             last = time.monotonic()
@@ -266,6 +267,42 @@ def _sweep_forever(process: WorkerProcess) -> None:
                     process.metrics.swept(done)
         except Exception as error:  # the sweeper must outlive any one failure
             log.warning("sweep failed: %s: %s", type(error).__name__, error)
+
+
+FIRE_BUDGET_S = 0.25
+"""How long one round of `_fire_forever` fires due schedules before it reads the due index again
+(10,000 on one tick: a few rounds, back to back)."""
+FIRE_LAG_S = 0.005
+"""How long after a whole second `_fire_forever` looks (a cron tick is on one)."""
+
+
+def _fire_forever(process: WorkerProcess) -> None:
+    """The due schedules, fired once a second (workers/runs/scheduler.py), just after the whole
+    second a cron tick falls on (every TOOLLOOP_SWEEP_INTERVAL s when that is shorter),
+    in rounds of FIRE_BUDGET_S, back to back while due ones are left.
+    A thread of its own: the full sweep (`_sweep_forever`, seconds with many live runs) does not
+    hold a tick back, and a tick of many schedules does not hold back the sweep."""
+    scheduler: Scheduler | None = (
+        None  # made in the loop: a failure to make it is logged, and tried again
+    )
+    tick = min(1.0, process.settings.sweep_interval)
+    more = False
+    while True:
+        if more:
+            pass
+        elif tick < 1.0:  # a sweeper ticking faster (tests): as often
+            time.sleep(tick)
+        else:
+            time.sleep(1.0 - time.time() % 1.0 + FIRE_LAG_S)
+        more = False
+        try:
+            scheduler = scheduler or Scheduler(
+                process.redis, process.settings, process.metrics
+            )
+            scheduler.fire_due(budget_s=FIRE_BUDGET_S)
+            more = scheduler.more
+        except Exception as error:  # the thread must outlive any one failure
+            log.warning("firing schedules failed: %s: %s", type(error).__name__, error)
 
 
 MIN_REDIS = (6, 2)

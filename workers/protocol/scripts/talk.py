@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from workers.protocol.scripts.prelude import with_prelude
 
-FOLLOW_UP = with_prelude("""
+FOLLOW_UP_BODY = """
 -- A follow-up (`Client.send`): continue a run that ended `done` or `interrupted` as its next
 -- segment (the history so far and the message as its input, the spend and steps carried, the
 -- top-ups added, its first step recorded in the outbox), or answer the ask a parked run holds.
@@ -92,7 +92,10 @@ redis.call('ZREM', KEYS[10], ARGV[1])
 local outcome = cjson.encode({what = 'continued', segment = next_segment})
 record(outcome)
 return {'continued', outcome, member}
-""")
+"""
+FOLLOW_UP = with_prelude(FOLLOW_UP_BODY)
+"""FOLLOW_UP_BODY with the prelude: workers/protocol/scripts/schedules.py's FIRE_MANY runs the body as a
+function of its own (its KEYS and ARGV the function's arguments) under the same prelude."""
 
 STEER_SEND = with_prelude("""
 -- A steer (`Client.steer`): a message for a running run, kept in its state until a step takes it
