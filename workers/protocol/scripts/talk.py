@@ -105,7 +105,10 @@ STEER_SEND = with_prelude("""
 -- -> {'sent', seq} | {'refused', status, why} | {'missing'}
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing'} end
-if status ~= 'queued' and status ~= 'running' then return {'refused', status, 'status'} end
+-- a parent parked on its children ('waiting') takes it too: its step after they wake it reads it
+if status ~= 'queued' and status ~= 'running' and status ~= 'waiting' then
+  return {'refused', status, 'status'}
+end
 if redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'refused', status, 'cancelled'} end
 if redis.call('HEXISTS', KEYS[1], 'interrupt') == 1 then return {'refused', status, 'interrupted'} end
 local field = 'steer:' .. ARGV[1]
