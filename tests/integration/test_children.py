@@ -24,6 +24,7 @@ from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
 from workers.client import AsyncClient, Client
 from workers.protocol import keys
+from workers.protocol.errors import RunStateError
 from workers.protocol.records import FINAL, RunNode
 from workers.protocol.scripts.children import RUN_KEY
 
@@ -377,6 +378,22 @@ def test_children_need_room_in_the_parents_account(client: Client) -> None:
     total = client.status(refused).spent_usd + client.status(fits).spent_usd
     # every call of both trees charged once
     assert account.spent_usd == pytest.approx(total, abs=1e-6)
+
+
+def test_an_interrupt_leaves_a_waiting_parent_to_its_children_and_a_cancel_reaches_them(
+    client: Client,
+) -> None:
+    """A parent parked on its children holds no model call to stop: an interrupt is refused (it
+    stays `waiting`, the children go on), and a cancel after it still reaches every child."""
+    root = client.enqueue(spec("fan=2 slow=5 Review."))
+    eventually(lambda: client.status(root).status == "waiting", timeout=20)
+    with pytest.raises(RunStateError, match="is waiting; only a queued or running run"):
+        client.interrupt(root)
+    nodes = client.tree(root)
+    assert [n.status for n in nodes] == ["waiting", "running", "running"], nodes
+    client.cancel(root)
+    nodes = eventually(lambda: ended_tree(client, root), timeout=10)
+    assert [n.status for n in nodes] == ["cancel"] * 3, nodes
 
 
 def test_a_steer_to_a_parent_waiting_on_its_children_is_read_when_it_resumes(
