@@ -4,7 +4,7 @@ second (workers/worker/bootsteps.py `_fire_forever`) and the `toolloop.sweep` ta
 Every worker fires: there is no lock to wait for, and the fence is per tick (the fire scripts,
 workers/protocol/scripts/schedules.py). A sweep reads the due schedules (`tl:sched:due`, score <= now), works
 out each one's tick (the latest due one: workers/protocol/schedules.py `latest_due`), its next tick and what
-the catch-up policy says, and fires them in rounds of `batch` (500): their reads in one pipeline,
+the catch-up policy says, and fires them in rounds of `batch` (1,000): their reads in one pipeline,
 then FIRE_MANY calls of `per_script` (100) schedules each, all in one round trip. FIRE_MANY takes,
 per schedule, what FIRE_ENQUEUE does for an `Enqueue` target (claims the tick, stores its run, its id
 derived from the schedule and the tick, and sends the run's first step, all or nothing) or FIRE for
@@ -120,7 +120,7 @@ class Scheduler:
         settings: Settings,
         metrics: Any = None,
         *,
-        batch: int = 500,
+        batch: int = 1000,
         per_script: int = 100,
         most: int = 20_000,
     ) -> None:
