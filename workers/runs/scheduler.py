@@ -35,7 +35,6 @@ count `toolloop_schedule_fires_total{outcome}`.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -159,9 +158,13 @@ class Scheduler:
             keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most
         )  # type: ignore[assignment]
         self._tick_memo = {}  # a sweep's own: `now` is part of every key
-        # sweepers that race start on different batches: the second finds most of
-        random.shuffle(due)
-        # the first's follow-ups sent (their keys among the runs' sends) and only claims them
+        # more than a round: sweepers that race take turns at the two ends of the due ids, so they
+        # meet once, in the middle, instead of reading the same ones (the later one finds them
+        # `taken`); one round or less fires as read
+        if len(due) > self.batch:
+            turn: int = self.redis.incr(keys.SCHEDULES_TURN)
+            if turn % 2 == 0:
+                due.reverse()
         done: Counter[str] = Counter()
         for first in range(0, len(due), self.batch):
             if budget_s is not None and time.monotonic() - started >= budget_s:
