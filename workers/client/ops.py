@@ -180,9 +180,18 @@ class Sender:
 
     def member(self, run_id: str, member: str) -> list[tuple[Any, ...]]:
         """The commands that send the successor recorded as `member` ("<n>|<queue>")."""
+        queue, raw, channel, payload = self.member_message(run_id, member)
+        return [("LPUSH", queue, raw), ("PUBLISH", channel, payload)]
+
+    def member_message(self, run_id: str, member: str) -> tuple[str, str, str, bytes]:
+        """The queue, message, and `task-sent` channel and payload of the successor recorded as
+        `member` (a script that sends it itself: workers/protocol/scripts/schedules.py FIRE_MANY)."""
         n, _, queue = member.partition("|")
         label = "model 1" if n == "1" else ("model" if queue == "llm" else "tool")
-        return self.commands(ADVANCE, [run_id, int(n)], f"{run_id}:{n}", queue, label)
+        delivery, channel, payload = self.message(
+            ADVANCE, [run_id, int(n)], f"{run_id}:{n}", queue, label
+        )
+        return queue, delivery.raw, channel, payload
 
 
 # -- read -------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from toolloop.contract import UserMessage
 from toolloop.loop.approvals import DeadlineError
@@ -87,17 +87,19 @@ def check_key(idempotency_key: str | None) -> str:
     return idempotency_key
 
 
-def send(
+def follow_up_request(
     sender: Sender,
     run_id: str,
     content: str,
+    idempotency_key: str | None,
+    add_budget_usd: float,
+    add_max_steps: int,
     *,
-    idempotency_key: str | None = None,
-    add_budget_usd: float = 0.0,
-    add_max_steps: int = 0,
-) -> Op[Sent]:
-    """A follow-up (see `Client.send`): one script (FOLLOW_UP), then the first step of the new
-    segment sent and the run's keys made persistent again (its retention had started when it ended)."""
+    answer: bool = True,
+) -> tuple[list[str], list[Any]]:
+    """FOLLOW_UP's KEYS and ARGV (`send`, and a follow-up schedule's fire: workers/runs/scheduler.py),
+    its input checked (ValueError). `answer` False: no answer task is made (the sweeper sends a
+    follow-up this way only to a run that ended, and leaves an asked run to `send`)."""
     check_top_ups(add_budget_usd, add_max_steps)
     key = check_key(idempotency_key)
     if not isinstance(content, str) or not content.strip():
@@ -106,9 +108,11 @@ def send(
         )
     message = UserMessage(content=content).model_dump_json()
     answer_id = uuid.uuid4().hex
-    [(_, queue, task), (_, channel, payload)] = sender.commands(
-        ANSWER, [run_id, answer_id], f"{run_id}:answer:{answer_id}", "control"
-    )
+    queue, task, channel, payload = "control", "", "", b""
+    if answer:
+        [(_, queue, task), (_, channel, payload)] = sender.commands(
+            ANSWER, [run_id, answer_id], f"{run_id}:answer:{answer_id}", "control"
+        )
     where = [
         keys.state(run_id),
         keys.inputs(run_id),
@@ -136,6 +140,23 @@ def send(
         channel,
         payload,
     ]
+    return where, args
+
+
+def send(
+    sender: Sender,
+    run_id: str,
+    content: str,
+    *,
+    idempotency_key: str | None = None,
+    add_budget_usd: float = 0.0,
+    add_max_steps: int = 0,
+) -> Op[Sent]:
+    """A follow-up (see `Client.send`): one script (FOLLOW_UP), then the first step of the new
+    segment sent and the run's keys made persistent again (its retention had started when it ended)."""
+    where, args = follow_up_request(
+        sender, run_id, content, idempotency_key, add_budget_usd, add_max_steps
+    )
     done = parse_follow_up((yield Eval(FOLLOW_UP, where, args)))
     if done.what == "missing":
         raise RunNotFoundError(run_id)

@@ -1,23 +1,30 @@
-"""The worker side of schedules: `Scheduler.fire_due`, which the sweeper thread of every worker calls
-once a second (workers/worker/bootsteps.py) and the `toolloop.sweep` task calls too.
+"""The worker side of schedules: `Scheduler.fire_due`, which a thread of every worker calls once a
+second (workers/worker/bootsteps.py `_fire_forever`) and the `toolloop.sweep` task calls too.
 
-Every worker fires: there is no lock to wait for, and the fence is per tick (the fire script,
+Every worker fires: there is no lock to wait for, and the fence is per tick (the fire scripts,
 workers/protocol/scripts/schedules.py). A sweep reads the due schedules (`tl:sched:due`, score <= now), works
 out each one's tick (the latest due one: workers/protocol/schedules.py `latest_due`), its next tick and what
-the catch-up policy says, and sends one script per schedule, pipelined (500 a round trip): for an
-`Enqueue` target FIRE_ENQUEUE, which claims the tick and stores its run (its id derived from the
-schedule and the tick) and sends the run's first step, all or nothing. Two sweepers that read the
-same tick send the same claim; one finds the tick moved on (`taken`) and writes nothing.
+the catch-up policy says, and fires them in rounds of `batch` (1,000): their reads in one pipeline,
+then FIRE_MANY calls of `per_script` (100) schedules each, all in one round trip. FIRE_MANY takes,
+per schedule, what FIRE_ENQUEUE does for an `Enqueue` target (claims the tick, stores its run, its id
+derived from the schedule and the tick, and sends the run's first step, all or nothing) or FIRE for
+a tick that does not fire. Two sweepers that read the same tick send the same claim; one finds the
+tick moved on (`taken`) and writes nothing. With a time budget (`budget_s`), a sweep stops after
+the round that passes it and sets `more`: its caller comes back at once.
 
-A `Send` target (a follow-up) is applied by workers/client/talk.py's own operations, keyed by the schedule
-and the tick, BEFORE its tick is claimed: `send(idempotency_key=fire_key)` while the run is free
-(done, interrupted, or parked on its question), `steer(steer_id=...)` while it runs and if_busy is
-"steer"; then FIRE claims the tick. A sweeper that dies between the two leaves the tick due, and
-the next sweep sends it again with the same key, which the run applies once; two sweepers that
-race both send with that key, one applies it, and one claims the tick. The sends of a sweep run
-in lockstep, one pipeline per round trip of theirs (`run_many`). A sweeper that finds the run busy
-with this very tick's follow-up (its key among the run's sends: another sweeper sent it first)
-claims the tick as fired, not skipped.
+A `Send` target (a follow-up) is claimed and applied in the same FIRE_MANY item: the fence first,
+then the run read there: a run that ended `done` or `interrupted` takes FOLLOW_UP (keyed by the
+schedule and the tick) and its new segment's first step is sent in the script (its message made
+here for the run's next step as read before, the run's keys made persistent again), a queued or
+running run is busy (held or skipped by its policy). The rest go the one-by-one way (`_follow_ups`):
+a steer (if_busy "steer"), a run parked on its question (the follow-up is its answer), a refusal (it
+says why) or a run gone. There, workers/client/talk.py's own operations apply the follow-up, keyed
+by the schedule and the tick, BEFORE its tick is claimed: `send(idempotency_key=fire_key)`, or
+`steer(steer_id=...)` while it runs and if_busy is "steer"; then FIRE claims the tick. A sweeper
+that dies between the two leaves the tick due, and the next sweep sends it again with the same key,
+which the run applies once; two sweepers that race both send with that key, one applies it, and one
+claims the tick. A sweeper that finds this very tick's follow-up among the run's sends (another
+sweeper sent it first) claims the tick as fired, not skipped; FIRE_MANY does the same.
 
 A run a fire makes names the schedule and the tick in its `queued` event (`schedule`, `tick`) and in
 its first step's label in Flower (`model 1 (schedule <id>)`); each fire is a span
@@ -28,10 +35,9 @@ count `toolloop_schedule_fires_total{outcome}`.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis as redis_lib
@@ -47,7 +53,12 @@ from workers.config.settings import Settings
 from workers.protocol import keys, schedules
 from workers.protocol.errors import WorkersError
 from workers.protocol.schedules import Enqueue, Schedule, Send
-from workers.protocol.scripts.schedules import FIRE, FIRE_ENQUEUE, parse_fire
+from workers.protocol.scripts.schedules import (
+    FIRE,
+    FIRE_ENQUEUE,
+    FIRE_MANY,
+    parse_fire,
+)
 
 log = logging.getLogger("toolloop.workers")
 
@@ -76,6 +87,28 @@ class Due:
     last_run: str
 
 
+@dataclass(slots=True)
+class Item:
+    """One schedule's part of a FIRE_MANY call: its kind ('claim', 'enqueue', 'send'), KEYS and
+    ARGV, its span; a 'send' keeps its `Due` for the slow way (FIRE_MANY's {'slow'})."""
+
+    sid: str
+    span: Any
+    kind: str
+    keys: list[str]
+    args: list[Any]
+    due: Due | None = None
+    run_id: str = ""
+
+
+@dataclass(slots=True)
+class Slow:
+    """The follow-up ticks a FIRE_MANY call left to the one-by-one way, with their spans."""
+
+    dues: list[Due] = field(default_factory=list)
+    spans: dict[str, Any] = field(default_factory=dict)
+
+
 class Scheduler:
     """Fires the due schedules of one Redis. Owned by the thread that calls it (a worker's sweeper);
     it keeps the parsed definitions it has seen (a definition never changes under its id)."""
@@ -86,15 +119,22 @@ class Scheduler:
         settings: Settings,
         metrics: Any = None,
         *,
-        batch: int = 500,
+        batch: int = 1000,
+        per_script: int = 100,
         most: int = 20_000,
     ) -> None:
         self.redis = client
         self.settings = settings
         self.metrics = metrics
         self.batch = batch
+        """The schedules read and fired in one round of round trips (their reads, one pipeline of
+        FIRE_MANY calls)."""
+        self.per_script = per_script
+        """The schedules one FIRE_MANY call fires (Redis runs nothing else meanwhile: ~10 ms)."""
         self.most = most
         """The most schedules one `fire_due` looks at (the rest: the next second's)."""
+        self.more = False
+        """Set by `fire_due`: it stopped at its time budget with due schedules left."""
         self.driver = SyncDriver(client, client)
         db = int(client.connection_pool.connection_kwargs.get("db", 0))
         self.sender = ops.Sender(db)
@@ -104,19 +144,32 @@ class Scheduler:
             tuple[Any, float, float], tuple[float, int, float | None]
         ] = {}
 
-    def fire_due(self, now: float | None = None) -> dict[str, int]:
+    def fire_due(
+        self, now: float | None = None, *, budget_s: float | None = None
+    ) -> dict[str, int]:
         """Fire (or settle) every schedule due at `now`; counts by outcome ("fired", "steer",
-        "skipped", "held", "missed", "failed", "taken" by another sweeper, "error": the script failed)."""
+        "skipped", "held", "missed", "failed", "taken" by another sweeper, "error": the script failed).
+        With `budget_s`, it stops after the batch that passes that many seconds and sets `more`
+        (the sweeper calls it again at once, after its other duties)."""
         now = time.time() if now is None else now
+        started = time.monotonic()
+        self.more = False
         due: list[str] = self.redis.zrangebyscore(
             keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most
         )  # type: ignore[assignment]
         self._tick_memo = {}  # a sweep's own: `now` is part of every key
-        # sweepers that race start on different batches: the second finds most of
-        random.shuffle(due)
-        # the first's follow-ups sent (their keys among the runs' sends) and only claims them
+        # more than a round: sweepers that race take turns at the two ends of the due ids, so they
+        # meet once, in the middle, instead of reading the same ones (the later one finds them
+        # `taken`); one round or less fires as read
+        if len(due) > self.batch:
+            turn: int = self.redis.incr(keys.SCHEDULES_TURN)
+            if turn % 2 == 0:
+                due.reverse()
         done: Counter[str] = Counter()
         for first in range(0, len(due), self.batch):
+            if budget_s is not None and time.monotonic() - started >= budget_s:
+                self.more = True
+                break
             self._fire_some(
                 [str(sid) for sid in due[first : first + self.batch]], now, done
             )
@@ -137,32 +190,143 @@ class Scheduler:
             )
         ]
         dues = [due for due in found if due is not None]
-        planned = [
-            self._enqueue(due, now)
+        items = [
+            self._item(*self._enqueue(due, now))
             for due in dues
             if isinstance(due.schedule.target, Enqueue)
         ]
-        planned += self._follow_ups(
-            [due for due in dues if isinstance(due.schedule.target, Send)], now
+        slow = Slow()
+        items += self._sends(
+            [due for due in dues if isinstance(due.schedule.target, Send)], now, slow
         )
-        if not planned:
+        self._fire_many(items, done, slow)
+        if slow.dues:  # the one-by-one way: talk's send or steer, then FIRE
+            planned = self._follow_ups(slow.dues, now, slow.spans)
+            replies = self.driver.batch(
+                Pipeline([request for _, request, _ in planned])
+            )
+            for (sid, _, span), reply in zip(planned, replies, strict=True):
+                self._settle(sid, span, reply, done)
+
+    def _settle(self, sid: str, span: Any, reply: Any, done: Counter[str]) -> None:
+        """Count one schedule's fire by its reply (an error: its script failed) and end its span."""
+        if isinstance(reply, Exception):
+            done["error"] += 1
+            log.warning(
+                "schedule %s: its fire failed: %s: %s", sid, type(reply).__name__, reply
+            )
+            span.set_attribute("toolloop.schedule.outcome", "error")
+        else:
+            fired = parse_fire(reply)
+            done[fired.what] += 1
+            span.set_attribute("toolloop.schedule.outcome", fired.what)
+        span.end()
+
+    def _item(self, sid: str, request: Eval, span: Any) -> Item:
+        kind = "enqueue" if request.script is FIRE_ENQUEUE else "claim"
+        return Item(sid, span, kind, request.keys, request.args)
+
+    def _fire_many(self, items: list[Item], done: Counter[str], slow: Slow) -> None:
+        """`items` in FIRE_MANY calls of `per_script` each, all in one round trip; the follow-ups
+        it leaves to the slow way go in `slow`, and the step messages it did not send are sent."""
+        chunks = [
+            items[first : first + self.per_script]
+            for first in range(0, len(items), self.per_script)
+        ]
+        requests: list[tuple[Any, ...] | Eval] = []
+        for chunk in chunks:
+            where: list[str] = []
+            args: list[Any] = []
+            for item in chunk:
+                where += item.keys
+                args += [item.kind, len(item.keys), len(item.args), *item.args]
+            requests.append(Eval(FIRE_MANY, where, args))
+        if not requests:
             return
-        replies = self.driver.batch(Pipeline([request for _, request, _ in planned]))
-        for (sid, _, span), reply in zip(planned, replies, strict=True):
-            if isinstance(reply, Exception):
-                done["error"] += 1
-                log.warning(
-                    "schedule %s: its fire failed: %s: %s",
-                    sid,
-                    type(reply).__name__,
-                    reply,
+        replies = self.driver.batch(Pipeline(requests))
+        publish: list[tuple[Any, ...]] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            for i, item in enumerate(chunk):
+                got = reply if isinstance(reply, Exception) else reply[i]
+                if isinstance(got, list) and got and str(got[0]) == "slow":
+                    assert item.due is not None
+                    slow.dues.append(item.due)
+                    slow.spans[item.sid] = item.span
+                    continue
+                if item.kind == "send" and isinstance(got, list) and len(got) > 1:
+                    # fired, but the run had moved on from the step the message was for
+                    publish += self.sender.member(item.run_id, str(got[1]))
+                self._settle(item.sid, item.span, got, done)
+        if publish:
+            self.driver.batch(Pipeline(publish))
+
+    def _sends(self, dues: list[Due], now: float, slow: Slow) -> list[Item]:
+        """The FIRE_MANY items of follow-up ticks: each one's claim and, for a tick that fires, its
+        FOLLOW_UP with the new segment's step message (made for the run's next step as read here)."""
+        if not dues:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for due in dues:
+            assert isinstance(due.schedule.target, Send)
+            pipe.hget(keys.state(due.schedule.target.run_id), "n")
+        steps = pipe.execute()
+        items: list[Item] = []
+        for due, n in zip(dues, steps, strict=True):
+            target = due.schedule.target
+            assert isinstance(target, Send)
+            span = self._span(due)
+            span.set_attribute("toolloop.run_id", target.run_id)
+            state = keys.state(target.run_id)
+            if due.wanted != "fire":
+                claim = self._claim(due, now, mode="free")
+                where = [keys.schedule(due.sid), keys.SCHEDULES_DUE, state]
+                items.append(Item(due.sid, span, "claim", where, claim))
+                continue
+            try:
+                follow, args = talk.follow_up_request(
+                    self.sender,
+                    target.run_id,
+                    target.content,
+                    schedules.fire_key(due.sid, due.tick),
+                    target.add_budget_usd,
+                    target.add_max_steps,
+                    answer=False,
                 )
-                span.set_attribute("toolloop.schedule.outcome", "error")
-            else:
-                fired = parse_fire(reply)
-                done[fired.what] += 1
-                span.set_attribute("toolloop.schedule.outcome", fired.what)
-            span.end()
+            except ValueError:  # the slow way refuses it, and says why
+                slow.dues.append(due)
+                slow.spans[due.sid] = span
+                continue
+            member = f"{int(n or 0) + 1}|llm"
+            queue, raw, channel, payload = self.sender.member_message(
+                target.run_id, member
+            )
+            fixed = keys.run_keys(target.run_id, -1)  # its keys but the journals
+            items.append(
+                Item(
+                    due.sid,
+                    span,
+                    "send",
+                    [
+                        keys.schedule(due.sid),
+                        keys.SCHEDULES_DUE,
+                        *follow,
+                        queue,
+                        *fixed,
+                    ],
+                    [
+                        *self._claim(due, now, mode="free"),
+                        *args,
+                        keys.journal(target.run_id, ""),
+                        member,
+                        raw,
+                        channel,
+                        payload,
+                    ],
+                    due,
+                    target.run_id,
+                )
+            )
+        return items
 
     def _schedule(self, sid: str, raw: str) -> Schedule | None:
         kept = self._defs.get(sid)
@@ -336,8 +500,11 @@ class Scheduler:
         where = [*request.keys, keys.schedule(due.sid), keys.SCHEDULES_DUE, busy_key]
         return due.sid, Eval(FIRE_ENQUEUE, where, [*request.args, *claim]), span
 
-    def _follow_ups(self, dues: list[Due], now: float) -> list[tuple[str, Eval, Any]]:
-        """The claims of follow-up ticks, after their sends (or steers) are applied."""
+    def _follow_ups(
+        self, dues: list[Due], now: float, spans: dict[str, Any] | None = None
+    ) -> list[tuple[str, Eval, Any]]:
+        """The claims of follow-up ticks, after their sends (or steers) are applied, one by one (the
+        ticks FIRE_MANY leaves: a steer, an asked run, a refusal, a run gone). `spans`: theirs."""
         if not dues:
             return []
         # one moment: a send sets both at once
@@ -356,7 +523,7 @@ class Scheduler:
         for due, status, sent in zip(dues, read[0::2], read[1::2], strict=True):
             target = due.schedule.target
             assert isinstance(target, Send)
-            span = self._span(due)
+            span = (spans or {}).get(due.sid) or self._span(due)
             span.set_attribute("toolloop.run_id", target.run_id)
             if (
                 sent and due.wanted == "fire"

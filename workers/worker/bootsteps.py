@@ -199,6 +199,12 @@ def start_threads(process: WorkerProcess) -> None:
         threading.Thread(
             target=_sweep_forever, args=(process,), name="toolloop-sweep", daemon=True
         ).start()
+        threading.Thread(
+            target=_fire_forever,
+            args=(process,),
+            name="toolloop-schedules",
+            daemon=True,
+        ).start()
 
 
 YOUNG_PER_STEP = 200
@@ -244,17 +250,12 @@ def _sweep_forever(process: WorkerProcess) -> None:
     tick = min(1.0, settings.sweep_interval)
     last = time.monotonic()
     idle = IdleTrim(process.leases, shed=process.shed_tool_threads)
-    scheduler: Scheduler | None = (
-        None  # made in the loop: a failure to make it is logged, and tried again
-    )
     while True:
         time.sleep(tick)
         try:
             idle.tick()
             client = process.redis
             approvals.sweep_due(client, process.celery, settings.retention)
-            scheduler = scheduler or Scheduler(client, settings, process.metrics)
-            scheduler.fire_due()
             if time.monotonic() - last < settings.sweep_interval:
                 continue
             last = time.monotonic()
@@ -266,6 +267,54 @@ def _sweep_forever(process: WorkerProcess) -> None:
                     process.metrics.swept(done)
         except Exception as error:  # the sweeper must outlive any one failure
             log.warning("sweep failed: %s: %s", type(error).__name__, error)
+
+
+FIRE_BUDGET_S = 0.25
+"""How long one round of `_fire_forever` fires due schedules before it reads the due index again
+(10,000 on one tick: a few rounds, back to back)."""
+FIRE_LAG_S = 0.005
+"""How long after a schedule's tick `_fire_forever` looks."""
+FIRE_MIN_WAIT_S = 0.05
+"""The shortest wait between two looks (a tick that came due while it fired: soon after)."""
+
+
+def _fire_forever(process: WorkerProcess) -> None:
+    """The due schedules, fired by a thread of their own (workers/runs/scheduler.py): it waits until the
+    earliest tick in the due index (a cron tick falls on a whole second) or a second at most (every
+    TOOLLOOP_SWEEP_INTERVAL s when that is shorter), then fires in rounds of FIRE_BUDGET_S, back to
+    back while due ones are left. The full sweep (`_sweep_forever`, seconds with many live runs)
+    does not hold a tick back, and a tick of many schedules does not hold back the sweep."""
+    settings = process.settings
+    tick = min(1.0, settings.sweep_interval)
+    scheduler: Scheduler | None = (
+        None  # made in the loop: a failure to make it is logged, and tried again
+    )
+    wait = tick
+    while True:
+        if wait > 0:
+            time.sleep(wait)
+        wait = tick
+        try:
+            scheduler = scheduler or Scheduler(process.redis, settings, process.metrics)
+            done = scheduler.fire_due(budget_s=FIRE_BUDGET_S)
+            if scheduler.more:
+                wait = 0.0
+            elif tick >= 1.0 and not done.get(
+                "error"
+            ):  # (a failing fire: once a second)
+                wait = _until_due(process.redis, tick)
+        except Exception as error:  # the thread must outlive any one failure
+            log.warning("firing schedules failed: %s: %s", type(error).__name__, error)
+
+
+def _until_due(client: redis_lib.Redis, most: float) -> float:
+    """How long to wait for the earliest tick in the due index (FIRE_LAG_S after it), `most` at most."""
+    first: list[tuple[str, float]] = client.zrange(  # type: ignore[assignment]
+        keys.SCHEDULES_DUE, 0, 0, withscores=True
+    )
+    if not first:
+        return most
+    return min(most, max(FIRE_MIN_WAIT_S, first[0][1] - time.time() + FIRE_LAG_S))
 
 
 MIN_REDIS = (6, 2)

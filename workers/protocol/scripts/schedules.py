@@ -16,6 +16,7 @@ from typing import Any, Literal
 from workers.protocol.lua import Lua
 from workers.protocol.scripts.enqueue import ENQUEUE
 from workers.protocol.scripts.prelude import PRELUDE, with_prelude
+from workers.protocol.scripts.talk import FOLLOW_UP_BODY
 
 SCHEDULE_ADD = Lua("""
 -- KEYS: 1 the schedule's hash 2 the due index 3 the index of all schedules 4 its definition
@@ -133,6 +134,96 @@ if claimed[1] ~= 'fire' then return claimed end
     + ENQUEUE.source
 )
 assert PRELUDE in FIRE.source and PRELUDE in FIRE_ENQUEUE.source
+
+FIRE_MANY = with_prelude(
+    """
+-- Fire a batch of due schedules in one call (workers/runs/scheduler.py), each item on its own:
+--   'claim'    FIRE's KEYS (3) and ARGV (13)
+--   'enqueue'  FIRE_ENQUEUE's KEYS (11) and ARGV (23)
+--   'send'     a follow-up's tick claimed and its follow-up applied together: KEYS 1 the schedule's
+--              hash 2 the due index 3-14 FOLLOW_UP's 12 (workers/protocol/scripts/talk.py) 15 the
+--              list of the step's queue 16- the run's keys made persistent again (retention had
+--              started when it ended); ARGV 1-13 the claim's (mode: see below), 14-24 FOLLOW_UP's
+--              11, 25 the run's journal key prefix, 26 the successor member the step message is for
+--              ("<n>|llm", n read before), 27 that message 28 its task-sent channel 29 the event
+-- ARGV: per item its kind, its count of KEYS, its count of ARGV, then its ARGV; KEYS: the items'
+-- KEYS one after the other.
+-- -> one reply per item: the claim's or FIRE_ENQUEUE's; for 'send' also {'slow'}: nothing was
+--    written (the run is missing, asked, refuses the follow-up, or is steered: the sweeper takes
+--    the tick the one-by-one way, which says why), or {'fire', member}: fired, but the step message
+--    was made for another member (the run moved meanwhile): the sweeper sends that member's.
+-- A 'send' claims the tick only once its fence holds (the schedule's field still reads what the
+-- sweeper read), then reads the run: a follow-up already sent with this tick's key (a sweeper
+-- that died between its send and its claim) is claimed fired; a queued or running run is claimed
+-- busy (held or skipped, its policy says), a steer is left to the slow way; a run that ended done
+-- or interrupted is followed up (FOLLOW_UP) and its step sent, and the tick claimed fired.
+"""
+    + """
+local function claim_in(ARGV, sk, dk, lk, o)
+"""
+    + _CLAIM
+    + """
+  return claim(sk, dk, lk, o)
+end
+local function follow_up(KEYS, ARGV)
+"""
+    + FOLLOW_UP_BODY
+    + """
+end
+local function fire_enqueue(KEYS, ARGV)
+  local claimed = claim_in(ARGV, KEYS[9], KEYS[10], KEYS[11], 10)
+  if claimed[1] ~= 'fire' then return claimed end
+"""
+    + ENQUEUE.source
+    + """
+end
+local function fire_send(K, A)
+  local sk, dk, state = K[1], K[2], K[3]
+  if redis.call('HGET', sk, A[2]) ~= A[3] then return {'taken'} end
+  if A[7] ~= 'fire' then return claim_in(A, sk, dk, state, 0) end
+  local status = redis.call('HGET', state, 'status')
+  if not status then return {'slow'} end
+  if redis.call('HEXISTS', K[8], A[15]) == 1 then
+    A[12] = 'free'
+    return claim_in(A, sk, dk, state, 0)
+  end
+  if status == 'queued' or status == 'running' then
+    if A[8] == 'steer' then return {'slow'} end
+    A[12] = 'busy'
+    return claim_in(A, sk, dk, state, 0)
+  end
+  if status ~= 'done' and status ~= 'interrupted' then return {'slow'} end
+  local sent = follow_up({unpack(K, 3, 14)}, {unpack(A, 14, 24)})
+  if sent[1] ~= 'continued' and sent[1] ~= 'again' then return {'slow'} end
+  A[12] = 'free'
+  local claimed = claim_in(A, sk, dk, state, 0)
+  if sent[1] == 'continued' then
+    for i = 16, #K do redis.call('PERSIST', K[i]) end
+    local segment = tonumber(redis.call('HGET', state, 'segment') or '0')
+    for i = 0, segment do redis.call('PERSIST', A[25] .. 's' .. i) end
+    if sent[3] == A[26] then
+      redis.call('LPUSH', K[15], A[27])
+      redis.call('PUBLISH', A[28], A[29])
+    else
+      claimed[2] = sent[3]
+    end
+  end
+  return claimed
+end
+local replies = {}
+local ki, ai = 1, 1
+while ai <= #ARGV do
+  local kind, nk, na = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+  local k = {unpack(KEYS, ki, ki + nk - 1)}
+  local a = {unpack(ARGV, ai + 3, ai + 2 + na)}
+  if kind == 'send' then replies[#replies + 1] = fire_send(k, a)
+  elseif kind == 'enqueue' then replies[#replies + 1] = fire_enqueue(k, a)
+  else replies[#replies + 1] = claim_in(a, k[1], k[2], k[3], 0) end
+  ki, ai = ki + nk, ai + 3 + na
+end
+return replies
+"""
+)
 
 Outcome = Literal["fired", "steer", "held", "skipped", "missed", "failed", "taken"]
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from workers.protocol.scripts.prelude import with_prelude
 
-FOLLOW_UP = with_prelude("""
+FOLLOW_UP_BODY = """
 -- A follow-up (`Client.send`): continue a run that ended `done` or `interrupted` as its next
 -- segment (the history so far and the message as its input, the spend and steps carried, the
 -- top-ups added, its first step recorded in the outbox), or answer the ask a parked run holds.
@@ -92,7 +92,10 @@ redis.call('ZREM', KEYS[10], ARGV[1])
 local outcome = cjson.encode({what = 'continued', segment = next_segment})
 record(outcome)
 return {'continued', outcome, member}
-""")
+"""
+FOLLOW_UP = with_prelude(FOLLOW_UP_BODY)
+"""FOLLOW_UP_BODY with the prelude: workers/protocol/scripts/schedules.py's FIRE_MANY runs the body as a
+function of its own (its KEYS and ARGV the function's arguments) under the same prelude."""
 
 STEER_SEND = with_prelude("""
 -- A steer (`Client.steer`): a message for a running run, kept in its state until a step takes it
@@ -102,7 +105,10 @@ STEER_SEND = with_prelude("""
 -- -> {'sent', seq} | {'refused', status, why} | {'missing'}
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing'} end
-if status ~= 'queued' and status ~= 'running' then return {'refused', status, 'status'} end
+-- a parent parked on its children ('waiting') takes it too: its step after they wake it reads it
+if status ~= 'queued' and status ~= 'running' and status ~= 'waiting' then
+  return {'refused', status, 'status'}
+end
 if redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'refused', status, 'cancelled'} end
 if redis.call('HEXISTS', KEYS[1], 'interrupt') == 1 then return {'refused', status, 'interrupted'} end
 local field = 'steer:' .. ARGV[1]
