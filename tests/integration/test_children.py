@@ -432,20 +432,19 @@ def test_a_steer_to_a_parent_waiting_on_its_children_is_read_when_it_resumes(
     assert f"steer:{steer_id}" in client.redis.hkeys(f"tl:{{{root}}}:journal:s0")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not built: a child's spend rolls up once, when it first ends (CHILD_ENDED's HSETNX); a "
-    "follow-up segment of an ended child is not added to its ended parent",
-)
-def test_a_follow_up_to_an_ended_child_rolls_its_spend_up_to_the_parent(
+def test_a_follow_up_to_an_ended_child_is_refused_and_the_tree_spend_stays_exact(
     client: Client,
 ) -> None:
+    """A child's spend rolls up to its parent once, when it ends: a follow-up of its own would spend
+    past what its parent counted, so it is refused with what to do; the tree's spend stays exact."""
     root = client.enqueue(spec("fan=2 Review."))
     assert client.wait(root, timeout=60).status == "done"
     child = children_of(client.tree(root), root)[0]
-    client.send(child.run_id, "Once more, shorter.")
-    assert client.wait(child.run_id, timeout=30).status == "done"
-    assert client.status(child.run_id).spent_usd > child.spent_usd
+    with pytest.raises(RunStateError, match="child run") as refused:
+        client.send(child.run_id, "Once more, shorter.")
+    assert "root run" in str(refused.value)
+    assert client.status(child.run_id).status == "done"
+    assert client.status(child.run_id).spent_usd == child.spent_usd
     nodes = client.tree(root)
     below = sum(node.spent_usd for node in children_of(nodes, root))
     assert client.status(root).spent_usd == pytest.approx(

@@ -185,6 +185,10 @@ def refusal(run_id: str, status: str, why: str) -> RunStateError | DeadlineError
         "answered": f"Run {run_id!r}'s question was answered already; nothing was sent.\n"
         "  Wait for the run to go on (`toolloop events -f`), then send.",
         "history": f"Run {run_id!r} has no stored history to continue.\n  Enqueue a new run.",
+        "child": f"Run {run_id!r} is a child run that ended {status!r}: its spend was added to its "
+        "parent's when it ended, so it takes no follow-up of its own.\n"
+        "  Send the follow-up to its root run (`toolloop status` on the child names its parent);"
+        "\n  the parent's model can spawn the child again.",
     }
     if why in said:
         return RunStateError(said[why])

@@ -70,6 +70,8 @@ if status == 'asked' then
   return {'answered', outcome}
 end
 if status ~= 'done' and status ~= 'interrupted' then return {'refused', status, 'status'} end
+-- a child's spend rolled up to its parent when it ended: its conversation goes on through the parent
+if redis.call('HEXISTS', KEYS[1], 'parent') == 1 then return {'refused', status, 'child'} end
 local history = redis.call('GET', KEYS[3])
 if not history then return {'refused', status, 'history'} end
 local next_segment = segment + 1
@@ -146,7 +148,8 @@ class FollowedUp:
     """FOLLOW_UP's reply: `continued` (a new segment; send `member`), `answered` (the held ask's
     answer; its task was sent), `again` (a send with this key was applied before: `outcome` is its
     outcome, nothing was done), `refused` (`status`, and `why`: 'status', 'cancelled', 'approvals',
-    'late', 'answered', 'history'), or `missing`. `outcome`: {"what", "segment"}."""
+    'late', 'answered', 'history', 'child': an ended child run), or `missing`.
+    `outcome`: {"what", "segment"}."""
 
     what: Literal["continued", "answered", "again", "refused", "missing"]
     outcome: dict[str, Any] | None = None
