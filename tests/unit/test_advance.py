@@ -8,6 +8,9 @@ import asyncio
 import dataclasses
 import json
 
+import pytest
+import redis
+
 from tests.support.harness import HOSTNAME, StepHarness
 from toolloop.abort import AbortSignal
 from toolloop.contract import PromptGenRequest, PromptGenResult
@@ -223,3 +226,32 @@ async def test_a_cancel_drops_the_kept_loop_of_its_run(
     h.process.cancelled(run)  # what the cancel listener does with a published run id
     await asyncio.sleep(0)
     assert run not in h.process.kept
+
+
+async def test_redis_lost_under_the_model_call_runs_the_step_again_and_fails_no_run(
+    step_harness: StepHarness,
+) -> None:
+    """A Redis error raised inside the step's work (here by the model call, as a flow-control
+    booking raises it when Redis is away) is what workers/protocol/errors.py calls REDIS_LOST: the
+    step is not committed and runs again (the consumer puts it back); the run does not end
+    `failed` (the Redis-away fault test saw one that did)."""
+    h = step_harness
+    model = add_then_answer()
+    lost = [True]
+
+    async def away_once(
+        request: PromptGenRequest, signal: AbortSignal
+    ) -> PromptGenResult:
+        if lost.pop() if lost else False:
+            raise redis.ConnectionError(
+                "Error 111 connecting to 127.0.0.1. Connection refused."
+            )
+        return await model(request, signal)
+
+    h.model = away_once
+    run = h.enqueue()
+    with pytest.raises(redis.ConnectionError):
+        await h.step(run, 1)
+    assert h.state(run)["status"] != "failed" and h.journal(run) == {}
+    assert str(await h.step(run, 1)) == "next"  # the same task, delivered again
+    assert model.calls == 1 and sorted(h.journal(run)) == ["model:1"]

@@ -33,6 +33,13 @@ REDIS_LOST: tuple[type[BaseException], ...] = (
 goes back on its queue and runs again; any other error fails the step. (Scripts are atomic under
 OOM too: Redis refuses a script at its first write that needs memory, before it wrote anything.)"""
 
+REDIS_AWAY: tuple[type[BaseException], ...] = tuple(
+    kind for kind in REDIS_LOST if issubclass(kind, redis.RedisError)
+)
+"""REDIS_LOST as redis-py raises it (no bare OSError): what a step's work may meet when Redis is away
+(a flow-control booking, a lease round trip) and that makes the step run again, not the run fail.
+An OSError from a tool or a provider is theirs, not Redis's."""
+
 
 class NotReplicatedError(redis.ConnectionError):
     """Redis took a write, but fewer replicas than TOOLLOOP_COMMIT_WAIT confirmed it in time: a failover

@@ -50,7 +50,7 @@ from workers.process.segment import SegmentJournal, StepBoundary
 from workers.process.suspects import limit_error
 from workers.process.worker_process import WorkerProcess
 from workers.protocol import keys
-from workers.protocol.errors import LeaseLostError
+from workers.protocol.errors import REDIS_AWAY, LeaseLostError
 from workers.protocol.scripts.begin import Refused
 from workers.protocol.scripts.commit import StepOutcome
 from workers.protocol.scripts.lease import LEASE_RELEASE
@@ -245,6 +245,8 @@ class _Step:
             )
             decisions = approvals.decisions_of(answer)
             messages = segment_messages(loaded.input, None if decisions else answer)
+        except REDIS_AWAY:
+            raise  # the toolset's Redis reads: the step runs again
         except Exception as error:
             return await commits.commit_failure(error)
         live = self.live = spawner.live = LiveLoop({tool.name: tool for tool in tools})
@@ -347,6 +349,11 @@ class _Step:
             )
         except LeaseLostError as error:
             return await self.lost_lease(error)
+        except REDIS_AWAY:
+            # Redis went away under the step's work (a flow-control booking, a lease round trip):
+            # nothing is committed and the step runs again (workers/worker/consumer.py), as
+            # workers/protocol/errors.py says (REDIS_AWAY); the run does not fail for it
+            raise
         except Exception as error:
             if isinstance(live.controller.signal.reason, LeaseLostError):
                 return await self.lost_lease(live.controller.signal.reason)
