@@ -25,6 +25,7 @@ from faults.workerpool import WorkerPool
 from toolloop.embedded import EmbeddedServer
 from toolloop.sim import SimServer
 from workers.client import Client
+from workers.protocol import keys
 
 pytestmark = pytest.mark.faults
 
@@ -106,7 +107,23 @@ def test_a_steer_is_seen_once_across_worker_kills(
             ended = [client.wait(run_id, timeout=180) for run_id in runs]
         fired = Path(f"{plan}.log").read_text().splitlines()
     assert [s.status for s in ended] == ["done"] * RUNS, ended
-    assert len(fired) == 3, fired
+    assert len(fired) == 3, "\n".join(
+        [
+            "kills fired (index, point, run, key):",
+            *(
+                " ".join(
+                    str(json.loads(line).get(k))
+                    for k in ("index", "point", "run", "key")
+                )
+                for line in fired
+            ),
+            "journals (run: steps of s0):",
+            *(
+                f"{run_id}: {sorted(client.redis.hkeys(keys.journal(run_id, 's0/')))}"
+                for run_id in runs
+            ),
+        ]
+    )
     assert len(sent) == RUNS * STEERS
     for steer_id, (run_id, text) in sent.items():
         history = client.history(run_id)
