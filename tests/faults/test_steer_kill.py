@@ -3,7 +3,8 @@ model request at the simulator (a request made again after a kill is the same re
 simulator's history hash), sits in the final history once, after the last complete turn, and none is
 lost. The worker's process group is killed by the kill plan at the three places that matter for a
 steer (just before its step's work, after its work and before its commit, right after its commit),
-(with TOOLLOOP_FAULTS=full, once more at a random moment while every run is steered); a supervisor
+(with TOOLLOOP_FAULTS=full, once more at a random moment while every run is steered). The first
+three steers are sent one at a time, each after the kill planned for the one before fired. A supervisor
 restarts the workers.
 The full figure (1,000 steers to 100 runs) is bench/conversations.py `steers`; TOOLLOOP_FAULTS=full
 runs a larger version here."""
@@ -83,6 +84,10 @@ def test_a_steer_is_seen_once_across_worker_kills(
             ]
             sent: dict[str, tuple[str, str]] = {}
 
+            def kills_fired() -> int:
+                log = Path(f"{plan}.log")
+                return len(log.read_text().splitlines()) if log.exists() else 0
+
             def steer_all() -> None:
                 for k in range(STEERS):
                     for i, run_id in enumerate(runs):
@@ -90,6 +95,13 @@ def test_a_steer_is_seen_once_across_worker_kills(
                         text = f"steer {steer_id}"
                         client.steer(run_id, text, steer_id=steer_id)
                         sent[steer_id] = (run_id, text)
+                        if k == 0 and i < 3:
+                            # the planned kill of this steer fires before the next run's steer is
+                            # sent: one kill would otherwise end the process where another run's
+                            # steer had committed and not reached its own kill point (CI saw it)
+                            until = time.monotonic() + 60
+                            while kills_fired() <= i and time.monotonic() < until:
+                                time.sleep(0.02)
                     time.sleep(rng.uniform(0.2, 0.8))
 
             deadline = time.monotonic() + 60
@@ -100,7 +112,10 @@ def test_a_steer_is_seen_once_across_worker_kills(
                 time.sleep(0.05)
             sender = threading.Thread(target=steer_all)
             sender.start()
-            if FULL:
+            if FULL:  # after the planned kills, which it must not pre-empt
+                until = time.monotonic() + 120
+                while kills_fired() < 3 and time.monotonic() < until:
+                    time.sleep(0.05)
                 time.sleep(rng.uniform(0.5, 1.5))
                 pool.kill_all()  # a kill at a random moment, beside the planned ones
             sender.join()
