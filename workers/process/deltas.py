@@ -151,6 +151,7 @@ class DeltaStream:
         "timer",
         "token",
         "writes",
+        "written",
     )
 
     def __init__(
@@ -176,6 +177,8 @@ class DeltaStream:
         self.timer: asyncio.TimerHandle | None = None
         self.backed = ""
         """The attempt mark ("<segment>|<step>|<attempt>") whose model event came after its deltas."""
+        self.written: asyncio.Future[Any] | None = None
+        """The reply of the last delta write queued: the commit waits for it (`landed`)."""
 
     @classmethod
     def of(
@@ -253,6 +256,15 @@ class DeltaStream:
         backed, self.backed, self.last = self.backed, "", -1.0
         return backed
 
+    async def landed(self) -> None:
+        """Once the last delta write queued has run: the commit comes after it in the stream. Two
+        loop turns' batches travel on two connections when the first is still out, and Redis may
+        run the second first (it reads both sockets in one pass): a step's deltas would then follow
+        its commit's `finished`."""
+        written, self.written = self.written, None
+        if written is not None:
+            await asyncio.wait((written,))  # its failure is logged by `_written`
+
     def drop(self) -> None:
         """Write nothing more of what is buffered (a lost lease, a commit)."""
         if self.timer is not None:
@@ -284,6 +296,7 @@ class DeltaStream:
             ],
         )
         written.add_done_callback(self._written)
+        self.written = written
 
     def _written(self, future: asyncio.Future[Any]) -> None:
         error = None if future.cancelled() else future.exception()

@@ -329,6 +329,10 @@ class StepCommit:
                 None,
                 None,
             )
+        streamed = ""
+        if self.live and self.live.deltas:
+            streamed = self.live.deltas.settle()
+            await self.live.deltas.landed()  # its deltas before its commit's events
         payload = Commit(
             token=self.at.token,
             lease=self.at.lease,
@@ -348,9 +352,7 @@ class StepCommit:
             requested=requested or [],
             due=due,
             go_on=go_on,
-            streamed=self.live.deltas.settle()
-            if self.live and self.live.deltas
-            else "",
+            streamed=streamed,
             steerable=steerable,
             children=part,
             compacted=self.compacted if outcome in ("park", "stop") else None,
