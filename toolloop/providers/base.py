@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
+from toolloop.errors import PromptGenUnavailableError
 
 
 @runtime_checkable
@@ -40,6 +41,16 @@ class Secret:
         self._value = value or None
 
     def reveal(self) -> str | None:
+        return self._value
+
+    def required(self, provider: str, env: str) -> str:
+        """The key, or PromptGenUnavailableError ("auth") naming the variable that sets it."""
+        if self._value is None:
+            raise PromptGenUnavailableError(
+                f"{provider} has no API key.\n"
+                f"  Set {env}, or use another prompt-gen provider.",
+                "auth",
+            )
         return self._value
 
     def __bool__(self) -> bool:

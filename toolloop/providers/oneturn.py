@@ -104,12 +104,7 @@ class OpenAIHandler:
         refuse_unless_one_turn(self.name, request)
         model = request.model or self.default_model
         price = self.catalog.price(model) or ModelPrice(0, 0, 0, 0)
-        key = self._key.reveal()
-        if key is None:
-            raise PromptGenUnavailableError(
-                "openai has no API key.\n  Set OPENAI_API_KEY, or use another prompt-gen provider.",
-                "auth",
-            )
+        key = self._key.required("openai", "OPENAI_API_KEY")
         messages = (
             [{"role": "system", "content": request.system}] if request.system else []
         )

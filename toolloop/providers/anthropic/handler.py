@@ -16,7 +16,7 @@ import httpx
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult
-from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.errors import PromptGenError
 from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.anthropic.encode import encode_body
 from toolloop.providers.anthropic.params import DEFAULT_MAX_TOKENS, top_level
@@ -133,13 +133,7 @@ class AnthropicHandler:
         check_request(self.name, request)
         model = request.model or self.default_model
         info, _ = self._model(model)
-        key = self._key.reveal()
-        if key is None:
-            raise PromptGenUnavailableError(
-                f"{self.name} has no API key.\n"
-                f"  Set {self.endpoint.key_env}, or use another prompt-gen provider.",
-                "auth",
-            )
+        key = self._key.required(self.name, self.endpoint.key_env)
         images = await read_images(self.name, image_parts(request))
         reasoning = reasoning_of(self.name, request, None)
         body = count_body(
@@ -191,13 +185,7 @@ class AnthropicHandler:
         info, price = self._model(model)
         reasoning = reasoning_of(self.name, request, None)
         ttl = cache_ttl_of(request)
-        key = self._key.reveal()
-        if key is None:
-            raise PromptGenUnavailableError(
-                f"{self.name} has no API key.\n"
-                f"  Set {self.endpoint.key_env}, or use another prompt-gen provider.",
-                "auth",
-            )
+        key = self._key.required(self.name, self.endpoint.key_env)
         images = await read_images(self.name, image_parts(request))
         notes: list[str] = []
         body = body_frame(

@@ -16,7 +16,7 @@ import httpx
 
 from toolloop.abort import AbortSignal
 from toolloop.contract import OnDelta, PromptGenRequest, PromptGenResult, ToolChoiceName
-from toolloop.errors import PromptGenError, PromptGenUnavailableError
+from toolloop.errors import PromptGenError
 from toolloop.fastjson import dumps
 from toolloop.http import HttpClient, HttpxClient
 from toolloop.providers.base import Secret
@@ -136,13 +136,7 @@ class FalHandler:
         ttl = cache_ttl_of(request)
         reasoning = reasoning_of(self.name, request, "medium") or "medium"
         extra = prompt_images(request)
-        key = self._key.reveal()
-        if key is None:
-            raise PromptGenUnavailableError(
-                f"{self.name} has no API key.\n"
-                f"  Set {self.endpoint.key_env}, or use another prompt-gen provider.",
-                "auth",
-            )
+        key = self._key.required(self.name, self.endpoint.key_env)
         images = await image_urls(
             image_parts(request) + extra,
             cache=self.urls,
