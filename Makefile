@@ -19,8 +19,10 @@ demo: $(STAMP)  ## a durable run end to end: embedded Redis, a worker, the simul
 prereqs:  ## the programs the suite runs (tests/prereqs.py): names what is missing and its install command
 	@python3 tests/prereqs.py
 
-test: prereqs $(STAMP)  ## unit, replay, integration and the bounded fault suite
-	$(PY) -m pytest -q -p no:cacheprovider
+TEST_PROCESSES ?= 2
+
+test: prereqs $(STAMP)  ## unit, replay, integration and the bounded fault suite, on TEST_PROCESSES pytest processes
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist worksteal --durations=15
 
 test-unit: $(STAMP)  ## the unit and replay tiers: in-process, no outside program (under a minute)
 	$(PY) -m pytest -q tests/unit tests/replay

@@ -40,6 +40,18 @@ def test_a_task_message_carries_the_time_it_was_sent() -> None:
         '{"headers": {"sent_at": 1e400}}',
         '{"headers": {"sent_at": NaN}}',
     ],
+    ids=[
+        "no sent_at",
+        "sent_at true",
+        "sent_at a string",
+        "sent_at negative",
+        "sent_at a list",
+        "not json",
+        "not an object",
+        "headers not an object",
+        "sent_at infinite",
+        "sent_at NaN",
+    ],
 )
 def test_a_message_without_a_usable_time_has_none(raw: str) -> None:
     assert sent_at(raw) is None
