@@ -158,6 +158,13 @@ def seconds(took: float) -> str:
     return f"{took:.0f} s" if took < 100 else f"{took // 60:.0f} min {took % 60:.0f} s"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[Any]) -> None:
+    """Under pytest-xdist (`make test`: each process collects, the same way), the tests marked `slow`
+    start first, so the last minutes are not one long test on one process while the other idles."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller only, under pytest-xdist
         config.pluginmanager.register(TierLines(config), "toolloop-tiers")

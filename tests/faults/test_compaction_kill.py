@@ -53,6 +53,7 @@ def kill_keys(journal: list[str]) -> list[str]:
 
 
 @pytest.mark.timeout(2400 if FULL else 600)
+@pytest.mark.slow
 def test_a_kill_at_every_step_boundary_makes_no_extra_compaction(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:

@@ -38,6 +38,7 @@ IN_FLIGHT_S = 2.0  # longer than any step here (0.5 s model latency plus overhea
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_connection_blips_never_run_a_step_twice_at_once(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:

@@ -30,12 +30,14 @@ SLOT_RUNS = int(os.environ.get("TOOLLOOP_FAULTS_SLOT_RUNS", "20" if FULL else "3
 
 
 @pytest.mark.timeout(3600 if FULL else 420)
+@pytest.mark.slow
 def test_crash_matrix(redis_server: EmbeddedServer, work_dir: Path) -> None:
     """One step slot per worker: each kill interrupts its own step (and a control task's bystander)."""
     _matrix(redis_server, work_dir / "one", runs=RUNS, slots=1)
 
 
 @pytest.mark.timeout(3600 if FULL else 420)
+@pytest.mark.slow
 def test_crash_matrix_many_slots(redis_server: EmbeddedServer, work_dir: Path) -> None:
     """SLOTS step slots per worker, every run at once: a kill interrupts many steps in flight, and
     each may run again once, no more; no committed step runs again."""

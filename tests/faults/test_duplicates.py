@@ -63,6 +63,7 @@ def duplicate_every_step(client: Client, runs: dict[str, Shape], _pool: object) 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_each_step_runs_once_under_duplicate_and_late_deliveries(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:

@@ -105,6 +105,7 @@ def test_a_tool_that_exits_fails_its_call_and_both_workers_go_on(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_tool_that_aborts_fails_only_its_own_run(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:

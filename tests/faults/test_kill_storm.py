@@ -36,6 +36,7 @@ KILLS = 20 if FULL else 6
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_runs_survive_a_kill_storm(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:

@@ -81,6 +81,7 @@ def _stops(plan: Path) -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.timeout(3600 if FULL else 600)
+@pytest.mark.slow
 def test_a_worker_frozen_past_its_lease_does_no_paid_work_after_it(
     redis_server: EmbeddedServer, work_dir: Path
 ) -> None:

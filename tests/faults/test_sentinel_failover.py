@@ -68,6 +68,7 @@ SLOWER = 2.0
 
 
 @pytest.mark.timeout(600 if FULL else 300)
+@pytest.mark.slow
 def test_runs_survive_failovers_and_a_kill_with_commit_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.integration
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "durable.py"
 
 
+@pytest.mark.slow
 def test_durable_bench_measures_every_figure_at_a_small_size() -> None:
     args = [
         "--hops",

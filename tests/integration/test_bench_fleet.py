@@ -57,6 +57,7 @@ def test_the_enqueue_bench_measures_every_row_beside_its_floor() -> None:
     assert any(line.startswith("One at a time: sync") for line in lines)
 
 
+@pytest.mark.slow
 def test_the_fleet_bench_reports_each_fleet_and_the_ceiling_of_one_redis() -> None:
     lines = run("fleet.py", "--runs", "4", "--turns", "2", "--latency", "0.2")
     fleets = [

@@ -19,6 +19,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
 @pytest.mark.timeout(
     360
 )  # ~40 s at a load average of 12 on 2 cores; the suite's 120 s cut it short
+@pytest.mark.slow
 def test_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     args = [

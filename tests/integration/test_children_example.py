@@ -34,6 +34,7 @@ def test_the_docs_and_the_readme_show_the_same_block() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_readme_children_block_works_as_written(tmp_path: Path) -> None:
     (block,) = BLOCK
     copy = fresh_copy(tmp_path)

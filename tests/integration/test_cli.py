@@ -213,6 +213,7 @@ def test_embedded_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         toolloop(env, "down")
 
 
+@pytest.mark.slow
 def test_a_run_from_the_command_line(env: dict[str, str], tmp_path: Path) -> None:
     log = (tmp_path / "worker.log").open("wb")
     unregistered = {k: v for k, v in env.items() if k != "TOOLLOOP_TOOLSETS"}

@@ -260,6 +260,7 @@ def test_a_step_waiting_for_room_lends_its_slot_to_other_runs(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.slow
 def test_runs_failing_over_to_fal_are_booked_against_fals_own_limit(
     own_redis: EmbeddedServer, tmp_path: Path, stream: bool
 ) -> None:
@@ -378,6 +379,7 @@ def test_a_fallback_dearer_than_the_account_allows_stops_budget_before_it_is_sen
     assert rows["narrow"].reserved_usd == rows["wide"].reserved_usd == 0.0
 
 
+@pytest.mark.slow
 def test_a_call_longer_than_a_lease_keeps_its_reservation_and_concurrent_place(
     own_redis: EmbeddedServer, tmp_path: Path
 ) -> None:

@@ -29,6 +29,7 @@ ONE_TRY = RetryPolicy(attempts=1)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_calls_after_idle_gaps_never_fail_on_a_connection_the_server_closed() -> (
     None
 ):

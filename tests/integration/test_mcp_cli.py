@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.integration.test_cli import env_for, toolloop
@@ -39,6 +40,7 @@ def _file(tmp_path: Path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_tools_lists_python_tools_and_the_server_tools(tmp_path: Path) -> None:
     env = {
         **env_for(tmp_path, None),

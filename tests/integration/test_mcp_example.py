@@ -19,6 +19,7 @@ BLOCK = re.findall(r"```bash\n(.*?)```", README, re.DOTALL)
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_readme_mcp_block_works_as_written(tmp_path: Path) -> None:
     tmp = tmp_path
     (block,) = BLOCK

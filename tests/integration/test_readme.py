@@ -86,6 +86,7 @@ def test_the_readme_blocks_are_the_ones_this_test_runs() -> None:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_every_readme_command_works_as_written_on_a_fresh_copy(tmp_path: Path) -> None:
     copy = fresh_copy(tmp_path)
     env = clean_env(tmp_path)

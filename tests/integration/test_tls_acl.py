@@ -231,6 +231,7 @@ def _toolloop(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow
 def test_every_cli_command_works_over_tls_with_an_acl_user(
     tls_url: str, tmp_path: Path
 ) -> None:

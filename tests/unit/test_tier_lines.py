@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(300)  # a pytest of its own: slow on a loaded machine
+@pytest.mark.slow
 def test_each_tier_begins_with_its_line_and_the_summary_gives_its_time() -> None:
     done = subprocess.run(
         [
