@@ -3,8 +3,9 @@ second (workers/worker/bootsteps.py `_fire_forever`) and the `toolloop.sweep` ta
 
 Every worker fires: there is no lock to wait for, and the fence is per tick (the fire scripts,
 workers/protocol/scripts/schedules.py). A sweep takes the due schedules (`tl:sched:due`, score <=
-now) in rounds of `batch` (1,000; DUE_TAKE: when more than a round is due, the round's ids are
-hidden from racing sweepers for TAKE_HOLD_S, so two sweepers of a big tick fire disjoint rounds),
+now) in rounds of `batch` (1,000; DUE_TAKE: when more than `per_script` are due, the round's ids,
+half of them when they fit in one round, are hidden from racing sweepers for TAKE_HOLD_S, so two
+sweepers of a big tick fire disjoint rounds),
 works out each one's tick (the latest due one: workers/protocol/schedules.py `latest_due`), its
 next tick and what the catch-up policy says, and fires each round: their reads in one pipeline,
 then FIRE_MANY calls of `per_script` (100) schedules each, all in one round trip. FIRE_MANY takes,
@@ -169,15 +170,15 @@ class Scheduler:
             if looked and budget_s is not None and time.monotonic() - started >= budget_s:
                 self.more = True
                 break
-            # more than a round due: this round's ids are taken (hidden from racing sweepers until
-            # TAKE_HOLD_S, or until their claims move them on), so two sweepers fire disjoint
-            # rounds; a round or less is fired as read
+            # more than a FIRE_MANY call due: this round's ids are taken (hidden from racing
+            # sweepers until TAKE_HOLD_S, or until their claims move them on; half of them when
+            # they fit in a round), so two sweepers fire disjoint rounds; fewer are fired as read
             due = parse_take(
                 lua.run(
                     self.redis,
                     DUE_TAKE,
                     [keys.SCHEDULES_DUE],
-                    [now, self.batch, now + TAKE_HOLD_S],
+                    [now, self.batch, self.per_script, now + TAKE_HOLD_S],
                 )
             )
             if due.ids:
