@@ -281,7 +281,14 @@ def sweep(
         for i, (run_id, score) in enumerate(chunk):
             try:
                 _sweep_run(
-                    client, celery, settings, run_id, score, now, done, read[4 * i : 4 * i + 4]
+                    client,
+                    celery,
+                    settings,
+                    run_id,
+                    score,
+                    now,
+                    done,
+                    read[4 * i : 4 * i + 4],
                 )
             except (redis_lib.ResponseError, ValueError, TypeError, KeyError) as error:
                 # one run's keys holding what no worker wrote (a WRONGTYPE key, a bad number or

@@ -167,7 +167,11 @@ class Scheduler:
         done: Counter[str] = Counter()
         looked = 0
         while looked < self.most:
-            if looked and budget_s is not None and time.monotonic() - started >= budget_s:
+            if (
+                looked
+                and budget_s is not None
+                and time.monotonic() - started >= budget_s
+            ):
                 self.more = True
                 break
             # more than a FIRE_MANY call due: this round's ids are taken (hidden from racing

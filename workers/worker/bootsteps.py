@@ -25,6 +25,7 @@ Threads of a worker process:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -270,8 +271,8 @@ def _sweep_forever(process: WorkerProcess) -> None:
                     client,
                     process.celery,
                     settings,
-                    between=lambda: lua.run(
-                        client, LOCK_KEEP, [keys.SWEEP_LOCK], [owner, held]
+                    between=functools.partial(
+                        lua.run, client, LOCK_KEEP, [keys.SWEEP_LOCK], [owner, held]
                     ),
                 )
                 if process.metrics is not None:

@@ -67,7 +67,6 @@ return out
 """)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Taken:
     """DUE_TAKE's reply: a round's schedule ids, and whether they were taken (hidden from racing
@@ -79,6 +78,7 @@ class Taken:
 
 def parse_take(reply: Any) -> Taken:
     return Taken([str(sid) for sid in reply[1:]], int(reply[0]) == 1)
+
 
 _CLAIM = """
 -- claim(sk, dk, lk, o): sk the schedule's hash, dk the due index, lk the state hash of the run that
