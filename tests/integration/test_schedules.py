@@ -80,7 +80,8 @@ import redis
 from workers.runs.scheduler import Scheduler
 from workers.config.settings import Settings
 client = redis.Redis.from_url(sys.argv[1], decode_responses=True)
-scheduler = Scheduler(client, Settings.from_env())
+sizes = {"batch": int(sys.argv[3]), "per_script": int(sys.argv[4])} if len(sys.argv) > 3 else {}
+scheduler = Scheduler(client, Settings.from_env(), **sizes)
 done = {}
 end = time.time() + float(sys.argv[2])
 while time.time() < end:
@@ -138,6 +139,34 @@ def test_two_sweepers_racing_never_fire_a_tick_twice(
         assert ticks >= 3 and info.fired == 1
         # each tick settled once
         assert info.fired + info.skipped + info.missed == ticks, info
+
+
+def test_racing_sweepers_of_a_big_tick_take_disjoint_rounds(
+    client: Client, server: EmbeddedServer
+) -> None:
+    """400 one-time schedules due at the same moment, two sweeper processes firing them in rounds of
+    40 (FIRE_MANY calls of 10): each round a sweeper takes is hidden from the other (DUE_TAKE), so
+    every tick fires once and at most the last few (10 or fewer, read by both) are found `taken`;
+    with both reading the same due ids, a sweeper found whole rounds `taken`."""
+    start = time.time() + 1.5
+    for _ in range(400):
+        client.schedule(spec("You race in rounds."), at=start)
+    assert time.time() < start, "adding 400 schedules took past their tick"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, server.url, "4", "40", "10"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    reports = [json.loads(racer.communicate(timeout=60)[0]) for racer in racers]
+    assert sum(report.get("fired", 0) for report in reports) == 400, reports
+    assert client.redis.zcard(keys.ALL_RUNS) == 400
+    assert all(report.get("fired", 0) >= 40 for report in reports), reports
+    assert sum(report.get("taken", 0) for report in reports) <= 10, reports
 
 
 def test_a_schedule_survives_a_redis_restart(tmp_path: Path) -> None:

@@ -56,10 +56,9 @@ a superset of the live runs, never the source of truth.
                                        the counts fired/skipped/missed/failed, its last fire; every
                                        value short, so Redis keeps it packed (listpack)
     tl:sched:<id>:def          string  the schedule's definition (JSON), written once when added
-    tl:sched:due               zset    schedule ids, score = when the sweeper next looks at it
+    tl:sched:due               zset    schedule ids, score = when the sweeper next looks at it (or,
+                                       for a round one sweeper took, when another may: DUE_TAKE)
     tl:sched:all               zset    every schedule id, score = when it was added (listing)
-    tl:sched:turn              string  sweeps of more than a round, counted (workers/runs/scheduler.py): an
-                                       odd one fires the due ids in order, an even one from the end
     tl:{<run>}:sends           hash    field = a follow-up's idempotency key, value = its outcome
                                        (JSON {what, segment}): workers/protocol/scripts/talk.py
     tl:cancel                  channel pubsub: a run id whose live step must abort now
@@ -94,7 +93,6 @@ SWEEP_LOCK = f"{PREFIX}sweep:lock"
 REJECTED = "toolloop:rejected"
 SCHEDULES_DUE = f"{PREFIX}sched:due"
 SCHEDULES_ALL = f"{PREFIX}sched:all"
-SCHEDULES_TURN = f"{PREFIX}sched:turn"
 
 
 def schedule(schedule_id: str) -> str:

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis as redis_lib
@@ -235,8 +236,15 @@ def cancel(
     return answer(client, celery, run_id, answer_id, hooks)
 
 
+SWEEP_READ = 500
+"""Live runs whose state one round trip of a sweep reads (their four reads in one pipeline)."""
+
+
 def sweep(
-    client: redis_lib.Redis, celery: Celery, settings: Settings | None = None
+    client: redis_lib.Redis,
+    celery: Celery,
+    settings: Settings | None = None,
+    between: Callable[[], None] | None = None,
 ) -> dict[str, int]:
     """Re-send successors recorded longer than TOOLLOOP_OUTBOX_AGE; re-drive runs with no lease and no
     recorded successor that did not move for TOOLLOOP_REDRIVE_AGE (their message was lost, or waits in
@@ -244,8 +252,10 @@ def sweep(
     live index (an answer puts a parked run back before it resumes it, and a drop only happens while
     the run's index score is the one read before its status, so no resume is lost).
     Re-sends the `toolloop.answer` task of an inbox answer older than TOOLLOOP_OUTBOX_AGE (its message
-    was lost). Returns counts of what it did; a run whose keys cannot be read is logged and
-    `skipped`, and the sweep goes on with the next."""
+    was lost). The live runs are read SWEEP_READ at a time, in one round trip each; `between` is
+    called after each such chunk (the worker's sweeper keeps its lock). Returns counts of what it
+    did; a run whose keys cannot be read is logged and `skipped`, and the sweep goes on with the
+    next."""
     settings = settings or Settings.from_env()
     done = {
         "resent": 0,
@@ -259,22 +269,43 @@ def sweep(
     live: list[tuple[str, float]] = client.zrange(
         keys.LIVE_RUNS, 0, -1, withscores=True
     )  # type: ignore[assignment]
-    for run_id, score in live:
-        try:
-            _sweep_run(client, celery, settings, run_id, score, now, done)
-        except (redis_lib.ResponseError, ValueError, TypeError, KeyError) as error:
-            # one run's keys holding what no worker wrote (a WRONGTYPE key, a bad number or answer)
-            # must not stop the sweep of every run after it; a lost connection still ends the sweep
-            done["skipped"] += 1
-            log.warning(
-                "sweep: run %r skipped: %s: %s\n  Its keys tl:{%s}:* hold something the workers did not "
-                "write; look at them (redis-cli --scan --pattern 'tl:{%s}:*'), then delete or fix them.",
-                run_id,
-                type(error).__name__,
-                error,
-                run_id,
-                run_id,
-            )
+    for first in range(0, len(live), SWEEP_READ):
+        chunk = live[first : first + SWEEP_READ]
+        pipe = client.pipeline(transaction=False)
+        for run_id, _ in chunk:
+            pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
+            pipe.zcard(keys.outbox(run_id))
+            pipe.exists(keys.lease(run_id))
+            pipe.hgetall(keys.inbox(run_id))
+        read = pipe.execute(raise_on_error=False)
+        for i, (run_id, score) in enumerate(chunk):
+            try:
+                _sweep_run(
+                    client,
+                    celery,
+                    settings,
+                    run_id,
+                    score,
+                    now,
+                    done,
+                    read[4 * i : 4 * i + 4],
+                )
+            except (redis_lib.ResponseError, ValueError, TypeError, KeyError) as error:
+                # one run's keys holding what no worker wrote (a WRONGTYPE key, a bad number or
+                # answer) must not stop the sweep of every run after it; a lost connection still
+                # ends the sweep
+                done["skipped"] += 1
+                log.warning(
+                    "sweep: run %r skipped: %s: %s\n  Its keys tl:{%s}:* hold something the workers did not "
+                    "write; look at them (redis-cli --scan --pattern 'tl:{%s}:*'), then delete or fix them.",
+                    run_id,
+                    type(error).__name__,
+                    error,
+                    run_id,
+                    run_id,
+                )
+        if between is not None:
+            between()
     return done
 
 
@@ -286,14 +317,14 @@ def _sweep_run(
     score: float,
     now: float,
     done: dict[str, int],
+    read: list[Any],
 ) -> None:
-    """One run of the sweep (`sweep`): its counts are added to `done`."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hmget(keys.state(run_id), "status", "touched", "n", "queue")
-    pipe.zcard(keys.outbox(run_id))
-    pipe.exists(keys.lease(run_id))
-    pipe.hgetall(keys.inbox(run_id))
-    (status, touched, n, queue), pending, leased, inbox = pipe.execute()
+    """One run of the sweep (`sweep`), given its four reads (a read Redis refused, a WRONGTYPE key:
+    raised here): its counts are added to `done`."""
+    refused = next((reply for reply in read if isinstance(reply, Exception)), None)
+    if refused is not None:
+        raise refused
+    (status, touched, n, queue), pending, leased, inbox = read
     if inbox and status is not None and status not in FINAL:
         done["answers"] += resend_answers(
             celery, run_id, inbox, now - settings.outbox_age

@@ -2,9 +2,12 @@
 second (workers/worker/bootsteps.py `_fire_forever`) and the `toolloop.sweep` task calls too.
 
 Every worker fires: there is no lock to wait for, and the fence is per tick (the fire scripts,
-workers/protocol/scripts/schedules.py). A sweep reads the due schedules (`tl:sched:due`, score <= now), works
-out each one's tick (the latest due one: workers/protocol/schedules.py `latest_due`), its next tick and what
-the catch-up policy says, and fires them in rounds of `batch` (1,000): their reads in one pipeline,
+workers/protocol/scripts/schedules.py). A sweep takes the due schedules (`tl:sched:due`, score <=
+now) in rounds of `batch` (1,000; DUE_TAKE: when more than `per_script` are due, the round's ids,
+half of them when they fit in one round, are hidden from racing sweepers for TAKE_HOLD_S, so two
+sweepers of a big tick fire disjoint rounds),
+works out each one's tick (the latest due one: workers/protocol/schedules.py `latest_due`), its
+next tick and what the catch-up policy says, and fires each round: their reads in one pipeline,
 then FIRE_MANY calls of `per_script` (100) schedules each, all in one round trip. FIRE_MANY takes,
 per schedule, what FIRE_ENQUEUE does for an `Enqueue` target (claims the tick, stores its run, its id
 derived from the schedule and the tick, and sends the run's first step, all or nothing) or FIRE for
@@ -50,14 +53,16 @@ from workers.client.drive import SyncDriver
 from workers.client.enqueue import Preparer
 from workers.client.ops import Call, Eval, Op, Pipeline
 from workers.config.settings import Settings
-from workers.protocol import keys, schedules
+from workers.protocol import keys, lua, schedules
 from workers.protocol.errors import WorkersError
 from workers.protocol.schedules import Enqueue, Schedule, Send
 from workers.protocol.scripts.schedules import (
+    DUE_TAKE,
     FIRE,
     FIRE_ENQUEUE,
     FIRE_MANY,
     parse_fire,
+    parse_take,
 )
 
 log = logging.getLogger("toolloop.workers")
@@ -68,6 +73,10 @@ NO_RUN = keys.schedule("-")
 HELD_RETRY_S = 1.0
 """How soon the sweeper looks again at a tick held for a busy target."""
 BAD_DEF_RETRY_S = 60.0
+TAKE_HOLD_S = 10.0
+"""How long the ids of a round one sweeper took stay hidden from the others (DUE_TAKE): longer
+than a round of 1,000 takes on a loaded machine (1-2.5 s), shorter than a schedule's default
+grace (60 s); a claim moves each one on before then."""
 _TRACER = trace.get_tracer("toolloop.workers.scheduler")
 
 
@@ -154,25 +163,35 @@ class Scheduler:
         now = time.time() if now is None else now
         started = time.monotonic()
         self.more = False
-        due: list[str] = self.redis.zrangebyscore(
-            keys.SCHEDULES_DUE, "-inf", now, start=0, num=self.most
-        )  # type: ignore[assignment]
         self._tick_memo = {}  # a sweep's own: `now` is part of every key
-        # more than a round: sweepers that race take turns at the two ends of the due ids, so they
-        # meet once, in the middle, instead of reading the same ones (the later one finds them
-        # `taken`); one round or less fires as read
-        if len(due) > self.batch:
-            turn: int = self.redis.incr(keys.SCHEDULES_TURN)
-            if turn % 2 == 0:
-                due.reverse()
         done: Counter[str] = Counter()
-        for first in range(0, len(due), self.batch):
-            if budget_s is not None and time.monotonic() - started >= budget_s:
+        looked = 0
+        while looked < self.most:
+            if (
+                looked
+                and budget_s is not None
+                and time.monotonic() - started >= budget_s
+            ):
                 self.more = True
                 break
-            self._fire_some(
-                [str(sid) for sid in due[first : first + self.batch]], now, done
+            # more than a FIRE_MANY call due: this round's ids are taken (hidden from racing
+            # sweepers until TAKE_HOLD_S, or until their claims move them on; half of them when
+            # they fit in a round), so two sweepers fire disjoint rounds; fewer are fired as read
+            due = parse_take(
+                lua.run(
+                    self.redis,
+                    DUE_TAKE,
+                    [keys.SCHEDULES_DUE],
+                    [now, self.batch, self.per_script, now + TAKE_HOLD_S],
+                )
             )
+            if due.ids:
+                self._fire_some(due.ids, now, done)
+            looked += len(due.ids)
+            if not due.taken:
+                break
+        else:
+            self.more = True
         if self.metrics is not None and done:
             self.metrics.fires(done)
         return dict(done)

@@ -15,7 +15,8 @@
 Threads of a worker process:
 - the cancel listener subscribes to `keys.CANCEL_CHANNEL`; a run id published there aborts that
   run's live step if this process runs it, and drops its kept loop;
-- the sweeper runs `runs.sweep` every TOOLLOOP_SWEEP_INTERVAL s, one worker at a time (a Redis lock),
+- the sweeper runs `runs.sweep` every TOOLLOOP_SWEEP_INTERVAL s, one worker at a time (a Redis lock,
+  kept while it sweeps),
   so recorded successors are re-sent and stalled runs re-driven without a beat process; once a
   second it also settles the parked runs whose deadline is due (workers/runs/approvals.py) and fires the
   due schedules (workers/runs/scheduler.py: in every worker, fenced per tick, no lock).
@@ -24,6 +25,7 @@ Threads of a worker process:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -40,7 +42,8 @@ from toolloop.defaults import no_redis_message
 from workers.config.settings import Settings
 from workers.observe import tracing
 from workers.process.worker_process import WorkerProcess, attach, process_of
-from workers.protocol import keys, names
+from workers.protocol import keys, lua, names
+from workers.protocol.scripts.lease import LOCK_KEEP
 from workers.runs import approvals
 from workers.runs import lifecycle as runs
 from workers.runs.scheduler import Scheduler
@@ -259,10 +262,19 @@ def _sweep_forever(process: WorkerProcess) -> None:
             if time.monotonic() - last < settings.sweep_interval:
                 continue
             last = time.monotonic()
-            if client.set(
-                keys.SWEEP_LOCK, "1", nx=True, px=int(settings.sweep_interval * 1000)
-            ):
-                done = runs.sweep(client, process.celery, settings)
+            held = int(settings.sweep_interval * 1000)
+            owner = process.new_owner()
+            if client.set(keys.SWEEP_LOCK, owner, nx=True, px=held):
+                # kept while it sweeps (a sweep of many live runs outlasts the interval): the
+                # other workers' sweepers wait for it rather than sweep the same runs beside it
+                done = runs.sweep(
+                    client,
+                    process.celery,
+                    settings,
+                    between=functools.partial(
+                        lua.run, client, LOCK_KEEP, [keys.SWEEP_LOCK], [owner, held]
+                    ),
+                )
                 if process.metrics is not None:
                     process.metrics.swept(done)
         except Exception as error:  # the sweeper must outlive any one failure

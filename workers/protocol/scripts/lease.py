@@ -1,6 +1,6 @@
 """LEASE_KEEP, what keeps a step's lease (`workers/process/leases.py` `Leases`), and its reply, typed
 (`parse_keep`); LEASE_RELEASE, the library's release of a lease (toolloop/journal/scripts.py), as a
-`Lua` the worker's batch runs."""
+`Lua` the worker's batch runs; LOCK_KEEP, what keeps the sweeper's lock while it sweeps."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ if tonumber(redis.call('HGET', KEYS[3], 'n') or '0') >= tonumber(ARGV[3]) then r
 if redis.call('HGET', KEYS[3], 'status') ~= 'running' then return -1 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 2
+""")
+
+LOCK_KEEP = Lua("""
+-- Keep a lock its holder still holds. KEYS: 1 the lock; ARGV: 1 the holder's value 2 ttl ms
+-- -> 1 kept (its ttl is ARGV[2] again) | 0 it lapsed, or another holder took it
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
 """)
 
 Kept = Literal["renewed", "taken again", "held elsewhere", "moved on"]

@@ -1,5 +1,6 @@
 """The schedule scripts (workers/protocol/schedules.py), each with its reply typed: SCHEDULE_ADD and
-SCHEDULE_REMOVE (1 or 0), FIRE and FIRE_ENQUEUE (`parse_fire`).
+SCHEDULE_REMOVE (1 or 0), DUE_TAKE (the ids of a sweep's round), FIRE and FIRE_ENQUEUE
+(`parse_fire`).
 
 The fence: a tick is claimed by comparing the schedule's `next` (or `held`) field with the tick the
 sweeper read, and moving it on, in one script, so of two sweepers that read the same tick one claims
@@ -42,6 +43,42 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[4])
 return redis.call('DEL', KEYS[1])
 """)
+
+DUE_TAKE = Lua("""
+-- A sweeper's next round of due schedules. KEYS: 1 the due index; ARGV: 1 now 2 the most ids a
+-- round takes 3 the most it reads without taking them 4 until when the ids it takes are hidden
+-- from other sweepers
+-- -> {taken, id...} (`parse_take`): of the n ids due at ARGV[1] (score <= now), ARGV[2] when n is
+--    more; half of them (rounded up) when n is more than ARGV[3], so a racing sweeper takes the
+--    other half; those are moved to ARGV[4] in the index (taken 1), hidden from racing sweepers
+--    until each one's claim (FIRE, FIRE_MANY) moves it on, or until ARGV[4] if its sweeper died.
+--    n <= ARGV[3]: all n, as they are (taken 0): racing sweepers read the same ids, and the fence
+--    of each claim decides.
+local most, least = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, most + 1)
+if #ids <= least then return {0, unpack(ids)} end
+local take = #ids > most and most or math.ceil(#ids / 2)
+local out = {1}
+for i = 1, take do
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[4], ids[i])
+  out[i + 1] = ids[i]
+end
+return out
+""")
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """DUE_TAKE's reply: a round's schedule ids, and whether they were taken (hidden from racing
+    sweepers: more were due than one FIRE_MANY call fires) or only read."""
+
+    ids: list[str]
+    taken: bool
+
+
+def parse_take(reply: Any) -> Taken:
+    return Taken([str(sid) for sid in reply[1:]], int(reply[0]) == 1)
+
 
 _CLAIM = """
 -- claim(sk, dk, lk, o): sk the schedule's hash, dk the due index, lk the state hash of the run that
