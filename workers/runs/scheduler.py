@@ -643,13 +643,6 @@ def run_many(driver: SyncDriver, operations: list[Op[Any]]) -> list[Any]:
             else:
                 reply, at = replies[at : at + size], at + size
                 failed = next((r for r in reply if isinstance(r, Exception)), None)
-            failed = (
-                reply
-                if isinstance(reply, Exception)
-                else next((r for r in reply if isinstance(r, Exception)), None)
-                if size is not None
-                else None
-            )
             _advance(operations, i, reply, waiting, results, failed)
     return results
 
