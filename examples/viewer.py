@@ -310,11 +310,13 @@ function heldRow(a) {
     `<textarea class="edit" rows="2" cols="50">${text}</textarea> <button type="button" data-action="edit">Edit and run</button>` +
     `<p class="decided"></p></div>`;
 }
-function decided(callId, text) {
-  // a decided (or queued) call offers no more decisions: its controls go, what was decided stays
+function decided(callId, text, event = false) {
+  // a decided (or queued) call offers no more decisions: its controls go, what was decided stays;
+  // the `event` of a decision this page sent leaves the line to its reply (which says more:
+  // "approve: resumed"), whichever of the two comes first
   const row = document.querySelector(`#held .held[data-call="${CSS.escape(callId)}"]`);
   if (row) {
-    row.querySelector(".decided").textContent = text;
+    if (!(event && row.dataset.deciding)) row.querySelector(".decided").textContent = text;
     row.querySelectorAll("button, input, textarea").forEach((control) => control.remove());
   }
 }
@@ -383,7 +385,7 @@ const handlers = {
     }
     gauge(d.spent_usd || spent); setStatus("asked"); reloadConversation();
   },
-  approval_decided: (d) => decided(d.call_id, `decided: ${d.decision || d.action || "done"}${d.actor ? " by " + d.actor : ""}`),
+  approval_decided: (d) => decided(d.call_id, `decided: ${d.decision || d.action || "done"}${d.actor ? " by " + d.actor : ""}`, true),
   approval_expired: (d) => decided(d.call_id, "no decision before the deadline"),
   answered: () => { $("ask").hidden = true; },
   resumed: () => setStatus("running"),
@@ -421,13 +423,14 @@ $("held").addEventListener("click", async (ev) => {
     try { body.input = JSON.parse(row.querySelector(".edit").value); }
     catch (e) { row.querySelector(".decided").textContent = "The edited input is not JSON: " + e.message; return; }
   }
+  row.dataset.deciding = action;
   const r = await fetch(`/runs/${BOOT.runId}/approvals/${encodeURIComponent(row.dataset.call)}/${action}`, {
     method: "POST", credentials: "same-origin", headers: SEND,
     body: JSON.stringify(body),
   });
   const reply = await r.json();
   if (r.ok) decided(row.dataset.call, reply.outcome === "queued" ? `${action}: queued, applied when a worker runs` : `${action}: ${reply.outcome}`);
-  else row.querySelector(".decided").textContent = reply.error || "The decision was refused.";
+  else { delete row.dataset.deciding; row.querySelector(".decided").textContent = reply.error || "The decision was refused."; }
 });
 
 gauge(Number($("spent").textContent.slice(1)));
