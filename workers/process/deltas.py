@@ -142,6 +142,7 @@ class DeltaStream:
         "interval",
         "keep",
         "last",
+        "last_write",
         "parts",
         "redo",
         "run_id",
@@ -151,7 +152,6 @@ class DeltaStream:
         "timer",
         "token",
         "writes",
-        "written",
     )
 
     def __init__(
@@ -177,7 +177,7 @@ class DeltaStream:
         self.timer: asyncio.TimerHandle | None = None
         self.backed = ""
         """The attempt mark ("<segment>|<step>|<attempt>") whose model event came after its deltas."""
-        self.written: asyncio.Future[Any] | None = None
+        self.last_write: asyncio.Future[Any] | None = None
         """The reply of the last delta write queued: the commit waits for it (`landed`)."""
 
     @classmethod
@@ -261,9 +261,9 @@ class DeltaStream:
         loop turns' batches travel on two connections when the first is still out, and Redis may
         run the second first (it reads both sockets in one pass): a step's deltas would then follow
         its commit's `finished`."""
-        written, self.written = self.written, None
-        if written is not None:
-            await asyncio.wait((written,))  # its failure is logged by `_written`
+        last, self.last_write = self.last_write, None
+        if last is not None:
+            await asyncio.wait((last,))  # its failure is logged by `_written`
 
     def drop(self) -> None:
         """Write nothing more of what is buffered (a lost lease, a commit)."""
@@ -296,7 +296,7 @@ class DeltaStream:
             ],
         )
         written.add_done_callback(self._written)
-        self.written = written
+        self.last_write = written
 
     def _written(self, future: asyncio.Future[Any]) -> None:
         error = None if future.cancelled() else future.exception()
