@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 
@@ -126,3 +127,25 @@ def test_answers_and_decisions_are_refused_one_byte_over_their_limits() -> None:
         )
     with pytest.raises(LimitError, match="call id is 257 bytes"):
         check_decision("c" * (IDENT_BYTES + 1), Decision(action="approve"), settings)
+
+
+def test_a_senders_ids_are_unique_and_a_forked_child_draws_its_own() -> None:
+    sender = ops.Sender(0)
+    ids = [sender.new_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    other = ops.Sender(0).new_id()
+    assert other[:16] != ids[0][:16]  # another sender: another random prefix
+    message = sender.commands("toolloop.advance", ["r", 1], "r:1", "llm")[0][2]
+    tag = json.loads(message)["properties"]["delivery_tag"]
+    # the message's delivery tag comes from it too
+    assert len(tag) == 32 and tag not in ids
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child's next ids must not repeat the parent's
+        os.write(write, sender.new_id().encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    from_child = os.read(read, 64).decode()
+    assert from_child[:16] != ids[0][:16]
+    assert from_child not in ids and from_child != sender.new_id()

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -259,7 +258,7 @@ def reserved_two_phase(
         returned = await call(wait, handle, signal)
         cost = as_output(returned, tool.name).cost_usd
         if cost != charged:
-            settle(process, account, uuid.uuid4().hex, cost - charged)
+            settle(process, account, process.new_owner(), cost - charged)
         return returned
 
     return tool.model_copy(update={"start": reserved_start, "wait": reserved_wait})
@@ -275,7 +274,7 @@ async def reserve(
     """Reserve `usd` from `account` for a lease (under `reservation`, replacing what it holds, else
     a new id); raise the loop's budget stop past its limit. While it fits only once reservations in
     flight settle, wait (the step's slot lent meanwhile)."""
-    reservation = reservation or uuid.uuid4().hex
+    reservation = reservation or process.new_owner()
     while True:
         reply = await process.flow_batch.script(
             account_scripts.RESERVE,
@@ -374,7 +373,7 @@ async def _limited(
     open_here = (
         learns and limits == _NONE and opened.get(bucket, 0.0) > time.monotonic()
     )
-    holder = "" if open_here else uuid.uuid4().hex
+    holder = "" if open_here else process.new_owner()
     # not counted when nothing is booked
     estimate = 0 if open_here else estimate_input_tokens(request)
     batch = process.flow_batch
