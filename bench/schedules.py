@@ -4,16 +4,30 @@ processes sweeping the same Redis (two sweepers racing for every tick), the prov
 a process of its own over real HTTP.
 
 Prints, beside the target of each:
-- woken: seconds from the tick until every run has its follow-up (status no longer `done`), and
-  until every run is `running` (a worker began its new segment; its model call then waits 30 s at
-  the simulator, so a run that began stays `running`);
+- woken: seconds from the tick until every run has its follow-up (its `follow_up` event's id, on
+  Redis's clock), and until every run is `running` (the `touched` stamp its RUN_BEGIN wrote, on
+  the worker's clock: a worker began its new segment; its model call then waits 30 s at the
+  simulator, so a run that began stays `running`). The polls that find when all have begun are
+  sparse (`--poll`, 1 s) and never time anything;
 - double fires: schedules fired more than once, runs continued more than once (segment > 1, or
   more than one keyed send), and the fires the two workers' metrics count (fired == runs; `taken`:
   ticks the other sweeper had claimed first);
 - Redis per schedule: MEMORY USAGE of its two keys (the state hash and the definition), and
-  used_memory's growth per schedule added (its index entries included).
+  used_memory's growth per schedule added (its index entries included);
+- the CPU shares it set and Redis's forks during the watch (an AOF rewrite).
 
-    .venv/bin/python bench/schedules.py                  # 10,000 runs, ~3 min
+The setup's own writes (10,000 runs, then their schedules) leave Redis's AOF due for its automatic
+rewrite, so the AOF is rewritten (and waited for) before the tick; the wake's own writes may still
+start one. The workers sweep their live runs every 15 s (TOOLLOOP_SWEEP_INTERVAL's default;
+`--sweep-interval`); schedules fire once a second whatever it is.
+
+CPU: each process here is a session of its own, and with Linux's sched_autogroup (on, here) each
+session gets an equal share of the CPU when all want it (renice does nothing across sessions). The
+simulator stands for the provider's machines, so its session gets the lowest weight
+(`--provider-nice`, autogroup nice 19): it takes what the workers, Redis and the bench leave.
+`--redis-nice -10` gives Redis a core whenever it wants one, as on a host of its own.
+
+    .venv/bin/python bench/schedules.py                  # 10,000 runs, ~80 s
     .venv/bin/python bench/schedules.py --runs 1000      # a quick look
 
 Machines here are shared (2 cores for several sessions): the woken times move with the load.
@@ -52,9 +66,9 @@ MESSAGE = "A new day: check the queue again."
 
 
 @contextmanager
-def sim_process(tmp: Path) -> Iterator[str]:
+def sim_process(tmp: Path) -> Iterator[tuple[str, int]]:
     """`python -m toolloop.sim` in its own process group: the first turn answers at once, the second
-    (the follow-up's) after 30 s. Yields its base URL."""
+    (the follow-up's) after 30 s. Yields its base URL and pid."""
     script = tmp / "sim-script.json"
     script.write_text(
         json.dumps(
@@ -75,11 +89,22 @@ def sim_process(tmp: Path) -> Iterator[str]:
     )
     try:
         assert sim.stdout is not None
-        yield sim.stdout.readline().decode().strip()
+        yield sim.stdout.readline().decode().strip(), sim.pid
     finally:
         with suppress(ProcessLookupError):
             os.killpg(sim.pid, signal.SIGTERM)
         sim.wait(timeout=20)
+
+
+def cpu_share(pid: int, nice: int) -> str:
+    """Set the CPU weight of `pid`'s session (Linux's autogroup: with sched_autogroup on, as here,
+    each session shares the CPU as one, whatever its threads or its own nice value, so `renice`
+    does nothing across sessions). Says what it did, or why not."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError as error:
+        return f"left as it was ({error.strerror})"
+    return f"autogroup nice {nice}"
 
 
 def free_port() -> int:
@@ -103,13 +128,44 @@ def fires(port: int) -> dict[str, float]:
     return found
 
 
-def progress(client: Client, run_ids: list[str]) -> list[tuple[int, str]]:
-    """(segment, status) of each run: segment 1 once its follow-up is in; then `queued` until a
-    worker begins the segment (`running`, and `done` again once its 30 s model call answers)."""
+def progress(client: Client, run_ids: list[str]) -> list[tuple[int, str, float]]:
+    """(segment, status, touched) of each run: segment 1 once its follow-up is in; then `queued`
+    until a worker begins the segment (RUN_BEGIN: `running`, `touched` the worker's clock then; `done`
+    again once its 30 s model call answers)."""
     pipe = client.redis.pipeline(transaction=False)
     for run_id in run_ids:
-        pipe.hmget(keys.state(run_id), "segment", "status")
-    return [(int(segment or 0), str(status)) for segment, status in pipe.execute()]
+        pipe.hmget(keys.state(run_id), "segment", "status", "touched")
+    return [
+        (int(segment or 0), str(status), float(touched or 0))
+        for segment, status, touched in pipe.execute()
+    ]
+
+
+def follow_up_times(
+    client: Client, run_ids: list[str], tick: float
+) -> dict[str, float]:
+    """When each run's follow-up was written: the id of its `follow_up` event (Redis's clock, ms)."""
+    pipe = client.redis.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.xrange(keys.events(run_id), min=str(int(tick * 1000) - 1000), count=8)
+    found: dict[str, float] = {}
+    for run_id, entries in zip(run_ids, pipe.execute(), strict=True):
+        for entry_id, fields in entries:
+            if fields.get("kind") == "follow_up":
+                found[run_id] = int(str(entry_id).split("-", 1)[0]) / 1000
+                break
+    return found
+
+
+def rewrite_aof(client: Client) -> None:
+    """BGREWRITEAOF, waited for: the setup's writes (10,000 runs, then their schedules) leave the AOF
+    past its automatic rewrite's growth (100 %), and that rewrite would fork during the wake."""
+    client.redis.bgrewriteaof()
+    while True:
+        info = client.redis.info("persistence")
+        if not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
+            return
+        time.sleep(0.05)
 
 
 def tick_second(lead: float) -> tuple[str, float]:
@@ -120,29 +176,26 @@ def tick_second(lead: float) -> tuple[str, float]:
 
 def watch(
     client: Client, run_ids: list[str], tick: float, poll: float
-) -> tuple[dict[str, float], dict[str, float], tuple[int, int]]:
-    """When each run was first seen followed up (segment 1) and begun (not `queued` any more), and
-    how many of each by WAKE_S after the tick; polls every `poll` s (each poll reads every run not
-    begun yet: load on the Redis it measures), up to 120 s after the tick. A run is counted at the
-    poll that first sees it, so a time is late by up to one poll, never early."""
-    woken: dict[str, float] = {}
+) -> tuple[dict[str, float], dict[str, float]]:
+    """When each run was followed up and begun, from the stamps Redis holds (the `follow_up`
+    event's id; the `touched` its RUN_BEGIN wrote, on the worker's clock), not from when a poll
+    saw them: the polls only say when every run has begun, so they can be sparse (every `poll` s
+    from a second after the tick, each reading the runs not begun yet: little load on the Redis it
+    measures), up to 120 s after the tick. A begin is stamped by the worker that made it; a step
+    begun twice (redelivered) keeps the later stamp, so a time can be late, never early."""
     began: dict[str, float] = {}
-    at_target = (0, 0)
     left = list(run_ids)
+    time.sleep(max(0.0, tick + 1.0 - time.time()))
     while time.time() < tick + 120 and left:
-        # only the runs not begun yet: the poll shrinks as they wake
-        seen = progress(client, left)
-        now = time.time()
-        for run_id, (segment, status) in zip(left, seen, strict=True):
-            if segment >= 1:
-                woken.setdefault(run_id, now)
-                if status != "queued":
-                    began.setdefault(run_id, now)
+        for run_id, (segment, status, touched) in zip(
+            left, progress(client, left), strict=True
+        ):
+            if segment >= 1 and status != "queued":
+                began[run_id] = touched
         left = [run_id for run_id in left if run_id not in began]
-        if now <= tick + WAKE_S:
-            at_target = (len(woken), len(began))
-        time.sleep(poll)
-    return woken, began, at_target
+        if left:
+            time.sleep(poll)
+    return follow_up_times(client, run_ids, tick), began
 
 
 def when(seen: dict[str, float], runs: int, tick: float, share: float) -> str:
@@ -160,12 +213,38 @@ def main() -> int:
     parser.add_argument(
         "--poll",
         type=float,
-        default=0.1,
-        help="seconds between two reads of the runs' states (each reads every run not begun)",
+        default=1.0,
+        help="seconds between two reads of the runs' states (each reads every run not begun; "
+        "the times come from Redis's stamps, not from the polls)",
+    )
+    parser.add_argument(
+        "--provider-nice",
+        type=int,
+        default=19,
+        help="the CPU weight of the simulator's session (autogroup nice, -20..19; default 19: it "
+        "stands for the provider's machines, so it takes the CPU the system under test leaves)",
+    )
+    parser.add_argument(
+        "--redis-nice",
+        type=int,
+        default=0,
+        help="the CPU weight of Redis's session (autogroup nice; default 0: an equal share with "
+        "each worker, the simulator and the bench; -10: Redis has a core when it wants one, as on "
+        "a host of its own)",
+    )
+    parser.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=15.0,
+        help="TOOLLOOP_SWEEP_INTERVAL of the workers (the full sweep of live runs; default: the "
+        "workers' own default, 15 s; the schedules fire once a second whatever it is)",
     )
     args = parser.parse_args()
     runs = args.runs
-    with private_redis("bench-schedules-") as (tmp, url), sim_process(tmp) as sim_url:
+    with (
+        private_redis("bench-schedules-") as (tmp, url),
+        sim_process(tmp) as (sim_url, sim_pid),
+    ):
         ports = [free_port(), free_port()]
         env = {
             **REGISTRY,
@@ -173,11 +252,17 @@ def main() -> int:
             "ANTHROPIC_BASE_URL": sim_url,
             "ANTHROPIC_API_KEY": "sim-key",
             "TOOLLOOP_PROMPT_GEN": "",
-            "TOOLLOOP_SWEEP_INTERVAL": "1",
+            "TOOLLOOP_SWEEP_INTERVAL": repr(args.sweep_interval),
             "TOOLLOOP_STEPS_IN_FLIGHT": str(runs),
         }
         os.environ.update({**REGISTRY, "REDIS_URL": url})
         client = Client(url)
+        shares = {
+            "simulator": cpu_share(sim_pid, args.provider_nice),
+            "Redis": cpu_share(
+                int(client.redis.info("server")["process_id"]), args.redis_nice
+            ),
+        }
         workers = [
             Worker(
                 "workers.app",
@@ -225,6 +310,7 @@ def main() -> int:
                 + int(client.redis.memory_usage(keys.schedule_def(sid)) or 0)
                 for sid in sample
             ]
+            rewrite_aof(client)
             if time.time() >= tick:
                 raise SystemExit(
                     f"Adding {runs:,} schedules took {added_s:.1f} s, past the tick: raise the lead."
@@ -233,7 +319,9 @@ def main() -> int:
                 f"{runs:,} schedules added in {added_s:.1f} s; the tick is in {tick - time.time():.1f} s",
                 file=sys.stderr,
             )
-            woken, began, at_target = watch(client, run_ids, tick, args.poll)
+            forks = int(client.redis.info("stats")["total_forks"])
+            woken, began = watch(client, run_ids, tick, args.poll)
+            forks = int(client.redis.info("stats")["total_forks"]) - forks
             time.sleep(2.0)  # the next tick is an hour away: let both sweepers settle
             pipe = client.redis.pipeline(transaction=False)
             for sid in ids:
@@ -262,14 +350,20 @@ def main() -> int:
     print(
         f"schedules: {runs:,} runs parked `done`, woken by one cron tick ({cron!r}), two workers sweeping"
     )
+    print(
+        "  CPU shares        "
+        + ", ".join(f"{name} {how}" for name, how in shares.items())
+        + f"; full sweep every {args.sweep_interval:g} s"
+    )
     for label, seen in (("followed up", woken), ("running", began)):
         shares = ", ".join(
             f"{share:.0%} {when(seen, runs, tick, share)}" for share in (0.5, 0.9, 1.0)
         )
         target = f"      target 100% <= {WAKE_S:g} s" if seen is began else ""
         print(f"  {label:17} {shares} after the tick{target}")
+    within = [sum(t - tick <= WAKE_S for t in seen.values()) for seen in (woken, began)]
     print(
-        f"  within {WAKE_S:g} s       {at_target[0]:,} followed up, {at_target[1]:,} running"
+        f"  within {WAKE_S:g} s       {within[0]:,} followed up, {within[1]:,} running"
     )
     print(
         f"  double fires      {double}   (schedules fired twice, runs continued twice)      target 0"
@@ -279,6 +373,9 @@ def main() -> int:
         f"worker 2 {counted[1].get('fired', 0):,.0f}; taken by the other first: {taken:,.0f})"
     )
     print(f"  never fired       {sum(f == 0 for f in fired)}")
+    print(
+        f"  Redis forks       {forks} during the watch (an AOF rewrite: its child takes a core)"
+    )
     print(
         f"  Redis/schedule    {max(usage):,} B MEMORY USAGE (hash + definition, max of {len(usage)}), "
         f"{grown:,.0f} B used_memory growth (with its index entries)      target <= {BYTES:,} B"
