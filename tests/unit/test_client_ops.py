@@ -131,10 +131,10 @@ def test_answers_and_decisions_are_refused_one_byte_over_their_limits() -> None:
 
 def test_a_senders_ids_are_unique_and_a_forked_child_draws_its_own() -> None:
     sender = ops.Sender(0)
-    ids = [sender.new_id() for _ in range(10_000)]
+    ids = [sender.ids.new() for _ in range(10_000)]
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
-    other = ops.Sender(0).new_id()
+    other = ops.Sender(0).ids.new()
     assert other[:16] != ids[0][:16]  # another sender: another random prefix
     message = sender.commands("toolloop.advance", ["r", 1], "r:1", "llm")[0][2]
     tag = json.loads(message)["properties"]["delivery_tag"]
@@ -143,9 +143,9 @@ def test_a_senders_ids_are_unique_and_a_forked_child_draws_its_own() -> None:
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # the child's next ids must not repeat the parent's
-        os.write(write, sender.new_id().encode())
+        os.write(write, sender.ids.new().encode())
         os._exit(0)
     os.waitpid(child, 0)
     from_child = os.read(read, 64).decode()
     assert from_child[:16] != ids[0][:16]
-    assert from_child not in ids and from_child != sender.new_id()
+    assert from_child not in ids and from_child != sender.ids.new()

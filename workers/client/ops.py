@@ -22,13 +22,12 @@ no Celery producer is set up per call, and no Celery app exists in a client unti
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import socket
 import time
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -132,28 +131,15 @@ DECIDE_SEND_SCRIPT = DECIDE_SEND
 @dataclass
 class Sender:
     """Task messages and their `task-sent` events, as a Celery producer would send them, as plain
-    commands (LPUSH to the queue, PUBLISH of the event). One per client: its event clock counts,
-    and so does its id source (`new_id`)."""
+    commands (LPUSH to the queue, PUBLISH of the event). One per client: its event clock counts."""
 
     db: int
     events: wire.Events = field(init=False)
-    _id_pid: int = field(init=False, default=-1)
-    _id_prefix: str = field(init=False, default="")
-    _ids: Iterator[int] = field(init=False, default_factory=itertools.count)
+    ids: wire.Ids = field(init=False, default_factory=wire.Ids)
+    """Its messages' delivery tags and a follow-up's answer id."""
 
     def __post_init__(self) -> None:
         self.events = wire.Events(f"gen{os.getpid()}@{socket.gethostname()}", self.db)
-
-    def new_id(self) -> str:
-        """An id no other sender of any process makes (32 hex digits, as `uuid4().hex`): this
-        sender's random prefix, drawn again in a forked child, and a counter. Not a uuid4 per
-        message: `os.urandom` lets go of the GIL, and a sweeper firing 1,000 follow-ups a round
-        then waits up to a switch interval (5 ms) twice a message to get it back from a busy step
-        thread (bench/schedules.py)."""
-        pid = os.getpid()
-        if pid != self._id_pid:
-            self._id_pid, self._id_prefix = pid, os.urandom(8).hex()
-        return f"{self._id_prefix}{next(self._ids):016x}"
 
     def message(
         self,
@@ -166,7 +152,7 @@ class Sender:
     ) -> tuple[wire.Delivery, str, bytes]:
         """The message, and the channel and payload of its `task-sent` event."""
         delivery = wire.task_message(
-            name, args, task_id, queue, label, traceparent or None, self.new_id()
+            name, args, task_id, queue, label, traceparent or None, self.ids.new()
         )
         self.events.add(
             "task-sent",

@@ -107,7 +107,7 @@ def follow_up_request(
             "A follow-up needs some text.\n  Pass what the person says, as a string."
         )
     message = UserMessage(content=content).model_dump_json()
-    answer_id = sender.new_id()
+    answer_id = sender.ids.new()
     queue, task, channel, payload = "control", "", "", b""
     if answer:
         [(_, queue, task), (_, channel, payload)] = sender.commands(

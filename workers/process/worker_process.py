@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import itertools
 import logging
 import os
 import threading
@@ -172,20 +171,14 @@ class WorkerProcess:
         self.http = http or client_from_env()
         """The process's HTTP client for model calls: keep-alive connections on the process loop
         (`KeepAliveClient`, on httptools), handed to the providers of the default model factory."""
-        self._owner_pid = 0
-        self._owner_prefix = ""
-        self._owners = itertools.count()
+        self._owners = wire.Ids()
         self.open_buckets: dict[str, float] = {}
         """Rate-limit buckets (workers/flow/limiter.py) whose provider named no limit and none is configured
         -> until when (monotonic) this process books nothing there."""
 
     def new_owner(self) -> str:
-        """A lease owner no other step of any process has: this process's random prefix (16 hex
-        digits, drawn again in a forked child) and a counter, in hex; no `os.urandom` per step."""
-        pid = os.getpid()
-        if pid != self._owner_pid:
-            self._owner_pid, self._owner_prefix = pid, os.urandom(8).hex()
-        return f"{self._owner_prefix}{next(self._owners):x}"
+        """A lease owner no other step of any process has (`wire.Ids`: no `os.urandom` per step)."""
+        return self._owners.new()
 
     # -- the loop -----------------------------------------------------------------------------------
 

@@ -15,12 +15,14 @@ PUBLISHes on `/<db>.celeryev/<type with dots>` (a batch of them on `/<db>.celery
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -121,6 +123,26 @@ def task_message(
 def step_kwargsrepr(label: str) -> str:
     """The kwargsrepr that names a step (`{'step': 'tool read_frame'}`); `{}` without a label."""
     return repr({"step": label[:200]}) if label else "{}"
+
+
+@dataclass
+class Ids:
+    """Unique ids without `os.urandom` per id: a random prefix (16 hex digits, drawn again in a
+    forked child) and a counter (16 hex digits), 32 hex digits as `uuid4().hex`. `os.urandom` lets
+    go of the GIL, and a thread that wants it back waits behind a busy one: the sweeper firing
+    1,000 follow-ups a round spent ~9 % of its wall time in two `uuid4` a follow-up (py-spy
+    `--idle` on a worker during bench/schedules.py). One per owner (a worker process, a client's
+    `Sender`)."""
+
+    _pid: int = -1
+    _prefix: str = ""
+    _count: Iterator[int] = field(default_factory=itertools.count)
+
+    def new(self) -> str:
+        pid = os.getpid()
+        if pid != self._pid:
+            self._pid, self._prefix = pid, os.urandom(8).hex()
+        return f"{self._prefix}{next(self._count):016x}"
 
 
 def _tag() -> str:
