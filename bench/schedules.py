@@ -107,6 +107,17 @@ def cpu_share(pid: int, nice: int) -> str:
     return f"autogroup nice {nice}"
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """Seconds `pid`'s threads were on a CPU, and waited runnable for one, so far (the sum of
+    /proc/PID/task/*/schedstat); (0, 0) where Linux does not say."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with suppress(OSError, ValueError):
+            on_cpu, queued, _ = task.joinpath("schedstat").read_text().split()
+            ran, waited = ran + int(on_cpu), waited + int(queued)
+    return ran / 1e9, waited / 1e9
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -257,11 +268,10 @@ def main() -> int:
         }
         os.environ.update({**REGISTRY, "REDIS_URL": url})
         client = Client(url)
+        redis_pid = int(client.redis.info("server")["process_id"])
         shares = {
             "simulator": cpu_share(sim_pid, args.provider_nice),
-            "Redis": cpu_share(
-                int(client.redis.info("server")["process_id"]), args.redis_nice
-            ),
+            "Redis": cpu_share(redis_pid, args.redis_nice),
         }
         workers = [
             Worker(
@@ -320,7 +330,23 @@ def main() -> int:
                 file=sys.stderr,
             )
             forks = int(client.redis.info("stats")["total_forks"])
+            pids = {
+                "Redis": redis_pid,
+                **{
+                    f"worker {i + 1}": worker.process.pid
+                    for i, worker in enumerate(workers)
+                    if worker.process
+                },
+                "simulator": sim_pid,
+                "bench": os.getpid(),
+            }
+            cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            watched = time.time()
             woken, began = watch(client, run_ids, tick, args.poll)
+            watched = time.time() - max(watched, tick)
+            for name, pid in pids.items():
+                (ran, waited), (ran0, waited0) = cpu_seconds(pid), cpu[name]
+                cpu[name] = (ran - ran0, waited - waited0)
             forks = int(client.redis.info("stats")["total_forks"]) - forks
             time.sleep(2.0)  # the next tick is an hour away: let both sweepers settle
             pipe = client.redis.pipeline(transaction=False)
@@ -375,6 +401,12 @@ def main() -> int:
     print(f"  never fired       {sum(f == 0 for f in fired)}")
     print(
         f"  Redis forks       {forks} during the watch (an AOF rewrite: its child takes a core)"
+    )
+    print(
+        f"  CPU, {watched:.1f} s from the tick to the watch's end (on a core / waiting for one): "
+        + ", ".join(
+            f"{name} {ran:.2f} / {waited:.2f} s" for name, (ran, waited) in cpu.items()
+        )
     )
     print(
         f"  Redis/schedule    {max(usage):,} B MEMORY USAGE (hash + definition, max of {len(usage)}), "
