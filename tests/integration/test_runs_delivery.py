@@ -3,15 +3,20 @@ between a commit and its send (the outbox and the sweeper bring it back)."""
 
 from __future__ import annotations
 
+import functools
 import random
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from tests.integration.conftest import redis_in
 from tests.integration.runs_kit import client_on, kinds, logged, spec
 from workers.client import Client
+from workers.config.settings import Settings
 from workers.protocol import keys
 from workers.protocol.names import ADVANCE
 from workers.protocol.spec import RunSpec
@@ -167,3 +172,32 @@ def test_a_run_whose_keys_cannot_be_read_does_not_stop_the_sweep_of_the_others(
     assert status.final_text == "The sum is 41."
     # still indexed: nothing was dropped or lost
     assert client.redis.zscore(keys.LIVE_RUNS, broken) == 0
+
+
+def test_a_sweep_whose_lock_lapsed_stops_after_the_chunk_it_read(
+    tmp_path: Path,
+) -> None:
+    """The worker's sweeper keeps the sweep lock after each chunk of live runs (LOCK_KEEP); once
+    another worker holds it, the sweep stops there (`lost`) rather than sweep the rest beside it."""
+    for server in redis_in(tmp_path):
+        redis_client = redis.Redis.from_url(server.url, decode_responses=True)
+        ended = [f"ended-{i:04d}" for i in range(runs.SWEEP_READ + 100)]
+        for run_id in ended:
+            redis_client.hset(keys.state(run_id), "status", "done")
+        redis_client.zadd(keys.LIVE_RUNS, {run_id: i for i, run_id in enumerate(ended)})
+        redis_client.set(keys.SWEEP_LOCK, "worker-a:1", px=60_000)
+        kept = functools.partial(
+            runs.keep_sweep_lock, redis_client, "worker-a:1", 60_000
+        )
+        assert kept()
+        redis_client.set(keys.SWEEP_LOCK, "worker-b:1", px=60_000)  # another took it
+        settings = Settings.from_env()
+        done = runs.sweep(redis_client, BrokerDown(), settings, between=kept)  # type: ignore[arg-type]
+        assert (done["ended"], done["lost"]) == (runs.SWEEP_READ, 1)
+        assert redis_client.zcard(keys.LIVE_RUNS) == 100  # the rest: the next sweep's
+        assert redis_client.get(keys.SWEEP_LOCK) == "worker-b:1"  # not taken back
+        redis_client.set(keys.SWEEP_LOCK, "worker-a:1", px=60_000)
+        done = runs.sweep(redis_client, BrokerDown(), settings, between=kept)  # type: ignore[arg-type]
+        assert (done["ended"], done["lost"]) == (100, 0)
+        assert redis_client.zcard(keys.LIVE_RUNS) == 0
+        redis_client.close()

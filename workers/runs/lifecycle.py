@@ -33,6 +33,7 @@ from workers.protocol.records import FINAL
 from workers.protocol.scripts.commit import CANCEL_TEXT
 from workers.protocol.scripts.control import INDEX_DROP, RUN_ANSWER, parse_answer
 from workers.protocol.scripts.enqueue import ENQUEUE
+from workers.protocol.scripts.lease import LOCK_KEEP
 from workers.protocol.spec import RunSpec
 
 log = logging.getLogger("toolloop.workers")
@@ -240,11 +241,17 @@ SWEEP_READ = 500
 """Live runs whose state one round trip of a sweep reads (their four reads in one pipeline)."""
 
 
+def keep_sweep_lock(client: redis_lib.Redis, owner: str, held_ms: int) -> bool:
+    """LOCK_KEEP of the sweep lock (keys.SWEEP_LOCK): True while `owner` still holds it, its ttl
+    `held_ms` again; False once it lapsed or another worker holds it (`sweep`'s `between`)."""
+    return int(lua.run(client, LOCK_KEEP, [keys.SWEEP_LOCK], [owner, held_ms])) == 1
+
+
 def sweep(
     client: redis_lib.Redis,
     celery: Celery,
     settings: Settings | None = None,
-    between: Callable[[], None] | None = None,
+    between: Callable[[], bool] | None = None,
 ) -> dict[str, int]:
     """Re-send successors recorded longer than TOOLLOOP_OUTBOX_AGE; re-drive runs with no lease and no
     recorded successor that did not move for TOOLLOOP_REDRIVE_AGE (their message was lost, or waits in
@@ -253,9 +260,10 @@ def sweep(
     the run's index score is the one read before its status, so no resume is lost).
     Re-sends the `toolloop.answer` task of an inbox answer older than TOOLLOOP_OUTBOX_AGE (its message
     was lost). The live runs are read SWEEP_READ at a time, in one round trip each; `between` is
-    called after each such chunk (the worker's sweeper keeps its lock). Returns counts of what it
-    did; a run whose keys cannot be read is logged and `skipped`, and the sweep goes on with the
-    next."""
+    called after each such chunk (the worker's sweeper keeps its lock): when it answers False (the
+    lock lapsed, and another worker may sweep now), the sweep stops there and `lost` is 1. Returns
+    counts of what it did; a run whose keys cannot be read is logged and `skipped`, and the sweep
+    goes on with the next."""
     settings = settings or Settings.from_env()
     done = {
         "resent": 0,
@@ -264,6 +272,7 @@ def sweep(
         "parked": 0,
         "answers": 0,
         "skipped": 0,
+        "lost": 0,
     }
     now = time.time()
     live: list[tuple[str, float]] = client.zrange(
@@ -304,8 +313,15 @@ def sweep(
                     run_id,
                     run_id,
                 )
-        if between is not None:
-            between()
+        if between is not None and not between():
+            done["lost"] = 1
+            log.warning(
+                "sweep: the sweep lock lapsed after %d of %d live runs (a sweep outlasted it); "
+                "stopped here, the next sweep goes on",
+                first + len(chunk),
+                len(live),
+            )
+            break
     return done
 
 

@@ -42,8 +42,7 @@ from toolloop.defaults import no_redis_message
 from workers.config.settings import Settings
 from workers.observe import tracing
 from workers.process.worker_process import WorkerProcess, attach, process_of
-from workers.protocol import keys, lua, names
-from workers.protocol.scripts.lease import LOCK_KEEP
+from workers.protocol import keys, names
 from workers.runs import approvals
 from workers.runs import lifecycle as runs
 from workers.runs.scheduler import Scheduler
@@ -272,7 +271,7 @@ def _sweep_forever(process: WorkerProcess) -> None:
                     process.celery,
                     settings,
                     between=functools.partial(
-                        lua.run, client, LOCK_KEEP, [keys.SWEEP_LOCK], [owner, held]
+                        runs.keep_sweep_lock, client, owner, held
                     ),
                 )
                 if process.metrics is not None:
