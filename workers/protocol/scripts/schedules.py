@@ -95,17 +95,27 @@ _CLAIM = """
 --    | {'held'} | {'skipped'} | {'missed'} | {'failed'}
 local function claim(sk, dk, lk, o)
   local id, field, tick, now = ARGV[o+1], ARGV[o+2], ARGV[o+13], ARGV[o+4]
-  if redis.call('HGET', sk, field) ~= ARGV[o+3] then return {'taken'} end
-  local held = redis.call('HGET', sk, 'held')
+  local read = redis.call('HMGET', sk, field, 'held', 'next')
+  if read[1] ~= ARGV[o+3] then return {'taken'} end
+  -- held: the field as read; holding: as this claim leaves it; sets: the fields it writes, in one HSET
+  local held, nxt = read[2], read[3]
+  local holding, sets = held, {}
+  local function set(name, value) sets[#sets + 1] = name; sets[#sets + 1] = value end
+  local function unhold()
+    if holding then redis.call('HDEL', sk, 'held'); holding = false end
+  end
   if field == 'next' then
-    redis.call('HSET', sk, 'next', ARGV[o+5])
+    nxt = ARGV[o+5]
+    set('next', nxt)
     if tonumber(ARGV[o+6]) > 0 then redis.call('HINCRBY', sk, 'missed', ARGV[o+6]) end
   end
   local function settle(outcome, counter)
     if counter then redis.call('HINCRBY', sk, counter, 1) end
-    redis.call('HSET', sk, 'last_outcome', outcome == 'fire' and 'fired' or outcome, 'last_at', now)
-    local score = tonumber(redis.call('HGET', sk, 'next'))
-    if redis.call('HEXISTS', sk, 'held') == 1 then
+    set('last_outcome', outcome == 'fire' and 'fired' or outcome)
+    set('last_at', now)
+    redis.call('HSET', sk, unpack(sets))
+    local score = tonumber(nxt)
+    if holding then
       local again = tonumber(ARGV[o+11])
       if not score or again < score then score = again end
     end
@@ -114,31 +124,37 @@ local function claim(sk, dk, lk, o)
   end
   local wanted = ARGV[o+7]
   if wanted ~= 'fire' then
-    if field == 'held' then redis.call('HDEL', sk, 'held') end
-    redis.call('HSET', sk, 'last_tick', tick)
+    if field == 'held' then unhold() end
+    set('last_tick', tick)
     if wanted == 'fail' then
-      redis.call('HSET', sk, 'last_error', ARGV[o+10])
+      set('last_error', ARGV[o+10])
       return settle('failed', 'failed')
     end
     return settle('missed', 'missed')
   end
-  local status = redis.call('HGET', lk, 'status')
   local busy, mode = false, ARGV[o+12]
   if mode == 'busy' then busy = true
-  elseif mode == 'running' then busy = status == 'queued' or status == 'running'
-  elseif mode == 'unended' then busy = status and not terminal(status) end
+  elseif mode == 'running' then
+    local status = redis.call('HGET', lk, 'status')
+    busy = status == 'queued' or status == 'running'
+  elseif mode == 'unended' then
+    local status = redis.call('HGET', lk, 'status')
+    busy = status and not terminal(status)
+  end
   if busy and ARGV[o+8] == 'queue' then
     if field == 'next' and held then redis.call('HINCRBY', sk, 'skipped', 1) end
-    redis.call('HSET', sk, 'held', tick)
+    set('held', tick)
+    holding = tick
     return settle('held')
   end
   if busy and ARGV[o+8] ~= 'steer' then
-    redis.call('HSET', sk, 'last_tick', tick)
+    set('last_tick', tick)
     return settle('skipped', 'skipped')
   end
   if held and field == 'next' then redis.call('HINCRBY', sk, 'skipped', 1) end
-  redis.call('HDEL', sk, 'held')
-  redis.call('HSET', sk, 'last_tick', tick, 'last_run', ARGV[o+9])
+  unhold()
+  set('last_tick', tick)
+  set('last_run', ARGV[o+9])
   if busy then return settle('steer', 'fired') end
   return settle('fire', 'fired')
 end

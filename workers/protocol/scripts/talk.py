@@ -36,14 +36,18 @@ FOLLOW_UP_BODY = """
 --       10 task-sent channel 11 task-sent payload
 -- -> {'continued', outcome, member} | {'answered', outcome} | {'again', outcome}
 --    | {'refused', status, why} | {'missing'}      (outcome: JSON {what, segment})
-local status = redis.call('HGET', KEYS[1], 'status')
+-- the state's fields it reads, in one call: 1 status 2 segment 3 cancel 4 approvals 5 ask_deadline
+-- 6 parent 7 spend_end 8 spent_usd 9 steps 10 n
+local state = redis.call('HMGET', KEYS[1], 'status', 'segment', 'cancel', 'approvals',
+  'ask_deadline', 'parent', 'spend_end', 'spent_usd', 'steps', 'n')
+local status = state[1]
 if not status then return {'missing'} end
 if ARGV[2] ~= '' then
   local prior = redis.call('HGET', KEYS[6], ARGV[2])
   if prior then return {'again', prior} end
 end
 local now = ARGV[5]
-local segment = tonumber(redis.call('HGET', KEYS[1], 'segment') or '0')
+local segment = tonumber(state[2] or '0')
 local function top_up()
   if tonumber(ARGV[6]) > 0 then redis.call('HINCRBYFLOAT', KEYS[1], 'budget_added', ARGV[6]) end
   if tonumber(ARGV[7]) > 0 then redis.call('HINCRBY', KEYS[1], 'steps_added', ARGV[7]) end
@@ -51,10 +55,10 @@ end
 local function record(outcome)
   if ARGV[2] ~= '' then redis.call('HSET', KEYS[6], ARGV[2], outcome) end
 end
-if redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'refused', status, 'cancelled'} end
+if state[3] == '1' then return {'refused', status, 'cancelled'} end
 if status == 'asked' then
-  if redis.call('HEXISTS', KEYS[1], 'approvals') == 1 then return {'refused', status, 'approvals'} end
-  local deadline = tonumber(redis.call('HGET', KEYS[1], 'ask_deadline') or '')
+  if state[4] then return {'refused', status, 'approvals'} end
+  local deadline = tonumber(state[5] or '')
   if deadline and tonumber(now) >= deadline then return {'refused', status, 'late'} end
   if redis.call('HSETNX', KEYS[7], 's' .. segment, ARGV[4]) == 0 then
     return {'refused', status, 'answered'}
@@ -71,21 +75,20 @@ if status == 'asked' then
 end
 if status ~= 'done' and status ~= 'interrupted' then return {'refused', status, 'status'} end
 -- a child's spend rolled up to its parent when it ended: its conversation goes on through the parent
-if redis.call('HEXISTS', KEYS[1], 'parent') == 1 then return {'refused', status, 'child'} end
+if state[6] then return {'refused', status, 'child'} end
 local history = redis.call('GET', KEYS[3])
 if not history then return {'refused', status, 'history'} end
 local next_segment = segment + 1
 local joined = ','
 if history == '[]' then joined = '' end
 redis.call('HSET', KEYS[2], 's' .. next_segment, string.sub(history, 1, -2) .. joined .. ARGV[3] .. ']')
-local outside = redis.call('HGET', KEYS[1], 'spend_end') or redis.call('GET', KEYS[12]) or '0'
+local outside = state[7] or redis.call('GET', KEYS[12]) or '0'
 redis.call('HSET', KEYS[1], 'status', 'queued', 'segment', next_segment, 'queue', 'llm',
-  'touched', now, 'carried_usd', redis.call('HGET', KEYS[1], 'spent_usd') or '0',
-  'spend_base', outside, 'steps_base', redis.call('HGET', KEYS[1], 'steps') or '0')
+  'touched', now, 'carried_usd', state[8] or '0', 'spend_base', outside,
+  'steps_base', state[9] or '0', 'follow_up_segment', next_segment)
 redis.call('HDEL', KEYS[1], 'final_text', 'interrupt', 'spend_end')
-redis.call('HSET', KEYS[1], 'follow_up_segment', next_segment)
 top_up()
-local member = (tonumber(redis.call('HGET', KEYS[1], 'n') or '0') + 1) .. '|llm'
+local member = (tonumber(state[10] or '0') + 1) .. '|llm'
 redis.call('ZADD', KEYS[5], now, member)
 emit(KEYS[1], KEYS[4], tostring(next_segment), 'follow_up', cjson.encode({content = ARGV[4],
   add_budget_usd = tonumber(ARGV[6]), add_max_steps = tonumber(ARGV[7])}))
