@@ -104,6 +104,7 @@ async def run(
     context: ContextPolicy,
     journal: MemoryJournal,
     bodies: list[dict[str, Any]] | None = None,
+    messages: list[Any] | None = None,
 ) -> tuple[RunToolLoopResult, list[LoopEvent]]:
     handler = AnthropicHandler("k", base_url=sim.base_url, transport=Recording(bodies))
     events: list[LoopEvent] = []
@@ -118,7 +119,7 @@ async def run(
             generate=generate,
             model=MODEL,
             system="You read logs.",
-            messages=[UserMessage(content="Read the slow-query log.")],
+            messages=messages or [UserMessage(content="Read the slow-query log.")],
             tools=TOOLS,
             budget=Budget(usd=100.0),
             max_steps=TURNS + 2,
@@ -177,6 +178,37 @@ async def test_threshold_compaction_block_is_sent_back_signed_and_a_replay_calls
         and again == result
         and again_events == events
     )
+
+
+async def test_a_conversation_that_goes_on_after_a_threshold_compaction_starts_at_its_block(
+    sim: SimServer,
+) -> None:
+    """A second call over the first's messages and a follow-up (a durable run's next segment) sends
+    the task, then the history from the latest compaction block on, as the first call's requests
+    did after it: not the turns the block replaced, and its prefix is read from the cache."""
+    policy = ContextPolicy(server_compact_at_tokens=50_000)
+    first, _ = await run(sim, policy, MemoryJournal())
+    cut = max(
+        i
+        for i, m in enumerate(first.messages)
+        if isinstance(m, AssistantMessage)
+        and any(b.type == "compaction" for b in m.reasoning or [])
+    )
+    assert cut > 1
+    bodies: list[dict[str, Any]] = []
+    follow_up = UserMessage(content="Now read the error log.")
+    second, events = await run(
+        sim, policy, MemoryJournal(), bodies, [*first.messages, follow_up]
+    )
+    assert second.stopped_by == "done"
+    sent = bodies[0]["body"]["messages"]
+    block = first.messages[cut].reasoning[0]  # type: ignore[union-attr]
+    assert len(sent) == 1 + len(first.messages) - cut + 1
+    assert sent[1]["role"] == "assistant" and sent[1]["content"][0] == block.data
+    assert sent[-1]["role"] == "user"
+    assert sent[-1]["content"][0]["text"] == follow_up.content
+    usages = [e.usage for e in events if isinstance(e, ModelEvent)]
+    assert usages[0].cached_tokens > 0.9 * usages[0].prompt_tokens
 
 
 async def test_context_editing_clears_old_tool_results_and_breaks_the_cache_there(

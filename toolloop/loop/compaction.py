@@ -107,8 +107,10 @@ class Compaction:
         self.latest: tuple[int, int, int] | None = None
         """(prompt tokens the provider billed, history length, cut) of the latest model request."""
         self.latest_cost = 0.0
-        self.server_cut = 0
-        """Index of the latest assistant message with a server-side compaction block (0: none)."""
+        self.server_cut = server_cut(run.history.messages)
+        """Index of the latest assistant message with a server-side compaction block (0: none):
+        found in the messages the call starts from (a conversation that goes on after a
+        compaction, as a durable run's follow-up does), then moved on by each answer with one."""
         self.carried_state: CompactionState | None = None
         """The compaction in force, as `result.compacted` hands it to the next call."""
         self.on_demand = self.decide_on_demand()
@@ -437,3 +439,14 @@ class Compaction:
         ):  # the API drops what comes before the block: so does the request
             return [messages[0], *messages[self.server_cut :]]
         return messages
+
+
+def server_cut(messages: list[ChatMessage]) -> int:
+    """Index of the latest assistant message that holds a server-side compaction block (0: none)."""
+    for index in range(len(messages) - 1, 0, -1):
+        message = messages[index]
+        if isinstance(message, AssistantMessage) and any(
+            block.type == "compaction" for block in message.reasoning or ()
+        ):
+            return index
+    return 0
