@@ -169,7 +169,9 @@ class Batch:
         commands = self.scripts.in_order(commands)
         durable, self.durable = self.durable, set()
         if durable:  # the replicas' confirmation of everything the turn wrote, in the same round trip
-            commands.append((("WAIT", *self.wait), loop.create_future()))
+            # (no future: its reply is read by `_replicated`, and its failure, a lost connection or
+            # a primary demoted in a failover, is logged by `_deliver` as a send's is)
+            commands.append((("WAIT", *self.wait), None))
         asyncio.get_running_loop().create_task(
             self._flush(commands, before, self.previous, durable)
         )
