@@ -3,7 +3,9 @@ sentinel mode, what Debian's `redis-sentinel` runs, with deploy/sentinel/demote-
 their `client-reconfig-script`), two workers on the `redis+sentinel://` URL, runs of many tool turns,
 and failovers while they go. `TOOLLOOP_FAULTS=full` (make faults-full): the issue's drill, 20 runs
 through five failovers (four graceful `SENTINEL FAILOVER`, one SIGKILL of the primary); bounded (CI):
-6 runs through one of each.
+6 runs through one of each. The workers of the fault phase run with the default delivery timers
+(tests/support/timers.py: an hour's visibility timeout, a five-minute re-drive), so a step that a
+failover lost would stop its run for minutes, not be repaired in seconds unseen.
 
 With `TOOLLOOP_COMMIT_WAIT=1` every run finishes with the transcript and events of its fault-free
 twin (the same runs on the same workers and deployment, without failovers): no committed step is
@@ -36,6 +38,7 @@ from faults.shapes import Shape, make_shape
 from faults.toolset import read_effects
 from faults.twins import run_twins
 from tests.support.sentinel import SentinelSet
+from tests.support.timers import PRODUCTION_TIMERS
 from toolloop.sim import SimServer
 from workers.client import Client
 from workers.protocol.records import RunStatus
@@ -128,6 +131,9 @@ def test_runs_survive_failovers_and_a_kill_with_commit_wait(
                 fault_env={
                     "TOOLLOOP_COMMIT_WAIT": "1",
                     "TOOLLOOP_COMMIT_WAIT_MS": "2000",
+                    # nothing comes back by a redelivery within the drill: a step lost at a
+                    # failover shows as a run that stops (it used to: test_commit_wait.py)
+                    **PRODUCTION_TIMERS,
                 },
                 ref_env={"TOOLLOOP_COMMIT_WAIT": "1"},
                 during=during,

@@ -482,8 +482,11 @@ class StepCommit:
         return successor, go_on
 
     async def _run_commit(self, payload: Commit, where: str, cost: float) -> Committed:
-        """RUN_COMMIT, retried with backoff while the lease holds when Redis refuses it (OOM) or the
-        connection drops (nothing was written then); a retry drops `go_on` (it sends the successor)."""
+        """RUN_COMMIT, retried with backoff while the lease holds when Redis refuses it (OOM), the
+        connection drops or the WAIT is not confirmed. A retry drops `go_on` (it sends the successor)
+        and names its owner (`went_on`): when the first attempt did land (its reply lost), its `begun`
+        comes back and the successor runs here, instead of the retry finding the fence moved by its own
+        begin and leaving the run to the visibility timeout."""
         r = self.run_id
         attempt = 0
         past = False  # the lease's deadline passed while the commit was retried (said once)
@@ -552,7 +555,8 @@ class StepCommit:
                         where,
                         cost,
                     )
-                payload = dataclasses.replace(payload, go_on=None)
+                went_on = payload.go_on.owner if payload.go_on else payload.went_on
+                payload = dataclasses.replace(payload, go_on=None, went_on=went_on)
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
 
     # -- after the commit -----------------------------------------------------------------------

@@ -38,6 +38,8 @@ RUN_COMMIT = with_prelude(
 -- caller (kombu's unacked, restored from there if the caller dies), its outbox entry is dropped,
 -- the run's lease goes to go_on.owner with a new token, and the delivery is counted.
 -- begun = {token, attempts, state (flat), outside spend, tag}, as RUN_BEGIN's 'run' reply has them.
+-- went_on (optional): a retried commit whose first attempt had go_on with that owner; when that
+-- attempt landed (the lease is the owner's, `n` this commit's), the reply is its begun again.
 -- Child runs (workers/step/children.py, workers/runs/children.py; KEYS 15 the run's children hash):
 -- a 'next' commit with wait_open (the children field of the `spawn` call whose wait runs next) parks
 -- the run `waiting` instead, while that call has children open: no successor, no lease (the last
@@ -54,7 +56,17 @@ local function stored()
   if p.field == '' then return false end
   return redis.call('HGET', KEYS[9], p.field)
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(p.token) then
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence ~= tonumber(p.token) then
+  -- a retry (went_on: the owner its first attempt's go_on named) whose first attempt landed and
+  -- began the successor for the caller, its reply lost (a connection cut, a WAIT not confirmed):
+  -- the same begun again, nothing written, so the caller runs the successor it holds the lease of
+  if p.went_on and tonumber(redis.call('HGET', KEYS[1], 'n') or '0') == p.n
+      and redis.call('GET', KEYS[3]) == p.went_on .. ':' .. fence then
+    return {1, stored(), false,
+      {fence, tonumber(redis.call('HGET', KEYS[10], tostring(p.n + 1)) or '1'),
+       redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[11]) or '0', p.lease .. '|' .. segment}}
+  end
   return {0, stored(), false, false}
 end
 if tonumber(redis.call('HGET', KEYS[1], 'n') or '0') >= p.n then
@@ -226,6 +238,9 @@ class Commit:
     requested: list[str] = _default(default_factory=list)
     due: float | None = None
     go_on: GoOn | None = None
+    went_on: str | None = None
+    """A retry of a commit whose first attempt had `go_on`: that attempt's lease owner (the first
+    attempt may have landed with its reply lost; RUN_COMMIT then answers its `begun` again)."""
     streamed: str = ""
     """The attempt mark of the streamed model step whose event this commit carries
     (workers/process/deltas.py)."""
@@ -260,6 +275,7 @@ class Commit:
             "parked": self.parked,
             "due": self.due,
             "compacted": self.compacted,
+            "went_on": self.went_on,
         }
         payload.update((k, v) for k, v in optional.items() if v is not None)
         if self.requested:
