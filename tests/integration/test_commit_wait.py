@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+import redis.asyncio as aredis
 
 from tests.integration.conftest import sim_env, start_worker
 from tests.integration.runs_kit import eventually, kinds, logged, spec
@@ -26,6 +28,8 @@ from tests.support.sentinel import SentinelSet
 from tests.support.timers import PRODUCTION_TIMERS
 from toolloop.sim import SimRequest, SimServer, SimTurn
 from workers.client import Client
+from workers.process.redisio import Batch
+from workers.protocol.lua import Lua
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +114,29 @@ def test_a_commit_whose_wait_failed_after_it_landed_goes_on_at_once(
         finally:
             client.close()
             worker.stop()
+
+
+INCR = Lua("return redis.call('INCR', KEYS[1])")
+
+
+async def test_a_durable_script_sent_again_after_noscript_is_confirmed_by_a_wait_of_its_own(
+    deployment: SentinelSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new primary after a failover has no scripts (they are not replicated): the batch's first
+    commit there replies NOSCRIPT and is sent again after the turn's WAIT had run. Its confirmation
+    is the WAIT that ends the pipeline sent again, so the commit is not reported unconfirmed (it
+    used to be: `NotReplicatedError` with -1 replicas, an ERROR logged, a retried commit)."""
+    primary = deployment.nodes[0]
+    client = aredis.Redis(port=primary.port)
+    try:
+        batch = Batch(client, wait=(1, 2000))
+        assert await batch.script(INCR, ["counted"], [], durable=True) == 1
+        await client.script_flush()  # as on a replica promoted in a failover
+        assert await batch.script(INCR, ["counted"], [], durable=True) == 2
+        assert "ran ahead" not in caplog.text
+        assert "replicas TOOLLOOP_COMMIT_WAIT asks for" not in caplog.text
+        replica = redis.Redis(port=deployment.nodes[1].port)
+        assert replica.get("counted") == b"2"  # WAIT 1 confirmed it there
+        replica.close()
+    finally:
+        await client.aclose()

@@ -187,13 +187,13 @@ class Batch:
             if self.holding is not None:
                 await asyncio.wait((self.holding,))
             replies = await self._run([args for args, _ in commands])
-            again = failed_from(replies) is not None
-            if again:
+            confirmed = [replies[-1]] if durable else []
+            if failed_from(replies) is not None:
                 replies = await self._again(
-                    [args for args, _ in commands], replies, before
+                    [args for args, _ in commands], replies, before, confirmed
                 )
             if durable:
-                replies = self._replicated(commands, replies, durable, again)
+                replies = self._replicated(commands, replies, durable, confirmed)
             self._deliver(commands, replies)
         finally:
             done.set_result(None)
@@ -203,14 +203,16 @@ class Batch:
         commands: list[_Command],
         replies: list[Any],
         durable: set[asyncio.Future[Any]],
-        again: bool,
+        confirmed: list[Any],
     ) -> list[Any]:
-        """`replies`, each durable command's replaced by `NotReplicatedError` unless the turn's WAIT
-        (its last command) counted the replicas asked for. Scripts sent again after NOSCRIPT ran after
-        that WAIT: they count as not confirmed (their commit is retried)."""
+        """`replies`, each durable command's replaced by `NotReplicatedError` unless every WAIT in
+        `confirmed` counted the replicas asked for: the turn's (its last command), and the one that
+        ends each pipeline a NOSCRIPT made the batch send again (on that pipeline's connection: a
+        WAIT counts only its own connection's writes)."""
         wanted, timeout_ms = self.wait
         try:
-            replicated(-1 if again else replies[-1], wanted, timeout_ms)
+            for reply in confirmed:
+                replicated(reply, wanted, timeout_ms)
         except NotReplicatedError as error:
             log.warning("redis: %s", str(error).splitlines()[0])
             return [
@@ -226,14 +228,24 @@ class Batch:
         commands: list[tuple[Any, ...]],
         replies: list[Any],
         before: asyncio.Future[None] | None,
+        confirmed: list[Any],
     ) -> list[Any]:
         """`replies` after `ScriptCache.again`, once the flushes `before` it are done; flushes not sent
-        yet wait meanwhile (workers/protocol/scriptcache.py)."""
+        yet wait meanwhile (workers/protocol/scriptcache.py). A durable batch (`confirmed` holds its
+        WAIT's reply) ends each pipeline sent again with a WAIT of its own, its reply added there."""
+
+        async def run(again: list[tuple[Any, ...]]) -> list[Any]:
+            if not confirmed:
+                return await self._run(again)
+            got = await self._run([*again, ("WAIT", *self.wait)])
+            confirmed.append(got[-1])
+            return got[:-1]
+
         self.holding = holding = asyncio.get_running_loop().create_future()
         try:
             if before is not None:
                 await asyncio.wait((before,))
-            replies = await self.scripts.again(self._run, commands, replies)
+            replies = await self.scripts.again(run, commands, replies)
         finally:
             holding.set_result(None)
             if self.holding is holding:

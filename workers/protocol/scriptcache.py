@@ -23,6 +23,11 @@ twice (a NOSCRIPT command did nothing), nothing is lost, and each caller gets it
 A batch that hits NOSCRIPT holds back the batches queued after it until its commands ran again, and
 one that was already sent waits for the earlier batches to have run again before it does.
 
+A turn's `WAIT` (TOOLLOOP_COMMIT_WAIT) is the one plain command that cannot run inside a script, so
+it runs ahead of the commands sent again; the batch (workers/process/redisio.py) ends each pipeline
+it sends again with a `WAIT` of its own (a WAIT counts its own connection's writes), and those
+replies confirm them.
+
 What is left: another connection loading the scripts while Redis runs a batch that hit NOSCRIPT (a
 large batch is read in pieces, other clients' commands in between) lets that batch's later scripts
 run ahead. They ran once; they are not run again (see above), and the batch logs them as an error.
@@ -116,8 +121,8 @@ class ScriptCache:
         ahead = [
             name(a)
             for a, r in zip(commands[first:], replies[first:], strict=True)
-            if not isinstance(r, Exception)
-        ]
+            if not isinstance(r, Exception) and a[0] != "WAIT"
+        ]  # a turn's WAIT cannot run in a script: the batch sends it again after these
         if ahead:  # the residual case of the module docstring: they ran, ahead of the failed one
             log.error(
                 "redis: %s ran ahead of a command that failed (NOSCRIPT) before them in the batch: "
