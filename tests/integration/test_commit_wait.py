@@ -126,8 +126,9 @@ async def test_a_durable_script_sent_again_after_noscript_is_confirmed_by_a_wait
     commit there replies NOSCRIPT and is sent again after the turn's WAIT had run. Its confirmation
     is the WAIT that ends the pipeline sent again, so the commit is not reported unconfirmed (it
     used to be: `NotReplicatedError` with -1 replicas, an ERROR logged, a retried commit)."""
-    primary = deployment.nodes[0]
+    primary, replica_node = deployment.nodes
     client = aredis.Redis(port=primary.port)
+    replica = redis.Redis(port=replica_node.port)
     try:
         batch = Batch(client, wait=(1, 2000))
         assert await batch.script(INCR, ["counted"], [], durable=True) == 1
@@ -135,8 +136,7 @@ async def test_a_durable_script_sent_again_after_noscript_is_confirmed_by_a_wait
         assert await batch.script(INCR, ["counted"], [], durable=True) == 2
         assert "ran ahead" not in caplog.text
         assert "replicas TOOLLOOP_COMMIT_WAIT asks for" not in caplog.text
-        replica = redis.Redis(port=deployment.nodes[1].port)
         assert replica.get("counted") == b"2"  # WAIT 1 confirmed it there
-        replica.close()
     finally:
+        replica.close()
         await client.aclose()

@@ -2,7 +2,8 @@
 tests that must show nothing waits on them: with these, a step lost at a fault comes back only after
 the visibility timeout (an hour) or the sweeper's re-drive (five minutes), so a test that ends within
 its seconds shows that no step was lost. Most tests run with small timers instead
-(tests/integration/conftest.py FAST_RECOVERY, tests/faults/workerpool.py FAST), which would hide one."""
+(tests/integration/conftest.py FAST_RECOVERY, tests/faults/workerpool.py FAST), which would hide one.
+tests/unit/test_default_timers.py keeps them equal to the settings' defaults."""
 
 from __future__ import annotations
 

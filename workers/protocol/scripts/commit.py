@@ -64,7 +64,7 @@ if fence ~= tonumber(p.token) then
   if p.went_on and tonumber(redis.call('HGET', KEYS[1], 'n') or '0') == p.n
       and redis.call('GET', KEYS[3]) == p.went_on .. ':' .. fence then
     return {1, stored(), false,
-      {fence, tonumber(redis.call('HGET', KEYS[10], tostring(p.n + 1)) or '1'),
+      {fence, tonumber(redis.call('HGET', KEYS[10], tostring(p.n + 1)) or 1),
        redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[11]) or '0', p.lease .. '|' .. segment}}
   end
   return {0, stored(), false, false}
